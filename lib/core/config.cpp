@@ -1,0 +1,74 @@
+#include "core/config.h"
+
+#include "core/error.h"
+
+namespace easyctx {
+
+const char* to_string(SeqParallelMode m) {
+  switch (m) {
+    case SeqParallelMode::None: return "none";
+    case SeqParallelMode::ZigzagRing: return "zigzag_ring";
+    case SeqParallelMode::Ulysses: return "ulysses";
+    case SeqParallelMode::DistFlash: return "dist_flash";
+    case SeqParallelMode::Usp: return "usp";
+  }
+  return "?";
+}
+const char* to_string(LrSchedule s) {
+  switch (s) {
+    case LrSchedule::Constant: return "constant";
+    case LrSchedule::Linear: return "linear";
+    case LrSchedule::Cosine: return "cosine";
+  }
+  return "?";
+}
+const char* to_string(CheckpointPolicy p) {
+  switch (p) {
+    case CheckpointPolicy::None: return "none";
+    case CheckpointPolicy::Layer: return "layer";
+    case CheckpointPolicy::AttentionOutput: return "attention_output";
+  }
+  return "?";
+}
+const char* to_string(OffloadTarget o) { return o == OffloadTarget::Cpu ? "cpu" : "none"; }
+const char* to_string(DeviceKind d) {
+  switch (d) {
+    case DeviceKind::Auto: return "auto";
+    case DeviceKind::Cpu: return "cpu";
+    case DeviceKind::Cuda: return "cuda";
+  }
+  return "?";
+}
+const char* to_string(ZeroGroupScope z) { return z == ZeroGroupScope::Node ? "node" : "world"; }
+
+void validate_for_world(const StageConfig& c, int world_size) {
+  const std::string& src = c.source.empty() ? std::string("config") : c.source;
+  const auto& sp = c.parallel.sequence;
+  EASYCTX_CHECK_INPUT(world_size % sp.size == 0, src, ": parallel.sequence.size = ", sp.size,
+                      " does not divide the world size ", world_size,
+                      " (world = data-parallel x sequence-parallel); use a divisor of ", world_size);
+  if (sp.mode == SeqParallelMode::None)
+    EASYCTX_CHECK_INPUT(sp.size == 1, src, ": parallel.sequence.size = ", sp.size,
+                        " needs a sequence-parallel mode; set parallel.sequence.mode to zigzag_ring, ulysses, "
+                        "dist_flash or usp, or size to 1");
+  if (sp.mode == SeqParallelMode::DistFlash && sp.size > 1)
+    EASYCTX_CHECK_INPUT(sp.size % 2 == 0, src, ": parallel.sequence.mode = dist_flash needs an even "
+                        "parallel.sequence.size, got ", sp.size);
+  if (sp.mode == SeqParallelMode::Usp && sp.ulysses_size > 0)
+    EASYCTX_CHECK_INPUT(sp.size % sp.ulysses_size == 0, src, ": parallel.sequence.ulysses_size = ", sp.ulysses_size,
+                        " must divide parallel.sequence.size = ", sp.size);
+  if (sp.mode != SeqParallelMode::Usp)
+    EASYCTX_CHECK_INPUT(sp.ulysses_size == 0, src, ": parallel.sequence.ulysses_size is only used with mode usp "
+                        "(mode is ", to_string(sp.mode), ")");
+  const auto& z = c.parallel.zero;
+  EASYCTX_CHECK_INPUT(z.stage == 0 || z.stage == 3, src, ": parallel.zero.stage: bad value '", z.stage,
+                      "': expected 0 or 3");
+  EASYCTX_CHECK_INPUT(!z.offload_params || z.stage == 3, src,
+                      ": parallel.zero.offload_params needs parallel.zero.stage = 3");
+  EASYCTX_CHECK_INPUT(c.train.warmup_steps <= c.train.steps || c.train.steps == 0, src, ": train.warmup_steps = ",
+                      c.train.warmup_steps, " exceeds train.steps = ", c.train.steps);
+  EASYCTX_CHECK_INPUT(c.train.min_lr <= c.train.lr, src, ": train.min_lr = ", c.train.min_lr,
+                      " exceeds train.lr = ", c.train.lr);
+}
+
+}  // namespace easyctx

@@ -1,0 +1,125 @@
+// Stage configuration: one typed struct per YAML section, defaults here, every key
+// registered (type, range, default, documentation) in config_schema.cpp, which is the only
+// place that parses and validates. docs/config.md is generated from that registry
+// (`easyctx_train --config-doc`) and a test keeps the two identical.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace easyctx {
+
+enum class SeqParallelMode { None, ZigzagRing, Ulysses, DistFlash, Usp };
+enum class LrSchedule { Constant, Linear, Cosine };
+enum class CheckpointPolicy { None, Layer, AttentionOutput };
+enum class OffloadTarget { None, Cpu };
+enum class DeviceKind { Auto, Cpu, Cuda };
+enum class ZeroGroupScope { World, Node };
+
+const char* to_string(SeqParallelMode m);
+const char* to_string(LrSchedule s);
+const char* to_string(CheckpointPolicy p);
+const char* to_string(OffloadTarget o);
+const char* to_string(DeviceKind d);
+const char* to_string(ZeroGroupScope z);
+
+struct ModelConfig {
+  std::string config = "tiny";  // preset in configs/models/, a model YAML, or an HF config.json (or its folder)
+  std::string init = "random";  // random | hf:DIR | ckpt:DIR
+  double rope_theta = 0;        // 0: keep the model's
+  double init_std = 0.02;
+};
+
+struct DataConfig {
+  std::string path;             // shard file, folder of shards, or glob
+  int64_t seq_length = 2048;    // tokens per training sequence (window of seq_length + 1)
+  bool check_tokens = true;     // scan every window for ids >= vocab
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  uint64_t seed = 42;
+  int64_t batch_size = 1;       // sequences per data-parallel rank per micro-step
+  int64_t grad_accum = 1;
+  double lr = 2e-5;
+  double min_lr = 0;
+  LrSchedule schedule = LrSchedule::Constant;
+  int64_t warmup_steps = 0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;
+  DeviceKind device = DeviceKind::Auto;
+};
+
+struct SequenceParallelConfig {
+  SeqParallelMode mode = SeqParallelMode::None;
+  int64_t size = 1;             // ranks per sequence-parallel group
+  int64_t ulysses_size = 0;     // usp: Ulysses degree inside the group (0: ranks per node)
+};
+
+struct ZeroConfig {
+  int64_t stage = 0;            // 0 or 3
+  bool offload_optimizer = false;
+  bool offload_params = false;
+  int64_t prefetch = 1;
+  ZeroGroupScope group = ZeroGroupScope::World;
+};
+
+struct ParallelConfig {
+  SequenceParallelConfig sequence;
+  ZeroConfig zero;
+  double collective_timeout_s = 600;
+};
+
+struct ActivationConfig {
+  CheckpointPolicy checkpoint = CheckpointPolicy::Layer;
+  OffloadTarget offload = OffloadTarget::None;
+  int64_t mlp_tile = 0;         // tokens per MLP tile (0: untiled)
+  int64_t lm_head_tile = 4096;  // tokens per LM-head/cross-entropy tile
+};
+
+struct OutputConfig {
+  std::string dir = "out";
+  int64_t save_every = 0;
+  int64_t keep_last = 2;
+  bool export_hf = false;
+};
+
+struct LoggingConfig {
+  int64_t every = 1;
+  bool per_rank = false;
+  bool metrics = true;
+  std::string level = "info";
+};
+
+struct StageConfig {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  ParallelConfig parallel;
+  ActivationConfig activation;
+  OutputConfig output;
+  LoggingConfig logging;
+  std::string source;  // the YAML file it was loaded from ("" for defaults)
+};
+
+// Loads `path` over the defaults, then applies `overrides` ("key=value", YAML scalar syntax)
+// in order. Throws InputError naming file:line, key, bad value and what is allowed.
+StageConfig load_stage_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Parses YAML text (tests); `source` is the name used in errors.
+StageConfig parse_stage_config(const std::string& yaml_text, const std::string& source,
+                               const std::vector<std::string>& overrides = {});
+// Applies one "key=value" override.
+void apply_override(StageConfig& cfg, const std::string& assignment);
+// Cross-key rules that need the world size (divisibility of groups, mode constraints).
+void validate_for_world(const StageConfig& cfg, int world_size);
+// The resolved config as YAML (loadable again).
+std::string dump_stage_config(const StageConfig& cfg);
+// Markdown reference of every key (docs/config.md).
+std::string config_reference_markdown();
+// Every registered key, in order.
+std::vector<std::string> config_keys();
+
+}  // namespace easyctx

@@ -1,0 +1,499 @@
+// The registry of every stage-config key: type, allowed values, default, documentation.
+// Parsing (YAML file and --set), validation, dumping and docs/config.md all walk this table.
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/strings.h"
+
+namespace easyctx {
+namespace {
+
+struct EnumChoice {
+  const char* name;
+  int value;
+};
+
+struct Field {
+  std::string key;
+  std::string section_doc;  // unused for leaves
+  std::string type;         // "int", "float", "bool", "string", "enum"
+  std::string allowed;      // human-readable allowed set/range
+  std::string doc;
+  // Sets the field from a YAML scalar; returns "" on success or what was expected.
+  std::function<std::string(StageConfig&, const std::string& scalar)> set;
+  std::function<std::string(const StageConfig&)> get;  // YAML scalar text
+};
+
+std::string quote_if_needed(const std::string& s) {
+  if (s.empty()) return "\"\"";
+  bool plain = true;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' || c == '/' || c == '*'))
+      plain = false;
+  if (s == "true" || s == "false" || s == "null" || s == "yes" || s == "no" || s == "on" || s == "off") plain = false;
+  if (plain) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out + "\"";
+}
+
+std::string fmt_double(double v) {
+  std::ostringstream os;
+  os.precision(10);
+  os << v;
+  std::string s = os.str();
+  // Keep floats recognisable as floats in YAML.
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+bool parse_int(const std::string& s, int64_t& out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 0);
+  if (errno != 0 || *end != '\0') {
+    // Accept integral floats written with an exponent ("1e6").
+    char* e2 = nullptr;
+    double d = std::strtod(s.c_str(), &e2);
+    if (*e2 != '\0' || !std::isfinite(d) || std::floor(d) != d || std::fabs(d) > 9e18) return false;
+    out = static_cast<int64_t>(d);
+    return true;
+  }
+  out = v;
+  return true;
+}
+
+bool parse_float(const std::string& s, double& out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  double d = std::strtod(s.c_str(), &end);
+  if (*end != '\0' || !std::isfinite(d)) return false;
+  out = d;
+  return true;
+}
+
+bool parse_bool(const std::string& s, bool& out) {
+  if (s == "true" || s == "True" || s == "yes" || s == "on") return out = true, true;
+  if (s == "false" || s == "False" || s == "no" || s == "off") return out = false, true;
+  return false;
+}
+
+class Registry {
+ public:
+  std::vector<Field> fields;
+
+  template <typename Acc>
+  void add_int(const std::string& key, Acc acc, int64_t lo, int64_t hi, const std::string& doc) {
+    std::string allowed = range_text(std::to_string(lo), hi == std::numeric_limits<int64_t>::max() ? "" : std::to_string(hi));
+    fields.push_back({key, "", "int", allowed, doc,
+                      [acc, lo, hi, allowed](StageConfig& c, const std::string& s) -> std::string {
+                        int64_t v;
+                        if (!parse_int(s, v)) return "an integer " + allowed;
+                        if (v < lo || v > hi) return "an integer " + allowed;
+                        acc(c) = v;
+                        return "";
+                      },
+                      [acc](const StageConfig& c) { return std::to_string(acc(const_cast<StageConfig&>(c))); }});
+  }
+  template <typename Acc>
+  void add_uint(const std::string& key, Acc acc, const std::string& doc) {
+    fields.push_back({key, "", "int", ">= 0", doc,
+                      [acc](StageConfig& c, const std::string& s) -> std::string {
+                        int64_t v;
+                        if (!parse_int(s, v) || v < 0) return "an integer >= 0";
+                        acc(c) = static_cast<uint64_t>(v);
+                        return "";
+                      },
+                      [acc](const StageConfig& c) { return std::to_string(acc(const_cast<StageConfig&>(c))); }});
+  }
+  // Range [lo, hi] with lo_open/hi_open making the bound exclusive.
+  template <typename Acc>
+  void add_float(const std::string& key, Acc acc, double lo, bool lo_open, double hi, bool hi_open,
+                 const std::string& doc) {
+    std::string allowed;
+    bool has_hi = hi < std::numeric_limits<double>::max();
+    if (has_hi) allowed = std::string("in ") + (lo_open ? "(" : "[") + fmt_double(lo) + ", " + fmt_double(hi) + (hi_open ? ")" : "]");
+    else allowed = std::string(lo_open ? "> " : ">= ") + fmt_double(lo);
+    fields.push_back({key, "", "float", allowed, doc,
+                      [acc, lo, lo_open, hi, hi_open, allowed](StageConfig& c, const std::string& s) -> std::string {
+                        double v;
+                        if (!parse_float(s, v)) return "a number " + allowed;
+                        if (v < lo || (lo_open && v == lo) || v > hi || (hi_open && v == hi)) return "a number " + allowed;
+                        acc(c) = v;
+                        return "";
+                      },
+                      [acc](const StageConfig& c) { return fmt_double(acc(const_cast<StageConfig&>(c))); }});
+  }
+  template <typename Acc>
+  void add_bool(const std::string& key, Acc acc, const std::string& doc) {
+    fields.push_back({key, "", "bool", "true or false", doc,
+                      [acc](StageConfig& c, const std::string& s) -> std::string {
+                        bool v;
+                        if (!parse_bool(s, v)) return "true or false";
+                        acc(c) = v;
+                        return "";
+                      },
+                      [acc](const StageConfig& c) { return std::string(acc(const_cast<StageConfig&>(c)) ? "true" : "false"); }});
+  }
+  // check(value) returns "" or what is expected.
+  template <typename Acc>
+  void add_string(const std::string& key, Acc acc, const std::string& allowed, const std::string& doc,
+                  std::function<std::string(const std::string&)> check = nullptr) {
+    fields.push_back({key, "", "string", allowed, doc,
+                      [acc, check](StageConfig& c, const std::string& s) -> std::string {
+                        if (check) {
+                          std::string e = check(s);
+                          if (!e.empty()) return e;
+                        }
+                        acc(c) = s;
+                        return "";
+                      },
+                      [acc](const StageConfig& c) { return quote_if_needed(acc(const_cast<StageConfig&>(c))); }});
+  }
+  template <typename E, typename Acc>
+  void add_enum(const std::string& key, Acc acc, std::vector<EnumChoice> choices, const std::string& doc) {
+    std::string allowed = "one of ";
+    for (size_t i = 0; i < choices.size(); ++i) allowed += (i ? ", " : "") + std::string(choices[i].name);
+    fields.push_back({key, "", "enum", allowed, doc,
+                      [acc, choices, allowed](StageConfig& c, const std::string& s) -> std::string {
+                        for (const auto& ch : choices)
+                          if (s == ch.name) {
+                            acc(c) = static_cast<E>(ch.value);
+                            return "";
+                          }
+                        return allowed;
+                      },
+                      [acc, choices](const StageConfig& c) {
+                        int v = static_cast<int>(acc(const_cast<StageConfig&>(c)));
+                        for (const auto& ch : choices)
+                          if (ch.value == v) return std::string(ch.name);
+                        return std::string("?");
+                      }});
+  }
+
+  const Field* find(const std::string& key) const {
+    for (const auto& f : fields)
+      if (f.key == key) return &f;
+    return nullptr;
+  }
+  bool is_section(const std::string& prefix) const {
+    for (const auto& f : fields)
+      if (starts_with(f.key, prefix + ".")) return true;
+    return false;
+  }
+  std::vector<std::string> keys_and_sections() const {
+    std::vector<std::string> out;
+    for (const auto& f : fields) {
+      out.push_back(f.key);
+      auto parts = split(f.key, '.');
+      std::string p;
+      for (size_t i = 0; i + 1 < parts.size(); ++i) {
+        p += (i ? "." : "") + parts[i];
+        out.push_back(p);
+      }
+    }
+    return out;
+  }
+
+ private:
+  static std::string range_text(const std::string& lo, const std::string& hi) {
+    return hi.empty() ? ">= " + lo : "in [" + lo + ", " + hi + "]";
+  }
+};
+
+constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
+constexpr double kMaxF = std::numeric_limits<double>::max();
+
+std::string check_init(const std::string& s) {
+  if (s == "random" || (starts_with(s, "hf:") && s.size() > 3) || (starts_with(s, "ckpt:") && s.size() > 5)) return "";
+  return "random, hf:DIR or ckpt:DIR";
+}
+std::string check_nonempty(const std::string& s) { return s.empty() ? "a non-empty string" : ""; }
+std::string check_level(const std::string& s) {
+  return (s == "debug" || s == "info" || s == "warn" || s == "error") ? "" : "one of debug, info, warn, error";
+}
+
+const Registry& registry() {
+  static const Registry reg = [] {
+    Registry r;
+    // ---- model
+    r.add_string("model.config", [](StageConfig& c) -> std::string& { return c.model.config; },
+                 "preset name, .yaml or config.json path",
+                 "Model shape: a preset name from configs/models/ (tiny, tinyllama-1b, llama2-7b, llama2-13b, "
+                 "llama3-8b, ...), a model YAML file, or a Hugging Face config.json (or the folder holding it). "
+                 "With model.init hf:DIR the folder's config.json is used when this is left at its default.",
+                 check_nonempty);
+    r.add_string("model.init", [](StageConfig& c) -> std::string& { return c.model.init; }, "random, hf:DIR, ckpt:DIR",
+                 "Initial weights: `random` (normal with model.init_std), `hf:DIR` (Hugging Face safetensors), or "
+                 "`ckpt:DIR` (an easyctx checkpoint, e.g. the previous stage's output).",
+                 check_init);
+    r.add_float("model.rope_theta", [](StageConfig& c) -> double& { return c.model.rope_theta; }, 0, false, kMaxF,
+                false, "RoPE base for this stage; 0 keeps the model's. Progressive recipes raise it every stage.");
+    r.add_float("model.init_std", [](StageConfig& c) -> double& { return c.model.init_std; }, 0, true, kMaxF, false,
+                "Standard deviation of random initialisation (model.init: random).");
+    // ---- data
+    r.add_string("data.path", [](StageConfig& c) -> std::string& { return c.data.path; }, "file, folder or glob",
+                 "Pre-tokenized HDF5 shards written by h5tokenize: one .h5 file, a folder of them, or a glob.");
+    r.add_int("data.seq_length", [](StageConfig& c) -> int64_t& { return c.data.seq_length; }, 2, kMaxI,
+              "Tokens per training sequence; each sample is a window of seq_length + 1 tokens. Any length works: "
+              "sequence-parallel modes pad and mask as they need.");
+    r.add_bool("data.check_tokens", [](StageConfig& c) -> bool& { return c.data.check_tokens; },
+               "Check every token id of every window against the model's vocabulary before use.");
+    // ---- train
+    r.add_int("train.steps", [](StageConfig& c) -> int64_t& { return c.train.steps; }, 0, kMaxI,
+              "Optimizer steps in this stage.");
+    r.add_uint("train.seed", [](StageConfig& c) -> uint64_t& { return c.train.seed; },
+               "Seed of initialisation and data order; sample i of the run is a pure function of (seed, i).");
+    r.add_int("train.batch_size", [](StageConfig& c) -> int64_t& { return c.train.batch_size; }, 1, kMaxI,
+              "Sequences per data-parallel rank per micro-step. Global batch = batch_size x grad_accum x "
+              "data-parallel size sequences.");
+    r.add_int("train.grad_accum", [](StageConfig& c) -> int64_t& { return c.train.grad_accum; }, 1, kMaxI,
+              "Micro-steps accumulated per optimizer step.");
+    r.add_float("train.lr", [](StageConfig& c) -> double& { return c.train.lr; }, 0, true, 1, false,
+                "Peak learning rate (AdamW).");
+    r.add_float("train.min_lr", [](StageConfig& c) -> double& { return c.train.min_lr; }, 0, false, 1, false,
+                "Final learning rate of the linear and cosine schedules.");
+    r.add_enum<LrSchedule>("train.schedule", [](StageConfig& c) -> LrSchedule& { return c.train.schedule; },
+                           {{"constant", 0}, {"linear", 1}, {"cosine", 2}},
+                           "Learning-rate schedule after warmup: constant at lr, or linear/cosine decay from lr to "
+                           "min_lr at the last step.");
+    r.add_int("train.warmup_steps", [](StageConfig& c) -> int64_t& { return c.train.warmup_steps; }, 0, kMaxI,
+              "Linear warmup from 0 to lr over this many steps.");
+    r.add_float("train.beta1", [](StageConfig& c) -> double& { return c.train.beta1; }, 0, false, 1, true,
+                "AdamW beta1.");
+    r.add_float("train.beta2", [](StageConfig& c) -> double& { return c.train.beta2; }, 0, false, 1, true,
+                "AdamW beta2.");
+    r.add_float("train.eps", [](StageConfig& c) -> double& { return c.train.eps; }, 0, true, kMaxF, false,
+                "AdamW epsilon.");
+    r.add_float("train.weight_decay", [](StageConfig& c) -> double& { return c.train.weight_decay; }, 0, false, 1,
+                false, "Decoupled weight decay (applied to matrices, not to norms).");
+    r.add_float("train.grad_clip", [](StageConfig& c) -> double& { return c.train.grad_clip; }, 0, false, kMaxF,
+                false, "Clip the global gradient norm to this value; 0 disables clipping.");
+    r.add_enum<DeviceKind>("train.device", [](StageConfig& c) -> DeviceKind& { return c.train.device; },
+                           {{"auto", 0}, {"cpu", 1}, {"cuda", 2}},
+                           "Backend: `cuda` (bf16 storage, fp32 accumulation, NCCL), `cpu` (fp32 reference, MPI), "
+                           "or `auto` (CUDA when a GPU is present and the build has it).");
+    // ---- parallel
+    r.add_enum<SeqParallelMode>(
+        "parallel.sequence.mode", [](StageConfig& c) -> SeqParallelMode& { return c.parallel.sequence.mode; },
+        {{"none", 0}, {"zigzag_ring", 1}, {"ulysses", 2}, {"dist_flash", 3}, {"usp", 4}},
+        "How one sequence is split across a sequence-parallel group: `none` (data parallel only), `zigzag_ring` "
+        "(2W chunks, ring attention), `ulysses` (all-to-all to heads), `dist_flash` (LightSeq's load-balanced "
+        "schedule), `usp` (Ulysses inside x ring across).");
+    r.add_int("parallel.sequence.size", [](StageConfig& c) -> int64_t& { return c.parallel.sequence.size; }, 1, kMaxI,
+              "Ranks per sequence-parallel group (contiguous ranks). World = data-parallel x this.");
+    r.add_int("parallel.sequence.ulysses_size",
+              [](StageConfig& c) -> int64_t& { return c.parallel.sequence.ulysses_size; }, 0, kMaxI,
+              "usp only: Ulysses degree inside each sequence-parallel group (contiguous ranks); the ring degree is "
+              "size / ulysses_size. 0 picks the ranks per node (capped at size).");
+    r.add_int("parallel.zero.stage", [](StageConfig& c) -> int64_t& { return c.parallel.zero.stage; }, 0, 3,
+              "0: replicated weights and optimizer, gradients all-reduced. 3: parameters, gradients and optimizer "
+              "state sharded over the ZeRO group (per-layer units, gathered before use). Only 0 and 3 exist.");
+    r.add_bool("parallel.zero.offload_optimizer",
+               [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer; },
+               "Keep fp32 master weights and Adam states in pinned host memory and run AdamW on the CPU.");
+    r.add_bool("parallel.zero.offload_params", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_params; },
+               "Keep the bf16 parameter shards in host memory and stream them per layer (stage 3 only).");
+    r.add_int("parallel.zero.prefetch", [](StageConfig& c) -> int64_t& { return c.parallel.zero.prefetch; }, 0, 8,
+              "Layers gathered ahead of use on a side stream (stage 3).");
+    r.add_enum<ZeroGroupScope>("parallel.zero.group", [](StageConfig& c) -> ZeroGroupScope& { return c.parallel.zero.group; },
+                               {{"world", 0}, {"node", 1}},
+                               "Ranks that shard one copy of the model: the whole world, or the ranks of one node "
+                               "(replicated across nodes, gradients all-reduced between the copies).");
+    r.add_float("parallel.collective_timeout_s", [](StageConfig& c) -> double& { return c.parallel.collective_timeout_s; },
+                0, true, kMaxF, false,
+                "A collective that has not completed after this many seconds aborts every rank with a message "
+                "naming the collective and the group (a peer died or hangs).");
+    // ---- activation
+    r.add_enum<CheckpointPolicy>("activation.checkpoint",
+                                 [](StageConfig& c) -> CheckpointPolicy& { return c.activation.checkpoint; },
+                                 {{"none", 0}, {"layer", 1}, {"attention_output", 2}},
+                                 "`none`: keep every activation. `layer`: keep each layer's input and recompute the "
+                                 "layer in backward. `attention_output`: also keep attention output and LSE so "
+                                 "attention is never recomputed (LightSeq's cut).");
+    r.add_enum<OffloadTarget>("activation.offload", [](StageConfig& c) -> OffloadTarget& { return c.activation.offload; },
+                              {{"none", 0}, {"cpu", 1}},
+                              "Where kept checkpoints live: on the device, or in pinned host memory (copied out "
+                              "asynchronously, brought back one layer ahead).");
+    r.add_int("activation.mlp_tile", [](StageConfig& c) -> int64_t& { return c.activation.mlp_tile; }, 0, kMaxI,
+              "Tokens per MLP tile along the sequence (0: one tile).");
+    r.add_int("activation.lm_head_tile", [](StageConfig& c) -> int64_t& { return c.activation.lm_head_tile; }, 1,
+              kMaxI, "Tokens per LM-head + cross-entropy tile; full logits never exist.");
+    // ---- output
+    r.add_string("output.dir", [](StageConfig& c) -> std::string& { return c.output.dir; }, "path",
+                 "Run folder: metrics.jsonl, logs/, checkpoints/, hf/ (export).", check_nonempty);
+    r.add_int("output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
+              "Save a checkpoint every N optimizer steps (0: only at the end and on SIGUSR1/SIGTERM).");
+    r.add_int("output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,
+              "Committed checkpoints to keep; older ones are pruned after a new one commits.");
+    r.add_bool("output.export_hf", [](StageConfig& c) -> bool& { return c.output.export_hf; },
+               "Export Hugging Face safetensors + config.json to <output.dir>/hf at the end of the stage.");
+    // ---- logging
+    r.add_int("logging.every", [](StageConfig& c) -> int64_t& { return c.logging.every; }, 1, kMaxI,
+              "Print the step line every N steps (metrics.jsonl gets every step).");
+    r.add_bool("logging.per_rank", [](StageConfig& c) -> bool& { return c.logging.per_rank; },
+               "Also write every rank's log to <output.dir>/logs/rank<R>.log.");
+    r.add_bool("logging.metrics", [](StageConfig& c) -> bool& { return c.logging.metrics; },
+               "Write <output.dir>/metrics.jsonl (one JSON object per step).");
+    r.add_string("logging.level", [](StageConfig& c) -> std::string& { return c.logging.level; },
+                 "debug, info, warn, error", "Log verbosity.", check_level);
+    return r;
+  }();
+  return reg;
+}
+
+std::string where(const std::string& source, const YAML::Mark& m) {
+  if (m.is_null()) return source;
+  return source + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+// key_loc locates the key (unknown-key errors), loc the value (bad-value errors).
+void set_field(StageConfig& cfg, const std::string& key, const std::string& scalar, const std::string& loc,
+               const std::string& key_loc = "") {
+  const Registry& r = registry();
+  const Field* f = r.find(key);
+  if (!f) {
+    const std::string& loc_k = key_loc.empty() ? loc : key_loc;
+    if (r.is_section(key))
+      EASYCTX_THROW_INPUT(loc_k, ": '", key, "' is a section, not a value; set one of its keys (", key, ".*)");
+    std::string hint = nearest(key, r.keys_and_sections());
+    EASYCTX_THROW_INPUT(loc_k, ": unknown key '", key, "'", hint.empty() ? "" : " (did you mean '" + hint + "'?)",
+                        "; see docs/config.md");
+  }
+  std::string expected = f->set(cfg, scalar);
+  if (!expected.empty())
+    EASYCTX_THROW_INPUT(loc, ": ", key, ": bad value '", scalar, "': expected ", expected);
+}
+
+void walk(StageConfig& cfg, const YAML::Node& node, const std::string& prefix, const std::string& source) {
+  const Registry& r = registry();
+  std::vector<std::string> seen;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const YAML::Node& kn = it->first;
+    const YAML::Node& vn = it->second;
+    std::string loc = where(source, kn.Mark());
+    EASYCTX_CHECK_INPUT(kn.IsScalar(), loc, ": keys must be plain names");
+    std::string key = prefix.empty() ? kn.Scalar() : prefix + "." + kn.Scalar();
+    for (const auto& k : seen)
+      EASYCTX_CHECK_INPUT(k != key, loc, ": duplicate key '", key, "'");
+    seen.push_back(key);
+    if (vn.IsMap()) {
+      if (r.find(key)) EASYCTX_THROW_INPUT(loc, ": ", key, ": expected a single value, got a mapping");
+      if (!r.is_section(key)) set_field(cfg, key, "", loc);  // unknown key error with suggestion
+      walk(cfg, vn, key, source);
+    } else if (vn.IsScalar()) {
+      set_field(cfg, key, vn.Scalar(), where(source, vn.Mark()), loc);
+    } else if (vn.IsNull()) {
+      if (!r.find(key) && !r.is_section(key)) set_field(cfg, key, "", loc);
+      if (r.find(key)) EASYCTX_THROW_INPUT(loc, ": ", key, ": missing value: expected ", r.find(key)->allowed);
+      // An empty section ("train:") is fine.
+    } else {
+      if (!r.find(key) && !r.is_section(key)) set_field(cfg, key, "", loc);
+      EASYCTX_THROW_INPUT(loc, ": ", key, ": expected a single value, got a list");
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> out;
+  for (const auto& f : registry().fields) out.push_back(f.key);
+  return out;
+}
+
+void apply_override(StageConfig& cfg, const std::string& assignment) {
+  std::string loc = "--set " + assignment;
+  size_t eq = assignment.find('=');
+  EASYCTX_CHECK_INPUT(eq != std::string::npos && eq > 0, loc, ": expected key=value");
+  std::string key = trim(assignment.substr(0, eq));
+  std::string text = assignment.substr(eq + 1);
+  std::string scalar;
+  try {
+    YAML::Node n = YAML::Load(text);
+    if (n.IsNull()) scalar = "";
+    else if (n.IsScalar()) scalar = n.Scalar();
+    else EASYCTX_THROW_INPUT(loc, ": ", key, ": expected a single value, got '", text, "'");
+  } catch (const YAML::Exception& e) {
+    EASYCTX_THROW_INPUT(loc, ": ", key, ": cannot parse value '", text, "': ", e.msg);
+  }
+  if (registry().find(key) && text.empty())
+    EASYCTX_THROW_INPUT(loc, ": ", key, ": missing value: expected ", registry().find(key)->allowed);
+  set_field(cfg, key, scalar, loc);
+}
+
+StageConfig parse_stage_config(const std::string& yaml_text, const std::string& source,
+                               const std::vector<std::string>& overrides) {
+  StageConfig cfg;
+  cfg.source = source;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    EASYCTX_THROW_INPUT(where(source, e.mark), ": invalid YAML: ", e.msg);
+  }
+  if (!root.IsNull()) {
+    EASYCTX_CHECK_INPUT(root.IsMap(), source, ": the top level must be a mapping of sections (model:, data:, train:, ...)");
+    walk(cfg, root, "", source);
+  }
+  for (const auto& o : overrides) apply_override(cfg, o);
+  return cfg;
+}
+
+StageConfig load_stage_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_stage_config(read_file(path), path, overrides);
+}
+
+std::string dump_stage_config(const StageConfig& cfg) {
+  std::ostringstream os;
+  std::vector<std::string> open;  // currently open section path
+  for (const auto& f : registry().fields) {
+    auto parts = split(f.key, '.');
+    size_t common = 0;
+    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
+    open.resize(common);
+    for (size_t i = common; i + 1 < parts.size(); ++i) {
+      os << std::string(2 * i, ' ') << parts[i] << ":\n";
+      open.push_back(parts[i]);
+    }
+    os << std::string(2 * (parts.size() - 1), ' ') << parts.back() << ": " << f.get(cfg) << "\n";
+  }
+  return os.str();
+}
+
+std::string config_reference_markdown() {
+  StageConfig defaults;
+  std::ostringstream os;
+  os << "# Stage configuration reference\n\n"
+     << "Generated by `build/bin/easyctx_train --config-doc` from the key registry in\n"
+     << "`lib/core/config_schema.cpp`, where every key is defined; a test keeps this file identical to it.\n\n"
+     << "A stage is one YAML file (`easyctx_train STAGE.yaml`). Every key below can also be set on the\n"
+     << "command line with `--set key=value` (same validation). Unknown keys, wrong types and values\n"
+     << "out of range are errors naming the file, line, key, the bad value and what is allowed.\n"
+     << "`--print-config` prints the resolved configuration and the process-group layout.\n";
+  std::string section;
+  for (const auto& f : registry().fields) {
+    auto parts = split(f.key, '.');
+    std::string sec = parts[0];
+    if (parts.size() > 2) sec += "." + parts[1];
+    if (sec != section) {
+      section = sec;
+      os << "\n## `" << sec << "`\n\n| key | type | allowed | default | meaning |\n|---|---|---|---|---|\n";
+    }
+    std::string def = f.get(defaults);
+    os << "| `" << f.key << "` | " << f.type << " | " << f.allowed << " | `" << def << "` | " << f.doc << " |\n";
+  }
+  return os.str();
+}
+
+}  // namespace easyctx

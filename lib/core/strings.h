@@ -1,0 +1,25 @@
+// Small string helpers shared by config parsing, CLI tools and reports.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace easyctx {
+
+std::vector<std::string> split(std::string_view s, char sep);
+std::string trim(std::string_view s);
+bool starts_with(std::string_view s, std::string_view prefix);
+bool ends_with(std::string_view s, std::string_view suffix);
+size_t edit_distance(std::string_view a, std::string_view b);
+// The candidate closest to `word` by edit distance, or "" when nothing is close enough
+// (distance > max(2, |word|/3)).
+std::string nearest(std::string_view word, const std::vector<std::string>& candidates);
+std::string format_bytes(double bytes);  // "1.50 GiB"
+std::string format_count(double n);      // "12.3K", "4.10M"
+std::string format_duration(double seconds);  // "1h02m", "3m05s", "12.3s"
+std::string read_file(const std::string& path);  // throws InputError naming the path
+// Writes via `path.tmp` + rename so readers never see a partial file.
+void write_file_atomic(const std::string& path, std::string_view content);
+
+}  // namespace easyctx

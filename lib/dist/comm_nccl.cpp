@@ -1,0 +1,132 @@
+#include "dist/comm_nccl.h"
+
+#include <chrono>
+#include <thread>
+
+#include "core/error.h"
+#include "dist/runtime.h"
+
+namespace easyctx::dist {
+namespace {
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    case DType::U8: return ncclUint8;
+    case DType::U32: return ncclUint32;
+    case DType::U64: return ncclUint64;
+  }
+  EASYCTX_THROW("unknown dtype");
+}
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  return ncclSum;
+}
+MPI_Op to_mpi(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : op == ReduceOp::Max ? MPI_MAX : MPI_MIN; }
+}  // namespace
+
+void check_nccl(ncclResult_t rc, const char* what, const std::string& group) {
+  if (rc == ncclSuccess || rc == ncclInProgress) return;
+  EASYCTX_THROW("[", process_label(), "] ", what, " on group '", group, "' failed: ", ncclGetErrorString(rc), " (",
+                ncclGetLastError(nullptr), ")");
+}
+
+void check_cuda(cudaError_t rc, const char* what) {
+  if (rc == cudaSuccess) return;
+  EASYCTX_THROW("[", process_label(), "] ", what, " failed: ", cudaGetErrorString(rc));
+}
+
+NcclComm::NcclComm(MPI_Comm comm, std::string name, double timeout_s)
+    : mpi_(comm), name_(std::move(name)), timeout_s_(timeout_s) {
+  check_mpi(MPI_Comm_rank(mpi_, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(mpi_, &size_), "MPI_Comm_size");
+  ncclUniqueId id;
+  if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", name_);
+  check_mpi(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_), "MPI_Bcast(ncclUniqueId)");
+  check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank", name_);
+  check_cuda(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  stream_ = own_stream_;
+}
+
+NcclComm::~NcclComm() {
+  if (comm_) ncclCommDestroy(comm_);
+  if (own_stream_) cudaStreamDestroy(own_stream_);
+}
+
+void NcclComm::all_reduce(const void* send, void* recv, size_t count, DType t, ReduceOp op) {
+  check_nccl(ncclAllReduce(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_), "ncclAllReduce", name_);
+}
+void NcclComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
+  check_nccl(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, stream_),
+             "ncclReduceScatter", name_);
+}
+void NcclComm::all_gather(const void* send, void* recv, size_t send_count, DType t) {
+  check_nccl(ncclAllGather(send, recv, send_count, nccl_type(t), comm_, stream_), "ncclAllGather", name_);
+}
+void NcclComm::broadcast(void* buf, size_t count, DType t, int root) {
+  check_nccl(ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "ncclBroadcast", name_);
+}
+void NcclComm::send_recv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src,
+                         DType t) {
+  check_nccl(ncclGroupStart(), "ncclGroupStart", name_);
+  check_nccl(ncclSend(send, send_count, nccl_type(t), dst, comm_, stream_), "ncclSend", name_);
+  check_nccl(ncclRecv(recv, recv_count, nccl_type(t), src, comm_, stream_), "ncclRecv", name_);
+  check_nccl(ncclGroupEnd(), "ncclGroupEnd", name_);
+}
+void NcclComm::all_to_all(const void* send, void* recv, size_t count, DType t) {
+  EASYCTX_CHECK(send != recv, "all_to_all on group '", name_, "': send and recv must differ");
+  size_t bytes = count * dtype_size(t);
+  check_nccl(ncclGroupStart(), "ncclGroupStart", name_);
+  for (int p = 0; p < size_; ++p) {
+    check_nccl(ncclSend(static_cast<const char*>(send) + static_cast<size_t>(p) * bytes, count, nccl_type(t), p, comm_,
+                        stream_),
+               "ncclSend", name_);
+    check_nccl(ncclRecv(static_cast<char*>(recv) + static_cast<size_t>(p) * bytes, count, nccl_type(t), p, comm_,
+                        stream_),
+               "ncclRecv", name_);
+  }
+  check_nccl(ncclGroupEnd(), "ncclGroupEnd", name_);
+}
+
+void NcclComm::synchronize() {
+  auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    cudaError_t q = cudaStreamQuery(stream_);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) check_cuda(q, "cudaStreamQuery");
+    ncclResult_t async = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", name_);
+    check_nccl(async, "NCCL asynchronous error", name_);
+    double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (el > timeout_s_) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      abort_all("NCCL operations on group '" + name_ + "' did not complete within " +
+                    std::to_string(static_cast<long>(timeout_s_)) +
+                    " s (parallel.collective_timeout_s): a peer rank has failed or is stuck; aborting all ranks",
+                3);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void NcclComm::barrier() {
+  synchronize();
+  check_mpi(MPI_Barrier(mpi_), "MPI_Barrier");
+}
+
+double NcclComm::all_reduce_scalar(double v, ReduceOp op) {
+  double out = v;
+  check_mpi(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, to_mpi(op), mpi_), "MPI_Allreduce(scalar)");
+  return out;
+}
+
+}  // namespace easyctx::dist

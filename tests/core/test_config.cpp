@@ -1,0 +1,150 @@
+// Stage configuration: defaults, YAML loading, --set overrides, and the errors a user sees
+// for bad configs (each must name the key, the bad value and what is allowed).
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/strings.h"
+#include "test_util.h"
+
+using namespace easyctx;
+
+namespace {
+// Returns the error message of parsing `yaml` (+ overrides), or "" if it parsed.
+std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    StageConfig c = parse_stage_config(yaml, "stage.yaml", sets);
+    validate_for_world(c, 4);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Config, DefaultsAndTypedValues) {
+  StageConfig c = parse_stage_config(
+      "model:\n  init: hf:/models/llama\n  rope_theta: 5e6\n"
+      "data:\n  path: data/*.h5\n  seq_length: 65536\n"
+      "train:\n  steps: 1000\n  lr: 2e-5\n  schedule: cosine\n  warmup_steps: 10\n"
+      "parallel:\n  sequence:\n    mode: zigzag_ring\n    size: 2\n  zero:\n    stage: 3\n    offload_optimizer: true\n"
+      "activation:\n  checkpoint: attention_output\n",
+      "stage.yaml");
+  EXPECT_EQ(c.model.init, "hf:/models/llama");
+  EXPECT_DOUBLE_EQ(c.model.rope_theta, 5e6);
+  EXPECT_EQ(c.data.seq_length, 65536);
+  EXPECT_EQ(c.train.steps, 1000);
+  EXPECT_DOUBLE_EQ(c.train.lr, 2e-5);
+  EXPECT_EQ(c.train.schedule, LrSchedule::Cosine);
+  EXPECT_EQ(c.parallel.sequence.mode, SeqParallelMode::ZigzagRing);
+  EXPECT_EQ(c.parallel.sequence.size, 2);
+  EXPECT_EQ(c.parallel.zero.stage, 3);
+  EXPECT_TRUE(c.parallel.zero.offload_optimizer);
+  EXPECT_EQ(c.activation.checkpoint, CheckpointPolicy::AttentionOutput);
+  // Untouched keys keep their defaults.
+  EXPECT_EQ(c.train.batch_size, 1);
+  EXPECT_DOUBLE_EQ(c.train.beta2, 0.95);
+  EXPECT_NO_THROW(validate_for_world(c, 4));
+}
+
+TEST(Config, SetOverridesWithSameValidation) {
+  StageConfig c = parse_stage_config("train:\n  steps: 5\n", "s.yaml",
+                                     {"train.steps=7", "parallel.sequence.mode=ulysses", "output.dir=/tmp/x y"});
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_EQ(c.parallel.sequence.mode, SeqParallelMode::Ulysses);
+  EXPECT_EQ(c.output.dir, "/tmp/x y");
+  std::string e = error_of("", {"train.lr=abc"});
+  EXPECT_NE(e.find("--set train.lr=abc"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected a number"), std::string::npos) << e;
+}
+
+TEST(Config, DumpRoundTrips) {
+  std::mt19937_64 rng(test::test_seed());
+  StageConfig c;
+  c.train.steps = static_cast<int64_t>(rng() % 100000);
+  c.train.lr = 1e-6 * static_cast<double>(1 + rng() % 1000);
+  c.data.path = "some dir/with: colon";
+  c.parallel.sequence.mode = SeqParallelMode::Usp;
+  c.parallel.sequence.size = 4;
+  c.parallel.sequence.ulysses_size = 2;
+  std::string text = dump_stage_config(c);
+  StageConfig d = parse_stage_config(text, "dump");
+  EXPECT_EQ(dump_stage_config(d), text);
+  EXPECT_EQ(d.train.steps, c.train.steps);
+  EXPECT_DOUBLE_EQ(d.train.lr, c.train.lr);
+  EXPECT_EQ(d.data.path, c.data.path);
+}
+
+struct BadConfig {
+  const char* yaml;
+  std::vector<std::string> must_contain;
+};
+
+TEST(Config, BadConfigsNameTheKey) {
+  const std::vector<BadConfig> cases = {
+      {"train:\n  lrr: 1e-4\n", {"stage.yaml:2:3", "unknown key 'train.lrr'", "did you mean 'train.lr'"}},
+      {"train:\n  steps: ten\n", {"stage.yaml:2:10", "train.steps", "'ten'", "expected an integer >= 0"}},
+      {"train:\n  steps: -3\n", {"train.steps", "'-3'", ">= 0"}},
+      {"train:\n  lr: 0\n", {"train.lr", "'0'", "in (0.0, 1.0]"}},
+      {"train:\n  beta2: 1.0\n", {"train.beta2", "'1.0'", "in [0.0, 1.0)"}},
+      {"train:\n  batch_size: 2.5\n", {"train.batch_size", "'2.5'", "integer"}},
+      {"parallel:\n  sequence:\n    mode: ring\n", {"stage.yaml:3:11", "parallel.sequence.mode", "'ring'", "zigzag_ring"}},
+      {"parallel:\n  zero:\n    stage: 2\n", {"parallel.zero.stage", "'2'", "0 or 3"}},
+      {"parallel:\n  zero:\n    offload_optimizer: maybe\n", {"parallel.zero.offload_optimizer", "true or false"}},
+      {"model:\n  init: gs://bucket\n", {"model.init", "'gs://bucket'", "random, hf:DIR or ckpt:DIR"}},
+      {"activation:\n  checkpoint: full\n", {"activation.checkpoint", "'full'", "attention_output"}},
+      {"parallel:\n  sequence:\n    size: 3\n    mode: zigzag_ring\n", {"parallel.sequence.size", "3", "world size 4"}},
+      {"parallel:\n  sequence:\n    size: 2\n", {"parallel.sequence.size", "mode"}},
+      {"parallel:\n  zero:\n    offload_params: true\n", {"parallel.zero.offload_params", "stage = 3"}},
+      {"data:\n  seq_length: [1, 2]\n", {"data.seq_length", "expected a single value"}},
+      {"trian:\n  steps: 3\n", {"unknown key 'trian'", "did you mean 'train'"}},
+      {"train: 5\n", {"train", "section"}},
+      {"train:\n  steps: 3\n  steps: 4\n", {"stage.yaml"}},
+      {"model:\n  config:\n", {"model.config", "missing value"}},
+      {"logging:\n  level: loud\n", {"logging.level", "'loud'", "debug, info, warn, error"}},
+  };
+  for (const auto& bc : cases) {
+    std::string e = error_of(bc.yaml);
+    ASSERT_FALSE(e.empty()) << "expected an error for:\n" << bc.yaml;
+    for (const auto& m : bc.must_contain) EXPECT_NE(e.find(m), std::string::npos) << "message: " << e << "\nmissing: " << m;
+  }
+}
+
+TEST(Config, UnknownOverrideSuggestsKey) {
+  std::string e = error_of("", {"parallel.sequence.sise=2"});
+  EXPECT_NE(e.find("did you mean 'parallel.sequence.size'"), std::string::npos) << e;
+  e = error_of("", {"train.steps"});
+  EXPECT_NE(e.find("expected key=value"), std::string::npos) << e;
+}
+
+TEST(Config, MissingFileNamesPath) {
+  try {
+    load_stage_config("/nonexistent/stage.yaml");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/stage.yaml"), std::string::npos);
+  }
+}
+
+TEST(Config, InvalidYamlGivesLine) {
+  std::string e = error_of("train:\n  steps: [1,\n");
+  EXPECT_NE(e.find("stage.yaml:"), std::string::npos) << e;
+  EXPECT_NE(e.find("invalid YAML"), std::string::npos) << e;
+}
+
+TEST(Config, DocsAreGeneratedFromTheRegistry) {
+  // docs/config.md must be exactly what `easyctx_train --config-doc` prints.
+  std::string doc = read_file(test::source_dir() + "/docs/config.md");
+  EXPECT_EQ(doc, config_reference_markdown()) << "regenerate: build/bin/easyctx_train --config-doc > docs/config.md";
+  for (const auto& k : config_keys()) EXPECT_NE(doc.find("`" + k + "`"), std::string::npos) << k;
+}
+
+TEST(Config, EveryShippedConfigLoads) {
+  // Stage configs under configs/ (not model presets) must parse and fit their intended world.
+  for (const char* name : {"demo.yaml"}) {
+    std::string path = test::source_dir() + "/configs/" + name;
+    EXPECT_NO_THROW(load_stage_config(path)) << path;
+  }
+}

@@ -1,0 +1,59 @@
+// Helpers shared by the test suites: fresh random inputs (seeded from the test name and the
+// clock, printed so a failure can be replayed), error norms, fixture paths, skips.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace easyctx::test {
+
+// Seed: EASYCTX_TEST_SEED if set, else fresh per run; printed once per test so a failing
+// draw can be reproduced.
+inline uint64_t test_seed() {
+  if (const char* s = std::getenv("EASYCTX_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  static uint64_t base = static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  uint64_t h = base;
+  if (info)
+    for (const char* p = info->name(); *p; ++p) h = h * 1099511628211ull + static_cast<unsigned char>(*p);
+  return h;
+}
+
+template <typename T = float>
+std::vector<T> random_vector(size_t n, std::mt19937_64& rng, double lo = -1.0, double hi = 1.0) {
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(d(rng));
+  return v;
+}
+
+// ||a - b|| / ||b|| in double.
+template <typename A, typename B>
+double rel_error(const A& a, const B& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    num += d * d;
+    den += static_cast<double>(b[i]) * static_cast<double>(b[i]);
+  }
+  return std::sqrt(num) / (std::sqrt(den) + 1e-300);
+}
+
+inline std::string source_dir() {
+  const char* s = std::getenv("EASYCTX_SOURCE_DIR");
+  return s ? s : EASYCTX_SOURCE_DIR;
+}
+inline std::string bin_dir() {
+  const char* s = std::getenv("EASYCTX_BIN_DIR");
+  return s ? s : "build/bin";
+}
+// ../shared/fixtures/... relative to the source tree.
+inline std::string shared_fixture(const std::string& rel) { return source_dir() + "/../shared/fixtures/" + rel; }
+
+}  // namespace easyctx::test
