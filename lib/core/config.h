@@ -54,7 +54,7 @@ struct TrainConfig {
 };
 
 struct SequenceParallelConfig {
-  SeqParallelMode mode = SeqParallelMode::None;
+  SeqParallelMode mode = SeqParallelMode::ZigzagRing;  // with size 1: no sequence parallelism
   int64_t size = 1;             // ranks per sequence-parallel group
   int64_t ulysses_size = 0;     // usp: Ulysses degree inside the group (0: ranks per node)
 };

@@ -287,8 +287,8 @@ const Registry& registry() {
     r.add_enum<SeqParallelMode>(
         "parallel.sequence.mode", [](StageConfig& c) -> SeqParallelMode& { return c.parallel.sequence.mode; },
         {{"none", 0}, {"zigzag_ring", 1}, {"ulysses", 2}, {"dist_flash", 3}, {"usp", 4}},
-        "How one sequence is split across a sequence-parallel group: `none` (data parallel only), `zigzag_ring` "
-        "(2W chunks, ring attention), `ulysses` (all-to-all to heads), `dist_flash` (LightSeq's load-balanced "
+        "How one sequence is split across a sequence-parallel group: `none` (data parallel only; size must be "
+        "1), `zigzag_ring` (2W chunks, ring attention; the default, and with size 1 the same as none), `ulysses` (all-to-all to heads), `dist_flash` (LightSeq's load-balanced "
         "schedule), `usp` (Ulysses inside x ring across).");
     r.add_int("parallel.sequence.size", [](StageConfig& c) -> int64_t& { return c.parallel.sequence.size; }, 1, kMaxI,
               "Ranks per sequence-parallel group (contiguous ranks). World = data-parallel x this.");

@@ -96,7 +96,7 @@ TEST(Config, BadConfigsNameTheKey) {
       {"model:\n  init: gs://bucket\n", {"model.init", "'gs://bucket'", "random, hf:DIR or ckpt:DIR"}},
       {"activation:\n  checkpoint: full\n", {"activation.checkpoint", "'full'", "attention_output"}},
       {"parallel:\n  sequence:\n    size: 3\n    mode: zigzag_ring\n", {"parallel.sequence.size", "3", "world size 4"}},
-      {"parallel:\n  sequence:\n    size: 2\n", {"parallel.sequence.size", "mode"}},
+      {"parallel:\n  sequence:\n    size: 2\n    mode: none\n", {"parallel.sequence.size", "mode"}},
       {"parallel:\n  zero:\n    offload_params: true\n", {"parallel.zero.offload_params", "stage = 3"}},
       {"data:\n  seq_length: [1, 2]\n", {"data.seq_length", "expected a single value"}},
       {"trian:\n  steps: 3\n", {"unknown key 'trian'", "did you mean 'train'"}},

@@ -9,8 +9,7 @@ using namespace easyctx;
 
 TEST(GroupLayout, DataTimesSequence) {
   StageConfig c;
-  c.parallel.sequence.mode = SeqParallelMode::ZigzagRing;
-  c.parallel.sequence.size = 2;
+  c.parallel.sequence.size = 2;  // default mode: zigzag_ring
   auto L = dist::make_group_layout(c, 4, 4);
   EXPECT_EQ(L.dp_size, 2);
   EXPECT_EQ(L.sp_groups(), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
