@@ -51,9 +51,6 @@ void validate_for_world(const StageConfig& c, int world_size) {
     EASYCTX_CHECK_INPUT(sp.size == 1, src, ": parallel.sequence.size = ", sp.size,
                         " needs a sequence-parallel mode; set parallel.sequence.mode to zigzag_ring, ulysses, "
                         "dist_flash or usp, or size to 1");
-  if (sp.mode == SeqParallelMode::DistFlash && sp.size > 1)
-    EASYCTX_CHECK_INPUT(sp.size % 2 == 0, src, ": parallel.sequence.mode = dist_flash needs an even "
-                        "parallel.sequence.size, got ", sp.size);
   if (sp.mode == SeqParallelMode::Usp && sp.ulysses_size > 0)
     EASYCTX_CHECK_INPUT(sp.size % sp.ulysses_size == 0, src, ": parallel.sequence.ulysses_size = ", sp.ulysses_size,
                         " must divide parallel.sequence.size = ", sp.size);

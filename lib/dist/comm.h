@@ -11,6 +11,8 @@
 
 namespace easyctx::dist {
 
+constexpr int kNoPeer = -1;
+
 enum class DType { F32, F64, BF16, F16, I32, I64, U8, U32, U64 };
 enum class ReduceOp { Sum, Max, Min };
 enum class MemSpace { Host, Device };
@@ -45,7 +47,8 @@ class Comm {
   // recv holds size()*send_count elements, block r from rank r.
   virtual void all_gather(const void* send, void* recv, size_t send_count, DType t) = 0;
   virtual void broadcast(void* buf, size_t count, DType t, int root) = 0;
-  // One paired exchange (ring step): send to dst, receive from src, concurrently.
+  // One paired exchange (ring step): send to dst, receive from src, concurrently. dst or
+  // src may be kNoPeer (-1) for a one-sided step at the ends of a chain.
   virtual void send_recv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src,
                          DType t) = 0;
   // send/recv hold size()*count elements; block j of send goes to rank j, block i of recv

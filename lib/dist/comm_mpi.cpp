@@ -118,6 +118,8 @@ void MpiComm::send_recv(const void* send, size_t send_count, int dst, void* recv
                         DType t) {
   WatchdogGuard g("send_recv", name_, send_count, timeout_s_);
   MPI_Datatype mt = mpi_type(t, false);
+  if (dst == kNoPeer) dst = MPI_PROC_NULL;
+  if (src == kNoPeer) src = MPI_PROC_NULL;
   size_t chunks = std::max((send_count + kChunk - 1) / kChunk, (recv_count + kChunk - 1) / kChunk);
   for (size_t c = 0; c < std::max<size_t>(chunks, 1); ++c) {
     size_t off = c * kChunk;

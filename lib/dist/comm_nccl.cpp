@@ -77,8 +77,8 @@ void NcclComm::broadcast(void* buf, size_t count, DType t, int root) {
 void NcclComm::send_recv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src,
                          DType t) {
   check_nccl(ncclGroupStart(), "ncclGroupStart", name_);
-  check_nccl(ncclSend(send, send_count, nccl_type(t), dst, comm_, stream_), "ncclSend", name_);
-  check_nccl(ncclRecv(recv, recv_count, nccl_type(t), src, comm_, stream_), "ncclRecv", name_);
+  if (dst != kNoPeer) check_nccl(ncclSend(send, send_count, nccl_type(t), dst, comm_, stream_), "ncclSend", name_);
+  if (src != kNoPeer) check_nccl(ncclRecv(recv, recv_count, nccl_type(t), src, comm_, stream_), "ncclRecv", name_);
   check_nccl(ncclGroupEnd(), "ncclGroupEnd", name_);
 }
 void NcclComm::all_to_all(const void* send, void* recv, size_t count, DType t) {

@@ -58,7 +58,7 @@ TEST(GroupLayout, RejectsSizesThatDoNotDivide) {
   c.parallel.sequence.mode = SeqParallelMode::Ulysses;
   c.parallel.sequence.size = 3;
   EXPECT_THROW(dist::make_group_layout(c, 4, 4), InputError);
-  c.parallel.sequence.mode = SeqParallelMode::DistFlash;
-  c.parallel.sequence.size = 3;
-  EXPECT_THROW(dist::make_group_layout(c, 3, 3), InputError);
+  c.parallel.sequence.mode = SeqParallelMode::None;
+  c.parallel.sequence.size = 2;
+  EXPECT_THROW(dist::make_group_layout(c, 4, 4), InputError);
 }

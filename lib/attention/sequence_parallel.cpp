@@ -1,0 +1,469 @@
+#include "attention/sequence_parallel.h"
+
+#include <string>
+
+#include "core/error.h"
+
+namespace easyctx::attention {
+namespace {
+
+using ops::Buffer;
+using ops::DType;
+using ops::Tensor;
+
+// Sequence b of a [B, S, ...] tensor as a [1, S, ...] view.
+Tensor seq(const Tensor& t, int64_t b) { return t.rows(b, 1); }
+
+// Rows [row, row+len) of a [1, S, H, hd] view, as [1, len, H, hd].
+Tensor seq_rows(const Tensor& t, int64_t row, int64_t len) {
+  const int64_t H = t.dim(2), hd = t.dim(3);
+  return t.slice_flat(row * H * hd, {1, len, H, hd});
+}
+
+// The fp32 (fp64 for fp64 data) type that partial outputs are merged in.
+DType acc_type(const Tensor& lse) { return lse.dtype; }
+
+// Copies lse[1, H, S] columns [col, col+len) into dst [1, H, len] (to_block) or back.
+void copy_lse_cols(ops::Backend& be, const Tensor& lse, int64_t col, const Tensor& block, bool to_block) {
+  const int64_t H = lse.dim(1), S = lse.dim(2), len = block.dim(2);
+  for (int64_t h = 0; h < H; ++h) {
+    Tensor full = lse.slice_flat(h * S + col, {len});
+    Tensor part = block.slice_flat(h * len, {len});
+    if (to_block) be.copy(part, full);
+    else be.copy(full, part);
+  }
+}
+
+void check_sizes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse) {
+  EASYCTX_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, "sequence-parallel attention: q/k/v must be [B, S, H, hd]");
+  EASYCTX_CHECK(k.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) && v.numel() == k.numel(),
+                "sequence-parallel attention: q ", q.describe(), " and k ", k.describe(), " disagree");
+  EASYCTX_CHECK(o.numel() == q.numel() && lse.numel() == q.dim(0) * q.dim(1) * q.dim(2),
+                "sequence-parallel attention: o ", o.describe(), " or lse ", lse.describe(), " has the wrong size");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Zigzag ring
+// ---------------------------------------------------------------------------------------
+
+void ZigzagRingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& o,
+                                  const Tensor& lse) {
+  check_sizes(q, k, v, o, lse);
+  for (int64_t b = 0; b < q.dim(0); ++b) forward_one(seq(q, b), seq(k, b), seq(v, b), scale, seq(o, b), seq(lse, b));
+}
+
+void ZigzagRingAttention::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                   const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
+                                   const Tensor& dk, const Tensor& dv) {
+  check_sizes(q, k, v, o, lse);
+  for (int64_t b = 0; b < q.dim(0); ++b)
+    backward_one(seq(q, b), seq(k, b), seq(v, b), seq(o, b), seq(lse, b), seq(dout, b), scale, seq(dq, b), seq(dk, b),
+                 seq(dv, b));
+}
+
+namespace {
+struct Zigzag {
+  int W, r;
+  int64_t c;  // tokens per chunk
+  int64_t chunk(int rank, int i) const { return i == 0 ? rank : 2 * W - 1 - rank; }
+};
+Zigzag zigzag_of(const dist::Comm& ring, const Tensor& q) {
+  Zigzag z{ring.size(), ring.rank(), q.dim(1) / 2};
+  EASYCTX_CHECK(q.dim(1) % 2 == 0, "zigzag_ring: the local sequence (", q.dim(1),
+                " tokens) must hold two equal chunks; the loader pads the sequence to a multiple of 2W");
+  return z;
+}
+}  // namespace
+
+void ZigzagRingAttention::forward_one(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                      const Tensor& o, const Tensor& lse) {
+  const Zigzag z = zigzag_of(ring_, q);
+  const int64_t Hq = q.dim(2), Hkv = k.dim(2), hd = q.dim(3), S = q.dim(1), c = z.c;
+  const DType acc = acc_type(lse);
+  // Per local query chunk: running output and LSE, merged in fp32.
+  Buffer acc_o[2] = {be_.alloc(acc, c * Hq * hd), be_.alloc(acc, c * Hq * hd)};
+  Buffer acc_lse[2] = {be_.alloc(lse.dtype, Hq * c), be_.alloc(lse.dtype, Hq * c)};
+  bool started[2] = {false, false};
+  Buffer o_blk = be_.alloc(q.dtype, c * Hq * hd), lse_blk = be_.alloc(lse.dtype, Hq * c);
+  // K/V of the visiting rank, double-buffered: [1, S, Hkv, hd] each.
+  Buffer kv[2][2] = {{be_.alloc(k.dtype, k.numel()), be_.alloc(v.dtype, v.numel())},
+                     {be_.alloc(k.dtype, k.numel()), be_.alloc(v.dtype, v.numel())}};
+  be_.copy(kv[0][0].view({1, S, Hkv, hd}), k);
+  be_.copy(kv[0][1].view({1, S, Hkv, hd}), v);
+
+  for (int s = 0; s < z.W; ++s) {
+    const int src = (z.r - s + z.W) % z.W;
+    Buffer* cur = kv[s % 2];
+    Tensor kc = cur[0].view({1, S, Hkv, hd}), vc = cur[1].view({1, S, Hkv, hd});
+    for (int qa = 0; qa < 2; ++qa)
+      for (int kb = 0; kb < 2; ++kb) {
+        const int64_t a = z.chunk(z.r, qa), bch = z.chunk(src, kb);
+        if (bch > a) continue;  // entirely in the future of this query chunk
+        ops::AttentionBlock blk;
+        blk.scale = scale;
+        blk.causal = (a == bch);
+        blk.q_offset = a * c;
+        blk.k_offset = bch * c;
+        Tensor ob = o_blk.view({1, c, Hq, hd}), lb = lse_blk.view({1, Hq, c});
+        be_.attention_fwd(seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c), blk, ob, lb);
+        Tensor ao = acc_o[qa].view({1, c, Hq, hd}), al = acc_lse[qa].view({1, Hq, c});
+        if (!started[qa]) {
+          be_.copy(ao, ob);
+          be_.copy(al, lb);
+          started[qa] = true;
+        } else {
+          be_.attention_merge(ao, al, ob, lb);
+        }
+      }
+    if (s + 1 < z.W) {
+      Buffer* nxt = kv[(s + 1) % 2];
+      be_.synchronize();
+      const int dst = (z.r + 1) % z.W, from = (z.r - 1 + z.W) % z.W;
+      ring_.send_recv(cur[0].data(), static_cast<size_t>(k.numel()), dst, nxt[0].data(), static_cast<size_t>(k.numel()),
+                      from, k.dtype);
+      ring_.send_recv(cur[1].data(), static_cast<size_t>(v.numel()), dst, nxt[1].data(), static_cast<size_t>(v.numel()),
+                      from, v.dtype);
+      ring_.synchronize();
+    }
+  }
+  for (int qa = 0; qa < 2; ++qa) {
+    be_.copy(seq_rows(o, qa * c, c), acc_o[qa].view({1, c, Hq, hd}));
+    copy_lse_cols(be_, lse, qa * c, acc_lse[qa].view({1, Hq, c}), false);
+  }
+}
+
+void ZigzagRingAttention::backward_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                       const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
+                                       const Tensor& dk, const Tensor& dv) {
+  const Zigzag z = zigzag_of(ring_, q);
+  const int64_t Hq = q.dim(2), Hkv = k.dim(2), hd = q.dim(3), S = q.dim(1), c = z.c;
+  Buffer lse_ch[2] = {be_.alloc(lse.dtype, Hq * c), be_.alloc(lse.dtype, Hq * c)};
+  for (int qa = 0; qa < 2; ++qa) copy_lse_cols(be_, lse, qa * c, lse_ch[qa].view({1, Hq, c}), true);
+  be_.fill(dq, 0);
+  // Visiting K/V and the dK/dV accumulators that travel with them.
+  Buffer kv[2][4];
+  for (auto& set : kv) {
+    set[0] = be_.alloc(k.dtype, k.numel());
+    set[1] = be_.alloc(v.dtype, v.numel());
+    set[2] = be_.alloc(dk.dtype, k.numel());
+    set[3] = be_.alloc(dv.dtype, v.numel());
+  }
+  be_.copy(kv[0][0].view({1, S, Hkv, hd}), k);
+  be_.copy(kv[0][1].view({1, S, Hkv, hd}), v);
+  const int dst = (z.r + 1) % z.W, from = (z.r - 1 + z.W) % z.W;
+  auto exchange = [&](Buffer* a, Buffer* b, int first, int last) {
+    be_.synchronize();
+    for (int i = first; i <= last; ++i)
+      ring_.send_recv(a[i].data(), static_cast<size_t>(a[i].numel()), dst, b[i].data(), static_cast<size_t>(b[i].numel()),
+                      from, a[i].dtype());
+    ring_.synchronize();
+  };
+
+  for (int s = 0; s < z.W; ++s) {
+    const int src = (z.r - s + z.W) % z.W;
+    Buffer* cur = kv[s % 2];
+    Tensor kc = cur[0].view({1, S, Hkv, hd}), vc = cur[1].view({1, S, Hkv, hd});
+    Tensor dkc = cur[2].view({1, S, Hkv, hd}), dvc = cur[3].view({1, S, Hkv, hd});
+    for (int qa = 0; qa < 2; ++qa)
+      for (int kb = 0; kb < 2; ++kb) {
+        const int64_t a = z.chunk(z.r, qa), bch = z.chunk(src, kb);
+        if (bch > a) continue;
+        ops::AttentionBlock blk;
+        blk.scale = scale;
+        blk.causal = (a == bch);
+        blk.q_offset = a * c;
+        blk.k_offset = bch * c;
+        be_.attention_bwd(seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
+                          seq_rows(o, qa * c, c), lse_ch[qa].view({1, Hq, c}), seq_rows(dout, qa * c, c), blk,
+                          seq_rows(dq, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
+      }
+    if (s + 1 < z.W) {
+      Buffer* nxt = kv[(s + 1) % 2];
+      be_.fill(nxt[2].flat(), 0);  // overwritten by the receive; keeps W=1 paths clean
+      exchange(cur, nxt, 0, 3);
+    } else if (z.W > 1) {
+      // The accumulators we hold belong to rank r+1: one more hop brings ours home.
+      Buffer* nxt = kv[(s + 1) % 2];
+      exchange(cur, nxt, 2, 3);
+      be_.copy(dk, nxt[2].view({1, S, Hkv, hd}));
+      be_.copy(dv, nxt[3].view({1, S, Hkv, hd}));
+    } else {
+      be_.copy(dk, dkc);
+      be_.copy(dv, dvc);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// LightSeq-style distributed attention
+// ---------------------------------------------------------------------------------------
+
+void DistFlashAttention::exchange(const Tensor& send, int dst, const Tensor& recv, int src) {
+  if (dst == dist::kNoPeer && src == dist::kNoPeer) return;
+  be_.synchronize();
+  comm_.send_recv(send.data, static_cast<size_t>(send.numel()), dst, recv.data, static_cast<size_t>(recv.numel()), src,
+                  send.dtype);
+  comm_.synchronize();
+}
+
+namespace {
+// Peer at offset t along the chain 0..W-1, or kNoPeer past either end.
+int peer(int r, int t, int W) { return (r + t >= 0 && r + t < W) ? r + t : dist::kNoPeer; }
+}  // namespace
+
+void DistFlashAttention::forward(const Tensor& qall, const Tensor& kall, const Tensor& vall, double scale,
+                                 const Tensor& oall, const Tensor& lseall) {
+  check_sizes(qall, kall, vall, oall, lseall);
+  const int W = comm_.size(), r = comm_.rank(), half = W / 2;
+  const int64_t c = qall.dim(1), Hq = qall.dim(2), Hkv = kall.dim(2), hd = qall.dim(3);
+  for (int64_t b = 0; b < qall.dim(0); ++b) {
+    Tensor q = seq(qall, b), k = seq(kall, b), v = seq(vall, b), o = seq(oall, b), lse = seq(lseall, b);
+    Buffer acc_o = be_.alloc(acc_type(lse), c * Hq * hd);
+    Tensor ao = acc_o.view({1, c, Hq, hd});
+    Buffer o_blk = be_.alloc(q.dtype, c * Hq * hd), l_blk = be_.alloc(lse.dtype, Hq * c);
+    Tensor ob = o_blk.view({1, c, Hq, hd}), lb = l_blk.view({1, Hq, c});
+    Buffer kr = be_.alloc(k.dtype, k.numel()), vr = be_.alloc(v.dtype, v.numel());
+    Tensor kt = kr.view({1, c, Hkv, hd}), vt = vr.view({1, c, Hkv, hd});
+    ops::AttentionBlock blk;
+    blk.scale = scale;
+    // Own query against key chunks r, r-1, ..., r-half.
+    blk.causal = true;
+    blk.q_offset = blk.k_offset = r * c;
+    be_.attention_fwd(q, k, v, blk, ob, lse);
+    be_.copy(ao, ob);
+    for (int t = 1; t <= half; ++t) {
+      exchange(k, peer(r, t, W), kt, peer(r, -t, W));
+      exchange(v, peer(r, t, W), vt, peer(r, -t, W));
+      if (peer(r, -t, W) == dist::kNoPeer) continue;
+      blk.causal = false;
+      blk.k_offset = (r - t) * c;
+      be_.attention_fwd(q, kt, vt, blk, ob, lb);
+      be_.attention_merge(ao, lse, ob, lb);
+    }
+    // Helper part: query chunk r+t (t > half) against our own keys, result sent back.
+    Buffer qr = be_.alloc(q.dtype, q.numel());
+    Tensor qt = qr.view({1, c, Hq, hd});
+    for (int t = half + 1; t < W; ++t) {
+      exchange(q, peer(r, -t, W), qt, peer(r, t, W));
+      if (peer(r, t, W) != dist::kNoPeer) {
+        blk.causal = false;
+        blk.q_offset = (r + t) * c;
+        blk.k_offset = r * c;
+        be_.attention_fwd(qt, k, v, blk, ob, lb);
+      }
+      // Partial (o, lse) goes back to the query's rank; ours comes from rank r-t.
+      Buffer o_in = be_.alloc(q.dtype, c * Hq * hd), l_in = be_.alloc(lse.dtype, Hq * c);
+      exchange(ob, peer(r, t, W), o_in.view({1, c, Hq, hd}), peer(r, -t, W));
+      exchange(lb, peer(r, t, W), l_in.view({1, Hq, c}), peer(r, -t, W));
+      if (peer(r, -t, W) != dist::kNoPeer) be_.attention_merge(ao, lse, o_in.view({1, c, Hq, hd}), l_in.view({1, Hq, c}));
+    }
+    be_.copy(o, ao);
+  }
+}
+
+void DistFlashAttention::backward(const Tensor& qall, const Tensor& kall, const Tensor& vall, const Tensor& oall,
+                                  const Tensor& lseall, const Tensor& doall, double scale, const Tensor& dqall,
+                                  const Tensor& dkall, const Tensor& dvall) {
+  check_sizes(qall, kall, vall, oall, lseall);
+  const int W = comm_.size(), r = comm_.rank(), half = W / 2;
+  const int64_t c = qall.dim(1), Hq = qall.dim(2), Hkv = kall.dim(2), hd = qall.dim(3);
+  for (int64_t b = 0; b < qall.dim(0); ++b) {
+    Tensor q = seq(qall, b), k = seq(kall, b), v = seq(vall, b), o = seq(oall, b), lse = seq(lseall, b),
+           dout = seq(doall, b), dq = seq(dqall, b), dk = seq(dkall, b), dv = seq(dvall, b);
+    be_.fill(dq, 0);
+    be_.fill(dk, 0);
+    be_.fill(dv, 0);
+    ops::AttentionBlock blk;
+    blk.scale = scale;
+    blk.causal = true;
+    blk.q_offset = blk.k_offset = r * c;
+    be_.attention_bwd(q, k, v, o, lse, dout, blk, dq, dk, dv);
+    // Own query against earlier key chunks: dK/dV partials go back to the key's rank.
+    Buffer kr = be_.alloc(k.dtype, k.numel()), vr = be_.alloc(v.dtype, v.numel());
+    Buffer dkp = be_.alloc(dk.dtype, k.numel()), dvp = be_.alloc(dv.dtype, v.numel());
+    Buffer dk_in = be_.alloc(dk.dtype, k.numel()), dv_in = be_.alloc(dv.dtype, v.numel());
+    Tensor kt = kr.view({1, c, Hkv, hd}), vt = vr.view({1, c, Hkv, hd});
+    for (int t = 1; t <= half; ++t) {
+      exchange(k, peer(r, t, W), kt, peer(r, -t, W));
+      exchange(v, peer(r, t, W), vt, peer(r, -t, W));
+      be_.fill(dkp.flat(), 0);
+      be_.fill(dvp.flat(), 0);
+      if (peer(r, -t, W) != dist::kNoPeer) {
+        blk.causal = false;
+        blk.k_offset = (r - t) * c;
+        be_.attention_bwd(q, kt, vt, o, lse, dout, blk, dq, dkp.view({1, c, Hkv, hd}), dvp.view({1, c, Hkv, hd}));
+      }
+      exchange(dkp.view({1, c, Hkv, hd}), peer(r, -t, W), dk_in.view({1, c, Hkv, hd}), peer(r, t, W));
+      exchange(dvp.view({1, c, Hkv, hd}), peer(r, -t, W), dv_in.view({1, c, Hkv, hd}), peer(r, t, W));
+      if (peer(r, t, W) != dist::kNoPeer) {
+        be_.axpy(dk, dk_in.view({1, c, Hkv, hd}), 1.0);
+        be_.axpy(dv, dv_in.view({1, c, Hkv, hd}), 1.0);
+      }
+    }
+    // Helper part: later queries against our keys; dQ partials go back, dK/dV stay here.
+    Buffer qr = be_.alloc(q.dtype, q.numel()), orr = be_.alloc(o.dtype, o.numel()), dr = be_.alloc(dout.dtype, dout.numel());
+    Buffer lr = be_.alloc(lse.dtype, lse.numel()), dqp = be_.alloc(dq.dtype, q.numel()), dq_in = be_.alloc(dq.dtype, q.numel());
+    Tensor qt = qr.view({1, c, Hq, hd}), ot = orr.view({1, c, Hq, hd}), dt = dr.view({1, c, Hq, hd}),
+           lt = lr.view({1, Hq, c});
+    for (int t = half + 1; t < W; ++t) {
+      const int to = peer(r, -t, W), from = peer(r, t, W);
+      exchange(q, to, qt, from);
+      exchange(o, to, ot, from);
+      exchange(lse, to, lt, from);
+      exchange(dout, to, dt, from);
+      be_.fill(dqp.flat(), 0);
+      if (from != dist::kNoPeer) {
+        blk.causal = false;
+        blk.q_offset = (r + t) * c;
+        blk.k_offset = r * c;
+        be_.attention_bwd(qt, k, v, ot, lt, dt, blk, dqp.view({1, c, Hq, hd}), dk, dv);
+      }
+      exchange(dqp.view({1, c, Hq, hd}), from, dq_in.view({1, c, Hq, hd}), to);
+      if (to != dist::kNoPeer) be_.axpy(dq, dq_in.view({1, c, Hq, hd}), 1.0);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Ulysses (and usp: Ulysses with a zigzag ring inside)
+// ---------------------------------------------------------------------------------------
+
+UlyssesAttention::UlyssesAttention(ops::Backend& be, dist::Comm& group, std::unique_ptr<SequenceAttention> inner)
+    : be_(be), comm_(group), inner_(std::move(inner)) {
+  inner_is_ring_ = inner_ != nullptr;
+  if (!inner_) inner_ = std::make_unique<LocalAttention>(be_);
+}
+
+int64_t UlyssesAttention::Heads::kv_head_of(int rank) const {
+  if (kv_per_rank * static_cast<int64_t>(hq / q_per_rank) == hkv) return rank * kv_per_rank;
+  return (rank * q_per_rank) / (hq / hkv);
+}
+
+UlyssesAttention::Heads UlyssesAttention::heads(const Tensor& q, const Tensor& k) const {
+  const int64_t U = comm_.size();
+  Heads h{q.dim(2), k.dim(2), q.dim(3), 0, 0};
+  EASYCTX_CHECK_INPUT(h.hq % U == 0, "ulysses: parallel.sequence.size (", U, ") must divide the attention heads (",
+                      h.hq, ")");
+  h.q_per_rank = h.hq / U;
+  if (h.hkv % U == 0) {
+    h.kv_per_rank = h.hkv / U;
+  } else {
+    EASYCTX_CHECK_INPUT(U % h.hkv == 0, "ulysses: parallel.sequence.size (", U, ") must divide the key/value heads (",
+                        h.hkv, ") or be a multiple of them");
+    h.kv_per_rank = 1;  // several ranks read the same kv head
+  }
+  return h;
+}
+
+Buffer UlyssesAttention::to_heads(const Tensor& x, int64_t h_total, int64_t h_per, bool kv, const Heads& hs) {
+  const int U = comm_.size();
+  const int64_t S = x.dim(1), hd = x.dim(3), blk = S * h_per * hd;
+  Buffer send = be_.alloc(x.dtype, blk * U), recv = be_.alloc(x.dtype, blk * U);
+  Tensor x3 = x.reshape({S, h_total, hd});
+  for (int j = 0; j < U; ++j) {
+    const int64_t h0 = kv ? hs.kv_head_of(j) : j * h_per;
+    for (int64_t t = 0; t < S; ++t)
+      be_.copy(send.flat().slice_flat((j * S + t) * h_per * hd, {h_per * hd}),
+               x3.slice_flat((t * h_total + h0) * hd, {h_per * hd}));
+  }
+  be_.synchronize();
+  comm_.all_to_all(send.data(), recv.data(), static_cast<size_t>(blk), x.dtype);
+  comm_.synchronize();
+  return recv;  // [U * S, h_per, hd]: the gathered sequence in rank order
+}
+
+void UlyssesAttention::from_heads(const Tensor& xh, int64_t h_total, int64_t h_per, bool kv, const Heads& hs,
+                                  const Tensor& x) {
+  const int U = comm_.size();
+  const int64_t S = x.dim(1), hd = x.dim(3), blk = S * h_per * hd;
+  Buffer recv = be_.alloc(xh.dtype, blk * U);
+  be_.synchronize();
+  comm_.all_to_all(xh.data, recv.data(), static_cast<size_t>(blk), xh.dtype);
+  comm_.synchronize();
+  Tensor x3 = x.reshape({S, h_total, hd});
+  be_.fill(x, 0);
+  for (int i = 0; i < U; ++i) {
+    const int64_t h0 = kv ? hs.kv_head_of(i) : i * h_per;
+    for (int64_t t = 0; t < S; ++t)
+      be_.axpy(x3.slice_flat((t * h_total + h0) * hd, {h_per * hd}),
+               recv.flat().slice_flat((i * S + t) * h_per * hd, {h_per * hd}), 1.0);
+  }
+}
+
+Buffer UlyssesAttention::lse_to_heads(const Tensor& lse, int64_t h_per, int64_t s_local) {
+  const int U = comm_.size();
+  const int64_t blk = h_per * s_local;
+  Buffer recv = be_.alloc(lse.dtype, blk * U), out = be_.alloc(lse.dtype, blk * U);
+  // lse [1, Hq, S_l]: block j = heads of rank j, contiguous.
+  be_.synchronize();
+  comm_.all_to_all(lse.data, recv.data(), static_cast<size_t>(blk), lse.dtype);
+  comm_.synchronize();
+  // recv [U][h_per][S_l] -> out [h_per][U * S_l]
+  for (int i = 0; i < U; ++i)
+    for (int64_t h = 0; h < h_per; ++h)
+      be_.copy(out.flat().slice_flat(h * U * s_local + i * s_local, {s_local}),
+               recv.flat().slice_flat((i * h_per + h) * s_local, {s_local}));
+  return out;
+}
+
+void UlyssesAttention::lse_to_seq(const Tensor& lse_h, int64_t h_per, int64_t s_local, const Tensor& lse) {
+  const int U = comm_.size();
+  const int64_t blk = h_per * s_local;
+  Buffer send = be_.alloc(lse.dtype, blk * U);
+  for (int j = 0; j < U; ++j)
+    for (int64_t h = 0; h < h_per; ++h)
+      be_.copy(send.flat().slice_flat((j * h_per + h) * s_local, {s_local}),
+               lse_h.slice_flat(h * U * s_local + j * s_local, {s_local}));
+  be_.synchronize();
+  comm_.all_to_all(send.data(), lse.data, static_cast<size_t>(blk), lse.dtype);
+  comm_.synchronize();
+}
+
+void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& o,
+                               const Tensor& lse) {
+  check_sizes(q, k, v, o, lse);
+  const Heads hs = heads(q, k);
+  const int64_t U = comm_.size(), hd = hs.hd;
+  for (int64_t b = 0; b < q.dim(0); ++b) {
+    const int64_t S = q.dim(1), Sg = S * U;
+    Buffer qh = to_heads(seq(q, b), hs.hq, hs.q_per_rank, false, hs);
+    Buffer kh = to_heads(seq(k, b), hs.hkv, hs.kv_per_rank, true, hs);
+    Buffer vh = to_heads(seq(v, b), hs.hkv, hs.kv_per_rank, true, hs);
+    Buffer oh = be_.alloc(o.dtype, Sg * hs.q_per_rank * hd), lh = be_.alloc(lse.dtype, hs.q_per_rank * Sg);
+    inner_->forward(qh.view({1, Sg, hs.q_per_rank, hd}), kh.view({1, Sg, hs.kv_per_rank, hd}),
+                    vh.view({1, Sg, hs.kv_per_rank, hd}), scale, oh.view({1, Sg, hs.q_per_rank, hd}),
+                    lh.view({1, hs.q_per_rank, Sg}));
+    from_heads(oh.view({1, Sg, hs.q_per_rank, hd}), hs.hq, hs.q_per_rank, false, hs, seq(o, b));
+    lse_to_seq(lh.view({1, hs.q_per_rank, Sg}), hs.q_per_rank, S, seq(lse, b));
+  }
+}
+
+void UlyssesAttention::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
+                                const Tensor& dk, const Tensor& dv) {
+  check_sizes(q, k, v, o, lse);
+  const Heads hs = heads(q, k);
+  const int64_t U = comm_.size(), hd = hs.hd;
+  for (int64_t b = 0; b < q.dim(0); ++b) {
+    const int64_t S = q.dim(1), Sg = S * U;
+    const int64_t nq = hs.q_per_rank, nkv = hs.kv_per_rank;
+    Buffer qh = to_heads(seq(q, b), hs.hq, nq, false, hs);
+    Buffer kh = to_heads(seq(k, b), hs.hkv, nkv, true, hs);
+    Buffer vh = to_heads(seq(v, b), hs.hkv, nkv, true, hs);
+    Buffer oh = to_heads(seq(o, b), hs.hq, nq, false, hs);
+    Buffer dh = to_heads(seq(dout, b), hs.hq, nq, false, hs);
+    Buffer lh = lse_to_heads(seq(lse, b), nq, S);
+    Buffer dqh = be_.alloc(dq.dtype, Sg * nq * hd), dkh = be_.alloc(dk.dtype, Sg * nkv * hd),
+           dvh = be_.alloc(dv.dtype, Sg * nkv * hd);
+    inner_->backward(qh.view({1, Sg, nq, hd}), kh.view({1, Sg, nkv, hd}), vh.view({1, Sg, nkv, hd}),
+                     oh.view({1, Sg, nq, hd}), lh.view({1, nq, Sg}), dh.view({1, Sg, nq, hd}), scale,
+                     dqh.view({1, Sg, nq, hd}), dkh.view({1, Sg, nkv, hd}), dvh.view({1, Sg, nkv, hd}));
+    from_heads(dqh.view({1, Sg, nq, hd}), hs.hq, nq, false, hs, seq(dq, b));
+    from_heads(dkh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(dk, b));
+    from_heads(dvh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(dv, b));
+  }
+}
+
+}  // namespace easyctx::attention
