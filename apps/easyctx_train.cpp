@@ -1,4 +1,4 @@
-// easyctx_train STAGE.yaml [--set key=value ...] [--print-config] [--config-doc]
+// easyctx_train STAGE.yaml [--set key=value ...] [--print-config] [--config-doc] [--resume auto|none|PATH]
 // Loads and validates the stage config on every rank, builds the process groups, and runs
 // the stage (lib/train). Everything else lives in lib/.
 #include <boost/program_options.hpp>
@@ -8,10 +8,7 @@
 #include "core/error.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
-#if __has_include("train/trainer.h")
 #include "train/trainer.h"
-#define EASYCTX_HAVE_TRAINER 1
-#endif
 
 namespace po = boost::program_options;
 using namespace easyctx;
@@ -22,6 +19,9 @@ int main(int argc, char** argv) {
     opts.add_options()("help,h", "show this help")(
         "set", po::value<std::vector<std::string>>()->composing(), "override a config key: --set key=value (repeatable)")(
         "print-config", "print the resolved config and the process-group layout, then exit")(
+        "resume", po::value<std::string>()->default_value("auto"),
+        "auto: continue from the newest committed checkpoint in <output.dir>/checkpoints if any; none: start "
+        "from model.init; PATH: resume from that checkpoint")(
         "config-doc", "print the Markdown reference of every config key (docs/config.md), then exit");
     po::options_description hidden;
     hidden.add_options()("stage", po::value<std::string>(), "stage YAML");
@@ -60,13 +60,11 @@ int main(int argc, char** argv) {
                                     << "\n" << layout.describe();
       return 0;
     }
+    train::RunOptions run_opts;
+    run_opts.resume = vm["resume"].as<std::string>();
     dist::CommBackend backend{};
-    dist::run_collectively(rt, [&] { backend = dist::choose_backend(cfg.train.device); });
+    dist::run_collectively(rt, [&] { backend = dist::choose_backend(train::trainer_device(cfg.train.device)); });
     dist::ProcessGroups groups(rt, layout, backend, cfg.parallel.collective_timeout_s);
-#ifdef EASYCTX_HAVE_TRAINER
-    return train::run_stage(rt, cfg, groups);
-#else
-    EASYCTX_THROW("this build has no trainer (lib/train)");
-#endif
+    return train::run_stage(rt, cfg, groups, run_opts);
   });
 }

@@ -10,7 +10,8 @@ pkgs=(
   libyaml-cpp-dev libboost-program-options-dev
   libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece libpcre2-dev libzstd-dev zstd
-  bible-kjv bible-kjv-text
+  bible-kjv bible-kjv-text jq
+  slurm-wlm munge
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -3,6 +3,8 @@
 # GPU tests skip with a message where there is no GPU. Extra arguments go to ctest
 # (e.g. scripts/test.sh -L unit).
 set -euo pipefail
+# Spin-waiting OpenMP threads starve MPI ranks that share cores; results do not depend on it.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh

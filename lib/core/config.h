@@ -84,7 +84,8 @@ struct OutputConfig {
   std::string dir = "out";
   int64_t save_every = 0;
   int64_t keep_last = 2;
-  bool export_hf = false;
+  bool export_hf = true;
+  std::string hf_dtype = "f32";  // f32 | bf16
 };
 
 struct LoggingConfig {

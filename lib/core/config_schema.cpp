@@ -281,8 +281,9 @@ const Registry& registry() {
                 false, "Clip the global gradient norm to this value; 0 disables clipping.");
     r.add_enum<DeviceKind>("train.device", [](StageConfig& c) -> DeviceKind& { return c.train.device; },
                            {{"auto", 0}, {"cpu", 1}, {"cuda", 2}},
-                           "Backend: `cuda` (bf16 storage, fp32 accumulation, NCCL), `cpu` (fp32 reference, MPI), "
-                           "or `auto` (CUDA when a GPU is present and the build has it).");
+                           "Backend: `cpu` (fp32 reference, MPI), `cuda` (bf16 storage, fp32 accumulation, NCCL; "
+                           "the CUDA ops backend exists, the trainer's CUDA path is not wired in yet, so `cuda` is "
+                           "refused), or `auto` (today: cpu).");
     // ---- parallel
     r.add_enum<SeqParallelMode>(
         "parallel.sequence.mode", [](StageConfig& c) -> SeqParallelMode& { return c.parallel.sequence.mode; },
@@ -333,11 +334,16 @@ const Registry& registry() {
     r.add_string("output.dir", [](StageConfig& c) -> std::string& { return c.output.dir; }, "path",
                  "Run folder: metrics.jsonl, logs/, checkpoints/, hf/ (export).", check_nonempty);
     r.add_int("output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
-              "Save a checkpoint every N optimizer steps (0: only at the end and on SIGUSR1/SIGTERM).");
+              "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1 or SIGTERM on any rank "
+              "also saves one and stops the run with exit code 0 (Slurm: --signal=B:USR1@300).");
     r.add_int("output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,
               "Committed checkpoints to keep; older ones are pruned after a new one commits.");
     r.add_bool("output.export_hf", [](StageConfig& c) -> bool& { return c.output.export_hf; },
-               "Export Hugging Face safetensors + config.json to <output.dir>/hf at the end of the stage.");
+               "At the end of the stage, export the weights as a Hugging Face folder <output.dir>/final "
+               "(config.json with the stage's rope_theta, model.safetensors) that transformers and vLLM load.");
+    r.add_string("output.hf_dtype", [](StageConfig& c) -> std::string& { return c.output.hf_dtype; }, "f32, bf16",
+                 "Tensor type of the Hugging Face export: f32 (exact master weights) or bf16 (half the size).",
+                 [](const std::string& s) { return (s == "f32" || s == "bf16") ? "" : "f32 or bf16"; });
     // ---- logging
     r.add_int("logging.every", [](StageConfig& c) -> int64_t& { return c.logging.every; }, 1, kMaxI,
               "Print the step line every N steps (metrics.jsonl gets every step).");

@@ -1,0 +1,152 @@
+// Attention kernel benchmark: forward and backward TFLOP/s of the CUDA backend's attention
+// (bf16, causal, batch 1) at several sequence lengths, for 32 heads x 128 (MHA) and GQA
+// 32/4 x 64. FLOPs use the FlashAttention convention with causal halving:
+//   fwd = 4 S^2 hd H / 2,  bwd = 2.5 fwd  (the kernel itself does 3.5x fwd: see docs/cuda.md)
+// Timing: CUDA events on the backend's stream, warm-up first, median of the repeats.
+// A second table times blocks without a mask (a ring's off-diagonal steps, FLOPs 4 S^2 hd H)
+// on both paths: our kernels and cuDNN's fused SDPA (ops::CudaBackendOptions::cudnn_attention).
+// Output: markdown tables on stdout (bench/run_attention.sh puts them beside torch's).
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda_check.h"
+#include "ops/cuda/cuda_backend.h"
+
+namespace po = boost::program_options;
+using namespace easyctx;
+using ops::DType;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t hq, hkv, hd;
+};
+
+// Median of `reps` timings (ms) of f, after `warm` untimed runs.
+template <typename F>
+double time_ms(ops::Backend& be, int warm, int reps, F&& f) {
+  cudaStream_t st = ops::cuda_stream(be);
+  for (int i = 0; i < warm; ++i) f();
+  std::vector<double> ms;
+  cudaEvent_t a, b;
+  EASYCTX_CUDA_CHECK(cudaEventCreate(&a));
+  EASYCTX_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < reps; ++i) {
+    EASYCTX_CUDA_CHECK(cudaEventRecord(a, st));
+    f();
+    EASYCTX_CUDA_CHECK(cudaEventRecord(b, st));
+    EASYCTX_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    EASYCTX_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void fill_random(ops::Backend& be, const ops::Buffer& buf, std::mt19937_64& rng) {
+  std::vector<float> h(static_cast<size_t>(buf.numel()));
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (auto& x : h) x = d(rng);
+  be.copy(buf.flat(), ops::Tensor(h.data(), DType::F32, {buf.numel()}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::vector<int64_t> seqs, full_seqs;
+  int reps = 5;
+  po::options_description desc("bench_attention: attention fwd/bwd TFLOP/s of the CUDA backend");
+  desc.add_options()("help", "this help")(
+      "seq", po::value<std::vector<int64_t>>(&seqs)->multitoken()->default_value({8192, 32768, 131072}, "8192 32768 131072"),
+      "sequence lengths (causal)")(
+      "full-seq", po::value<std::vector<int64_t>>(&full_seqs)->multitoken()->default_value({8192, 32768}, "8192 32768"),
+      "sequence lengths of the blocks without a mask")("reps", po::value<int>(&reps)->default_value(5), "timed repeats (median)");
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, desc), vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  po::notify(vm);
+  if (ops::cuda_device_count() == 0) {
+    std::cerr << "bench_attention: no CUDA device\n";
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  EASYCTX_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  auto be = ops::make_cuda_backend();
+  std::mt19937_64 rng(1234);
+  const Shape shapes[] = {{"32x128 MHA", 32, 32, 128}, {"GQA 32/4 x64", 32, 4, 64}};
+  std::printf("# easyctx attention (%s), bf16, causal, batch 1\n\n", prop.name);
+  std::printf("| shape | seq | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|\n");
+  struct Row {
+    double fwd_ms, bwd_ms;
+    std::string path;
+  };
+  // Times one block shape on backend `be`; causal counts half the FLOPs.
+  auto run = [&](ops::Backend& be, const Shape& s, int64_t S, bool causal) {
+    const int64_t nq = S * s.hq * s.hd, nk = S * s.hkv * s.hd;
+    ops::Buffer q = be.alloc(DType::BF16, nq), k = be.alloc(DType::BF16, nk), v = be.alloc(DType::BF16, nk);
+    ops::Buffer o = be.alloc(DType::BF16, nq), lse = be.alloc(DType::F32, s.hq * S);
+    ops::Buffer dout = be.alloc(DType::BF16, nq), dq = be.alloc(DType::BF16, nq), dk = be.alloc(DType::BF16, nk),
+                dv = be.alloc(DType::BF16, nk);
+    for (const ops::Buffer* b : {&q, &k, &v, &dout}) fill_random(be, *b, rng);
+    const auto qv = [&](const ops::Buffer& b) { return b.view({1, S, s.hq, s.hd}); };
+    const auto kv = [&](const ops::Buffer& b) { return b.view({1, S, s.hkv, s.hd}); };
+    ops::AttentionBlock blk;
+    blk.scale = 1.0 / std::sqrt(static_cast<double>(s.hd));
+    blk.causal = causal;
+    const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
+    Row row;
+    row.fwd_ms = time_ms(be, warm, r, [&] { be.attention_fwd(qv(q), kv(k), kv(v), blk, qv(o), lse.flat()); });
+    row.bwd_ms = time_ms(be, warm, r, [&] {
+      be.attention_bwd(qv(q), kv(k), kv(v), qv(o), lse.flat(), qv(dout), blk, qv(dq), kv(dk), kv(dv));
+    });
+    row.path = ops::cuda_attention_path(be);
+    return row;
+  };
+  auto flops = [](const Shape& s, int64_t S, bool causal) {
+    return 4.0 * double(S) * double(S) * double(s.hd) * double(s.hq) / (causal ? 2 : 1);
+  };
+  for (const Shape& s : shapes) {
+    for (int64_t S : seqs) {
+      const Row r = run(*be, s, S, true);
+      const double fl = flops(s, S, true);
+      std::printf("| %s | %lld | %.2f | %.0f | %.2f | %.0f |\n", s.name, static_cast<long long>(S), r.fwd_ms,
+                  fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9);
+      std::fflush(stdout);
+    }
+  }
+  ops::CudaBackendOptions kopts;
+  kopts.cudnn_attention = false;
+  auto kern = ops::make_cuda_backend(kopts);
+  std::printf("\n# blocks without a mask (ring off-diagonal steps), bf16, batch 1, FLOPs 4 S^2 hd H\n\n");
+  std::printf("| shape | S | path | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|---|\n");
+  for (const Shape& s : shapes) {
+    for (int64_t S : full_seqs) {
+      for (ops::Backend* b : {kern.get(), be.get()}) {
+        const Row r = run(*b, s, S, false);
+        const double fl = flops(s, S, false);
+        std::printf("| %s | %lld | %s | %.2f | %.0f | %.2f | %.0f |\n", s.name, static_cast<long long>(S),
+                    r.path.c_str(), r.fwd_ms, fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::cerr << "bench_attention: " << e.what() << "\n";
+  return 1;
+}

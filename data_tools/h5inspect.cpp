@@ -1,0 +1,126 @@
+// h5inspect: statistics and attribute check of token shards, and decoding of a window of
+// tokens back to text (with --tokenizer).
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+
+#include "core/error.h"
+#include "core/strings.h"
+#include "data/dataset.h"
+#include "data/shard.h"
+#include "data/tokenize/tokenizer.h"
+#include "dist/runtime.h"
+
+namespace po = boost::program_options;
+using namespace easyctx;
+
+namespace {
+void describe(const data::TokenShardReader& r, bool scan) {
+  const data::ShardMeta& m = r.meta();
+  std::cout << r.path() << "\n  tokens " << r.num_tokens() << ", documents " << r.num_docs() << ", mean "
+            << (r.num_docs() ? double(r.num_tokens()) / r.num_docs() : 0.0) << " tokens/doc\n"
+            << "  tokenizer " << m.tokenizer_name << " sha256 " << m.tokenizer_sha256 << "\n  vocab_size "
+            << m.vocab_size << ", bos " << m.bos_id << (m.add_bos ? " (added)" : "") << ", eos " << m.eos_id
+            << (m.add_eos ? " (added)" : "") << ", easyctx " << m.easyctx_version << "\n";
+  std::map<std::string, std::pair<uint64_t, uint64_t>> per;
+  for (uint64_t d = 0; d < r.num_docs(); ++d) {
+    auto& p = per[r.sources()[r.doc_source()[d]]];
+    ++p.first;
+    p.second += r.doc_offsets()[d + 1] - r.doc_offsets()[d];
+  }
+  for (const auto& [s, p] : per) std::cout << "  source " << s << ": " << p.first << " docs, " << p.second << " tokens\n";
+  if (!scan) return;
+  // Full scan: every id < vocab_size and, when BOS was added, every document starts with it.
+  uint64_t bad = 0, max_id = 0, bos_missing = 0;
+  const uint64_t block = 1 << 20;
+  for (uint64_t off = 0; off < r.num_tokens(); off += block) {
+    auto v = r.read(off, std::min(block, r.num_tokens() - off));
+    for (uint32_t id : v) {
+      max_id = std::max<uint64_t>(max_id, id);
+      bad += id >= static_cast<uint64_t>(m.vocab_size);
+    }
+  }
+  if (m.add_bos)
+    for (uint64_t d = 0; d < r.num_docs(); ++d) {
+      uint64_t b = r.doc_offsets()[d];
+      if (b == r.doc_offsets()[d + 1] || r.read(b, 1)[0] != static_cast<uint32_t>(m.bos_id)) ++bos_missing;
+    }
+  std::cout << "  scan: max id " << max_id << ", ids >= vocab " << bad << ", documents without BOS " << bos_missing
+            << (bad || bos_missing ? "  FAIL" : "  OK") << "\n";
+  EASYCTX_CHECK_INPUT(bad == 0 && bos_missing == 0, r.path(), ": shard check failed");
+}
+
+int inspect_main(dist::Runtime& rt, int argc, char** argv) {
+  std::vector<std::string> files;
+  std::string window, tokenizer;
+  po::options_description opts("h5inspect FILE|DIR|GLOB... [--decode-window START:LEN --tokenizer MODEL]\noptions");
+  opts.add_options()
+      ("help,h", "show this help")
+      ("decode-window", po::value(&window), "decode stream tokens [START, START+LEN) of the dataset")
+      ("doc", po::value<int64_t>(), "decode document N of the first file instead")
+      ("tokenizer,t", po::value(&tokenizer), "tokenizer for decoding (checked against the shard's sha256)")
+      ("scan", "read every token: ids < vocab_size, BOS at each document start")
+      ("ids", "also print the ids of the decoded window")
+      ("file", po::value(&files)->composing(), "shard files");
+  po::positional_options_description pos;
+  pos.add("file", -1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
+    if (vm.count("help")) {
+      if (rt.rank() == 0) std::cout << opts << "\n";
+      return 0;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    EASYCTX_THROW_INPUT(e.what(), " (see h5inspect --help)");
+  }
+  EASYCTX_CHECK_INPUT(!files.empty(), "no shard files given (see h5inspect --help)");
+  std::vector<std::string> paths;
+  for (const auto& f : files)
+    for (const auto& p : data::TokenDataset::resolve(f)) paths.push_back(p);
+  uint64_t tokens = 0, docs = 0;
+  for (const auto& p : paths) {
+    data::TokenShardReader r(p);
+    describe(r, vm.count("scan") > 0);
+    tokens += r.num_tokens();
+    docs += r.num_docs();
+  }
+  std::cout << "total: " << paths.size() << " file(s), " << tokens << " tokens, " << docs << " documents\n";
+  if (window.empty() && !vm.count("doc")) return 0;
+  EASYCTX_CHECK_INPUT(!tokenizer.empty(), "--decode-window/--doc need --tokenizer");
+  auto tok = data::load_tokenizer(tokenizer);
+  data::TokenDataset ds(files.size() == 1 ? files[0] : paths[0]);
+  EASYCTX_CHECK_INPUT(tok->sha256() == ds.meta().tokenizer_sha256, tokenizer, " has sha256 ", tok->sha256(),
+                      " but the shards were made with ", ds.meta().tokenizer_sha256);
+  uint64_t start = 0, len = 0;
+  if (vm.count("doc")) {
+    data::TokenShardReader r(ds.file(0));
+    int64_t d = vm["doc"].as<int64_t>();
+    EASYCTX_CHECK_INPUT(d >= 0 && static_cast<uint64_t>(d) < r.num_docs(), "--doc ", d, " outside [0, ", r.num_docs(), ")");
+    start = r.doc_offsets()[d];
+    len = r.doc_offsets()[d + 1] - start;
+  } else {
+    auto parts = split(window, ':');
+    EASYCTX_CHECK_INPUT(parts.size() == 2, "--decode-window ", window, ": expected START:LEN");
+    start = std::stoull(parts[0]);
+    len = std::stoull(parts[1]);
+    EASYCTX_CHECK_INPUT(start < ds.num_tokens(), "--decode-window start ", start, " >= ", ds.num_tokens(), " tokens");
+    len = std::min(len, ds.num_tokens() - start);
+  }
+  std::vector<uint32_t> ids(len);
+  ds.read(start, len, ids.data());
+  if (vm.count("ids")) {
+    for (uint32_t id : ids) std::cout << id << ' ';
+    std::cout << "\n";
+  }
+  std::cout << tok->decode(ids) << "\n";
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return dist::run_main(argc, argv, [&](dist::Runtime& rt) { return inspect_main(rt, argc, argv); });
+}

@@ -1,0 +1,91 @@
+// h5tokenize: corpus (.jsonl, .jsonl.zst, .txt; files, folders, globs) -> pre-tokenized
+// HDF5 token shards. Run under `mpirun -np N` to spread work units over ranks; --threads
+// tokenizes inside a rank. See docs/data.md.
+#include <boost/program_options.hpp>
+
+#include <iostream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/strings.h"
+#include "data/tokenize/h5tokenize_run.h"
+#include "dist/runtime.h"
+
+namespace po = boost::program_options;
+using namespace easyctx;
+
+namespace {
+std::vector<std::string> dotted(const std::string& s) {
+  std::vector<std::string> v = split(s, '.');
+  for (const auto& p : v) EASYCTX_CHECK_INPUT(!p.empty(), "field path '", s, "' has an empty component");
+  return v;
+}
+
+int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
+  data::TokenizeOptions o;
+  std::string text_field = "text", source_field = "meta.redpajama_set_name", upsample = "none";
+  double total_tokens = 0;
+  po::options_description opts("h5tokenize --tokenizer MODEL --output DIR [options] INPUT...\noptions");
+  opts.add_options()
+      ("help,h", "show this help")
+      ("tokenizer,t", po::value(&o.tokenizer)->required(), "SentencePiece .model or Hugging Face tokenizer.json")
+      ("output,o", po::value(&o.output)->required(), "output folder for shard-<unit>-<part>.h5")
+      ("text-field", po::value(&text_field)->default_value(text_field), "JSON field of the text (dotted path)")
+      ("source-field", po::value(&source_field)->default_value(source_field), "JSON field of the source name (dotted path)")
+      ("default-source", po::value(&o.fields.default_source)->default_value(o.fields.default_source),
+       "source name for .txt inputs and records without a source field")
+      ("no-bos", "do not prepend BOS to each document")
+      ("eos", "append EOS to each document")
+      ("upsample", po::value(&upsample)->default_value(upsample),
+       "none | per_source | global | upsample_code_arxiv_book (Fu et al. length upsampling)")
+      ("total-tokens", po::value(&total_tokens)->default_value(0), "token budget for upsampling (estimated tokens)")
+      ("short-threshold", po::value(&o.upsample.threshold)->default_value(o.upsample.threshold),
+       "estimated tokens below which a document is short")
+      ("keep-prob", po::value(&o.upsample.keep_prob)->default_value(o.upsample.keep_prob, "0.1"), "keep probability of short documents")
+      ("chars-per-token", po::value(&o.upsample.chars_per_token)->default_value(o.upsample.chars_per_token, "3.68"),
+       "length estimate: characters per token")
+      ("seed", po::value(&o.upsample.seed)->default_value(o.upsample.seed), "seed of the upsampling draws")
+      ("shard-tokens", po::value(&o.shard_tokens)->default_value(o.shard_tokens), "close a shard once it holds this many tokens")
+      ("chunk-tokens", po::value(&o.chunk_tokens)->default_value(o.chunk_tokens), "HDF5 chunk size of /tokens")
+      ("deflate", po::value(&o.deflate)->default_value(0), "gzip level 0-9 for /tokens (0: none)")
+      ("split-bytes", po::value(&o.split_bytes)->default_value(o.split_bytes), "work unit size in input bytes")
+      ("threads", po::value(&o.threads)->default_value(1), "tokenizer threads per rank")
+      ("strict", "malformed records are fatal instead of skipped")
+      ("overwrite", "delete existing shards in the output folder first")
+      ("progress", po::value(&o.progress)->default_value(-1), "progress line: 1 on, 0 off, -1 when stderr is a terminal")
+      ("max-warnings", po::value(&o.max_warnings)->default_value(o.max_warnings), "malformed-record warnings printed per rank")
+      ("input", po::value(&o.inputs)->composing(), "input files, folders or globs");
+  po::positional_options_description pos;
+  pos.add("input", -1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
+    if (vm.count("help")) {
+      if (rt.rank() == 0) std::cout << opts << "\n";
+      return 0;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    EASYCTX_THROW_INPUT(e.what(), " (see h5tokenize --help)");
+  }
+  o.fields.text_path = dotted(text_field);
+  o.fields.source_path = dotted(source_field);
+  o.add_bos = !vm.count("no-bos");
+  o.add_eos = vm.count("eos") > 0;
+  o.strict = vm.count("strict") > 0;
+  o.overwrite = vm.count("overwrite") > 0;
+  o.upsample.mode = data::parse_upsample_mode(upsample);
+  o.upsample.total_tokens = total_tokens;
+  EASYCTX_CHECK_INPUT(o.deflate >= 0 && o.deflate <= 9, "--deflate must be 0..9");
+  data::TokenizeStats st = data::run_h5tokenize(o, MPI_COMM_WORLD);
+  if (rt.rank() == 0) std::cout << st.format() << std::flush;
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return dist::run_main(argc, argv, [&](dist::Runtime& rt) {
+    log_init(LogOptions{rt.rank(), LogLevel::Info, ""});
+    return tokenize_main(rt, argc, argv);
+  });
+}

@@ -1,0 +1,101 @@
+#include "ckpt/hf_model.h"
+
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/strings.h"
+
+namespace easyctx::ckpt {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+// Tensors HF checkpoints may carry that are not parameters (old rotary buffers).
+bool ignorable(const std::string& name) { return ends_with(name, ".rotary_emb.inv_freq"); }
+
+}  // namespace
+
+void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, const std::vector<ops::Tensor>& units) {
+  EASYCTX_CHECK(units.size() == layout.num_units(), "load_hf_weights: ", layout.num_units(), " units expected");
+  SafetensorsReader r(dir);
+  std::vector<std::string> missing, bad;
+  std::set<std::string> expected;
+  for (size_t u = 0; u < layout.num_units(); ++u) {
+    const ops::Tensor& dst = units[u];
+    EASYCTX_CHECK(dst.space == ops::MemSpace::Host && (dst.dtype == ops::DType::F32 || dst.dtype == ops::DType::F64) &&
+                      dst.numel() == layout.units()[u].numel,
+                  "load_hf_weights: unit ", layout.units()[u].name, " must be host f32/f64[",
+                  layout.units()[u].numel, "], got ", dst.describe());
+    for (const model::ParamTensor& pt : layout.units()[u].tensors) {
+      expected.insert(pt.hf_name);
+      const StTensor* t = r.find(pt.hf_name);
+      if (!t) {
+        missing.push_back(pt.hf_name);
+        continue;
+      }
+      if (t->shape != pt.shape) {
+        bad.push_back(pt.hf_name + " has shape " + shape_str(t->shape) + ", the config needs " + shape_str(pt.shape));
+        continue;
+      }
+      if (t->dtype != StDType::F32 && t->dtype != StDType::BF16 && t->dtype != StDType::F16 &&
+          t->dtype != StDType::F64) {
+        bad.push_back(pt.hf_name + " has dtype " + st_dtype_name(t->dtype) + " (F32, BF16, F16 or F64 needed)");
+        continue;
+      }
+      const size_t es = ops::element_size(dst.dtype);
+      r.read(*t, dst.dtype, static_cast<char*>(dst.data) + static_cast<size_t>(pt.offset) * es);
+    }
+  }
+  std::vector<std::string> unexpected;
+  for (const StTensor& t : r.tensors())
+    if (!expected.count(t.name) && !ignorable(t.name)) unexpected.push_back(t.name);
+  if (missing.empty() && bad.empty() && unexpected.empty()) return;
+  std::ostringstream os;
+  os << "model.init hf:" << dir << ": the checkpoint does not match the model config";
+  auto list = [&](const char* what, const std::vector<std::string>& v) {
+    if (v.empty()) return;
+    os << "; " << v.size() << " " << what << ": ";
+    for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  };
+  list("missing", missing);
+  list("mismatched", bad);
+  list("unexpected", unexpected);
+  throw InputError(os.str());
+}
+
+void save_hf_model(const std::string& dir, const model::LlamaConfig& cfg, const model::ParamLayout& layout,
+                   const std::vector<ops::Tensor>& units, StDType dtype, uint64_t max_shard_bytes) {
+  EASYCTX_CHECK(dtype == StDType::F32 || dtype == StDType::BF16, "save_hf_model: F32 or BF16");
+  EASYCTX_CHECK(units.size() == layout.num_units(), "save_hf_model: ", layout.num_units(), " units expected");
+  fs::create_directories(dir);
+  std::vector<StWriteTensor> ts;
+  for (size_t u = 0; u < layout.num_units(); ++u) {
+    const ops::Tensor& src = units[u];
+    EASYCTX_CHECK(src.space == ops::MemSpace::Host && (src.dtype == ops::DType::F32 || src.dtype == ops::DType::F64),
+                  "save_hf_model: unit ", layout.units()[u].name, " must be host f32/f64");
+    for (const model::ParamTensor& pt : layout.units()[u].tensors) {
+      StWriteTensor w;
+      w.name = pt.hf_name;
+      w.shape = pt.shape;
+      w.data = static_cast<const char*>(src.data) + static_cast<size_t>(pt.offset) * ops::element_size(src.dtype);
+      w.src_type = src.dtype;
+      w.disk_type = dtype;
+      ts.push_back(std::move(w));
+    }
+  }
+  write_safetensors_sharded(dir, ts, max_shard_bytes);
+  write_file_atomic((fs::path(dir) / "config.json").string(),
+                    cfg.to_hf_json(dtype == StDType::BF16 ? "bfloat16" : "float32").dump(2) + "\n");
+}
+
+}  // namespace easyctx::ckpt

@@ -1,0 +1,95 @@
+#include "data/sp_slice.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace easyctx::data {
+
+SpLayout parse_sp_layout(const std::string& name) {
+  if (name == "none") return SpLayout::None;
+  if (name == "contiguous") return SpLayout::Contiguous;
+  if (name == "zigzag") return SpLayout::Zigzag;
+  if (name == "usp") return SpLayout::Usp;
+  EASYCTX_THROW_INPUT("unknown sequence-parallel layout '", name, "', expected none, contiguous, zigzag or usp");
+}
+
+const char* sp_layout_name(SpLayout l) {
+  switch (l) {
+    case SpLayout::None: return "none";
+    case SpLayout::Contiguous: return "contiguous";
+    case SpLayout::Zigzag: return "zigzag";
+    case SpLayout::Usp: return "usp";
+  }
+  return "?";
+}
+
+int64_t sp_padded_length(int64_t L, SpLayout layout, int world, int inner) {
+  EASYCTX_CHECK(L > 0 && world > 0, "sp_padded_length: L ", L, ", world ", world);
+  EASYCTX_CHECK(layout != SpLayout::Usp || (inner > 0 && world % inner == 0), "sp_padded_length: usp inner size ",
+                inner, " does not divide ", world);
+  int64_t m = layout == SpLayout::None ? 1 : layout == SpLayout::Contiguous ? world : 2 * int64_t(world);
+  return (L + m - 1) / m * m;
+}
+
+int64_t sp_local_length(int64_t L, SpLayout layout, int world, int inner) {
+  if (layout == SpLayout::None) return L;
+  return sp_padded_length(L, layout, world, inner) / world;
+}
+
+namespace {
+// Appends padded positions [begin, end) of the sequence.
+void append_range(const uint32_t* w, int64_t L, int64_t begin, int64_t end, int32_t pad_id, SpSlice& out) {
+  for (int64_t p = begin; p < end; ++p) {
+    bool real = p < L;
+    out.tokens.push_back(real ? static_cast<int32_t>(w[p]) : pad_id);
+    out.labels.push_back(real ? static_cast<int32_t>(w[p + 1]) : -1);
+    out.positions.push_back(static_cast<int32_t>(p));
+    out.real_labels += real ? 1 : 0;
+  }
+}
+}  // namespace
+
+void sp_slice_append(const uint32_t* window, int64_t L, SpLayout layout, int world, int rank, int32_t pad_id,
+                     SpSlice& out, int inner) {
+  EASYCTX_CHECK(world > 0 && rank >= 0 && rank < world, "sp_slice: rank ", rank, " outside world ", world);
+  EASYCTX_CHECK(L < (int64_t(1) << 31), "sp_slice: sequence length ", L, " does not fit int32 positions");
+  const int64_t Lp = sp_padded_length(L, layout, world, inner);
+  switch (layout) {
+    case SpLayout::None:
+      append_range(window, L, 0, L, pad_id, out);
+      break;
+    case SpLayout::Contiguous: {
+      int64_t c = Lp / world;
+      append_range(window, L, rank * c, (rank + 1) * c, pad_id, out);
+      break;
+    }
+    case SpLayout::Zigzag: {
+      int64_t c = Lp / (2 * int64_t(world));
+      int64_t second = 2 * int64_t(world) - 1 - rank;
+      append_range(window, L, rank * c, (rank + 1) * c, pad_id, out);
+      append_range(window, L, second * c, (second + 1) * c, pad_id, out);
+      break;
+    }
+    case SpLayout::Usp: {
+      // Zigzag over R = world / inner ring ranks, then part (rank % inner) of that rank's
+      // 2c tokens; a part may straddle the two chunks.
+      const int64_t R = world / inner, k = rank / inner, u = rank % inner;
+      const int64_t c = Lp / (2 * R), part = 2 * c / inner;
+      const int64_t first = k * c, second = (2 * R - 1 - k) * c;
+      const int64_t b = u * part, e = (u + 1) * part;  // in the rank's 2c-token sequence
+      if (b < c) append_range(window, L, first + b, first + std::min(e, c), pad_id, out);
+      if (e > c) append_range(window, L, second + std::max<int64_t>(b - c, 0), second + (e - c), pad_id, out);
+      break;
+    }
+  }
+}
+
+SpSlice sp_slice(const uint32_t* window, int64_t L, SpLayout layout, int world, int rank, int32_t pad_id,
+                 int inner) {
+  SpSlice s;
+  sp_slice_append(window, L, layout, world, rank, pad_id, s, inner);
+  return s;
+}
+
+}  // namespace easyctx::data

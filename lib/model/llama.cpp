@@ -1,0 +1,328 @@
+#include "model/llama.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace easyctx::model {
+
+using ops::Buffer;
+using ops::Tensor;
+
+// One layer's activations, all [n, ...] with n = batch * seq tokens.
+struct LlamaModel::LayerActs {
+  Buffer h1;     // [n, D]  input RMSNorm output
+  Buffer rstd1;  // [n]     stat dtype
+  Buffer q;      // [n, Hq*hd] after RoPE
+  Buffer k;      // [n, Hkv*hd] after RoPE
+  Buffer v;      // [n, Hkv*hd]
+  Buffer o;      // [n, Hq*hd] attention output
+  Buffer lse;    // [B, Hq, S] stat dtype
+  Buffer x_mid;  // [n, D]  residual after attention
+  Buffer h2;     // [n, D]  post-attention RMSNorm output
+  Buffer rstd2;  // [n]
+  Buffer g, u;   // [n, I]  gate and up projections
+  Buffer m;      // [n, I]  silu(g) * u
+};
+
+struct LlamaModel::Workspace {
+  int64_t batch = 0, seq = 0;
+  bool backward = false;
+  std::vector<Buffer> resid;    // [n, D] each: backward keeps L+1 (input of layer l, then the
+                                // last hidden); forward-only ping-pongs between 2
+  // The residual stream after l layers (l = 0: the embeddings).
+  Tensor stream(int64_t l, int64_t n, int64_t d) const {
+    return resid[static_cast<size_t>(backward ? l : l % 2)].view({n, d});
+  }
+  std::vector<LayerActs> acts;  // L (no checkpoint, backward) or 1 (recomputed / forward only)
+  std::vector<Buffer> saved_o;    // L x [n, Hq*hd]: attention outputs (checkpoint attention_output)
+  std::vector<Buffer> saved_lse;  // L x [B, Hq, S]
+  Buffer hf, rstd_f;            // [n, D], [n]: final norm
+  Buffer dx, dh, tmp;           // [n, D]: residual gradient, projection input gradient, scratch
+  Buffer dm, dg, du;            // [n, I]
+  Buffer dattn;                 // [n, Hq*hd]: gradient of the attention output
+  Buffer dq, dk, dv;            // [n, Hq*hd], [n, Hkv*hd] x2
+};
+
+namespace {
+DType stat_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+}  // namespace
+
+LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, ModelOptions opts,
+                       std::shared_ptr<attention::SequenceAttention> attn)
+    : cfg_(cfg), layout_(cfg), be_(be), dtype_(dtype), opts_(opts), attn_(std::move(attn)) {
+  cfg_.validate();
+  if (!attn_) attn_ = std::make_shared<attention::LocalAttention>(be_);
+  const std::vector<float> f = cfg_.inv_freq();
+  inv_freq_ = be_.alloc(DType::F32, static_cast<int64_t>(f.size()));
+  Buffer host(const_cast<float*>(f.data()), f.size() * 4, DType::F32, MemSpace::Host, nullptr);
+  be_.copy(inv_freq_.flat(), host.flat());
+}
+
+LlamaModel::~LlamaModel() = default;
+
+Tensor LlamaModel::tensor_view(const Tensor& unit, size_t ui, size_t ti) const {
+  const ParamTensor& t = layout_.units().at(ui).tensors.at(ti);
+  return unit.slice_flat(t.offset, {t.numel}).reshape(t.shape);
+}
+
+void LlamaModel::check_params(const std::vector<Tensor>& params, const char* what) const {
+  EASYCTX_CHECK(params.size() == layout_.num_units(), "LlamaModel: ", layout_.num_units(), " ", what,
+                " units expected, got ", params.size());
+  for (size_t u = 0; u < params.size(); ++u) {
+    EASYCTX_CHECK(params[u].numel() == layout_.units()[u].numel && params[u].dtype == dtype_, "LlamaModel: ", what,
+                  " unit ", layout_.units()[u].name, " is ", params[u].describe(), ", expected ",
+                  ops::type_name(dtype_), "[", layout_.units()[u].numel, "]");
+  }
+}
+
+// The LM-head matrix [V, D] inside `units` (parameters or gradients): lm_head.weight, or the
+// embedding when tied.
+Tensor LlamaModel::head_matrix(const std::vector<Tensor>& units) const {
+  if (cfg_.tie_word_embeddings) return units[layout_.embed_unit()].reshape({cfg_.vocab_size, cfg_.hidden_size});
+  return tensor_view(units[layout_.head_unit()], layout_.head_unit(), 1);
+}
+
+LlamaModel::Workspace& LlamaModel::workspace(const Batch& b, bool for_backward) {
+  EASYCTX_CHECK(b.batch > 0 && b.seq > 0, "LlamaModel: empty batch ", b.batch, "x", b.seq);
+  for (const Tensor* t : {&b.tokens, &b.positions, &b.labels})
+    EASYCTX_CHECK(t->dtype == DType::I32 && t->numel() == b.tokens_count(), "LlamaModel: batch arrays must be i32[",
+                  b.tokens_count(), "], got ", t->describe());
+  const bool keep_all = for_backward && opts_.checkpoint == CheckpointPolicy::None;
+  if (ws_ && ws_->batch == b.batch && ws_->seq == b.seq && ws_->backward == for_backward) return *ws_;
+  ws_.reset();  // free first: peak memory is one workspace
+  auto ws = std::make_unique<Workspace>();
+  ws->batch = b.batch;
+  ws->seq = b.seq;
+  ws->backward = for_backward;
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size;
+  const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+  const DType st = stat_dtype(dtype_);
+  for (int64_t l = 0; l <= (for_backward ? cfg_.num_layers : 1); ++l) ws->resid.push_back(be_.alloc(dtype_, n * d));
+  ws->acts.resize(keep_all ? static_cast<size_t>(cfg_.num_layers) : 1);
+  for (LayerActs& a : ws->acts) {
+    a.h1 = be_.alloc(dtype_, n * d);
+    a.rstd1 = be_.alloc(st, n);
+    a.q = be_.alloc(dtype_, n * qd);
+    a.k = be_.alloc(dtype_, n * kvd);
+    a.v = be_.alloc(dtype_, n * kvd);
+    a.o = be_.alloc(dtype_, n * qd);
+    a.lse = be_.alloc(st, b.batch * cfg_.num_heads * b.seq);
+    a.x_mid = be_.alloc(dtype_, n * d);
+    a.h2 = be_.alloc(dtype_, n * d);
+    a.rstd2 = be_.alloc(st, n);
+    a.g = be_.alloc(dtype_, n * ff);
+    a.u = be_.alloc(dtype_, n * ff);
+    a.m = be_.alloc(dtype_, n * ff);
+  }
+  if (for_backward && opts_.checkpoint == CheckpointPolicy::AttentionOutput)
+    for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+      ws->saved_o.push_back(be_.alloc(dtype_, n * qd));
+      ws->saved_lse.push_back(be_.alloc(st, b.batch * cfg_.num_heads * b.seq));
+    }
+  ws->hf = be_.alloc(dtype_, n * d);
+  ws->rstd_f = be_.alloc(st, n);
+  ws->tmp = be_.alloc(dtype_, n * d);
+  if (for_backward) {
+    ws->dx = be_.alloc(dtype_, n * d);
+    ws->dh = be_.alloc(dtype_, n * d);
+    ws->dm = be_.alloc(dtype_, n * ff);
+    ws->dg = be_.alloc(dtype_, n * ff);
+    ws->du = be_.alloc(dtype_, n * ff);
+    ws->dattn = be_.alloc(dtype_, n * qd);
+    ws->dq = be_.alloc(dtype_, n * qd);
+    ws->dk = be_.alloc(dtype_, n * kvd);
+    ws->dv = be_.alloc(dtype_, n * kvd);
+  }
+  ws_ = std::move(ws);
+  return *ws_;
+}
+
+// attention_done: a.o and a.lse already hold this layer's attention (restored from the
+// attention_output checkpoint), so the recompute skips the attention itself.
+void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch& b, LayerActs& a,
+                               const Tensor& x_out, bool attention_done) {
+  const size_t ui = layout_.layer_unit(0);  // offsets are the same in every layer unit
+  auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
+  const int64_t hq = cfg_.num_heads, hkv = cfg_.num_kv_heads;
+  const Tensor h1 = a.h1.view({n, d}), q = a.q.view({n, hq * hd}), k = a.k.view({n, hkv * hd});
+  const Tensor v = a.v.view({n, hkv * hd}), o = a.o.view({n, hq * hd}), x_mid = a.x_mid.view({n, d});
+  be_.rmsnorm_fwd(x_in, W(kAttnNorm), cfg_.rms_norm_eps, h1, a.rstd1.view({n}));
+  be_.matmul(h1, false, W(kQ), true, q);
+  be_.matmul(h1, false, W(kK), true, k);
+  be_.matmul(h1, false, W(kV), true, v);
+  be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
+  be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
+  if (!attention_done)
+    attn_->forward(q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
+                   v.reshape({b.batch, b.seq, hkv, hd}), 1.0 / std::sqrt(static_cast<double>(hd)),
+                   o.reshape({b.batch, b.seq, hq, hd}), a.lse.view({b.batch, hq, b.seq}));
+  be_.matmul(o, false, W(kO), true, x_mid);
+  be_.axpy(x_mid, x_in, 1.0);
+  const Tensor h2 = a.h2.view({n, d}), g = a.g.view({n, ff}), u = a.u.view({n, ff}), m = a.m.view({n, ff});
+  be_.rmsnorm_fwd(x_mid, W(kMlpNorm), cfg_.rms_norm_eps, h2, a.rstd2.view({n}));
+  be_.matmul(h2, false, W(kGate), true, g);
+  be_.matmul(h2, false, W(kUp), true, u);
+  be_.swiglu_fwd(g, u, m);
+  be_.matmul(m, false, W(kDown), true, x_out);
+  be_.axpy(x_out, x_mid, 1.0);
+}
+
+// dx: gradient w.r.t. the layer output on entry, w.r.t. the layer input on return.
+void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor& x_in, const Batch& b, LayerActs& a,
+                                Workspace& ws, const Tensor& dx) {
+  const size_t ui = layout_.layer_unit(0);
+  auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
+  auto G = [&](LayerTensor t) { return tensor_view(gw, ui, t); };
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
+  const int64_t hq = cfg_.num_heads, hkv = cfg_.num_kv_heads;
+  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2))
+  const Tensor dm = ws.dm.view({n, ff}), dg = ws.dg.view({n, ff}), du = ws.du.view({n, ff});
+  const Tensor dh = ws.dh.view({n, d}), h2 = a.h2.view({n, d});
+  be_.matmul(dx, false, W(kDown), false, dm);
+  be_.matmul(dx, true, a.m.view({n, ff}), false, G(kDown), 1.0, 1.0);
+  be_.swiglu_bwd(a.g.view({n, ff}), a.u.view({n, ff}), dm, dg, du);
+  be_.matmul(dg, false, W(kGate), false, dh);
+  be_.matmul(du, false, W(kUp), false, dh, 1.0, 1.0);
+  be_.matmul(dg, true, h2, false, G(kGate), 1.0, 1.0);
+  be_.matmul(du, true, h2, false, G(kUp), 1.0, 1.0);
+  be_.rmsnorm_bwd(a.x_mid.view({n, d}), W(kMlpNorm), a.rstd2.view({n}), dh, dx, G(kMlpNorm));
+  // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v))
+  const Tensor dattn = ws.dattn.view({n, hq * hd}), dq = ws.dq.view({n, hq * hd});
+  const Tensor dk = ws.dk.view({n, hkv * hd}), dv = ws.dv.view({n, hkv * hd}), h1 = a.h1.view({n, d});
+  be_.matmul(dx, false, W(kO), false, dattn);
+  be_.matmul(dx, true, a.o.view({n, hq * hd}), false, G(kO), 1.0, 1.0);
+  attn_->backward(a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}),
+                  a.v.view({b.batch, b.seq, hkv, hd}), a.o.view({b.batch, b.seq, hq, hd}),
+                  a.lse.view({b.batch, hq, b.seq}), dattn.reshape({b.batch, b.seq, hq, hd}),
+                  1.0 / std::sqrt(static_cast<double>(hd)), dq.reshape({b.batch, b.seq, hq, hd}),
+                  dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd}));
+  be_.rope(dq.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), true);
+  be_.rope(dk.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), true);
+  be_.matmul(dq, false, W(kQ), false, dh);
+  be_.matmul(dk, false, W(kK), false, dh, 1.0, 1.0);
+  be_.matmul(dv, false, W(kV), false, dh, 1.0, 1.0);
+  be_.matmul(dq, true, h1, false, G(kQ), 1.0, 1.0);
+  be_.matmul(dk, true, h1, false, G(kK), 1.0, 1.0);
+  be_.matmul(dv, true, h1, false, G(kV), 1.0, 1.0);
+  be_.rmsnorm_bwd(x_in, W(kAttnNorm), a.rstd1.view({n}), dh, dx, G(kAttnNorm));
+}
+
+
+// Embedding and every layer; fills the residual stream (and every layer's acts when kept).
+void LlamaModel::forward_trunk(const std::vector<Tensor>& params, const Batch& b, Workspace& ws, bool keep) {
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size;
+  be_.embedding_fwd(b.tokens, params[layout_.embed_unit()].reshape({cfg_.vocab_size, d}), ws.stream(0, n, d));
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
+    layer_forward(params[layout_.layer_unit(l)], ws.stream(l, n, d), b, a, ws.stream(l + 1, n, d), false);
+    if (!ws.saved_o.empty()) {
+      be_.copy(ws.saved_o[static_cast<size_t>(l)].flat(), a.o.flat());
+      be_.copy(ws.saved_lse[static_cast<size_t>(l)].flat(), a.lse.flat());
+    }
+  }
+  const Tensor& head = params[layout_.head_unit()];
+  be_.rmsnorm_fwd(ws.stream(cfg_.num_layers, n, d), tensor_view(head, layout_.head_unit(), 0), cfg_.rms_norm_eps,
+                  ws.hf.view({n, d}), ws.rstd_f.view({n}));
+}
+
+ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                           const Batch& b, double grad_scale) {
+  check_params(params, "parameter");
+  check_params(grads, "gradient");
+  Workspace& ws = workspace(b, true);
+  const bool keep = opts_.checkpoint == CheckpointPolicy::None;
+  forward_trunk(params, b, ws, keep);
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, vocab = cfg_.vocab_size;
+  const size_t hu = layout_.head_unit();
+  const Tensor dx = ws.dx.view({n, d}), dhf = ws.dh.view({n, d});
+  const ops::LossSums loss = be_.lm_head_loss(ws.hf.view({n, d}), head_matrix(params), b.labels, opts_.lm_head_tile,
+                                              grad_scale, dhf, head_matrix(grads));
+  be_.fill(dx, 0.0);
+  be_.rmsnorm_bwd(ws.stream(cfg_.num_layers, n, d), tensor_view(params[hu], hu, 0), ws.rstd_f.view({n}), dhf, dx,
+                  tensor_view(grads[hu], hu, 0));
+  for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
+    const size_t ui = layout_.layer_unit(l);
+    const Tensor x_in = ws.stream(l, n, d);
+    LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
+    if (!keep) {  // recompute from the checkpoint (layer input, plus o/lse for attention_output)
+      const bool restored = !ws.saved_o.empty();
+      if (restored) {
+        be_.copy(a.o.flat(), ws.saved_o[static_cast<size_t>(l)].flat());
+        be_.copy(a.lse.flat(), ws.saved_lse[static_cast<size_t>(l)].flat());
+      }
+      layer_forward(params[ui], x_in, b, a, ws.tmp.view({n, d}), restored);
+    }
+    layer_backward(params[ui], grads[ui], x_in, b, a, ws, dx);
+  }
+  be_.embedding_bwd(b.tokens, dx, grads[layout_.embed_unit()].reshape({vocab, d}));
+  return loss;
+}
+
+ops::LossSums LlamaModel::forward_loss(const std::vector<Tensor>& params, const Batch& b) {
+  check_params(params, "parameter");
+  Workspace& ws = workspace(b, false);
+  forward_trunk(params, b, ws, false);
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size;
+  return be_.lm_head_loss(ws.hf.view({n, d}), head_matrix(params), b.labels, opts_.lm_head_tile, 0.0, Tensor(),
+                          Tensor());
+}
+
+ops::Tensor LlamaModel::forward_hidden(const std::vector<Tensor>& params, const Batch& b) {
+  check_params(params, "parameter");
+  Workspace& ws = workspace(b, false);
+  forward_trunk(params, b, ws, false);
+  return ws.hf.view({b.tokens_count(), cfg_.hidden_size});
+}
+
+ops::LossSums LlamaModel::head_loss(const std::vector<Tensor>& params, const Tensor& hidden, const Tensor& labels) {
+  check_params(params, "parameter");
+  return be_.lm_head_loss(hidden, head_matrix(params), labels, opts_.lm_head_tile, 0.0, Tensor(), Tensor());
+}
+
+void LlamaModel::forward_logits(const std::vector<Tensor>& params, const Batch& b, const Tensor& logits) {
+  check_params(params, "parameter");
+  Workspace& ws = workspace(b, false);
+  forward_trunk(params, b, ws, false);
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, vocab = cfg_.vocab_size;
+  be_.matmul(ws.hf.view({n, d}), false, head_matrix(params), true, logits.reshape({n, vocab}));
+}
+
+// ---------------------------------------------------------------- initialisation
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// Standard normal from a counter (Box-Muller on two hashed uniforms): portable and
+// independent of thread count or iteration order.
+double normal_at(uint64_t seed, uint64_t index) {
+  const uint64_t a = splitmix64(seed ^ splitmix64(2 * index));
+  const uint64_t c = splitmix64(seed ^ splitmix64(2 * index + 1));
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+  const double u2 = static_cast<double>(c >> 11) / 9007199254740992.0;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+}  // namespace
+
+void init_random(const ParamLayout& layout, const std::vector<Tensor>& units, double std, uint64_t seed) {
+  EASYCTX_CHECK(units.size() == layout.num_units(), "init_random: unit count mismatch");
+  for (size_t u = 0; u < units.size(); ++u) {
+    const ParamUnit& pu = layout.units()[u];
+    EASYCTX_CHECK(units[u].dtype == DType::F32 && units[u].space == MemSpace::Host && units[u].numel() == pu.numel,
+                  "init_random: unit ", pu.name, " must be host f32[", pu.numel, "], got ", units[u].describe());
+    float* p = units[u].ptr<float>();
+    const uint64_t useed = splitmix64(seed * 1000003ull + u);
+    for (const ParamTensor& t : pu.tensors) {
+#pragma omp parallel for schedule(static) if (t.numel > (1 << 16))
+      for (int64_t i = 0; i < t.numel; ++i)
+        p[t.offset + i] = t.is_norm ? 1.0f : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(t.offset + i)));
+    }
+  }
+}
+
+}  // namespace easyctx::model

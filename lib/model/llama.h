@@ -1,0 +1,97 @@
+// The Llama decoder (LlamaForCausalLM) forward and backward through ops::Backend.
+//
+// Parameters come in as one view per ParamLayout unit (flat, in the compute dtype: f32 for
+// training, f64 for the golden/gradient tests); gradients likewise, accumulated (+=), so
+// gradient accumulation is just several calls before the optimizer step. Tokens, positions
+// and labels are i32 views [batch * seq] of this rank's slice; positions drive RoPE only.
+//
+// Activation policy: CheckpointPolicy::None keeps every layer's activations from forward to
+// backward; Layer keeps only each layer's input (the residual stream) and recomputes the
+// layer in backward; AttentionOutput (LightSeq's rematerialization-aware cut) also keeps
+// each layer's attention output and LSE, so the recompute redoes the cheap projections,
+// norms and MLP but never the attention (the O(S^2) part, and the ring communication).
+// All three give bit-identical results.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "attention/attention.h"
+#include "core/config.h"
+#include "model/llama_config.h"
+#include "model/param_layout.h"
+#include "ops/ops.h"
+
+namespace easyctx::model {
+
+using ops::DType;
+using ops::MemSpace;
+
+struct Batch {
+  ops::Tensor tokens;     // i32[batch * seq]
+  ops::Tensor positions;  // i32[batch * seq]
+  ops::Tensor labels;     // i32[batch * seq], -1 = not scored
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int64_t tokens_count() const { return batch * seq; }
+};
+
+struct ModelOptions {
+  CheckpointPolicy checkpoint = CheckpointPolicy::Layer;
+  int64_t lm_head_tile = 4096;  // tokens per LM-head/cross-entropy tile
+};
+
+class LlamaModel {
+ public:
+  // `attn` may be null: local (single-rank) causal attention.
+  LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, ModelOptions opts = {},
+             std::shared_ptr<attention::SequenceAttention> attn = nullptr);
+  ~LlamaModel();
+
+  const LlamaConfig& config() const { return cfg_; }
+  const ParamLayout& layout() const { return layout_; }
+  DType dtype() const { return dtype_; }
+
+  // Views of one tensor inside a unit view (the unit's dtype).
+  ops::Tensor tensor_view(const ops::Tensor& unit, size_t unit_index, size_t tensor_index) const;
+
+  // Forward + backward of grad_scale * sum(NLL over labelled tokens); grads accumulate.
+  // Returns the NLL sum and label count of this batch.
+  ops::LossSums forward_backward(const std::vector<ops::Tensor>& params, const std::vector<ops::Tensor>& grads,
+                                 const Batch& b, double grad_scale);
+  // Forward only: NLL sum and count (evaluation).
+  ops::LossSums forward_loss(const std::vector<ops::Tensor>& params, const Batch& b);
+  // Forward only, in two parts for evaluations that score prefixes of one pass: the final
+  // normed hidden states [batch * seq, D] (a view valid until the next call), then the
+  // LM-head loss of any rows of them (hidden rows and their labels).
+  ops::Tensor forward_hidden(const std::vector<ops::Tensor>& params, const Batch& b);
+  ops::LossSums head_loss(const std::vector<ops::Tensor>& params, const ops::Tensor& hidden, const ops::Tensor& labels);
+  // Forward only: logits [batch * seq, vocab] (tests and small evaluations).
+  void forward_logits(const std::vector<ops::Tensor>& params, const Batch& b, const ops::Tensor& logits);
+
+ private:
+  struct LayerActs;
+  struct Workspace;
+  void check_params(const std::vector<ops::Tensor>& params, const char* what) const;
+  Workspace& workspace(const Batch& b, bool for_backward);
+  void forward_trunk(const std::vector<ops::Tensor>& params, const Batch& b, Workspace& ws, bool keep);
+  void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const Batch& b, LayerActs& a,
+                     const ops::Tensor& x_out, bool attention_done);
+  void layer_backward(const ops::Tensor& w, const ops::Tensor& gw, const ops::Tensor& x_in, const Batch& b,
+                      LayerActs& a, Workspace& ws, const ops::Tensor& dx);
+  ops::Tensor head_matrix(const std::vector<ops::Tensor>& units) const;
+
+  LlamaConfig cfg_;
+  ParamLayout layout_;
+  ops::Backend& be_;
+  DType dtype_;
+  ModelOptions opts_;
+  std::shared_ptr<attention::SequenceAttention> attn_;
+  ops::Buffer inv_freq_;  // f32[head_dim / 2]
+  std::unique_ptr<Workspace> ws_;
+};
+
+// Random initialisation like HF (normal(0, std) for matrices and embeddings, 1 for norm
+// gains) into fp32 unit buffers; a pure function of (seed, unit, element).
+void init_random(const ParamLayout& layout, const std::vector<ops::Tensor>& units_f32, double std, uint64_t seed);
+
+}  // namespace easyctx::model

@@ -1,0 +1,294 @@
+#include "model/llama_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/strings.h"
+
+namespace easyctx::model {
+namespace fs = std::filesystem;
+
+namespace {
+
+int64_t get_int(const Json& j, const char* key, const std::string& src, int64_t def, bool required) {
+  const Json* v = j.find(key);
+  if (!v || v->is_null()) {
+    EASYCTX_CHECK_INPUT(!required, src, ": missing required key '", key, "'");
+    return def;
+  }
+  EASYCTX_CHECK_INPUT(v->is_integer(), src, ": '", key, "' must be an integer, got ", v->dump());
+  return v->as_int();
+}
+
+double get_num(const Json& j, const char* key, const std::string& src, double def) {
+  const Json* v = j.find(key);
+  if (!v || v->is_null()) return def;
+  EASYCTX_CHECK_INPUT(v->is_number(), src, ": '", key, "' must be a number, got ", v->dump());
+  return v->as_double();
+}
+
+// eos_token_id may be a list (Llama 3.1): the first entry.
+int64_t get_token_id(const Json& j, const char* key, const std::string& src, int64_t def) {
+  const Json* v = j.find(key);
+  if (!v || v->is_null()) return def;
+  if (v->is_array() && v->size() > 0 && (*v)[0].is_integer()) return (*v)[0].as_int();
+  EASYCTX_CHECK_INPUT(v->is_integer(), src, ": '", key, "' must be an integer or a list of them, got ", v->dump());
+  return v->as_int();
+}
+
+// rope_scaling (4.x) or rope_parameters (5.x): {"rope_type"|"type": ..., "factor": ...}.
+void parse_rope(const Json& j, const std::string& src, LlamaConfig& c) {
+  const Json* rp = j.find("rope_parameters");
+  if (rp && rp->is_object()) c.rope_theta = get_num(*rp, "rope_theta", src, c.rope_theta);
+  const Json* rs = j.find("rope_scaling");
+  if (!rs || rs->is_null()) rs = (rp && rp->is_object()) ? rp : nullptr;
+  if (!rs) return;
+  EASYCTX_CHECK_INPUT(rs->is_object(), src, ": rope_scaling must be an object, got ", rs->dump());
+  const Json* t = rs->find("rope_type");
+  if (!t) t = rs->find("type");
+  const std::string type = t && t->is_string() ? t->as_string() : "default";
+  if (type == "default") return;
+  if (type == "linear") {
+    c.rope_scaling.kind = RopeScalingKind::Linear;
+  } else if (type == "llama3") {
+    c.rope_scaling.kind = RopeScalingKind::Llama3;
+    c.rope_scaling.low_freq_factor = get_num(*rs, "low_freq_factor", src, 1.0);
+    c.rope_scaling.high_freq_factor = get_num(*rs, "high_freq_factor", src, 4.0);
+    c.rope_scaling.original_max_position_embeddings =
+        get_int(*rs, "original_max_position_embeddings", src + " rope_scaling", 8192, true);
+  } else {
+    EASYCTX_THROW_INPUT(src, ": rope_scaling type '", type, "' is not supported (default, linear, llama3)");
+  }
+  c.rope_scaling.factor = get_num(*rs, "factor", src, 1.0);
+}
+
+// YAML scalars/maps/sequences -> Json (numbers stay numbers), so model YAMLs share the
+// config.json reader.
+Json yaml_to_json(const YAML::Node& n) {
+  if (n.IsMap()) {
+    Json o = Json::object();
+    for (const auto& kv : n) o.set(kv.first.as<std::string>(), yaml_to_json(kv.second));
+    return o;
+  }
+  if (n.IsSequence()) {
+    Json a = Json::array();
+    for (const auto& e : n) a.push_back(yaml_to_json(e));
+    return a;
+  }
+  if (n.IsNull()) return Json();
+  const std::string s = n.Scalar();
+  if (s == "true" || s == "false") return Json(s == "true");
+  char* end = nullptr;
+  long long iv = std::strtoll(s.c_str(), &end, 10);
+  if (!s.empty() && end && *end == 0) return Json(static_cast<int64_t>(iv));
+  double dv = std::strtod(s.c_str(), &end);
+  if (!s.empty() && end && *end == 0) return Json(dv);
+  return Json(s);
+}
+
+}  // namespace
+
+void LlamaConfig::validate() const {
+  auto pos = [&](const char* k, int64_t v) {
+    EASYCTX_CHECK_INPUT(v > 0, name, ": ", k, " must be > 0, got ", v);
+  };
+  pos("hidden_size", hidden_size);
+  pos("num_hidden_layers", num_layers);
+  pos("num_attention_heads", num_heads);
+  pos("num_key_value_heads", num_kv_heads);
+  pos("head_dim", head_dim);
+  pos("intermediate_size", intermediate_size);
+  pos("vocab_size", vocab_size);
+  EASYCTX_CHECK_INPUT(num_heads % num_kv_heads == 0, name, ": num_attention_heads ", num_heads,
+                      " is not a multiple of num_key_value_heads ", num_kv_heads);
+  EASYCTX_CHECK_INPUT(head_dim % 2 == 0, name, ": head_dim ", head_dim, " must be even for RoPE");
+  EASYCTX_CHECK_INPUT(rms_norm_eps > 0, name, ": rms_norm_eps must be > 0, got ", rms_norm_eps);
+  EASYCTX_CHECK_INPUT(rope_theta > 0, name, ": rope_theta must be > 0, got ", rope_theta);
+  EASYCTX_CHECK_INPUT(rope_scaling.factor > 0, name, ": rope_scaling.factor must be > 0");
+  EASYCTX_CHECK_INPUT(vocab_size < (int64_t{1} << 31), name, ": vocab_size ", vocab_size, " does not fit int32 ids");
+  if (rope_scaling.kind == RopeScalingKind::Llama3)
+    EASYCTX_CHECK_INPUT(rope_scaling.high_freq_factor != rope_scaling.low_freq_factor, name,
+                        ": llama3 rope_scaling needs high_freq_factor != low_freq_factor");
+}
+
+std::vector<float> LlamaConfig::inv_freq() const {
+  const int64_t half = head_dim / 2;
+  std::vector<float> f(static_cast<size_t>(half));
+  // HF: 1 / base ** (arange(0, dim, 2).float() / dim), in fp32.
+  for (int64_t i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    f[static_cast<size_t>(i)] = 1.0f / static_cast<float>(std::pow(rope_theta, static_cast<double>(e)));
+  }
+  const float factor = static_cast<float>(rope_scaling.factor);
+  if (rope_scaling.kind == RopeScalingKind::Linear) {
+    for (float& x : f) x /= factor;
+  } else if (rope_scaling.kind == RopeScalingKind::Llama3) {
+    // transformers _compute_llama3_parameters, element by element, in fp32.
+    const float old_ctx = static_cast<float>(rope_scaling.original_max_position_embeddings);
+    const float lo = static_cast<float>(rope_scaling.low_freq_factor);
+    const float hi = static_cast<float>(rope_scaling.high_freq_factor);
+    const float low_freq_wavelen = old_ctx / lo;
+    const float high_freq_wavelen = old_ctx / hi;
+    for (float& x : f) {
+      // PyTorch evaluates `scalar / tensor` as reciprocal(tensor) * scalar; so do we.
+      const float wavelen = (1.0f / x) * static_cast<float>(2.0 * M_PI);
+      float scaled = wavelen > low_freq_wavelen ? x / factor : x;
+      const float smooth = ((1.0f / wavelen) * old_ctx - lo) / (hi - lo);
+      const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+      x = medium ? smoothed : scaled;
+    }
+  }
+  return f;
+}
+
+int64_t LlamaConfig::num_parameters() const {
+  const int64_t d = hidden_size;
+  const int64_t layer = d * q_dim() + 2 * d * kv_dim() + q_dim() * d + 3 * d * intermediate_size + 2 * d;
+  return vocab_size * d * (tie_word_embeddings ? 1 : 2) + num_layers * layer + d;
+}
+
+Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
+  Json j = Json::object();
+  Json arch = Json::array();
+  arch.push_back(Json("LlamaForCausalLM"));
+  j.set("architectures", arch);
+  j.set("model_type", "llama");
+  j.set("hidden_size", hidden_size);
+  j.set("intermediate_size", intermediate_size);
+  j.set("num_hidden_layers", num_layers);
+  j.set("num_attention_heads", num_heads);
+  j.set("num_key_value_heads", num_kv_heads);
+  j.set("head_dim", head_dim);
+  j.set("vocab_size", vocab_size);
+  j.set("max_position_embeddings", max_position_embeddings);
+  j.set("rms_norm_eps", rms_norm_eps);
+  j.set("rope_theta", rope_theta);
+  if (rope_scaling.kind == RopeScalingKind::None) {
+    j.set("rope_scaling", Json());
+  } else {
+    Json rs = Json::object();
+    rs.set("rope_type", rope_scaling.kind == RopeScalingKind::Linear ? "linear" : "llama3");
+    rs.set("factor", rope_scaling.factor);
+    if (rope_scaling.kind == RopeScalingKind::Llama3) {
+      rs.set("low_freq_factor", rope_scaling.low_freq_factor);
+      rs.set("high_freq_factor", rope_scaling.high_freq_factor);
+      rs.set("original_max_position_embeddings", rope_scaling.original_max_position_embeddings);
+    }
+    j.set("rope_scaling", rs);
+  }
+  j.set("tie_word_embeddings", tie_word_embeddings);
+  j.set("bos_token_id", bos_token_id);
+  j.set("eos_token_id", eos_token_id);
+  j.set("hidden_act", "silu");
+  j.set("attention_bias", false);
+  j.set("mlp_bias", false);
+  j.set("torch_dtype", torch_dtype);
+  return j;
+}
+
+std::string LlamaConfig::describe() const {
+  std::ostringstream os;
+  os << name << ": hidden " << hidden_size << ", layers " << num_layers << ", heads " << num_heads << "/"
+     << num_kv_heads << " (head_dim " << head_dim << "), mlp " << intermediate_size << ", vocab " << vocab_size
+     << ", rope_theta " << rope_theta;
+  if (rope_scaling.kind != RopeScalingKind::None)
+    os << " (" << (rope_scaling.kind == RopeScalingKind::Linear ? "linear" : "llama3") << " x" << rope_scaling.factor
+       << ")";
+  os << (tie_word_embeddings ? ", tied embeddings" : "") << ", " << format_count(static_cast<double>(num_parameters()))
+     << " parameters";
+  return os.str();
+}
+
+LlamaConfig llama_config_from_json(const Json& j, const std::string& src) {
+  EASYCTX_CHECK_INPUT(j.is_object(), src, ": expected a JSON object");
+  if (const Json* mt = j.find("model_type"); mt && mt->is_string())
+    EASYCTX_CHECK_INPUT(mt->as_string() == "llama" || mt->as_string() == "mistral", src, ": model_type '",
+                        mt->as_string(), "' is not a Llama-family model");
+  for (const char* k : {"attention_bias", "mlp_bias"})
+    if (const Json* b = j.find(k); b && b->is_bool())
+      EASYCTX_CHECK_INPUT(!b->as_bool(), src, ": ", k, " = true is not supported");
+  if (const Json* act = j.find("hidden_act"); act && act->is_string())
+    EASYCTX_CHECK_INPUT(act->as_string() == "silu", src, ": hidden_act '", act->as_string(), "' (only silu)");
+  LlamaConfig c;
+  c.name = src;
+  c.hidden_size = get_int(j, "hidden_size", src, 0, true);
+  c.num_layers = get_int(j, "num_hidden_layers", src, 0, true);
+  c.num_heads = get_int(j, "num_attention_heads", src, 0, true);
+  c.num_kv_heads = get_int(j, "num_key_value_heads", src, c.num_heads, false);
+  c.head_dim = get_int(j, "head_dim", src, c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, false);
+  c.intermediate_size = get_int(j, "intermediate_size", src, 0, true);
+  c.vocab_size = get_int(j, "vocab_size", src, 0, true);
+  c.rms_norm_eps = get_num(j, "rms_norm_eps", src, 1e-6);
+  c.rope_theta = get_num(j, "rope_theta", src, 10000.0);
+  parse_rope(j, src, c);
+  if (const Json* t = j.find("tie_word_embeddings"); t && t->is_bool()) c.tie_word_embeddings = t->as_bool();
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", src, 2048, false);
+  c.bos_token_id = get_token_id(j, "bos_token_id", src, 1);
+  c.eos_token_id = get_token_id(j, "eos_token_id", src, 2);
+  c.validate();
+  return c;
+}
+
+std::vector<std::string> preset_dirs() {
+  std::vector<std::string> dirs;
+  if (const char* d = std::getenv("EASYCTX_CONFIG_DIR")) dirs.push_back(std::string(d) + "/models");
+  dirs.push_back("configs/models");
+  dirs.push_back(std::string(EASYCTX_SOURCE_DIR) + "/configs/models");
+  return dirs;
+}
+
+LlamaConfig load_llama_config(const std::string& spec) {
+  EASYCTX_CHECK_INPUT(!spec.empty(), "model.config: empty");
+  fs::path p(spec);
+  if (fs::is_directory(p)) p /= "config.json";
+  if (fs::is_regular_file(p)) {
+    const std::string path = p.string();
+    if (ends_with(path, ".yaml") || ends_with(path, ".yml")) {
+      YAML::Node n;
+      try {
+        n = YAML::LoadFile(path);
+      } catch (const YAML::Exception& e) {
+        EASYCTX_THROW_INPUT(path, ": ", e.what());
+      }
+      LlamaConfig c = llama_config_from_json(yaml_to_json(n), path);
+      return c;
+    }
+    return llama_config_from_json(parse_json(read_file(path), path), path);
+  }
+  EASYCTX_CHECK_INPUT(spec.find('/') == std::string::npos && !ends_with(spec, ".json"), "model.config: '", spec,
+                      "' does not exist");
+  std::vector<std::string> names;
+  for (const std::string& d : preset_dirs()) {
+    fs::path f = fs::path(d) / (spec + ".yaml");
+    if (fs::is_regular_file(f)) {
+      LlamaConfig c = load_llama_config(f.string());
+      c.name = spec;
+      return c;
+    }
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d, ec))
+      if (e.path().extension() == ".yaml") names.push_back(e.path().stem().string());
+  }
+  std::string hint = nearest(spec, names);
+  EASYCTX_THROW_INPUT("model.config: no preset '", spec, "' in configs/models/",
+                      hint.empty() ? "" : " (did you mean '" + hint + "'?)", "; give a preset, a .yaml or a config.json");
+}
+
+LlamaConfig resolve_llama_config(const ModelConfig& m) {
+  LlamaConfig c;
+  if (starts_with(m.init, "hf:") && m.config == ModelConfig{}.config)
+    c = load_llama_config(m.init.substr(3));
+  else
+    c = load_llama_config(m.config);
+  if (m.rope_theta > 0) c.rope_theta = m.rope_theta;
+  c.validate();
+  return c;
+}
+
+}  // namespace easyctx::model

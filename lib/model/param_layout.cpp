@@ -1,0 +1,71 @@
+#include "model/param_layout.h"
+
+namespace easyctx::model {
+namespace {
+
+void add(ParamUnit& u, std::string name, std::vector<int64_t> shape, bool norm) {
+  ParamTensor t;
+  t.hf_name = std::move(name);
+  t.shape = std::move(shape);
+  t.numel = 1;
+  for (int64_t d : t.shape) t.numel *= d;
+  t.offset = u.numel;
+  t.is_norm = norm;
+  t.decay = !norm;
+  u.numel += t.numel;
+  u.tensors.push_back(std::move(t));
+}
+
+}  // namespace
+
+ParamLayout::ParamLayout(const LlamaConfig& c) {
+  const int64_t d = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.intermediate_size;
+  ParamUnit embed{"embed", 0, {}};
+  add(embed, "model.embed_tokens.weight", {c.vocab_size, d}, false);
+  units_.push_back(std::move(embed));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    ParamUnit u{"layer." + std::to_string(l), 0, {}};
+    // Order must match enum LayerTensor.
+    add(u, p + "self_attn.q_proj.weight", {q, d}, false);
+    add(u, p + "self_attn.k_proj.weight", {kv, d}, false);
+    add(u, p + "self_attn.v_proj.weight", {kv, d}, false);
+    add(u, p + "self_attn.o_proj.weight", {d, q}, false);
+    add(u, p + "mlp.gate_proj.weight", {ff, d}, false);
+    add(u, p + "mlp.up_proj.weight", {ff, d}, false);
+    add(u, p + "mlp.down_proj.weight", {d, ff}, false);
+    add(u, p + "input_layernorm.weight", {d}, true);
+    add(u, p + "post_attention_layernorm.weight", {d}, true);
+    units_.push_back(std::move(u));
+  }
+  ParamUnit head{"head", 0, {}};
+  add(head, "model.norm.weight", {d}, true);
+  if (!c.tie_word_embeddings) add(head, "lm_head.weight", {c.vocab_size, d}, false);
+  units_.push_back(std::move(head));
+}
+
+int64_t ParamLayout::total_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units_) n += u.numel;
+  return n;
+}
+
+bool ParamLayout::find(const std::string& hf_name, size_t& unit, size_t& tensor) const {
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t t = 0; t < units_[u].tensors.size(); ++t)
+      if (units_[u].tensors[t].hf_name == hf_name) {
+        unit = u;
+        tensor = t;
+        return true;
+      }
+  return false;
+}
+
+std::vector<std::string> ParamLayout::hf_names() const {
+  std::vector<std::string> names;
+  for (const auto& u : units_)
+    for (const auto& t : u.tensors) names.push_back(t.hf_name);
+  return names;
+}
+
+}  // namespace easyctx::model

@@ -1,0 +1,617 @@
+// The CUDA backend: checks shapes and dtypes like the CPU reference, then queues the
+// kernels of kernels/ (and cuBLASLt) on its stream. Scratch memory is stream-ordered
+// (cudaMallocAsync from the device's pool, kept cached), so no call synchronises except
+// those that return host values (sum_squares, lm_head_loss), device-to-host copies and the
+// token-id check of embedding_fwd.
+#include "ops/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "attention.h"
+#include "cuda_check.h"
+#include "kernels.h"
+#include "ops/cuda/cudnn_attention.h"
+#include "ops/cuda/lt_matmul.h"
+#include "ops/half.h"
+
+namespace easyctx::ops {
+namespace {
+
+using kernels::bf16;
+
+// Stream-ordered scratch buffer (RAII): freed on the stream when it goes out of scope.
+class Scratch {
+ public:
+  Scratch(size_t bytes, cudaStream_t st) : st_(st) {
+    if (bytes) EASYCTX_CUDA_CHECK(cudaMallocAsync(&p_, bytes, st));
+  }
+  ~Scratch() {
+    if (p_) cudaFreeAsync(p_, st_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t st_;
+};
+
+void check_device(const char* op, const Tensor& t) {
+  EASYCTX_CHECK(t.space == MemSpace::Device, op, ": the CUDA backend needs device memory, got a host tensor ",
+                t.describe());
+}
+void check_float(const char* op, const Tensor& t) {
+  check_device(op, t);
+  EASYCTX_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, op, ": the CUDA backend stores f32 or bf16, got ",
+                t.describe());
+}
+void check_type(const char* op, const char* name, const Tensor& t, DType want) {
+  check_device(op, t);
+  EASYCTX_CHECK(t.dtype == want, op, ": ", name, " must be ", type_name(want), ", got ", t.describe());
+}
+
+// Calls f with a typed null pointer (float* or bf16*) chosen by the dtype.
+template <typename F>
+void dispatch(DType t, F&& f) {
+  if (t == DType::F32) f(static_cast<float*>(nullptr));
+  else f(static_cast<bf16*>(nullptr));
+}
+template <typename T>
+T* typed(const Tensor& t) { return static_cast<T*>(t.data); }
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& o) {
+    if (o.device >= 0) EASYCTX_CUDA_CHECK(cudaSetDevice(o.device));
+    EASYCTX_CUDA_CHECK(cudaGetDevice(&device_));
+    if (o.stream) {
+      stream_ = o.stream;
+    } else {
+      EASYCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      own_stream_ = true;
+    }
+    // Keep freed scratch in the pool instead of returning it to the driver every call.
+    cudaMemPool_t pool;
+    EASYCTX_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t keep = UINT64_MAX;
+    EASYCTX_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    lt_ = std::make_unique<cuda::LtMatmul>(o.cublas_workspace);
+    use_cudnn_ = o.cudnn_attention;
+    EASYCTX_CUDA_CHECK(cudaMalloc(&flag_, sizeof(int)));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    cudnn_.reset();
+    lt_.reset();
+    cudaFree(flag_);
+    if (own_stream_) cudaStreamDestroy(stream_);
+  }
+
+  cudaStream_t stream() const { return stream_; }
+  std::string attention_path() const {
+    return last_path_ + (cudnn_decline_.empty() ? "" : " (cuDNN declined: " + cudnn_decline_ + ")");
+  }
+  const char* name() const override { return "cuda"; }
+  MemSpace memspace() const override { return MemSpace::Device; }
+  void synchronize() override { EASYCTX_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  Buffer alloc(DType t, int64_t numel) override {
+    EASYCTX_CHECK(numel >= 0, "alloc: negative element count ", numel);
+    const size_t bytes = static_cast<size_t>(numel) * element_size(t);
+    void* p = nullptr;
+    if (bytes) {
+      cudaError_t e = cudaMalloc(&p, bytes);
+      EASYCTX_CHECK(e == cudaSuccess, process_label(), " alloc: cudaMalloc of ", bytes, " bytes (", numel, " x ",
+                    type_name(t), ") failed: ", cudaGetErrorString(e));
+      EASYCTX_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    }
+    return Buffer(p, bytes, t, MemSpace::Device, [](void* q) { cudaFree(q); });
+  }
+
+  // ---------------------------------------------------------------- elementwise
+  void copy(const Tensor& dst, const Tensor& src) override {
+    check_numel("copy", "dst", dst, src.numel());
+    const int64_t n = src.numel();
+    if (n == 0) return;
+    const bool dd = dst.space == MemSpace::Device, sd = src.space == MemSpace::Device;
+    if (dst.dtype == src.dtype) {
+      const cudaMemcpyKind kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                                     : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), kind, stream_));
+      if (!dd) synchronize();  // the caller reads host memory next
+      return;
+    }
+    auto convertible = [](DType t) { return t == DType::F32 || t == DType::BF16; };
+    EASYCTX_CHECK(convertible(dst.dtype) && convertible(src.dtype), "copy (CUDA): conversion ", src.describe(),
+                  " -> ", dst.describe(), " not supported (f32 <-> bf16)");
+    if (!dd && !sd) {  // host to host: the same rounding as the CPU backend
+      for (int64_t i = 0; i < n; ++i) {
+        if (src.dtype == DType::F32) dst.ptr<uint16_t>()[i] = float_to_bf16(src.ptr<float>()[i]);
+        else dst.ptr<float>()[i] = bf16_to_float(src.ptr<uint16_t>()[i]);
+      }
+      return;
+    }
+    // Stage the side that is on the host in device memory, convert on the device.
+    Scratch stage((dd && sd) ? 0 : static_cast<size_t>(n) * element_size(dd ? src.dtype : dst.dtype), stream_);
+    const void* s = src.data;
+    void* d = dst.data;
+    if (!sd) {
+      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(stage.as<void>(), src.data, src.bytes(), cudaMemcpyHostToDevice, stream_));
+      s = stage.as<void>();
+    }
+    if (!dd) d = stage.as<void>();
+    if (dst.dtype == DType::F32) kernels::convert(static_cast<float*>(d), static_cast<const bf16*>(s), n, stream_);
+    else kernels::convert(static_cast<bf16*>(d), static_cast<const float*>(s), n, stream_);
+    if (!dd) {
+      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(dst.data, d, dst.bytes(), cudaMemcpyDeviceToHost, stream_));
+      synchronize();
+    }
+  }
+
+  void fill(const Tensor& x, double value) override {
+    check_float("fill", x);
+    dispatch(x.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::fill(typed<T>(x), static_cast<float>(value), x.numel(), stream_);
+    });
+  }
+
+  void axpy(const Tensor& y, const Tensor& x, double alpha) override {
+    check_float("axpy", y);
+    check_device("axpy", x);
+    check_same_dtype("axpy", y, x);
+    check_numel("axpy", "x", x, y.numel());
+    dispatch(y.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::axpy(typed<T>(y), typed<T>(x), static_cast<float>(alpha), y.numel(), stream_);
+    });
+  }
+
+  void scale(const Tensor& x, double alpha) override {
+    check_float("scale", x);
+    dispatch(x.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::scale(typed<T>(x), static_cast<float>(alpha), x.numel(), stream_);
+    });
+  }
+
+  double sum_squares(const Tensor& x) override {
+    check_float("sum_squares", x);
+    Scratch part((kernels::kSumSquaresBlocks + 1) * sizeof(double), stream_);
+    double* out = part.as<double>() + kernels::kSumSquaresBlocks;
+    dispatch(x.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::sum_squares(typed<T>(x), x.numel(), part.as<double>(), out, stream_);
+    });
+    double r = 0;
+    EASYCTX_CUDA_CHECK(cudaMemcpyAsync(&r, out, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+    return r;
+  }
+
+  // ---------------------------------------------------------------- embedding
+  void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) override {
+    check_type("embedding_fwd", "ids", ids, DType::I32);
+    check_float("embedding_fwd", table);
+    check_device("embedding_fwd", out);
+    check_same_dtype("embedding_fwd", table, out);
+    const int64_t d = table.dim(-1), vocab = table.numel() / d, n = ids.numel();
+    check_numel("embedding_fwd", "out", out, n * d);
+    EASYCTX_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), stream_));
+    dispatch(table.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::embedding_fwd(ids.ptr<int32_t>(), n, typed<T>(table), vocab, d, typed<T>(out), flag_, stream_);
+    });
+    EASYCTX_CHECK(!read_flag(), "embedding_fwd: a token id is outside the vocabulary [0, ", vocab, ")");
+  }
+
+  void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override {
+    check_type("embedding_bwd", "ids", ids, DType::I32);
+    check_float("embedding_bwd", dtable);
+    check_device("embedding_bwd", dout);
+    check_same_dtype("embedding_bwd", dtable, dout);
+    const int64_t d = dtable.dim(-1), vocab = dtable.numel() / d, n = ids.numel();
+    check_numel("embedding_bwd", "dout", dout, n * d);
+    if (n == 0) return;
+    size_t temp_bytes = 0;
+    kernels::sort_ids(ids.ptr<int32_t>(), nullptr, nullptr, nullptr, n, nullptr, &temp_bytes, 32, stream_);
+    Scratch idx(3 * static_cast<size_t>(n) * sizeof(int32_t), stream_);
+    Scratch temp(temp_bytes, stream_);
+    int32_t* sorted = idx.as<int32_t>();
+    int32_t* iota = sorted + n;
+    int32_t* order = iota + n;
+    kernels::sort_ids(ids.ptr<int32_t>(), sorted, iota, order, n, temp.as<void>(), &temp_bytes, 32, stream_);
+    dispatch(dtable.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::embedding_bwd_sorted(sorted, order, n, typed<T>(dout), vocab, d, typed<T>(dtable), stream_);
+    });
+  }
+
+  // ---------------------------------------------------------------- RMSNorm
+  void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) override {
+    check_float("rmsnorm_fwd", x);
+    for (const Tensor* t : {&w, &y}) {
+      check_device("rmsnorm_fwd", *t);
+      check_same_dtype("rmsnorm_fwd", x, *t);
+    }
+    check_type("rmsnorm_fwd", "rstd", rstd, DType::F32);
+    const int64_t d = w.numel(), n = x.numel() / d;
+    check_numel("rmsnorm_fwd", "x", x, n * d);
+    check_numel("rmsnorm_fwd", "y", y, n * d);
+    check_numel("rmsnorm_fwd", "rstd", rstd, n);
+    dispatch(x.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::rmsnorm_fwd(typed<T>(x), typed<T>(w), n, d, static_cast<float>(eps), typed<T>(y), rstd.ptr<float>(),
+                           stream_);
+    });
+  }
+
+  void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                   const Tensor& dw) override {
+    check_float("rmsnorm_bwd", x);
+    for (const Tensor* t : {&w, &dy, &dx}) {
+      check_device("rmsnorm_bwd", *t);
+      check_same_dtype("rmsnorm_bwd", x, *t);
+    }
+    check_type("rmsnorm_bwd", "rstd", rstd, DType::F32);
+    const int64_t d = w.numel(), n = x.numel() / d;
+    check_numel("rmsnorm_bwd", "dy", dy, n * d);
+    check_numel("rmsnorm_bwd", "dx", dx, n * d);
+    check_numel("rmsnorm_bwd", "rstd", rstd, n);
+    if (!dw.empty()) {
+      check_float("rmsnorm_bwd", dw);  // f32 or bf16, whatever x is
+      check_numel("rmsnorm_bwd", "dw", dw, d);
+    }
+    const int64_t chunks = kernels::rmsnorm_dw_chunks(n);
+    Scratch part(dw.empty() ? 0 : static_cast<size_t>(chunks * d) * sizeof(float), stream_);
+    dispatch(x.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::rmsnorm_bwd(typed<T>(x), typed<T>(w), rstd.ptr<float>(), typed<T>(dy), n, d, typed<T>(dx),
+                           part.as<float>(), stream_);
+    });
+    if (dw.empty() || n == 0) return;
+    dispatch(dw.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::reduce_columns_add(part.as<float>(), chunks, d, typed<T>(dw), stream_);
+    });
+  }
+
+  // ---------------------------------------------------------------- matmul
+  void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
+              double beta) override {
+    check_float("matmul", a);
+    check_device("matmul", b);
+    check_float("matmul", c);
+    check_same_dtype("matmul", a, b);
+    EASYCTX_CHECK(c.dtype == a.dtype || (a.dtype == DType::BF16 && c.dtype == DType::F32),
+                  "matmul (CUDA): C must have A's dtype or be f32 for bf16 inputs, got ", a.describe(), " ",
+                  c.describe());
+    EASYCTX_CHECK(a.ndim == 2 && b.ndim == 2 && c.ndim == 2, "matmul: 2-D views expected, got ", a.describe(), " ",
+                  b.describe(), " ", c.describe());
+    const int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
+    const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
+    EASYCTX_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "matmul: shapes do not agree: op(A) ", m, "x", k,
+                  ", op(B) ", kb, "x", n, ", C ", c.describe());
+    if (k == 0) {  // C = beta C
+      if (beta == 0) fill(c, 0.0);
+      else if (beta != 1) scale(c, beta);
+      return;
+    }
+    lt_->run(a, trans_a, b, trans_b, c, static_cast<float>(alpha), static_cast<float>(beta), stream_);
+  }
+
+  // ---------------------------------------------------------------- RoPE
+  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, bool inverse) override {
+    check_float("rope", x);
+    check_type("rope", "positions", positions, DType::I32);
+    check_type("rope", "inv_freq", inv_freq, DType::F32);
+    EASYCTX_CHECK(x.ndim == 3, "rope: x must be [n, heads, head_dim], got ", x.describe());
+    const int64_t n = x.dim(0), h = x.dim(1), hd = x.dim(2);
+    EASYCTX_CHECK(hd % 2 == 0, "rope: odd head_dim ", hd);
+    check_numel("rope", "positions", positions, n);
+    check_numel("rope", "inv_freq", inv_freq, hd / 2);
+    dispatch(x.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::rope(typed<T>(x), n, h, hd, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse, stream_);
+    });
+  }
+
+  // ---------------------------------------------------------------- attention
+  static kernels::AttentionParams attn_params(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const AttentionBlock& blk) {
+    for (const Tensor* t : {&q, &k, &v}) check_type(op, "q/k/v", *t, DType::BF16);
+    EASYCTX_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, op, ": q, k, v must be [B, S, H, hd], got ",
+                  q.describe(), " ", k.describe(), " ", v.describe());
+    kernels::AttentionParams p;
+    p.batch = q.dim(0);
+    p.sq = q.dim(1);
+    p.hq = q.dim(2);
+    p.hd = q.dim(3);
+    p.sk = k.dim(1);
+    p.hkv = k.dim(2);
+    EASYCTX_CHECK(k.shape == v.shape && k.dim(0) == p.batch && k.dim(3) == p.hd, op, ": k ", k.describe(), " / v ",
+                  v.describe(), " do not match q ", q.describe());
+    EASYCTX_CHECK(p.hkv > 0 && p.hq % p.hkv == 0, op, ": query heads ", p.hq, " not a multiple of kv heads ", p.hkv);
+    EASYCTX_CHECK(p.hd == 64 || p.hd == 128, op, " (CUDA): head dim ", p.hd, " not supported (64 or 128)");
+    p.q = static_cast<const bf16*>(q.data);
+    p.k = static_cast<const bf16*>(k.data);
+    p.v = static_cast<const bf16*>(v.data);
+    p.q_row = p.hq * p.hd;
+    p.q_batch = p.sq * p.q_row;
+    p.k_row = p.hkv * p.hd;
+    p.k_batch = p.sk * p.k_row;
+    p.scale = static_cast<float>(blk.scale);
+    p.scale_log2 = static_cast<float>(blk.scale * 1.4426950408889634);
+    p.causal = blk.causal;
+    p.diag = blk.q_offset - blk.k_offset;
+    return p;
+  }
+
+  void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionBlock& blk, const Tensor& o,
+                     const Tensor& lse) override {
+    kernels::AttentionParams p = attn_params("attention_fwd", q, k, v, blk);
+    check_type("attention_fwd", "o", o, DType::BF16);
+    check_type("attention_fwd", "lse", lse, DType::F32);
+    check_numel("attention_fwd", "o", o, q.numel());
+    check_numel("attention_fwd", "lse", lse, p.batch * p.hq * p.sq);
+    p.o_out = static_cast<bf16*>(o.data);
+    p.lse_out = lse.ptr<float>();
+    if (p.sk == 0) {  // no keys at all: every row is empty
+      fill(o, 0.0);
+      fill(lse, -INFINITY);
+      return;
+    }
+    if (cudnn_eligible(p, {q.data, k.data, v.data, o.data, lse.data}) &&
+        cudnn()->try_fwd(shape_of(p), p.scale, q.data, k.data, v.data, o.data, lse.ptr<float>(), stream_)) {
+      last_path_ = "cudnn";
+      return;
+    }
+    note_decline();
+    kernels::attention_fwd(p, stream_);
+    last_path_ = "kernel";
+  }
+
+  void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                     const Tensor& dout, const AttentionBlock& blk, const Tensor& dq, const Tensor& dk,
+                     const Tensor& dv) override {
+    kernels::AttentionParams p = attn_params("attention_bwd", q, k, v, blk);
+    for (const Tensor* t : {&o, &dout, &dq, &dk, &dv}) check_type("attention_bwd", "o/dout/dq/dk/dv", *t, DType::BF16);
+    check_type("attention_bwd", "lse", lse, DType::F32);
+    for (const Tensor* t : {&o, &dout, &dq}) check_numel("attention_bwd", "o/dout/dq", *t, q.numel());
+    for (const Tensor* t : {&dk, &dv}) check_numel("attention_bwd", "dk/dv", *t, k.numel());
+    check_numel("attention_bwd", "lse", lse, p.batch * p.hq * p.sq);
+    if (p.sk == 0 || p.sq == 0) return;
+    if (cudnn_eligible(p, {q.data, k.data, v.data, o.data, lse.data, dout.data}) &&
+        cudnn()->has_bwd_plan(shape_of(p))) {
+      // cuDNN overwrites its gradients: compute into scratch, then add (+=) in fp32.
+      Scratch g(static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16), stream_);
+      bf16* gq = g.as<bf16>();
+      bf16* gk = gq + q.numel();
+      bf16* gv = gk + k.numel();
+      if (cudnn()->try_bwd(shape_of(p), p.scale, q.data, k.data, v.data, o.data, lse.ptr<float>(), dout.data, gq, gk,
+                           gv, stream_)) {
+        kernels::axpy(static_cast<bf16*>(dq.data), gq, 1.f, q.numel(), stream_);
+        kernels::axpy(static_cast<bf16*>(dk.data), gk, 1.f, k.numel(), stream_);
+        kernels::axpy(static_cast<bf16*>(dv.data), gv, 1.f, k.numel(), stream_);
+        last_path_ = "cudnn";
+        return;
+      }
+    }
+    note_decline();
+    Scratch delta(static_cast<size_t>(p.batch * p.hq * p.sq) * sizeof(float), stream_);
+    p.o = static_cast<const bf16*>(o.data);
+    p.dout = static_cast<const bf16*>(dout.data);
+    p.lse = lse.ptr<float>();
+    p.dq = static_cast<bf16*>(dq.data);
+    p.dk = static_cast<bf16*>(dk.data);
+    p.dv = static_cast<bf16*>(dv.data);
+    p.delta = delta.as<float>();
+    kernels::attention_bwd(p, stream_);
+    last_path_ = "kernel";
+  }
+
+  void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o_blk, const Tensor& lse_blk) override {
+    check_float("attention_merge", o);
+    check_device("attention_merge", o_blk);
+    check_same_dtype("attention_merge", o, o_blk);
+    check_type("attention_merge", "lse", lse, DType::F32);
+    check_type("attention_merge", "lse_blk", lse_blk, DType::F32);
+    EASYCTX_CHECK(o.ndim == 4 && o.shape == o_blk.shape, "attention_merge: o ", o.describe(), " vs o_blk ",
+                  o_blk.describe());
+    const int64_t b = o.dim(0), sq = o.dim(1), hq = o.dim(2), hd = o.dim(3);
+    check_numel("attention_merge", "lse", lse, b * hq * sq);
+    check_numel("attention_merge", "lse_blk", lse_blk, b * hq * sq);
+    dispatch(o.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::attention_merge(typed<T>(o), lse.ptr<float>(), typed<T>(o_blk), lse_blk.ptr<float>(), b, sq, hq, hd,
+                               stream_);
+    });
+  }
+
+  // ---------------------------------------------------------------- SwiGLU
+  void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h) override {
+    check_float("swiglu_fwd", g);
+    for (const Tensor* t : {&u, &h}) {
+      check_device("swiglu_fwd", *t);
+      check_same_dtype("swiglu_fwd", g, *t);
+      check_numel("swiglu_fwd", "u/h", *t, g.numel());
+    }
+    dispatch(g.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::swiglu_fwd(typed<T>(g), typed<T>(u), g.numel(), typed<T>(h), stream_);
+    });
+  }
+
+  void swiglu_bwd(const Tensor& g, const Tensor& u, const Tensor& dh, const Tensor& dg, const Tensor& du) override {
+    check_float("swiglu_bwd", g);
+    for (const Tensor* t : {&u, &dh, &dg, &du}) {
+      check_device("swiglu_bwd", *t);
+      check_same_dtype("swiglu_bwd", g, *t);
+      check_numel("swiglu_bwd", "u/dh/dg/du", *t, g.numel());
+    }
+    dispatch(g.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      kernels::swiglu_bwd(typed<T>(g), typed<T>(u), typed<T>(dh), g.numel(), typed<T>(dg), typed<T>(du), stream_);
+    });
+  }
+
+  // ---------------------------------------------------------------- LM head + cross entropy
+  LossSums lm_head_loss(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens,
+                        double grad_scale, const Tensor& dx, const Tensor& dw) override {
+    check_float("lm_head_loss", x);
+    check_device("lm_head_loss", w);
+    check_same_dtype("lm_head_loss", x, w);
+    check_type("lm_head_loss", "labels", labels, DType::I32);
+    const int64_t d = w.dim(-1), vocab = w.numel() / d, n = labels.numel();
+    check_numel("lm_head_loss", "x", x, n * d);
+    if (!dx.empty()) {
+      check_device("lm_head_loss", dx);
+      check_same_dtype("lm_head_loss", x, dx);
+      check_numel("lm_head_loss", "dx", dx, n * d);
+    }
+    if (!dw.empty()) {
+      check_float("lm_head_loss", dw);
+      EASYCTX_CHECK(dw.dtype == x.dtype || dw.dtype == DType::F32, "lm_head_loss: dw must be ", type_name(x.dtype),
+                    " or f32, got ", dw.describe());
+      check_numel("lm_head_loss", "dw", dw, vocab * d);
+    }
+    LossSums out;
+    if (n == 0) return out;
+    // The logits tile: at most 64M fp32 elements (256 MiB) whatever the caller asks.
+    int64_t tile = tile_tokens > 0 ? std::min(tile_tokens, n) : n;
+    tile = std::max<int64_t>(1, std::min(tile, (int64_t{1} << 26) / std::max<int64_t>(1, vocab)));
+    const bool bwd = !dx.empty();
+    const bool bf = x.dtype == DType::BF16;
+    Scratch logits(static_cast<size_t>(tile * vocab) * sizeof(float), stream_);                    // f32[tile, V]
+    Scratch grad(bwd && bf ? static_cast<size_t>(tile * vocab) * sizeof(bf16) : 0, stream_);       // bf16[tile, V]
+    Scratch sums((static_cast<size_t>(n) + 2) * sizeof(double), stream_);                          // nll f64[n], sum, count
+    double* nll = sums.as<double>();
+    EASYCTX_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), stream_));
+    const Tensor w2 = w.reshape({vocab, d});
+    for (int64_t t0 = 0; t0 < n; t0 += tile) {
+      const int64_t tl = std::min(tile, n - t0);
+      const Tensor xt(static_cast<char*>(x.data) + t0 * d * element_size(x.dtype), x.dtype, {tl, d}, MemSpace::Device);
+      const Tensor lt(logits.as<float>(), DType::F32, {tl, vocab}, MemSpace::Device);
+      matmul(xt, false, w2, true, lt, 1.0, 0.0);  // logits = x w^T, fp32 out
+      const int32_t* lab = labels.ptr<int32_t>() + t0;
+      Tensor gt;
+      if (bf) {
+        gt = Tensor(grad.as<bf16>(), DType::BF16, {tl, vocab}, MemSpace::Device);
+        kernels::cross_entropy_tile(logits.as<float>(), lab, tl, vocab, static_cast<float>(grad_scale), nll + t0,
+                                    bwd ? grad.as<bf16>() : nullptr, flag_, stream_);
+      } else {
+        gt = lt;  // fp32: the gradient overwrites the logits in place
+        kernels::cross_entropy_tile(logits.as<float>(), lab, tl, vocab, static_cast<float>(grad_scale), nll + t0,
+                                    bwd ? logits.as<float>() : nullptr, flag_, stream_);
+      }
+      if (!bwd) continue;
+      const Tensor dxt(static_cast<char*>(dx.data) + t0 * d * element_size(dx.dtype), dx.dtype, {tl, d},
+                       MemSpace::Device);
+      matmul(gt, false, w2, false, dxt, 1.0, 0.0);                       // dx = G w
+      if (!dw.empty()) matmul(gt, true, xt, false, dw.reshape({vocab, d}), 1.0, 1.0);  // dw += G^T x
+    }
+    kernels::sum_f64(nll, n, nll + n, stream_);
+    kernels::count_labels(labels.ptr<int32_t>(), n, reinterpret_cast<int64_t*>(nll + n + 1), stream_);
+    double host[2];
+    EASYCTX_CUDA_CHECK(cudaMemcpyAsync(host, nll + n, 2 * sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    const bool bad = read_flag();  // synchronises
+    EASYCTX_CHECK(!bad, "lm_head_loss: a label is outside [-1, ", vocab, ")");
+    out.sum_nll = host[0];
+    std::memcpy(&out.count, &host[1], sizeof(int64_t));
+    return out;
+  }
+
+  // ---------------------------------------------------------------- AdamW
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s) override {
+    for (const Tensor* t : {&param, &grad, &m, &v}) {
+      check_type("adamw", "param/grad/m/v", *t, DType::F32);
+      check_numel("adamw", "grad/m/v", *t, param.numel());
+    }
+    const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
+    const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
+    kernels::adamw(param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(), param.numel(),
+                   static_cast<float>(s.lr), static_cast<float>(s.beta1), static_cast<float>(s.beta2),
+                   static_cast<float>(s.eps), static_cast<float>(1.0 - s.lr * s.weight_decay), static_cast<float>(bc1),
+                   static_cast<float>(bc2), stream_);
+  }
+
+ private:
+  // A block with no mask at all (not causal, or causal with every key visible to every row)
+  // whose buffers cuDNN can take (16-byte aligned).
+  bool cudnn_eligible(const kernels::AttentionParams& p, std::initializer_list<const void*> ptrs) {
+    if (!use_cudnn_) return false;
+    if (p.causal && p.diag < p.sk - 1) return false;
+    for (const void* q : ptrs)
+      if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
+    return cudnn() != nullptr;
+  }
+  static cuda::SdpaShape shape_of(const kernels::AttentionParams& p) {
+    return {p.batch, p.sq, p.sk, p.hq, p.hkv, p.hd};
+  }
+  // The cuDNN SDPA runner, made on first use; nullptr (and cuDNN off) if cuDNN cannot start.
+  cuda::CudnnAttention* cudnn() {
+    if (!cudnn_ && use_cudnn_) {
+      try {
+        cudnn_ = std::make_unique<cuda::CudnnAttention>();
+      } catch (const Error& e) {
+        cudnn_decline_ = e.what();
+        use_cudnn_ = false;
+      }
+    }
+    return cudnn_.get();
+  }
+  void note_decline() {
+    if (cudnn_ && !cudnn_->last_decline().empty()) cudnn_decline_ = cudnn_->last_decline();
+  }
+
+  // Reads the device error flag (synchronises the stream).
+  bool read_flag() {
+    int h = 0;
+    EASYCTX_CUDA_CHECK(cudaMemcpyAsync(&h, flag_, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+    return h != 0;
+  }
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  bool own_stream_ = false;
+  std::unique_ptr<cuda::LtMatmul> lt_;
+  int* flag_ = nullptr;  // device int: set by kernels that find bad ids/labels
+  bool use_cudnn_ = true;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  std::string last_path_ = "none", cudnn_decline_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts) {
+  return std::make_unique<CudaBackend>(opts);
+}
+
+cudaStream_t cuda_stream(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  EASYCTX_CHECK(c != nullptr, "cuda_stream: backend '", b.name(), "' is not the CUDA backend");
+  return c->stream();
+}
+
+std::string cuda_attention_path(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  EASYCTX_CHECK(c != nullptr, "cuda_attention_path: backend '", b.name(), "' is not the CUDA backend");
+  return c->attention_path();
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace easyctx::ops

@@ -1,0 +1,40 @@
+// The CUDA backend of the ops interface: device memory, bf16 storage with fp32 arithmetic
+// (fp32 tensors where the interface asks: statistics, master weights, Adam states), one
+// stream per backend, matmuls through cuBLASLt and attention through the FlashAttention-2
+// style kernels in kernels/. Every CUDA/cuBLAS error throws easyctx::Error with context.
+// Built only when CMake finds CUDA (EASYCTX_HAVE_CUDA); see docs/cuda.md.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "ops/ops.h"
+
+namespace easyctx::ops {
+
+struct CudaBackendOptions {
+  int device = -1;                        // -1: the calling thread's current device
+  cudaStream_t stream = nullptr;          // nullptr: the backend creates (and owns) one
+  size_t cublas_workspace = size_t{32} << 20;  // bytes
+  // Blocks without a causal mask (ring off-diagonal steps) through cuDNN's fused SDPA when
+  // cuDNN (>= 9.19) has a plan for the shape; otherwise, and for causal blocks, the
+  // FlashAttention-2 style kernels of kernels/attention_*.cu.
+  bool cudnn_attention = true;
+};
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts = {});
+
+// The stream a CUDA backend queues its work on (throws for other backends).
+cudaStream_t cuda_stream(Backend& b);
+
+// Which path the last attention call of a CUDA backend took ("kernel" or "cudnn") and, if
+// cuDNN declined a shape, why (for benchmarks and logs).
+std::string cuda_attention_path(Backend& b);
+
+// Number of visible CUDA devices; 0 (never an error) when there is no driver or device,
+// so tests can skip.
+int cuda_device_count();
+
+}  // namespace easyctx::ops

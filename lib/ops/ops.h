@@ -1,0 +1,124 @@
+// The ops interface: every numeric step of the Llama forward and backward, one virtual call
+// each, on Tensor views. Backends: cpu/ (reference; fp32, plus fp64 for gradient checks and
+// the golden test) and later cuda/ (bf16 storage, fp32 accumulation, device pointers, the
+// backend's current stream). Model code never names a backend: it holds a Backend&.
+//
+// Conventions shared by every backend:
+//  - Row-major, contiguous views; "n" is tokens (batch * sequence rows), D the hidden size.
+//  - Linear weights are stored as Hugging Face does, W[out, in], so y = x W^T.
+//  - Backward ops *accumulate* into parameter gradients (dW += ...); activation gradients
+//    are overwritten unless the op says it accumulates.
+//  - Softmax statistics (attention LSE, RMSNorm rstd) are fp32 for fp32/bf16 data; the fp64
+//    reference keeps them in fp64 so finite-difference checks stay meaningful.
+//  - Every reduction runs in a fixed order: a rerun is bit-identical.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "ops/tensor.h"
+
+namespace easyctx::ops {
+
+// One block of attention, so a sequence-parallel strategy (zigzag ring, Ulysses) can call
+// the same kernel on sub-blocks: query row i sits at global position q_offset + i, key row
+// j at k_offset + j; with `causal`, key j is visible to query i iff k_pos <= q_pos. A block
+// where a query sees no key at all gets o = 0 and lse = -inf (the merge handles it).
+struct AttentionBlock {
+  double scale = 0;       // softmax scale, usually 1/sqrt(head_dim)
+  bool causal = true;
+  int64_t q_offset = 0;
+  int64_t k_offset = 0;
+};
+
+// Sum of next-token NLL over the labelled tokens (label >= 0) and their count; the caller
+// divides (by the global count, so the loss is the mean over the whole global batch).
+struct LossSums {
+  double sum_nll = 0;
+  int64_t count = 0;
+};
+
+// One AdamW update (PyTorch semantics: decoupled decay p *= 1 - lr*wd, bias-corrected
+// moments); step counts from 1.
+struct AdamWStep {
+  double lr = 0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  int64_t step = 1;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual MemSpace memspace() const = 0;
+  // Zero-filled buffer of numel elements in this backend's memory space.
+  virtual Buffer alloc(DType t, int64_t numel) = 0;
+  // Waits for queued work (device backends); the CPU backend runs synchronously.
+  virtual void synchronize() {}
+
+  // ---- elementwise and reductions (any shape; dtypes must match unless noted)
+  // dst = src; converts between dtypes (e.g. fp32 master -> bf16 working copy) and copies
+  // across memory spaces.
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual void fill(const Tensor& x, double value) = 0;
+  virtual void axpy(const Tensor& y, const Tensor& x, double alpha) = 0;  // y += alpha x
+  virtual void scale(const Tensor& x, double alpha) = 0;                  // x *= alpha
+  virtual double sum_squares(const Tensor& x) = 0;                        // sum x^2, in fp64
+
+  // ---- token embedding: ids i32[n], table [V, D], out [n, D]
+  virtual void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
+  // dtable[ids[i]] += dout[i]
+  virtual void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) = 0;
+
+  // ---- RMSNorm (HF): y = w * x / sqrt(mean(x^2) + eps); x, y [n, D], w [D], rstd [n]
+  virtual void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) = 0;
+  // dx += d/dx, dw += d/dw (dx accumulates: it is the residual stream's gradient).
+  virtual void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                           const Tensor& dw) = 0;
+
+  // ---- C = alpha * op(A) op(B) + beta * C, 2-D views; op(X) = X^T when trans_x.
+  virtual void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                      double alpha = 1.0, double beta = 0.0) = 0;
+
+  // ---- RoPE in HF's half-split layout, in place: x [n, H, hd], positions i32[n],
+  // inv_freq f32[hd/2] (the model's frequencies after rope_scaling). Pair (i, i + hd/2) of
+  // token t turns by angle positions[t] * inv_freq[i], computed in fp32 like HF and vLLM.
+  // inverse = true turns the other way (the backward of a rotation is its inverse).
+  virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, bool inverse) = 0;
+
+  // ---- attention on one block, native GQA (Hq a multiple of Hkv; q head h reads kv head
+  // h / (Hq / Hkv)). q [B, Sq, Hq, hd], k/v [B, Sk, Hkv, hd], o [B, Sq, Hq, hd],
+  // lse [B, Hq, Sq] (natural log of the softmax denominator of the scaled scores).
+  virtual void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionBlock& blk,
+                             const Tensor& o, const Tensor& lse) = 0;
+  // Given the *final* o and lse of the rows (after any merge across blocks), adds this
+  // block's contribution: dq += ..., dk += ..., dv += ... (accumulating, so ring steps sum).
+  virtual void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                             const Tensor& dout, const AttentionBlock& blk, const Tensor& dq, const Tensor& dk,
+                             const Tensor& dv) = 0;
+  // Merges a block result into the running one: lse = log(e^lse + e^lse_blk),
+  // o = o e^(lse_old - lse) + o_blk e^(lse_blk - lse). Shapes as attention_fwd's outputs.
+  virtual void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o_blk, const Tensor& lse_blk) = 0;
+
+  // ---- SwiGLU: h = silu(g) * u; g, u, h [n, I]
+  virtual void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h) = 0;
+  virtual void swiglu_bwd(const Tensor& g, const Tensor& u, const Tensor& dh, const Tensor& dg, const Tensor& du) = 0;
+
+  // ---- LM head + cross entropy, tiled along tokens so full logits never exist:
+  // x [n, D] (final-normed hidden), w [V, D], labels i32[n] (-1: ignored). Returns the NLL
+  // sum and label count of the tile rows. If dx is not empty it also runs the backward of
+  // grad_scale * sum_nll: dx [n, D] is overwritten, dw [V, D] accumulates (dw may be empty).
+  virtual LossSums lm_head_loss(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens,
+                                double grad_scale, const Tensor& dx, const Tensor& dw) = 0;
+
+  // ---- optimizer on fp32 master weights: param, grad, m, v same shape.
+  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const AdamWStep& s) = 0;
+};
+
+// The CPU reference backend: host memory, fp32 and fp64, OpenMP across rows.
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace easyctx::ops

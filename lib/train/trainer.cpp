@@ -1,0 +1,404 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "attention/sequence_parallel.h"
+#include "ckpt/hf_model.h"
+#include "ckpt/sharded_checkpoint.h"
+#include "core/log.h"
+#include "core/metrics.h"
+#include "core/strings.h"
+#include "data/loader.h"
+#include "dist/signals.h"
+#include "train/data_stats.h"
+#include "train/schedule.h"
+
+namespace easyctx::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ops::DType;
+
+void check_supported(const StageConfig& cfg) {
+  EASYCTX_CHECK_INPUT(cfg.parallel.zero.stage == 0, "parallel.zero.stage: ", cfg.parallel.zero.stage,
+                      " is not implemented yet in the trainer; use 0");
+  EASYCTX_CHECK_INPUT(cfg.train.device != DeviceKind::Cuda, "train.device: cuda is not available yet; use cpu");
+  EASYCTX_CHECK_INPUT(!cfg.data.path.empty(), "data.path: empty; give the h5tokenize output (file, folder or glob)");
+}
+
+}  // namespace
+
+Trainer::Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, const RunOptions& opts)
+    : cfg_(cfg),
+      world_(world),
+      dp_(dp),
+      grad_comm_(dp),
+      world_mpi_(world.size() == 1 ? MPI_COMM_SELF : MPI_COMM_WORLD),
+      opts_(opts) {
+  check_supported(cfg_);
+  EASYCTX_CHECK_INPUT(cfg_.parallel.sequence.size == 1, "parallel.sequence.size: ", cfg_.parallel.sequence.size,
+                      ": this trainer was built without process groups (sequence parallelism needs them)");
+  init(nullptr, data::SpLayout::None, 1, 0);
+}
+
+Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunOptions& opts)
+    : cfg_(cfg),
+      world_(groups.world()),
+      dp_(groups.dp()),
+      grad_comm_(groups.layout().sp_size > 1 ? groups.world() : groups.dp()),
+      world_mpi_(MPI_COMM_WORLD),
+      opts_(opts) {
+  check_supported(cfg_);
+  const int sp = groups.layout().sp_size;
+  if (sp == 1) {
+    init(nullptr, data::SpLayout::None, 1, 0);
+    return;
+  }
+  be_ = ops::make_cpu_backend();
+  std::shared_ptr<attention::SequenceAttention> attn;
+  data::SpLayout layout = data::SpLayout::Contiguous;
+  switch (cfg_.parallel.sequence.mode) {
+    case SeqParallelMode::ZigzagRing:
+      attn = std::make_shared<attention::ZigzagRingAttention>(*be_, groups.ring());
+      layout = data::SpLayout::Zigzag;
+      break;
+    case SeqParallelMode::Ulysses:
+      attn = std::make_shared<attention::UlyssesAttention>(*be_, groups.ulysses());
+      break;
+    case SeqParallelMode::DistFlash:
+      attn = std::make_shared<attention::DistFlashAttention>(*be_, groups.sp());
+      break;
+    case SeqParallelMode::Usp:
+      // Ulysses all-to-all inside each (contiguous) Ulysses group, zigzag ring across them.
+      attn = std::make_shared<attention::UlyssesAttention>(
+          *be_, groups.ulysses(), std::make_unique<attention::ZigzagRingAttention>(*be_, groups.ring()));
+      layout = data::SpLayout::Usp;
+      break;
+    case SeqParallelMode::None:
+      EASYCTX_THROW_INPUT("parallel.sequence.mode: none with parallel.sequence.size ", sp);
+  }
+  init(attn, layout, sp, groups.sp().rank(), groups.layout().ulysses_size);
+}
+
+// Model, weights, optimizer state and data; `attn` null means local attention.
+void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpLayout sp_layout, int sp_size,
+                   int sp_rank, int sp_inner) {
+  for (const dist::Comm* c : {&world_, &dp_, &grad_comm_})
+    EASYCTX_CHECK_INPUT(c->memspace() == dist::MemSpace::Host, "train.device: ", to_string(cfg_.train.device),
+                        " chose ", c->backend(), " communicators, but the trainer runs the CPU backend (the CUDA "
+                        "backend is not wired in yet); set train.device: cpu");
+  const model::LlamaConfig mc = model::resolve_llama_config(cfg_.model);
+  if (!be_) be_ = ops::make_cpu_backend();
+  model::ModelOptions mo;
+  mo.checkpoint = cfg_.activation.checkpoint;
+  mo.lm_head_tile = cfg_.activation.lm_head_tile;
+  model_ = std::make_unique<model::LlamaModel>(mc, *be_, DType::F32, mo, std::move(attn));
+
+  for (const model::ParamUnit& u : model_->layout().units()) {
+    master_.push_back(be_->alloc(DType::F32, u.numel));
+    grads_.push_back(be_->alloc(DType::F32, u.numel));
+    adam_m_.push_back(be_->alloc(DType::F32, u.numel));
+    adam_v_.push_back(be_->alloc(DType::F32, u.numel));
+  }
+  load_weights();
+
+  data::LoaderOptions lo;
+  lo.path = cfg_.data.path;
+  lo.seq_length = cfg_.data.seq_length;
+  lo.seed = cfg_.train.seed;
+  lo.shape = {cfg_.train.batch_size, cfg_.train.grad_accum, dp_.size()};
+  lo.dp_rank = dp_.rank();
+  lo.sp_layout = sp_layout;
+  lo.sp_size = sp_size;
+  lo.sp_rank = sp_rank;
+  lo.sp_inner = sp_inner;
+  loader_ = std::make_unique<data::DataLoader>(lo);
+  loader_->validate(mc.vocab_size, "", cfg_.data.check_tokens);
+}
+
+Trainer::~Trainer() = default;
+
+namespace {
+// A committed checkpoint: `dir` itself (a step folder), or the newest under dir/checkpoints
+// or dir. Step -1 when there is none.
+ckpt::CheckpointRef find_checkpoint(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / "index.json")) return {dir, 0};
+  std::vector<std::string> warnings;
+  ckpt::CheckpointRef ref = ckpt::find_latest_checkpoint((fs::path(dir) / "checkpoints").string(), &warnings);
+  if (ref.step < 0) ref = ckpt::find_latest_checkpoint(dir, &warnings);
+  for (const std::string& w : warnings) log_warn(w);
+  return ref;
+}
+}  // namespace
+
+// Resume (a committed checkpoint in <output.dir>/checkpoints: weights, Adam moments and
+// the step) takes precedence over model.init (random, hf:DIR, or ckpt:DIR = the weights of
+// another run's checkpoint, e.g. the previous stage, with a fresh optimizer).
+void Trainer::load_weights() {
+  const auto& units = model_->layout().units();
+  auto read = [&](const ckpt::CheckpointReader& r, const std::string& kind, std::vector<ops::Buffer>& bufs) {
+    for (size_t u = 0; u < units.size(); ++u) {
+      const std::string name = kind + "/" + units[u].name;
+      EASYCTX_CHECK_INPUT(r.numel(name) == units[u].numel, r.path(), ": ", name, " has ", r.numel(name),
+                          " elements, this model needs ", units[u].numel, " (different model config?)");
+      r.read(name, 0, units[u].numel, bufs[u].flat().ptr<float>());
+    }
+  };
+  ckpt::CheckpointRef resume;
+  if (opts_.resume == "auto") {
+    resume = find_checkpoint(cfg_.output.dir);
+  } else if (opts_.resume == "none") {
+    if (find_checkpoint(cfg_.output.dir).step >= 0)
+      log_warn("--resume none: starting from model.init although ", cfg_.output.dir,
+               " holds checkpoints; this run's saves will replace them");
+  } else {
+    resume = find_checkpoint(opts_.resume);
+    EASYCTX_CHECK_INPUT(resume.step >= 0, "--resume ", opts_.resume, ": no committed checkpoint there");
+  }
+  if (resume.step >= 0) {
+    const ckpt::CheckpointReader r(resume.path);
+    read(r, "master", master_);
+    read(r, "adam_m", adam_m_);
+    read(r, "adam_v", adam_v_);
+    start_step_ = r.meta().at("next_step").as_int();
+    log_info("resuming from ", resume.path, " at step ", start_step_);
+    return;
+  }
+  if (starts_with(cfg_.model.init, "hf:")) {
+    ckpt::load_hf_weights(cfg_.model.init.substr(3), model_->layout(), master());
+  } else if (starts_with(cfg_.model.init, "ckpt:")) {
+    const ckpt::CheckpointRef ref = find_checkpoint(cfg_.model.init.substr(5));
+    EASYCTX_CHECK_INPUT(ref.step >= 0, "model.init: ", cfg_.model.init, ": no committed checkpoint there");
+    read(ckpt::CheckpointReader(ref.path), "master", master_);
+    log_info("initial weights from ", ref.path);
+  } else {
+    model::init_random(model_->layout(), master(), cfg_.model.init_std, cfg_.train.seed);
+  }
+}
+
+void Trainer::save_checkpoint(int64_t steps_done) {
+  ckpt::CheckpointWriter w(world_mpi_, (fs::path(cfg_.output.dir) / "checkpoints").string(), steps_done);
+  const auto& units = model_->layout().units();
+  // ZeRO-0: every rank holds everything; each writes its 1/W of every unit, in parallel.
+  const int64_t W = world_.size(), r = world_.rank();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t n = units[u].numel, lo = n * r / W, hi = n * (r + 1) / W;
+    w.add("master/" + units[u].name, n, lo, master_[u].flat().ptr<float>() + lo, hi - lo);
+    w.add("adam_m/" + units[u].name, n, lo, adam_m_[u].flat().ptr<float>() + lo, hi - lo);
+    w.add("adam_v/" + units[u].name, n, lo, adam_v_[u].flat().ptr<float>() + lo, hi - lo);
+  }
+  Json meta = Json::object();
+  meta.set("next_step", steps_done);
+  meta.set("model", model_->config().to_hf_json());
+  meta.set("config", dump_stage_config(cfg_));
+  const std::string dir = w.commit(meta, cfg_.output.keep_last);
+  log_info("checkpoint ", dir);
+}
+
+std::vector<ops::Tensor> Trainer::master() const {
+  std::vector<ops::Tensor> v;
+  for (const ops::Buffer& b : master_) v.push_back(b.flat());
+  return v;
+}
+
+void Trainer::reduce_gradients() {
+  // ZeRO-0: sum over the ranks that computed partial gradients (data-parallel replicas,
+  // and the sequence-parallel slices when present); the 1/global-labels scale is already in.
+  if (grad_comm_.size() == 1) return;
+  for (ops::Buffer& g : grads_) grad_comm_.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
+}
+
+double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& grads, double max_norm) {
+  double ss = 0;
+  for (const ops::Tensor& g : grads) ss += be.sum_squares(g);
+  const double norm = std::sqrt(ss);
+  const double coef = max_norm / (norm + 1e-6);
+  if (max_norm > 0 && coef < 1.0)
+    for (const ops::Tensor& g : grads) be.scale(g, coef);
+  return norm;
+}
+
+double Trainer::clip_gradients() {
+  std::vector<ops::Tensor> g;
+  for (const ops::Buffer& b : grads_) g.push_back(b.flat());
+  return clip_by_global_norm(*be_, g, cfg_.train.grad_clip);
+}
+
+void Trainer::optimizer_step(double lr, int64_t step) {
+  ops::AdamWStep s{lr, cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, 0.0, step + 1};
+  const auto& units = model_->layout().units();
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const model::ParamTensor& t : units[u].tensors) {
+      s.weight_decay = t.decay ? cfg_.train.weight_decay : 0.0;  // matrices only, not norm gains
+      auto part = [&](const ops::Buffer& b) { return b.flat().slice_flat(t.offset, {t.numel}); };
+      be_->adamw(part(master_[u]), part(grads_[u]), part(adam_m_[u]), part(adam_v_[u]), s);
+    }
+}
+
+std::vector<ops::Tensor> Trainer::gradients() const {
+  std::vector<ops::Tensor> v;
+  for (const ops::Buffer& b : grads_) v.push_back(b.flat());
+  return v;
+}
+
+StepStats Trainer::train_step(int64_t step) {
+  const auto t0 = Clock::now();
+  StepStats st = compute_gradients(step);
+  st.grad_norm = clip_gradients();
+  optimizer_step(st.lr, step);
+  st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return st;
+}
+
+StepStats Trainer::compute_gradients(int64_t step) {
+  StepStats st;
+  st.step = step;
+  st.lr = lr_at(cfg_.train, step);
+  // Data first: the loss denominator is the global count of labelled tokens.
+  std::vector<data::MicroBatch> micro;
+  double local_labels = 0;
+  for (int64_t m = 0; m < cfg_.train.grad_accum; ++m) {
+    micro.push_back(loader_->micro_batch(step, m));
+    local_labels += static_cast<double>(micro.back().real_labels);
+  }
+  const double global_labels = world_.all_reduce_scalar(local_labels, dist::ReduceOp::Sum);
+  EASYCTX_CHECK(global_labels > 0, "step ", step, ": the global batch has no labelled tokens");
+  for (ops::Buffer& g : grads_) be_->fill(g.flat(), 0.0);
+  const std::vector<ops::Tensor> params = master(), grads = [&] {
+    std::vector<ops::Tensor> v;
+    for (const ops::Buffer& b : grads_) v.push_back(b.flat());
+    return v;
+  }();
+  double sum_nll = 0;
+  for (data::MicroBatch& mb : micro) {
+    const int64_t n = mb.batch * mb.local_len;
+    model::Batch b{ops::Tensor(mb.tokens.data(), DType::I32, {n}), ops::Tensor(mb.positions.data(), DType::I32, {n}),
+                   ops::Tensor(mb.labels.data(), DType::I32, {n}), mb.batch, mb.local_len};
+    sum_nll += model_->forward_backward(params, grads, b, 1.0 / global_labels).sum_nll;
+    st.tokens += n;
+  }
+  reduce_gradients();
+  st.loss = world_.all_reduce_scalar(sum_nll, dist::ReduceOp::Sum) / global_labels;
+  st.tokens = static_cast<int64_t>(world_.all_reduce_scalar(static_cast<double>(st.tokens), dist::ReduceOp::Sum));
+  st.labels = static_cast<int64_t>(global_labels);
+  return st;
+}
+
+void Trainer::log_startup() const {
+  const model::LlamaConfig& mc = model_->config();
+  log_info("model ", mc.describe());
+  log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint), ", backend ",
+           be_->name(), " (f32), ", world_.size(), " rank(s): data-parallel ", dp_.size(), " x sequence-parallel ",
+           world_.size() / dp_.size(),
+           world_.size() > dp_.size() ? std::string(" (") + to_string(cfg_.parallel.sequence.mode) + ")" : "");
+  if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)
+  const data::TokenDataset& ds = loader_->dataset();
+  const UnigramStats us = unigram_stats(ds);
+  log_info("data ", ds.spec(), ": ", format_count(static_cast<double>(ds.num_tokens())), " tokens, ",
+           ds.num_docs(), " documents; unigram entropy ", us.entropy_nats, " nats (ppl ",
+           std::exp(us.entropy_nats), ") over ", format_count(static_cast<double>(us.tokens)), " tokens, ",
+           us.distinct, " distinct ids: a loss below it means the model uses context");
+  log_info("global batch ", cfg_.train.batch_size, " x ", cfg_.train.grad_accum, " x ", dp_.size(), " x ",
+           cfg_.data.seq_length, " = ",
+           format_count(static_cast<double>(cfg_.train.batch_size * cfg_.train.grad_accum * dp_.size() *
+                                            cfg_.data.seq_length)),
+           " tokens/step, ", cfg_.train.steps, " steps, lr ", cfg_.train.lr, " (", to_string(cfg_.train.schedule),
+           ", warmup ", cfg_.train.warmup_steps, ", min ", cfg_.train.min_lr, ")");
+}
+
+StepStats Trainer::run() {
+  const bool root = world_.rank() == 0;
+  if (root) fs::create_directories(cfg_.output.dir);
+  log_startup();
+  std::unique_ptr<MetricsWriter> metrics;
+  if (root && cfg_.logging.metrics)  // a resumed run keeps the records of the steps before it
+    metrics = std::make_unique<MetricsWriter>((fs::path(cfg_.output.dir) / "metrics.jsonl").string(),
+                                              start_step_ > 0, start_step_ + 1);
+  const auto start = Clock::now();
+  StepStats st;
+  for (int64_t step = start_step_; step < cfg_.train.steps; ++step) {
+    if (stop_requested()) {
+      save_checkpoint(step);
+      log_info("stop requested (signal ", dist::stop_signal(), " on some rank): checkpoint of step ", step,
+               " committed; continue with --resume auto");
+      stopped_ = true;
+      world_.barrier();
+      return st;
+    }
+    st = train_step(step);
+    if (cfg_.output.save_every > 0 && (step + 1) % cfg_.output.save_every == 0 && step + 1 < cfg_.train.steps)
+      save_checkpoint(step + 1);
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    const double tps = static_cast<double>(st.tokens) / st.seconds;
+    if (metrics) {
+      Json r = Json::object();
+      r.set("step", step + 1);
+      r.set("loss", st.loss);
+      r.set("lr", st.lr);
+      r.set("grad_norm", st.grad_norm);
+      r.set("tokens", st.tokens);
+      r.set("tokens_per_s", tps);
+      r.set("elapsed", elapsed);
+      metrics->write(r);
+    }
+    if ((step + 1) % std::max<int64_t>(1, cfg_.logging.every) == 0 || step + 1 == cfg_.train.steps) {
+      const double done = static_cast<double>(step + 1 - start_step_);
+      const double eta = elapsed / done * static_cast<double>(cfg_.train.steps - step - 1);
+      char line[256];
+      std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | ETA %s",
+                    static_cast<long long>(step + 1), static_cast<long long>(cfg_.train.steps), st.loss, st.lr,
+                    st.grad_norm, format_count(tps).c_str(), format_duration(eta).c_str());
+      log_info(line);
+    }
+  }
+  if (cfg_.train.steps > start_step_) save_checkpoint(cfg_.train.steps);
+  if (root && cfg_.output.export_hf) {
+    const std::string dir = (fs::path(cfg_.output.dir) / "final").string();
+    save_hf(dir);
+    log_info("saved ", dir, " (Hugging Face safetensors + config.json)");
+  }
+  world_.barrier();
+  if (root) write_file_atomic((fs::path(cfg_.output.dir) / "DONE").string(), std::to_string(cfg_.train.steps) + "\n");
+  return st;
+}
+
+DeviceKind trainer_device(DeviceKind requested) {
+  EASYCTX_CHECK_INPUT(requested != DeviceKind::Cuda,
+                      "train.device: cuda: the trainer's CUDA path is not wired in yet (the CUDA ops backend is, "
+                      "see docs/cuda.md); use cpu or auto");
+  return DeviceKind::Cpu;
+}
+
+bool Trainer::stop_requested() {
+  const double any = world_.all_reduce_scalar(dist::stop_signal() != 0 ? 1.0 : 0.0, dist::ReduceOp::Max);
+  return any > 0;
+}
+
+void Trainer::save_hf(const std::string& dir) const {
+  model::LlamaConfig mc = model_->config();
+  ckpt::save_hf_model(dir, mc, model_->layout(), master(),
+                      cfg_.output.hf_dtype == "bf16" ? ckpt::StDType::BF16 : ckpt::StDType::F32);
+}
+
+int run_stage(dist::Runtime& rt, const StageConfig& cfg, dist::ProcessGroups& groups, const RunOptions& opts) {
+  dist::install_stop_signals();
+  LogOptions lo;
+  lo.rank = rt.rank();
+  const std::string& lv = cfg.logging.level;
+  lo.level = lv == "debug" ? LogLevel::Debug : lv == "warn" ? LogLevel::Warn : lv == "error" ? LogLevel::Error
+                                                                                            : LogLevel::Info;
+  if (cfg.logging.per_rank) {
+    fs::create_directories(fs::path(cfg.output.dir) / "logs");
+    lo.per_rank_file = (fs::path(cfg.output.dir) / "logs" / ("rank" + std::to_string(rt.rank()) + ".log")).string();
+  }
+  log_init(lo);
+  Trainer t(cfg, groups, opts);
+  t.run();
+  return 0;
+}
+
+}  // namespace easyctx::train

@@ -1,0 +1,123 @@
+// The training loop of one stage (DESIGN.md "one training step, as data"):
+//   data -> forward/backward per micro-batch (gradients accumulate) -> data-parallel
+//   gradient all-reduce -> global-norm clip -> AdamW on fp32 master weights -> log.
+// Loss = mean NLL over every labelled token of the global batch: each micro-batch's
+// backward is scaled by 1 / (labelled tokens summed over all micro-batches and all ranks),
+// so accumulation, data parallelism and uneven label counts all give the same gradient.
+//
+// ZeRO stage 0 (every rank holds all parameters, gradients are all-reduced over dp);
+// stage 3 and sequence parallelism plug in at reduce_gradients() and the model's
+// attention seam.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "data/sp_slice.h"
+#include "dist/groups.h"
+#include "dist/runtime.h"
+#include "model/llama.h"
+#include "ops/ops.h"
+
+namespace easyctx::data {
+class DataLoader;
+}
+
+namespace easyctx::train {
+
+struct StepStats {
+  int64_t step = 0;        // 0-based step index
+  double loss = 0;         // mean NLL over the global batch's labelled tokens
+  double lr = 0;
+  double grad_norm = 0;    // global L2 norm before clipping
+  int64_t tokens = 0;      // input tokens of the global batch
+  int64_t labels = 0;      // labelled tokens of the global batch
+  double seconds = 0;      // wall time of the step
+};
+
+// How a run starts (easyctx_train --resume): "auto" resumes from the newest committed
+// checkpoint in <output.dir>/checkpoints (falling back past broken ones) or starts from
+// model.init when there is none; "none" always starts from model.init; anything else is a
+// checkpoint folder (a step folder, a checkpoints folder, or a run's output.dir) to resume.
+struct RunOptions {
+  std::string resume = "auto";
+};
+
+class Trainer {
+ public:
+  // Builds the model, initialises or loads weights, opens the data. Collective over world.
+  // With sequence parallelism (parallel.sequence.size > 1: zigzag_ring, ulysses,
+  // dist_flash or usp) each rank holds a slice of every sequence and attention runs across the
+  // group; parameter gradients are then summed over the whole world (dp x sp).
+  Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunOptions& opts = {});
+  // Without sequence parallelism: `world` holds every rank of the job (loss and label
+  // counts are summed over it), `dp` the data-parallel replicas (gradients summed over it).
+  Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, const RunOptions& opts = {});
+  ~Trainer();
+
+  // One optimizer step on the global batch of `step`.
+  StepStats train_step(int64_t step);
+  // The first half of train_step: forward/backward over every micro-batch and the
+  // gradient reduction, leaving the summed gradients (of the global mean loss, before
+  // clipping) in gradients(). Fills loss, tokens, labels.
+  StepStats compute_gradients(int64_t step);
+  std::vector<ops::Tensor> gradients() const;
+  // Every step with logging and metrics, then the final save. Returns the last stats.
+  // Stops early, after a checkpoint, when any rank received SIGUSR1/SIGTERM
+  // (stopped() is then true); on completion writes <output.dir>/DONE.
+  StepStats run();
+  bool stopped() const { return stopped_; }
+  // Writes the weights as a Hugging Face folder (config.json + model.safetensors); rank 0.
+  void save_hf(const std::string& dir) const;
+  // Commits a training checkpoint after `steps_done` optimizer steps under
+  // <output.dir>/checkpoints (lib/ckpt/sharded_checkpoint.h): fp32 master weights and Adam
+  // moments per unit. Collective over world.
+  void save_checkpoint(int64_t steps_done);
+  // The first step this trainer runs: 0, or where the checkpoint it resumed from ended.
+  int64_t start_step() const { return start_step_; }
+
+  const model::LlamaModel& model() const { return *model_; }
+  // fp32 master weights, one flat view per ParamLayout unit.
+  std::vector<ops::Tensor> master() const;
+
+ private:
+  void reduce_gradients();
+  double clip_gradients();
+  void optimizer_step(double lr, int64_t step);
+  void log_startup() const;
+  void init(std::shared_ptr<attention::SequenceAttention> attn, data::SpLayout sp_layout, int sp_size, int sp_rank,
+            int sp_inner = 1);
+  void load_weights();  // model.init, or resume from <output.dir>/checkpoints
+  bool stop_requested();  // collective: did any rank get SIGUSR1/SIGTERM?
+
+  StageConfig cfg_;
+  dist::Comm& world_;
+  dist::Comm& dp_;
+  dist::Comm& grad_comm_;  // gradients are summed over it: dp, or world with sequence parallelism
+  MPI_Comm world_mpi_;     // the same ranks as world_, for the checkpoint writer
+  int64_t start_step_ = 0;
+  RunOptions opts_;
+  bool stopped_ = false;
+  std::unique_ptr<ops::Backend> be_;
+  std::unique_ptr<model::LlamaModel> model_;
+  std::unique_ptr<data::DataLoader> loader_;
+  std::vector<ops::Buffer> master_, grads_, adam_m_, adam_v_;  // per unit, f32[unit numel]
+};
+
+// torch.nn.utils.clip_grad_norm_: returns the global L2 norm of `grads` (all local; sum
+// over shards first when sharded) and, when max_norm > 0 and norm > max_norm, scales every
+// gradient by max_norm / (norm + 1e-6).
+double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& grads, double max_norm);
+
+// The app entry point (apps/easyctx_train.cpp): trains the stage described by cfg.
+// The device the trainer runs for train.device: auto resolves to the CPU reference until the
+// CUDA training path is wired in (the CUDA ops backend exists; see docs/cuda.md); cuda is
+// refused with a message naming the key.
+DeviceKind trainer_device(DeviceKind requested);
+
+// Exit code 0 also when stopped by a signal after its checkpoint (the job is resumable).
+int run_stage(dist::Runtime& rt, const StageConfig& cfg, dist::ProcessGroups& groups, const RunOptions& opts = {});
+
+}  // namespace easyctx::train

@@ -1,0 +1,85 @@
+#include "data_test_util.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace easyctx::test {
+namespace fs = std::filesystem;
+
+ScratchDir::ScratchDir(const std::string& tag) {
+  const char* t = std::getenv("TMPDIR");
+  std::string base = t ? t : "/tmp";
+  static std::random_device rd;
+  path_ = base + "/easyctx-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(rd());
+  fs::create_directories(path_);
+}
+
+ScratchDir::~ScratchDir() {
+  auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (info && info->result()->Failed()) {
+    std::fprintf(stderr, "kept scratch folder %s for inspection\n", path_.c_str());
+    return;
+  }
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+std::vector<uint32_t> write_random_shard(const std::string& path, std::mt19937_64& rng, uint64_t docs,
+                                         uint64_t max_doc, int64_t vocab, const std::string& sha) {
+  data::ShardMeta m;
+  m.tokenizer_sha256 = sha.empty() ? std::string(64, 'a') : sha;
+  m.tokenizer_name = "random";
+  m.vocab_size = vocab;
+  m.bos_id = 1;
+  m.eos_id = 2;
+  data::TokenShardWriter w(path, m, 97);  // small odd chunk: reads cross chunk edges
+  std::uniform_int_distribution<uint64_t> len(1, max_doc);
+  std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(vocab - 1));
+  std::vector<uint32_t> all;
+  const char* names[] = {"RedPajamaBook", "RedPajamaC4", "RedPajamaArXiv"};
+  for (uint64_t d = 0; d < docs; ++d) {
+    std::vector<uint32_t> doc(len(rng));
+    for (auto& x : doc) x = id(rng);
+    w.add_document(doc.data(), doc.size(), w.source_index(names[rng() % 3]));
+    all.insert(all.end(), doc.begin(), doc.end());
+  }
+  w.commit();
+  return all;
+}
+
+CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+bool have_program(const std::string& name) { return run_command("command -v " + name).status == 0; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  EASYCTX_CHECK(f.good(), "cannot write ", path);
+}
+
+}  // namespace easyctx::test

@@ -1,0 +1,38 @@
+// Helpers for the data tests: scratch folders, random shards, running commands.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "data/shard.h"
+
+namespace easyctx::test {
+
+// A fresh folder under $TMPDIR (or /tmp), removed on destruction unless the test failed.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& tag);
+  ~ScratchDir();
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Writes a shard of random documents (lengths in [1, max_doc]) with ids in [0, vocab);
+// returns the concatenated tokens.
+std::vector<uint32_t> write_random_shard(const std::string& path, std::mt19937_64& rng, uint64_t docs,
+                                         uint64_t max_doc, int64_t vocab, const std::string& sha = "");
+
+struct CommandResult {
+  int status = -1;  // exit code
+  std::string output;  // stdout + stderr
+};
+CommandResult run_command(const std::string& cmd);
+bool have_program(const std::string& name);
+std::string read_text(const std::string& path);
+void write_text(const std::string& path, const std::string& text);
+
+}  // namespace easyctx::test

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Golden fixtures for easyctx's CPU model: a tiny random Llama (GQA) in Hugging Face
+transformers, float64, with its inputs, logits, loss and every parameter's gradient.
+
+Run where torch + transformers exist (CPU torch is fine):
+    python3 tests/golden/make_golden.py --out tests/golden/data
+
+Writes, per fixture NAME:
+  NAME/model/config.json, NAME/model/model.safetensors   the model (F32 on disk; every
+                                                        weight is exactly representable)
+  NAME/io.safetensors   F64 tensors: input_ids, position_ids, labels ([B, S]; label -1 =
+                        ignored), logits [B, S, V], loss [1] (mean NLL over labelled tokens),
+                        inv_freq [head_dim/2] (HF's RoPE frequencies), and grad.<hf name>
+                        for every parameter (d loss / d parameter).
+Fixtures: gqa (untied, default RoPE, rope_theta 10000) and tied_llama3 (tied embeddings,
+rope_scaling llama3 chosen so the high, medium and low frequency branches all occur).
+"""
+import argparse
+import os
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+V5 = int(transformers.__version__.split(".")[0]) >= 5
+
+
+def make_config(tied, llama3):
+    kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, vocab_size=128, max_position_embeddings=256,
+              rms_norm_eps=1e-5, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
+              attention_bias=False, mlp_bias=False, hidden_act="silu")
+    rope = {"rope_type": "default"}
+    if llama3:
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}
+    theta = 10000.0 if not llama3 else 5000.0
+    if V5:
+        kw["rope_parameters"] = dict(rope, rope_theta=theta)
+    else:
+        kw["rope_theta"] = theta
+        kw["rope_scaling"] = None if not llama3 else rope
+    return LlamaConfig(**kw)
+
+
+def build(name, out, tied, llama3, seed):
+    torch.manual_seed(seed)
+    cfg = make_config(tied, llama3)
+    cfg._attn_implementation = "eager"
+    model = LlamaForCausalLM(cfg).to(torch.float64)
+    model.train()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight") or "layernorm" in pname:
+                v = 1.0 + 0.2 * torch.randn(p.shape, dtype=torch.float64)
+            else:
+                v = 0.25 * torch.randn(p.shape, dtype=torch.float64)
+            p.copy_(v.to(torch.float32).to(torch.float64))  # exact in F32 on disk
+    inv = model.model.rotary_emb.inv_freq.detach().to(torch.float64).clone()
+    if llama3:
+        default = 1.0 / (cfg_theta(cfg) ** (torch.arange(0, 8, 2, dtype=torch.int64).float() / 8))
+        assert not torch.allclose(inv.float(), default), "llama3 rope scaling was not applied"
+
+    B, S, Vv = 2, 16, cfg.vocab_size
+    ids = torch.randint(0, Vv, (B, S))
+    pos = torch.stack([torch.arange(S), torch.arange(S) + 37])  # row 1: explicit offset positions
+    labels = torch.randint(0, Vv, (B, S))
+    labels[0, 3] = -100
+    labels[1, 0] = -100
+    labels[1, 9] = -100
+    out_ = model(input_ids=ids, position_ids=pos)
+    logits = out_.logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, Vv), labels.reshape(-1), ignore_index=-100)
+    loss.backward()
+
+    d = os.path.join(out, name)
+    os.makedirs(os.path.join(d, "model"), exist_ok=True)
+    io = {
+        "input_ids": ids.to(torch.float64),
+        "position_ids": pos.to(torch.float64),
+        "labels": torch.where(labels < 0, torch.full_like(labels, -1), labels).to(torch.float64),
+        "logits": logits.detach().contiguous(),
+        "loss": loss.detach().reshape(1),
+        "inv_freq": inv.contiguous(),
+    }
+    for pname, p in model.named_parameters():
+        io["grad." + pname] = p.grad.detach().contiguous()
+    save_file(io, os.path.join(d, "io.safetensors"))
+    model.to(torch.float32).save_pretrained(os.path.join(d, "model"), safe_serialization=True)
+    print(name, "loss", loss.item(), "params", sum(p.numel() for p in model.parameters()),
+          "transformers", transformers.__version__, "torch", torch.__version__)
+
+
+def cfg_theta(cfg):
+    if V5:
+        return cfg.rope_parameters["rope_theta"]
+    return cfg.rope_theta
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    build("gqa", a.out, tied=False, llama3=False, seed=1234)
+    build("tied_llama3", a.out, tied=True, llama3=True, seed=4321)
+    for root, _, files in os.walk(a.out):
+        for f in files:
+            p = os.path.join(root, f)
+            print(p, os.path.getsize(p))
+
+
+if __name__ == "__main__":
+    main()

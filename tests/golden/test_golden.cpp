@@ -1,0 +1,144 @@
+// The CPU model against Hugging Face transformers (float64 reference, fixtures written by
+// tests/golden/make_golden.py): logits and loss to 1e-5 relative, every parameter gradient
+// to 1e-4 relative norm error, RoPE frequencies exactly, for both activation policies and
+// both compute dtypes. Fixture `gqa`: GQA, untied, default RoPE, offset positions in one
+// row; `tied_llama3`: tied embeddings and llama3 rope scaling.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "ckpt/hf_model.h"
+#include "ckpt/safetensors.h"
+#include "model/llama.h"
+#include "test_util.h"
+
+namespace easyctx::test {
+namespace {
+
+using ops::DType;
+
+struct Golden {
+  ckpt::SafetensorsReader io;
+  explicit Golden(const std::string& dir) : io(dir + "/io.safetensors") {}
+  std::vector<double> get(const std::string& name) const {
+    const ckpt::StTensor* t = io.find(name);
+    EXPECT_TRUE(t) << name;
+    if (!t) return {};
+    std::vector<double> v(static_cast<size_t>(t->numel()));
+    io.read(*t, DType::F64, v.data());
+    return v;
+  }
+  std::vector<int32_t> get_i32(const std::string& name) const {
+    std::vector<int32_t> out;
+    for (double x : get(name)) out.push_back(static_cast<int32_t>(std::lround(x)));
+    return out;
+  }
+};
+
+class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, CheckpointPolicy, DType>> {};
+
+TEST_P(GoldenTest, MatchesTransformers) {
+  const auto [name, policy, dtype] = GetParam();
+  const std::string dir = source_dir() + "/tests/golden/data/" + name;
+  const model::LlamaConfig cfg = model::load_llama_config(dir + "/model");
+  Golden g(dir);
+  auto be = ops::make_cpu_backend();
+  model::LlamaModel m(cfg, *be, dtype, {policy, 7});  // lm_head tile 7: several tiles per batch
+
+  // RoPE frequencies: bit-exact with HF's fp32 inv_freq.
+  const std::vector<double> hf_inv = g.get("inv_freq");
+  const std::vector<float> inv = cfg.inv_freq();
+  ASSERT_EQ(hf_inv.size(), inv.size());
+  for (size_t i = 0; i < inv.size(); ++i) EXPECT_EQ(static_cast<double>(inv[i]), hf_inv[i]) << "inv_freq " << i;
+
+  std::vector<ops::Buffer> pbuf, gbuf;
+  std::vector<ops::Tensor> params, grads;
+  for (const auto& u : m.layout().units()) {
+    pbuf.push_back(be->alloc(dtype, u.numel));
+    gbuf.push_back(be->alloc(dtype, u.numel));
+    params.push_back(pbuf.back().flat());
+    grads.push_back(gbuf.back().flat());
+  }
+  ckpt::load_hf_weights(dir + "/model", m.layout(), params);
+
+  std::vector<int32_t> ids = g.get_i32("input_ids"), pos = g.get_i32("position_ids"), lab = g.get_i32("labels");
+  const int64_t B = 2, S = static_cast<int64_t>(ids.size()) / 2;
+  model::Batch b{ops::Tensor(ids.data(), DType::I32, {B * S}), ops::Tensor(pos.data(), DType::I32, {B * S}),
+                 ops::Tensor(lab.data(), DType::I32, {B * S}), B, S};
+
+  const double tol_logits = 1e-5;
+  ops::Buffer logits = be->alloc(dtype, B * S * cfg.vocab_size);
+  m.forward_logits(params, b, logits.flat());
+  ops::Buffer l64 = be->alloc(DType::F64, logits.numel());
+  be->copy(l64.flat(), logits.flat());
+  const std::vector<double> want_logits = g.get("logits");
+  EXPECT_LT(rel_error(std::vector<double>(l64.flat().ptr<double>(), l64.flat().ptr<double>() + l64.numel()),
+                      want_logits),
+            tol_logits);
+
+  int64_t count = 0;
+  for (int32_t y : lab) count += y >= 0;
+  const ops::LossSums ls = m.forward_backward(params, grads, b, 1.0 / static_cast<double>(count));
+  EXPECT_EQ(ls.count, count);
+  const double loss = ls.sum_nll / static_cast<double>(ls.count), want_loss = g.get("loss")[0];
+  EXPECT_NEAR(loss, want_loss, std::abs(want_loss) * 1e-5);
+
+  for (size_t u = 0; u < m.layout().num_units(); ++u)
+    for (const model::ParamTensor& t : m.layout().units()[u].tensors) {
+      const std::vector<double> want = g.get("grad." + t.hf_name);
+      std::vector<double> got(static_cast<size_t>(t.numel));
+      for (int64_t i = 0; i < t.numel; ++i)
+        got[static_cast<size_t>(i)] = dtype == DType::F64 ? grads[u].ptr<double>()[t.offset + i]
+                                                          : grads[u].ptr<float>()[t.offset + i];
+      EXPECT_LT(rel_error(got, want), 1e-4) << t.hf_name;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, GoldenTest,
+    ::testing::Combine(::testing::Values("gqa", "tied_llama3"),
+                       ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
+                                         CheckpointPolicy::AttentionOutput),
+                       ::testing::Values(DType::F64, DType::F32)));
+
+}  // namespace
+}  // namespace easyctx::test
+
+namespace easyctx::test {
+namespace {
+
+// Our export of a golden model reads back identically (weights and config). With
+// EASYCTX_GOLDEN_EXPORT=DIR the exports are kept in DIR/<fixture> for check_export.py,
+// which loads them with transformers and compares logits with the fixture.
+TEST(GoldenExport, ExportReadsBackIdentically) {
+  const char* keep = std::getenv("EASYCTX_GOLDEN_EXPORT");
+  for (const std::string name : {"gqa", "tied_llama3"}) {
+    const std::string dir = source_dir() + "/tests/golden/data/" + name;
+    const model::LlamaConfig cfg = model::load_llama_config(dir + "/model");
+    const model::ParamLayout layout(cfg);
+    auto be = ops::make_cpu_backend();
+    std::vector<ops::Buffer> a, b;
+    std::vector<ops::Tensor> va, vb;
+    for (const auto& u : layout.units()) {
+      a.push_back(be->alloc(DType::F32, u.numel));
+      b.push_back(be->alloc(DType::F32, u.numel));
+      va.push_back(a.back().flat());
+      vb.push_back(b.back().flat());
+    }
+    ckpt::load_hf_weights(dir + "/model", layout, va);
+    const std::string out = keep ? std::string(keep) + "/" + name
+                                 : "/tmp/easyctx-golden-export-" + std::to_string(test_seed() % 1000000) + "-" + name;
+    ckpt::save_hf_model(out, cfg, layout, va);
+    const model::LlamaConfig back = model::load_llama_config(out);
+    EXPECT_EQ(back.inv_freq(), cfg.inv_freq());
+    EXPECT_EQ(back.tie_word_embeddings, cfg.tie_word_embeddings);
+    ckpt::load_hf_weights(out, layout, vb);
+    for (size_t u = 0; u < va.size(); ++u)
+      EXPECT_EQ(0, std::memcmp(va[u].data, vb[u].data, va[u].bytes())) << layout.units()[u].name;
+    if (!keep) std::filesystem::remove_all(out);
+  }
+}
+
+}  // namespace
+}  // namespace easyctx::test

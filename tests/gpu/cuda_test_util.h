@@ -1,0 +1,95 @@
+// Helpers for the CUDA-vs-CPU tests: a fixture that skips without a GPU and holds both
+// backends, host<->device transfers of fp32 vectors in any storage dtype, bf16 rounding of
+// host data (so the reference sees exactly the GPU's inputs), NaN poisoning of outputs.
+#pragma once
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "ops/cuda/cuda_backend.h"
+#include "ops/half.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace easyctx::test {
+
+using ops::Buffer;
+using ops::DType;
+using ops::MemSpace;
+using ops::Tensor;
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the CUDA backend tests need a GPU";
+    gpu = ops::make_cuda_backend();
+    cpu = ops::make_cpu_backend();
+    rng.seed(test_seed());
+  }
+
+  // Host fp32 data rounded to what `t` can hold (bf16 rounding for BF16).
+  static std::vector<float> rounded(std::vector<float> v, DType t) {
+    if (t == DType::BF16)
+      for (auto& x : v) x = ops::bf16_to_float(ops::float_to_bf16(x));
+    return v;
+  }
+  std::vector<float> rand(size_t n, DType t, double lo = -1, double hi = 1) {
+    return rounded(random_vector<float>(n, rng, lo, hi), t);
+  }
+
+  // Device buffer of dtype t holding v (converted); shape given by the caller's views.
+  Buffer upload(const std::vector<float>& v, DType t) {
+    Buffer b = gpu->alloc(t, static_cast<int64_t>(v.size()));
+    Tensor src(const_cast<float*>(v.data()), DType::F32, {static_cast<int64_t>(v.size())});
+    gpu->copy(b.flat(), src);
+    return b;
+  }
+  Buffer upload_i32(const std::vector<int32_t>& v) {
+    Buffer b = gpu->alloc(DType::I32, static_cast<int64_t>(v.size()));
+    Tensor src(const_cast<int32_t*>(v.data()), DType::I32, {static_cast<int64_t>(v.size())});
+    gpu->copy(b.flat(), src);
+    return b;
+  }
+  std::vector<float> download(const Buffer& b) {
+    std::vector<float> v(static_cast<size_t>(b.numel()));
+    Tensor dst(v.data(), DType::F32, {b.numel()});
+    gpu->copy(dst, b.flat());
+    return v;
+  }
+  std::vector<uint16_t> download_bits(const Buffer& b) {  // raw 16-bit words (bf16)
+    std::vector<uint16_t> v(static_cast<size_t>(b.numel()));
+    Tensor dst(v.data(), b.dtype(), {b.numel()});
+    gpu->copy(dst, b.flat());
+    return v;
+  }
+  void poison(const Buffer& b) { gpu->fill(b.flat(), std::numeric_limits<double>::quiet_NaN()); }
+
+  static Tensor host(std::vector<float>& v, std::initializer_list<int64_t> dims) {
+    return Tensor(v.data(), DType::F32, dims);
+  }
+  static Tensor host_i32(std::vector<int32_t>& v, std::initializer_list<int64_t> dims) {
+    return Tensor(v.data(), DType::I32, dims);
+  }
+  static double tol(DType t) { return t == DType::BF16 ? 1e-2 : 1e-5; }
+
+  std::unique_ptr<ops::Backend> gpu, cpu;
+  std::mt19937_64 rng;
+  std::string tag;  // printed with each accuracy line (dtype, case)
+};
+
+// EXPECT_LT(rel_error(got, ref), tol) that also prints the measured error, so a GPU run's
+// log records the accuracy of every op.
+#define EXPECT_REL(got, ref, tol_)                                                                            \
+  do {                                                                                                        \
+    const double e_ = ::easyctx::test::rel_error(got, ref);                                                  \
+    std::printf("[accuracy] %-28s %-34s %-22s rel err %.3g (tol %.0e)\n",                                  \
+                ::testing::UnitTest::GetInstance()->current_test_info()->name(), tag.c_str(), #got, e_,       \
+                static_cast<double>(tol_));                                                                   \
+    EXPECT_LT(e_, tol_);                                                                                      \
+  } while (0)
+
+}  // namespace easyctx::test

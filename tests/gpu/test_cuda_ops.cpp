@@ -1,0 +1,250 @@
+// Every non-attention op of the CUDA backend against the CPU reference, for f32 and bf16
+// storage, on fresh random inputs with odd shapes; outputs are NaN-poisoned first, so an
+// element the kernel forgot fails the comparison. Tolerances (relative norm error): f32
+// 1e-5, bf16 1e-2 (the reference runs in fp32 on the same bf16-rounded inputs).
+#include "cuda_test_util.h"
+
+namespace easyctx::test {
+namespace {
+
+const DType kTypes[] = {DType::F32, DType::BF16};
+
+TEST_F(CudaOpsTest, CopyConvertsAndRoundTrips) {
+  const int64_t n = 10007;
+  auto x = random_vector<float>(n, rng, -3, 3);
+  Buffer b = upload(x, DType::BF16);  // host f32 -> device bf16 (device conversion)
+  auto back = download(b);            // device bf16 -> host f32
+  EXPECT_EQ(back, rounded(x, DType::BF16));  // same round-to-nearest-even as the host helper
+  Buffer f = gpu->alloc(DType::F32, n);
+  poison(f);
+  gpu->copy(f.flat(), b.flat());  // device bf16 -> device f32
+  EXPECT_EQ(download(f), back);
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  Tensor hb(bits.data(), DType::BF16, {n});
+  gpu->copy(hb, f.flat());  // device f32 -> host bf16
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits[static_cast<size_t>(i)], ops::float_to_bf16(back[static_cast<size_t>(i)]));
+}
+
+TEST_F(CudaOpsTest, FillAxpyScaleSumSquares) {
+  for (DType t : kTypes) {
+    SCOPED_TRACE(ops::type_name(t));
+    tag = ops::type_name(t);
+    const int64_t n = 100003;
+    auto y = rand(n, t), x = rand(n, t);
+    Buffer by = upload(y, t), bx = upload(x, t);
+    gpu->axpy(by.flat(), bx.flat(), -0.37);
+    cpu->axpy(host(y, {n}), host(x, {n}), -0.37);
+    EXPECT_REL(download(by), y, tol(t));
+    y = rounded(download(by), t);
+    gpu->scale(by.flat(), 1.7);
+    cpu->scale(host(y, {n}), 1.7);
+    EXPECT_REL(download(by), y, tol(t));
+    y = download(by);
+    const double ss = gpu->sum_squares(by.flat());
+    const double ref = cpu->sum_squares(host(y, {n}));
+    EXPECT_NEAR(ss, ref, 1e-6 * ref);
+    EXPECT_EQ(ss, gpu->sum_squares(by.flat()));  // fixed reduction order
+    gpu->fill(by.flat(), 0.25);
+    for (float v : download(by)) ASSERT_EQ(v, 0.25f);
+  }
+}
+
+TEST_F(CudaOpsTest, Embedding) {
+  for (DType t : kTypes) {
+    SCOPED_TRACE(ops::type_name(t));
+    tag = ops::type_name(t);
+    const int64_t vocab = 301, d = 77, n = 517;
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    std::uniform_int_distribution<int32_t> pick(0, 40);  // few distinct ids: many repeats
+    for (auto& i : ids) i = pick(rng) * 7;
+    auto table = rand(vocab * d, t), dout = rand(n * d, t), dtable = rand(vocab * d, t);
+    Buffer bids = upload_i32(ids), btable = upload(table, t), bout = gpu->alloc(t, n * d), bdout = upload(dout, t);
+    Buffer bdtable = upload(dtable, t);
+    poison(bout);
+    gpu->embedding_fwd(bids.flat(), btable.view({vocab, d}), bout.view({n, d}));
+    std::vector<float> out(static_cast<size_t>(n * d));
+    cpu->embedding_fwd(host_i32(ids, {n}), host(table, {vocab, d}), host(out, {n, d}));
+    EXPECT_EQ(download(bout), out);  // a gather: exact
+    gpu->embedding_bwd(bids.flat(), bdout.view({n, d}), bdtable.view({vocab, d}));
+    auto first = download(bdtable);
+    cpu->embedding_bwd(host_i32(ids, {n}), host(dout, {n, d}), host(dtable, {vocab, d}));
+    EXPECT_REL(first, dtable, tol(t));
+    // Deterministic: the same accumulation again from the same start is bit-identical.
+    Buffer again = upload(rounded(dtable, t), t);
+    Buffer again2 = upload(rounded(dtable, t), t);
+    gpu->embedding_bwd(bids.flat(), bdout.view({n, d}), again.view({vocab, d}));
+    gpu->embedding_bwd(bids.flat(), bdout.view({n, d}), again2.view({vocab, d}));
+    EXPECT_EQ(download(again), download(again2));
+  }
+  std::vector<int32_t> bad{0, 301};
+  Buffer bids = upload_i32(bad), table = gpu->alloc(DType::F32, 301 * 8), out = gpu->alloc(DType::F32, 16);
+  EXPECT_THROW(gpu->embedding_fwd(bids.flat(), table.view({301, 8}), out.view({2, 8})), Error);
+}
+
+TEST_F(CudaOpsTest, RmsNorm) {
+  for (DType t : kTypes) {
+    SCOPED_TRACE(ops::type_name(t));
+    tag = ops::type_name(t);
+    const int64_t n = 131, d = 333;
+    auto x = rand(n * d, t, -2, 2), w = rand(d, t, 0.5, 1.5), dy = rand(n * d, t), dx = rand(n * d, t),
+         dw = rand(d, t);
+    Buffer bx = upload(x, t), bw = upload(w, t), by = gpu->alloc(t, n * d), br = gpu->alloc(DType::F32, n);
+    poison(by);
+    poison(br);
+    gpu->rmsnorm_fwd(bx.view({n, d}), bw.flat(), 1e-5, by.view({n, d}), br.flat());
+    std::vector<float> y(static_cast<size_t>(n * d)), r(static_cast<size_t>(n));
+    cpu->rmsnorm_fwd(host(x, {n, d}), host(w, {d}), 1e-5, host(y, {n, d}), host(r, {n}));
+    EXPECT_REL(download(by), y, tol(t));
+    EXPECT_REL(download(br), r, 1e-5);
+    Buffer bdy = upload(dy, t), bdx = upload(dx, t), bdw = upload(dw, t);
+    gpu->rmsnorm_bwd(bx.view({n, d}), bw.flat(), br.flat(), bdy.view({n, d}), bdx.view({n, d}), bdw.flat());
+    cpu->rmsnorm_bwd(host(x, {n, d}), host(w, {d}), host(r, {n}), host(dy, {n, d}), host(dx, {n, d}), host(dw, {d}));
+    EXPECT_REL(download(bdx), dx, tol(t));
+    EXPECT_REL(download(bdw), dw, tol(t));
+  }
+}
+
+TEST_F(CudaOpsTest, MatmulAllTransposes) {
+  const int64_t m = 37, n = 45, k = 71;
+  for (DType t : kTypes) {
+    for (DType ct : {DType::BF16, DType::F32}) {
+      if (t == DType::F32 && ct == DType::BF16) continue;  // f32 inputs give f32 C only
+      for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+          tag = std::string(ops::type_name(t)) + "->" + ops::type_name(ct) + " ta=" + std::to_string(ta) +
+                " tb=" + std::to_string(tb);
+          SCOPED_TRACE(tag);
+          auto a = rand(m * k, t), b = rand(k * n, t), c = rand(m * n, ct);
+          Buffer ba = upload(a, t), bb = upload(b, t), bc = upload(c, ct);
+          Tensor va = ta ? ba.view({k, m}) : ba.view({m, k});
+          Tensor vb = tb ? bb.view({n, k}) : bb.view({k, n});
+          gpu->matmul(va, ta, vb, tb, bc.view({m, n}), 0.75, 0.5);
+          Tensor ha = ta ? host(a, {k, m}) : host(a, {m, k});
+          Tensor hb = tb ? host(b, {n, k}) : host(b, {k, n});
+          cpu->matmul(ha, ta, hb, tb, host(c, {m, n}), 0.75, 0.5);
+          EXPECT_REL(download(bc), c, tol(ct));  // bf16 -> f32: same inputs, fp32 sums
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, RopeForwardAndInverse) {
+  for (DType t : kTypes) {
+    SCOPED_TRACE(ops::type_name(t));
+    tag = ops::type_name(t);
+    const int64_t n = 97, h = 5, hd = 64;
+    auto x = rand(n * h * hd, t);
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    std::uniform_int_distribution<int32_t> pick(0, 1 << 20);  // long-context positions
+    for (auto& p : pos) p = pick(rng);
+    std::vector<float> inv(static_cast<size_t>(hd / 2));
+    for (int64_t i = 0; i < hd / 2; ++i) inv[static_cast<size_t>(i)] = static_cast<float>(std::pow(500000.0, -2.0 * i / hd));
+    Buffer bx = upload(x, t), bp = upload_i32(pos), bi = upload(inv, DType::F32);
+    gpu->rope(bx.view({n, h, hd}), bp.flat(), bi.flat(), false);
+    auto ref = x;
+    cpu->rope(host(ref, {n, h, hd}), host_i32(pos, {n}), host(inv, {hd / 2}), false);
+    EXPECT_REL(download(bx), ref, tol(t));
+    gpu->rope(bx.view({n, h, hd}), bp.flat(), bi.flat(), true);  // inverse brings x back
+    EXPECT_REL(download(bx), x, 2 * tol(t));
+  }
+}
+
+TEST_F(CudaOpsTest, SwiGlu) {
+  for (DType t : kTypes) {
+    SCOPED_TRACE(ops::type_name(t));
+    tag = ops::type_name(t);
+    const int64_t n = 12345;
+    auto g = rand(n, t, -4, 4), u = rand(n, t), dh = rand(n, t);
+    Buffer bg = upload(g, t), bu = upload(u, t), bh = gpu->alloc(t, n), bdh = upload(dh, t), bdg = gpu->alloc(t, n),
+           bdu = gpu->alloc(t, n);
+    poison(bh);
+    poison(bdg);
+    poison(bdu);
+    gpu->swiglu_fwd(bg.flat(), bu.flat(), bh.flat());
+    gpu->swiglu_bwd(bg.flat(), bu.flat(), bdh.flat(), bdg.flat(), bdu.flat());
+    std::vector<float> h(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
+    cpu->swiglu_fwd(host(g, {n}), host(u, {n}), host(h, {n}));
+    cpu->swiglu_bwd(host(g, {n}), host(u, {n}), host(dh, {n}), host(dg, {n}), host(du, {n}));
+    EXPECT_REL(download(bh), h, tol(t));
+    EXPECT_REL(download(bdg), dg, tol(t));
+    EXPECT_REL(download(bdu), du, tol(t));
+  }
+}
+
+TEST_F(CudaOpsTest, LmHeadLossTiled) {
+  for (DType t : kTypes) {
+    SCOPED_TRACE(ops::type_name(t));
+    tag = ops::type_name(t);
+    const int64_t n = 53, d = 96, vocab = 1001, tile = 16;
+    auto x = rand(n * d, t), w = rand(vocab * d, t), dw = rand(vocab * d, t);
+    std::vector<int32_t> labels(static_cast<size_t>(n));
+    std::uniform_int_distribution<int32_t> pick(-1, static_cast<int32_t>(vocab - 1));
+    for (auto& l : labels) l = pick(rng);
+    labels[3] = -1;
+    Buffer bx = upload(x, t), bw = upload(w, t), bl = upload_i32(labels), bdx = gpu->alloc(t, n * d),
+           bdw = upload(dw, t);
+    poison(bdx);
+    const double gs = 1.0 / 40;
+    ops::LossSums g = gpu->lm_head_loss(bx.view({n, d}), bw.view({vocab, d}), bl.flat(), tile, gs, bdx.view({n, d}),
+                                        bdw.view({vocab, d}));
+    std::vector<float> dx(static_cast<size_t>(n * d));
+    ops::LossSums c = cpu->lm_head_loss(host(x, {n, d}), host(w, {vocab, d}), host_i32(labels, {n}), tile, gs,
+                                        host(dx, {n, d}), host(dw, {vocab, d}));
+    EXPECT_EQ(g.count, c.count);
+    EXPECT_NEAR(g.sum_nll, c.sum_nll, 1e-5 * std::abs(c.sum_nll));
+    EXPECT_REL(download(bdx), dx, tol(t));
+    EXPECT_REL(download(bdw), dw, tol(t));
+    // Loss only (no backward) gives the same sums.
+    ops::LossSums f = gpu->lm_head_loss(bx.view({n, d}), bw.view({vocab, d}), bl.flat(), 7, 0, Tensor(), Tensor());
+    EXPECT_NEAR(f.sum_nll, g.sum_nll, 1e-6 * std::abs(g.sum_nll));
+  }
+}
+
+TEST_F(CudaOpsTest, AttentionMerge) {
+  for (DType t : kTypes) {
+    SCOPED_TRACE(ops::type_name(t));
+    tag = ops::type_name(t);
+    const int64_t b = 2, s = 33, h = 6, hd = 64;
+    auto o = rand(b * s * h * hd, t), ob = rand(b * s * h * hd, t), l = rand(b * h * s, DType::F32, -3, 5),
+         lb = rand(b * h * s, DType::F32, -3, 5);
+    for (size_t i = 0; i < l.size(); i += 7) lb[i] = -INFINITY;  // blocks that saw no key
+    for (size_t i = 3; i < l.size(); i += 11) l[i] = -INFINITY;  // a first block that saw none
+    Buffer bo = upload(o, t), bob = upload(ob, t), bl = upload(l, DType::F32), blb = upload(lb, DType::F32);
+    gpu->attention_merge(bo.view({b, s, h, hd}), bl.flat(), bob.view({b, s, h, hd}), blb.flat());
+    cpu->attention_merge(host(o, {b, s, h, hd}), host(l, {b * h * s}), host(ob, {b, s, h, hd}), host(lb, {b * h * s}));
+    EXPECT_REL(download(bo), o, tol(t));
+    // Equal infinities (rows no block has seen) must match exactly; the rest by norm.
+    auto gl = download(bl);
+    std::vector<float> gf, rf;
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (std::isinf(l[i])) {
+        ASSERT_EQ(gl[i], l[i]) << "lse row " << i;
+      } else {
+        gf.push_back(gl[i]);
+        rf.push_back(l[i]);
+      }
+    }
+    EXPECT_REL(gf, rf, 1e-6);
+  }
+}
+
+TEST_F(CudaOpsTest, AdamW) {
+  const int64_t n = 54321;
+  tag = "f32";
+  auto p = random_vector<float>(n, rng), g = random_vector<float>(n, rng), m = random_vector<float>(n, rng, -0.1, 0.1),
+       v = random_vector<float>(n, rng, 0, 0.01);
+  Buffer bp = upload(p, DType::F32), bg = upload(g, DType::F32), bm = upload(m, DType::F32), bv = upload(v, DType::F32);
+  ops::AdamWStep s;
+  s.lr = 3e-4;
+  s.weight_decay = 0.1;
+  s.step = 7;
+  gpu->adamw(bp.flat(), bg.flat(), bm.flat(), bv.flat(), s);
+  cpu->adamw(host(p, {n}), host(g, {n}), host(m, {n}), host(v, {n}), s);
+  EXPECT_REL(download(bp), p, 1e-6);
+  EXPECT_REL(download(bm), m, 1e-6);
+  EXPECT_REL(download(bv), v, 1e-6);
+}
+
+}  // namespace
+}  // namespace easyctx::test

@@ -1,0 +1,94 @@
+// Llama configuration: presets, HF config.json variants (transformers 4.x and 5.x RoPE
+// keys), overrides, errors, and the config.json round trip.
+#include <cmath>
+
+#include "core/error.h"
+#include "core/strings.h"
+#include "model/llama_config.h"
+#include "test_util.h"
+
+namespace easyctx::test {
+namespace {
+
+model::LlamaConfig from(const std::string& json) { return model::llama_config_from_json(parse_json(json), "t.json"); }
+
+TEST(LlamaConfig, PresetsLoad) {
+  for (const char* p : {"tiny", "demo", "tinyllama-1b", "llama2-7b", "llama2-13b", "llama3-8b"}) {
+    const model::LlamaConfig c = model::load_llama_config(p);
+    EXPECT_EQ(c.name, p);
+    EXPECT_NO_THROW(c.validate());
+  }
+  const model::LlamaConfig l7 = model::load_llama_config("llama2-7b");
+  EXPECT_NEAR(static_cast<double>(l7.num_parameters()), 6.738e9, 0.01e9);
+  const model::LlamaConfig l3 = model::load_llama_config("llama3-8b");
+  EXPECT_NEAR(static_cast<double>(l3.num_parameters()), 8.03e9, 0.01e9);
+  EXPECT_EQ(l3.num_kv_heads, 8);
+  EXPECT_EQ(l3.head_dim, 128);
+  const model::LlamaConfig tl = model::load_llama_config("tinyllama-1b");
+  EXPECT_NEAR(static_cast<double>(tl.num_parameters()), 1.1e9, 0.01e9);
+}
+
+TEST(LlamaConfig, UnknownPresetSuggestsNearest) {
+  try {
+    model::load_llama_config("llama2-7");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("llama2-7b"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LlamaConfig, HfRopeVariants) {
+  const std::string base = R"("hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 100, "vocab_size": 50, "rope_theta": 500000.0)";
+  EXPECT_EQ(from("{" + base + "}").rope_scaling.kind, model::RopeScalingKind::None);
+  const auto lin = from("{" + base + R"(, "rope_scaling": {"type": "linear", "factor": 4.0}})");
+  EXPECT_EQ(lin.rope_scaling.kind, model::RopeScalingKind::Linear);
+  const auto plain = from("{" + base + "}");
+  for (size_t i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(lin.inv_freq()[i] * 4.0f, plain.inv_freq()[i]);
+  const auto l3 = from("{" + base + R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})");
+  EXPECT_EQ(l3.rope_scaling.kind, model::RopeScalingKind::Llama3);
+  EXPECT_FLOAT_EQ(l3.inv_freq()[0], plain.inv_freq()[0]);          // high frequency: unchanged
+  EXPECT_FLOAT_EQ(l3.inv_freq()[7] * 8.0f, plain.inv_freq()[7]);   // low frequency: / factor
+  const auto v5 = from(R"({"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "intermediate_size": 100, "vocab_size": 50,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1234.0}})");
+  EXPECT_EQ(v5.rope_theta, 1234.0);
+  EXPECT_EQ(v5.num_kv_heads, 4);
+  EXPECT_EQ(v5.head_dim, 16);
+  EXPECT_THROW(from("{" + base + R"(, "rope_scaling": {"type": "yarn", "factor": 4.0}})"), InputError);
+}
+
+TEST(LlamaConfig, ErrorsNameTheKey) {
+  try {
+    from(R"({"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 3, "num_key_value_heads": 2,
+             "intermediate_size": 10, "vocab_size": 5})");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("num_key_value_heads"), std::string::npos) << e.what();
+  }
+  try {
+    from(R"({"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 10, "vocab_size": 5})");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("num_hidden_layers"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LlamaConfig, RopeThetaOverrideAndJsonRoundTrip) {
+  ModelConfig mc;
+  mc.config = "llama3-8b";
+  mc.rope_theta = 4e6;
+  model::LlamaConfig c = model::resolve_llama_config(mc);
+  EXPECT_EQ(c.rope_theta, 4e6);
+  c.rope_scaling.kind = model::RopeScalingKind::Llama3;
+  c.rope_scaling.factor = 8;
+  const model::LlamaConfig back = model::llama_config_from_json(parse_json(c.to_hf_json().dump()), "rt");
+  EXPECT_EQ(back.rope_theta, 4e6);
+  EXPECT_EQ(back.rope_scaling.kind, model::RopeScalingKind::Llama3);
+  EXPECT_EQ(back.num_parameters(), c.num_parameters());
+  EXPECT_EQ(back.inv_freq(), c.inv_freq());
+}
+
+}  // namespace
+}  // namespace easyctx::test

@@ -1,0 +1,106 @@
+// The whole Llama backward against central finite differences in fp64 (odd tiny shapes,
+// GQA, tied and untied, both activation policies), and the parameter layout.
+#include <cmath>
+#include <random>
+
+#include "model/llama.h"
+#include "test_util.h"
+
+namespace easyctx::test {
+namespace {
+
+using ops::DType;
+
+model::LlamaConfig odd_config(bool tied) {
+  model::LlamaConfig c;
+  c.name = "odd";
+  c.hidden_size = 12;
+  c.num_layers = 2;
+  c.num_heads = 3;
+  c.num_kv_heads = 1;
+  c.head_dim = 6;
+  c.intermediate_size = 10;
+  c.vocab_size = 11;
+  c.rope_theta = 100.0;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+class ModelGrad : public ::testing::TestWithParam<std::tuple<bool, CheckpointPolicy>> {};
+
+TEST_P(ModelGrad, MatchesFiniteDifferences) {
+  const auto [tied, policy] = GetParam();
+  std::mt19937_64 rng(test_seed());
+  const model::LlamaConfig cfg = odd_config(tied);
+  auto be = ops::make_cpu_backend();
+  model::LlamaModel m(cfg, *be, DType::F64, {policy, 3});
+  std::vector<ops::Buffer> pb, gb;
+  std::vector<ops::Tensor> p, g;
+  std::normal_distribution<double> nd(0.0, 0.5);
+  for (const auto& u : m.layout().units()) {
+    pb.push_back(be->alloc(DType::F64, u.numel));
+    gb.push_back(be->alloc(DType::F64, u.numel));
+    for (const auto& t : u.tensors)
+      for (int64_t i = 0; i < t.numel; ++i) pb.back().flat().ptr<double>()[t.offset + i] = (t.is_norm ? 1.0 : 0.0) + nd(rng);
+    p.push_back(pb.back().flat());
+    g.push_back(gb.back().flat());
+  }
+  const int64_t B = 2, S = 5;
+  std::vector<int32_t> tok(B * S), pos(B * S), lab(B * S);
+  for (int64_t i = 0; i < B * S; ++i) {
+    tok[i] = static_cast<int32_t>(rng() % cfg.vocab_size);
+    lab[i] = i % 4 == 3 ? -1 : static_cast<int32_t>(rng() % cfg.vocab_size);
+    pos[i] = static_cast<int32_t>(i % S + (i / S) * 17);
+  }
+  model::Batch b{ops::Tensor(tok.data(), DType::I32, {B * S}), ops::Tensor(pos.data(), DType::I32, {B * S}),
+                 ops::Tensor(lab.data(), DType::I32, {B * S}), B, S};
+  const double scale = 0.3;
+  m.forward_backward(p, g, b, scale);
+  auto f = [&] { return scale * m.forward_loss(p, b).sum_nll; };
+  for (size_t u = 0; u < p.size(); ++u)
+    for (const auto& t : m.layout().units()[u].tensors) {
+      double worst = 0;
+      for (int s = 0; s < 6; ++s) {
+        const int64_t i = t.offset + static_cast<int64_t>(rng() % static_cast<uint64_t>(t.numel));
+        double* x = p[u].ptr<double>() + i;
+        const double x0 = *x, h = 1e-5;
+        *x = x0 + h;
+        const double fp = f();
+        *x = x0 - h;
+        const double fm = f();
+        *x = x0;
+        const double num = (fp - fm) / (2 * h), ana = g[u].ptr<double>()[i];
+        worst = std::max(worst, std::abs(num - ana) / std::max({std::abs(num), std::abs(ana), 1e-3}));
+      }
+      EXPECT_LT(worst, 1e-6) << t.hf_name;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ModelGrad,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
+                                                              CheckpointPolicy::AttentionOutput)));
+
+TEST(ParamLayout, UnitsAndOffsets) {
+  const model::ParamLayout untied(odd_config(false)), tied(odd_config(true));
+  ASSERT_EQ(untied.num_units(), 4u);  // embed, 2 layers, head
+  EXPECT_EQ(untied.units()[untied.head_unit()].tensors.size(), 2u);
+  EXPECT_EQ(tied.units()[tied.head_unit()].tensors.size(), 1u);
+  const model::ParamUnit& l1 = untied.units()[untied.layer_unit(1)];
+  EXPECT_EQ(l1.tensors[model::kQ].offset, 0);
+  EXPECT_EQ(l1.tensors[model::kK].offset, 18 * 12);
+  EXPECT_EQ(l1.tensors[model::kAttnNorm].hf_name, "model.layers.1.input_layernorm.weight");
+  EXPECT_FALSE(l1.tensors[model::kMlpNorm].decay);
+  EXPECT_TRUE(l1.tensors[model::kDown].decay);
+  int64_t total = 0;
+  for (const auto& t : l1.tensors) total += t.numel;
+  EXPECT_EQ(total, l1.numel);
+  EXPECT_EQ(untied.total_numel(), odd_config(false).num_parameters());
+  EXPECT_EQ(tied.total_numel(), odd_config(true).num_parameters());
+  size_t u = 0, t = 0;
+  EXPECT_TRUE(untied.find("lm_head.weight", u, t));
+  EXPECT_FALSE(tied.find("lm_head.weight", u, t));
+}
+
+}  // namespace
+}  // namespace easyctx::test

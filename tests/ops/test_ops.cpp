@@ -1,0 +1,272 @@
+// Forward correctness of the CPU ops against naive fp64 references (odd shapes, both
+// dtypes), plus AdamW, conversions and determinism.
+#include <cmath>
+
+#include "ops/half.h"
+#include "ops_test_util.h"
+
+namespace easyctx::test {
+namespace {
+
+using ops::DType;
+using ops::Tensor;
+
+double val(const Tensor& t, int64_t i) {
+  return t.dtype == DType::F64 ? t.ptr<double>()[i] : static_cast<double>(t.ptr<float>()[i]);
+}
+
+class Matmul : public OpsFixture, public ::testing::WithParamInterface<std::tuple<bool, bool, DType>> {};
+
+TEST_P(Matmul, MatchesNaiveWithAlphaBeta) {
+  const auto [ta, tb, dt] = GetParam();
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 13, 5}, {97, 33, 300}, {130, 517, 71}}) {
+    ops::Buffer a = rand(dt, m * k), b = rand(dt, k * n), c = rand(dt, m * n), c0 = be->alloc(dt, m * n);
+    be->copy(c0.flat(), c.flat());
+    const double alpha = 0.7, beta = -1.3;
+    be->matmul(ta ? a.view({k, m}) : a.view({m, k}), ta, tb ? b.view({n, k}) : b.view({k, n}), tb, c.view({m, n}),
+               alpha, beta);
+    // Error relative to the size of the two terms (their sum may cancel).
+    double err = 0, scale = 0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < k; ++p)
+          s += val(a.flat(), ta ? p * m + i : i * k + p) * val(b.flat(), tb ? j * k + p : p * n + j);
+        const double ref = alpha * s + beta * val(c0.flat(), i * n + j), got = val(c.flat(), i * n + j);
+        err += (got - ref) * (got - ref);
+        scale += std::pow(std::abs(alpha * s) + std::abs(beta * val(c0.flat(), i * n + j)), 2);
+      }
+    EXPECT_LT(std::sqrt(err / scale), dt == DType::F64 ? 1e-13 : 2e-6) << m << "x" << n << "x" << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Matmul,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(),
+                                            ::testing::Values(DType::F32, DType::F64)));
+
+// Naive attention for one block: o and lse in fp64.
+void naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionBlock& blk,
+                     std::vector<double>& o, std::vector<double>& lse) {
+  const int64_t B = q.dim(0), Sq = q.dim(1), Hq = q.dim(2), D = q.dim(3), Sk = k.dim(1), Hk = k.dim(2);
+  o.assign(static_cast<size_t>(q.numel()), 0.0);
+  lse.assign(static_cast<size_t>(B * Hq * Sq), -INFINITY);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < Sq; ++i) {
+        const int64_t g = h / (Hq / Hk);
+        std::vector<double> s;
+        for (int64_t j = 0; j < Sk; ++j) {
+          if (blk.causal && blk.k_offset + j > blk.q_offset + i) break;
+          double d = 0;
+          for (int64_t c = 0; c < D; ++c)
+            d += val(q, ((b * Sq + i) * Hq + h) * D + c) * val(k, ((b * Sk + j) * Hk + g) * D + c);
+          s.push_back(d * blk.scale);
+        }
+        if (s.empty()) continue;
+        double mx = *std::max_element(s.begin(), s.end()), sum = 0;
+        for (double x : s) sum += std::exp(x - mx);
+        lse[static_cast<size_t>((b * Hq + h) * Sq + i)] = mx + std::log(sum);
+        for (size_t j = 0; j < s.size(); ++j)
+          for (int64_t c = 0; c < D; ++c)
+            o[static_cast<size_t>(((b * Sq + i) * Hq + h) * D + c)] +=
+                std::exp(s[j] - mx) / sum * val(v, ((b * Sk + static_cast<int64_t>(j)) * Hk + g) * D + c);
+      }
+}
+
+class OpsForward : public OpsFixture, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(OpsForward, AttentionMatchesNaiveWithGqaAndOffsets) {
+  const DType dt = GetParam();
+  const int64_t B = 2, Sq = 7, Sk = 11, Hq = 6, Hk = 2, D = 10;
+  ops::Buffer q = rand(dt, B * Sq * Hq * D), k = rand(dt, B * Sk * Hk * D), v = rand(dt, B * Sk * Hk * D);
+  const DType st = dt == DType::F64 ? DType::F64 : DType::F32;
+  for (auto [causal, qo, ko] : std::vector<std::tuple<bool, int64_t, int64_t>>{
+           {true, 0, 0}, {true, 5, 0}, {true, 3, 4}, {false, 0, 0}, {true, 0, 100}}) {
+    ops::AttentionBlock blk{1.0 / std::sqrt(10.0), causal, qo, ko};
+    ops::Buffer o = be->alloc(dt, B * Sq * Hq * D), lse = be->alloc(st, B * Hq * Sq);
+    be->attention_fwd(q.view({B, Sq, Hq, D}), k.view({B, Sk, Hk, D}), v.view({B, Sk, Hk, D}), blk,
+                      o.view({B, Sq, Hq, D}), lse.flat());
+    std::vector<double> ro, rl;
+    naive_attention(q.view({B, Sq, Hq, D}), k.view({B, Sk, Hk, D}), v.view({B, Sk, Hk, D}), blk, ro, rl);
+    std::vector<double> go(ro.size()), gl;
+    for (size_t i = 0; i < ro.size(); ++i) go[i] = val(o.flat(), static_cast<int64_t>(i));
+    std::vector<double> rlf;
+    for (size_t i = 0; i < rl.size(); ++i) {
+      const double x = st == DType::F64 ? lse.flat().ptr<double>()[i] : lse.flat().ptr<float>()[i];
+      if (std::isinf(rl[i])) {
+        EXPECT_TRUE(std::isinf(x) && x < 0) << "row " << i;
+        continue;
+      }
+      gl.push_back(x);
+      rlf.push_back(rl[i]);
+    }
+    const double tol = dt == DType::F64 ? 1e-12 : 2e-6;
+    EXPECT_LT(rel_error(go, ro), tol) << "causal " << causal << " q_offset " << qo << " k_offset " << ko;
+    if (!rlf.empty()) {
+      EXPECT_LT(rel_error(gl, rlf), tol);
+    }
+  }
+}
+
+TEST_P(OpsForward, MergeOfTwoKeyBlocksEqualsOneBlock) {
+  const DType dt = GetParam();
+  const DType st = dt == DType::F64 ? DType::F64 : DType::F32;
+  const int64_t B = 1, S = 13, Hq = 4, Hk = 1, D = 6, split = 5;
+  ops::Buffer q = rand(dt, B * S * Hq * D), k = rand(dt, B * S * Hk * D), v = rand(dt, B * S * Hk * D);
+  ops::AttentionBlock full{0.4, true, 0, 0};
+  ops::Buffer o = be->alloc(dt, q.numel()), l = be->alloc(st, B * Hq * S);
+  be->attention_fwd(q.view({B, S, Hq, D}), k.view({B, S, Hk, D}), v.view({B, S, Hk, D}), full, o.view({B, S, Hq, D}),
+                    l.flat());
+  // Keys [0, split) then [split, S), each a separate block with its k_offset.
+  ops::Buffer o1 = be->alloc(dt, q.numel()), l1 = be->alloc(st, B * Hq * S);
+  ops::Buffer o2 = be->alloc(dt, q.numel()), l2 = be->alloc(st, B * Hq * S);
+  const Tensor k1 = k.view({S, Hk * D}).rows(0, split).reshape({B, split, Hk, D});
+  const Tensor v1 = v.view({S, Hk * D}).rows(0, split).reshape({B, split, Hk, D});
+  const Tensor k2 = k.view({S, Hk * D}).rows(split, S - split).reshape({B, S - split, Hk, D});
+  const Tensor v2 = v.view({S, Hk * D}).rows(split, S - split).reshape({B, S - split, Hk, D});
+  be->attention_fwd(q.view({B, S, Hq, D}), k2, v2, {0.4, true, 0, split}, o2.view({B, S, Hq, D}), l2.flat());
+  be->attention_fwd(q.view({B, S, Hq, D}), k1, v1, {0.4, true, 0, 0}, o1.view({B, S, Hq, D}), l1.flat());
+  be->attention_merge(o1.view({B, S, Hq, D}), l1.flat(), o2.view({B, S, Hq, D}), l2.flat());
+  std::vector<double> a(static_cast<size_t>(q.numel())), b(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = val(o1.flat(), static_cast<int64_t>(i));
+    b[i] = val(o.flat(), static_cast<int64_t>(i));
+  }
+  EXPECT_LT(rel_error(a, b), dt == DType::F64 ? 1e-13 : 1e-6);
+}
+
+TEST_P(OpsForward, RmsNormRopeSwigluMatchReferences) {
+  const DType dt = GetParam();
+  const DType st = dt == DType::F64 ? DType::F64 : DType::F32;
+  const double tol = dt == DType::F64 ? 1e-13 : 2e-6;
+  const int64_t n = 9, d = 37;
+  ops::Buffer x = rand(dt, n * d), w = rand(dt, d), y = be->alloc(dt, n * d), r = be->alloc(st, n);
+  be->rmsnorm_fwd(x.view({n, d}), w.flat(), 1e-5, y.view({n, d}), r.flat());
+  std::vector<double> ref, got;
+  for (int64_t i = 0; i < n; ++i) {
+    double ss = 0;
+    for (int64_t j = 0; j < d; ++j) ss += val(x.flat(), i * d + j) * val(x.flat(), i * d + j);
+    for (int64_t j = 0; j < d; ++j) {
+      ref.push_back(val(w.flat(), j) * val(x.flat(), i * d + j) / std::sqrt(ss / d + 1e-5));
+      got.push_back(val(y.flat(), i * d + j));
+    }
+  }
+  EXPECT_LT(rel_error(got, ref), tol);
+  // RoPE: HF rotate_half formula, and inverse(forward(x)) == x.
+  const int64_t H = 3, hd = 8;
+  ops::Buffer q = rand(dt, n * H * hd), q0 = be->alloc(dt, n * H * hd), pos = ints(n, 0, 5000);
+  ops::Buffer inv = be->alloc(DType::F32, hd / 2);
+  for (int64_t i = 0; i < hd / 2; ++i) inv.flat().ptr<float>()[i] = std::pow(10000.0f, -2.0f * i / hd);
+  be->copy(q0.flat(), q.flat());
+  be->rope(q.view({n, H, hd}), pos.flat(), inv.flat(), false);
+  ref.clear();
+  got.clear();
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < hd; ++i) {
+        const int64_t base = (t * H + h) * hd, pair = i < hd / 2 ? i + hd / 2 : i - hd / 2;
+        const float ang = static_cast<float>(pos.flat().ptr<int32_t>()[t]) * inv.flat().ptr<float>()[i % (hd / 2)];
+        const double rot = i < hd / 2 ? -val(q0.flat(), base + pair) : val(q0.flat(), base + pair);
+        ref.push_back(val(q0.flat(), base + i) * std::cos(static_cast<double>(ang)) + rot * std::sin(static_cast<double>(ang)));
+        got.push_back(val(q.flat(), base + i));
+      }
+  EXPECT_LT(rel_error(got, ref), tol);
+  be->rope(q.view({n, H, hd}), pos.flat(), inv.flat(), true);
+  got.clear();
+  ref.clear();
+  for (int64_t i = 0; i < q.numel(); ++i) {
+    got.push_back(val(q.flat(), i));
+    ref.push_back(val(q0.flat(), i));
+  }
+  EXPECT_LT(rel_error(got, ref), tol * 4);
+  // SwiGLU.
+  ops::Buffer g = rand(dt, 31, -4, 4), u = rand(dt, 31), hh = be->alloc(dt, 31);
+  be->swiglu_fwd(g.flat(), u.flat(), hh.flat());
+  got.clear();
+  ref.clear();
+  for (int64_t i = 0; i < 31; ++i) {
+    const double gv = val(g.flat(), i);
+    ref.push_back(gv / (1 + std::exp(-gv)) * val(u.flat(), i));
+    got.push_back(val(hh.flat(), i));
+  }
+  EXPECT_LT(rel_error(got, ref), tol);
+}
+
+TEST_P(OpsForward, LmHeadLossMatchesFullSoftmaxAndIgnoresMinusOne) {
+  const DType dt = GetParam();
+  const int64_t n = 23, d = 11, V = 53;
+  ops::Buffer x = rand(dt, n * d), w = rand(dt, V * d), lab = ints(n, -1, V - 1);
+  lab.flat().ptr<int32_t>()[0] = -1;
+  double ref = 0;
+  int64_t cnt = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t y = lab.flat().ptr<int32_t>()[i];
+    if (y < 0) continue;
+    std::vector<double> l(static_cast<size_t>(V));
+    for (int64_t j = 0; j < V; ++j)
+      for (int64_t c = 0; c < d; ++c) l[static_cast<size_t>(j)] += val(x.flat(), i * d + c) * val(w.flat(), j * d + c);
+    double mx = *std::max_element(l.begin(), l.end()), s = 0;
+    for (double z : l) s += std::exp(z - mx);
+    ref += mx + std::log(s) - l[static_cast<size_t>(y)];
+    ++cnt;
+  }
+  for (int64_t tile : {int64_t{1}, int64_t{5}, int64_t{4096}}) {
+    ops::LossSums ls = be->lm_head_loss(x.view({n, d}), w.view({V, d}), lab.flat(), tile, 0, Tensor(), Tensor());
+    EXPECT_EQ(ls.count, cnt);
+    EXPECT_NEAR(ls.sum_nll, ref, std::abs(ref) * (dt == DType::F64 ? 1e-12 : 1e-5)) << "tile " << tile;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, OpsForward, ::testing::Values(DType::F32, DType::F64));
+
+TEST_F(OpsFixture, AdamWMatchesPyTorchFormula) {
+  const int64_t n = 257;
+  ops::Buffer p = rand(DType::F32, n), m = be->alloc(DType::F32, n), v = be->alloc(DType::F32, n);
+  std::vector<double> rp(static_cast<size_t>(n)), rm(rp.size()), rv(rp.size());
+  for (int64_t i = 0; i < n; ++i) rp[static_cast<size_t>(i)] = p.flat().ptr<float>()[i];
+  ops::AdamWStep s{1e-2, 0.9, 0.95, 1e-8, 0.1, 1};
+  for (int64_t step = 1; step <= 3; ++step) {
+    s.step = step;
+    ops::Buffer g = rand(DType::F32, n);
+    be->adamw(p.flat(), g.flat(), m.flat(), v.flat(), s);
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t j = static_cast<size_t>(i);
+      const double gi = g.flat().ptr<float>()[i];
+      rp[j] *= 1 - s.lr * s.weight_decay;
+      rm[j] = 0.9 * rm[j] + 0.1 * gi;
+      rv[j] = 0.95 * rv[j] + 0.05 * gi * gi;
+      rp[j] -= s.lr * (rm[j] / (1 - std::pow(0.9, step))) / (std::sqrt(rv[j] / (1 - std::pow(0.95, step))) + 1e-8);
+    }
+  }
+  std::vector<double> got(rp.size());
+  for (int64_t i = 0; i < n; ++i) got[static_cast<size_t>(i)] = p.flat().ptr<float>()[i];
+  EXPECT_LT(rel_error(got, rp), 1e-6);
+}
+
+TEST_F(OpsFixture, Bf16AndF16RoundTripAndSumSquares) {
+  for (float f : {0.0f, 1.0f, -2.5f, 3.14159f, 1e-3f, 65504.0f, 6.1e-5f, 3e-7f}) {
+    EXPECT_NEAR(ops::bf16_to_float(ops::float_to_bf16(f)), f, std::abs(f) * 4e-3 + 1e-30) << f;
+    EXPECT_NEAR(ops::f16_to_float(ops::float_to_f16(f)), f, std::abs(f) * 1e-3 + 6e-8) << f;
+  }
+  ops::Buffer x = rand(DType::F64, 100001);
+  double ref = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) ref += x.flat().ptr<double>()[i] * x.flat().ptr<double>()[i];
+  EXPECT_NEAR(be->sum_squares(x.flat()), ref, ref * 1e-12);
+  EXPECT_EQ(be->sum_squares(x.flat()), be->sum_squares(x.flat()));  // deterministic
+}
+
+TEST_F(OpsFixture, ShapeErrorsNameTheOp) {
+  ops::Buffer a = rand(DType::F32, 12), b = rand(DType::F32, 12), c = be->alloc(DType::F32, 9);
+  try {
+    be->matmul(a.view({3, 4}), false, b.view({3, 4}), false, c.view({3, 3}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("matmul"), std::string::npos) << e.what();
+  }
+  ops::Buffer ids = ints(3, 0, 2);
+  ids.flat().ptr<int32_t>()[1] = 99;
+  EXPECT_THROW(be->embedding_fwd(ids.flat(), a.view({3, 4}), b.view({3, 4})), Error);
+}
+
+}  // namespace
+}  // namespace easyctx::test

@@ -1,0 +1,214 @@
+// Trainer behaviour on the tiny preset with a learnable synthetic shard: the loss falls,
+// gradient accumulation equals a bigger micro-batch, activation checkpointing changes
+// nothing, LR schedules have the documented shape.
+#include <omp.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/strings.h"
+#include "dist/groups.h"
+#include "train/schedule.h"
+#include "train/trainer.h"
+#include "train_test_util.h"
+
+namespace easyctx::test {
+namespace {
+
+std::unique_ptr<dist::Comm> self_comm(const char* name) {
+  return dist::make_comm(MPI_COMM_SELF, name, dist::CommBackend::Mpi, 60);
+}
+
+std::vector<float> weights(const train::Trainer& t) {
+  std::vector<float> w;
+  for (const ops::Tensor& u : t.master()) w.insert(w.end(), u.ptr<float>(), u.ptr<float>() + u.numel());
+  return w;
+}
+
+TEST(Trainer, LossFallsWellBelowUniform) {
+  TempDir dir("train-falls");
+  write_walk_shard(dir / "shard.h5", test_seed(), 200, 20, 120, 256);
+  StageConfig c = tiny_stage(dir / "shard.h5", dir / "out");
+  c.train.steps = 60;
+  c.train.batch_size = 4;
+  c.train.lr = 1e-2;
+  c.train.schedule = LrSchedule::Cosine;
+  c.train.warmup_steps = 5;
+  c.train.min_lr = 1e-3;
+  auto world = self_comm("world"), dp = self_comm("dp");
+  train::Trainer t(c, *world, *dp);
+  const double first = t.train_step(0).loss;
+  EXPECT_NEAR(first, std::log(256.0), 0.5);  // random init: about uniform
+  double last = first;
+  for (int64_t s = 1; s < c.train.steps; ++s) last = t.train_step(s).loss;
+  EXPECT_LT(last, 3.0) << "first " << first;  // uniform is 5.55 nats, the walk ~1.1 + BOS/doc starts
+}
+
+TEST(Trainer, GradAccumulationEqualsLargerBatch) {
+  TempDir dir("train-accum");
+  write_walk_shard(dir / "shard.h5", test_seed(), 60, 10, 80, 256);
+  auto world = self_comm("world"), dp = self_comm("dp");
+  StageConfig a = tiny_stage(dir / "shard.h5", dir / "a");
+  a.train.batch_size = 2;
+  a.train.grad_accum = 1;
+  StageConfig b = a;
+  b.train.batch_size = 1;
+  b.train.grad_accum = 2;
+  train::Trainer ta(a, *world, *dp), tb(b, *world, *dp);
+  for (int64_t s = 0; s < 3; ++s) {
+    const train::StepStats sa = ta.train_step(s), sb = tb.train_step(s);
+    EXPECT_EQ(sa.labels, sb.labels);
+    EXPECT_NEAR(sa.loss, sb.loss, 1e-5 * sa.loss) << "step " << s;
+    EXPECT_NEAR(sa.grad_norm, sb.grad_norm, 1e-4 * sa.grad_norm) << "step " << s;
+  }
+  EXPECT_LT(rel_error(weights(ta), weights(tb)), 1e-5);
+}
+
+TEST(Trainer, CheckpointPolicyDoesNotChangeTheResult) {
+  TempDir dir("train-ckpt");
+  write_walk_shard(dir / "shard.h5", test_seed(), 40, 10, 80, 256);
+  auto world = self_comm("world"), dp = self_comm("dp");
+  StageConfig a = tiny_stage(dir / "shard.h5", dir / "a");
+  StageConfig b = a, c = a;
+  a.activation.checkpoint = CheckpointPolicy::None;
+  c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+  train::Trainer ta(a, *world, *dp), tb(b, *world, *dp), tc(c, *world, *dp);
+  for (int64_t s = 0; s < 2; ++s) {
+    const double la = ta.train_step(s).loss;
+    EXPECT_EQ(la, tb.train_step(s).loss);
+    EXPECT_EQ(la, tc.train_step(s).loss);
+  }
+  EXPECT_EQ(weights(ta), weights(tb));  // recomputation is bit-identical
+  EXPECT_EQ(weights(ta), weights(tc));
+}
+
+TEST(Trainer, RerunIsBitIdenticalAndFinalSaveLoads) {
+  TempDir dir("train-rerun");
+  write_walk_shard(dir / "shard.h5", test_seed(), 40, 10, 80, 256);
+  auto world = self_comm("world"), dp = self_comm("dp");
+  StageConfig a = tiny_stage(dir / "shard.h5", dir / "a");
+  a.logging.metrics = true;
+  train::Trainer t1(a, *world, *dp);
+  t1.run();
+  StageConfig b = a;
+  b.output.dir = dir / "b";
+  b.model.init = "hf:" + (dir / "a") + "/final";
+  b.model.config = ModelConfig{}.config;
+  b.train.steps = 0;
+  train::Trainer t2(b, *world, *dp);  // loads what t1 saved
+  EXPECT_EQ(weights(t1), weights(t2));
+  StageConfig c = a;
+  c.output.dir = dir / "c";
+  train::Trainer t3(c, *world, *dp);
+  t3.run();
+  EXPECT_EQ(weights(t1), weights(t3));
+  const std::string metrics = read_file(dir / "a/metrics.jsonl");
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), a.train.steps);
+  for (const char* k : {"\"step\"", "\"loss\"", "\"lr\"", "\"grad_norm\"", "\"tokens\"", "\"tokens_per_s\"", "\"elapsed\""})
+    EXPECT_NE(metrics.find(k), std::string::npos) << k;
+}
+
+TEST(Trainer, ThreadCountDoesNotChangeTheResult) {
+  TempDir dir("train-threads");
+  write_walk_shard(dir / "shard.h5", test_seed(), 40, 10, 200, 256);
+  auto world = self_comm("world"), dp = self_comm("dp");
+  StageConfig c = tiny_stage(dir / "shard.h5", dir / "a");
+  c.data.seq_length = 160;  // big enough that the kernels take their parallel paths
+  c.train.batch_size = 4;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  train::Trainer t1(c, *world, *dp);
+  for (int64_t s = 0; s < 2; ++s) t1.train_step(s);
+  omp_set_num_threads(3);
+  train::Trainer t3(c, *world, *dp);
+  for (int64_t s = 0; s < 2; ++s) t3.train_step(s);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(weights(t1), weights(t3));
+}
+
+TEST(Trainer, ResumeFromCheckpointIsBitIdentical) {
+  TempDir dir("train-resume");
+  write_walk_shard(dir / "shard.h5", test_seed(), 40, 10, 80, 256);
+  auto world = self_comm("world"), dp = self_comm("dp");
+  StageConfig c = tiny_stage(dir / "shard.h5", dir / "run");
+  c.train.steps = 6;
+  c.train.schedule = LrSchedule::Cosine;
+  c.train.warmup_steps = 2;
+  {  // "killed" after 3 steps, right after a checkpoint
+    train::Trainer t(c, *world, *dp);
+    EXPECT_EQ(t.start_step(), 0);
+    for (int64_t s = 0; s < 3; ++s) t.train_step(s);
+    t.save_checkpoint(3);
+  }
+  train::Trainer resumed(c, *world, *dp);  // same output.dir: resumes
+  EXPECT_EQ(resumed.start_step(), 3);
+  std::vector<double> losses;
+  for (int64_t s = 3; s < 6; ++s) losses.push_back(resumed.train_step(s).loss);
+  StageConfig f = c;
+  f.output.dir = dir / "fresh";
+  train::Trainer fresh(f, *world, *dp);
+  for (int64_t s = 0; s < 6; ++s) {
+    const double l = fresh.train_step(s).loss;
+    if (s >= 3) {
+      EXPECT_EQ(l, losses[static_cast<size_t>(s - 3)]) << "step " << s;
+    }
+  }
+  EXPECT_EQ(weights(resumed), weights(fresh));
+  // Another stage starting from this run's checkpoint: its weights, a fresh optimizer.
+  StageConfig next = c;
+  next.output.dir = dir / "next";
+  next.model.init = "ckpt:" + (dir / "run");
+  train::Trainer staged(next, *world, *dp);
+  EXPECT_EQ(staged.start_step(), 0);
+  const std::vector<float> w3 = weights(staged);
+  train::Trainer again(c, *world, *dp);  // resumes at 3 again: the same weights
+  EXPECT_EQ(w3, weights(again));
+}
+
+TEST(Clip, GlobalNormAcrossTensors) {
+  auto be = ops::make_cpu_backend();
+  std::mt19937_64 rng(test_seed());
+  std::vector<ops::Buffer> bufs;
+  std::vector<ops::Tensor> g;
+  double ss = 0;
+  for (int64_t n : {7, 130, 1}) {
+    bufs.push_back(be->alloc(ops::DType::F32, n));
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = static_cast<float>(std::uniform_real_distribution<double>(-1, 1)(rng));
+      bufs.back().flat().ptr<float>()[i] = x;
+      ss += static_cast<double>(x) * x;
+    }
+    g.push_back(bufs.back().flat());
+  }
+  const std::vector<float> before(g[1].ptr<float>(), g[1].ptr<float>() + 130);
+  EXPECT_NEAR(train::clip_by_global_norm(*be, g, 1e9), std::sqrt(ss), 1e-9 * std::sqrt(ss));  // no clip
+  EXPECT_EQ(std::vector<float>(g[1].ptr<float>(), g[1].ptr<float>() + 130), before);
+  EXPECT_NEAR(train::clip_by_global_norm(*be, g, 0.5), std::sqrt(ss), 1e-6);
+  double after = 0;
+  for (const auto& t : g)
+    for (int64_t i = 0; i < t.numel(); ++i) after += static_cast<double>(t.ptr<float>()[i]) * t.ptr<float>()[i];
+  EXPECT_NEAR(std::sqrt(after), 0.5, 1e-5);
+  EXPECT_NEAR(g[1].ptr<float>()[3] / before[3], 0.5 / std::sqrt(ss), 1e-5);  // one common factor
+}
+
+TEST(Schedule, WarmupThenDecayToMinLr) {
+  TrainConfig c;
+  c.steps = 110;
+  c.lr = 1.0;
+  c.min_lr = 0.1;
+  c.warmup_steps = 10;
+  c.schedule = LrSchedule::Cosine;
+  EXPECT_DOUBLE_EQ(train::lr_at(c, 0), 0.1);
+  EXPECT_DOUBLE_EQ(train::lr_at(c, 9), 1.0);
+  EXPECT_DOUBLE_EQ(train::lr_at(c, 10), 1.0);
+  EXPECT_NEAR(train::lr_at(c, 109), 0.1, 1e-12);
+  EXPECT_GT(train::lr_at(c, 50), 0.1);
+  c.schedule = LrSchedule::Linear;
+  EXPECT_NEAR(train::lr_at(c, 109), 0.1, 1e-12);
+  EXPECT_NEAR(train::lr_at(c, 10 + 99 / 2.0), 0.55, 0.01);
+  c.schedule = LrSchedule::Constant;
+  EXPECT_DOUBLE_EQ(train::lr_at(c, 100), 1.0);
+}
+
+}  // namespace
+}  // namespace easyctx::test

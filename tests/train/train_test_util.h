@@ -1,0 +1,83 @@
+// Helpers for trainer/eval tests: scratch folders and a learnable token shard.
+#pragma once
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "data/shard.h"
+#include "test_util.h"
+
+namespace easyctx::test {
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    const char* t = std::getenv("TMPDIR");
+    path_ = std::string(t ? t : "/tmp") + "/easyctx-" + tag + "-" + std::to_string(::getpid()) + "-" +
+            std::to_string(test_seed() % 1000000);
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& n) const { return path_ + "/" + n; }
+
+ private:
+  std::string path_;
+};
+
+// Documents of a noisy affine walk: BOS, then next = (7 * prev + 3 + noise) mod vocab with
+// noise in {0, 1, 2}: a bigram model reaches ~log(3) nats, far below log(vocab).
+// Returns the documents as written.
+inline std::vector<std::vector<uint32_t>> write_walk_shard(const std::string& path, uint64_t seed, int docs,
+                                                           int min_len, int max_len, int64_t vocab) {
+  data::ShardMeta meta;
+  meta.tokenizer_name = "synthetic";
+  meta.tokenizer_sha256 = std::string(64, '0');
+  meta.vocab_size = vocab;
+  meta.bos_id = 1;
+  meta.eos_id = 2;
+  data::TokenShardWriter w(path, meta, 4096);
+  const uint16_t src = w.source_index("walk");
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<uint32_t>> out;
+  for (int d = 0; d < docs; ++d) {
+    const int len = std::uniform_int_distribution<int>(min_len, max_len)(rng);
+    std::vector<uint32_t> ids{1};
+    uint32_t x = static_cast<uint32_t>(3 + rng() % static_cast<uint64_t>(vocab - 3));
+    while (static_cast<int>(ids.size()) < len) {
+      ids.push_back(x);
+      x = static_cast<uint32_t>((7 * x + 3 + rng() % 3) % static_cast<uint64_t>(vocab));
+    }
+    w.add_document(ids.data(), ids.size(), src);
+    out.push_back(ids);
+  }
+  w.commit();
+  return out;
+}
+
+inline StageConfig tiny_stage(const std::string& data, const std::string& out) {
+  StageConfig c;
+  c.model.config = "tiny";
+  c.data.path = data;
+  c.data.seq_length = 32;
+  c.train.steps = 4;
+  c.train.lr = 3e-3;
+  c.train.batch_size = 2;
+  c.train.grad_accum = 1;
+  c.train.warmup_steps = 0;
+  c.train.device = DeviceKind::Cpu;
+  c.activation.checkpoint = CheckpointPolicy::Layer;
+  c.output.dir = out;
+  c.logging.metrics = false;
+  return c;
+}
+
+}  // namespace easyctx::test
