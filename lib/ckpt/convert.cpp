@@ -1,0 +1,117 @@
+#include "ckpt/convert.h"
+
+#include <filesystem>
+
+#include "ckpt/hf_model.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/strings.h"
+#include "model/llama_config.h"
+#include "model/param_layout.h"
+
+namespace fs = std::filesystem;
+
+namespace easyctx::ckpt {
+
+CheckpointRef resolve_checkpoint(const std::string& dir, std::vector<std::string>* warnings) {
+  if (fs::exists(fs::path(dir) / "index.json")) {
+    CheckpointReader r(dir);
+    return {r.path(), r.step()};
+  }
+  CheckpointRef ref = find_latest_checkpoint((fs::path(dir) / "checkpoints").string(), warnings);
+  if (ref.step < 0) ref = find_latest_checkpoint(dir, warnings);
+  return ref;
+}
+
+namespace {
+
+struct Weights {
+  model::LlamaConfig config;
+  std::vector<std::vector<float>> units;  // one f32 buffer per ParamLayout unit
+  int64_t seq_length = 0;                 // the training stage's, when known
+  std::string source;
+};
+
+std::vector<ops::Tensor> views(std::vector<std::vector<float>>& units) {
+  std::vector<ops::Tensor> v;
+  for (auto& u : units) v.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+  return v;
+}
+
+Weights read_checkpoint(const std::string& dir) {
+  std::vector<std::string> warnings;
+  const CheckpointRef ref = resolve_checkpoint(dir, &warnings);
+  for (const auto& w : warnings) log_warn(w);
+  EASYCTX_CHECK_INPUT(ref.step >= 0, "--from ckpt:", dir, ": no committed checkpoint there");
+  CheckpointReader r(ref.path);
+  EASYCTX_CHECK_INPUT(r.meta().find("model"), ref.path, "/index.json: no model config in the metadata");
+  Weights w;
+  w.config = model::llama_config_from_json(r.meta().at("model"), ref.path + "/index.json:meta.model");
+  w.source = ref.path;
+  if (const Json* c = r.meta().find("config"); c && c->is_string() && !c->as_string().empty())
+    w.seq_length = parse_stage_config(c->as_string(), ref.path + "/index.json:meta.config").data.seq_length;
+  const model::ParamLayout layout(w.config);
+  for (const auto& u : layout.units()) {
+    const std::string name = "master/" + u.name;
+    EASYCTX_CHECK_INPUT(r.numel(name) == u.numel, ref.path, ": ", name, " has ", r.numel(name), " elements, the model in "
+                        "its index needs ", u.numel);
+    w.units.emplace_back(static_cast<size_t>(u.numel));
+    r.read(name, 0, u.numel, w.units.back().data());
+  }
+  return w;
+}
+
+Weights read_hf(const std::string& dir) {
+  Weights w;
+  w.config = model::load_llama_config(dir);
+  w.source = dir;
+  const model::ParamLayout layout(w.config);
+  for (const auto& u : layout.units()) w.units.emplace_back(static_cast<size_t>(u.numel));
+  load_hf_weights(dir, layout, views(w.units));
+  return w;
+}
+
+void write_checkpoint(const std::string& dir, Weights& w) {
+  const model::ParamLayout layout(w.config);
+  CheckpointWriter cw(MPI_COMM_SELF, (fs::path(dir) / "checkpoints").string(), 0);
+  for (size_t u = 0; u < layout.units().size(); ++u)
+    cw.add("master/" + layout.units()[u].name, layout.units()[u].numel, 0, w.units[u].data(), layout.units()[u].numel);
+  Json meta = Json::object();
+  meta.set("next_step", 0);
+  meta.set("model", w.config.to_hf_json());
+  meta.set("weights_only", true);
+  meta.set("converted_from", w.source);
+  cw.commit(meta, 1);
+}
+
+std::pair<std::string, std::string> split_spec(const std::string& spec, const char* flag) {
+  size_t colon = spec.find(':');
+  EASYCTX_CHECK_INPUT(colon != std::string::npos && colon + 1 < spec.size(), flag, " ", spec,
+                      ": expected ckpt:DIR or hf:DIR");
+  std::string kind = spec.substr(0, colon), dir = spec.substr(colon + 1);
+  EASYCTX_CHECK_INPUT(kind == "ckpt" || kind == "hf", flag, " ", spec, ": expected ckpt:DIR or hf:DIR");
+  return {kind, dir};
+}
+
+}  // namespace
+
+std::string convert_model(const ConvertOptions& o) {
+  auto [from_kind, from_dir] = split_spec(o.from, "--from");
+  auto [to_kind, to_dir] = split_spec(o.to, "--to");
+  EASYCTX_CHECK_INPUT(o.dtype == StDType::BF16 || o.dtype == StDType::F32, "--dtype: expected bf16 or f32");
+  Weights w = from_kind == "ckpt" ? read_checkpoint(from_dir) : read_hf(from_dir);
+  if (o.rope_theta > 0) w.config.rope_theta = o.rope_theta;
+  if (o.max_position_embeddings > 0) w.config.max_position_embeddings = o.max_position_embeddings;
+  else if (w.seq_length > w.config.max_position_embeddings) w.config.max_position_embeddings = w.seq_length;
+  w.config.validate();
+  if (to_kind == "hf") {
+    save_hf_model(to_dir, w.config, model::ParamLayout(w.config), views(w.units), o.dtype, o.max_shard_bytes);
+  } else {
+    write_checkpoint(to_dir, w);
+  }
+  return detail::concat(w.source, " -> ", o.to, ": max_position_embeddings ", w.config.max_position_embeddings, ", ",
+                        w.config.describe());
+}
+
+}  // namespace easyctx::ckpt

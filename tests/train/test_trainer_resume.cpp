@@ -1,0 +1,141 @@
+// Checkpoint/resume through the trainer under mpirun (4 ranks):
+//  - each sequence-parallel mode (2 x 2: dp 2 x sp 2): 6 steps straight equal 3 steps, save,
+//    a new trainer resuming (--resume auto), 3 more steps: identical losses and weights, bit
+//    for bit;
+//  - a 4-rank data-parallel checkpoint resumed on 2 and on 3 ranks (same global batch of 12
+//    sequences) continues with the 4-rank run's losses to fp32 tolerance.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "dist/comm_mpi.h"
+#include "dist/groups.h"
+#include "train/trainer.h"
+#include "train_test_util.h"
+
+namespace easyctx::test {
+namespace {
+
+std::string shared_dir(const std::string& tag, uint64_t& seed) {
+  seed = test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  std::string path = "/tmp/easyctx-resume-" + tag + "-" + std::to_string(seed % 1000003);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+    write_walk_shard(path + "/shard.h5", seed, 120, 10, 90, 256);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
+std::vector<float> weights(const train::Trainer& t) {
+  std::vector<float> all;
+  for (const ops::Tensor& u : t.master()) all.insert(all.end(), u.ptr<float>(), u.ptr<float>() + u.numel());
+  return all;
+}
+
+class ResumeSp : public ::testing::TestWithParam<SeqParallelMode> {};
+
+TEST_P(ResumeSp, SixStepsEqualThreePlusResumePlusThree) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  if (rt.size() != 4) GTEST_SKIP() << "needs 4 ranks (2 data-parallel x 2 sequence-parallel)";
+  uint64_t seed = 0;
+  const std::string path = shared_dir(std::string("sp") + to_string(GetParam()), seed);
+  StageConfig c = tiny_stage(path + "/shard.h5", path + "/straight");
+  c.data.seq_length = 37;
+  c.train.seed = seed;
+  c.train.steps = 6;
+  c.parallel.sequence.mode = GetParam();
+  c.parallel.sequence.size = 2;
+  c.parallel.sequence.ulysses_size = GetParam() == SeqParallelMode::Usp ? 2 : 0;
+  c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+  const dist::GroupLayout layout = dist::make_group_layout(c, rt.size(), rt.topology().local_size);
+  dist::ProcessGroups groups(rt, layout, dist::CommBackend::Mpi, 120);
+  std::vector<double> straight;
+  std::vector<float> w_straight;
+  {
+    train::Trainer t(c, groups);
+    for (int64_t s = 0; s < 6; ++s) straight.push_back(t.train_step(s).loss);
+    w_straight = weights(t);
+  }
+  StageConfig r = c;
+  r.output.dir = path + "/resumed";
+  std::vector<double> resumed;
+  {
+    train::Trainer t(r, groups);
+    ASSERT_EQ(t.start_step(), 0);
+    for (int64_t s = 0; s < 3; ++s) resumed.push_back(t.train_step(s).loss);
+    t.save_checkpoint(3);
+  }
+  {
+    train::Trainer t(r, groups);  // --resume auto: picks step 3 up
+    ASSERT_EQ(t.start_step(), 3);
+    for (int64_t s = 3; s < 6; ++s) resumed.push_back(t.train_step(s).loss);
+    const std::vector<float> w = weights(t);
+    ASSERT_EQ(w.size(), w_straight.size());
+    EXPECT_EQ(std::memcmp(w.data(), w_straight.data(), w.size() * sizeof(float)), 0) << "weights differ";
+  }
+  for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "step " << i;  // bitwise
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ResumeSp,
+                         ::testing::Values(SeqParallelMode::ZigzagRing, SeqParallelMode::Ulysses,
+                                           SeqParallelMode::DistFlash, SeqParallelMode::Usp));
+
+TEST(Resume, FourRankCheckpointOnTwoAndThreeRanks) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  if (rt.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  uint64_t seed = 0;
+  const std::string path = shared_dir("reshard", seed);
+  StageConfig c = tiny_stage(path + "/shard.h5", path + "/four");
+  c.train.seed = seed;
+  c.train.steps = 6;
+  c.train.batch_size = 3;  // global batch 12 = 3 x 1 x 4 = 3 x 2 x 2 = 2 x 2 x 3
+  std::vector<double> four;
+  {
+    const dist::GroupLayout layout = dist::make_group_layout(c, 4, rt.topology().local_size);
+    dist::ProcessGroups groups(rt, layout, dist::CommBackend::Mpi, 120);
+    train::Trainer t(c, groups);
+    for (int64_t s = 0; s < 3; ++s) t.train_step(s);
+    t.save_checkpoint(3);
+    for (int64_t s = 3; s < 6; ++s) four.push_back(t.train_step(s).loss);
+  }
+  for (int n : {2, 3}) {
+    // The first n ranks form the smaller job; the others wait.
+    MPI_Comm sub;
+    MPI_Comm_split(MPI_COMM_WORLD, rt.rank() < n ? 0 : MPI_UNDEFINED, rt.rank(), &sub);
+    if (sub != MPI_COMM_NULL) {
+      dist::MpiComm comm(sub, "sub", 120);
+      StageConfig r = c;
+      r.train.batch_size = n == 2 ? 3 : 2;  // 3 x 2 x 2 = 2 x 2 x 3 = 12 sequences
+      r.train.grad_accum = 2;
+      train::RunOptions opts;
+      opts.resume = path + "/four";  // resume from the 4-rank run's checkpoint
+      r.output.dir = path + "/on" + std::to_string(n);
+      train::Trainer t(r, comm, comm, opts);
+      EXPECT_EQ(t.start_step(), 3);
+      for (int64_t s = 3; s < 6; ++s) {
+        const double loss = t.train_step(s).loss;
+        EXPECT_NEAR(loss, four[static_cast<size_t>(s - 3)], 1e-5 * four[static_cast<size_t>(s - 3)])
+            << n << " ranks, step " << s;
+      }
+      MPI_Comm_free(&sub);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+}  // namespace
+}  // namespace easyctx::test
