@@ -281,9 +281,10 @@ const Registry& registry() {
                 false, "Clip the global gradient norm to this value; 0 disables clipping.");
     r.add_enum<DeviceKind>("train.device", [](StageConfig& c) -> DeviceKind& { return c.train.device; },
                            {{"auto", 0}, {"cpu", 1}, {"cuda", 2}},
-                           "Backend: `cpu` (fp32 reference, MPI), `cuda` (bf16 storage, fp32 accumulation, NCCL; "
-                           "the CUDA ops backend exists, the trainer's CUDA path is not wired in yet, so `cuda` is "
-                           "refused), or `auto` (today: cpu).");
+                           "Backend: `cpu` (fp32 reference, MPI), `cuda` (bf16 parameters and activations, fp32 "
+                           "gradients, master weights and Adam moments on the GPU, NCCL; refused when the build has "
+                           "no CUDA or no device is visible), or `auto` (cuda when the build has CUDA and a device "
+                           "is visible, else cpu).");
     // ---- parallel
     r.add_enum<SeqParallelMode>(
         "parallel.sequence.mode", [](StageConfig& c) -> SeqParallelMode& { return c.parallel.sequence.mode; },

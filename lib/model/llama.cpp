@@ -51,7 +51,13 @@ DType stat_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 
 LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, ModelOptions opts,
                        std::shared_ptr<attention::SequenceAttention> attn)
-    : cfg_(cfg), layout_(cfg), be_(be), dtype_(dtype), opts_(opts), attn_(std::move(attn)) {
+    : cfg_(cfg),
+      layout_(cfg),
+      be_(be),
+      dtype_(dtype),
+      grad_dtype_(opts.f32_grads ? DType::F32 : dtype),
+      opts_(opts),
+      attn_(std::move(attn)) {
   cfg_.validate();
   if (!attn_) attn_ = std::make_shared<attention::LocalAttention>(be_);
   const std::vector<float> f = cfg_.inv_freq();
@@ -68,12 +74,16 @@ Tensor LlamaModel::tensor_view(const Tensor& unit, size_t ui, size_t ti) const {
 }
 
 void LlamaModel::check_params(const std::vector<Tensor>& params, const char* what) const {
+  check_params(params, what, dtype_);
+}
+
+void LlamaModel::check_params(const std::vector<Tensor>& params, const char* what, DType want) const {
   EASYCTX_CHECK(params.size() == layout_.num_units(), "LlamaModel: ", layout_.num_units(), " ", what,
                 " units expected, got ", params.size());
   for (size_t u = 0; u < params.size(); ++u) {
-    EASYCTX_CHECK(params[u].numel() == layout_.units()[u].numel && params[u].dtype == dtype_, "LlamaModel: ", what,
+    EASYCTX_CHECK(params[u].numel() == layout_.units()[u].numel && params[u].dtype == want, "LlamaModel: ", what,
                   " unit ", layout_.units()[u].name, " is ", params[u].describe(), ", expected ",
-                  ops::type_name(dtype_), "[", layout_.units()[u].numel, "]");
+                  ops::type_name(want), "[", layout_.units()[u].numel, "]");
   }
 }
 
@@ -231,7 +241,7 @@ void LlamaModel::forward_trunk(const std::vector<Tensor>& params, const Batch& b
 ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                                            const Batch& b, double grad_scale) {
   check_params(params, "parameter");
-  check_params(grads, "gradient");
+  check_params(grads, "gradient", grad_dtype_);
   Workspace& ws = workspace(b, true);
   const bool keep = opts_.checkpoint == CheckpointPolicy::None;
   forward_trunk(params, b, ws, keep);
@@ -257,7 +267,19 @@ ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, co
     }
     layer_backward(params[ui], grads[ui], x_in, b, a, ws, dx);
   }
-  be_.embedding_bwd(b.tokens, dx, grads[layout_.embed_unit()].reshape({vocab, d}));
+  const Tensor dembed = grads[layout_.embed_unit()].reshape({vocab, d});
+  if (grad_dtype_ == dtype_) {
+    be_.embedding_bwd(b.tokens, dx, dembed);
+  } else {  // the embedding backward needs dtable in dx's dtype: scratch, then add in f32
+    if (embed_grad_scratch_.numel() != vocab * d) {
+      embed_grad_scratch_ = be_.alloc(dtype_, vocab * d);
+      embed_grad_f32_ = be_.alloc(DType::F32, vocab * d);
+    }
+    be_.fill(embed_grad_scratch_.flat(), 0.0);
+    be_.embedding_bwd(b.tokens, dx, embed_grad_scratch_.view({vocab, d}));
+    be_.copy(embed_grad_f32_.flat(), embed_grad_scratch_.flat());
+    be_.axpy(dembed.reshape({vocab * d}), embed_grad_f32_.flat(), 1.0);
+  }
   return loss;
 }
 

@@ -1,7 +1,8 @@
 // The Llama decoder (LlamaForCausalLM) forward and backward through ops::Backend.
 //
 // Parameters come in as one view per ParamLayout unit (flat, in the compute dtype: f32 for
-// training, f64 for the golden/gradient tests); gradients likewise, accumulated (+=), so
+// CPU training, bf16 on CUDA, f64 for the golden/gradient tests); gradients likewise (or f32
+// with ModelOptions::f32_grads), accumulated (+=), so
 // gradient accumulation is just several calls before the optimizer step. Tokens, positions
 // and labels are i32 views [batch * seq] of this rank's slice; positions drive RoPE only.
 //
@@ -38,6 +39,10 @@ struct Batch {
 struct ModelOptions {
   CheckpointPolicy checkpoint = CheckpointPolicy::Layer;
   int64_t lm_head_tile = 4096;  // tokens per LM-head/cross-entropy tile
+  // Gradients in f32 whatever the parameter dtype (bf16 training: fp32 gradient
+  // accumulation). Ops that need matching dtypes (the embedding backward) go through a
+  // parameter-dtype scratch that is then added into the f32 gradient.
+  bool f32_grads = false;
 };
 
 class LlamaModel {
@@ -50,6 +55,7 @@ class LlamaModel {
   const LlamaConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
+  DType grad_dtype() const { return grad_dtype_; }
 
   // Views of one tensor inside a unit view (the unit's dtype).
   ops::Tensor tensor_view(const ops::Tensor& unit, size_t unit_index, size_t tensor_index) const;
@@ -72,6 +78,7 @@ class LlamaModel {
   struct LayerActs;
   struct Workspace;
   void check_params(const std::vector<ops::Tensor>& params, const char* what) const;
+  void check_params(const std::vector<ops::Tensor>& params, const char* what, DType want) const;
   Workspace& workspace(const Batch& b, bool for_backward);
   void forward_trunk(const std::vector<ops::Tensor>& params, const Batch& b, Workspace& ws, bool keep);
   void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const Batch& b, LayerActs& a,
@@ -84,10 +91,12 @@ class LlamaModel {
   ParamLayout layout_;
   ops::Backend& be_;
   DType dtype_;
+  DType grad_dtype_;
   ModelOptions opts_;
   std::shared_ptr<attention::SequenceAttention> attn_;
   ops::Buffer inv_freq_;  // f32[head_dim / 2]
   std::unique_ptr<Workspace> ws_;
+  ops::Buffer embed_grad_scratch_, embed_grad_f32_;  // [V, D] (f32_grads with a non-f32 dtype)
 };
 
 // Random initialisation like HF (normal(0, std) for matrices and embeddings, 1 for norm

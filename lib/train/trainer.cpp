@@ -1,8 +1,17 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+
+#ifdef EASYCTX_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "ops/cuda/cuda_backend.h"
+#endif
 
 #include "attention/sequence_parallel.h"
 #include "ckpt/hf_model.h"
@@ -26,14 +35,54 @@ using ops::DType;
 void check_supported(const StageConfig& cfg) {
   EASYCTX_CHECK_INPUT(cfg.parallel.zero.stage == 0, "parallel.zero.stage: ", cfg.parallel.zero.stage,
                       " is not implemented yet in the trainer; use 0");
-  EASYCTX_CHECK_INPUT(cfg.train.device != DeviceKind::Cuda, "train.device: cuda is not available yet; use cpu");
   EASYCTX_CHECK_INPUT(!cfg.data.path.empty(), "data.path: empty; give the h5tokenize output (file, folder or glob)");
 }
+
+std::unique_ptr<ops::Backend> make_backend(DeviceKind d) {
+  if (d == DeviceKind::Cuda) {
+#ifdef EASYCTX_HAVE_CUDA
+    return ops::make_cuda_backend();
+#else
+    EASYCTX_THROW_INPUT("train.device: cuda: this build has no CUDA backend (rebuild with -DEASYCTX_CUDA=ON)");
+#endif
+  }
+  return ops::make_cpu_backend();
+}
+
+#ifdef EASYCTX_HAVE_CUDA
+#define TRAIN_CUDA_CHECK(call)                                                                         \
+  do {                                                                                                 \
+    const cudaError_t e_ = (call);                                                                     \
+    EASYCTX_CHECK(e_ == cudaSuccess, #call, " failed: ", cudaGetErrorString(e_), " (", __FILE__, ":", \
+                  __LINE__, ")");                                                                      \
+  } while (0)
+
+// Dense bf16 peak of the current device by name (EASYCTX_PEAK_TFLOPS overrides); 0 unknown.
+double device_peak_flops(std::string* name) {
+  int dev = 0;
+  TRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  TRAIN_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  *name = prop.name;
+  if (const char* env = std::getenv("EASYCTX_PEAK_TFLOPS")) return std::atof(env) * 1e12;
+  if (std::strstr(prop.name, "H100") || std::strstr(prop.name, "H200")) return 989e12;
+  if (std::strstr(prop.name, "A100")) return 312e12;
+  return 0;
+}
+
+// Device memory in use (all allocations on the device, cudaMemGetInfo), bytes.
+double device_mem_used() {
+  size_t free_b = 0, total_b = 0;
+  TRAIN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<double>(total_b - free_b);
+}
+#endif
 
 }  // namespace
 
 Trainer::Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, const RunOptions& opts)
     : cfg_(cfg),
+      device_(trainer_device(cfg.train.device)),
       world_(world),
       dp_(dp),
       grad_comm_(dp),
@@ -47,6 +96,7 @@ Trainer::Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, cons
 
 Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunOptions& opts)
     : cfg_(cfg),
+      device_(trainer_device(cfg.train.device)),
       world_(groups.world()),
       dp_(groups.dp()),
       grad_comm_(groups.layout().sp_size > 1 ? groups.world() : groups.dp()),
@@ -58,7 +108,7 @@ Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunO
     init(nullptr, data::SpLayout::None, 1, 0);
     return;
   }
-  be_ = ops::make_cpu_backend();
+  be_ = make_backend(device_);
   std::shared_ptr<attention::SequenceAttention> attn;
   data::SpLayout layout = data::SpLayout::Contiguous;
   switch (cfg_.parallel.sequence.mode) {
@@ -87,24 +137,40 @@ Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunO
 // Model, weights, optimizer state and data; `attn` null means local attention.
 void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpLayout sp_layout, int sp_size,
                    int sp_rank, int sp_inner) {
+  if (!be_) be_ = make_backend(device_);
+  // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
+  // trainer too, with the gradients staged through host memory.
   for (const dist::Comm* c : {&world_, &dp_, &grad_comm_})
-    EASYCTX_CHECK_INPUT(c->memspace() == dist::MemSpace::Host, "train.device: ", to_string(cfg_.train.device),
-                        " chose ", c->backend(), " communicators, but the trainer runs the CPU backend (the CUDA "
-                        "backend is not wired in yet); set train.device: cpu");
+    EASYCTX_CHECK_INPUT(c->memspace() == dist::MemSpace::Host || on_device(), "train.device: ",
+                        to_string(cfg_.train.device), " chose ", c->backend(), " communicators, but the trainer runs "
+                        "the ", be_->name(), " backend; set train.device: cuda (or run with MPI communicators)");
   const model::LlamaConfig mc = model::resolve_llama_config(cfg_.model);
-  if (!be_) be_ = ops::make_cpu_backend();
   model::ModelOptions mo;
   mo.checkpoint = cfg_.activation.checkpoint;
   mo.lm_head_tile = cfg_.activation.lm_head_tile;
-  model_ = std::make_unique<model::LlamaModel>(mc, *be_, DType::F32, mo, std::move(attn));
+  mo.f32_grads = on_device();  // CUDA: bf16 parameters, fp32 gradients
+  model_ = std::make_unique<model::LlamaModel>(mc, *be_, on_device() ? DType::BF16 : DType::F32, mo, std::move(attn));
 
   for (const model::ParamUnit& u : model_->layout().units()) {
     master_.push_back(be_->alloc(DType::F32, u.numel));
     grads_.push_back(be_->alloc(DType::F32, u.numel));
     adam_m_.push_back(be_->alloc(DType::F32, u.numel));
     adam_v_.push_back(be_->alloc(DType::F32, u.numel));
+    if (on_device()) work_.push_back(be_->alloc(DType::BF16, u.numel));
   }
   load_weights();
+  refresh_working_copy();
+#ifdef EASYCTX_HAVE_CUDA
+  if (on_device()) {
+    std::string name;
+    peak_flops_ = device_peak_flops(&name);
+    if (world_.rank() == 0)
+      log_info("device ", name, ": MFU against ",
+               peak_flops_ > 0 ? format_count(peak_flops_ / 1e12) + " TFLOP/s dense bf16"
+                               : std::string("an unknown peak (set EASYCTX_PEAK_TFLOPS)"),
+               ", model ", format_count(flops_per_token()), " FLOPs/token");
+  }
+#endif
 
   data::LoaderOptions lo;
   lo.path = cfg_.data.path;
@@ -141,12 +207,15 @@ ckpt::CheckpointRef find_checkpoint(const std::string& dir) {
 void Trainer::load_weights() {
   const auto& units = model_->layout().units();
   auto read = [&](const ckpt::CheckpointReader& r, const std::string& kind, std::vector<ops::Buffer>& bufs) {
+    std::vector<std::vector<float>> stage;
+    const std::vector<ops::Tensor> hv = host_views(bufs, stage, false);
     for (size_t u = 0; u < units.size(); ++u) {
       const std::string name = kind + "/" + units[u].name;
       EASYCTX_CHECK_INPUT(r.numel(name) == units[u].numel, r.path(), ": ", name, " has ", r.numel(name),
                           " elements, this model needs ", units[u].numel, " (different model config?)");
-      r.read(name, 0, units[u].numel, bufs[u].flat().ptr<float>());
+      r.read(name, 0, units[u].numel, hv[u].ptr<float>());
     }
+    upload(bufs, stage);
   };
   ckpt::CheckpointRef resume;
   if (opts_.resume == "auto") {
@@ -168,16 +237,83 @@ void Trainer::load_weights() {
     log_info("resuming from ", resume.path, " at step ", start_step_);
     return;
   }
+  std::vector<std::vector<float>> stage;
   if (starts_with(cfg_.model.init, "hf:")) {
-    ckpt::load_hf_weights(cfg_.model.init.substr(3), model_->layout(), master());
+    ckpt::load_hf_weights(cfg_.model.init.substr(3), model_->layout(), host_views(master_, stage, false));
+    upload(master_, stage);
   } else if (starts_with(cfg_.model.init, "ckpt:")) {
     const ckpt::CheckpointRef ref = find_checkpoint(cfg_.model.init.substr(5));
     EASYCTX_CHECK_INPUT(ref.step >= 0, "model.init: ", cfg_.model.init, ": no committed checkpoint there");
     read(ckpt::CheckpointReader(ref.path), "master", master_);
     log_info("initial weights from ", ref.path);
   } else {
-    model::init_random(model_->layout(), master(), cfg_.model.init_std, cfg_.train.seed);
+    model::init_random(model_->layout(), host_views(master_, stage, false), cfg_.model.init_std, cfg_.train.seed);
+    upload(master_, stage);
   }
+}
+
+std::vector<ops::Tensor> Trainer::host_views(const std::vector<ops::Buffer>& bufs,
+                                             std::vector<std::vector<float>>& stage, bool fetch) const {
+  std::vector<ops::Tensor> v;
+  if (!on_device()) {
+    for (const ops::Buffer& b : bufs) v.push_back(b.flat());
+    return v;
+  }
+  stage.assign(bufs.size(), {});
+  for (size_t u = 0; u < bufs.size(); ++u) {
+    stage[u].resize(static_cast<size_t>(bufs[u].numel()));
+    v.emplace_back(stage[u].data(), DType::F32, std::initializer_list<int64_t>{bufs[u].numel()});
+    if (fetch) be_->copy(v.back(), bufs[u].flat());
+  }
+  return v;
+}
+
+void Trainer::upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& stage) {
+  if (!on_device()) return;
+  EASYCTX_CHECK(stage.size() == bufs.size(), "Trainer::upload: ", stage.size(), " staged units for ", bufs.size());
+  for (size_t u = 0; u < bufs.size(); ++u) {
+    const ops::Tensor src(const_cast<float*>(stage[u].data()), DType::F32, {bufs[u].numel()});
+    be_->copy(bufs[u].flat(), src);
+  }
+  be_->synchronize();  // the staged host memory goes away after this
+}
+
+void Trainer::refresh_working_copy() {
+  for (size_t u = 0; u < work_.size(); ++u) be_->copy(work_[u].flat(), master_[u].flat());
+}
+
+std::vector<ops::Tensor> Trainer::params() const {
+  if (work_.empty()) return master();
+  std::vector<ops::Tensor> v;
+  for (const ops::Buffer& b : work_) v.push_back(b.flat());
+  return v;
+}
+
+std::vector<std::vector<float>> Trainer::master_host() const {
+  std::vector<std::vector<float>> out(master_.size());
+  for (size_t u = 0; u < master_.size(); ++u) {
+    out[u].resize(static_cast<size_t>(master_[u].numel()));
+    be_->copy(ops::Tensor(out[u].data(), DType::F32, {master_[u].numel()}), master_[u].flat());
+  }
+  return out;
+}
+
+std::vector<std::vector<float>> Trainer::gradients_host() const {
+  std::vector<std::vector<float>> out(grads_.size());
+  for (size_t u = 0; u < grads_.size(); ++u) {
+    out[u].resize(static_cast<size_t>(grads_[u].numel()));
+    be_->copy(ops::Tensor(out[u].data(), DType::F32, {grads_[u].numel()}), grads_[u].flat());
+  }
+  return out;
+}
+
+double Trainer::flops_per_token() const {
+  const model::LlamaConfig& c = model_->config();
+  const double d = static_cast<double>(c.hidden_size), L = static_cast<double>(c.num_layers);
+  const double per_layer = d * static_cast<double>(2 * c.q_dim() + 2 * c.kv_dim()) +
+                           3.0 * d * static_cast<double>(c.intermediate_size);
+  const double n_matmul = L * per_layer + static_cast<double>(c.vocab_size) * d;  // + LM head
+  return 6.0 * n_matmul + 6.0 * L * d * static_cast<double>(cfg_.data.seq_length);
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {
@@ -185,11 +321,15 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   const auto& units = model_->layout().units();
   // ZeRO-0: every rank holds everything; each writes its 1/W of every unit, in parallel.
   const int64_t W = world_.size(), r = world_.rank();
+  // CUDA: staged through host copies (alive until commit).
+  std::vector<std::vector<float>> sm, sa, sv;
+  const std::vector<ops::Tensor> hm = host_views(master_, sm, true), ha = host_views(adam_m_, sa, true),
+                                 hv = host_views(adam_v_, sv, true);
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t n = units[u].numel, lo = n * r / W, hi = n * (r + 1) / W;
-    w.add("master/" + units[u].name, n, lo, master_[u].flat().ptr<float>() + lo, hi - lo);
-    w.add("adam_m/" + units[u].name, n, lo, adam_m_[u].flat().ptr<float>() + lo, hi - lo);
-    w.add("adam_v/" + units[u].name, n, lo, adam_v_[u].flat().ptr<float>() + lo, hi - lo);
+    w.add("master/" + units[u].name, n, lo, hm[u].ptr<float>() + lo, hi - lo);
+    w.add("adam_m/" + units[u].name, n, lo, ha[u].ptr<float>() + lo, hi - lo);
+    w.add("adam_v/" + units[u].name, n, lo, hv[u].ptr<float>() + lo, hi - lo);
   }
   Json meta = Json::object();
   meta.set("next_step", steps_done);
@@ -209,7 +349,20 @@ void Trainer::reduce_gradients() {
   // ZeRO-0: sum over the ranks that computed partial gradients (data-parallel replicas,
   // and the sequence-parallel slices when present); the 1/global-labels scale is already in.
   if (grad_comm_.size() == 1) return;
-  for (ops::Buffer& g : grads_) grad_comm_.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
+  if (!on_device()) {
+    for (ops::Buffer& g : grads_) grad_comm_.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
+    return;
+  }
+  if (grad_comm_.memspace() == dist::MemSpace::Device) {  // NCCL on the device buffers
+    be_->synchronize();  // the backward is queued on the backend's stream, NCCL runs on its own
+    for (ops::Buffer& g : grads_) grad_comm_.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
+    grad_comm_.synchronize();
+    return;
+  }
+  std::vector<std::vector<float>> stage;  // device gradients over a host communicator
+  const std::vector<ops::Tensor> hv = host_views(grads_, stage, true);
+  for (const ops::Tensor& g : hv) grad_comm_.all_reduce(g.ptr<float>(), static_cast<size_t>(g.numel()));
+  upload(grads_, stage);
 }
 
 double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& grads, double max_norm) {
@@ -237,6 +390,7 @@ void Trainer::optimizer_step(double lr, int64_t step) {
       auto part = [&](const ops::Buffer& b) { return b.flat().slice_flat(t.offset, {t.numel}); };
       be_->adamw(part(master_[u]), part(grads_[u]), part(adam_m_[u]), part(adam_v_[u]), s);
     }
+  refresh_working_copy();
 }
 
 std::vector<ops::Tensor> Trainer::gradients() const {
@@ -250,6 +404,7 @@ StepStats Trainer::train_step(int64_t step) {
   StepStats st = compute_gradients(step);
   st.grad_norm = clip_gradients();
   optimizer_step(st.lr, step);
+  be_->synchronize();  // device backends: the step is done when its queued work is
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return st;
 }
@@ -268,7 +423,7 @@ StepStats Trainer::compute_gradients(int64_t step) {
   const double global_labels = world_.all_reduce_scalar(local_labels, dist::ReduceOp::Sum);
   EASYCTX_CHECK(global_labels > 0, "step ", step, ": the global batch has no labelled tokens");
   for (ops::Buffer& g : grads_) be_->fill(g.flat(), 0.0);
-  const std::vector<ops::Tensor> params = master(), grads = [&] {
+  const std::vector<ops::Tensor> params = this->params(), grads = [&] {
     std::vector<ops::Tensor> v;
     for (const ops::Buffer& b : grads_) v.push_back(b.flat());
     return v;
@@ -278,6 +433,19 @@ StepStats Trainer::compute_gradients(int64_t step) {
     const int64_t n = mb.batch * mb.local_len;
     model::Batch b{ops::Tensor(mb.tokens.data(), DType::I32, {n}), ops::Tensor(mb.positions.data(), DType::I32, {n}),
                    ops::Tensor(mb.labels.data(), DType::I32, {n}), mb.batch, mb.local_len};
+    if (on_device()) {  // host int32 arrays -> device buffers (stream-ordered before the model)
+      if (tokens_dev_.numel() != n) {
+        tokens_dev_ = be_->alloc(DType::I32, n);
+        positions_dev_ = be_->alloc(DType::I32, n);
+        labels_dev_ = be_->alloc(DType::I32, n);
+      }
+      be_->copy(tokens_dev_.flat(), b.tokens);
+      be_->copy(positions_dev_.flat(), b.positions);
+      be_->copy(labels_dev_.flat(), b.labels);
+      b.tokens = tokens_dev_.flat();
+      b.positions = positions_dev_.flat();
+      b.labels = labels_dev_.flat();
+    }
     sum_nll += model_->forward_backward(params, grads, b, 1.0 / global_labels).sum_nll;
     st.tokens += n;
   }
@@ -292,7 +460,8 @@ void Trainer::log_startup() const {
   const model::LlamaConfig& mc = model_->config();
   log_info("model ", mc.describe());
   log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint), ", backend ",
-           be_->name(), " (f32), ", world_.size(), " rank(s): data-parallel ", dp_.size(), " x sequence-parallel ",
+           be_->name(), on_device() ? " (bf16 parameters, fp32 gradients, master weights and Adam)" : " (f32)", ", ",
+           world_.size(), " rank(s): data-parallel ", dp_.size(), " x sequence-parallel ",
            world_.size() / dp_.size(),
            world_.size() > dp_.size() ? std::string(" (") + to_string(cfg_.parallel.sequence.mode) + ")" : "");
   if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)
@@ -334,6 +503,14 @@ StepStats Trainer::run() {
       save_checkpoint(step + 1);
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const double tps = static_cast<double>(st.tokens) / st.seconds;
+#ifdef EASYCTX_HAVE_CUDA
+    if (on_device()) {
+      peak_mem_bytes_ = std::max(peak_mem_bytes_, device_mem_used());
+      st.peak_mem_gib = peak_mem_bytes_ / (1024.0 * 1024.0 * 1024.0);
+      // Per GPU: every rank computes its share of the global batch's tokens.
+      if (peak_flops_ > 0) st.mfu = tps * flops_per_token() / (peak_flops_ * static_cast<double>(world_.size()));
+    }
+#endif
     if (metrics) {
       Json r = Json::object();
       r.set("step", step + 1);
@@ -343,6 +520,8 @@ StepStats Trainer::run() {
       r.set("tokens", st.tokens);
       r.set("tokens_per_s", tps);
       r.set("elapsed", elapsed);
+      if (st.mfu >= 0) r.set("mfu", st.mfu);
+      if (st.peak_mem_gib >= 0) r.set("peak_mem_gib", st.peak_mem_gib);
       metrics->write(r);
     }
     if ((step + 1) % std::max<int64_t>(1, cfg_.logging.every) == 0 || step + 1 == cfg_.train.steps) {
@@ -352,7 +531,16 @@ StepStats Trainer::run() {
       std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | ETA %s",
                     static_cast<long long>(step + 1), static_cast<long long>(cfg_.train.steps), st.loss, st.lr,
                     st.grad_norm, format_count(tps).c_str(), format_duration(eta).c_str());
-      log_info(line);
+      std::string extra;
+      if (on_device()) {
+        char buf[96];
+        if (st.mfu >= 0) std::snprintf(buf, sizeof(buf), " | MFU %.2f%%", 100.0 * st.mfu);
+        else std::snprintf(buf, sizeof(buf), " | MFU n/a");
+        extra += buf;
+        std::snprintf(buf, sizeof(buf), " | mem %.2f GiB", st.peak_mem_gib);
+        extra += buf;
+      }
+      log_info(line, extra);
     }
   }
   if (cfg_.train.steps > start_step_) save_checkpoint(cfg_.train.steps);
@@ -367,9 +555,20 @@ StepStats Trainer::run() {
 }
 
 DeviceKind trainer_device(DeviceKind requested) {
-  EASYCTX_CHECK_INPUT(requested != DeviceKind::Cuda,
-                      "train.device: cuda: the trainer's CUDA path is not wired in yet (the CUDA ops backend is, "
-                      "see docs/cuda.md); use cpu or auto");
+  switch (requested) {
+    case DeviceKind::Cpu:
+      return DeviceKind::Cpu;
+    case DeviceKind::Cuda:
+#ifndef EASYCTX_HAVE_CUDA
+      EASYCTX_THROW_INPUT("train.device: cuda: this build has no CUDA backend (rebuild with -DEASYCTX_CUDA=ON); "
+                          "use cpu or auto");
+#endif
+      EASYCTX_CHECK_INPUT(dist::cuda_device_available(), "train.device: cuda: no CUDA device is visible; use cpu or "
+                          "auto");
+      return DeviceKind::Cuda;
+    case DeviceKind::Auto:
+      return dist::cuda_device_available() ? DeviceKind::Cuda : DeviceKind::Cpu;
+  }
   return DeviceKind::Cpu;
 }
 
@@ -380,7 +579,8 @@ bool Trainer::stop_requested() {
 
 void Trainer::save_hf(const std::string& dir) const {
   model::LlamaConfig mc = model_->config();
-  ckpt::save_hf_model(dir, mc, model_->layout(), master(),
+  std::vector<std::vector<float>> stage;
+  ckpt::save_hf_model(dir, mc, model_->layout(), host_views(master_, stage, true),
                       cfg_.output.hf_dtype == "bf16" ? ckpt::StDType::BF16 : ckpt::StDType::F32);
 }
 

@@ -5,6 +5,11 @@
 // backward is scaled by 1 / (labelled tokens summed over all micro-batches and all ranks),
 // so accumulation, data parallelism and uneven label counts all give the same gradient.
 //
+// Backends (train.device): cpu runs the fp32 reference (master weights are the parameters);
+// cuda keeps a bf16 working copy of the parameters on the device, fp32 gradients, fp32
+// master weights and Adam moments on the device, and refreshes the bf16 copy after each
+// AdamW step. Checkpoints and HF import/export stage through host fp32 buffers.
+//
 // ZeRO stage 0 (every rank holds all parameters, gradients are all-reduced over dp);
 // stage 3 and sequence parallelism plug in at reduce_gradients() and the model's
 // attention seam.
@@ -35,6 +40,8 @@ struct StepStats {
   int64_t tokens = 0;      // input tokens of the global batch
   int64_t labels = 0;      // labelled tokens of the global batch
   double seconds = 0;      // wall time of the step
+  double mfu = -1;         // model FLOP utilisation (CUDA with a known peak; else -1), set by run()
+  double peak_mem_gib = -1;  // device memory high-water mark so far (CUDA; else -1), set by run()
 };
 
 // How a run starts (easyctx_train --resume): "auto" resumes from the newest committed
@@ -63,6 +70,7 @@ class Trainer {
   // gradient reduction, leaving the summed gradients (of the global mean loss, before
   // clipping) in gradients(). Fills loss, tokens, labels.
   StepStats compute_gradients(int64_t step);
+  // Gradients (fp32; device memory on CUDA).
   std::vector<ops::Tensor> gradients() const;
   // Every step with logging and metrics, then the final save. Returns the last stats.
   // Stops early, after a checkpoint, when any rank received SIGUSR1/SIGTERM
@@ -79,8 +87,15 @@ class Trainer {
   int64_t start_step() const { return start_step_; }
 
   const model::LlamaModel& model() const { return *model_; }
-  // fp32 master weights, one flat view per ParamLayout unit.
+  // fp32 master weights, one flat view per ParamLayout unit (device memory on CUDA).
   std::vector<ops::Tensor> master() const;
+  // The same, copied to host memory (any backend).
+  std::vector<std::vector<float>> master_host() const;
+  std::vector<std::vector<float>> gradients_host() const;
+  // cpu or cuda: what train.device resolved to.
+  DeviceKind device() const { return device_; }
+  // Model FLOPs per token (causal counting, DESIGN.md "Performance model").
+  double flops_per_token() const;
 
  private:
   void reduce_gradients();
@@ -91,8 +106,17 @@ class Trainer {
             int sp_inner = 1);
   void load_weights();  // model.init, or resume from <output.dir>/checkpoints
   bool stop_requested();  // collective: did any rank get SIGUSR1/SIGTERM?
+  bool on_device() const { return be_->memspace() == ops::MemSpace::Device; }
+  // Host fp32 views of per-unit buffers: the buffers themselves on the CPU; on CUDA host
+  // copies kept in `stage` (downloaded when `fetch`). upload() writes staged copies back.
+  std::vector<ops::Tensor> host_views(const std::vector<ops::Buffer>& bufs, std::vector<std::vector<float>>& stage,
+                                      bool fetch) const;
+  void upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& stage);
+  void refresh_working_copy();  // CUDA: bf16 parameters = master weights
+  std::vector<ops::Tensor> params() const;  // what the model computes with
 
   StageConfig cfg_;
+  DeviceKind device_;
   dist::Comm& world_;
   dist::Comm& dp_;
   dist::Comm& grad_comm_;  // gradients are summed over it: dp, or world with sequence parallelism
@@ -104,6 +128,10 @@ class Trainer {
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<data::DataLoader> loader_;
   std::vector<ops::Buffer> master_, grads_, adam_m_, adam_v_;  // per unit, f32[unit numel]
+  std::vector<ops::Buffer> work_;  // CUDA: bf16 working parameters per unit (empty on the CPU)
+  ops::Buffer tokens_dev_, positions_dev_, labels_dev_;  // CUDA: the micro-batch on the device
+  double peak_flops_ = 0;     // CUDA: the device's dense bf16 peak, FLOP/s (0: unknown)
+  double peak_mem_bytes_ = 0;  // CUDA: device memory in use, high-water mark
 };
 
 // torch.nn.utils.clip_grad_norm_: returns the global L2 norm of `grads` (all local; sum
@@ -112,9 +140,9 @@ class Trainer {
 double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& grads, double max_norm);
 
 // The app entry point (apps/easyctx_train.cpp): trains the stage described by cfg.
-// The device the trainer runs for train.device: auto resolves to the CPU reference until the
-// CUDA training path is wired in (the CUDA ops backend exists; see docs/cuda.md); cuda is
-// refused with a message naming the key.
+// The device the trainer runs for train.device: cpu -> cpu; cuda -> cuda (refused, naming
+// the key, when the build has no CUDA or no device is visible); auto -> cuda when the build
+// has CUDA and a device is visible, else cpu.
 DeviceKind trainer_device(DeviceKind requested);
 
 // Exit code 0 also when stopped by a signal after its checkpoint (the job is resumable).

@@ -1,0 +1,375 @@
+// The trainer on the CUDA backend (label gpu; every test skips without a CUDA device):
+//  1. The whole bf16 model on CUDA against the fp32 CPU model on a head_dim-64 config (the
+//     CUDA attention kernels take head dims 64 and 128 only): loss within 1e-2 relative, every
+//     gradient tensor within 3e-2 relative norm error, for each activation policy, tied and
+//     untied. The HF golden fixtures (tests/golden/data) run the same check only when their
+//     head dim is one the CUDA attention supports (theirs is 8 today, so they skip, saying so).
+//  2. CUDA trainer steps against CPU trainer steps on the same data: the first step's
+//     gradients within 3e-2, losses within 2e-2 relative for several steps; checkpoint and
+//     HF export round trips through the host staging.
+//  3. Under mpirun -np 2 with 2 GPUs: NCCL data parallelism equals one rank with gradient
+//     accumulation (skips with fewer GPUs or ranks).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "ckpt/hf_model.h"
+#include "ckpt/safetensors.h"
+#include "dist/groups.h"
+#include "model/llama.h"
+#include "ops/cuda/cuda_backend.h"
+#include "ops/half.h"
+#include "train/train_test_util.h"
+#include "train/trainer.h"
+
+namespace easyctx::test {
+namespace {
+
+using ops::Buffer;
+using ops::DType;
+using ops::Tensor;
+
+bool have_gpu() { return ops::cuda_device_count() > 0; }
+
+// A Llama with head_dim 64 and GQA (4 query heads on 2 KV heads), small enough for the CPU.
+std::string write_hd64_config(const std::string& path, bool tied, int64_t vocab) {
+  std::ofstream f(path);
+  f << "hidden_size: 128\nnum_hidden_layers: 2\nnum_attention_heads: 4\nnum_key_value_heads: 2\nhead_dim: 64\n"
+       "intermediate_size: 200\nvocab_size: "
+    << vocab << "\nmax_position_embeddings: 1024\nrms_norm_eps: 1.0e-5\nrope_theta: 10000.0\n"
+    << "tie_word_embeddings: " << (tied ? "true" : "false") << "\nbos_token_id: 1\neos_token_id: 2\n";
+  f.close();
+  EASYCTX_CHECK(f.good(), "cannot write ", path);
+  return path;
+}
+
+struct HostBatch {
+  std::vector<int32_t> ids, pos, lab;
+  int64_t B = 0, S = 0;
+};
+
+struct Result {
+  double loss = 0;
+  int64_t count = 0;
+  std::vector<std::vector<double>> grads;  // per unit
+};
+
+// Forward + backward of the mean NLL on `be`: parameters from host fp32 `w` (converted to
+// `dtype` on the backend), gradients in f32 (CUDA: the trainer's mixed precision) or `dtype`.
+Result run_model(ops::Backend& be, const model::LlamaConfig& cfg, DType dtype, CheckpointPolicy policy,
+                 const std::vector<std::vector<float>>& w, const HostBatch& hb) {
+  const bool dev = be.memspace() == ops::MemSpace::Device;
+  model::ModelOptions mo;
+  mo.checkpoint = policy;
+  mo.lm_head_tile = 37;  // several tiles per batch
+  mo.f32_grads = dtype == DType::BF16;
+  model::LlamaModel m(cfg, be, dtype, mo);
+  std::vector<Buffer> pb, gb;
+  std::vector<Tensor> params, grads;
+  for (size_t u = 0; u < m.layout().num_units(); ++u) {
+    const int64_t n = m.layout().units()[u].numel;
+    pb.push_back(be.alloc(dtype, n));
+    gb.push_back(be.alloc(m.grad_dtype(), n));
+    be.copy(pb.back().flat(), Tensor(const_cast<float*>(w[u].data()), DType::F32, {n}));
+    params.push_back(pb.back().flat());
+    grads.push_back(gb.back().flat());
+  }
+  const int64_t n = hb.B * hb.S;
+  Buffer ids = be.alloc(DType::I32, n), pos = be.alloc(DType::I32, n), lab = be.alloc(DType::I32, n);
+  be.copy(ids.flat(), Tensor(const_cast<int32_t*>(hb.ids.data()), DType::I32, {n}));
+  be.copy(pos.flat(), Tensor(const_cast<int32_t*>(hb.pos.data()), DType::I32, {n}));
+  be.copy(lab.flat(), Tensor(const_cast<int32_t*>(hb.lab.data()), DType::I32, {n}));
+  int64_t count = 0;
+  for (int32_t y : hb.lab) count += y >= 0;
+  const model::Batch b{ids.flat(), pos.flat(), lab.flat(), hb.B, hb.S};
+  const ops::LossSums ls = m.forward_backward(params, grads, b, 1.0 / static_cast<double>(count));
+  Result r;
+  r.loss = ls.sum_nll / static_cast<double>(ls.count);
+  r.count = ls.count;
+  for (size_t u = 0; u < gb.size(); ++u) {
+    std::vector<float> h(static_cast<size_t>(gb[u].numel()));
+    be.copy(Tensor(h.data(), DType::F32, {gb[u].numel()}), gb[u].flat());
+    r.grads.emplace_back(h.begin(), h.end());
+  }
+  (void)dev;
+  return r;
+}
+
+// Loss within loss_tol relative, every gradient tensor within grad_tol relative norm error.
+void compare(const model::ParamLayout& layout, const Result& got, const Result& want, double loss_tol,
+             double grad_tol, const std::string& tag) {
+  EXPECT_EQ(got.count, want.count);
+  const double le = std::abs(got.loss - want.loss) / std::abs(want.loss);
+  std::printf("[accuracy] %-40s loss %.6f vs %.6f rel err %.3g (tol %.0e)\n", tag.c_str(), got.loss, want.loss, le,
+              loss_tol);
+  EXPECT_LT(le, loss_tol) << tag;
+  double worst = 0;
+  std::string worst_name;
+  for (size_t u = 0; u < layout.num_units(); ++u)
+    for (const model::ParamTensor& t : layout.units()[u].tensors) {
+      const auto a = got.grads[u].begin() + t.offset, b = want.grads[u].begin() + t.offset;
+      const std::vector<double> ga(a, a + t.numel), gw(b, b + t.numel);
+      const double e = rel_error(ga, gw);
+      EXPECT_LT(e, grad_tol) << tag << " " << t.hf_name;
+      if (!(e <= worst)) {
+        worst = e;
+        worst_name = t.hf_name;
+      }
+    }
+  std::printf("[accuracy] %-40s worst gradient %s rel err %.3g (tol %.0e)\n", tag.c_str(), worst_name.c_str(), worst,
+              grad_tol);
+}
+
+std::vector<std::vector<float>> random_weights(const model::ParamLayout& layout, std::mt19937_64& rng, double std) {
+  std::vector<std::vector<float>> w;
+  std::normal_distribution<double> nd(0.0, std);
+  std::uniform_real_distribution<double> ud(0.8, 1.2);
+  for (const model::ParamUnit& u : layout.units()) {
+    w.emplace_back(static_cast<size_t>(u.numel));
+    for (const model::ParamTensor& t : u.tensors)
+      for (int64_t i = 0; i < t.numel; ++i)  // bf16-representable, so both sides see the same weights
+        w.back()[static_cast<size_t>(t.offset + i)] =
+            ops::bf16_to_float(ops::float_to_bf16(static_cast<float>(t.is_norm ? ud(rng) : nd(rng))));
+  }
+  return w;
+}
+
+HostBatch random_batch(std::mt19937_64& rng, int64_t B, int64_t S, int64_t vocab) {
+  HostBatch hb;
+  hb.B = B;
+  hb.S = S;
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) {
+      hb.ids.push_back(tok(rng));
+      hb.pos.push_back(static_cast<int32_t>(s + (b == 1 ? 5 : 0)));  // one row with offset positions
+      hb.lab.push_back(rng() % 7 == 0 ? -1 : tok(rng));               // some unscored tokens
+    }
+  return hb;
+}
+
+class CudaModel : public ::testing::TestWithParam<std::tuple<bool, CheckpointPolicy>> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the CUDA trainer tests need a GPU";
+  }
+};
+
+TEST_P(CudaModel, Bf16MatchesCpuFp32) {
+  const auto [tied, policy] = GetParam();
+  TempDir dir("cuda-model");
+  const model::LlamaConfig cfg = model::load_llama_config(write_hd64_config(dir / "m.yaml", tied, 301));
+  const model::ParamLayout layout(cfg);
+  std::mt19937_64 rng(test_seed());
+  const auto w = random_weights(layout, rng, 0.08);
+  const HostBatch hb = random_batch(rng, 2, 96, cfg.vocab_size);
+  auto cpu = ops::make_cpu_backend();
+  auto gpu = ops::make_cuda_backend();
+  const Result want = run_model(*cpu, cfg, DType::F32, policy, w, hb);
+  const Result got = run_model(*gpu, cfg, DType::BF16, policy, w, hb);
+  compare(layout, got, want, 1e-2, 3e-2,
+          std::string(tied ? "tied" : "untied") + " hd64 " + to_string(policy));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CudaModel,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
+                                                              CheckpointPolicy::AttentionOutput)));
+
+// The HF golden fixtures (float64 transformers): where the CUDA attention supports the
+// fixture's head dim, the bf16 CUDA model must match them like the CPU model does (looser).
+class CudaGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaGolden, MatchesTransformersInBf16) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = source_dir() + "/tests/golden/data/" + GetParam();
+  const model::LlamaConfig cfg = model::load_llama_config(dir + "/model");
+  if (cfg.head_dim != 64 && cfg.head_dim != 128)
+    GTEST_SKIP() << "fixture " << GetParam() << " has head_dim " << cfg.head_dim
+                 << "; the CUDA attention takes 64 and 128 (covered by CudaModel.Bf16MatchesCpuFp32 instead)";
+  const model::ParamLayout layout(cfg);
+  ckpt::SafetensorsReader io(dir + "/io.safetensors");
+  auto get = [&](const std::string& name) {
+    const ckpt::StTensor* t = io.find(name);
+    EXPECT_TRUE(t) << name;
+    std::vector<double> v(t ? static_cast<size_t>(t->numel()) : 0);
+    if (t) io.read(*t, DType::F64, v.data());
+    return v;
+  };
+  std::vector<std::vector<float>> w;
+  std::vector<Buffer> hb;
+  std::vector<Tensor> hv;
+  auto cpu = ops::make_cpu_backend();
+  for (const auto& u : layout.units()) {
+    hb.push_back(cpu->alloc(DType::F32, u.numel));
+    hv.push_back(hb.back().flat());
+  }
+  ckpt::load_hf_weights(dir + "/model", layout, hv);
+  for (const Tensor& t : hv) w.emplace_back(t.ptr<float>(), t.ptr<float>() + t.numel());
+  HostBatch b;
+  for (double x : get("input_ids")) b.ids.push_back(static_cast<int32_t>(std::lround(x)));
+  for (double x : get("position_ids")) b.pos.push_back(static_cast<int32_t>(std::lround(x)));
+  for (double x : get("labels")) b.lab.push_back(static_cast<int32_t>(std::lround(x)));
+  b.B = 2;
+  b.S = static_cast<int64_t>(b.ids.size()) / 2;
+  Result want;
+  want.loss = get("loss")[0];
+  for (const auto& u : layout.units()) {
+    want.grads.emplace_back(static_cast<size_t>(u.numel));
+    for (const auto& t : u.tensors) {
+      const std::vector<double> g = get("grad." + t.hf_name);
+      std::copy(g.begin(), g.end(), want.grads.back().begin() + t.offset);
+    }
+  }
+  auto gpu = ops::make_cuda_backend();
+  const Result got = run_model(*gpu, cfg, DType::BF16, CheckpointPolicy::Layer, w, b);
+  want.count = got.count;
+  compare(layout, got, want, 1e-2, 3e-2, "golden " + GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CudaGolden, ::testing::Values("gqa", "tied_llama3"));
+
+std::unique_ptr<dist::Comm> self_comm(const char* name) {
+  return dist::make_comm(MPI_COMM_SELF, name, dist::CommBackend::Mpi, 60);
+}
+
+std::vector<double> flat(const std::vector<std::vector<float>>& units) {
+  std::vector<double> v;
+  for (const auto& u : units) v.insert(v.end(), u.begin(), u.end());
+  return v;
+}
+
+TEST(CudaTrainer, StepsMatchCpuTrainer) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir("cuda-trainer");
+  write_walk_shard(dir / "shard.h5", test_seed(), 80, 20, 150, 256);
+  StageConfig c = tiny_stage(dir / "shard.h5", dir / "cpu");
+  c.model.config = write_hd64_config(dir / "m.yaml", false, 256);
+  c.model.init_std = 0.05;
+  c.data.seq_length = 64;
+  c.train.batch_size = 2;
+  c.train.grad_accum = 2;
+  c.train.lr = 3e-3;
+  c.train.grad_clip = 1.0;
+  StageConfig g = c;
+  g.train.device = DeviceKind::Cuda;
+  g.output.dir = dir / "gpu";
+  auto world = self_comm("world"), dp = self_comm("dp");
+  train::Trainer tc(c, *world, *dp), tg(g, *world, *dp);
+  EXPECT_EQ(tg.device(), DeviceKind::Cuda);
+  // Same fp32 master weights at the start (one init, staged to the device).
+  EXPECT_EQ(flat(tc.master_host()), flat(tg.master_host()));
+  {  // first step's gradients (bf16 forward/backward vs fp32), before any update
+    const train::StepStats a = tc.compute_gradients(0), b = tg.compute_gradients(0);
+    EXPECT_EQ(a.labels, b.labels);
+    const double e = rel_error(flat(tg.gradients_host()), flat(tc.gradients_host()));
+    std::printf("[accuracy] trainer step-0 gradients rel err %.3g (tol 3e-2), loss cpu %.6f cuda %.6f\n", e, a.loss,
+                b.loss);
+    EXPECT_LT(e, 3e-2);
+  }
+  for (int64_t s = 0; s < 6; ++s) {
+    const train::StepStats a = tc.train_step(s), b = tg.train_step(s);
+    const double le = std::abs(a.loss - b.loss) / a.loss;
+    std::printf("[accuracy] step %lld loss cpu %.6f cuda %.6f rel %.3g | grad norm cpu %.5f cuda %.5f\n",
+                static_cast<long long>(s), a.loss, b.loss, le, a.grad_norm, b.grad_norm);
+    EXPECT_LT(le, 2e-2) << "step " << s;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, 5e-2 * a.grad_norm) << "step " << s;
+    EXPECT_EQ(a.tokens, b.tokens);
+  }
+  // The trained weights moved the same way (measured 6.8e-3 on H200; Adam normalises, so
+  // elements with tiny gradients may move differently).
+  const double we = rel_error(flat(tg.master_host()), flat(tc.master_host()));
+  std::printf("[accuracy] weights after 6 steps cuda vs cpu rel err %.3g (tol 3e-2)\n", we);
+  EXPECT_LT(we, 3e-2);
+
+  // Checkpoint round trip through host staging: a resumed CUDA trainer has the same state.
+  tg.save_checkpoint(6);
+  train::RunOptions ro;
+  ro.resume = "auto";
+  train::Trainer tr(g, *world, *dp, ro);
+  EXPECT_EQ(tr.start_step(), 6);
+  EXPECT_EQ(flat(tr.master_host()), flat(tg.master_host()));
+  const train::StepStats x = tg.train_step(6), y = tr.train_step(6);
+  EXPECT_EQ(x.loss, y.loss);  // same bf16 weights, same Adam state, same kernels: bit-identical
+  EXPECT_EQ(flat(tr.master_host()), flat(tg.master_host()));
+
+  // HF export (f32) reads back as the master weights.
+  tg.save_hf(dir / "hf");
+  const model::ParamLayout& layout = tg.model().layout();
+  auto cpu = ops::make_cpu_backend();
+  std::vector<Buffer> hb;
+  std::vector<Tensor> hv;
+  for (const auto& u : layout.units()) {
+    hb.push_back(cpu->alloc(DType::F32, u.numel));
+    hv.push_back(hb.back().flat());
+  }
+  ckpt::load_hf_weights(dir / "hf", layout, hv);
+  std::vector<std::vector<float>> back;
+  for (const Tensor& t : hv) back.emplace_back(t.ptr<float>(), t.ptr<float>() + t.numel());
+  EXPECT_EQ(flat(back), flat(tg.master_host()));
+}
+
+TEST(CudaTrainer, DeviceSelection) {
+  EXPECT_EQ(train::trainer_device(DeviceKind::Cpu), DeviceKind::Cpu);
+  if (!have_gpu()) {
+    EXPECT_EQ(train::trainer_device(DeviceKind::Auto), DeviceKind::Cpu);
+    EXPECT_THROW(train::trainer_device(DeviceKind::Cuda), Error);
+    GTEST_SKIP() << "no CUDA device: only the refusal was checked";
+  }
+  EXPECT_EQ(train::trainer_device(DeviceKind::Auto), DeviceKind::Cuda);
+  EXPECT_EQ(train::trainer_device(DeviceKind::Cuda), DeviceKind::Cuda);
+}
+
+// Under mpirun -np 2 (one GPU per rank): NCCL data parallelism with batch 1 per rank equals
+// one rank with grad_accum 2 (same samples by the sampler's definition).
+TEST(CudaTrainerDp, TwoRanksNcclEqualOneRankWithAccumulation) {
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (size != 2) GTEST_SKIP() << "needs 2 ranks (mpirun -np 2)";
+  const int gpus = ops::cuda_device_count();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
+  ASSERT_EQ(cudaSetDevice(rank % gpus), cudaSuccess);
+  uint64_t seed = test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  char path[256];
+  std::snprintf(path, sizeof(path), "/tmp/easyctx-cuda-dp-%llu", static_cast<unsigned long long>(seed % 1000003));
+  if (rank == 0) {
+    std::filesystem::create_directories(path);
+    write_walk_shard(std::string(path) + "/shard.h5", seed, 60, 10, 120, 256);
+    write_hd64_config(std::string(path) + "/m.yaml", true, 256);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto world = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Nccl, 60);
+  auto self = dist::make_comm(MPI_COMM_SELF, "self", dist::CommBackend::Nccl, 60);
+  StageConfig dp = tiny_stage(std::string(path) + "/shard.h5", std::string(path) + "/dp");
+  dp.model.config = std::string(path) + "/m.yaml";
+  dp.data.seq_length = 64;
+  dp.train.device = DeviceKind::Cuda;
+  dp.train.batch_size = 1;
+  StageConfig one = dp;
+  one.train.grad_accum = 2;
+  train::Trainer tdp(dp, *world, *world);
+  train::Trainer tone(one, *self, *self);
+  for (int64_t s = 0; s < 3; ++s) {
+    const train::StepStats a = tdp.train_step(s), b = tone.train_step(s);
+    EXPECT_EQ(a.labels, b.labels);
+    EXPECT_EQ(a.tokens, b.tokens);
+    std::printf("[accuracy] rank %d step %lld loss dp %.6f one %.6f\n", rank, static_cast<long long>(s), a.loss,
+                b.loss);
+    EXPECT_NEAR(a.loss, b.loss, 1e-2 * b.loss) << "step " << s;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, 2e-2 * b.grad_norm) << "step " << s;
+  }
+  const double we = rel_error(flat(tdp.master_host()), flat(tone.master_host()));
+  std::printf("[accuracy] rank %d weights dp vs one rel err %.3g (tol 2e-2)\n", rank, we);
+  EXPECT_LT(we, 2e-2);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+}  // namespace
+}  // namespace easyctx::test
