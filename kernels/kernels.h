@@ -80,9 +80,10 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, fl
            float decay, float bc1, float bc2, cudaStream_t st);
 
 // ---- attention_*.cu: see attention.h for the parameter structs.
-// attention_merge: o [B, S, H, hd] (T), lse f32[B, H, S] updated with o_blk, lse_blk.
-template <typename T>
-void attention_merge(T* o, float* lse, const T* o_blk, const float* lse_blk, int64_t batch, int64_t sq, int64_t hq,
+// attention_merge: o [B, S, H, hd] (TO), lse f32[B, H, S] updated with o_blk (TB), lse_blk.
+// Instantiated for (f32, f32), (bf16, bf16) and (f32, bf16): a ring's fp32 accumulator.
+template <typename TO, typename TB>
+void attention_merge(TO* o, float* lse, const TB* o_blk, const float* lse_blk, int64_t batch, int64_t sq, int64_t hq,
                      int64_t hd, cudaStream_t st);
 
 }  // namespace easyctx::kernels

@@ -139,16 +139,19 @@ void ZigzagRingAttention::backward_one(const Tensor& q, const Tensor& k, const T
                                        const Tensor& dk, const Tensor& dv) {
   const Zigzag z = zigzag_of(ring_, q);
   const int64_t Hq = q.dim(2), Hkv = k.dim(2), hd = q.dim(3), S = q.dim(1), c = z.c;
+  const DType acc = acc_type(lse);
   Buffer lse_ch[2] = {be_.alloc(lse.dtype, Hq * c), be_.alloc(lse.dtype, Hq * c)};
   for (int qa = 0; qa < 2; ++qa) copy_lse_cols(be_, lse, qa * c, lse_ch[qa].view({1, Hq, c}), true);
-  be_.fill(dq, 0);
-  // Visiting K/V and the dK/dV accumulators that travel with them.
+  // dQ and the dK/dV accumulators that travel with the visiting K/V are fp32 (for fp32 and
+  // bf16 data), so rounding does not compound over the ring steps.
+  Buffer dq_acc = be_.alloc(acc, q.numel());
+  const Tensor dqa = dq_acc.view({1, S, Hq, hd});
   Buffer kv[2][4];
   for (auto& set : kv) {
     set[0] = be_.alloc(k.dtype, k.numel());
     set[1] = be_.alloc(v.dtype, v.numel());
-    set[2] = be_.alloc(dk.dtype, k.numel());
-    set[3] = be_.alloc(dv.dtype, v.numel());
+    set[2] = be_.alloc(acc, k.numel());
+    set[3] = be_.alloc(acc, v.numel());
   }
   be_.copy(kv[0][0].view({1, S, Hkv, hd}), k);
   be_.copy(kv[0][1].view({1, S, Hkv, hd}), v);
@@ -177,7 +180,7 @@ void ZigzagRingAttention::backward_one(const Tensor& q, const Tensor& k, const T
         blk.k_offset = bch * c;
         be_.attention_bwd(seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
                           seq_rows(o, qa * c, c), lse_ch[qa].view({1, Hq, c}), seq_rows(dout, qa * c, c), blk,
-                          seq_rows(dq, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
+                          seq_rows(dqa, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
       }
     if (s + 1 < z.W) {
       Buffer* nxt = kv[(s + 1) % 2];
@@ -194,6 +197,7 @@ void ZigzagRingAttention::backward_one(const Tensor& q, const Tensor& k, const T
       be_.copy(dv, dvc);
     }
   }
+  be_.copy(dq, dqa);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -272,18 +276,19 @@ void DistFlashAttention::backward(const Tensor& qall, const Tensor& kall, const 
   for (int64_t b = 0; b < qall.dim(0); ++b) {
     Tensor q = seq(qall, b), k = seq(kall, b), v = seq(vall, b), o = seq(oall, b), lse = seq(lseall, b),
            dout = seq(doall, b), dq = seq(dqall, b), dk = seq(dkall, b), dv = seq(dvall, b);
-    be_.fill(dq, 0);
-    be_.fill(dk, 0);
-    be_.fill(dv, 0);
+    // Gradients accumulate in fp32 (for fp32 and bf16 data); partials travel in fp32 too.
+    const DType acc = acc_type(lse);
+    Buffer dq_acc = be_.alloc(acc, q.numel()), dk_acc = be_.alloc(acc, k.numel()), dv_acc = be_.alloc(acc, v.numel());
+    const Tensor dqa = dq_acc.view({1, c, Hq, hd}), dka = dk_acc.view({1, c, Hkv, hd}), dva = dv_acc.view({1, c, Hkv, hd});
     ops::AttentionBlock blk;
     blk.scale = scale;
     blk.causal = true;
     blk.q_offset = blk.k_offset = r * c;
-    be_.attention_bwd(q, k, v, o, lse, dout, blk, dq, dk, dv);
+    be_.attention_bwd(q, k, v, o, lse, dout, blk, dqa, dka, dva);
     // Own query against earlier key chunks: dK/dV partials go back to the key's rank.
     Buffer kr = be_.alloc(k.dtype, k.numel()), vr = be_.alloc(v.dtype, v.numel());
-    Buffer dkp = be_.alloc(dk.dtype, k.numel()), dvp = be_.alloc(dv.dtype, v.numel());
-    Buffer dk_in = be_.alloc(dk.dtype, k.numel()), dv_in = be_.alloc(dv.dtype, v.numel());
+    Buffer dkp = be_.alloc(acc, k.numel()), dvp = be_.alloc(acc, v.numel());
+    Buffer dk_in = be_.alloc(acc, k.numel()), dv_in = be_.alloc(acc, v.numel());
     Tensor kt = kr.view({1, c, Hkv, hd}), vt = vr.view({1, c, Hkv, hd});
     for (int t = 1; t <= half; ++t) {
       exchange(k, peer(r, t, W), kt, peer(r, -t, W));
@@ -293,18 +298,18 @@ void DistFlashAttention::backward(const Tensor& qall, const Tensor& kall, const 
       if (peer(r, -t, W) != dist::kNoPeer) {
         blk.causal = false;
         blk.k_offset = (r - t) * c;
-        be_.attention_bwd(q, kt, vt, o, lse, dout, blk, dq, dkp.view({1, c, Hkv, hd}), dvp.view({1, c, Hkv, hd}));
+        be_.attention_bwd(q, kt, vt, o, lse, dout, blk, dqa, dkp.view({1, c, Hkv, hd}), dvp.view({1, c, Hkv, hd}));
       }
       exchange(dkp.view({1, c, Hkv, hd}), peer(r, -t, W), dk_in.view({1, c, Hkv, hd}), peer(r, t, W));
       exchange(dvp.view({1, c, Hkv, hd}), peer(r, -t, W), dv_in.view({1, c, Hkv, hd}), peer(r, t, W));
       if (peer(r, t, W) != dist::kNoPeer) {
-        be_.axpy(dk, dk_in.view({1, c, Hkv, hd}), 1.0);
-        be_.axpy(dv, dv_in.view({1, c, Hkv, hd}), 1.0);
+        be_.axpy(dka, dk_in.view({1, c, Hkv, hd}), 1.0);
+        be_.axpy(dva, dv_in.view({1, c, Hkv, hd}), 1.0);
       }
     }
     // Helper part: later queries against our keys; dQ partials go back, dK/dV stay here.
     Buffer qr = be_.alloc(q.dtype, q.numel()), orr = be_.alloc(o.dtype, o.numel()), dr = be_.alloc(dout.dtype, dout.numel());
-    Buffer lr = be_.alloc(lse.dtype, lse.numel()), dqp = be_.alloc(dq.dtype, q.numel()), dq_in = be_.alloc(dq.dtype, q.numel());
+    Buffer lr = be_.alloc(lse.dtype, lse.numel()), dqp = be_.alloc(acc, q.numel()), dq_in = be_.alloc(acc, q.numel());
     Tensor qt = qr.view({1, c, Hq, hd}), ot = orr.view({1, c, Hq, hd}), dt = dr.view({1, c, Hq, hd}),
            lt = lr.view({1, Hq, c});
     for (int t = half + 1; t < W; ++t) {
@@ -318,11 +323,14 @@ void DistFlashAttention::backward(const Tensor& qall, const Tensor& kall, const 
         blk.causal = false;
         blk.q_offset = (r + t) * c;
         blk.k_offset = r * c;
-        be_.attention_bwd(qt, k, v, ot, lt, dt, blk, dqp.view({1, c, Hq, hd}), dk, dv);
+        be_.attention_bwd(qt, k, v, ot, lt, dt, blk, dqp.view({1, c, Hq, hd}), dka, dva);
       }
       exchange(dqp.view({1, c, Hq, hd}), from, dq_in.view({1, c, Hq, hd}), to);
-      if (to != dist::kNoPeer) be_.axpy(dq, dq_in.view({1, c, Hq, hd}), 1.0);
+      if (to != dist::kNoPeer) be_.axpy(dqa, dq_in.view({1, c, Hq, hd}), 1.0);
     }
+    be_.copy(dq, dqa);
+    be_.copy(dk, dka);
+    be_.copy(dv, dva);
   }
 }
 

@@ -164,8 +164,12 @@ class CudaBackend final : public Backend {
   void axpy(const Tensor& y, const Tensor& x, double alpha) override {
     check_float("axpy", y);
     check_device("axpy", x);
-    check_same_dtype("axpy", y, x);
     check_numel("axpy", "x", x, y.numel());
+    if (y.dtype == DType::F32 && x.dtype == DType::BF16) {  // bf16 partial into an fp32 accumulator
+      add_bf16_into_f32(y.ptr<float>(), static_cast<const bf16*>(x.data), static_cast<float>(alpha), y.numel());
+      return;
+    }
+    check_same_dtype("axpy", y, x);
     dispatch(y.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       kernels::axpy(typed<T>(y), typed<T>(x), static_cast<float>(alpha), y.numel(), stream_);
@@ -379,6 +383,24 @@ class CudaBackend final : public Backend {
   void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                      const Tensor& dout, const AttentionBlock& blk, const Tensor& dq, const Tensor& dk,
                      const Tensor& dv) override {
+    // fp32 gradients (a ring's accumulators): this block's bf16 contribution is computed into
+    // zeroed scratch, then added in fp32, so rounding does not compound across ring steps.
+    if (dq.dtype == DType::F32 && dk.dtype == DType::F32 && dv.dtype == DType::F32) {
+      Scratch g(static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16), stream_);
+      bf16* gq = g.as<bf16>();
+      bf16* gk = gq + q.numel();
+      bf16* gv = gk + k.numel();
+      EASYCTX_CUDA_CHECK(cudaMemsetAsync(gq, 0, static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16), stream_));
+      Tensor tq(gq, DType::BF16, {q.numel()}, MemSpace::Device), tk(gk, DType::BF16, {k.numel()}, MemSpace::Device),
+          tv(gv, DType::BF16, {k.numel()}, MemSpace::Device);
+      attention_bwd(q, k, v, o, lse, dout, blk, tq.reshape({q.dim(0), q.dim(1), q.dim(2), q.dim(3)}),
+                    tk.reshape({k.dim(0), k.dim(1), k.dim(2), k.dim(3)}),
+                    tv.reshape({k.dim(0), k.dim(1), k.dim(2), k.dim(3)}));
+      add_bf16_into_f32(dq.ptr<float>(), gq, 1.f, q.numel());
+      add_bf16_into_f32(dk.ptr<float>(), gk, 1.f, k.numel());
+      add_bf16_into_f32(dv.ptr<float>(), gv, 1.f, k.numel());
+      return;
+    }
     kernels::AttentionParams p = attn_params("attention_bwd", q, k, v, blk);
     for (const Tensor* t : {&o, &dout, &dq, &dk, &dv}) check_type("attention_bwd", "o/dout/dq/dk/dv", *t, DType::BF16);
     check_type("attention_bwd", "lse", lse, DType::F32);
@@ -418,7 +440,9 @@ class CudaBackend final : public Backend {
   void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o_blk, const Tensor& lse_blk) override {
     check_float("attention_merge", o);
     check_device("attention_merge", o_blk);
-    check_same_dtype("attention_merge", o, o_blk);
+    // A ring keeps its running output in fp32 while each block arrives in the data type.
+    const bool mixed = o.dtype == DType::F32 && o_blk.dtype == DType::BF16;
+    if (!mixed) check_same_dtype("attention_merge", o, o_blk);
     check_type("attention_merge", "lse", lse, DType::F32);
     check_type("attention_merge", "lse_blk", lse_blk, DType::F32);
     EASYCTX_CHECK(o.ndim == 4 && o.shape == o_blk.shape, "attention_merge: o ", o.describe(), " vs o_blk ",
@@ -426,6 +450,11 @@ class CudaBackend final : public Backend {
     const int64_t b = o.dim(0), sq = o.dim(1), hq = o.dim(2), hd = o.dim(3);
     check_numel("attention_merge", "lse", lse, b * hq * sq);
     check_numel("attention_merge", "lse_blk", lse_blk, b * hq * sq);
+    if (mixed) {
+      kernels::attention_merge(o.ptr<float>(), lse.ptr<float>(), static_cast<const bf16*>(o_blk.data),
+                               lse_blk.ptr<float>(), b, sq, hq, hd, stream_);
+      return;
+    }
     dispatch(o.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       kernels::attention_merge(typed<T>(o), lse.ptr<float>(), typed<T>(o_blk), lse_blk.ptr<float>(), b, sq, hq, hd,
@@ -541,6 +570,14 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // y += alpha * x for a bf16 x into an fp32 y (through an fp32 copy of x).
+  void add_bf16_into_f32(float* y, const bf16* x, float alpha, int64_t n) {
+    if (n == 0) return;
+    Scratch tmp(static_cast<size_t>(n) * sizeof(float), stream_);
+    kernels::convert(tmp.as<float>(), x, n, stream_);
+    kernels::axpy(y, tmp.as<float>(), alpha, n, stream_);
+  }
+
   // A block with no mask at all (not causal, or causal with every key visible to every row)
   // whose buffers cuDNN can take (16-byte aligned).
   bool cudnn_eligible(const kernels::AttentionParams& p, std::initializer_list<const void*> ptrs) {
