@@ -1,5 +1,6 @@
 #include "attention/sequence_parallel.h"
 
+#include <chrono>
 #include <string>
 
 #include "core/error.h"
@@ -77,6 +78,19 @@ Zigzag zigzag_of(const dist::Comm& ring, const Tensor& q) {
 }
 }  // namespace
 
+// Sends buffers [first, last] of `send` to the next rank and receives the previous rank's
+// into `recv` (paired, so the ring never deadlocks).
+void ZigzagRingAttention::exchange(const Buffer* send, Buffer* recv, int first, int last) {
+  const int W = ring_.size(), dst = (ring_.rank() + 1) % W, from = (ring_.rank() - 1 + W) % W;
+  be_.synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = first; i <= last; ++i)
+    ring_.send_recv(send[i].data(), static_cast<size_t>(send[i].numel()), dst, recv[i].data(),
+                    static_cast<size_t>(recv[i].numel()), from, send[i].dtype());
+  ring_.synchronize();
+  comm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void ZigzagRingAttention::forward_one(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                                       const Tensor& o, const Tensor& lse) {
   const Zigzag z = zigzag_of(ring_, q);
@@ -117,16 +131,7 @@ void ZigzagRingAttention::forward_one(const Tensor& q, const Tensor& k, const Te
           be_.attention_merge(ao, al, ob, lb);
         }
       }
-    if (s + 1 < z.W) {
-      Buffer* nxt = kv[(s + 1) % 2];
-      be_.synchronize();
-      const int dst = (z.r + 1) % z.W, from = (z.r - 1 + z.W) % z.W;
-      ring_.send_recv(cur[0].data(), static_cast<size_t>(k.numel()), dst, nxt[0].data(), static_cast<size_t>(k.numel()),
-                      from, k.dtype);
-      ring_.send_recv(cur[1].data(), static_cast<size_t>(v.numel()), dst, nxt[1].data(), static_cast<size_t>(v.numel()),
-                      from, v.dtype);
-      ring_.synchronize();
-    }
+    if (s + 1 < z.W) exchange(cur, kv[(s + 1) % 2], 0, 1);
   }
   for (int qa = 0; qa < 2; ++qa) {
     be_.copy(seq_rows(o, qa * c, c), acc_o[qa].view({1, c, Hq, hd}));
@@ -155,14 +160,6 @@ void ZigzagRingAttention::backward_one(const Tensor& q, const Tensor& k, const T
   }
   be_.copy(kv[0][0].view({1, S, Hkv, hd}), k);
   be_.copy(kv[0][1].view({1, S, Hkv, hd}), v);
-  const int dst = (z.r + 1) % z.W, from = (z.r - 1 + z.W) % z.W;
-  auto exchange = [&](Buffer* a, Buffer* b, int first, int last) {
-    be_.synchronize();
-    for (int i = first; i <= last; ++i)
-      ring_.send_recv(a[i].data(), static_cast<size_t>(a[i].numel()), dst, b[i].data(), static_cast<size_t>(b[i].numel()),
-                      from, a[i].dtype());
-    ring_.synchronize();
-  };
 
   for (int s = 0; s < z.W; ++s) {
     const int src = (z.r - s + z.W) % z.W;

@@ -34,6 +34,10 @@ class ZigzagRingAttention final : public SequenceAttention {
  public:
   ZigzagRingAttention(ops::Backend& be, dist::Comm& ring) : be_(be), ring_(ring) {}
   const char* name() const override { return "zigzag_ring"; }
+  // Wall seconds spent in ring exchanges (the compute before each one has finished, so this
+  // is the time the ring waits on communication; bench/ring reports it).
+  double comm_seconds() const { return comm_s_; }
+  void reset_comm_seconds() { comm_s_ = 0; }
   void forward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale, const ops::Tensor& o,
                const ops::Tensor& lse) override;
   void backward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
@@ -46,8 +50,10 @@ class ZigzagRingAttention final : public SequenceAttention {
   void backward_one(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
                     const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
                     const ops::Tensor& dk, const ops::Tensor& dv);
+  void exchange(const ops::Buffer* send, ops::Buffer* recv, int first, int last);
   ops::Backend& be_;
   dist::Comm& ring_;
+  double comm_s_ = 0;
 };
 
 class DistFlashAttention final : public SequenceAttention {
