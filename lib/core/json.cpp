@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace easyctx {
 
@@ -303,24 +304,6 @@ class JsonParser {
     }
     return v;
   }
-  static void put_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
-
   std::string parse_string() {
     expect('"');
     std::string out;
@@ -355,7 +338,7 @@ class JsonParser {
           } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
             fail("unpaired low surrogate");
           }
-          put_utf8(out, cp);
+          append_utf8(out, cp);
           break;
         }
         default: fail(std::string("invalid escape '\\") + e + "'");

@@ -17,8 +17,30 @@ enum class DType { F32, F64, BF16, F16, I32, I64, U8, U32, U64 };
 enum class ReduceOp { Sum, Max, Min };
 enum class MemSpace { Host, Device };
 
-size_t dtype_size(DType t);
-const char* dtype_name(DType t);
+// Inline so that libraries that only need the type (ops) do not link dist.
+inline size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F64: case DType::I64: case DType::U64: return 8;
+    case DType::F32: case DType::I32: case DType::U32: return 4;
+    case DType::BF16: case DType::F16: return 2;
+    case DType::U8: return 1;
+  }
+  return 0;
+}
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    case DType::I32: return "i32";
+    case DType::I64: return "i64";
+    case DType::U8: return "u8";
+    case DType::U32: return "u32";
+    case DType::U64: return "u64";
+  }
+  return "?";
+}
 
 template <typename T>
 constexpr DType dtype_of();

@@ -4,30 +4,8 @@
 
 namespace easyctx::ops {
 
-size_t element_size(DType t) {
-  switch (t) {
-    case DType::F64: case DType::I64: case DType::U64: return 8;
-    case DType::F32: case DType::I32: case DType::U32: return 4;
-    case DType::BF16: case DType::F16: return 2;
-    case DType::U8: return 1;
-  }
-  return 0;
-}
-
-const char* type_name(DType t) {
-  switch (t) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
-    case DType::U32: return "u32";
-    case DType::U64: return "u64";
-  }
-  return "?";
-}
+size_t element_size(DType t) { return dist::dtype_size(t); }
+const char* type_name(DType t) { return dist::dtype_name(t); }
 
 Tensor::Tensor(void* p, DType t, std::initializer_list<int64_t> dims, MemSpace s) : data(p), dtype(t), space(s) {
   EASYCTX_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), "Tensor: at most ", kMaxDims, " dims, got ", dims.size());

@@ -20,7 +20,8 @@ namespace easyctx::ops {
 using dist::DType;
 using dist::MemSpace;
 
-// Bytes per element (BF16/F16 are 2); independent of the dist library so ops links alone.
+// Bytes per element (BF16/F16 are 2) and the short name ("bf16"): dist::dtype_size/name,
+// which are inline, so ops still links without the dist library.
 size_t element_size(DType t);
 const char* type_name(DType t);
 

@@ -4,6 +4,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/strings.h"
+
 namespace easyctx::data {
 
 inline constexpr size_t kUtf8Valid = static_cast<size_t>(-1);
@@ -12,6 +14,6 @@ inline constexpr size_t kUtf8Valid = static_cast<size_t>(-1);
 size_t utf8_invalid_offset(std::string_view s);
 // Number of code points (Python's len(str)) of valid UTF-8.
 uint64_t utf8_length(std::string_view s);
-void append_utf8(std::string& out, uint32_t cp);
+using easyctx::append_utf8;  // lib/core/strings.h
 
 }  // namespace easyctx::data
