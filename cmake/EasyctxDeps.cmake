@@ -73,9 +73,12 @@ if(NOT EASYCTX_CUDA STREQUAL "OFF")
     # cuDNN and NCCL: the toolkit's include/lib dirs first, then the usual system places,
     # then EASYCTX_CUDNN_ROOT / EASYCTX_NCCL_ROOT (e.g. the pip nvidia-cudnn-cu13 package).
     find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${EASYCTX_CUDNN_ROOT}/include $ENV{CUDNN_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
-    find_library(CUDNN_LIBRARY cudnn HINTS ${EASYCTX_CUDNN_ROOT}/lib $ENV{CUDNN_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
+    # Wheels ship only the versioned .so: look for it too, per directory, so a given root wins.
+    find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 NAMES_PER_DIR
+                 HINTS ${EASYCTX_CUDNN_ROOT}/lib $ENV{CUDNN_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
     find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${EASYCTX_NCCL_ROOT}/include $ENV{NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
-    find_library(NCCL_LIBRARY nccl HINTS ${EASYCTX_NCCL_ROOT}/lib $ENV{NCCL_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
+    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+                 HINTS ${EASYCTX_NCCL_ROOT}/lib $ENV{NCCL_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
     if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
       set(EASYCTX_HAVE_CUDA ON)
       add_library(easyctx_cudnn INTERFACE IMPORTED)
