@@ -299,15 +299,19 @@ const Registry& registry() {
               "usp only: Ulysses degree inside each sequence-parallel group (contiguous ranks); the ring degree is "
               "size / ulysses_size. 0 picks the ranks per node (capped at size).");
     r.add_int("parallel.zero.stage", [](StageConfig& c) -> int64_t& { return c.parallel.zero.stage; }, 0, 3,
-              "0: replicated weights and optimizer, gradients all-reduced. 3: parameters, gradients and optimizer "
-              "state sharded over the ZeRO group (per-layer units, gathered before use). Only 0 and 3 exist.");
+              "0: replicated weights and optimizer, gradients all-reduced. 3: master weights, gradients and Adam "
+              "state sharded over the ZeRO group by unit (embedding, each layer, head), parameters gathered for "
+              "use (CPU backend so far; docs/training.md). Only 0 and 3 exist.");
     r.add_bool("parallel.zero.offload_optimizer",
                [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer; },
-               "Keep fp32 master weights and Adam states in pinned host memory and run AdamW on the CPU.");
+               "Keep fp32 master weights and Adam states in pinned host memory and run AdamW on the CPU (not "
+               "implemented yet: the trainer refuses it).");
     r.add_bool("parallel.zero.offload_params", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_params; },
-               "Keep the bf16 parameter shards in host memory and stream them per layer (stage 3 only).");
+               "Keep the bf16 parameter shards in host memory and stream them per layer (stage 3 only; not "
+               "implemented yet: the trainer refuses it).");
     r.add_int("parallel.zero.prefetch", [](StageConfig& c) -> int64_t& { return c.parallel.zero.prefetch; }, 0, 8,
-              "Layers gathered ahead of use on a side stream (stage 3).");
+              "Layers gathered ahead of use on a side stream (stage 3 on GPUs; not used yet: the CPU stage 3 "
+              "gathers every unit per step).");
     r.add_enum<ZeroGroupScope>("parallel.zero.group", [](StageConfig& c) -> ZeroGroupScope& { return c.parallel.zero.group; },
                                {{"world", 0}, {"node", 1}},
                                "Ranks that shard one copy of the model: the whole world, or the ranks of one node "
@@ -326,9 +330,10 @@ const Registry& registry() {
     r.add_enum<OffloadTarget>("activation.offload", [](StageConfig& c) -> OffloadTarget& { return c.activation.offload; },
                               {{"none", 0}, {"cpu", 1}},
                               "Where kept checkpoints live: on the device, or in pinned host memory (copied out "
-                              "asynchronously, brought back one layer ahead).");
+                              "asynchronously, brought back one layer ahead; `cpu` is not implemented yet: the "
+                              "trainer refuses it).");
     r.add_int("activation.mlp_tile", [](StageConfig& c) -> int64_t& { return c.activation.mlp_tile; }, 0, kMaxI,
-              "Tokens per MLP tile along the sequence (0: one tile).");
+              "Tokens per MLP tile along the sequence (0: one tile; not used yet: the MLP runs untiled).");
     r.add_int("activation.lm_head_tile", [](StageConfig& c) -> int64_t& { return c.activation.lm_head_tile; }, 1,
               kMaxI, "Tokens per LM-head + cross-entropy tile; full logits never exist.");
     // ---- output

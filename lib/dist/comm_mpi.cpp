@@ -51,7 +51,41 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, double timeout_s)
   check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
 }
 
+namespace {
+bool is_float(DType t) { return t == DType::F32 || t == DType::F64; }
+
+// out = sum over j of in[j * n + i], j in rank order: the fixed order that makes a floating
+// sum independent of how the data was split across collectives.
+template <typename T>
+void sum_blocks(const void* in, void* out, size_t n, int P) {
+  const T* a = static_cast<const T*>(in);
+  T* o = static_cast<T*>(out);
+  for (size_t i = 0; i < n; ++i) o[i] = a[i];
+  for (int j = 1; j < P; ++j)
+    for (size_t i = 0; i < n; ++i) o[i] += a[static_cast<size_t>(j) * n + i];
+}
+void sum_blocks(DType t, const void* in, void* out, size_t n, int P) {
+  if (t == DType::F32) sum_blocks<float>(in, out, n, P);
+  else sum_blocks<double>(in, out, n, P);
+}
+}  // namespace
+
+// Floating-point sums are computed by each element's owner, adding the ranks' values in rank
+// order (all-to-all of the blocks, then a local sum): all_reduce and reduce_scatter then give
+// bit-identical sums for an element whatever the split, so ZeRO-3 equals stage 0 exactly and
+// results never depend on which algorithm MPI picks for a message size.
 void MpiComm::all_reduce(const void* send, void* recv, size_t count, DType t, ReduceOp op) {
+  if (op == ReduceOp::Sum && is_float(t) && size_ > 1) {
+    WatchdogGuard g("all_reduce", name_, count, timeout_s_);
+    const size_t es = dtype_size(t), P = static_cast<size_t>(size_), block = (count + P - 1) / P;
+    std::vector<char> padded(block * P * es, 0), blocks(block * P * es), mine(block * es);
+    std::memcpy(padded.data(), send, count * es);
+    all_to_all(padded.data(), blocks.data(), block, t);
+    sum_blocks(t, blocks.data(), mine.data(), block, size_);
+    all_gather(mine.data(), padded.data(), block, t);
+    std::memcpy(recv, padded.data(), count * es);
+    return;
+  }
   WatchdogGuard g("all_reduce", name_, count, timeout_s_);
   MPI_Datatype mt = mpi_type(t, true);
   for (size_t off = 0; off < count; off += kChunk) {
@@ -62,6 +96,14 @@ void MpiComm::all_reduce(const void* send, void* recv, size_t count, DType t, Re
 }
 
 void MpiComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
+  if (op == ReduceOp::Sum && is_float(t) && size_ > 1) {  // fixed rank order (see all_reduce)
+    WatchdogGuard g("reduce_scatter", name_, recv_count, timeout_s_);
+    const size_t es = dtype_size(t);
+    std::vector<char> blocks(recv_count * static_cast<size_t>(size_) * es);
+    all_to_all(send, blocks.data(), recv_count, t);
+    sum_blocks(t, blocks.data(), recv, recv_count, size_);
+    return;
+  }
   WatchdogGuard g("reduce_scatter", name_, recv_count, timeout_s_);
   MPI_Datatype mt = mpi_type(t, true);
   size_t bytes = recv_count * dtype_size(t);

@@ -33,8 +33,12 @@ using Clock = std::chrono::steady_clock;
 using ops::DType;
 
 void check_supported(const StageConfig& cfg) {
-  EASYCTX_CHECK_INPUT(cfg.parallel.zero.stage == 0, "parallel.zero.stage: ", cfg.parallel.zero.stage,
-                      " is not implemented yet in the trainer; use 0");
+  EASYCTX_CHECK_INPUT(!cfg.parallel.zero.offload_optimizer, "parallel.zero.offload_optimizer: CPU offload is not "
+                      "implemented yet; set it to false");
+  EASYCTX_CHECK_INPUT(!cfg.parallel.zero.offload_params, "parallel.zero.offload_params: parameter offload is not "
+                      "implemented yet; set it to false");
+  EASYCTX_CHECK_INPUT(cfg.activation.offload == OffloadTarget::None, "activation.offload: cpu is not implemented "
+                      "yet; set it to none");
   EASYCTX_CHECK_INPUT(!cfg.data.path.empty(), "data.path: empty; give the h5tokenize output (file, folder or glob)");
 }
 
@@ -86,6 +90,7 @@ Trainer::Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, cons
       world_(world),
       dp_(dp),
       grad_comm_(dp),
+      zero_(&world),
       world_mpi_(world.size() == 1 ? MPI_COMM_SELF : MPI_COMM_WORLD),
       opts_(opts) {
   check_supported(cfg_);
@@ -100,6 +105,8 @@ Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunO
       world_(groups.world()),
       dp_(groups.dp()),
       grad_comm_(groups.layout().sp_size > 1 ? groups.world() : groups.dp()),
+      zero_(&groups.zero()),
+      zero_replica_(groups.zero_replica().size() > 1 ? &groups.zero_replica() : nullptr),
       world_mpi_(MPI_COMM_WORLD),
       opts_(opts) {
   check_supported(cfg_);
@@ -159,6 +166,12 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
     if (on_device()) work_.push_back(be_->alloc(DType::BF16, u.numel));
   }
   load_weights();
+  if (zero3()) {
+    EASYCTX_CHECK_INPUT(!on_device(), "parallel.zero.stage: 3 runs on the CPU backend so far (the GPU path with "
+                        "per-layer gathering comes next); use stage 0 with train.device cuda");
+    EASYCTX_CHECK(zero_ != nullptr, "ZeRO-3 without a shard group");
+    shard_optimizer_state();
+  }
   refresh_working_copy();
 #ifdef EASYCTX_HAVE_CUDA
   if (on_device()) {
@@ -184,6 +197,13 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
   lo.sp_inner = sp_inner;
   loader_ = std::make_unique<data::DataLoader>(lo);
   loader_->validate(mc.vocab_size, "", cfg_.data.check_tokens);
+  if (!resumed_data_state_.empty()) {
+    // Same data, seed, sequence length and global batch as the run that saved, or a clear refusal.
+    const data::LoaderState s = data::LoaderState::from_json(resumed_data_state_);
+    loader_->restore(s);
+    EASYCTX_CHECK_INPUT(s.next_step == start_step_, "checkpoint data cursor at step ", s.next_step,
+                        " but its index says step ", start_step_);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -234,6 +254,8 @@ void Trainer::load_weights() {
     read(r, "adam_m", adam_m_);
     read(r, "adam_v", adam_v_);
     start_step_ = r.meta().at("next_step").as_int();
+    const Json rank0 = r.rank_meta(0);
+    if (const Json* d = rank0.find("data")) resumed_data_state_ = d->dump();
     log_info("resuming from ", resume.path, " at step ", start_step_);
     return;
   }
@@ -278,11 +300,46 @@ void Trainer::upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vect
   be_->synchronize();  // the staged host memory goes away after this
 }
 
+int64_t Trainer::shard_len(size_t u) const {
+  const int64_t n = model_->layout().units()[u].numel, Z = zero_->size();
+  return (n + Z - 1) / Z;
+}
+int64_t Trainer::shard_lo(size_t u) const { return std::min(model_->layout().units()[u].numel, zero_->rank() * shard_len(u)); }
+int64_t Trainer::shard_valid(size_t u) const {
+  return std::min(model_->layout().units()[u].numel - shard_lo(u), shard_len(u));
+}
+
+void Trainer::shard_optimizer_state() {
+  const size_t U = master_.size();
+  const int64_t Z = zero_->size();
+  for (size_t u = 0; u < U; ++u) {
+    const int64_t len = shard_len(u), lo = shard_lo(u), valid = shard_valid(u);
+    auto slice = [&](const ops::Buffer& full) {
+      ops::Buffer b = be_->alloc(DType::F32, len);  // zero-filled: the padding stays 0
+      if (valid > 0) be_->copy(b.flat().slice_flat(0, {valid}), full.flat().slice_flat(lo, {valid}));
+      return b;
+    };
+    master_[u] = slice(master_[u]);
+    adam_m_[u] = slice(adam_m_[u]);
+    adam_v_[u] = slice(adam_v_[u]);
+    gshard_.push_back(be_->alloc(DType::F32, len));
+    full_.push_back(be_->alloc(DType::F32, len * Z));
+    grads_[u] = be_->alloc(DType::F32, len * Z);  // the model accumulates the full unit; padded for the scatter
+  }
+}
+
 void Trainer::refresh_working_copy() {
+  if (zero3()) {  // every rank gathers every unit from its owners' shards
+    for (size_t u = 0; u < master_.size(); ++u)
+      zero_->all_gather(master_[u].flat().ptr<float>(), full_[u].flat().ptr<float>(),
+                        static_cast<size_t>(shard_len(u)));
+    return;
+  }
   for (size_t u = 0; u < work_.size(); ++u) be_->copy(work_[u].flat(), master_[u].flat());
 }
 
 std::vector<ops::Tensor> Trainer::params() const {
+  if (zero3()) return master();
   if (work_.empty()) return master();
   std::vector<ops::Tensor> v;
   for (const ops::Buffer& b : work_) v.push_back(b.flat());
@@ -291,6 +348,11 @@ std::vector<ops::Tensor> Trainer::params() const {
 
 std::vector<std::vector<float>> Trainer::master_host() const {
   std::vector<std::vector<float>> out(master_.size());
+  if (zero3()) {  // the gathered copy equals the master shards after every update
+    const std::vector<ops::Tensor> m = master();
+    for (size_t u = 0; u < m.size(); ++u) out[u].assign(m[u].ptr<float>(), m[u].ptr<float>() + m[u].numel());
+    return out;
+  }
   for (size_t u = 0; u < master_.size(); ++u) {
     out[u].resize(static_cast<size_t>(master_[u].numel()));
     be_->copy(ops::Tensor(out[u].data(), DType::F32, {master_[u].numel()}), master_[u].flat());
@@ -299,6 +361,7 @@ std::vector<std::vector<float>> Trainer::master_host() const {
 }
 
 std::vector<std::vector<float>> Trainer::gradients_host() const {
+  EASYCTX_CHECK(!zero3(), "gradients_host: with ZeRO-3 each rank holds only its shard of the reduced gradients");
   std::vector<std::vector<float>> out(grads_.size());
   for (size_t u = 0; u < grads_.size(); ++u) {
     out[u].resize(static_cast<size_t>(grads_[u].numel()));
@@ -326,11 +389,29 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   const std::vector<ops::Tensor> hm = host_views(master_, sm, true), ha = host_views(adam_m_, sa, true),
                                  hv = host_views(adam_v_, sv, true);
   for (size_t u = 0; u < units.size(); ++u) {
-    const int64_t n = units[u].numel, lo = n * r / W, hi = n * (r + 1) / W;
+    const int64_t n = units[u].numel;
+    if (zero3()) {  // each shard once: the first replica of it writes
+      if (zero_replica_ && zero_replica_->rank() != 0) continue;
+      const int64_t lo = shard_lo(u), len = shard_valid(u);
+      w.add("master/" + units[u].name, n, lo, hm[u].ptr<float>(), len);
+      w.add("adam_m/" + units[u].name, n, lo, ha[u].ptr<float>(), len);
+      w.add("adam_v/" + units[u].name, n, lo, hv[u].ptr<float>(), len);
+      continue;
+    }
+    const int64_t lo = n * r / W, hi = n * (r + 1) / W;
     w.add("master/" + units[u].name, n, lo, hm[u].ptr<float>() + lo, hi - lo);
     w.add("adam_m/" + units[u].name, n, lo, ha[u].ptr<float>() + lo, hi - lo);
     w.add("adam_v/" + units[u].name, n, lo, hv[u].ptr<float>() + lo, hi - lo);
   }
+  // Per rank: the data cursor (sampling is a pure function of seed and step, so it is the
+  // step plus what must not change) and the RNG state (none is drawn after initialisation).
+  data::LoaderState ls = loader_->state();
+  ls.next_step = steps_done;
+  ls.next_micro = 0;
+  Json rank_meta = Json::object();
+  rank_meta.set("data", parse_json(ls.to_json(), "loader state"));
+  rank_meta.set("rng", "none: initialisation and data order are pure functions of (train.seed, step)");
+  w.set_rank_meta(rank_meta);
   Json meta = Json::object();
   meta.set("next_step", steps_done);
   meta.set("model", model_->config().to_hf_json());
@@ -341,11 +422,26 @@ void Trainer::save_checkpoint(int64_t steps_done) {
 
 std::vector<ops::Tensor> Trainer::master() const {
   std::vector<ops::Tensor> v;
+  if (zero3()) {  // ZeRO-3: the gathered parameters (each unit's first numel elements)
+    for (size_t u = 0; u < full_.size(); ++u)
+      v.push_back(full_[u].flat().slice_flat(0, {model_->layout().units()[u].numel}));
+    return v;
+  }
   for (const ops::Buffer& b : master_) v.push_back(b.flat());
   return v;
 }
 
 void Trainer::reduce_gradients() {
+  if (zero3()) {
+    // Sum over the shard group straight into each owner's shard, then across replicas
+    // (per-node sharding); together they span every rank that computed a partial gradient.
+    for (size_t u = 0; u < grads_.size(); ++u) {
+      zero_->reduce_scatter(grads_[u].flat().ptr<float>(), gshard_[u].flat().ptr<float>(),
+                            static_cast<size_t>(shard_len(u)));
+      if (zero_replica_) zero_replica_->all_reduce(gshard_[u].flat().ptr<float>(), static_cast<size_t>(shard_len(u)));
+    }
+    return;
+  }
   // ZeRO-0: sum over the ranks that computed partial gradients (data-parallel replicas,
   // and the sequence-parallel slices when present); the 1/global-labels scale is already in.
   if (grad_comm_.size() == 1) return;
@@ -377,6 +473,15 @@ double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& gra
 
 double Trainer::clip_gradients() {
   std::vector<ops::Tensor> g;
+  if (zero3()) {  // global norm over all shards (padding is zero)
+    double ss = 0;
+    for (const ops::Buffer& b : gshard_) ss += be_->sum_squares(b.flat());
+    const double norm = std::sqrt(zero_->all_reduce_scalar(ss, dist::ReduceOp::Sum));
+    const double coef = cfg_.train.grad_clip / (norm + 1e-6);
+    if (cfg_.train.grad_clip > 0 && coef < 1.0)
+      for (const ops::Buffer& b : gshard_) be_->scale(b.flat(), coef);
+    return norm;
+  }
   for (const ops::Buffer& b : grads_) g.push_back(b.flat());
   return clip_by_global_norm(*be_, g, cfg_.train.grad_clip);
 }
@@ -387,13 +492,23 @@ void Trainer::optimizer_step(double lr, int64_t step) {
   for (size_t u = 0; u < units.size(); ++u)
     for (const model::ParamTensor& t : units[u].tensors) {
       s.weight_decay = t.decay ? cfg_.train.weight_decay : 0.0;  // matrices only, not norm gains
-      auto part = [&](const ops::Buffer& b) { return b.flat().slice_flat(t.offset, {t.numel}); };
-      be_->adamw(part(master_[u]), part(grads_[u]), part(adam_m_[u]), part(adam_v_[u]), s);
+      // The part of tensor t this rank updates: all of it, or (ZeRO-3) its overlap with the shard.
+      int64_t a = t.offset, e = t.offset + t.numel, base = 0;
+      if (zero3()) {
+        a = std::max(a, shard_lo(u));
+        e = std::min(e, shard_lo(u) + shard_valid(u));
+        base = shard_lo(u);
+        if (a >= e) continue;
+      }
+      const std::vector<ops::Buffer>& g = zero3() ? gshard_ : grads_;
+      auto part = [&](const ops::Buffer& b) { return b.flat().slice_flat(a - base, {e - a}); };
+      be_->adamw(part(master_[u]), part(g[u]), part(adam_m_[u]), part(adam_v_[u]), s);
     }
   refresh_working_copy();
 }
 
 std::vector<ops::Tensor> Trainer::gradients() const {
+  EASYCTX_CHECK(!zero3(), "gradients: with ZeRO-3 each rank holds only its shard of the reduced gradients");
   std::vector<ops::Tensor> v;
   for (const ops::Buffer& b : grads_) v.push_back(b.flat());
   return v;
@@ -424,8 +539,9 @@ StepStats Trainer::compute_gradients(int64_t step) {
   EASYCTX_CHECK(global_labels > 0, "step ", step, ": the global batch has no labelled tokens");
   for (ops::Buffer& g : grads_) be_->fill(g.flat(), 0.0);
   const std::vector<ops::Tensor> params = this->params(), grads = [&] {
-    std::vector<ops::Tensor> v;
-    for (const ops::Buffer& b : grads_) v.push_back(b.flat());
+    std::vector<ops::Tensor> v;  // (ZeRO-3 buffers are padded: the unit is the first numel)
+    for (size_t u = 0; u < grads_.size(); ++u)
+      v.push_back(grads_[u].flat().slice_flat(0, {model_->layout().units()[u].numel}));
     return v;
   }();
   double sum_nll = 0;

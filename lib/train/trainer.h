@@ -112,7 +112,14 @@ class Trainer {
   std::vector<ops::Tensor> host_views(const std::vector<ops::Buffer>& bufs, std::vector<std::vector<float>>& stage,
                                       bool fetch) const;
   void upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& stage);
-  void refresh_working_copy();  // CUDA: bf16 parameters = master weights
+  void refresh_working_copy();  // CUDA: bf16 parameters = master weights; ZeRO-3: all-gather
+  bool zero3() const { return cfg_.parallel.zero.stage == 3; }
+  // ZeRO-3: unit u is cut into Z equal shards of shard_len(u) (the last padded); this rank
+  // owns elements [shard_lo(u), shard_lo(u) + shard_valid(u)).
+  int64_t shard_len(size_t u) const;
+  int64_t shard_lo(size_t u) const;
+  int64_t shard_valid(size_t u) const;
+  void shard_optimizer_state();  // full master/Adam (as loaded) -> this rank's shards
   std::vector<ops::Tensor> params() const;  // what the model computes with
 
   StageConfig cfg_;
@@ -120,8 +127,11 @@ class Trainer {
   dist::Comm& world_;
   dist::Comm& dp_;
   dist::Comm& grad_comm_;  // gradients are summed over it: dp, or world with sequence parallelism
+  dist::Comm* zero_ = nullptr;          // ZeRO-3 shard group (world by default)
+  dist::Comm* zero_replica_ = nullptr;  // ranks holding the same shard (per-node sharding), or null
   MPI_Comm world_mpi_;     // the same ranks as world_, for the checkpoint writer
   int64_t start_step_ = 0;
+  std::string resumed_data_state_;  // the checkpoint's data cursor, checked once the loader exists
   RunOptions opts_;
   bool stopped_ = false;
   std::unique_ptr<ops::Backend> be_;
@@ -129,6 +139,9 @@ class Trainer {
   std::unique_ptr<data::DataLoader> loader_;
   std::vector<ops::Buffer> master_, grads_, adam_m_, adam_v_;  // per unit, f32[unit numel]
   std::vector<ops::Buffer> work_;  // CUDA: bf16 working parameters per unit (empty on the CPU)
+  // ZeRO-3 (then master_/adam_m_/adam_v_ hold only this rank's shard, f32[shard_len]):
+  std::vector<ops::Buffer> full_;    // gathered parameters, f32[shard_len * Z] per unit
+  std::vector<ops::Buffer> gshard_;  // this rank's reduced gradient shard, f32[shard_len]
   ops::Buffer tokens_dev_, positions_dev_, labels_dev_;  // CUDA: the micro-batch on the device
   double peak_flops_ = 0;     // CUDA: the device's dense bf16 peak, FLOP/s (0: unknown)
   double peak_mem_bytes_ = 0;  // CUDA: device memory in use, high-water mark

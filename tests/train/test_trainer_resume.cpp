@@ -130,6 +130,17 @@ TEST(Resume, FourRankCheckpointOnTwoAndThreeRanks) {
         EXPECT_NEAR(loss, four[static_cast<size_t>(s - 3)], 1e-5 * four[static_cast<size_t>(s - 3)])
             << n << " ranks, step " << s;
       }
+      if (n == 2) {  // a resume with other data settings is refused, naming what changed
+        StageConfig bad = r;
+        bad.train.seed = r.train.seed + 1;
+        bad.output.dir = path + "/bad";
+        try {
+          train::Trainer tb(bad, comm, comm, opts);
+          ADD_FAILURE() << "a resume with another seed was accepted";
+        } catch (const InputError& e) {
+          EXPECT_NE(std::string(e.what()).find("seed"), std::string::npos) << e.what();
+        }
+      }
       MPI_Comm_free(&sub);
     }
     MPI_Barrier(MPI_COMM_WORLD);
