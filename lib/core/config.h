@@ -28,6 +28,7 @@ struct ModelConfig {
   std::string init = "random";  // random | hf:DIR | ckpt:DIR
   double rope_theta = 0;        // 0: keep the model's
   double init_std = 0.02;
+  bool carry_optimizer = false; // with init ckpt:DIR, also take its Adam moments
 };
 
 struct DataConfig {

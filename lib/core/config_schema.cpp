@@ -239,6 +239,9 @@ const Registry& registry() {
                  check_init);
     r.add_float("model.rope_theta", [](StageConfig& c) -> double& { return c.model.rope_theta; }, 0, false, kMaxF,
                 false, "RoPE base for this stage; 0 keeps the model's. Progressive recipes raise it every stage.");
+    r.add_bool("model.carry_optimizer", [](StageConfig& c) -> bool& { return c.model.carry_optimizer; },
+               "With model.init ckpt:DIR (stage chaining), also start from that checkpoint's Adam moments instead of "
+               "fresh ones (the step count and schedule restart at 0).");
     r.add_float("model.init_std", [](StageConfig& c) -> double& { return c.model.init_std; }, 0, true, kMaxF, false,
                 "Standard deviation of random initialisation (model.init: random).");
     // ---- data

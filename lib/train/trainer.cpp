@@ -266,8 +266,15 @@ void Trainer::load_weights() {
   } else if (starts_with(cfg_.model.init, "ckpt:")) {
     const ckpt::CheckpointRef ref = find_checkpoint(cfg_.model.init.substr(5));
     EASYCTX_CHECK_INPUT(ref.step >= 0, "model.init: ", cfg_.model.init, ": no committed checkpoint there");
-    read(ckpt::CheckpointReader(ref.path), "master", master_);
-    log_info("initial weights from ", ref.path);
+    const ckpt::CheckpointReader r(ref.path);
+    read(r, "master", master_);
+    if (cfg_.model.carry_optimizer) {
+      EASYCTX_CHECK_INPUT(!(r.meta().find("weights_only") && r.meta().at("weights_only").as_bool()),
+                          "model.carry_optimizer: ", ref.path, " holds weights only (made by easyctx_convert)");
+      read(r, "adam_m", adam_m_);
+      read(r, "adam_v", adam_v_);
+    }
+    log_info("initial weights", cfg_.model.carry_optimizer ? " and Adam moments" : "", " from ", ref.path);
   } else {
     model::init_random(model_->layout(), host_views(master_, stage, false), cfg_.model.init_std, cfg_.train.seed);
     upload(master_, stage);
@@ -414,6 +421,15 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   w.set_rank_meta(rank_meta);
   Json meta = Json::object();
   meta.set("next_step", steps_done);
+  meta.set("tokens_seen", static_cast<int64_t>(ls.global_batch) * cfg_.data.seq_length * steps_done);
+  Json layout = Json::object();
+  layout.set("world", world_.size());
+  layout.set("data_parallel", dp_.size());
+  layout.set("sequence_parallel", world_.size() / dp_.size());
+  layout.set("sequence_mode", to_string(cfg_.parallel.sequence.mode));
+  layout.set("zero_stage", cfg_.parallel.zero.stage);
+  layout.set("zero_group", zero3() ? zero_->size() : 1);
+  meta.set("layout", layout);
   meta.set("model", model_->config().to_hf_json());
   meta.set("config", dump_stage_config(cfg_));
   const std::string dir = w.commit(meta, cfg_.output.keep_last);

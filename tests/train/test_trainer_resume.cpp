@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "ckpt/convert.h"
 #include "dist/comm_mpi.h"
 #include "dist/groups.h"
 #include "train/trainer.h"
@@ -146,6 +147,69 @@ TEST(Resume, FourRankCheckpointOnTwoAndThreeRanks) {
     MPI_Barrier(MPI_COMM_WORLD);
   }
   if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+}  // namespace
+}  // namespace easyctx::test
+
+namespace easyctx::test {
+namespace {
+
+// Stage chaining: model.init ckpt:DIR starts from another run's weights with fresh Adam
+// moments, or carries them with model.carry_optimizer; a weights-only checkpoint (from
+// easyctx_convert) cannot carry them.
+TEST(Resume, StageChainingFreshOrCarriedOptimizer) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  uint64_t seed = 0;
+  const std::string path = shared_dir("chain", seed);
+  MPI_Comm solo;
+  MPI_Comm_split(MPI_COMM_WORLD, rt.rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  if (solo != MPI_COMM_NULL) {
+    dist::MpiComm comm(solo, "solo", 120);
+    StageConfig a = tiny_stage(path + "/shard.h5", path + "/a");
+    a.train.seed = seed;
+    {
+      train::Trainer t(a, comm, comm);
+      for (int64_t s = 0; s < 3; ++s) t.train_step(s);
+      t.save_checkpoint(3);
+    }
+    StageConfig fresh = a, carry = a;
+    fresh.model.init = carry.model.init = "ckpt:" + path + "/a";
+    fresh.model.rope_theta = carry.model.rope_theta = 50000;  // the next stage's theta
+    fresh.output.dir = path + "/fresh";
+    carry.output.dir = path + "/carry";
+    carry.model.carry_optimizer = true;
+    train::Trainer tf(fresh, comm, comm), tc(carry, comm, comm);
+    EXPECT_EQ(tf.start_step(), 0);
+    EXPECT_EQ(tc.start_step(), 0);
+    EXPECT_EQ(tf.master_host(), tc.master_host());  // the same starting weights
+    EXPECT_DOUBLE_EQ(tf.model().config().rope_theta, 50000);
+    tf.train_step(0);
+    tc.train_step(0);
+    EXPECT_NE(tf.master_host(), tc.master_host()) << "carried Adam moments must change the first update";
+    // A weights-only checkpoint (no Adam state) cannot carry them.
+    StageConfig w = carry;
+    w.model.init = "ckpt:" + path + "/weights";
+    w.output.dir = path + "/w";
+    ckpt::ConvertOptions co;
+    co.from = "ckpt:" + path + "/a";
+    co.to = "hf:" + path + "/hf";
+    ckpt::convert_model(co);
+    co.from = "hf:" + path + "/hf";
+    co.to = "ckpt:" + path + "/weights";
+    ckpt::convert_model(co);
+    try {
+      train::Trainer tw(w, comm, comm);
+      ADD_FAILURE() << "carry_optimizer from a weights-only checkpoint was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("weights only"), std::string::npos) << e.what();
+    }
+    MPI_Comm_free(&solo);
+    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace
