@@ -19,20 +19,6 @@
 namespace easyctx::test {
 namespace {
 
-std::string shared_dir(const std::string& tag, uint64_t& seed) {
-  seed = test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  std::string path = "/tmp/easyctx-resume-" + tag + "-" + std::to_string(seed % 1000003);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-    write_walk_shard(path + "/shard.h5", seed, 120, 10, 90, 256);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return path;
-}
 
 std::vector<float> weights(const train::Trainer& t) {
   std::vector<float> all;
@@ -48,7 +34,7 @@ TEST_P(ResumeSp, SixStepsEqualThreePlusResumePlusThree) {
   dist::Runtime rt(&argc, &argv);
   if (rt.size() != 4) GTEST_SKIP() << "needs 4 ranks (2 data-parallel x 2 sequence-parallel)";
   uint64_t seed = 0;
-  const std::string path = shared_dir(std::string("sp") + to_string(GetParam()), seed);
+  const std::string path = shared_walk_dir(std::string("resume-sp") + to_string(GetParam()), seed);
   StageConfig c = tiny_stage(path + "/shard.h5", path + "/straight");
   c.data.seq_length = 37;
   c.train.seed = seed;
@@ -98,7 +84,7 @@ TEST(Resume, FourRankCheckpointOnTwoAndThreeRanks) {
   dist::Runtime rt(&argc, &argv);
   if (rt.size() != 4) GTEST_SKIP() << "needs 4 ranks";
   uint64_t seed = 0;
-  const std::string path = shared_dir("reshard", seed);
+  const std::string path = shared_walk_dir("resume-reshard", seed);
   StageConfig c = tiny_stage(path + "/shard.h5", path + "/four");
   c.train.seed = seed;
   c.train.steps = 6;
@@ -163,7 +149,7 @@ TEST(Resume, StageChainingFreshOrCarriedOptimizer) {
   char** argv = nullptr;
   dist::Runtime rt(&argc, &argv);
   uint64_t seed = 0;
-  const std::string path = shared_dir("chain", seed);
+  const std::string path = shared_walk_dir("resume-chain", seed);
   MPI_Comm solo;
   MPI_Comm_split(MPI_COMM_WORLD, rt.rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
   if (solo != MPI_COMM_NULL) {

@@ -17,20 +17,6 @@
 namespace easyctx::test {
 namespace {
 
-std::string shared_dir(const std::string& tag, uint64_t& seed) {
-  seed = test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  std::string path = "/tmp/easyctx-zero-" + tag + "-" + std::to_string(seed % 1000003);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-    write_walk_shard(path + "/shard.h5", seed, 120, 10, 90, 256);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return path;
-}
 
 std::vector<float> weights(const train::Trainer& t) {
   std::vector<float> all;
@@ -65,7 +51,7 @@ TEST_P(Zero3, SameLossesAndWeightsAsStage0) {
   dist::Runtime rt(&argc, &argv);
   if (rt.size() != 4) GTEST_SKIP() << "needs 4 ranks";
   uint64_t seed = 0;
-  const std::string path = shared_dir("eq" + std::to_string(GetParam()), seed);
+  const std::string path = shared_walk_dir("zero-eq" + std::to_string(GetParam()), seed);
   StageConfig c = tiny_stage(path + "/shard.h5", path + "/s0");
   c.data.seq_length = 37;
   c.train.seed = seed;
@@ -89,7 +75,7 @@ TEST(Zero3Resume, BitForBitAndReshardedToStage0) {
   dist::Runtime rt(&argc, &argv);
   if (rt.size() != 4) GTEST_SKIP() << "needs 4 ranks";
   uint64_t seed = 0;
-  const std::string path = shared_dir("resume", seed);
+  const std::string path = shared_walk_dir("zero-resume", seed);
   StageConfig c = tiny_stage(path + "/shard.h5", path + "/straight");
   c.train.seed = seed;
   c.train.steps = 6;

@@ -1,5 +1,6 @@
 // Helpers for trainer/eval tests: scratch folders and a learnable token shard.
 #pragma once
+#include <mpi.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -78,6 +79,24 @@ inline StageConfig tiny_stage(const std::string& data, const std::string& out) {
   c.output.dir = out;
   c.logging.metrics = false;
   return c;
+}
+
+// Under mpirun: a fresh /tmp/easyctx-<tag>-<seed> folder shared by every rank, holding a
+// walk shard written by rank 0 (120 documents of 10..90 tokens, vocab 256); the seed is
+// drawn on rank 0 and broadcast.
+inline std::string shared_walk_dir(const std::string& tag, uint64_t& seed) {
+  seed = test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  const std::string path = "/tmp/easyctx-" + tag + "-" + std::to_string(seed % 1000003);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+    write_walk_shard(path + "/shard.h5", seed, 120, 10, 90, 256);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
 }
 
 }  // namespace easyctx::test
