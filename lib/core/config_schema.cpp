@@ -2,6 +2,7 @@
 // Parsing (YAML file and --set), validation, dumping and docs/config.md all walk this table.
 #include <yaml-cpp/yaml.h>
 
+#include <cerrno>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -109,8 +110,12 @@ class Registry {
   void add_uint(const std::string& key, Acc acc, const std::string& doc) {
     fields.push_back({key, "", "int", ">= 0", doc,
                       [acc](StageConfig& c, const std::string& s) -> std::string {
-                        int64_t v;
-                        if (!parse_int(s, v) || v < 0) return "an integer >= 0";
+                        // The full 64-bit range (seeds): strtoull, refusing signs and junk.
+                        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+                          return "an integer >= 0";
+                        errno = 0;
+                        const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+                        if (errno != 0) return "an integer in [0, 18446744073709551615]";
                         acc(c) = static_cast<uint64_t>(v);
                         return "";
                       },

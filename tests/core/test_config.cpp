@@ -63,6 +63,7 @@ TEST(Config, SetOverridesWithSameValidation) {
 TEST(Config, DumpRoundTrips) {
   std::mt19937_64 rng(test::test_seed());
   StageConfig c;
+  c.train.seed = (1ull << 63) + (rng() >> 1);  // seeds use the full 64-bit range
   c.train.steps = static_cast<int64_t>(rng() % 100000);
   c.train.lr = 1e-6 * static_cast<double>(1 + rng() % 1000);
   c.data.path = "some dir/with: colon";
@@ -75,6 +76,7 @@ TEST(Config, DumpRoundTrips) {
   EXPECT_EQ(d.train.steps, c.train.steps);
   EXPECT_DOUBLE_EQ(d.train.lr, c.train.lr);
   EXPECT_EQ(d.data.path, c.data.path);
+  EXPECT_EQ(d.train.seed, c.train.seed);
 }
 
 struct BadConfig {
