@@ -14,6 +14,7 @@
 #endif
 
 #include "attention/sequence_parallel.h"
+#include "ckpt/convert.h"
 #include "ckpt/hf_model.h"
 #include "ckpt/sharded_checkpoint.h"
 #include "core/log.h"
@@ -209,13 +210,11 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
 Trainer::~Trainer() = default;
 
 namespace {
-// A committed checkpoint: `dir` itself (a step folder), or the newest under dir/checkpoints
-// or dir. Step -1 when there is none.
+// ckpt::resolve_checkpoint (a step folder, or the newest valid one under dir/checkpoints or
+// dir), with the skipped broken checkpoints reported.
 ckpt::CheckpointRef find_checkpoint(const std::string& dir) {
-  if (fs::exists(fs::path(dir) / "index.json")) return {dir, 0};
   std::vector<std::string> warnings;
-  ckpt::CheckpointRef ref = ckpt::find_latest_checkpoint((fs::path(dir) / "checkpoints").string(), &warnings);
-  if (ref.step < 0) ref = ckpt::find_latest_checkpoint(dir, &warnings);
+  const ckpt::CheckpointRef ref = ckpt::resolve_checkpoint(dir, &warnings);
   for (const std::string& w : warnings) log_warn(w);
   return ref;
 }
