@@ -1,5 +1,6 @@
 #include "model/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -22,8 +23,8 @@ struct LlamaModel::LayerActs {
   Buffer x_mid;  // [n, D]  residual after attention
   Buffer h2;     // [n, D]  post-attention RMSNorm output
   Buffer rstd2;  // [n]
-  Buffer g, u;   // [n, I]  gate and up projections
-  Buffer m;      // [n, I]  silu(g) * u
+  Buffer g, u;   // [mlp rows, I]  gate and up projections (one MLP tile, or all n rows)
+  Buffer m;      // [mlp rows, I]  silu(g) * u
 };
 
 struct LlamaModel::Workspace {
@@ -39,10 +40,10 @@ struct LlamaModel::Workspace {
   std::vector<Buffer> saved_o;    // L x [n, Hq*hd]: attention outputs (checkpoint attention_output)
   std::vector<Buffer> saved_lse;  // L x [B, Hq, S]
   Buffer hf, rstd_f;            // [n, D], [n]: final norm
-  Buffer dx, dh, tmp;           // [n, D]: residual gradient, projection input gradient, scratch
-  Buffer dm, dg, du;            // [n, I]
-  Buffer dattn;                 // [n, Hq*hd]: gradient of the attention output
+  Buffer dx, dh;                // [n, D]: residual gradient, projection input gradient
+  Buffer dm, dg, du;            // [mlp rows, I] (one MLP tile)
   Buffer dq, dk, dv;            // [n, Hq*hd], [n, Hkv*hd] x2
+  // (the gradient of the attention output, [n, Hq*hd], lives in hf: see visit_workspace)
 };
 
 namespace {
@@ -94,65 +95,105 @@ Tensor LlamaModel::head_matrix(const std::vector<Tensor>& units) const {
   return tensor_view(units[layout_.head_unit()], layout_.head_unit(), 1);
 }
 
+// Every buffer of the workspace for (batch, seq), in allocation order: visit(name, dtype,
+// numel, slot), slot null when only planning (workspace_specs). The single source of truth
+// for both the allocation and the memory plan.
+template <class Visit>
+void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t batch, int64_t seq,
+                                 bool for_backward, Workspace* ws, Visit&& visit) {
+  const int64_t n = batch * seq, d = c.hidden_size, ff = c.intermediate_size;
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), L = c.num_layers;
+  const DType st = stat_dtype(dt);
+  const bool keep_all = for_backward && o.checkpoint == CheckpointPolicy::None;
+  const int64_t mt = mlp_rows(o, n, keep_all);
+  auto put = [&](const char* name, DType t, int64_t numel, Buffer* slot) { visit(name, t, numel, slot); };
+  if (ws) ws->resid.resize(static_cast<size_t>(for_backward ? L + 1 : 2));
+  for (int64_t l = 0; l < (for_backward ? L + 1 : 2); ++l)
+    put("resid", dt, n * d, ws ? &ws->resid[static_cast<size_t>(l)] : nullptr);
+  const size_t n_acts = keep_all ? static_cast<size_t>(L) : 1;
+  if (ws) ws->acts.resize(n_acts);
+  for (size_t i = 0; i < n_acts; ++i) {
+    LayerActs* a = ws ? &ws->acts[i] : nullptr;
+    put("h1", dt, n * d, a ? &a->h1 : nullptr);
+    put("rstd1", st, n, a ? &a->rstd1 : nullptr);
+    put("q", dt, n * qd, a ? &a->q : nullptr);
+    put("k", dt, n * kvd, a ? &a->k : nullptr);
+    put("v", dt, n * kvd, a ? &a->v : nullptr);
+    put("o", dt, n * qd, a ? &a->o : nullptr);
+    put("lse", st, batch * c.num_heads * seq, a ? &a->lse : nullptr);
+    put("x_mid", dt, n * d, a ? &a->x_mid : nullptr);
+    put("h2", dt, n * d, a ? &a->h2 : nullptr);
+    put("rstd2", st, n, a ? &a->rstd2 : nullptr);
+    put("mlp_g", dt, mt * ff, a ? &a->g : nullptr);
+    put("mlp_u", dt, mt * ff, a ? &a->u : nullptr);
+    put("mlp_m", dt, mt * ff, a ? &a->m : nullptr);
+  }
+  if (for_backward && o.checkpoint == CheckpointPolicy::AttentionOutput) {
+    if (ws) {
+      ws->saved_o.resize(static_cast<size_t>(L));
+      ws->saved_lse.resize(static_cast<size_t>(L));
+    }
+    for (size_t l = 0; l < static_cast<size_t>(L); ++l) {
+      put("saved_o", dt, n * qd, ws ? &ws->saved_o[l] : nullptr);
+      put("saved_lse", st, batch * c.num_heads * seq, ws ? &ws->saved_lse[l] : nullptr);
+    }
+  }
+  // hf (final norm output) is dead once the head's backward has run: it doubles as dattn.
+  put("hf_dattn", dt, n * (for_backward ? std::max(d, qd) : d), ws ? &ws->hf : nullptr);
+  put("rstd_f", st, n, ws ? &ws->rstd_f : nullptr);
+  if (!for_backward) return;
+  put("dx", dt, n * d, ws ? &ws->dx : nullptr);
+  put("dh", dt, n * d, ws ? &ws->dh : nullptr);
+  put("mlp_dm", dt, mt * ff, ws ? &ws->dm : nullptr);
+  put("mlp_dg", dt, mt * ff, ws ? &ws->dg : nullptr);
+  put("mlp_du", dt, mt * ff, ws ? &ws->du : nullptr);
+  put("dq", dt, n * qd, ws ? &ws->dq : nullptr);
+  put("dk", dt, n * kvd, ws ? &ws->dk : nullptr);
+  put("dv", dt, n * kvd, ws ? &ws->dv : nullptr);
+}
+
+// Rows per MLP tile: activation.mlp_tile when it splits the tokens and the layer is
+// recomputed in backward (with checkpoint none every layer keeps its whole MLP activations).
+int64_t LlamaModel::mlp_rows(const ModelOptions& o, int64_t n, bool keep_all) {
+  return (!keep_all && o.mlp_tile > 0 && o.mlp_tile < n) ? o.mlp_tile : n;
+}
+
+std::vector<BufferSpec> LlamaModel::workspace_specs(const LlamaConfig& c, const ModelOptions& o, DType dtype,
+                                                    int64_t batch, int64_t seq, bool backward) {
+  std::vector<BufferSpec> v;
+  visit_workspace(c, o, dtype, batch, seq, backward, nullptr,
+                  [&](const char* name, DType t, int64_t numel, Buffer*) { v.push_back({name, t, numel}); });
+  const DType gt = o.f32_grads ? DType::F32 : dtype;
+  if (backward && gt != dtype) {  // the embedding backward's scratch (kept across steps)
+    v.push_back({"embed_grad_scratch", dtype, c.vocab_size * c.hidden_size});
+    v.push_back({"embed_grad_f32", DType::F32, c.vocab_size * c.hidden_size});
+  }
+  return v;
+}
+
 LlamaModel::Workspace& LlamaModel::workspace(const Batch& b, bool for_backward) {
   EASYCTX_CHECK(b.batch > 0 && b.seq > 0, "LlamaModel: empty batch ", b.batch, "x", b.seq);
   for (const Tensor* t : {&b.tokens, &b.positions, &b.labels})
     EASYCTX_CHECK(t->dtype == DType::I32 && t->numel() == b.tokens_count(), "LlamaModel: batch arrays must be i32[",
                   b.tokens_count(), "], got ", t->describe());
-  const bool keep_all = for_backward && opts_.checkpoint == CheckpointPolicy::None;
   if (ws_ && ws_->batch == b.batch && ws_->seq == b.seq && ws_->backward == for_backward) return *ws_;
   ws_.reset();  // free first: peak memory is one workspace
   auto ws = std::make_unique<Workspace>();
   ws->batch = b.batch;
   ws->seq = b.seq;
   ws->backward = for_backward;
-  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size;
-  const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
-  const DType st = stat_dtype(dtype_);
-  for (int64_t l = 0; l <= (for_backward ? cfg_.num_layers : 1); ++l) ws->resid.push_back(be_.alloc(dtype_, n * d));
-  ws->acts.resize(keep_all ? static_cast<size_t>(cfg_.num_layers) : 1);
-  for (LayerActs& a : ws->acts) {
-    a.h1 = be_.alloc(dtype_, n * d);
-    a.rstd1 = be_.alloc(st, n);
-    a.q = be_.alloc(dtype_, n * qd);
-    a.k = be_.alloc(dtype_, n * kvd);
-    a.v = be_.alloc(dtype_, n * kvd);
-    a.o = be_.alloc(dtype_, n * qd);
-    a.lse = be_.alloc(st, b.batch * cfg_.num_heads * b.seq);
-    a.x_mid = be_.alloc(dtype_, n * d);
-    a.h2 = be_.alloc(dtype_, n * d);
-    a.rstd2 = be_.alloc(st, n);
-    a.g = be_.alloc(dtype_, n * ff);
-    a.u = be_.alloc(dtype_, n * ff);
-    a.m = be_.alloc(dtype_, n * ff);
-  }
-  if (for_backward && opts_.checkpoint == CheckpointPolicy::AttentionOutput)
-    for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-      ws->saved_o.push_back(be_.alloc(dtype_, n * qd));
-      ws->saved_lse.push_back(be_.alloc(st, b.batch * cfg_.num_heads * b.seq));
-    }
-  ws->hf = be_.alloc(dtype_, n * d);
-  ws->rstd_f = be_.alloc(st, n);
-  ws->tmp = be_.alloc(dtype_, n * d);
-  if (for_backward) {
-    ws->dx = be_.alloc(dtype_, n * d);
-    ws->dh = be_.alloc(dtype_, n * d);
-    ws->dm = be_.alloc(dtype_, n * ff);
-    ws->dg = be_.alloc(dtype_, n * ff);
-    ws->du = be_.alloc(dtype_, n * ff);
-    ws->dattn = be_.alloc(dtype_, n * qd);
-    ws->dq = be_.alloc(dtype_, n * qd);
-    ws->dk = be_.alloc(dtype_, n * kvd);
-    ws->dv = be_.alloc(dtype_, n * kvd);
-  }
+  visit_workspace(cfg_, opts_, dtype_, b.batch, b.seq, for_backward, ws.get(),
+                  [&](const char*, DType t, int64_t numel, Buffer* slot) { *slot = be_.alloc(t, numel); });
   ws_ = std::move(ws);
   return *ws_;
 }
 
 // attention_done: a.o and a.lse already hold this layer's attention (restored from the
-// attention_output checkpoint), so the recompute skips the attention itself.
+// attention_output checkpoint), so the recompute skips the attention itself. with_mlp false
+// (the backward's recompute) stops at h2: the MLP is recomputed tile by tile in
+// layer_backward, and the layer output is not needed there.
 void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch& b, LayerActs& a,
-                               const Tensor& x_out, bool attention_done) {
+                               const Tensor& x_out, bool attention_done, bool with_mlp) {
   const size_t ui = layout_.layer_unit(0);  // offsets are the same in every layer unit
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
@@ -171,36 +212,56 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch&
                    o.reshape({b.batch, b.seq, hq, hd}), a.lse.view({b.batch, hq, b.seq}));
   be_.matmul(o, false, W(kO), true, x_mid);
   be_.axpy(x_mid, x_in, 1.0);
-  const Tensor h2 = a.h2.view({n, d}), g = a.g.view({n, ff}), u = a.u.view({n, ff}), m = a.m.view({n, ff});
+  const Tensor h2 = a.h2.view({n, d});
   be_.rmsnorm_fwd(x_mid, W(kMlpNorm), cfg_.rms_norm_eps, h2, a.rstd2.view({n}));
-  be_.matmul(h2, false, W(kGate), true, g);
-  be_.matmul(h2, false, W(kUp), true, u);
-  be_.swiglu_fwd(g, u, m);
-  be_.matmul(m, false, W(kDown), true, x_out);
+  if (!with_mlp) return;
+  // MLP, a tile of rows at a time (one tile unless activation.mlp_tile splits the tokens).
+  const int64_t mt = a.g.numel() / ff;
+  for (int64_t r0 = 0; r0 < n; r0 += mt) {
+    const int64_t rows = std::min(mt, n - r0);
+    const Tensor h2t = h2.rows(r0, rows), g = a.g.view({rows, ff}), u = a.u.view({rows, ff}), m = a.m.view({rows, ff});
+    be_.matmul(h2t, false, W(kGate), true, g);
+    be_.matmul(h2t, false, W(kUp), true, u);
+    be_.swiglu_fwd(g, u, m);
+    be_.matmul(m, false, W(kDown), true, x_out.rows(r0, rows));
+  }
   be_.axpy(x_out, x_mid, 1.0);
 }
 
 // dx: gradient w.r.t. the layer output on entry, w.r.t. the layer input on return.
+// recompute_mlp: a.g/u/m do not hold this layer's MLP activations (the layer was
+// recomputed without its MLP): recompute them tile by tile here.
 void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor& x_in, const Batch& b, LayerActs& a,
-                                Workspace& ws, const Tensor& dx) {
+                                Workspace& ws, const Tensor& dx, bool recompute_mlp) {
   const size_t ui = layout_.layer_unit(0);
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   auto G = [&](LayerTensor t) { return tensor_view(gw, ui, t); };
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
   const int64_t hq = cfg_.num_heads, hkv = cfg_.num_kv_heads;
-  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2))
-  const Tensor dm = ws.dm.view({n, ff}), dg = ws.dg.view({n, ff}), du = ws.du.view({n, ff});
+  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)), a tile of rows at a time.
   const Tensor dh = ws.dh.view({n, d}), h2 = a.h2.view({n, d});
-  be_.matmul(dx, false, W(kDown), false, dm);
-  be_.matmul(dx, true, a.m.view({n, ff}), false, G(kDown), 1.0, 1.0);
-  be_.swiglu_bwd(a.g.view({n, ff}), a.u.view({n, ff}), dm, dg, du);
-  be_.matmul(dg, false, W(kGate), false, dh);
-  be_.matmul(du, false, W(kUp), false, dh, 1.0, 1.0);
-  be_.matmul(dg, true, h2, false, G(kGate), 1.0, 1.0);
-  be_.matmul(du, true, h2, false, G(kUp), 1.0, 1.0);
+  const int64_t mt = a.g.numel() / ff;
+  for (int64_t r0 = 0; r0 < n; r0 += mt) {
+    const int64_t rows = std::min(mt, n - r0);
+    const Tensor g = a.g.view({rows, ff}), u = a.u.view({rows, ff}), m = a.m.view({rows, ff});
+    const Tensor dm = ws.dm.view({rows, ff}), dg = ws.dg.view({rows, ff}), du = ws.du.view({rows, ff});
+    const Tensor h2t = h2.rows(r0, rows), dxt = dx.rows(r0, rows), dht = dh.rows(r0, rows);
+    if (recompute_mlp) {
+      be_.matmul(h2t, false, W(kGate), true, g);
+      be_.matmul(h2t, false, W(kUp), true, u);
+      be_.swiglu_fwd(g, u, m);
+    }
+    be_.matmul(dxt, false, W(kDown), false, dm);
+    be_.matmul(dxt, true, m, false, G(kDown), 1.0, 1.0);
+    be_.swiglu_bwd(g, u, dm, dg, du);
+    be_.matmul(dg, false, W(kGate), false, dht);
+    be_.matmul(du, false, W(kUp), false, dht, 1.0, 1.0);
+    be_.matmul(dg, true, h2t, false, G(kGate), 1.0, 1.0);
+    be_.matmul(du, true, h2t, false, G(kUp), 1.0, 1.0);
+  }
   be_.rmsnorm_bwd(a.x_mid.view({n, d}), W(kMlpNorm), a.rstd2.view({n}), dh, dx, G(kMlpNorm));
   // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v))
-  const Tensor dattn = ws.dattn.view({n, hq * hd}), dq = ws.dq.view({n, hq * hd});
+  const Tensor dattn = ws.hf.view({n, hq * hd}), dq = ws.dq.view({n, hq * hd});
   const Tensor dk = ws.dk.view({n, hkv * hd}), dv = ws.dv.view({n, hkv * hd}), h1 = a.h1.view({n, d});
   be_.matmul(dx, false, W(kO), false, dattn);
   be_.matmul(dx, true, a.o.view({n, hq * hd}), false, G(kO), 1.0, 1.0);
@@ -227,7 +288,7 @@ void LlamaModel::forward_trunk(const std::vector<Tensor>& params, const Batch& b
   be_.embedding_fwd(b.tokens, params[layout_.embed_unit()].reshape({cfg_.vocab_size, d}), ws.stream(0, n, d));
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
-    layer_forward(params[layout_.layer_unit(l)], ws.stream(l, n, d), b, a, ws.stream(l + 1, n, d), false);
+    layer_forward(params[layout_.layer_unit(l)], ws.stream(l, n, d), b, a, ws.stream(l + 1, n, d), false, true);
     if (!ws.saved_o.empty()) {
       be_.copy(ws.saved_o[static_cast<size_t>(l)].flat(), a.o.flat());
       be_.copy(ws.saved_lse[static_cast<size_t>(l)].flat(), a.lse.flat());
@@ -263,9 +324,9 @@ ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, co
         be_.copy(a.o.flat(), ws.saved_o[static_cast<size_t>(l)].flat());
         be_.copy(a.lse.flat(), ws.saved_lse[static_cast<size_t>(l)].flat());
       }
-      layer_forward(params[ui], x_in, b, a, ws.tmp.view({n, d}), restored);
+      layer_forward(params[ui], x_in, b, a, Tensor(), restored, false);
     }
-    layer_backward(params[ui], grads[ui], x_in, b, a, ws, dx);
+    layer_backward(params[ui], grads[ui], x_in, b, a, ws, dx, !keep);
   }
   const Tensor dembed = grads[layout_.embed_unit()].reshape({vocab, d});
   if (grad_dtype_ == dtype_) {

@@ -14,6 +14,7 @@
 // All three give bit-identical results.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "attention/attention.h"
@@ -36,9 +37,20 @@ struct Batch {
   int64_t tokens_count() const { return batch * seq; }
 };
 
+// One buffer of the model's workspace (LlamaModel::workspace_specs): the memory plan's
+// view of exactly what forward_backward allocates.
+struct BufferSpec {
+  std::string name;
+  DType dtype;
+  int64_t numel;
+};
+
 struct ModelOptions {
   CheckpointPolicy checkpoint = CheckpointPolicy::Layer;
   int64_t lm_head_tile = 4096;  // tokens per LM-head/cross-entropy tile
+  // Tokens per MLP tile along the sequence (0: one tile). With a recomputing checkpoint
+  // policy the [tokens, intermediate] MLP buffers shrink to [mlp_tile, intermediate].
+  int64_t mlp_tile = 0;
   // Gradients in f32 whatever the parameter dtype (bf16 training: fp32 gradient
   // accumulation). Ops that need matching dtypes (the embedding backward) go through a
   // parameter-dtype scratch that is then added into the f32 gradient.
@@ -56,6 +68,12 @@ class LlamaModel {
   const ParamLayout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
   DType grad_dtype() const { return grad_dtype_; }
+
+  // Every buffer forward_backward (backward) or the forward-only paths allocate for a batch
+  // of batch x seq tokens, from the code that allocates them (plus the embedding-gradient
+  // scratch of f32 gradients with bf16 parameters). The memory plan sums these.
+  static std::vector<BufferSpec> workspace_specs(const LlamaConfig& cfg, const ModelOptions& opts, DType dtype,
+                                                 int64_t batch, int64_t seq, bool backward);
 
   // Views of one tensor inside a unit view (the unit's dtype).
   ops::Tensor tensor_view(const ops::Tensor& unit, size_t unit_index, size_t tensor_index) const;
@@ -80,11 +98,15 @@ class LlamaModel {
   void check_params(const std::vector<ops::Tensor>& params, const char* what) const;
   void check_params(const std::vector<ops::Tensor>& params, const char* what, DType want) const;
   Workspace& workspace(const Batch& b, bool for_backward);
+  template <class Visit>
+  static void visit_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t batch, int64_t seq,
+                              bool for_backward, Workspace* ws, Visit&& visit);
+  static int64_t mlp_rows(const ModelOptions& o, int64_t n, bool keep_all);
   void forward_trunk(const std::vector<ops::Tensor>& params, const Batch& b, Workspace& ws, bool keep);
   void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const Batch& b, LayerActs& a,
-                     const ops::Tensor& x_out, bool attention_done);
+                     const ops::Tensor& x_out, bool attention_done, bool with_mlp);
   void layer_backward(const ops::Tensor& w, const ops::Tensor& gw, const ops::Tensor& x_in, const Batch& b,
-                      LayerActs& a, Workspace& ws, const ops::Tensor& dx);
+                      LayerActs& a, Workspace& ws, const ops::Tensor& dx, bool recompute_mlp);
   ops::Tensor head_matrix(const std::vector<ops::Tensor>& units) const;
 
   LlamaConfig cfg_;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 
 #ifdef EASYCTX_HAVE_CUDA
@@ -23,6 +24,9 @@
 #include "data/loader.h"
 #include "dist/signals.h"
 #include "train/data_stats.h"
+#ifdef EASYCTX_HAVE_CUDA
+#include "train/host_adamw.h"
+#endif
 #include "train/schedule.h"
 
 namespace easyctx::train {
@@ -31,11 +35,14 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Elements per pinned staging slot of the offloaded optimizer (two slots of f32 + bf16).
+constexpr int64_t kOffloadChunkElems = int64_t{1} << 24;
 using ops::DType;
 
 void check_supported(const StageConfig& cfg) {
-  EASYCTX_CHECK_INPUT(!cfg.parallel.zero.offload_optimizer, "parallel.zero.offload_optimizer: CPU offload is not "
-                      "implemented yet; set it to false");
+  EASYCTX_CHECK_INPUT(cfg.activation.mlp_tile == 0 || cfg.activation.checkpoint != CheckpointPolicy::None,
+                      "activation.mlp_tile: ", cfg.activation.mlp_tile, " needs activation.checkpoint layer or "
+                      "attention_output (with none every layer keeps its whole MLP activations); set it to 0");
   EASYCTX_CHECK_INPUT(!cfg.parallel.zero.offload_params, "parallel.zero.offload_params: parameter offload is not "
                       "implemented yet; set it to false");
   EASYCTX_CHECK_INPUT(cfg.activation.offload == OffloadTarget::None, "activation.offload: cpu is not implemented "
@@ -156,14 +163,26 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
   model::ModelOptions mo;
   mo.checkpoint = cfg_.activation.checkpoint;
   mo.lm_head_tile = cfg_.activation.lm_head_tile;
+  mo.mlp_tile = cfg_.activation.mlp_tile;
   mo.f32_grads = on_device();  // CUDA: bf16 parameters, fp32 gradients
   model_ = std::make_unique<model::LlamaModel>(mc, *be_, on_device() ? DType::BF16 : DType::F32, mo, std::move(attn));
 
+  if (cfg_.parallel.zero.offload_optimizer) {
+    EASYCTX_CHECK_INPUT(on_device(), "parallel.zero.offload_optimizer: true needs train.device cuda (with the ",
+                        be_->name(), " backend the optimizer already runs on the host); set it to false");
+    EASYCTX_CHECK_INPUT(!zero3(), "parallel.zero.offload_optimizer: true with parallel.zero.stage 3 is not "
+                        "implemented yet (stage 3 runs on the CPU backend so far); use stage 0");
+#ifdef EASYCTX_HAVE_CUDA
+    host_be_ = ops::make_cpu_backend();  // master weights and Adam moments in host memory
+    host_adamw_ = std::make_shared<HostAdamW>(kOffloadChunkElems);
+#endif
+  }
+  ops::Backend& opt_be = host_be_ ? *host_be_ : *be_;
   for (const model::ParamUnit& u : model_->layout().units()) {
-    master_.push_back(be_->alloc(DType::F32, u.numel));
+    master_.push_back(opt_be.alloc(DType::F32, u.numel));
     grads_.push_back(be_->alloc(DType::F32, u.numel));
-    adam_m_.push_back(be_->alloc(DType::F32, u.numel));
-    adam_v_.push_back(be_->alloc(DType::F32, u.numel));
+    adam_m_.push_back(opt_be.alloc(DType::F32, u.numel));
+    adam_v_.push_back(opt_be.alloc(DType::F32, u.numel));
     if (on_device()) work_.push_back(be_->alloc(DType::BF16, u.numel));
   }
   load_weights();
@@ -283,7 +302,7 @@ void Trainer::load_weights() {
 std::vector<ops::Tensor> Trainer::host_views(const std::vector<ops::Buffer>& bufs,
                                              std::vector<std::vector<float>>& stage, bool fetch) const {
   std::vector<ops::Tensor> v;
-  if (!on_device()) {
+  if (host_resident(bufs)) {
     for (const ops::Buffer& b : bufs) v.push_back(b.flat());
     return v;
   }
@@ -296,8 +315,12 @@ std::vector<ops::Tensor> Trainer::host_views(const std::vector<ops::Buffer>& buf
   return v;
 }
 
+bool Trainer::host_resident(const std::vector<ops::Buffer>& bufs) {
+  return bufs.empty() || bufs.front().flat().space == ops::MemSpace::Host;
+}
+
 void Trainer::upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& stage) {
-  if (!on_device()) return;
+  if (host_resident(bufs)) return;
   EASYCTX_CHECK(stage.size() == bufs.size(), "Trainer::upload: ", stage.size(), " staged units for ", bufs.size());
   for (size_t u = 0; u < bufs.size(); ++u) {
     const ops::Tensor src(const_cast<float*>(stage[u].data()), DType::F32, {bufs[u].numel()});
@@ -341,6 +364,18 @@ void Trainer::refresh_working_copy() {
                         static_cast<size_t>(shard_len(u)));
     return;
   }
+  if (host_be_) {  // host master -> bf16 on the host -> device (no device-side f32 staging)
+#ifdef EASYCTX_HAVE_CUDA
+    std::vector<uint16_t> bits;
+    for (size_t u = 0; u < work_.size(); ++u) {
+      bits.resize(static_cast<size_t>(master_[u].numel()));
+      f32_to_bf16(master_[u].flat().ptr<float>(), bits.data(), master_[u].numel());
+      be_->copy(work_[u].flat(), ops::Tensor(bits.data(), DType::BF16, {master_[u].numel()}));
+      be_->synchronize();  // `bits` is reused
+    }
+#endif
+    return;
+  }
   for (size_t u = 0; u < work_.size(); ++u) be_->copy(work_[u].flat(), master_[u].flat());
 }
 
@@ -361,7 +396,8 @@ std::vector<std::vector<float>> Trainer::master_host() const {
   }
   for (size_t u = 0; u < master_.size(); ++u) {
     out[u].resize(static_cast<size_t>(master_[u].numel()));
-    be_->copy(ops::Tensor(out[u].data(), DType::F32, {master_[u].numel()}), master_[u].flat());
+    if (host_resident(master_)) std::memcpy(out[u].data(), master_[u].data(), master_[u].bytes());
+    else be_->copy(ops::Tensor(out[u].data(), DType::F32, {master_[u].numel()}), master_[u].flat());
   }
   return out;
 }
@@ -390,24 +426,30 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   const auto& units = model_->layout().units();
   // ZeRO-0: every rank holds everything; each writes its 1/W of every unit, in parallel.
   const int64_t W = world_.size(), r = world_.rank();
-  // CUDA: staged through host copies (alive until commit).
-  std::vector<std::vector<float>> sm, sa, sv;
-  const std::vector<ops::Tensor> hm = host_views(master_, sm, true), ha = host_views(adam_m_, sa, true),
-                                 hv = host_views(adam_v_, sv, true);
+  // Device-resident state is staged on the host, only the slices this rank writes (alive
+  // until commit); host-resident state (CPU backend, offload_optimizer) is written in place.
+  const bool direct = host_resident(master_);
+  std::deque<std::vector<float>> stage;  // (a deque: earlier slices never move)
+  auto slice = [&](const std::vector<ops::Buffer>& bufs, size_t u, int64_t lo, int64_t len) -> const float* {
+    if (direct) return bufs[u].flat().ptr<float>() + lo;
+    stage.emplace_back(static_cast<size_t>(len));
+    be_->copy(ops::Tensor(stage.back().data(), DType::F32, {len}), bufs[u].flat().slice_flat(lo, {len}));
+    return stage.back().data();
+  };
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t n = units[u].numel;
     if (zero3()) {  // each shard once: the first replica of it writes
       if (zero_replica_ && zero_replica_->rank() != 0) continue;
       const int64_t lo = shard_lo(u), len = shard_valid(u);
-      w.add("master/" + units[u].name, n, lo, hm[u].ptr<float>(), len);
-      w.add("adam_m/" + units[u].name, n, lo, ha[u].ptr<float>(), len);
-      w.add("adam_v/" + units[u].name, n, lo, hv[u].ptr<float>(), len);
+      w.add("master/" + units[u].name, n, lo, slice(master_, u, 0, len), len);
+      w.add("adam_m/" + units[u].name, n, lo, slice(adam_m_, u, 0, len), len);
+      w.add("adam_v/" + units[u].name, n, lo, slice(adam_v_, u, 0, len), len);
       continue;
     }
     const int64_t lo = n * r / W, hi = n * (r + 1) / W;
-    w.add("master/" + units[u].name, n, lo, hm[u].ptr<float>() + lo, hi - lo);
-    w.add("adam_m/" + units[u].name, n, lo, ha[u].ptr<float>() + lo, hi - lo);
-    w.add("adam_v/" + units[u].name, n, lo, hv[u].ptr<float>() + lo, hi - lo);
+    w.add("master/" + units[u].name, n, lo, slice(master_, u, lo, hi - lo), hi - lo);
+    w.add("adam_m/" + units[u].name, n, lo, slice(adam_m_, u, lo, hi - lo), hi - lo);
+    w.add("adam_v/" + units[u].name, n, lo, slice(adam_v_, u, lo, hi - lo), hi - lo);
   }
   // Per rank: the data cursor (sampling is a pure function of seed and step, so it is the
   // step plus what must not change) and the RNG state (none is drawn after initialisation).
@@ -504,6 +546,26 @@ double Trainer::clip_gradients() {
 void Trainer::optimizer_step(double lr, int64_t step) {
   ops::AdamWStep s{lr, cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, 0.0, step + 1};
   const auto& units = model_->layout().units();
+#ifdef EASYCTX_HAVE_CUDA
+  if (host_adamw_) {  // offload_optimizer: every tensor of every unit through the host pipeline
+    std::vector<OffloadPiece> pieces;
+    for (size_t u = 0; u < units.size(); ++u)
+      for (const model::ParamTensor& t : units[u].tensors) {
+        OffloadPiece p;
+        p.master = master_[u].flat().ptr<float>() + t.offset;
+        p.m = adam_m_[u].flat().ptr<float>() + t.offset;
+        p.v = adam_v_[u].flat().ptr<float>() + t.offset;
+        p.grad_dev = grads_[u].flat().ptr<float>() + t.offset;
+        p.work_dev = static_cast<uint16_t*>(work_[u].data()) + t.offset;
+        p.n = t.numel;
+        p.weight_decay = t.decay ? cfg_.train.weight_decay : 0.0;
+        pieces.push_back(p);
+      }
+    be_->synchronize();  // the gradients are final (backward, reduction and clipping queued on it)
+    host_adamw_->step(pieces, s);
+    return;
+  }
+#endif
   for (size_t u = 0; u < units.size(); ++u)
     for (const model::ParamTensor& t : units[u].tensors) {
       s.weight_decay = t.decay ? cfg_.train.weight_decay : 0.0;  // matrices only, not norm gains

@@ -32,6 +32,8 @@ class DataLoader;
 
 namespace easyctx::train {
 
+class HostAdamW;
+
 struct StepStats {
   int64_t step = 0;        // 0-based step index
   double loss = 0;         // mean NLL over the global batch's labelled tokens
@@ -112,6 +114,7 @@ class Trainer {
   std::vector<ops::Tensor> host_views(const std::vector<ops::Buffer>& bufs, std::vector<std::vector<float>>& stage,
                                       bool fetch) const;
   void upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& stage);
+  static bool host_resident(const std::vector<ops::Buffer>& bufs);
   void refresh_working_copy();  // CUDA: bf16 parameters = master weights; ZeRO-3: all-gather
   bool zero3() const { return cfg_.parallel.zero.stage == 3; }
   // ZeRO-3: unit u is cut into Z equal shards of shard_len(u) (the last padded); this rank
@@ -138,6 +141,8 @@ class Trainer {
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<data::DataLoader> loader_;
   std::vector<ops::Buffer> master_, grads_, adam_m_, adam_v_;  // per unit, f32[unit numel]
+  std::unique_ptr<ops::Backend> host_be_;  // offload_optimizer: owns master_, adam_m_, adam_v_ in host memory
+  std::shared_ptr<HostAdamW> host_adamw_;  // offload_optimizer: the host AdamW pipeline (CUDA builds only)
   std::vector<ops::Buffer> work_;  // CUDA: bf16 working parameters per unit (empty on the CPU)
   // ZeRO-3 (then master_/adam_m_/adam_v_ hold only this rank's shard, f32[shard_len]):
   std::vector<ops::Buffer> full_;    // gathered parameters, f32[shard_len * Z] per unit

@@ -1,5 +1,6 @@
 // The whole Llama backward against central finite differences in fp64 (odd tiny shapes,
-// GQA, tied and untied, both activation policies), and the parameter layout.
+// GQA, tied and untied, every activation policy, MLP untiled and tiled), the parameter
+// layout, and the workspace specs against what the model really allocates.
 #include <cmath>
 #include <random>
 
@@ -26,14 +27,15 @@ model::LlamaConfig odd_config(bool tied) {
   return c;
 }
 
-class ModelGrad : public ::testing::TestWithParam<std::tuple<bool, CheckpointPolicy>> {};
+// (tied, activation policy, MLP tile: 0 = untiled, 3 = four tiles of the 10 tokens, the last short)
+class ModelGrad : public ::testing::TestWithParam<std::tuple<bool, CheckpointPolicy, int64_t>> {};
 
 TEST_P(ModelGrad, MatchesFiniteDifferences) {
-  const auto [tied, policy] = GetParam();
+  const auto [tied, policy, mlp_tile] = GetParam();
   std::mt19937_64 rng(test_seed());
   const model::LlamaConfig cfg = odd_config(tied);
   auto be = ops::make_cpu_backend();
-  model::LlamaModel m(cfg, *be, DType::F64, {policy, 3});
+  model::LlamaModel m(cfg, *be, DType::F64, {policy, 3, mlp_tile});
   std::vector<ops::Buffer> pb, gb;
   std::vector<ops::Tensor> p, g;
   std::normal_distribution<double> nd(0.0, 0.5);
@@ -79,7 +81,8 @@ TEST_P(ModelGrad, MatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(All, ModelGrad,
                          ::testing::Combine(::testing::Bool(),
                                             ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
-                                                              CheckpointPolicy::AttentionOutput)));
+                                                              CheckpointPolicy::AttentionOutput),
+                                            ::testing::Values(int64_t{0}, int64_t{3})));
 
 TEST(ParamLayout, UnitsAndOffsets) {
   const model::ParamLayout untied(odd_config(false)), tied(odd_config(true));

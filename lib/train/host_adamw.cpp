@@ -1,0 +1,110 @@
+#include "train/host_adamw.h"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace easyctx::train {
+
+#define HOST_ADAMW_CHECK(call)                                                                        \
+  do {                                                                                                \
+    const cudaError_t e_ = (call);                                                                    \
+    EASYCTX_CHECK(e_ == cudaSuccess, "offload optimizer: ", #call, " failed: ", cudaGetErrorString(e_), \
+                  " (", __FILE__, ":", __LINE__, ")");                                               \
+  } while (0)
+
+void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, &src[i], 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it quiet and a NaN
+      dst[i] = static_cast<uint16_t>((x >> 16) | 0x40u);
+      continue;
+    }
+    x += 0x7fffu + ((x >> 16) & 1u);
+    dst[i] = static_cast<uint16_t>(x >> 16);
+  }
+}
+
+struct HostAdamW::Impl {
+  int64_t chunk = 0;
+  float* grad[2] = {nullptr, nullptr};     // pinned f32[chunk]
+  uint16_t* work[2] = {nullptr, nullptr};  // pinned bf16[chunk]
+  cudaStream_t down = nullptr, up = nullptr;
+  cudaEvent_t got[2] = {nullptr, nullptr}, sent[2] = {nullptr, nullptr};
+  std::unique_ptr<ops::Backend> cpu = ops::make_cpu_backend();
+  ~Impl() {
+    for (int s = 0; s < 2; ++s) {
+      if (got[s]) cudaEventDestroy(got[s]);
+      if (sent[s]) cudaEventDestroy(sent[s]);
+      if (grad[s]) cudaFreeHost(grad[s]);
+      if (work[s]) cudaFreeHost(work[s]);
+    }
+    if (down) cudaStreamDestroy(down);
+    if (up) cudaStreamDestroy(up);
+  }
+};
+
+HostAdamW::HostAdamW(int64_t chunk_elems) : impl_(std::make_unique<Impl>()) {
+  EASYCTX_CHECK(chunk_elems > 0, "HostAdamW: chunk of ", chunk_elems, " elements");
+  Impl& I = *impl_;
+  I.chunk = chunk_elems;
+  for (int s = 0; s < 2; ++s) {
+    HOST_ADAMW_CHECK(cudaMallocHost(reinterpret_cast<void**>(&I.grad[s]), static_cast<size_t>(chunk_elems) * 4));
+    HOST_ADAMW_CHECK(cudaMallocHost(reinterpret_cast<void**>(&I.work[s]), static_cast<size_t>(chunk_elems) * 2));
+    HOST_ADAMW_CHECK(cudaEventCreateWithFlags(&I.got[s], cudaEventDisableTiming));
+    HOST_ADAMW_CHECK(cudaEventCreateWithFlags(&I.sent[s], cudaEventDisableTiming));
+  }
+  HOST_ADAMW_CHECK(cudaStreamCreateWithFlags(&I.down, cudaStreamNonBlocking));
+  HOST_ADAMW_CHECK(cudaStreamCreateWithFlags(&I.up, cudaStreamNonBlocking));
+}
+
+HostAdamW::~HostAdamW() = default;
+
+int64_t HostAdamW::pinned_bytes() const { return 2 * impl_->chunk * 6; }
+
+void HostAdamW::step(const std::vector<OffloadPiece>& pieces, const ops::AdamWStep& s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& I = *impl_;
+  struct Chunk {
+    const OffloadPiece* p;
+    int64_t off, n;
+  };
+  std::vector<Chunk> chunks;
+  for (const OffloadPiece& p : pieces)
+    for (int64_t off = 0; off < p.n; off += I.chunk) chunks.push_back({&p, off, std::min(I.chunk, p.n - off)});
+  auto fetch = [&](size_t i) {  // gradient chunk i -> slot i % 2
+    const Chunk& c = chunks[i];
+    const int sl = static_cast<int>(i % 2);
+    HOST_ADAMW_CHECK(cudaMemcpyAsync(I.grad[sl], c.p->grad_dev + c.off, static_cast<size_t>(c.n) * 4,
+                                     cudaMemcpyDeviceToHost, I.down));
+    HOST_ADAMW_CHECK(cudaEventRecord(I.got[sl], I.down));
+  };
+  bool sent_pending[2] = {false, false};
+  if (!chunks.empty()) fetch(0);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    const int sl = static_cast<int>(i % 2);
+    HOST_ADAMW_CHECK(cudaEventSynchronize(I.got[sl]));
+    if (i + 1 < chunks.size()) fetch(i + 1);  // the other slot's gradient buffer was consumed at i - 1
+    ops::AdamWStep st = s;
+    st.weight_decay = c.p->weight_decay;
+    auto host = [&](float* base) { return ops::Tensor(base + c.off, ops::DType::F32, {c.n}); };
+    I.cpu->adamw(host(c.p->master), ops::Tensor(I.grad[sl], ops::DType::F32, {c.n}), host(c.p->m), host(c.p->v), st);
+    if (sent_pending[sl]) HOST_ADAMW_CHECK(cudaEventSynchronize(I.sent[sl]));  // chunk i - 2 left this slot
+    f32_to_bf16(c.p->master + c.off, I.work[sl], c.n);
+    HOST_ADAMW_CHECK(cudaMemcpyAsync(static_cast<uint16_t*>(c.p->work_dev) + c.off, I.work[sl],
+                                     static_cast<size_t>(c.n) * 2, cudaMemcpyHostToDevice, I.up));
+    HOST_ADAMW_CHECK(cudaEventRecord(I.sent[sl], I.up));
+    sent_pending[sl] = true;
+  }
+  HOST_ADAMW_CHECK(cudaStreamSynchronize(I.up));
+  HOST_ADAMW_CHECK(cudaStreamSynchronize(I.down));
+  last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace easyctx::train
