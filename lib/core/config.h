@@ -85,6 +85,7 @@ struct OutputConfig {
   std::string dir = "out";
   int64_t save_every = 0;
   int64_t keep_last = 2;
+  bool save_final = true;
   bool export_hf = true;
   std::string hf_dtype = "f32";  // f32 | bf16
 };

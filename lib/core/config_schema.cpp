@@ -312,8 +312,10 @@ const Registry& registry() {
               "use (CPU backend so far; docs/training.md). Only 0 and 3 exist.");
     r.add_bool("parallel.zero.offload_optimizer",
                [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer; },
-               "Keep fp32 master weights and Adam states in pinned host memory and run AdamW on the CPU (not "
-               "implemented yet: the trainer refuses it).");
+               "train.device cuda, stage 0: keep the fp32 master weights and Adam moments in host memory and run "
+               "AdamW on the host's threads; fp32 gradients stream down and bf16 weights back up in chunks through "
+               "pinned staging, overlapped with the host update (saves 12 bytes per parameter on each GPU; "
+               "docs/memory-model.md).");
     r.add_bool("parallel.zero.offload_params", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_params; },
                "Keep the bf16 parameter shards in host memory and stream them per layer (stage 3 only; not "
                "implemented yet: the trainer refuses it).");
@@ -341,7 +343,9 @@ const Registry& registry() {
                               "asynchronously, brought back one layer ahead; `cpu` is not implemented yet: the "
                               "trainer refuses it).");
     r.add_int("activation.mlp_tile", [](StageConfig& c) -> int64_t& { return c.activation.mlp_tile; }, 0, kMaxI,
-              "Tokens per MLP tile along the sequence (0: one tile; not used yet: the MLP runs untiled).");
+              "Tokens per MLP tile along the sequence (0: one tile). With checkpoint layer or attention_output the "
+              "[tokens, intermediate] MLP activations and their gradients shrink to [mlp_tile, intermediate], "
+              "recomputed tile by tile in backward (refused with checkpoint none).");
     r.add_int("activation.lm_head_tile", [](StageConfig& c) -> int64_t& { return c.activation.lm_head_tile; }, 1,
               kMaxI, "Tokens per LM-head + cross-entropy tile; full logits never exist.");
     // ---- output
@@ -352,6 +356,10 @@ const Registry& registry() {
               "also saves one and stops the run with exit code 0 (Slurm: --signal=B:USR1@300).");
     r.add_int("output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,
               "Committed checkpoints to keep; older ones are pruned after a new one commits.");
+    r.add_bool("output.save_final", [](StageConfig& c) -> bool& { return c.output.save_final; },
+               "Save a checkpoint after the last step (the next stage's model.init ckpt:DIR, and --resume). "
+               "false only for benchmarks and throw-away runs: nothing of the run is kept but metrics and the "
+               "HF export.");
     r.add_bool("output.export_hf", [](StageConfig& c) -> bool& { return c.output.export_hf; },
                "At the end of the stage, export the weights as a Hugging Face folder <output.dir>/final "
                "(config.json with the stage's rope_theta, model.safetensors) that transformers and vLLM load.");

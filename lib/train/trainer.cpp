@@ -736,7 +736,7 @@ StepStats Trainer::run() {
       log_info(line, extra);
     }
   }
-  if (cfg_.train.steps > start_step_) save_checkpoint(cfg_.train.steps);
+  if (cfg_.train.steps > start_step_ && cfg_.output.save_final) save_checkpoint(cfg_.train.steps);
   if (root && cfg_.output.export_hf) {
     const std::string dir = (fs::path(cfg_.output.dir) / "final").string();
     save_hf(dir);

@@ -1,7 +1,8 @@
 // CUDA attention (bf16, fp32 LSE) against the CPU reference in fp32 on the same bf16-rounded
 // inputs: forward o/lse and backward dq/dk/dv (accumulated onto random starting values),
 // with causal offsets (including rows that see no key: o = 0, lse = -inf), non-causal
-// blocks, GQA 32/4 and head dims 64 and 128. Outputs are NaN-poisoned before the forward.
+// blocks, GQA 32/4 and head dims 64 and 128, long causal squares (run in query chunks when
+// cuDNN is allowed). Outputs are NaN-poisoned before the forward.
 #include <sstream>
 
 #include "cuda_test_util.h"
@@ -59,6 +60,9 @@ void CudaAttentionTest::run_case(const Case& c) {
   auto qv = [&](const Buffer& x) { return x.view({c.b, c.sq, c.hq, c.hd}); };
   auto kv = [&](const Buffer& x) { return x.view({c.b, c.sk, c.hkv, c.hd}); };
   gpu->attention_fwd(qv(bq), kv(bk), kv(bv), blk, qv(bo), bl.flat());
+  if (use_cudnn_ && c.causal && c.b == 1 && c.sq == c.sk && c.q_off == c.k_off && c.sq >= 2048)
+    EXPECT_NE(ops::cuda_attention_path(*gpu).find("chunks"), std::string::npos)
+        << "a long causal square should run in query chunks; path: " << ops::cuda_attention_path(*gpu);
   std::vector<float> o(static_cast<size_t>(nq)), l(static_cast<size_t>(nl));
   cpu->attention_fwd(host(q, {c.b, c.sq, c.hq, c.hd}), host(k, {c.b, c.sk, c.hkv, c.hd}),
                      host(v, {c.b, c.sk, c.hkv, c.hd}), blk, host(o, {c.b, c.sq, c.hq, c.hd}), host(l, {nl}));
@@ -126,7 +130,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 256, 256, 32, 4, 64, true, 0, 0},       // GQA 32/4, hd 64
                       Case{1, 64, 64, 2, 2, 128, true, 0, 1000},      // no row sees any key
                       Case{1, 256, 384, 32, 4, 128, false, 0, 0},     // full, GQA 32/4, hd 128
-                      Case{2, 128, 200, 8, 2, 64, true, 300, 0}),     // causal, every key visible
+                      Case{2, 128, 200, 8, 2, 64, true, 300, 0},      // causal, every key visible
+                      // Long causal squares: with cuDNN they run in query chunks of 1024 rows
+                      // (prefix through cuDNN, diagonal through the kernel, LSE merge); the
+                      // last chunk is short.
+                      Case{1, 2304, 2304, 4, 2, 64, true, 0, 0},
+                      Case{1, 3072, 3072, 8, 8, 128, true, 0, 0}),
     [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
 
 }  // namespace

@@ -370,6 +370,7 @@ class CudaBackend final : public Backend {
       fill(lse, -INFINITY);
       return;
     }
+    if (causal_in_chunks(p)) return;
     if (cudnn_eligible(p, {q.data, k.data, v.data, o.data, lse.data}) &&
         cudnn()->try_fwd(shape_of(p), p.scale, q.data, k.data, v.data, o.data, lse.ptr<float>(), stream_)) {
       last_path_ = "cudnn";
@@ -580,6 +581,72 @@ class CudaBackend final : public Backend {
 
   // A block with no mask at all (not causal, or causal with every key visible to every row)
   // whose buffers cuDNN can take (16-byte aligned).
+  // A whole causal square (one GPU's sequence, a ring's step 0) in query chunks of t rows:
+  // chunk i's keys before it form a block without a mask, which cuDNN's fused SDPA runs at
+  // its full rate, and only its own t x t diagonal square needs the causal kernel; the two
+  // partial results merge by LSE in fp32 (the diagonal squares are t/S of the work).
+  // Returns false (nothing written) where it does not apply: batch > 1, short sequences,
+  // cuDNN off or declining the shape.
+  static int64_t causal_chunk_rows(int64_t s) {
+    const int64_t t = ((s / 16 + 127) / 128) * 128;
+    return std::min<int64_t>(8192, std::max<int64_t>(1024, t));
+  }
+  bool causal_in_chunks(const kernels::AttentionParams& p) {
+    if (!p.causal || p.diag != 0 || p.sq != p.sk || p.batch != 1 || !use_cudnn_) return false;
+    const int64_t S = p.sq, t = causal_chunk_rows(S), H = p.hq, hd = p.hd;
+    if (S < 2 * t) return false;
+    for (const void* ptr : {static_cast<const void*>(p.q), static_cast<const void*>(p.k),
+                            static_cast<const void*>(p.v), static_cast<const void*>(p.o_out)})
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+    if (!cudnn() || !cudnn()->has_fwd_plan({1, t, t, p.hq, p.hkv, p.hd})) return false;
+    Scratch acc_o(static_cast<size_t>(t * H * hd) * sizeof(float), stream_);  // f32 [t, H, hd]
+    Scratch acc_l(static_cast<size_t>(H * t) * sizeof(float), stream_);       // f32 [H, t]
+    Scratch blk_o(static_cast<size_t>(t * H * hd) * sizeof(bf16), stream_);   // bf16 [t, H, hd]
+    Scratch blk_l(static_cast<size_t>(H * t) * sizeof(float), stream_);       // f32 [H, t]
+    for (int64_t r0 = 0; r0 < S; r0 += t) {
+      const int64_t rows = std::min(t, S - r0);
+      kernels::AttentionParams d = p;  // the diagonal square [r0, r0 + rows)
+      d.q = p.q + r0 * p.q_row;
+      d.k = p.k + r0 * p.k_row;
+      d.v = p.v + r0 * p.k_row;
+      d.sq = d.sk = rows;
+      d.q_batch = rows * p.q_row;
+      d.k_batch = rows * p.k_row;
+      d.o_out = r0 == 0 ? p.o_out : blk_o.as<bf16>();
+      d.lse_out = acc_l.as<float>();
+      kernels::attention_fwd(d, stream_);
+      if (r0 > 0) {
+        const Tensor ao(acc_o.as<float>(), DType::F32, {1, rows, H, hd}, MemSpace::Device);
+        const Tensor al(acc_l.as<float>(), DType::F32, {1, H, rows}, MemSpace::Device);
+        const Tensor bo(blk_o.as<bf16>(), DType::BF16, {1, rows, H, hd}, MemSpace::Device);
+        const Tensor bl(blk_l.as<float>(), DType::F32, {1, H, rows}, MemSpace::Device);
+        copy(ao, bo);  // the diagonal part, widened to the fp32 accumulator
+        // Keys [0, r0): no mask. cuDNN when it has a plan, else our kernel (a non-causal block).
+        if (!cudnn()->try_fwd({1, rows, r0, p.hq, p.hkv, p.hd}, p.scale, d.q, p.k, p.v, bo.data, bl.ptr<float>(),
+                              stream_)) {
+          kernels::AttentionParams pre = d;
+          pre.k = p.k;
+          pre.v = p.v;
+          pre.sk = r0;
+          pre.k_batch = r0 * p.k_row;
+          pre.causal = false;
+          pre.o_out = blk_o.as<bf16>();
+          pre.lse_out = blk_l.as<float>();
+          kernels::attention_fwd(pre, stream_);
+        }
+        attention_merge(ao, al, bo, bl);
+        copy(Tensor(p.o_out + r0 * p.q_row, DType::BF16, {1, rows, H, hd}, MemSpace::Device), ao);
+      }
+      // This chunk's LSE rows into lse [H, S] (row stride S).
+      EASYCTX_CUDA_CHECK(cudaMemcpy2DAsync(p.lse_out + r0, static_cast<size_t>(S) * sizeof(float), acc_l.as<float>(),
+                                           static_cast<size_t>(rows) * sizeof(float),
+                                           static_cast<size_t>(rows) * sizeof(float), static_cast<size_t>(H),
+                                           cudaMemcpyDeviceToDevice, stream_));
+    }
+    last_path_ = "cudnn+kernel (causal in chunks)";
+    return true;
+  }
+
   bool cudnn_eligible(const kernels::AttentionParams& p, std::initializer_list<const void*> ptrs) {
     if (!use_cudnn_) return false;
     if (p.causal && p.diag < p.sk - 1) return false;

@@ -217,6 +217,7 @@ bool CudnnAttention::try_fwd(const SdpaShape& s, float scale, const void* q, con
 }
 
 bool CudnnAttention::has_bwd_plan(const SdpaShape& s) { return plan(true, s) != nullptr; }
+bool CudnnAttention::has_fwd_plan(const SdpaShape& s) { return plan(false, s) != nullptr; }
 
 bool CudnnAttention::try_bwd(const SdpaShape& s, float scale, const void* q, const void* k, const void* v,
                              const void* o, const float* lse, const void* dout, void* dq, void* dk, void* dv,
@@ -237,6 +238,10 @@ struct CudnnAttention::Plan {};
 CudnnAttention::CudnnAttention() = default;
 CudnnAttention::~CudnnAttention() = default;
 bool CudnnAttention::has_bwd_plan(const SdpaShape&) {
+  last_decline_ = "cuDNN < 9.19 at build time";
+  return false;
+}
+bool CudnnAttention::has_fwd_plan(const SdpaShape&) {
   last_decline_ = "cuDNN < 9.19 at build time";
   return false;
 }

@@ -33,6 +33,8 @@ class CudnnAttention {
   // false: cuDNN has no plan for this shape (nothing was written).
   bool try_fwd(const SdpaShape& s, float scale, const void* q, const void* k, const void* v, void* o, float* lse,
                cudaStream_t st);
+  // Whether cuDNN has a forward plan for the shape (built and cached on first ask).
+  bool has_fwd_plan(const SdpaShape& s);
   // Whether cuDNN has a backward plan for the shape (built and cached on first ask), so the
   // caller allocates gradient scratch only when it will be used.
   bool has_bwd_plan(const SdpaShape& s);

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Full training steps of easyctx on one GPU beside the Hugging Face peer
+# (peer_hf_llama.py: LlamaForCausalLM, torch SDPA, gradient checkpointing, pure bf16,
+# fused AdamW) in the same call. Run on the GPU host from the repository root after
+# building build-gpu (bench/gpu_host_env.sh):
+#   RUNS="7b:65536 7b:131072" PEER=1 bash bench/run_train.sh [extra --set for easyctx ...]
+# RUNS: model:tokens pairs (7b = configs/bench/llama2-7b-1gpu.yaml, 1b = the TinyLlama shape
+# through the same file with model.config tinyllama-1b). STEPS (default 3) steps each; the
+# figures are medians over the steps after the first. Prints one JSON line per run
+# (easyctx, then the peer when PEER=1) and appends them to $OUT/train_results.jsonl if OUT
+# is set. PEER_SCRIPT: the peer's path (default ../shared/bench/peer_hf_llama.py, else
+# .deps/peer_hf_llama.py).
+set -euo pipefail
+RUNS=${RUNS:-"7b:65536"}
+STEPS=${STEPS:-3}
+PEER=${PEER:-0}
+BIN=${BIN:-build-gpu/bin/easyctx_train}
+CFG=${CFG:-configs/bench/llama2-7b-1gpu.yaml}
+PEER_SCRIPT=${PEER_SCRIPT:-../shared/bench/peer_hf_llama.py}
+[ -f "$PEER_SCRIPT" ] || PEER_SCRIPT=.deps/peer_hf_llama.py
+results=${RESULTS:-${OUT:+$OUT/train_results.jsonl}}
+for run in $RUNS; do
+  model=${run%%:*}
+  seq=${run##*:}
+  mcfg=llama2-7b
+  [ "$model" = 1b ] && mcfg=tinyllama-1b
+  dir=/tmp/easyctx-bench/$model-$seq
+  rm -rf "$dir"; mkdir -p "$(dirname "$dir")"
+  log=$dir.log
+  start=$(date +%s)
+  set +e
+  "$BIN" "$CFG" --set model.config=$mcfg --set data.seq_length=$seq --set train.steps=$STEPS \
+    --set output.dir=$dir "$@" > "$log" 2>&1
+  rc=$?
+  set -e
+  wall=$(( $(date +%s) - start ))
+  grep -E "memory|device|plan|error|step [0-9]+/" "$log" | tail -n 8 >&2 || true
+  python3 - "$dir/metrics.jsonl" "$model" "$seq" "$rc" "$wall" "$log" "$*" <<'PY' | tee -a ${results:-/dev/null}
+import json, sys, statistics
+path, model, seq, rc, wall, log, extra = sys.argv[1:]
+rows = []
+try:
+    rows = [json.loads(l) for l in open(path)]
+except OSError:
+    pass
+out = dict(system="easyctx", model=model, seq=int(seq), rc=int(rc), wall_s=int(wall), extra=extra)
+timed = rows[1:] if len(rows) > 1 else rows
+if timed:
+    tps = statistics.median(r["tokens_per_s"] for r in timed)
+    out.update(steps=len(rows), tokens_per_s=round(tps), step_s=round(int(seq) / tps, 2),
+               mfu=round(statistics.median(r.get("mfu", -1) for r in timed), 4),
+               peak_mem_gib=max(r.get("peak_mem_gib", -1) for r in rows), loss=rows[-1]["loss"])
+else:
+    out["error"] = open(log).read()[-600:]
+for line in open(log):
+    if "memory:" in line or "plan" in line.lower():
+        out.setdefault("memory_lines", []).append(line.strip()[-300:])
+print(json.dumps(out), flush=True)
+PY
+  if [ "$PEER" = 1 ]; then
+    python3 "$PEER_SCRIPT" --runs "$model:$seq" --steps $((STEPS - 1)) --sdpa cudnn 2>/dev/null \
+      | grep '^{' | sed 's/^{/{"system": "peer_hf_llama", /' | tee -a ${results:-/dev/null}
+  fi
+done
