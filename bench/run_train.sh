@@ -9,12 +9,16 @@
 # figures are medians over the steps after the first. Prints one JSON line per run
 # (easyctx, then the peer when PEER=1) and appends them to $OUT/train_results.jsonl if OUT
 # is set. PEER_SCRIPT: the peer's path (default ../shared/bench/peer_hf_llama.py, else
-# .deps/peer_hf_llama.py).
+# .deps/peer_hf_llama.py). LAUNCH: a launcher prefix for several GPUs (mpirun ...), with
+# --set parallel.sequence.size=N among the extra arguments; tokens/s is then the whole
+# job's, MFU per GPU.
 set -euo pipefail
 RUNS=${RUNS:-"7b:65536"}
 STEPS=${STEPS:-3}
 PEER=${PEER:-0}
+PEER_ONLY=${PEER_ONLY:-0}  # 1: only the peer (easyctx runs elsewhere in the same call)
 BIN=${BIN:-build-gpu/bin/easyctx_train}
+LAUNCH=${LAUNCH:-}  # e.g. "mpirun -np 2 --bind-to none" for sequence parallelism over 2 GPUs
 CFG=${CFG:-configs/bench/llama2-7b-1gpu.yaml}
 PEER_SCRIPT=${PEER_SCRIPT:-../shared/bench/peer_hf_llama.py}
 [ -f "$PEER_SCRIPT" ] || PEER_SCRIPT=.deps/peer_hf_llama.py
@@ -24,12 +28,17 @@ for run in $RUNS; do
   seq=${run##*:}
   mcfg=llama2-7b
   [ "$model" = 1b ] && mcfg=tinyllama-1b
+  if [ "$PEER_ONLY" = 1 ]; then
+    python3 "$PEER_SCRIPT" --runs "$model:$seq" --steps $((STEPS - 1)) --sdpa cudnn 2>/dev/null \
+      | grep '^{' | sed 's/^{/{"system": "peer_hf_llama", /' | tee -a ${results:-/dev/null}
+    continue
+  fi
   dir=/tmp/easyctx-bench/$model-$seq
   rm -rf "$dir"; mkdir -p "$(dirname "$dir")"
   log=$dir.log
   start=$(date +%s)
   set +e
-  "$BIN" "$CFG" --set model.config=$mcfg --set data.seq_length=$seq --set train.steps=$STEPS \
+  $LAUNCH "$BIN" "$CFG" --set model.config=$mcfg --set data.seq_length=$seq --set train.steps=$STEPS \
     --set output.dir=$dir "$@" > "$log" 2>&1
   rc=$?
   set -e

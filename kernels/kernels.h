@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "adamw_math.h"
+
 namespace easyctx::kernels {
 
 using bf16 = __nv_bfloat16;
@@ -75,9 +77,8 @@ void cross_entropy_tile(const float* logits, const int32_t* labels, int64_t rows
 // count[0] = number of labels >= 0 (fixed order).
 void count_labels(const int32_t* labels, int64_t n, int64_t* count, cudaStream_t st);
 
-// ---- adamw.cu: param, grad, m, v f32[n]
-void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
-           float decay, float bc1, float bc2, cudaStream_t st);
+// ---- adamw.cu: param, grad, m, v f32[n]; the update of adamw_math.h
+void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConsts& c, cudaStream_t st);
 
 // ---- attention_*.cu: see attention.h for the parameter structs.
 // attention_merge: o [B, S, H, hd] (TO), lse f32[B, H, S] updated with o_blk (TB), lse_blk.

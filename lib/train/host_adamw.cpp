@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "adamw_math.h"
 #include "core/error.h"
 
 namespace easyctx::train {
@@ -36,7 +37,6 @@ struct HostAdamW::Impl {
   uint16_t* work[2] = {nullptr, nullptr};  // pinned bf16[chunk]
   cudaStream_t down = nullptr, up = nullptr;
   cudaEvent_t got[2] = {nullptr, nullptr}, sent[2] = {nullptr, nullptr};
-  std::unique_ptr<ops::Backend> cpu = ops::make_cpu_backend();
   ~Impl() {
     for (int s = 0; s < 2; ++s) {
       if (got[s]) cudaEventDestroy(got[s]);
@@ -91,10 +91,11 @@ void HostAdamW::step(const std::vector<OffloadPiece>& pieces, const ops::AdamWSt
     const int sl = static_cast<int>(i % 2);
     HOST_ADAMW_CHECK(cudaEventSynchronize(I.got[sl]));
     if (i + 1 < chunks.size()) fetch(i + 1);  // the other slot's gradient buffer was consumed at i - 1
-    ops::AdamWStep st = s;
-    st.weight_decay = c.p->weight_decay;
-    auto host = [&](float* base) { return ops::Tensor(base + c.off, ops::DType::F32, {c.n}); };
-    I.cpu->adamw(host(c.p->master), ops::Tensor(I.grad[sl], ops::DType::F32, {c.n}), host(c.p->m), host(c.p->v), st);
+    const kernels::AdamWConsts k = kernels::adamw_consts(s.lr, s.beta1, s.beta2, s.eps, c.p->weight_decay, s.step);
+    float *p = c.p->master + c.off, *m = c.p->m + c.off, *v = c.p->v + c.off;
+    const float* g = I.grad[sl];
+#pragma omp parallel for schedule(static) if (c.n > (1 << 16))
+    for (int64_t i = 0; i < c.n; ++i) kernels::adamw_element(p[i], g[i], m[i], v[i], k);
     if (sent_pending[sl]) HOST_ADAMW_CHECK(cudaEventSynchronize(I.sent[sl]));  // chunk i - 2 left this slot
     f32_to_bf16(c.p->master + c.off, I.work[sl], c.n);
     HOST_ADAMW_CHECK(cudaMemcpyAsync(static_cast<uint16_t*>(c.p->work_dev) + c.off, I.work[sl],

@@ -1,7 +1,8 @@
 // AdamW on the host for parameters whose fp32 master weights and Adam moments live in host
 // memory (parallel.zero.offload_optimizer): the fp32 gradients stream from the GPU in chunks
-// through pinned staging, AdamW runs on the host's threads (the CPU backend's fp32 AdamW, the
-// same arithmetic as the CPU trainer), and the updated weights stream back as bf16. The
+// through pinned staging, AdamW runs on the host's threads (kernels/adamw_math.h: the same
+// float operations as the GPU's AdamW kernel, so the weights are bit-identical to an on-GPU
+// optimizer's), and the updated weights stream back as bf16. The
 // copies of chunk i+1 (down) and i-1 (up) overlap the host update of chunk i. CUDA builds
 // only.
 #pragma once

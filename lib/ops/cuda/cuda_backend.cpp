@@ -562,12 +562,8 @@ class CudaBackend final : public Backend {
       check_type("adamw", "param/grad/m/v", *t, DType::F32);
       check_numel("adamw", "grad/m/v", *t, param.numel());
     }
-    const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
-    const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
     kernels::adamw(param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(), param.numel(),
-                   static_cast<float>(s.lr), static_cast<float>(s.beta1), static_cast<float>(s.beta2),
-                   static_cast<float>(s.eps), static_cast<float>(1.0 - s.lr * s.weight_decay), static_cast<float>(bc1),
-                   static_cast<float>(bc2), stream_);
+                   kernels::adamw_consts(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.step), stream_);
   }
 
  private:
