@@ -96,6 +96,17 @@ struct LoggingConfig {
   std::string level = "info";
 };
 
+// The machine a run is sized for (lib/plan: `easyctx_train STAGE.yaml --plan`, and the check
+// before a run allocates). 0 and "" take the value from the launch and the visible device.
+struct TargetConfig {
+  std::string gpu;              // "" (the visible device), a known model (plan::known_gpus()) or any name
+  double gpu_memory_gib = 0;    // 0: from gpu's name or the device
+  int64_t gpus_per_node = 0;    // ranks per node (GPUs, or processes on the CPU backend); 0: the launch's
+  int64_t nodes = 0;            // 0: the launch's
+  double host_memory_gib = 0;   // per node; 0: MemTotal of this machine (/proc/meminfo)
+  double headroom = 0.03;       // share of each GPU's (and host's) memory kept free
+};
+
 struct StageConfig {
   ModelConfig model;
   DataConfig data;
@@ -104,6 +115,7 @@ struct StageConfig {
   ActivationConfig activation;
   OutputConfig output;
   LoggingConfig logging;
+  TargetConfig target;
   std::string source;  // the YAML file it was loaded from ("" for defaults)
 };
 
