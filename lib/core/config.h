@@ -135,5 +135,7 @@ std::string dump_stage_config(const StageConfig& cfg);
 std::string config_reference_markdown();
 // Every registered key, in order.
 std::vector<std::string> config_keys();
+// One key's value as YAML scalar text (what --print-config shows); InputError for unknown keys.
+std::string config_value(const StageConfig& cfg, const std::string& key);
 
 }  // namespace easyctx

@@ -452,6 +452,12 @@ std::vector<std::string> config_keys() {
   return out;
 }
 
+std::string config_value(const StageConfig& cfg, const std::string& key) {
+  const Field* f = registry().find(key);
+  EASYCTX_CHECK_INPUT(f != nullptr, "unknown config key '", key, "'; see docs/config.md");
+  return f->get(cfg);
+}
+
 void apply_override(StageConfig& cfg, const std::string& assignment) {
   std::string loc = "--set " + assignment;
   size_t eq = assignment.find('=');

@@ -138,5 +138,9 @@ class Backend {
 
 // The CPU reference backend: host memory, fp32 and fp64, OpenMP across rows.
 std::unique_ptr<Backend> make_cpu_backend();
+// The same counters summed over every CPU backend of the process (for code that cannot
+// reach the backend, e.g. a test measuring a Trainer); scratch_peak_bytes is 0.
+MemoryStats cpu_process_memory_stats();
+void reset_cpu_process_peak_memory();
 
 }  // namespace easyctx::ops

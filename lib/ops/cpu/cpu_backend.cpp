@@ -59,6 +59,12 @@ void write_from_double(const Tensor& t, int64_t i, double x) {
   }
 }
 
+// Every CPU backend's allocations together (cpu_process_memory_stats).
+MemoryCounter& process_counter() {
+  static MemoryCounter* c = new MemoryCounter;  // never destroyed: Buffers may be freed at exit
+  return *c;
+}
+
 class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
@@ -74,9 +80,11 @@ class CpuBackend final : public Backend {
     if (p) std::memset(p, 0, rounded);
     const int64_t counted = static_cast<int64_t>(bytes);
     mem_->add(counted);
+    process_counter().add(counted);
     return Buffer(p, bytes, t, MemSpace::Host, [mem = mem_, counted](void* q) {
       std::free(q);
       mem->sub(counted);
+      process_counter().sub(counted);
     });
   }
 
@@ -359,5 +367,8 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+MemoryStats cpu_process_memory_stats() { return {process_counter().live(), process_counter().peak(), 0}; }
+void reset_cpu_process_peak_memory() { process_counter().reset_peak(); }
 
 }  // namespace easyctx::ops
