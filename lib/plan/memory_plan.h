@@ -39,8 +39,8 @@ constexpr int64_t kCudaContextBytes = int64_t{768} << 20;  // 0.75 GiB
 constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
 // Host memory of an easyctx_train process before its buffers (program, libraries, MPI;
 // with CUDA also the driver's and runtime's host side). Calibrated estimates (VmHWM).
-constexpr int64_t kHostBaselineCpuBytes = int64_t{160} << 20;
-constexpr int64_t kHostBaselineCudaBytes = int64_t{1536} << 20;
+constexpr int64_t kHostBaselineCpuBytes = int64_t{32} << 20;
+constexpr int64_t kHostBaselineCudaBytes = int64_t{1} << 30;
 
 struct PlanItem {
   std::string name;
