@@ -92,7 +92,8 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
   }
   {
     Family f{"data.seq_length", false, {}};
-    for (int64_t len = cfg.data.seq_length / 2; len >= 128; len /= 2) f.values.push_back(one("data.seq_length", num(len)));
+    for (int64_t len = cfg.data.seq_length / 2; len >= 128; len /= 2)
+      f.values.push_back(one("data.seq_length", num(len)));
     fams.push_back(f);
   }
   {

@@ -23,7 +23,6 @@ std::string num(int64_t v) { return std::to_string(v); }
 // ---------------------------------------------------------------------------------------
 struct Run {
   const StageConfig& cfg;
-  const PlanTarget& t;
   model::LlamaConfig mc;
   model::ParamLayout layout;
   dist::GroupLayout groups;
@@ -35,7 +34,7 @@ struct Run {
   int64_t Z = 1;             // ZeRO-3 shard group size (1: stage 0)
   std::string dev;           // where the backend allocates: "gpu" (CUDA) or "host" (CPU)
 
-  Run(const StageConfig& c, const PlanTarget& tg) : cfg(c), t(tg), mc(model::resolve_llama_config(c.model)), layout(mc) {}
+  explicit Run(const StageConfig& c) : cfg(c), mc(model::resolve_llama_config(c.model)), layout(mc) {}
   bool zero3() const { return cfg.parallel.zero.stage == 3; }
   bool offload_opt() const { return cfg.parallel.zero.offload_optimizer && cuda; }
   // ZeRO-3 shard length of unit u (the last shard padded), as Trainer::shard_len.
@@ -104,10 +103,6 @@ class Replay {
       }
   }
   void scratch(const std::string& name, int64_t bytes, const std::string& formula) { free(alloc(name, bytes, formula)); }
-  void free_all() {
-    live_.clear();
-    total_ = 0;
-  }
   const std::vector<Entry>& at_peak() const { return snapshot_; }
 
  private:
@@ -212,7 +207,9 @@ class AttentionReplay {
       ids.push_back(rp_.alloc(t + n + " (head-sharded)", b, "e x S x U x heads/U x hd"));
       rp_.free(send);
     };
-    auto from_heads = [&](int64_t heads) { rp_.scratch(t + "all-to-all receive", e * sg * heads * hd_, "e x S x U x heads/U x hd"); };
+    auto from_heads = [&](int64_t heads) {
+      rp_.scratch(t + "all-to-all receive", e * sg * heads * hd_, "e x S x U x heads/U x hd");
+    };
     if (!backward) {
       to_heads("q", nq);
       to_heads("k", nkv);
@@ -256,7 +253,9 @@ void attention_items(const Run& r, bool backward, Items& it) {
     a.local(backward);
   } else {
     switch (r.cfg.parallel.sequence.mode) {
-      case SeqParallelMode::ZigzagRing: a.zigzag(r.S, r.mc.num_heads, r.mc.num_kv_heads, backward, "zigzag_ring "); break;
+      case SeqParallelMode::ZigzagRing:
+        a.zigzag(r.S, r.mc.num_heads, r.mc.num_kv_heads, backward, "zigzag_ring ");
+        break;
       case SeqParallelMode::DistFlash: a.dist_flash(sp, backward); break;
       case SeqParallelMode::Ulysses: a.ulysses(sp, false, backward); break;
       case SeqParallelMode::Usp: a.ulysses(r.groups.ulysses_size, true, backward); break;  // inner ring, any size
@@ -383,7 +382,7 @@ namespace detail {
 
 MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   EASYCTX_CHECK(t.backend != DeviceKind::Auto, "plan_memory: the target's backend must be resolved (cpu or cuda)");
-  Run r(cfg, t);
+  Run r(cfg);
   r.cuda = t.backend == DeviceKind::Cuda;
   r.dtype = r.cuda ? DType::BF16 : DType::F32;
   r.e = r.cuda ? 2 : 4;
@@ -450,9 +449,9 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
     it.persistent("init", "fp32 master shard + Adam m, v shards" + std::string(off ? " (offloaded)" : ""),
                   off ? "host" : "gpu", 3 * 4 * sl, "3 x 4 x sum ceil(unit / Z)", !off, false);
     it.persistent("init", "fp32 reduced gradient shard", "gpu", 4 * sl, "4 x sum ceil(unit / Z)", true, false);
-    it.persistent("init", "bf16 parameter shard" + std::string(cfg.parallel.zero.offload_params ? " (offloaded, pinned)" : ""),
-                  cfg.parallel.zero.offload_params ? "host" : "gpu", 2 * sl, "2 x sum ceil(unit / Z)",
-                  !cfg.parallel.zero.offload_params, false);
+    const bool offp = cfg.parallel.zero.offload_params;
+    it.persistent("init", "bf16 parameter shard" + std::string(offp ? " (offloaded, pinned)" : ""), offp ? "host" : "gpu",
+                  2 * sl, "2 x sum ceil(unit / Z)", !offp, false);
     it.persistent("init", "bf16 gathered units (embedding, head, 1 + prefetch layers)", "gpu",
                   2 * (ends + (1 + cfg.parallel.zero.prefetch) * layer), "2 x (embed + head + (1 + prefetch) x layer)",
                   true, false);
@@ -468,7 +467,8 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
     it.transient("init", "host staging of the weights being loaded (f32)", "host", 4 * P, "4 P", false);
 
   // ---- the first step: micro-batch on the device, the model's workspace
-  if (r.cuda) it.persistent("step", "micro-batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
+  if (r.cuda)
+    it.persistent("step", "micro-batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
   const int64_t mb = cfg.train.grad_accum * (3 * 4 * n + 8 * r.B);
   it.persistent("step", "loader micro-batches (int32 tokens, positions, labels)", "host", mb,
                 "grad_accum x (3 x 4 x n + 8 B)", false);
@@ -510,10 +510,31 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
     it.transient("gradient clip", "sum-of-squares partials", "gpu", 8 * 1025, "8 x 1025");
   } else {
     // cpu::lm_head_loss keeps its tile and the per-token NLL on the heap (not backend buffers).
-    const int64_t tile = std::max<int64_t>(1, std::min(ht, std::max<int64_t>(1, (int64_t{1} << 24) / std::max<int64_t>(1, V))));
+    const int64_t cap = std::max<int64_t>(1, (int64_t{1} << 24) / std::max<int64_t>(1, V));
+    const int64_t tile = std::max<int64_t>(1, std::min(ht, cap));
     it.transient("LM head + loss", "logits tile f32 (heap; tile = " + num(tile) + ")", "host", 4 * tile * V,
                  "4 x min(lm_head_tile, n, 2^24 / V) x V", false);
     it.transient("LM head + loss", "per-token NLL f64 (heap)", "host", 8 * n, "8 x n", false);
+  }
+
+  // ---- gradient reduction over MPI (the CPU backend): MpiComm sums floats in rank order
+  // through heap copies, unit by unit: all_reduce holds the padded send, the received blocks
+  // and its own block; reduce_scatter the received blocks (then the replicas' all_reduce).
+  if (!r.cuda) {
+    int64_t unit = 0, len = 0;
+    for (size_t u = 0; u < r.layout.num_units(); ++u)
+      unit = std::max(unit, r.layout.units()[u].numel), len = std::max(len, r.shard_len(u));
+    auto all_reduce = [](int64_t count, int64_t ranks) {
+      const int64_t block = (count + ranks - 1) / ranks;
+      return 4 * (2 * block * ranks + block);
+    };
+    const int64_t G = r.groups.sp_size > 1 ? t.world() : r.groups.dp_size, R = t.world() / r.Z;
+    int64_t bytes = 0;
+    if (!r.zero3() && G > 1) bytes = all_reduce(unit, G);
+    if (r.zero3() && r.Z > 1) bytes = 4 * len * r.Z;
+    if (r.zero3() && R > 1) bytes = std::max(bytes, all_reduce(len, R));
+    it.transient("gradient reduce", "MPI rank-ordered sum buffers (heap, largest unit)", "host", bytes,
+                 r.zero3() ? "4 x Z x ceil(unit / Z)" : "4 x (2 G + 1) x ceil(unit / G), G = ranks summing", false);
   }
 
   // ---- host staging of checkpoints and the export (CUDA stage 0: whole units)

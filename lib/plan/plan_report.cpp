@@ -166,19 +166,24 @@ Json plan_to_json(const MemoryPlan& p) {
   return j;
 }
 
-std::string compare_line(const MemoryPlan& p, const ops::MemoryStats& m, double host_hwm_bytes) {
+std::string compare_line(const MemoryPlan& p, const ops::MemoryStats& m, double host_hwm_bytes,
+                         double device_used_bytes) {
   const bool cuda = p.target.backend == DeviceKind::Cuda;
   std::ostringstream os;
   const double measured = static_cast<double>(m.peak_bytes);
   os << "memory: predicted peak " << gib(p.alloc_peak_bytes) << (cuda ? " per GPU" : " per rank")
-     << " (allocations, " << p.alloc_peak_phase << "), measured " << gib(m.peak_bytes) << " ("
+     << " (allocations, " << p.alloc_peak_phase << "), measured " << gib(m.peak_bytes) << " (plan "
      << pct(static_cast<double>(p.alloc_peak_bytes), measured) << ")";
-  if (cuda)
-    os << "; device total predicted " << gib(p.gpu_peak_bytes) << " incl. " << gib(p.context_bytes)
-       << " context; scratch pool reserved peak " << gib(m.scratch_peak_bytes);
+  if (cuda) {
+    os << "; device total predicted " << gib(p.gpu_peak_bytes) << " incl. " << gib(p.context_bytes) << " context";
+    if (device_used_bytes >= 0)
+      os << ", measured " << gib(static_cast<int64_t>(device_used_bytes)) << " (cudaMemGetInfo, plan "
+         << pct(static_cast<double>(p.gpu_peak_bytes), device_used_bytes) << ")";
+    os << "; scratch pool reserved peak " << gib(m.scratch_peak_bytes);
+  }
   os << "; host predicted " << gib(p.host_rank_peak_bytes) << " per rank";
   if (host_hwm_bytes >= 0)
-    os << ", measured " << gib(static_cast<int64_t>(host_hwm_bytes)) << " (VmHWM, "
+    os << ", measured " << gib(static_cast<int64_t>(host_hwm_bytes)) << " (VmHWM, plan "
        << pct(static_cast<double>(p.host_rank_peak_bytes), host_hwm_bytes) << ")";
   return os.str();
 }
