@@ -10,6 +10,7 @@
 #include "core/strings.h"
 #include "data/sp_slice.h"
 #include "dist/groups.h"
+#include "model/param_layout.h"
 #include "plan_test_util.h"
 #include "train/trainer.h"
 
@@ -101,6 +102,27 @@ TEST(MemoryPlan, LocalLengthMatchesTheLoader) {
       EXPECT_EQ(p.sp, k.sp);
       EXPECT_EQ(p.dp, k.world / k.sp);
     }
+}
+
+// The host buffers of MpiComm's rank-ordered gradient sums (CPU data parallelism): the
+// largest unit (a layer of the tiny preset) in blocks over the G ranks.
+TEST(MemoryPlan, CpuGradientReductionBuffers) {
+  StageConfig c;
+  c.model.config = "tiny";
+  const MemoryPlan one = plan::plan_memory(c, cpu_target(1));
+  const MemoryPlan three = plan::plan_memory(c, cpu_target(3));
+  auto reduce = [](const MemoryPlan& p) {
+    for (const plan::PlanItem& i : p.items)
+      if (i.phase == "gradient reduce") return i.bytes;
+    return int64_t{0};
+  };
+  EXPECT_EQ(reduce(one), 0);  // nothing to sum on one rank
+  int64_t unit = 0;
+  const model::ParamLayout layout(model::load_llama_config("tiny"));
+  for (const model::ParamUnit& u : layout.units()) unit = std::max(unit, u.numel);
+  EXPECT_EQ(unit, 64 * 64 * 2 + 2 * 32 * 64 + 3 * 64 * 172 + 2 * 64);  // q, o, k, v, MLP, norms
+  const int64_t block = (unit + 2) / 3;
+  EXPECT_EQ(reduce(three), 4 * (2 * block * 3 + block));
 }
 
 // ---- the knob search: a target too small for the run gets single changes that fit.
@@ -201,7 +223,8 @@ TEST(MemoryPlan, SequenceParallelKnobAsksForMoreGpus) {
     if (k.assignment.rfind("parallel.sequence.size=", 0) == 0) {
       sp = true;
       EXPECT_NE(k.note.find("needs"), std::string::npos) << k.note;
-      EXPECT_EQ(k.nodes * k.gpus_per_node, std::stoi(k.assignment.substr(std::string("parallel.sequence.size=").size())));
+      const int size = std::stoi(k.assignment.substr(std::string("parallel.sequence.size=").size()));
+      EXPECT_EQ(k.nodes * k.gpus_per_node, size);
       StageConfig fixed = c;
       apply_override(fixed, k.assignment);
       EXPECT_TRUE(plan::plan_memory(fixed, gpu_target(139, k.gpus_per_node, k.nodes)).fits) << k.assignment;
