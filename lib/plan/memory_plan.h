@@ -63,7 +63,8 @@ struct PhaseTotal {
   int64_t host_bytes = 0;
 };
 
-// A single config change that makes a plan that does not fit fit.
+// A config change (one key, or a combination: assignments separated by spaces) that makes a
+// plan that does not fit fit.
 struct KnobFix {
   std::string assignment;  // "activation.mlp_tile=8192"
   std::string note;        // "needs 4 GPUs: target.nodes=1, target.gpus_per_node=4", ...
@@ -71,7 +72,7 @@ struct KnobFix {
   int64_t host_bytes = 0;  // its host peak per node
   int nodes = 0, gpus_per_node = 0;  // the target it assumes (parallel.sequence.size may need more GPUs)
   bool implemented = true;
-  std::string to_string() const;  // "--set activation.mlp_tile=8192 (131.0 GiB per GPU)"
+  std::string to_string() const;  // "--set activation.mlp_tile=8192 (131.00 GiB per GPU)"
 };
 
 struct MemoryPlan {
@@ -102,7 +103,7 @@ struct MemoryPlan {
   int64_t host_capacity = 0, host_usable = 0;
   bool gpu_fits = true, host_fits = true, fits = true;
   std::vector<std::string> not_implemented;  // features the plan includes that the trainer refuses
-  std::vector<KnobFix> knobs;                // when !fits: single changes that fit
+  std::vector<KnobFix> knobs;  // when !fits: single changes that fit, else a combination ("together")
 };
 
 // The plan of `cfg` on `target` (world = target.world()). Throws InputError when the config
