@@ -1,6 +1,8 @@
-// easyctx_train STAGE.yaml [--set key=value ...] [--print-config] [--config-doc] [--resume auto|none|PATH]
+// easyctx_train STAGE.yaml [--set key=value ...] [--print-config] [--config-doc] [--plan]
+//               [--resume auto|none|PATH]
 // Loads and validates the stage config on every rank, builds the process groups, and runs
-// the stage (lib/train). Everything else lives in lib/.
+// the stage (lib/train). --plan prints the memory plan (lib/plan) and exits: 0 when the run
+// fits its target, 3 when it does not, 2 on bad input. Everything else lives in lib/.
 #include <boost/program_options.hpp>
 #include <iostream>
 
@@ -8,6 +10,7 @@
 #include "core/error.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
+#include "plan/memory_plan.h"
 #include "train/trainer.h"
 
 namespace po = boost::program_options;
@@ -22,7 +25,12 @@ int main(int argc, char** argv) {
         "resume", po::value<std::string>()->default_value("auto"),
         "auto: continue from the newest committed checkpoint in <output.dir>/checkpoints if any; none: start "
         "from model.init; PATH: resume from that checkpoint")(
-        "config-doc", "print the Markdown reference of every config key (docs/config.md), then exit");
+        "config-doc", "print the Markdown reference of every config key (docs/config.md), then exit")(
+        "plan", "print the memory plan (every buffer per GPU and per host; docs/memory-model.md) as a table, then "
+        "as one JSON object on the last line, and exit without allocating: 0 when the run fits, 3 when it does "
+        "not (the message names the --set changes that would fit), 2 on bad input. Plans for target.* (GPU "
+        "model and memory, GPUs per node, nodes, host memory), else the launch and this machine, so it runs on "
+        "a login node without GPUs");
     po::options_description hidden;
     hidden.add_options()("stage", po::value<std::string>(), "stage YAML");
     po::options_description all;
@@ -39,7 +47,10 @@ int main(int argc, char** argv) {
       }
     });
     if (vm.count("help")) {
-      if (rt.rank() == 0) std::cout << opts << "\nConfig keys: docs/config.md (or --config-doc)\n";
+      if (rt.rank() == 0)
+        std::cout << opts << "\nConfig keys: docs/config.md (or --config-doc). Memory plan: docs/memory-model.md.\n"
+                  << "Exit codes: 0 done (or stopped by a signal after its checkpoint), 1 failure, 2 bad input, "
+                     "3 --plan: does not fit.\n";
       return 0;
     }
     if (vm.count("config-doc")) {
@@ -48,13 +59,27 @@ int main(int argc, char** argv) {
     }
     StageConfig cfg;
     dist::GroupLayout layout;
+    plan::MemoryPlan mem_plan;
+    const bool plan_only = vm.count("plan") > 0;
     dist::run_collectively(rt, [&] {
       EASYCTX_CHECK_INPUT(vm.count("stage"), "command line: missing STAGE.yaml (see --help)");
       std::vector<std::string> sets;
       if (vm.count("set")) sets = vm["set"].as<std::vector<std::string>>();
       cfg = load_stage_config(vm["stage"].as<std::string>(), sets);
-      layout = dist::make_group_layout(cfg, rt.size(), rt.topology().local_size);
+      // --plan checks the config against the target's world, not this launch's.
+      if (plan_only)
+        mem_plan = plan::plan_memory(cfg, plan::resolve_target(cfg, rt.size(), rt.topology().local_size));
+      else
+        layout = dist::make_group_layout(cfg, rt.size(), rt.topology().local_size);
     });
+    if (plan_only) {
+      if (rt.rank() == 0) {
+        std::cout << plan::format_plan_table(mem_plan);
+        if (!mem_plan.fits) std::cout << "\n" << plan::refusal_message(mem_plan) << "\n";
+        std::cout << "\n" << plan::plan_to_json(mem_plan).dump() << std::endl;
+      }
+      return mem_plan.fits ? 0 : 3;
+    }
     if (vm.count("print-config")) {
       if (rt.rank() == 0) std::cout << "# resolved configuration (" << cfg.source << ")\n" << dump_stage_config(cfg)
                                     << "\n" << layout.describe();

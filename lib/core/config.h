@@ -97,6 +97,17 @@ struct LoggingConfig {
   std::string level = "info";
 };
 
+// The machine a run is sized for (lib/plan: `easyctx_train STAGE.yaml --plan`, and the check
+// before a run allocates). 0 and "" take the value from the launch and the visible device.
+struct TargetConfig {
+  std::string gpu;              // "" (the visible device), a known model (plan::known_gpus()) or any name
+  double gpu_memory_gib = 0;    // 0: from gpu's name or the device
+  int64_t gpus_per_node = 0;    // ranks per node (GPUs, or processes on the CPU backend); 0: the launch's
+  int64_t nodes = 0;            // 0: the launch's
+  double host_memory_gib = 0;   // per node; 0: MemTotal of this machine (/proc/meminfo)
+  double headroom = 0.03;       // share of each GPU's (and host's) memory kept free
+};
+
 struct StageConfig {
   ModelConfig model;
   DataConfig data;
@@ -105,6 +116,7 @@ struct StageConfig {
   ActivationConfig activation;
   OutputConfig output;
   LoggingConfig logging;
+  TargetConfig target;
   std::string source;  // the YAML file it was loaded from ("" for defaults)
 };
 
@@ -124,5 +136,7 @@ std::string dump_stage_config(const StageConfig& cfg);
 std::string config_reference_markdown();
 // Every registered key, in order.
 std::vector<std::string> config_keys();
+// One key's value as YAML scalar text (what --print-config shows); InputError for unknown keys.
+std::string config_value(const StageConfig& cfg, const std::string& key);
 
 }  // namespace easyctx

@@ -375,6 +375,26 @@ const Registry& registry() {
                "Write <output.dir>/metrics.jsonl (one JSON object per step).");
     r.add_string("logging.level", [](StageConfig& c) -> std::string& { return c.logging.level; },
                  "debug, info, warn, error", "Log verbosity.", check_level);
+    // ---- target (the memory plan, lib/plan; docs/memory-model.md)
+    r.add_string("target.gpu", [](StageConfig& c) -> std::string& { return c.target.gpu; },
+                 "\"\", A100-40GB, A100-80GB, H100-80GB, H200, or any name with target.gpu_memory_gib",
+                 "GPU model the memory plan sizes the run for. Empty: the visible device (its name and memory). A "
+                 "known model gives the memory (as nvidia-smi reports it); any other name needs "
+                 "target.gpu_memory_gib. With train.device auto and no visible GPU, setting it plans for cuda.");
+    r.add_float("target.gpu_memory_gib", [](StageConfig& c) -> double& { return c.target.gpu_memory_gib; }, 0, false,
+                kMaxF, false,
+                "Memory of one GPU in GiB (overrides the model's). 0: from target.gpu or the visible device.");
+    r.add_int("target.gpus_per_node", [](StageConfig& c) -> int64_t& { return c.target.gpus_per_node; }, 0, 1 << 20,
+              "Ranks per node the plan assumes (one per GPU; processes per node on the CPU backend). 0: the "
+              "launch's (mpirun), 1 for a plain `easyctx_train STAGE.yaml --plan`.");
+    r.add_int("target.nodes", [](StageConfig& c) -> int64_t& { return c.target.nodes; }, 0, 1 << 20,
+              "Nodes the plan assumes; the world is target.nodes x target.gpus_per_node, and "
+              "parallel.sequence.size must divide it. 0: the launch's.");
+    r.add_float("target.host_memory_gib", [](StageConfig& c) -> double& { return c.target.host_memory_gib; }, 0, false,
+                kMaxF, false, "Host memory of one node in GiB. 0: MemTotal of the machine running the plan.");
+    r.add_float("target.headroom", [](StageConfig& c) -> double& { return c.target.headroom; }, 0, false, 1, true,
+                "Share of each GPU's and each node's memory the plan keeps free (allocator fragmentation, "
+                "other processes): a run fits when its predicted peak is at most (1 - headroom) x capacity.");
     return r;
   }();
   return reg;
@@ -438,6 +458,12 @@ std::vector<std::string> config_keys() {
   std::vector<std::string> out;
   for (const auto& f : registry().fields) out.push_back(f.key);
   return out;
+}
+
+std::string config_value(const StageConfig& cfg, const std::string& key) {
+  const Field* f = registry().find(key);
+  EASYCTX_CHECK_INPUT(f != nullptr, "unknown config key '", key, "'; see docs/config.md");
+  return f->get(cfg);
 }
 
 void apply_override(StageConfig& cfg, const std::string& assignment) {

@@ -106,27 +106,28 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
   const DType st = stat_dtype(dt);
   const bool keep_all = for_backward && o.checkpoint == CheckpointPolicy::None;
   const int64_t mt = mlp_rows(o, n, keep_all);
-  auto put = [&](const char* name, DType t, int64_t numel, Buffer* slot) { visit(name, t, numel, slot); };
+  auto put = [&](const std::string& name, DType t, int64_t numel, Buffer* slot) { visit(name, t, numel, slot); };
+  auto idx = [](const char* base, size_t i) { return std::string(base) + "." + std::to_string(i); };
   if (ws) ws->resid.resize(static_cast<size_t>(for_backward ? L + 1 : 2));
   for (int64_t l = 0; l < (for_backward ? L + 1 : 2); ++l)
-    put("resid", dt, n * d, ws ? &ws->resid[static_cast<size_t>(l)] : nullptr);
+    put(idx("resid", static_cast<size_t>(l)), dt, n * d, ws ? &ws->resid[static_cast<size_t>(l)] : nullptr);
   const size_t n_acts = keep_all ? static_cast<size_t>(L) : 1;
   if (ws) ws->acts.resize(n_acts);
   for (size_t i = 0; i < n_acts; ++i) {
     LayerActs* a = ws ? &ws->acts[i] : nullptr;
-    put("h1", dt, n * d, a ? &a->h1 : nullptr);
-    put("rstd1", st, n, a ? &a->rstd1 : nullptr);
-    put("q", dt, n * qd, a ? &a->q : nullptr);
-    put("k", dt, n * kvd, a ? &a->k : nullptr);
-    put("v", dt, n * kvd, a ? &a->v : nullptr);
-    put("o", dt, n * qd, a ? &a->o : nullptr);
-    put("lse", st, batch * c.num_heads * seq, a ? &a->lse : nullptr);
-    put("x_mid", dt, n * d, a ? &a->x_mid : nullptr);
-    put("h2", dt, n * d, a ? &a->h2 : nullptr);
-    put("rstd2", st, n, a ? &a->rstd2 : nullptr);
-    put("mlp_g", dt, mt * ff, a ? &a->g : nullptr);
-    put("mlp_u", dt, mt * ff, a ? &a->u : nullptr);
-    put("mlp_m", dt, mt * ff, a ? &a->m : nullptr);
+    put(idx("acts", i) + ".h1", dt, n * d, a ? &a->h1 : nullptr);
+    put(idx("acts", i) + ".rstd1", st, n, a ? &a->rstd1 : nullptr);
+    put(idx("acts", i) + ".q", dt, n * qd, a ? &a->q : nullptr);
+    put(idx("acts", i) + ".k", dt, n * kvd, a ? &a->k : nullptr);
+    put(idx("acts", i) + ".v", dt, n * kvd, a ? &a->v : nullptr);
+    put(idx("acts", i) + ".o", dt, n * qd, a ? &a->o : nullptr);
+    put(idx("acts", i) + ".lse", st, batch * c.num_heads * seq, a ? &a->lse : nullptr);
+    put(idx("acts", i) + ".x_mid", dt, n * d, a ? &a->x_mid : nullptr);
+    put(idx("acts", i) + ".h2", dt, n * d, a ? &a->h2 : nullptr);
+    put(idx("acts", i) + ".rstd2", st, n, a ? &a->rstd2 : nullptr);
+    put(idx("acts", i) + ".g", dt, mt * ff, a ? &a->g : nullptr);
+    put(idx("acts", i) + ".u", dt, mt * ff, a ? &a->u : nullptr);
+    put(idx("acts", i) + ".m", dt, mt * ff, a ? &a->m : nullptr);
   }
   if (for_backward && o.checkpoint == CheckpointPolicy::AttentionOutput) {
     if (ws) {
@@ -134,19 +135,19 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
       ws->saved_lse.resize(static_cast<size_t>(L));
     }
     for (size_t l = 0; l < static_cast<size_t>(L); ++l) {
-      put("saved_o", dt, n * qd, ws ? &ws->saved_o[l] : nullptr);
-      put("saved_lse", st, batch * c.num_heads * seq, ws ? &ws->saved_lse[l] : nullptr);
+      put(idx("saved_o", l), dt, n * qd, ws ? &ws->saved_o[l] : nullptr);
+      put(idx("saved_lse", l), st, batch * c.num_heads * seq, ws ? &ws->saved_lse[l] : nullptr);
     }
   }
   // hf (final norm output) is dead once the head's backward has run: it doubles as dattn.
-  put("hf_dattn", dt, n * (for_backward ? std::max(d, qd) : d), ws ? &ws->hf : nullptr);
+  put("hf", dt, n * (for_backward ? std::max(d, qd) : d), ws ? &ws->hf : nullptr);
   put("rstd_f", st, n, ws ? &ws->rstd_f : nullptr);
   if (!for_backward) return;
   put("dx", dt, n * d, ws ? &ws->dx : nullptr);
   put("dh", dt, n * d, ws ? &ws->dh : nullptr);
-  put("mlp_dm", dt, mt * ff, ws ? &ws->dm : nullptr);
-  put("mlp_dg", dt, mt * ff, ws ? &ws->dg : nullptr);
-  put("mlp_du", dt, mt * ff, ws ? &ws->du : nullptr);
+  put("dm", dt, mt * ff, ws ? &ws->dm : nullptr);
+  put("dg", dt, mt * ff, ws ? &ws->dg : nullptr);
+  put("du", dt, mt * ff, ws ? &ws->du : nullptr);
   put("dq", dt, n * qd, ws ? &ws->dq : nullptr);
   put("dk", dt, n * kvd, ws ? &ws->dk : nullptr);
   put("dv", dt, n * kvd, ws ? &ws->dv : nullptr);
@@ -162,7 +163,7 @@ std::vector<BufferSpec> LlamaModel::workspace_specs(const LlamaConfig& c, const 
                                                     int64_t batch, int64_t seq, bool backward) {
   std::vector<BufferSpec> v;
   visit_workspace(c, o, dtype, batch, seq, backward, nullptr,
-                  [&](const char* name, DType t, int64_t numel, Buffer*) { v.push_back({name, t, numel}); });
+                  [&](const std::string& name, DType t, int64_t numel, Buffer*) { v.push_back({name, t, numel}); });
   const DType gt = o.f32_grads ? DType::F32 : dtype;
   if (backward && gt != dtype) {  // the embedding backward's scratch (kept across steps)
     v.push_back({"embed_grad_scratch", dtype, c.vocab_size * c.hidden_size});
@@ -183,7 +184,7 @@ LlamaModel::Workspace& LlamaModel::workspace(const Batch& b, bool for_backward) 
   ws->seq = b.seq;
   ws->backward = for_backward;
   visit_workspace(cfg_, opts_, dtype_, b.batch, b.seq, for_backward, ws.get(),
-                  [&](const char*, DType t, int64_t numel, Buffer* slot) { *slot = be_.alloc(t, numel); });
+                  [&](const std::string&, DType t, int64_t numel, Buffer* slot) { *slot = be_.alloc(t, numel); });
   ws_ = std::move(ws);
   return *ws_;
 }

@@ -48,6 +48,20 @@ struct AdamWStep {
   int64_t step = 1;
 };
 
+// What a backend has allocated, in bytes (lib/plan predicts the same quantities):
+//  live_bytes          Buffers from alloc() not yet freed, plus the backend's own
+//                      allocations (CUDA: cuBLASLt/cuDNN workspaces, scratch in flight).
+//  peak_bytes          high-water mark of live_bytes since creation or reset_peak_memory().
+//  scratch_peak_bytes  CUDA: high-water mark of the memory the stream-ordered pool reserved
+//                      for scratch (cudaMemPoolAttrReservedMemHigh: what the pool holds from
+//                      the driver, fragmentation included); 0 on the CPU, whose kernels keep
+//                      their small scratch on the heap, outside these counts.
+struct MemoryStats {
+  int64_t live_bytes = 0;
+  int64_t peak_bytes = 0;
+  int64_t scratch_peak_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -57,6 +71,10 @@ class Backend {
   virtual Buffer alloc(DType t, int64_t numel) = 0;
   // Waits for queued work (device backends); the CPU backend runs synchronously.
   virtual void synchronize() {}
+  // Allocation counters (thread-safe); reset_peak_memory() restarts the high-water marks
+  // from what is live now.
+  virtual MemoryStats memory_stats() const = 0;
+  virtual void reset_peak_memory() = 0;
 
   // ---- elementwise and reductions (any shape; dtypes must match unless noted)
   // dst = src; converts between dtypes (e.g. fp32 master -> bf16 working copy) and copies
@@ -120,5 +138,18 @@ class Backend {
 
 // The CPU reference backend: host memory, fp32 and fp64, OpenMP across rows.
 std::unique_ptr<Backend> make_cpu_backend();
+
+// Rows per query chunk of the CUDA backend's causal squares (a whole causal block of one
+// sequence, S x S): the keys before a chunk run through cuDNN's fused SDPA without a mask,
+// the chunk's own t x t diagonal through the causal kernel. Used for S >= 2t and batch 1;
+// the memory plan reads it too.
+inline int64_t causal_chunk_rows(int64_t s) {
+  const int64_t t = ((s / 16 + 127) / 128) * 128;
+  return t < 1024 ? 1024 : (t > 8192 ? 8192 : t);
+}
+// The same counters summed over every CPU backend of the process (for code that cannot
+// reach the backend, e.g. a test measuring a Trainer); scratch_peak_bytes is 0.
+MemoryStats cpu_process_memory_stats();
+void reset_cpu_process_peak_memory();
 
 }  // namespace easyctx::ops

@@ -23,6 +23,8 @@
 #include "core/strings.h"
 #include "data/loader.h"
 #include "dist/signals.h"
+#include "plan/memory_plan.h"
+#include "plan/target.h"
 #include "train/data_stats.h"
 #ifdef EASYCTX_HAVE_CUDA
 #include "train/host_adamw.h"
@@ -35,8 +37,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-// Elements per pinned staging slot of the offloaded optimizer (two slots of f32 + bf16).
-constexpr int64_t kOffloadChunkElems = int64_t{1} << 24;
+using plan::kOffloadChunkElems;  // elements per pinned staging slot of the offloaded optimizer
 using ops::DType;
 
 void check_supported(const StageConfig& cfg) {
@@ -102,6 +103,7 @@ Trainer::Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, cons
       world_mpi_(world.size() == 1 ? MPI_COMM_SELF : MPI_COMM_WORLD),
       opts_(opts) {
   check_supported(cfg_);
+  ranks_per_node_ = world.size();
   EASYCTX_CHECK_INPUT(cfg_.parallel.sequence.size == 1, "parallel.sequence.size: ", cfg_.parallel.sequence.size,
                       ": this trainer was built without process groups (sequence parallelism needs them)");
   init(nullptr, data::SpLayout::None, 1, 0);
@@ -118,6 +120,7 @@ Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunO
       world_mpi_(MPI_COMM_WORLD),
       opts_(opts) {
   check_supported(cfg_);
+  ranks_per_node_ = groups.layout().ranks_per_node;
   const int sp = groups.layout().sp_size;
   if (sp == 1) {
     init(nullptr, data::SpLayout::None, 1, 0);
@@ -152,6 +155,11 @@ Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunO
 // Model, weights, optimizer state and data; `attn` null means local attention.
 void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpLayout sp_layout, int sp_size,
                    int sp_rank, int sp_inner) {
+  // The memory plan first (docs/memory-model.md): a run that would not fit is refused
+  // before anything is allocated, naming the knobs that would make it fit.
+  plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
+  EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
+                      " (the whole plan: easyctx_train STAGE.yaml --plan; target.headroom loosens the margin)");
   if (!be_) be_ = make_backend(device_);
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
   // trainer too, with the gradients staged through host memory.
@@ -737,6 +745,8 @@ StepStats Trainer::run() {
     }
   }
   if (cfg_.train.steps > start_step_ && cfg_.output.save_final) save_checkpoint(cfg_.train.steps);
+  if (root) log_info(plan::compare_line(*plan_, be_->memory_stats(), static_cast<double>(plan::vm_hwm_bytes()),
+                                        on_device() ? peak_mem_bytes_ : -1.0));
   if (root && cfg_.output.export_hf) {
     const std::string dir = (fs::path(cfg_.output.dir) / "final").string();
     save_hf(dir);

@@ -30,6 +30,10 @@ namespace easyctx::data {
 class DataLoader;
 }
 
+namespace easyctx::plan {
+struct MemoryPlan;
+}
+
 namespace easyctx::train {
 
 class HostAdamW;
@@ -142,7 +146,9 @@ class Trainer {
   std::unique_ptr<data::DataLoader> loader_;
   std::vector<ops::Buffer> master_, grads_, adam_m_, adam_v_;  // per unit, f32[unit numel]
   std::unique_ptr<ops::Backend> host_be_;  // offload_optimizer: owns master_, adam_m_, adam_v_ in host memory
-  std::shared_ptr<HostAdamW> host_adamw_;  // offload_optimizer: the host AdamW pipeline (CUDA builds only)
+  std::shared_ptr<HostAdamW> host_adamw_;
+  std::shared_ptr<plan::MemoryPlan> plan_;  // the memory plan of this run (checked before allocating)
+  int ranks_per_node_ = 1;  // offload_optimizer: the host AdamW pipeline (CUDA builds only)
   std::vector<ops::Buffer> work_;  // CUDA: bf16 working parameters per unit (empty on the CPU)
   // ZeRO-3 (then master_/adam_m_/adam_v_ hold only this rank's shard, f32[shard_len]):
   std::vector<ops::Buffer> full_;    // gathered parameters, f32[shard_len * Z] per unit

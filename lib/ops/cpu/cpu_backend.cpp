@@ -9,6 +9,7 @@
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/kernels.h"
 #include "ops/half.h"
+#include "ops/memory_counter.h"
 #include "ops/ops.h"
 
 namespace easyctx::ops {
@@ -58,11 +59,18 @@ void write_from_double(const Tensor& t, int64_t i, double x) {
   }
 }
 
+// Every CPU backend's allocations together (cpu_process_memory_stats).
+MemoryCounter& process_counter() {
+  static MemoryCounter* c = new MemoryCounter;  // never destroyed: Buffers may be freed at exit
+  return *c;
+}
+
 class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
   MemSpace memspace() const override { return MemSpace::Host; }
 
+  // Counts the bytes asked for (the 64-byte rounding is not counted).
   Buffer alloc(DType t, int64_t numel) override {
     EASYCTX_CHECK(numel >= 0, "alloc: negative element count ", numel);
     size_t bytes = static_cast<size_t>(numel) * element_size(t);
@@ -70,8 +78,18 @@ class CpuBackend final : public Backend {
     void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
     if (rounded && !p) throw std::bad_alloc();
     if (p) std::memset(p, 0, rounded);
-    return Buffer(p, bytes, t, MemSpace::Host, [](void* q) { std::free(q); });
+    const int64_t counted = static_cast<int64_t>(bytes);
+    mem_->add(counted);
+    process_counter().add(counted);
+    return Buffer(p, bytes, t, MemSpace::Host, [mem = mem_, counted](void* q) {
+      std::free(q);
+      mem->sub(counted);
+      process_counter().sub(counted);
+    });
   }
+
+  MemoryStats memory_stats() const override { return {mem_->live(), mem_->peak(), 0}; }
+  void reset_peak_memory() override { mem_->reset_peak(); }
 
   void copy(const Tensor& dst, const Tensor& src) override {
     check_host("copy", dst);
@@ -315,6 +333,8 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  std::shared_ptr<MemoryCounter> mem_ = std::make_shared<MemoryCounter>();
+
   template <typename T>
   static void axpy_t(T* y, const T* x, int64_t n, double alpha) {
     const T a = static_cast<T>(alpha);
@@ -347,5 +367,8 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+MemoryStats cpu_process_memory_stats() { return {process_counter().live(), process_counter().peak(), 0}; }
+void reset_cpu_process_peak_memory() { process_counter().reset_peak(); }
 
 }  // namespace easyctx::ops

@@ -16,6 +16,7 @@
 #include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/lt_matmul.h"
 #include "ops/half.h"
+#include "ops/memory_counter.h"
 
 namespace easyctx::ops {
 namespace {
@@ -23,13 +24,20 @@ namespace {
 using kernels::bf16;
 
 // Stream-ordered scratch buffer (RAII): freed on the stream when it goes out of scope.
+// Counted in the backend's live bytes while it exists, so the peak covers Buffers and
+// scratch together (the same stream reuses the memory only after the free, in order).
 class Scratch {
  public:
-  Scratch(size_t bytes, cudaStream_t st) : st_(st) {
-    if (bytes) EASYCTX_CUDA_CHECK(cudaMallocAsync(&p_, bytes, st));
+  Scratch(size_t bytes, cudaStream_t st, MemoryCounter& mem) : st_(st), mem_(mem) {
+    if (!bytes) return;
+    EASYCTX_CUDA_CHECK(cudaMallocAsync(&p_, bytes, st));
+    bytes_ = static_cast<int64_t>(bytes);
+    mem_.add(bytes_);
   }
   ~Scratch() {
-    if (p_) cudaFreeAsync(p_, st_);
+    if (!p_) return;
+    cudaFreeAsync(p_, st_);  // a destructor cannot throw; a failed free leaks the block
+    mem_.sub(bytes_);
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -38,7 +46,9 @@ class Scratch {
 
  private:
   void* p_ = nullptr;
+  int64_t bytes_ = 0;
   cudaStream_t st_;
+  MemoryCounter& mem_;
 };
 
 void check_device(const char* op, const Tensor& t) {
@@ -76,19 +86,22 @@ class CudaBackend final : public Backend {
       own_stream_ = true;
     }
     // Keep freed scratch in the pool instead of returning it to the driver every call.
-    cudaMemPool_t pool;
-    EASYCTX_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    EASYCTX_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
     uint64_t keep = UINT64_MAX;
-    EASYCTX_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    EASYCTX_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     lt_ = std::make_unique<cuda::LtMatmul>(o.cublas_workspace);
     use_cudnn_ = o.cudnn_attention;
     EASYCTX_CUDA_CHECK(cudaMalloc(&flag_, sizeof(int)));
+    // The backend's own device allocations count as live bytes too.
+    own_bytes_ = static_cast<int64_t>(o.cublas_workspace + sizeof(int));
+    mem_->add(own_bytes_);
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     cudnn_.reset();
     lt_.reset();
     cudaFree(flag_);
+    mem_->sub(own_bytes_ + cudnn_ws_counted_);
     if (own_stream_) cudaStreamDestroy(stream_);
   }
 
@@ -100,6 +113,17 @@ class CudaBackend final : public Backend {
   MemSpace memspace() const override { return MemSpace::Device; }
   void synchronize() override { EASYCTX_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  MemoryStats memory_stats() const override {
+    uint64_t reserved_high = 0;
+    EASYCTX_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &reserved_high));
+    return {mem_->live(), mem_->peak(), static_cast<int64_t>(reserved_high)};
+  }
+  void reset_peak_memory() override {
+    mem_->reset_peak();
+    uint64_t zero = 0;  // the only value accepted: restarts the mark from what is reserved now
+    EASYCTX_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero));
+  }
+
   Buffer alloc(DType t, int64_t numel) override {
     EASYCTX_CHECK(numel >= 0, "alloc: negative element count ", numel);
     const size_t bytes = static_cast<size_t>(numel) * element_size(t);
@@ -110,7 +134,12 @@ class CudaBackend final : public Backend {
                     type_name(t), ") failed: ", cudaGetErrorString(e));
       EASYCTX_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
     }
-    return Buffer(p, bytes, t, MemSpace::Device, [](void* q) { cudaFree(q); });
+    const int64_t counted = static_cast<int64_t>(bytes);
+    mem_->add(counted);
+    return Buffer(p, bytes, t, MemSpace::Device, [mem = mem_, counted](void* q) {
+      cudaFree(q);  // a deleter cannot throw
+      mem->sub(counted);
+    });
   }
 
   // ---------------------------------------------------------------- elementwise
@@ -137,7 +166,8 @@ class CudaBackend final : public Backend {
       return;
     }
     // Stage the side that is on the host in device memory, convert on the device.
-    Scratch stage((dd && sd) ? 0 : static_cast<size_t>(n) * element_size(dd ? src.dtype : dst.dtype), stream_);
+    Scratch stage((dd && sd) ? 0 : static_cast<size_t>(n) * element_size(dd ? src.dtype : dst.dtype), stream_,
+                  *mem_);
     const void* s = src.data;
     void* d = dst.data;
     if (!sd) {
@@ -186,7 +216,7 @@ class CudaBackend final : public Backend {
 
   double sum_squares(const Tensor& x) override {
     check_float("sum_squares", x);
-    Scratch part((kernels::kSumSquaresBlocks + 1) * sizeof(double), stream_);
+    Scratch part((kernels::kSumSquaresBlocks + 1) * sizeof(double), stream_, *mem_);
     double* out = part.as<double>() + kernels::kSumSquaresBlocks;
     dispatch(x.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
@@ -224,8 +254,8 @@ class CudaBackend final : public Backend {
     if (n == 0) return;
     size_t temp_bytes = 0;
     kernels::sort_ids(ids.ptr<int32_t>(), nullptr, nullptr, nullptr, n, nullptr, &temp_bytes, 32, stream_);
-    Scratch idx(3 * static_cast<size_t>(n) * sizeof(int32_t), stream_);
-    Scratch temp(temp_bytes, stream_);
+    Scratch idx(3 * static_cast<size_t>(n) * sizeof(int32_t), stream_, *mem_);
+    Scratch temp(temp_bytes, stream_, *mem_);
     int32_t* sorted = idx.as<int32_t>();
     int32_t* iota = sorted + n;
     int32_t* order = iota + n;
@@ -272,7 +302,7 @@ class CudaBackend final : public Backend {
       check_numel("rmsnorm_bwd", "dw", dw, d);
     }
     const int64_t chunks = kernels::rmsnorm_dw_chunks(n);
-    Scratch part(dw.empty() ? 0 : static_cast<size_t>(chunks * d) * sizeof(float), stream_);
+    Scratch part(dw.empty() ? 0 : static_cast<size_t>(chunks * d) * sizeof(float), stream_, *mem_);
     dispatch(x.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       kernels::rmsnorm_bwd(typed<T>(x), typed<T>(w), rstd.ptr<float>(), typed<T>(dy), n, d, typed<T>(dx),
@@ -372,7 +402,8 @@ class CudaBackend final : public Backend {
     }
     if (causal_in_chunks(p)) return;
     if (cudnn_eligible(p, {q.data, k.data, v.data, o.data, lse.data}) &&
-        cudnn()->try_fwd(shape_of(p), p.scale, q.data, k.data, v.data, o.data, lse.ptr<float>(), stream_)) {
+        after_cudnn(
+            cudnn()->try_fwd(shape_of(p), p.scale, q.data, k.data, v.data, o.data, lse.ptr<float>(), stream_))) {
       last_path_ = "cudnn";
       return;
     }
@@ -387,7 +418,7 @@ class CudaBackend final : public Backend {
     // fp32 gradients (a ring's accumulators): this block's bf16 contribution is computed into
     // zeroed scratch, then added in fp32, so rounding does not compound across ring steps.
     if (dq.dtype == DType::F32 && dk.dtype == DType::F32 && dv.dtype == DType::F32) {
-      Scratch g(static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16), stream_);
+      Scratch g(static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16), stream_, *mem_);
       bf16* gq = g.as<bf16>();
       bf16* gk = gq + q.numel();
       bf16* gv = gk + k.numel();
@@ -412,12 +443,12 @@ class CudaBackend final : public Backend {
     if (cudnn_eligible(p, {q.data, k.data, v.data, o.data, lse.data, dout.data}) &&
         cudnn()->has_bwd_plan(shape_of(p))) {
       // cuDNN overwrites its gradients: compute into scratch, then add (+=) in fp32.
-      Scratch g(static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16), stream_);
+      Scratch g(static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16), stream_, *mem_);
       bf16* gq = g.as<bf16>();
       bf16* gk = gq + q.numel();
       bf16* gv = gk + k.numel();
-      if (cudnn()->try_bwd(shape_of(p), p.scale, q.data, k.data, v.data, o.data, lse.ptr<float>(), dout.data, gq, gk,
-                           gv, stream_)) {
+      if (after_cudnn(cudnn()->try_bwd(shape_of(p), p.scale, q.data, k.data, v.data, o.data, lse.ptr<float>(),
+                                       dout.data, gq, gk, gv, stream_))) {
         kernels::axpy(static_cast<bf16*>(dq.data), gq, 1.f, q.numel(), stream_);
         kernels::axpy(static_cast<bf16*>(dk.data), gk, 1.f, k.numel(), stream_);
         kernels::axpy(static_cast<bf16*>(dv.data), gv, 1.f, k.numel(), stream_);
@@ -426,7 +457,7 @@ class CudaBackend final : public Backend {
       }
     }
     note_decline();
-    Scratch delta(static_cast<size_t>(p.batch * p.hq * p.sq) * sizeof(float), stream_);
+    Scratch delta(static_cast<size_t>(p.batch * p.hq * p.sq) * sizeof(float), stream_, *mem_);
     p.o = static_cast<const bf16*>(o.data);
     p.dout = static_cast<const bf16*>(dout.data);
     p.lse = lse.ptr<float>();
@@ -517,9 +548,9 @@ class CudaBackend final : public Backend {
     tile = std::max<int64_t>(1, std::min(tile, (int64_t{1} << 26) / std::max<int64_t>(1, vocab)));
     const bool bwd = !dx.empty();
     const bool bf = x.dtype == DType::BF16;
-    Scratch logits(static_cast<size_t>(tile * vocab) * sizeof(float), stream_);                    // f32[tile, V]
-    Scratch grad(bwd && bf ? static_cast<size_t>(tile * vocab) * sizeof(bf16) : 0, stream_);       // bf16[tile, V]
-    Scratch sums((static_cast<size_t>(n) + 2) * sizeof(double), stream_);                          // nll f64[n], sum, count
+    Scratch logits(static_cast<size_t>(tile * vocab) * sizeof(float), stream_, *mem_);               // f32[tile, V]
+    Scratch grad(bwd && bf ? static_cast<size_t>(tile * vocab) * sizeof(bf16) : 0, stream_, *mem_);  // bf16[tile, V]
+    Scratch sums((static_cast<size_t>(n) + 2) * sizeof(double), stream_, *mem_);  // nll f64[n], sum, count
     double* nll = sums.as<double>();
     EASYCTX_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), stream_));
     const Tensor w2 = w.reshape({vocab, d});
@@ -570,7 +601,7 @@ class CudaBackend final : public Backend {
   // y += alpha * x for a bf16 x into an fp32 y (through an fp32 copy of x).
   void add_bf16_into_f32(float* y, const bf16* x, float alpha, int64_t n) {
     if (n == 0) return;
-    Scratch tmp(static_cast<size_t>(n) * sizeof(float), stream_);
+    Scratch tmp(static_cast<size_t>(n) * sizeof(float), stream_, *mem_);
     kernels::convert(tmp.as<float>(), x, n, stream_);
     kernels::axpy(y, tmp.as<float>(), alpha, n, stream_);
   }
@@ -583,10 +614,6 @@ class CudaBackend final : public Backend {
   // partial results merge by LSE in fp32 (the diagonal squares are t/S of the work).
   // Returns false (nothing written) where it does not apply: batch > 1, short sequences,
   // cuDNN off or declining the shape.
-  static int64_t causal_chunk_rows(int64_t s) {
-    const int64_t t = ((s / 16 + 127) / 128) * 128;
-    return std::min<int64_t>(8192, std::max<int64_t>(1024, t));
-  }
   bool causal_in_chunks(const kernels::AttentionParams& p) {
     if (!p.causal || p.diag != 0 || p.sq != p.sk || p.batch != 1 || !use_cudnn_) return false;
     const int64_t S = p.sq, t = causal_chunk_rows(S), H = p.hq, hd = p.hd;
@@ -665,6 +692,13 @@ class CudaBackend final : public Backend {
     }
     return cudnn_.get();
   }
+  // Passes `ok` through after counting growth of the cuDNN workspace in the live bytes.
+  bool after_cudnn(bool ok) {
+    const int64_t ws = static_cast<int64_t>(cudnn_->workspace_bytes());
+    if (ws > cudnn_ws_counted_) mem_->add(ws - cudnn_ws_counted_);
+    cudnn_ws_counted_ = std::max(ws, cudnn_ws_counted_);
+    return ok;
+  }
   void note_decline() {
     if (cudnn_ && !cudnn_->last_decline().empty()) cudnn_decline_ = cudnn_->last_decline();
   }
@@ -685,6 +719,10 @@ class CudaBackend final : public Backend {
   bool use_cudnn_ = true;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   std::string last_path_ = "none", cudnn_decline_;
+  std::shared_ptr<MemoryCounter> mem_ = std::make_shared<MemoryCounter>();
+  cudaMemPool_t pool_ = nullptr;  // the device's default pool: stream-ordered scratch
+  int64_t own_bytes_ = 0;         // cuBLASLt workspace + error flag
+  int64_t cudnn_ws_counted_ = 0;  // cuDNN workspace counted so far (it only grows)
 };
 
 }  // namespace

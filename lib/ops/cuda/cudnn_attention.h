@@ -43,6 +43,8 @@ class CudnnAttention {
                const float* lse, const void* dout, void* dq, void* dk, void* dv, cudaStream_t st);
   // Why the last declined shape was declined (for logs and the bench).
   const std::string& last_decline() const { return last_decline_; }
+  // Bytes of the execution workspace (cudaMalloc, grown to the largest plan's need).
+  size_t workspace_bytes() const { return ws_bytes_; }
 
  private:
   struct Plan;

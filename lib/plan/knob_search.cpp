@@ -1,0 +1,243 @@
+// The knob search behind a refusal: which single config change (or, failing that, which
+// combination of the changes that keep the problem) makes a plan fit.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/strings.h"
+#include "plan/memory_plan.h"
+#include "plan/plan_detail.h"
+
+namespace easyctx::plan {
+namespace detail {
+namespace {
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+// ---------------------------------------------------------------------------------------
+// Knob search: each knob re-plans with one change and reports its least drastic value that
+// fits; when no knob that keeps the problem (sequence length, batch, GPU count) fits alone,
+// a greedy combination of those is searched too.
+// ---------------------------------------------------------------------------------------
+struct Candidate {
+  std::string assignment, note;  // assignment: "key=value" (several separated by spaces)
+  StageConfig cfg;
+  PlanTarget target;
+  bool implemented = true;
+};
+
+struct Family {
+  std::string key;
+  bool keeps_problem = true;       // false: changes what is trained or needs more GPUs
+  std::vector<Candidate> values;   // least drastic first
+};
+
+std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, int64_t n) {
+  std::vector<Family> fams;
+  auto one = [&](const std::string& key, const std::string& value, const std::string& note = "") {
+    Candidate c{key + "=" + value, note, cfg, t, true};
+    apply_override(c.cfg, key + "=" + value);
+    return c;
+  };
+  const bool cuda = t.backend == DeviceKind::Cuda;
+  const std::string unit = cuda ? " GPUs" : " ranks";
+  // activation.checkpoint: layer keeps the least
+  if (cfg.activation.checkpoint != CheckpointPolicy::Layer)
+    fams.push_back({"activation.checkpoint", true, {one("activation.checkpoint", "layer")}});
+  if (cuda && !cfg.parallel.zero.offload_optimizer)
+    fams.push_back({"parallel.zero.offload_optimizer", true, {one("parallel.zero.offload_optimizer", "true")}});
+  // activation.mlp_tile: powers of two below n, largest first (checkpointed runs only)
+  if (cfg.activation.checkpoint != CheckpointPolicy::None) {
+    Family f{"activation.mlp_tile", true, {}};
+    const int64_t cur = cfg.activation.mlp_tile > 0 ? cfg.activation.mlp_tile : n;
+    for (int64_t tile = int64_t{1} << 40; tile >= 256; tile /= 2)
+      if (tile < cur) f.values.push_back(one("activation.mlp_tile", num(tile)));
+    fams.push_back(f);
+  }
+  {
+    Family f{"activation.lm_head_tile", true, {}};
+    for (int64_t tile = cfg.activation.lm_head_tile / 2; tile >= 64; tile /= 2)
+      f.values.push_back(one("activation.lm_head_tile", num(tile)));
+    fams.push_back(f);
+  }
+  // parallel.sequence.size: doubling; on the same ranks while it divides the world, else on
+  // more (filling a node up to 8 GPUs first, then adding nodes).
+  {
+    Family f{"parallel.sequence.size", false, {}};
+    const int dp = t.world() / static_cast<int>(std::max<int64_t>(1, cfg.parallel.sequence.size));
+    for (int64_t sp = cfg.parallel.sequence.size * 2; sp <= 4096; sp *= 2) {
+      Candidate c = one("parallel.sequence.size", num(sp));
+      if (cfg.parallel.sequence.mode == SeqParallelMode::None) {
+        apply_override(c.cfg, "parallel.sequence.mode=zigzag_ring");
+        c.assignment += " parallel.sequence.mode=zigzag_ring";
+      }
+      if (t.world() % sp == 0) {
+        c.note = "same" + unit + ", data-parallel " + num(t.world() / sp);
+      } else {
+        const int64_t world = std::max(1, dp) * sp;
+        if (t.nodes == 1 && world <= std::max(8, t.gpus_per_node)) {
+          c.target.gpus_per_node = static_cast<int>(world);
+        } else if (world % t.gpus_per_node == 0) {
+          c.target.nodes = static_cast<int>(world / t.gpus_per_node);
+        } else {
+          continue;
+        }
+        c.note = "needs " + num(world) + unit + ": target.nodes=" + num(c.target.nodes) +
+                 ", target.gpus_per_node=" + num(c.target.gpus_per_node);
+      }
+      f.values.push_back(c);
+    }
+    fams.push_back(f);
+  }
+  {
+    Family f{"data.seq_length", false, {}};
+    for (int64_t len = cfg.data.seq_length / 2; len >= 128; len /= 2)
+      f.values.push_back(one("data.seq_length", num(len)));
+    fams.push_back(f);
+  }
+  {
+    Family f{"train.batch_size", false, {}};
+    for (int64_t b = cfg.train.batch_size / 2; b >= 1; b /= 2)
+      f.values.push_back(one("train.batch_size", num(b), "raise train.grad_accum to keep the global batch"));
+    fams.push_back(f);
+  }
+  // Planned but not implemented in the trainer yet: last, marked.
+  if (cuda && cfg.activation.offload == OffloadTarget::None && cfg.activation.checkpoint != CheckpointPolicy::None) {
+    Candidate c = one("activation.offload", "cpu");
+    c.implemented = false;
+    fams.push_back({"activation.offload", true, {c}});
+  }
+  if (cuda && cfg.parallel.zero.stage == 0 && t.world() > 1) {
+    Candidate c = one("parallel.zero.stage", "3");
+    c.implemented = false;
+    fams.push_back({"parallel.zero.stage", true, {c}});
+  }
+  return fams;
+}
+
+// How far a plan is from fitting: its largest peak / usable ratio (<= 1 fits).
+double overflow(const MemoryPlan& q) {
+  double r = static_cast<double>(q.host_peak_bytes) / static_cast<double>(std::max<int64_t>(1, q.host_usable));
+  if (q.target.backend == DeviceKind::Cuda)
+    r = std::max(r, static_cast<double>(q.gpu_peak_bytes) / static_cast<double>(std::max<int64_t>(1, q.gpu_usable)));
+  return r;
+}
+
+bool try_plan(const Candidate& c, MemoryPlan& q) {
+  try {
+    q = plan_core(c.cfg, c.target);
+    return true;
+  } catch (const InputError&) {
+    return false;  // not a valid run (e.g. heads not divisible by the new size)
+  }
+}
+
+// Greedy: add the problem-keeping knob (at its most saving value) that brings the plan
+// closest to fitting until it fits (implemented knobs only, unless they cannot); then relax
+// each chosen knob to its least drastic value that still fits. Empty when nothing fits or
+// one knob is enough (reported on its own).
+std::vector<KnobFix> combine_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n) {
+  for (const bool allow_planned : {false, true}) {
+    StageConfig cur = cfg;
+    std::vector<std::string> chosen;  // family keys, in the order added
+    MemoryPlan q = plan_core(cur, t);
+    while (!q.fits) {
+      double best = overflow(q);
+      Candidate pick;
+      std::string key;
+      for (const Family& f : knob_families(cur, t, n)) {
+        if (!f.keeps_problem || f.values.empty() || (!f.values.back().implemented && !allow_planned)) continue;
+        MemoryPlan r;
+        if (try_plan(f.values.back(), r) && overflow(r) < best) best = overflow(r), pick = f.values.back(), key = f.key;
+      }
+      if (key.empty()) break;
+      cur = pick.cfg;
+      chosen.push_back(key);
+      q = plan_core(cur, t);
+    }
+    if (!q.fits) continue;
+    if (chosen.size() < 2) return {};
+    // Relax: each knob back to its least drastic value that keeps the whole fitting.
+    for (const std::string& key : chosen) {
+      StageConfig without = cur;
+      apply_override(without, key + "=" + config_value(cfg, key));
+      for (const Family& f : knob_families(without, t, n)) {
+        if (f.key != key) continue;
+        for (const Candidate& c : f.values) {
+          MemoryPlan r;
+          if (try_plan(c, r) && r.fits) {
+            cur = c.cfg;
+            break;
+          }
+        }
+      }
+    }
+    q = plan_core(cur, t);
+    KnobFix k{"", "together", q.gpu_peak_bytes, q.host_peak_bytes, t.nodes, t.gpus_per_node, true};
+    for (const std::string& key : chosen) {
+      k.assignment += (k.assignment.empty() ? "" : " ") + key + "=" + config_value(cur, key);
+      if (key == "activation.offload" || key == "parallel.zero.stage") k.implemented = false;
+    }
+    return {k};
+  }
+  return {};
+}
+
+}  // namespace
+
+std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n) {
+  std::vector<KnobFix> out;
+  bool kept_problem_fits = false;
+  for (const Family& f : knob_families(cfg, t, n))
+    for (const Candidate& c : f.values) {
+      MemoryPlan q;
+      if (!try_plan(c, q) || !q.fits) continue;
+      out.push_back({c.assignment, c.note, q.gpu_peak_bytes, q.host_peak_bytes, c.target.nodes, c.target.gpus_per_node,
+                     c.implemented});
+      kept_problem_fits |= f.keeps_problem && c.implemented;
+      break;
+    }
+  if (!kept_problem_fits)
+    for (const KnobFix& k : combine_knobs(cfg, t, n)) out.push_back(k);
+  return out;
+}
+
+}  // namespace detail
+
+using detail::gib;
+
+std::string KnobFix::to_string() const {
+  std::string s;
+  for (const std::string& a : split(assignment, ' ')) s += (s.empty() ? "--set " : " --set ") + a;
+  s += " (" + (gpu_bytes > 0 ? gib(gpu_bytes) + " per GPU" : gib(host_bytes) + " per node");
+  if (!note.empty()) s += ", " + note;
+  if (!implemented) s += ", not implemented in the trainer yet";
+  return s + ")";
+}
+
+std::string refusal_message(const MemoryPlan& p) {
+  if (p.fits) return "";
+  std::ostringstream os;
+  os << "does not fit:";
+  if (!p.gpu_fits)
+    os << " predicted " << gib(p.gpu_peak_bytes) << " per GPU (" << p.gpu_peak_phase << ") > " << gib(p.gpu_usable)
+       << " usable of " << gib(p.gpu_capacity) << " (" << p.target.gpu_name << ", headroom "
+       << std::lround(100 * p.target.headroom) << "%)" << (p.host_fits ? "." : ";");
+  if (!p.host_fits)
+    os << " predicted host " << gib(p.host_peak_bytes) << " per node (" << p.target.gpus_per_node << " x "
+       << gib(p.host_rank_peak_bytes) << ", " << p.host_peak_phase << ") > " << gib(p.host_usable) << " usable of "
+       << gib(p.host_capacity) << ".";
+  if (p.knobs.empty()) {
+    os << " Nothing makes it fit: not activation.checkpoint, activation.mlp_tile, activation.lm_head_tile, "
+          "parallel.zero.offload_optimizer, parallel.sequence.size, data.seq_length or train.batch_size alone, nor "
+          "the first four together; use GPUs with more memory.";
+    return os.str();
+  }
+  os << " Would fit:";
+  for (size_t i = 0; i < p.knobs.size(); ++i) os << (i ? "; " : " ") << p.knobs[i].to_string();
+  os << ".";
+  return os.str();
+}
+
+}  // namespace easyctx::plan

@@ -1,0 +1,131 @@
+// The memory plan (docs/memory-model.md): every buffer a training run allocates, per GPU and
+// per host, computed from the config before anything is allocated, so a run that cannot fit
+// is refused with the knobs that would make it fit, and `easyctx_train STAGE.yaml --plan`
+// sizes a job on a login node.
+//
+// The formulas replay what the code allocates: the trainer's per-unit buffers
+// (lib/train/trainer.cpp), the model's workspace (LlamaModel::workspace_specs, the same code
+// that allocates it), the backends' scratch (lib/ops/cuda/cuda_backend.cpp) and the
+// sequence-parallel strategies' per-call buffers (lib/attention/sequence_parallel.cpp).
+// The peak is taken over phases of a step: the persistent set (weights, gradients, optimizer
+// state, workspace) plus the transient buffers of one phase (LM-head tile, attention
+// forward/backward of the mode, ...); "init" (loading weights, before the workspace exists)
+// and the host-side phases (checkpoint staging) are phases too. On the CPU backend the
+// backend's allocations are exact (tests/plan checks them to 2%); on CUDA the allocations
+// are exact up to cuDNN's workspace and cub's sort scratch (estimated), and the device total
+// adds a calibrated constant for the CUDA context and libraries.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/json.h"
+#include "ops/ops.h"
+#include "plan/target.h"
+
+namespace easyctx::plan {
+
+// CPU optimizer offload (parallel.zero.offload_optimizer): elements per chunk of the pinned
+// staging the trainer moves gradients down and bf16 parameters up through (double-buffered:
+// 2 x kOffloadChunkElems x (4 + 2) bytes of pinned host memory).
+constexpr int64_t kOffloadChunkElems = int64_t{1} << 24;
+
+// Device memory the CUDA context, cuBLASLt/cuDNN handles and NCCL communicators take beyond
+// the backend's own allocations (what cudaMemGetInfo sees minus memory_stats().peak_bytes).
+// Calibrated on an H200 (CUDA 13.0, driver 580, cuDNN 9.19, one process per GPU): device use
+// at the end of a step minus the tracked allocations was 3.57-3.73 GiB over seven 1B/7B runs
+// from 32K to 256K tokens (bench/RESULTS.md, "Memory plan against measurement"); most of it
+// is cuDNN's and cuBLASLt's loaded kernels. Re-measure on other GPUs or library versions
+// (docs/memory-model.md, "Calibration").
+constexpr int64_t kCudaContextBytes = int64_t{3686} << 20;  // 3.6 GiB
+// cuBLASLt workspace the CUDA backend allocates (CudaBackendOptions::cublas_workspace).
+constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
+// Host memory of an easyctx_train process before its buffers (program, libraries, MPI;
+// with CUDA also the driver's and runtime's host side). Calibrated estimates (VmHWM).
+constexpr int64_t kHostBaselineCpuBytes = int64_t{32} << 20;
+constexpr int64_t kHostBaselineCudaBytes = int64_t{1} << 30;
+
+struct PlanItem {
+  std::string name;
+  std::string where;         // "gpu" or "host"
+  int64_t bytes = 0;         // per rank
+  std::string formula;
+  bool transient = false;    // alive only during `phase`; else from its allocation to the end
+  std::string phase;         // transient: the phase; persistent: "init" (allocated before the
+                             // first step) or "step" (at the first step: workspace, ...)
+  bool tracked = true;       // counted by ops::Backend::memory_stats (the backend's allocations)
+  bool implemented = true;   // false: the trainer does not do this yet (planned all the same)
+};
+
+// Totals of one phase, per rank: the backend's allocations (gpu on CUDA, host on the CPU),
+// everything on the GPU (allocations + context), everything on the host.
+struct PhaseTotal {
+  std::string name;
+  int64_t alloc_bytes = 0;
+  int64_t gpu_bytes = 0;
+  int64_t host_bytes = 0;
+};
+
+// A config change (one key, or a combination: assignments separated by spaces) that makes a
+// plan that does not fit fit.
+struct KnobFix {
+  std::string assignment;  // "activation.mlp_tile=8192"
+  std::string note;        // "needs 4 GPUs: target.nodes=1, target.gpus_per_node=4", ...
+  int64_t gpu_bytes = 0;   // the fixed plan's device total per GPU (0 on the CPU backend)
+  int64_t host_bytes = 0;  // its host peak per node
+  int nodes = 0, gpus_per_node = 0;  // the target it assumes (parallel.sequence.size may need more GPUs)
+  bool implemented = true;
+  std::string to_string() const;  // "--set activation.mlp_tile=8192 (131.00 GiB per GPU)"
+};
+
+struct MemoryPlan {
+  PlanTarget target;
+  // The run: model, layout, shapes.
+  std::string model_name;
+  int64_t parameters = 0;      // P
+  int world = 1, dp = 1, sp = 1, zero_group = 1;
+  int64_t local_len = 0;       // tokens of one sequence on one rank (padded for the SP layout)
+  int64_t tokens = 0;          // n = batch x local_len per rank per micro-step
+  std::vector<PlanItem> items;
+  std::vector<PhaseTotal> phases;
+  // Per rank: the backend-tracked peak (what memory_stats().peak_bytes reads after a step).
+  int64_t alloc_peak_bytes = 0;
+  std::string alloc_peak_phase;
+  // Per GPU: alloc peak + context (the device total); 0 on the CPU backend.
+  int64_t context_bytes = 0;
+  int64_t gpu_peak_bytes = 0;
+  std::string gpu_peak_phase;
+  // Host: per rank (VmHWM), and per node = ranks per node x per rank + shared (nothing is
+  // shared between ranks today; the term is where a node-wide pinned pool would go).
+  int64_t host_rank_peak_bytes = 0;
+  std::string host_peak_phase;
+  int64_t host_shared_bytes = 0;
+  int64_t host_peak_bytes = 0;
+  // Capacities: the whole device / node, and what the plan may use ((1 - headroom) x that).
+  int64_t gpu_capacity = 0, gpu_usable = 0;
+  int64_t host_capacity = 0, host_usable = 0;
+  bool gpu_fits = true, host_fits = true, fits = true;
+  std::vector<std::string> not_implemented;  // features the plan includes that the trainer refuses
+  std::vector<KnobFix> knobs;  // when !fits: single changes that fit, else a combination ("together")
+};
+
+// The plan of `cfg` on `target` (world = target.world()). Throws InputError when the config
+// does not describe a valid run on that world (e.g. parallel.sequence.size not dividing it).
+// When it does not fit, knobs lists the single changes that would (searched by re-planning).
+MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target);
+// The hook for the trainer: plan_memory on run_target(cfg, world_size, ranks_per_node).
+MemoryPlan plan_for_run(const StageConfig& cfg, int world_size, int ranks_per_node);
+
+std::string format_plan_table(const MemoryPlan& p);
+Json plan_to_json(const MemoryPlan& p);
+// "does not fit: predicted ... > ... Would fit: --set k=v (X GiB); ..." ("" when it fits).
+std::string refusal_message(const MemoryPlan& p);
+// After a run: "memory: predicted peak X GiB per GPU (allocations), measured Y GiB (+d%); ...
+// host predicted A GiB per rank, measured B GiB (VmHWM, +d%)". host_hwm_bytes (vm_hwm_bytes())
+// and device_used_bytes (the cudaMemGetInfo high-water mark, compared with the device total)
+// are left out when < 0.
+std::string compare_line(const MemoryPlan& p, const ops::MemoryStats& measured, double host_hwm_bytes,
+                         double device_used_bytes = -1);
+
+}  // namespace easyctx::plan

@@ -1,0 +1,23 @@
+// Internal to lib/plan: the plan without the knob search (what the search re-plans), the
+// search itself, and the shared formatting of byte counts.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "plan/memory_plan.h"
+
+namespace easyctx::plan::detail {
+
+MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t);
+// Single changes that make `cfg` fit `t` (n: tokens per rank, bounds the MLP tile).
+std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n);
+
+inline std::string gib(int64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace easyctx::plan::detail

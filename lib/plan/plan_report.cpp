@@ -1,0 +1,191 @@
+// The plan as a table, as JSON, and next to what a run measured.
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/strings.h"
+#include "plan/memory_plan.h"
+#include "plan/plan_detail.h"
+
+namespace easyctx::plan {
+namespace {
+
+using detail::gib;
+
+std::string pct(double a, double b) {
+  if (b <= 0) return "n/a";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%+.1f%%", 100.0 * (a - b) / b);
+  return buf;
+}
+
+Json item_json(const PlanItem& i) {
+  Json j = Json::object();
+  j.set("name", i.name);
+  j.set("where", i.where);
+  j.set("bytes", i.bytes);
+  j.set("formula", i.formula);
+  j.set("transient", i.transient);
+  j.set("phase", i.phase);
+  j.set("tracked", i.tracked);
+  j.set("implemented", i.implemented);
+  return j;
+}
+
+}  // namespace
+
+std::string format_plan_table(const MemoryPlan& p) {
+  const bool cuda = p.target.backend == DeviceKind::Cuda;
+  std::ostringstream os;
+  char line[512];
+  os << "memory plan (docs/memory-model.md), per rank unless stated\n";
+  os << "  model   " << p.model_name << ": " << format_count(static_cast<double>(p.parameters)) << " parameters (P = "
+     << p.parameters << ")\n";
+  os << "  run     " << (cuda ? "cuda (bf16 activations)" : "cpu (f32)") << ", world " << p.world << " = "
+     << p.dp << " data-parallel x " << p.sp << " sequence-parallel, ZeRO group " << p.zero_group << "; n = "
+     << p.tokens << " tokens per rank per micro-step (S = " << p.local_len << " per sequence)\n";
+  os << "  target  " << p.target.nodes << " node(s) x " << p.target.gpus_per_node
+     << (cuda ? " GPU(s): " + p.target.gpu_name + " " + gib(p.target.gpu_memory_bytes) + " (" + p.target.gpu_source + ")"
+              : " rank(s)")
+     << ", host " << gib(p.target.host_memory_bytes) << " per node (" << p.target.host_source << "), headroom "
+     << std::lround(100 * p.target.headroom) << "%\n\n";
+  std::snprintf(line, sizeof line, "  %-5s %-22s %12s  %s\n", "where", "phase", "bytes", "buffer [formula]");
+  os << line;
+  for (const PlanItem& i : p.items) {
+    const std::string ph = i.transient ? i.phase : (i.phase == "init" ? "persistent" : "persistent (step)");
+    std::snprintf(line, sizeof line, "  %-5s %-22s %12s  %s%s [%s]\n", i.where.c_str(), ph.c_str(),
+                  format_bytes(static_cast<double>(i.bytes)).c_str(), i.implemented ? "" : "* ", i.name.c_str(),
+                  i.formula.c_str());
+    os << line;
+  }
+  os << "\n";
+  std::snprintf(line, sizeof line, "  %-34s %14s %14s %14s\n", "phase totals",
+                cuda ? "gpu allocs" : "allocations", cuda ? "gpu total" : "", "host/rank");
+  os << line;
+  for (const PhaseTotal& ph : p.phases) {
+    std::snprintf(line, sizeof line, "  %-34s %14s %14s %14s\n", ph.name.c_str(),
+                  format_bytes(static_cast<double>(ph.alloc_bytes)).c_str(),
+                  cuda ? format_bytes(static_cast<double>(ph.gpu_bytes)).c_str() : "",
+                  format_bytes(static_cast<double>(ph.host_bytes)).c_str());
+    os << line;
+  }
+  os << "\n";
+  if (cuda)
+    os << "  GPU   peak allocations " << gib(p.alloc_peak_bytes) << " (" << p.alloc_peak_phase << ") + context "
+       << gib(p.context_bytes) << " = " << gib(p.gpu_peak_bytes) << " per GPU; usable " << gib(p.gpu_usable) << " of "
+       << gib(p.gpu_capacity) << ": " << (p.gpu_fits ? "fits" : "DOES NOT FIT") << "\n";
+  else
+    os << "  backend allocations peak " << gib(p.alloc_peak_bytes) << " per rank (" << p.alloc_peak_phase << ")\n";
+  os << "  host  peak " << gib(p.host_rank_peak_bytes) << " per rank (" << p.host_peak_phase << ") x "
+     << p.target.gpus_per_node << " per node = " << gib(p.host_peak_bytes) << "; usable " << gib(p.host_usable)
+     << " of " << gib(p.host_capacity) << ": " << (p.host_fits ? "fits" : "DOES NOT FIT") << "\n";
+  if (!p.not_implemented.empty()) {
+    os << "  * planned, but the trainer does not implement it yet:";
+    for (const std::string& s : p.not_implemented) os << " " << s << ";";
+    os << "\n";
+  }
+  return os.str();
+}
+
+Json plan_to_json(const MemoryPlan& p) {
+  const bool cuda = p.target.backend == DeviceKind::Cuda;
+  Json j = Json::object();
+  j.set("fits", p.fits);
+  Json t = Json::object();
+  t.set("backend", to_string(p.target.backend));
+  t.set("gpu", p.target.gpu_name);
+  t.set("gpu_memory_bytes", p.target.gpu_memory_bytes);
+  t.set("gpu_source", p.target.gpu_source);
+  t.set("gpus_per_node", p.target.gpus_per_node);
+  t.set("nodes", p.target.nodes);
+  t.set("host_memory_bytes", p.target.host_memory_bytes);
+  t.set("host_source", p.target.host_source);
+  t.set("headroom", p.target.headroom);
+  j.set("target", t);
+  Json run = Json::object();
+  run.set("model", p.model_name);
+  run.set("parameters", p.parameters);
+  run.set("world", p.world);
+  run.set("data_parallel", p.dp);
+  run.set("sequence_parallel", p.sp);
+  run.set("zero_group", p.zero_group);
+  run.set("local_len", p.local_len);
+  run.set("tokens_per_rank", p.tokens);
+  j.set("run", run);
+  Json g = Json::object();
+  g.set("allocations_peak_bytes", cuda ? p.alloc_peak_bytes : 0);
+  g.set("context_bytes", p.context_bytes);
+  g.set("device_total_bytes", p.gpu_peak_bytes);
+  g.set("peak_phase", p.gpu_peak_phase);
+  g.set("capacity_bytes", p.gpu_capacity);
+  g.set("usable_bytes", p.gpu_usable);
+  g.set("fits", p.gpu_fits);
+  j.set("gpu", g);
+  Json h = Json::object();
+  h.set("backend_allocations_peak_bytes", cuda ? 0 : p.alloc_peak_bytes);
+  h.set("per_rank_peak_bytes", p.host_rank_peak_bytes);
+  h.set("peak_phase", p.host_peak_phase);
+  h.set("shared_bytes", p.host_shared_bytes);
+  h.set("per_node_peak_bytes", p.host_peak_bytes);
+  h.set("capacity_bytes", p.host_capacity);
+  h.set("usable_bytes", p.host_usable);
+  h.set("fits", p.host_fits);
+  j.set("host", h);
+  j.set("allocations_peak_bytes", p.alloc_peak_bytes);
+  j.set("allocations_peak_phase", p.alloc_peak_phase);
+  Json items = Json::array();
+  for (const PlanItem& i : p.items) items.push_back(item_json(i));
+  j.set("items", items);
+  Json phases = Json::array();
+  for (const PhaseTotal& ph : p.phases) {
+    Json o = Json::object();
+    o.set("name", ph.name);
+    o.set("allocations_bytes", ph.alloc_bytes);
+    o.set("gpu_bytes", ph.gpu_bytes);
+    o.set("host_bytes", ph.host_bytes);
+    phases.push_back(o);
+  }
+  j.set("phases", phases);
+  Json ni = Json::array();
+  for (const std::string& s : p.not_implemented) ni.push_back(s);
+  j.set("not_implemented", ni);
+  Json knobs = Json::array();
+  for (const KnobFix& k : p.knobs) {
+    Json o = Json::object();
+    o.set("set", k.assignment);
+    o.set("note", k.note);
+    o.set("gpu_bytes", k.gpu_bytes);
+    o.set("host_bytes", k.host_bytes);
+    o.set("nodes", k.nodes);
+    o.set("gpus_per_node", k.gpus_per_node);
+    o.set("implemented", k.implemented);
+    knobs.push_back(o);
+  }
+  j.set("knobs", knobs);
+  if (!p.fits) j.set("message", refusal_message(p));
+  return j;
+}
+
+std::string compare_line(const MemoryPlan& p, const ops::MemoryStats& m, double host_hwm_bytes,
+                         double device_used_bytes) {
+  const bool cuda = p.target.backend == DeviceKind::Cuda;
+  std::ostringstream os;
+  const double measured = static_cast<double>(m.peak_bytes);
+  os << "memory: predicted peak " << gib(p.alloc_peak_bytes) << (cuda ? " per GPU" : " per rank")
+     << " (allocations, " << p.alloc_peak_phase << "), measured " << gib(m.peak_bytes) << " (plan "
+     << pct(static_cast<double>(p.alloc_peak_bytes), measured) << ")";
+  if (cuda) {
+    os << "; device total predicted " << gib(p.gpu_peak_bytes) << " incl. " << gib(p.context_bytes) << " context";
+    if (device_used_bytes >= 0)
+      os << ", measured " << gib(static_cast<int64_t>(device_used_bytes)) << " (cudaMemGetInfo, plan "
+         << pct(static_cast<double>(p.gpu_peak_bytes), device_used_bytes) << ")";
+    os << "; scratch pool reserved peak " << gib(m.scratch_peak_bytes);
+  }
+  os << "; host predicted " << gib(p.host_rank_peak_bytes) << " per rank";
+  if (host_hwm_bytes >= 0)
+    os << ", measured " << gib(static_cast<int64_t>(host_hwm_bytes)) << " (VmHWM, plan "
+       << pct(static_cast<double>(p.host_rank_peak_bytes), host_hwm_bytes) << ")";
+  return os.str();
+}
+
+}  // namespace easyctx::plan

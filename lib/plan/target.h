@@ -1,0 +1,48 @@
+// The machine a memory plan is for: backend, GPU model and memory, ranks per node, nodes and
+// host memory per node, from the config's `target` section, the launch (MPI world, ranks
+// per node) and this machine (the visible GPU, /proc/meminfo). Only device queries touch
+// CUDA (cudaGetDeviceProperties: no context, no allocation).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace easyctx::plan {
+
+// GPU models target.gpu knows, with their memory as nvidia-smi reports it (= cudaDeviceProp::
+// totalGlobalMem, the whole card; the CUDA context comes out of it).
+struct GpuModel {
+  const char* name;
+  int64_t memory_bytes;
+};
+const std::vector<GpuModel>& known_gpus();
+
+struct PlanTarget {
+  DeviceKind backend = DeviceKind::Cpu;  // Cpu or Cuda (never Auto)
+  std::string gpu_name;                  // "" on the CPU backend
+  int64_t gpu_memory_bytes = 0;          // one GPU (0 on the CPU backend)
+  int gpus_per_node = 1;                 // ranks per node (processes per node on the CPU backend)
+  int nodes = 1;
+  int64_t host_memory_bytes = 0;         // one node
+  double headroom = 0.03;                // share of each GPU's and node's memory kept free
+  std::string gpu_source, host_source;   // where the numbers came from (for the printout)
+  int world() const { return gpus_per_node * nodes; }
+};
+
+// For `easyctx_train STAGE.yaml --plan` (also on a login node without GPUs): target.* keys
+// first, then the launch (world_size ranks, ranks_per_node per node) and this machine.
+// train.device auto plans for cuda when a GPU is visible or target.gpu(_memory_gib) names one.
+// Throws InputError naming the key when the GPU cannot be determined or is unknown.
+PlanTarget resolve_target(const StageConfig& cfg, int world_size, int ranks_per_node);
+// For a running job: the launch and the visible device win over target.*, whose GPU keys
+// only serve when no device can be queried; host memory is this machine's.
+PlanTarget run_target(const StageConfig& cfg, int world_size, int ranks_per_node);
+
+// /proc/meminfo MemTotal in bytes; throws Error when unreadable.
+int64_t host_memory_total();
+// /proc/self/status VmHWM (peak resident set of this process) in bytes; -1 when unreadable.
+int64_t vm_hwm_bytes();
+
+}  // namespace easyctx::plan

@@ -1,0 +1,365 @@
+// The memory plan (lib/plan) against what the code allocates: on the CPU backend, whose
+// allocations are counted exactly, the planned peak of a real Trainer's steps (and of its
+// initialisation) equals the measured one; the knob search proposes changes that fit; the
+// target keys are validated; the loader's local length is what the plan assumes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/json.h"
+#include "core/strings.h"
+#include "data/sp_slice.h"
+#include "dist/groups.h"
+#include "model/param_layout.h"
+#include "plan_test_util.h"
+#include "train/trainer.h"
+
+namespace easyctx::test {
+namespace {
+
+using plan::MemoryPlan;
+
+std::unique_ptr<dist::Comm> self_comm(const char* name) {
+  return dist::make_comm(MPI_COMM_SELF, name, dist::CommBackend::Mpi, 60);
+}
+
+int64_t phase_alloc(const MemoryPlan& p, const std::string& name) {
+  for (const plan::PhaseTotal& ph : p.phases)
+    if (ph.name == name) return ph.alloc_bytes;
+  ADD_FAILURE() << "no phase " << name;
+  return -1;
+}
+
+struct Measured {
+  int64_t init = 0, peak = 0;
+};
+
+// Backend-tracked peak (over every CPU backend of this process, minus what was live
+// before) after building the trainer, and after two optimizer steps.
+Measured measure(const StageConfig& c) {
+  auto world = self_comm("world"), dp = self_comm("dp");
+  const int64_t before = ops::cpu_process_memory_stats().live_bytes;
+  ops::reset_cpu_process_peak_memory();
+  Measured m;
+  train::Trainer t(c, *world, *dp);
+  m.init = ops::cpu_process_memory_stats().peak_bytes - before;
+  t.train_step(0);
+  t.train_step(1);
+  m.peak = ops::cpu_process_memory_stats().peak_bytes - before;
+  return m;
+}
+
+class PlanVsMeasured : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
+  TempDir dir("plan-cpu-" + GetParam());
+  write_walk_shard(dir / "shard.h5", test_seed(), 60, 200, 700, 512);
+  StageConfig c = small_stage(write_small_model(dir.path()), dir / "shard.h5", dir / "out");
+  if (GetParam() == "none") c.activation.checkpoint = CheckpointPolicy::None;
+  if (GetParam() == "attention_output") c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+  if (GetParam() == "zero3") c.parallel.zero.stage = 3;
+  const MemoryPlan p = plan::plan_memory(c, cpu_target());
+  const Measured m = measure(c);
+  std::printf("[plan] %s: predicted peak %lld B (%s), measured %lld B; init predicted %lld, measured %lld\n",
+              GetParam().c_str(), static_cast<long long>(p.alloc_peak_bytes), p.alloc_peak_phase.c_str(),
+              static_cast<long long>(m.peak), static_cast<long long>(phase_alloc(p, "init")),
+              static_cast<long long>(m.init));
+  EXPECT_LT(rel_diff(p.alloc_peak_bytes, m.peak), 0.02);
+  EXPECT_LT(rel_diff(phase_alloc(p, "init"), m.init), 0.02);
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.gpu_peak_bytes, 0);  // nothing on a GPU
+  EXPECT_GT(p.host_rank_peak_bytes, p.alloc_peak_bytes);  // host = backend buffers + heap + baseline
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoint, PlanVsMeasured, ::testing::Values("none", "layer", "attention_output", "zero3"),
+                         [](const auto& info) { return info.param; });
+
+// The plan's per-rank sequence length is the loader's (lib/data is not a dependency of
+// lib/plan, which keeps its own copy of the padding rule).
+TEST(MemoryPlan, LocalLengthMatchesTheLoader) {
+  StageConfig c;
+  c.model.config = "tiny";
+  struct Case {
+    SeqParallelMode mode;
+    data::SpLayout layout;
+    int sp, world, ulysses;
+  };
+  const Case cases[] = {{SeqParallelMode::ZigzagRing, data::SpLayout::Zigzag, 2, 2, 0},
+                        {SeqParallelMode::ZigzagRing, data::SpLayout::Zigzag, 3, 6, 0},
+                        {SeqParallelMode::DistFlash, data::SpLayout::Contiguous, 3, 3, 0},
+                        {SeqParallelMode::Ulysses, data::SpLayout::Contiguous, 2, 4, 0},
+                        {SeqParallelMode::Usp, data::SpLayout::Usp, 4, 4, 2},
+                        {SeqParallelMode::ZigzagRing, data::SpLayout::None, 1, 2, 0}};
+  for (const Case& k : cases)
+    for (int64_t L : {37, 256, 1000, 4097}) {
+      c.parallel.sequence.mode = k.mode;
+      c.parallel.sequence.size = k.sp;
+      c.parallel.sequence.ulysses_size = k.ulysses;
+      c.data.seq_length = L;
+      const MemoryPlan p = plan::plan_memory(c, cpu_target(k.world));
+      EXPECT_EQ(p.local_len, data::sp_local_length(L, k.layout, k.sp, std::max(1, k.ulysses)))
+          << to_string(k.mode) << " sp " << k.sp << " L " << L;
+      EXPECT_EQ(p.sp, k.sp);
+      EXPECT_EQ(p.dp, k.world / k.sp);
+    }
+}
+
+// The host buffers of MpiComm's rank-ordered gradient sums (CPU data parallelism): the
+// largest unit (a layer of the tiny preset) in blocks over the G ranks.
+TEST(MemoryPlan, CpuGradientReductionBuffers) {
+  StageConfig c;
+  c.model.config = "tiny";
+  const MemoryPlan one = plan::plan_memory(c, cpu_target(1));
+  const MemoryPlan three = plan::plan_memory(c, cpu_target(3));
+  auto reduce = [](const MemoryPlan& p) {
+    for (const plan::PlanItem& i : p.items)
+      if (i.phase == "gradient reduce") return i.bytes;
+    return int64_t{0};
+  };
+  EXPECT_EQ(reduce(one), 0);  // nothing to sum on one rank
+  int64_t unit = 0;
+  const model::ParamLayout layout(model::load_llama_config("tiny"));
+  for (const model::ParamUnit& u : layout.units()) unit = std::max(unit, u.numel);
+  EXPECT_EQ(unit, 64 * 64 * 2 + 2 * 32 * 64 + 3 * 64 * 172 + 2 * 64);  // q, o, k, v, MLP, norms
+  const int64_t block = (unit + 2) / 3;
+  EXPECT_EQ(reduce(three), 4 * (2 * block * 3 + block));
+}
+
+// ---- the knob search: a target too small for the run gets single changes that fit.
+StageConfig big_run() {
+  StageConfig c;
+  c.model.config = "llama2-7b";
+  c.data.seq_length = 262144;
+  c.train.device = DeviceKind::Cuda;
+  c.activation.checkpoint = CheckpointPolicy::Layer;
+  return c;
+}
+
+plan::PlanTarget gpu_target(double gib, int gpus = 1, int nodes = 1) {
+  plan::PlanTarget t;
+  t.backend = DeviceKind::Cuda;
+  t.gpu_name = "test GPU";
+  t.gpu_memory_bytes = static_cast<int64_t>(gib * (1 << 30));
+  t.gpus_per_node = gpus;
+  t.nodes = nodes;
+  t.host_memory_bytes = int64_t{2048} << 30;
+  return t;
+}
+
+TEST(MemoryPlan, KnobSearchProposesChangesThatFit) {
+  const StageConfig c = big_run();
+  const MemoryPlan fits = plan::plan_memory(c, gpu_target(2000));
+  ASSERT_TRUE(fits.fits);
+  EXPECT_TRUE(fits.knobs.empty());
+  // A GPU 10% smaller than the run needs.
+  const double need = static_cast<double>(fits.gpu_peak_bytes) / (1 << 30) / (1 - fits.target.headroom);
+  const MemoryPlan p = plan::plan_memory(c, gpu_target(0.9 * need));
+  ASSERT_FALSE(p.fits);
+  ASSERT_FALSE(p.knobs.empty());
+  const std::string msg = plan::refusal_message(p);
+  EXPECT_NE(msg.find("does not fit: predicted"), std::string::npos) << msg;
+  bool offload = false, tile = false;
+  for (const plan::KnobFix& k : p.knobs) {
+    EXPECT_NE(msg.find(k.to_string()), std::string::npos) << msg;
+    StageConfig fixed = c;
+    for (const std::string& a : split(k.assignment, ' ')) apply_override(fixed, a);
+    plan::PlanTarget t = gpu_target(0.9 * need);
+    t.nodes = k.nodes;
+    t.gpus_per_node = k.gpus_per_node;
+    const MemoryPlan q = plan::plan_memory(fixed, t);
+    EXPECT_TRUE(q.fits) << k.assignment;
+    EXPECT_EQ(q.gpu_peak_bytes, k.gpu_bytes) << k.assignment;
+    offload |= k.assignment == "parallel.zero.offload_optimizer=true";
+    if (k.assignment.rfind("activation.mlp_tile=", 0) == 0) {
+      tile = true;  // the largest tile that fits: twice that does not
+      StageConfig bigger = c;
+      apply_override(bigger, "activation.mlp_tile=" + std::to_string(2 * fixed.activation.mlp_tile));
+      EXPECT_FALSE(plan::plan_memory(bigger, t).fits) << k.assignment;
+    }
+  }
+  EXPECT_TRUE(offload) << msg;  // the optimizer state alone is 12 of the ~16 bytes per parameter
+  EXPECT_TRUE(tile) << msg;
+  std::printf("[plan] %s\n", msg.c_str());
+}
+
+// llama2-7b at 256K tokens on one H200: no single knob that keeps the problem fits, so a
+// combination is searched, each of its knobs relaxed to the least drastic value that fits.
+TEST(MemoryPlan, CombinationWhenNoSingleKnobFits) {
+  const MemoryPlan p = plan::plan_memory(big_run(), gpu_target(143771.0 / 1024));
+  ASSERT_FALSE(p.fits);
+  const plan::KnobFix* combo = nullptr;
+  for (const plan::KnobFix& k : p.knobs)
+    if (k.note == "together") combo = &k;
+  ASSERT_NE(combo, nullptr) << plan::refusal_message(p);
+  const std::vector<std::string> sets = split(combo->assignment, ' ');
+  ASSERT_GE(sets.size(), 2u) << combo->assignment;
+  StageConfig fixed = big_run();
+  for (const std::string& a : sets) apply_override(fixed, a);
+  EXPECT_TRUE(plan::plan_memory(fixed, gpu_target(143771.0 / 1024)).fits) << combo->assignment;
+  // Each knob is needed: without any one of them it does not fit.
+  for (const std::string& drop : sets) {
+    StageConfig partial = big_run();
+    for (const std::string& a : sets)
+      if (a != drop) apply_override(partial, a);
+    EXPECT_FALSE(plan::plan_memory(partial, gpu_target(143771.0 / 1024)).fits) << "without " << drop;
+  }
+  std::printf("[plan] %s\n", plan::refusal_message(p).c_str());
+}
+
+TEST(MemoryPlan, NothingFitsSaysSo) {
+  const MemoryPlan p = plan::plan_memory(big_run(), gpu_target(1));
+  ASSERT_FALSE(p.fits);
+  EXPECT_TRUE(p.knobs.empty());
+  EXPECT_NE(plan::refusal_message(p).find("Nothing makes it fit"), std::string::npos);
+}
+
+TEST(MemoryPlan, SequenceParallelKnobAsksForMoreGpus) {
+  StageConfig c = big_run();
+  c.data.seq_length = 1 << 21;  // 2M tokens on one GPU: only splitting the sequence helps
+  const MemoryPlan p = plan::plan_memory(c, gpu_target(139));
+  ASSERT_FALSE(p.fits);
+  bool sp = false;
+  for (const plan::KnobFix& k : p.knobs)
+    if (k.assignment.rfind("parallel.sequence.size=", 0) == 0) {
+      sp = true;
+      EXPECT_NE(k.note.find("needs"), std::string::npos) << k.note;
+      const int size = std::stoi(k.assignment.substr(std::string("parallel.sequence.size=").size()));
+      EXPECT_EQ(k.nodes * k.gpus_per_node, size);
+      StageConfig fixed = c;
+      apply_override(fixed, k.assignment);
+      EXPECT_TRUE(plan::plan_memory(fixed, gpu_target(139, k.gpus_per_node, k.nodes)).fits) << k.assignment;
+      // The GPUs alone do not help, and half the size does not fit.
+      EXPECT_FALSE(plan::plan_memory(c, gpu_target(139, k.gpus_per_node, k.nodes)).fits);
+      fixed.parallel.sequence.size /= 2;
+      EXPECT_FALSE(plan::plan_memory(fixed, gpu_target(139, k.gpus_per_node, k.nodes)).fits);
+    }
+  EXPECT_TRUE(sp) << plan::refusal_message(p);
+}
+
+// Offloading the optimizer moves 12 P bytes from each GPU to the host.
+TEST(MemoryPlan, OffloadOptimizerMovesStateToTheHost) {
+  StageConfig c = big_run();
+  const MemoryPlan a = plan::plan_memory(c, gpu_target(2000));
+  c.parallel.zero.offload_optimizer = true;
+  const MemoryPlan b = plan::plan_memory(c, gpu_target(2000));
+  EXPECT_EQ(a.gpu_peak_bytes - b.gpu_peak_bytes, 12 * a.parameters);
+  bool pinned = false;
+  for (const plan::PlanItem& i : b.items)
+    pinned |= i.where == "host" && i.bytes == 2 * plan::kOffloadChunkElems * 6;
+  EXPECT_TRUE(pinned);
+}
+
+// Not-implemented features are planned and marked.
+TEST(MemoryPlan, MarksWhatTheTrainerDoesNotImplement) {
+  StageConfig c = big_run();
+  c.activation.offload = OffloadTarget::Cpu;
+  const MemoryPlan off = plan::plan_memory(c, gpu_target(2000));
+  ASSERT_EQ(off.not_implemented.size(), 1u);
+  EXPECT_EQ(off.not_implemented[0], "activation.offload: cpu");
+  const MemoryPlan on = plan::plan_memory(big_run(), gpu_target(2000));
+  EXPECT_TRUE(on.not_implemented.empty());
+  // L + 1 residual checkpoints leave the GPU but two: (L - 1) x n x D x 2 bytes.
+  EXPECT_EQ(on.alloc_peak_bytes - off.alloc_peak_bytes, 31 * 262144LL * 4096 * 2);
+  const Json j = parse_json(plan::plan_to_json(off).dump());
+  EXPECT_EQ(j.at("not_implemented").size(), 1u);
+  StageConfig z = big_run();
+  z.parallel.zero.stage = 3;
+  EXPECT_EQ(plan::plan_memory(z, gpu_target(2000, 8)).not_implemented.size(), 1u);
+}
+
+TEST(MemoryPlan, JsonRoundTripsAndCompareLineNamesBoth) {
+  const MemoryPlan p = plan::plan_memory(big_run(), gpu_target(139));
+  const Json j = parse_json(plan::plan_to_json(p).dump(2));
+  EXPECT_EQ(j.at("fits").as_bool(), p.fits);
+  EXPECT_EQ(j.at("gpu").at("device_total_bytes").as_int(), p.gpu_peak_bytes);
+  EXPECT_EQ(j.at("gpu").at("context_bytes").as_int(), plan::kCudaContextBytes);
+  EXPECT_EQ(j.at("items").size(), p.items.size());
+  int64_t context = 0;
+  for (const plan::PlanItem& i : p.items)
+    if (!i.tracked && i.where == "gpu") context += i.bytes;
+  EXPECT_EQ(context, plan::kCudaContextBytes);
+  EXPECT_EQ(p.gpu_peak_bytes, p.alloc_peak_bytes + p.context_bytes);
+  ops::MemoryStats m;
+  m.peak_bytes = p.alloc_peak_bytes + (int64_t{1} << 30);
+  const std::string line = plan::compare_line(p, m, 3.0 * (1 << 30));
+  EXPECT_NE(line.find("predicted peak"), std::string::npos) << line;
+  EXPECT_NE(line.find("measured 3.00 GiB (VmHWM"), std::string::npos) << line;
+  EXPECT_NE(line.find("per GPU"), std::string::npos) << line;
+  const std::string table = plan::format_plan_table(p);
+  EXPECT_NE(table.find("fp32 master weights"), std::string::npos) << table;
+}
+
+// ---- target keys
+TEST(PlanTarget, KeysAreValidatedNamingKeyValueAndRange) {
+  auto error_of = [](const std::string& yaml) -> std::string {
+    try {
+      parse_stage_config(yaml, "stage.yaml");
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string e = error_of("target:\n  headroom: 1.5\n");
+  EXPECT_NE(e.find("target.headroom: bad value '1.5': expected a number in [0.0, 1.0)"), std::string::npos) << e;
+  e = error_of("target:\n  gpu_memory_gib: -1\n");
+  EXPECT_NE(e.find("target.gpu_memory_gib: bad value '-1'"), std::string::npos) << e;
+  e = error_of("target:\n  nodes: two\n");
+  EXPECT_NE(e.find("target.nodes: bad value 'two': expected an integer"), std::string::npos) << e;
+  e = error_of("target:\n  gpus_per_nodes: 8\n");
+  EXPECT_NE(e.find("did you mean 'target.gpus_per_node'"), std::string::npos) << e;
+
+  StageConfig c = parse_stage_config("train:\n  device: cuda\ntarget:\n  gpu: X100\n", "stage.yaml");
+  try {
+    plan::resolve_target(c, 1, 1);
+    ADD_FAILURE() << "unknown GPU accepted";
+  } catch (const InputError& err) {
+    e = err.what();
+    EXPECT_NE(e.find("target.gpu: unknown GPU 'X100'"), std::string::npos) << e;
+    EXPECT_NE(e.find("H200"), std::string::npos) << e;
+  }
+  // Any name with its memory is fine.
+  c = parse_stage_config("train:\n  device: cuda\ntarget:\n  gpu: X100\n  gpu_memory_gib: 100\n", "stage.yaml");
+  EXPECT_EQ(plan::resolve_target(c, 1, 1).gpu_memory_bytes, int64_t{100} << 30);
+  // The sequence-parallel size must divide the target's world.
+  c = parse_stage_config(
+      "model:\n  config: tiny\ntrain:\n  device: cpu\nparallel:\n  sequence:\n    size: 3\n"
+      "target:\n  nodes: 2\n  gpus_per_node: 2\n",
+      "stage.yaml");
+  const plan::PlanTarget t = plan::resolve_target(c, 1, 1);
+  EXPECT_EQ(t.world(), 4);
+  try {
+    plan::plan_memory(c, t);
+    ADD_FAILURE() << "sequence size 3 on 4 ranks accepted";
+  } catch (const InputError& err) {
+    e = err.what();
+    EXPECT_NE(e.find("parallel.sequence.size = 3 does not divide the world size 4"), std::string::npos) << e;
+    EXPECT_NE(e.find("target.nodes x target.gpus_per_node"), std::string::npos) << e;
+  }
+}
+
+TEST(PlanTarget, ResolvesFromKeysLaunchAndMachine) {
+  StageConfig c;
+  c.train.device = DeviceKind::Cpu;
+  plan::PlanTarget t = plan::resolve_target(c, 4, 2);  // launch: 4 ranks, 2 per node
+  EXPECT_EQ(t.backend, DeviceKind::Cpu);
+  EXPECT_EQ(t.gpus_per_node, 2);
+  EXPECT_EQ(t.nodes, 2);
+  EXPECT_GT(t.host_memory_bytes, 0);  // /proc/meminfo
+  c.target.nodes = 2;
+  c.target.gpus_per_node = 8;
+  c.target.host_memory_gib = 1024;
+  c.target.gpu = "h200";  // case does not matter
+  c.train.device = DeviceKind::Auto;
+  t = plan::resolve_target(c, 1, 1);
+  EXPECT_EQ(t.backend, DeviceKind::Cuda);  // a named GPU plans for cuda
+  EXPECT_EQ(t.gpu_name, "H200");
+  EXPECT_EQ(t.gpu_memory_bytes, int64_t{143771} << 20);
+  EXPECT_EQ(t.world(), 16);
+  EXPECT_EQ(t.host_memory_bytes, int64_t{1024} << 30);
+  c.target.gpu_memory_gib = 80;  // overrides the model's memory
+  EXPECT_EQ(plan::resolve_target(c, 1, 1).gpu_memory_bytes, int64_t{80} << 30);
+  EXPECT_GT(plan::vm_hwm_bytes(), 0);
+}
+
+}  // namespace
+}  // namespace easyctx::test

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# `easyctx_train STAGE.yaml --plan` end to end, as on a login node (no GPU needed): a
+# llama2-7b stage planned for 2 nodes x 8 H200s prints the table and one JSON object (the
+# last line) and exits 0; an oversized sequence exits 3 naming --set changes that fit; bad
+# target keys exit 2 naming the key.
+set -uo pipefail
+bin=$1
+work=$(mktemp -d /tmp/easyctx-plan-cli.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; echo "--- output:"; cat "$work/out" 2>/dev/null | cut -c1-300; exit 1; }
+cat > "$work/stage.yaml" <<YAML
+model:
+  config: llama2-7b
+data:
+  path: $work/no-data-needed
+  seq_length: 524288
+train:
+  device: cuda
+parallel:
+  sequence:
+    mode: zigzag_ring
+    size: 16
+target:
+  gpu: H200
+  gpus_per_node: 8
+  nodes: 2
+  host_memory_gib: 2048
+YAML
+# The last line must be one JSON object; prints fields of it (python3 when present).
+json_field() {
+  if command -v python3 >/dev/null; then
+    tail -n 1 "$work/out" | python3 -c "import json,sys; j=json.load(sys.stdin); print(eval(sys.argv[1]))" "$1" \
+      || fail "the last line is not valid JSON"
+  else
+    tail -n 1 "$work/out" | grep -q '^{.*}$' || fail "the last line is not a JSON object"
+    echo "skip"
+  fi
+}
+
+"$bin/easyctx_train" "$work/stage.yaml" --plan > "$work/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] || fail "a fitting plan exited $rc, expected 0"
+grep -q "^memory plan" "$work/out" || fail "no table"
+grep -q "fp32 master weights" "$work/out" || fail "the table lists no master weights"
+grep -q "GPU   peak allocations .* per GPU; usable .*: fits" "$work/out" || fail "no GPU verdict"
+for check in "j['fits'] is True" "j['target']['nodes'] == 2 and j['target']['gpus_per_node'] == 8" \
+             "j['run']['world'] == 16 and j['run']['sequence_parallel'] == 16" \
+             "j['target']['gpu'] == 'H200' and j['gpu']['capacity_bytes'] == 143771 * 2**20" \
+             "j['gpu']['device_total_bytes'] == j['gpu']['allocations_peak_bytes'] + j['gpu']['context_bytes']" \
+             "len(j['items']) > 10 and len(j['knobs']) == 0"; do
+  v=$(json_field "$check")
+  [ "$v" = "True" ] || [ "$v" = "skip" ] || fail "JSON check failed: $check"
+done
+
+"$bin/easyctx_train" "$work/stage.yaml" --plan --set data.seq_length=4194304 > "$work/out" 2>&1
+rc=$?
+[ $rc -eq 3 ] || fail "an oversized plan exited $rc, expected 3"
+grep -q "^does not fit: predicted .* per GPU .* Would fit: --set " "$work/out" || fail "no refusal naming knobs"
+grep -q -- "--set parallel.sequence.size=[0-9]* ([0-9.]* GiB per GPU, needs [0-9]* GPUs: target.nodes=" "$work/out" \
+  || fail "a larger sequence-parallel group (on more GPUs) not proposed"
+for check in "j['fits'] is False" "len(j['knobs']) > 0" "j['message'].startswith('does not fit')"; do
+  v=$(json_field "$check")
+  [ "$v" = "True" ] || [ "$v" = "skip" ] || fail "JSON check failed: $check"
+done
+
+"$bin/easyctx_train" "$work/stage.yaml" --plan --set target.headroom=2 > "$work/out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "a bad target.headroom exited $rc, expected 2"
+grep -q "target.headroom: bad value '2'" "$work/out" || fail "the error does not name target.headroom"
+"$bin/easyctx_train" "$work/stage.yaml" --plan --set target.gpu=X100 > "$work/out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "an unknown GPU exited $rc, expected 2"
+grep -q "target.gpu: unknown GPU 'X100'" "$work/out" || fail "the error does not name target.gpu"
+"$bin/easyctx_train" "$work/stage.yaml" --plan --set parallel.sequence.size=3 > "$work/out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "a sequence size not dividing 16 exited $rc, expected 2"
+grep -q "parallel.sequence.size = 3 does not divide the world size 16" "$work/out" || fail "no divisibility error"
+"$bin/easyctx_train" --help > "$work/out" 2>&1 || fail "--help failed"
+grep -q -- "--plan" "$work/out" || fail "--help does not document --plan"
+echo "PASS"
