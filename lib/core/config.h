@@ -105,7 +105,7 @@ struct TargetConfig {
   int64_t gpus_per_node = 0;    // ranks per node (GPUs, or processes on the CPU backend); 0: the launch's
   int64_t nodes = 0;            // 0: the launch's
   double host_memory_gib = 0;   // per node; 0: MemTotal of this machine (/proc/meminfo)
-  double headroom = 0.03;       // share of each GPU's (and host's) memory kept free
+  double headroom = 0.02;       // share of each GPU's (and host's) memory kept free
 };
 
 struct StageConfig {

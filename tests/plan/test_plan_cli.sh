@@ -20,6 +20,8 @@ parallel:
   sequence:
     mode: zigzag_ring
     size: 16
+activation:
+  mlp_tile: 16384
 target:
   gpu: H200
   gpus_per_node: 8

@@ -622,10 +622,10 @@ class CudaBackend final : public Backend {
                             static_cast<const void*>(p.v), static_cast<const void*>(p.o_out)})
       if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
     if (!cudnn() || !cudnn()->has_fwd_plan({1, t, t, p.hq, p.hkv, p.hd})) return false;
-    Scratch acc_o(static_cast<size_t>(t * H * hd) * sizeof(float), stream_);  // f32 [t, H, hd]
-    Scratch acc_l(static_cast<size_t>(H * t) * sizeof(float), stream_);       // f32 [H, t]
-    Scratch blk_o(static_cast<size_t>(t * H * hd) * sizeof(bf16), stream_);   // bf16 [t, H, hd]
-    Scratch blk_l(static_cast<size_t>(H * t) * sizeof(float), stream_);       // f32 [H, t]
+    Scratch acc_o(static_cast<size_t>(t * H * hd) * sizeof(float), stream_, *mem_);  // f32 [t, H, hd]
+    Scratch acc_l(static_cast<size_t>(H * t) * sizeof(float), stream_, *mem_);       // f32 [H, t]
+    Scratch blk_o(static_cast<size_t>(t * H * hd) * sizeof(bf16), stream_, *mem_);   // bf16 [t, H, hd]
+    Scratch blk_l(static_cast<size_t>(H * t) * sizeof(float), stream_, *mem_);       // f32 [H, t]
     for (int64_t r0 = 0; r0 < S; r0 += t) {
       const int64_t rows = std::min(t, S - r0);
       kernels::AttentionParams d = p;  // the diagonal square [r0, r0 + rows)
