@@ -78,15 +78,18 @@ Zigzag zigzag_of(const dist::Comm& ring, const Tensor& q) {
 }
 }  // namespace
 
-// Sends buffers [first, last] of `send` to the next rank and receives the previous rank's
-// into `recv` (paired, so the ring never deadlocks).
-void ZigzagRingAttention::exchange(const Buffer* send, Buffer* recv, int first, int last) {
+void ZigzagRingAttention::exchange_begin(const Buffer* send, Buffer* recv, int first, int last) {
   const int W = ring_.size(), dst = (ring_.rank() + 1) % W, from = (ring_.rank() - 1 + W) % W;
-  be_.synchronize();
+  be_.synchronize();  // the sent buffers are written and the received-into ones no longer read
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = first; i <= last; ++i)
     ring_.send_recv(send[i].data(), static_cast<size_t>(send[i].numel()), dst, recv[i].data(),
                     static_cast<size_t>(recv[i].numel()), from, send[i].dtype());
+  comm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ZigzagRingAttention::exchange_end() {
+  const auto t0 = std::chrono::steady_clock::now();
   ring_.synchronize();
   comm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -111,6 +114,7 @@ void ZigzagRingAttention::forward_one(const Tensor& q, const Tensor& k, const Te
     const int src = (z.r - s + z.W) % z.W;
     Buffer* cur = kv[s % 2];
     Tensor kc = cur[0].view({1, S, Hkv, hd}), vc = cur[1].view({1, S, Hkv, hd});
+    if (s + 1 < z.W) exchange_begin(cur, kv[(s + 1) % 2], 0, 1);  // the next step's K/V travel meanwhile
     for (int qa = 0; qa < 2; ++qa)
       for (int kb = 0; kb < 2; ++kb) {
         const int64_t a = z.chunk(z.r, qa), bch = z.chunk(src, kb);
@@ -131,7 +135,7 @@ void ZigzagRingAttention::forward_one(const Tensor& q, const Tensor& k, const Te
           be_.attention_merge(ao, al, ob, lb);
         }
       }
-    if (s + 1 < z.W) exchange(cur, kv[(s + 1) % 2], 0, 1);
+    if (s + 1 < z.W) exchange_end();
   }
   for (int qa = 0; qa < 2; ++qa) {
     be_.copy(seq_rows(o, qa * c, c), acc_o[qa].view({1, c, Hq, hd}));
@@ -166,6 +170,7 @@ void ZigzagRingAttention::backward_one(const Tensor& q, const Tensor& k, const T
     Buffer* cur = kv[s % 2];
     Tensor kc = cur[0].view({1, S, Hkv, hd}), vc = cur[1].view({1, S, Hkv, hd});
     Tensor dkc = cur[2].view({1, S, Hkv, hd}), dvc = cur[3].view({1, S, Hkv, hd});
+    if (s + 1 < z.W) exchange_begin(cur, kv[(s + 1) % 2], 0, 1);  // the next step's K/V travel meanwhile
     for (int qa = 0; qa < 2; ++qa)
       for (int kb = 0; kb < 2; ++kb) {
         const int64_t a = z.chunk(z.r, qa), bch = z.chunk(src, kb);
@@ -180,9 +185,8 @@ void ZigzagRingAttention::backward_one(const Tensor& q, const Tensor& k, const T
                           seq_rows(dqa, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
       }
     if (s + 1 < z.W) {
-      Buffer* nxt = kv[(s + 1) % 2];
-      be_.fill(nxt[2].flat(), 0);  // overwritten by the receive; keeps W=1 paths clean
-      exchange(cur, nxt, 0, 3);
+      exchange_end();
+      exchange(cur, kv[(s + 1) % 2], 2, 3);  // this step's dK/dV accumulators follow their K/V
     } else if (z.W > 1) {
       // The accumulators we hold belong to rank r+1: one more hop brings ours home.
       Buffer* nxt = kv[(s + 1) % 2];

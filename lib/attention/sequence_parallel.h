@@ -34,8 +34,10 @@ class ZigzagRingAttention final : public SequenceAttention {
  public:
   ZigzagRingAttention(ops::Backend& be, dist::Comm& ring) : be_(be), ring_(ring) {}
   const char* name() const override { return "zigzag_ring"; }
-  // Wall seconds spent in ring exchanges (the compute before each one has finished, so this
-  // is the time the ring waits on communication; bench/ring reports it).
+  // Wall seconds the ring waits on communication: the part of each exchange that the
+  // compute it overlaps did not hide (bench/ring reports it). The K/V of step s + 1 travel
+  // while step s computes; the backward's dK/dV accumulators travel after it (they hold that
+  // step's result).
   double comm_seconds() const { return comm_s_; }
   void reset_comm_seconds() { comm_s_ = 0; }
   void forward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale, const ops::Tensor& o,
@@ -50,7 +52,17 @@ class ZigzagRingAttention final : public SequenceAttention {
   void backward_one(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
                     const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
                     const ops::Tensor& dk, const ops::Tensor& dv);
-  void exchange(const ops::Buffer* send, ops::Buffer* recv, int first, int last);
+  // Starts sending buffers [first, last] of `send` to the next rank and receiving the
+  // previous rank's into `recv` (paired, so the ring never deadlocks): after the compute
+  // queued so far has finished, on the comm's own stream for device backends (host backends
+  // exchange here, blocking). exchange_end() waits for it; until then neither buffer set may
+  // be written, and `recv` not read.
+  void exchange_begin(const ops::Buffer* send, ops::Buffer* recv, int first, int last);
+  void exchange_end();
+  void exchange(const ops::Buffer* send, ops::Buffer* recv, int first, int last) {
+    exchange_begin(send, recv, first, last);
+    exchange_end();
+  }
   ops::Backend& be_;
   dist::Comm& ring_;
   double comm_s_ = 0;
