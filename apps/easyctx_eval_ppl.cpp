@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
         "samples", po::value(&o.samples)->default_value(-1), "documents per length (first K with >= L tokens; -1: all)")(
         "rope-theta", po::value(&o.rope_theta)->default_value(0), "override the model's rope_theta (0: keep)")(
         "lm-head-tile", po::value(&o.lm_head_tile)->default_value(4096), "tokens per LM-head tile")(
+        "mlp-tile", po::value(&o.mlp_tile)->default_value(16384),
+        "tokens per MLP tile (0: untiled); bounds the MLP activations of long sequences")(
         "output-file", po::value(&out)->required(), "CSV to write (tokens,ppl,documents,nll)");
     po::variables_map vm;
     try {

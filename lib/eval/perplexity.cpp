@@ -33,6 +33,7 @@ void check_options(const PplOptions& o) {
                       o.min_tokens);
   EASYCTX_CHECK_INPUT(o.tokens_step > 0, "--tokens-step: ", o.tokens_step, " (must be > 0)");
   EASYCTX_CHECK_INPUT(o.samples == -1 || o.samples > 0, "--samples: ", o.samples, " (must be > 0)");
+  EASYCTX_CHECK_INPUT(o.mlp_tile >= 0, "--mlp-tile: ", o.mlp_tile, " (must be >= 0; 0: untiled)");
 }
 
 std::vector<std::string> shard_files(const std::vector<std::string>& specs) {
@@ -53,6 +54,7 @@ std::vector<PplRow> evaluate_perplexity(const PplOptions& o, dist::Comm* comm) {
   auto be = ops::make_cpu_backend();
   model::ModelOptions mo;
   mo.lm_head_tile = o.lm_head_tile;
+  mo.mlp_tile = o.mlp_tile;
   model::LlamaModel m(mc, *be, DType::F32, mo);
   std::vector<ops::Buffer> pbuf;
   std::vector<ops::Tensor> params;

@@ -26,6 +26,7 @@ struct PplOptions {
   int64_t tokens_step = 0;
   int64_t samples = -1;               // K; -1: every qualifying document
   int64_t lm_head_tile = 4096;
+  int64_t mlp_tile = 16384;           // tokens per MLP tile (0: untiled): the [tokens, I] activations
   double rope_theta = 0;              // > 0 overrides the model's
 };
 

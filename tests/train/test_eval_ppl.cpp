@@ -36,6 +36,7 @@ TEST(EvalPpl, MatchesPerDocumentScoring) {
   o.tokens_step = 8;
   o.samples = 3;
   o.lm_head_tile = 7;
+  o.mlp_tile = 5;  // the evaluation's MLP in tiles; the reference below runs it untiled
   const std::vector<eval::PplRow> rows = eval::evaluate_perplexity(o, nullptr);
   ASSERT_EQ(rows.size(), 4u);  // 6, 14, 22, 30
   for (const eval::PplRow& r : rows) {
