@@ -39,7 +39,7 @@ struct LlamaModel::Workspace {
   std::vector<LayerActs> acts;  // L (no checkpoint, backward) or 1 (recomputed / forward only)
   std::vector<Buffer> saved_o;    // L x [n, Hq*hd]: attention outputs (checkpoint attention_output)
   std::vector<Buffer> saved_lse;  // L x [B, Hq, S]
-  Buffer hf, rstd_f;            // [n, D], [n]: final norm
+  Buffer hf, rstd_f;            // [n, max(D, Hq*hd)], [n]: final norm (hf: then dattn in backward)
   Buffer dx, dh;                // [n, D]: residual gradient, projection input gradient
   Buffer dm, dg, du;            // [mlp rows, I] (one MLP tile)
   Buffer dq, dk, dv;            // [n, Hq*hd], [n, Hkv*hd] x2

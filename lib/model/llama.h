@@ -11,7 +11,9 @@
 // layer in backward; AttentionOutput (LightSeq's rematerialization-aware cut) also keeps
 // each layer's attention output and LSE, so the recompute redoes the cheap projections,
 // norms and MLP but never the attention (the O(S^2) part, and the ring communication).
-// All three give bit-identical results.
+// All three give bit-identical results. ModelOptions::mlp_tile runs the MLP a tile of rows
+// at a time (recomputed per tile in backward under Layer/AttentionOutput), which changes only
+// the summation order of the MLP weight gradients.
 #pragma once
 #include <memory>
 #include <string>
