@@ -83,6 +83,8 @@ void save_hf_model(const std::string& dir, const model::LlamaConfig& cfg, const 
     const ops::Tensor& src = units[u];
     EASYCTX_CHECK(src.space == ops::MemSpace::Host && (src.dtype == ops::DType::F32 || src.dtype == ops::DType::F64),
                   "save_hf_model: unit ", layout.units()[u].name, " must be host f32/f64");
+    EASYCTX_CHECK(src.numel() == layout.units()[u].numel, "save_hf_model: unit ", layout.units()[u].name, " has ",
+                  src.numel(), " elements, the model needs ", layout.units()[u].numel);
     for (const model::ParamTensor& pt : layout.units()[u].tensors) {
       StWriteTensor w;
       w.name = pt.hf_name;

@@ -783,7 +783,8 @@ bool Trainer::stop_requested() {
 void Trainer::save_hf(const std::string& dir) const {
   model::LlamaConfig mc = model_->config();
   std::vector<std::vector<float>> stage;
-  ckpt::save_hf_model(dir, mc, model_->layout(), host_views(master_, stage, true),
+  // ZeRO-3: master_ holds this rank's shards; the gathered copy (master()) is the whole model.
+  ckpt::save_hf_model(dir, mc, model_->layout(), zero3() ? master() : host_views(master_, stage, true),
                       cfg_.output.hf_dtype == "bf16" ? ckpt::StDType::BF16 : ckpt::StDType::F32);
 }
 

@@ -2,13 +2,15 @@
 // stage 0 under mpirun (4 ranks): five steps give the same losses and weights (fp32, 1e-6
 // relative), alone and with 2 x 2 data x sequence parallelism; a ZeRO-3 run stopped after 3
 // steps and resumed equals 6 straight steps bit for bit; its checkpoint resumes on 2 ranks
-// at stage 0 (resharding).
+// at stage 0 (resharding); a whole ZeRO-3 run exports the whole model (Hugging Face folder)
+// equal to its gathered weights.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstring>
 #include <filesystem>
 
+#include "ckpt/hf_model.h"
 #include "dist/comm_mpi.h"
 #include "dist/groups.h"
 #include "train/trainer.h"
@@ -68,6 +70,42 @@ TEST_P(Zero3, SameLossesAndWeightsAsStage0) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Zero3, ::testing::Values(1, 2));
+
+// Trainer::run with ZeRO-3 ends with the HF export of the master weights (rank 0): they must
+// be the whole gathered model, not rank 0's shards (it read the shards as whole units once).
+TEST(Zero3Run, ExportsTheWholeModel) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  if (rt.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("zero-export", seed);
+  StageConfig c = tiny_stage(path + "/shard.h5", path + "/run");
+  c.train.seed = seed;
+  c.train.steps = 2;
+  c.parallel.zero.stage = 3;
+  c.output.export_hf = true;
+  const dist::GroupLayout layout = dist::make_group_layout(c, rt.size(), rt.topology().local_size);
+  dist::ProcessGroups groups(rt, layout, dist::CommBackend::Mpi, 120);
+  train::Trainer t(c, groups);
+  t.run();
+  const std::vector<float> want = weights(t);
+  const model::ParamLayout& pl = t.model().layout();
+  auto cpu = ops::make_cpu_backend();
+  std::vector<ops::Buffer> bufs;
+  std::vector<ops::Tensor> views;
+  for (const auto& u : pl.units()) {
+    bufs.push_back(cpu->alloc(ops::DType::F32, u.numel));
+    views.push_back(bufs.back().flat());
+  }
+  ckpt::load_hf_weights(path + "/run/final", pl, views);
+  std::vector<float> got;
+  for (const ops::Tensor& v : views) got.insert(got.end(), v.ptr<float>(), v.ptr<float>() + v.numel());
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
 
 TEST(Zero3Resume, BitForBitAndReshardedToStage0) {
   int argc = 0;
