@@ -16,9 +16,9 @@
 # CUDA, cuBLASLt, NCCL, Open MPI (libmpi.so.40) and glibc come from the GPU host (same
 # sonames, newer or equal versions). Used for every device call of 2026-11-30's stop 11
 # (bench/RESULTS.md).
-set -uo pipefail
 case "${1:-}" in
   pack)
+    set -uo pipefail
     build=${2:-build-cuda}
     shift $(( $# >= 2 ? 2 : 1 ))
     bins=("$@")
@@ -46,6 +46,6 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: bash bench/prebuilt.sh pack [BUILD_DIR] [binary ...]  |  source bench/prebuilt.sh env" >&2
-    exit 2
+    return 2 2>/dev/null || exit 2
     ;;
 esac
