@@ -23,14 +23,18 @@ CFG=${CFG:-configs/bench/llama2-7b-1gpu.yaml}
 PEER_SCRIPT=${PEER_SCRIPT:-../shared/bench/peer_hf_llama.py}
 [ -f "$PEER_SCRIPT" ] || PEER_SCRIPT=.deps/peer_hf_llama.py
 results=${RESULTS:-${OUT:+$OUT/train_results.jsonl}}
+# The peer for one model:tokens pair (STEPS - 1 timed steps after its warm-up step), tagged.
+peer() {
+  python3 "$PEER_SCRIPT" --runs "$1:$2" --steps $((STEPS - 1)) --sdpa cudnn 2>/dev/null \
+    | grep '^{' | sed 's/^{/{"system": "peer_hf_llama", /' | tee -a ${results:-/dev/null}
+}
 for run in $RUNS; do
   model=${run%%:*}
   seq=${run##*:}
   mcfg=llama2-7b
   [ "$model" = 1b ] && mcfg=tinyllama-1b
   if [ "$PEER_ONLY" = 1 ]; then
-    python3 "$PEER_SCRIPT" --runs "$model:$seq" --steps $((STEPS - 1)) --sdpa cudnn 2>/dev/null \
-      | grep '^{' | sed 's/^{/{"system": "peer_hf_llama", /' | tee -a ${results:-/dev/null}
+    peer "$model" "$seq"
     continue
   fi
   dir=/tmp/easyctx-bench/$model-$seq
@@ -66,8 +70,5 @@ for line in open(log):
         out.setdefault("memory_lines", []).append(line.strip()[-300:])
 print(json.dumps(out), flush=True)
 PY
-  if [ "$PEER" = 1 ]; then
-    python3 "$PEER_SCRIPT" --runs "$model:$seq" --steps $((STEPS - 1)) --sdpa cudnn 2>/dev/null \
-      | grep '^{' | sed 's/^{/{"system": "peer_hf_llama", /' | tee -a ${results:-/dev/null}
-  fi
+  if [ "$PEER" = 1 ]; then peer "$model" "$seq"; fi
 done

@@ -3,32 +3,17 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
-#include <cstring>
 
 #include "adamw_math.h"
 #include "core/error.h"
+#include "cuda_check.h"
+#include "ops/half.h"
 
 namespace easyctx::train {
 
-#define HOST_ADAMW_CHECK(call)                                                                        \
-  do {                                                                                                \
-    const cudaError_t e_ = (call);                                                                    \
-    EASYCTX_CHECK(e_ == cudaSuccess, "offload optimizer: ", #call, " failed: ", cudaGetErrorString(e_), \
-                  " (", __FILE__, ":", __LINE__, ")");                                               \
-  } while (0)
-
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t x;
-    std::memcpy(&x, &src[i], 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it quiet and a NaN
-      dst[i] = static_cast<uint16_t>((x >> 16) | 0x40u);
-      continue;
-    }
-    x += 0x7fffu + ((x >> 16) & 1u);
-    dst[i] = static_cast<uint16_t>(x >> 16);
-  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = ops::float_to_bf16(src[i]);
 }
 
 struct HostAdamW::Impl {
@@ -54,13 +39,13 @@ HostAdamW::HostAdamW(int64_t chunk_elems) : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.chunk = chunk_elems;
   for (int s = 0; s < 2; ++s) {
-    HOST_ADAMW_CHECK(cudaMallocHost(reinterpret_cast<void**>(&I.grad[s]), static_cast<size_t>(chunk_elems) * 4));
-    HOST_ADAMW_CHECK(cudaMallocHost(reinterpret_cast<void**>(&I.work[s]), static_cast<size_t>(chunk_elems) * 2));
-    HOST_ADAMW_CHECK(cudaEventCreateWithFlags(&I.got[s], cudaEventDisableTiming));
-    HOST_ADAMW_CHECK(cudaEventCreateWithFlags(&I.sent[s], cudaEventDisableTiming));
+    EASYCTX_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&I.grad[s]), static_cast<size_t>(chunk_elems) * 4));
+    EASYCTX_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&I.work[s]), static_cast<size_t>(chunk_elems) * 2));
+    EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&I.got[s], cudaEventDisableTiming));
+    EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&I.sent[s], cudaEventDisableTiming));
   }
-  HOST_ADAMW_CHECK(cudaStreamCreateWithFlags(&I.down, cudaStreamNonBlocking));
-  HOST_ADAMW_CHECK(cudaStreamCreateWithFlags(&I.up, cudaStreamNonBlocking));
+  EASYCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&I.down, cudaStreamNonBlocking));
+  EASYCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&I.up, cudaStreamNonBlocking));
 }
 
 HostAdamW::~HostAdamW() = default;
@@ -80,31 +65,31 @@ void HostAdamW::step(const std::vector<OffloadPiece>& pieces, const ops::AdamWSt
   auto fetch = [&](size_t i) {  // gradient chunk i -> slot i % 2
     const Chunk& c = chunks[i];
     const int sl = static_cast<int>(i % 2);
-    HOST_ADAMW_CHECK(cudaMemcpyAsync(I.grad[sl], c.p->grad_dev + c.off, static_cast<size_t>(c.n) * 4,
+    EASYCTX_CUDA_CHECK(cudaMemcpyAsync(I.grad[sl], c.p->grad_dev + c.off, static_cast<size_t>(c.n) * 4,
                                      cudaMemcpyDeviceToHost, I.down));
-    HOST_ADAMW_CHECK(cudaEventRecord(I.got[sl], I.down));
+    EASYCTX_CUDA_CHECK(cudaEventRecord(I.got[sl], I.down));
   };
   bool sent_pending[2] = {false, false};
   if (!chunks.empty()) fetch(0);
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     const int sl = static_cast<int>(i % 2);
-    HOST_ADAMW_CHECK(cudaEventSynchronize(I.got[sl]));
+    EASYCTX_CUDA_CHECK(cudaEventSynchronize(I.got[sl]));
     if (i + 1 < chunks.size()) fetch(i + 1);  // the other slot's gradient buffer was consumed at i - 1
     const kernels::AdamWConsts k = kernels::adamw_consts(s.lr, s.beta1, s.beta2, s.eps, c.p->weight_decay, s.step);
     float *p = c.p->master + c.off, *m = c.p->m + c.off, *v = c.p->v + c.off;
     const float* g = I.grad[sl];
 #pragma omp parallel for schedule(static) if (c.n > (1 << 16))
     for (int64_t i = 0; i < c.n; ++i) kernels::adamw_element(p[i], g[i], m[i], v[i], k);
-    if (sent_pending[sl]) HOST_ADAMW_CHECK(cudaEventSynchronize(I.sent[sl]));  // chunk i - 2 left this slot
+    if (sent_pending[sl]) EASYCTX_CUDA_CHECK(cudaEventSynchronize(I.sent[sl]));  // chunk i - 2 left this slot
     f32_to_bf16(c.p->master + c.off, I.work[sl], c.n);
-    HOST_ADAMW_CHECK(cudaMemcpyAsync(static_cast<uint16_t*>(c.p->work_dev) + c.off, I.work[sl],
+    EASYCTX_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint16_t*>(c.p->work_dev) + c.off, I.work[sl],
                                      static_cast<size_t>(c.n) * 2, cudaMemcpyHostToDevice, I.up));
-    HOST_ADAMW_CHECK(cudaEventRecord(I.sent[sl], I.up));
+    EASYCTX_CUDA_CHECK(cudaEventRecord(I.sent[sl], I.up));
     sent_pending[sl] = true;
   }
-  HOST_ADAMW_CHECK(cudaStreamSynchronize(I.up));
-  HOST_ADAMW_CHECK(cudaStreamSynchronize(I.down));
+  EASYCTX_CUDA_CHECK(cudaStreamSynchronize(I.up));
+  EASYCTX_CUDA_CHECK(cudaStreamSynchronize(I.down));
   last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -46,7 +46,8 @@ class HostAdamW {
   double last_seconds_ = 0;
 };
 
-// f32 -> bf16 bits, round to nearest even (NaN stays NaN): the GPU's __float2bfloat16.
+// f32 -> bf16 bits of n values (ops::float_to_bf16: round to nearest even, as the GPU's
+// conversion), on the host's threads.
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
 
 }  // namespace easyctx::train

@@ -11,6 +11,7 @@
 #ifdef EASYCTX_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "cuda_check.h"
 #include "ops/cuda/cuda_backend.h"
 #endif
 
@@ -63,19 +64,12 @@ std::unique_ptr<ops::Backend> make_backend(DeviceKind d) {
 }
 
 #ifdef EASYCTX_HAVE_CUDA
-#define TRAIN_CUDA_CHECK(call)                                                                         \
-  do {                                                                                                 \
-    const cudaError_t e_ = (call);                                                                     \
-    EASYCTX_CHECK(e_ == cudaSuccess, #call, " failed: ", cudaGetErrorString(e_), " (", __FILE__, ":", \
-                  __LINE__, ")");                                                                      \
-  } while (0)
-
 // Dense bf16 peak of the current device by name (EASYCTX_PEAK_TFLOPS overrides); 0 unknown.
 double device_peak_flops(std::string* name) {
   int dev = 0;
-  TRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+  EASYCTX_CUDA_CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop{};
-  TRAIN_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  EASYCTX_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   *name = prop.name;
   if (const char* env = std::getenv("EASYCTX_PEAK_TFLOPS")) return std::atof(env) * 1e12;
   if (std::strstr(prop.name, "H100") || std::strstr(prop.name, "H200")) return 989e12;
@@ -86,7 +80,7 @@ double device_peak_flops(std::string* name) {
 // Device memory in use (all allocations on the device, cudaMemGetInfo), bytes.
 double device_mem_used() {
   size_t free_b = 0, total_b = 0;
-  TRAIN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  EASYCTX_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   return static_cast<double>(total_b - free_b);
 }
 #endif

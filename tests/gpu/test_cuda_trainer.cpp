@@ -264,17 +264,24 @@ std::vector<double> flat(const std::vector<std::vector<float>>& units) {
   return v;
 }
 
-TEST(CudaTrainer, StepsMatchCpuTrainer) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  TempDir dir("cuda-trainer");
+// The trainer tests' stage: a random-walk shard in `dir`, the head_dim-64 model (which the
+// CUDA attention takes), 2 x 64 tokens per micro-step, lr 3e-3; output in dir/out.
+StageConfig hd64_stage(const TempDir& dir, const std::string& out) {
   write_walk_shard(dir / "shard.h5", test_seed(), 80, 20, 150, 256);
-  StageConfig c = tiny_stage(dir / "shard.h5", dir / "cpu");
+  StageConfig c = tiny_stage(dir / "shard.h5", dir / out);
   c.model.config = write_hd64_config(dir / "m.yaml", false, 256);
   c.model.init_std = 0.05;
   c.data.seq_length = 64;
   c.train.batch_size = 2;
-  c.train.grad_accum = 2;
   c.train.lr = 3e-3;
+  return c;
+}
+
+TEST(CudaTrainer, StepsMatchCpuTrainer) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir("cuda-trainer");
+  StageConfig c = hd64_stage(dir, "cpu");
+  c.train.grad_accum = 2;
   c.train.grad_clip = 1.0;
   StageConfig g = c;
   g.train.device = DeviceKind::Cuda;
@@ -344,13 +351,7 @@ TEST(CudaTrainer, StepsMatchCpuTrainer) {
 TEST(CudaTrainer, OffloadedOptimizerMatchesGpuAdamW) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   TempDir dir("cuda-offload");
-  write_walk_shard(dir / "shard.h5", test_seed(), 80, 20, 150, 256);
-  StageConfig g = tiny_stage(dir / "shard.h5", dir / "gpu");
-  g.model.config = write_hd64_config(dir / "m.yaml", false, 256);
-  g.model.init_std = 0.05;
-  g.data.seq_length = 64;
-  g.train.batch_size = 2;
-  g.train.lr = 3e-3;
+  StageConfig g = hd64_stage(dir, "gpu");
   g.train.weight_decay = 0.1;
   g.train.device = DeviceKind::Cuda;
   StageConfig h = g;
