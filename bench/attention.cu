@@ -67,12 +67,17 @@ void fill_random(ops::Backend& be, const ops::Buffer& buf, std::mt19937_64& rng)
 int main(int argc, char** argv) try {
   std::vector<int64_t> seqs, full_seqs;
   int reps = 5;
+  bool deterministic = true;
+  int64_t bwd_tile = 0;
   po::options_description desc("bench_attention: attention fwd/bwd TFLOP/s of the CUDA backend");
   desc.add_options()("help", "this help")(
       "seq", po::value<std::vector<int64_t>>(&seqs)->multitoken()->default_value({8192, 32768, 131072}, "8192 32768 131072"),
       "sequence lengths (causal)")(
       "full-seq", po::value<std::vector<int64_t>>(&full_seqs)->multitoken()->default_value({8192, 32768}, "8192 32768"),
-      "sequence lengths of the blocks without a mask")("reps", po::value<int>(&reps)->default_value(5), "timed repeats (median)");
+      "sequence lengths of the blocks without a mask")("reps", po::value<int>(&reps)->default_value(5), "timed repeats (median)")(
+      "deterministic", po::value<bool>(&deterministic)->default_value(true),
+      "cuDNN backward: deterministic graph (train.deterministic) or atomic dQ")(
+      "bwd-tile", po::value<int64_t>(&bwd_tile)->default_value(0), "backward tile (0: the backend's default)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
@@ -86,11 +91,15 @@ int main(int argc, char** argv) try {
   }
   cudaDeviceProp prop{};
   EASYCTX_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  auto be = ops::make_cuda_backend();
+  ops::CudaBackendOptions bopts;
+  bopts.deterministic = deterministic;
+  bopts.attention_bwd_tile = bwd_tile;
+  auto be = ops::make_cuda_backend(bopts);
   std::mt19937_64 rng(1234);
   const Shape shapes[] = {{"32x128 MHA", 32, 32, 128}, {"GQA 32/4 x64", 32, 4, 64}};
-  std::printf("# easyctx attention (%s), bf16, causal, batch 1\n\n", prop.name);
-  std::printf("| shape | seq | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|\n");
+  std::printf("# easyctx attention (%s), bf16, causal, batch 1, backward %s, tile %lld\n\n", prop.name,
+              deterministic ? "deterministic" : "atomic dQ", static_cast<long long>(ops::attention_bwd_tile(deterministic, bwd_tile)));
+  std::printf("| shape | seq | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | bwd path |\n|---|---|---|---|---|---|---|\n");
   struct Row {
     double fwd_ms, bwd_ms;
     std::string path;
@@ -124,12 +133,12 @@ int main(int argc, char** argv) try {
     for (int64_t S : seqs) {
       const Row r = run(*be, s, S, true);
       const double fl = flops(s, S, true);
-      std::printf("| %s | %lld | %.2f | %.0f | %.2f | %.0f |\n", s.name, static_cast<long long>(S), r.fwd_ms,
-                  fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9);
+      std::printf("| %s | %lld | %.2f | %.0f | %.2f | %.0f | %s |\n", s.name, static_cast<long long>(S), r.fwd_ms,
+                  fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9, r.path.c_str());
       std::fflush(stdout);
     }
   }
-  ops::CudaBackendOptions kopts;
+  ops::CudaBackendOptions kopts = bopts;
   kopts.cudnn_attention = false;
   auto kern = ops::make_cuda_backend(kopts);
   std::printf("\n# blocks without a mask (ring off-diagonal steps), bf16, batch 1, FLOPs 4 S^2 hd H\n\n");

@@ -1,7 +1,7 @@
 // Elementwise ops and the fp64 sum of squares.
 //   convert  dst[n] = src[n]          bytes: n*(sizeof(TS)+sizeof(TD)), no FLOPs
 //   fill     x[n] = value             bytes: n*sizeof(T)
-//   axpy     y[n] += alpha * x[n]     bytes: 3n*sizeof(T), 2n FLOPs
+//   axpy     y[n] += alpha * x[n]     bytes: n*(2 sizeof(TY) + sizeof(TX)), 2n FLOPs
 //   scale    x[n] *= alpha            bytes: 2n*sizeof(T), n FLOPs
 //   sum_squares: sum x^2 in fp64      bytes: n*sizeof(T), 2n FLOPs (fp64)
 // Grid-stride loops; every sum has a fixed order (per-thread strided partials, then block
@@ -25,10 +25,10 @@ __global__ void fill_kernel(T* x, float value, int64_t n) {
     x[i] = v;
 }
 
-template <typename T>
-__global__ void axpy_kernel(T* y, const T* x, float alpha, int64_t n) {
+template <typename TY, typename TX>
+__global__ void axpy_kernel(TY* y, const TX* x, float alpha, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = from_float<T>(to_float(y[i]) + alpha * to_float(x[i]));
+    y[i] = from_float<TY>(to_float(y[i]) + alpha * to_float(x[i]));
 }
 
 template <typename T>
@@ -72,8 +72,8 @@ void fill(T* x, float value, int64_t n, cudaStream_t st) {
   EASYCTX_CUDA_CHECK_LAUNCH("fill_kernel");
 }
 
-template <typename T>
-void axpy(T* y, const T* x, float alpha, int64_t n, cudaStream_t st) {
+template <typename TY, typename TX>
+void axpy(TY* y, const TX* x, float alpha, int64_t n, cudaStream_t st) {
   if (n == 0) return;
   axpy_kernel<<<elementwise_grid(n, 256), 256, 0, st>>>(y, x, alpha, n);
   EASYCTX_CUDA_CHECK_LAUNCH("axpy_kernel");
@@ -102,8 +102,10 @@ template void convert<float, bf16>(float*, const bf16*, int64_t, cudaStream_t);
 template void convert<bf16, float>(bf16*, const float*, int64_t, cudaStream_t);
 template void fill<float>(float*, float, int64_t, cudaStream_t);
 template void fill<bf16>(bf16*, float, int64_t, cudaStream_t);
-template void axpy<float>(float*, const float*, float, int64_t, cudaStream_t);
-template void axpy<bf16>(bf16*, const bf16*, float, int64_t, cudaStream_t);
+template void axpy<float, float>(float*, const float*, float, int64_t, cudaStream_t);
+template void axpy<bf16, bf16>(bf16*, const bf16*, float, int64_t, cudaStream_t);
+template void axpy<float, bf16>(float*, const bf16*, float, int64_t, cudaStream_t);
+template void axpy<bf16, float>(bf16*, const float*, float, int64_t, cudaStream_t);
 template void scale<float>(float*, float, int64_t, cudaStream_t);
 template void scale<bf16>(bf16*, float, int64_t, cudaStream_t);
 template void sum_squares<float>(const float*, int64_t, double*, double*, cudaStream_t);

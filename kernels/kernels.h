@@ -20,8 +20,9 @@ template <typename TD, typename TS>
 void convert(TD* dst, const TS* src, int64_t n, cudaStream_t st);        // dst = (TD) src
 template <typename T>
 void fill(T* x, float value, int64_t n, cudaStream_t st);                // x = value
-template <typename T>
-void axpy(T* y, const T* x, float alpha, int64_t n, cudaStream_t st);    // y += alpha x
+// y += alpha x in fp32, rounded once to TY; (TY, TX) in (f32, f32), (bf16, bf16), (f32, bf16), (bf16, f32)
+template <typename TY, typename TX>
+void axpy(TY* y, const TX* x, float alpha, int64_t n, cudaStream_t st);
 template <typename T>
 void scale(T* x, float alpha, int64_t n, cudaStream_t st);               // x *= alpha
 // Sum of squares in fp64, fixed reduction order: partial[kSumSquaresBlocks] then one block.

@@ -52,6 +52,7 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;
   DeviceKind device = DeviceKind::Auto;
+  bool deterministic = true;    // CUDA: bit-identical reruns (deterministic attention backward)
 };
 
 struct SequenceParallelConfig {

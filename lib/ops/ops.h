@@ -147,6 +147,14 @@ inline int64_t causal_chunk_rows(int64_t s) {
   const int64_t t = ((s / 16 + 127) / 128) * 128;
   return t < 1024 ? 1024 : (t > 8192 ? 8192 : t);
 }
+// Rows and columns of the tiles the CUDA backend's attention backward splits a block larger
+// than one tile into (cuDNN's composite backward): the deterministic graph keeps the tile's
+// dP (bf16[Hq, T, T]) in cuDNN's workspace, hence its smaller tile. `requested` > 0 wins
+// (CudaBackendOptions::attention_bwd_tile). The memory plan reads it.
+inline int64_t attention_bwd_tile(bool deterministic, int64_t requested = 0) {
+  return requested > 0 ? requested : (deterministic ? 4096 : 8192);
+}
+
 // The same counters summed over every CPU backend of the process (for code that cannot
 // reach the backend, e.g. a test measuring a Trainer); scratch_peak_bytes is 0.
 MemoryStats cpu_process_memory_stats();

@@ -120,23 +120,43 @@ class AttentionReplay {
   AttentionReplay(const Run& r, Replay& rp) : r_(r), rp_(rp), hq_(r.mc.num_heads), hkv_(r.mc.num_kv_heads),
                                               hd_(r.mc.head_dim) {}
 
-  // CUDA attention_bwd scratch for one block: with fp32 gradients (a ring's accumulators)
-  // a bf16 copy of the block's gradients, then delta, then an fp32 copy of each gradient
-  // while it is added; with bf16 gradients only delta f32[B, Hq, Sq].
-  void bwd_scratch(int64_t q, int64_t k, int64_t rows, bool f32_grads) {
+  // CUDA attention_bwd scratch for one block of b x sq queries and b x sk keys, through
+  // cuDNN's composite backward (CudaBackend::cudnn_bwd), T = ops::attention_bwd_tile: a
+  // block of at most T x T is one call that keeps the block's bf16 gradients and cuDNN's
+  // workspace (softmax sum f32[b, Hq, sq]; deterministic: dP bf16[b, Hq, sq, sk], else the
+  // dQ accumulator f32[b, sq, Hq, hd]); a larger one runs in T x T tiles: bf16 tile
+  // gradients, a key tile's fp32 dK/dV, the fp32 dQ accumulator of one sequence (unless the
+  // gradients are fp32: a ring's accumulators) and the workspace of one tile.
+  void bwd_scratch(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, bool causal_square, bool f32_grads) {
+    (void)causal_square;  // the same buffers either way (a square only skips tiles)
     if (!r_.cuda) return;  // the CPU kernels keep per-thread rows on the heap (small)
-    if (!f32_grads) {
-      rp_.scratch("attention bwd: delta", 4 * rows, "4 x heads x rows");
+    const bool det = r_.cfg.train.deterministic;
+    const int64_t T = ops::attention_bwd_tile(det), qrow = hq * hd_, krow = hkv * hd_;
+    auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+    auto cudnn_ws = [&](int64_t bb, int64_t rows, int64_t cols) {
+      return up(4 * bb * hq * rows, 256) + (det ? 2 * bb * hq * up(rows, 64) * up(cols, 64) : 4 * bb * rows * qrow);
+    };
+    const std::string ws_name = std::string("attention bwd: cuDNN workspace (softmax sum, ") +
+                                (det ? "dP tile)" : "dQ accumulator)");
+    const std::string ws_f = det ? "4 x Hq x rows + 2 x Hq x rows x cols" : "4 x Hq x rows + 4 x rows x Hq x hd";
+    if (sq > T || sk > T) {
+      std::vector<int> ids;
+      ids.push_back(rp_.alloc("attention bwd: bf16 tile gradients", 2 * T * (qrow + 2 * krow),
+                              "2 x T x (Hq + 2 Hkv) x hd, T = " + num(T)));
+      if (!f32_grads) ids.push_back(rp_.alloc("attention bwd: dQ accumulator (f32)", 4 * sq * qrow, "4 x S x Hq x hd"));
+      ids.push_back(rp_.alloc("attention bwd: dK/dV of a key tile (f32)", 8 * T * krow, "2 x 4 x T x Hkv x hd"));
+      rp_.scratch(ws_name, cudnn_ws(1, T, T), ws_f);
+      for (int id : ids) rp_.free(id);
       return;
     }
-    const int g = rp_.alloc("attention bwd: bf16 block gradients", 2 * (q + 2 * k), "2 x (q + 2 k) block elements");
-    rp_.scratch("attention bwd: delta", 4 * rows, "4 x heads x rows");
-    rp_.scratch("attention bwd: f32 copy of a block gradient", 4 * q, "4 x q block elements");
+    const int g = rp_.alloc("attention bwd: bf16 block gradients", 2 * b * (sq * qrow + 2 * sk * krow),
+                            "2 x (q + 2 k) block elements");
+    rp_.scratch(ws_name, cudnn_ws(b, sq, sk), ws_f);
     rp_.free(g);
   }
 
   void local(bool backward) {
-    if (backward) bwd_scratch(0, 0, r_.B * hq_ * r_.S, false);
+    if (backward) bwd_scratch(r_.B, r_.S, r_.S, hq_, hkv_, true, false);
     else causal_chunks(r_.S, hq_);
   }
 
@@ -167,7 +187,7 @@ class AttentionReplay {
       add("dQ accumulator (f32)", 4 * s * hq * hd_, "4 x S x Hq x hd");
       add("K/V double buffer", 4 * e * kvs, "2 x 2 x e x S x Hkv x hd");
       add("dK/dV accumulators x2 (f32, travel with K/V)", 4 * 4 * kvs, "2 x 2 x 4 x S x Hkv x hd");
-      bwd_scratch(qc, c * hkv * hd_, hq * c, true);
+      bwd_scratch(1, c, c, hq, hkv, false, true);  // the largest: a full c x c block
     }
     for (int id : ids) rp_.free(id);
   }
@@ -192,14 +212,14 @@ class AttentionReplay {
       }
     } else {
       add("dQ/dK/dV accumulators (f32)", 4 * (q + 2 * kv), "4 x c x (Hq + 2 Hkv) x hd");
-      bwd_scratch(q, kv, hq_ * c, true);
+      bwd_scratch(1, c, c, hq_, hkv_, false, true);
       add("received K, V", 2 * e * kv, "2 x e x c x Hkv x hd");
       add("dK/dV partials and received (f32)", 4 * 4 * kv, "4 x 4 x c x Hkv x hd");
-      bwd_scratch(q, kv, hq_ * c, true);
+      bwd_scratch(1, c, c, hq_, hkv_, false, true);
       add("received q, o, dout", 3 * e * q, "3 x e x c x Hq x hd");
       add("received LSE", 4 * hq_ * c, "4 x Hq x c");
       add("dQ partial and received (f32)", 2 * 4 * q, "2 x 4 x c x Hq x hd");
-      if (helper) bwd_scratch(q, kv, hq_ * c, true);
+      if (helper) bwd_scratch(1, c, c, hq_, hkv_, false, true);
     }
     for (int id : ids) rp_.free(id);
   }
@@ -243,7 +263,7 @@ class AttentionReplay {
       ids.push_back(rp_.alloc(t + "dq, dk, dv (head-sharded)", e * sg * (nq + 2 * nkv) * hd_,
                               "e x S x U x (Hq + 2 Hkv)/U x hd"));
       if (ring) zigzag(sg, nq, nkv, true, "usp ring ");
-      else bwd_scratch(0, 0, nq * sg, false);
+      else bwd_scratch(1, sg, sg, nq, nkv, true, false);
       from_heads(nq);
       from_heads(nkv);
     }

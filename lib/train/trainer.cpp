@@ -52,10 +52,12 @@ void check_supported(const StageConfig& cfg) {
   EASYCTX_CHECK_INPUT(!cfg.data.path.empty(), "data.path: empty; give the h5tokenize output (file, folder or glob)");
 }
 
-std::unique_ptr<ops::Backend> make_backend(DeviceKind d) {
+std::unique_ptr<ops::Backend> make_backend(DeviceKind d, bool deterministic) {
   if (d == DeviceKind::Cuda) {
 #ifdef EASYCTX_HAVE_CUDA
-    return ops::make_cuda_backend();
+    ops::CudaBackendOptions o;
+    o.deterministic = deterministic;
+    return ops::make_cuda_backend(o);
 #else
     EASYCTX_THROW_INPUT("train.device: cuda: this build has no CUDA backend (rebuild with -DEASYCTX_CUDA=ON)");
 #endif
@@ -120,7 +122,7 @@ Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunO
     init(nullptr, data::SpLayout::None, 1, 0);
     return;
   }
-  be_ = make_backend(device_);
+  be_ = make_backend(device_, cfg_.train.deterministic);
   std::shared_ptr<attention::SequenceAttention> attn;
   data::SpLayout layout = data::SpLayout::Contiguous;
   switch (cfg_.parallel.sequence.mode) {
@@ -154,7 +156,7 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
   plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
   EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
                       " (the whole plan: easyctx_train STAGE.yaml --plan; target.headroom loosens the margin)");
-  if (!be_) be_ = make_backend(device_);
+  if (!be_) be_ = make_backend(device_, cfg_.train.deterministic);
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
   // trainer too, with the gradients staged through host memory.
   for (const dist::Comm* c : {&world_, &dp_, &grad_comm_})

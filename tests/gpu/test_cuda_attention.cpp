@@ -1,8 +1,9 @@
 // CUDA attention (bf16, fp32 LSE) against the CPU reference in fp32 on the same bf16-rounded
 // inputs: forward o/lse and backward dq/dk/dv (accumulated onto random starting values),
 // with causal offsets (including rows that see no key: o = 0, lse = -inf), non-causal
-// blocks, GQA 32/4 and head dims 64 and 128, long causal squares (run in query chunks when
-// cuDNN is allowed). Outputs are NaN-poisoned before the forward.
+// blocks, GQA 32/4 and head dims 64 and 128, long causal squares (forward in query chunks,
+// backward in tiles through cuDNN's composite graph when cuDNN is allowed). Outputs are
+// NaN-poisoned before the forward.
 #include <sstream>
 
 #include "cuda_test_util.h"
@@ -33,6 +34,7 @@ TEST_P(CudaAttentionTest, ForwardBackwardMatchReference) {
   for (bool use_cudnn : {false, true}) {
     ops::CudaBackendOptions opts;
     opts.cudnn_attention = use_cudnn;
+    opts.attention_bwd_tile = 1024;  // the long squares below reach the tiled backward
     gpu = ops::make_cuda_backend(opts);
     use_cudnn_ = use_cudnn;
     SCOPED_TRACE(use_cudnn ? "cudnn allowed" : "kernels only");
@@ -91,6 +93,11 @@ void CudaAttentionTest::run_case(const Case& c) {
   Buffer bo2 = upload(orr, t), bl2 = upload(l, DType::F32), bdo = upload(dout, t), bdq = upload(dq, t),
          bdk = upload(dk, t), bdv = upload(dv, t);
   gpu->attention_bwd(qv(bq), kv(bk), kv(bv), qv(bo2), bl2.flat(), qv(bdo), blk, qv(bdq), kv(bdk), kv(bdv));
+  const std::string bwd_path = ops::cuda_attention_path(*gpu);
+  std::printf("[path] backward %s: %s\n", tag.c_str(), bwd_path.c_str());
+  if (use_cudnn_ && c.causal && c.b == 1 && c.sq == c.sk && c.q_off == c.k_off && c.sq >= 2048)
+    EXPECT_NE(bwd_path.find("tiles"), std::string::npos) << "a long causal square's backward should run in tiles";
+  if (use_cudnn_) EXPECT_EQ(bwd_path.find("atomic"), std::string::npos) << "deterministic by default: " << bwd_path;
   // The reference accumulates onto the same start; compare the increments' effect overall
   // and the increments alone (stricter when the increment is small next to the start).
   auto dq0 = dq, dk0 = dk, dv0 = dv;
@@ -131,11 +138,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 64, 64, 2, 2, 128, true, 0, 1000},      // no row sees any key
                       Case{1, 256, 384, 32, 4, 128, false, 0, 0},     // full, GQA 32/4, hd 128
                       Case{2, 128, 200, 8, 2, 64, true, 300, 0},      // causal, every key visible
-                      // Long causal squares: with cuDNN they run in query chunks of 1024 rows
-                      // (prefix through cuDNN, diagonal through the kernel, LSE merge); the
-                      // last chunk is short.
+                      // Long causal squares: with cuDNN the forward runs in query chunks of 1024
+                      // rows (prefix through cuDNN, diagonal through the kernel, LSE merge), the
+                      // backward in 1024 x 1024 tiles (causal diagonal tiles); the last is short.
                       Case{1, 2304, 2304, 4, 2, 64, true, 0, 0},
-                      Case{1, 3072, 3072, 8, 8, 128, true, 0, 0}),
+                      Case{1, 3072, 3072, 8, 8, 128, true, 0, 0},
+                      // A long block without a mask (a ring's off-diagonal step): 2 x 3 backward
+                      // tiles, the last ones short.
+                      Case{1, 1500, 2200, 8, 2, 64, false, 0, 0}),
     [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
 
 }  // namespace

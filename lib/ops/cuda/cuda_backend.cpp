@@ -91,6 +91,11 @@ class CudaBackend final : public Backend {
     EASYCTX_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     lt_ = std::make_unique<cuda::LtMatmul>(o.cublas_workspace);
     use_cudnn_ = o.cudnn_attention;
+    EASYCTX_CHECK(o.attention_bwd_tile == 0 || (o.attention_bwd_tile >= 128 && o.attention_bwd_tile % 128 == 0),
+                  "CudaBackendOptions::attention_bwd_tile must be 0 or a positive multiple of 128, got ",
+                  o.attention_bwd_tile);
+    bwd_tile_ = o.attention_bwd_tile;
+    det_ = o.deterministic;
     EASYCTX_CUDA_CHECK(cudaMalloc(&flag_, sizeof(int)));
     // The backend's own device allocations count as live bytes too.
     own_bytes_ = static_cast<int64_t>(o.cublas_workspace + sizeof(int));
@@ -196,7 +201,7 @@ class CudaBackend final : public Backend {
     check_device("axpy", x);
     check_numel("axpy", "x", x, y.numel());
     if (y.dtype == DType::F32 && x.dtype == DType::BF16) {  // bf16 partial into an fp32 accumulator
-      add_bf16_into_f32(y.ptr<float>(), static_cast<const bf16*>(x.data), static_cast<float>(alpha), y.numel());
+      kernels::axpy(y.ptr<float>(), static_cast<const bf16*>(x.data), static_cast<float>(alpha), y.numel(), stream_);
       return;
     }
     check_same_dtype("axpy", y, x);
@@ -415,57 +420,38 @@ class CudaBackend final : public Backend {
   void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                      const Tensor& dout, const AttentionBlock& blk, const Tensor& dq, const Tensor& dk,
                      const Tensor& dv) override {
-    // fp32 gradients (a ring's accumulators): this block's bf16 contribution is computed into
-    // zeroed scratch, then added in fp32, so rounding does not compound across ring steps.
-    if (dq.dtype == DType::F32 && dk.dtype == DType::F32 && dv.dtype == DType::F32) {
-      Scratch g(static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16), stream_, *mem_);
-      bf16* gq = g.as<bf16>();
-      bf16* gk = gq + q.numel();
-      bf16* gv = gk + k.numel();
-      EASYCTX_CUDA_CHECK(cudaMemsetAsync(gq, 0, static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16), stream_));
-      Tensor tq(gq, DType::BF16, {q.numel()}, MemSpace::Device), tk(gk, DType::BF16, {k.numel()}, MemSpace::Device),
-          tv(gv, DType::BF16, {k.numel()}, MemSpace::Device);
-      attention_bwd(q, k, v, o, lse, dout, blk, tq.reshape({q.dim(0), q.dim(1), q.dim(2), q.dim(3)}),
-                    tk.reshape({k.dim(0), k.dim(1), k.dim(2), k.dim(3)}),
-                    tv.reshape({k.dim(0), k.dim(1), k.dim(2), k.dim(3)}));
-      add_bf16_into_f32(dq.ptr<float>(), gq, 1.f, q.numel());
-      add_bf16_into_f32(dk.ptr<float>(), gk, 1.f, k.numel());
-      add_bf16_into_f32(dv.ptr<float>(), gv, 1.f, k.numel());
-      return;
-    }
     kernels::AttentionParams p = attn_params("attention_bwd", q, k, v, blk);
-    for (const Tensor* t : {&o, &dout, &dq, &dk, &dv}) check_type("attention_bwd", "o/dout/dq/dk/dv", *t, DType::BF16);
+    const bool f32_grads = dq.dtype == DType::F32 && dk.dtype == DType::F32 && dv.dtype == DType::F32;
+    for (const Tensor* t : {&o, &dout}) check_type("attention_bwd", "o/dout", *t, DType::BF16);
+    if (!f32_grads)
+      for (const Tensor* t : {&dq, &dk, &dv}) check_type("attention_bwd", "dq/dk/dv (all bf16 or all f32)", *t, DType::BF16);
     check_type("attention_bwd", "lse", lse, DType::F32);
     for (const Tensor* t : {&o, &dout, &dq}) check_numel("attention_bwd", "o/dout/dq", *t, q.numel());
     for (const Tensor* t : {&dk, &dv}) check_numel("attention_bwd", "dk/dv", *t, k.numel());
     check_numel("attention_bwd", "lse", lse, p.batch * p.hq * p.sq);
     if (p.sk == 0 || p.sq == 0) return;
-    if (cudnn_eligible(p, {q.data, k.data, v.data, o.data, lse.data, dout.data}) &&
-        cudnn()->has_bwd_plan(shape_of(p))) {
-      // cuDNN overwrites its gradients: compute into scratch, then add (+=) in fp32.
-      Scratch g(static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16), stream_, *mem_);
-      bf16* gq = g.as<bf16>();
-      bf16* gk = gq + q.numel();
-      bf16* gv = gk + k.numel();
-      if (after_cudnn(cudnn()->try_bwd(shape_of(p), p.scale, q.data, k.data, v.data, o.data, lse.ptr<float>(),
-                                       dout.data, gq, gk, gv, stream_))) {
-        kernels::axpy(static_cast<bf16*>(dq.data), gq, 1.f, q.numel(), stream_);
-        kernels::axpy(static_cast<bf16*>(dk.data), gk, 1.f, k.numel(), stream_);
-        kernels::axpy(static_cast<bf16*>(dv.data), gv, 1.f, k.numel(), stream_);
-        last_path_ = "cudnn";
-        return;
-      }
-    }
-    note_decline();
-    Scratch delta(static_cast<size_t>(p.batch * p.hq * p.sq) * sizeof(float), stream_, *mem_);
     p.o = static_cast<const bf16*>(o.data);
     p.dout = static_cast<const bf16*>(dout.data);
     p.lse = lse.ptr<float>();
-    p.dq = static_cast<bf16*>(dq.data);
-    p.dk = static_cast<bf16*>(dk.data);
-    p.dv = static_cast<bf16*>(dv.data);
+    if (cudnn_bwd(p, dq, dk, dv)) return;
+    note_decline();
+    // fp32 gradients (a ring's accumulators): this block's bf16 contribution is computed into
+    // zeroed scratch, then added in fp32, so rounding does not compound across ring steps.
+    Scratch g(f32_grads ? static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16) : 0, stream_, *mem_);
+    if (f32_grads)
+      EASYCTX_CUDA_CHECK(cudaMemsetAsync(g.as<bf16>(), 0, static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16),
+                                         stream_));
+    Scratch delta(static_cast<size_t>(p.batch * p.hq * p.sq) * sizeof(float), stream_, *mem_);
+    p.dq = f32_grads ? g.as<bf16>() : static_cast<bf16*>(dq.data);
+    p.dk = f32_grads ? p.dq + q.numel() : static_cast<bf16*>(dk.data);
+    p.dv = f32_grads ? p.dk + k.numel() : static_cast<bf16*>(dv.data);
     p.delta = delta.as<float>();
     kernels::attention_bwd(p, stream_);
+    if (f32_grads) {
+      add_into(dq, 0, p.dq, q.numel());
+      add_into(dk, 0, p.dk, k.numel());
+      add_into(dv, 0, p.dv, k.numel());
+    }
     last_path_ = "kernel";
   }
 
@@ -598,12 +584,102 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // y += alpha * x for a bf16 x into an fp32 y (through an fp32 copy of x).
-  void add_bf16_into_f32(float* y, const bf16* x, float alpha, int64_t n) {
-    if (n == 0) return;
-    Scratch tmp(static_cast<size_t>(n) * sizeof(float), stream_, *mem_);
-    kernels::convert(tmp.as<float>(), x, n, stream_);
-    kernels::axpy(y, tmp.as<float>(), alpha, n, stream_);
+  // dst[offset .. offset + n) += x (bf16), dst bf16 or f32 (rounded once, from fp32).
+  void add_into(const Tensor& dst, int64_t offset, const bf16* x, int64_t n) {
+    if (dst.dtype == DType::F32) kernels::axpy(dst.ptr<float>() + offset, x, 1.f, n, stream_);
+    else kernels::axpy(static_cast<bf16*>(dst.data) + offset, x, 1.f, n, stream_);
+  }
+
+  // The backward of one block through cuDNN's fused (composite) backward graph; false, with
+  // nothing written, where it does not apply (cuDNN off or declining, unaligned buffers, a
+  // causal block that is neither a square nor fully visible). A block of at most T x T
+  // (T = the backward tile) is one call into bf16 scratch that is added into the gradients.
+  // A larger one (one GPU's causal sequence, a ring's blocks) runs per sequence of the batch
+  // in T x T tiles, key tile by key tile (a causal square: only tiles on or below the
+  // diagonal, the diagonal ones causal): tile j's dK/dV sum every query tile's contribution
+  // in fp32 and are added once; dQ sums in an fp32 accumulator over the block (the gradient
+  // itself when it is fp32, a ring's accumulator), so no gradient is rounded more than once
+  // per call and the scratch stays bounded by the tile.
+  bool cudnn_bwd(const kernels::AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+    if (!use_cudnn_) return false;
+    const bool full = !p.causal || p.diag >= p.sk - 1;
+    const bool square = p.causal && p.diag == 0 && p.sq == p.sk;
+    if (!full && !square) return false;
+    for (const void* ptr : {static_cast<const void*>(p.q), static_cast<const void*>(p.k),
+                            static_cast<const void*>(p.v), static_cast<const void*>(p.o),
+                            static_cast<const void*>(p.dout), static_cast<const void*>(p.lse)})
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+    if (!cudnn()) return false;
+    const int64_t T = attention_bwd_tile(det_, bwd_tile_), H = p.hq, Hk = p.hkv, hd = p.hd;
+    const int64_t qrow = H * hd, krow = Hk * hd, qn = p.batch * p.sq * qrow, kn = p.batch * p.sk * krow;
+    if (p.sq <= T && p.sk <= T) {  // one call
+      const cuda::SdpaShape shape{p.batch, p.sq, p.sk, H, Hk, hd, !full, 0, det_};
+      if (!cudnn()->has_bwd_plan(shape)) return false;
+      Scratch g(static_cast<size_t>(qn + 2 * kn) * sizeof(bf16), stream_, *mem_);
+      bf16* gq = g.as<bf16>();
+      if (!after_cudnn(cudnn()->try_bwd(shape, p.scale, p.q, p.k, p.v, p.o, p.lse, p.dout, gq, gq + qn, gq + qn + kn,
+                                        stream_)))
+        return false;
+      add_into(dq, 0, gq, qn);
+      add_into(dk, 0, gq + qn, kn);
+      add_into(dv, 0, gq + qn + kn, kn);
+      last_path_ = std::string("cudnn") + (det_ ? "" : " (atomic dQ)");
+      return true;
+    }
+    // Tiles: every shape is planned before anything is written.
+    const int64_t S = p.sq, Sk = p.sk, nq = (S + T - 1) / T, nk = (Sk + T - 1) / T;
+    const int64_t lastq = S - (nq - 1) * T, lastk = Sk - (nk - 1) * T;
+    auto shape = [&](int64_t rows, int64_t cols, bool causal) {
+      return cuda::SdpaShape{1, rows, cols, H, Hk, hd, causal, S, det_};
+    };
+    std::vector<cuda::SdpaShape> need;
+    if (full) {
+      for (int64_t r : {T, lastq})
+        for (int64_t c : {T, lastk}) need.push_back(shape(r, c, false));
+    } else {
+      need = {shape(T, T, true), shape(T, T, false), shape(lastq, T, false), shape(lastq, lastq, true)};
+    }
+    for (const auto& sh : need)
+      if (!cudnn()->has_bwd_plan(sh)) return false;
+    Scratch g(static_cast<size_t>(T * (qrow + 2 * krow)) * sizeof(bf16), stream_, *mem_);
+    bf16 *gq = g.as<bf16>(), *gk = gq + T * qrow, *gv = gk + T * krow;
+    const bool dq_f32 = dq.dtype == DType::F32;
+    Scratch dq_acc(dq_f32 ? 0 : static_cast<size_t>(S * qrow) * sizeof(float), stream_, *mem_);
+    Scratch kv_acc(static_cast<size_t>(2 * T * krow) * sizeof(float), stream_, *mem_);
+    float *dka = kv_acc.as<float>(), *dva = dka + T * krow;
+    for (int64_t bi = 0; bi < p.batch; ++bi) {
+      const bf16 *q = p.q + bi * S * qrow, *k = p.k + bi * Sk * krow, *v = p.v + bi * Sk * krow;
+      const bf16 *o = p.o + bi * S * qrow, *dout = p.dout + bi * S * qrow;
+      const float* lse = p.lse + bi * H * S;
+      float* dqa = dq_f32 ? dq.ptr<float>() + bi * S * qrow : dq_acc.as<float>();
+      if (!dq_f32) EASYCTX_CUDA_CHECK(cudaMemsetAsync(dqa, 0, static_cast<size_t>(S * qrow) * sizeof(float), stream_));
+      for (int64_t j = 0; j < nk; ++j) {
+        const int64_t k0 = j * T, cols = std::min(T, Sk - k0);
+        EASYCTX_CUDA_CHECK(cudaMemsetAsync(dka, 0, static_cast<size_t>(2 * T * krow) * sizeof(float), stream_));
+        for (int64_t i = full ? 0 : j; i < nq; ++i) {
+          const int64_t r0 = i * T, rows = std::min(T, S - r0);
+          if (!after_cudnn(cudnn()->try_bwd(shape(rows, cols, !full && i == j), p.scale, q + r0 * qrow, k + k0 * krow,
+                                            v + k0 * krow, o + r0 * qrow, lse + r0, dout + r0 * qrow, gq, gk, gv,
+                                            stream_)))
+            EASYCTX_THROW(process_label(), " cuDNN attention backward: a planned tile shape was declined");
+          kernels::axpy(dqa + r0 * qrow, gq, 1.f, rows * qrow, stream_);
+          kernels::axpy(dka, gk, 1.f, cols * krow, stream_);
+          kernels::axpy(dva, gv, 1.f, cols * krow, stream_);
+        }
+        const int64_t at = (bi * Sk + k0) * krow;
+        if (dk.dtype == DType::F32) {
+          kernels::axpy(dk.ptr<float>() + at, dka, 1.f, cols * krow, stream_);
+          kernels::axpy(dv.ptr<float>() + at, dva, 1.f, cols * krow, stream_);
+        } else {
+          kernels::axpy(static_cast<bf16*>(dk.data) + at, dka, 1.f, cols * krow, stream_);
+          kernels::axpy(static_cast<bf16*>(dv.data) + at, dva, 1.f, cols * krow, stream_);
+        }
+      }
+      if (!dq_f32) kernels::axpy(static_cast<bf16*>(dq.data) + bi * S * qrow, dqa, 1.f, S * qrow, stream_);
+    }
+    last_path_ = "cudnn (" + std::to_string(nq) + " x " + std::to_string(nk) + " tiles of " + std::to_string(T) +
+                 (det_ ? "" : ", atomic dQ") + ")";
+    return true;
   }
 
   // A block with no mask at all (not causal, or causal with every key visible to every row)
@@ -717,6 +793,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::LtMatmul> lt_;
   int* flag_ = nullptr;  // device int: set by kernels that find bad ids/labels
   bool use_cudnn_ = true;
+  int64_t bwd_tile_ = 0;  // 0: ops::attention_bwd_tile(det_)
+  bool det_ = true;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   std::string last_path_ = "none", cudnn_decline_;
   std::shared_ptr<MemoryCounter> mem_ = std::make_shared<MemoryCounter>();

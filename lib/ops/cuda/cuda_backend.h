@@ -18,10 +18,17 @@ struct CudaBackendOptions {
   int device = -1;                        // -1: the calling thread's current device
   cudaStream_t stream = nullptr;          // nullptr: the backend creates (and owns) one
   size_t cublas_workspace = size_t{32} << 20;  // bytes
-  // Blocks without a causal mask (ring off-diagonal steps) through cuDNN's fused SDPA when
-  // cuDNN (>= 9.19) has a plan for the shape; otherwise, and for causal blocks, the
+  // Attention through cuDNN (>= 9.19) where it has a plan for the shape: forward of blocks
+  // without a mask (ring off-diagonal steps, the key prefixes of causal squares), backward
+  // of those and of causal squares (the composite flash backward graph); otherwise the
   // FlashAttention-2 style kernels of kernels/attention_*.cu.
   bool cudnn_attention = true;
+  // Bit-identical reruns: the cuDNN attention backward uses its deterministic graph (no
+  // atomic dQ accumulation; dP in its workspace, so smaller tiles). false: the faster atomic one.
+  bool deterministic = true;
+  // Rows/columns of the tiles larger attention backward blocks run in (0: ops::attention_bwd_tile);
+  // tests lower it to reach the tiled path with short sequences.
+  int64_t attention_bwd_tile = 0;
 };
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts = {});

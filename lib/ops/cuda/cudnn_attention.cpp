@@ -2,6 +2,7 @@
 
 #include <cudnn.h>
 
+#include <limits>
 #include <vector>
 
 #include "cuda_check.h"
@@ -46,8 +47,10 @@ void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t a, cudnnBa
 }
 
 // A 4-D tensor [b, h, s, d] given by dims and strides (elements).
+enum class Kind { Real, ByValue, Virtual };
 cudnnBackendDescriptor_t tensor(Descs& ds, int64_t uid, const int64_t (&dims)[4], const int64_t (&strides)[4],
-                                cudnnDataType_t type, bool by_value = false) {
+                                cudnnDataType_t type, Kind kind = Kind::Real) {
+  const bool by_value = kind == Kind::ByValue;
   cudnnBackendDescriptor_t t = ds.make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   const int64_t align = by_value ? 4 : 16;
   set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, "tensor data type");
@@ -59,18 +62,179 @@ cudnnBackendDescriptor_t tensor(Descs& ds, int64_t uid, const int64_t (&dims)[4]
     const bool yes = true;
     set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes, "tensor by value");
   }
+  if (kind == Kind::Virtual) {
+    const bool yes = true;
+    set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes, "tensor virtual");
+  }
   ok(cudnnBackendFinalize(t), "finalize tensor");
   return t;
 }
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDqAccum, kOne, kLowest };
+
+// ---- the composite backward graph (cuDNN's fused flash-attention backward pattern, as
+// cudnn-frontend's sdpa_backward lowers it on Ampere/Hopper): pointwise, reduction,
+// matmul and reshape operations that cuDNN's runtime fusion recognises as one kernel.
+cudnnBackendDescriptor_t pointwise(Descs& ds, cudnnPointwiseMode_t mode, cudnnDataType_t prec,
+                                   cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y,
+                                   cudnnBackendDescriptor_t t = nullptr, int64_t axis = -1) {
+  auto pw = ds.make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+  set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode");
+  set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise precision");
+  if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise axis");
+  ok(cudnnBackendFinalize(pw), "finalize pointwise descriptor");
+  auto op = ds.make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw, "pointwise op descriptor");
+  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x");
+  if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pointwise b");
+  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
+  if (t) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t");
+  ok(cudnnBackendFinalize(op), "finalize pointwise operation");
+  return op;
+}
+
+cudnnBackendDescriptor_t matmul(Descs& ds, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                                cudnnBackendDescriptor_t c) {
+  auto mm = ds.make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "matmul compute type");
+  ok(cudnnBackendFinalize(mm), "finalize matmul descriptor");
+  auto op = ds.make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a");
+  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "matmul b");
+  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c");
+  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm, "matmul descriptor");
+  ok(cudnnBackendFinalize(op), "finalize matmul operation");
+  return op;
+}
+
+cudnnBackendDescriptor_t reduce_add(Descs& ds, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+  auto rd = ds.make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+  const cudnnReduceTensorOp_t add = CUDNN_REDUCE_TENSOR_ADD;
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &add, "reduction operator");
+  set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction compute type");
+  ok(cudnnBackendFinalize(rd), "finalize reduction descriptor");
+  auto op = ds.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
+  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
+  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction descriptor");
+  ok(cudnnBackendFinalize(op), "finalize reduction operation");
+  return op;
+}
+
+cudnnBackendDescriptor_t reshape(Descs& ds, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+  auto op = ds.make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+  set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x");
+  set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y");
+  ok(cudnnBackendFinalize(op), "finalize reshape operation");
+  return op;
+}
+
+// The operations of the backward of one block (dims as the caller's [b, h, s, d] views):
+//   D = rowsum(dO * O)                      -> softmax_sum (f32 workspace)
+//   P = exp(scale * Q K^T [masked] - LSE)    (virtual; LSE = the caller's Stats)
+//   dV = P^T dO;  dS = P * (dO V^T - D) * scale;  dK = dS^T Q;  dQ = dS K (f32 dQ_accum -> dQ)
+// GQA: dK/dV per query head (virtual bf16), then summed over each kv head's group.
+std::vector<cudnnBackendDescriptor_t> composite_bwd_ops(Descs& ds, const SdpaShape& s) {
+  const int64_t b = s.b, hq = s.hq, hk = s.hkv, sq = s.sq, sk = s.sk, d = s.hd;
+  const int64_t ls = s.lse_stride > 0 ? s.lse_stride : s.sq;
+  const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+  int64_t vuid = 100;
+  auto virt = [&](const int64_t (&dims)[4], const int64_t (&strides)[4], cudnnDataType_t t = CUDNN_DATA_FLOAT) {
+    return tensor(ds, vuid++, dims, strides, t, Kind::Virtual);
+  };
+  const int64_t one4[4] = {1, 1, 1, 1};
+  const int64_t qd[4] = {b, hq, sq, d}, qst[4] = {sq * hq * d, d, hq * d, 1};
+  const int64_t ktd[4] = {b, hk, d, sk}, ktst[4] = {sk * hk * d, d, 1, hk * d};  // K^T, V^T views
+  const int64_t kd[4] = {b, hk, sk, d}, kst[4] = {sk * hk * d, d, hk * d, 1};
+  const int64_t rowd[4] = {b, hq, sq, 1}, rowst[4] = {hq * sq, sq, 1, 1}, lsest[4] = {hq * ls, ls, 1, 1};
+  const int64_t sd[4] = {b, hq, sq, sk}, sst[4] = {hq * sq * sk, sq * sk, sk, 1};
+  const int64_t td[4] = {b, hq, sk, sq}, tst[4] = {hq * sq * sk, sq * sk, 1, sk};  // transposed scores
+  const int64_t fd[4] = {b, hq, sk, d}, fst[4] = {hq * sk * d, sk * d, d, 1};      // per-query-head dK/dV
+  const int64_t accst[4] = {hq * sq * d, sq * d, d, 1};
+  const int64_t dood[4] = {b, hq, sq, d}, doost[4] = {hq * sq * d, sq * d, hq * d, 1};
+
+  auto q = tensor(ds, kQ, qd, qst, bf), kt = tensor(ds, kK, ktd, ktst, bf), vt = tensor(ds, kV, ktd, ktst, bf);
+  auto o = tensor(ds, kO, qd, qst, bf), dout = tensor(ds, kDO, qd, qst, bf);
+  auto stats = tensor(ds, kStats, rowd, lsest, f32);
+  auto dq = tensor(ds, kDQ, qd, qst, bf), dk = tensor(ds, kDK, kd, kst, bf), dv = tensor(ds, kDV, kd, kst, bf);
+  auto scale = tensor(ds, kScale, one4, one4, f32, Kind::ByValue);
+  auto one = tensor(ds, kOne, one4, one4, f32, Kind::ByValue);
+  auto sum = tensor(ds, kSoftmaxSum, rowd, rowst, f32);
+
+  std::vector<cudnnBackendDescriptor_t> ops;
+  const cudnnDataType_t i32 = CUDNN_DATA_INT32, boolean = CUDNN_DATA_BOOLEAN;
+  // D = rowsum(dO * O)
+  auto doo = virt(dood, doost);
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, dout, o, doo));
+  auto red = virt(rowd, rowst);
+  ops.push_back(reduce_add(ds, doo, red));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, red, one, sum));
+  // P = exp(scale * Q K^T - LSE), causal: select(row >= col, ., lowest)
+  auto s0 = virt(sd, sst), s1 = virt(sd, sst), s2 = virt(sd, sst);
+  ops.push_back(matmul(ds, q, kt, s0));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, s0, scale, s1));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_SUB, f32, s1, stats, s2));
+  if (s.causal) {
+    auto row = virt(sd, sst, i32), col = virt(sd, sst, i32), mask = virt(sd, sst, boolean), s3 = virt(sd, sst);
+    auto lowest = tensor(ds, kLowest, one4, one4, f32, Kind::ByValue);
+    ops.push_back(pointwise(ds, CUDNN_POINTWISE_GEN_INDEX, i32, s2, nullptr, row, nullptr, 2));
+    ops.push_back(pointwise(ds, CUDNN_POINTWISE_GEN_INDEX, i32, s2, nullptr, col, nullptr, 3));
+    ops.push_back(pointwise(ds, CUDNN_POINTWISE_CMP_GE, boolean, row, col, mask));
+    ops.push_back(pointwise(ds, CUDNN_POINTWISE_BINARY_SELECT, f32, s2, lowest, s3, mask));
+    s2 = s3;
+  }
+  auto p = virt(sd, sst);
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_EXP, f32, s2, nullptr, p));
+  // dV = P^T dO (summed over each group of query heads with GQA)
+  auto pt = virt(td, tst, bf);
+  ops.push_back(reshape(ds, p, pt));
+  if (hq == hk) {
+    ops.push_back(matmul(ds, pt, dout, dv));
+  } else {
+    auto dvf = virt(fd, fst, bf);
+    ops.push_back(matmul(ds, pt, dout, dvf));
+    ops.push_back(reduce_add(ds, dvf, dv));
+  }
+  // dS = P * (dO V^T - D) * scale
+  auto dp = virt(sd, sst), dp1 = virt(sd, sst), ds0 = virt(sd, sst), dsc = virt(sd, sst);
+  ops.push_back(matmul(ds, dout, vt, dp));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_SUB, f32, dp, sum, dp1));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, dp1, p, ds0));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, ds0, scale, dsc));
+  // dK = dS^T Q
+  auto dst = virt(td, tst, bf);
+  ops.push_back(reshape(ds, dsc, dst));
+  if (hq == hk) {
+    ops.push_back(matmul(ds, dst, q, dk));
+  } else {
+    auto dkf = virt(fd, fst, bf);
+    ops.push_back(matmul(ds, dst, q, dkf));
+    ops.push_back(reduce_add(ds, dkf, dk));
+  }
+  // dQ = dS K: deterministic straight into dQ (cuDNN keeps dP in its workspace), else
+  // accumulated atomically by cuDNN in f32 over key tiles, then cast
+  auto k = virt(kd, kst, bf);
+  ops.push_back(reshape(ds, kt, k));
+  if (s.deterministic) {
+    ops.push_back(matmul(ds, dsc, k, dq));
+  } else {
+    auto acc = tensor(ds, kDqAccum, qd, accst, f32);
+    ops.push_back(matmul(ds, dsc, k, acc));
+    ops.push_back(pointwise(ds, CUDNN_POINTWISE_IDENTITY, f32, acc, nullptr, dq));
+  }
+  return ops;
+}
 
 }  // namespace
 
 struct CudnnAttention::Plan {
   Descs descs;
   cudnnBackendDescriptor_t plan = nullptr;
-  int64_t workspace = 0;
+  int64_t workspace = 0;  // cuDNN's own, then (composite backward) softmax_sum and dQ_accum
+  bool composite = false;
+  int64_t sum_offset = 0, acc_offset = 0, total = 0;  // bytes into the workspace
 };
 
 CudnnAttention::CudnnAttention() {
@@ -96,14 +260,77 @@ void* CudnnAttention::workspace(size_t bytes, cudaStream_t st) {
   return ws_;
 }
 
+namespace {
+// An execution plan for `ops` from the heuristics' first engine configuration that
+// finalises; throws Decline when none does.
+cudnnBackendDescriptor_t make_plan(Descs& ds, cudnnHandle_t handle, const std::vector<cudnnBackendDescriptor_t>& ops,
+                                   int64_t* workspace) {
+  auto graph = ds.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "graph handle");
+  set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
+      ops.data(), "graph ops");
+  ok(cudnnBackendFinalize(graph), "finalize operation graph");
+  auto heur = ds.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristic graph");
+  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+  set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristic mode");
+  ok(cudnnBackendFinalize(heur), "finalize heuristic");
+  int64_t count = 0;
+  ok(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+     "heuristic result count");
+  if (count <= 0) throw Decline{"the heuristic returned no engine configuration"};
+  std::vector<cudnnBackendDescriptor_t> cfgs(static_cast<size_t>(count));
+  for (auto& c : cfgs) c = ds.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+  int64_t got = 0;
+  ok(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                              cfgs.data()),
+     "heuristic results");
+  std::string why = "no engine configuration finalised";
+  for (int64_t i = 0; i < got; ++i) {
+    cudnnBackendDescriptor_t pl = ds.make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    try {
+      set(pl, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan handle");
+      set_desc(pl, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[static_cast<size_t>(i)], "plan engine config");
+      ok(cudnnBackendFinalize(pl), "finalize execution plan");
+      int64_t n = 0;
+      ok(cudnnBackendGetAttribute(pl, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, workspace),
+         "plan workspace size");
+      return pl;
+    } catch (const Decline& d) {
+      why = d.what;
+    }
+  }
+  throw Decline{why};
+}
+
+int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
+}  // namespace
+
 CudnnAttention::Plan* CudnnAttention::plan(bool bwd, const SdpaShape& s) {
   const auto key = std::tuple_cat(std::make_tuple(bwd), s.key());
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();  // nullptr: declined before
   auto p = std::make_unique<Plan>();
+  cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
+  std::string composite_why;
+  if (bwd) {  // the composite graph first (Ampere, Hopper; cuDNN's SDPA_BWD node is Blackwell-only in 9.19)
+    try {
+      p->plan = make_plan(p->descs, handle, composite_bwd_ops(p->descs, s), &p->workspace);
+      p->composite = true;
+      p->sum_offset = align256(p->workspace);
+      p->acc_offset = p->sum_offset + align256(4 * s.b * s.hq * s.sq);
+      p->total = p->acc_offset + (s.deterministic ? 0 : 4 * s.b * s.hq * s.sq * s.hd);
+      return (plans_[key] = std::move(p)).get();
+    } catch (const Decline& d) {
+      composite_why = "composite graph: " + d.what + "; ";
+      p = std::make_unique<Plan>();
+    }
+  }
   try {
+    if (s.causal) throw Decline{"the single-operation node has no causal mask in cuDNN 9.19"};
+    if (bwd && s.deterministic) throw Decline{"the single-operation node is not deterministic"};
+    if (s.lse_stride > 0 && s.lse_stride != s.sq) throw Decline{"strided LSE rows"};
     Descs& ds = p->descs;
-    cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
     // [b, h, s, d] views of the [B, S, H, hd] buffers; stats [b, h, s, 1] of f32[B, H, S].
     const int64_t qd[4] = {s.b, s.hq, s.sq, s.hd}, qs[4] = {s.sq * s.hq * s.hd, s.hd, s.hq * s.hd, 1};
     const int64_t kd[4] = {s.b, s.hkv, s.sk, s.hd}, ks[4] = {s.sk * s.hkv * s.hd, s.hd, s.hkv * s.hd, 1};
@@ -112,7 +339,7 @@ CudnnAttention::Plan* CudnnAttention::plan(bool bwd, const SdpaShape& s) {
     const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
     auto q = tensor(ds, kQ, qd, qs, bf), k = tensor(ds, kK, kd, ks, bf), v = tensor(ds, kV, kd, ks, bf);
     auto o = tensor(ds, kO, qd, qs, bf), stats = tensor(ds, kStats, ld, ls, f32);
-    auto scale = tensor(ds, kScale, one, one, f32, true);
+    auto scale = tensor(ds, kScale, one, one, f32, Kind::ByValue);
     cudnnBackendDescriptor_t op;
     if (!bwd) {
       op = ds.make(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR);
@@ -138,43 +365,10 @@ CudnnAttention::Plan* CudnnAttention::plan(bool bwd, const SdpaShape& s) {
       set_desc(op, CUDNN_ATTR_OPERATION_SDPA_BWD_DVDESC, dv, "sdpa bwd dV");
     }
     ok(cudnnBackendFinalize(op), bwd ? "finalize SDPA_BWD" : "finalize SDPA_FWD");
-    auto graph = ds.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "graph handle");
-    set_desc(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, op, "graph ops");
-    ok(cudnnBackendFinalize(graph), "finalize operation graph");
-    auto heur = ds.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristic graph");
-    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristic mode");
-    ok(cudnnBackendFinalize(heur), "finalize heuristic");
-    int64_t count = 0;
-    ok(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
-       "heuristic result count");
-    if (count <= 0) throw Decline{"the heuristic returned no engine configuration"};
-    std::vector<cudnnBackendDescriptor_t> cfgs(static_cast<size_t>(count));
-    for (auto& c : cfgs) c = ds.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    int64_t got = 0;
-    ok(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
-                                cfgs.data()),
-       "heuristic results");
-    std::string why = "no engine configuration finalised";
-    for (int64_t i = 0; i < got && !p->plan; ++i) {
-      cudnnBackendDescriptor_t pl = ds.make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      try {
-        set(pl, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan handle");
-        set_desc(pl, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[static_cast<size_t>(i)], "plan engine config");
-        ok(cudnnBackendFinalize(pl), "finalize execution plan");
-        p->plan = pl;
-      } catch (const Decline& d) {
-        why = d.what;
-      }
-    }
-    if (!p->plan) throw Decline{why};
-    ok(cudnnBackendGetAttribute(p->plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count,
-                                &p->workspace),
-       "plan workspace size");
+    p->plan = make_plan(ds, handle, {op}, &p->workspace);
+    p->total = p->workspace;
   } catch (const Decline& d) {
-    last_decline_ = std::string(bwd ? "SDPA_BWD" : "SDPA_FWD") + ": " + d.what;
+    last_decline_ = std::string(bwd ? "SDPA backward: " + composite_why + "SDPA_BWD" : "SDPA_FWD") + ": " + d.what;
     plans_[key] = nullptr;
     return nullptr;
   }
@@ -224,11 +418,32 @@ bool CudnnAttention::try_bwd(const SdpaShape& s, float scale, const void* q, con
                              cudaStream_t st) {
   Plan* p = plan(true, s);
   if (!p) return false;
-  void* ws = workspace(static_cast<size_t>(p->workspace), st);
-  execute(static_cast<cudnnHandle_t>(handle_), p->plan, {kQ, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV},
-          {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
-           const_cast<float*>(lse), &scale, const_cast<void*>(dout), dq, dk, dv},
-          ws, st);
+  char* ws = static_cast<char*>(workspace(static_cast<size_t>(p->total), st));
+  const std::vector<void*> io = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v),
+                                 const_cast<void*>(o), const_cast<float*>(lse), &scale,
+                                 const_cast<void*>(dout), dq, dk, dv};
+  if (!p->composite) {
+    execute(static_cast<cudnnHandle_t>(handle_), p->plan, {kQ, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV}, io,
+            ws, st);
+    return true;
+  }
+  float one = 1.f, lowest = std::numeric_limits<float>::lowest();
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV, kSoftmaxSum, kOne};
+  std::vector<void*> ptrs = io;
+  ptrs.push_back(ws + p->sum_offset);
+  ptrs.push_back(&one);
+  if (!s.deterministic) {
+    void* acc = ws + p->acc_offset;
+    // dQ_accum is accumulated into (atomically, across key tiles): it starts at zero.
+    EASYCTX_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(p->total - p->acc_offset), st));
+    uids.push_back(kDqAccum);
+    ptrs.push_back(acc);
+  }
+  if (s.causal) {
+    uids.push_back(kLowest);
+    ptrs.push_back(&lowest);
+  }
+  execute(static_cast<cudnnHandle_t>(handle_), p->plan, uids, ptrs, ws, st);
   return true;
 }
 

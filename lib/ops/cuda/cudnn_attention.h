@@ -1,9 +1,18 @@
-// cuDNN's fused SDPA (the single-operation SDPA_FWD / SDPA_BWD nodes of the cuDNN 9 backend
-// graph API, no frontend headers) for attention blocks without a causal mask: the
-// off-diagonal steps of a ring, which carry most of its FLOPs. cuDNN 9.19 has no causal
-// or offset mask on these nodes, so causal blocks stay on kernels/attention_*.cu.
-// Forward emits o and the fp32 natural-log LSE ("Stats", [B, H, Sq, 1]); backward writes
-// dq/dk/dv into scratch, which the backend adds into the accumulating gradients.
+// cuDNN's fused SDPA through the cuDNN 9 backend graph API (no frontend headers):
+//  - forward: the single-operation SDPA_FWD node, for blocks without a mask (cuDNN 9.19 has
+//    no mask on it): a ring's off-diagonal steps and the key prefixes of causal squares;
+//  - backward: the composite graph cudnn-frontend builds for sdpa_backward on Ampere and
+//    Hopper (matmuls, pointwise ops, reductions and reshapes that cuDNN fuses into one
+//    flash-attention backward kernel), with or without a top-left causal mask (a causal
+//    square: key j visible to query i iff j <= i), native GQA, and the caller's final output
+//    and LSE (a ring's merged ones), whose rows may be strided (a chunk of a longer
+//    sequence); the single-operation SDPA_BWD node (Blackwell) is the fallback.
+// Forward emits o and the fp32 natural-log LSE ("Stats", [B, H, Sq, 1]); backward
+// overwrites dq/dk/dv (the backend adds them into its accumulating gradients). The
+// composite backward keeps softmax_sum f32[B, Hq, Sq] and, unless deterministic, dQ_accum
+// f32[B, Hq, Sq, hd] (summed into atomically across key tiles, so the last bits of dQ vary
+// between runs) in the workspace after cuDNN's own; the deterministic variant (cudnn-frontend's
+// "dP workspace" graph) has cuDNN keep dP, bf16[B, Hq, Sq, Sk], in its workspace instead.
 // Execution plans are built once per shape and cached. A shape cuDNN declines is
 // remembered and reported through try_* returning false (the caller falls back).
 #pragma once
@@ -19,7 +28,10 @@ namespace easyctx::ops::cuda {
 
 struct SdpaShape {
   int64_t b, sq, sk, hq, hkv, hd;
-  auto key() const { return std::tie(b, sq, sk, hq, hkv, hd); }
+  bool causal = false;         // top-left causal mask (backward only)
+  int64_t lse_stride = 0;      // elements between heads of the LSE rows (0: sq, packed)
+  bool deterministic = false;  // backward: dS in the workspace, no atomic dQ accumulation
+  auto key() const { return std::tie(b, sq, sk, hq, hkv, hd, causal, lse_stride, deterministic); }
 };
 
 class CudnnAttention {
@@ -52,7 +64,8 @@ class CudnnAttention {
   void* workspace(size_t bytes, cudaStream_t st);
 
   void* handle_ = nullptr;  // cudnnHandle_t
-  std::map<std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+  std::map<std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, bool>, std::unique_ptr<Plan>>
+      plans_;
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
   std::string last_decline_;
