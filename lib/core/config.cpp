@@ -41,6 +41,14 @@ const char* to_string(DeviceKind d) {
 }
 const char* to_string(ZeroGroupScope z) { return z == ZeroGroupScope::Node ? "node" : "world"; }
 
+void validate_activation(const StageConfig& c) {
+  const std::string& src = c.source.empty() ? std::string("config") : c.source;
+  EASYCTX_CHECK_INPUT(c.activation.offload == OffloadTarget::None || c.activation.checkpoint != CheckpointPolicy::None,
+                      src, ": activation.offload: cpu needs activation.checkpoint layer or attention_output (it "
+                      "moves the checkpoints those keep to host memory; with activation.checkpoint none every "
+                      "activation stays on the device); set activation.checkpoint: layer or activation.offload: none");
+}
+
 void validate_for_world(const StageConfig& c, int world_size) {
   const std::string& src = c.source.empty() ? std::string("config") : c.source;
   const auto& sp = c.parallel.sequence;

@@ -131,6 +131,8 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
 void apply_override(StageConfig& cfg, const std::string& assignment);
 // Cross-key rules that need the world size (divisibility of groups, mode constraints).
 void validate_for_world(const StageConfig& cfg, int world_size);
+// Cross-key rules of the activation section (the trainer and the memory plan check them).
+void validate_activation(const StageConfig& cfg);
 // The resolved config as YAML (loadable again).
 std::string dump_stage_config(const StageConfig& cfg);
 // Markdown reference of every key (docs/config.md).

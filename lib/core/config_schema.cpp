@@ -344,9 +344,13 @@ const Registry& registry() {
                                  "attention is never recomputed (LightSeq's cut).");
     r.add_enum<OffloadTarget>("activation.offload", [](StageConfig& c) -> OffloadTarget& { return c.activation.offload; },
                               {{"none", 0}, {"cpu", 1}},
-                              "Where kept checkpoints live: on the device, or in pinned host memory (copied out "
-                              "asynchronously, brought back one layer ahead; `cpu` is not implemented yet: the "
-                              "trainer refuses it).");
+                              "Where the checkpoints of activation.checkpoint layer / attention_output live. "
+                              "`none`: on the device. `cpu`: in pinned host memory; the device keeps a ring of two "
+                              "of each, copies each layer's checkpoint out while the next layer computes and brings "
+                              "it back one layer ahead of the backward (on the CPU backend the same path copies "
+                              "between host buffers). Saves (L - 1) x tokens x hidden x 2 bytes per GPU at bf16, "
+                              "plus the attention outputs with attention_output; bit-identical results; needs "
+                              "checkpoint layer or attention_output (docs/memory-model.md).");
     r.add_int("activation.mlp_tile", [](StageConfig& c) -> int64_t& { return c.activation.mlp_tile; }, 0, kMaxI,
               "Tokens per MLP tile along the sequence (0: one tile). With checkpoint layer or attention_output the "
               "[tokens, intermediate] MLP activations and their gradients shrink to [mlp_tile, intermediate], "

@@ -30,15 +30,24 @@ struct LlamaModel::LayerActs {
 struct LlamaModel::Workspace {
   int64_t batch = 0, seq = 0;
   bool backward = false;
+  bool offload = false;         // backward with offload_checkpoints: the checkpoints are rings of 2
   std::vector<Buffer> resid;    // [n, D] each: backward keeps L+1 (input of layer l, then the
-                                // last hidden); forward-only ping-pongs between 2
+                                // last hidden); forward-only and offload ping-pong between 2
   // The residual stream after l layers (l = 0: the embeddings).
   Tensor stream(int64_t l, int64_t n, int64_t d) const {
-    return resid[static_cast<size_t>(backward ? l : l % 2)].view({n, d});
+    return resid[static_cast<size_t>(backward && !offload ? l : l % 2)].view({n, d});
   }
   std::vector<LayerActs> acts;  // L (no checkpoint, backward) or 1 (recomputed / forward only)
-  std::vector<Buffer> saved_o;    // L x [n, Hq*hd]: attention outputs (checkpoint attention_output)
-  std::vector<Buffer> saved_lse;  // L x [B, Hq, S]
+  std::vector<Buffer> saved_o;    // L x [n, Hq*hd]: attention outputs (checkpoint attention_output);
+  std::vector<Buffer> saved_lse;  // L x [B, Hq, S]            offload: rings of min(2, L)
+  size_t saved_slot(int64_t l) const { return static_cast<size_t>(offload ? l % 2 : l); }
+  // Offload: the checkpoints that leave the device, in pinned host memory. The backward starts
+  // with what the rings still hold after the forward (the inputs of layer L-1 and of the head,
+  // the attention outputs of layers L-2 and L-1), so those never travel.
+  std::vector<Buffer> host_resid;           // L-1 x [n, D]: inputs of layers 0..L-2
+  std::vector<Buffer> host_o, host_lse;     // L-2 x (saved_o, saved_lse): layers 0..L-3
+  ops::CopyFence resid_out[2], saved_out[2];  // per ring slot: its last copy out (forward)
+  ops::CopyFence fetched[2];                  // per ring slot: its last copy in (backward)
   Buffer hf, rstd_f;            // [n, max(D, Hq*hd)], [n]: final norm (hf: then dattn in backward)
   Buffer dx, dh;                // [n, D]: residual gradient, projection input gradient
   Buffer dm, dg, du;            // [mlp rows, I] (one MLP tile)
@@ -96,8 +105,8 @@ Tensor LlamaModel::head_matrix(const std::vector<Tensor>& units) const {
 }
 
 // Every buffer of the workspace for (batch, seq), in allocation order: visit(name, dtype,
-// numel, slot), slot null when only planning (workspace_specs). The single source of truth
-// for both the allocation and the memory plan.
+// numel, slot, pinned_host), slot null when only planning (workspace_specs). The single
+// source of truth for both the allocation and the memory plan.
 template <class Visit>
 void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t batch, int64_t seq,
                                  bool for_backward, Workspace* ws, Visit&& visit) {
@@ -105,12 +114,21 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
   const int64_t qd = c.q_dim(), kvd = c.kv_dim(), L = c.num_layers;
   const DType st = stat_dtype(dt);
   const bool keep_all = for_backward && o.checkpoint == CheckpointPolicy::None;
+  const bool offload = for_backward && o.offload_checkpoints;
+  EASYCTX_CHECK(!(offload && keep_all), "LlamaModel: offload_checkpoints needs checkpoint policy Layer or "
+                "AttentionOutput (activation.checkpoint layer or attention_output)");
   const int64_t mt = mlp_rows(o, n, keep_all);
-  auto put = [&](const std::string& name, DType t, int64_t numel, Buffer* slot) { visit(name, t, numel, slot); };
+  auto put = [&](const std::string& name, DType t, int64_t numel, Buffer* slot, bool pinned = false) {
+    visit(name, t, numel, slot, pinned);
+  };
   auto idx = [](const char* base, size_t i) { return std::string(base) + "." + std::to_string(i); };
-  if (ws) ws->resid.resize(static_cast<size_t>(for_backward ? L + 1 : 2));
-  for (int64_t l = 0; l < (for_backward ? L + 1 : 2); ++l)
-    put(idx("resid", static_cast<size_t>(l)), dt, n * d, ws ? &ws->resid[static_cast<size_t>(l)] : nullptr);
+  const size_t n_resid = static_cast<size_t>(for_backward && !offload ? L + 1 : 2);
+  if (ws) ws->resid.resize(n_resid);
+  for (size_t l = 0; l < n_resid; ++l) put(idx("resid", l), dt, n * d, ws ? &ws->resid[l] : nullptr);
+  const size_t n_host_resid = static_cast<size_t>(offload ? L - 1 : 0);
+  if (ws) ws->host_resid.resize(n_host_resid);
+  for (size_t l = 0; l < n_host_resid; ++l)
+    put(idx("host.resid", l), dt, n * d, ws ? &ws->host_resid[l] : nullptr, true);
   const size_t n_acts = keep_all ? static_cast<size_t>(L) : 1;
   if (ws) ws->acts.resize(n_acts);
   for (size_t i = 0; i < n_acts; ++i) {
@@ -130,13 +148,21 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
     put(idx("acts", i) + ".m", dt, mt * ff, a ? &a->m : nullptr);
   }
   if (for_backward && o.checkpoint == CheckpointPolicy::AttentionOutput) {
+    const size_t n_saved = static_cast<size_t>(offload ? std::min<int64_t>(2, L) : L);
+    const size_t n_host = static_cast<size_t>(offload ? std::max<int64_t>(0, L - 2) : 0);
     if (ws) {
-      ws->saved_o.resize(static_cast<size_t>(L));
-      ws->saved_lse.resize(static_cast<size_t>(L));
+      ws->saved_o.resize(n_saved);
+      ws->saved_lse.resize(n_saved);
+      ws->host_o.resize(n_host);
+      ws->host_lse.resize(n_host);
     }
-    for (size_t l = 0; l < static_cast<size_t>(L); ++l) {
+    for (size_t l = 0; l < n_saved; ++l) {
       put(idx("saved_o", l), dt, n * qd, ws ? &ws->saved_o[l] : nullptr);
       put(idx("saved_lse", l), st, batch * c.num_heads * seq, ws ? &ws->saved_lse[l] : nullptr);
+    }
+    for (size_t l = 0; l < n_host; ++l) {
+      put(idx("host.saved_o", l), dt, n * qd, ws ? &ws->host_o[l] : nullptr, true);
+      put(idx("host.saved_lse", l), st, batch * c.num_heads * seq, ws ? &ws->host_lse[l] : nullptr, true);
     }
   }
   // hf (final norm output) is dead once the head's backward has run: it doubles as dattn.
@@ -163,7 +189,9 @@ std::vector<BufferSpec> LlamaModel::workspace_specs(const LlamaConfig& c, const 
                                                     int64_t batch, int64_t seq, bool backward) {
   std::vector<BufferSpec> v;
   visit_workspace(c, o, dtype, batch, seq, backward, nullptr,
-                  [&](const std::string& name, DType t, int64_t numel, Buffer*) { v.push_back({name, t, numel}); });
+                  [&](const std::string& name, DType t, int64_t numel, Buffer*, bool pinned) {
+                    v.push_back({name, t, numel, pinned});
+                  });
   const DType gt = o.f32_grads ? DType::F32 : dtype;
   if (backward && gt != dtype) {  // the embedding backward's scratch (kept across steps)
     v.push_back({"embed_grad_scratch", dtype, c.vocab_size * c.hidden_size});
@@ -183,8 +211,11 @@ LlamaModel::Workspace& LlamaModel::workspace(const Batch& b, bool for_backward) 
   ws->batch = b.batch;
   ws->seq = b.seq;
   ws->backward = for_backward;
+  ws->offload = for_backward && opts_.offload_checkpoints;
   visit_workspace(cfg_, opts_, dtype_, b.batch, b.seq, for_backward, ws.get(),
-                  [&](const std::string&, DType t, int64_t numel, Buffer* slot) { *slot = be_.alloc(t, numel); });
+                  [&](const std::string&, DType t, int64_t numel, Buffer* slot, bool pinned) {
+                    *slot = pinned ? be_.alloc_host_pinned(t, numel) : be_.alloc(t, numel);
+                  });
   ws_ = std::move(ws);
   return *ws_;
 }
@@ -284,15 +315,29 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
 
 
 // Embedding and every layer; fills the residual stream (and every layer's acts when kept).
+// Offload: each checkpoint leaves its ring slot while the next layer computes, and the slot
+// is written again only once its copy is done.
 void LlamaModel::forward_trunk(const std::vector<Tensor>& params, const Batch& b, Workspace& ws, bool keep) {
-  const int64_t n = b.tokens_count(), d = cfg_.hidden_size;
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, L = cfg_.num_layers;
+  for (ops::CopyFence* f : {ws.resid_out, ws.saved_out, ws.fetched}) f[0] = f[1] = {};  // the last call waited all
   be_.embedding_fwd(b.tokens, params[layout_.embed_unit()].reshape({cfg_.vocab_size, d}), ws.stream(0, n, d));
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+  for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
+    if (ws.offload) {  // layer l writes over layer l-1's input, and sends its own out meanwhile
+      be_.wait_copy(ws.resid_out[(l + 1) % 2]);
+      if (l + 1 < L) ws.resid_out[l % 2] = be_.copy_async(ws.host_resid[static_cast<size_t>(l)].flat(),
+                                                         ws.resid[static_cast<size_t>(l % 2)].flat());
+    }
     layer_forward(params[layout_.layer_unit(l)], ws.stream(l, n, d), b, a, ws.stream(l + 1, n, d), false, true);
     if (!ws.saved_o.empty()) {
-      be_.copy(ws.saved_o[static_cast<size_t>(l)].flat(), a.o.flat());
-      be_.copy(ws.saved_lse[static_cast<size_t>(l)].flat(), a.lse.flat());
+      const size_t s = ws.saved_slot(l);
+      if (ws.offload) be_.wait_copy(ws.saved_out[s]);  // layer l-2's copy out of this slot
+      be_.copy(ws.saved_o[s].flat(), a.o.flat());
+      be_.copy(ws.saved_lse[s].flat(), a.lse.flat());
+      if (ws.offload && l + 2 < L) {  // (the fence of the second copy covers the first: one stream)
+        be_.copy_async(ws.host_o[static_cast<size_t>(l)].flat(), ws.saved_o[s].flat());
+        ws.saved_out[s] = be_.copy_async(ws.host_lse[static_cast<size_t>(l)].flat(), ws.saved_lse[s].flat());
+      }
     }
   }
   const Tensor& head = params[layout_.head_unit()];
@@ -315,15 +360,31 @@ ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, co
   be_.fill(dx, 0.0);
   be_.rmsnorm_bwd(ws.stream(cfg_.num_layers, n, d), tensor_view(params[hu], hu, 0), ws.rstd_f.view({n}), dhf, dx,
                   tensor_view(grads[hu], hu, 0));
-  for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
+  const int64_t L = cfg_.num_layers;
+  for (int64_t l = L - 1; l >= 0; --l) {
     const size_t ui = layout_.layer_unit(l);
     const Tensor x_in = ws.stream(l, n, d);
     LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
+    if (ws.offload) {
+      // Layer l-1's checkpoint comes back while layer l computes, into the ring slots that
+      // layer l+1 (or the head) used last; layer l's came back during layer l+1, unless it
+      // never left.
+      if (l >= 1) {
+        const int64_t j = l - 1;
+        const size_t s = static_cast<size_t>(j % 2);
+        ws.fetched[s] = be_.copy_async(ws.resid[s].flat(), ws.host_resid[static_cast<size_t>(j)].flat());
+        if (!ws.saved_o.empty() && j + 2 < L) {
+          be_.copy_async(ws.saved_o[s].flat(), ws.host_o[static_cast<size_t>(j)].flat());
+          ws.fetched[s] = be_.copy_async(ws.saved_lse[s].flat(), ws.host_lse[static_cast<size_t>(j)].flat());
+        }
+      }
+      if (l + 1 < L) be_.wait_copy(ws.fetched[l % 2]);
+    }
     if (!keep) {  // recompute from the checkpoint (layer input, plus o/lse for attention_output)
       const bool restored = !ws.saved_o.empty();
       if (restored) {
-        be_.copy(a.o.flat(), ws.saved_o[static_cast<size_t>(l)].flat());
-        be_.copy(a.lse.flat(), ws.saved_lse[static_cast<size_t>(l)].flat());
+        be_.copy(a.o.flat(), ws.saved_o[ws.saved_slot(l)].flat());
+        be_.copy(a.lse.flat(), ws.saved_lse[ws.saved_slot(l)].flat());
       }
       layer_forward(params[ui], x_in, b, a, Tensor(), restored, false);
     }

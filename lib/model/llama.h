@@ -13,7 +13,10 @@
 // norms and MLP but never the attention (the O(S^2) part, and the ring communication).
 // All three give bit-identical results. ModelOptions::mlp_tile runs the MLP a tile of rows
 // at a time (recomputed per tile in backward under Layer/AttentionOutput), which changes only
-// the summation order of the MLP weight gradients.
+// the summation order of the MLP weight gradients. ModelOptions::offload_checkpoints keeps the
+// checkpoints of Layer/AttentionOutput in pinned host memory (activation.offload: cpu): the
+// device holds a ring of two of each, copied out while the next layer computes and brought
+// back one layer ahead of the backward (Backend::copy_async), bit-identical again.
 #pragma once
 #include <memory>
 #include <string>
@@ -45,6 +48,7 @@ struct BufferSpec {
   std::string name;
   DType dtype;
   int64_t numel;
+  bool pinned_host = false;  // Backend::alloc_host_pinned (offloaded checkpoints), else alloc
 };
 
 struct ModelOptions {
@@ -57,6 +61,10 @@ struct ModelOptions {
   // accumulation). Ops that need matching dtypes (the embedding backward) go through a
   // parameter-dtype scratch that is then added into the f32 gradient.
   bool f32_grads = false;
+  // The checkpoints of a recomputing policy (layer inputs; with AttentionOutput also the
+  // attention outputs and LSE) in pinned host memory, except those of the last layers that
+  // the backward starts with; needs checkpoint Layer or AttentionOutput.
+  bool offload_checkpoints = false;
 };
 
 class LlamaModel {

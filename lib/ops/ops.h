@@ -62,6 +62,11 @@ struct MemoryStats {
   int64_t scratch_peak_bytes = 0;
 };
 
+// The completion of one Backend::copy_async, for wait_copy (seq 0: nothing to wait for).
+struct CopyFence {
+  int64_t seq = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -75,6 +80,19 @@ class Backend {
   // from what is live now.
   virtual MemoryStats memory_stats() const = 0;
   virtual void reset_peak_memory() = 0;
+
+  // ---- copies that overlap compute (activation.offload: checkpoints in host memory)
+  // Zero-filled page-locked host buffer the device copies to and from asynchronously (CUDA:
+  // cudaHostAlloc, outside memory_stats(), which counts device memory; CPU: alloc()).
+  virtual Buffer alloc_host_pinned(DType t, int64_t numel) = 0;
+  // dst = src (same dtype and size; host memory from alloc_host_pinned, or this backend's) on
+  // the backend's copy stream, after everything queued so far; returns at once (the CPU
+  // backend copies before returning). Work queued later, and synchronize(), see the copy
+  // finished only after wait_copy(fence).
+  virtual CopyFence copy_async(const Tensor& dst, const Tensor& src) = 0;
+  // Work queued after this call runs after the copy behind `f` has finished (CUDA: the
+  // compute stream waits on the device, the host does not block; CPU: nothing to wait for).
+  virtual void wait_copy(CopyFence f) = 0;
 
   // ---- elementwise and reductions (any shape; dtypes must match unless noted)
   // dst = src; converts between dtypes (e.g. fp32 master -> bf16 working copy) and copies

@@ -55,6 +55,10 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
       if (tile < cur) f.values.push_back(one("activation.mlp_tile", num(tile)));
     fams.push_back(f);
   }
+  // activation.offload: the checkpoints to pinned host memory (GPUs: on the CPU backend they
+  // are in host memory already)
+  if (cuda && cfg.activation.offload == OffloadTarget::None && cfg.activation.checkpoint != CheckpointPolicy::None)
+    fams.push_back({"activation.offload", true, {one("activation.offload", "cpu")}});
   {
     Family f{"activation.lm_head_tile", true, {}};
     for (int64_t tile = cfg.activation.lm_head_tile / 2; tile >= 64; tile /= 2)
@@ -103,11 +107,6 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
     fams.push_back(f);
   }
   // Planned but not implemented in the trainer yet: last, marked.
-  if (cuda && cfg.activation.offload == OffloadTarget::None && cfg.activation.checkpoint != CheckpointPolicy::None) {
-    Candidate c = one("activation.offload", "cpu");
-    c.implemented = false;
-    fams.push_back({"activation.offload", true, {c}});
-  }
   if (cuda && cfg.parallel.zero.stage == 0 && t.world() > 1) {
     Candidate c = one("parallel.zero.stage", "3");
     c.implemented = false;
@@ -177,7 +176,7 @@ std::vector<KnobFix> combine_knobs(const StageConfig& cfg, const PlanTarget& t, 
     KnobFix k{"", "together", q.gpu_peak_bytes, q.host_peak_bytes, t.nodes, t.gpus_per_node, true};
     for (const std::string& key : chosen) {
       k.assignment += (k.assignment.empty() ? "" : " ") + key + "=" + config_value(cur, key);
-      if (key == "activation.offload" || key == "parallel.zero.stage") k.implemented = false;
+      if (key == "parallel.zero.stage") k.implemented = false;
     }
     return {k};
   }
@@ -229,9 +228,9 @@ std::string refusal_message(const MemoryPlan& p) {
        << gib(p.host_rank_peak_bytes) << ", " << p.host_peak_phase << ") > " << gib(p.host_usable) << " usable of "
        << gib(p.host_capacity) << ".";
   if (p.knobs.empty()) {
-    os << " Nothing makes it fit: not activation.checkpoint, activation.mlp_tile, activation.lm_head_tile, "
-          "parallel.zero.offload_optimizer, parallel.sequence.size, data.seq_length or train.batch_size alone, nor "
-          "the first four together; use GPUs with more memory.";
+    os << " Nothing makes it fit: not activation.checkpoint, activation.mlp_tile, activation.offload, "
+          "activation.lm_head_tile, parallel.zero.offload_optimizer, parallel.sequence.size, data.seq_length or "
+          "train.batch_size alone, nor the first five together; use GPUs with more memory.";
     return os.str();
   }
   os << " Would fit:";

@@ -320,6 +320,7 @@ struct Group {
   DType dtype;
   int64_t numel = 0;  // per buffer
   int64_t count = 0;
+  bool pinned_host = false;  // offloaded checkpoints (BufferSpec::pinned_host)
 };
 
 std::vector<Group> group_specs(const std::vector<BufferSpec>& specs) {
@@ -332,7 +333,7 @@ std::vector<Group> group_specs(const std::vector<BufferSpec>& specs) {
       if (!digits) base = part;
     }
     auto it = std::find_if(out.begin(), out.end(), [&](const Group& g) { return g.key == key && g.numel == s.numel; });
-    if (it == out.end()) out.push_back({key, base, s.dtype, s.numel, 1});
+    if (it == out.end()) out.push_back({key, base, s.dtype, s.numel, 1, s.pinned_host});
     else ++it->count;
   }
   return out;
@@ -375,6 +376,7 @@ std::vector<BufferSpec> model_buffers(const Run& r) {
   mo.lm_head_tile = r.cfg.activation.lm_head_tile;
   mo.mlp_tile = r.cfg.activation.mlp_tile;
   mo.f32_grads = r.cuda;
+  mo.offload_checkpoints = r.cfg.activation.offload == OffloadTarget::Cpu;
   return model::LlamaModel::workspace_specs(r.mc, mo, r.dtype, r.B, r.S, true);
 }
 
@@ -383,7 +385,6 @@ std::vector<BufferSpec> model_buffers(const Run& r) {
 // ---------------------------------------------------------------------------------------
 std::vector<std::string> unimplemented(const StageConfig& cfg, bool cuda) {
   std::vector<std::string> v;
-  if (cfg.activation.offload == OffloadTarget::Cpu) v.push_back("activation.offload: cpu");
   if (cfg.parallel.zero.offload_params) v.push_back("parallel.zero.offload_params: true");
   if (cfg.parallel.zero.stage == 3 && cuda) v.push_back("parallel.zero.stage: 3 on cuda");
   return v;
@@ -415,6 +416,7 @@ namespace detail {
 
 MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   EASYCTX_CHECK(t.backend != DeviceKind::Auto, "plan_memory: the target's backend must be resolved (cpu or cuda)");
+  validate_activation(cfg);
   Run r(cfg);
   r.cuda = t.backend == DeviceKind::Cuda;
   r.dtype = r.cuda ? DType::BF16 : DType::F32;
@@ -505,20 +507,13 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   const int64_t mb = cfg.train.grad_accum * (3 * 4 * n + 8 * r.B);
   it.persistent("step", "loader micro-batches (int32 tokens, positions, labels)", "host", mb,
                 "grad_accum x (3 x 4 x n + 8 B)", false);
-  const bool act_off = cfg.activation.offload == OffloadTarget::Cpu;
   for (const Group& g : group_specs(model_buffers(r))) {
     const int64_t each = g.numel * static_cast<int64_t>(ops::element_size(g.dtype));
     const std::string f = (g.count > 1 ? num(g.count) + " x " : "") + shape_of(g, r) + " x " +
                           num(static_cast<int64_t>(ops::element_size(g.dtype)));
-    const bool checkpoint = g.base == "resid" || g.base == "saved_o" || g.base == "saved_lse";
-    if (act_off && checkpoint && g.count > 2) {
-      // activation.offload cpu (design): checkpoints live in pinned host memory; the GPU keeps
-      // two of each (the layer in use and the one being prefetched).
-      Group kept = g;
-      kept.count = 2;
-      it.persistent("step", workspace_label(kept) + " (offload: 2 kept)", dev, 2 * each,
-                    "2 x " + shape_of(g, r) + " x " + num(static_cast<int64_t>(ops::element_size(g.dtype))), true, false);
-      it.persistent("step", workspace_label(g) + " (offloaded, pinned)", "host", g.count * each, f, false, false);
+    if (g.pinned_host) {  // activation.offload cpu: Backend::alloc_host_pinned (a backend buffer on the CPU)
+      it.persistent("step", workspace_label(g) + (r.cuda ? " (offloaded, pinned)" : " (offloaded)"), "host",
+                    g.count * each, f, !r.cuda);
       continue;
     }
     it.persistent("step", workspace_label(g), dev, g.count * each, f);

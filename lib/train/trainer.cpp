@@ -47,8 +47,7 @@ void check_supported(const StageConfig& cfg) {
                       "attention_output (with none every layer keeps its whole MLP activations); set it to 0");
   EASYCTX_CHECK_INPUT(!cfg.parallel.zero.offload_params, "parallel.zero.offload_params: parameter offload is not "
                       "implemented yet; set it to false");
-  EASYCTX_CHECK_INPUT(cfg.activation.offload == OffloadTarget::None, "activation.offload: cpu is not implemented "
-                      "yet; set it to none");
+  validate_activation(cfg);
   EASYCTX_CHECK_INPUT(!cfg.data.path.empty(), "data.path: empty; give the h5tokenize output (file, folder or glob)");
 }
 
@@ -169,6 +168,7 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
   mo.lm_head_tile = cfg_.activation.lm_head_tile;
   mo.mlp_tile = cfg_.activation.mlp_tile;
   mo.f32_grads = on_device();  // CUDA: bf16 parameters, fp32 gradients
+  mo.offload_checkpoints = cfg_.activation.offload == OffloadTarget::Cpu;
   model_ = std::make_unique<model::LlamaModel>(mc, *be_, on_device() ? DType::BF16 : DType::F32, mo, std::move(attn));
 
   if (cfg_.parallel.zero.offload_optimizer) {
@@ -588,6 +588,8 @@ void Trainer::optimizer_step(double lr, int64_t step) {
   refresh_working_copy();
 }
 
+ops::MemoryStats Trainer::memory_stats() const { return be_->memory_stats(); }
+
 std::vector<ops::Tensor> Trainer::gradients() const {
   EASYCTX_CHECK(!zero3(), "gradients: with ZeRO-3 each rank holds only its shard of the reduced gradients");
   std::vector<ops::Tensor> v;
@@ -656,7 +658,8 @@ StepStats Trainer::compute_gradients(int64_t step) {
 void Trainer::log_startup() const {
   const model::LlamaConfig& mc = model_->config();
   log_info("model ", mc.describe());
-  log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint), ", backend ",
+  log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint),
+           cfg_.activation.offload == OffloadTarget::Cpu ? " (offloaded to pinned host memory)" : "", ", backend ",
            be_->name(), on_device() ? " (bf16 parameters, fp32 gradients, master weights and Adam)" : " (f32)", ", ",
            world_.size(), " rank(s): data-parallel ", dp_.size(), " x sequence-parallel ",
            world_.size() / dp_.size(),

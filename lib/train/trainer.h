@@ -78,6 +78,8 @@ class Trainer {
   StepStats compute_gradients(int64_t step);
   // Gradients (fp32; device memory on CUDA).
   std::vector<ops::Tensor> gradients() const;
+  // The backend's allocation counters (device memory on CUDA; what the plan's allocations predict).
+  ops::MemoryStats memory_stats() const;
   // Every step with logging and metrics, then the final save. Returns the last stats.
   // Stops early, after a checkpoint, when any rank received SIGUSR1/SIGTERM
   // (stopped() is then true); on completion writes <output.dir>/DONE.

@@ -25,6 +25,35 @@ TEST_F(CudaOpsTest, CopyConvertsAndRoundTrips) {
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits[static_cast<size_t>(i)], ops::float_to_bf16(back[static_cast<size_t>(i)]));
 }
 
+// copy_async on the copy stream against the compute stream, on 64 MiB so that a missing
+// dependency shows: a copy out sees the fill queued before it and not the one queued after
+// its wait_copy; a copy in lands before the axpy queued after its wait_copy.
+TEST_F(CudaOpsTest, CopyAsyncIsOrderedByFences) {
+  const int64_t n = int64_t{1} << 24;
+  Buffer d1 = gpu->alloc(DType::F32, n), d2 = gpu->alloc(DType::F32, n);
+  Buffer h = gpu->alloc_host_pinned(DType::F32, n);
+  for (int round = 0; round < 3; ++round) {
+    const float a = 3.0f + static_cast<float>(round);
+    gpu->fill(d1.flat(), a);
+    const ops::CopyFence out = gpu->copy_async(h.flat(), d1.flat());  // after the fill
+    gpu->wait_copy(out);
+    gpu->fill(d1.flat(), 5.0);  // after the copy out: must not reach h
+    const ops::CopyFence in = gpu->copy_async(d2.flat(), h.flat());
+    gpu->wait_copy(in);
+    gpu->axpy(d2.flat(), d1.flat(), 1.0);  // a + 5
+    gpu->synchronize();
+    const float* hp = h.flat().ptr<float>();
+    for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(hp[i], a) << "round " << round << " element " << i;
+    ASSERT_EQ(hp[n - 1], a);
+    const std::vector<float> got = download(d2);
+    for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(got[static_cast<size_t>(i)], a + 5.0f) << "element " << i;
+    ASSERT_EQ(got.back(), a + 5.0f);
+  }
+  EXPECT_GT(gpu->copy_async(h.flat().slice_flat(0, {0}), d1.flat().slice_flat(0, {0})).seq, 0);  // empty: a fence all the same
+  gpu->wait_copy({});  // the empty fence: nothing to wait for
+  EXPECT_THROW(gpu->wait_copy({int64_t{1} << 40}), Error);  // never issued
+}
+
 TEST_F(CudaOpsTest, FillAxpyScaleSumSquares) {
   for (DType t : kTypes) {
     SCOPED_TRACE(ops::type_name(t));

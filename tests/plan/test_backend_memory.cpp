@@ -65,7 +65,35 @@ TEST(BackendMemory, CpuCountsAreThreadSafe) {
   EXPECT_LE(s.peak_bytes, 4 * 64);
 }
 
+// The offload primitives on the CPU: "pinned" buffers are ordinary counted buffers, copies
+// are done when copy_async returns (so the offload path runs, and is measured, on the CPU).
+TEST(BackendMemory, CpuPinnedBuffersAreCountedAndCopiesSynchronous) {
+  auto be = ops::make_cpu_backend();
+  Buffer h = be->alloc_host_pinned(DType::F32, 1000);
+  EXPECT_EQ(be->memory_stats().live_bytes, 4000);
+  for (int64_t i = 0; i < 1000; ++i) EXPECT_EQ(h.flat().ptr<float>()[i], 0.0f);  // zero-filled
+  Buffer d = be->alloc(DType::F32, 1000);
+  be->fill(d.flat(), 2.5);
+  const ops::CopyFence f = be->copy_async(h.flat(), d.flat());
+  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(h.flat().ptr<float>()[i], 2.5f);
+  be->wait_copy(f);
+  EXPECT_THROW(be->copy_async(h.flat(), be->alloc(DType::F64, 1000).flat()), Error);  // no conversions
+  h.reset();
+  EXPECT_EQ(be->memory_stats().live_bytes, 4000);
+}
+
 #ifdef EASYCTX_HAVE_CUDA
+// Pinned host buffers are host memory: the device counters do not see them.
+TEST(BackendMemory, CudaPinnedBuffersAreNotDeviceMemory) {
+  if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = ops::make_cuda_backend();
+  const int64_t live = be->memory_stats().live_bytes;
+  Buffer h = be->alloc_host_pinned(DType::BF16, 1 << 20);
+  EXPECT_EQ(be->memory_stats().live_bytes, live);
+  EXPECT_EQ(h.flat().space, ops::MemSpace::Host);
+  EXPECT_EQ(h.flat().ptr<uint16_t>()[12345], 0);  // zero-filled
+}
+
 // Scratch (the LM-head logits tile) counts towards the peak together with the Buffers.
 TEST(BackendMemory, CudaCountsBuffersScratchAndWorkspaces) {
   if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";

@@ -1,7 +1,8 @@
 // The memory plan (lib/plan) against what the code allocates: on the CPU backend, whose
 // allocations are counted exactly, the planned peak of a real Trainer's steps (and of its
-// initialisation) equals the measured one; the knob search proposes changes that fit; the
-// target keys are validated; the loader's local length is what the plan assumes.
+// initialisation) equals the measured one, activation offload included; the knob search
+// proposes changes that fit; the target keys are validated; the loader's local length is
+// what the plan assumes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -54,10 +55,15 @@ class PlanVsMeasured : public ::testing::TestWithParam<std::string> {};
 TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   TempDir dir("plan-cpu-" + GetParam());
   write_walk_shard(dir / "shard.h5", test_seed(), 60, 200, 700, 512);
-  StageConfig c = small_stage(write_small_model(dir.path()), dir / "shard.h5", dir / "out");
-  if (GetParam() == "none") c.activation.checkpoint = CheckpointPolicy::None;
-  if (GetParam() == "attention_output") c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
-  if (GetParam() == "zero3") c.parallel.zero.stage = 3;
+  // "<policy>_offload": activation.offload cpu on 5 layers (4 layer inputs and 3 attention
+  // outputs leave the ring of two), planned exactly.
+  const bool offload = GetParam().find("_offload") != std::string::npos;
+  const std::string policy = GetParam().substr(0, GetParam().find("_offload"));
+  StageConfig c = small_stage(write_small_model(dir.path(), offload ? 5 : 2), dir / "shard.h5", dir / "out");
+  if (policy == "none") c.activation.checkpoint = CheckpointPolicy::None;
+  if (policy == "attention_output") c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+  if (policy == "zero3") c.parallel.zero.stage = 3;
+  if (offload) c.activation.offload = OffloadTarget::Cpu;
   const MemoryPlan p = plan::plan_memory(c, cpu_target());
   const Measured m = measure(c);
   std::printf("[plan] %s: predicted peak %lld B (%s), measured %lld B; init predicted %lld, measured %lld\n",
@@ -69,9 +75,25 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   EXPECT_TRUE(p.fits);
   EXPECT_EQ(p.gpu_peak_bytes, 0);  // nothing on a GPU
   EXPECT_GT(p.host_rank_peak_bytes, p.alloc_peak_bytes);  // host = backend buffers + heap + baseline
+  if (!offload) return;
+  EXPECT_EQ(p.alloc_peak_bytes, m.peak);
+  EXPECT_EQ(phase_alloc(p, "init"), m.init);
+  // The offloaded checkpoints are items of their own: n = 2 x 256 tokens, D = Hq hd = 128,
+  // 4 heads, 4-byte elements; 4 layer inputs, and with attention_output 3 outputs and LSEs.
+  int64_t off = 0;
+  for (const plan::PlanItem& i : p.items)
+    if (i.name.find("(offloaded)") != std::string::npos) {
+      EXPECT_EQ(i.where, "host");
+      EXPECT_TRUE(i.tracked);  // the CPU backend's own buffers
+      off += i.bytes;
+    }
+  const int64_t n = 512, resid = 4 * n * 128, o = 4 * n * 128, lse = 4 * 4 * n;
+  EXPECT_EQ(off, 4 * resid + (policy == "attention_output" ? 3 * (o + lse) : 0));
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpoint, PlanVsMeasured, ::testing::Values("none", "layer", "attention_output", "zero3"),
+INSTANTIATE_TEST_SUITE_P(Checkpoint, PlanVsMeasured,
+                         ::testing::Values("none", "layer", "attention_output", "zero3", "layer_offload",
+                                           "attention_output_offload"),
                          [](const auto& info) { return info.param; });
 
 // The plan's per-rank sequence length is the loader's (lib/data is not a dependency of
@@ -249,22 +271,53 @@ TEST(MemoryPlan, OffloadOptimizerMovesStateToTheHost) {
   EXPECT_TRUE(pinned);
 }
 
+// activation.offload cpu: of the L + 1 residual-stream buffers the GPU keeps a ring of two,
+// the inputs of layers 0..L-2 go to pinned host memory (the last layer's input stays: the
+// backward starts with it); with attention_output also the outputs and LSE of layers 0..L-3.
+TEST(MemoryPlan, ActivationOffloadMovesCheckpointsToPinnedHostMemory) {
+  for (const CheckpointPolicy policy : {CheckpointPolicy::Layer, CheckpointPolicy::AttentionOutput}) {
+    StageConfig c = big_run();
+    c.activation.checkpoint = policy;
+    const MemoryPlan on = plan::plan_memory(c, gpu_target(2000));
+    c.activation.offload = OffloadTarget::Cpu;
+    const MemoryPlan off = plan::plan_memory(c, gpu_target(2000));
+    EXPECT_TRUE(off.not_implemented.empty());
+    const int64_t n = 262144, resid = n * 4096 * 2, saved = n * 4096 * 2 + 4 * 32 * n;  // bf16; f32 LSE
+    const int64_t moved = 31 * resid + (policy == CheckpointPolicy::AttentionOutput ? 30 * saved : 0);
+    EXPECT_EQ(on.alloc_peak_bytes - off.alloc_peak_bytes, moved) << to_string(policy);
+    int64_t pinned = 0;
+    for (const plan::PlanItem& i : off.items)
+      if (i.name.find("(offloaded, pinned)") != std::string::npos) {
+        EXPECT_EQ(i.where, "host");
+        EXPECT_FALSE(i.tracked);  // host memory: not in the CUDA backend's device counters
+        pinned += i.bytes;
+      }
+    EXPECT_EQ(pinned, moved) << to_string(policy);
+  }
+  // Refused with checkpoint none (nothing is checkpointed), naming both keys.
+  StageConfig none = big_run();
+  none.activation.checkpoint = CheckpointPolicy::None;
+  none.activation.offload = OffloadTarget::Cpu;
+  try {
+    plan::plan_memory(none, gpu_target(2000));
+    ADD_FAILURE() << "offload with checkpoint none was planned";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("activation.offload: cpu needs activation.checkpoint layer or attention_output"),
+              std::string::npos) << m;
+  }
+}
+
 // Not-implemented features are planned and marked.
 TEST(MemoryPlan, MarksWhatTheTrainerDoesNotImplement) {
-  StageConfig c = big_run();
-  c.activation.offload = OffloadTarget::Cpu;
-  const MemoryPlan off = plan::plan_memory(c, gpu_target(2000));
-  ASSERT_EQ(off.not_implemented.size(), 1u);
-  EXPECT_EQ(off.not_implemented[0], "activation.offload: cpu");
-  const MemoryPlan on = plan::plan_memory(big_run(), gpu_target(2000));
-  EXPECT_TRUE(on.not_implemented.empty());
-  // L + 1 residual checkpoints leave the GPU but two: (L - 1) x n x D x 2 bytes.
-  EXPECT_EQ(on.alloc_peak_bytes - off.alloc_peak_bytes, 31 * 262144LL * 4096 * 2);
-  const Json j = parse_json(plan::plan_to_json(off).dump());
-  EXPECT_EQ(j.at("not_implemented").size(), 1u);
+  EXPECT_TRUE(plan::plan_memory(big_run(), gpu_target(2000)).not_implemented.empty());
   StageConfig z = big_run();
   z.parallel.zero.stage = 3;
-  EXPECT_EQ(plan::plan_memory(z, gpu_target(2000, 8)).not_implemented.size(), 1u);
+  const MemoryPlan p = plan::plan_memory(z, gpu_target(2000, 8));
+  ASSERT_EQ(p.not_implemented.size(), 1u);
+  EXPECT_EQ(p.not_implemented[0], "parallel.zero.stage: 3 on cuda");
+  const Json j = parse_json(plan::plan_to_json(p).dump());
+  EXPECT_EQ(j.at("not_implemented").size(), 1u);
 }
 
 TEST(MemoryPlan, JsonRoundTripsAndCompareLineNamesBoth) {

@@ -1,7 +1,7 @@
 // The memory plan of sequence-parallel runs against the measured peak, under mpirun with 2
 // and 4 ranks on the CPU backend (exact counts): every strategy's per-call buffers (zigzag
 // ring, dist_flash with and without its helper loop, Ulysses, usp), ZeRO-3 over the world,
-// and data x sequence parallelism.
+// data x sequence parallelism, and the zigzag ring with activation offload (4 layers).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -19,6 +19,7 @@ struct Case {
   int sp;       // 0: the whole world
   int ulysses;  // usp only
   int zero;     // ZeRO stage
+  bool offload = false;  // activation.offload cpu (attention_output, 4 layers)
 };
 
 void check(const Case& k) {
@@ -30,11 +31,15 @@ void check(const Case& k) {
   uint64_t seed = 0;
   const std::string dir = shared_walk_dir("plan-sp", seed);
   if (rt.rank() == 0) {
-    write_small_model(dir);
+    write_small_model(dir, k.offload ? 4 : 2);
     write_walk_shard(dir + "/shard512.h5", seed, 60, 200, 700, 512);
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  StageConfig c = small_stage(dir + "/small.yaml", dir + "/shard512.h5", dir + "/out");
+  StageConfig c = small_stage(dir + (k.offload ? "/small4.yaml" : "/small.yaml"), dir + "/shard512.h5", dir + "/out");
+  if (k.offload) {
+    c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+    c.activation.offload = OffloadTarget::Cpu;
+  }
   c.data.seq_length = 250;  // not a multiple of 2W: the plan pads like the loader
   c.train.seed = seed;
   c.parallel.sequence.mode = k.mode;
@@ -56,6 +61,9 @@ void check(const Case& k) {
               to_string(k.mode), sp, W, k.zero, rt.rank(), static_cast<long long>(p.alloc_peak_bytes),
               p.alloc_peak_phase.c_str(), static_cast<long long>(measured));
   EXPECT_LT(rel_diff(p.alloc_peak_bytes, measured), 0.02) << "rank " << rt.rank();
+  if (k.offload) {
+    EXPECT_EQ(p.alloc_peak_bytes, measured) << "rank " << rt.rank();
+  }
   // The strategy's buffers set the peak, so they are what this checks.
   if (sp > 1) {
     EXPECT_EQ(p.alloc_peak_phase, "attention backward");
@@ -70,6 +78,7 @@ TEST(PlanSequenceParallel, Ulysses) { check({SeqParallelMode::Ulysses, 0, 0, 0})
 TEST(PlanSequenceParallel, Usp) { check({SeqParallelMode::Usp, 0, 2, 0}); }
 TEST(PlanSequenceParallel, ZigzagRingZero3) { check({SeqParallelMode::ZigzagRing, 0, 0, 3}); }
 TEST(PlanSequenceParallel, DataTimesZigzag) { check({SeqParallelMode::ZigzagRing, 2, 0, 0}); }
+TEST(PlanSequenceParallel, ZigzagRingActivationOffload) { check({SeqParallelMode::ZigzagRing, 0, 0, 0, true}); }
 
 }  // namespace
 }  // namespace easyctx::test

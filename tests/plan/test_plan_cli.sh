@@ -2,7 +2,7 @@
 # `easyctx_train STAGE.yaml --plan` end to end, as on a login node (no GPU needed): a
 # llama2-7b stage planned for 2 nodes x 8 H200s prints the table and one JSON object (the
 # last line) and exits 0; an oversized sequence exits 3 naming --set changes that fit; bad
-# target keys exit 2 naming the key.
+# target keys (and activation.offload without a checkpoint policy) exit 2 naming the key.
 set -uo pipefail
 bin=$1
 work=$(mktemp -d /tmp/easyctx-plan-cli.XXXXXX)
@@ -73,6 +73,12 @@ grep -q "target.headroom: bad value '2'" "$work/out" || fail "the error does not
 rc=$?
 [ $rc -eq 2 ] || fail "an unknown GPU exited $rc, expected 2"
 grep -q "target.gpu: unknown GPU 'X100'" "$work/out" || fail "the error does not name target.gpu"
+"$bin/easyctx_train" "$work/stage.yaml" --plan --set activation.offload=cpu --set activation.checkpoint=none \
+  > "$work/out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "activation.offload cpu with checkpoint none exited $rc, expected 2"
+grep -q "activation.offload: cpu needs activation.checkpoint layer or attention_output" "$work/out" \
+  || fail "the error does not name activation.offload and activation.checkpoint"
 "$bin/easyctx_train" "$work/stage.yaml" --plan --set parallel.sequence.size=3 > "$work/out" 2>&1
 rc=$?
 [ $rc -eq 2 ] || fail "a sequence size not dividing 16 exited $rc, expected 2"

@@ -82,6 +82,51 @@ TEST(Trainer, CheckpointPolicyDoesNotChangeTheResult) {
   EXPECT_EQ(weights(ta), weights(tc));
 }
 
+// activation.offload: cpu runs its code path on the CPU backend too (the checkpoints copied to
+// separate host buffers and back, one layer ahead): the same losses and weights as keeping
+// them, bit for bit, on 5 layers (4 layer inputs and 3 attention outputs travel), with MLP
+// tiles and accumulation; refused with checkpoint none, naming both keys.
+TEST(Trainer, ActivationOffloadIsBitIdentical) {
+  TempDir dir("train-act-offload");
+  write_walk_shard(dir / "shard.h5", test_seed(), 40, 10, 80, 256);
+  auto world = self_comm("world"), dp = self_comm("dp");
+  StageConfig base = tiny_stage(dir / "shard.h5", dir / "a");
+  base.model.config = write_tiny_model(dir.path(), 5);
+  struct Variant {
+    CheckpointPolicy policy;
+    int64_t mlp_tile, grad_accum;
+  };
+  for (const Variant v : {Variant{CheckpointPolicy::Layer, 0, 1}, Variant{CheckpointPolicy::AttentionOutput, 0, 2},
+                          Variant{CheckpointPolicy::Layer, 7, 1}, Variant{CheckpointPolicy::AttentionOutput, 7, 1}}) {
+    SCOPED_TRACE(std::string(to_string(v.policy)) + " mlp_tile " + std::to_string(v.mlp_tile));
+    StageConfig a = base;
+    a.activation.checkpoint = v.policy;
+    a.activation.mlp_tile = v.mlp_tile;
+    a.train.grad_accum = v.grad_accum;
+    StageConfig b = a;
+    b.activation.offload = OffloadTarget::Cpu;
+    b.output.dir = dir / "b";
+    train::Trainer ta(a, *world, *dp), tb(b, *world, *dp);
+    for (int64_t s = 0; s < 3; ++s) {
+      const train::StepStats sa = ta.train_step(s), sb = tb.train_step(s);
+      EXPECT_EQ(sa.loss, sb.loss) << "step " << s;
+      EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << s;
+    }
+    EXPECT_EQ(weights(ta), weights(tb));
+  }
+  StageConfig none = base;
+  none.activation.checkpoint = CheckpointPolicy::None;
+  none.activation.offload = OffloadTarget::Cpu;
+  try {
+    train::Trainer t(none, *world, *dp);
+    FAIL() << "activation.offload cpu with checkpoint none was accepted";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("activation.offload: cpu needs activation.checkpoint layer or attention_output"),
+              std::string::npos) << m;
+  }
+}
+
 // activation.mlp_tile: the MLP a tile of rows at a time (forward, and recomputed per tile in
 // backward) changes only the summation order of the weight gradients.
 TEST(Trainer, MlpTilingMatchesUntiled) {

@@ -88,6 +88,43 @@ void check_case(const SpCase& c) {
 }
 
 TEST(TrainerSequenceParallel, ZigzagRing) { check_case({SeqParallelMode::ZigzagRing, 0, 0, 1}); }
+
+// activation.offload cpu on the zigzag ring (attention_output: the ring's merged outputs are
+// checkpoints too; 4 layers): the same gradients and losses as keeping the checkpoints, bit
+// for bit.
+TEST(TrainerSequenceParallel, ZigzagRingActivationOffload) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  uint64_t seed = 0;
+  const std::string path = shared_dir(rt, seed);
+  if (rt.rank() == 0) write_tiny_model(path, 4);
+  MPI_Barrier(MPI_COMM_WORLD);
+  StageConfig kept = tiny_stage(path + "/shard.h5", path + "/kept");
+  kept.model.config = path + "/tiny4.yaml";
+  kept.data.seq_length = 37;
+  kept.train.seed = seed;
+  kept.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+  kept.parallel.sequence.mode = SeqParallelMode::ZigzagRing;
+  kept.parallel.sequence.size = rt.size();
+  StageConfig off = kept;
+  off.activation.offload = OffloadTarget::Cpu;
+  off.output.dir = path + "/off";
+  dist::ProcessGroups groups(rt, dist::make_group_layout(kept, rt.size(), rt.topology().local_size),
+                             dist::CommBackend::Mpi, 120);
+  train::Trainer tk(kept, groups), to(off, groups);
+  const train::StepStats a = tk.compute_gradients(0), b = to.compute_gradients(0);
+  EXPECT_EQ(a.loss, b.loss);
+  const auto ga = tk.gradients(), gb = to.gradients();
+  ASSERT_EQ(ga.size(), gb.size());
+  for (size_t u = 0; u < ga.size(); ++u)
+    EXPECT_EQ(std::vector<float>(ga[u].ptr<float>(), ga[u].ptr<float>() + ga[u].numel()),
+              std::vector<float>(gb[u].ptr<float>(), gb[u].ptr<float>() + gb[u].numel()))
+        << "W=" << rt.size() << " gradient of " << tk.model().layout().units()[u].name;
+  for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(tk.train_step(s).loss, to.train_step(s).loss) << "step " << s;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
 TEST(TrainerSequenceParallel, DistFlash) { check_case({SeqParallelMode::DistFlash, 0, 0, 1}); }
 TEST(TrainerSequenceParallel, Ulysses) { check_case({SeqParallelMode::Ulysses, 0, 0, 1}); }
 // Ulysses 2 inside x zigzag ring across (W = 2: ring of 1; W = 4: 2 x 2).

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -62,6 +63,17 @@ inline std::vector<std::vector<uint32_t>> write_walk_shard(const std::string& pa
   }
   w.commit();
   return out;
+}
+
+// The tiny preset (configs/models/tiny.yaml) with `layers` layers, as dir/tiny<layers>.yaml.
+inline std::string write_tiny_model(const std::string& dir, int layers) {
+  const std::string path = dir + "/tiny" + std::to_string(layers) + ".yaml";
+  std::ofstream(path) << "hidden_size: 64\nnum_hidden_layers: " << layers
+                      << "\nnum_attention_heads: 4\nnum_key_value_heads: 2\nhead_dim: 16\n"
+                         "intermediate_size: 172\nvocab_size: 256\nmax_position_embeddings: 2048\n"
+                         "rms_norm_eps: 1.0e-5\nrope_theta: 10000.0\ntie_word_embeddings: false\n"
+                         "bos_token_id: 1\neos_token_id: 2\n";
+  return path;
 }
 
 inline StageConfig tiny_stage(const std::string& data, const std::string& out) {

@@ -74,6 +74,15 @@ void dispatch(DType t, F&& f) {
 template <typename T>
 T* typed(const Tensor& t) { return static_cast<T*>(t.data); }
 
+cudaMemcpyKind copy_kind(const Tensor& dst, const Tensor& src) {
+  const bool dd = dst.space == MemSpace::Device, sd = src.space == MemSpace::Device;
+  return dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+            : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+}
+
+// Events marking the copies of copy_async, reused round robin.
+constexpr int64_t kCopyEvents = 16;
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o) {
@@ -97,12 +106,20 @@ class CudaBackend final : public Backend {
     bwd_tile_ = o.attention_bwd_tile;
     det_ = o.deterministic;
     EASYCTX_CUDA_CHECK(cudaMalloc(&flag_, sizeof(int)));
+    EASYCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&queued_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : copied_) EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     // The backend's own device allocations count as live bytes too.
     own_bytes_ = static_cast<int64_t>(o.cublas_workspace + sizeof(int));
     mem_->add(own_bytes_);
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+    for (cudaEvent_t e : copied_)
+      if (e) cudaEventDestroy(e);
+    if (queued_) cudaEventDestroy(queued_);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
     cudnn_.reset();
     lt_.reset();
     cudaFree(flag_);
@@ -147,6 +164,48 @@ class CudaBackend final : public Backend {
     });
   }
 
+  // ---------------------------------------------------------------- copies beside compute
+  // Page-locked, so cudaMemcpyAsync on the copy stream really is asynchronous; freed only
+  // after the device is idle (a copy into or out of it may still be queued).
+  Buffer alloc_host_pinned(DType t, int64_t numel) override {
+    EASYCTX_CHECK(numel >= 0, "alloc_host_pinned: negative element count ", numel);
+    const size_t bytes = static_cast<size_t>(numel) * element_size(t);
+    void* p = nullptr;
+    if (bytes) {
+      const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+      EASYCTX_CHECK(e == cudaSuccess, process_label(), " alloc_host_pinned: cudaHostAlloc of ", bytes, " bytes (",
+                    numel, " x ", type_name(t), ") failed: ", cudaGetErrorString(e));
+      std::memset(p, 0, bytes);
+    }
+    return Buffer(p, bytes, t, MemSpace::Host, [](void* q) {
+      cudaDeviceSynchronize();  // a deleter cannot throw
+      cudaFreeHost(q);
+    });
+  }
+
+  // The copy stream first waits for the compute stream's work so far (what wrote src, what
+  // still reads dst); an event on the copy stream then marks the copy's end for wait_copy.
+  CopyFence copy_async(const Tensor& dst, const Tensor& src) override {
+    check_same_dtype("copy_async", dst, src);
+    check_numel("copy_async", "dst", dst, src.numel());
+    EASYCTX_CUDA_CHECK(cudaEventRecord(queued_, stream_));
+    EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, queued_, 0));
+    if (src.numel() > 0)
+      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), copy_kind(dst, src), copy_stream_));
+    const int64_t seq = ++copy_seq_;
+    EASYCTX_CUDA_CHECK(cudaEventRecord(copied_[seq % kCopyEvents], copy_stream_));
+    return {seq};
+  }
+
+  // The copy stream runs in order, so once copy f's event has been re-recorded by a later
+  // copy (more than kCopyEvents copies since f), waiting on it waits for that later copy:
+  // still after f, only possibly longer.
+  void wait_copy(CopyFence f) override {
+    EASYCTX_CHECK(f.seq >= 0 && f.seq <= copy_seq_, "wait_copy: fence ", f.seq, " was not issued by this backend");
+    if (f.seq == 0) return;
+    EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, copied_[f.seq % kCopyEvents], 0));
+  }
+
   // ---------------------------------------------------------------- elementwise
   void copy(const Tensor& dst, const Tensor& src) override {
     check_numel("copy", "dst", dst, src.numel());
@@ -154,9 +213,7 @@ class CudaBackend final : public Backend {
     if (n == 0) return;
     const bool dd = dst.space == MemSpace::Device, sd = src.space == MemSpace::Device;
     if (dst.dtype == src.dtype) {
-      const cudaMemcpyKind kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
-                                     : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
-      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), kind, stream_));
+      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), copy_kind(dst, src), stream_));
       if (!dd) synchronize();  // the caller reads host memory next
       return;
     }
@@ -801,6 +858,10 @@ class CudaBackend final : public Backend {
   cudaMemPool_t pool_ = nullptr;  // the device's default pool: stream-ordered scratch
   int64_t own_bytes_ = 0;         // cuBLASLt workspace + error flag
   int64_t cudnn_ws_counted_ = 0;  // cuDNN workspace counted so far (it only grows)
+  cudaStream_t copy_stream_ = nullptr;  // copy_async: copies beside the compute stream
+  cudaEvent_t queued_ = nullptr;         // the compute stream's work before a copy
+  cudaEvent_t copied_[kCopyEvents] = {};  // copy k's end: copied_[k % kCopyEvents]
+  int64_t copy_seq_ = 0;                 // copies issued
 };
 
 }  // namespace

@@ -1,0 +1,148 @@
+// ModelOptions::offload_checkpoints (activation.offload: cpu) on the CPU backend, which runs
+// the offload path with synchronous copies: loss and every gradient bit-identical to the
+// checkpoints kept in the workspace, for layer and attention_output, MLP untiled and tiled,
+// over 1, 2, 3 and 5 layers (none, some and all of the copies); the workspace is what
+// workspace_specs says (a ring of two of each checkpoint, the rest pinned host buffers).
+#include <cstring>
+#include <random>
+
+#include "model/llama.h"
+#include "test_util.h"
+
+namespace easyctx::test {
+namespace {
+
+using ops::Buffer;
+using ops::DType;
+using ops::Tensor;
+
+model::LlamaConfig config(int64_t layers) {
+  model::LlamaConfig c;
+  c.name = "offload";
+  c.hidden_size = 16;
+  c.num_layers = layers;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 4;
+  c.intermediate_size = 24;
+  c.vocab_size = 29;
+  c.rope_theta = 1000.0;
+  return c;
+}
+
+struct Outcome {
+  double sum_nll = 0, eval_nll = 0;
+  std::vector<std::vector<float>> grads;
+  int64_t workspace_bytes = 0;  // what forward_backward allocated (the backend's counters)
+};
+
+// Two accumulating forward_backward calls on different batches (the second reuses the
+// workspace and its copy fences), then a forward-only loss (a workspace without checkpoints).
+Outcome run_model(const model::LlamaConfig& cfg, model::ModelOptions mo, uint64_t seed) {
+  auto be = ops::make_cpu_backend();
+  model::LlamaModel m(cfg, *be, DType::F32, mo);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, 0.3);
+  std::vector<Buffer> pb, gb;
+  std::vector<Tensor> p, g;
+  for (const auto& u : m.layout().units()) {
+    pb.push_back(be->alloc(DType::F32, u.numel));
+    gb.push_back(be->alloc(DType::F32, u.numel));
+    for (const auto& t : u.tensors)
+      for (int64_t i = 0; i < t.numel; ++i)
+        pb.back().flat().ptr<float>()[t.offset + i] = static_cast<float>((t.is_norm ? 1.0 : 0.0) + nd(rng));
+    p.push_back(pb.back().flat());
+    g.push_back(gb.back().flat());
+  }
+  const int64_t B = 2, S = 11, n = B * S;
+  std::vector<int32_t> tok(n), pos(n), lab(n);
+  const model::Batch b{Tensor(tok.data(), DType::I32, {n}), Tensor(pos.data(), DType::I32, {n}),
+                       Tensor(lab.data(), DType::I32, {n}), B, S};
+  Outcome r;
+  for (int call = 0; call < 2; ++call) {
+    for (int64_t i = 0; i < n; ++i) {
+      tok[i] = static_cast<int32_t>(rng() % cfg.vocab_size);
+      lab[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(rng() % cfg.vocab_size);
+      pos[i] = static_cast<int32_t>(i % S + 3 * (i / S));
+    }
+    const int64_t before = be->memory_stats().live_bytes;
+    r.sum_nll += m.forward_backward(p, g, b, 0.1).sum_nll;
+    if (call == 0) r.workspace_bytes = be->memory_stats().live_bytes - before;
+  }
+  r.eval_nll = m.forward_loss(p, b).sum_nll;
+  for (const Buffer& x : gb) r.grads.emplace_back(x.flat().ptr<float>(), x.flat().ptr<float>() + x.numel());
+  return r;
+}
+
+int64_t spec_bytes(const std::vector<model::BufferSpec>& specs) {
+  int64_t s = 0;
+  for (const model::BufferSpec& b : specs) s += b.numel * static_cast<int64_t>(ops::element_size(b.dtype));
+  return s;
+}
+
+int count(const std::vector<model::BufferSpec>& specs, const std::string& prefix, bool pinned) {
+  int k = 0;
+  for (const model::BufferSpec& b : specs) k += b.name.rfind(prefix + ".", 0) == 0 && b.pinned_host == pinned;
+  return k;
+}
+
+// (layers, policy, MLP tile: 0 = untiled, 5 = five tiles of the 22 tokens, the last short)
+class ModelOffload : public ::testing::TestWithParam<std::tuple<int64_t, CheckpointPolicy, int64_t>> {};
+
+TEST_P(ModelOffload, BitIdenticalToCheckpointsOnTheDevice) {
+  const auto [layers, policy, tile] = GetParam();
+  const model::LlamaConfig cfg = config(layers);
+  model::ModelOptions kept{policy, 7, tile};
+  model::ModelOptions off = kept;
+  off.offload_checkpoints = true;
+  const uint64_t seed = test_seed();
+  const Outcome a = run_model(cfg, kept, seed), b = run_model(cfg, off, seed);
+  EXPECT_EQ(a.sum_nll, b.sum_nll);
+  EXPECT_EQ(a.eval_nll, b.eval_nll);
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t u = 0; u < a.grads.size(); ++u)
+    EXPECT_EQ(std::memcmp(a.grads[u].data(), b.grads[u].data(), a.grads[u].size() * sizeof(float)), 0)
+        << "gradient of unit " << u;
+
+  // The workspace: rings of two on the "device", the rest in (pinned) host buffers.
+  const auto specs = model::LlamaModel::workspace_specs(cfg, off, DType::F32, 2, 11, true);
+  EXPECT_EQ(b.workspace_bytes, spec_bytes(specs));
+  EXPECT_EQ(a.workspace_bytes, spec_bytes(model::LlamaModel::workspace_specs(cfg, kept, DType::F32, 2, 11, true)));
+  EXPECT_EQ(count(specs, "resid", false), 2);
+  EXPECT_EQ(count(specs, "host.resid", true), layers - 1);
+  const bool ao = policy == CheckpointPolicy::AttentionOutput;
+  EXPECT_EQ(count(specs, "saved_o", false), ao ? std::min<int64_t>(2, layers) : 0);
+  EXPECT_EQ(count(specs, "saved_lse", false), ao ? std::min<int64_t>(2, layers) : 0);
+  EXPECT_EQ(count(specs, "host.saved_o", true), ao ? std::max<int64_t>(0, layers - 2) : 0);
+  EXPECT_EQ(count(specs, "host.saved_lse", true), ao ? std::max<int64_t>(0, layers - 2) : 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ModelOffload,
+                         ::testing::Combine(::testing::Values(int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}),
+                                            ::testing::Values(CheckpointPolicy::Layer,
+                                                              CheckpointPolicy::AttentionOutput),
+                                            ::testing::Values(int64_t{0}, int64_t{5})),
+                         [](const auto& info) {
+                           return "L" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  to_string(std::get<1>(info.param)) + "_tile" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
+
+// Offload moves the checkpoints a policy keeps; with checkpoint none there are none to move.
+TEST(ModelOffloadRefusal, NeedsARecomputingPolicy) {
+  model::ModelOptions mo{CheckpointPolicy::None, 7, 0};
+  mo.offload_checkpoints = true;
+  try {
+    model::LlamaModel::workspace_specs(config(3), mo, DType::F32, 2, 11, true);
+    FAIL() << "offload with checkpoint none was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("offload_checkpoints needs checkpoint policy"), std::string::npos)
+        << e.what();
+  }
+  // Forward only: nothing is kept, so nothing is offloaded (the same two-buffer stream).
+  EXPECT_EQ(spec_bytes(model::LlamaModel::workspace_specs(config(3), mo, DType::F32, 2, 11, false)),
+            spec_bytes(model::LlamaModel::workspace_specs(config(3), {}, DType::F32, 2, 11, false)));
+}
+
+}  // namespace
+}  // namespace easyctx::test
