@@ -12,8 +12,12 @@ Writes, per fixture NAME:
                         ignored), logits [B, S, V], loss [1] (mean NLL over labelled tokens),
                         inv_freq [head_dim/2] (HF's RoPE frequencies), and grad.<hf name>
                         for every parameter (d loss / d parameter).
-Fixtures: gqa (untied, default RoPE, rope_theta 10000) and tied_llama3 (tied embeddings,
-rope_scaling llama3 chosen so the high, medium and low frequency branches all occur).
+Fixtures: gqa (untied, default RoPE, rope_theta 10000), tied_llama3 (tied embeddings,
+rope_scaling llama3 chosen so the high, medium and low frequency branches all occur) and
+gqa_hd64 (head_dim 64, the smallest a CUDA attention kernel takes: 2 query heads on 1 kv
+head, for the bf16 CUDA model's golden check; made on a GPU host, 2026-11-30).
+Fixtures already in --out are kept unless named with --only (a newer torch may draw
+different random numbers).
 """
 import argparse
 import os
@@ -26,9 +30,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 V5 = int(transformers.__version__.split(".")[0]) >= 5
 
 
-def make_config(tied, llama3):
-    kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=8, vocab_size=128, max_position_embeddings=256,
+def make_config(tied, llama3, hd64=False):
+    shape = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    if hd64:
+        shape = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                     head_dim=64)
+    kw = dict(num_hidden_layers=2, vocab_size=128, max_position_embeddings=256, **shape,
               rms_norm_eps=1e-5, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
               attention_bias=False, mlp_bias=False, hidden_act="silu")
     rope = {"rope_type": "default"}
@@ -44,9 +51,9 @@ def make_config(tied, llama3):
     return LlamaConfig(**kw)
 
 
-def build(name, out, tied, llama3, seed):
+def build(name, out, tied, llama3, seed, hd64=False):
     torch.manual_seed(seed)
-    cfg = make_config(tied, llama3)
+    cfg = make_config(tied, llama3, hd64)
     cfg._attn_implementation = "eager"
     model = LlamaForCausalLM(cfg).to(torch.float64)
     model.train()
@@ -101,10 +108,18 @@ def cfg_theta(cfg):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", action="append", help="build only these fixtures (repeatable)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    build("gqa", a.out, tied=False, llama3=False, seed=1234)
-    build("tied_llama3", a.out, tied=True, llama3=True, seed=4321)
+    fixtures = {
+        "gqa": dict(tied=False, llama3=False, seed=1234),
+        "tied_llama3": dict(tied=True, llama3=True, seed=4321),
+        "gqa_hd64": dict(tied=False, llama3=False, seed=6464, hd64=True),
+    }
+    for name, kw in fixtures.items():
+        if a.only and name not in a.only:
+            continue
+        build(name, a.out, **kw)
     for root, _, files in os.walk(a.out):
         for f in files:
             p = os.path.join(root, f)

@@ -255,7 +255,7 @@ TEST_P(CudaGolden, MatchesTransformersInBf16) {
   compare(layout, got, want, 1e-2, 3e-2, "golden " + GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(All, CudaGolden, ::testing::Values("gqa", "tied_llama3"));
+INSTANTIATE_TEST_SUITE_P(All, CudaGolden, ::testing::Values("gqa", "tied_llama3", "gqa_hd64"));
 
 std::unique_ptr<dist::Comm> self_comm(const char* name) {
   return dist::make_comm(MPI_COMM_SELF, name, dist::CommBackend::Mpi, 60);

@@ -480,8 +480,10 @@ class CudaBackend final : public Backend {
     kernels::AttentionParams p = attn_params("attention_bwd", q, k, v, blk);
     const bool f32_grads = dq.dtype == DType::F32 && dk.dtype == DType::F32 && dv.dtype == DType::F32;
     for (const Tensor* t : {&o, &dout}) check_type("attention_bwd", "o/dout", *t, DType::BF16);
-    if (!f32_grads)
-      for (const Tensor* t : {&dq, &dk, &dv}) check_type("attention_bwd", "dq/dk/dv (all bf16 or all f32)", *t, DType::BF16);
+    for (const Tensor* t : {&dq, &dk, &dv}) {
+      if (f32_grads) check_device("attention_bwd", *t);
+      else check_type("attention_bwd", "dq/dk/dv (all bf16 or all f32)", *t, DType::BF16);
+    }
     check_type("attention_bwd", "lse", lse, DType::F32);
     for (const Tensor* t : {&o, &dout, &dq}) check_numel("attention_bwd", "o/dout/dq", *t, q.numel());
     for (const Tensor* t : {&dk, &dv}) check_numel("attention_bwd", "dk/dv", *t, k.numel());
