@@ -857,6 +857,12 @@ void Trainer::log_startup() const {
            world_.size(), " rank(s): data-parallel ", dp_.size(), " x sequence-parallel ",
            world_.size() / dp_.size(),
            world_.size() > dp_.size() ? std::string(" (") + to_string(cfg_.parallel.sequence.mode) + ")" : "");
+  if (zero3())
+    log_info("ZeRO-3 over ", zero_->size(), " rank(s)", zero_replica_ ? " x " + std::to_string(zero_replica_->size()) +
+             " replicas" : std::string(), ": shards of master, Adam", on_device() ? ", bf16 parameters" : "",
+             " and gradients; layers gathered per use into a pool of ", 1 + cfg_.parallel.zero.prefetch,
+             " (parallel.zero.prefetch ", cfg_.parallel.zero.prefetch, "; gathers in order on the compute stream, "
+             "not overlapped), gradients reduce-scattered per layer");
   if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)
   const data::TokenDataset& ds = loader_->dataset();
   const UnigramStats us = unigram_stats(ds);
