@@ -392,8 +392,9 @@ std::vector<std::string> unimplemented(const StageConfig& cfg, bool cuda) {
 }
 
 // ZeRO-3 (Trainer::shard_optimizer_state): the whole master/Adam buffers as loaded (on the
-// CPU the backend's; on CUDA host memory, not counted here) are replaced by shards unit by
-// unit, each unit adding its gradient shard (CUDA: its bf16 working shard) and, for the
+// CPU the backend's; on CUDA the master weights in host memory, not counted here, and the
+// moments shards from the start) are replaced by shards unit by unit, each unit adding its
+// gradient shard (CUDA: its bf16 working shard) and, for the
 // embedding and head, the gathered copy and the padded gradient; then the pool of gathered
 // layers, the layer gradient and the reduce-scatter result. Returns the peak of those
 // buffers on the backend during that sequence.
@@ -502,9 +503,8 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
                             4 * layer;  // the items above
     it.transient("init", "ZeRO-3 sharding: whole buffers of the units not yet sharded", dev,
                  zero3_init_peak(r) - at_init, "replay of Trainer::shard_optimizer_state");
-    if (r.cuda)
-      it.transient("init", "host copies of the whole master, m, v as loaded (f32)", "host", 3 * 4 * P, "3 x 4 P",
-                   false);
+    if (r.cuda)  // (the Adam moments are shards from the start, read shard by shard on resume)
+      it.transient("init", "host copy of the whole master weights as loaded (f32)", "host", 4 * P, "4 P", false);
   }
 
   // ---- weights loading (Trainer::load_weights): on CUDA every unit is staged on the host

@@ -269,18 +269,22 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
     host_adamw_ = std::make_shared<HostAdamW>(kOffloadChunkElems);
 #endif
   }
-  // ZeRO-3 on CUDA: the whole units are loaded in host memory and only this rank's shards
-  // reach the device (shard_optimizer_state); on the CPU they are the backend's buffers.
+  // ZeRO-3 on CUDA: the whole master weights are loaded in host memory and only this rank's
+  // shards reach the device (shard_optimizer_state); the Adam moments are this rank's shards
+  // from the start (a checkpoint is read shard by shard). On the CPU the whole buffers are the
+  // backend's and are replaced by shards after loading.
   std::unique_ptr<ops::Backend> load_be;
   if (zero3() && on_device()) load_be = ops::make_cpu_backend();
   ops::Backend& opt_be = host_be_ ? *host_be_ : load_be ? *load_be : *be_;
-  for (const model::ParamUnit& u : model_->layout().units()) {
-    master_.push_back(opt_be.alloc(DType::F32, u.numel));
+  const auto& units = model_->layout().units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    master_.push_back(opt_be.alloc(DType::F32, units[u].numel));
     // ZeRO-3: gradients are per-layer buffers and shards (shard_optimizer_state).
-    grads_.push_back(zero3() ? ops::Buffer() : be_->alloc(DType::F32, u.numel));
-    adam_m_.push_back(opt_be.alloc(DType::F32, u.numel));
-    adam_v_.push_back(opt_be.alloc(DType::F32, u.numel));
-    if (on_device() && !zero3()) work_.push_back(be_->alloc(DType::BF16, u.numel));
+    grads_.push_back(zero3() ? ops::Buffer() : be_->alloc(DType::F32, units[u].numel));
+    const int64_t moments = zero3_moment_shards() ? shard_len(u) : units[u].numel;
+    adam_m_.push_back((zero3_moment_shards() ? *be_ : opt_be).alloc(DType::F32, moments));
+    adam_v_.push_back((zero3_moment_shards() ? *be_ : opt_be).alloc(DType::F32, moments));
+    if (on_device() && !zero3()) work_.push_back(be_->alloc(DType::BF16, units[u].numel));
   }
   load_weights();
   if (zero3()) {
@@ -358,6 +362,20 @@ ckpt::CheckpointRef find_checkpoint(const std::string& dir) {
 void Trainer::load_weights() {
   const auto& units = model_->layout().units();
   auto read = [&](const ckpt::CheckpointReader& r, const std::string& kind, std::vector<ops::Buffer>& bufs) {
+    if (&bufs != &master_ && zero3_moment_shards()) {  // ZeRO-3 on CUDA: only this rank's shard of each unit
+      for (size_t u = 0; u < units.size(); ++u) {
+        const std::string name = kind + "/" + units[u].name;
+        EASYCTX_CHECK_INPUT(r.numel(name) == units[u].numel, r.path(), ": ", name, " has ", r.numel(name),
+                            " elements, this model needs ", units[u].numel, " (different model config?)");
+        const int64_t valid = shard_valid(u);
+        if (valid <= 0) continue;
+        std::vector<float> part(static_cast<size_t>(valid));
+        r.read(name, shard_lo(u), valid, part.data());
+        be_->copy(bufs[u].flat().slice_flat(0, {valid}), ops::Tensor(part.data(), DType::F32, {valid}));
+        be_->synchronize();  // `part` goes away
+      }
+      return;
+    }
     std::vector<std::vector<float>> stage;
     const std::vector<ops::Tensor> hv = host_views(bufs, stage, false);
     for (size_t u = 0; u < units.size(); ++u) {
@@ -465,8 +483,10 @@ void Trainer::shard_optimizer_state() {
       return b;
     };
     master_[u] = slice(master_[u]);
-    adam_m_[u] = slice(adam_m_[u]);
-    adam_v_[u] = slice(adam_v_[u]);
+    if (!zero3_moment_shards()) {  // (on CUDA the moments are shards already)
+      adam_m_[u] = slice(adam_m_[u]);
+      adam_v_[u] = slice(adam_v_[u]);
+    }
     gshard_.push_back(be_->alloc(DType::F32, len));
     if (on_device()) wshard_.push_back(be_->alloc(DType::BF16, len));
     if (layer_unit(u)) {

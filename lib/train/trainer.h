@@ -132,6 +132,8 @@ class Trainer {
   static bool host_resident(const std::vector<ops::Buffer>& bufs);
   void refresh_working_copy();  // CUDA: bf16 parameters = master weights; ZeRO-3: all-gather
   bool zero3() const { return cfg_.parallel.zero.stage == 3; }
+  // ZeRO-3 on CUDA: the Adam moments are allocated (and read from a checkpoint) as shards.
+  bool zero3_moment_shards() const { return zero3() && on_device(); }
   // ZeRO-3: unit u is cut into Z equal shards of shard_len(u) (the last padded); this rank
   // owns elements [shard_lo(u), shard_lo(u) + shard_valid(u)).
   int64_t shard_len(size_t u) const;

@@ -501,7 +501,8 @@ TEST(CudaTrainerDp, TwoRanksNcclEqualOneRankWithAccumulation) {
 // unit's fp32 master weights, Adam moments, reduced gradient and bf16 working parameters; the
 // layers are all-gathered per use into a pool of 1 + prefetch, their gradients reduce-scattered
 // right after their backward) against stage 0 on the same two ranks: the same bf16 forward,
-// so losses within bf16 summation-order noise for 3 steps, weights close, device peak lower.
+// so losses within bf16 summation-order noise for 3 steps, weights close, device peak lower;
+// with prefetch 1 its checkpoint resumes on the GPUs bit for bit.
 // (communicator backend, parallel.zero.prefetch, train.grad_accum, tied embeddings)
 using Zero3Case = std::tuple<dist::CommBackend, int, int, bool>;
 class CudaTrainerZero3 : public ::testing::TestWithParam<Zero3Case> {};
@@ -558,6 +559,18 @@ TEST_P(CudaTrainerZero3, MatchesStage0OnTwoGpus) {
     peak3 = t3.memory_stats().peak_bytes;
     w0 = flat(t0.master_host());
     w3 = flat(t3.master_host());
+    if (prefetch == 1) {  // a ZeRO-3 checkpoint (shards) resumed on the GPUs continues bit for bit
+      t3.save_checkpoint(3);
+      const train::StepStats straight = t3.train_step(3);
+      auto world3r = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
+      train::RunOptions ro;
+      ro.resume = z3.output.dir;
+      train::Trainer tr(z3, *world3r, *world3r, ro);
+      EXPECT_EQ(tr.start_step(), 3);
+      const train::StepStats resumed = tr.train_step(3);
+      EXPECT_EQ(resumed.loss, straight.loss);
+      EXPECT_EQ(flat(tr.master_host()), flat(t3.master_host()));
+    }
   }
   const double we = rel_error(w3, w0);
   std::printf("[accuracy] rank %d zero3 (%s, prefetch %d, accum %d, %s) vs stage0: weights rel err %.3g (tol 1e-2); "

@@ -5,7 +5,8 @@
 // at stage 0 (resharding); a whole ZeRO-3 run exports the whole model (Hugging Face folder)
 // equal to its gathered weights. The per-layer path (a pool of 1 + parallel.zero.prefetch
 // gathered layers, gradients reduce-scattered per layer and micro-batch) matches stage 0 with
-// accumulation, every prefetch depth and activation policy, and peaks below the buffers of
+// accumulation (1e-5: the micro-batch and rank sums are ordered differently), every prefetch
+// depth and activation policy (bit-identical among themselves), and peaks below the buffers of
 // gathering every unit (and the pool grows by exactly the prefetched layers).
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -102,7 +103,22 @@ TEST_P(Zero3PerLayer, SameLossesAndWeightsAsStage0) {
   for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * a.losses[i]) << i;
   std::printf("[accuracy] zero3 per layer (accum %d, prefetch %d, %s) vs stage0: weights rel err %.3g\n", accum,
               prefetch, to_string(policy), rel_error(b.w, a.w));
-  EXPECT_LT(rel_error(b.w, a.w), 1e-6);
+  // Without accumulation the sums are the same (rank order); with it stage 0 sums each rank's
+  // micro-batches before the ranks and ZeRO-3 the ranks per micro-batch, which moves
+  // gradients by an ulp and, where they nearly cancel, Adam's normalised update with them:
+  // over many seeds up to ~1.5e-6 after five steps, hence 1e-5 there. The pool and the policy
+  // never change the numbers: the same run with prefetch 0 and policy layer is bit-identical.
+  EXPECT_LT(rel_error(b.w, a.w), accum == 1 ? 1e-6 : 1e-5);
+  if (prefetch != 0 || policy != CheckpointPolicy::Layer) {
+    StageConfig base = z;
+    base.parallel.zero.prefetch = 0;
+    base.activation.checkpoint = CheckpointPolicy::Layer;
+    base.output.dir = path + "/z3base";
+    const RunResult r = train(rt, base, 0, 5);
+    for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_EQ(b.losses[i], r.losses[i]) << i;
+    ASSERT_EQ(b.w.size(), r.w.size());
+    EXPECT_EQ(std::memcmp(b.w.data(), r.w.data(), b.w.size() * sizeof(float)), 0);
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
 }
