@@ -313,8 +313,9 @@ const Registry& registry() {
               "size / ulysses_size. 0 picks the ranks per node (capped at size).");
     r.add_int("parallel.zero.stage", [](StageConfig& c) -> int64_t& { return c.parallel.zero.stage; }, 0, 3,
               "0: replicated weights and optimizer, gradients all-reduced. 3: master weights, gradients and Adam "
-              "state sharded over the ZeRO group by unit (embedding, each layer, head), parameters gathered for "
-              "use (CPU backend so far; docs/training.md). Only 0 and 3 exist.");
+              "state sharded over the ZeRO group by unit (embedding, each layer, head); each layer's parameters are "
+              "gathered just before use and its gradient reduce-scattered right after its backward (CPU and CUDA; "
+              "docs/training.md). Only 0 and 3 exist.");
     r.add_bool("parallel.zero.offload_optimizer",
                [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer; },
                "train.device cuda, stage 0: keep the fp32 master weights and Adam moments in host memory and run "
@@ -325,8 +326,9 @@ const Registry& registry() {
                "Keep the bf16 parameter shards in host memory and stream them per layer (stage 3 only; not "
                "implemented yet: the trainer refuses it).");
     r.add_int("parallel.zero.prefetch", [](StageConfig& c) -> int64_t& { return c.parallel.zero.prefetch; }, 0, 8,
-              "Layers gathered ahead of use on a side stream (stage 3 on GPUs; not used yet: the CPU stage 3 "
-              "gathers every unit per step).");
+              "Stage 3: layers gathered ahead of the one in use (the pool holds 1 + prefetch gathered layers). "
+              "The gathers run in order on the compute stream (not yet overlapped on a side stream), so today "
+              "this sets memory, not speed.");
     r.add_enum<ZeroGroupScope>("parallel.zero.group", [](StageConfig& c) -> ZeroGroupScope& { return c.parallel.zero.group; },
                                {{"world", 0}, {"node", 1}},
                                "Ranks that shard one copy of the model: the whole world, or the ranks of one node "

@@ -317,10 +317,13 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
 // Embedding and every layer; fills the residual stream (and every layer's acts when kept).
 // Offload: each checkpoint leaves its ring slot while the next layer computes, and the slot
 // is written again only once its copy is done.
-void LlamaModel::forward_trunk(const std::vector<Tensor>& params, const Batch& b, Workspace& ws, bool keep) {
+void LlamaModel::forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, bool keep) {
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, L = cfg_.num_layers;
+  const size_t eu = layout_.embed_unit(), hu = layout_.head_unit();
   for (ops::CopyFence* f : {ws.resid_out, ws.saved_out, ws.fetched}) f[0] = f[1] = {};  // the last call waited all
-  be_.embedding_fwd(b.tokens, params[layout_.embed_unit()].reshape({cfg_.vocab_size, d}), ws.stream(0, n, d));
+  be_.embedding_fwd(b.tokens, checked(src.acquire(eu), eu, dtype_, "parameter").reshape({cfg_.vocab_size, d}),
+                    ws.stream(0, n, d));
+  src.release(eu);
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
     if (ws.offload) {  // layer l writes over layer l-1's input, and sends its own out meanwhile
@@ -328,7 +331,10 @@ void LlamaModel::forward_trunk(const std::vector<Tensor>& params, const Batch& b
       if (l + 1 < L) ws.resid_out[l % 2] = be_.copy_async(ws.host_resid[static_cast<size_t>(l)].flat(),
                                                          ws.resid[static_cast<size_t>(l % 2)].flat());
     }
-    layer_forward(params[layout_.layer_unit(l)], ws.stream(l, n, d), b, a, ws.stream(l + 1, n, d), false, true);
+    const size_t ui = layout_.layer_unit(l);
+    layer_forward(checked(src.acquire(ui), ui, dtype_, "parameter"), ws.stream(l, n, d), b, a, ws.stream(l + 1, n, d),
+                  false, true);
+    src.release(ui);
     if (!ws.saved_o.empty()) {
       const size_t s = ws.saved_slot(l);
       if (ws.offload) be_.wait_copy(ws.saved_out[s]);  // layer l-2's copy out of this slot
@@ -340,26 +346,63 @@ void LlamaModel::forward_trunk(const std::vector<Tensor>& params, const Batch& b
       }
     }
   }
-  const Tensor& head = params[layout_.head_unit()];
-  be_.rmsnorm_fwd(ws.stream(cfg_.num_layers, n, d), tensor_view(head, layout_.head_unit(), 0), cfg_.rms_norm_eps,
-                  ws.hf.view({n, d}), ws.rstd_f.view({n}));
+  const Tensor head = checked(src.acquire(hu), hu, dtype_, "parameter");
+  be_.rmsnorm_fwd(ws.stream(cfg_.num_layers, n, d), tensor_view(head, hu, 0), cfg_.rms_norm_eps, ws.hf.view({n, d}),
+                  ws.rstd_f.view({n}));
+  src.release(hu);
+}
+
+Tensor LlamaModel::checked(const Tensor& t, size_t u, DType want, const char* what) const {
+  EASYCTX_CHECK(t.numel() == layout_.units()[u].numel && t.dtype == want, "LlamaModel: ", what, " unit ",
+                layout_.units()[u].name, " is ", t.describe(), ", expected ", ops::type_name(want), "[",
+                layout_.units()[u].numel, "]");
+  return t;
+}
+
+Tensor LlamaModel::head_matrix(const Tensor& embed, const Tensor& head) const {
+  if (cfg_.tie_word_embeddings) return embed.reshape({cfg_.vocab_size, cfg_.hidden_size});
+  return tensor_view(head, layout_.head_unit(), 1);
+}
+
+std::vector<size_t> LlamaModel::acquire_order() const {
+  const size_t eu = layout_.embed_unit(), hu = layout_.head_unit();
+  std::vector<size_t> v{eu};
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) v.push_back(layout_.layer_unit(l));
+  v.push_back(hu);
+  v.push_back(hu);
+  if (cfg_.tie_word_embeddings) v.push_back(eu);
+  for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) v.push_back(layout_.layer_unit(l));
+  return v;
 }
 
 ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                                            const Batch& b, double grad_scale) {
   check_params(params, "parameter");
   check_params(grads, "gradient", grad_dtype_);
+  VectorParamSource src(params, grads);
+  return forward_backward(src, b, grad_scale);
+}
+
+ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, double grad_scale) {
   Workspace& ws = workspace(b, true);
   const bool keep = opts_.checkpoint == CheckpointPolicy::None;
-  forward_trunk(params, b, ws, keep);
+  src.begin(acquire_order());
+  forward_trunk(src, b, ws, keep);
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, vocab = cfg_.vocab_size;
-  const size_t hu = layout_.head_unit();
+  const size_t hu = layout_.head_unit(), eu = layout_.embed_unit();
   const Tensor dx = ws.dx.view({n, d}), dhf = ws.dh.view({n, d});
-  const ops::LossSums loss = be_.lm_head_loss(ws.hf.view({n, d}), head_matrix(params), b.labels, opts_.lm_head_tile,
-                                              grad_scale, dhf, head_matrix(grads));
+  const Tensor hp = checked(src.acquire(hu), hu, dtype_, "parameter");
+  const Tensor ep = cfg_.tie_word_embeddings ? checked(src.acquire(eu), eu, dtype_, "parameter") : Tensor();
+  const Tensor hg = checked(src.grad(hu), hu, grad_dtype_, "gradient");
+  const Tensor eg = checked(src.grad(eu), eu, grad_dtype_, "gradient");
+  const ops::LossSums loss = be_.lm_head_loss(ws.hf.view({n, d}), head_matrix(ep, hp), b.labels, opts_.lm_head_tile,
+                                              grad_scale, dhf, head_matrix(eg, hg));
   be_.fill(dx, 0.0);
-  be_.rmsnorm_bwd(ws.stream(cfg_.num_layers, n, d), tensor_view(params[hu], hu, 0), ws.rstd_f.view({n}), dhf, dx,
-                  tensor_view(grads[hu], hu, 0));
+  be_.rmsnorm_bwd(ws.stream(cfg_.num_layers, n, d), tensor_view(hp, hu, 0), ws.rstd_f.view({n}), dhf, dx,
+                  tensor_view(hg, hu, 0));
+  if (cfg_.tie_word_embeddings) src.release(eu);
+  src.release(hu);
+  src.grad_done(hu);
   const int64_t L = cfg_.num_layers;
   for (int64_t l = L - 1; l >= 0; --l) {
     const size_t ui = layout_.layer_unit(l);
@@ -380,17 +423,21 @@ ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, co
       }
       if (l + 1 < L) be_.wait_copy(ws.fetched[l % 2]);
     }
+    const Tensor w = checked(src.acquire(ui), ui, dtype_, "parameter");
+    const Tensor gw = checked(src.grad(ui), ui, grad_dtype_, "gradient");
     if (!keep) {  // recompute from the checkpoint (layer input, plus o/lse for attention_output)
       const bool restored = !ws.saved_o.empty();
       if (restored) {
         be_.copy(a.o.flat(), ws.saved_o[ws.saved_slot(l)].flat());
         be_.copy(a.lse.flat(), ws.saved_lse[ws.saved_slot(l)].flat());
       }
-      layer_forward(params[ui], x_in, b, a, Tensor(), restored, false);
+      layer_forward(w, x_in, b, a, Tensor(), restored, false);
     }
-    layer_backward(params[ui], grads[ui], x_in, b, a, ws, dx, !keep);
+    layer_backward(w, gw, x_in, b, a, ws, dx, !keep);
+    src.release(ui);
+    src.grad_done(ui);
   }
-  const Tensor dembed = grads[layout_.embed_unit()].reshape({vocab, d});
+  const Tensor dembed = eg.reshape({vocab, d});
   if (grad_dtype_ == dtype_) {
     be_.embedding_bwd(b.tokens, dx, dembed);
   } else {  // the embedding backward needs dtable in dx's dtype: scratch, then add in f32
@@ -403,13 +450,15 @@ ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, co
     be_.copy(embed_grad_f32_.flat(), embed_grad_scratch_.flat());
     be_.axpy(dembed.reshape({vocab * d}), embed_grad_f32_.flat(), 1.0);
   }
+  src.grad_done(eu);
   return loss;
 }
 
 ops::LossSums LlamaModel::forward_loss(const std::vector<Tensor>& params, const Batch& b) {
   check_params(params, "parameter");
   Workspace& ws = workspace(b, false);
-  forward_trunk(params, b, ws, false);
+  VectorParamSource src(params, params);
+  forward_trunk(src, b, ws, false);
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size;
   return be_.lm_head_loss(ws.hf.view({n, d}), head_matrix(params), b.labels, opts_.lm_head_tile, 0.0, Tensor(),
                           Tensor());
@@ -418,7 +467,8 @@ ops::LossSums LlamaModel::forward_loss(const std::vector<Tensor>& params, const 
 ops::Tensor LlamaModel::forward_hidden(const std::vector<Tensor>& params, const Batch& b) {
   check_params(params, "parameter");
   Workspace& ws = workspace(b, false);
-  forward_trunk(params, b, ws, false);
+  VectorParamSource src(params, params);
+  forward_trunk(src, b, ws, false);
   return ws.hf.view({b.tokens_count(), cfg_.hidden_size});
 }
 
@@ -430,7 +480,8 @@ ops::LossSums LlamaModel::head_loss(const std::vector<Tensor>& params, const Ten
 void LlamaModel::forward_logits(const std::vector<Tensor>& params, const Batch& b, const Tensor& logits) {
   check_params(params, "parameter");
   Workspace& ws = workspace(b, false);
-  forward_trunk(params, b, ws, false);
+  VectorParamSource src(params, params);
+  forward_trunk(src, b, ws, false);
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, vocab = cfg_.vocab_size;
   be_.matmul(ws.hf.view({n, d}), false, head_matrix(params), true, logits.reshape({n, vocab}));
 }

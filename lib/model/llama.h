@@ -51,6 +51,36 @@ struct BufferSpec {
   bool pinned_host = false;  // Backend::alloc_host_pinned (offloaded checkpoints), else alloc
 };
 
+// Where forward_backward finds each unit's parameters and gradients (ZeRO-3 gathers a layer
+// unit just before it is used and reduce-scatters its gradient right after its backward).
+// The model calls, per unit: acquire -> use -> release, and grad -> accumulate (+=) ->
+// grad_done; a layer unit is released before the next layer is acquired, and acquired once
+// for its recompute + backward. begin() announces the order of every acquire of one call
+// (prefetch hint). Views stay valid until the matching release / grad_done.
+struct ParamSource {
+  virtual ~ParamSource() = default;
+  virtual void begin(const std::vector<size_t>& order) { (void)order; }
+  virtual ops::Tensor acquire(size_t unit) = 0;  // the unit's parameters (model dtype, flat)
+  virtual void release(size_t unit) = 0;
+  virtual ops::Tensor grad(size_t unit) = 0;  // the unit's gradient (grad dtype, flat), accumulated into
+  virtual void grad_done(size_t unit) = 0;
+};
+
+// The default source: every unit resident in caller-owned vectors (acquire/release are views).
+class VectorParamSource : public ParamSource {
+ public:
+  VectorParamSource(const std::vector<ops::Tensor>& params, const std::vector<ops::Tensor>& grads)
+      : params_(params), grads_(grads) {}
+  ops::Tensor acquire(size_t unit) override { return params_.at(unit); }
+  void release(size_t) override {}
+  ops::Tensor grad(size_t unit) override { return grads_.at(unit); }
+  void grad_done(size_t) override {}
+
+ private:
+  const std::vector<ops::Tensor>& params_;
+  const std::vector<ops::Tensor>& grads_;
+};
+
 struct ModelOptions {
   CheckpointPolicy checkpoint = CheckpointPolicy::Layer;
   int64_t lm_head_tile = 4096;  // tokens per LM-head/cross-entropy tile
@@ -92,6 +122,12 @@ class LlamaModel {
   // Returns the NLL sum and label count of this batch.
   ops::LossSums forward_backward(const std::vector<ops::Tensor>& params, const std::vector<ops::Tensor>& grads,
                                  const Batch& b, double grad_scale);
+  // The same with parameters and gradients from a ParamSource (the same ops in the same
+  // order: the vector form is this with a VectorParamSource). Layer units are acquired in
+  // the order 0..L-1 (forward), then L-1..0 (recompute + backward).
+  ops::LossSums forward_backward(ParamSource& src, const Batch& b, double grad_scale);
+  // The order in which forward_backward acquires the units (what begin() receives).
+  std::vector<size_t> acquire_order() const;
   // Forward only: NLL sum and count (evaluation).
   ops::LossSums forward_loss(const std::vector<ops::Tensor>& params, const Batch& b);
   // Forward only, in two parts for evaluations that score prefixes of one pass: the final
@@ -112,12 +148,14 @@ class LlamaModel {
   static void visit_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t batch, int64_t seq,
                               bool for_backward, Workspace* ws, Visit&& visit);
   static int64_t mlp_rows(const ModelOptions& o, int64_t n, bool keep_all);
-  void forward_trunk(const std::vector<ops::Tensor>& params, const Batch& b, Workspace& ws, bool keep);
+  void forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, bool keep);
+  ops::Tensor checked(const ops::Tensor& t, size_t unit, DType want, const char* what) const;
   void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const Batch& b, LayerActs& a,
                      const ops::Tensor& x_out, bool attention_done, bool with_mlp);
   void layer_backward(const ops::Tensor& w, const ops::Tensor& gw, const ops::Tensor& x_in, const Batch& b,
                       LayerActs& a, Workspace& ws, const ops::Tensor& dx, bool recompute_mlp);
   ops::Tensor head_matrix(const std::vector<ops::Tensor>& units) const;
+  ops::Tensor head_matrix(const ops::Tensor& embed, const ops::Tensor& head) const;
 
   LlamaConfig cfg_;
   ParamLayout layout_;

@@ -106,12 +106,9 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
       f.values.push_back(one("train.batch_size", num(b), "raise train.grad_accum to keep the global batch"));
     fams.push_back(f);
   }
-  // Planned but not implemented in the trainer yet: last, marked.
-  if (cuda && cfg.parallel.zero.stage == 0 && t.world() > 1) {
-    Candidate c = one("parallel.zero.stage", "3");
-    c.implemented = false;
-    fams.push_back({"parallel.zero.stage", true, {c}});
-  }
+  // ZeRO-3: shards the weights and optimizer state over the ranks (gathers per layer).
+  if (cuda && cfg.parallel.zero.stage == 0 && t.world() > 1)
+    fams.push_back({"parallel.zero.stage", true, {one("parallel.zero.stage", "3")}});
   return fams;
 }
 
@@ -176,7 +173,6 @@ std::vector<KnobFix> combine_knobs(const StageConfig& cfg, const PlanTarget& t, 
     KnobFix k{"", "together", q.gpu_peak_bytes, q.host_peak_bytes, t.nodes, t.gpus_per_node, true};
     for (const std::string& key : chosen) {
       k.assignment += (k.assignment.empty() ? "" : " ") + key + "=" + config_value(cur, key);
-      if (key == "parallel.zero.stage") k.implemented = false;
     }
     return {k};
   }

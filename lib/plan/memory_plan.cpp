@@ -386,26 +386,40 @@ std::vector<BufferSpec> model_buffers(const Run& r) {
 std::vector<std::string> unimplemented(const StageConfig& cfg, bool cuda) {
   std::vector<std::string> v;
   if (cfg.parallel.zero.offload_params) v.push_back("parallel.zero.offload_params: true");
-  if (cfg.parallel.zero.stage == 3 && cuda) v.push_back("parallel.zero.stage: 3 on cuda");
+  if (cfg.parallel.zero.stage == 3 && cfg.parallel.zero.offload_optimizer && cuda)
+    v.push_back("parallel.zero.offload_optimizer: true with parallel.zero.stage 3");
   return v;
 }
 
-// ZeRO-3 on the CPU backend: Trainer::shard_optimizer_state replaces each unit's full
-// master/Adam buffers by shards and adds the gradient shard, the gathered copy and the
-// padded gradient buffer, unit by unit; the peak is reached while a unit is replaced
-// (returns the peak of the unit buffers during that loop).
-int64_t zero3_cpu_init_peak(const Run& r) {
+// ZeRO-3 (Trainer::shard_optimizer_state): the whole master/Adam buffers as loaded (on the
+// CPU the backend's; on CUDA the master weights in host memory, not counted here, and the
+// moments shards from the start) are replaced by shards unit by unit, each unit adding its
+// gradient shard (CUDA: its bf16 working shard) and, for the
+// embedding and head, the gathered copy and the padded gradient; then the pool of gathered
+// layers, the layer gradient and the reduce-scatter result. Returns the peak of those
+// buffers on the backend during that sequence.
+int64_t zero3_init_peak(const Run& r) {
   const auto& units = r.layout.units();
-  int64_t live = 4 * 4 * r.P, peak = live;
+  int64_t live = r.cuda ? 0 : 3 * 4 * r.P, peak = live;
+  auto add = [&](int64_t bytes) { live += bytes, peak = std::max(peak, live); };
   for (size_t u = 0; u < units.size(); ++u) {
-    const int64_t n = units[u].numel, len = r.shard_len(u);
+    const int64_t n = r.cuda ? 0 : units[u].numel, len = r.shard_len(u);
     for (int k = 0; k < 3; ++k) {  // master, m, v: the new shard exists before the old buffer goes
-      peak = std::max(peak, live + 4 * len);
-      live += 4 * (len - n);
+      add(4 * len);
+      live -= 4 * n;
     }
-    live += 4 * len + 4 * len * r.Z;  // gradient shard, gathered parameters
-    peak = std::max(peak, live + 4 * len * r.Z);  // the padded gradient buffer, before the old one goes
-    live += 4 * (len * r.Z - n);
+    add(4 * len);                  // gradient shard
+    if (r.cuda) add(2 * len);      // bf16 working shard
+    if (u == 0 || u + 1 == units.size()) {
+      add(r.e * len * r.Z);        // gathered for the step
+      add(4 * len * r.Z);          // padded gradient
+    }
+  }
+  if (r.mc.num_layers > 0) {
+    const int64_t len = r.shard_len(1);
+    add((1 + r.cfg.parallel.zero.prefetch) * r.e * len * r.Z);
+    add(4 * len * r.Z);
+    add(4 * len);
   }
   return peak;
 }
@@ -463,38 +477,34 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
     if (r.offload_opt())
       it.persistent("init", "optimizer offload staging (pinned)", "host", 2 * kOffloadChunkElems * (4 + 2),
                     "2 x kOffloadChunkElems x (4 + 2)", false);
-  } else if (!r.cuda) {
-    // CPU ZeRO-3 (Trainer::shard_optimizer_state): Z-way shards of len = ceil(numel / Z) per unit.
-    const int64_t sl = r.shard_total();
+  } else {
+    // ZeRO-3 (Trainer::shard_optimizer_state, Zero3Params): shards of the fp32 state and of the
+    // reduced gradient (CUDA: and of the bf16 working parameters), the embedding and head
+    // gathered for the step with their whole (padded) fp32 gradients, a pool of 1 + prefetch
+    // gathered layers, the fp32 gradient of the one layer in backward and the shard its
+    // reduce-scatter yields (added into the gradient shard).
+    const int64_t sl = r.shard_total(), Z = r.Z;
+    const size_t hu = r.layout.num_units() - 1;
+    const int64_t ends = r.shard_len(0) + r.shard_len(hu), layer = L > 0 ? r.shard_len(1) : 0;
+    const int64_t pool = 1 + cfg.parallel.zero.prefetch;
+    const std::string wt = r.cuda ? "bf16" : "fp32";
     it.persistent("init", "fp32 master shard + Adam m, v shards", dev, 3 * 4 * sl, "3 x 4 x sum ceil(unit / Z)");
     it.persistent("init", "fp32 reduced gradient shard", dev, 4 * sl, "4 x sum ceil(unit / Z)");
-    it.persistent("init", "fp32 gathered parameters", dev, 4 * sl * r.Z, "4 x Z x sum ceil(unit / Z)");
-    it.persistent("init", "fp32 gradients (full units, padded)", dev, 4 * sl * r.Z, "4 x Z x sum ceil(unit / Z)");
-    const int64_t at_init = (3 * 4 + 4 + 2 * 4 * r.Z) * sl;  // the four items above
-    it.transient("init", "ZeRO-3 sharding: full buffers of the unit being replaced and those not yet sharded", dev,
-                 zero3_cpu_init_peak(r) - at_init, "replay of Trainer::shard_optimizer_state");
-  } else {
-    // ZeRO-3 on GPUs (design, not implemented): shards of the fp32 state, a bf16 shard to
-    // gather from, the gathered units in use (embedding, head, 1 + prefetch layers) and the
-    // fp32 gradients of the units being reduce-scattered (embedding, head, 2 layers).
-    const int64_t sl = r.shard_total();
-    const auto& u = r.layout.units();
-    const int64_t layer = L > 0 ? u[1].numel : 0, ends = u.front().numel + u.back().numel;
-    const bool off = cfg.parallel.zero.offload_optimizer;
-    it.persistent("init", "fp32 master shard + Adam m, v shards" + std::string(off ? " (offloaded)" : ""),
-                  off ? "host" : "gpu", 3 * 4 * sl, "3 x 4 x sum ceil(unit / Z)", !off, false);
-    it.persistent("init", "fp32 reduced gradient shard", "gpu", 4 * sl, "4 x sum ceil(unit / Z)", true, false);
-    const bool offp = cfg.parallel.zero.offload_params;
-    it.persistent("init", "bf16 parameter shard" + std::string(offp ? " (offloaded, pinned)" : ""), offp ? "host" : "gpu",
-                  2 * sl, "2 x sum ceil(unit / Z)", !offp, false);
-    it.persistent("init", "bf16 gathered units (embedding, head, 1 + prefetch layers)", "gpu",
-                  2 * (ends + (1 + cfg.parallel.zero.prefetch) * layer), "2 x (embed + head + (1 + prefetch) x layer)",
-                  true, false);
-    it.persistent("init", "fp32 unit gradients being reduce-scattered (embedding, head, 2 layers)", "gpu",
-                  4 * (ends + 2 * layer), "4 x (embed + head + 2 x layer)", true, false);
-    if (off)
-      it.persistent("init", "optimizer offload staging (pinned)", "host", 2 * kOffloadChunkElems * (4 + 2),
-                    "2 x kOffloadChunkElems x (4 + 2)", false, false);
+    if (r.cuda) it.persistent("init", "bf16 working parameter shard", dev, 2 * sl, "2 x sum ceil(unit / Z)");
+    it.persistent("init", wt + " embedding + head, gathered for the step", dev, r.e * Z * ends,
+                  num(r.e) + " x Z x (ceil(embed / Z) + ceil(head / Z))");
+    it.persistent("init", "fp32 embedding + head gradients (whole, padded)", dev, 4 * Z * ends,
+                  "4 x Z x (ceil(embed / Z) + ceil(head / Z))");
+    it.persistent("init", wt + " gathered layers (1 + parallel.zero.prefetch = " + num(pool) + ")", dev,
+                  pool * r.e * Z * layer, "(1 + prefetch) x " + num(r.e) + " x Z x ceil(layer / Z)");
+    it.persistent("init", "fp32 gradient of the layer in backward", dev, 4 * Z * layer, "4 x Z x ceil(layer / Z)");
+    it.persistent("init", "fp32 reduce-scatter result (one layer shard)", dev, 4 * layer, "4 x ceil(layer / Z)");
+    const int64_t at_init = (16 + (r.cuda ? 2 : 0)) * sl + (r.e + 4) * Z * ends + (pool * r.e + 4) * Z * layer +
+                            4 * layer;  // the items above
+    it.transient("init", "ZeRO-3 sharding: whole buffers of the units not yet sharded", dev,
+                 zero3_init_peak(r) - at_init, "replay of Trainer::shard_optimizer_state");
+    if (r.cuda)  // (the Adam moments are shards from the start, read shard by shard on resume)
+      it.transient("init", "host copy of the whole master weights as loaded (f32)", "host", 4 * P, "4 P", false);
   }
 
   // ---- weights loading (Trainer::load_weights): on CUDA every unit is staged on the host
@@ -570,10 +580,20 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
     const int64_t W = t.world();
     const int64_t state = r.zero3() ? r.shard_total() : (P + W - 1) / W;
     const std::string f = r.zero3() ? "3 x 4 x sum ceil(unit / Z)" : "3 x 4 x P / W (the slices this rank writes)";
-    it.transient("checkpoint save", "host staging of master, m, v (f32)", "host", 12 * state, f, false, !r.zero3());
+    it.transient("checkpoint save", "host staging of master, m, v (f32)", "host", 12 * state, f, false);
   }
   if (r.cuda && !r.offload_opt() && cfg.output.export_hf && !r.zero3())
     it.transient("HF export (rank 0)", "host staging of the master weights (f32)", "host", 4 * P, "4 P", false);
+  if (r.zero3() && cfg.output.export_hf) {  // Trainer::master_host: every rank gathers the whole model
+    it.transient("HF export (gather)", "the whole master weights on every rank (f32, heap)", "host", 4 * P, "4 P",
+                 false);
+    if (r.cuda) {
+      int64_t len = 0;
+      for (size_t u = 0; u < r.layout.num_units(); ++u) len = std::max(len, r.shard_len(u));
+      it.transient("HF export (gather)", "one unit gathered on the device (f32)", "gpu", 4 * r.Z * len,
+                   "4 x Z x max ceil(unit / Z)");
+    }
+  }
 
   // ---- totals per phase
   MemoryPlan p;

@@ -88,6 +88,93 @@ double device_mem_used() {
 
 }  // namespace
 
+// The model's ParamSource under ZeRO-3. The embedding and head are gathered once per step
+// (full_, refresh_working_copy) and their gradients reduced at the end of it
+// (reduce_gradients); a layer unit is all-gathered into a slot of the pool when acquired (and
+// the next parallel.zero.prefetch layers of the announced order with it), and its gradient,
+// accumulated in layer_grad_ during its backward, is reduce-scattered into gshard_ by
+// grad_done. A slot keeps its unit after release until the slot is needed again, so the last
+// layer of the forward (and, across micro-batches, the first ones) are not gathered twice.
+// Gathers run in order on the compute stream (CUDA with NCCL) or synchronously (MPI): the
+// prefetch bounds the pool, it does not overlap communication with compute yet.
+class Trainer::Zero3Params : public model::ParamSource {
+ public:
+  explicit Zero3Params(Trainer& t) : t_(t), unit_(t.pool_.size(), kNone), busy_(t.pool_.size(), false) {}
+  // The gathered layers are stale after an optimizer step.
+  void invalidate() { std::fill(unit_.begin(), unit_.end(), kNone); }
+
+  void begin(const std::vector<size_t>& order) override {
+    order_.clear();
+    for (size_t u : order)
+      if (t_.layer_unit(u)) order_.push_back(u);
+    pos_ = 0;
+  }
+  ops::Tensor acquire(size_t u) override {
+    if (!t_.layer_unit(u)) return t_.full_[u].flat().slice_flat(0, {numel(u)});
+    EASYCTX_CHECK(pos_ < order_.size() && order_[pos_] == u, "ZeRO-3: layer unit ", t_.model_->layout().units()[u].name,
+                  " acquired out of the announced order");
+    const size_t s = ensure(u);
+    busy_[s] = true;
+    const size_t ahead = static_cast<size_t>(t_.cfg_.parallel.zero.prefetch);
+    for (size_t k = 1; k <= ahead && pos_ + k < order_.size(); ++k) ensure(order_[pos_ + k]);
+    ++pos_;
+    return t_.pool_[s].flat().slice_flat(0, {numel(u)});
+  }
+  void release(size_t u) override {
+    if (!t_.layer_unit(u)) return;
+    for (size_t s = 0; s < unit_.size(); ++s)
+      if (unit_[s] == u) busy_[s] = false;
+  }
+  ops::Tensor grad(size_t u) override {
+    if (!t_.layer_unit(u)) return t_.grads_[u].flat().slice_flat(0, {numel(u)});
+    if (grad_unit_ != u) {
+      EASYCTX_CHECK(grad_unit_ == kNone, "ZeRO-3: the gradient of unit ", u, " requested before grad_done of unit ",
+                    grad_unit_);
+      t_.be_->fill(t_.layer_grad_.flat(), 0.0);
+      grad_unit_ = u;
+    }
+    return t_.layer_grad_.flat().slice_flat(0, {numel(u)});
+  }
+  void grad_done(size_t u) override {
+    if (!t_.layer_unit(u)) return;
+    EASYCTX_CHECK(grad_unit_ == u, "ZeRO-3: grad_done of unit ", u, " without its gradient");
+    t_.scatter_grad(u, t_.layer_grad_);
+    grad_unit_ = kNone;
+  }
+
+ private:
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  int64_t numel(size_t u) const { return t_.model_->layout().units()[u].numel; }
+  // A slot holding unit u, gathering it into a slot that is neither in use nor holding a
+  // unit of the window [pos_, pos_ + prefetch] when it is not resident (the pool has one
+  // slot more than the window's other units, so one always exists).
+  size_t ensure(size_t u) {
+    for (size_t s = 0; s < unit_.size(); ++s)
+      if (unit_[s] == u) return s;
+    const size_t ahead = static_cast<size_t>(t_.cfg_.parallel.zero.prefetch);
+    auto needed = [&](size_t unit) {
+      for (size_t k = pos_; k <= pos_ + ahead && k < order_.size(); ++k)
+        if (order_[k] == unit) return true;
+      return false;
+    };
+    for (size_t s = 0; s < unit_.size(); ++s) {
+      if (busy_[s] || (unit_[s] != kNone && needed(unit_[s]))) continue;
+      unit_[s] = kNone;
+      t_.gather_unit(u, t_.pool_[s]);
+      unit_[s] = u;
+      return s;
+    }
+    EASYCTX_THROW("ZeRO-3: no free slot in the pool of ", unit_.size(), " gathered layers");
+  }
+
+  Trainer& t_;
+  std::vector<size_t> order_;  // the layer units of one forward_backward, in acquire order
+  size_t pos_ = 0;
+  std::vector<size_t> unit_;  // per pool slot: the unit it holds (kNone: none)
+  std::vector<bool> busy_;    // per pool slot: acquired and not released
+  size_t grad_unit_ = kNone;  // the layer whose gradient layer_grad_ accumulates
+};
+
 Trainer::Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, const RunOptions& opts)
     : cfg_(cfg),
       device_(trainer_device(cfg.train.device)),
@@ -175,25 +262,47 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
     EASYCTX_CHECK_INPUT(on_device(), "parallel.zero.offload_optimizer: true needs train.device cuda (with the ",
                         be_->name(), " backend the optimizer already runs on the host); set it to false");
     EASYCTX_CHECK_INPUT(!zero3(), "parallel.zero.offload_optimizer: true with parallel.zero.stage 3 is not "
-                        "implemented yet (stage 3 runs on the CPU backend so far); use stage 0");
+                        "implemented yet (ZeRO-3 already shards the optimizer state over the ZeRO group); set "
+                        "parallel.zero.offload_optimizer false or parallel.zero.stage 0");
 #ifdef EASYCTX_HAVE_CUDA
     host_be_ = ops::make_cpu_backend();  // master weights and Adam moments in host memory
     host_adamw_ = std::make_shared<HostAdamW>(kOffloadChunkElems);
 #endif
   }
-  ops::Backend& opt_be = host_be_ ? *host_be_ : *be_;
-  for (const model::ParamUnit& u : model_->layout().units()) {
-    master_.push_back(opt_be.alloc(DType::F32, u.numel));
-    grads_.push_back(be_->alloc(DType::F32, u.numel));
-    adam_m_.push_back(opt_be.alloc(DType::F32, u.numel));
-    adam_v_.push_back(opt_be.alloc(DType::F32, u.numel));
-    if (on_device()) work_.push_back(be_->alloc(DType::BF16, u.numel));
+  // ZeRO-3 on CUDA: the whole master weights are loaded in host memory and only this rank's
+  // shards reach the device (shard_optimizer_state); the Adam moments are this rank's shards
+  // from the start (a checkpoint is read shard by shard). On the CPU the whole buffers are the
+  // backend's and are replaced by shards after loading.
+  std::unique_ptr<ops::Backend> load_be;
+  if (zero3() && on_device()) load_be = ops::make_cpu_backend();
+  ops::Backend& opt_be = host_be_ ? *host_be_ : load_be ? *load_be : *be_;
+  const auto& units = model_->layout().units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    master_.push_back(opt_be.alloc(DType::F32, units[u].numel));
+    // ZeRO-3: gradients are per-layer buffers and shards (shard_optimizer_state).
+    grads_.push_back(zero3() ? ops::Buffer() : be_->alloc(DType::F32, units[u].numel));
+    const int64_t moments = zero3_moment_shards() ? shard_len(u) : units[u].numel;
+    adam_m_.push_back((zero3_moment_shards() ? *be_ : opt_be).alloc(DType::F32, moments));
+    adam_v_.push_back((zero3_moment_shards() ? *be_ : opt_be).alloc(DType::F32, moments));
+    if (on_device() && !zero3()) work_.push_back(be_->alloc(DType::BF16, units[u].numel));
   }
   load_weights();
   if (zero3()) {
-    EASYCTX_CHECK_INPUT(!on_device(), "parallel.zero.stage: 3 runs on the CPU backend so far (the GPU path with "
-                        "per-layer gathering comes next); use stage 0 with train.device cuda");
     EASYCTX_CHECK(zero_ != nullptr, "ZeRO-3 without a shard group");
+    for (dist::Comm* c : {zero_, zero_replica_}) {
+      if (!c) continue;
+      EASYCTX_CHECK_INPUT(c->memspace() == dist::MemSpace::Host || on_device(), "parallel.zero.stage: 3: the ",
+                          c->name(), " group uses ", c->backend(), " (device buffers) but the trainer runs the ",
+                          be_->name(), " backend; set train.device: cuda");
+#ifdef EASYCTX_HAVE_CUDA
+      // NCCL gathers and reduce-scatters enqueue on the compute stream: ordered with the
+      // layers that use their buffers, no host synchronisation (synchronous prefetch).
+      if (on_device() && c->memspace() == dist::MemSpace::Device) {
+        c->set_stream(ops::cuda_stream(*be_));
+        zero_stream_set_ = true;
+      }
+#endif
+    }
     shard_optimizer_state();
   }
   refresh_working_copy();
@@ -230,7 +339,11 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
   }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (!zero_stream_set_) return;  // the comms outlive the backend's stream: give them theirs back
+  if (zero_) zero_->set_stream(nullptr);
+  if (zero_replica_) zero_replica_->set_stream(nullptr);
+}
 
 namespace {
 // ckpt::resolve_checkpoint (a step folder, or the newest valid one under dir/checkpoints or
@@ -249,6 +362,20 @@ ckpt::CheckpointRef find_checkpoint(const std::string& dir) {
 void Trainer::load_weights() {
   const auto& units = model_->layout().units();
   auto read = [&](const ckpt::CheckpointReader& r, const std::string& kind, std::vector<ops::Buffer>& bufs) {
+    if (&bufs != &master_ && zero3_moment_shards()) {  // ZeRO-3 on CUDA: only this rank's shard of each unit
+      for (size_t u = 0; u < units.size(); ++u) {
+        const std::string name = kind + "/" + units[u].name;
+        EASYCTX_CHECK_INPUT(r.numel(name) == units[u].numel, r.path(), ": ", name, " has ", r.numel(name),
+                            " elements, this model needs ", units[u].numel, " (different model config?)");
+        const int64_t valid = shard_valid(u);
+        if (valid <= 0) continue;
+        std::vector<float> part(static_cast<size_t>(valid));
+        r.read(name, shard_lo(u), valid, part.data());
+        be_->copy(bufs[u].flat().slice_flat(0, {valid}), ops::Tensor(part.data(), DType::F32, {valid}));
+        be_->synchronize();  // `part` goes away
+      }
+      return;
+    }
     std::vector<std::vector<float>> stage;
     const std::vector<ops::Tensor> hv = host_views(bufs, stage, false);
     for (size_t u = 0; u < units.size(); ++u) {
@@ -342,9 +469,12 @@ int64_t Trainer::shard_valid(size_t u) const {
   return std::min(model_->layout().units()[u].numel - shard_lo(u), shard_len(u));
 }
 
+// Full master/Adam buffers (as loaded) -> this rank's shards, unit by unit; then the
+// buffers of the per-layer path. The allocation order is what plan::zero3_init_peak replays.
 void Trainer::shard_optimizer_state() {
   const size_t U = master_.size();
   const int64_t Z = zero_->size();
+  const DType wt = model_->dtype();  // what the model computes with: bf16 on CUDA, f32 on the CPU
   for (size_t u = 0; u < U; ++u) {
     const int64_t len = shard_len(u), lo = shard_lo(u), valid = shard_valid(u);
     auto slice = [&](const ops::Buffer& full) {
@@ -353,19 +483,105 @@ void Trainer::shard_optimizer_state() {
       return b;
     };
     master_[u] = slice(master_[u]);
-    adam_m_[u] = slice(adam_m_[u]);
-    adam_v_[u] = slice(adam_v_[u]);
+    if (!zero3_moment_shards()) {  // (on CUDA the moments are shards already)
+      adam_m_[u] = slice(adam_m_[u]);
+      adam_v_[u] = slice(adam_v_[u]);
+    }
     gshard_.push_back(be_->alloc(DType::F32, len));
-    full_.push_back(be_->alloc(DType::F32, len * Z));
-    grads_[u] = be_->alloc(DType::F32, len * Z);  // the model accumulates the full unit; padded for the scatter
+    if (on_device()) wshard_.push_back(be_->alloc(DType::BF16, len));
+    if (layer_unit(u)) {
+      full_.emplace_back();
+      continue;
+    }
+    full_.push_back(be_->alloc(wt, len * Z));
+    grads_[u] = be_->alloc(DType::F32, len * Z);  // the model accumulates the whole unit; padded for the scatter
   }
+  if (on_device()) be_->synchronize();  // the host buffers the shards came from go away
+  const int64_t L = model_->config().num_layers;
+  if (L > 0) {
+    const size_t u1 = model_->layout().layer_unit(0);  // every layer unit has the same size
+    const int64_t len = shard_len(u1);
+    for (int64_t i = 0; i <= cfg_.parallel.zero.prefetch; ++i) pool_.push_back(be_->alloc(wt, len * Z));
+    layer_grad_ = be_->alloc(DType::F32, len * Z);
+    grad_part_ = be_->alloc(DType::F32, len);
+  }
+  zparams_ = std::make_unique<Zero3Params>(*this);
+}
+
+void Trainer::gather_unit(size_t u, const ops::Buffer& dst) {
+  const int64_t len = shard_len(u), Z = zero_->size();
+  EASYCTX_CHECK(dst.numel() >= len * Z && dst.dtype() == model_->dtype(), "gather_unit: destination too small");
+  if (!on_device()) {  // f32: the master shard is the parameter
+    zero_->all_gather(master_[u].flat().ptr<float>(), static_cast<float*>(dst.data()), static_cast<size_t>(len));
+    return;
+  }
+  if (zero_->memspace() == dist::MemSpace::Device) {  // NCCL, on the compute stream
+    zero_->all_gather(wshard_[u].data(), dst.data(), static_cast<size_t>(len), dist::DType::BF16);
+    return;
+  }
+  // A host communicator: the bf16 shard through host memory (16-bit words).
+  std::vector<uint16_t> mine(static_cast<size_t>(len)), all(static_cast<size_t>(len * Z));
+  be_->copy(ops::Tensor(mine.data(), DType::BF16, {len}), wshard_[u].flat());
+  zero_->all_gather(mine.data(), all.data(), static_cast<size_t>(len), dist::DType::BF16);
+  be_->copy(dst.flat().slice_flat(0, {len * Z}), ops::Tensor(all.data(), DType::BF16, {len * Z}));
+  be_->synchronize();  // `all` goes away
+}
+
+// out (f32[shard_len(u)]) = this rank's block of the sum of `full` over the shard group and
+// the replicas.
+namespace {
+void reduce_into(dist::Comm& zero, dist::Comm* replica, ops::Backend& be, bool on_device, const ops::Buffer& full,
+                 const ops::Tensor& out, int64_t len) {
+  const int64_t Z = zero.size();
+  if (!on_device || zero.memspace() == dist::MemSpace::Device) {  // host buffers over MPI, or NCCL on the stream
+    zero.reduce_scatter(static_cast<const float*>(full.data()), out.ptr<float>(), static_cast<size_t>(len));
+    if (replica) replica->all_reduce(out.ptr<float>(), static_cast<size_t>(len));
+    return;
+  }
+  std::vector<float> all(static_cast<size_t>(len * Z)), mine(static_cast<size_t>(len));
+  be.copy(ops::Tensor(all.data(), DType::F32, {len * Z}), full.flat().slice_flat(0, {len * Z}));
+  zero.reduce_scatter(all.data(), mine.data(), static_cast<size_t>(len));
+  if (replica) replica->all_reduce(mine.data(), static_cast<size_t>(len));
+  be.copy(out, ops::Tensor(mine.data(), DType::F32, {len}));
+  be.synchronize();  // `mine` goes away
+}
+}  // namespace
+
+void Trainer::scatter_grad(size_t u, const ops::Buffer& full) {
+  const int64_t len = shard_len(u);
+  const ops::Tensor part = grad_part_.flat().slice_flat(0, {len});
+  reduce_into(*zero_, zero_replica_, *be_, on_device(), full, part, len);
+  be_->axpy(gshard_[u].flat(), part, 1.0);  // micro-batches accumulate in the shard
+}
+
+std::vector<float> Trainer::gather_master_host(size_t u) const {
+  const int64_t len = shard_len(u), Z = zero_->size();
+  std::vector<float> out(static_cast<size_t>(len * Z));
+  if (!on_device()) {
+    zero_->all_gather(master_[u].flat().ptr<float>(), out.data(), static_cast<size_t>(len));
+  } else if (zero_->memspace() == dist::MemSpace::Device) {
+    const ops::Buffer tmp = be_->alloc(DType::F32, len * Z);
+    zero_->all_gather(master_[u].flat().ptr<float>(), tmp.flat().ptr<float>(), static_cast<size_t>(len));
+    be_->copy(ops::Tensor(out.data(), DType::F32, {len * Z}), tmp.flat());
+    be_->synchronize();  // tmp goes away
+  } else {
+    std::vector<float> mine(static_cast<size_t>(len));
+    be_->copy(ops::Tensor(mine.data(), DType::F32, {len}), master_[u].flat());
+    zero_->all_gather(mine.data(), out.data(), static_cast<size_t>(len));
+  }
+  out.resize(static_cast<size_t>(model_->layout().units()[u].numel));
+  return out;
 }
 
 void Trainer::refresh_working_copy() {
-  if (zero3()) {  // every rank gathers every unit from its owners' shards
+  if (zero3()) {
+    // CUDA: bf16 shards of the new master weights; the embedding and head are gathered for
+    // the step, the layers when the model acquires them.
     for (size_t u = 0; u < master_.size(); ++u)
-      zero_->all_gather(master_[u].flat().ptr<float>(), full_[u].flat().ptr<float>(),
-                        static_cast<size_t>(shard_len(u)));
+      if (on_device()) be_->copy(wshard_[u].flat(), master_[u].flat());
+    for (size_t u = 0; u < master_.size(); ++u)
+      if (!layer_unit(u)) gather_unit(u, full_[u]);
+    zparams_->invalidate();
     return;
   }
   if (host_be_) {  // host master -> bf16 on the host -> device (no device-side f32 staging)
@@ -384,7 +600,7 @@ void Trainer::refresh_working_copy() {
 }
 
 std::vector<ops::Tensor> Trainer::params() const {
-  if (zero3()) return master();
+  EASYCTX_CHECK(!zero3(), "params: ZeRO-3 gathers the parameters per layer (Zero3Params)");
   if (work_.empty()) return master();
   std::vector<ops::Tensor> v;
   for (const ops::Buffer& b : work_) v.push_back(b.flat());
@@ -393,9 +609,8 @@ std::vector<ops::Tensor> Trainer::params() const {
 
 std::vector<std::vector<float>> Trainer::master_host() const {
   std::vector<std::vector<float>> out(master_.size());
-  if (zero3()) {  // the gathered copy equals the master shards after every update
-    const std::vector<ops::Tensor> m = master();
-    for (size_t u = 0; u < m.size(); ++u) out[u].assign(m[u].ptr<float>(), m[u].ptr<float>() + m[u].numel());
+  if (zero3()) {  // collective: every unit gathered from its owners' shards
+    for (size_t u = 0; u < master_.size(); ++u) out[u] = gather_master_host(u);
     return out;
   }
   for (size_t u = 0; u < master_.size(); ++u) {
@@ -482,12 +697,8 @@ void Trainer::save_checkpoint(int64_t steps_done) {
 }
 
 std::vector<ops::Tensor> Trainer::master() const {
+  EASYCTX_CHECK(!zero3(), "master: with ZeRO-3 each rank holds only its shards; master_host() gathers them");
   std::vector<ops::Tensor> v;
-  if (zero3()) {  // ZeRO-3: the gathered parameters (each unit's first numel elements)
-    for (size_t u = 0; u < full_.size(); ++u)
-      v.push_back(full_[u].flat().slice_flat(0, {model_->layout().units()[u].numel}));
-    return v;
-  }
   for (const ops::Buffer& b : master_) v.push_back(b.flat());
   return v;
 }
@@ -496,11 +707,10 @@ void Trainer::reduce_gradients() {
   if (zero3()) {
     // Sum over the shard group straight into each owner's shard, then across replicas
     // (per-node sharding); together they span every rank that computed a partial gradient.
-    for (size_t u = 0; u < grads_.size(); ++u) {
-      zero_->reduce_scatter(grads_[u].flat().ptr<float>(), gshard_[u].flat().ptr<float>(),
-                            static_cast<size_t>(shard_len(u)));
-      if (zero_replica_) zero_replica_->all_reduce(gshard_[u].flat().ptr<float>(), static_cast<size_t>(shard_len(u)));
-    }
+    // The layers were reduced right after their backward (Zero3Params::grad_done); the
+    // embedding and head accumulated over every micro-batch and are reduced now.
+    for (size_t u = 0; u < grads_.size(); ++u)
+      if (!layer_unit(u)) reduce_into(*zero_, zero_replica_, *be_, on_device(), grads_[u], gshard_[u].flat(), shard_len(u));
     return;
   }
   // ZeRO-0: sum over the ranks that computed partial gradients (data-parallel replicas,
@@ -620,13 +830,14 @@ StepStats Trainer::compute_gradients(int64_t step) {
   }
   const double global_labels = world_.all_reduce_scalar(local_labels, dist::ReduceOp::Sum);
   EASYCTX_CHECK(global_labels > 0, "step ", step, ": the global batch has no labelled tokens");
-  for (ops::Buffer& g : grads_) be_->fill(g.flat(), 0.0);
-  const std::vector<ops::Tensor> params = this->params(), grads = [&] {
-    std::vector<ops::Tensor> v;  // (ZeRO-3 buffers are padded: the unit is the first numel)
-    for (size_t u = 0; u < grads_.size(); ++u)
-      v.push_back(grads_[u].flat().slice_flat(0, {model_->layout().units()[u].numel}));
-    return v;
-  }();
+  for (ops::Buffer& g : grads_)
+    if (g.numel() > 0) be_->fill(g.flat(), 0.0);
+  for (ops::Buffer& g : gshard_) be_->fill(g.flat(), 0.0);  // ZeRO-3: the layers add into it per micro-batch
+  std::vector<ops::Tensor> params, grads;
+  if (!zero3()) {
+    params = this->params();
+    for (const ops::Buffer& g : grads_) grads.push_back(g.flat());
+  }
   double sum_nll = 0;
   for (data::MicroBatch& mb : micro) {
     const int64_t n = mb.batch * mb.local_len;
@@ -645,7 +856,9 @@ StepStats Trainer::compute_gradients(int64_t step) {
       b.positions = positions_dev_.flat();
       b.labels = labels_dev_.flat();
     }
-    sum_nll += model_->forward_backward(params, grads, b, 1.0 / global_labels).sum_nll;
+    sum_nll += (zero3() ? model_->forward_backward(*zparams_, b, 1.0 / global_labels)
+                        : model_->forward_backward(params, grads, b, 1.0 / global_labels))
+                   .sum_nll;
     st.tokens += n;
   }
   reduce_gradients();
@@ -664,6 +877,12 @@ void Trainer::log_startup() const {
            world_.size(), " rank(s): data-parallel ", dp_.size(), " x sequence-parallel ",
            world_.size() / dp_.size(),
            world_.size() > dp_.size() ? std::string(" (") + to_string(cfg_.parallel.sequence.mode) + ")" : "");
+  if (zero3())
+    log_info("ZeRO-3 over ", zero_->size(), " rank(s)", zero_replica_ ? " x " + std::to_string(zero_replica_->size()) +
+             " replicas" : std::string(), ": shards of master, Adam", on_device() ? ", bf16 parameters" : "",
+             " and gradients; layers gathered per use into a pool of ", 1 + cfg_.parallel.zero.prefetch,
+             " (parallel.zero.prefetch ", cfg_.parallel.zero.prefetch, "; gathers in order on the compute stream, "
+             "not overlapped), gradients reduce-scattered per layer");
   if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)
   const data::TokenDataset& ds = loader_->dataset();
   const UnigramStats us = unigram_stats(ds);
@@ -746,10 +965,10 @@ StepStats Trainer::run() {
   if (cfg_.train.steps > start_step_ && cfg_.output.save_final) save_checkpoint(cfg_.train.steps);
   if (root) log_info(plan::compare_line(*plan_, be_->memory_stats(), static_cast<double>(plan::vm_hwm_bytes()),
                                         on_device() ? peak_mem_bytes_ : -1.0));
-  if (root && cfg_.output.export_hf) {
+  if (cfg_.output.export_hf && (root || zero3())) {  // (ZeRO-3: every rank takes part in the gather)
     const std::string dir = (fs::path(cfg_.output.dir) / "final").string();
     save_hf(dir);
-    log_info("saved ", dir, " (Hugging Face safetensors + config.json)");
+    if (root) log_info("saved ", dir, " (Hugging Face safetensors + config.json)");
   }
   world_.barrier();
   if (root) write_file_atomic((fs::path(cfg_.output.dir) / "DONE").string(), std::to_string(cfg_.train.steps) + "\n");
@@ -782,8 +1001,16 @@ bool Trainer::stop_requested() {
 void Trainer::save_hf(const std::string& dir) const {
   model::LlamaConfig mc = model_->config();
   std::vector<std::vector<float>> stage;
-  // ZeRO-3: master_ holds this rank's shards; the gathered copy (master()) is the whole model.
-  ckpt::save_hf_model(dir, mc, model_->layout(), zero3() ? master() : host_views(master_, stage, true),
+  std::vector<ops::Tensor> views;
+  if (zero3()) {  // master_ holds this rank's shards: gather the whole model (collective)
+    stage = master_host();
+    if (world_.rank() != 0) return;
+    for (std::vector<float>& u : stage)
+      views.emplace_back(u.data(), DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+  } else {
+    views = host_views(master_, stage, true);
+  }
+  ckpt::save_hf_model(dir, mc, model_->layout(), views,
                       cfg_.output.hf_dtype == "bf16" ? ckpt::StDType::BF16 : ckpt::StDType::F32);
 }
 

@@ -10,9 +10,15 @@
 // master weights and Adam moments on the device, and refreshes the bf16 copy after each
 // AdamW step. Checkpoints and HF import/export stage through host fp32 buffers.
 //
-// ZeRO stage 0 (every rank holds all parameters, gradients are all-reduced over dp);
-// stage 3 and sequence parallelism plug in at reduce_gradients() and the model's
-// attention seam.
+// ZeRO stage 0 (every rank holds all parameters, gradients are all-reduced over dp).
+// ZeRO stage 3 (parallel.zero.stage 3, CPU and CUDA): each rank keeps only its shard of every
+// unit's fp32 master weights, Adam moments and reduced gradient (and on CUDA of the bf16
+// working parameters). The embedding and head units are gathered once per step; a layer unit
+// is all-gathered into a pool of 1 + parallel.zero.prefetch unit buffers just before the
+// model uses it (forward, then again for recompute + backward) through the model's
+// ParamSource seam, and its gradient is reduce-scattered into the rank's shard right after
+// that layer's backward (per micro-batch, added into the shard). Sequence parallelism plugs
+// in at the model's attention seam.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -86,6 +92,7 @@ class Trainer {
   StepStats run();
   bool stopped() const { return stopped_; }
   // Writes the weights as a Hugging Face folder (config.json + model.safetensors); rank 0.
+  // ZeRO-3: collective over the shard group (every rank calls it; world rank 0 writes).
   void save_hf(const std::string& dir) const;
   // Commits a training checkpoint after `steps_done` optimizer steps under
   // <output.dir>/checkpoints (lib/ckpt/sharded_checkpoint.h): fp32 master weights and Adam
@@ -96,8 +103,10 @@ class Trainer {
 
   const model::LlamaModel& model() const { return *model_; }
   // fp32 master weights, one flat view per ParamLayout unit (device memory on CUDA).
+  // ZeRO-3: refused (each rank holds shards; use master_host()).
   std::vector<ops::Tensor> master() const;
-  // The same, copied to host memory (any backend).
+  // The same, copied to host memory (any backend). ZeRO-3: the whole model gathered from the
+  // shards, collective over the shard group (every rank calls it).
   std::vector<std::vector<float>> master_host() const;
   std::vector<std::vector<float>> gradients_host() const;
   // cpu or cuda: what train.device resolved to.
@@ -123,13 +132,22 @@ class Trainer {
   static bool host_resident(const std::vector<ops::Buffer>& bufs);
   void refresh_working_copy();  // CUDA: bf16 parameters = master weights; ZeRO-3: all-gather
   bool zero3() const { return cfg_.parallel.zero.stage == 3; }
+  // ZeRO-3 on CUDA: the Adam moments are allocated (and read from a checkpoint) as shards.
+  bool zero3_moment_shards() const { return zero3() && on_device(); }
   // ZeRO-3: unit u is cut into Z equal shards of shard_len(u) (the last padded); this rank
   // owns elements [shard_lo(u), shard_lo(u) + shard_valid(u)).
   int64_t shard_len(size_t u) const;
   int64_t shard_lo(size_t u) const;
   int64_t shard_valid(size_t u) const;
   void shard_optimizer_state();  // full master/Adam (as loaded) -> this rank's shards
-  std::vector<ops::Tensor> params() const;  // what the model computes with
+  std::vector<ops::Tensor> params() const;  // what the model computes with (stage 0)
+  // ZeRO-3 per-layer gathering (the model's ParamSource): see Zero3Params in trainer.cpp.
+  class Zero3Params;
+  friend class Zero3Params;
+  bool layer_unit(size_t u) const { return u != model_->layout().embed_unit() && u != model_->layout().head_unit(); }
+  void gather_unit(size_t u, const ops::Buffer& dst);    // dst = all shards of unit u (compute dtype)
+  void scatter_grad(size_t u, const ops::Buffer& full);  // gshard_[u] += this rank's block of sum(full)
+  std::vector<float> gather_master_host(size_t u) const;  // unit u's fp32 master weights, whole
 
   StageConfig cfg_;
   DeviceKind device_;
@@ -153,8 +171,15 @@ class Trainer {
   int ranks_per_node_ = 1;  // offload_optimizer: the host AdamW pipeline (CUDA builds only)
   std::vector<ops::Buffer> work_;  // CUDA: bf16 working parameters per unit (empty on the CPU)
   // ZeRO-3 (then master_/adam_m_/adam_v_ hold only this rank's shard, f32[shard_len]):
-  std::vector<ops::Buffer> full_;    // gathered parameters, f32[shard_len * Z] per unit
+  std::vector<ops::Buffer> full_;    // embedding and head gathered for the step, [shard_len * Z] (compute dtype)
+  std::vector<ops::Buffer> wshard_;  // CUDA: this rank's shard of the bf16 working parameters
   std::vector<ops::Buffer> gshard_;  // this rank's reduced gradient shard, f32[shard_len]
+  // (grads_ then holds the embedding's and head's padded f32 gradients only.)
+  std::vector<ops::Buffer> pool_;         // 1 + prefetch gathered layer units, [layer shard_len * Z]
+  ops::Buffer layer_grad_;                // f32[layer shard_len * Z]: the gradient of the layer in backward
+  ops::Buffer grad_part_;                 // f32[layer shard_len]: one reduce-scatter's result
+  std::unique_ptr<Zero3Params> zparams_;  // the model's ParamSource over the above
+  bool zero_stream_set_ = false;          // NCCL ZeRO comms enqueue on the backend's stream
   ops::Buffer tokens_dev_, positions_dev_, labels_dev_;  // CUDA: the micro-batch on the device
   double peak_flops_ = 0;     // CUDA: the device's dense bf16 peak, FLOP/s (0: unknown)
   double peak_mem_bytes_ = 0;  // CUDA: device memory in use, high-water mark
