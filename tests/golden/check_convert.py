@@ -14,7 +14,7 @@ from transformers import LlamaForCausalLM
 def main():
     converted, fixtures = sys.argv[1], sys.argv[2]
     ok = True
-    for name in ("gqa", "tied_llama3"):
+    for name in ("gqa", "tied_llama3", "gqa_hd64"):
         io = load_file(os.path.join(fixtures, name, "io.safetensors"))
         for dtype, tol in (("f32", 1e-5), ("bf16", 2e-2)):
             path = os.path.join(converted, f"{name}-{dtype}")

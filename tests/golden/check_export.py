@@ -13,7 +13,7 @@ from transformers import LlamaForCausalLM
 def main():
     export, fixtures = sys.argv[1], sys.argv[2]
     ok = True
-    for name in ("gqa", "tied_llama3"):
+    for name in ("gqa", "tied_llama3", "gqa_hd64"):
         model = LlamaForCausalLM.from_pretrained(os.path.join(export, name), torch_dtype=torch.float64,
                                                  attn_implementation="eager")
         io = load_file(os.path.join(fixtures, name, "io.safetensors"))

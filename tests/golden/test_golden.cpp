@@ -2,7 +2,8 @@
 // tests/golden/make_golden.py): logits and loss to 1e-5 relative, every parameter gradient
 // to 1e-4 relative norm error, RoPE frequencies exactly, for both activation policies and
 // both compute dtypes. Fixture `gqa`: GQA, untied, default RoPE, offset positions in one
-// row; `tied_llama3`: tied embeddings and llama3 rope scaling.
+// row; `tied_llama3`: tied embeddings and llama3 rope scaling; `gqa_hd64`: head_dim 64
+// (the CUDA model's bf16 golden check, tests/gpu/test_cuda_trainer.cpp).
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -97,7 +98,7 @@ TEST_P(GoldenTest, MatchesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, GoldenTest,
-    ::testing::Combine(::testing::Values("gqa", "tied_llama3"),
+    ::testing::Combine(::testing::Values("gqa", "tied_llama3", "gqa_hd64"),
                        ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
                                          CheckpointPolicy::AttentionOutput),
                        ::testing::Values(DType::F64, DType::F32)));
@@ -113,7 +114,7 @@ namespace {
 // which loads them with transformers and compares logits with the fixture.
 TEST(GoldenExport, ExportReadsBackIdentically) {
   const char* keep = std::getenv("EASYCTX_GOLDEN_EXPORT");
-  for (const std::string name : {"gqa", "tied_llama3"}) {
+  for (const std::string name : {"gqa", "tied_llama3", "gqa_hd64"}) {
     const std::string dir = source_dir() + "/tests/golden/data/" + name;
     const model::LlamaConfig cfg = model::load_llama_config(dir + "/model");
     const model::ParamLayout layout(cfg);
