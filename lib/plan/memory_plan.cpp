@@ -127,8 +127,8 @@ class AttentionReplay {
   // dQ accumulator f32[b, sq, Hq, hd]); a larger one runs in T x T tiles: bf16 tile
   // gradients, a key tile's fp32 dK/dV, the fp32 dQ accumulator of one sequence (unless the
   // gradients are fp32: a ring's accumulators) and the workspace of one tile.
-  void bwd_scratch(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, bool causal_square, bool f32_grads) {
-    (void)causal_square;  // the same buffers either way (a square only skips tiles)
+  // (A causal square needs the same buffers as a full block: it only skips tiles.)
+  void bwd_scratch(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, bool f32_grads) {
     if (!r_.cuda) return;  // the CPU kernels keep per-thread rows on the heap (small)
     const bool det = r_.cfg.train.deterministic;
     const int64_t T = ops::attention_bwd_tile(det), qrow = hq * hd_, krow = hkv * hd_;
@@ -156,7 +156,7 @@ class AttentionReplay {
   }
 
   void local(bool backward) {
-    if (backward) bwd_scratch(r_.B, r_.S, r_.S, hq_, hkv_, true, false);
+    if (backward) bwd_scratch(r_.B, r_.S, r_.S, hq_, hkv_, false);
     else causal_chunks(r_.S, hq_);
   }
 
@@ -187,7 +187,7 @@ class AttentionReplay {
       add("dQ accumulator (f32)", 4 * s * hq * hd_, "4 x S x Hq x hd");
       add("K/V double buffer", 4 * e * kvs, "2 x 2 x e x S x Hkv x hd");
       add("dK/dV accumulators x2 (f32, travel with K/V)", 4 * 4 * kvs, "2 x 2 x 4 x S x Hkv x hd");
-      bwd_scratch(1, c, c, hq, hkv, false, true);  // the largest: a full c x c block
+      bwd_scratch(1, c, c, hq, hkv, true);  // every block is c x c
     }
     for (int id : ids) rp_.free(id);
   }
@@ -212,14 +212,14 @@ class AttentionReplay {
       }
     } else {
       add("dQ/dK/dV accumulators (f32)", 4 * (q + 2 * kv), "4 x c x (Hq + 2 Hkv) x hd");
-      bwd_scratch(1, c, c, hq_, hkv_, false, true);
+      bwd_scratch(1, c, c, hq_, hkv_, true);
       add("received K, V", 2 * e * kv, "2 x e x c x Hkv x hd");
       add("dK/dV partials and received (f32)", 4 * 4 * kv, "4 x 4 x c x Hkv x hd");
-      bwd_scratch(1, c, c, hq_, hkv_, false, true);
+      bwd_scratch(1, c, c, hq_, hkv_, true);
       add("received q, o, dout", 3 * e * q, "3 x e x c x Hq x hd");
       add("received LSE", 4 * hq_ * c, "4 x Hq x c");
       add("dQ partial and received (f32)", 2 * 4 * q, "2 x 4 x c x Hq x hd");
-      if (helper) bwd_scratch(1, c, c, hq_, hkv_, false, true);
+      if (helper) bwd_scratch(1, c, c, hq_, hkv_, true);
     }
     for (int id : ids) rp_.free(id);
   }
@@ -263,7 +263,7 @@ class AttentionReplay {
       ids.push_back(rp_.alloc(t + "dq, dk, dv (head-sharded)", e * sg * (nq + 2 * nkv) * hd_,
                               "e x S x U x (Hq + 2 Hkv)/U x hd"));
       if (ring) zigzag(sg, nq, nkv, true, "usp ring ");
-      else bwd_scratch(1, sg, sg, nq, nkv, true, false);
+      else bwd_scratch(1, sg, sg, nq, nkv, false);
       from_heads(nq);
       from_heads(nkv);
     }

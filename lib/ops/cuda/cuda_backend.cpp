@@ -643,8 +643,9 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // dst[offset .. offset + n) += x (bf16), dst bf16 or f32 (rounded once, from fp32).
-  void add_into(const Tensor& dst, int64_t offset, const bf16* x, int64_t n) {
+  // dst[offset .. offset + n) += x (bf16 or f32), dst bf16 or f32 (rounded once, from fp32).
+  template <typename TX>
+  void add_into(const Tensor& dst, int64_t offset, const TX* x, int64_t n) {
     if (dst.dtype == DType::F32) kernels::axpy(dst.ptr<float>() + offset, x, 1.f, n, stream_);
     else kernels::axpy(static_cast<bf16*>(dst.data) + offset, x, 1.f, n, stream_);
   }
@@ -664,10 +665,7 @@ class CudaBackend final : public Backend {
     const bool full = !p.causal || p.diag >= p.sk - 1;
     const bool square = p.causal && p.diag == 0 && p.sq == p.sk;
     if (!full && !square) return false;
-    for (const void* ptr : {static_cast<const void*>(p.q), static_cast<const void*>(p.k),
-                            static_cast<const void*>(p.v), static_cast<const void*>(p.o),
-                            static_cast<const void*>(p.dout), static_cast<const void*>(p.lse)})
-      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+    if (!aligned16({p.q, p.k, p.v, p.o, p.dout, p.lse})) return false;
     if (!cudnn()) return false;
     const int64_t T = attention_bwd_tile(det_, bwd_tile_), H = p.hq, Hk = p.hkv, hd = p.hd;
     const int64_t qrow = H * hd, krow = Hk * hd, qn = p.batch * p.sq * qrow, kn = p.batch * p.sk * krow;
@@ -725,16 +723,10 @@ class CudaBackend final : public Backend {
           kernels::axpy(dka, gk, 1.f, cols * krow, stream_);
           kernels::axpy(dva, gv, 1.f, cols * krow, stream_);
         }
-        const int64_t at = (bi * Sk + k0) * krow;
-        if (dk.dtype == DType::F32) {
-          kernels::axpy(dk.ptr<float>() + at, dka, 1.f, cols * krow, stream_);
-          kernels::axpy(dv.ptr<float>() + at, dva, 1.f, cols * krow, stream_);
-        } else {
-          kernels::axpy(static_cast<bf16*>(dk.data) + at, dka, 1.f, cols * krow, stream_);
-          kernels::axpy(static_cast<bf16*>(dv.data) + at, dva, 1.f, cols * krow, stream_);
-        }
+        add_into(dk, (bi * Sk + k0) * krow, dka, cols * krow);
+        add_into(dv, (bi * Sk + k0) * krow, dva, cols * krow);
       }
-      if (!dq_f32) kernels::axpy(static_cast<bf16*>(dq.data) + bi * S * qrow, dqa, 1.f, S * qrow, stream_);
+      if (!dq_f32) add_into(dq, bi * S * qrow, dqa, S * qrow);
     }
     last_path_ = "cudnn (" + std::to_string(nq) + " x " + std::to_string(nk) + " tiles of " + std::to_string(T) +
                  (det_ ? "" : ", atomic dQ") + ")";
@@ -753,9 +745,7 @@ class CudaBackend final : public Backend {
     if (!p.causal || p.diag != 0 || p.sq != p.sk || p.batch != 1 || !use_cudnn_) return false;
     const int64_t S = p.sq, t = causal_chunk_rows(S), H = p.hq, hd = p.hd;
     if (S < 2 * t) return false;
-    for (const void* ptr : {static_cast<const void*>(p.q), static_cast<const void*>(p.k),
-                            static_cast<const void*>(p.v), static_cast<const void*>(p.o_out)})
-      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+    if (!aligned16({p.q, p.k, p.v, p.o_out})) return false;
     if (!cudnn() || !cudnn()->has_fwd_plan({1, t, t, p.hq, p.hkv, p.hd})) return false;
     Scratch acc_o(static_cast<size_t>(t * H * hd) * sizeof(float), stream_, *mem_);  // f32 [t, H, hd]
     Scratch acc_l(static_cast<size_t>(H * t) * sizeof(float), stream_, *mem_);       // f32 [H, t]
@@ -805,11 +795,16 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  // cuDNN's tensors are declared 16-byte aligned.
+  static bool aligned16(std::initializer_list<const void*> ptrs) {
+    for (const void* q : ptrs)
+      if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
+    return true;
+  }
   bool cudnn_eligible(const kernels::AttentionParams& p, std::initializer_list<const void*> ptrs) {
     if (!use_cudnn_) return false;
     if (p.causal && p.diag < p.sk - 1) return false;
-    for (const void* q : ptrs)
-      if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
+    if (!aligned16(ptrs)) return false;
     return cudnn() != nullptr;
   }
   static cuda::SdpaShape shape_of(const kernels::AttentionParams& p) {

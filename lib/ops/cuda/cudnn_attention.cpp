@@ -404,7 +404,7 @@ bool CudnnAttention::try_fwd(const SdpaShape& s, float scale, const void* q, con
                              float* lse, cudaStream_t st) {
   Plan* p = plan(false, s);
   if (!p) return false;
-  void* ws = workspace(static_cast<size_t>(p->workspace), st);
+  void* ws = workspace(static_cast<size_t>(p->total), st);
   execute(static_cast<cudnnHandle_t>(handle_), p->plan, {kQ, kK, kV, kO, kStats, kScale},
           {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse, &scale}, ws, st);
   return true;
