@@ -460,20 +460,13 @@ TEST(CudaTrainerDp, TwoRanksNcclEqualOneRankWithAccumulation) {
   const int gpus = ops::cuda_device_count();
   if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
   ASSERT_EQ(cudaSetDevice(rank % gpus), cudaSuccess);
-  uint64_t seed = test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  char path[256];
-  std::snprintf(path, sizeof(path), "/tmp/easyctx-cuda-dp-%llu", static_cast<unsigned long long>(seed % 1000003));
-  if (rank == 0) {
-    std::filesystem::create_directories(path);
-    write_walk_shard(std::string(path) + "/shard.h5", seed, 60, 10, 120, 256);
-    write_hd64_config(std::string(path) + "/m.yaml", true, 256);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("cuda-dp", seed, {60, 10, 120, 256},
+                                           [](const std::string& p) { write_hd64_config(p + "/m.yaml", true, 256); });
   auto world = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Nccl, 60);
   auto self = dist::make_comm(MPI_COMM_SELF, "self", dist::CommBackend::Nccl, 60);
-  StageConfig dp = tiny_stage(std::string(path) + "/shard.h5", std::string(path) + "/dp");
-  dp.model.config = std::string(path) + "/m.yaml";
+  StageConfig dp = tiny_stage(path + "/shard.h5", path + "/dp");
+  dp.model.config = path + "/m.yaml";
   dp.data.seq_length = 64;
   dp.train.device = DeviceKind::Cuda;
   dp.train.batch_size = 1;
@@ -516,21 +509,15 @@ TEST_P(CudaTrainerZero3, MatchesStage0OnTwoGpus) {
   if (gpus < 2) GTEST_SKIP() << "ZeRO-3 on GPUs needs 2 GPUs, found " << gpus;
   ASSERT_EQ(cudaSetDevice(rank % gpus), cudaSuccess);
   const auto [backend, prefetch, accum, tied] = GetParam();
-  uint64_t seed = test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  char path[256];
-  std::snprintf(path, sizeof(path), "/tmp/easyctx-cuda-zero3-%llu", static_cast<unsigned long long>(seed % 1000003));
-  if (rank == 0) {
-    std::filesystem::create_directories(path);
-    write_walk_shard(std::string(path) + "/shard.h5", seed, 60, 10, 120, 256);
-    write_hd64_config(std::string(path) + "/m.yaml", tied, 256, 6);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("cuda-zero3", seed, {60, 10, 120, 256}, [tied = tied](const std::string& p) {
+    write_hd64_config(p + "/m.yaml", tied, 256, 6);
+  });
   // One communicator per trainer: a ZeRO-3 trainer enqueues its NCCL calls on its own stream.
   auto world0 = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
   auto world3 = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
-  StageConfig s0 = tiny_stage(std::string(path) + "/shard.h5", std::string(path) + "/s0");
-  s0.model.config = std::string(path) + "/m.yaml";
+  StageConfig s0 = tiny_stage(path + "/shard.h5", path + "/s0");
+  s0.model.config = path + "/m.yaml";
   s0.model.init_std = 0.05;
   s0.data.seq_length = 64;
   s0.train.device = DeviceKind::Cuda;
@@ -540,7 +527,7 @@ TEST_P(CudaTrainerZero3, MatchesStage0OnTwoGpus) {
   StageConfig z3 = s0;
   z3.parallel.zero.stage = 3;
   z3.parallel.zero.prefetch = prefetch;
-  z3.output.dir = std::string(path) + "/z3";
+  z3.output.dir = path + "/z3";
   int64_t peak0 = 0, peak3 = 0;
   std::vector<double> w0, w3;
   {

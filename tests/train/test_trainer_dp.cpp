@@ -16,18 +16,11 @@ TEST(TrainerDp, TwoRanksEqualOneRankWithAccumulation) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (size != 2) GTEST_SKIP() << "needs 2 ranks";
   // Same folder on every rank: rank 0 writes, then everyone reads.
-  uint64_t seed = test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  char path[256];
-  std::snprintf(path, sizeof(path), "/tmp/easyctx-train-dp-%llu", static_cast<unsigned long long>(seed % 1000003));
-  if (rank == 0) {
-    std::filesystem::create_directories(path);
-    write_walk_shard(std::string(path) + "/shard.h5", seed, 60, 10, 80, 256);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("train-dp", seed, {60, 10, 80, 256});
   auto world = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, 60);
   auto self = dist::make_comm(MPI_COMM_SELF, "self", dist::CommBackend::Mpi, 60);
-  StageConfig dp = tiny_stage(std::string(path) + "/shard.h5", std::string(path) + "/dp");
+  StageConfig dp = tiny_stage(path + "/shard.h5", path + "/dp");
   dp.train.batch_size = 1;
   StageConfig one = dp;
   one.train.grad_accum = 2;
@@ -62,16 +55,9 @@ TEST_P(TrainerSp, TwoRanksEqualOneRank) {
   char** argv = nullptr;
   dist::Runtime rt(&argc, &argv);
   if (rt.size() != 2) GTEST_SKIP() << "needs 2 ranks";
-  uint64_t seed = test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  char path[256];
-  std::snprintf(path, sizeof(path), "/tmp/easyctx-train-sp-%llu", static_cast<unsigned long long>(seed % 1000003));
-  if (rt.rank() == 0) {
-    std::filesystem::create_directories(path);
-    write_walk_shard(std::string(path) + "/shard.h5", seed, 60, 10, 80, 256);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  StageConfig sp = tiny_stage(std::string(path) + "/shard.h5", std::string(path) + "/sp");
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("train-sp", seed, {60, 10, 80, 256});
+  StageConfig sp = tiny_stage(path + "/shard.h5", path + "/sp");
   sp.data.seq_length = 30;  // not a multiple of 2W: the loader pads and masks
   sp.parallel.sequence.mode = GetParam();
   sp.parallel.sequence.size = 2;
@@ -119,12 +105,8 @@ TEST(EvalPplMpi, TwoRanksEqualOneRank) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (size != 2) GTEST_SKIP() << "needs 2 ranks";
-  uint64_t seed = test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  const std::string path = "/tmp/easyctx-eval-mpi-" + std::to_string(seed % 1000003);
-  if (rank == 0) {
-    std::filesystem::create_directories(path);
-    write_walk_shard(path + "/shard.h5", seed, 12, 5, 60, 256);
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("eval-mpi", seed, {12, 5, 60, 256}, [&seed](const std::string& dir) {
     const model::LlamaConfig cfg = model::load_llama_config("tiny");
     const model::ParamLayout layout(cfg);
     auto be = ops::make_cpu_backend();
@@ -135,9 +117,8 @@ TEST(EvalPplMpi, TwoRanksEqualOneRank) {
       units.push_back(bufs.back().flat());
     }
     model::init_random(layout, units, 0.3, seed);
-    ckpt::save_hf_model(path + "/model", cfg, layout, units);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+    ckpt::save_hf_model(dir + "/model", cfg, layout, units);
+  });
   eval::PplOptions o;
   o.model_dir = path + "/model";
   o.tokenized = {path + "/shard.h5"};

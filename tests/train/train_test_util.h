@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -93,10 +94,16 @@ inline StageConfig tiny_stage(const std::string& data, const std::string& out) {
   return c;
 }
 
+// The documents of a walk shard (write_walk_shard's arguments).
+struct WalkShape {
+  int docs = 120, min_len = 10, max_len = 90, vocab = 256;
+};
+
 // Under mpirun: a fresh /tmp/easyctx-<tag>-<seed> folder shared by every rank, holding a
-// walk shard written by rank 0 (120 documents of 10..90 tokens, vocab 256); the seed is
-// drawn on rank 0 and broadcast.
-inline std::string shared_walk_dir(const std::string& tag, uint64_t& seed) {
+// walk shard written by rank 0 (by default 120 documents of 10..90 tokens, vocab 256) and
+// whatever `rank0_also` writes there; the seed is drawn on rank 0 and broadcast.
+inline std::string shared_walk_dir(const std::string& tag, uint64_t& seed, const WalkShape& shape = {},
+                                   const std::function<void(const std::string&)>& rank0_also = nullptr) {
   seed = test_seed();
   MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   const std::string path = "/tmp/easyctx-" + tag + "-" + std::to_string(seed % 1000003);
@@ -105,7 +112,8 @@ inline std::string shared_walk_dir(const std::string& tag, uint64_t& seed) {
   if (rank == 0) {
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
-    write_walk_shard(path + "/shard.h5", seed, 120, 10, 90, 256);
+    write_walk_shard(path + "/shard.h5", seed, shape.docs, shape.min_len, shape.max_len, shape.vocab);
+    if (rank0_also) rank0_also(path);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return path;
