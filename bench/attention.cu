@@ -69,6 +69,7 @@ int main(int argc, char** argv) try {
   int reps = 5;
   bool deterministic = true;
   int64_t bwd_tile = 0;
+  bool causal_graph = true;
   po::options_description desc("bench_attention: attention fwd/bwd TFLOP/s of the CUDA backend");
   desc.add_options()("help", "this help")(
       "seq", po::value<std::vector<int64_t>>(&seqs)->multitoken()->default_value({8192, 32768, 131072}, "8192 32768 131072"),
@@ -77,7 +78,9 @@ int main(int argc, char** argv) try {
       "sequence lengths of the blocks without a mask")("reps", po::value<int>(&reps)->default_value(5), "timed repeats (median)")(
       "deterministic", po::value<bool>(&deterministic)->default_value(true),
       "cuDNN backward: deterministic graph (train.deterministic) or atomic dQ")(
-      "bwd-tile", po::value<int64_t>(&bwd_tile)->default_value(0), "backward tile (0: the backend's default)");
+      "bwd-tile", po::value<int64_t>(&bwd_tile)->default_value(0), "backward tile (0: the backend's default)")(
+      "causal-graph", po::value<bool>(&causal_graph)->default_value(true),
+      "causal squares' forward through cuDNN's causal graph (false: query chunks)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
@@ -94,15 +97,17 @@ int main(int argc, char** argv) try {
   ops::CudaBackendOptions bopts;
   bopts.deterministic = deterministic;
   bopts.attention_bwd_tile = bwd_tile;
+  bopts.cudnn_causal_graph = causal_graph;
   auto be = ops::make_cuda_backend(bopts);
   std::mt19937_64 rng(1234);
   const Shape shapes[] = {{"32x128 MHA", 32, 32, 128}, {"GQA 32/4 x64", 32, 4, 64}};
   std::printf("# easyctx attention (%s), bf16, causal, batch 1, backward %s, tile %lld\n\n", prop.name,
               deterministic ? "deterministic" : "atomic dQ", static_cast<long long>(ops::attention_bwd_tile(deterministic, bwd_tile)));
-  std::printf("| shape | seq | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | bwd path |\n|---|---|---|---|---|---|---|\n");
+  std::printf("| shape | seq | fwd ms | fwd TFLOP/s | fwd path | bwd ms | bwd TFLOP/s | bwd path |\n"
+              "|---|---|---|---|---|---|---|---|\n");
   struct Row {
     double fwd_ms, bwd_ms;
-    std::string path;
+    std::string fwd_path, path;
   };
   // Times one block shape on backend `be`; causal counts half the FLOPs.
   auto run = [&](ops::Backend& be, const Shape& s, int64_t S, bool causal) {
@@ -117,9 +122,11 @@ int main(int argc, char** argv) try {
     ops::AttentionBlock blk;
     blk.scale = 1.0 / std::sqrt(static_cast<double>(s.hd));
     blk.causal = causal;
+    blk.accumulate = !causal;  // a causal square: one GPU's sequence (LocalAttention overwrites); full: a ring step
     const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
     Row row;
     row.fwd_ms = time_ms(be, warm, r, [&] { be.attention_fwd(qv(q), kv(k), kv(v), blk, qv(o), lse.flat()); });
+    row.fwd_path = ops::cuda_attention_path(be);
     row.bwd_ms = time_ms(be, warm, r, [&] {
       be.attention_bwd(qv(q), kv(k), kv(v), qv(o), lse.flat(), qv(dout), blk, qv(dq), kv(dk), kv(dv));
     });
@@ -133,8 +140,8 @@ int main(int argc, char** argv) try {
     for (int64_t S : seqs) {
       const Row r = run(*be, s, S, true);
       const double fl = flops(s, S, true);
-      std::printf("| %s | %lld | %.2f | %.0f | %.2f | %.0f | %s |\n", s.name, static_cast<long long>(S), r.fwd_ms,
-                  fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9, r.path.c_str());
+      std::printf("| %s | %lld | %.2f | %.0f | %s | %.2f | %.0f | %s |\n", s.name, static_cast<long long>(S), r.fwd_ms,
+                  fl / r.fwd_ms / 1e9, r.fwd_path.c_str(), r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9, r.path.c_str());
       std::fflush(stdout);
     }
   }

@@ -6,7 +6,9 @@
 #   RUNS="7b:65536 7b:131072" PEER=1 bash bench/run_train.sh [extra --set for easyctx ...]
 # RUNS: model:tokens pairs (7b = configs/bench/llama2-7b-1gpu.yaml, 1b = the TinyLlama shape
 # through the same file with model.config tinyllama-1b). STEPS (default 3) steps each; the
-# figures are medians over the steps after the first. Prints one JSON line per run
+# figures are medians over the steps after the first, the whole step's and (fwd_bwd_*) the
+# forward + backward's alone (the 7B comparison: its fp32 optimizer lives in host memory, the
+# peer's bf16 one on the GPU). The 1B runs keep AdamW on the GPU. Prints one JSON line per run
 # (easyctx, then the peer when PEER=1) and appends them to $OUT/train_results.jsonl if OUT
 # is set. PEER_SCRIPT: the peer's path (default ../shared/bench/peer_hf_llama.py, else
 # .deps/peer_hf_llama.py). LAUNCH: a launcher prefix for several GPUs (mpirun ...), with
@@ -26,13 +28,20 @@ results=${RESULTS:-${OUT:+$OUT/train_results.jsonl}}
 # The peer for one model:tokens pair (STEPS - 1 timed steps after its warm-up step), tagged.
 peer() {
   python3 "$PEER_SCRIPT" --runs "$1:$2" --steps $((STEPS - 1)) --sdpa cudnn 2>/dev/null \
-    | grep '^{' | sed 's/^{/{"system": "peer_hf_llama", /' | tee -a ${results:-/dev/null}
+    | grep '^{' | python3 -c 'import json, sys
+for l in sys.stdin:
+    r = dict(system="peer_hf_llama", **json.loads(l))
+    if r.get("fwd_bwd_s"): r["fwd_bwd_tokens_per_s"] = round(r["seq"] / r["fwd_bwd_s"])
+    print(json.dumps(r), flush=True)' | tee -a ${results:-/dev/null}
 }
 for run in $RUNS; do
   model=${run%%:*}
   seq=${run##*:}
   mcfg=llama2-7b
-  [ "$model" = 1b ] && mcfg=tinyllama-1b
+  mset=()
+  # The 1B model's fp32 master weights and Adam moments fit on the GPU (17.6 GB): AdamW there,
+  # as the peer does. The 7B's (81 GB + 27 GB of fp32 gradients) do not: host AdamW.
+  [ "$model" = 1b ] && { mcfg=tinyllama-1b; mset=(--set parallel.zero.offload_optimizer=false); }
   if [ "$PEER_ONLY" = 1 ]; then
     peer "$model" "$seq"
     continue
@@ -43,7 +52,7 @@ for run in $RUNS; do
   start=$(date +%s)
   set +e
   $LAUNCH "$BIN" "$CFG" --set model.config=$mcfg --set data.seq_length=$seq --set train.steps=$STEPS \
-    --set output.dir=$dir "$@" > "$log" 2>&1
+    --set output.dir=$dir "${mset[@]}" "$@" > "$log" 2>&1
   rc=$?
   set -e
   wall=$(( $(date +%s) - start ))
@@ -60,7 +69,9 @@ out = dict(system="easyctx", model=model, seq=int(seq), rc=int(rc), wall_s=int(w
 timed = rows[1:] if len(rows) > 1 else rows
 if timed:
     tps = statistics.median(r["tokens_per_s"] for r in timed)
-    out.update(steps=len(rows), tokens_per_s=round(tps), step_s=round(int(seq) / tps, 2),
+    fb = statistics.median(r.get("fwd_bwd_s", -1) for r in timed)
+    out.update(steps=len(rows), tokens_per_s=round(tps), step_s=round(int(seq) / tps, 2), fwd_bwd_s=round(fb, 2),
+               fwd_bwd_tokens_per_s=round(int(seq) / fb) if fb > 0 else -1,
                mfu=round(statistics.median(r.get("mfu", -1) for r in timed), 4),
                peak_mem_gib=max(r.get("peak_mem_gib", -1) for r in rows), loss=rows[-1]["loss"])
 else:

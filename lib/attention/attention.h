@@ -39,9 +39,7 @@ class LocalAttention final : public SequenceAttention {
     ops::AttentionBlock blk;
     blk.scale = scale;
     blk.causal = true;
-    be_.fill(dq, 0);
-    be_.fill(dk, 0);
-    be_.fill(dv, 0);
+    blk.accumulate = false;  // one block: overwrite (cuDNN writes the gradients in place)
     be_.attention_bwd(q, k, v, o, lse, dout, blk, dq, dk, dv);
   }
 

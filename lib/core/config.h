@@ -96,6 +96,7 @@ struct LoggingConfig {
   bool per_rank = false;
   bool metrics = true;
   std::string level = "info";
+  bool profile = false;
 };
 
 // The machine a run is sized for (lib/plan: `easyctx_train STAGE.yaml --plan`, and the check

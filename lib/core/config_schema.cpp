@@ -386,6 +386,12 @@ const Registry& registry() {
                "Write <output.dir>/metrics.jsonl (one JSON object per step).");
     r.add_string("logging.level", [](StageConfig& c) -> std::string& { return c.logging.level; },
                  "debug, info, warn, error", "Log verbosity.", check_level);
+    r.add_bool("logging.profile", [](StageConfig& c) -> bool& { return c.logging.profile; },
+               "Time every op of the backend (CUDA: events on its stream) and the step's phases (data, "
+               "forward+backward, gradient reduction, clip, optimizer; the backend is synchronized between "
+               "them) over every step but the first; at the end print the time per step by op and by op and "
+               "shape with achieved TFLOP/s, and write <output.dir>/profile.json (docs/performance.md). Adds a "
+               "synchronization per phase: leave it off for the tokens/s you report.");
     // ---- target (the memory plan, lib/plan; docs/memory-model.md)
     r.add_string("target.gpu", [](StageConfig& c) -> std::string& { return c.target.gpu; },
                  "\"\", A100-40GB, A100-80GB, H100-80GB, H200, or any name with target.gpu_memory_gib",

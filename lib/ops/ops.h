@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "ops/tensor.h"
 
@@ -28,6 +29,9 @@ struct AttentionBlock {
   bool causal = true;
   int64_t q_offset = 0;
   int64_t k_offset = 0;
+  // attention_bwd: true adds into dq/dk/dv (a ring's steps sum); false overwrites them (one
+  // block covers every key: the CUDA backend then lets cuDNN write them in place).
+  bool accumulate = true;
 };
 
 // Sum of next-token NLL over the labelled tokens (label >= 0) and their count; the caller
@@ -67,6 +71,17 @@ struct CopyFence {
   int64_t seq = 0;
 };
 
+// Marks around ops, ordered like a backend's work (Backend::make_op_timer; the per-op
+// profile of lib/ops/profile.h). begin() and end() bracket one op; collect() waits for the
+// marked work and returns each pair's milliseconds in order, then starts over.
+class OpTimer {
+ public:
+  virtual ~OpTimer() = default;
+  virtual void begin() = 0;
+  virtual void end() = 0;
+  virtual std::vector<double> collect() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -80,6 +95,11 @@ class Backend {
   // from what is live now.
   virtual MemoryStats memory_stats() const = 0;
   virtual void reset_peak_memory() = 0;
+  // The backend that does the work (a wrapper such as ProfilingBackend returns the one it wraps).
+  virtual Backend& base() { return *this; }
+  // Marks for timing ops (default: the host's wall clock, right for synchronous backends;
+  // CUDA: events on the backend's stream).
+  virtual std::unique_ptr<OpTimer> make_op_timer();
 
   // ---- copies that overlap compute (activation.offload: checkpoints in host memory)
   // Zero-filled page-locked host buffer the device copies to and from asynchronously (CUDA:
@@ -130,7 +150,8 @@ class Backend {
   virtual void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionBlock& blk,
                              const Tensor& o, const Tensor& lse) = 0;
   // Given the *final* o and lse of the rows (after any merge across blocks), adds this
-  // block's contribution: dq += ..., dk += ..., dv += ... (accumulating, so ring steps sum).
+  // block's contribution: dq += ..., dk += ..., dv += ... (accumulating, so ring steps sum;
+  // with blk.accumulate false: dq = ..., dk = ..., dv = ...).
   virtual void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                              const Tensor& dout, const AttentionBlock& blk, const Tensor& dq, const Tensor& dk,
                              const Tensor& dv) = 0;

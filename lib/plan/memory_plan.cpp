@@ -128,7 +128,11 @@ class AttentionReplay {
   // gradients, a key tile's fp32 dK/dV, the fp32 dQ accumulator of one sequence (unless the
   // gradients are fp32: a ring's accumulators) and the workspace of one tile.
   // (A causal square needs the same buffers as a full block: it only skips tiles.)
-  void bwd_scratch(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, bool f32_grads) {
+  // `overwrite` (LocalAttention's single block, blk.accumulate false, bf16 gradients): one call
+  // writes the gradients in place, no scratch but the workspace, for any length with atomic
+  // dQ and up to T x T deterministic (CudaBackend::cudnn_bwd_in_place).
+  void bwd_scratch(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, bool f32_grads,
+                   bool overwrite = false) {
     if (!r_.cuda) return;  // the CPU kernels keep per-thread rows on the heap (small)
     const bool det = r_.cfg.train.deterministic;
     const int64_t T = ops::attention_bwd_tile(det), qrow = hq * hd_, krow = hkv * hd_;
@@ -139,6 +143,10 @@ class AttentionReplay {
     const std::string ws_name = std::string("attention bwd: cuDNN workspace (softmax sum, ") +
                                 (det ? "dP tile)" : "dQ accumulator)");
     const std::string ws_f = det ? "4 x Hq x rows + 2 x Hq x rows x cols" : "4 x Hq x rows + 4 x rows x Hq x hd";
+    if (overwrite && !f32_grads && (!det || (sq <= T && sk <= T))) {
+      rp_.scratch(ws_name, cudnn_ws(b, sq, sk), ws_f + " (one call, gradients in place)");
+      return;
+    }
     if (sq > T || sk > T) {
       std::vector<int> ids;
       ids.push_back(rp_.alloc("attention bwd: bf16 tile gradients", 2 * T * (qrow + 2 * krow),
@@ -155,19 +163,13 @@ class AttentionReplay {
     rp_.free(g);
   }
 
+  // A causal square's forward (one GPU's sequence, a ring's step 0) runs cuDNN's causal graph
+  // in one call, without scratch of its own (CudaBackend::causal_square_cudnn). Only where
+  // cuDNN declines that graph does CudaBackend::causal_in_chunks keep one query chunk's
+  // accumulators, 6 t Hq hd + 8 Hq t bytes (t = ops::causal_chunk_rows(s) <= 8192: at most
+  // 0.2 GiB for 32 x 128), not planned.
   void local(bool backward) {
-    if (backward) bwd_scratch(r_.B, r_.S, r_.S, hq_, hkv_, false);
-    else causal_chunks(r_.S, hq_);
-  }
-
-  // CudaBackend::causal_in_chunks: a causal square of s rows (batch 1, s >= 2t) keeps an f32
-  // output accumulator, a bf16 block output and two f32 LSE rows of one query chunk.
-  void causal_chunks(int64_t s, int64_t hq) {
-    if (!r_.cuda || r_.B != 1) return;
-    const int64_t t = ops::causal_chunk_rows(s);
-    if (s < 2 * t) return;
-    rp_.scratch("causal square in query chunks (t = " + num(t) + " rows)", 6 * t * hq * hd_ + 8 * hq * t,
-                "(4 + 2) x t x Hq x hd + 2 x 4 x Hq x t");
+    if (backward) bwd_scratch(r_.B, r_.S, r_.S, hq_, hkv_, false, true);
   }
 
   // ZigzagRingAttention::forward_one / backward_one on s local tokens (c = s/2 per chunk).
@@ -181,7 +183,6 @@ class AttentionReplay {
       add("block output", e * qc, "e x c x Hq x hd");
       add("block LSE", 4 * hq * c, "4 x Hq x c");
       add("K/V double buffer", 4 * e * kvs, "2 x 2 x e x S x Hkv x hd");
-      causal_chunks(c, hq);  // step 0's diagonal c x c squares
     } else {
       add("LSE chunks x2", 2 * 4 * hq * c, "2 x 4 x Hq x c");
       add("dQ accumulator (f32)", 4 * s * hq * hd_, "4 x S x Hq x hd");
@@ -263,7 +264,7 @@ class AttentionReplay {
       ids.push_back(rp_.alloc(t + "dq, dk, dv (head-sharded)", e * sg * (nq + 2 * nkv) * hd_,
                               "e x S x U x (Hq + 2 Hkv)/U x hd"));
       if (ring) zigzag(sg, nq, nkv, true, "usp ring ");
-      else bwd_scratch(1, sg, sg, nq, nkv, false);
+      else bwd_scratch(1, sg, sg, nq, nkv, false, true);
       from_heads(nq);
       from_heads(nkv);
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -14,6 +15,7 @@
 #include "cuda_check.h"
 #include "ops/cuda/cuda_backend.h"
 #endif
+#include "ops/profile.h"
 
 #include "attention/sequence_parallel.h"
 #include "ckpt/convert.h"
@@ -51,7 +53,8 @@ void check_supported(const StageConfig& cfg) {
   EASYCTX_CHECK_INPUT(!cfg.data.path.empty(), "data.path: empty; give the h5tokenize output (file, folder or glob)");
 }
 
-std::unique_ptr<ops::Backend> make_backend(DeviceKind d, bool deterministic) {
+std::unique_ptr<ops::Backend> make_plain_backend(DeviceKind d, bool deterministic) {
+  (void)deterministic;  // (CUDA only)
   if (d == DeviceKind::Cuda) {
 #ifdef EASYCTX_HAVE_CUDA
     ops::CudaBackendOptions o;
@@ -63,6 +66,21 @@ std::unique_ptr<ops::Backend> make_backend(DeviceKind d, bool deterministic) {
   }
   return ops::make_cpu_backend();
 }
+
+// The run's backend, behind the per-op profiler with logging.profile.
+std::unique_ptr<ops::Backend> make_backend(DeviceKind d, const StageConfig& cfg) {
+  std::unique_ptr<ops::Backend> be = make_plain_backend(d, cfg.train.deterministic);
+  if (cfg.logging.profile) be = std::make_unique<ops::ProfilingBackend>(std::move(be));
+  return be;
+}
+
+std::string format_fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 #ifdef EASYCTX_HAVE_CUDA
 // Dense bf16 peak of the current device by name (EASYCTX_PEAK_TFLOPS overrides); 0 unknown.
@@ -208,7 +226,7 @@ Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunO
     init(nullptr, data::SpLayout::None, 1, 0);
     return;
   }
-  be_ = make_backend(device_, cfg_.train.deterministic);
+  be_ = make_backend(device_, cfg_);
   std::shared_ptr<attention::SequenceAttention> attn;
   data::SpLayout layout = data::SpLayout::Contiguous;
   switch (cfg_.parallel.sequence.mode) {
@@ -242,7 +260,8 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
   plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
   EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
                       " (the whole plan: easyctx_train STAGE.yaml --plan; target.headroom loosens the margin)");
-  if (!be_) be_ = make_backend(device_, cfg_.train.deterministic);
+  if (!be_) be_ = make_backend(device_, cfg_);
+  prof_ = dynamic_cast<ops::ProfilingBackend*>(be_.get());
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
   // trainer too, with the gradients staged through host memory.
   for (const dist::Comm* c : {&world_, &dp_, &grad_comm_})
@@ -809,12 +828,97 @@ std::vector<ops::Tensor> Trainer::gradients() const {
 
 StepStats Trainer::train_step(int64_t step) {
   const auto t0 = Clock::now();
+  phase_t_ = t0;
   StepStats st = compute_gradients(step);
+  be_->synchronize();  // (a device backend: the gradients are final; no cost worth naming)
+  st.fwd_bwd_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   st.grad_norm = clip_gradients();
+  phase("clip");
   optimizer_step(st.lr, step);
   be_->synchronize();  // device backends: the step is done when its queued work is
+  phase("optimizer");
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (prof_ && prof_->enabled()) {
+    prof_->collect();
+    ++profiled_steps_;
+    profiled_ms_ += 1e3 * st.seconds;
+  }
   return st;
+}
+
+void Trainer::phase(const char* name) {
+  if (!prof_ || !prof_->enabled()) return;
+  be_->synchronize();
+  const double ms = ms_since(phase_t_);
+  phase_t_ = Clock::now();
+  for (auto& [n, t] : phase_ms_)
+    if (n == name) {
+      t += ms;
+      return;
+    }
+  phase_ms_.emplace_back(name, ms);
+}
+
+// The profile of the timed steps (rank 0's): the step's phases by wall time, then the
+// backend's ops by device time, per step; also <output.dir>/profile.json.
+void Trainer::report_profile() const {
+  if (!prof_ || profiled_steps_ == 0 || world_.rank() != 0) return;
+  const double n = static_cast<double>(profiled_steps_);
+  std::string ph;
+  double phases = 0;
+  for (const auto& [name, ms] : phase_ms_) {
+    ph += " | " + name + " " + format_fixed(ms / n, 1);
+    phases += ms;
+  }
+  log_info("profile over ", profiled_steps_, " step(s) after the first (ms per step, the backend synchronized "
+           "between phases): step ", format_fixed(profiled_ms_ / n, 1), ph);
+  const std::vector<ops::OpProfileRow> rows = prof_->rows();
+  const double ops_ms = prof_->total_ms();
+  log_info("profile: ops of the backend ", format_fixed(ops_ms / n, 1), " ms per step (",
+           format_fixed(100.0 * ops_ms / std::max(profiled_ms_, 1e-9), 1),
+           "% of the step; the rest is host work, transfers, collectives and launch gaps)");
+  // By op name (the key's first word), then the top keys.
+  std::vector<std::pair<std::string, ops::OpProfileRow>> fam;
+  for (const ops::OpProfileRow& r : rows) {
+    const std::string op = r.key.substr(0, r.key.find(' '));
+    auto it = std::find_if(fam.begin(), fam.end(), [&](const auto& f) { return f.first == op; });
+    if (it == fam.end()) it = fam.insert(fam.end(), {op, ops::OpProfileRow{op}});
+    it->second.calls += r.calls;
+    it->second.ms += r.ms;
+    it->second.flops += r.flops;
+  }
+  std::stable_sort(fam.begin(), fam.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  auto line = [&](const ops::OpProfileRow& r) {
+    char buf[320];
+    const double tf = r.flops > 0 && r.ms > 0 ? r.flops / (r.ms * 1e-3) / 1e12 : 0;
+    std::snprintf(buf, sizeof(buf), "%10.1f %6.1f%% %9.1f %8s  %s", r.ms / n, 100.0 * r.ms / std::max(ops_ms, 1e-9),
+                  static_cast<double>(r.calls) / n, tf > 0 ? format_fixed(tf, tf >= 10 ? 0 : 3).c_str() : "-", r.key.c_str());
+    return std::string(buf);
+  };
+  log_info("profile by op:   ms/step  %ops calls/step  TFLOP/s  op");
+  for (const auto& f : fam) log_info("  ", line(f.second));
+  log_info("profile by op and shape (top 40):");
+  for (size_t i = 0; i < rows.size() && i < 40; ++i) log_info("  ", line(rows[i]));
+  Json j = Json::object();
+  j.set("steps", profiled_steps_);
+  j.set("step_ms", profiled_ms_ / n);
+  Json jp = Json::object();
+  for (const auto& [name, ms] : phase_ms_) jp.set(name, ms / n);
+  j.set("phases_ms", jp);
+  j.set("ops_ms", ops_ms / n);
+  Json jr = Json::array();
+  for (const ops::OpProfileRow& r : rows) {
+    Json o = Json::object();
+    o.set("op", r.key);
+    o.set("calls", static_cast<double>(r.calls) / n);
+    o.set("ms", r.ms / n);
+    if (r.flops > 0) o.set("tflops", r.flops / (r.ms * 1e-3) / 1e12);
+    jr.push_back(o);
+  }
+  j.set("ops", jr);
+  const std::string path = (fs::path(cfg_.output.dir) / "profile.json").string();
+  write_file_atomic(path, j.dump() + "\n");
+  log_info("profile written to ", path);
 }
 
 StepStats Trainer::compute_gradients(int64_t step) {
@@ -830,6 +934,7 @@ StepStats Trainer::compute_gradients(int64_t step) {
   }
   const double global_labels = world_.all_reduce_scalar(local_labels, dist::ReduceOp::Sum);
   EASYCTX_CHECK(global_labels > 0, "step ", step, ": the global batch has no labelled tokens");
+  phase("data");
   for (ops::Buffer& g : grads_)
     if (g.numel() > 0) be_->fill(g.flat(), 0.0);
   for (ops::Buffer& g : gshard_) be_->fill(g.flat(), 0.0);  // ZeRO-3: the layers add into it per micro-batch
@@ -861,10 +966,12 @@ StepStats Trainer::compute_gradients(int64_t step) {
                    .sum_nll;
     st.tokens += n;
   }
+  phase("forward+backward");
   reduce_gradients();
   st.loss = world_.all_reduce_scalar(sum_nll, dist::ReduceOp::Sum) / global_labels;
   st.tokens = static_cast<int64_t>(world_.all_reduce_scalar(static_cast<double>(st.tokens), dist::ReduceOp::Sum));
   st.labels = static_cast<int64_t>(global_labels);
+  phase("gradient reduction");
   return st;
 }
 
@@ -917,6 +1024,9 @@ StepStats Trainer::run() {
       world_.barrier();
       return st;
     }
+    // logging.profile: every step but the first this run makes (cuDNN plans, allocations),
+    // unless it makes only one.
+    if (prof_) prof_->set_enabled(step > start_step_ || cfg_.train.steps - start_step_ == 1);
     st = train_step(step);
     if (cfg_.output.save_every > 0 && (step + 1) % cfg_.output.save_every == 0 && step + 1 < cfg_.train.steps)
       save_checkpoint(step + 1);
@@ -938,6 +1048,7 @@ StepStats Trainer::run() {
       r.set("grad_norm", st.grad_norm);
       r.set("tokens", st.tokens);
       r.set("tokens_per_s", tps);
+      r.set("fwd_bwd_s", st.fwd_bwd_seconds);
       r.set("elapsed", elapsed);
       if (st.mfu >= 0) r.set("mfu", st.mfu);
       if (st.peak_mem_gib >= 0) r.set("peak_mem_gib", st.peak_mem_gib);
@@ -963,6 +1074,7 @@ StepStats Trainer::run() {
     }
   }
   if (cfg_.train.steps > start_step_ && cfg_.output.save_final) save_checkpoint(cfg_.train.steps);
+  report_profile();
   if (root) log_info(plan::compare_line(*plan_, be_->memory_stats(), static_cast<double>(plan::vm_hwm_bytes()),
                                         on_device() ? peak_mem_bytes_ : -1.0));
   if (cfg_.output.export_hf && (root || zero3())) {  // (ZeRO-3: every rank takes part in the gather)

@@ -20,6 +20,7 @@
 // that layer's backward (per micro-batch, added into the shard). Sequence parallelism plugs
 // in at the model's attention seam.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,6 +32,10 @@
 #include "dist/runtime.h"
 #include "model/llama.h"
 #include "ops/ops.h"
+
+namespace easyctx::ops {
+class ProfilingBackend;
+}
 
 namespace easyctx::data {
 class DataLoader;
@@ -52,6 +57,7 @@ struct StepStats {
   int64_t tokens = 0;      // input tokens of the global batch
   int64_t labels = 0;      // labelled tokens of the global batch
   double seconds = 0;      // wall time of the step
+  double fwd_bwd_seconds = 0;  // of it: data, forward and backward (gradients final), before clip and optimizer
   double mfu = -1;         // model FLOP utilisation (CUDA with a known peak; else -1), set by run()
   double peak_mem_gib = -1;  // device memory high-water mark so far (CUDA; else -1), set by run()
 };
@@ -148,6 +154,10 @@ class Trainer {
   void gather_unit(size_t u, const ops::Buffer& dst);    // dst = all shards of unit u (compute dtype)
   void scatter_grad(size_t u, const ops::Buffer& full);  // gshard_[u] += this rank's block of sum(full)
   std::vector<float> gather_master_host(size_t u) const;  // unit u's fp32 master weights, whole
+  // logging.profile: ends phase `name` of the step (synchronizes the backend; its wall time
+  // since the previous mark adds to the phase), and the report at the end of the run.
+  void phase(const char* name);
+  void report_profile() const;
 
   StageConfig cfg_;
   DeviceKind device_;
@@ -183,6 +193,12 @@ class Trainer {
   ops::Buffer tokens_dev_, positions_dev_, labels_dev_;  // CUDA: the micro-batch on the device
   double peak_flops_ = 0;     // CUDA: the device's dense bf16 peak, FLOP/s (0: unknown)
   double peak_mem_bytes_ = 0;  // CUDA: device memory in use, high-water mark
+  // logging.profile (the backend wrapped in ops::ProfilingBackend; null otherwise):
+  ops::ProfilingBackend* prof_ = nullptr;
+  std::vector<std::pair<std::string, double>> phase_ms_;  // per phase, in order: ms summed over profiled steps
+  std::chrono::steady_clock::time_point phase_t_;
+  int64_t profiled_steps_ = 0;
+  double profiled_ms_ = 0;  // wall time of the profiled steps
 };
 
 // torch.nn.utils.clip_grad_norm_: returns the global L2 norm of `grads` (all local; sum

@@ -1,9 +1,9 @@
 // CUDA attention (bf16, fp32 LSE) against the CPU reference in fp32 on the same bf16-rounded
 // inputs: forward o/lse and backward dq/dk/dv (accumulated onto random starting values),
 // with causal offsets (including rows that see no key: o = 0, lse = -inf), non-causal
-// blocks, GQA 32/4 and head dims 64 and 128, long causal squares (forward in query chunks,
-// backward in tiles through cuDNN's composite graph when cuDNN is allowed). Outputs are
-// NaN-poisoned before the forward.
+// blocks, GQA 32/4 and head dims 64 and 128, causal squares (forward through cuDNN's causal
+// graph or in query chunks, backward in tiles through cuDNN's composite graph when cuDNN is
+// allowed). Outputs are NaN-poisoned before the forward.
 #include <sstream>
 
 #include "cuda_test_util.h"
@@ -26,25 +26,38 @@ class CudaAttentionTest : public CudaOpsTest, public ::testing::WithParamInterfa
  protected:
   void run_case(const Case& c);
   bool use_cudnn_ = false;
+  bool causal_graph_ = true;
 };
 
-// Blocks without a mask run through cuDNN's SDPA where it has a plan (cudnn_attention =
-// true, the default) and through our kernels otherwise: every case runs both ways.
+bool causal_square(const Case& c) { return c.causal && c.sq == c.sk && c.q_off == c.k_off; }
+
+// Blocks run through cuDNN where it has a plan (cudnn_attention = true, the default: causal
+// squares' forward through the composite causal graph, blocks without a mask through the
+// SDPA node, every backward through the composite graph) and through our kernels otherwise:
+// every case runs both ways; long causal squares also with the graph off (query chunks).
 TEST_P(CudaAttentionTest, ForwardBackwardMatchReference) {
-  for (bool use_cudnn : {false, true}) {
+  struct Mode {
+    bool cudnn, graph;
+    const char* what;
+  };
+  for (const Mode m : {Mode{false, false, "kernels only"}, Mode{true, true, "cudnn allowed"},
+                       Mode{true, false, "cudnn, causal squares in query chunks"}}) {
+    if (m.cudnn && !m.graph && !(causal_square(GetParam()) && GetParam().sq >= 2048)) continue;
     ops::CudaBackendOptions opts;
-    opts.cudnn_attention = use_cudnn;
+    opts.cudnn_attention = m.cudnn;
+    opts.cudnn_causal_graph = m.graph;
     opts.attention_bwd_tile = 1024;  // the long squares below reach the tiled backward
     gpu = ops::make_cuda_backend(opts);
-    use_cudnn_ = use_cudnn;
-    SCOPED_TRACE(use_cudnn ? "cudnn allowed" : "kernels only");
+    use_cudnn_ = m.cudnn;
+    causal_graph_ = m.graph;
+    SCOPED_TRACE(m.what);
     run_case(GetParam());
     std::printf("[path] %s: %s\n", tag.c_str(), ops::cuda_attention_path(*gpu).c_str());
   }
 }
 
 void CudaAttentionTest::run_case(const Case& c) {
-  tag = (std::ostringstream() << c).str() + (use_cudnn_ ? " [cudnn ok]" : " [kernels]");
+  tag = (std::ostringstream() << c).str() + (use_cudnn_ ? (causal_graph_ ? " [cudnn ok]" : " [cudnn, chunks]") : " [kernels]");
   const DType t = DType::BF16;
   const int64_t nq = c.b * c.sq * c.hq * c.hd, nk = c.b * c.sk * c.hkv * c.hd, nl = c.b * c.hq * c.sq;
   ops::AttentionBlock blk;
@@ -62,9 +75,14 @@ void CudaAttentionTest::run_case(const Case& c) {
   auto qv = [&](const Buffer& x) { return x.view({c.b, c.sq, c.hq, c.hd}); };
   auto kv = [&](const Buffer& x) { return x.view({c.b, c.sk, c.hkv, c.hd}); };
   gpu->attention_fwd(qv(bq), kv(bk), kv(bv), blk, qv(bo), bl.flat());
-  if (use_cudnn_ && c.causal && c.b == 1 && c.sq == c.sk && c.q_off == c.k_off && c.sq >= 2048)
-    EXPECT_NE(ops::cuda_attention_path(*gpu).find("chunks"), std::string::npos)
-        << "a long causal square should run in query chunks; path: " << ops::cuda_attention_path(*gpu);
+  const std::string fwd_path = ops::cuda_attention_path(*gpu);
+  std::printf("[path] forward %s: %s\n", tag.c_str(), fwd_path.c_str());
+  if (use_cudnn_ && causal_square(c) && causal_graph_) {
+    EXPECT_NE(fwd_path.find("causal graph"), std::string::npos) << "a causal square's forward should run cuDNN's causal graph";
+  }
+  if (use_cudnn_ && causal_square(c) && !causal_graph_ && c.b == 1 && c.sq >= 2048) {
+    EXPECT_NE(fwd_path.find("chunks"), std::string::npos) << "with the graph off, a long causal square runs in query chunks";
+  }
   std::vector<float> o(static_cast<size_t>(nq)), l(static_cast<size_t>(nl));
   cpu->attention_fwd(host(q, {c.b, c.sq, c.hq, c.hd}), host(k, {c.b, c.sk, c.hkv, c.hd}),
                      host(v, {c.b, c.sk, c.hkv, c.hd}), blk, host(o, {c.b, c.sq, c.hq, c.hd}), host(l, {nl}));
@@ -95,9 +113,12 @@ void CudaAttentionTest::run_case(const Case& c) {
   gpu->attention_bwd(qv(bq), kv(bk), kv(bv), qv(bo2), bl2.flat(), qv(bdo), blk, qv(bdq), kv(bdk), kv(bdv));
   const std::string bwd_path = ops::cuda_attention_path(*gpu);
   std::printf("[path] backward %s: %s\n", tag.c_str(), bwd_path.c_str());
-  if (use_cudnn_ && c.causal && c.b == 1 && c.sq == c.sk && c.q_off == c.k_off && c.sq >= 2048)
+  if (use_cudnn_ && c.causal && c.b == 1 && c.sq == c.sk && c.q_off == c.k_off && c.sq >= 2048) {
     EXPECT_NE(bwd_path.find("tiles"), std::string::npos) << "a long causal square's backward should run in tiles";
-  if (use_cudnn_) EXPECT_EQ(bwd_path.find("atomic"), std::string::npos) << "deterministic by default: " << bwd_path;
+  }
+  if (use_cudnn_) {
+    EXPECT_EQ(bwd_path.find("atomic"), std::string::npos) << "deterministic by default: " << bwd_path;
+  }
   // The reference accumulates onto the same start; compare the increments' effect overall
   // and the increments alone (stricter when the increment is small next to the start).
   auto dq0 = dq, dk0 = dk, dv0 = dv;
@@ -124,6 +145,36 @@ void CudaAttentionTest::run_case(const Case& c) {
   EXPECT_EQ(download_bits(cdq), download_bits(bdq));
   EXPECT_EQ(download_bits(cdk), download_bits(bdk));
   EXPECT_EQ(download_bits(cdv), download_bits(bdv));
+
+  // Overwriting (blk.accumulate false, LocalAttention's call): NaN-poisoned gradients come
+  // back as the increments alone (causal squares and full blocks: cuDNN writes them in
+  // place in one call), deterministic and atomic.
+  for (bool det : {true, false}) {
+    if (!det && !use_cudnn_) continue;
+    ops::CudaBackendOptions o2;
+    o2.cudnn_attention = use_cudnn_;
+    o2.cudnn_causal_graph = causal_graph_;
+    o2.deterministic = det;
+    o2.attention_bwd_tile = 1024;
+    auto be2 = ops::make_cuda_backend(o2);
+    ops::AttentionBlock ob = blk;
+    ob.accumulate = false;
+    Buffer odq = gpu->alloc(t, nq), odk = gpu->alloc(t, nk), odv = gpu->alloc(t, nk);
+    poison(odq);
+    poison(odk);
+    poison(odv);
+    gpu->synchronize();  // be2 runs on its own stream
+    be2->attention_bwd(qv(bq), kv(bk), kv(bv), qv(bo2), bl2.flat(), qv(bdo), ob, qv(odq), kv(odk), kv(odv));
+    be2->synchronize();
+    const std::string opath = ops::cuda_attention_path(*be2);
+    std::printf("[path] overwriting backward %s%s: %s\n", tag.c_str(), det ? "" : " atomic", opath.c_str());
+    if (use_cudnn_ && (causal_square(c) || !c.causal) && (!det || (c.sq <= 1024 && c.sk <= 1024))) {
+      EXPECT_NE(opath.find("in place"), std::string::npos) << "one block, overwriting: cuDNN in place";
+    }
+    EXPECT_REL(download(odq), inc(dq, dq0), 3e-2);
+    EXPECT_REL(download(odk), inc(dk, dk0), 3e-2);
+    EXPECT_REL(download(odv), inc(dv, dv0), 3e-2);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -138,9 +189,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 64, 64, 2, 2, 128, true, 0, 1000},      // no row sees any key
                       Case{1, 256, 384, 32, 4, 128, false, 0, 0},     // full, GQA 32/4, hd 128
                       Case{2, 128, 200, 8, 2, 64, true, 300, 0},      // causal, every key visible
-                      // Long causal squares: with cuDNN the forward runs in query chunks of 1024
-                      // rows (prefix through cuDNN, diagonal through the kernel, LSE merge), the
-                      // backward in 1024 x 1024 tiles (causal diagonal tiles); the last is short.
+                      Case{2, 300, 300, 8, 2, 128, true, 0, 0},       // causal squares, batch 2
+                      // Long causal squares: with cuDNN the forward runs the causal graph (or, with
+                      // it off, query chunks of 1024 rows: prefix through cuDNN, diagonal through
+                      // the kernel, LSE merge), the backward 1024 x 1024 tiles (causal diagonal
+                      // tiles); the last is short.
                       Case{1, 2304, 2304, 4, 2, 64, true, 0, 0},
                       Case{1, 3072, 3072, 8, 8, 128, true, 0, 0},
                       // A long block without a mask (a ring's off-diagonal step): 2 x 3 backward

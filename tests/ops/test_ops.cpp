@@ -270,3 +270,36 @@ TEST_F(OpsFixture, ShapeErrorsNameTheOp) {
 
 }  // namespace
 }  // namespace easyctx::test
+
+namespace easyctx::test {
+namespace {
+
+// attention_bwd with blk.accumulate false overwrites dq/dk/dv (LocalAttention's call): the
+// same values as accumulating onto zeros, whatever the buffers held.
+TEST_F(OpsFixture, AttentionBackwardOverwriteEqualsAccumulateFromZero) {
+  const int64_t S = 37, H = 4, Hk = 2, hd = 8;
+  for (bool causal : {true, false}) {
+    ops::Buffer q = rand(DType::F32, S * H * hd), k = rand(DType::F32, S * Hk * hd), v = rand(DType::F32, S * Hk * hd);
+    ops::Buffer o = be->alloc(DType::F32, S * H * hd), lse = be->alloc(DType::F32, H * S);
+    ops::Buffer dout = rand(DType::F32, S * H * hd);
+    ops::AttentionBlock blk;
+    blk.scale = 0.35;
+    blk.causal = causal;
+    auto qv = [&](const ops::Buffer& b) { return b.view({1, S, H, hd}); };
+    auto kv = [&](const ops::Buffer& b) { return b.view({1, S, Hk, hd}); };
+    be->attention_fwd(qv(q), kv(k), kv(v), blk, qv(o), lse.flat());
+    ops::Buffer a[3] = {be->alloc(DType::F32, S * H * hd), be->alloc(DType::F32, S * Hk * hd),
+                        be->alloc(DType::F32, S * Hk * hd)};
+    ops::Buffer w[3] = {rand(DType::F32, S * H * hd, 5, 9), rand(DType::F32, S * Hk * hd, 5, 9),
+                        rand(DType::F32, S * Hk * hd, 5, 9)};  // garbage the overwrite must not keep
+    be->attention_bwd(qv(q), kv(k), kv(v), qv(o), lse.flat(), qv(dout), blk, qv(a[0]), kv(a[1]), kv(a[2]));
+    blk.accumulate = false;
+    be->attention_bwd(qv(q), kv(k), kv(v), qv(o), lse.flat(), qv(dout), blk, qv(w[0]), kv(w[1]), kv(w[2]));
+    for (int i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < a[i].numel(); ++j)
+        ASSERT_EQ(a[i].flat().ptr<float>()[j], w[i].flat().ptr<float>()[j]) << "tensor " << i << " element " << j;
+  }
+}
+
+}  // namespace
+}  // namespace easyctx::test

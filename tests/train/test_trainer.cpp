@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/json.h"
 #include "core/strings.h"
 #include "dist/groups.h"
 #include "train/schedule.h"
@@ -80,6 +81,43 @@ TEST(Trainer, CheckpointPolicyDoesNotChangeTheResult) {
   }
   EXPECT_EQ(weights(ta), weights(tb));  // recomputation is bit-identical
   EXPECT_EQ(weights(ta), weights(tc));
+}
+
+// logging.profile: the ops run behind the profiler give the same bits; the run writes
+// profile.json with the step's phases and per-op rows (the forward's and the recompute's
+// attention, the backward's, the matmuls with their FLOPs).
+TEST(Trainer, ProfileChangesNothingAndWritesTheReport) {
+  TempDir dir("train-profile");
+  write_walk_shard(dir / "shard.h5", test_seed(), 40, 10, 80, 256);
+  auto world = self_comm("world"), dp = self_comm("dp");
+  StageConfig a = tiny_stage(dir / "shard.h5", dir / "a");
+  a.train.steps = 3;
+  a.output.save_final = false;
+  StageConfig b = a;
+  b.logging.profile = true;
+  b.output.dir = dir / "b";
+  train::Trainer ta(a, *world, *dp), tb(b, *world, *dp);
+  const train::StepStats sa = ta.run(), sb = tb.run();
+  EXPECT_EQ(sa.loss, sb.loss);
+  EXPECT_EQ(weights(ta), weights(tb));
+  EXPECT_FALSE(std::filesystem::exists(dir / "a" + "/profile.json"));
+  const Json j = parse_json(read_file(dir / "b" + "/profile.json"));
+  EXPECT_EQ(j.at("steps").as_int(), 2);  // every step but the first
+  for (const char* ph : {"data", "forward+backward", "gradient reduction", "clip", "optimizer"})
+    EXPECT_GE(j.at("phases_ms").at(ph).as_double(), 0) << ph;
+  const int64_t layers = ta.model().config().num_layers;
+  std::map<std::string, double> calls;
+  for (const Json& r : j.at("ops").as_array()) {
+    const std::string op = r.at("op").as_string();
+    calls[op.substr(0, op.find(' '))] += r.at("calls").as_double();
+    if (op.rfind("matmul", 0) == 0) {
+      EXPECT_GT(r.at("tflops").as_double(), 0) << op;
+    }
+  }
+  EXPECT_EQ(calls["attention_fwd"], 2.0 * static_cast<double>(layers));  // forward + recompute (checkpoint layer)
+  EXPECT_EQ(calls["attention_bwd"], static_cast<double>(layers));
+  EXPECT_GT(calls["matmul"], 0);
+  EXPECT_EQ(calls["lm_head_loss"], 1.0);
 }
 
 // activation.offload: cpu runs its code path on the CPU backend too (the checkpoints copied to

@@ -264,6 +264,8 @@ class CpuBackend final : public Backend {
     for (const Tensor* t : {&o, &dout, &dq}) check_numel("attention_bwd", "o/dout/dq", *t, q.numel());
     for (const Tensor* t : {&dk, &dv}) check_numel("attention_bwd", "dk/dv", *t, k.numel());
     check_numel("attention_bwd", "lse", lse, s.batch * s.hq * s.sq);
+    if (!blk.accumulate)
+      for (const Tensor* t : {&dq, &dk, &dv}) fill(*t, 0.0);
     if (q.dtype == DType::F32)
       cpu::attention_bwd(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), o.ptr<float>(), lse.ptr<float>(),
                          dout.ptr<float>(), s, blk, dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>());

@@ -80,6 +80,42 @@ cudaMemcpyKind copy_kind(const Tensor& dst, const Tensor& src) {
             : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
 }
 
+// Timing events on the backend's stream, a pair per op (logging.profile), reused after collect().
+class CudaOpTimer final : public OpTimer {
+ public:
+  explicit CudaOpTimer(cudaStream_t s) : stream_(s) {}
+  ~CudaOpTimer() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  void begin() override { mark(); }
+  void end() override { mark(); }
+  std::vector<double> collect() override {
+    std::vector<double> ms;
+    if (used_ == 0) return ms;
+    EASYCTX_CUDA_CHECK(cudaEventSynchronize(events_[used_ - 1]));
+    for (size_t i = 0; i + 1 < used_; i += 2) {
+      float t = 0;
+      EASYCTX_CUDA_CHECK(cudaEventElapsedTime(&t, events_[i], events_[i + 1]));
+      ms.push_back(t);
+    }
+    used_ = 0;
+    return ms;
+  }
+
+ private:
+  void mark() {
+    if (used_ == events_.size()) {
+      cudaEvent_t e = nullptr;
+      EASYCTX_CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    EASYCTX_CUDA_CHECK(cudaEventRecord(events_[used_++], stream_));
+  }
+  cudaStream_t stream_;
+  std::vector<cudaEvent_t> events_;
+  size_t used_ = 0;
+};
+
 // Events marking the copies of copy_async, reused round robin.
 constexpr int64_t kCopyEvents = 16;
 
@@ -100,6 +136,7 @@ class CudaBackend final : public Backend {
     EASYCTX_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     lt_ = std::make_unique<cuda::LtMatmul>(o.cublas_workspace);
     use_cudnn_ = o.cudnn_attention;
+    causal_graph_ = o.cudnn_causal_graph;
     EASYCTX_CHECK(o.attention_bwd_tile == 0 || (o.attention_bwd_tile >= 128 && o.attention_bwd_tile % 128 == 0),
                   "CudaBackendOptions::attention_bwd_tile must be 0 or a positive multiple of 128, got ",
                   o.attention_bwd_tile);
@@ -133,6 +170,7 @@ class CudaBackend final : public Backend {
   }
   const char* name() const override { return "cuda"; }
   MemSpace memspace() const override { return MemSpace::Device; }
+  std::unique_ptr<OpTimer> make_op_timer() override { return std::make_unique<CudaOpTimer>(stream_); }
   void synchronize() override { EASYCTX_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   MemoryStats memory_stats() const override {
@@ -462,6 +500,7 @@ class CudaBackend final : public Backend {
       fill(lse, -INFINITY);
       return;
     }
+    if (causal_square_cudnn(p)) return;
     if (causal_in_chunks(p)) return;
     if (cudnn_eligible(p, {q.data, k.data, v.data, o.data, lse.data}) &&
         after_cudnn(
@@ -488,10 +527,13 @@ class CudaBackend final : public Backend {
     for (const Tensor* t : {&o, &dout, &dq}) check_numel("attention_bwd", "o/dout/dq", *t, q.numel());
     for (const Tensor* t : {&dk, &dv}) check_numel("attention_bwd", "dk/dv", *t, k.numel());
     check_numel("attention_bwd", "lse", lse, p.batch * p.hq * p.sq);
-    if (p.sk == 0 || p.sq == 0) return;
     p.o = static_cast<const bf16*>(o.data);
     p.dout = static_cast<const bf16*>(dout.data);
     p.lse = lse.ptr<float>();
+    if (!blk.accumulate && !f32_grads && p.sk > 0 && p.sq > 0 && cudnn_bwd_in_place(p, dq, dk, dv)) return;
+    if (!blk.accumulate)
+      for (const Tensor* t : {&dq, &dk, &dv}) fill(*t, 0.0);
+    if (p.sk == 0 || p.sq == 0) return;
     if (cudnn_bwd(p, dq, dk, dv)) return;
     note_decline();
     // fp32 gradients (a ring's accumulators): this block's bf16 contribution is computed into
@@ -733,6 +775,46 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  // attention_bwd that overwrites bf16 gradients (blk.accumulate false: one block covers the
+  // keys, LocalAttention): one call of cuDNN's composite backward writing dq/dk/dv in place,
+  // no scratch and no tiles. Atomic dQ: any length (cuDNN's workspace holds the f32 dQ
+  // accumulator of the block, as the tiled path's own accumulator would); deterministic: up
+  // to a T x T block (its dP lives in the workspace). false: nothing written (the caller
+  // zeroes the gradients and takes the accumulating path).
+  bool cudnn_bwd_in_place(const kernels::AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+    if (!use_cudnn_) return false;
+    const bool full = !p.causal || p.diag >= p.sk - 1;
+    const bool square = p.causal && p.diag == 0 && p.sq == p.sk;
+    if (!full && !square) return false;
+    const int64_t T = attention_bwd_tile(det_, bwd_tile_);
+    if (det_ && (p.sq > T || p.sk > T)) return false;
+    if (!aligned16({p.q, p.k, p.v, p.o, p.dout, p.lse, dq.data, dk.data, dv.data})) return false;
+    if (!cudnn()) return false;
+    const cuda::SdpaShape shape{p.batch, p.sq, p.sk, p.hq, p.hkv, p.hd, !full, 0, det_};
+    if (!cudnn()->has_bwd_plan(shape)) return false;
+    if (!after_cudnn(cudnn()->try_bwd(shape, p.scale, p.q, p.k, p.v, p.o, p.lse, p.dout, dq.data, dk.data, dv.data,
+                                      stream_)))
+      return false;
+    last_path_ = std::string("cudnn (one call, in place") + (det_ ? "" : ", atomic dQ") + ")";
+    return true;
+  }
+
+  // A whole causal square (q and k at the same positions) in one call of cuDNN's composite
+  // causal forward graph; false (nothing written) when cuDNN is off or has no plan.
+  bool causal_square_cudnn(const kernels::AttentionParams& p) {
+    if (!p.causal || p.diag != 0 || p.sq != p.sk || !use_cudnn_ || !causal_graph_) return false;
+    if (!aligned16({p.q, p.k, p.v, p.o_out, p.lse_out})) return false;
+    cuda::SdpaShape sh = shape_of(p);
+    sh.causal = true;
+    if (!cudnn() || !cudnn()->has_fwd_plan(sh)) {
+      note_decline();
+      return false;
+    }
+    if (!after_cudnn(cudnn()->try_fwd(sh, p.scale, p.q, p.k, p.v, p.o_out, p.lse_out, stream_))) return false;
+    last_path_ = "cudnn (causal graph)";
+    return true;
+  }
+
   // A block with no mask at all (not causal, or causal with every key visible to every row)
   // whose buffers cuDNN can take (16-byte aligned).
   // A whole causal square (one GPU's sequence, a ring's step 0) in query chunks of t rows:
@@ -847,6 +929,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::LtMatmul> lt_;
   int* flag_ = nullptr;  // device int: set by kernels that find bad ids/labels
   bool use_cudnn_ = true;
+  bool causal_graph_ = true;  // CudaBackendOptions::cudnn_causal_graph
   int64_t bwd_tile_ = 0;  // 0: ops::attention_bwd_tile(det_)
   bool det_ = true;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
@@ -868,13 +951,13 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts) {
 }
 
 cudaStream_t cuda_stream(Backend& b) {
-  auto* c = dynamic_cast<CudaBackend*>(&b);
+  auto* c = dynamic_cast<CudaBackend*>(&b.base());
   EASYCTX_CHECK(c != nullptr, "cuda_stream: backend '", b.name(), "' is not the CUDA backend");
   return c->stream();
 }
 
 std::string cuda_attention_path(Backend& b) {
-  auto* c = dynamic_cast<CudaBackend*>(&b);
+  auto* c = dynamic_cast<CudaBackend*>(&b.base());
   EASYCTX_CHECK(c != nullptr, "cuda_attention_path: backend '", b.name(), "' is not the CUDA backend");
   return c->attention_path();
 }

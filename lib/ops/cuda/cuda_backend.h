@@ -23,6 +23,10 @@ struct CudaBackendOptions {
   // of those and of causal squares (the composite flash backward graph); otherwise the
   // FlashAttention-2 style kernels of kernels/attention_*.cu.
   bool cudnn_attention = true;
+  // Causal squares' forward in one call of cuDNN's composite causal graph; false: in query
+  // chunks (key prefix through cuDNN, diagonal through the kernel, LSE merge), the path
+  // taken when cuDNN declines the graph (tests reach it with false).
+  bool cudnn_causal_graph = true;
   // Bit-identical reruns: the cuDNN attention backward uses its deterministic graph (no
   // atomic dQ accumulation; dP in its workspace, so smaller tiles). false: the faster atomic one.
   bool deterministic = true;

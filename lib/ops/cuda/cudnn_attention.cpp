@@ -123,12 +123,77 @@ cudnnBackendDescriptor_t reduce_add(Descs& ds, cudnnBackendDescriptor_t x, cudnn
   return op;
 }
 
+cudnnBackendDescriptor_t reduce_max(Descs& ds, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+  auto rd = ds.make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+  const cudnnReduceTensorOp_t mx = CUDNN_REDUCE_TENSOR_MAX;
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mx, "reduction operator");
+  set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction compute type");
+  ok(cudnnBackendFinalize(rd), "finalize reduction descriptor");
+  auto op = ds.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
+  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
+  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction descriptor");
+  ok(cudnnBackendFinalize(op), "finalize reduction operation");
+  return op;
+}
+
 cudnnBackendDescriptor_t reshape(Descs& ds, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
   auto op = ds.make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
   set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x");
   set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y");
   ok(cudnnBackendFinalize(op), "finalize reshape operation");
   return op;
+}
+
+// The operations of the forward of a causal square (cudnn-frontend's composite sdpa with a
+// top-left causal mask and a composite softmax emitting Stats, as it lowers them for cuDNN
+// before the unified softmax node):
+//   S = select(row >= col, scale * Q K^T, lowest);  M = rowmax(S);  E = exp(S - M);
+//   Z = rowsum(E);  Stats = M + log Z (the caller's LSE);  O = bf16(E / Z) V.
+std::vector<cudnnBackendDescriptor_t> composite_fwd_ops(Descs& ds, const SdpaShape& s) {
+  const int64_t b = s.b, hq = s.hq, hk = s.hkv, sq = s.sq, sk = s.sk, d = s.hd;
+  const int64_t ls = s.lse_stride > 0 ? s.lse_stride : s.sq;
+  const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+  const cudnnDataType_t i32 = CUDNN_DATA_INT32, boolean = CUDNN_DATA_BOOLEAN;
+  int64_t vuid = 100;
+  auto virt = [&](const int64_t (&dims)[4], const int64_t (&strides)[4], cudnnDataType_t t = CUDNN_DATA_FLOAT) {
+    return tensor(ds, vuid++, dims, strides, t, Kind::Virtual);
+  };
+  const int64_t one4[4] = {1, 1, 1, 1};
+  const int64_t qd[4] = {b, hq, sq, d}, qst[4] = {sq * hq * d, d, hq * d, 1};
+  const int64_t ktd[4] = {b, hk, d, sk}, ktst[4] = {sk * hk * d, d, 1, hk * d};  // K^T view
+  const int64_t kd[4] = {b, hk, sk, d}, kst[4] = {sk * hk * d, d, hk * d, 1};
+  const int64_t rowd[4] = {b, hq, sq, 1}, rowst[4] = {hq * sq, sq, 1, 1}, lsest[4] = {hq * ls, ls, 1, 1};
+  const int64_t sd[4] = {b, hq, sq, sk}, sst[4] = {hq * sq * sk, sq * sk, sk, 1};
+
+  auto q = tensor(ds, kQ, qd, qst, bf), kt = tensor(ds, kK, ktd, ktst, bf), v = tensor(ds, kV, kd, kst, bf);
+  auto o = tensor(ds, kO, qd, qst, bf), stats = tensor(ds, kStats, rowd, lsest, f32);
+  auto scale = tensor(ds, kScale, one4, one4, f32, Kind::ByValue);
+  std::vector<cudnnBackendDescriptor_t> ops;
+  auto s0 = virt(sd, sst), s1 = virt(sd, sst);
+  ops.push_back(matmul(ds, q, kt, s0));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, s0, scale, s1));
+  if (s.causal) {
+    auto row = virt(sd, sst, i32), col = virt(sd, sst, i32), mask = virt(sd, sst, boolean), s2 = virt(sd, sst);
+    auto lowest = tensor(ds, kLowest, one4, one4, f32, Kind::ByValue);
+    ops.push_back(pointwise(ds, CUDNN_POINTWISE_GEN_INDEX, i32, s1, nullptr, row, nullptr, 2));
+    ops.push_back(pointwise(ds, CUDNN_POINTWISE_GEN_INDEX, i32, s1, nullptr, col, nullptr, 3));
+    ops.push_back(pointwise(ds, CUDNN_POINTWISE_CMP_GE, boolean, row, col, mask));
+    ops.push_back(pointwise(ds, CUDNN_POINTWISE_BINARY_SELECT, f32, s1, lowest, s2, mask));
+    s1 = s2;
+  }
+  auto mx = virt(rowd, rowst), sub = virt(sd, sst), e = virt(sd, sst), z = virt(rowd, rowst), lz = virt(rowd, rowst);
+  ops.push_back(reduce_max(ds, s1, mx));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_SUB, f32, s1, mx, sub));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_EXP, f32, sub, nullptr, e));
+  ops.push_back(reduce_add(ds, e, z));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_LOG, f32, z, nullptr, lz));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_ADD, f32, mx, lz, stats));
+  auto p = virt(sd, sst, bf);  // the second matmul takes P in the I/O type
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_DIV, f32, e, z, p));
+  ops.push_back(matmul(ds, p, v, o));
+  return ops;
 }
 
 // The operations of the backward of one block (dims as the caller's [b, h, s, d] views):
@@ -313,6 +378,17 @@ CudnnAttention::Plan* CudnnAttention::plan(bool bwd, const SdpaShape& s) {
   auto p = std::make_unique<Plan>();
   cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
   std::string composite_why;
+  if (!bwd && s.causal) {  // the single-operation forward has no mask: the composite graph
+    try {
+      p->plan = make_plan(p->descs, handle, composite_fwd_ops(p->descs, s), &p->workspace);
+      p->composite = true;
+      p->total = p->workspace;
+      return (plans_[key] = std::move(p)).get();
+    } catch (const Decline& d) {
+      composite_why = "composite graph: " + d.what + "; ";
+      p = std::make_unique<Plan>();
+    }
+  }
   if (bwd) {  // the composite graph first (Ampere, Hopper; cuDNN's SDPA_BWD node is Blackwell-only in 9.19)
     try {
       p->plan = make_plan(p->descs, handle, composite_bwd_ops(p->descs, s), &p->workspace);
@@ -368,7 +444,8 @@ CudnnAttention::Plan* CudnnAttention::plan(bool bwd, const SdpaShape& s) {
     p->plan = make_plan(ds, handle, {op}, &p->workspace);
     p->total = p->workspace;
   } catch (const Decline& d) {
-    last_decline_ = std::string(bwd ? "SDPA backward: " + composite_why + "SDPA_BWD" : "SDPA_FWD") + ": " + d.what;
+    last_decline_ = bwd ? "SDPA backward: " + composite_why + "SDPA_BWD: " + d.what
+                        : "SDPA forward: " + composite_why + "SDPA_FWD: " + d.what;
     plans_[key] = nullptr;
     return nullptr;
   }
@@ -405,8 +482,14 @@ bool CudnnAttention::try_fwd(const SdpaShape& s, float scale, const void* q, con
   Plan* p = plan(false, s);
   if (!p) return false;
   void* ws = workspace(static_cast<size_t>(p->total), st);
-  execute(static_cast<cudnnHandle_t>(handle_), p->plan, {kQ, kK, kV, kO, kStats, kScale},
-          {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse, &scale}, ws, st);
+  float lowest = std::numeric_limits<float>::lowest();
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse, &scale};
+  if (p->composite && s.causal) {
+    uids.push_back(kLowest);
+    ptrs.push_back(&lowest);
+  }
+  execute(static_cast<cudnnHandle_t>(handle_), p->plan, uids, ptrs, ws, st);
   return true;
 }
 

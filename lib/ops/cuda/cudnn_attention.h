@@ -1,6 +1,8 @@
 // cuDNN's fused SDPA through the cuDNN 9 backend graph API (no frontend headers):
-//  - forward: the single-operation SDPA_FWD node, for blocks without a mask (cuDNN 9.19 has
-//    no mask on it): a ring's off-diagonal steps and the key prefixes of causal squares;
+//  - forward: the single-operation SDPA_FWD node for blocks without a mask (cuDNN 9.19 has
+//    no mask on it): a ring's off-diagonal steps; causal squares (one GPU's sequence, a
+//    ring's step 0) through the composite graph cudnn-frontend lowers a causal sdpa to
+//    (matmul, scale, top-left causal mask, max/sub/exp/sum/log softmax with Stats, matmul);
 //  - backward: the composite graph cudnn-frontend builds for sdpa_backward on Ampere and
 //    Hopper (matmuls, pointwise ops, reductions and reshapes that cuDNN fuses into one
 //    flash-attention backward kernel), with or without a top-left causal mask (a causal
@@ -28,7 +30,7 @@ namespace easyctx::ops::cuda {
 
 struct SdpaShape {
   int64_t b, sq, sk, hq, hkv, hd;
-  bool causal = false;         // top-left causal mask (backward only)
+  bool causal = false;         // top-left causal mask (key j visible to query i iff j <= i)
   int64_t lse_stride = 0;      // elements between heads of the LSE rows (0: sq, packed)
   bool deterministic = false;  // backward: dS in the workspace, no atomic dQ accumulation
   auto key() const { return std::tie(b, sq, sk, hq, hkv, hd, causal, lse_stride, deterministic); }
