@@ -46,7 +46,7 @@ for run in $RUNS; do
     peer "$model" "$seq"
     continue
   fi
-  dir=/tmp/easyctx-bench/$model-$seq
+  dir=/tmp/easyctx-bench/$model-$seq-$$  # per script: two jobs on two GPUs of one host must not share it
   rm -rf "$dir"; mkdir -p "$(dirname "$dir")"
   log=$dir.log
   start=$(date +%s)

@@ -137,12 +137,17 @@ class AttentionReplay {
     const bool det = r_.cfg.train.deterministic;
     const int64_t T = ops::attention_bwd_tile(det), qrow = hq * hd_, krow = hkv * hd_;
     auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+    // cuDNN's own part with GQA: the per-query-head dK/dV of the graph, bf16[2, b, Hq, cols,
+    // hd] before the group reduction (measured on H200: the 1B shape's peak grows by 4 S Hq hd
+    // bytes over the tiles' sum, the 7B's MHA by nothing).
     auto cudnn_ws = [&](int64_t bb, int64_t rows, int64_t cols) {
-      return up(4 * bb * hq * rows, 256) + (det ? 2 * bb * hq * up(rows, 64) * up(cols, 64) : 4 * bb * rows * qrow);
+      return up(4 * bb * hq * rows, 256) + (det ? 2 * bb * hq * up(rows, 64) * up(cols, 64) : 4 * bb * rows * qrow) +
+             (hq != hkv ? 4 * bb * cols * qrow : 0);
     };
     const std::string ws_name = std::string("attention bwd: cuDNN workspace (softmax sum, ") +
                                 (det ? "dP tile)" : "dQ accumulator)");
-    const std::string ws_f = det ? "4 x Hq x rows + 2 x Hq x rows x cols" : "4 x Hq x rows + 4 x rows x Hq x hd";
+    const std::string gqa_f = hq != hkv ? " + 4 x cols x Hq x hd (GQA)" : "";
+    const std::string ws_f = (det ? "4 x Hq x rows + 2 x Hq x rows x cols" : "4 x Hq x rows + 4 x rows x Hq x hd") + gqa_f;
     if (overwrite && !f32_grads && (!det || (sq <= T && sk <= T))) {
       rp_.scratch(ws_name, cudnn_ws(b, sq, sk), ws_f + " (one call, gradients in place)");
       return;

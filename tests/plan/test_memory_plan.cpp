@@ -204,6 +204,34 @@ TEST(MemoryPlan, KnobSearchProposesChangesThatFit) {
   std::printf("[plan] %s\n", msg.c_str());
 }
 
+// With the optimizer offloaded, the ZeRO-3 suggestion turns the offload off with it (ZeRO-3 on
+// GPUs keeps its optimizer shards on the device; with offload it is not implemented): the
+// suggested config plans as implemented and fits.
+TEST(MemoryPlan, ZeroThreeKnobTurnsOptimizerOffloadOff) {
+  StageConfig c = big_run();
+  c.data.seq_length = 32768;
+  c.parallel.zero.offload_optimizer = true;
+  StageConfig z = c;
+  z.parallel.zero.stage = 3;
+  z.parallel.zero.offload_optimizer = false;
+  const MemoryPlan p0 = plan::plan_memory(c, gpu_target(2000, 8)), p3 = plan::plan_memory(z, gpu_target(2000, 8));
+  ASSERT_LT(p3.gpu_peak_bytes, p0.gpu_peak_bytes);
+  const double gib = 0.5 * static_cast<double>(p0.gpu_peak_bytes + p3.gpu_peak_bytes) / (1 << 30) / (1 - p0.target.headroom);
+  const MemoryPlan p = plan::plan_memory(c, gpu_target(gib, 8));
+  ASSERT_FALSE(p.fits);
+  const plan::KnobFix* k3 = nullptr;
+  for (const plan::KnobFix& k : p.knobs)
+    if (k.assignment.rfind("parallel.zero.stage=3", 0) == 0) k3 = &k;
+  ASSERT_NE(k3, nullptr) << plan::refusal_message(p);
+  EXPECT_EQ(k3->assignment, "parallel.zero.stage=3 parallel.zero.offload_optimizer=false");
+  EXPECT_TRUE(k3->implemented);
+  StageConfig fixed = c;
+  for (const std::string& a : split(k3->assignment, ' ')) apply_override(fixed, a);
+  const MemoryPlan q = plan::plan_memory(fixed, gpu_target(gib, 8));
+  EXPECT_TRUE(q.fits);
+  EXPECT_TRUE(q.not_implemented.empty());
+}
+
 // llama2-7b at 256K tokens on one H200: no single knob that keeps the problem fits, so a
 // combination is searched, each of its knobs relaxed to the least drastic value that fits.
 TEST(MemoryPlan, CombinationWhenNoSingleKnobFits) {
