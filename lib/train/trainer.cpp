@@ -865,13 +865,9 @@ void Trainer::report_profile() const {
   if (!prof_ || profiled_steps_ == 0 || world_.rank() != 0) return;
   const double n = static_cast<double>(profiled_steps_);
   std::string ph;
-  double phases = 0;
-  for (const auto& [name, ms] : phase_ms_) {
-    ph += " | " + name + " " + format_fixed(ms / n, 1);
-    phases += ms;
-  }
-  log_info("profile over ", profiled_steps_, " step(s) after the first (ms per step, the backend synchronized "
-           "between phases): step ", format_fixed(profiled_ms_ / n, 1), ph);
+  for (const auto& [name, ms] : phase_ms_) ph += " | " + name + " " + format_fixed(ms / n, 1);
+  log_info("profile over ", profiled_steps_, " step(s) (the first left out unless it was the only one; ms per "
+           "step, the backend synchronized between phases): step ", format_fixed(profiled_ms_ / n, 1), ph);
   const std::vector<ops::OpProfileRow> rows = prof_->rows();
   const double ops_ms = prof_->total_ms();
   log_info("profile: ops of the backend ", format_fixed(ops_ms / n, 1), " ms per step (",

@@ -815,9 +815,8 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  // A block with no mask at all (not causal, or causal with every key visible to every row)
-  // whose buffers cuDNN can take (16-byte aligned).
-  // A whole causal square (one GPU's sequence, a ring's step 0) in query chunks of t rows:
+  // A whole causal square (one GPU's sequence, a ring's step 0) in query chunks of t rows,
+  // where cuDNN declines its causal graph (or CudaBackendOptions::cudnn_causal_graph is off):
   // chunk i's keys before it form a block without a mask, which cuDNN's fused SDPA runs at
   // its full rate, and only its own t x t diagonal square needs the causal kernel; the two
   // partial results merge by LSE in fp32 (the diagonal squares are t/S of the work).
@@ -883,6 +882,8 @@ class CudaBackend final : public Backend {
       if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
     return true;
   }
+  // A block with no mask at all (not causal, or causal with every key visible to every row)
+  // whose buffers cuDNN can take (16-byte aligned).
   bool cudnn_eligible(const kernels::AttentionParams& p, std::initializer_list<const void*> ptrs) {
     if (!use_cudnn_) return false;
     if (p.causal && p.diag < p.sk - 1) return false;

@@ -1,7 +1,8 @@
 // The CUDA backend of the ops interface: device memory, bf16 storage with fp32 arithmetic
 // (fp32 tensors where the interface asks: statistics, master weights, Adam states), one
-// stream per backend, matmuls through cuBLASLt and attention through the FlashAttention-2
-// style kernels in kernels/. Every CUDA/cuBLAS error throws easyctx::Error with context.
+// stream per backend, matmuls through cuBLASLt, attention through cuDNN's fused SDPA graphs
+// (lib/ops/cuda/cudnn_attention.h) with the FlashAttention-2 style kernels in kernels/ as the
+// fallback. Every CUDA/cuBLAS/cuDNN error throws easyctx::Error with context.
 // Built only when CMake finds CUDA (EASYCTX_HAVE_CUDA); see docs/cuda.md.
 #pragma once
 #include <cuda_runtime.h>
