@@ -79,10 +79,14 @@ void HostAdamW::step(const std::vector<OffloadPiece>& pieces, const ops::AdamWSt
     const kernels::AdamWConsts k = kernels::adamw_consts(s.lr, s.beta1, s.beta2, s.eps, c.p->weight_decay, s.step);
     float *p = c.p->master + c.off, *m = c.p->m + c.off, *v = c.p->v + c.off;
     const float* g = I.grad[sl];
-#pragma omp parallel for schedule(static) if (c.n > (1 << 16))
-    for (int64_t i = 0; i < c.n; ++i) kernels::adamw_element(p[i], g[i], m[i], v[i], k);
+    uint16_t* out = I.work[sl];
     if (sent_pending[sl]) EASYCTX_CUDA_CHECK(cudaEventSynchronize(I.sent[sl]));  // chunk i - 2 left this slot
-    f32_to_bf16(c.p->master + c.off, I.work[sl], c.n);
+    // One pass: the update and the bf16 copy of the new weight (one read of the master less).
+#pragma omp parallel for schedule(static) if (c.n > (1 << 16))
+    for (int64_t j = 0; j < c.n; ++j) {
+      kernels::adamw_element(p[j], g[j], m[j], v[j], k);
+      out[j] = ops::float_to_bf16(p[j]);
+    }
     EASYCTX_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint16_t*>(c.p->work_dev) + c.off, I.work[sl],
                                      static_cast<size_t>(c.n) * 2, cudaMemcpyHostToDevice, I.up));
     EASYCTX_CUDA_CHECK(cudaEventRecord(I.sent[sl], I.up));
