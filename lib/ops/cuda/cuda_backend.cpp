@@ -704,9 +704,8 @@ class CudaBackend final : public Backend {
   // per call and the scratch stays bounded by the tile.
   bool cudnn_bwd(const kernels::AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
     if (!use_cudnn_) return false;
-    const bool full = !p.causal || p.diag >= p.sk - 1;
-    const bool square = p.causal && p.diag == 0 && p.sq == p.sk;
-    if (!full && !square) return false;
+    const bool full = unmasked(p);
+    if (!full && !causal_square(p)) return false;
     if (!aligned16({p.q, p.k, p.v, p.o, p.dout, p.lse})) return false;
     if (!cudnn()) return false;
     const int64_t T = attention_bwd_tile(det_, bwd_tile_), H = p.hq, Hk = p.hkv, hd = p.hd;
@@ -783,9 +782,8 @@ class CudaBackend final : public Backend {
   // zeroes the gradients and takes the accumulating path).
   bool cudnn_bwd_in_place(const kernels::AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
     if (!use_cudnn_) return false;
-    const bool full = !p.causal || p.diag >= p.sk - 1;
-    const bool square = p.causal && p.diag == 0 && p.sq == p.sk;
-    if (!full && !square) return false;
+    const bool full = unmasked(p);
+    if (!full && !causal_square(p)) return false;
     const int64_t T = attention_bwd_tile(det_, bwd_tile_);
     if (det_ && (p.sq > T || p.sk > T)) return false;
     if (!aligned16({p.q, p.k, p.v, p.o, p.dout, p.lse, dq.data, dk.data, dv.data})) return false;
@@ -802,7 +800,7 @@ class CudaBackend final : public Backend {
   // A whole causal square (q and k at the same positions) in one call of cuDNN's composite
   // causal forward graph; false (nothing written) when cuDNN is off or has no plan.
   bool causal_square_cudnn(const kernels::AttentionParams& p) {
-    if (!p.causal || p.diag != 0 || p.sq != p.sk || !use_cudnn_ || !causal_graph_) return false;
+    if (!causal_square(p) || !use_cudnn_ || !causal_graph_) return false;
     if (!aligned16({p.q, p.k, p.v, p.o_out, p.lse_out})) return false;
     cuda::SdpaShape sh = shape_of(p);
     sh.causal = true;
@@ -823,7 +821,7 @@ class CudaBackend final : public Backend {
   // Returns false (nothing written) where it does not apply: batch > 1, short sequences,
   // cuDNN off or declining the shape.
   bool causal_in_chunks(const kernels::AttentionParams& p) {
-    if (!p.causal || p.diag != 0 || p.sq != p.sk || p.batch != 1 || !use_cudnn_) return false;
+    if (!causal_square(p) || p.batch != 1 || !use_cudnn_) return false;
     const int64_t S = p.sq, t = causal_chunk_rows(S), H = p.hq, hd = p.hd;
     if (S < 2 * t) return false;
     if (!aligned16({p.q, p.k, p.v, p.o_out})) return false;
@@ -876,6 +874,12 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  // A block every query of which sees every key (not causal, or the diagonal past the last key).
+  static bool unmasked(const kernels::AttentionParams& p) { return !p.causal || p.diag >= p.sk - 1; }
+  // A whole causal square: queries and keys at the same positions (top-left mask).
+  static bool causal_square(const kernels::AttentionParams& p) {
+    return p.causal && p.diag == 0 && p.sq == p.sk;
+  }
   // cuDNN's tensors are declared 16-byte aligned.
   static bool aligned16(std::initializer_list<const void*> ptrs) {
     for (const void* q : ptrs)
@@ -886,7 +890,7 @@ class CudaBackend final : public Backend {
   // whose buffers cuDNN can take (16-byte aligned).
   bool cudnn_eligible(const kernels::AttentionParams& p, std::initializer_list<const void*> ptrs) {
     if (!use_cudnn_) return false;
-    if (p.causal && p.diag < p.sk - 1) return false;
+    if (!unmasked(p)) return false;
     if (!aligned16(ptrs)) return false;
     return cudnn() != nullptr;
   }

@@ -108,26 +108,12 @@ cudnnBackendDescriptor_t matmul(Descs& ds, cudnnBackendDescriptor_t a, cudnnBack
   return op;
 }
 
-cudnnBackendDescriptor_t reduce_add(Descs& ds, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+// y = reduce(x) over the axes where y has extent 1 (ADD or MAX, f32 compute).
+cudnnBackendDescriptor_t reduce(Descs& ds, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
+                                cudnnBackendDescriptor_t y) {
   auto rd = ds.make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-  const cudnnReduceTensorOp_t add = CUDNN_REDUCE_TENSOR_ADD;
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-  set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &add, "reduction operator");
-  set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction compute type");
-  ok(cudnnBackendFinalize(rd), "finalize reduction descriptor");
-  auto op = ds.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
-  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
-  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction descriptor");
-  ok(cudnnBackendFinalize(op), "finalize reduction operation");
-  return op;
-}
-
-cudnnBackendDescriptor_t reduce_max(Descs& ds, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-  auto rd = ds.make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-  const cudnnReduceTensorOp_t mx = CUDNN_REDUCE_TENSOR_MAX;
-  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-  set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mx, "reduction operator");
+  set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction operator");
   set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction compute type");
   ok(cudnnBackendFinalize(rd), "finalize reduction descriptor");
   auto op = ds.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
@@ -146,6 +132,23 @@ cudnnBackendDescriptor_t reshape(Descs& ds, cudnnBackendDescriptor_t x, cudnnBac
   return op;
 }
 
+// The top-left causal mask on the f32 scores x (dims sd, strides sst, [b, h, sq, sk]):
+// select(row >= col, x, lowest), the lowest float a by-value input (kLowest). Appends its
+// operations to ops; virt(dims, strides, type) makes a virtual tensor. Returns the masked scores.
+template <typename Virt>
+cudnnBackendDescriptor_t causal_mask(Descs& ds, std::vector<cudnnBackendDescriptor_t>& ops, Virt& virt,
+                                     cudnnBackendDescriptor_t x, const int64_t (&sd)[4], const int64_t (&sst)[4]) {
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, i32 = CUDNN_DATA_INT32, boolean = CUDNN_DATA_BOOLEAN;
+  const int64_t one4[4] = {1, 1, 1, 1};
+  auto row = virt(sd, sst, i32), col = virt(sd, sst, i32), mask = virt(sd, sst, boolean), y = virt(sd, sst, f32);
+  auto lowest = tensor(ds, kLowest, one4, one4, f32, Kind::ByValue);
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_GEN_INDEX, i32, x, nullptr, row, nullptr, 2));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_GEN_INDEX, i32, x, nullptr, col, nullptr, 3));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_CMP_GE, boolean, row, col, mask));
+  ops.push_back(pointwise(ds, CUDNN_POINTWISE_BINARY_SELECT, f32, x, lowest, y, mask));
+  return y;
+}
+
 // The operations of the forward of a causal square (cudnn-frontend's composite sdpa with a
 // top-left causal mask and a composite softmax emitting Stats, as it lowers them for cuDNN
 // before the unified softmax node):
@@ -155,7 +158,6 @@ std::vector<cudnnBackendDescriptor_t> composite_fwd_ops(Descs& ds, const SdpaSha
   const int64_t b = s.b, hq = s.hq, hk = s.hkv, sq = s.sq, sk = s.sk, d = s.hd;
   const int64_t ls = s.lse_stride > 0 ? s.lse_stride : s.sq;
   const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
-  const cudnnDataType_t i32 = CUDNN_DATA_INT32, boolean = CUDNN_DATA_BOOLEAN;
   int64_t vuid = 100;
   auto virt = [&](const int64_t (&dims)[4], const int64_t (&strides)[4], cudnnDataType_t t = CUDNN_DATA_FLOAT) {
     return tensor(ds, vuid++, dims, strides, t, Kind::Virtual);
@@ -174,20 +176,12 @@ std::vector<cudnnBackendDescriptor_t> composite_fwd_ops(Descs& ds, const SdpaSha
   auto s0 = virt(sd, sst), s1 = virt(sd, sst);
   ops.push_back(matmul(ds, q, kt, s0));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, s0, scale, s1));
-  if (s.causal) {
-    auto row = virt(sd, sst, i32), col = virt(sd, sst, i32), mask = virt(sd, sst, boolean), s2 = virt(sd, sst);
-    auto lowest = tensor(ds, kLowest, one4, one4, f32, Kind::ByValue);
-    ops.push_back(pointwise(ds, CUDNN_POINTWISE_GEN_INDEX, i32, s1, nullptr, row, nullptr, 2));
-    ops.push_back(pointwise(ds, CUDNN_POINTWISE_GEN_INDEX, i32, s1, nullptr, col, nullptr, 3));
-    ops.push_back(pointwise(ds, CUDNN_POINTWISE_CMP_GE, boolean, row, col, mask));
-    ops.push_back(pointwise(ds, CUDNN_POINTWISE_BINARY_SELECT, f32, s1, lowest, s2, mask));
-    s1 = s2;
-  }
+  if (s.causal) s1 = causal_mask(ds, ops, virt, s1, sd, sst);
   auto mx = virt(rowd, rowst), sub = virt(sd, sst), e = virt(sd, sst), z = virt(rowd, rowst), lz = virt(rowd, rowst);
-  ops.push_back(reduce_max(ds, s1, mx));
+  ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_MAX, s1, mx));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_SUB, f32, s1, mx, sub));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_EXP, f32, sub, nullptr, e));
-  ops.push_back(reduce_add(ds, e, z));
+  ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_ADD, e, z));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_LOG, f32, z, nullptr, lz));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_ADD, f32, mx, lz, stats));
   auto p = virt(sd, sst, bf);  // the second matmul takes P in the I/O type
@@ -229,27 +223,18 @@ std::vector<cudnnBackendDescriptor_t> composite_bwd_ops(Descs& ds, const SdpaSha
   auto sum = tensor(ds, kSoftmaxSum, rowd, rowst, f32);
 
   std::vector<cudnnBackendDescriptor_t> ops;
-  const cudnnDataType_t i32 = CUDNN_DATA_INT32, boolean = CUDNN_DATA_BOOLEAN;
   // D = rowsum(dO * O)
   auto doo = virt(dood, doost);
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, dout, o, doo));
   auto red = virt(rowd, rowst);
-  ops.push_back(reduce_add(ds, doo, red));
+  ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_ADD, doo, red));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, red, one, sum));
   // P = exp(scale * Q K^T - LSE), causal: select(row >= col, ., lowest)
   auto s0 = virt(sd, sst), s1 = virt(sd, sst), s2 = virt(sd, sst);
   ops.push_back(matmul(ds, q, kt, s0));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, s0, scale, s1));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_SUB, f32, s1, stats, s2));
-  if (s.causal) {
-    auto row = virt(sd, sst, i32), col = virt(sd, sst, i32), mask = virt(sd, sst, boolean), s3 = virt(sd, sst);
-    auto lowest = tensor(ds, kLowest, one4, one4, f32, Kind::ByValue);
-    ops.push_back(pointwise(ds, CUDNN_POINTWISE_GEN_INDEX, i32, s2, nullptr, row, nullptr, 2));
-    ops.push_back(pointwise(ds, CUDNN_POINTWISE_GEN_INDEX, i32, s2, nullptr, col, nullptr, 3));
-    ops.push_back(pointwise(ds, CUDNN_POINTWISE_CMP_GE, boolean, row, col, mask));
-    ops.push_back(pointwise(ds, CUDNN_POINTWISE_BINARY_SELECT, f32, s2, lowest, s3, mask));
-    s2 = s3;
-  }
+  if (s.causal) s2 = causal_mask(ds, ops, virt, s2, sd, sst);
   auto p = virt(sd, sst);
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_EXP, f32, s2, nullptr, p));
   // dV = P^T dO (summed over each group of query heads with GQA)
@@ -260,7 +245,7 @@ std::vector<cudnnBackendDescriptor_t> composite_bwd_ops(Descs& ds, const SdpaSha
   } else {
     auto dvf = virt(fd, fst, bf);
     ops.push_back(matmul(ds, pt, dout, dvf));
-    ops.push_back(reduce_add(ds, dvf, dv));
+    ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_ADD, dvf, dv));
   }
   // dS = P * (dO V^T - D) * scale
   auto dp = virt(sd, sst), dp1 = virt(sd, sst), ds0 = virt(sd, sst), dsc = virt(sd, sst);
@@ -276,7 +261,7 @@ std::vector<cudnnBackendDescriptor_t> composite_bwd_ops(Descs& ds, const SdpaSha
   } else {
     auto dkf = virt(fd, fst, bf);
     ops.push_back(matmul(ds, dst, q, dkf));
-    ops.push_back(reduce_add(ds, dkf, dk));
+    ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_ADD, dkf, dk));
   }
   // dQ = dS K: deterministic straight into dQ (cuDNN keeps dP in its workspace), else
   // accumulated atomically by cuDNN in f32 over key tiles, then cast
