@@ -47,6 +47,10 @@ void validate_activation(const StageConfig& c) {
                       src, ": activation.offload: cpu needs activation.checkpoint layer or attention_output (it "
                       "moves the checkpoints those keep to host memory; with activation.checkpoint none every "
                       "activation stays on the device); set activation.checkpoint: layer or activation.offload: none");
+  EASYCTX_CHECK_INPUT(c.activation.offload_layers == 0 || c.activation.offload == OffloadTarget::Cpu, src,
+                      ": activation.offload_layers: ", c.activation.offload_layers, " needs activation.offload: cpu "
+                      "(it counts the checkpoints that go to host memory); set activation.offload: cpu or "
+                      "activation.offload_layers: 0");
 }
 
 void validate_for_world(const StageConfig& c, int world_size) {

@@ -80,6 +80,8 @@ struct ActivationConfig {
   OffloadTarget offload = OffloadTarget::None;
   int64_t mlp_tile = 0;         // tokens per MLP tile (0: untiled)
   int64_t lm_head_tile = 4096;  // tokens per LM-head/cross-entropy tile
+  int64_t offload_layers = 0;   // activation.offload cpu: layer inputs moved to the host (0: all, L - 1)
+  int64_t attention_head_groups = 1;  // attention in this many passes over head groups
 };
 
 struct OutputConfig {

@@ -356,6 +356,20 @@ const Registry& registry() {
                               "between host buffers). Saves (L - 1) x tokens x hidden x 2 bytes per GPU at bf16, "
                               "plus the attention outputs with attention_output; bit-identical results; needs "
                               "checkpoint layer or attention_output (docs/memory-model.md).");
+    r.add_int("activation.offload_layers", [](StageConfig& c) -> int64_t& { return c.activation.offload_layers; }, 0,
+              kMaxI,
+              "With activation.offload cpu: how many layer inputs go to host memory, from the first layer on (0: "
+              "all that can, L - 1). The rest stay on the device, so a run takes only the host memory and PCIe "
+              "traffic it needs to fit (the --plan refusal names the smallest count that fits); values above L - 1 "
+              "mean L - 1. With attention_output, one attention output fewer than layer inputs leaves.");
+    r.add_int("activation.attention_head_groups",
+              [](StageConfig& c) -> int64_t& { return c.activation.attention_head_groups; }, 1, kMaxI,
+              "Run attention in this many passes, each on num_heads / G query heads and num_kv_heads / G key/value "
+              "heads (packed into contiguous copies): every buffer the attention keeps per call (the zigzag "
+              "ring's K/V double buffer and fp32 dQ/dK/dV accumulators, Ulysses' all-to-all buffers, cuDNN's "
+              "workspace) shrinks G-fold, for packed copies of one group. Same result; must divide "
+              "num_kv_heads (and, with ulysses/usp, leave heads divisible by the Ulysses size). Pays off with "
+              "sequence parallelism at long context (1M tokens on 2 GPUs: docs/memory-model.md).");
     r.add_int("activation.mlp_tile", [](StageConfig& c) -> int64_t& { return c.activation.mlp_tile; }, 0, kMaxI,
               "Tokens per MLP tile along the sequence (0: one tile). With checkpoint layer or attention_output the "
               "[tokens, intermediate] MLP activations and their gradients shrink to [mlp_tile, intermediate], "

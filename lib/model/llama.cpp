@@ -27,25 +27,45 @@ struct LlamaModel::LayerActs {
   Buffer m;      // [mlp rows, I]  silu(g) * u
 };
 
+// Where checkpoint l lives when the first K of them go to host memory: checkpoints 0..K+1
+// share a ring of two device slots (l % 2; 0..K-1 leave for the host while the next layer
+// computes and come back one layer ahead of the backward), K+2.. have slots of their own
+// (slot l - K). K = 0 is "nothing offloaded": slot l for every l.
+struct OffloadRing {
+  int64_t K = 0;
+  size_t slot(int64_t l) const { return static_cast<size_t>(l <= K + 1 ? l % 2 : l - K); }
+  bool offloaded(int64_t l) const { return l < K; }
+  // Device slots for checkpoints 0..last.
+  size_t slots(int64_t last) const { return static_cast<size_t>(last <= K + 1 ? std::min<int64_t>(2, last + 1) : last + 1 - K); }
+};
+
+// Layer inputs that leave the device: offload_layers, at most L - 1 (the last layer's input,
+// which the backward starts with, never travels).
+int64_t offloaded_inputs(const ModelOptions& o, int64_t L) {
+  const int64_t all = std::max<int64_t>(0, L - 1);
+  return (o.offload_layers <= 0 || o.offload_layers > all) ? all : o.offload_layers;
+}
+
 struct LlamaModel::Workspace {
   int64_t batch = 0, seq = 0;
   bool backward = false;
-  bool offload = false;         // backward with offload_checkpoints: the checkpoints are rings of 2
+  bool offload = false;         // backward with offload_checkpoints
+  OffloadRing ring, saved_ring; // layer inputs; attention outputs (one fewer leaves)
   std::vector<Buffer> resid;    // [n, D] each: backward keeps L+1 (input of layer l, then the
-                                // last hidden); forward-only and offload ping-pong between 2
+                                // last hidden) in ring.slots(L); forward-only ping-pongs 2
   // The residual stream after l layers (l = 0: the embeddings).
   Tensor stream(int64_t l, int64_t n, int64_t d) const {
-    return resid[static_cast<size_t>(backward && !offload ? l : l % 2)].view({n, d});
+    return resid[backward ? ring.slot(l) : static_cast<size_t>(l % 2)].view({n, d});
   }
   std::vector<LayerActs> acts;  // L (no checkpoint, backward) or 1 (recomputed / forward only)
-  std::vector<Buffer> saved_o;    // L x [n, Hq*hd]: attention outputs (checkpoint attention_output);
-  std::vector<Buffer> saved_lse;  // L x [B, Hq, S]            offload: rings of min(2, L)
-  size_t saved_slot(int64_t l) const { return static_cast<size_t>(offload ? l % 2 : l); }
+  std::vector<Buffer> saved_o;    // [n, Hq*hd]: attention outputs (checkpoint attention_output),
+  std::vector<Buffer> saved_lse;  // [B, Hq, S]: saved_ring.slots(L - 1) of them
+  size_t saved_slot(int64_t l) const { return saved_ring.slot(l); }
   // Offload: the checkpoints that leave the device, in pinned host memory. The backward starts
-  // with what the rings still hold after the forward (the inputs of layer L-1 and of the head,
-  // the attention outputs of layers L-2 and L-1), so those never travel.
-  std::vector<Buffer> host_resid;           // L-1 x [n, D]: inputs of layers 0..L-2
-  std::vector<Buffer> host_o, host_lse;     // L-2 x (saved_o, saved_lse): layers 0..L-3
+  // with what the rings still hold after the forward (at least the inputs of layer L-1 and of
+  // the head, the attention outputs of layers L-2 and L-1), so those never travel.
+  std::vector<Buffer> host_resid;           // ring.K x [n, D]: inputs of layers 0..K-1
+  std::vector<Buffer> host_o, host_lse;     // saved_ring.K x (saved_o, saved_lse)
   ops::CopyFence resid_out[2], saved_out[2];  // per ring slot: its last copy out (forward)
   ops::CopyFence fetched[2];                  // per ring slot: its last copy in (backward)
   Buffer hf, rstd_f;            // [n, max(D, Hq*hd)], [n]: final norm (hf: then dattn in backward)
@@ -122,10 +142,16 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
     visit(name, t, numel, slot, pinned);
   };
   auto idx = [](const char* base, size_t i) { return std::string(base) + "." + std::to_string(i); };
-  const size_t n_resid = static_cast<size_t>(for_backward && !offload ? L + 1 : 2);
+  const OffloadRing ring{offload ? offloaded_inputs(o, L) : 0};
+  const OffloadRing saved_ring{std::max<int64_t>(0, ring.K - 1)};
+  if (ws) {
+    ws->ring = ring;
+    ws->saved_ring = saved_ring;
+  }
+  const size_t n_resid = for_backward ? ring.slots(L) : 2;
   if (ws) ws->resid.resize(n_resid);
   for (size_t l = 0; l < n_resid; ++l) put(idx("resid", l), dt, n * d, ws ? &ws->resid[l] : nullptr);
-  const size_t n_host_resid = static_cast<size_t>(offload ? L - 1 : 0);
+  const size_t n_host_resid = static_cast<size_t>(ring.K);
   if (ws) ws->host_resid.resize(n_host_resid);
   for (size_t l = 0; l < n_host_resid; ++l)
     put(idx("host.resid", l), dt, n * d, ws ? &ws->host_resid[l] : nullptr, true);
@@ -148,8 +174,8 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
     put(idx("acts", i) + ".m", dt, mt * ff, a ? &a->m : nullptr);
   }
   if (for_backward && o.checkpoint == CheckpointPolicy::AttentionOutput) {
-    const size_t n_saved = static_cast<size_t>(offload ? std::min<int64_t>(2, L) : L);
-    const size_t n_host = static_cast<size_t>(offload ? std::max<int64_t>(0, L - 2) : 0);
+    const size_t n_saved = saved_ring.slots(L - 1);
+    const size_t n_host = static_cast<size_t>(saved_ring.K);
     if (ws) {
       ws->saved_o.resize(n_saved);
       ws->saved_lse.resize(n_saved);
@@ -328,8 +354,9 @@ void LlamaModel::forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, 
     LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
     if (ws.offload) {  // layer l writes over layer l-1's input, and sends its own out meanwhile
       be_.wait_copy(ws.resid_out[(l + 1) % 2]);
-      if (l + 1 < L) ws.resid_out[l % 2] = be_.copy_async(ws.host_resid[static_cast<size_t>(l)].flat(),
-                                                         ws.resid[static_cast<size_t>(l % 2)].flat());
+      if (ws.ring.offloaded(l))
+        ws.resid_out[l % 2] = be_.copy_async(ws.host_resid[static_cast<size_t>(l)].flat(),
+                                             ws.resid[ws.ring.slot(l)].flat());
     }
     const size_t ui = layout_.layer_unit(l);
     layer_forward(checked(src.acquire(ui), ui, dtype_, "parameter"), ws.stream(l, n, d), b, a, ws.stream(l + 1, n, d),
@@ -337,12 +364,12 @@ void LlamaModel::forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, 
     src.release(ui);
     if (!ws.saved_o.empty()) {
       const size_t s = ws.saved_slot(l);
-      if (ws.offload) be_.wait_copy(ws.saved_out[s]);  // layer l-2's copy out of this slot
+      if (ws.offload) be_.wait_copy(ws.saved_out[l % 2]);  // layer l-2's copy out of this slot
       be_.copy(ws.saved_o[s].flat(), a.o.flat());
       be_.copy(ws.saved_lse[s].flat(), a.lse.flat());
-      if (ws.offload && l + 2 < L) {  // (the fence of the second copy covers the first: one stream)
+      if (ws.saved_ring.offloaded(l)) {  // (the fence of the second copy covers the first: one stream)
         be_.copy_async(ws.host_o[static_cast<size_t>(l)].flat(), ws.saved_o[s].flat());
-        ws.saved_out[s] = be_.copy_async(ws.host_lse[static_cast<size_t>(l)].flat(), ws.saved_lse[s].flat());
+        ws.saved_out[l % 2] = be_.copy_async(ws.host_lse[static_cast<size_t>(l)].flat(), ws.saved_lse[s].flat());
       }
     }
   }
@@ -412,16 +439,16 @@ ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, dou
       // Layer l-1's checkpoint comes back while layer l computes, into the ring slots that
       // layer l+1 (or the head) used last; layer l's came back during layer l+1, unless it
       // never left.
-      if (l >= 1) {
-        const int64_t j = l - 1;
+      const int64_t j = l - 1;
+      if (j >= 0 && ws.ring.offloaded(j)) {
         const size_t s = static_cast<size_t>(j % 2);
         ws.fetched[s] = be_.copy_async(ws.resid[s].flat(), ws.host_resid[static_cast<size_t>(j)].flat());
-        if (!ws.saved_o.empty() && j + 2 < L) {
+        if (!ws.saved_o.empty() && ws.saved_ring.offloaded(j)) {
           be_.copy_async(ws.saved_o[s].flat(), ws.host_o[static_cast<size_t>(j)].flat());
           ws.fetched[s] = be_.copy_async(ws.saved_lse[s].flat(), ws.host_lse[static_cast<size_t>(j)].flat());
         }
       }
-      if (l + 1 < L) be_.wait_copy(ws.fetched[l % 2]);
+      if (ws.ring.offloaded(l)) be_.wait_copy(ws.fetched[l % 2]);
     }
     const Tensor w = checked(src.acquire(ui), ui, dtype_, "parameter");
     const Tensor gw = checked(src.grad(ui), ui, grad_dtype_, "gradient");

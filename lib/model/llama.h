@@ -95,6 +95,10 @@ struct ModelOptions {
   // attention outputs and LSE) in pinned host memory, except those of the last layers that
   // the backward starts with; needs checkpoint Layer or AttentionOutput.
   bool offload_checkpoints = false;
+  // With offload_checkpoints: how many layer inputs leave, from layer 0 on (0 or more than
+  // L - 1: all, L - 1); the rest stay on the device. The attention outputs of the first
+  // offload_layers - 1 layers leave with them.
+  int64_t offload_layers = 0;
 };
 
 class LlamaModel {

@@ -118,6 +118,12 @@ class Backend {
   // dst = src; converts between dtypes (e.g. fp32 master -> bf16 working copy) and copies
   // across memory spaces.
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  // Strided copy, same dtype and memory space: `rows` rows of `width` elements; row r of dst
+  // starts r * dst_pitch elements after dst.data, of src r * src_pitch after src.data (each
+  // view must hold its last row). Packs a range of heads out of [n, H, hd] and back in one
+  // call (attention::HeadGroupedAttention; CUDA: one cudaMemcpy2DAsync).
+  virtual void copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch, int64_t rows,
+                       int64_t width) = 0;
   virtual void fill(const Tensor& x, double value) = 0;
   virtual void axpy(const Tensor& y, const Tensor& x, double alpha) = 0;  // y += alpha x
   virtual void scale(const Tensor& x, double alpha) = 0;                  // x *= alpha

@@ -128,6 +128,11 @@ void ProfilingBackend::copy(const Tensor& dst, const Tensor& src) {
   timed("copy", std::string(dname(src.dtype)) + "->" + dname(dst.dtype) + " " + dir + fmt(" %lld", dst.numel()), 0,
         [&] { inner_->copy(dst, src); });
 }
+void ProfilingBackend::copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch,
+                               int64_t rows, int64_t width) {
+  timed("copy_2d", std::string(dname(dst.dtype)) + fmt(" %lld", rows) + fmt("x%lld", width), 0,
+        [&] { inner_->copy_2d(dst, dst_pitch, src, src_pitch, rows, width); });
+}
 void ProfilingBackend::fill(const Tensor& x, double value) {
   timed("fill", std::string(dname(x.dtype)), 0, [&] { inner_->fill(x, value); });
 }

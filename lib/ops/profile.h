@@ -56,6 +56,8 @@ class ProfilingBackend final : public Backend {
   std::unique_ptr<OpTimer> make_op_timer() override { return inner_->make_op_timer(); }
 
   void copy(const Tensor& dst, const Tensor& src) override;
+  void copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch, int64_t rows,
+               int64_t width) override;
   void fill(const Tensor& x, double value) override;
   void axpy(const Tensor& y, const Tensor& x, double alpha) override;
   void scale(const Tensor& x, double alpha) override;

@@ -97,4 +97,17 @@ void check_numel(const char* op, const char* name, const Tensor& t, int64_t expe
   EASYCTX_CHECK(t.numel() == expected, op, ": ", name, " is ", t.describe(), ", expected ", expected, " elements");
 }
 
+void check_copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch, int64_t rows,
+                   int64_t width) {
+  check_same_dtype("copy_2d", dst, src);
+  EASYCTX_CHECK(dst.space == src.space, "copy_2d: dst ", dst.describe(), " and src ", src.describe(),
+                " are in different memory spaces");
+  EASYCTX_CHECK(rows >= 0 && width >= 0 && width <= dst_pitch && width <= src_pitch, "copy_2d: ", rows, " rows of ",
+                width, " elements with pitches ", dst_pitch, " (dst) and ", src_pitch, " (src)");
+  if (rows == 0 || width == 0) return;
+  EASYCTX_CHECK(dst.numel() >= (rows - 1) * dst_pitch + width && src.numel() >= (rows - 1) * src_pitch + width,
+                "copy_2d: ", rows, " rows of ", width, " elements (pitches ", dst_pitch, ", ", src_pitch,
+                ") do not fit dst ", dst.describe(), " / src ", src.describe());
+}
+
 }  // namespace easyctx::ops

@@ -85,5 +85,9 @@ class Buffer {
 // Shape checks used by every backend; throw easyctx::Error naming the op and the tensors.
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 void check_numel(const char* op, const char* name, const Tensor& t, int64_t expected);
+// Backend::copy_2d's arguments: same dtype and memory space, 0 <= width <= both pitches, and
+// both views long enough for their last row.
+void check_copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch, int64_t rows,
+                   int64_t width);
 
 }  // namespace easyctx::ops

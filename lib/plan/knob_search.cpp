@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/strings.h"
+#include "model/llama_config.h"
 #include "plan/memory_plan.h"
 #include "plan/plan_detail.h"
 
@@ -55,10 +56,39 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
       if (tile < cur) f.values.push_back(one("activation.mlp_tile", num(tile)));
     fams.push_back(f);
   }
+  // The model's layers and key/value heads (the offload count and the head groups range over
+  // them); a model that does not resolve gets neither family (its plan fails anyway).
+  int64_t layers = 0, kv_heads = 0;
+  try {
+    const model::LlamaConfig mc = model::resolve_llama_config(cfg.model);
+    layers = mc.num_layers;
+    kv_heads = mc.num_kv_heads;
+  } catch (const Error&) {
+  }
   // activation.offload: the checkpoints to pinned host memory (GPUs: on the CPU backend they
-  // are in host memory already)
-  if (cuda && cfg.activation.offload == OffloadTarget::None && cfg.activation.checkpoint != CheckpointPolicy::None)
-    fams.push_back({"activation.offload", true, {one("activation.offload", "cpu")}});
+  // are in host memory already), the fewest layers first (least host memory and traffic);
+  // offloaded already but not all: more layers.
+  const bool offload_all = cfg.activation.offload_layers == 0 || cfg.activation.offload_layers >= layers - 1;
+  if (cuda && cfg.activation.checkpoint != CheckpointPolicy::None && layers > 1 &&
+      (cfg.activation.offload == OffloadTarget::None || !offload_all)) {
+    Family f{"activation.offload", true, {}};
+    const int64_t from = cfg.activation.offload == OffloadTarget::Cpu ? cfg.activation.offload_layers + 1 : 1;
+    for (int64_t k = from; k <= layers - 1; ++k) {
+      Candidate c = one("activation.offload", "cpu");
+      const std::string kl = k == layers - 1 ? "0" : num(k);
+      apply_override(c.cfg, "activation.offload_layers=" + kl);
+      if (kl != "0") c.assignment += " activation.offload_layers=" + kl;
+      f.values.push_back(c);
+    }
+    fams.push_back(f);
+  }
+  // activation.attention_head_groups: divisors of the key/value heads above the current one.
+  {
+    Family f{"activation.attention_head_groups", true, {}};
+    for (int64_t g = cfg.activation.attention_head_groups + 1; g <= kv_heads; ++g)
+      if (kv_heads % g == 0) f.values.push_back(one("activation.attention_head_groups", num(g)));
+    if (!f.values.empty()) fams.push_back(f);
+  }
   {
     Family f{"activation.lm_head_tile", true, {}};
     for (int64_t tile = cfg.activation.lm_head_tile / 2; tile >= 64; tile /= 2)
@@ -166,6 +196,8 @@ std::vector<KnobFix> combine_knobs(const StageConfig& cfg, const PlanTarget& t, 
     for (const std::string& key : chosen) {
       StageConfig without = cur;
       apply_override(without, key + "=" + config_value(cfg, key));
+      if (key == "activation.offload")
+        apply_override(without, "activation.offload_layers=" + config_value(cfg, "activation.offload_layers"));
       for (const Family& f : knob_families(without, t, n)) {
         if (f.key != key) continue;
         for (const Candidate& c : f.values) {
@@ -181,6 +213,8 @@ std::vector<KnobFix> combine_knobs(const StageConfig& cfg, const PlanTarget& t, 
     KnobFix k{"", "together", q.gpu_peak_bytes, q.host_peak_bytes, t.nodes, t.gpus_per_node, true};
     for (const std::string& key : chosen) {
       k.assignment += (k.assignment.empty() ? "" : " ") + key + "=" + config_value(cur, key);
+      if (key == "activation.offload" && cur.activation.offload_layers != 0)  // (the family sets both)
+        k.assignment += " activation.offload_layers=" + config_value(cur, "activation.offload_layers");
     }
     return {k};
   }
@@ -232,9 +266,10 @@ std::string refusal_message(const MemoryPlan& p) {
        << gib(p.host_rank_peak_bytes) << ", " << p.host_peak_phase << ") > " << gib(p.host_usable) << " usable of "
        << gib(p.host_capacity) << ".";
   if (p.knobs.empty()) {
-    os << " Nothing makes it fit: not activation.checkpoint, activation.mlp_tile, activation.offload, "
-          "activation.lm_head_tile, parallel.zero.offload_optimizer, parallel.sequence.size, data.seq_length or "
-          "train.batch_size alone, nor the first five together; use GPUs with more memory.";
+    os << " Nothing makes it fit: not activation.checkpoint, activation.mlp_tile, activation.offload (and "
+          "offload_layers), activation.attention_head_groups, activation.lm_head_tile, "
+          "parallel.zero.offload_optimizer, parallel.sequence.size, data.seq_length or train.batch_size alone, nor "
+          "those that keep the problem together; use GPUs with more memory.";
     return os.str();
   }
   os << " Would fit:";

@@ -117,8 +117,25 @@ class Replay {
 // a batch run one at a time, so one sequence's replay is the peak.
 class AttentionReplay {
  public:
-  AttentionReplay(const Run& r, Replay& rp) : r_(r), rp_(rp), hq_(r.mc.num_heads), hkv_(r.mc.num_kv_heads),
-                                              hd_(r.mc.head_dim) {}
+  // groups: activation.attention_head_groups (the inner strategy sees 1/groups of the heads).
+  AttentionReplay(const Run& r, Replay& rp, int64_t groups)
+      : r_(r), rp_(rp), hq_(r.mc.num_heads / groups), hkv_(r.mc.num_kv_heads / groups), hd_(r.mc.head_dim) {}
+  int64_t hq() const { return hq_; }
+  int64_t hkv() const { return hkv_; }
+
+  // HeadGroupedAttention's packed copies of one head group (allocated for the whole call):
+  // q, k, v, o, LSE forward; also dout, dq, dk, dv backward. Returns their ids.
+  std::vector<int> head_group_packs(bool backward) {
+    const int64_t n = r_.B * r_.S, e = r_.e, q = n * hq_ * hd_, kv = n * hkv_ * hd_;
+    const std::string t = "head group packs: ";
+    std::vector<int> ids;
+    ids.push_back(rp_.alloc(t + (backward ? "q, o, dout" : "q, o"), e * q * (backward ? 3 : 2),
+                            backward ? "3 x e x n x Hq/G x hd" : "2 x e x n x Hq/G x hd"));
+    ids.push_back(rp_.alloc(t + "k, v", 2 * e * kv, "2 x e x n x Hkv/G x hd"));
+    ids.push_back(rp_.alloc(t + "LSE", 4 * r_.B * hq_ * r_.S, "4 x B x Hq/G x S"));
+    if (backward) ids.push_back(rp_.alloc(t + "dq, dk, dv", e * (q + 2 * kv), "e x n x (Hq + 2 Hkv)/G x hd"));
+    return ids;
+  }
 
   // CUDA attention_bwd scratch for one block of b x sq queries and b x sk keys, through
   // cuDNN's composite backward (CudaBackend::cudnn_bwd), T = ops::attention_bwd_tile: a
@@ -285,14 +302,16 @@ class AttentionReplay {
 // The attention phase's transient items (forward or backward) for the run's SP mode.
 void attention_items(const Run& r, bool backward, Items& it) {
   Replay rp;
-  AttentionReplay a(r, rp);
+  const int64_t groups = r.cfg.activation.attention_head_groups;
+  AttentionReplay a(r, rp, groups);
+  const std::vector<int> packs = groups > 1 ? a.head_group_packs(backward) : std::vector<int>{};
   const int sp = r.groups.sp_size;
   if (sp == 1) {
     a.local(backward);
   } else {
     switch (r.cfg.parallel.sequence.mode) {
       case SeqParallelMode::ZigzagRing:
-        a.zigzag(r.S, r.mc.num_heads, r.mc.num_kv_heads, backward, "zigzag_ring ");
+        a.zigzag(r.S, a.hq(), a.hkv(), backward, "zigzag_ring ");
         break;
       case SeqParallelMode::DistFlash: a.dist_flash(sp, backward); break;
       case SeqParallelMode::Ulysses: a.ulysses(sp, false, backward); break;
@@ -300,19 +319,24 @@ void attention_items(const Run& r, bool backward, Items& it) {
       case SeqParallelMode::None: break;
     }
   }
+  for (int id : packs) rp.free(id);
   const std::string phase = backward ? "attention backward" : "attention forward";
   for (const Replay::Entry& en : rp.at_peak()) it.transient(phase, en.name, r.dev, en.bytes, en.formula);
 }
 
 // Checks what the strategies check at run time, so a plan never promises an impossible run.
 void check_heads(const Run& r) {
+  const int64_t G = r.cfg.activation.attention_head_groups;
+  EASYCTX_CHECK_INPUT(r.mc.num_kv_heads % G == 0, "activation.attention_head_groups: ", G,
+                      " does not divide the model's key/value heads (", r.mc.num_kv_heads, ")");
   const SeqParallelMode m = r.cfg.parallel.sequence.mode;
   if (r.groups.sp_size == 1 || (m != SeqParallelMode::Ulysses && m != SeqParallelMode::Usp)) return;
-  const int64_t U = r.groups.ulysses_size, hq = r.mc.num_heads, hkv = r.mc.num_kv_heads;
-  EASYCTX_CHECK_INPUT(hq % U == 0, "ulysses: parallel.sequence.size (", U, ") must divide the attention heads (", hq,
-                      ")");
+  const int64_t U = r.groups.ulysses_size, hq = r.mc.num_heads / G, hkv = r.mc.num_kv_heads / G;
+  const std::string per = G > 1 ? " per head group" : "";
+  EASYCTX_CHECK_INPUT(hq % U == 0, "ulysses: parallel.sequence.size (", U, ") must divide the attention heads", per,
+                      " (", hq, ")");
   EASYCTX_CHECK_INPUT(hkv % U == 0 || U % hkv == 0, "ulysses: parallel.sequence.size (", U,
-                      ") must divide the key/value heads (", hkv, ") or be a multiple of them");
+                      ") must divide the key/value heads", per, " (", hkv, ") or be a multiple of them");
   const int64_t sg = r.S * U;
   EASYCTX_CHECK_INPUT(m != SeqParallelMode::Usp || sg % 2 == 0, "usp: the head-sharded sequence (", sg,
                       " tokens) must hold two equal chunks");
@@ -383,6 +407,7 @@ std::vector<BufferSpec> model_buffers(const Run& r) {
   mo.mlp_tile = r.cfg.activation.mlp_tile;
   mo.f32_grads = r.cuda;
   mo.offload_checkpoints = r.cfg.activation.offload == OffloadTarget::Cpu;
+  mo.offload_layers = r.cfg.activation.offload_layers;
   return model::LlamaModel::workspace_specs(r.mc, mo, r.dtype, r.B, r.S, true);
 }
 

@@ -275,6 +275,12 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
   mo.mlp_tile = cfg_.activation.mlp_tile;
   mo.f32_grads = on_device();  // CUDA: bf16 parameters, fp32 gradients
   mo.offload_checkpoints = cfg_.activation.offload == OffloadTarget::Cpu;
+  mo.offload_layers = cfg_.activation.offload_layers;
+  if (cfg_.activation.attention_head_groups > 1) {  // attention in passes over head groups
+    if (!attn) attn = std::make_shared<attention::LocalAttention>(*be_);
+    attn = std::make_shared<attention::HeadGroupedAttention>(*be_, std::move(attn),
+                                                             cfg_.activation.attention_head_groups);
+  }
   model_ = std::make_unique<model::LlamaModel>(mc, *be_, on_device() ? DType::BF16 : DType::F32, mo, std::move(attn));
 
   if (cfg_.parallel.zero.offload_optimizer) {

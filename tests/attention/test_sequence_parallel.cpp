@@ -177,3 +177,65 @@ TEST(SequenceParallel, DistFlashMatchesLocal) {
   run<double>(df, sh, contiguous_rows(all, W, r), 1e-10, w.seed);
   run<float>(df, sh, contiguous_rows(all, W, r), 1e-5, w.seed + 1);
 }
+
+// activation.attention_head_groups: each strategy in G passes over head groups, against the
+// whole sequence on one rank: the zigzag ring (G 2 of GQA 6/2, two q heads per kv head in each
+// group) and Ulysses (G 2, U kv heads and 2U q heads per group), fp64 and fp32; and local
+// attention in 3 groups bit-identical to one pass (heads are independent, so the packed passes
+// do exactly the same arithmetic). A G that does not divide the kv heads is refused by name.
+TEST(SequenceParallel, HeadGroupsMatchLocalRingAndLocal) {
+  World w = make_world(SeqParallelMode::ZigzagRing, 0);
+  const int W = w.rt->size(), r = w.rt->rank();
+  auto be = ops::make_cpu_backend();
+  {
+    Shape sh{2, 2 * W * 5, 6, 2, 12};
+    attention::HeadGroupedAttention z(*be, std::make_shared<attention::ZigzagRingAttention>(*be, w.pg->ring()), 2);
+    run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 7);
+    run<float>(z, sh, zigzag_rows(sh.S, W, r), 1e-5, w.seed + 8);
+  }
+  // Local: 3 groups of GQA 6/3 against one pass, bit for bit.
+  const Shape sh{2, 13, 6, 3, 8};
+  Case<float> c = make_case<float>(sh, w.seed + 10);
+  const double scale = 1.0 / std::sqrt(8.0);
+  struct Out {
+    std::vector<float> o, lse, dq, dk, dv;
+  };
+  auto run_local = [&](attention::SequenceAttention& a) {
+    Out x{std::vector<float>(c.q.size(), -7.f), std::vector<float>(static_cast<size_t>(sh.B * sh.Hq * sh.S), -7.f),
+          std::vector<float>(c.q.size(), -7.f), std::vector<float>(c.k.size(), -7.f),
+          std::vector<float>(c.v.size(), -7.f)};
+    auto T4 = [&](std::vector<float>& v, int64_t H) { return Tensor(v.data(), DType::F32, {sh.B, sh.S, H, sh.hd}); };
+    const Tensor lse(x.lse.data(), DType::F32, {sh.B, sh.Hq, sh.S});
+    a.forward(T4(c.q, sh.Hq), T4(c.k, sh.Hkv), T4(c.v, sh.Hkv), scale, T4(x.o, sh.Hq), lse);
+    a.backward(T4(c.q, sh.Hq), T4(c.k, sh.Hkv), T4(c.v, sh.Hkv), T4(x.o, sh.Hq), lse, T4(c.dout, sh.Hq), scale,
+               T4(x.dq, sh.Hq), T4(x.dk, sh.Hkv), T4(x.dv, sh.Hkv));
+    return x;
+  };
+  attention::LocalAttention one(*be);
+  attention::HeadGroupedAttention three(*be, std::make_shared<attention::LocalAttention>(*be), 3);
+  const Out a = run_local(one), b = run_local(three);
+  EXPECT_EQ(a.o, b.o);
+  EXPECT_EQ(a.lse, b.lse);
+  EXPECT_EQ(a.dq, b.dq);
+  EXPECT_EQ(a.dk, b.dk);
+  EXPECT_EQ(a.dv, b.dv);
+  attention::HeadGroupedAttention two(*be, std::make_shared<attention::LocalAttention>(*be), 2);
+  try {
+    run_local(two);
+    FAIL() << "2 head groups of 3 kv heads were accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("activation.attention_head_groups: 2 does not divide the key/value heads (3)"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(SequenceParallel, HeadGroupsMatchLocalUlysses) {
+  World w = make_world(SeqParallelMode::Ulysses, 0);
+  const int W = w.rt->size(), r = w.rt->rank();
+  auto be = ops::make_cpu_backend();
+  attention::HeadGroupedAttention uly(*be, std::make_shared<attention::UlyssesAttention>(*be, w.pg->ulysses()), 2);
+  std::vector<int64_t> all(static_cast<size_t>(W * 7));
+  std::iota(all.begin(), all.end(), 0);
+  Shape sh{1, W * 7, 4 * W, 2 * W, 8};
+  run<double>(uly, sh, contiguous_rows(all, W, r), 1e-10, w.seed + 9);
+}

@@ -54,6 +54,31 @@ TEST_F(CudaOpsTest, CopyAsyncIsOrderedByFences) {
   EXPECT_THROW(gpu->wait_copy({int64_t{1} << 40}), Error);  // never issued
 }
 
+// copy_2d on the device (one cudaMemcpy2DAsync): heads 2..4 of a bf16 [37, 6 x 24] array
+// packed into [37, 3 x 24] and back into a poisoned copy, against the same packing on the host.
+TEST_F(CudaOpsTest, Copy2dPacksHeads) {
+  const int64_t rows = 37, H = 6, hd = 24, h0 = 2, h = 3;
+  const auto x = rounded(random_vector<float>(rows * H * hd, rng, -3, 3), DType::BF16);
+  Buffer src = upload(x, DType::BF16), packed = gpu->alloc(DType::BF16, rows * h * hd);
+  poison(packed);
+  gpu->copy_2d(packed.flat(), h * hd, src.flat().slice_flat(h0 * hd, {rows * H * hd - h0 * hd}), H * hd, rows, h * hd);
+  std::vector<float> want;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < h * hd; ++i) want.push_back(x[static_cast<size_t>(r * H * hd + h0 * hd + i)]);
+  EXPECT_EQ(download(packed), want);
+  Buffer back = gpu->alloc(DType::BF16, rows * H * hd);
+  poison(back);
+  gpu->copy_2d(back.flat().slice_flat(h0 * hd, {rows * H * hd - h0 * hd}), H * hd, packed.flat(), h * hd, rows, h * hd);
+  const std::vector<float> got = download(back);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < H * hd; ++i) {
+      const float g = got[static_cast<size_t>(r * H * hd + i)];
+      if (i >= h0 * hd && i < (h0 + h) * hd) ASSERT_EQ(g, x[static_cast<size_t>(r * H * hd + i)]) << r << "," << i;
+      else ASSERT_TRUE(std::isnan(g)) << "element " << r << "," << i << " outside the heads was written";
+    }
+  EXPECT_THROW(gpu->copy_2d(packed.flat(), h * hd, src.flat(), H * hd, rows + 1, h * hd), Error);
+}
+
 TEST_F(CudaOpsTest, FillAxpyScaleSumSquares) {
   for (DType t : kTypes) {
     SCOPED_TRACE(ops::type_name(t));

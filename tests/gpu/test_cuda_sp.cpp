@@ -76,9 +76,12 @@ std::vector<double> flat(const std::vector<std::vector<float>>& units) {
   return all;
 }
 
-class TwoGpus : public ::testing::TestWithParam<SeqParallelMode> {};
+// (mode, activation.attention_head_groups)
+class TwoGpus : public ::testing::TestWithParam<std::pair<SeqParallelMode, int64_t>> {};
 
 TEST_P(TwoGpus, ModeMatchesOneGpu) {
+  const SeqParallelMode mode = GetParam().first;
+  const int64_t head_groups = GetParam().second;
   int size = 0, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -96,14 +99,15 @@ TEST_P(TwoGpus, ModeMatchesOneGpu) {
     write_hd64(path + "/m.yaml");
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  StageConfig sp = tiny_stage(path + "/shard.h5", path + "/sp-" + std::to_string(static_cast<int>(GetParam())));
+  StageConfig sp = tiny_stage(path + "/shard.h5", path + "/sp-" + std::to_string(static_cast<int>(mode)) + "-g" + std::to_string(head_groups));
   sp.model.config = path + "/m.yaml";
   sp.data.seq_length = 250;  // not a multiple of 2W: padded and masked
   sp.train.device = DeviceKind::Cuda;
   sp.train.seed = seed;
-  sp.parallel.sequence.mode = GetParam();
+  sp.parallel.sequence.mode = mode;
+  sp.activation.attention_head_groups = head_groups;
   sp.parallel.sequence.size = 2;
-  sp.parallel.sequence.ulysses_size = GetParam() == SeqParallelMode::Usp ? 2 : 0;
+  sp.parallel.sequence.ulysses_size = mode == SeqParallelMode::Usp ? 2 : 0;
   sp.activation.checkpoint = CheckpointPolicy::AttentionOutput;
   StageConfig one = sp;
   one.parallel.sequence.size = 1;
@@ -117,8 +121,8 @@ TEST_P(TwoGpus, ModeMatchesOneGpu) {
   const train::StepStats a = tsp.compute_gradients(0), b = tone.compute_gradients(0);
   EXPECT_EQ(a.labels, b.labels);
   const double ge = rel_error(flat(tsp.gradients_host()), flat(tone.gradients_host()));
-  std::printf("[accuracy] %s W=2 rank %d: loss %.6f vs %.6f (rel %.2e), gradients rel err %.3e\n",
-              to_string(GetParam()), rank, a.loss, b.loss, std::fabs(a.loss - b.loss) / b.loss, ge);
+  std::printf("[accuracy] %s (head groups %lld) W=2 rank %d: loss %.6f vs %.6f (rel %.2e), gradients rel err %.3e\n",
+              to_string(mode), static_cast<long long>(head_groups), rank, a.loss, b.loss, std::fabs(a.loss - b.loss) / b.loss, ge);
   EXPECT_NEAR(a.loss, b.loss, 1e-2 * b.loss);
   EXPECT_LT(ge, 3e-2);
   for (int64_t s = 0; s < 3; ++s) {
@@ -130,8 +134,11 @@ TEST_P(TwoGpus, ModeMatchesOneGpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, TwoGpus,
-                         ::testing::Values(SeqParallelMode::ZigzagRing, SeqParallelMode::Ulysses,
-                                           SeqParallelMode::DistFlash, SeqParallelMode::Usp));
+                         ::testing::Values(std::make_pair(SeqParallelMode::ZigzagRing, int64_t{1}),
+                                           std::make_pair(SeqParallelMode::Ulysses, int64_t{1}),
+                                           std::make_pair(SeqParallelMode::DistFlash, int64_t{1}),
+                                           std::make_pair(SeqParallelMode::Usp, int64_t{1}),
+                                           std::make_pair(SeqParallelMode::ZigzagRing, int64_t{2})));
 
 }  // namespace
 }  // namespace easyctx::test

@@ -1,8 +1,9 @@
 // ModelOptions::offload_checkpoints (activation.offload: cpu) on the CPU backend, which runs
 // the offload path with synchronous copies: loss and every gradient bit-identical to the
 // checkpoints kept in the workspace, for layer and attention_output, MLP untiled and tiled,
-// over 1, 2, 3 and 5 layers (none, some and all of the copies); the workspace is what
-// workspace_specs says (a ring of two of each checkpoint, the rest pinned host buffers).
+// over 1, 2, 3 and 5 layers (none, some and all of the copies), every layer input offloaded or
+// only the first 1 or 2 (activation.offload_layers); the workspace is what workspace_specs
+// says (a ring of two of each checkpoint, the rest pinned host buffers or device slots).
 #include <cstring>
 #include <random>
 
@@ -86,15 +87,17 @@ int count(const std::vector<model::BufferSpec>& specs, const std::string& prefix
   return k;
 }
 
-// (layers, policy, MLP tile: 0 = untiled, 5 = five tiles of the 22 tokens, the last short)
-class ModelOffload : public ::testing::TestWithParam<std::tuple<int64_t, CheckpointPolicy, int64_t>> {};
+// (layers, policy, MLP tile: 0 = untiled, 5 = five tiles of the 22 tokens, the last short,
+// offload_layers: 0 = all, else the first 1 or 2 layer inputs only)
+class ModelOffload : public ::testing::TestWithParam<std::tuple<int64_t, CheckpointPolicy, int64_t, int64_t>> {};
 
 TEST_P(ModelOffload, BitIdenticalToCheckpointsOnTheDevice) {
-  const auto [layers, policy, tile] = GetParam();
+  const auto [layers, policy, tile, offload_layers] = GetParam();
   const model::LlamaConfig cfg = config(layers);
   model::ModelOptions kept{policy, 7, tile};
   model::ModelOptions off = kept;
   off.offload_checkpoints = true;
+  off.offload_layers = offload_layers;
   const uint64_t seed = test_seed();
   const Outcome a = run_model(cfg, kept, seed), b = run_model(cfg, off, seed);
   EXPECT_EQ(a.sum_nll, b.sum_nll);
@@ -104,28 +107,34 @@ TEST_P(ModelOffload, BitIdenticalToCheckpointsOnTheDevice) {
     EXPECT_EQ(std::memcmp(a.grads[u].data(), b.grads[u].data(), a.grads[u].size() * sizeof(float)), 0)
         << "gradient of unit " << u;
 
-  // The workspace: rings of two on the "device", the rest in (pinned) host buffers.
+  // The workspace: the first K layer inputs (and K - 1 attention outputs) in (pinned) host
+  // buffers, a ring of two device slots for the checkpoints up to K + 1, one slot each after.
   const auto specs = model::LlamaModel::workspace_specs(cfg, off, DType::F32, 2, 11, true);
   EXPECT_EQ(b.workspace_bytes, spec_bytes(specs));
   EXPECT_EQ(a.workspace_bytes, spec_bytes(model::LlamaModel::workspace_specs(cfg, kept, DType::F32, 2, 11, true)));
-  EXPECT_EQ(count(specs, "resid", false), 2);
-  EXPECT_EQ(count(specs, "host.resid", true), layers - 1);
+  const int64_t K = (offload_layers == 0 || offload_layers > layers - 1) ? layers - 1 : offload_layers;
+  const int64_t Ko = std::max<int64_t>(0, K - 1);
+  EXPECT_EQ(count(specs, "resid", false), layers + 1 - K > 2 ? layers + 1 - K : 2);
+  EXPECT_EQ(count(specs, "host.resid", true), K);
   const bool ao = policy == CheckpointPolicy::AttentionOutput;
-  EXPECT_EQ(count(specs, "saved_o", false), ao ? std::min<int64_t>(2, layers) : 0);
-  EXPECT_EQ(count(specs, "saved_lse", false), ao ? std::min<int64_t>(2, layers) : 0);
-  EXPECT_EQ(count(specs, "host.saved_o", true), ao ? std::max<int64_t>(0, layers - 2) : 0);
-  EXPECT_EQ(count(specs, "host.saved_lse", true), ao ? std::max<int64_t>(0, layers - 2) : 0);
+  const int64_t saved_dev = layers - Ko > 2 ? layers - Ko : std::min<int64_t>(2, layers);
+  EXPECT_EQ(count(specs, "saved_o", false), ao ? saved_dev : 0);
+  EXPECT_EQ(count(specs, "saved_lse", false), ao ? saved_dev : 0);
+  EXPECT_EQ(count(specs, "host.saved_o", true), ao ? Ko : 0);
+  EXPECT_EQ(count(specs, "host.saved_lse", true), ao ? Ko : 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ModelOffload,
                          ::testing::Combine(::testing::Values(int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}),
                                             ::testing::Values(CheckpointPolicy::Layer,
                                                               CheckpointPolicy::AttentionOutput),
-                                            ::testing::Values(int64_t{0}, int64_t{5})),
+                                            ::testing::Values(int64_t{0}, int64_t{5}),
+                                            ::testing::Values(int64_t{0}, int64_t{1}, int64_t{2})),
                          [](const auto& info) {
                            return "L" + std::to_string(std::get<0>(info.param)) + "_" +
                                   to_string(std::get<1>(info.param)) + "_tile" +
-                                  std::to_string(std::get<2>(info.param));
+                                  std::to_string(std::get<2>(info.param)) + "_off" +
+                                  std::to_string(std::get<3>(info.param));
                          });
 
 // Offload moves the checkpoints a policy keeps; with checkpoint none there are none to move.

@@ -1,6 +1,7 @@
 // Forward correctness of the CPU ops against naive fp64 references (odd shapes, both
 // dtypes), plus AdamW, conversions and determinism.
 #include <cmath>
+#include <cstring>
 
 #include "ops/half.h"
 #include "ops_test_util.h"
@@ -299,6 +300,44 @@ TEST_F(OpsFixture, AttentionBackwardOverwriteEqualsAccumulateFromZero) {
       for (int64_t j = 0; j < a[i].numel(); ++j)
         ASSERT_EQ(a[i].flat().ptr<float>()[j], w[i].flat().ptr<float>()[j]) << "tensor " << i << " element " << j;
   }
+}
+
+}  // namespace
+}  // namespace easyctx::test
+
+namespace easyctx::test {
+namespace {
+
+// copy_2d: rows of `width` elements between two pitches (f32 and bf16), the rest of the
+// destination untouched; arguments that would read or write past a view are refused.
+TEST_F(OpsFixture, Copy2dMovesStridedRowsOnly) {
+  const int64_t rows = 7, width = 5, sp = 11, dp = 8;
+  for (DType t : {DType::F32, DType::BF16}) {
+    ops::Buffer src = rand(DType::F32, rows * sp), dst = rand(DType::F32, rows * dp + 3, 5, 9);
+    ops::Buffer s2 = be->alloc(t, src.numel()), d2 = be->alloc(t, dst.numel());
+    be->copy(s2.flat(), src.flat());
+    be->copy(d2.flat(), dst.flat());
+    std::vector<uint16_t> before(static_cast<size_t>(d2.bytes() / 2));
+    std::memcpy(before.data(), d2.data(), d2.bytes());
+    // from column 3 of src into column 2 of dst
+    be->copy_2d(d2.flat().slice_flat(2, {d2.numel() - 2}), dp, s2.flat().slice_flat(3, {s2.numel() - 3}), sp, rows,
+                width);
+    const size_t es = ops::element_size(t);
+    const auto* d = static_cast<const char*>(d2.data());
+    const auto* s = static_cast<const char*>(s2.data());
+    const auto* b = reinterpret_cast<const char*>(before.data());
+    for (int64_t i = 0; i < d2.numel(); ++i) {
+      const int64_t r = i / dp, col = i % dp;
+      const bool copied = r < rows && col >= 2 && col < 2 + width;
+      const char* want = copied ? s + static_cast<size_t>(r * sp + 3 + col - 2) * es : b + static_cast<size_t>(i) * es;
+      ASSERT_EQ(std::memcmp(d + static_cast<size_t>(i) * es, want, es), 0)
+          << ops::type_name(t) << " element " << i << (copied ? " (copied)" : " (untouched)");
+    }
+    EXPECT_THROW(be->copy_2d(d2.flat(), dp, s2.flat(), sp, rows + 1, width), Error);  // src too short
+    EXPECT_THROW(be->copy_2d(d2.flat(), 4, s2.flat(), sp, 2, width), Error);          // width > pitch
+  }
+  ops::Buffer f = rand(DType::F32, 16), h = be->alloc(DType::BF16, 16);
+  EXPECT_THROW(be->copy_2d(h.flat(), 4, f.flat(), 4, 4, 4), Error);  // dtypes differ
 }
 
 }  // namespace

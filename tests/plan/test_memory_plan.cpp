@@ -246,12 +246,19 @@ TEST(MemoryPlan, CombinationWhenNoSingleKnobFits) {
   StageConfig fixed = big_run();
   for (const std::string& a : sets) apply_override(fixed, a);
   EXPECT_TRUE(plan::plan_memory(fixed, gpu_target(143771.0 / 1024)).fits) << combo->assignment;
-  // Each knob is needed: without any one of them it does not fit.
-  for (const std::string& drop : sets) {
+  // Each knob is needed: without any one of them it does not fit (activation.offload_layers
+  // belongs to the activation.offload knob before it).
+  std::vector<std::vector<std::string>> knobs;
+  for (const std::string& a : sets) {
+    if (a.rfind("activation.offload_layers=", 0) == 0 && !knobs.empty()) knobs.back().push_back(a);
+    else knobs.push_back({a});
+  }
+  for (size_t drop = 0; drop < knobs.size(); ++drop) {
     StageConfig partial = big_run();
-    for (const std::string& a : sets)
-      if (a != drop) apply_override(partial, a);
-    EXPECT_FALSE(plan::plan_memory(partial, gpu_target(143771.0 / 1024)).fits) << "without " << drop;
+    for (size_t i = 0; i < knobs.size(); ++i)
+      if (i != drop)
+        for (const std::string& a : knobs[i]) apply_override(partial, a);
+    EXPECT_FALSE(plan::plan_memory(partial, gpu_target(143771.0 / 1024)).fits) << "without " << knobs[drop][0];
   }
   std::printf("[plan] %s\n", plan::refusal_message(p).c_str());
 }
@@ -446,6 +453,69 @@ TEST(PlanTarget, ResolvesFromKeysLaunchAndMachine) {
   c.target.gpu_memory_gib = 80;  // overrides the model's memory
   EXPECT_EQ(plan::resolve_target(c, 1, 1).gpu_memory_bytes, int64_t{80} << 30);
   EXPECT_GT(plan::vm_hwm_bytes(), 0);
+}
+
+}  // namespace
+}  // namespace easyctx::test
+
+namespace easyctx::test {
+namespace {
+
+// The plans behind docs/memory-model.md's long-context examples, from the bench config
+// (llama2-7b, optimizer offloaded, MLP in 16K tiles) on H200 targets:
+//  - 256K on one GPU of a 128 GiB host: the refusal offers activation.offload with the fewest
+//    layer inputs that fit (one fewer does not), and that plan's host side fits too;
+//  - 1M on 2 GPUs (zigzag ring, all checkpoints offloaded, a 2 TB host): does not fit in one
+//    attention pass, fits with the ring in 4 head groups, which the refusal offers.
+TEST(MemoryPlan, LongContextKnobsOffloadLayersAndHeadGroups) {
+  StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml");
+  c.data.path = "unused";
+  auto h200 = [](int gpus, double host_gib) {
+    plan::PlanTarget t;
+    t.backend = DeviceKind::Cuda;
+    t.gpu_name = "H200";
+    t.gpu_memory_bytes = int64_t{150754820096};
+    t.gpus_per_node = gpus;
+    t.host_memory_bytes = static_cast<int64_t>(host_gib * (int64_t{1} << 30));
+    return t;
+  };
+  StageConfig s256 = c;
+  s256.data.seq_length = 262144;
+  const MemoryPlan p = plan::plan_memory(s256, h200(1, 128));
+  ASSERT_FALSE(p.fits);
+  const plan::KnobFix* off = nullptr;
+  for (const plan::KnobFix& k : p.knobs)
+    if (k.assignment.rfind("activation.offload=cpu activation.offload_layers=", 0) == 0) off = &k;
+  ASSERT_NE(off, nullptr) << plan::refusal_message(p);
+  StageConfig fixed = s256;
+  for (const std::string& a : split(off->assignment, ' ')) apply_override(fixed, a);
+  const MemoryPlan q = plan::plan_memory(fixed, h200(1, 128));
+  EXPECT_TRUE(q.fits && q.host_fits) << off->assignment;
+  StageConfig fewer = fixed;
+  fewer.activation.offload_layers -= 1;
+  if (fewer.activation.offload_layers > 0) {
+    EXPECT_FALSE(plan::plan_memory(fewer, h200(1, 128)).fits) << off->assignment;
+  }
+  // Every checkpoint offloaded needs more host memory than this host has.
+  StageConfig all = s256;
+  all.activation.offload = OffloadTarget::Cpu;
+  EXPECT_FALSE(plan::plan_memory(all, h200(1, 128)).host_fits);
+
+  StageConfig m1 = c;
+  m1.data.seq_length = 1048576;
+  m1.parallel.sequence.mode = SeqParallelMode::ZigzagRing;
+  m1.parallel.sequence.size = 2;
+  m1.activation.offload = OffloadTarget::Cpu;
+  const MemoryPlan one_pass = plan::plan_memory(m1, h200(2, 2048));
+  EXPECT_FALSE(one_pass.fits);
+  bool offered = false;
+  for (const plan::KnobFix& k : one_pass.knobs) offered |= k.assignment.rfind("activation.attention_head_groups=", 0) == 0;
+  EXPECT_TRUE(offered) << plan::refusal_message(one_pass);
+  m1.activation.attention_head_groups = 4;
+  const MemoryPlan four = plan::plan_memory(m1, h200(2, 2048));
+  EXPECT_TRUE(four.fits) << plan::refusal_message(four);
+  std::printf("[plan] 1M on 2 H200: one pass %.2f GiB per GPU, 4 head groups %.2f GiB\n",
+              static_cast<double>(one_pass.gpu_peak_bytes) / (1 << 30), static_cast<double>(four.gpu_peak_bytes) / (1 << 30));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The memory plan of sequence-parallel runs against the measured peak, under mpirun with 2
 // and 4 ranks on the CPU backend (exact counts): every strategy's per-call buffers (zigzag
 // ring, dist_flash with and without its helper loop, Ulysses, usp), ZeRO-3 over the world,
-// data x sequence parallelism, and the zigzag ring with activation offload (4 layers).
+// data x sequence parallelism, the zigzag ring with activation offload (4 layers; all of the
+// checkpoints or the first 2 layer inputs) and with attention in 2 head groups (and Ulysses).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -20,6 +21,8 @@ struct Case {
   int ulysses;  // usp only
   int zero;     // ZeRO stage
   bool offload = false;  // activation.offload cpu (attention_output, 4 layers)
+  int64_t offload_layers = 0;  // with offload: activation.offload_layers
+  int64_t head_groups = 1;     // activation.attention_head_groups
 };
 
 void check(const Case& k) {
@@ -28,6 +31,8 @@ void check(const Case& k) {
   dist::Runtime rt(&argc, &argv);
   const int W = rt.size(), sp = k.sp ? k.sp : W;
   if (W % sp != 0) GTEST_SKIP() << "sp " << sp << " does not divide " << W;
+  if (k.mode == SeqParallelMode::Ulysses && (4 / k.head_groups) % sp != 0)
+    GTEST_SKIP() << "ulysses: " << 4 / k.head_groups << " heads per group over " << sp << " ranks";
   uint64_t seed = 0;
   const std::string dir = shared_walk_dir("plan-sp", seed);
   if (rt.rank() == 0) {
@@ -39,7 +44,9 @@ void check(const Case& k) {
   if (k.offload) {
     c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
     c.activation.offload = OffloadTarget::Cpu;
+    c.activation.offload_layers = k.offload_layers;
   }
+  c.activation.attention_head_groups = k.head_groups;
   c.data.seq_length = 250;  // not a multiple of 2W: the plan pads like the loader
   c.train.seed = seed;
   c.parallel.sequence.mode = k.mode;
@@ -79,6 +86,9 @@ TEST(PlanSequenceParallel, Usp) { check({SeqParallelMode::Usp, 0, 2, 0}); }
 TEST(PlanSequenceParallel, ZigzagRingZero3) { check({SeqParallelMode::ZigzagRing, 0, 0, 3}); }
 TEST(PlanSequenceParallel, DataTimesZigzag) { check({SeqParallelMode::ZigzagRing, 2, 0, 0}); }
 TEST(PlanSequenceParallel, ZigzagRingActivationOffload) { check({SeqParallelMode::ZigzagRing, 0, 0, 0, true}); }
+TEST(PlanSequenceParallel, ZigzagRingPartialOffload) { check({SeqParallelMode::ZigzagRing, 0, 0, 0, true, 2}); }
+TEST(PlanSequenceParallel, ZigzagRingHeadGroups) { check({SeqParallelMode::ZigzagRing, 0, 0, 0, false, 0, 2}); }
+TEST(PlanSequenceParallel, UlyssesHeadGroups) { check({SeqParallelMode::Ulysses, 0, 0, 0, false, 0, 2}); }
 
 }  // namespace
 }  // namespace easyctx::test

@@ -122,8 +122,9 @@ TEST(Trainer, ProfileChangesNothingAndWritesTheReport) {
 
 // activation.offload: cpu runs its code path on the CPU backend too (the checkpoints copied to
 // separate host buffers and back, one layer ahead): the same losses and weights as keeping
-// them, bit for bit, on 5 layers (4 layer inputs and 3 attention outputs travel), with MLP
-// tiles and accumulation; refused with checkpoint none, naming both keys.
+// them, bit for bit, on 5 layers (4 layer inputs and 3 attention outputs travel, or with
+// activation.offload_layers only the first 2 or 3 inputs), with MLP tiles and accumulation;
+// refused with checkpoint none, naming both keys.
 TEST(Trainer, ActivationOffloadIsBitIdentical) {
   TempDir dir("train-act-offload");
   write_walk_shard(dir / "shard.h5", test_seed(), 40, 10, 80, 256);
@@ -132,17 +133,20 @@ TEST(Trainer, ActivationOffloadIsBitIdentical) {
   base.model.config = write_tiny_model(dir.path(), 5);
   struct Variant {
     CheckpointPolicy policy;
-    int64_t mlp_tile, grad_accum;
+    int64_t mlp_tile, grad_accum, offload_layers;
   };
-  for (const Variant v : {Variant{CheckpointPolicy::Layer, 0, 1}, Variant{CheckpointPolicy::AttentionOutput, 0, 2},
-                          Variant{CheckpointPolicy::Layer, 7, 1}, Variant{CheckpointPolicy::AttentionOutput, 7, 1}}) {
-    SCOPED_TRACE(std::string(to_string(v.policy)) + " mlp_tile " + std::to_string(v.mlp_tile));
+  for (const Variant v : {Variant{CheckpointPolicy::Layer, 0, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 0, 2, 0},
+                          Variant{CheckpointPolicy::Layer, 7, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 7, 1, 0},
+                          Variant{CheckpointPolicy::Layer, 0, 2, 2}, Variant{CheckpointPolicy::AttentionOutput, 7, 1, 3}}) {
+    SCOPED_TRACE(std::string(to_string(v.policy)) + " mlp_tile " + std::to_string(v.mlp_tile) + " offload_layers " +
+                 std::to_string(v.offload_layers));
     StageConfig a = base;
     a.activation.checkpoint = v.policy;
     a.activation.mlp_tile = v.mlp_tile;
     a.train.grad_accum = v.grad_accum;
     StageConfig b = a;
     b.activation.offload = OffloadTarget::Cpu;
+    b.activation.offload_layers = v.offload_layers;
     b.output.dir = dir / "b";
     train::Trainer ta(a, *world, *dp), tb(b, *world, *dp);
     for (int64_t s = 0; s < 3; ++s) {

@@ -91,8 +91,9 @@ TEST(TrainerSequenceParallel, ZigzagRing) { check_case({SeqParallelMode::ZigzagR
 
 // activation.offload cpu on the zigzag ring (attention_output: the ring's merged outputs are
 // checkpoints too; 4 layers): the same gradients and losses as keeping the checkpoints, bit
-// for bit.
-TEST(TrainerSequenceParallel, ZigzagRingActivationOffload) {
+// for bit; so do offloading only the first 2 layer inputs (activation.offload_layers) and the
+// ring in 2 head groups (activation.attention_head_groups: per-head arithmetic unchanged).
+void check_same_as_kept(void (*change)(StageConfig&)) {
   int argc = 0;
   char** argv = nullptr;
   dist::Runtime rt(&argc, &argv);
@@ -108,7 +109,7 @@ TEST(TrainerSequenceParallel, ZigzagRingActivationOffload) {
   kept.parallel.sequence.mode = SeqParallelMode::ZigzagRing;
   kept.parallel.sequence.size = rt.size();
   StageConfig off = kept;
-  off.activation.offload = OffloadTarget::Cpu;
+  change(off);
   off.output.dir = path + "/off";
   dist::ProcessGroups groups(rt, dist::make_group_layout(kept, rt.size(), rt.topology().local_size),
                              dist::CommBackend::Mpi, 120);
@@ -124,6 +125,16 @@ TEST(TrainerSequenceParallel, ZigzagRingActivationOffload) {
   for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(tk.train_step(s).loss, to.train_step(s).loss) << "step " << s;
   MPI_Barrier(MPI_COMM_WORLD);
   if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+TEST(TrainerSequenceParallel, ZigzagRingActivationOffload) {
+  check_same_as_kept([](StageConfig& c) { c.activation.offload = OffloadTarget::Cpu; });
+}
+TEST(TrainerSequenceParallel, ZigzagRingPartialOffloadAndHeadGroups) {
+  check_same_as_kept([](StageConfig& c) {
+    c.activation.offload = OffloadTarget::Cpu;
+    c.activation.offload_layers = 2;
+  });
+  check_same_as_kept([](StageConfig& c) { c.activation.attention_head_groups = 2; });
 }
 TEST(TrainerSequenceParallel, DistFlash) { check_case({SeqParallelMode::DistFlash, 0, 0, 1}); }
 TEST(TrainerSequenceParallel, Ulysses) { check_case({SeqParallelMode::Ulysses, 0, 0, 1}); }

@@ -114,6 +114,19 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) write_from_double(dst, i, read_as_double(src, i));
   }
 
+  void copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch, int64_t rows,
+               int64_t width) override {
+    check_host("copy_2d", dst);
+    check_copy_2d(dst, dst_pitch, src, src_pitch, rows, width);
+    const size_t es = element_size(dst.dtype);
+    auto* d = static_cast<char*>(dst.data);
+    const auto* s = static_cast<const char*>(src.data);
+#pragma omp parallel for schedule(static) if (rows * width > (1 << 16))
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(d + static_cast<size_t>(r * dst_pitch) * es, s + static_cast<size_t>(r * src_pitch) * es,
+                  static_cast<size_t>(width) * es);
+  }
+
   void fill(const Tensor& x, double value) override {
     check_float("fill", x);
     const int64_t n = x.numel();

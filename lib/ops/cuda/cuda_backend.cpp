@@ -283,6 +283,17 @@ class CudaBackend final : public Backend {
     }
   }
 
+  void copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch, int64_t rows,
+               int64_t width) override {
+    check_copy_2d(dst, dst_pitch, src, src_pitch, rows, width);
+    if (rows == 0 || width == 0) return;
+    const size_t es = element_size(dst.dtype);
+    EASYCTX_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, static_cast<size_t>(dst_pitch) * es, src.data,
+                                         static_cast<size_t>(src_pitch) * es, static_cast<size_t>(width) * es,
+                                         static_cast<size_t>(rows), copy_kind(dst, src), stream_));
+    if (dst.space != MemSpace::Device) synchronize();  // the caller reads host memory next
+  }
+
   void fill(const Tensor& x, double value) override {
     check_float("fill", x);
     dispatch(x.dtype, [&](auto* tag) {
