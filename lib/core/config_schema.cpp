@@ -324,7 +324,8 @@ const Registry& registry() {
                "train.device cuda, stage 0: keep the fp32 master weights and Adam moments in host memory and run "
                "AdamW on the host's threads; fp32 gradients stream down and bf16 weights back up in chunks through "
                "pinned staging, overlapped with the host update (saves 12 bytes per parameter on each GPU; "
-               "docs/memory-model.md).");
+               "docs/memory-model.md). The update runs on a host thread while the next step's forward starts, "
+               "each unit waited for only when the forward reaches it (same weights, bit for bit).");
     r.add_bool("parallel.zero.offload_params", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_params; },
                "Keep the bf16 parameter shards in host memory and stream them per layer (stage 3 only; not "
                "implemented yet: the trainer refuses it).");

@@ -2,7 +2,13 @@
 
 #include <cuda_runtime.h>
 
+#include <omp.h>
+
 #include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "adamw_math.h"
 #include "core/error.h"
@@ -22,7 +28,19 @@ struct HostAdamW::Impl {
   uint16_t* work[2] = {nullptr, nullptr};  // pinned bf16[chunk]
   cudaStream_t down = nullptr, up = nullptr;
   cudaEvent_t got[2] = {nullptr, nullptr}, sent[2] = {nullptr, nullptr};
+  // The running step (start .. finish): its thread, and per unit whether its upload is queued
+  // and the event that marks it.
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<char> unit_queued;
+  std::vector<cudaEvent_t> unit_ev;
+  std::exception_ptr error;
+  bool failed = false;  // (error reported once; waiters released)
+  void run(const std::vector<OffloadPiece>& pieces, const ops::AdamWStep& s, int threads, double* seconds);
   ~Impl() {
+    for (cudaEvent_t e : unit_ev)
+      if (e) cudaEventDestroy(e);
     for (int s = 0; s < 2; ++s) {
       if (got[s]) cudaEventDestroy(got[s]);
       if (sent[s]) cudaEventDestroy(sent[s]);
@@ -48,13 +66,83 @@ HostAdamW::HostAdamW(int64_t chunk_elems) : impl_(std::make_unique<Impl>()) {
   EASYCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&I.up, cudaStreamNonBlocking));
 }
 
-HostAdamW::~HostAdamW() = default;
+HostAdamW::~HostAdamW() {
+  try {
+    finish();
+  } catch (...) {  // a destructor cannot throw; the error was the caller's to collect
+  }
+}
 
 int64_t HostAdamW::pinned_bytes() const { return 2 * impl_->chunk * 6; }
 
 void HostAdamW::step(const std::vector<OffloadPiece>& pieces, const ops::AdamWStep& s) {
-  const auto t0 = std::chrono::steady_clock::now();
+  start(pieces, s, omp_get_max_threads());
+  finish();
+}
+
+void HostAdamW::start(std::vector<OffloadPiece> pieces, const ops::AdamWStep& s, int threads) {
+  finish();
   Impl& I = *impl_;
+  size_t units = 0;
+  for (const OffloadPiece& p : pieces) units = std::max(units, p.unit + 1);
+  for (size_t u = I.unit_ev.size(); u < units; ++u) {
+    I.unit_ev.push_back(nullptr);
+    EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&I.unit_ev.back(), cudaEventDisableTiming));
+  }
+  I.unit_queued.assign(I.unit_ev.size(), 0);
+  for (const OffloadPiece& p : pieces)
+    if (p.n > 0) I.unit_queued[p.unit] = 2;  // 2: has elements, not yet queued
+  for (char& q : I.unit_queued) q = q == 2 ? 0 : 1;              // units without pieces: nothing to wait for
+  I.error = nullptr;
+  I.failed = false;
+  int device = 0;
+  EASYCTX_CUDA_CHECK(cudaGetDevice(&device));
+  I.worker = std::thread([this, device, threads, pieces = std::move(pieces), s] {
+    Impl& W = *impl_;
+    try {
+      EASYCTX_CUDA_CHECK(cudaSetDevice(device));  // the current device is per host thread
+      W.run(pieces, s, std::max(1, threads), &last_seconds_);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(W.mu);
+      W.error = std::current_exception();
+      W.failed = true;
+      W.cv.notify_all();
+    }
+  });
+}
+
+cudaEvent_t HostAdamW::wait_unit(size_t u) {
+  Impl& I = *impl_;
+  if (!I.worker.joinable()) return nullptr;  // no step running (or it was finished)
+  std::unique_lock<std::mutex> lk(I.mu);
+  I.cv.wait(lk, [&] { return I.failed || u >= I.unit_queued.size() || I.unit_queued[u] != 0; });
+  if (I.failed) {
+    lk.unlock();
+    finish();  // joins and rethrows
+  }
+  if (u >= I.unit_queued.size()) return nullptr;
+  return I.unit_ev[u];
+}
+
+bool HostAdamW::pending() const { return impl_->worker.joinable(); }
+
+void HostAdamW::finish() {
+  Impl& I = *impl_;
+  if (!I.worker.joinable()) return;
+  I.worker.join();
+  if (I.error) {
+    std::exception_ptr e = I.error;
+    I.error = nullptr;
+    std::rethrow_exception(e);
+  }
+  EASYCTX_CUDA_CHECK(cudaStreamSynchronize(I.up));
+  EASYCTX_CUDA_CHECK(cudaStreamSynchronize(I.down));
+}
+
+void HostAdamW::Impl::run(const std::vector<OffloadPiece>& pieces, const ops::AdamWStep& s, int threads,
+                          double* seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& I = *this;
   struct Chunk {
     const OffloadPiece* p;
     int64_t off, n;
@@ -82,7 +170,7 @@ void HostAdamW::step(const std::vector<OffloadPiece>& pieces, const ops::AdamWSt
     uint16_t* out = I.work[sl];
     if (sent_pending[sl]) EASYCTX_CUDA_CHECK(cudaEventSynchronize(I.sent[sl]));  // chunk i - 2 left this slot
     // One pass: the update and the bf16 copy of the new weight (one read of the master less).
-#pragma omp parallel for schedule(static) if (c.n > (1 << 16))
+#pragma omp parallel for schedule(static) num_threads(threads) if (c.n > (1 << 16))
     for (int64_t j = 0; j < c.n; ++j) {
       kernels::adamw_element(p[j], g[j], m[j], v[j], k);
       out[j] = ops::float_to_bf16(p[j]);
@@ -91,10 +179,17 @@ void HostAdamW::step(const std::vector<OffloadPiece>& pieces, const ops::AdamWSt
                                      static_cast<size_t>(c.n) * 2, cudaMemcpyHostToDevice, I.up));
     EASYCTX_CUDA_CHECK(cudaEventRecord(I.sent[sl], I.up));
     sent_pending[sl] = true;
+    const size_t u = c.p->unit;
+    if (i + 1 == chunks.size() || chunks[i + 1].p->unit != u) {  // the unit's last chunk: its uploads are queued
+      EASYCTX_CUDA_CHECK(cudaEventRecord(I.unit_ev[u], I.up));
+      std::lock_guard<std::mutex> lk(I.mu);
+      I.unit_queued[u] = 1;
+      I.cv.notify_all();
+    }
   }
   EASYCTX_CUDA_CHECK(cudaStreamSynchronize(I.up));
   EASYCTX_CUDA_CHECK(cudaStreamSynchronize(I.down));
-  last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace easyctx::train

@@ -5,10 +5,17 @@
 // optimizer's), and the updated weights stream back as bf16. The
 // copies of chunk i+1 (down) and i-1 (up) overlap the host update of chunk i. CUDA builds
 // only.
+//
+// start() runs the step on a host thread and returns at once: the trainer's next forward
+// waits for each unit only as it reaches it (wait_unit: the host until the unit's update and
+// upload are queued, then the compute stream on the unit's upload event), so the update of
+// the later units overlaps the forward of the earlier ones. finish() joins the thread.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include <cuda_runtime.h>
 
 #include "ops/ops.h"
 
@@ -22,6 +29,7 @@ struct OffloadPiece {
   void* work_dev = nullptr;         // device bf16[n]: receives the updated weights
   int64_t n = 0;
   double weight_decay = 0;
+  size_t unit = 0;  // the parameter unit it belongs to (wait_unit); pieces come unit by unit
 };
 
 class HostAdamW {
@@ -34,9 +42,21 @@ class HostAdamW {
 
   // One optimizer step over every piece (s.weight_decay is taken from each piece). The
   // device gradients must be final (the caller has synchronised its stream); returns when
-  // the device weights are updated.
+  // the device weights are updated. = start() + finish().
   void step(const std::vector<OffloadPiece>& pieces, const ops::AdamWStep& s);
-  // Seconds of the last step() (host update and copies).
+  // The same step on a host thread (the update on threads - 1 OpenMP threads, leaving one
+  // core to the caller's kernel launches); returns at once. Until finish(), the pieces'
+  // gradients must not be written nor their weights read, except per unit after wait_unit.
+  void start(std::vector<OffloadPiece> pieces, const ops::AdamWStep& s, int threads);
+  // Blocks until unit u's update and upload are queued; returns the event (on the upload
+  // stream) after which its device weights are updated; its device gradients are no longer
+  // read. Rethrows an error of the step. A unit without pieces returns at once (null event).
+  cudaEvent_t wait_unit(size_t u);
+  // Joins the step's thread and waits for its copies (no-op when none runs); rethrows its
+  // error. Idempotent.
+  void finish();
+  bool pending() const;
+  // Seconds of the last step (host update and copies, on its thread).
   double last_seconds() const { return last_seconds_; }
   int64_t pinned_bytes() const;
 

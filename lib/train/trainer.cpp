@@ -9,6 +9,8 @@
 #include <deque>
 #include <filesystem>
 
+#include <omp.h>
+
 #ifdef EASYCTX_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -365,6 +367,11 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
 }
 
 Trainer::~Trainer() {
+  try {
+    settle_optimizer();  // (the host AdamW's thread writes buffers freed below)
+  } catch (const std::exception& e) {
+    log_warn("the last optimizer step failed: ", e.what());
+  }
   if (!zero_stream_set_) return;  // the comms outlive the backend's stream: give them theirs back
   if (zero_) zero_->set_stream(nullptr);
   if (zero_replica_) zero_replica_->set_stream(nullptr);
@@ -624,6 +631,49 @@ void Trainer::refresh_working_copy() {
   for (size_t u = 0; u < work_.size(); ++u) be_->copy(work_[u].flat(), master_[u].flat());
 }
 
+void Trainer::settle_optimizer() const {
+#ifdef EASYCTX_HAVE_CUDA
+  if (host_adamw_) host_adamw_->finish();
+#endif
+}
+
+void Trainer::await_unit(size_t u) {
+#ifdef EASYCTX_HAVE_CUDA
+  if (cudaEvent_t ev = host_adamw_->wait_unit(u)) EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(ops::cuda_stream(*be_), ev, 0));
+#endif
+  if (grads_[u].numel() > 0) be_->fill(grads_[u].flat(), 0.0);  // after the host has read it
+}
+
+// The first micro-batch's ParamSource while the previous step's host AdamW still runs: each
+// unit is awaited when the forward first reaches it (units are acquired in forward order:
+// embedding, layers, head, so the update of later units overlaps the forward of earlier ones).
+class Trainer::PendingUpdate final : public model::ParamSource {
+ public:
+  PendingUpdate(Trainer& t, const std::vector<ops::Tensor>& params, const std::vector<ops::Tensor>& grads)
+      : t_(t), params_(params), grads_(grads), ready_(params.size(), false) {}
+  ops::Tensor acquire(size_t u) override {
+    ready(u);
+    return params_.at(u);
+  }
+  void release(size_t) override {}
+  ops::Tensor grad(size_t u) override {
+    ready(u);
+    return grads_.at(u);
+  }
+  void grad_done(size_t) override {}
+  void ready(size_t u) {
+    if (ready_.at(u)) return;
+    t_.await_unit(u);
+    ready_[u] = true;
+  }
+
+ private:
+  Trainer& t_;
+  const std::vector<ops::Tensor>& params_;
+  const std::vector<ops::Tensor>& grads_;
+  std::vector<bool> ready_;
+};
+
 std::vector<ops::Tensor> Trainer::params() const {
   EASYCTX_CHECK(!zero3(), "params: ZeRO-3 gathers the parameters per layer (Zero3Params)");
   if (work_.empty()) return master();
@@ -633,6 +683,7 @@ std::vector<ops::Tensor> Trainer::params() const {
 }
 
 std::vector<std::vector<float>> Trainer::master_host() const {
+  settle_optimizer();
   std::vector<std::vector<float>> out(master_.size());
   if (zero3()) {  // collective: every unit gathered from its owners' shards
     for (size_t u = 0; u < master_.size(); ++u) out[u] = gather_master_host(u);
@@ -666,6 +717,7 @@ double Trainer::flops_per_token() const {
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {
+  settle_optimizer();
   ckpt::CheckpointWriter w(world_mpi_, (fs::path(cfg_.output.dir) / "checkpoints").string(), steps_done);
   const auto& units = model_->layout().units();
   // ZeRO-0: every rank holds everything; each writes its 1/W of every unit, in parallel.
@@ -723,6 +775,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
 
 std::vector<ops::Tensor> Trainer::master() const {
   EASYCTX_CHECK(!zero3(), "master: with ZeRO-3 each rank holds only its shards; master_host() gathers them");
+  settle_optimizer();
   std::vector<ops::Tensor> v;
   for (const ops::Buffer& b : master_) v.push_back(b.flat());
   return v;
@@ -782,7 +835,8 @@ double Trainer::clip_gradients() {
   return clip_by_global_norm(*be_, g, cfg_.train.grad_clip);
 }
 
-void Trainer::optimizer_step(double lr, int64_t step) {
+void Trainer::optimizer_step(double lr, int64_t step, bool defer) {
+  (void)defer;  // (only the CUDA build's host AdamW defers)
   ops::AdamWStep s{lr, cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, 0.0, step + 1};
   const auto& units = model_->layout().units();
 #ifdef EASYCTX_HAVE_CUDA
@@ -798,10 +852,15 @@ void Trainer::optimizer_step(double lr, int64_t step) {
         p.work_dev = static_cast<uint16_t*>(work_[u].data()) + t.offset;
         p.n = t.numel;
         p.weight_decay = t.decay ? cfg_.train.weight_decay : 0.0;
+        p.unit = u;
         pieces.push_back(p);
       }
     be_->synchronize();  // the gradients are final (backward, reduction and clipping queued on it)
-    host_adamw_->step(pieces, s);
+    if (defer) {  // one core left to the next step's kernel launches
+      host_adamw_->start(std::move(pieces), s, std::max(1, omp_get_max_threads() - 1));
+    } else {
+      host_adamw_->step(pieces, s);
+    }
     return;
   }
 #endif
@@ -840,7 +899,10 @@ StepStats Trainer::train_step(int64_t step) {
   st.fwd_bwd_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   st.grad_norm = clip_gradients();
   phase("clip");
-  optimizer_step(st.lr, step);
+  // The host AdamW overlaps the next step's forward when this run has a next step (the step
+  // time then counts the wait for it there, so each step line is the steady-state time), and
+  // not while profiling (its phase would vanish into the forward).
+  optimizer_step(st.lr, step, step + 1 < cfg_.train.steps && !(prof_ && prof_->enabled()));
   be_->synchronize();  // device backends: the step is done when its queued work is
   phase("optimizer");
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -937,8 +999,16 @@ StepStats Trainer::compute_gradients(int64_t step) {
   const double global_labels = world_.all_reduce_scalar(local_labels, dist::ReduceOp::Sum);
   EASYCTX_CHECK(global_labels > 0, "step ", step, ": the global batch has no labelled tokens");
   phase("data");
-  for (ops::Buffer& g : grads_)
-    if (g.numel() > 0) be_->fill(g.flat(), 0.0);
+  // The previous step's host AdamW may still be reading the gradients: then each unit's is
+  // zeroed once the forward has waited for that unit (PendingUpdate).
+#ifdef EASYCTX_HAVE_CUDA
+  const bool pending = host_adamw_ && host_adamw_->pending();
+#else
+  const bool pending = false;
+#endif
+  if (!pending)
+    for (ops::Buffer& g : grads_)
+      if (g.numel() > 0) be_->fill(g.flat(), 0.0);
   for (ops::Buffer& g : gshard_) be_->fill(g.flat(), 0.0);  // ZeRO-3: the layers add into it per micro-batch
   std::vector<ops::Tensor> params, grads;
   if (!zero3()) {
@@ -963,11 +1033,18 @@ StepStats Trainer::compute_gradients(int64_t step) {
       b.positions = positions_dev_.flat();
       b.labels = labels_dev_.flat();
     }
-    sum_nll += (zero3() ? model_->forward_backward(*zparams_, b, 1.0 / global_labels)
-                        : model_->forward_backward(params, grads, b, 1.0 / global_labels))
-                   .sum_nll;
+    if (zero3()) {
+      sum_nll += model_->forward_backward(*zparams_, b, 1.0 / global_labels).sum_nll;
+    } else if (pending && &mb == &micro.front()) {
+      PendingUpdate src(*this, params, grads);
+      sum_nll += model_->forward_backward(src, b, 1.0 / global_labels).sum_nll;
+      for (size_t u = 0; u < grads_.size(); ++u) src.ready(u);  // (a unit the model never touched)
+    } else {
+      sum_nll += model_->forward_backward(params, grads, b, 1.0 / global_labels).sum_nll;
+    }
     st.tokens += n;
   }
+  if (pending) settle_optimizer();  // (done by now: the forward waited for every unit)
   phase("forward+backward");
   reduce_gradients();
   st.loss = world_.all_reduce_scalar(sum_nll, dist::ReduceOp::Sum) / global_labels;
@@ -1113,6 +1190,7 @@ bool Trainer::stop_requested() {
 }
 
 void Trainer::save_hf(const std::string& dir) const {
+  settle_optimizer();
   model::LlamaConfig mc = model_->config();
   std::vector<std::vector<float>> stage;
   std::vector<ops::Tensor> views;

@@ -123,7 +123,15 @@ class Trainer {
  private:
   void reduce_gradients();
   double clip_gradients();
-  void optimizer_step(double lr, int64_t step);
+  // defer (offload_optimizer, not profiling): the host AdamW runs on while the next step's
+  // forward starts (PendingUpdate in trainer.cpp); settle_optimizer() waits for it.
+  void optimizer_step(double lr, int64_t step, bool defer = false);
+  void settle_optimizer() const;
+  // The next step's forward reaching unit u while the host AdamW still runs: waits for the
+  // unit's update (host, then the compute stream on its upload) and zeroes its gradient.
+  void await_unit(size_t u);
+  class PendingUpdate;
+  friend class PendingUpdate;
   void log_startup() const;
   void init(std::shared_ptr<attention::SequenceAttention> attn, data::SpLayout sp_layout, int sp_size, int sp_rank,
             int sp_inner = 1);

@@ -353,11 +353,14 @@ TEST(CudaTrainer, StepsMatchCpuTrainer) {
 // (a stricter check than "within fp32 rounding"; before the shared formula, float-vs-double
 // AdamW drifted to 1e-3 relative in five steps, because Adam turns last-bit differences of
 // tiny gradients into whole-lr steps). Then a checkpoint of the offloaded run resumes
-// bit-identically.
+// bit-identically. With 8 steps configured every one of these steps hands its host AdamW to a
+// thread that the next step's forward waits for unit by unit (the last one to master_host()
+// and save_checkpoint()): the same weights as the synchronous GPU update all the same.
 TEST(CudaTrainer, OffloadedOptimizerMatchesGpuAdamW) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   TempDir dir("cuda-offload");
   StageConfig g = hd64_stage(dir, "gpu");
+  g.train.steps = 8;
   g.train.weight_decay = 0.1;
   g.train.device = DeviceKind::Cuda;
   StageConfig h = g;
