@@ -370,12 +370,10 @@ Buffer UlyssesAttention::to_heads(const Tensor& x, int64_t h_total, int64_t h_pe
   const int U = comm_.size();
   const int64_t S = x.dim(1), hd = x.dim(3), blk = S * h_per * hd;
   Buffer send = be_.alloc(x.dtype, blk * U), recv = be_.alloc(x.dtype, blk * U);
-  Tensor x3 = x.reshape({S, h_total, hd});
-  for (int j = 0; j < U; ++j) {
+  for (int j = 0; j < U; ++j) {  // rank j's heads of every token: one strided copy
     const int64_t h0 = kv ? hs.kv_head_of(j) : j * h_per;
-    for (int64_t t = 0; t < S; ++t)
-      be_.copy(send.flat().slice_flat((j * S + t) * h_per * hd, {h_per * hd}),
-               x3.slice_flat((t * h_total + h0) * hd, {h_per * hd}));
+    be_.copy_2d(send.flat().slice_flat(j * blk, {blk}), h_per * hd, x.slice_flat(h0 * hd, {x.numel() - h0 * hd}),
+                h_total * hd, S, h_per * hd);
   }
   be_.synchronize();
   comm_.all_to_all(send.data(), recv.data(), static_cast<size_t>(blk), x.dtype);
@@ -391,13 +389,22 @@ void UlyssesAttention::from_heads(const Tensor& xh, int64_t h_total, int64_t h_p
   be_.synchronize();
   comm_.all_to_all(xh.data, recv.data(), static_cast<size_t>(blk), xh.dtype);
   comm_.synchronize();
-  Tensor x3 = x.reshape({S, h_total, hd});
-  be_.fill(x, 0);
+  // Rank i's heads of every token back into x, one strided copy each; a kv head that several
+  // ranks held (Hkv < U) gets the sum of their gradients, added in rank order.
+  std::vector<char> written(static_cast<size_t>(h_total), 0);
+  Buffer sum;
   for (int i = 0; i < U; ++i) {
     const int64_t h0 = kv ? hs.kv_head_of(i) : i * h_per;
-    for (int64_t t = 0; t < S; ++t)
-      be_.axpy(x3.slice_flat((t * h_total + h0) * hd, {h_per * hd}),
-               recv.flat().slice_flat((i * S + t) * h_per * hd, {h_per * hd}), 1.0);
+    const Tensor part = x.slice_flat(h0 * hd, {x.numel() - h0 * hd}), mine = recv.flat().slice_flat(i * blk, {blk});
+    if (!written[static_cast<size_t>(h0)]) {
+      be_.copy_2d(part, h_total * hd, mine, h_per * hd, S, h_per * hd);
+    } else {
+      if (sum.numel() == 0) sum = be_.alloc(xh.dtype, blk);
+      be_.copy_2d(sum.flat(), h_per * hd, part, h_total * hd, S, h_per * hd);
+      be_.axpy(sum.flat(), mine, 1.0);
+      be_.copy_2d(part, h_total * hd, sum.flat(), h_per * hd, S, h_per * hd);
+    }
+    for (int64_t h = h0; h < h0 + h_per; ++h) written[static_cast<size_t>(h)] = 1;
   }
 }
 

@@ -262,8 +262,12 @@ class AttentionReplay {
       ids.push_back(rp_.alloc(t + n + " (head-sharded)", b, "e x S x U x heads/U x hd"));
       rp_.free(send);
     };
-    auto from_heads = [&](int64_t heads) {
-      rp_.scratch(t + "all-to-all receive", e * sg * heads * hd_, "e x S x U x heads/U x hd");
+    // from_heads: the receive buffer; where several ranks held one kv head (Hkv < U), the sum
+    // of their gradients goes through one rank's block.
+    auto from_heads = [&](int64_t heads, bool shared = false) {
+      const int recv = rp_.alloc(t + "all-to-all receive", e * sg * heads * hd_, "e x S x U x heads/U x hd");
+      if (shared) rp_.scratch(t + "shared kv head sum", e * s * heads * hd_, "e x S x heads/U x hd");
+      rp_.free(recv);
     };
     if (!backward) {
       to_heads("q", nq);
@@ -288,7 +292,7 @@ class AttentionReplay {
       if (ring) zigzag(sg, nq, nkv, true, "usp ring ");
       else bwd_scratch(1, sg, sg, nq, nkv, false, true);
       from_heads(nq);
-      from_heads(nkv);
+      from_heads(nkv, hkv_ % U != 0);
     }
     for (int id : ids) rp_.free(id);
   }
