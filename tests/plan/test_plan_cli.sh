@@ -2,7 +2,9 @@
 # `easyctx_train STAGE.yaml --plan` end to end, as on a login node (no GPU needed): a
 # llama2-7b stage planned for 2 nodes x 8 H200s prints the table and one JSON object (the
 # last line) and exits 0; an oversized sequence exits 3 naming --set changes that fit; bad
-# target keys (and activation.offload without a checkpoint policy) exit 2 naming the key.
+# target keys (and activation.offload without a checkpoint policy, offload_layers without
+# offload, head groups that do not divide the kv heads) exit 2 naming the key; the plans of
+# bench/run_memory.sh (the long-context runs of bench/RESULTS.md) fit.
 set -uo pipefail
 bin=$1
 work=$(mktemp -d /tmp/easyctx-plan-cli.XXXXXX)
@@ -83,6 +85,20 @@ grep -q "activation.offload: cpu needs activation.checkpoint layer or attention_
 rc=$?
 [ $rc -eq 2 ] || fail "a sequence size not dividing 16 exited $rc, expected 2"
 grep -q "parallel.sequence.size = 3 does not divide the world size 16" "$work/out" || fail "no divisibility error"
+"$bin/easyctx_train" "$work/stage.yaml" --plan --set activation.attention_head_groups=3 > "$work/out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "3 head groups of 32 kv heads exited $rc, expected 2"
+grep -q "activation.attention_head_groups: 3 does not divide the model's key/value heads (32)" "$work/out" \
+  || fail "the error does not name activation.attention_head_groups"
+"$bin/easyctx_train" "$work/stage.yaml" --plan --set activation.offload_layers=4 > "$work/out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "activation.offload_layers without activation.offload exited $rc, expected 2"
+grep -q "activation.offload_layers: 4 needs activation.offload: cpu" "$work/out" \
+  || fail "the error does not name activation.offload_layers"
+# bench/run_memory.sh plans: the long-context runs of bench/RESULTS.md all plan as fitting.
+src=$(cd "$(dirname "$0")/../.." && pwd)
+(cd "$src" && BIN="$bin/easyctx_train" bash bench/run_memory.sh plans) > "$work/out" 2>&1 || fail "run_memory.sh plans failed"
+[ "$(grep -c ': fits$' "$work/out")" -eq 8 ] || fail "run_memory.sh plans: not every GPU and host line fits"
 "$bin/easyctx_train" --help > "$work/out" 2>&1 || fail "--help failed"
 grep -q -- "--plan" "$work/out" || fail "--help does not document --plan"
 echo "PASS"

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The long-context memory runs of bench/RESULTS.md (issue 7): llama2-7b with fp32 master weights
+# and Adam moments in host memory (configs/bench/llama2-7b-1gpu.yaml: whole-layer recompute, MLP in
+# 16K-token tiles), one full training step each, after its memory plan. From the repository root:
+#   bash bench/run_memory.sh plans     # no GPU needed: the plans of the runs below (H200 targets)
+#                                      # and of the whole 7B at 1M tokens on 2 H200s
+#   bash bench/run_memory.sh 256k      # 1 GPU: 256K tokens, 8 of the 31 layer inputs in host memory
+#                                      # (planned against a 128 GiB host)
+#   bash bench/run_memory.sh 512k      # 2 GPUs: 512K, zigzag ring in 4 head groups, 12 inputs
+#                                      # offloaded, atomic dQ
+#   bash bench/run_memory.sh 1m-slice  # 2 GPUs: a 4-layer slice of the 7B at 1M tokens, 4 head
+#                                      # groups, every checkpoint offloaded, atomic dQ
+# BIN: easyctx_train (default build-gpu/bin/easyctx_train, or $B/easyctx_train after
+# `source bench/prebuilt.sh env`); LAUNCH: the 2-GPU launcher (default mpirun -np 2 ...);
+# STEPS (default 1). The runs go through bench/run_train.sh (one JSON line each, with the
+# trainer's "memory: predicted ... measured ..." line).
+set -euo pipefail
+what=${1:-plans}
+BIN=${BIN:-${B:+$B/easyctx_train}}
+BIN=${BIN:-build-gpu/bin/easyctx_train}
+[ -x "$BIN" ] || BIN=build/bin/easyctx_train  # plans only need a CPU build
+LAUNCH=${LAUNCH:-"mpirun --allow-run-as-root --oversubscribe -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS"}
+STEPS=${STEPS:-1}
+CFG=configs/bench/llama2-7b-1gpu.yaml
+s256=(--set activation.offload=cpu --set activation.offload_layers=8 --set target.host_memory_gib=128)
+ring=(--set parallel.sequence.size=2 --set parallel.sequence.mode=zigzag_ring --set activation.attention_head_groups=4
+      --set activation.offload=cpu --set train.deterministic=false)
+s512=("${ring[@]}" --set activation.offload_layers=12)
+slice=("${ring[@]}" --set model.config=configs/models/llama2-7b-4layers.yaml)
+plan() {  # tokens, GPUs, host GiB, --sets...
+  local seq=$1 gpus=$2 host=$3
+  shift 3
+  echo "== llama2-7b $seq tokens on $gpus x H200 ($host GiB host): $*"
+  set +e
+  "$BIN" "$CFG" --plan --set data.seq_length="$seq" --set target.gpu=H200 --set target.gpus_per_node="$gpus" \
+    --set target.host_memory_gib="$host" "$@" | grep -E "GPU   peak|host  peak|^does not fit"
+  set -e
+}
+case "$what" in
+  plans)
+    plan 262144 1 128 "${s256[@]}"
+    plan 524288 2 251 "${s512[@]}"
+    plan 1048576 2 251 "${slice[@]}"
+    plan 1048576 2 2048 "${ring[@]}"  # the whole 7B: its host side needs a node with >= 410 GiB
+    ;;
+  256k) RUNS="7b:262144" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${s256[@]}" ;;
+  512k) LAUNCH="$LAUNCH" RUNS="7b:524288" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${s512[@]}" ;;
+  1m-slice) LAUNCH="$LAUNCH" RUNS="7b:1048576" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${slice[@]}" ;;
+  *) echo "usage: bash bench/run_memory.sh plans|256k|512k|1m-slice" >&2; exit 2 ;;
+esac
