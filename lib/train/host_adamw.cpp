@@ -33,7 +33,7 @@ struct HostAdamW::Impl {
   std::thread worker;
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<char> unit_queued;
+  std::vector<char> unit_queued;  // per unit: 0 not yet, 1 update and upload queued, 3 no elements
   std::vector<cudaEvent_t> unit_ev;
   std::exception_ptr error;
   bool failed = false;  // (error reported once; waiters released)
@@ -92,7 +92,7 @@ void HostAdamW::start(std::vector<OffloadPiece> pieces, const ops::AdamWStep& s,
   I.unit_queued.assign(I.unit_ev.size(), 0);
   for (const OffloadPiece& p : pieces)
     if (p.n > 0) I.unit_queued[p.unit] = 2;  // 2: has elements, not yet queued
-  for (char& q : I.unit_queued) q = q == 2 ? 0 : 1;              // units without pieces: nothing to wait for
+  for (char& q : I.unit_queued) q = q == 2 ? 0 : 3;              // 3: no elements, nothing to wait for
   I.error = nullptr;
   I.failed = false;
   int device = 0;
@@ -120,7 +120,7 @@ cudaEvent_t HostAdamW::wait_unit(size_t u) {
     lk.unlock();
     finish();  // joins and rethrows
   }
-  if (u >= I.unit_queued.size()) return nullptr;
+  if (u >= I.unit_queued.size() || I.unit_queued[u] == 3) return nullptr;
   return I.unit_ev[u];
 }
 
