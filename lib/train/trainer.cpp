@@ -1057,8 +1057,18 @@ StepStats Trainer::compute_gradients(int64_t step) {
 void Trainer::log_startup() const {
   const model::LlamaConfig& mc = model_->config();
   log_info("model ", mc.describe());
-  log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint),
-           cfg_.activation.offload == OffloadTarget::Cpu ? " (offloaded to pinned host memory)" : "", ", backend ",
+  const int64_t L = mc.num_layers, K = cfg_.activation.offload_layers;
+  const std::string offloaded = cfg_.activation.offload != OffloadTarget::Cpu ? ""
+                                : (K > 0 && K < L - 1) ? " (the first " + std::to_string(K) + " of " +
+                                                             std::to_string(L - 1) + " offloadable layer inputs "
+                                                             "in pinned host memory)"
+                                                       : " (offloaded to pinned host memory)";
+  const std::string groups = cfg_.activation.attention_head_groups > 1
+                                 ? ", attention in " + std::to_string(cfg_.activation.attention_head_groups) +
+                                       " head groups"
+                                 : "";
+  log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint), offloaded,
+           groups, ", backend ",
            be_->name(), on_device() ? " (bf16 parameters, fp32 gradients, master weights and Adam)" : " (f32)", ", ",
            world_.size(), " rank(s): data-parallel ", dp_.size(), " x sequence-parallel ",
            world_.size() / dp_.size(),
