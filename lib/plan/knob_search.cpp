@@ -32,9 +32,24 @@ struct Family {
   std::string key;
   bool keeps_problem = true;       // false: changes what is trained or needs more GPUs
   std::vector<Candidate> values;   // least drastic first
+  std::vector<std::string> also = {};  // other keys its values may set (reset and reported with it)
 };
 
-std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, int64_t n) {
+// What of the model the families range over, resolved once per search; a model that does not
+// resolve has neither (its plan fails anyway).
+struct ModelShape {
+  int64_t layers = 0, kv_heads = 0;
+};
+ModelShape model_shape(const StageConfig& cfg) {
+  try {
+    const model::LlamaConfig mc = model::resolve_llama_config(cfg.model);
+    return {mc.num_layers, mc.num_kv_heads};
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, int64_t n, const ModelShape& m) {
   std::vector<Family> fams;
   auto one = [&](const std::string& key, const std::string& value, const std::string& note = "") {
     Candidate c{key + "=" + value, note, cfg, t, true};
@@ -56,22 +71,14 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
       if (tile < cur) f.values.push_back(one("activation.mlp_tile", num(tile)));
     fams.push_back(f);
   }
-  // The model's layers and key/value heads (the offload count and the head groups range over
-  // them); a model that does not resolve gets neither family (its plan fails anyway).
-  int64_t layers = 0, kv_heads = 0;
-  try {
-    const model::LlamaConfig mc = model::resolve_llama_config(cfg.model);
-    layers = mc.num_layers;
-    kv_heads = mc.num_kv_heads;
-  } catch (const Error&) {
-  }
+  const int64_t layers = m.layers, kv_heads = m.kv_heads;
   // activation.offload: the checkpoints to pinned host memory (GPUs: on the CPU backend they
   // are in host memory already), the fewest layers first (least host memory and traffic);
   // offloaded already but not all: more layers.
   const bool offload_all = cfg.activation.offload_layers == 0 || cfg.activation.offload_layers >= layers - 1;
   if (cuda && cfg.activation.checkpoint != CheckpointPolicy::None && layers > 1 &&
       (cfg.activation.offload == OffloadTarget::None || !offload_all)) {
-    Family f{"activation.offload", true, {}};
+    Family f{"activation.offload", true, {}, {"activation.offload_layers"}};
     const int64_t from = cfg.activation.offload == OffloadTarget::Cpu ? cfg.activation.offload_layers + 1 : 1;
     for (int64_t k = from; k <= layers - 1; ++k) {
       Candidate c = one("activation.offload", "cpu");
@@ -98,7 +105,7 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
   // parallel.sequence.size: doubling; on the same ranks while it divides the world, else on
   // more (filling a node up to 8 GPUs first, then adding nodes).
   {
-    Family f{"parallel.sequence.size", false, {}};
+    Family f{"parallel.sequence.size", false, {}, {"parallel.sequence.mode"}};
     const int dp = t.world() / static_cast<int>(std::max<int64_t>(1, cfg.parallel.sequence.size));
     for (int64_t sp = cfg.parallel.sequence.size * 2; sp <= 4096; sp *= 2) {
       Candidate c = one("parallel.sequence.size", num(sp));
@@ -145,7 +152,7 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
       apply_override(c.cfg, "parallel.zero.offload_optimizer=false");
       c.assignment += " parallel.zero.offload_optimizer=false";
     }
-    fams.push_back({"parallel.zero.stage", true, {c}});
+    fams.push_back({"parallel.zero.stage", true, {c}, {"parallel.zero.offload_optimizer"}});
   }
   return fams;
 }
@@ -171,35 +178,36 @@ bool try_plan(const Candidate& c, MemoryPlan& q) {
 // closest to fitting until it fits (implemented knobs only, unless they cannot); then relax
 // each chosen knob to its least drastic value that still fits. Empty when nothing fits or
 // one knob is enough (reported on its own).
-std::vector<KnobFix> combine_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n) {
+std::vector<KnobFix> combine_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n, const ModelShape& m) {
   for (const bool allow_planned : {false, true}) {
     StageConfig cur = cfg;
-    std::vector<std::string> chosen;  // family keys, in the order added
+    std::vector<Family> chosen;  // the families added (key and also; values unused), in order
     MemoryPlan q = plan_core(cur, t);
     while (!q.fits) {
       double best = overflow(q);
       Candidate pick;
-      std::string key;
-      for (const Family& f : knob_families(cur, t, n)) {
+      const Family* picked = nullptr;
+      const std::vector<Family> fams = knob_families(cur, t, n, m);
+      for (const Family& f : fams) {
         if (!f.keeps_problem || f.values.empty() || (!f.values.back().implemented && !allow_planned)) continue;
         MemoryPlan r;
-        if (try_plan(f.values.back(), r) && overflow(r) < best) best = overflow(r), pick = f.values.back(), key = f.key;
+        if (try_plan(f.values.back(), r) && overflow(r) < best) best = overflow(r), pick = f.values.back(), picked = &f;
       }
-      if (key.empty()) break;
+      if (!picked) break;
       cur = pick.cfg;
-      chosen.push_back(key);
+      chosen.push_back({picked->key, true, {}, picked->also});
       q = plan_core(cur, t);
     }
     if (!q.fits) continue;
     if (chosen.size() < 2) return {};
-    // Relax: each knob back to its least drastic value that keeps the whole fitting.
-    for (const std::string& key : chosen) {
+    // Relax: each knob (with the keys it also sets) back to its least drastic value that keeps
+    // the whole fitting.
+    for (const Family& ch : chosen) {
       StageConfig without = cur;
-      apply_override(without, key + "=" + config_value(cfg, key));
-      if (key == "activation.offload")
-        apply_override(without, "activation.offload_layers=" + config_value(cfg, "activation.offload_layers"));
-      for (const Family& f : knob_families(without, t, n)) {
-        if (f.key != key) continue;
+      apply_override(without, ch.key + "=" + config_value(cfg, ch.key));
+      for (const std::string& a : ch.also) apply_override(without, a + "=" + config_value(cfg, a));
+      for (const Family& f : knob_families(without, t, n, m)) {
+        if (f.key != ch.key) continue;
         for (const Candidate& c : f.values) {
           MemoryPlan r;
           if (try_plan(c, r) && r.fits) {
@@ -211,10 +219,10 @@ std::vector<KnobFix> combine_knobs(const StageConfig& cfg, const PlanTarget& t, 
     }
     q = plan_core(cur, t);
     KnobFix k{"", "together", q.gpu_peak_bytes, q.host_peak_bytes, t.nodes, t.gpus_per_node, true};
-    for (const std::string& key : chosen) {
-      k.assignment += (k.assignment.empty() ? "" : " ") + key + "=" + config_value(cur, key);
-      if (key == "activation.offload" && cur.activation.offload_layers != 0)  // (the family sets both)
-        k.assignment += " activation.offload_layers=" + config_value(cur, "activation.offload_layers");
+    for (const Family& ch : chosen) {
+      k.assignment += (k.assignment.empty() ? "" : " ") + ch.key + "=" + config_value(cur, ch.key);
+      for (const std::string& a : ch.also)  // what the knob changed besides its key
+        if (config_value(cur, a) != config_value(cfg, a)) k.assignment += " " + a + "=" + config_value(cur, a);
     }
     return {k};
   }
@@ -224,9 +232,10 @@ std::vector<KnobFix> combine_knobs(const StageConfig& cfg, const PlanTarget& t, 
 }  // namespace
 
 std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n) {
+  const ModelShape m = model_shape(cfg);
   std::vector<KnobFix> out;
   bool kept_problem_fits = false;
-  for (const Family& f : knob_families(cfg, t, n))
+  for (const Family& f : knob_families(cfg, t, n, m))
     for (const Candidate& c : f.values) {
       MemoryPlan q;
       if (!try_plan(c, q) || !q.fits) continue;
@@ -236,7 +245,7 @@ std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, i
       break;
     }
   if (!kept_problem_fits)
-    for (const KnobFix& k : combine_knobs(cfg, t, n)) out.push_back(k);
+    for (const KnobFix& k : combine_knobs(cfg, t, n, m)) out.push_back(k);
   return out;
 }
 

@@ -33,7 +33,8 @@ struct HostAdamW::Impl {
   std::thread worker;
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<char> unit_queued;  // per unit: 0 not yet, 1 update and upload queued, 3 no elements
+  enum UnitState : char { kWaiting, kQueued, kEmpty };  // kQueued: its update and upload are queued
+  std::vector<char> unit_state;                        // per unit
   std::vector<cudaEvent_t> unit_ev;
   std::exception_ptr error;
   bool failed = false;  // (error reported once; waiters released)
@@ -89,10 +90,9 @@ void HostAdamW::start(std::vector<OffloadPiece> pieces, const ops::AdamWStep& s,
     I.unit_ev.push_back(nullptr);
     EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&I.unit_ev.back(), cudaEventDisableTiming));
   }
-  I.unit_queued.assign(I.unit_ev.size(), 0);
+  I.unit_state.assign(I.unit_ev.size(), Impl::kEmpty);  // (nothing to wait for)
   for (const OffloadPiece& p : pieces)
-    if (p.n > 0) I.unit_queued[p.unit] = 2;  // 2: has elements, not yet queued
-  for (char& q : I.unit_queued) q = q == 2 ? 0 : 3;              // 3: no elements, nothing to wait for
+    if (p.n > 0) I.unit_state[p.unit] = Impl::kWaiting;
   I.error = nullptr;
   I.failed = false;
   int device = 0;
@@ -115,12 +115,12 @@ cudaEvent_t HostAdamW::wait_unit(size_t u) {
   Impl& I = *impl_;
   if (!I.worker.joinable()) return nullptr;  // no step running (or it was finished)
   std::unique_lock<std::mutex> lk(I.mu);
-  I.cv.wait(lk, [&] { return I.failed || u >= I.unit_queued.size() || I.unit_queued[u] != 0; });
+  I.cv.wait(lk, [&] { return I.failed || u >= I.unit_state.size() || I.unit_state[u] != Impl::kWaiting; });
   if (I.failed) {
     lk.unlock();
     finish();  // joins and rethrows
   }
-  if (u >= I.unit_queued.size() || I.unit_queued[u] == 3) return nullptr;
+  if (u >= I.unit_state.size() || I.unit_state[u] == Impl::kEmpty) return nullptr;
   return I.unit_ev[u];
 }
 
@@ -183,7 +183,7 @@ void HostAdamW::Impl::run(const std::vector<OffloadPiece>& pieces, const ops::Ad
     if (i + 1 == chunks.size() || chunks[i + 1].p->unit != u) {  // the unit's last chunk: its uploads are queued
       EASYCTX_CUDA_CHECK(cudaEventRecord(I.unit_ev[u], I.up));
       std::lock_guard<std::mutex> lk(I.mu);
-      I.unit_queued[u] = 1;
+      I.unit_state[u] = kQueued;
       I.cv.notify_all();
     }
   }

@@ -647,20 +647,18 @@ void Trainer::await_unit(size_t u) {
 // The first micro-batch's ParamSource while the previous step's host AdamW still runs: each
 // unit is awaited when the forward first reaches it (units are acquired in forward order:
 // embedding, layers, head, so the update of later units overlaps the forward of earlier ones).
-class Trainer::PendingUpdate final : public model::ParamSource {
+class Trainer::PendingUpdate final : public model::VectorParamSource {
  public:
   PendingUpdate(Trainer& t, const std::vector<ops::Tensor>& params, const std::vector<ops::Tensor>& grads)
-      : t_(t), params_(params), grads_(grads), ready_(params.size(), false) {}
+      : VectorParamSource(params, grads), t_(t), ready_(params.size(), false) {}
   ops::Tensor acquire(size_t u) override {
     ready(u);
-    return params_.at(u);
+    return VectorParamSource::acquire(u);
   }
-  void release(size_t) override {}
   ops::Tensor grad(size_t u) override {
     ready(u);
-    return grads_.at(u);
+    return VectorParamSource::grad(u);
   }
-  void grad_done(size_t) override {}
   void ready(size_t u) {
     if (ready_.at(u)) return;
     t_.await_unit(u);
@@ -669,8 +667,6 @@ class Trainer::PendingUpdate final : public model::ParamSource {
 
  private:
   Trainer& t_;
-  const std::vector<ops::Tensor>& params_;
-  const std::vector<ops::Tensor>& grads_;
   std::vector<bool> ready_;
 };
 

@@ -302,12 +302,6 @@ TEST_F(OpsFixture, AttentionBackwardOverwriteEqualsAccumulateFromZero) {
   }
 }
 
-}  // namespace
-}  // namespace easyctx::test
-
-namespace easyctx::test {
-namespace {
-
 // copy_2d: rows of `width` elements between two pitches (f32 and bf16), the rest of the
 // destination untouched; arguments that would read or write past a view are refused.
 TEST_F(OpsFixture, Copy2dMovesStridedRowsOnly) {
