@@ -143,17 +143,10 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
       f.values.push_back(one("train.batch_size", num(b), "raise train.grad_accum to keep the global batch"));
     fams.push_back(f);
   }
-  // ZeRO-3: shards the weights and optimizer state over the ranks (gathers per layer).
-  // On GPUs ZeRO-3 keeps its optimizer shards on the device (with offload_optimizer it is not
-  // implemented), so the suggestion turns the offload off with it.
-  if (cuda && cfg.parallel.zero.stage == 0 && t.world() > 1) {
-    Candidate c = one("parallel.zero.stage", "3");
-    if (cfg.parallel.zero.offload_optimizer) {
-      apply_override(c.cfg, "parallel.zero.offload_optimizer=false");
-      c.assignment += " parallel.zero.offload_optimizer=false";
-    }
-    fams.push_back({"parallel.zero.stage", true, {c}, {"parallel.zero.offload_optimizer"}});
-  }
+  // ZeRO-3: shards the weights and optimizer state over the ranks (gathers per layer); with
+  // offload_optimizer the optimizer shards stay in host memory (each rank's host holds 1/Z).
+  if (cuda && cfg.parallel.zero.stage == 0 && t.world() > 1)
+    fams.push_back({"parallel.zero.stage", true, {one("parallel.zero.stage", "3")}});
   return fams;
 }
 

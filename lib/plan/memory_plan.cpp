@@ -418,17 +418,16 @@ std::vector<BufferSpec> model_buffers(const Run& r) {
 // ---------------------------------------------------------------------------------------
 // The plan without the knob search.
 // ---------------------------------------------------------------------------------------
-std::vector<std::string> unimplemented(const StageConfig& cfg, bool cuda) {
+std::vector<std::string> unimplemented(const StageConfig& cfg) {
   std::vector<std::string> v;
   if (cfg.parallel.zero.offload_params) v.push_back("parallel.zero.offload_params: true");
-  if (cfg.parallel.zero.stage == 3 && cfg.parallel.zero.offload_optimizer && cuda)
-    v.push_back("parallel.zero.offload_optimizer: true with parallel.zero.stage 3");
   return v;
 }
 
 // ZeRO-3 (Trainer::shard_optimizer_state): the whole master/Adam buffers as loaded (on the
 // CPU the backend's; on CUDA the master weights in host memory, not counted here, and the
-// moments shards from the start) are replaced by shards unit by unit, each unit adding its
+// moments shards from the start; with offload_optimizer all of them stay in host memory,
+// zero3_host_init_peak) are replaced by shards unit by unit, each unit adding its
 // gradient shard (CUDA: its bf16 working shard) and, for the
 // embedding and head, the gathered copy and the padded gradient; then the pool of gathered
 // layers, the layer gradient and the reduce-scatter result. Returns the peak of those
@@ -439,7 +438,7 @@ int64_t zero3_init_peak(const Run& r) {
   auto add = [&](int64_t bytes) { live += bytes, peak = std::max(peak, live); };
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t n = r.cuda ? 0 : units[u].numel, len = r.shard_len(u);
-    for (int k = 0; k < 3; ++k) {  // master, m, v: the new shard exists before the old buffer goes
+    for (int k = 0; k < 3 && !r.offload_opt(); ++k) {  // master, m, v: the new shard exists before the old buffer goes
       add(4 * len);
       live -= 4 * n;
     }
@@ -455,6 +454,20 @@ int64_t zero3_init_peak(const Run& r) {
     add((1 + r.cfg.parallel.zero.prefetch) * r.e * len * r.Z);
     add(4 * len * r.Z);
     add(4 * len);
+  }
+  return peak;
+}
+
+// ZeRO-3 with offload_optimizer (CUDA): in host memory, the whole master weights as loaded
+// and the Adam moment shards; shard_optimizer_state then replaces each unit's master by its
+// shard (the shard first). Returns the peak of those host buffers.
+int64_t zero3_host_init_peak(const Run& r) {
+  const auto& units = r.layout.units();
+  int64_t live = 4 * r.P + 2 * 4 * r.shard_total(), peak = live;
+  for (size_t u = 0; u < units.size(); ++u) {
+    live += 4 * r.shard_len(u);
+    peak = std::max(peak, live);
+    live -= 4 * units[u].numel;
   }
   return peak;
 }
@@ -523,7 +536,14 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
     const int64_t ends = r.shard_len(0) + r.shard_len(hu), layer = L > 0 ? r.shard_len(1) : 0;
     const int64_t pool = 1 + cfg.parallel.zero.prefetch;
     const std::string wt = r.cuda ? "bf16" : "fp32";
-    it.persistent("init", "fp32 master shard + Adam m, v shards", dev, 3 * 4 * sl, "3 x 4 x sum ceil(unit / Z)");
+    if (r.offload_opt()) {
+      it.persistent("init", "fp32 master shard + Adam m, v shards (offloaded, pageable)", "host", 3 * 4 * sl,
+                    "3 x 4 x sum ceil(unit / Z)", false);
+      it.persistent("init", "optimizer offload staging (pinned)", "host", 2 * kOffloadChunkElems * (4 + 2),
+                    "2 x kOffloadChunkElems x (4 + 2)", false);
+    } else {
+      it.persistent("init", "fp32 master shard + Adam m, v shards", dev, 3 * 4 * sl, "3 x 4 x sum ceil(unit / Z)");
+    }
     it.persistent("init", "fp32 reduced gradient shard", dev, 4 * sl, "4 x sum ceil(unit / Z)");
     if (r.cuda) it.persistent("init", "bf16 working parameter shard", dev, 2 * sl, "2 x sum ceil(unit / Z)");
     it.persistent("init", wt + " embedding + head, gathered for the step", dev, r.e * Z * ends,
@@ -534,11 +554,14 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
                   pool * r.e * Z * layer, "(1 + prefetch) x " + num(r.e) + " x Z x ceil(layer / Z)");
     it.persistent("init", "fp32 gradient of the layer in backward", dev, 4 * Z * layer, "4 x Z x ceil(layer / Z)");
     it.persistent("init", "fp32 reduce-scatter result (one layer shard)", dev, 4 * layer, "4 x ceil(layer / Z)");
-    const int64_t at_init = (16 + (r.cuda ? 2 : 0)) * sl + (r.e + 4) * Z * ends + (pool * r.e + 4) * Z * layer +
-                            4 * layer;  // the items above
+    const int64_t at_init = ((r.offload_opt() ? 4 : 16) + (r.cuda ? 2 : 0)) * sl + (r.e + 4) * Z * ends +
+                            (pool * r.e + 4) * Z * layer + 4 * layer;  // the device items above
     it.transient("init", "ZeRO-3 sharding: whole buffers of the units not yet sharded", dev,
                  zero3_init_peak(r) - at_init, "replay of Trainer::shard_optimizer_state");
-    if (r.cuda)  // (the Adam moments are shards from the start, read shard by shard on resume)
+    if (r.offload_opt())  // the master shards replace the whole master unit by unit, in host memory
+      it.transient("init", "host copy of the whole master weights as loaded (f32), less the shards", "host",
+                   zero3_host_init_peak(r) - 12 * sl, "replay of Trainer::shard_optimizer_state", false);
+    else if (r.cuda)  // (the Adam moments are shards from the start, read shard by shard on resume)
       it.transient("init", "host copy of the whole master weights as loaded (f32)", "host", 4 * P, "4 P", false);
   }
 
@@ -642,7 +665,7 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   p.local_len = r.S;
   p.tokens = n;
   p.items = it.list;
-  p.not_implemented = unimplemented(cfg, r.cuda);
+  p.not_implemented = unimplemented(cfg);
   for (const PlanItem& i : p.items)
     if (!i.implemented && p.not_implemented.empty()) p.not_implemented.push_back(i.name);
   for (const std::string& ph : it.phase_order) {

@@ -108,15 +108,58 @@ double device_mem_used() {
 
 }  // namespace
 
+#ifdef EASYCTX_HAVE_CUDA
+// ZeRO-3 with NCCL on CUDA: the layers' all-gathers run on their own stream, so a gather
+// issued ahead (parallel.zero.prefetch) overlaps the compute of the layers before it. Per pool
+// slot, `ready` (on this stream, after the gather into it: the compute stream waits for it
+// before the layer uses the slot) and `free` (on the compute stream at release: the next
+// gather into the slot waits for it); `shards` (on the compute stream, after the bf16 shards
+// were written) orders every gather after the optimizer step. The gathers share the ZeRO
+// communicator with the reduce-scatters (which stay on the compute stream); NCCL runs one
+// communicator's operations in the order they were issued, the same on every rank.
+struct Trainer::GatherStream {
+  cudaStream_t stream = nullptr;
+  std::vector<cudaEvent_t> ready, free;
+  cudaEvent_t shards = nullptr;
+  explicit GatherStream(size_t slots) {
+    int lo = 0, hi = 0;  // the highest priority: a gather's kernel is scheduled as soon as it may run
+    EASYCTX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    EASYCTX_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, hi));
+    for (size_t i = 0; i < slots; ++i) {
+      ready.push_back(make_event());
+      free.push_back(make_event());
+    }
+    shards = make_event();
+  }
+  ~GatherStream() {
+    if (stream) cudaStreamSynchronize(stream);  // (a destructor: nothing to report to)
+    for (cudaEvent_t e : ready) cudaEventDestroy(e);
+    for (cudaEvent_t e : free) cudaEventDestroy(e);
+    if (shards) cudaEventDestroy(shards);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  GatherStream(const GatherStream&) = delete;
+  GatherStream& operator=(const GatherStream&) = delete;
+  static cudaEvent_t make_event() {
+    cudaEvent_t e = nullptr;
+    EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+};
+#else
+struct Trainer::GatherStream {};
+#endif
+
 // The model's ParamSource under ZeRO-3. The embedding and head are gathered once per step
-// (full_, refresh_working_copy) and their gradients reduced at the end of it
-// (reduce_gradients); a layer unit is all-gathered into a slot of the pool when acquired (and
-// the next parallel.zero.prefetch layers of the announced order with it), and its gradient,
+// (full_, regather) and their gradients reduced at the end of it (reduce_gradients); a layer
+// unit is all-gathered into a slot of the pool when acquired (and the next
+// parallel.zero.prefetch layers of the announced order with it), and its gradient,
 // accumulated in layer_grad_ during its backward, is reduce-scattered into gshard_ by
 // grad_done. A slot keeps its unit after release until the slot is needed again, so the last
 // layer of the forward (and, across micro-batches, the first ones) are not gathered twice.
-// Gathers run in order on the compute stream (CUDA with NCCL) or synchronously (MPI): the
-// prefetch bounds the pool, it does not overlap communication with compute yet.
+// CUDA with NCCL: the gathers run on their own stream (GatherStream), the layers that use a
+// slot wait for its gather and the next gather into it waits for their release, so prefetched
+// gathers overlap compute. A host communicator (MPI) gathers synchronously.
 class Trainer::Zero3Params : public model::ParamSource {
  public:
   explicit Zero3Params(Trainer& t) : t_(t), unit_(t.pool_.size(), kNone), busy_(t.pool_.size(), false) {}
@@ -138,12 +181,20 @@ class Trainer::Zero3Params : public model::ParamSource {
     const size_t ahead = static_cast<size_t>(t_.cfg_.parallel.zero.prefetch);
     for (size_t k = 1; k <= ahead && pos_ + k < order_.size(); ++k) ensure(order_[pos_ + k]);
     ++pos_;
+#ifdef EASYCTX_HAVE_CUDA
+    if (t_.gs_) EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(ops::cuda_stream(*t_.be_), t_.gs_->ready[s], 0));
+#endif
     return t_.pool_[s].flat().slice_flat(0, {numel(u)});
   }
   void release(size_t u) override {
     if (!t_.layer_unit(u)) return;
     for (size_t s = 0; s < unit_.size(); ++s)
-      if (unit_[s] == u) busy_[s] = false;
+      if (unit_[s] == u) {
+        busy_[s] = false;
+#ifdef EASYCTX_HAVE_CUDA
+        if (t_.gs_) EASYCTX_CUDA_CHECK(cudaEventRecord(t_.gs_->free[s], ops::cuda_stream(*t_.be_)));
+#endif
+      }
   }
   ops::Tensor grad(size_t u) override {
     if (!t_.layer_unit(u)) return t_.grads_[u].flat().slice_flat(0, {numel(u)});
@@ -180,7 +231,7 @@ class Trainer::Zero3Params : public model::ParamSource {
     for (size_t s = 0; s < unit_.size(); ++s) {
       if (busy_[s] || (unit_[s] != kNone && needed(unit_[s]))) continue;
       unit_[s] = kNone;
-      t_.gather_unit(u, t_.pool_[s]);
+      t_.gather_layer(u, s);
       unit_[s] = u;
       return s;
     }
@@ -288,18 +339,16 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
   if (cfg_.parallel.zero.offload_optimizer) {
     EASYCTX_CHECK_INPUT(on_device(), "parallel.zero.offload_optimizer: true needs train.device cuda (with the ",
                         be_->name(), " backend the optimizer already runs on the host); set it to false");
-    EASYCTX_CHECK_INPUT(!zero3(), "parallel.zero.offload_optimizer: true with parallel.zero.stage 3 is not "
-                        "implemented yet (ZeRO-3 already shards the optimizer state over the ZeRO group); set "
-                        "parallel.zero.offload_optimizer false or parallel.zero.stage 0");
 #ifdef EASYCTX_HAVE_CUDA
     host_be_ = ops::make_cpu_backend();  // master weights and Adam moments in host memory
     host_adamw_ = std::make_shared<HostAdamW>(kOffloadChunkElems);
 #endif
   }
   // ZeRO-3 on CUDA: the whole master weights are loaded in host memory and only this rank's
-  // shards reach the device (shard_optimizer_state); the Adam moments are this rank's shards
-  // from the start (a checkpoint is read shard by shard). On the CPU the whole buffers are the
-  // backend's and are replaced by shards after loading.
+  // shards reach the device (shard_optimizer_state; with offload_optimizer they stay in host
+  // memory); the Adam moments are this rank's shards from the start (a checkpoint is read
+  // shard by shard). On the CPU the whole buffers are the backend's and are replaced by
+  // shards after loading.
   std::unique_ptr<ops::Backend> load_be;
   if (zero3() && on_device()) load_be = ops::make_cpu_backend();
   ops::Backend& opt_be = host_be_ ? *host_be_ : load_be ? *load_be : *be_;
@@ -309,8 +358,9 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
     // ZeRO-3: gradients are per-layer buffers and shards (shard_optimizer_state).
     grads_.push_back(zero3() ? ops::Buffer() : be_->alloc(DType::F32, units[u].numel));
     const int64_t moments = zero3_moment_shards() ? shard_len(u) : units[u].numel;
-    adam_m_.push_back((zero3_moment_shards() ? *be_ : opt_be).alloc(DType::F32, moments));
-    adam_v_.push_back((zero3_moment_shards() ? *be_ : opt_be).alloc(DType::F32, moments));
+    ops::Backend& mom_be = zero3_moment_shards() && !host_be_ ? *be_ : opt_be;
+    adam_m_.push_back(mom_be.alloc(DType::F32, moments));
+    adam_v_.push_back(mom_be.alloc(DType::F32, moments));
     if (on_device() && !zero3()) work_.push_back(be_->alloc(DType::BF16, units[u].numel));
   }
   load_weights();
@@ -372,6 +422,7 @@ Trainer::~Trainer() {
   } catch (const std::exception& e) {
     log_warn("the last optimizer step failed: ", e.what());
   }
+  gs_.reset();  // (waits for its gathers)
   if (!zero_stream_set_) return;  // the comms outlive the backend's stream: give them theirs back
   if (zero_) zero_->set_stream(nullptr);
   if (zero_replica_) zero_replica_->set_stream(nullptr);
@@ -401,6 +452,10 @@ void Trainer::load_weights() {
                             " elements, this model needs ", units[u].numel, " (different model config?)");
         const int64_t valid = shard_valid(u);
         if (valid <= 0) continue;
+        if (host_resident(bufs)) {  // offload_optimizer: straight into the host shard
+          r.read(name, shard_lo(u), valid, bufs[u].flat().ptr<float>());
+          continue;
+        }
         std::vector<float> part(static_cast<size_t>(valid));
         r.read(name, shard_lo(u), valid, part.data());
         be_->copy(bufs[u].flat().slice_flat(0, {valid}), ops::Tensor(part.data(), DType::F32, {valid}));
@@ -507,11 +562,12 @@ void Trainer::shard_optimizer_state() {
   const size_t U = master_.size();
   const int64_t Z = zero_->size();
   const DType wt = model_->dtype();  // what the model computes with: bf16 on CUDA, f32 on the CPU
+  ops::Backend& state_be = host_be_ ? *host_be_ : *be_;  // offload_optimizer: the shards stay on the host
   for (size_t u = 0; u < U; ++u) {
     const int64_t len = shard_len(u), lo = shard_lo(u), valid = shard_valid(u);
     auto slice = [&](const ops::Buffer& full) {
-      ops::Buffer b = be_->alloc(DType::F32, len);  // zero-filled: the padding stays 0
-      if (valid > 0) be_->copy(b.flat().slice_flat(0, {valid}), full.flat().slice_flat(lo, {valid}));
+      ops::Buffer b = state_be.alloc(DType::F32, len);  // zero-filled: the padding stays 0
+      if (valid > 0) state_be.copy(b.flat().slice_flat(0, {valid}), full.flat().slice_flat(lo, {valid}));
       return b;
     };
     master_[u] = slice(master_[u]);
@@ -538,6 +594,9 @@ void Trainer::shard_optimizer_state() {
     grad_part_ = be_->alloc(DType::F32, len);
   }
   zparams_ = std::make_unique<Zero3Params>(*this);
+#ifdef EASYCTX_HAVE_CUDA
+  if (zero_stream_set_) gs_ = std::make_unique<GatherStream>(pool_.size());
+#endif
 }
 
 void Trainer::gather_unit(size_t u, const ops::Buffer& dst) {
@@ -557,6 +616,28 @@ void Trainer::gather_unit(size_t u, const ops::Buffer& dst) {
   zero_->all_gather(mine.data(), all.data(), static_cast<size_t>(len), dist::DType::BF16);
   be_->copy(dst.flat().slice_flat(0, {len * Z}), ops::Tensor(all.data(), DType::BF16, {len * Z}));
   be_->synchronize();  // `all` goes away
+}
+
+// Layer unit u into pool slot s: on the gather stream after the slot's last use and the
+// latest shards (GatherStream), else as gather_unit.
+void Trainer::gather_layer(size_t u, size_t s) {
+#ifdef EASYCTX_HAVE_CUDA
+  if (gs_) {
+    EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, gs_->free[s], 0));
+    EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, gs_->shards, 0));
+    zero_->set_stream(gs_->stream);
+    try {
+      gather_unit(u, pool_[s]);
+    } catch (...) {
+      zero_->set_stream(ops::cuda_stream(*be_));
+      throw;
+    }
+    zero_->set_stream(ops::cuda_stream(*be_));
+    EASYCTX_CUDA_CHECK(cudaEventRecord(gs_->ready[s], gs_->stream));
+    return;
+  }
+#endif
+  gather_unit(u, pool_[s]);
 }
 
 // out (f32[shard_len(u)]) = this rank's block of the sum of `full` over the shard group and
@@ -593,7 +674,13 @@ std::vector<float> Trainer::gather_master_host(size_t u) const {
     zero_->all_gather(master_[u].flat().ptr<float>(), out.data(), static_cast<size_t>(len));
   } else if (zero_->memspace() == dist::MemSpace::Device) {
     const ops::Buffer tmp = be_->alloc(DType::F32, len * Z);
-    zero_->all_gather(master_[u].flat().ptr<float>(), tmp.flat().ptr<float>(), static_cast<size_t>(len));
+    const float* mine = master_[u].flat().ptr<float>();
+    if (host_resident(master_)) {  // offload_optimizer: the shard into its own block first (in-place gather)
+      const ops::Tensor block = tmp.flat().slice_flat(zero_->rank() * len, {len});
+      be_->copy(block, master_[u].flat());
+      mine = block.ptr<float>();
+    }
+    zero_->all_gather(mine, tmp.flat().ptr<float>(), static_cast<size_t>(len));
     be_->copy(ops::Tensor(out.data(), DType::F32, {len * Z}), tmp.flat());
     be_->synchronize();  // tmp goes away
   } else {
@@ -606,29 +693,33 @@ std::vector<float> Trainer::gather_master_host(size_t u) const {
 }
 
 void Trainer::refresh_working_copy() {
-  if (zero3()) {
-    // CUDA: bf16 shards of the new master weights; the embedding and head are gathered for
-    // the step, the layers when the model acquires them.
-    for (size_t u = 0; u < master_.size(); ++u)
-      if (on_device()) be_->copy(wshard_[u].flat(), master_[u].flat());
-    for (size_t u = 0; u < master_.size(); ++u)
-      if (!layer_unit(u)) gather_unit(u, full_[u]);
-    zparams_->invalidate();
-    return;
-  }
+  // CUDA: the bf16 working parameters (ZeRO-3: this rank's shards) from the master weights.
+  std::vector<ops::Buffer>& work = zero3() ? wshard_ : work_;
   if (host_be_) {  // host master -> bf16 on the host -> device (no device-side f32 staging)
 #ifdef EASYCTX_HAVE_CUDA
     std::vector<uint16_t> bits;
-    for (size_t u = 0; u < work_.size(); ++u) {
+    for (size_t u = 0; u < work.size(); ++u) {
       bits.resize(static_cast<size_t>(master_[u].numel()));
       f32_to_bf16(master_[u].flat().ptr<float>(), bits.data(), master_[u].numel());
-      be_->copy(work_[u].flat(), ops::Tensor(bits.data(), DType::BF16, {master_[u].numel()}));
+      be_->copy(work[u].flat(), ops::Tensor(bits.data(), DType::BF16, {master_[u].numel()}));
       be_->synchronize();  // `bits` is reused
     }
 #endif
-    return;
+  } else {
+    for (size_t u = 0; u < work.size(); ++u) be_->copy(work[u].flat(), master_[u].flat());
   }
-  for (size_t u = 0; u < work_.size(); ++u) be_->copy(work_[u].flat(), master_[u].flat());
+  if (zero3()) regather();
+}
+
+// ZeRO-3 after the shards changed: the embedding and head gathered for the step, the layers
+// when the model acquires them.
+void Trainer::regather() {
+  for (size_t u = 0; u < master_.size(); ++u)
+    if (!layer_unit(u)) gather_unit(u, full_[u]);
+  zparams_->invalidate();
+#ifdef EASYCTX_HAVE_CUDA
+  if (gs_) EASYCTX_CUDA_CHECK(cudaEventRecord(gs_->shards, ops::cuda_stream(*be_)));
+#endif
 }
 
 void Trainer::settle_optimizer() const {
@@ -835,44 +926,59 @@ void Trainer::optimizer_step(double lr, int64_t step, bool defer) {
   (void)defer;  // (only the CUDA build's host AdamW defers)
   ops::AdamWStep s{lr, cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, 0.0, step + 1};
   const auto& units = model_->layout().units();
+  // The part of tensor t of unit u this rank updates, [a, e) of the unit at offset a - base of
+  // its buffers: all of it, or (ZeRO-3) its overlap with the shard (empty: a >= e).
+  struct Part {
+    int64_t a, e, base;
+  };
+  auto part_of = [&](size_t u, const model::ParamTensor& t) {
+    Part p{t.offset, t.offset + t.numel, 0};
+    if (zero3()) {
+      p.a = std::max(p.a, shard_lo(u));
+      p.e = std::min(p.e, shard_lo(u) + shard_valid(u));
+      p.base = shard_lo(u);
+    }
+    return p;
+  };
+  const std::vector<ops::Buffer>& g = zero3() ? gshard_ : grads_;
 #ifdef EASYCTX_HAVE_CUDA
-  if (host_adamw_) {  // offload_optimizer: every tensor of every unit through the host pipeline
+  if (host_adamw_) {  // offload_optimizer: every tensor of every unit (shard) through the host pipeline
+    const std::vector<ops::Buffer>& work = zero3() ? wshard_ : work_;
     std::vector<OffloadPiece> pieces;
     for (size_t u = 0; u < units.size(); ++u)
       for (const model::ParamTensor& t : units[u].tensors) {
+        const Part q = part_of(u, t);
+        if (q.a >= q.e) continue;
+        const int64_t off = q.a - q.base;
         OffloadPiece p;
-        p.master = master_[u].flat().ptr<float>() + t.offset;
-        p.m = adam_m_[u].flat().ptr<float>() + t.offset;
-        p.v = adam_v_[u].flat().ptr<float>() + t.offset;
-        p.grad_dev = grads_[u].flat().ptr<float>() + t.offset;
-        p.work_dev = static_cast<uint16_t*>(work_[u].data()) + t.offset;
-        p.n = t.numel;
+        p.master = master_[u].flat().ptr<float>() + off;
+        p.m = adam_m_[u].flat().ptr<float>() + off;
+        p.v = adam_v_[u].flat().ptr<float>() + off;
+        p.grad_dev = g[u].flat().ptr<float>() + off;
+        p.work_dev = static_cast<uint16_t*>(work[u].data()) + off;
+        p.n = q.e - q.a;
         p.weight_decay = t.decay ? cfg_.train.weight_decay : 0.0;
         p.unit = u;
         pieces.push_back(p);
       }
     be_->synchronize();  // the gradients are final (backward, reduction and clipping queued on it)
-    if (defer) {  // one core left to the next step's kernel launches
+    if (defer && !zero3()) {  // one core left to the next step's kernel launches
       host_adamw_->start(std::move(pieces), s, std::max(1, omp_get_max_threads() - 1));
-    } else {
-      host_adamw_->step(pieces, s);
+      return;
     }
+    // ZeRO-3: synchronous (the next step gathers the embedding and head at once, and a
+    // layer's gather would have to wait for its shard's upload).
+    host_adamw_->step(pieces, s);
+    if (zero3()) regather();
     return;
   }
 #endif
   for (size_t u = 0; u < units.size(); ++u)
     for (const model::ParamTensor& t : units[u].tensors) {
       s.weight_decay = t.decay ? cfg_.train.weight_decay : 0.0;  // matrices only, not norm gains
-      // The part of tensor t this rank updates: all of it, or (ZeRO-3) its overlap with the shard.
-      int64_t a = t.offset, e = t.offset + t.numel, base = 0;
-      if (zero3()) {
-        a = std::max(a, shard_lo(u));
-        e = std::min(e, shard_lo(u) + shard_valid(u));
-        base = shard_lo(u);
-        if (a >= e) continue;
-      }
-      const std::vector<ops::Buffer>& g = zero3() ? gshard_ : grads_;
-      auto part = [&](const ops::Buffer& b) { return b.flat().slice_flat(a - base, {e - a}); };
+      const Part q = part_of(u, t);
+      if (q.a >= q.e) continue;
+      auto part = [&](const ops::Buffer& b) { return b.flat().slice_flat(q.a - q.base, {q.e - q.a}); };
       be_->adamw(part(master_[u]), part(g[u]), part(adam_m_[u]), part(adam_v_[u]), s);
     }
   refresh_working_copy();
@@ -1073,8 +1179,9 @@ void Trainer::log_startup() const {
     log_info("ZeRO-3 over ", zero_->size(), " rank(s)", zero_replica_ ? " x " + std::to_string(zero_replica_->size()) +
              " replicas" : std::string(), ": shards of master, Adam", on_device() ? ", bf16 parameters" : "",
              " and gradients; layers gathered per use into a pool of ", 1 + cfg_.parallel.zero.prefetch,
-             " (parallel.zero.prefetch ", cfg_.parallel.zero.prefetch, "; gathers in order on the compute stream, "
-             "not overlapped), gradients reduce-scattered per layer");
+             " (parallel.zero.prefetch ", cfg_.parallel.zero.prefetch, gs_ ? std::string("; gathers on their own stream") :
+             "; gathers synchronous over " + std::string(zero_->backend()), "), gradients reduce-scattered per layer",
+             host_be_ ? "; the optimizer shards in host memory (AdamW on the host)" : "");
   if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)
   const data::TokenDataset& ds = loader_->dataset();
   const UnigramStats us = unigram_stats(ds);

@@ -144,7 +144,8 @@ class Trainer {
                                       bool fetch) const;
   void upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& stage);
   static bool host_resident(const std::vector<ops::Buffer>& bufs);
-  void refresh_working_copy();  // CUDA: bf16 parameters = master weights; ZeRO-3: all-gather
+  void refresh_working_copy();  // CUDA: bf16 parameters = master weights; ZeRO-3: then regather()
+  void regather();              // ZeRO-3: the embedding and head all-gathered, the pool invalidated
   bool zero3() const { return cfg_.parallel.zero.stage == 3; }
   // ZeRO-3 on CUDA: the Adam moments are allocated (and read from a checkpoint) as shards.
   bool zero3_moment_shards() const { return zero3() && on_device(); }
@@ -160,6 +161,8 @@ class Trainer {
   friend class Zero3Params;
   bool layer_unit(size_t u) const { return u != model_->layout().embed_unit() && u != model_->layout().head_unit(); }
   void gather_unit(size_t u, const ops::Buffer& dst);    // dst = all shards of unit u (compute dtype)
+  void gather_layer(size_t u, size_t slot);              // pool_[slot] = layer unit u (GatherStream)
+  struct GatherStream;  // CUDA + NCCL: the layers' gathers on their own stream (trainer.cpp)
   void scatter_grad(size_t u, const ops::Buffer& full);  // gshard_[u] += this rank's block of sum(full)
   std::vector<float> gather_master_host(size_t u) const;  // unit u's fp32 master weights, whole
   // logging.profile: ends phase `name` of the step (synchronizes the backend; its wall time
@@ -183,7 +186,7 @@ class Trainer {
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<data::DataLoader> loader_;
   std::vector<ops::Buffer> master_, grads_, adam_m_, adam_v_;  // per unit, f32[unit numel]
-  std::unique_ptr<ops::Backend> host_be_;  // offload_optimizer: owns master_, adam_m_, adam_v_ in host memory
+  std::unique_ptr<ops::Backend> host_be_;  // offload_optimizer: owns master_, adam_m_, adam_v_ (ZeRO-3: shards) in host memory
   std::shared_ptr<HostAdamW> host_adamw_;
   std::shared_ptr<plan::MemoryPlan> plan_;  // the memory plan of this run (checked before allocating)
   int ranks_per_node_ = 1;  // offload_optimizer: the host AdamW pipeline (CUDA builds only)
@@ -198,6 +201,7 @@ class Trainer {
   ops::Buffer grad_part_;                 // f32[layer shard_len]: one reduce-scatter's result
   std::unique_ptr<Zero3Params> zparams_;  // the model's ParamSource over the above
   bool zero_stream_set_ = false;          // NCCL ZeRO comms enqueue on the backend's stream
+  std::unique_ptr<GatherStream> gs_;      // ... except the layers' gathers (null: synchronous gathers)
   ops::Buffer tokens_dev_, positions_dev_, labels_dev_;  // CUDA: the micro-batch on the device
   double peak_flops_ = 0;     // CUDA: the device's dense bf16 peak, FLOP/s (0: unknown)
   double peak_mem_bytes_ = 0;  // CUDA: device memory in use, high-water mark

@@ -204,16 +204,15 @@ TEST(MemoryPlan, KnobSearchProposesChangesThatFit) {
   std::printf("[plan] %s\n", msg.c_str());
 }
 
-// With the optimizer offloaded, the ZeRO-3 suggestion turns the offload off with it (ZeRO-3 on
-// GPUs keeps its optimizer shards on the device; with offload it is not implemented): the
-// suggested config plans as implemented and fits.
-TEST(MemoryPlan, ZeroThreeKnobTurnsOptimizerOffloadOff) {
+// With the optimizer offloaded, the ZeRO-3 suggestion keeps the offload (each rank's optimizer
+// shards in host memory): the suggested config plans as implemented and fits, and its host
+// memory per node is smaller than stage 0's (each rank holds 1/Z of the optimizer state).
+TEST(MemoryPlan, ZeroThreeKnobKeepsOptimizerOffload) {
   StageConfig c = big_run();
   c.data.seq_length = 32768;
   c.parallel.zero.offload_optimizer = true;
   StageConfig z = c;
   z.parallel.zero.stage = 3;
-  z.parallel.zero.offload_optimizer = false;
   const MemoryPlan p0 = plan::plan_memory(c, gpu_target(2000, 8)), p3 = plan::plan_memory(z, gpu_target(2000, 8));
   ASSERT_LT(p3.gpu_peak_bytes, p0.gpu_peak_bytes);
   const double gib = 0.5 * static_cast<double>(p0.gpu_peak_bytes + p3.gpu_peak_bytes) / (1 << 30) / (1 - p0.target.headroom);
@@ -223,7 +222,8 @@ TEST(MemoryPlan, ZeroThreeKnobTurnsOptimizerOffloadOff) {
   for (const plan::KnobFix& k : p.knobs)
     if (k.assignment.rfind("parallel.zero.stage=3", 0) == 0) k3 = &k;
   ASSERT_NE(k3, nullptr) << plan::refusal_message(p);
-  EXPECT_EQ(k3->assignment, "parallel.zero.stage=3 parallel.zero.offload_optimizer=false");
+  EXPECT_EQ(k3->assignment, "parallel.zero.stage=3");
+  EXPECT_LT(p3.host_peak_bytes, p0.host_peak_bytes);
   EXPECT_TRUE(k3->implemented);
   StageConfig fixed = c;
   for (const std::string& a : split(k3->assignment, ' ')) apply_override(fixed, a);
@@ -359,6 +359,33 @@ TEST(MemoryPlan, MarksWhatTheTrainerDoesNotImplement) {
   EXPECT_EQ(p.not_implemented[0], "parallel.zero.offload_params: true");
   const Json j = parse_json(plan::plan_to_json(p).dump());
   EXPECT_EQ(j.at("not_implemented").size(), 1u);
+}
+
+// ZeRO-3 with the optimizer offloaded: the master and Adam shards move from each GPU to its
+// host (the same bytes), the pinned staging joins them, and nothing is marked unimplemented.
+TEST(MemoryPlan, ZeroThreeWithOptimizerOffload) {
+  StageConfig z = big_run();
+  z.parallel.zero.stage = 3;
+  StageConfig zo = z;
+  zo.parallel.zero.offload_optimizer = true;
+  const MemoryPlan p3 = plan::plan_memory(z, gpu_target(2000, 8)), po = plan::plan_memory(zo, gpu_target(2000, 8));
+  EXPECT_TRUE(po.not_implemented.empty());
+  auto item = [](const MemoryPlan& p, const std::string& name) -> const plan::PlanItem* {
+    for (const plan::PlanItem& i : p.items)
+      if (i.name == name) return &i;
+    return nullptr;
+  };
+  const plan::PlanItem* dev = item(p3, "fp32 master shard + Adam m, v shards");
+  const plan::PlanItem* host = item(po, "fp32 master shard + Adam m, v shards (offloaded, pageable)");
+  ASSERT_NE(dev, nullptr);
+  ASSERT_NE(host, nullptr);
+  EXPECT_EQ(dev->where, "gpu");
+  EXPECT_EQ(host->where, "host");
+  EXPECT_EQ(host->bytes, dev->bytes);
+  EXPECT_EQ(item(po, "fp32 master shard + Adam m, v shards"), nullptr);
+  EXPECT_NE(item(po, "optimizer offload staging (pinned)"), nullptr);
+  EXPECT_EQ(p3.alloc_peak_bytes - po.alloc_peak_bytes, dev->bytes);  // the step's peak, minus exactly them
+  EXPECT_GT(po.host_rank_peak_bytes, p3.host_rank_peak_bytes);
 }
 
 TEST(MemoryPlan, JsonRoundTripsAndCompareLineNamesBoth) {
