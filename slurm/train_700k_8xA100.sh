@@ -2,10 +2,10 @@
 # EasyContext's headline run, 700K tokens of Llama-2-7B on 8 A100-80GB (one node): the 1M
 # stage config with seq_length 700000 (any length works: the zigzag split pads to 2W and
 # masks the pad out of the loss) and 8-way sequence parallelism. The memory plan puts this at
-# 85.3 GiB per A100-80GB: the trainer refuses it there, naming --set activation.offload=cpu
-# (64.6 GiB per GPU, 778 GiB of host memory per node) or --set parallel.zero.stage=3 --set
-# parallel.zero.offload_optimizer=false (64.9 GiB per GPU); pass either as extra arguments. On
-# H200 nodes it fits as is (docs/recipes.md).
+# 85.3 GiB per A100-80GB: the trainer refuses it there, naming among others --set
+# activation.attention_head_groups=8 (76.7 GiB per GPU) or --set parallel.zero.stage=3 (55.5 GiB
+# per GPU, the optimizer shards in host memory: 286 GiB per node); pass one as extra arguments.
+# On H200 nodes it fits as is (docs/recipes.md).
 #SBATCH --job-name=easyctx-700k
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8

@@ -321,18 +321,20 @@ const Registry& registry() {
               "docs/training.md). Only 0 and 3 exist.");
     r.add_bool("parallel.zero.offload_optimizer",
                [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer; },
-               "train.device cuda, stage 0: keep the fp32 master weights and Adam moments in host memory and run "
-               "AdamW on the host's threads; fp32 gradients stream down and bf16 weights back up in chunks through "
-               "pinned staging, overlapped with the host update (saves 12 bytes per parameter on each GPU; "
-               "docs/memory-model.md). The update runs on a host thread while the next step's forward starts, "
-               "each unit waited for only when the forward reaches it (same weights, bit for bit).");
+               "train.device cuda: keep the fp32 master weights and Adam moments in host memory (stage 3: each "
+               "rank's shards of them) and run AdamW on the host's threads; fp32 gradients stream down and bf16 "
+               "weights back up in chunks through pinned staging, overlapped with the host update (saves 12 bytes "
+               "per parameter on each GPU, 12/Z with stage 3; docs/memory-model.md). The update runs on a host "
+               "thread while the next step's forward starts, each unit waited for only when the forward reaches it "
+               "(same weights, bit for bit). Bound by host memory bandwidth: it pays for long steps (long context).");
     r.add_bool("parallel.zero.offload_params", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_params; },
                "Keep the bf16 parameter shards in host memory and stream them per layer (stage 3 only; not "
                "implemented yet: the trainer refuses it).");
     r.add_int("parallel.zero.prefetch", [](StageConfig& c) -> int64_t& { return c.parallel.zero.prefetch; }, 0, 8,
               "Stage 3: layers gathered ahead of the one in use (the pool holds 1 + prefetch gathered layers). "
-              "The gathers run in order on the compute stream (not yet overlapped on a side stream), so today "
-              "this sets memory, not speed.");
+              "On CUDA with NCCL the gathers (and the layers' gradient reduce-scatters) run on their own "
+              "stream, so a layer gathered ahead overlaps the compute of the ones before it (1 is enough on "
+              "NVLink; each adds one gathered layer of memory).");
     r.add_enum<ZeroGroupScope>("parallel.zero.group", [](StageConfig& c) -> ZeroGroupScope& { return c.parallel.zero.group; },
                                {{"world", 0}, {"node", 1}},
                                "Ranks that shard one copy of the model: the whole world, or the ranks of one node "

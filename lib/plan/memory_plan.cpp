@@ -452,8 +452,10 @@ int64_t zero3_init_peak(const Run& r) {
   if (r.mc.num_layers > 0) {
     const int64_t len = r.shard_len(1);
     add((1 + r.cfg.parallel.zero.prefetch) * r.e * len * r.Z);
-    add(4 * len * r.Z);
-    add(4 * len);
+    for (int k = 0; k < (r.cuda ? 2 : 1); ++k) {  // the layer gradient(s) and reduce-scatter result(s)
+      add(4 * len * r.Z);
+      add(4 * len);
+    }
   }
   return peak;
 }
@@ -552,10 +554,15 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
                   "4 x Z x (ceil(embed / Z) + ceil(head / Z))");
     it.persistent("init", wt + " gathered layers (1 + parallel.zero.prefetch = " + num(pool) + ")", dev,
                   pool * r.e * Z * layer, "(1 + prefetch) x " + num(r.e) + " x Z x ceil(layer / Z)");
-    it.persistent("init", "fp32 gradient of the layer in backward", dev, 4 * Z * layer, "4 x Z x ceil(layer / Z)");
-    it.persistent("init", "fp32 reduce-scatter result (one layer shard)", dev, 4 * layer, "4 x ceil(layer / Z)");
+    // CUDA: two of each, used in turn (the reduce-scatter of one layer overlaps the next's backward)
+    const int64_t nb = r.cuda ? 2 : 1;
+    const std::string nbs = r.cuda ? "2 x " : "";
+    it.persistent("init", std::string("fp32 gradient of the layer in backward") + (r.cuda ? " (x2)" : ""), dev,
+                  nb * 4 * Z * layer, nbs + "4 x Z x ceil(layer / Z)");
+    it.persistent("init", std::string("fp32 reduce-scatter result (one layer shard)") + (r.cuda ? " (x2)" : ""), dev,
+                  nb * 4 * layer, nbs + "4 x ceil(layer / Z)");
     const int64_t at_init = ((r.offload_opt() ? 4 : 16) + (r.cuda ? 2 : 0)) * sl + (r.e + 4) * Z * ends +
-                            (pool * r.e + 4) * Z * layer + 4 * layer;  // the device items above
+                            (pool * r.e + 4 * nb) * Z * layer + 4 * nb * layer;  // the device items above
     it.transient("init", "ZeRO-3 sharding: whole buffers of the units not yet sharded", dev,
                  zero3_init_peak(r) - at_init, "replay of Trainer::shard_optimizer_state");
     if (r.offload_opt())  // the master shards replace the whole master unit by unit, in host memory

@@ -114,13 +114,18 @@ double device_mem_used() {
 // slot, `ready` (on this stream, after the gather into it: the compute stream waits for it
 // before the layer uses the slot) and `free` (on the compute stream at release: the next
 // gather into the slot waits for it); `shards` (on the compute stream, after the bf16 shards
-// were written) orders every gather after the optimizer step. The gathers share the ZeRO
-// communicator with the reduce-scatters (which stay on the compute stream); NCCL runs one
-// communicator's operations in the order they were issued, the same on every rank.
+// were written) orders every gather after the optimizer step. The layers' gradient
+// reduce-scatters run on the same stream, each after its layer's backward (`grad_ready[k]` on
+// the compute stream), into one of two result buffers (`scattered[k]` after it): the compute
+// stream waits for one only when it reuses its layer-gradient buffer two layers later (or at
+// the end of the micro-batch) and then adds the result into the shard, so the reduce-scatter
+// of a layer overlaps the backward of the next. One stream, one communicator (the ZeRO
+// group's): NCCL runs its operations in the order they were issued, the same on every rank.
 struct Trainer::GatherStream {
   cudaStream_t stream = nullptr;
   std::vector<cudaEvent_t> ready, free;
   cudaEvent_t shards = nullptr;
+  cudaEvent_t grad_ready[2] = {nullptr, nullptr}, scattered[2] = {nullptr, nullptr};
   explicit GatherStream(size_t slots) {
     int lo = 0, hi = 0;  // the highest priority: a gather's kernel is scheduled as soon as it may run
     EASYCTX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
@@ -130,12 +135,17 @@ struct Trainer::GatherStream {
       free.push_back(make_event());
     }
     shards = make_event();
+    for (int k = 0; k < 2; ++k) grad_ready[k] = make_event(), scattered[k] = make_event();
   }
   ~GatherStream() {
     if (stream) cudaStreamSynchronize(stream);  // (a destructor: nothing to report to)
     for (cudaEvent_t e : ready) cudaEventDestroy(e);
     for (cudaEvent_t e : free) cudaEventDestroy(e);
     if (shards) cudaEventDestroy(shards);
+    for (int k = 0; k < 2; ++k) {
+      if (grad_ready[k]) cudaEventDestroy(grad_ready[k]);
+      if (scattered[k]) cudaEventDestroy(scattered[k]);
+    }
     if (stream) cudaStreamDestroy(stream);
   }
   GatherStream(const GatherStream&) = delete;
@@ -154,8 +164,8 @@ struct Trainer::GatherStream {};
 // (full_, regather) and their gradients reduced at the end of it (reduce_gradients); a layer
 // unit is all-gathered into a slot of the pool when acquired (and the next
 // parallel.zero.prefetch layers of the announced order with it), and its gradient,
-// accumulated in layer_grad_ during its backward, is reduce-scattered into gshard_ by
-// grad_done. A slot keeps its unit after release until the slot is needed again, so the last
+// accumulated in a layer_grad_ buffer during its backward, is reduce-scattered into gshard_
+// by grad_done (CUDA: two buffers used in turn, the reduce-scatter asynchronous). A slot keeps its unit after release until the slot is needed again, so the last
 // layer of the forward (and, across micro-batches, the first ones) are not gathered twice.
 // CUDA with NCCL: the gathers run on their own stream (GatherStream), the layers that use a
 // slot wait for its gather and the next gather into it waits for their release, so prefetched
@@ -173,7 +183,10 @@ class Trainer::Zero3Params : public model::ParamSource {
     pos_ = 0;
   }
   ops::Tensor acquire(size_t u) override {
-    if (!t_.layer_unit(u)) return t_.full_[u].flat().slice_flat(0, {numel(u)});
+    if (!t_.layer_unit(u)) {
+      t_.z3_ready(u);
+      return t_.full_[u].flat().slice_flat(0, {numel(u)});
+    }
     EASYCTX_CHECK(pos_ < order_.size() && order_[pos_] == u, "ZeRO-3: layer unit ", t_.model_->layout().units()[u].name,
                   " acquired out of the announced order");
     const size_t s = ensure(u);
@@ -197,19 +210,24 @@ class Trainer::Zero3Params : public model::ParamSource {
       }
   }
   ops::Tensor grad(size_t u) override {
-    if (!t_.layer_unit(u)) return t_.grads_[u].flat().slice_flat(0, {numel(u)});
+    if (!t_.layer_unit(u)) {
+      t_.z3_ready(u);
+      return t_.grads_[u].flat().slice_flat(0, {numel(u)});
+    }
     if (grad_unit_ != u) {
       EASYCTX_CHECK(grad_unit_ == kNone, "ZeRO-3: the gradient of unit ", u, " requested before grad_done of unit ",
                     grad_unit_);
-      t_.be_->fill(t_.layer_grad_.flat(), 0.0);
+      buf_ = (buf_ + 1) % t_.layer_grad_.size();
+      t_.finish_scatter(buf_);  // its previous reduce-scatter has read it (and is added into its shard)
+      t_.be_->fill(t_.layer_grad_[buf_].flat(), 0.0);
       grad_unit_ = u;
     }
-    return t_.layer_grad_.flat().slice_flat(0, {numel(u)});
+    return t_.layer_grad_[buf_].flat().slice_flat(0, {numel(u)});
   }
   void grad_done(size_t u) override {
     if (!t_.layer_unit(u)) return;
     EASYCTX_CHECK(grad_unit_ == u, "ZeRO-3: grad_done of unit ", u, " without its gradient");
-    t_.scatter_grad(u, t_.layer_grad_);
+    t_.scatter_grad(u, buf_);
     grad_unit_ = kNone;
   }
 
@@ -222,6 +240,7 @@ class Trainer::Zero3Params : public model::ParamSource {
   size_t ensure(size_t u) {
     for (size_t s = 0; s < unit_.size(); ++s)
       if (unit_[s] == u) return s;
+    t_.z3_ready(u);  // (a deferred host AdamW: the unit's new shards first)
     const size_t ahead = static_cast<size_t>(t_.cfg_.parallel.zero.prefetch);
     auto needed = [&](size_t unit) {
       for (size_t k = pos_; k <= pos_ + ahead && k < order_.size(); ++k)
@@ -243,7 +262,8 @@ class Trainer::Zero3Params : public model::ParamSource {
   size_t pos_ = 0;
   std::vector<size_t> unit_;  // per pool slot: the unit it holds (kNone: none)
   std::vector<bool> busy_;    // per pool slot: acquired and not released
-  size_t grad_unit_ = kNone;  // the layer whose gradient layer_grad_ accumulates
+  size_t grad_unit_ = kNone;  // the layer whose gradient layer_grad_[buf_] accumulates
+  size_t buf_ = 0;
 };
 
 Trainer::Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, const RunOptions& opts)
@@ -590,8 +610,10 @@ void Trainer::shard_optimizer_state() {
     const size_t u1 = model_->layout().layer_unit(0);  // every layer unit has the same size
     const int64_t len = shard_len(u1);
     for (int64_t i = 0; i <= cfg_.parallel.zero.prefetch; ++i) pool_.push_back(be_->alloc(wt, len * Z));
-    layer_grad_ = be_->alloc(DType::F32, len * Z);
-    grad_part_ = be_->alloc(DType::F32, len);
+    for (int k = 0; k < (on_device() ? 2 : 1); ++k) {  // CUDA: two, the reduce-scatter of one overlapping
+      layer_grad_.push_back(be_->alloc(DType::F32, len * Z));
+      grad_part_.push_back(be_->alloc(DType::F32, len));
+    }
   }
   zparams_ = std::make_unique<Zero3Params>(*this);
 #ifdef EASYCTX_HAVE_CUDA
@@ -660,11 +682,44 @@ void reduce_into(dist::Comm& zero, dist::Comm* replica, ops::Backend& be, bool o
 }
 }  // namespace
 
-void Trainer::scatter_grad(size_t u, const ops::Buffer& full) {
+void Trainer::scatter_grad(size_t u, size_t k) {
   const int64_t len = shard_len(u);
-  const ops::Tensor part = grad_part_.flat().slice_flat(0, {len});
-  reduce_into(*zero_, zero_replica_, *be_, on_device(), full, part, len);
+  const ops::Tensor part = grad_part_[k].flat().slice_flat(0, {len});
+#ifdef EASYCTX_HAVE_CUDA
+  if (gs_) {  // on the gather stream after the layer's backward; finish_scatter adds it into the shard
+    const cudaStream_t compute = ops::cuda_stream(*be_);
+    EASYCTX_CUDA_CHECK(cudaEventRecord(gs_->grad_ready[k], compute));
+    EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, gs_->grad_ready[k], 0));
+    for (dist::Comm* c : {zero_, zero_replica_})
+      if (c) c->set_stream(gs_->stream);
+    try {
+      reduce_into(*zero_, zero_replica_, *be_, true, layer_grad_[k], part, len);
+    } catch (...) {
+      for (dist::Comm* c : {zero_, zero_replica_})
+        if (c) c->set_stream(compute);
+      throw;
+    }
+    for (dist::Comm* c : {zero_, zero_replica_})
+      if (c) c->set_stream(compute);
+    EASYCTX_CUDA_CHECK(cudaEventRecord(gs_->scattered[k], gs_->stream));
+    scatter_unit_[k] = u;
+    return;
+  }
+#endif
+  reduce_into(*zero_, zero_replica_, *be_, on_device(), layer_grad_[k], part, len);
   be_->axpy(gshard_[u].flat(), part, 1.0);  // micro-batches accumulate in the shard
+}
+
+// The compute stream after the reduce-scatter of layer-gradient buffer k (if one is in
+// flight): its result added into its unit's shard; the buffer may be written again.
+void Trainer::finish_scatter(size_t k) {
+  const size_t u = scatter_unit_[k];
+  if (u == kNoUnit) return;
+#ifdef EASYCTX_HAVE_CUDA
+  EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(ops::cuda_stream(*be_), gs_->scattered[k], 0));
+#endif
+  be_->axpy(gshard_[u].flat(), grad_part_[k].flat().slice_flat(0, {shard_len(u)}), 1.0);
+  scatter_unit_[k] = kNoUnit;
 }
 
 std::vector<float> Trainer::gather_master_host(size_t u) const {
@@ -733,6 +788,23 @@ void Trainer::await_unit(size_t u) {
   if (cudaEvent_t ev = host_adamw_->wait_unit(u)) EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(ops::cuda_stream(*be_), ev, 0));
 #endif
   if (grads_[u].numel() > 0) be_->fill(grads_[u].flat(), 0.0);  // after the host has read it
+}
+
+// ZeRO-3 with the previous step's host AdamW deferred: unit u's shards are final for the
+// compute stream (and the gather stream) once uploaded; then its gradient shard (and the
+// embedding's or head's whole gradient) is zeroed and the embedding or head gathered.
+void Trainer::z3_ready(size_t u) {
+  if (u >= z3_pending_.size() || !z3_pending_[u]) return;
+#ifdef EASYCTX_HAVE_CUDA
+  if (cudaEvent_t ev = host_adamw_->wait_unit(u)) {  // (null once finished: its copies are done)
+    EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(ops::cuda_stream(*be_), ev, 0));
+    if (gs_) EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, ev, 0));
+  }
+#endif
+  be_->fill(gshard_[u].flat(), 0.0);
+  if (grads_[u].numel() > 0) be_->fill(grads_[u].flat(), 0.0);
+  if (!layer_unit(u)) gather_unit(u, full_[u]);
+  z3_pending_[u] = false;
 }
 
 // The first micro-batch's ParamSource while the previous step's host AdamW still runs: each
@@ -962,12 +1034,14 @@ void Trainer::optimizer_step(double lr, int64_t step, bool defer) {
         pieces.push_back(p);
       }
     be_->synchronize();  // the gradients are final (backward, reduction and clipping queued on it)
-    if (defer && !zero3()) {  // one core left to the next step's kernel launches
+    if (defer) {  // one core left to the next step's kernel launches
       host_adamw_->start(std::move(pieces), s, std::max(1, omp_get_max_threads() - 1));
+      if (zero3()) {  // every unit gathered again, each after its shard's upload (z3_ready)
+        zparams_->invalidate();
+        z3_pending_.assign(units.size(), true);
+      }
       return;
     }
-    // ZeRO-3: synchronous (the next step gathers the embedding and head at once, and a
-    // layer's gather would have to wait for its shard's upload).
     host_adamw_->step(pieces, s);
     if (zero3()) regather();
     return;
@@ -1108,10 +1182,14 @@ StepStats Trainer::compute_gradients(int64_t step) {
 #else
   const bool pending = false;
 #endif
-  if (!pending)
+  // ZeRO-3: the same per unit, its shards gathered once uploaded (z3_ready); also when a
+  // checkpoint settled the update in between (then nothing is waited for).
+  const bool z3_deferred = !z3_pending_.empty();
+  if (!pending && !z3_deferred)
     for (ops::Buffer& g : grads_)
       if (g.numel() > 0) be_->fill(g.flat(), 0.0);
-  for (ops::Buffer& g : gshard_) be_->fill(g.flat(), 0.0);  // ZeRO-3: the layers add into it per micro-batch
+  if (!z3_deferred)
+    for (ops::Buffer& g : gshard_) be_->fill(g.flat(), 0.0);  // ZeRO-3: the layers add into it per micro-batch
   std::vector<ops::Tensor> params, grads;
   if (!zero3()) {
     params = this->params();
@@ -1137,6 +1215,9 @@ StepStats Trainer::compute_gradients(int64_t step) {
     }
     if (zero3()) {
       sum_nll += model_->forward_backward(*zparams_, b, 1.0 / global_labels).sum_nll;
+      for (size_t k = 0; k < layer_grad_.size(); ++k) finish_scatter(k);
+      for (size_t u = 0; u < z3_pending_.size(); ++u) z3_ready(u);  // (a unit the model never touched)
+      z3_pending_.clear();
     } else if (pending && &mb == &micro.front()) {
       PendingUpdate src(*this, params, grads);
       sum_nll += model_->forward_backward(src, b, 1.0 / global_labels).sum_nll;

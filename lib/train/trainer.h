@@ -124,7 +124,8 @@ class Trainer {
   void reduce_gradients();
   double clip_gradients();
   // defer (offload_optimizer, not profiling): the host AdamW runs on while the next step's
-  // forward starts (PendingUpdate in trainer.cpp); settle_optimizer() waits for it.
+  // forward starts (PendingUpdate in trainer.cpp; ZeRO-3: z3_ready); settle_optimizer() waits
+  // for it.
   void optimizer_step(double lr, int64_t step, bool defer = false);
   void settle_optimizer() const;
   // The next step's forward reaching unit u while the host AdamW still runs: waits for the
@@ -132,6 +133,10 @@ class Trainer {
   void await_unit(size_t u);
   class PendingUpdate;
   friend class PendingUpdate;
+  // ZeRO-3: the same for unit u when the model first reaches it (or at the end of the first
+  // micro-batch), plus the embedding's or head's gather; z3_pending_ marks the units not yet
+  // reached (empty: no deferred update).
+  void z3_ready(size_t u);
   void log_startup() const;
   void init(std::shared_ptr<attention::SequenceAttention> attn, data::SpLayout sp_layout, int sp_size, int sp_rank,
             int sp_inner = 1);
@@ -163,7 +168,12 @@ class Trainer {
   void gather_unit(size_t u, const ops::Buffer& dst);    // dst = all shards of unit u (compute dtype)
   void gather_layer(size_t u, size_t slot);              // pool_[slot] = layer unit u (GatherStream)
   struct GatherStream;  // CUDA + NCCL: the layers' gathers on their own stream (trainer.cpp)
-  void scatter_grad(size_t u, const ops::Buffer& full);  // gshard_[u] += this rank's block of sum(full)
+  // gshard_[u] += this rank's block of the sum of layer_grad_[k] (GatherStream: asynchronous,
+  // completed by finish_scatter(k)).
+  void scatter_grad(size_t u, size_t k);
+  void finish_scatter(size_t k);
+  static constexpr size_t kNoUnit = static_cast<size_t>(-1);
+  size_t scatter_unit_[2] = {kNoUnit, kNoUnit};  // per layer_grad_ buffer: the unit whose reduce-scatter is in flight
   std::vector<float> gather_master_host(size_t u) const;  // unit u's fp32 master weights, whole
   // logging.profile: ends phase `name` of the step (synchronizes the backend; its wall time
   // since the previous mark adds to the phase), and the report at the end of the run.
@@ -197,9 +207,11 @@ class Trainer {
   std::vector<ops::Buffer> gshard_;  // this rank's reduced gradient shard, f32[shard_len]
   // (grads_ then holds the embedding's and head's padded f32 gradients only.)
   std::vector<ops::Buffer> pool_;         // 1 + prefetch gathered layer units, [layer shard_len * Z]
-  ops::Buffer layer_grad_;                // f32[layer shard_len * Z]: the gradient of the layer in backward
-  ops::Buffer grad_part_;                 // f32[layer shard_len]: one reduce-scatter's result
+  // f32[layer shard_len * Z]: the gradient of the layer in backward (CUDA: two, used in turn),
+  // and f32[layer shard_len]: its reduce-scatter's result.
+  std::vector<ops::Buffer> layer_grad_, grad_part_;
   std::unique_ptr<Zero3Params> zparams_;  // the model's ParamSource over the above
+  std::vector<bool> z3_pending_;          // per unit: a deferred host AdamW not yet awaited (z3_ready)
   bool zero_stream_set_ = false;          // NCCL ZeRO comms enqueue on the backend's stream
   std::unique_ptr<GatherStream> gs_;      // ... except the layers' gathers (null: synchronous gathers)
   ops::Buffer tokens_dev_, positions_dev_, labels_dev_;  // CUDA: the micro-batch on the device

@@ -187,9 +187,11 @@ TEST(Trainer, MlpTilingMatchesUntiled) {
     EXPECT_NEAR(tb.train_step(s).loss, la, 1e-6 * la) << "step " << s;
     EXPECT_NEAR(tc.train_step(s).loss, la, 1e-6 * la) << "step " << s;
   }
-  // (Adam's normalisation lifts fp32 summation-order differences of ~1e-7 to ~1e-6)
-  EXPECT_LT(rel_error(weights(ta), weights(tb)), 1e-5);
-  EXPECT_LT(rel_error(weights(ta), weights(tc)), 1e-5);
+  // (Adam's normalisation lifts fp32 summation-order differences of ~1e-7 to ~1e-6, and to
+  // 1.2e-5 for an occasional seed whose walk leaves a gradient that nearly cancels; a real
+  // error, a tile's rows dropped or counted twice, is orders of magnitude larger)
+  EXPECT_LT(rel_error(weights(ta), weights(tb)), 5e-5);
+  EXPECT_LT(rel_error(weights(ta), weights(tc)), 5e-5);
   StageConfig d = a;
   d.activation.checkpoint = CheckpointPolicy::None;
   d.activation.mlp_tile = 4;
