@@ -1260,7 +1260,7 @@ void Trainer::log_startup() const {
     log_info("ZeRO-3 over ", zero_->size(), " rank(s)", zero_replica_ ? " x " + std::to_string(zero_replica_->size()) +
              " replicas" : std::string(), ": shards of master, Adam", on_device() ? ", bf16 parameters" : "",
              " and gradients; layers gathered per use into a pool of ", 1 + cfg_.parallel.zero.prefetch,
-             " (parallel.zero.prefetch ", cfg_.parallel.zero.prefetch, gs_ ? std::string("; gathers on their own stream") :
+             " (parallel.zero.prefetch ", cfg_.parallel.zero.prefetch, gs_ ? std::string("; gathers and reduce-scatters on a communication stream") :
              "; gathers synchronous over " + std::string(zero_->backend()), "), gradients reduce-scattered per layer",
              host_be_ ? "; the optimizer shards in host memory (AdamW on the host)" : "");
   if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)
