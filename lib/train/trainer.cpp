@@ -155,6 +155,27 @@ struct Trainer::GatherStream {
     EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return e;
   }
+  // The communicators enqueue on this stream while one exists, then on `back` again (also
+  // when the collective throws).
+  class On {
+   public:
+    On(const GatherStream& g, std::initializer_list<dist::Comm*> comms, cudaStream_t back) : back_(back) {
+      for (dist::Comm* c : comms) {
+        if (!c) continue;
+        comms_.push_back(c);
+        c->set_stream(g.stream);
+      }
+    }
+    ~On() {
+      for (dist::Comm* c : comms_) c->set_stream(back_);
+    }
+    On(const On&) = delete;
+    On& operator=(const On&) = delete;
+
+   private:
+    std::vector<dist::Comm*> comms_;
+    cudaStream_t back_;
+  };
 };
 #else
 struct Trainer::GatherStream {};
@@ -647,14 +668,10 @@ void Trainer::gather_layer(size_t u, size_t s) {
   if (gs_) {
     EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, gs_->free[s], 0));
     EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, gs_->shards, 0));
-    zero_->set_stream(gs_->stream);
-    try {
+    {
+      const GatherStream::On on(*gs_, {zero_}, ops::cuda_stream(*be_));
       gather_unit(u, pool_[s]);
-    } catch (...) {
-      zero_->set_stream(ops::cuda_stream(*be_));
-      throw;
     }
-    zero_->set_stream(ops::cuda_stream(*be_));
     EASYCTX_CUDA_CHECK(cudaEventRecord(gs_->ready[s], gs_->stream));
     return;
   }
@@ -690,17 +707,10 @@ void Trainer::scatter_grad(size_t u, size_t k) {
     const cudaStream_t compute = ops::cuda_stream(*be_);
     EASYCTX_CUDA_CHECK(cudaEventRecord(gs_->grad_ready[k], compute));
     EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, gs_->grad_ready[k], 0));
-    for (dist::Comm* c : {zero_, zero_replica_})
-      if (c) c->set_stream(gs_->stream);
-    try {
+    {
+      const GatherStream::On on(*gs_, {zero_, zero_replica_}, compute);
       reduce_into(*zero_, zero_replica_, *be_, true, layer_grad_[k], part, len);
-    } catch (...) {
-      for (dist::Comm* c : {zero_, zero_replica_})
-        if (c) c->set_stream(compute);
-      throw;
     }
-    for (dist::Comm* c : {zero_, zero_replica_})
-      if (c) c->set_stream(compute);
     EASYCTX_CUDA_CHECK(cudaEventRecord(gs_->scattered[k], gs_->stream));
     scatter_unit_[k] = u;
     return;
