@@ -795,24 +795,20 @@ void Trainer::settle_optimizer() const {
 
 void Trainer::await_unit(size_t u) {
 #ifdef EASYCTX_HAVE_CUDA
-  if (cudaEvent_t ev = host_adamw_->wait_unit(u)) EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(ops::cuda_stream(*be_), ev, 0));
+  if (cudaEvent_t ev = host_adamw_->wait_unit(u)) {  // (null once finished: its copies are done)
+    EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(ops::cuda_stream(*be_), ev, 0));
+    if (gs_) EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, ev, 0));  // ZeRO-3: its gathers read the shard
+  }
 #endif
   if (grads_[u].numel() > 0) be_->fill(grads_[u].flat(), 0.0);  // after the host has read it
 }
 
-// ZeRO-3 with the previous step's host AdamW deferred: unit u's shards are final for the
-// compute stream (and the gather stream) once uploaded; then its gradient shard (and the
-// embedding's or head's whole gradient) is zeroed and the embedding or head gathered.
+// ZeRO-3 with the previous step's host AdamW deferred: await_unit, then the unit's gradient
+// shard zeroed and the embedding or head gathered.
 void Trainer::z3_ready(size_t u) {
   if (u >= z3_pending_.size() || !z3_pending_[u]) return;
-#ifdef EASYCTX_HAVE_CUDA
-  if (cudaEvent_t ev = host_adamw_->wait_unit(u)) {  // (null once finished: its copies are done)
-    EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(ops::cuda_stream(*be_), ev, 0));
-    if (gs_) EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, ev, 0));
-  }
-#endif
+  await_unit(u);
   be_->fill(gshard_[u].flat(), 0.0);
-  if (grads_[u].numel() > 0) be_->fill(grads_[u].flat(), 0.0);
   if (!layer_unit(u)) gather_unit(u, full_[u]);
   z3_pending_[u] = false;
 }

@@ -129,7 +129,8 @@ class Trainer {
   void optimizer_step(double lr, int64_t step, bool defer = false);
   void settle_optimizer() const;
   // The next step's forward reaching unit u while the host AdamW still runs: waits for the
-  // unit's update (host, then the compute stream on its upload) and zeroes its gradient.
+  // unit's update (host, then the compute stream and ZeRO-3's communication stream on its
+  // upload) and zeroes its gradient.
   void await_unit(size_t u);
   class PendingUpdate;
   friend class PendingUpdate;

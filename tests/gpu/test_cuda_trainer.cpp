@@ -456,16 +456,44 @@ TEST(CudaTrainer, DeviceSelection) {
   EXPECT_EQ(train::trainer_device(DeviceKind::Cuda), DeviceKind::Cuda);
 }
 
+// The multi-GPU tests run under mpirun -np 2 with a GPU per rank: this rank, or (skip non-empty)
+// why the test cannot run here.
+struct TwoGpus {
+  int rank = 0, gpus = 0;
+  std::string skip;
+};
+TwoGpus two_ranks_two_gpus() {
+  TwoGpus t;
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &t.rank);
+  t.gpus = ops::cuda_device_count();
+  if (size != 2) t.skip = "needs 2 ranks (mpirun -np 2)";
+  else if (t.gpus < 2) t.skip = "needs 2 GPUs, found " + std::to_string(t.gpus);
+  return t;
+}
+
+// The ZeRO-3 tests' stage on the data and model of `path` (shared_walk_dir): 64 tokens, batch 1
+// per rank, `accum` micro-batches, clipping at 1, output in path/out.
+StageConfig zero3_test_stage(const std::string& path, const std::string& out, int64_t accum) {
+  StageConfig s = tiny_stage(path + "/shard.h5", path + "/" + out);
+  s.model.config = path + "/m.yaml";
+  s.model.init_std = 0.05;
+  s.data.seq_length = 64;
+  s.train.device = DeviceKind::Cuda;
+  s.train.batch_size = 1;
+  s.train.grad_accum = accum;
+  s.train.grad_clip = 1.0;
+  return s;
+}
+
 // Under mpirun -np 2 (one GPU per rank): NCCL data parallelism with batch 1 per rank equals
 // one rank with grad_accum 2 (same samples by the sampler's definition).
 TEST(CudaTrainerDp, TwoRanksNcclEqualOneRankWithAccumulation) {
-  int size = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (size != 2) GTEST_SKIP() << "needs 2 ranks (mpirun -np 2)";
-  const int gpus = ops::cuda_device_count();
-  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
-  ASSERT_EQ(cudaSetDevice(rank % gpus), cudaSuccess);
+  const TwoGpus env = two_ranks_two_gpus();
+  if (!env.skip.empty()) GTEST_SKIP() << env.skip;
+  const int rank = env.rank;
+  ASSERT_EQ(cudaSetDevice(rank % env.gpus), cudaSuccess);
   uint64_t seed = 0;
   const std::string path = shared_walk_dir("cuda-dp", seed, {60, 10, 120, 256},
                                            [](const std::string& p) { write_hd64_config(p + "/m.yaml", true, 256); });
@@ -507,13 +535,10 @@ using Zero3Case = std::tuple<dist::CommBackend, int, int, bool>;
 class CudaTrainerZero3 : public ::testing::TestWithParam<Zero3Case> {};
 
 TEST_P(CudaTrainerZero3, MatchesStage0OnTwoGpus) {
-  int size = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (size != 2) GTEST_SKIP() << "needs 2 ranks (mpirun -np 2)";
-  const int gpus = ops::cuda_device_count();
-  if (gpus < 2) GTEST_SKIP() << "ZeRO-3 on GPUs needs 2 GPUs, found " << gpus;
-  ASSERT_EQ(cudaSetDevice(rank % gpus), cudaSuccess);
+  const TwoGpus env = two_ranks_two_gpus();
+  if (!env.skip.empty()) GTEST_SKIP() << "ZeRO-3 on GPUs: " << env.skip;
+  const int rank = env.rank;
+  ASSERT_EQ(cudaSetDevice(rank % env.gpus), cudaSuccess);
   const auto [backend, prefetch, accum, tied] = GetParam();
   uint64_t seed = 0;
   const std::string path = shared_walk_dir("cuda-zero3", seed, {60, 10, 120, 256}, [tied = tied](const std::string& p) {
@@ -522,14 +547,7 @@ TEST_P(CudaTrainerZero3, MatchesStage0OnTwoGpus) {
   // One communicator per trainer: a ZeRO-3 trainer enqueues its NCCL calls on its own stream.
   auto world0 = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
   auto world3 = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
-  StageConfig s0 = tiny_stage(path + "/shard.h5", path + "/s0");
-  s0.model.config = path + "/m.yaml";
-  s0.model.init_std = 0.05;
-  s0.data.seq_length = 64;
-  s0.train.device = DeviceKind::Cuda;
-  s0.train.batch_size = 1;
-  s0.train.grad_accum = accum;
-  s0.train.grad_clip = 1.0;
+  const StageConfig s0 = zero3_test_stage(path, "s0", accum);
   StageConfig z3 = s0;
   z3.parallel.zero.stage = 3;
   z3.parallel.zero.prefetch = prefetch;
@@ -592,13 +610,10 @@ INSTANTIATE_TEST_SUITE_P(Comms, CudaTrainerZero3,
 class CudaTrainerZero3Offload : public ::testing::TestWithParam<dist::CommBackend> {};
 
 TEST_P(CudaTrainerZero3Offload, MatchesZero3OnTheGpus) {
-  int size = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (size != 2) GTEST_SKIP() << "needs 2 ranks (mpirun -np 2)";
-  const int gpus = ops::cuda_device_count();
-  if (gpus < 2) GTEST_SKIP() << "ZeRO-3 on GPUs needs 2 GPUs, found " << gpus;
-  ASSERT_EQ(cudaSetDevice(rank % gpus), cudaSuccess);
+  const TwoGpus env = two_ranks_two_gpus();
+  if (!env.skip.empty()) GTEST_SKIP() << "ZeRO-3 on GPUs: " << env.skip;
+  const int rank = env.rank;
+  ASSERT_EQ(cudaSetDevice(rank % env.gpus), cudaSuccess);
   const dist::CommBackend backend = GetParam();
   uint64_t seed = 0;
   const std::string path = shared_walk_dir(backend == dist::CommBackend::Nccl ? "cuda-zero3-offload-nccl"
@@ -608,14 +623,7 @@ TEST_P(CudaTrainerZero3Offload, MatchesZero3OnTheGpus) {
                                            });
   auto world_g = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
   auto world_h = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
-  StageConfig g = tiny_stage(path + "/shard.h5", path + "/gpu");
-  g.model.config = path + "/m.yaml";
-  g.model.init_std = 0.05;
-  g.data.seq_length = 64;
-  g.train.device = DeviceKind::Cuda;
-  g.train.batch_size = 1;
-  g.train.grad_accum = 2;
-  g.train.grad_clip = 1.0;
+  StageConfig g = zero3_test_stage(path, "gpu", 2);
   g.train.weight_decay = 0.1;
   g.train.steps = 8;
   g.parallel.zero.stage = 3;
