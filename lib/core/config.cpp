@@ -74,6 +74,9 @@ void validate_for_world(const StageConfig& c, int world_size) {
                       "': expected 0 or 3");
   EASYCTX_CHECK_INPUT(!z.offload_params || z.stage == 3, src,
                       ": parallel.zero.offload_params needs parallel.zero.stage = 3");
+  EASYCTX_CHECK_INPUT(!z.offload_params || z.offload_optimizer, src,
+                      ": parallel.zero.offload_params needs parallel.zero.offload_optimizer = true (the host AdamW "
+                      "writes the bf16 shards it keeps in host memory)");
   EASYCTX_CHECK_INPUT(c.train.warmup_steps <= c.train.steps || c.train.steps == 0, src, ": train.warmup_steps = ",
                       c.train.warmup_steps, " exceeds train.steps = ", c.train.steps);
   EASYCTX_CHECK_INPUT(c.train.min_lr <= c.train.lr, src, ": train.min_lr = ", c.train.min_lr,

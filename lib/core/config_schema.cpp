@@ -328,8 +328,11 @@ const Registry& registry() {
                "thread while the next step's forward starts, each unit waited for only when the forward reaches it "
                "(same weights, bit for bit). Bound by host memory bandwidth: it pays for long steps (long context).");
     r.add_bool("parallel.zero.offload_params", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_params; },
-               "Keep the bf16 parameter shards in host memory and stream them per layer (stage 3 only; not "
-               "implemented yet: the trainer refuses it).");
+               "Stage 3 with offload_optimizer on train.device cuda: keep each rank's bf16 parameter shards in "
+               "pinned host memory too (the host AdamW writes them in place, no upload) and copy a unit's shard to "
+               "the GPU just before its all-gather (on the gather stream, so prefetch overlaps it too). Saves 2/Z "
+               "bytes per parameter on each GPU, for models whose shards do not fit beside the activations; the "
+               "fp32 gradient shard (4/Z) stays on the GPU (docs/memory-model.md).");
     r.add_int("parallel.zero.prefetch", [](StageConfig& c) -> int64_t& { return c.parallel.zero.prefetch; }, 0, 8,
               "Stage 3: layers gathered ahead of the one in use (the pool holds 1 + prefetch gathered layers). "
               "On CUDA with NCCL the gathers (and the layers' gradient reduce-scatters) run on their own "

@@ -167,18 +167,22 @@ void HostAdamW::Impl::run(const std::vector<OffloadPiece>& pieces, const ops::Ad
     const kernels::AdamWConsts k = kernels::adamw_consts(s.lr, s.beta1, s.beta2, s.eps, c.p->weight_decay, s.step);
     float *p = c.p->master + c.off, *m = c.p->m + c.off, *v = c.p->v + c.off;
     const float* g = I.grad[sl];
-    uint16_t* out = I.work[sl];
-    if (sent_pending[sl]) EASYCTX_CUDA_CHECK(cudaEventSynchronize(I.sent[sl]));  // chunk i - 2 left this slot
+    const bool in_place = c.p->work_host != nullptr;  // host bf16 weights: written here, nothing to upload
+    uint16_t* out = in_place ? c.p->work_host + c.off : I.work[sl];
+    if (!in_place && sent_pending[sl])
+      EASYCTX_CUDA_CHECK(cudaEventSynchronize(I.sent[sl]));  // chunk i - 2 left this slot
     // One pass: the update and the bf16 copy of the new weight (one read of the master less).
 #pragma omp parallel for schedule(static) num_threads(threads) if (c.n > (1 << 16))
     for (int64_t j = 0; j < c.n; ++j) {
       kernels::adamw_element(p[j], g[j], m[j], v[j], k);
       out[j] = ops::float_to_bf16(p[j]);
     }
-    EASYCTX_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint16_t*>(c.p->work_dev) + c.off, I.work[sl],
-                                     static_cast<size_t>(c.n) * 2, cudaMemcpyHostToDevice, I.up));
-    EASYCTX_CUDA_CHECK(cudaEventRecord(I.sent[sl], I.up));
-    sent_pending[sl] = true;
+    if (!in_place) {
+      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint16_t*>(c.p->work_dev) + c.off, I.work[sl],
+                                       static_cast<size_t>(c.n) * 2, cudaMemcpyHostToDevice, I.up));
+      EASYCTX_CUDA_CHECK(cudaEventRecord(I.sent[sl], I.up));
+      sent_pending[sl] = true;
+    }
     const size_t u = c.p->unit;
     if (i + 1 == chunks.size() || chunks[i + 1].p->unit != u) {  // the unit's last chunk: its uploads are queued
       EASYCTX_CUDA_CHECK(cudaEventRecord(I.unit_ev[u], I.up));

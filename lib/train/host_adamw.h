@@ -10,6 +10,8 @@
 // waits for each unit only as it reaches it (wait_unit: the host until the unit's update and
 // upload are queued, then the compute stream on the unit's upload event), so the update of
 // the later units overlaps the forward of the earlier ones. finish() joins the thread.
+// A piece whose bf16 weights live in host memory (work_host: ZeRO-3 with offload_params) gets
+// them written there by the update itself (no upload; its unit's event then marks nothing).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -26,7 +28,8 @@ struct OffloadPiece {
   float* m = nullptr;               // host f32[n]
   float* v = nullptr;               // host f32[n]
   const float* grad_dev = nullptr;  // device f32[n]
-  void* work_dev = nullptr;         // device bf16[n]: receives the updated weights
+  void* work_dev = nullptr;         // device bf16[n]: receives the updated weights (uploaded), or
+  uint16_t* work_host = nullptr;    // host bf16[n] instead (parallel.zero.offload_params): written in place
   int64_t n = 0;
   double weight_decay = 0;
   size_t unit = 0;  // the parameter unit it belongs to (wait_unit); pieces come unit by unit

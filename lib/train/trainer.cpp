@@ -49,8 +49,6 @@ void check_supported(const StageConfig& cfg) {
   EASYCTX_CHECK_INPUT(cfg.activation.mlp_tile == 0 || cfg.activation.checkpoint != CheckpointPolicy::None,
                       "activation.mlp_tile: ", cfg.activation.mlp_tile, " needs activation.checkpoint layer or "
                       "attention_output (with none every layer keeps its whole MLP activations); set it to 0");
-  EASYCTX_CHECK_INPUT(!cfg.parallel.zero.offload_params, "parallel.zero.offload_params: parameter offload is not "
-                      "implemented yet; set it to false");
   validate_activation(cfg);
   EASYCTX_CHECK_INPUT(!cfg.data.path.empty(), "data.path: empty; give the h5tokenize output (file, folder or glob)");
 }
@@ -385,6 +383,10 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
     host_adamw_ = std::make_shared<HostAdamW>(kOffloadChunkElems);
 #endif
   }
+  EASYCTX_CHECK_INPUT(!cfg_.parallel.zero.offload_params || (zero3() && host_be_),
+                      "parallel.zero.offload_params: true needs parallel.zero.stage 3 and "
+                      "parallel.zero.offload_optimizer: true on train.device cuda (the host AdamW writes the bf16 "
+                      "shards it keeps in host memory)");
   // ZeRO-3 on CUDA: the whole master weights are loaded in host memory and only this rank's
   // shards reach the device (shard_optimizer_state; with offload_optimizer they stay in host
   // memory); the Adam moments are this rank's shards from the start (a checkpoint is read
@@ -617,7 +619,8 @@ void Trainer::shard_optimizer_state() {
       adam_v_[u] = slice(adam_v_[u]);
     }
     gshard_.push_back(be_->alloc(DType::F32, len));
-    if (on_device()) wshard_.push_back(be_->alloc(DType::BF16, len));
+    if (on_device())  // (offload_params: pinned host memory, written by the host AdamW)
+      wshard_.push_back(offload_params() ? be_->alloc_host_pinned(DType::BF16, len) : be_->alloc(DType::BF16, len));
     if (layer_unit(u)) {
       full_.emplace_back();
       continue;
@@ -649,14 +652,28 @@ void Trainer::gather_unit(size_t u, const ops::Buffer& dst) {
     zero_->all_gather(master_[u].flat().ptr<float>(), static_cast<float*>(dst.data()), static_cast<size_t>(len));
     return;
   }
-  if (zero_->memspace() == dist::MemSpace::Device) {  // NCCL, on the compute stream
+  if (zero_->memspace() == dist::MemSpace::Device) {  // NCCL, on the comm's stream (compute or GatherStream)
+#ifdef EASYCTX_HAVE_CUDA
+    if (offload_params()) {  // the host shard into its own block on that stream, then an in-place gather
+      char* block = static_cast<char*>(dst.data()) + 2 * zero_->rank() * len;
+      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(block, wshard_[u].data(), static_cast<size_t>(2 * len),
+                                         cudaMemcpyHostToDevice, static_cast<cudaStream_t>(zero_->stream())));
+      zero_->all_gather(block, dst.data(), static_cast<size_t>(len), dist::DType::BF16);
+      return;
+    }
+#endif
     zero_->all_gather(wshard_[u].data(), dst.data(), static_cast<size_t>(len), dist::DType::BF16);
     return;
   }
   // A host communicator: the bf16 shard through host memory (16-bit words).
-  std::vector<uint16_t> mine(static_cast<size_t>(len)), all(static_cast<size_t>(len * Z));
-  be_->copy(ops::Tensor(mine.data(), DType::BF16, {len}), wshard_[u].flat());
-  zero_->all_gather(mine.data(), all.data(), static_cast<size_t>(len), dist::DType::BF16);
+  std::vector<uint16_t> mine, all(static_cast<size_t>(len * Z));
+  const void* send = wshard_[u].data();  // (offload_params: already in host memory)
+  if (!offload_params()) {
+    mine.resize(static_cast<size_t>(len));
+    be_->copy(ops::Tensor(mine.data(), DType::BF16, {len}), wshard_[u].flat());
+    send = mine.data();
+  }
+  zero_->all_gather(send, all.data(), static_cast<size_t>(len), dist::DType::BF16);
   be_->copy(dst.flat().slice_flat(0, {len * Z}), ops::Tensor(all.data(), DType::BF16, {len * Z}));
   be_->synchronize();  // `all` goes away
 }
@@ -764,6 +781,10 @@ void Trainer::refresh_working_copy() {
 #ifdef EASYCTX_HAVE_CUDA
     std::vector<uint16_t> bits;
     for (size_t u = 0; u < work.size(); ++u) {
+      if (offload_params()) {  // the bf16 shard is host memory: converted in place
+        f32_to_bf16(master_[u].flat().ptr<float>(), static_cast<uint16_t*>(work[u].data()), master_[u].numel());
+        continue;
+      }
       bits.resize(static_cast<size_t>(master_[u].numel()));
       f32_to_bf16(master_[u].flat().ptr<float>(), bits.data(), master_[u].numel());
       be_->copy(work[u].flat(), ops::Tensor(bits.data(), DType::BF16, {master_[u].numel()}));
@@ -1033,13 +1054,18 @@ void Trainer::optimizer_step(double lr, int64_t step, bool defer) {
         p.m = adam_m_[u].flat().ptr<float>() + off;
         p.v = adam_v_[u].flat().ptr<float>() + off;
         p.grad_dev = g[u].flat().ptr<float>() + off;
-        p.work_dev = static_cast<uint16_t*>(work[u].data()) + off;
+        if (offload_params())
+          p.work_host = static_cast<uint16_t*>(work[u].data()) + off;
+        else
+          p.work_dev = static_cast<uint16_t*>(work[u].data()) + off;
         p.n = q.e - q.a;
         p.weight_decay = t.decay ? cfg_.train.weight_decay : 0.0;
         p.unit = u;
         pieces.push_back(p);
       }
     be_->synchronize();  // the gradients are final (backward, reduction and clipping queued on it)
+    // offload_params: the host writes the bf16 shards the gathers copy from (all consumed by now)
+    if (gs_) EASYCTX_CUDA_CHECK(cudaStreamSynchronize(gs_->stream));
     if (defer) {  // one core left to the next step's kernel launches
       host_adamw_->start(std::move(pieces), s, std::max(1, omp_get_max_threads() - 1));
       if (zero3()) {  // every unit gathered again, each after its shard's upload (z3_ready)
@@ -1268,7 +1294,8 @@ void Trainer::log_startup() const {
              " and gradients; layers gathered per use into a pool of ", 1 + cfg_.parallel.zero.prefetch,
              " (parallel.zero.prefetch ", cfg_.parallel.zero.prefetch, gs_ ? std::string("; gathers and reduce-scatters on a communication stream") :
              "; gathers synchronous over " + std::string(zero_->backend()), "), gradients reduce-scattered per layer",
-             host_be_ ? "; the optimizer shards in host memory (AdamW on the host)" : "");
+             host_be_ ? "; the optimizer shards in host memory (AdamW on the host)" : "",
+             offload_params() ? "; the bf16 parameter shards in pinned host memory (copied per gather)" : "");
   if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)
   const data::TokenDataset& ds = loader_->dataset();
   const UnigramStats us = unigram_stats(ds);

@@ -153,6 +153,9 @@ class Trainer {
   void refresh_working_copy();  // CUDA: bf16 parameters = master weights; ZeRO-3: then regather()
   void regather();              // ZeRO-3: the embedding and head all-gathered, the pool invalidated
   bool zero3() const { return cfg_.parallel.zero.stage == 3; }
+  // ZeRO-3 on CUDA with parallel.zero.offload_params: wshard_ in pinned host memory, copied to
+  // the GPU unit by unit just before its all-gather (gather_unit).
+  bool offload_params() const { return zero3() && cfg_.parallel.zero.offload_params; }
   // ZeRO-3 on CUDA: the Adam moments are allocated (and read from a checkpoint) as shards.
   bool zero3_moment_shards() const { return zero3() && on_device(); }
   // ZeRO-3: unit u is cut into Z equal shards of shard_len(u) (the last padded); this rank
@@ -204,7 +207,7 @@ class Trainer {
   std::vector<ops::Buffer> work_;  // CUDA: bf16 working parameters per unit (empty on the CPU)
   // ZeRO-3 (then master_/adam_m_/adam_v_ hold only this rank's shard, f32[shard_len]):
   std::vector<ops::Buffer> full_;    // embedding and head gathered for the step, [shard_len * Z] (compute dtype)
-  std::vector<ops::Buffer> wshard_;  // CUDA: this rank's shard of the bf16 working parameters
+  std::vector<ops::Buffer> wshard_;  // CUDA: this rank's shard of the bf16 working parameters (offload_params: pinned host)
   std::vector<ops::Buffer> gshard_;  // this rank's reduced gradient shard, f32[shard_len]
   // (grads_ then holds the embedding's and head's padded f32 gradients only.)
   std::vector<ops::Buffer> pool_;         // 1 + prefetch gathered layer units, [layer shard_len * Z]

@@ -100,6 +100,8 @@ TEST(Config, BadConfigsNameTheKey) {
       {"parallel:\n  sequence:\n    size: 3\n    mode: zigzag_ring\n", {"parallel.sequence.size", "3", "world size 4"}},
       {"parallel:\n  sequence:\n    size: 2\n    mode: none\n", {"parallel.sequence.size", "mode"}},
       {"parallel:\n  zero:\n    offload_params: true\n", {"parallel.zero.offload_params", "stage = 3"}},
+      {"parallel:\n  zero:\n    stage: 3\n    offload_params: true\n",
+       {"parallel.zero.offload_params", "offload_optimizer = true"}},
       {"data:\n  seq_length: [1, 2]\n", {"data.seq_length", "expected a single value"}},
       {"trian:\n  steps: 3\n", {"unknown key 'trian'", "did you mean 'train'"}},
       {"train: 5\n", {"train", "section"}},

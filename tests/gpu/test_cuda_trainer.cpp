@@ -606,18 +606,24 @@ INSTANTIATE_TEST_SUITE_P(Comms, CudaTrainerZero3,
 // after five steps, a lower device peak by the shards that left, and its checkpoint resumes
 // bit for bit. With 8 steps configured each step's host AdamW is deferred: the next step's
 // forward waits for each unit's shards when it gathers them. Over NCCL (the layers' gathers
-// on their own stream) and over MPI (gathers staged through host memory).
-class CudaTrainerZero3Offload : public ::testing::TestWithParam<dist::CommBackend> {};
+// on their own stream) and over MPI (gathers staged through host memory). With
+// parallel.zero.offload_params the bf16 shards live in pinned host memory too (the host AdamW
+// writes them in place; each gather copies the shard up first): the same bits, and a device
+// peak lower again by the bf16 shard.
+// (communicator backend, offload_params)
+using Zero3OffloadCase = std::tuple<dist::CommBackend, bool>;
+class CudaTrainerZero3Offload : public ::testing::TestWithParam<Zero3OffloadCase> {};
 
 TEST_P(CudaTrainerZero3Offload, MatchesZero3OnTheGpus) {
   const TwoGpus env = two_ranks_two_gpus();
   if (!env.skip.empty()) GTEST_SKIP() << "ZeRO-3 on GPUs: " << env.skip;
   const int rank = env.rank;
   ASSERT_EQ(cudaSetDevice(rank % env.gpus), cudaSuccess);
-  const dist::CommBackend backend = GetParam();
+  const auto [backend, params] = GetParam();
   uint64_t seed = 0;
-  const std::string path = shared_walk_dir(backend == dist::CommBackend::Nccl ? "cuda-zero3-offload-nccl"
-                                                                              : "cuda-zero3-offload-mpi",
+  const std::string path = shared_walk_dir(std::string("cuda-zero3-offload-") +
+                                               (backend == dist::CommBackend::Nccl ? "nccl" : "mpi") +
+                                               (params ? "-params" : ""),
                                            seed, {60, 10, 120, 256}, [](const std::string& p) {
                                              write_hd64_config(p + "/m.yaml", false, 256, 6);
                                            });
@@ -630,6 +636,7 @@ TEST_P(CudaTrainerZero3Offload, MatchesZero3OnTheGpus) {
   g.parallel.zero.prefetch = 1;
   StageConfig h = g;
   h.parallel.zero.offload_optimizer = true;
+  h.parallel.zero.offload_params = params;
   h.output.dir = path + "/host";
   {
     train::Trainer tg(g, *world_g, *world_g), th(h, *world_h, *world_h);
@@ -644,12 +651,17 @@ TEST_P(CudaTrainerZero3Offload, MatchesZero3OnTheGpus) {
     }
     const std::vector<double> wg = flat(tg.master_host()), wh = flat(th.master_host());
     const int64_t pg = tg.memory_stats().peak_bytes, ph = th.memory_stats().peak_bytes;
-    std::printf("[zero3-offload] rank %d weights after 5 steps: host AdamW vs GPU AdamW rel err %.3g (must be 0); "
-                "moved %.3g; device peak %lld B vs %lld B\n", rank, rel_error(wh, wg), rel_error(wh, w_init),
-                static_cast<long long>(ph), static_cast<long long>(pg));
+    std::printf("[zero3-offload] rank %d (%s%s) weights after 5 steps: host AdamW vs GPU AdamW rel err %.3g "
+                "(must be 0); moved %.3g; device peak %lld B vs %lld B\n", rank,
+                backend == dist::CommBackend::Nccl ? "nccl" : "mpi", params ? ", offload_params" : "",
+                rel_error(wh, wg), rel_error(wh, w_init), static_cast<long long>(ph), static_cast<long long>(pg));
     EXPECT_EQ(wh, wg);
     EXPECT_GT(rel_error(wh, w_init), 1e-4) << "the weights did not move";
-    EXPECT_LT(ph, pg);
+    // The GPU AdamW's master and moment shards (12 B per shard element) have left; with
+    // offload_params the bf16 shard (2 B) too.
+    int64_t shard = 0;
+    for (const model::ParamUnit& unit : th.model().layout().units()) shard += (unit.numel + 1) / 2;
+    EXPECT_LE(ph, pg - (params ? 14 : 12) * shard);
     th.save_checkpoint(5);
     const train::StepStats straight = th.train_step(5);
     auto world_r = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
@@ -666,7 +678,10 @@ TEST_P(CudaTrainerZero3Offload, MatchesZero3OnTheGpus) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Comms, CudaTrainerZero3Offload,
-                         ::testing::Values(dist::CommBackend::Nccl, dist::CommBackend::Mpi));
+                         ::testing::Values(Zero3OffloadCase{dist::CommBackend::Nccl, false},
+                                           Zero3OffloadCase{dist::CommBackend::Mpi, false},
+                                           Zero3OffloadCase{dist::CommBackend::Nccl, true},
+                                           Zero3OffloadCase{dist::CommBackend::Mpi, true}));
 
 }  // namespace
 }  // namespace easyctx::test
