@@ -25,7 +25,6 @@ struct Candidate {
   std::string assignment, note;  // assignment: "key=value" (several separated by spaces)
   StageConfig cfg;
   PlanTarget target;
-  bool implemented = true;
 };
 
 struct Family {
@@ -52,7 +51,7 @@ ModelShape model_shape(const StageConfig& cfg) {
 std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, int64_t n, const ModelShape& m) {
   std::vector<Family> fams;
   auto one = [&](const std::string& key, const std::string& value, const std::string& note = "") {
-    Candidate c{key + "=" + value, note, cfg, t, true};
+    Candidate c{key + "=" + value, note, cfg, t};
     apply_override(c.cfg, key + "=" + value);
     return c;
   };
@@ -147,6 +146,9 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
   // offload_optimizer the optimizer shards stay in host memory (each rank's host holds 1/Z).
   if (cuda && cfg.parallel.zero.stage == 0 && t.world() > 1)
     fams.push_back({"parallel.zero.stage", true, {one("parallel.zero.stage", "3")}});
+  // ZeRO-3 with the optimizer shards in host memory: the bf16 parameter shards may follow them.
+  if (cuda && cfg.parallel.zero.stage == 3 && cfg.parallel.zero.offload_optimizer && !cfg.parallel.zero.offload_params)
+    fams.push_back({"parallel.zero.offload_params", true, {one("parallel.zero.offload_params", "true")}});
   return fams;
 }
 
@@ -168,58 +170,53 @@ bool try_plan(const Candidate& c, MemoryPlan& q) {
 }
 
 // Greedy: add the problem-keeping knob (at its most saving value) that brings the plan
-// closest to fitting until it fits (implemented knobs only, unless they cannot); then relax
-// each chosen knob to its least drastic value that still fits. Empty when nothing fits or
-// one knob is enough (reported on its own).
+// closest to fitting until it fits; then relax each chosen knob to its least drastic value
+// that still fits. Empty when nothing fits or one knob is enough (reported on its own).
 std::vector<KnobFix> combine_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n, const ModelShape& m) {
-  for (const bool allow_planned : {false, true}) {
-    StageConfig cur = cfg;
-    std::vector<Family> chosen;  // the families added (key and also; values unused), in order
-    MemoryPlan q = plan_core(cur, t);
-    while (!q.fits) {
-      double best = overflow(q);
-      Candidate pick;
-      const Family* picked = nullptr;
-      const std::vector<Family> fams = knob_families(cur, t, n, m);
-      for (const Family& f : fams) {
-        if (!f.keeps_problem || f.values.empty() || (!f.values.back().implemented && !allow_planned)) continue;
-        MemoryPlan r;
-        if (try_plan(f.values.back(), r) && overflow(r) < best) best = overflow(r), pick = f.values.back(), picked = &f;
-      }
-      if (!picked) break;
-      cur = pick.cfg;
-      chosen.push_back({picked->key, true, {}, picked->also});
-      q = plan_core(cur, t);
+  StageConfig cur = cfg;
+  std::vector<Family> chosen;  // the families added (key and also; values unused), in order
+  MemoryPlan q = plan_core(cur, t);
+  while (!q.fits) {
+    double best = overflow(q);
+    Candidate pick;
+    const Family* picked = nullptr;
+    const std::vector<Family> fams = knob_families(cur, t, n, m);
+    for (const Family& f : fams) {
+      if (!f.keeps_problem || f.values.empty()) continue;
+      MemoryPlan r;
+      if (try_plan(f.values.back(), r) && overflow(r) < best) best = overflow(r), pick = f.values.back(), picked = &f;
     }
-    if (!q.fits) continue;
-    if (chosen.size() < 2) return {};
-    // Relax: each knob (with the keys it also sets) back to its least drastic value that keeps
-    // the whole fitting.
-    for (const Family& ch : chosen) {
-      StageConfig without = cur;
-      apply_override(without, ch.key + "=" + config_value(cfg, ch.key));
-      for (const std::string& a : ch.also) apply_override(without, a + "=" + config_value(cfg, a));
-      for (const Family& f : knob_families(without, t, n, m)) {
-        if (f.key != ch.key) continue;
-        for (const Candidate& c : f.values) {
-          MemoryPlan r;
-          if (try_plan(c, r) && r.fits) {
-            cur = c.cfg;
-            break;
-          }
+    if (!picked) break;
+    cur = pick.cfg;
+    chosen.push_back({picked->key, true, {}, picked->also});
+    q = plan_core(cur, t);
+  }
+  if (!q.fits || chosen.size() < 2) return {};
+  // Relax: each knob (with the keys it also sets) back to its least drastic value that keeps
+  // the whole fitting.
+  for (const Family& ch : chosen) {
+    StageConfig without = cur;
+    apply_override(without, ch.key + "=" + config_value(cfg, ch.key));
+    for (const std::string& a : ch.also) apply_override(without, a + "=" + config_value(cfg, a));
+    for (const Family& f : knob_families(without, t, n, m)) {
+      if (f.key != ch.key) continue;
+      for (const Candidate& c : f.values) {
+        MemoryPlan r;
+        if (try_plan(c, r) && r.fits) {
+          cur = c.cfg;
+          break;
         }
       }
     }
-    q = plan_core(cur, t);
-    KnobFix k{"", "together", q.gpu_peak_bytes, q.host_peak_bytes, t.nodes, t.gpus_per_node, true};
-    for (const Family& ch : chosen) {
-      k.assignment += (k.assignment.empty() ? "" : " ") + ch.key + "=" + config_value(cur, ch.key);
-      for (const std::string& a : ch.also)  // what the knob changed besides its key
-        if (config_value(cur, a) != config_value(cfg, a)) k.assignment += " " + a + "=" + config_value(cur, a);
-    }
-    return {k};
   }
-  return {};
+  q = plan_core(cur, t);
+  KnobFix k{"", "together", q.gpu_peak_bytes, q.host_peak_bytes, t.nodes, t.gpus_per_node};
+  for (const Family& ch : chosen) {
+    k.assignment += (k.assignment.empty() ? "" : " ") + ch.key + "=" + config_value(cur, ch.key);
+    for (const std::string& a : ch.also)  // what the knob changed besides its key
+      if (config_value(cur, a) != config_value(cfg, a)) k.assignment += " " + a + "=" + config_value(cur, a);
+  }
+  return {k};
 }
 
 }  // namespace
@@ -233,8 +230,8 @@ std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, i
       MemoryPlan q;
       if (!try_plan(c, q) || !q.fits) continue;
       out.push_back({c.assignment, c.note, q.gpu_peak_bytes, q.host_peak_bytes, c.target.nodes, c.target.gpus_per_node,
-                     c.implemented});
-      kept_problem_fits |= f.keeps_problem && c.implemented;
+});
+      kept_problem_fits |= f.keeps_problem;
       break;
     }
   if (!kept_problem_fits)
@@ -251,7 +248,6 @@ std::string KnobFix::to_string() const {
   for (const std::string& a : split(assignment, ' ')) s += (s.empty() ? "--set " : " --set ") + a;
   s += " (" + (gpu_bytes > 0 ? gib(gpu_bytes) + " per GPU" : gib(host_bytes) + " per node");
   if (!note.empty()) s += ", " + note;
-  if (!implemented) s += ", not implemented in the trainer yet";
   return s + ")";
 }
 
@@ -270,7 +266,8 @@ std::string refusal_message(const MemoryPlan& p) {
   if (p.knobs.empty()) {
     os << " Nothing makes it fit: not activation.checkpoint, activation.mlp_tile, activation.offload (and "
           "offload_layers), activation.attention_head_groups, activation.lm_head_tile, "
-          "parallel.zero.offload_optimizer, parallel.sequence.size, data.seq_length or train.batch_size alone, nor "
+          "parallel.zero.stage, parallel.zero.offload_optimizer, parallel.zero.offload_params, "
+          "parallel.sequence.size, data.seq_length or train.batch_size alone, nor "
           "those that keep the problem together; use GPUs with more memory.";
     return os.str();
   }

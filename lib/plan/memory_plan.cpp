@@ -37,6 +37,8 @@ struct Run {
   explicit Run(const StageConfig& c) : cfg(c), mc(model::resolve_llama_config(c.model)), layout(mc) {}
   bool zero3() const { return cfg.parallel.zero.stage == 3; }
   bool offload_opt() const { return cfg.parallel.zero.offload_optimizer && cuda; }
+  // ZeRO-3 with offload_params (and offload_optimizer, which it needs): bf16 shards in pinned host memory.
+  bool offload_params() const { return cfg.parallel.zero.offload_params && offload_opt() && zero3(); }
   // ZeRO-3 shard length of unit u (the last shard padded), as Trainer::shard_len.
   int64_t shard_len(size_t u) const { return (layout.units()[u].numel + Z - 1) / Z; }
   int64_t shard_total() const {
@@ -65,14 +67,14 @@ class Items {
   std::vector<std::string> phase_order{"init", "step"};
 
   void persistent(const std::string& when, const std::string& name, const std::string& where, int64_t bytes,
-                  const std::string& formula, bool tracked = true, bool implemented = true) {
-    if (bytes > 0) list.push_back({name, where, bytes, formula, false, when, tracked, implemented});
+                  const std::string& formula, bool tracked = true) {
+    if (bytes > 0) list.push_back({name, where, bytes, formula, false, when, tracked});
   }
   void transient(const std::string& phase, const std::string& name, const std::string& where, int64_t bytes,
-                 const std::string& formula, bool tracked = true, bool implemented = true) {
+                 const std::string& formula, bool tracked = true) {
     if (bytes <= 0) return;
     if (std::find(phase_order.begin(), phase_order.end(), phase) == phase_order.end()) phase_order.push_back(phase);
-    list.push_back({name, where, bytes, formula, true, phase, tracked, implemented});
+    list.push_back({name, where, bytes, formula, true, phase, tracked});
   }
 };
 
@@ -418,17 +420,11 @@ std::vector<BufferSpec> model_buffers(const Run& r) {
 // ---------------------------------------------------------------------------------------
 // The plan without the knob search.
 // ---------------------------------------------------------------------------------------
-std::vector<std::string> unimplemented(const StageConfig& cfg) {
-  std::vector<std::string> v;
-  if (cfg.parallel.zero.offload_params) v.push_back("parallel.zero.offload_params: true");
-  return v;
-}
-
 // ZeRO-3 (Trainer::shard_optimizer_state): the whole master/Adam buffers as loaded (on the
 // CPU the backend's; on CUDA the master weights in host memory, not counted here, and the
 // moments shards from the start; with offload_optimizer all of them stay in host memory,
 // zero3_host_init_peak) are replaced by shards unit by unit, each unit adding its
-// gradient shard (CUDA: its bf16 working shard) and, for the
+// gradient shard (CUDA: its bf16 working shard, unless offload_params puts it in host memory) and, for the
 // embedding and head, the gathered copy and the padded gradient; then the pool of gathered
 // layers, the layer gradient and the reduce-scatter result. Returns the peak of those
 // buffers on the backend during that sequence.
@@ -443,7 +439,7 @@ int64_t zero3_init_peak(const Run& r) {
       live -= 4 * n;
     }
     add(4 * len);                  // gradient shard
-    if (r.cuda) add(2 * len);      // bf16 working shard
+    if (r.cuda && !r.offload_params()) add(2 * len);  // bf16 working shard
     if (u == 0 || u + 1 == units.size()) {
       add(r.e * len * r.Z);        // gathered for the step
       add(4 * len * r.Z);          // padded gradient
@@ -462,7 +458,8 @@ int64_t zero3_init_peak(const Run& r) {
 
 // ZeRO-3 with offload_optimizer (CUDA): in host memory, the whole master weights as loaded
 // and the Adam moment shards; shard_optimizer_state then replaces each unit's master by its
-// shard (the shard first). Returns the peak of those host buffers.
+// shard (the shard first) and, with offload_params, adds the unit's pinned bf16 shard after.
+// Returns the peak of those host buffers.
 int64_t zero3_host_init_peak(const Run& r) {
   const auto& units = r.layout.units();
   int64_t live = 4 * r.P + 2 * 4 * r.shard_total(), peak = live;
@@ -470,6 +467,7 @@ int64_t zero3_host_init_peak(const Run& r) {
     live += 4 * r.shard_len(u);
     peak = std::max(peak, live);
     live -= 4 * units[u].numel;
+    if (r.offload_params()) live += 2 * r.shard_len(u), peak = std::max(peak, live);
   }
   return peak;
 }
@@ -547,7 +545,11 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
       it.persistent("init", "fp32 master shard + Adam m, v shards", dev, 3 * 4 * sl, "3 x 4 x sum ceil(unit / Z)");
     }
     it.persistent("init", "fp32 reduced gradient shard", dev, 4 * sl, "4 x sum ceil(unit / Z)");
-    if (r.cuda) it.persistent("init", "bf16 working parameter shard", dev, 2 * sl, "2 x sum ceil(unit / Z)");
+    if (r.offload_params())  // Backend::alloc_host_pinned: outside the device allocator's counters
+      it.persistent("init", "bf16 working parameter shard (offloaded, pinned)", "host", 2 * sl,
+                    "2 x sum ceil(unit / Z)", false);
+    else if (r.cuda)
+      it.persistent("init", "bf16 working parameter shard", dev, 2 * sl, "2 x sum ceil(unit / Z)");
     it.persistent("init", wt + " embedding + head, gathered for the step", dev, r.e * Z * ends,
                   num(r.e) + " x Z x (ceil(embed / Z) + ceil(head / Z))");
     it.persistent("init", "fp32 embedding + head gradients (whole, padded)", dev, 4 * Z * ends,
@@ -561,13 +563,15 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
                   nb * 4 * Z * layer, nbs + "4 x Z x ceil(layer / Z)");
     it.persistent("init", std::string("fp32 reduce-scatter result (one layer shard)") + (r.cuda ? " (x2)" : ""), dev,
                   nb * 4 * layer, nbs + "4 x ceil(layer / Z)");
-    const int64_t at_init = ((r.offload_opt() ? 4 : 16) + (r.cuda ? 2 : 0)) * sl + (r.e + 4) * Z * ends +
+    const int64_t at_init = ((r.offload_opt() ? 4 : 16) + (r.cuda && !r.offload_params() ? 2 : 0)) * sl +
+                            (r.e + 4) * Z * ends +
                             (pool * r.e + 4 * nb) * Z * layer + 4 * nb * layer;  // the device items above
     it.transient("init", "ZeRO-3 sharding: whole buffers of the units not yet sharded", dev,
                  zero3_init_peak(r) - at_init, "replay of Trainer::shard_optimizer_state");
     if (r.offload_opt())  // the master shards replace the whole master unit by unit, in host memory
       it.transient("init", "host copy of the whole master weights as loaded (f32), less the shards", "host",
-                   zero3_host_init_peak(r) - 12 * sl, "replay of Trainer::shard_optimizer_state", false);
+                   zero3_host_init_peak(r) - (r.offload_params() ? 14 : 12) * sl,
+                   "replay of Trainer::shard_optimizer_state", false);
     else if (r.cuda)  // (the Adam moments are shards from the start, read shard by shard on resume)
       it.transient("init", "host copy of the whole master weights as loaded (f32)", "host", 4 * P, "4 P", false);
   }
@@ -672,9 +676,6 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   p.local_len = r.S;
   p.tokens = n;
   p.items = it.list;
-  p.not_implemented = unimplemented(cfg);
-  for (const PlanItem& i : p.items)
-    if (!i.implemented && p.not_implemented.empty()) p.not_implemented.push_back(i.name);
   for (const std::string& ph : it.phase_order) {
     PhaseTotal pt{ph == "step" ? "steady (between ops)" : ph, 0, 0, 0};
     for (const PlanItem& i : p.items) {

@@ -55,7 +55,6 @@ struct PlanItem {
   std::string phase;         // transient: the phase; persistent: "init" (allocated before the
                              // first step) or "step" (at the first step: workspace, ...)
   bool tracked = true;       // counted by ops::Backend::memory_stats (the backend's allocations)
-  bool implemented = true;   // false: the trainer does not do this yet (planned all the same)
 };
 
 // Totals of one phase, per rank: the backend's allocations (gpu on CUDA, host on the CPU),
@@ -75,7 +74,6 @@ struct KnobFix {
   int64_t gpu_bytes = 0;   // the fixed plan's device total per GPU (0 on the CPU backend)
   int64_t host_bytes = 0;  // its host peak per node
   int nodes = 0, gpus_per_node = 0;  // the target it assumes (parallel.sequence.size may need more GPUs)
-  bool implemented = true;
   std::string to_string() const;  // "--set activation.mlp_tile=8192 (131.00 GiB per GPU)"
 };
 
@@ -106,7 +104,6 @@ struct MemoryPlan {
   int64_t gpu_capacity = 0, gpu_usable = 0;
   int64_t host_capacity = 0, host_usable = 0;
   bool gpu_fits = true, host_fits = true, fits = true;
-  std::vector<std::string> not_implemented;  // features the plan includes that the trainer refuses
   std::vector<KnobFix> knobs;  // when !fits: single changes that fit, else a combination ("together")
 };
 

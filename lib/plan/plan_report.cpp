@@ -28,7 +28,6 @@ Json item_json(const PlanItem& i) {
   j.set("transient", i.transient);
   j.set("phase", i.phase);
   j.set("tracked", i.tracked);
-  j.set("implemented", i.implemented);
   return j;
 }
 
@@ -53,9 +52,8 @@ std::string format_plan_table(const MemoryPlan& p) {
   os << line;
   for (const PlanItem& i : p.items) {
     const std::string ph = i.transient ? i.phase : (i.phase == "init" ? "persistent" : "persistent (step)");
-    std::snprintf(line, sizeof line, "  %-5s %-22s %12s  %s%s [%s]\n", i.where.c_str(), ph.c_str(),
-                  format_bytes(static_cast<double>(i.bytes)).c_str(), i.implemented ? "" : "* ", i.name.c_str(),
-                  i.formula.c_str());
+    std::snprintf(line, sizeof line, "  %-5s %-22s %12s  %s [%s]\n", i.where.c_str(), ph.c_str(),
+                  format_bytes(static_cast<double>(i.bytes)).c_str(), i.name.c_str(), i.formula.c_str());
     os << line;
   }
   os << "\n";
@@ -79,11 +77,6 @@ std::string format_plan_table(const MemoryPlan& p) {
   os << "  host  peak " << gib(p.host_rank_peak_bytes) << " per rank (" << p.host_peak_phase << ") x "
      << p.target.gpus_per_node << " per node = " << gib(p.host_peak_bytes) << "; usable " << gib(p.host_usable)
      << " of " << gib(p.host_capacity) << ": " << (p.host_fits ? "fits" : "DOES NOT FIT") << "\n";
-  if (!p.not_implemented.empty()) {
-    os << "  * planned, but the trainer does not implement it yet:";
-    for (const std::string& s : p.not_implemented) os << " " << s << ";";
-    os << "\n";
-  }
   return os.str();
 }
 
@@ -146,9 +139,6 @@ Json plan_to_json(const MemoryPlan& p) {
     phases.push_back(o);
   }
   j.set("phases", phases);
-  Json ni = Json::array();
-  for (const std::string& s : p.not_implemented) ni.push_back(s);
-  j.set("not_implemented", ni);
   Json knobs = Json::array();
   for (const KnobFix& k : p.knobs) {
     Json o = Json::object();
@@ -158,7 +148,6 @@ Json plan_to_json(const MemoryPlan& p) {
     o.set("host_bytes", k.host_bytes);
     o.set("nodes", k.nodes);
     o.set("gpus_per_node", k.gpus_per_node);
-    o.set("implemented", k.implemented);
     knobs.push_back(o);
   }
   j.set("knobs", knobs);
