@@ -5,21 +5,28 @@
 #include <omp.h>
 
 #include <chrono>
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <thread>
 
-#include "adamw_math.h"
+#include "train/adamw_span.h"
 #include "core/error.h"
 #include "cuda_check.h"
 #include "ops/half.h"
 
 namespace easyctx::train {
+namespace {
+
+constexpr int64_t kSpan = 16384;  // elements per OpenMP work item of the update (64 KiB of f32)
+
+}  // namespace
 
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  const int64_t blocks = (n + kSpan - 1) / kSpan;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) dst[i] = ops::float_to_bf16(src[i]);
+  for (int64_t b = 0; b < blocks; ++b) f32_to_bf16_span(src + b * kSpan, dst + b * kSpan, std::min(kSpan, n - b * kSpan));
 }
 
 struct HostAdamW::Impl {
@@ -171,11 +178,13 @@ void HostAdamW::Impl::run(const std::vector<OffloadPiece>& pieces, const ops::Ad
     uint16_t* out = in_place ? c.p->work_host + c.off : I.work[sl];
     if (!in_place && sent_pending[sl])
       EASYCTX_CUDA_CHECK(cudaEventSynchronize(I.sent[sl]));  // chunk i - 2 left this slot
-    // One pass: the update and the bf16 copy of the new weight (one read of the master less).
+    // One pass: the update and the bf16 copy of the new weight (one read of the master less),
+    // in contiguous 64-byte-aligned blocks per thread.
+    const int64_t blocks = (c.n + kSpan - 1) / kSpan;
 #pragma omp parallel for schedule(static) num_threads(threads) if (c.n > (1 << 16))
-    for (int64_t j = 0; j < c.n; ++j) {
-      kernels::adamw_element(p[j], g[j], m[j], v[j], k);
-      out[j] = ops::float_to_bf16(p[j]);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t j = b * kSpan;
+      adamw_bf16_span(p + j, g + j, m + j, v + j, out + j, std::min(kSpan, c.n - j), k);
     }
     if (!in_place) {
       EASYCTX_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint16_t*>(c.p->work_dev) + c.off, I.work[sl],

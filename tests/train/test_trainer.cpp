@@ -4,11 +4,15 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 
 #include "core/json.h"
 #include "core/strings.h"
 #include "dist/groups.h"
+#include "ops/half.h"
+#include "train/adamw_span.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
@@ -310,6 +314,52 @@ TEST(Clip, GlobalNormAcrossTensors) {
     for (int64_t i = 0; i < t.numel(); ++i) after += static_cast<double>(t.ptr<float>()[i]) * t.ptr<float>()[i];
   EXPECT_NEAR(std::sqrt(after), 0.5, 1e-5);
   EXPECT_NEAR(g[1].ptr<float>()[3] / before[3], 0.5 / std::sqrt(ss), 1e-5);  // one common factor
+}
+
+// The host AdamW's vectorised loop (parallel.zero.offload_optimizer) against the scalar element
+// update it must equal bit for bit (the GPU kernel runs the same element code): random values
+// over many magnitudes, zeros, denormals, infinities and NaNs in every input, odd lengths and
+// unaligned starts so the vector loop's head and tail run too; and the bf16 conversion.
+TEST(HostAdamWSpan, EqualsTheScalarUpdateBitForBit) {
+  std::mt19937_64 rng(test_seed());
+  std::uniform_real_distribution<double> u(-1, 1), e(-40, 10);
+  std::uniform_int_distribution<int> pick(0, 99);
+  auto value = [&](bool positive) {
+    const int k = pick(rng);
+    float x = static_cast<float>(u(rng) * std::exp2(e(rng)));
+    if (k == 0) x = 0.f;
+    if (k == 1) x = 1e-41f;  // denormal
+    if (k == 2) x = std::numeric_limits<float>::infinity();
+    if (k == 3) x = std::numeric_limits<float>::quiet_NaN();
+    if (k == 4) x = 3.3895314e38f;  // rounds up to bf16 infinity
+    return positive ? std::fabs(x) : x;
+  };
+  const kernels::AdamWConsts k = kernels::adamw_consts(3e-4, 0.9, 0.95, 1e-8, 0.1, 7);
+  for (int64_t n : {1, 7, 31, 1000, 4099}) {
+    for (int64_t off : {0, 1, 3}) {
+      std::vector<float> p(n + off), g(n + off), m(n + off), v(n + off);
+      for (int64_t i = 0; i < n + off; ++i) p[i] = value(false), g[i] = value(false), m[i] = value(false), v[i] = value(true);
+      std::vector<float> p2 = p, m2 = m, v2 = v;
+      std::vector<uint16_t> out(n + off, 0xdead), ref(n + off, 0xdead);
+      train::adamw_bf16_span(p.data() + off, g.data() + off, m.data() + off, v.data() + off, out.data() + off, n, k);
+      for (int64_t i = off; i < n + off; ++i) {
+        kernels::adamw_element(p2[i], g[i], m2[i], v2[i], k);
+        ref[i] = ops::float_to_bf16(p2[i]);
+      }
+      auto bits = [](const std::vector<float>& x) {
+        std::vector<uint32_t> b(x.size());
+        std::memcpy(b.data(), x.data(), 4 * x.size());
+        return b;
+      };
+      EXPECT_EQ(bits(p), bits(p2)) << "n " << n << " offset " << off;
+      EXPECT_EQ(bits(m), bits(m2)) << "n " << n << " offset " << off;
+      EXPECT_EQ(bits(v), bits(v2)) << "n " << n << " offset " << off;
+      EXPECT_EQ(out, ref) << "n " << n << " offset " << off;
+      std::vector<uint16_t> conv(n + off, 0xdead);
+      train::f32_to_bf16_span(g.data() + off, conv.data() + off, n);
+      for (int64_t i = off; i < n + off; ++i) ASSERT_EQ(conv[i], ops::float_to_bf16(g[i])) << "element " << i;
+    }
+  }
 }
 
 TEST(Schedule, WarmupThenDecayToMinLr) {
