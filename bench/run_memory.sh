@@ -10,6 +10,8 @@
 #                                      # offloaded, atomic dQ
 #   bash bench/run_memory.sh 512k-zero3  # 2 GPUs: 512K, ZeRO-3 with the optimizer shards in host
 #                                      # memory, 4 head groups, no activation offload, atomic dQ
+#   bash bench/run_memory.sh 512k-params # the same with the bf16 parameter shards in host memory
+#                                      # too (parallel.zero.offload_params)
 #   bash bench/run_memory.sh 1m-slice  # 2 GPUs: a 4-layer slice of the 7B at 1M tokens, 4 head
 #                                      # groups, every checkpoint offloaded, atomic dQ
 # BIN: easyctx_train (default build-gpu/bin/easyctx_train, or $B/easyctx_train after
@@ -30,6 +32,7 @@ ring=(--set parallel.sequence.size=2 --set parallel.sequence.mode=zigzag_ring --
 s512=("${ring[@]}" --set activation.offload_layers=12)
 z512=(--set parallel.sequence.size=2 --set parallel.sequence.mode=zigzag_ring --set activation.attention_head_groups=4
       --set train.deterministic=false --set parallel.zero.stage=3)
+p512=("${z512[@]}" --set parallel.zero.offload_params=true)
 slice=("${ring[@]}" --set model.config=configs/models/llama2-7b-4layers.yaml)
 plan() {  # tokens, GPUs, host GiB, --sets...
   local seq=$1 gpus=$2 host=$3
@@ -45,12 +48,14 @@ case "$what" in
     plan 262144 1 128 "${s256[@]}"
     plan 524288 2 251 "${s512[@]}"
     plan 524288 2 251 "${z512[@]}"
+    plan 524288 2 251 "${p512[@]}"
     plan 1048576 2 251 "${slice[@]}"
     plan 1048576 2 2048 "${ring[@]}"  # the whole 7B: its host side needs a node with >= 410 GiB
     ;;
   256k) RUNS="7b:262144" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${s256[@]}" ;;
   512k) LAUNCH="$LAUNCH" RUNS="7b:524288" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${s512[@]}" ;;
   512k-zero3) LAUNCH="$LAUNCH" RUNS="7b:524288" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${z512[@]}" ;;
+  512k-params) LAUNCH="$LAUNCH" RUNS="7b:524288" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${p512[@]}" ;;
   1m-slice) LAUNCH="$LAUNCH" RUNS="7b:1048576" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${slice[@]}" ;;
-  *) echo "usage: bash bench/run_memory.sh plans|256k|512k|512k-zero3|1m-slice" >&2; exit 2 ;;
+  *) echo "usage: bash bench/run_memory.sh plans|256k|512k|512k-zero3|512k-params|1m-slice" >&2; exit 2 ;;
 esac
