@@ -229,8 +229,7 @@ std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, i
     for (const Candidate& c : f.values) {
       MemoryPlan q;
       if (!try_plan(c, q) || !q.fits) continue;
-      out.push_back({c.assignment, c.note, q.gpu_peak_bytes, q.host_peak_bytes, c.target.nodes, c.target.gpus_per_node,
-});
+      out.push_back({c.assignment, c.note, q.gpu_peak_bytes, q.host_peak_bytes, c.target.nodes, c.target.gpus_per_node});
       kept_problem_fits |= f.keeps_problem;
       break;
     }

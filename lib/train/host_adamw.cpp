@@ -14,7 +14,6 @@
 #include "train/adamw_span.h"
 #include "core/error.h"
 #include "cuda_check.h"
-#include "ops/half.h"
 
 namespace easyctx::train {
 namespace {

@@ -244,6 +244,21 @@ TEST_F(OpsFixture, AdamWMatchesPyTorchFormula) {
   EXPECT_LT(rel_error(got, rp), 1e-6);
 }
 
+// The exact bits of float -> bf16 at the edges: ties to even, carry into the exponent, overflow
+// to infinity, infinities, and NaNs (quiet, sign kept, never rounded into infinity).
+TEST(Bf16, RoundsToNearestEvenAndKeepsNaN) {
+  const std::vector<std::pair<uint32_t, uint16_t>> cases = {
+      {0x3f800000u, 0x3f80u}, {0x3f808000u, 0x3f80u}, {0x3f818000u, 0x3f82u}, {0x3f808001u, 0x3f81u},
+      {0x3f7fffffu, 0x3f80u}, {0x7f7fffffu, 0x7f80u}, {0x7f800000u, 0x7f80u}, {0xff800000u, 0xff80u},
+      {0x7fc00000u, 0x7fc0u}, {0x7f800001u, 0x7fc0u}, {0x7fffffffu, 0x7fffu}, {0xffc00001u, 0xffc0u},
+      {0x00000001u, 0x0000u}, {0x80000000u, 0x8000u}, {0x00008000u, 0x0000u}, {0x00018000u, 0x0002u}};
+  for (const auto& [in, want] : cases) {
+    float f;
+    std::memcpy(&f, &in, 4);
+    EXPECT_EQ(ops::float_to_bf16(f), want) << std::hex << in;
+  }
+}
+
 TEST_F(OpsFixture, Bf16AndF16RoundTripAndSumSquares) {
   for (float f : {0.0f, 1.0f, -2.5f, 3.14159f, 1e-3f, 65504.0f, 6.1e-5f, 3e-7f}) {
     EXPECT_NEAR(ops::bf16_to_float(ops::float_to_bf16(f)), f, std::abs(f) * 4e-3 + 1e-30) << f;
