@@ -363,16 +363,15 @@ TEST(MemoryPlan, ZeroThreeWithOptimizerOffload) {
   StageConfig zo = z;
   zo.parallel.zero.offload_optimizer = true;
   const MemoryPlan p3 = plan::plan_memory(z, gpu_target(2000, 8)), po = plan::plan_memory(zo, gpu_target(2000, 8));
-  const auto item = plan_item;
-  const plan::PlanItem* dev = item(p3, "fp32 master shard + Adam m, v shards");
-  const plan::PlanItem* host = item(po, "fp32 master shard + Adam m, v shards (offloaded, pageable)");
+  const plan::PlanItem* dev = plan_item(p3, "fp32 master shard + Adam m, v shards");
+  const plan::PlanItem* host = plan_item(po, "fp32 master shard + Adam m, v shards (offloaded, pageable)");
   ASSERT_NE(dev, nullptr);
   ASSERT_NE(host, nullptr);
   EXPECT_EQ(dev->where, "gpu");
   EXPECT_EQ(host->where, "host");
   EXPECT_EQ(host->bytes, dev->bytes);
-  EXPECT_EQ(item(po, "fp32 master shard + Adam m, v shards"), nullptr);
-  EXPECT_NE(item(po, "optimizer offload staging (pinned)"), nullptr);
+  EXPECT_EQ(plan_item(po, "fp32 master shard + Adam m, v shards"), nullptr);
+  EXPECT_NE(plan_item(po, "optimizer offload staging (pinned)"), nullptr);
   EXPECT_EQ(p3.alloc_peak_bytes - po.alloc_peak_bytes, dev->bytes);  // the step's peak, minus exactly them
   EXPECT_GT(po.host_rank_peak_bytes, p3.host_rank_peak_bytes);
 }
