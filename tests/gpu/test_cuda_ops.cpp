@@ -9,6 +9,14 @@ namespace {
 
 const DType kTypes[] = {DType::F32, DType::BF16};
 
+// The elementwise kernels take 16-byte vector paths when D or n allows and the pointers are
+// aligned, scalar ones otherwise; the cases below cover both (off = 1 element misaligns).
+struct Padded {
+  Buffer buf;
+  int64_t off;
+  Tensor view(std::initializer_list<int64_t> dims) const { return buf.flat().slice_flat(off, dims); }
+};
+
 TEST_F(CudaOpsTest, CopyConvertsAndRoundTrips) {
   const int64_t n = 10007;
   auto x = random_vector<float>(n, rng, -3, 3);
@@ -83,12 +91,20 @@ TEST_F(CudaOpsTest, FillAxpyScaleSumSquares) {
   for (DType t : kTypes) {
     SCOPED_TRACE(ops::type_name(t));
     tag = ops::type_name(t);
-    const int64_t n = 100003;
+    const int64_t n = 100003;  // groups of 8 and a tail of 3
     auto y = rand(n, t), x = rand(n, t);
     Buffer by = upload(y, t), bx = upload(x, t);
     gpu->axpy(by.flat(), bx.flat(), -0.37);
     cpu->axpy(host(y, {n}), host(x, {n}), -0.37);
     EXPECT_REL(download(by), y, tol(t));
+    {  // x misaligned by one element: the scalar path
+      auto y2 = rand(n - 1, t);
+      Buffer by2 = upload(y2, t);
+      gpu->axpy(by2.flat(), bx.flat().slice_flat(1, {n - 1}), 0.61);
+      std::vector<float> x_tail(x.begin() + 1, x.end());
+      cpu->axpy(host(y2, {n - 1}), host(x_tail, {n - 1}), 0.61);
+      EXPECT_REL(download(by2), y2, tol(t));
+    }
     y = rounded(download(by), t);
     gpu->scale(by.flat(), 1.7);
     cpu->scale(host(y, {n}), 1.7);
@@ -136,25 +152,53 @@ TEST_F(CudaOpsTest, Embedding) {
 }
 
 TEST_F(CudaOpsTest, RmsNorm) {
+  struct Case {
+    int64_t n, d, off;
+  };
+  // d = 333 and 16384: scalar kernels; 2048 / 4096 / 5120: 1, 2, 3 groups of 8 per thread;
+  // n = 131 / 70 / 67: a last chunk of the dw partials shorter than 64 rows; off 1: misaligned.
+  const Case cases[] = {{131, 333, 0}, {70, 2048, 0}, {33, 4096, 0}, {67, 5120, 0}, {9, 16384, 0}, {70, 2048, 1}};
   for (DType t : kTypes) {
-    SCOPED_TRACE(ops::type_name(t));
-    tag = ops::type_name(t);
-    const int64_t n = 131, d = 333;
-    auto x = rand(n * d, t, -2, 2), w = rand(d, t, 0.5, 1.5), dy = rand(n * d, t), dx = rand(n * d, t),
-         dw = rand(d, t);
-    Buffer bx = upload(x, t), bw = upload(w, t), by = gpu->alloc(t, n * d), br = gpu->alloc(DType::F32, n);
-    poison(by);
-    poison(br);
-    gpu->rmsnorm_fwd(bx.view({n, d}), bw.flat(), 1e-5, by.view({n, d}), br.flat());
-    std::vector<float> y(static_cast<size_t>(n * d)), r(static_cast<size_t>(n));
-    cpu->rmsnorm_fwd(host(x, {n, d}), host(w, {d}), 1e-5, host(y, {n, d}), host(r, {n}));
-    EXPECT_REL(download(by), y, tol(t));
-    EXPECT_REL(download(br), r, 1e-5);
-    Buffer bdy = upload(dy, t), bdx = upload(dx, t), bdw = upload(dw, t);
-    gpu->rmsnorm_bwd(bx.view({n, d}), bw.flat(), br.flat(), bdy.view({n, d}), bdx.view({n, d}), bdw.flat());
-    cpu->rmsnorm_bwd(host(x, {n, d}), host(w, {d}), host(r, {n}), host(dy, {n, d}), host(dx, {n, d}), host(dw, {d}));
-    EXPECT_REL(download(bdx), dx, tol(t));
-    EXPECT_REL(download(bdw), dw, tol(t));
+    for (const Case& c : cases) {
+      const int64_t n = c.n, d = c.d;
+      tag = std::string(ops::type_name(t)) + " n=" + std::to_string(n) + " d=" + std::to_string(d) +
+            " off=" + std::to_string(c.off);
+      SCOPED_TRACE(tag);
+      auto pad = [&](const std::vector<float>& v) {
+        std::vector<float> p(static_cast<size_t>(c.off), 0.5f);
+        p.insert(p.end(), v.begin(), v.end());
+        return Padded{upload(p, t), c.off};
+      };
+      auto fetch = [&](const Padded& b) {
+        auto v = download(b.buf);
+        v.erase(v.begin(), v.begin() + c.off);
+        return v;
+      };
+      auto x = rand(n * d, t, -2, 2), w = rand(d, t, 0.5, 1.5), dy = rand(n * d, t), dx = rand(n * d, t),
+           dw = rand(d, t);
+      Padded bx = pad(x), by = pad(std::vector<float>(static_cast<size_t>(n * d)));
+      Buffer bw = upload(w, t), br = gpu->alloc(DType::F32, n);
+      poison(by.buf);
+      poison(br);
+      gpu->rmsnorm_fwd(bx.view({n, d}), bw.flat(), 1e-5, by.view({n, d}), br.flat());
+      std::vector<float> y(static_cast<size_t>(n * d)), r(static_cast<size_t>(n));
+      cpu->rmsnorm_fwd(host(x, {n, d}), host(w, {d}), 1e-5, host(y, {n, d}), host(r, {n}));
+      EXPECT_REL(fetch(by), y, tol(t));
+      EXPECT_REL(download(br), r, 1e-5);
+      Padded bdy = pad(dy), bdx = pad(dx);
+      Buffer bdw = upload(dw, t);
+      gpu->rmsnorm_bwd(bx.view({n, d}), bw.flat(), br.flat(), bdy.view({n, d}), bdx.view({n, d}), bdw.flat());
+      cpu->rmsnorm_bwd(host(x, {n, d}), host(w, {d}), host(r, {n}), host(dy, {n, d}), host(dx, {n, d}),
+                       host(dw, {d}));
+      EXPECT_REL(fetch(bdx), dx, tol(t));
+      EXPECT_REL(download(bdw), dw, tol(t));
+      // Without dw (the backend skips the partials): dx alone, same values.
+      Padded bdx2 = pad(rounded(dx, t));
+      auto dx2 = rounded(dx, t);
+      gpu->rmsnorm_bwd(bx.view({n, d}), bw.flat(), br.flat(), bdy.view({n, d}), bdx2.view({n, d}), Tensor());
+      cpu->rmsnorm_bwd(host(x, {n, d}), host(w, {d}), host(r, {n}), host(dy, {n, d}), host(dx2, {n, d}), Tensor());
+      EXPECT_REL(fetch(bdx2), dx2, tol(t));
+    }
   }
 }
 
@@ -184,45 +228,62 @@ TEST_F(CudaOpsTest, MatmulAllTransposes) {
 }
 
 TEST_F(CudaOpsTest, RopeForwardAndInverse) {
+  // hd 64 and 128: 8 pairs per thread through 16-byte accesses; hd 20: one pair per thread.
   for (DType t : kTypes) {
-    SCOPED_TRACE(ops::type_name(t));
-    tag = ops::type_name(t);
-    const int64_t n = 97, h = 5, hd = 64;
-    auto x = rand(n * h * hd, t);
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    std::uniform_int_distribution<int32_t> pick(0, 1 << 20);  // long-context positions
-    for (auto& p : pos) p = pick(rng);
-    std::vector<float> inv(static_cast<size_t>(hd / 2));
-    for (int64_t i = 0; i < hd / 2; ++i) inv[static_cast<size_t>(i)] = static_cast<float>(std::pow(500000.0, -2.0 * i / hd));
-    Buffer bx = upload(x, t), bp = upload_i32(pos), bi = upload(inv, DType::F32);
-    gpu->rope(bx.view({n, h, hd}), bp.flat(), bi.flat(), false);
-    auto ref = x;
-    cpu->rope(host(ref, {n, h, hd}), host_i32(pos, {n}), host(inv, {hd / 2}), false);
-    EXPECT_REL(download(bx), ref, tol(t));
-    gpu->rope(bx.view({n, h, hd}), bp.flat(), bi.flat(), true);  // inverse brings x back
-    EXPECT_REL(download(bx), x, 2 * tol(t));
+    for (int64_t hd : {64, 128, 20}) {
+      tag = std::string(ops::type_name(t)) + " hd=" + std::to_string(hd);
+      SCOPED_TRACE(tag);
+      const int64_t n = 97, h = 5;
+      auto x = rand(n * h * hd, t);
+      std::vector<int32_t> pos(static_cast<size_t>(n));
+      std::uniform_int_distribution<int32_t> pick(0, 1 << 20);  // long-context positions
+      for (auto& p : pos) p = pick(rng);
+      std::vector<float> inv(static_cast<size_t>(hd / 2));
+      for (int64_t i = 0; i < hd / 2; ++i)
+        inv[static_cast<size_t>(i)] = static_cast<float>(std::pow(500000.0, -2.0 * i / hd));
+      Buffer bx = upload(x, t), bp = upload_i32(pos), bi = upload(inv, DType::F32);
+      gpu->rope(bx.view({n, h, hd}), bp.flat(), bi.flat(), false);
+      auto ref = x;
+      cpu->rope(host(ref, {n, h, hd}), host_i32(pos, {n}), host(inv, {hd / 2}), false);
+      EXPECT_REL(download(bx), ref, tol(t));
+      gpu->rope(bx.view({n, h, hd}), bp.flat(), bi.flat(), true);  // inverse brings x back
+      EXPECT_REL(download(bx), x, 2 * tol(t));
+    }
   }
 }
 
 TEST_F(CudaOpsTest, SwiGlu) {
+  // n = 12345: groups of 8 and a tail of 1; off 1: every pointer misaligned (scalar path).
   for (DType t : kTypes) {
-    SCOPED_TRACE(ops::type_name(t));
-    tag = ops::type_name(t);
-    const int64_t n = 12345;
-    auto g = rand(n, t, -4, 4), u = rand(n, t), dh = rand(n, t);
-    Buffer bg = upload(g, t), bu = upload(u, t), bh = gpu->alloc(t, n), bdh = upload(dh, t), bdg = gpu->alloc(t, n),
-           bdu = gpu->alloc(t, n);
-    poison(bh);
-    poison(bdg);
-    poison(bdu);
-    gpu->swiglu_fwd(bg.flat(), bu.flat(), bh.flat());
-    gpu->swiglu_bwd(bg.flat(), bu.flat(), bdh.flat(), bdg.flat(), bdu.flat());
-    std::vector<float> h(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
-    cpu->swiglu_fwd(host(g, {n}), host(u, {n}), host(h, {n}));
-    cpu->swiglu_bwd(host(g, {n}), host(u, {n}), host(dh, {n}), host(dg, {n}), host(du, {n}));
-    EXPECT_REL(download(bh), h, tol(t));
-    EXPECT_REL(download(bdg), dg, tol(t));
-    EXPECT_REL(download(bdu), du, tol(t));
+    for (int64_t off : {0, 1}) {
+      const int64_t n = off ? 4099 : 12345;
+      tag = std::string(ops::type_name(t)) + " n=" + std::to_string(n) + " off=" + std::to_string(off);
+      SCOPED_TRACE(tag);
+      auto g = rand(n, t, -4, 4), u = rand(n, t), dh = rand(n, t);
+      auto pad = [&](const std::vector<float>& v) {
+        std::vector<float> p(static_cast<size_t>(off), 0.5f);
+        p.insert(p.end(), v.begin(), v.end());
+        return Padded{upload(p, t), off};
+      };
+      auto fetch = [&](const Padded& b) {
+        auto v = download(b.buf);
+        v.erase(v.begin(), v.begin() + off);
+        return v;
+      };
+      const std::vector<float> zeros(static_cast<size_t>(n));
+      Padded bg = pad(g), bu = pad(u), bh = pad(zeros), bdh = pad(dh), bdg = pad(zeros), bdu = pad(zeros);
+      poison(bh.buf);
+      poison(bdg.buf);
+      poison(bdu.buf);
+      gpu->swiglu_fwd(bg.view({n}), bu.view({n}), bh.view({n}));
+      gpu->swiglu_bwd(bg.view({n}), bu.view({n}), bdh.view({n}), bdg.view({n}), bdu.view({n}));
+      std::vector<float> h(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
+      cpu->swiglu_fwd(host(g, {n}), host(u, {n}), host(h, {n}));
+      cpu->swiglu_bwd(host(g, {n}), host(u, {n}), host(dh, {n}), host(dg, {n}), host(du, {n}));
+      EXPECT_REL(fetch(bh), h, tol(t));
+      EXPECT_REL(fetch(bdg), dg, tol(t));
+      EXPECT_REL(fetch(bdu), du, tol(t));
+    }
   }
 }
 
