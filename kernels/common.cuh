@@ -63,7 +63,7 @@ __device__ __forceinline__ float block_max(float v) {
 // 8 consecutive elements as fp32 through 16-byte accesses (one for bf16, two for f32). The
 // address must be 16-byte aligned: launchers check aligned16() on the base pointers and take the
 // vector path only then, with element offsets that are multiples of 8. The bf16 stores round to
-// nearest even, as from_float does, so a vector path gives the scalar path's bits.
+// nearest even, as from_float does.
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 __device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&f)[8]) {

@@ -3,7 +3,7 @@
 // cos/sin with full-range fp32 sincosf (accurate for the large angles of long contexts).
 // One thread per (token, pair): angle computed once and applied to every head. With hd/2 a
 // multiple of 8 and x 16-byte aligned, one thread per (token, 8 consecutive pairs) through
-// 16-byte accesses instead (same arithmetic, same bits).
+// 16-byte accesses instead (the same formula per element).
 //   bytes: 2 n H hd sizeof(T) + 4n + 2 hd; ~6 n H hd/2 FLOPs + n hd/2 sincos
 #include "common.cuh"
 #include "kernels.h"

@@ -17,7 +17,7 @@ __device__ __forceinline__ void swiglu_grad(float g, float u, float d, float& dg
 }
 
 // vec: every pointer 16-byte aligned; then groups of 8 through 16-byte accesses, the tail
-// (n mod 8) element by element. Same arithmetic on both paths, so the same bits.
+// (n mod 8) element by element, with the same formula per element.
 template <typename T>
 __global__ void swiglu_fwd_kernel(const T* g, const T* u, int64_t n, T* h, bool vec) {
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
