@@ -92,6 +92,21 @@ __device__ __forceinline__ void store8(float* p, const float (&f)[8]) {
   reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
 }
 
+// Grid-stride loop over n elements: with vec (every pointer aligned16), group(i) for each
+// group of 8 starting at element i, then one(i) for the n mod 8 elements left; without vec,
+// one(i) for every element. Launch with vec_grid(n, vec, threads) blocks.
+template <typename Group, typename One>
+__device__ __forceinline__ void for_each_by8(int64_t n, bool vec, Group group, One one) {
+  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t groups = n / 8;
+    for (int64_t i = tid; i < groups; i += stride) group(8 * i);
+    done = groups * 8;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) one(i);
+}
+
 // Grid size for a grid-stride elementwise loop: enough blocks to fill the chip, capped.
 inline unsigned elementwise_grid(int64_t n, int threads) {
   int64_t b = CEIL_DIV(n, static_cast<int64_t>(threads));
@@ -99,5 +114,7 @@ inline unsigned elementwise_grid(int64_t n, int threads) {
   if (b < 1) b = 1;
   return static_cast<unsigned>(b);
 }
+// The grid of a for_each_by8 loop: one thread per group of 8 with vec, per element without.
+inline unsigned vec_grid(int64_t n, bool vec, int threads) { return elementwise_grid(vec ? CEIL_DIV(n, 8) : n, threads); }
 
 }  // namespace easyctx::kernels

@@ -25,24 +25,20 @@ __global__ void fill_kernel(T* x, float value, int64_t n) {
     x[i] = v;
 }
 
-// vec: both pointers 16-byte aligned; groups of 8 through 16-byte accesses, then the tail.
+// vec: both pointers 16-byte aligned (for_each_by8).
 template <typename TY, typename TX>
 __global__ void axpy_kernel(TY* y, const TX* x, float alpha, int64_t n, bool vec) {
-  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
-  int64_t done = 0;
-  if (vec) {
-    const int64_t groups = n / 8;
-    for (int64_t i = tid; i < groups; i += stride) {
-      float a[8], b[8];
-      load8(y + 8 * i, a);
-      load8(x + 8 * i, b);
+  for_each_by8(
+      n, vec,
+      [&](int64_t i) {
+        float a[8], b[8];
+        load8(y + i, a);
+        load8(x + i, b);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) a[k] = a[k] + alpha * b[k];
-      store8(y + 8 * i, a);
-    }
-    done = groups * 8;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) y[i] = from_float<TY>(to_float(y[i]) + alpha * to_float(x[i]));
+        for (int k = 0; k < 8; ++k) a[k] = a[k] + alpha * b[k];
+        store8(y + i, a);
+      },
+      [&](int64_t i) { y[i] = from_float<TY>(to_float(y[i]) + alpha * to_float(x[i])); });
 }
 
 template <typename T>
@@ -90,7 +86,7 @@ template <typename TY, typename TX>
 void axpy(TY* y, const TX* x, float alpha, int64_t n, cudaStream_t st) {
   if (n == 0) return;
   const bool vec = aligned16(y) && aligned16(x);
-  axpy_kernel<<<elementwise_grid(vec ? CEIL_DIV(n, 8) : n, 256), 256, 0, st>>>(y, x, alpha, n, vec);
+  axpy_kernel<<<vec_grid(n, vec, 256), 256, 0, st>>>(y, x, alpha, n, vec);
   EASYCTX_CUDA_CHECK_LAUNCH("axpy_kernel");
 }
 

@@ -16,51 +16,42 @@ __device__ __forceinline__ void swiglu_grad(float g, float u, float d, float& dg
   dg = d * u * s * (1.f + g * (1.f - s));
 }
 
-// vec: every pointer 16-byte aligned; then groups of 8 through 16-byte accesses, the tail
-// (n mod 8) element by element, with the same formula per element.
+// vec: every pointer 16-byte aligned (for_each_by8); the same formula per element on both paths.
 template <typename T>
 __global__ void swiglu_fwd_kernel(const T* g, const T* u, int64_t n, T* h, bool vec) {
-  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
-  int64_t done = 0;
-  if (vec) {
-    const int64_t groups = n / 8;
-    for (int64_t i = tid; i < groups; i += stride) {
-      float a[8], b[8];
-      load8(g + 8 * i, a);
-      load8(u + 8 * i, b);
+  for_each_by8(
+      n, vec,
+      [&](int64_t i) {
+        float a[8], b[8];
+        load8(g + i, a);
+        load8(u + i, b);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) a[k] = silu_mul(a[k], b[k]);
-      store8(h + 8 * i, a);
-    }
-    done = groups * 8;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) h[i] = from_float<T>(silu_mul(to_float(g[i]), to_float(u[i])));
+        for (int k = 0; k < 8; ++k) a[k] = silu_mul(a[k], b[k]);
+        store8(h + i, a);
+      },
+      [&](int64_t i) { h[i] = from_float<T>(silu_mul(to_float(g[i]), to_float(u[i]))); });
 }
 
 template <typename T>
 __global__ void swiglu_bwd_kernel(const T* g, const T* u, const T* dh, int64_t n, T* dg, T* du, bool vec) {
-  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
-  int64_t done = 0;
-  if (vec) {
-    const int64_t groups = n / 8;
-    for (int64_t i = tid; i < groups; i += stride) {
-      float a[8], b[8], d[8];
-      load8(g + 8 * i, a);
-      load8(u + 8 * i, b);
-      load8(dh + 8 * i, d);
+  for_each_by8(
+      n, vec,
+      [&](int64_t i) {
+        float a[8], b[8], d[8];
+        load8(g + i, a);
+        load8(u + i, b);
+        load8(dh + i, d);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) swiglu_grad(a[k], b[k], d[k], a[k], b[k]);
-      store8(dg + 8 * i, a);
-      store8(du + 8 * i, b);
-    }
-    done = groups * 8;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) {
-    float a, b;
-    swiglu_grad(to_float(g[i]), to_float(u[i]), to_float(dh[i]), a, b);
-    dg[i] = from_float<T>(a);
-    du[i] = from_float<T>(b);
-  }
+        for (int k = 0; k < 8; ++k) swiglu_grad(a[k], b[k], d[k], a[k], b[k]);
+        store8(dg + i, a);
+        store8(du + i, b);
+      },
+      [&](int64_t i) {
+        float a, b;
+        swiglu_grad(to_float(g[i]), to_float(u[i]), to_float(dh[i]), a, b);
+        dg[i] = from_float<T>(a);
+        du[i] = from_float<T>(b);
+      });
 }
 
 }  // namespace
@@ -69,7 +60,7 @@ template <typename T>
 void swiglu_fwd(const T* g, const T* u, int64_t n, T* h, cudaStream_t st) {
   if (n == 0) return;
   const bool vec = aligned16(g) && aligned16(u) && aligned16(h);
-  swiglu_fwd_kernel<<<elementwise_grid(vec ? CEIL_DIV(n, 8) : n, 256), 256, 0, st>>>(g, u, n, h, vec);
+  swiglu_fwd_kernel<<<vec_grid(n, vec, 256), 256, 0, st>>>(g, u, n, h, vec);
   EASYCTX_CUDA_CHECK_LAUNCH("swiglu_fwd_kernel");
 }
 
@@ -77,7 +68,7 @@ template <typename T>
 void swiglu_bwd(const T* g, const T* u, const T* dh, int64_t n, T* dg, T* du, cudaStream_t st) {
   if (n == 0) return;
   const bool vec = aligned16(g) && aligned16(u) && aligned16(dh) && aligned16(dg) && aligned16(du);
-  swiglu_bwd_kernel<<<elementwise_grid(vec ? CEIL_DIV(n, 8) : n, 256), 256, 0, st>>>(g, u, dh, n, dg, du, vec);
+  swiglu_bwd_kernel<<<vec_grid(n, vec, 256), 256, 0, st>>>(g, u, dh, n, dg, du, vec);
   EASYCTX_CUDA_CHECK_LAUNCH("swiglu_bwd_kernel");
 }
 

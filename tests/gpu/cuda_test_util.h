@@ -60,6 +60,22 @@ class CudaOpsTest : public ::testing::Test {
     gpu->copy(dst, b.flat());
     return v;
   }
+  // v behind `off` leading elements (0.5), so every view of it is misaligned by off elements.
+  struct Padded {
+    Buffer buf;
+    int64_t off;
+    Tensor view(std::initializer_list<int64_t> dims) const { return buf.flat().slice_flat(off, dims); }
+  };
+  Padded upload_padded(const std::vector<float>& v, DType t, int64_t off) {
+    std::vector<float> p(static_cast<size_t>(off), 0.5f);
+    p.insert(p.end(), v.begin(), v.end());
+    return Padded{upload(p, t), off};
+  }
+  std::vector<float> download(const Padded& b) {
+    auto v = download(b.buf);
+    v.erase(v.begin(), v.begin() + b.off);
+    return v;
+  }
   std::vector<uint16_t> download_bits(const Buffer& b) {  // raw 16-bit words (bf16)
     std::vector<uint16_t> v(static_cast<size_t>(b.numel()));
     Tensor dst(v.data(), b.dtype(), {b.numel()});

@@ -10,12 +10,8 @@ namespace {
 const DType kTypes[] = {DType::F32, DType::BF16};
 
 // The elementwise kernels take 16-byte vector paths when D or n allows and the pointers are
-// aligned, scalar ones otherwise; the cases below cover both (off = 1 element misaligns).
-struct Padded {
-  Buffer buf;
-  int64_t off;
-  Tensor view(std::initializer_list<int64_t> dims) const { return buf.flat().slice_flat(off, dims); }
-};
+// aligned, scalar ones otherwise; the cases below cover both (upload_padded with off = 1
+// misaligns every view by one element).
 
 TEST_F(CudaOpsTest, CopyConvertsAndRoundTrips) {
   const int64_t n = 10007;
@@ -164,16 +160,7 @@ TEST_F(CudaOpsTest, RmsNorm) {
       tag = std::string(ops::type_name(t)) + " n=" + std::to_string(n) + " d=" + std::to_string(d) +
             " off=" + std::to_string(c.off);
       SCOPED_TRACE(tag);
-      auto pad = [&](const std::vector<float>& v) {
-        std::vector<float> p(static_cast<size_t>(c.off), 0.5f);
-        p.insert(p.end(), v.begin(), v.end());
-        return Padded{upload(p, t), c.off};
-      };
-      auto fetch = [&](const Padded& b) {
-        auto v = download(b.buf);
-        v.erase(v.begin(), v.begin() + c.off);
-        return v;
-      };
+      auto pad = [&](const std::vector<float>& v) { return upload_padded(v, t, c.off); };
       auto x = rand(n * d, t, -2, 2), w = rand(d, t, 0.5, 1.5), dy = rand(n * d, t), dx = rand(n * d, t),
            dw = rand(d, t);
       Padded bx = pad(x), by = pad(std::vector<float>(static_cast<size_t>(n * d)));
@@ -183,21 +170,21 @@ TEST_F(CudaOpsTest, RmsNorm) {
       gpu->rmsnorm_fwd(bx.view({n, d}), bw.flat(), 1e-5, by.view({n, d}), br.flat());
       std::vector<float> y(static_cast<size_t>(n * d)), r(static_cast<size_t>(n));
       cpu->rmsnorm_fwd(host(x, {n, d}), host(w, {d}), 1e-5, host(y, {n, d}), host(r, {n}));
-      EXPECT_REL(fetch(by), y, tol(t));
+      EXPECT_REL(download(by), y, tol(t));
       EXPECT_REL(download(br), r, 1e-5);
       Padded bdy = pad(dy), bdx = pad(dx);
       Buffer bdw = upload(dw, t);
       gpu->rmsnorm_bwd(bx.view({n, d}), bw.flat(), br.flat(), bdy.view({n, d}), bdx.view({n, d}), bdw.flat());
       cpu->rmsnorm_bwd(host(x, {n, d}), host(w, {d}), host(r, {n}), host(dy, {n, d}), host(dx, {n, d}),
                        host(dw, {d}));
-      EXPECT_REL(fetch(bdx), dx, tol(t));
+      EXPECT_REL(download(bdx), dx, tol(t));
       EXPECT_REL(download(bdw), dw, tol(t));
       // Without dw (the backend skips the partials): dx alone, same values.
       Padded bdx2 = pad(rounded(dx, t));
       auto dx2 = rounded(dx, t);
       gpu->rmsnorm_bwd(bx.view({n, d}), bw.flat(), br.flat(), bdy.view({n, d}), bdx2.view({n, d}), Tensor());
       cpu->rmsnorm_bwd(host(x, {n, d}), host(w, {d}), host(r, {n}), host(dy, {n, d}), host(dx2, {n, d}), Tensor());
-      EXPECT_REL(fetch(bdx2), dx2, tol(t));
+      EXPECT_REL(download(bdx2), dx2, tol(t));
     }
   }
 }
@@ -260,16 +247,7 @@ TEST_F(CudaOpsTest, SwiGlu) {
       tag = std::string(ops::type_name(t)) + " n=" + std::to_string(n) + " off=" + std::to_string(off);
       SCOPED_TRACE(tag);
       auto g = rand(n, t, -4, 4), u = rand(n, t), dh = rand(n, t);
-      auto pad = [&](const std::vector<float>& v) {
-        std::vector<float> p(static_cast<size_t>(off), 0.5f);
-        p.insert(p.end(), v.begin(), v.end());
-        return Padded{upload(p, t), off};
-      };
-      auto fetch = [&](const Padded& b) {
-        auto v = download(b.buf);
-        v.erase(v.begin(), v.begin() + off);
-        return v;
-      };
+      auto pad = [&](const std::vector<float>& v) { return upload_padded(v, t, off); };
       const std::vector<float> zeros(static_cast<size_t>(n));
       Padded bg = pad(g), bu = pad(u), bh = pad(zeros), bdh = pad(dh), bdg = pad(zeros), bdu = pad(zeros);
       poison(bh.buf);
@@ -280,9 +258,9 @@ TEST_F(CudaOpsTest, SwiGlu) {
       std::vector<float> h(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
       cpu->swiglu_fwd(host(g, {n}), host(u, {n}), host(h, {n}));
       cpu->swiglu_bwd(host(g, {n}), host(u, {n}), host(dh, {n}), host(dg, {n}), host(du, {n}));
-      EXPECT_REL(fetch(bh), h, tol(t));
-      EXPECT_REL(fetch(bdg), dg, tol(t));
-      EXPECT_REL(fetch(bdu), du, tol(t));
+      EXPECT_REL(download(bh), h, tol(t));
+      EXPECT_REL(download(bdg), dg, tol(t));
+      EXPECT_REL(download(bdu), du, tol(t));
     }
   }
 }
