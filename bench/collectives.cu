@@ -14,6 +14,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/cuda_queue.h"
 #include "dist/comm_nccl.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
@@ -44,7 +45,10 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     dist::check_cuda(cudaEventCreate(&e0), "cudaEventCreate");
     dist::check_cuda(cudaEventCreate(&e1), "cudaEventCreate");
-    auto stream = static_cast<cudaStream_t>(c.stream());
+    cudaStream_t stream = nullptr;  // the bench's own stream, lent to the communicator
+    dist::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_queue::StreamQueue queue(stream);
+    c.set_queue(&queue);
     cudaDeviceProp prop;
     dist::check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     if (rt.rank() == 0) {
@@ -83,6 +87,7 @@ int main(int argc, char** argv) {
                       sec * 1e6, algbw, algbw * factor);
       }
     }
+    c.set_queue(nullptr);  // its own stream again before ours goes
     cudaFree(a);
     cudaFree(b);
     return 0;

@@ -9,48 +9,19 @@
 #include <string>
 #include <type_traits>
 
+#include "core/dtype.h"
+#include "core/fence.h"
+
 namespace easyctx::dist {
 
 constexpr int kNoPeer = -1;
 
-enum class DType { F32, F64, BF16, F16, I32, I64, U8, U32, U64 };
+using easyctx::DType;
+using easyctx::dtype_name;
+using easyctx::dtype_of;
+using easyctx::dtype_size;
+using easyctx::MemSpace;
 enum class ReduceOp { Sum, Max, Min };
-enum class MemSpace { Host, Device };
-
-// Inline so that libraries that only need the type (ops) do not link dist.
-inline size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::F64: case DType::I64: case DType::U64: return 8;
-    case DType::F32: case DType::I32: case DType::U32: return 4;
-    case DType::BF16: case DType::F16: return 2;
-    case DType::U8: return 1;
-  }
-  return 0;
-}
-inline const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
-    case DType::U32: return "u32";
-    case DType::U64: return "u64";
-  }
-  return "?";
-}
-
-template <typename T>
-constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::F32; }
-template <> constexpr DType dtype_of<double>() { return DType::F64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }
-template <> constexpr DType dtype_of<uint32_t>() { return DType::U32; }
-template <> constexpr DType dtype_of<uint64_t>() { return DType::U64; }
 
 class Comm {
  public:
@@ -79,9 +50,15 @@ class Comm {
   virtual void barrier() = 0;
   // Device backends: wait until every enqueued operation completed (with the timeout).
   virtual void synchronize() {}
-  // Device backends: the cudaStream_t to enqueue on (nullptr: the comm's own stream).
-  virtual void set_stream(void* /*stream*/) {}
-  virtual void* stream() const { return nullptr; }
+  // Ordering with other queues (core/fence.h). A device communicator issues its operations to
+  // its own stream, or from now on to `q` (a backend's queue; nullptr: its own again); a host
+  // communicator runs them before returning and ignores it.
+  virtual void set_queue(Queue* q) { (void)q; }
+  // A fence after every operation issued so far (host communicators: complete at once).
+  virtual Fence record() { return {}; }
+  // Operations issued from now on start after `f` (host communicators: the host waits for it,
+  // so MPI reads what the device finished writing).
+  virtual void wait(const Fence& f) { f.host_wait(); }
 
   // Typed helpers.
   template <typename T>

@@ -3,8 +3,10 @@
 #include <chrono>
 #include <thread>
 
+#include "core/cuda_queue.h"
 #include "core/error.h"
 #include "dist/runtime.h"
+#include "dist/watchdog.h"
 
 namespace easyctx::dist {
 namespace {
@@ -62,20 +64,25 @@ NcclComm::~NcclComm() {
 }
 
 void NcclComm::all_reduce(const void* send, void* recv, size_t count, DType t, ReduceOp op) {
+  issued("ncclAllReduce", count);
   check_nccl(ncclAllReduce(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_), "ncclAllReduce", name_);
 }
 void NcclComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
+  issued("ncclReduceScatter", recv_count);
   check_nccl(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, stream_),
              "ncclReduceScatter", name_);
 }
 void NcclComm::all_gather(const void* send, void* recv, size_t send_count, DType t) {
+  issued("ncclAllGather", send_count);
   check_nccl(ncclAllGather(send, recv, send_count, nccl_type(t), comm_, stream_), "ncclAllGather", name_);
 }
 void NcclComm::broadcast(void* buf, size_t count, DType t, int root) {
+  issued("ncclBroadcast", count);
   check_nccl(ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "ncclBroadcast", name_);
 }
 void NcclComm::send_recv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src,
                          DType t) {
+  issued("ncclSend/ncclRecv", send_count);
   check_nccl(ncclGroupStart(), "ncclGroupStart", name_);
   if (dst != kNoPeer) check_nccl(ncclSend(send, send_count, nccl_type(t), dst, comm_, stream_), "ncclSend", name_);
   if (src != kNoPeer) check_nccl(ncclRecv(recv, recv_count, nccl_type(t), src, comm_, stream_), "ncclRecv", name_);
@@ -83,6 +90,7 @@ void NcclComm::send_recv(const void* send, size_t send_count, int dst, void* rec
 }
 void NcclComm::all_to_all(const void* send, void* recv, size_t count, DType t) {
   EASYCTX_CHECK(send != recv, "all_to_all on group '", name_, "': send and recv must differ");
+  issued("all-to-all (ncclSend/ncclRecv)", count);
   size_t bytes = count * dtype_size(t);
   check_nccl(ncclGroupStart(), "ncclGroupStart", name_);
   for (int p = 0; p < size_; ++p) {
@@ -95,6 +103,14 @@ void NcclComm::all_to_all(const void* send, void* recv, size_t count, DType t) {
   }
   check_nccl(ncclGroupEnd(), "ncclGroupEnd", name_);
 }
+
+Fence NcclComm::record() {
+  Fence f = cuda_queue::record(stream_);
+  watch_fence(stream_, f, last_op_, name_, last_count_, timeout_s_);
+  return f;
+}
+
+void NcclComm::wait(const Fence& f) { cuda_queue::wait(stream_, f); }
 
 void NcclComm::synchronize() {
   auto start = std::chrono::steady_clock::now();

@@ -1,5 +1,5 @@
 // NCCL implementation of Comm (CUDA backend): device buffers, operations enqueued on the
-// comm's stream (its own non-blocking stream unless set_stream() names another). Bootstrap:
+// comm's stream (its own non-blocking stream unless set_queue() names another). Bootstrap:
 // rank 0 of the group calls ncclGetUniqueId, MPI_Bcast over the group's MPI communicator,
 // ncclCommInitRank. synchronize() waits with the collective timeout and aborts every rank
 // (ncclCommAbort + MPI_Abort) when a peer never arrives.
@@ -40,8 +40,10 @@ class NcclComm : public Comm {
   void all_to_all(const void* send, void* recv, size_t count, DType t) override;
   void barrier() override;
   void synchronize() override;
-  void set_stream(void* stream) override { stream_ = stream ? static_cast<cudaStream_t>(stream) : own_stream_; }
-  void* stream() const override { return stream_; }
+  void set_queue(Queue* q) override { stream_ = q ? static_cast<cudaStream_t>(q->native()) : own_stream_; }
+  // The fence is watched (dist/watchdog.h): a peer that never arrives aborts every rank.
+  Fence record() override;
+  void wait(const Fence& f) override;
   double all_reduce_scalar(double v, ReduceOp op) override;
 
  private:
@@ -53,6 +55,13 @@ class NcclComm : public Comm {
   ncclComm_t comm_ = nullptr;
   cudaStream_t own_stream_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  // The last operation issued and its element count (what a stalled fence's message names).
+  const char* last_op_ = "nothing";
+  size_t last_count_ = 0;
+  void issued(const char* op, size_t count) {
+    last_op_ = op;
+    last_count_ = count;
+  }
 };
 
 }  // namespace easyctx::dist

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -22,6 +24,18 @@ struct Slot {
   Clock::time_point start;
 };
 
+// A device queue's unfinished fences, oldest first; `since` starts the oldest one's clock.
+struct FenceLine {
+  struct Item {
+    Fence fence;
+    std::string op, group;
+    size_t count;
+    double timeout_s;
+  };
+  std::deque<Item> items;
+  Clock::time_point since;
+};
+
 class Watchdog {
  public:
   static Watchdog& instance() {
@@ -30,10 +44,7 @@ class Watchdog {
   }
   int enter(const char* op, const std::string& group, size_t count, double timeout_s) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!started_) {
-      started_ = true;
-      std::thread([this] { loop(); }).detach();
-    }
+    start_locked();
     for (size_t i = 0; i < slots_.size(); ++i)
       if (!slots_[i].active) {
         slots_[i] = Slot{true, op, group, count, timeout_s, Clock::now()};
@@ -46,8 +57,27 @@ class Watchdog {
     std::lock_guard<std::mutex> lock(mu_);
     slots_[static_cast<size_t>(slot)].active = false;
   }
+  void watch(const void* queue, Fence f, const std::string& op, const std::string& group, size_t count,
+             double timeout_s) {
+    if (f.done()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    start_locked();
+    FenceLine& line = lines_[queue];
+    if (line.items.empty()) line.since = Clock::now();
+    line.items.push_back({std::move(f), op, group, count, timeout_s});
+  }
 
  private:
+  void start_locked() {
+    if (started_) return;
+    started_ = true;
+    std::thread([this] { loop(); }).detach();
+  }
+  static std::string timeout_message(const std::string& op, const std::string& group, size_t count, double timeout_s) {
+    return op + " on group '" + group + "' (" + std::to_string(count) + " elements) did not complete within " +
+           std::to_string(static_cast<long>(timeout_s)) +
+           " s (parallel.collective_timeout_s): a peer rank has failed or is stuck; aborting all ranks";
+  }
   void loop() {
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -59,11 +89,19 @@ class Watchdog {
           if (!s.active) continue;
           double el = std::chrono::duration<double>(now - s.start).count();
           if (el > s.timeout_s) {
-            msg = std::string(s.op) + " on group '" + s.group + "' (" + std::to_string(s.count) +
-                  " elements) did not complete within " + std::to_string(static_cast<long>(s.timeout_s)) +
-                  " s (parallel.collective_timeout_s): a peer rank has failed or is stuck; aborting all ranks";
+            msg = timeout_message(s.op, s.group, s.count, s.timeout_s);
             break;
           }
+        }
+        for (auto& [queue, line] : lines_) {
+          while (!line.items.empty() && line.items.front().fence.done()) {
+            line.items.pop_front();
+            line.since = now;
+          }
+          if (line.items.empty() || !msg.empty()) continue;
+          const FenceLine::Item& it = line.items.front();
+          if (std::chrono::duration<double>(now - line.since).count() > it.timeout_s)
+            msg = timeout_message(it.op, it.group, it.count, it.timeout_s);
         }
       }
       if (!msg.empty()) abort_all(msg, 3);
@@ -71,6 +109,7 @@ class Watchdog {
   }
   std::mutex mu_;
   std::vector<Slot> slots_;
+  std::map<const void*, FenceLine> lines_;
   bool started_ = false;
 };
 
@@ -79,5 +118,10 @@ class Watchdog {
 WatchdogGuard::WatchdogGuard(const char* op, const std::string& group, size_t count, double timeout_s)
     : slot_(Watchdog::instance().enter(op, group, count, timeout_s)) {}
 WatchdogGuard::~WatchdogGuard() { Watchdog::instance().leave(slot_); }
+
+void watch_fence(const void* queue, Fence f, const std::string& op, const std::string& group, size_t count,
+                 double timeout_s) {
+  Watchdog::instance().watch(queue, std::move(f), op, group, count, timeout_s);
+}
 
 }  // namespace easyctx::dist

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <string>
 
+#include "core/fence.h"
+
 namespace easyctx::dist {
 
 class WatchdogGuard {
@@ -17,5 +19,12 @@ class WatchdogGuard {
  private:
   int slot_;
 };
+
+// A device queue's fence under the same watch: the fences given with one `queue` key complete
+// in order, and every rank is aborted when the oldest unfinished one has made no progress for
+// timeout_s (since it was given, or since the fence before it completed), naming the
+// operation issued last before it. Non-blocking; the fence is dropped once complete.
+void watch_fence(const void* queue, Fence f, const std::string& op, const std::string& group, size_t count,
+                 double timeout_s);
 
 }  // namespace easyctx::dist

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/fence.h"
 #include "ops/tensor.h"
 
 namespace easyctx::ops {
@@ -101,6 +102,20 @@ class Backend {
   // CUDA: events on the backend's stream).
   virtual std::unique_ptr<OpTimer> make_op_timer();
 
+  // ---- ordering with other queues (core/fence.h)
+  // The queue the ops are issued to (CUDA: the compute stream; CPU: the host, synchronous).
+  virtual Queue& queue();
+  // A fence after every op issued so far; ops issued from now on run after `f` (CUDA: on the
+  // device, the host does not block).
+  Fence record() { return queue().record(); }
+  void wait(const Fence& f) { queue().wait(f); }
+  // A queue beside the compute queue (CUDA: a stream, of the highest priority when asked; CPU:
+  // the host), ordered with it by fences only: communicators issue to it (Comm::set_queue).
+  virtual std::unique_ptr<Queue> make_queue(bool high_priority = false);
+  // dst = src (same dtype and size, any memory spaces of this backend) issued to `q`, one of
+  // this backend's queues; returns at once (the CPU backend copies before returning).
+  virtual void copy_on(Queue& q, const Tensor& dst, const Tensor& src) = 0;
+
   // ---- copies that overlap compute (activation.offload: checkpoints in host memory)
   // Zero-filled page-locked host buffer the device copies to and from asynchronously (CUDA:
   // cudaHostAlloc, outside memory_stats(), which counts device memory; CPU: alloc()).
@@ -108,7 +123,8 @@ class Backend {
   // dst = src (same dtype and size; host memory from alloc_host_pinned, or this backend's) on
   // the backend's copy stream, after everything queued so far; returns at once (the CPU
   // backend copies before returning). Work queued later, and synchronize(), see the copy
-  // finished only after wait_copy(fence).
+  // finished only after wait_copy(fence). (A CopyFence is a sequence number on the copy
+  // stream: no event per copy, for the many small copies of activation offload.)
   virtual CopyFence copy_async(const Tensor& dst, const Tensor& src) = 0;
   // Work queued after this call runs after the copy behind `f` has finished (CUDA: the
   // compute stream waits on the device, the host does not block; CPU: nothing to wait for).

@@ -53,6 +53,9 @@ class ProfilingBackend final : public Backend {
   Buffer alloc_host_pinned(DType t, int64_t numel) override { return inner_->alloc_host_pinned(t, numel); }
   CopyFence copy_async(const Tensor& dst, const Tensor& src) override { return inner_->copy_async(dst, src); }
   void wait_copy(CopyFence f) override { inner_->wait_copy(f); }
+  void copy_on(Queue& q, const Tensor& dst, const Tensor& src) override { inner_->copy_on(q, dst, src); }
+  Queue& queue() override { return inner_->queue(); }
+  std::unique_ptr<Queue> make_queue(bool high_priority) override { return inner_->make_queue(high_priority); }
   std::unique_ptr<OpTimer> make_op_timer() override { return inner_->make_op_timer(); }
 
   void copy(const Tensor& dst, const Tensor& src) override;

@@ -4,8 +4,8 @@
 
 namespace easyctx::ops {
 
-size_t element_size(DType t) { return dist::dtype_size(t); }
-const char* type_name(DType t) { return dist::dtype_name(t); }
+size_t element_size(DType t) { return easyctx::dtype_size(t); }
+const char* type_name(DType t) { return easyctx::dtype_name(t); }
 
 Tensor::Tensor(void* p, DType t, std::initializer_list<int64_t> dims, MemSpace s) : data(p), dtype(t), space(s) {
   EASYCTX_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), "Tensor: at most ", kMaxDims, " dims, got ", dims.size());

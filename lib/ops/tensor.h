@@ -13,15 +13,14 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/comm.h"
+#include "core/dtype.h"
 
 namespace easyctx::ops {
 
-using dist::DType;
-using dist::MemSpace;
+using easyctx::DType;
+using easyctx::MemSpace;
 
-// Bytes per element (BF16/F16 are 2) and the short name ("bf16"): dist::dtype_size/name,
-// which are inline, so ops still links without the dist library.
+// Bytes per element (BF16/F16 are 2) and the short name ("bf16"): core/dtype.h's.
 size_t element_size(DType t);
 const char* type_name(DType t);
 

@@ -14,7 +14,8 @@
 #ifdef EASYCTX_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "cuda_check.h"
+#include "core/cuda_queue.h"
+#include "kernels/cuda_check.h"
 #include "ops/cuda/cuda_backend.h"
 #endif
 #include "ops/profile.h"
@@ -120,14 +121,15 @@ double device_mem_used() {
 // of a layer overlaps the backward of the next. One stream, one communicator (the ZeRO
 // group's): NCCL runs its operations in the order they were issued, the same on every rank.
 struct Trainer::GatherStream {
+  std::unique_ptr<cuda_queue::StreamQueue> queue;
   cudaStream_t stream = nullptr;
   std::vector<cudaEvent_t> ready, free;
   cudaEvent_t shards = nullptr;
   cudaEvent_t grad_ready[2] = {nullptr, nullptr}, scattered[2] = {nullptr, nullptr};
   explicit GatherStream(size_t slots) {
-    int lo = 0, hi = 0;  // the highest priority: a gather's kernel is scheduled as soon as it may run
-    EASYCTX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-    EASYCTX_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, hi));
+    // the highest priority: a gather's kernel is scheduled as soon as it may run
+    queue = std::make_unique<cuda_queue::StreamQueue>(true);
+    stream = queue->stream();
     for (size_t i = 0; i < slots; ++i) {
       ready.push_back(make_event());
       free.push_back(make_event());
@@ -136,7 +138,6 @@ struct Trainer::GatherStream {
     for (int k = 0; k < 2; ++k) grad_ready[k] = make_event(), scattered[k] = make_event();
   }
   ~GatherStream() {
-    if (stream) cudaStreamSynchronize(stream);  // (a destructor: nothing to report to)
     for (cudaEvent_t e : ready) cudaEventDestroy(e);
     for (cudaEvent_t e : free) cudaEventDestroy(e);
     if (shards) cudaEventDestroy(shards);
@@ -144,7 +145,6 @@ struct Trainer::GatherStream {
       if (grad_ready[k]) cudaEventDestroy(grad_ready[k]);
       if (scattered[k]) cudaEventDestroy(scattered[k]);
     }
-    if (stream) cudaStreamDestroy(stream);
   }
   GatherStream(const GatherStream&) = delete;
   GatherStream& operator=(const GatherStream&) = delete;
@@ -157,22 +157,22 @@ struct Trainer::GatherStream {
   // when the collective throws).
   class On {
    public:
-    On(const GatherStream& g, std::initializer_list<dist::Comm*> comms, cudaStream_t back) : back_(back) {
+    On(const GatherStream& g, std::initializer_list<dist::Comm*> comms, Queue* back) : back_(back) {
       for (dist::Comm* c : comms) {
         if (!c) continue;
         comms_.push_back(c);
-        c->set_stream(g.stream);
+        c->set_queue(g.queue.get());
       }
     }
     ~On() {
-      for (dist::Comm* c : comms_) c->set_stream(back_);
+      for (dist::Comm* c : comms_) c->set_queue(back_);
     }
     On(const On&) = delete;
     On& operator=(const On&) = delete;
 
    private:
     std::vector<dist::Comm*> comms_;
-    cudaStream_t back_;
+    Queue* back_;
   };
 };
 #else
@@ -418,7 +418,7 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, data::SpL
       // NCCL gathers and reduce-scatters enqueue on the compute stream: ordered with the
       // layers that use their buffers, no host synchronisation (synchronous prefetch).
       if (on_device() && c->memspace() == dist::MemSpace::Device) {
-        c->set_stream(ops::cuda_stream(*be_));
+        c->set_queue(&be_->queue());
         zero_stream_set_ = true;
       }
 #endif
@@ -467,8 +467,8 @@ Trainer::~Trainer() {
   }
   gs_.reset();  // (waits for its gathers)
   if (!zero_stream_set_) return;  // the comms outlive the backend's stream: give them theirs back
-  if (zero_) zero_->set_stream(nullptr);
-  if (zero_replica_) zero_replica_->set_stream(nullptr);
+  if (zero_) zero_->set_queue(nullptr);
+  if (zero_replica_) zero_replica_->set_queue(nullptr);
 }
 
 namespace {
@@ -656,8 +656,8 @@ void Trainer::gather_unit(size_t u, const ops::Buffer& dst) {
 #ifdef EASYCTX_HAVE_CUDA
     if (offload_params()) {  // the host shard into its own block on that stream, then an in-place gather
       char* block = static_cast<char*>(dst.data()) + 2 * zero_->rank() * len;
-      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(block, wshard_[u].data(), static_cast<size_t>(2 * len),
-                                         cudaMemcpyHostToDevice, static_cast<cudaStream_t>(zero_->stream())));
+      be_->copy_on(gs_ ? *gs_->queue : be_->queue(), ops::Tensor(block, DType::BF16, {len}, ops::MemSpace::Device),
+                   wshard_[u].flat());
       zero_->all_gather(block, dst.data(), static_cast<size_t>(len), dist::DType::BF16);
       return;
     }
@@ -686,7 +686,7 @@ void Trainer::gather_layer(size_t u, size_t s) {
     EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, gs_->free[s], 0));
     EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, gs_->shards, 0));
     {
-      const GatherStream::On on(*gs_, {zero_}, ops::cuda_stream(*be_));
+      const GatherStream::On on(*gs_, {zero_}, &be_->queue());
       gather_unit(u, pool_[s]);
     }
     EASYCTX_CUDA_CHECK(cudaEventRecord(gs_->ready[s], gs_->stream));
@@ -725,7 +725,7 @@ void Trainer::scatter_grad(size_t u, size_t k) {
     EASYCTX_CUDA_CHECK(cudaEventRecord(gs_->grad_ready[k], compute));
     EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(gs_->stream, gs_->grad_ready[k], 0));
     {
-      const GatherStream::On on(*gs_, {zero_, zero_replica_}, compute);
+      const GatherStream::On on(*gs_, {zero_, zero_replica_}, &be_->queue());
       reduce_into(*zero_, zero_replica_, *be_, true, layer_grad_[k], part, len);
     }
     EASYCTX_CUDA_CHECK(cudaEventRecord(gs_->scattered[k], gs_->stream));

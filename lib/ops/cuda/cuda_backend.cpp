@@ -10,9 +10,10 @@
 #include <cstring>
 #include <vector>
 
-#include "attention.h"
-#include "cuda_check.h"
-#include "kernels.h"
+#include "core/cuda_queue.h"
+#include "kernels/attention.h"
+#include "kernels/cuda_check.h"
+#include "kernels/kernels.h"
 #include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/lt_matmul.h"
 #include "ops/half.h"
@@ -143,6 +144,7 @@ class CudaBackend final : public Backend {
     bwd_tile_ = o.attention_bwd_tile;
     det_ = o.deterministic;
     EASYCTX_CUDA_CHECK(cudaMalloc(&flag_, sizeof(int)));
+    queue_ = std::make_unique<cuda_queue::StreamQueue>(stream_);
     EASYCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&queued_, cudaEventDisableTiming));
     for (cudaEvent_t& e : copied_) EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -172,6 +174,10 @@ class CudaBackend final : public Backend {
   MemSpace memspace() const override { return MemSpace::Device; }
   std::unique_ptr<OpTimer> make_op_timer() override { return std::make_unique<CudaOpTimer>(stream_); }
   void synchronize() override { EASYCTX_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  Queue& queue() override { return *queue_; }
+  std::unique_ptr<Queue> make_queue(bool high_priority) override {
+    return std::make_unique<cuda_queue::StreamQueue>(high_priority);
+  }
 
   MemoryStats memory_stats() const override {
     uint64_t reserved_high = 0;
@@ -242,6 +248,15 @@ class CudaBackend final : public Backend {
     EASYCTX_CHECK(f.seq >= 0 && f.seq <= copy_seq_, "wait_copy: fence ", f.seq, " was not issued by this backend");
     if (f.seq == 0) return;
     EASYCTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, copied_[f.seq % kCopyEvents], 0));
+  }
+
+  void copy_on(Queue& q, const Tensor& dst, const Tensor& src) override {
+    check_same_dtype("copy_on", dst, src);
+    check_numel("copy_on", "dst", dst, src.numel());
+    EASYCTX_CHECK(q.native() != nullptr, "copy_on: the CUDA backend copies on its own (stream) queues");
+    if (src.numel() > 0)
+      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), copy_kind(dst, src),
+                                         static_cast<cudaStream_t>(q.native())));
   }
 
   // ---------------------------------------------------------------- elementwise
@@ -954,6 +969,7 @@ class CudaBackend final : public Backend {
   cudaMemPool_t pool_ = nullptr;  // the device's default pool: stream-ordered scratch
   int64_t own_bytes_ = 0;         // cuBLASLt workspace + error flag
   int64_t cudnn_ws_counted_ = 0;  // cuDNN workspace counted so far (it only grows)
+  std::unique_ptr<cuda_queue::StreamQueue> queue_;  // the compute stream as a Queue
   cudaStream_t copy_stream_ = nullptr;  // copy_async: copies beside the compute stream
   cudaEvent_t queued_ = nullptr;         // the compute stream's work before a copy
   cudaEvent_t copied_[kCopyEvents] = {};  // copy k's end: copied_[k % kCopyEvents]

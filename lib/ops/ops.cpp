@@ -1,0 +1,13 @@
+#include "ops/ops.h"
+
+namespace easyctx::ops {
+
+// Synchronous backends: every op has run when it returns.
+Queue& Backend::queue() {
+  static HostQueue host;
+  return host;
+}
+
+std::unique_ptr<Queue> Backend::make_queue(bool /*high_priority*/) { return std::make_unique<HostQueue>(); }
+
+}  // namespace easyctx::ops
