@@ -89,7 +89,10 @@ class Backend {
   virtual const char* name() const = 0;
   virtual MemSpace memspace() const = 0;
   // Zero-filled buffer of numel elements in this backend's memory space.
-  virtual Buffer alloc(DType t, int64_t numel) = 0;
+  // `what` names the buffer for the memory plan, which replays the allocating code on a
+  // recording backend (lib/plan/recorder.h); other backends ignore it.
+  Buffer alloc(DType t, int64_t numel, const char* what = nullptr) { return allocate(t, numel, what); }
+  virtual Buffer allocate(DType t, int64_t numel, const char* what) = 0;
   // Waits for queued work (device backends); the CPU backend runs synchronously.
   virtual void synchronize() {}
   // Allocation counters (thread-safe); reset_peak_memory() restarts the high-water marks
@@ -119,7 +122,10 @@ class Backend {
   // ---- copies that overlap compute (activation.offload: checkpoints in host memory)
   // Zero-filled page-locked host buffer the device copies to and from asynchronously (CUDA:
   // cudaHostAlloc, outside memory_stats(), which counts device memory; CPU: alloc()).
-  virtual Buffer alloc_host_pinned(DType t, int64_t numel) = 0;
+  Buffer alloc_host_pinned(DType t, int64_t numel, const char* what = nullptr) {
+    return allocate_host_pinned(t, numel, what);
+  }
+  virtual Buffer allocate_host_pinned(DType t, int64_t numel, const char* what) = 0;
   // dst = src (same dtype and size; host memory from alloc_host_pinned, or this backend's) on
   // the backend's copy stream, after everything queued so far; returns at once (the CPU
   // backend copies before returning). Work queued later, and synchronize(), see the copy

@@ -46,11 +46,13 @@ class ProfilingBackend final : public Backend {
 
   const char* name() const override { return inner_->name(); }
   MemSpace memspace() const override { return inner_->memspace(); }
-  Buffer alloc(DType t, int64_t numel) override { return inner_->alloc(t, numel); }
+  Buffer allocate(DType t, int64_t numel, const char* what) override { return inner_->alloc(t, numel, what); }
   void synchronize() override { inner_->synchronize(); }
   MemoryStats memory_stats() const override { return inner_->memory_stats(); }
   void reset_peak_memory() override { inner_->reset_peak_memory(); }
-  Buffer alloc_host_pinned(DType t, int64_t numel) override { return inner_->alloc_host_pinned(t, numel); }
+  Buffer allocate_host_pinned(DType t, int64_t numel, const char* what) override {
+    return inner_->alloc_host_pinned(t, numel, what);
+  }
   CopyFence copy_async(const Tensor& dst, const Tensor& src) override { return inner_->copy_async(dst, src); }
   void wait_copy(CopyFence f) override { inner_->wait_copy(f); }
   void copy_on(Queue& q, const Tensor& dst, const Tensor& src) override { inner_->copy_on(q, dst, src); }

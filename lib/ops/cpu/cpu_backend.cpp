@@ -71,7 +71,7 @@ class CpuBackend final : public Backend {
   MemSpace memspace() const override { return MemSpace::Host; }
 
   // Counts the bytes asked for (the 64-byte rounding is not counted).
-  Buffer alloc(DType t, int64_t numel) override {
+  Buffer allocate(DType t, int64_t numel, const char*) override {
     EASYCTX_CHECK(numel >= 0, "alloc: negative element count ", numel);
     size_t bytes = static_cast<size_t>(numel) * element_size(t);
     size_t rounded = (bytes + 63) / 64 * 64;
@@ -93,7 +93,7 @@ class CpuBackend final : public Backend {
 
   // Host memory is all there is: "pinned" buffers are ordinary (counted) buffers and copies
   // are done when copy_async returns, so the offload path runs here as on a device.
-  Buffer alloc_host_pinned(DType t, int64_t numel) override { return alloc(t, numel); }
+  Buffer allocate_host_pinned(DType t, int64_t numel, const char* what) override { return alloc(t, numel, what); }
   CopyFence copy_async(const Tensor& dst, const Tensor& src) override {
     check_same_dtype("copy_async", dst, src);
     copy(dst, src);

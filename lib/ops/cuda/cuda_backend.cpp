@@ -190,7 +190,7 @@ class CudaBackend final : public Backend {
     EASYCTX_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero));
   }
 
-  Buffer alloc(DType t, int64_t numel) override {
+  Buffer allocate(DType t, int64_t numel, const char*) override {
     EASYCTX_CHECK(numel >= 0, "alloc: negative element count ", numel);
     const size_t bytes = static_cast<size_t>(numel) * element_size(t);
     void* p = nullptr;
@@ -211,7 +211,7 @@ class CudaBackend final : public Backend {
   // ---------------------------------------------------------------- copies beside compute
   // Page-locked, so cudaMemcpyAsync on the copy stream really is asynchronous; freed only
   // after the device is idle (a copy into or out of it may still be queued).
-  Buffer alloc_host_pinned(DType t, int64_t numel) override {
+  Buffer allocate_host_pinned(DType t, int64_t numel, const char*) override {
     EASYCTX_CHECK(numel >= 0, "alloc_host_pinned: negative element count ", numel);
     const size_t bytes = static_cast<size_t>(numel) * element_size(t);
     void* p = nullptr;
