@@ -548,4 +548,15 @@ void init_random(const ParamLayout& layout, const std::vector<Tensor>& units, do
   }
 }
 
+ModelOptions options_for(const StageConfig& cfg, bool device) {
+  ModelOptions mo;
+  mo.checkpoint = cfg.activation.checkpoint;
+  mo.lm_head_tile = cfg.activation.lm_head_tile;
+  mo.mlp_tile = cfg.activation.mlp_tile;
+  mo.f32_grads = device;
+  mo.offload_checkpoints = cfg.activation.offload == OffloadTarget::Cpu;
+  mo.offload_layers = cfg.activation.offload_layers;
+  return mo;
+}
+
 }  // namespace easyctx::model

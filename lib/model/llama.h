@@ -101,6 +101,10 @@ struct ModelOptions {
   int64_t offload_layers = 0;
 };
 
+// The ModelOptions of a training stage (activation.* keys); `device`: bf16 parameters with
+// fp32 gradients (train.device cuda). The trainer, the memory plan and the evaluations use it.
+ModelOptions options_for(const StageConfig& cfg, bool device);
+
 class LlamaModel {
  public:
   // `attn` may be null: local (single-rank) causal attention.

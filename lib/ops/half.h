@@ -14,7 +14,7 @@ inline float bf16_to_float(uint16_t h) {
 }
 
 // Round to nearest even; NaN stays NaN (quiet). Branch-free, so loops over it vectorise (the
-// host AdamW's, lib/train/adamw_span.cpp).
+// host AdamW's, lib/zero/adamw_span.cpp).
 inline uint16_t float_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);

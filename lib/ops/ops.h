@@ -115,6 +115,9 @@ class Backend {
   // A queue beside the compute queue (CUDA: a stream, of the highest priority when asked; CPU:
   // the host), ordered with it by fences only: communicators issue to it (Comm::set_queue).
   virtual std::unique_ptr<Queue> make_queue(bool high_priority = false);
+  // Makes the calling host thread issue to this backend's device (CUDA: cudaSetDevice; the
+  // current device is per thread); call it first on a thread that issues work.
+  virtual void bind_thread() {}
   // dst = src (same dtype and size, any memory spaces of this backend) issued to `q`, one of
   // this backend's queues; returns at once (the CPU backend copies before returning).
   virtual void copy_on(Queue& q, const Tensor& dst, const Tensor& src) = 0;

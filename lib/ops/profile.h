@@ -57,6 +57,7 @@ class ProfilingBackend final : public Backend {
   void wait_copy(CopyFence f) override { inner_->wait_copy(f); }
   void copy_on(Queue& q, const Tensor& dst, const Tensor& src) override { inner_->copy_on(q, dst, src); }
   Queue& queue() override { return inner_->queue(); }
+  void bind_thread() override { inner_->bind_thread(); }
   std::unique_ptr<Queue> make_queue(bool high_priority) override { return inner_->make_queue(high_priority); }
   std::unique_ptr<OpTimer> make_op_timer() override { return inner_->make_op_timer(); }
 

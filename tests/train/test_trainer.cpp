@@ -12,7 +12,7 @@
 #include "core/strings.h"
 #include "dist/groups.h"
 #include "ops/half.h"
-#include "train/adamw_span.h"
+#include "zero/adamw_span.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
@@ -341,7 +341,7 @@ TEST(HostAdamWSpan, EqualsTheScalarUpdateBitForBit) {
       for (int64_t i = 0; i < n + off; ++i) p[i] = value(false), g[i] = value(false), m[i] = value(false), v[i] = value(true);
       std::vector<float> p2 = p, m2 = m, v2 = v;
       std::vector<uint16_t> out(n + off, 0xdead), ref(n + off, 0xdead);
-      train::adamw_bf16_span(p.data() + off, g.data() + off, m.data() + off, v.data() + off, out.data() + off, n, k);
+      zero::adamw_bf16_span(p.data() + off, g.data() + off, m.data() + off, v.data() + off, out.data() + off, n, k);
       for (int64_t i = off; i < n + off; ++i) {
         kernels::adamw_element(p2[i], g[i], m2[i], v2[i], k);
         ref[i] = ops::float_to_bf16(p2[i]);
@@ -356,7 +356,7 @@ TEST(HostAdamWSpan, EqualsTheScalarUpdateBitForBit) {
       EXPECT_EQ(bits(v), bits(v2)) << "n " << n << " offset " << off;
       EXPECT_EQ(out, ref) << "n " << n << " offset " << off;
       std::vector<uint16_t> conv(n + off, 0xdead);
-      train::f32_to_bf16_span(g.data() + off, conv.data() + off, n);
+      zero::f32_to_bf16_span(g.data() + off, conv.data() + off, n);
       for (int64_t i = off; i < n + off; ++i) ASSERT_EQ(conv[i], ops::float_to_bf16(g[i])) << "element " << i;
     }
   }

@@ -175,6 +175,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<OpTimer> make_op_timer() override { return std::make_unique<CudaOpTimer>(stream_); }
   void synchronize() override { EASYCTX_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   Queue& queue() override { return *queue_; }
+  void bind_thread() override { EASYCTX_CUDA_CHECK(cudaSetDevice(device_)); }
   std::unique_ptr<Queue> make_queue(bool high_priority) override {
     return std::make_unique<cuda_queue::StreamQueue>(high_priority);
   }

@@ -1,8 +1,8 @@
-#include "train/adamw_span.h"
+#include "zero/adamw_span.h"
 
 #include "ops/half.h"
 
-namespace easyctx::train {
+namespace easyctx::zero {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define EASYCTX_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -28,4 +28,4 @@ void f32_to_bf16_span(const float* __restrict src, uint16_t* __restrict dst, int
   for (int64_t i = 0; i < n; ++i) dst[i] = ops::float_to_bf16(src[i]);
 }
 
-}  // namespace easyctx::train
+}  // namespace easyctx::zero

@@ -1,0 +1,207 @@
+#include "zero/param_store.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ckpt/sharded_checkpoint.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "zero/deferred_update.h"
+#include "zero/host_adamw.h"
+#include "zero/stores.h"
+
+namespace easyctx::zero {
+
+ParamStore::ParamStore(const model::ParamLayout& layout, ops::Backend& be, DType dtype, const StoreOptions& o,
+                       const StoreComms& c)
+    : layout_(layout), be_(be), dtype_(dtype), opts_(o), comms_(c) {
+  if (o.offload_optimizer) {
+    EASYCTX_CHECK_INPUT(on_device(), "parallel.zero.offload_optimizer: true needs train.device cuda (with the ",
+                        be.name(), " backend the optimizer already runs on the host); set it to false");
+    host_be_ = ops::make_cpu_backend();  // master weights and Adam moments in host memory
+    host_adamw_ = std::make_unique<HostAdamW>(be_, kOffloadChunkElems);
+  }
+  EASYCTX_CHECK_INPUT(!o.offload_params || (o.stage == 3 && host_be_),
+                      "parallel.zero.offload_params: true needs parallel.zero.stage 3 and "
+                      "parallel.zero.offload_optimizer: true on train.device cuda (the host AdamW writes the bf16 "
+                      "shards it keeps in host memory)");
+}
+
+ParamStore::~ParamStore() { settle_before_destruction(); }
+
+void ParamStore::settle_before_destruction() noexcept {
+  try {
+    settle();
+  } catch (const std::exception& e) {
+    log_warn("the last optimizer step failed: ", e.what());
+  }
+}
+
+bool ParamStore::host_resident(const std::vector<ops::Buffer>& bufs) {
+  return bufs.empty() || bufs.front().flat().space == MemSpace::Host;
+}
+
+std::vector<ops::Tensor> ParamStore::host_views(const std::vector<ops::Buffer>& bufs,
+                                                std::vector<std::vector<float>>& stage, bool fetch) const {
+  std::vector<ops::Tensor> v;
+  if (host_resident(bufs)) {
+    for (const ops::Buffer& b : bufs) v.push_back(b.flat());
+    return v;
+  }
+  stage.assign(bufs.size(), {});
+  for (size_t u = 0; u < bufs.size(); ++u) {
+    stage[u].resize(static_cast<size_t>(bufs[u].numel()));
+    v.emplace_back(stage[u].data(), DType::F32, std::initializer_list<int64_t>{bufs[u].numel()});
+    if (fetch) be_.copy(v.back(), bufs[u].flat());
+  }
+  return v;
+}
+
+void ParamStore::upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& stage) {
+  if (host_resident(bufs)) return;
+  EASYCTX_CHECK(stage.size() == bufs.size(), "ParamStore::upload: ", stage.size(), " staged units for ", bufs.size());
+  for (size_t u = 0; u < bufs.size(); ++u) {
+    const ops::Tensor src(const_cast<float*>(stage[u].data()), DType::F32, {bufs[u].numel()});
+    be_.copy(bufs[u].flat(), src);
+  }
+  be_.synchronize();  // the staged host memory goes away after this
+}
+
+void ParamStore::fill_master(const std::function<void(const std::vector<ops::Tensor>&)>& fill) {
+  std::vector<std::vector<float>> stage;
+  fill(host_views(master_, stage, false));
+  upload(master_, stage);
+}
+
+void ParamStore::read_units(const ckpt::CheckpointReader& r, const std::string& kind, std::vector<ops::Buffer>& bufs) {
+  const auto& units = layout_.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::string name = kind + "/" + units[u].name;
+    EASYCTX_CHECK_INPUT(r.numel(name) == units[u].numel, r.path(), ": ", name, " has ", r.numel(name),
+                        " elements, this model needs ", units[u].numel, " (different model config?)");
+  }
+  if (&bufs != &master_ && moments_as_shards()) {  // only this rank's shard of each unit
+    for (size_t u = 0; u < units.size(); ++u) {
+      const std::string name = kind + "/" + units[u].name;
+      const int64_t lo = moment_lo(u), valid = std::min(units[u].numel - lo, bufs[u].numel());
+      if (valid <= 0) continue;
+      if (host_resident(bufs)) {  // offload_optimizer: straight into the host shard
+        r.read(name, lo, valid, bufs[u].flat().ptr<float>());
+        continue;
+      }
+      std::vector<float> part(static_cast<size_t>(valid));
+      r.read(name, lo, valid, part.data());
+      be_.copy(bufs[u].flat().slice_flat(0, {valid}), ops::Tensor(part.data(), DType::F32, {valid}));
+      be_.synchronize();  // `part` goes away
+    }
+    return;
+  }
+  std::vector<std::vector<float>> stage;
+  const std::vector<ops::Tensor> hv = host_views(bufs, stage, false);
+  for (size_t u = 0; u < units.size(); ++u) r.read(kind + "/" + units[u].name, 0, units[u].numel, hv[u].ptr<float>());
+  upload(bufs, stage);
+}
+
+void ParamStore::read_checkpoint(const ckpt::CheckpointReader& r, bool moments) {
+  read_units(r, "master", master_);
+  if (!moments) return;
+  read_units(r, "adam_m", adam_m_);
+  read_units(r, "adam_v", adam_v_);
+}
+
+void ParamStore::settle() const {
+  if (host_adamw_) host_adamw_->finish();
+}
+
+void ParamStore::optimizer_step(const ops::AdamWStep& step, double weight_decay, bool defer) {
+  ops::AdamWStep s = step;
+  const auto& units = layout_.units();
+  const std::vector<ops::Buffer>& g = update_grads();
+  if (!host_adamw_) {
+    for (size_t u = 0; u < units.size(); ++u)
+      for (const model::ParamTensor& t : units[u].tensors) {
+        s.weight_decay = t.decay ? weight_decay : 0.0;  // matrices only, not norm gains
+        const Part q = part_of(u, t);
+        if (q.a >= q.e) continue;
+        auto part = [&](const ops::Buffer& b) { return b.flat().slice_flat(q.a - q.base, {q.e - q.a}); };
+        be_.adamw(part(master_[u]), part(g[u]), part(adam_m_[u]), part(adam_v_[u]), s);
+      }
+    refresh_working_copy();
+    return;
+  }
+  // offload_optimizer: every tensor of every unit (shard) through the host pipeline.
+  const std::vector<ops::Buffer>& work = working();
+  std::vector<OffloadPiece> pieces;
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const model::ParamTensor& t : units[u].tensors) {
+      const Part q = part_of(u, t);
+      if (q.a >= q.e) continue;
+      const int64_t off = q.a - q.base;
+      OffloadPiece p;
+      p.master = master_[u].flat().ptr<float>() + off;
+      p.m = adam_m_[u].flat().ptr<float>() + off;
+      p.v = adam_v_[u].flat().ptr<float>() + off;
+      p.grad_dev = g[u].flat().ptr<float>() + off;
+      if (working_in_host())
+        p.work_host = static_cast<uint16_t*>(work[u].data()) + off;
+      else
+        p.work_dev = static_cast<uint16_t*>(work[u].data()) + off;
+      p.n = q.e - q.a;
+      p.weight_decay = t.decay ? weight_decay : 0.0;
+      p.unit = u;
+      pieces.push_back(p);
+    }
+  be_.synchronize();  // the gradients are final (backward, reduction and clipping issued to it)
+  before_host_update();
+  if (defer) {  // one core left to the next step's kernel launches
+    host_adamw_->start(std::move(pieces), s, std::max(1, omp_get_max_threads() - 1));
+    deferred_->mark(units.size());
+    after_deferred_start();
+    return;
+  }
+  host_adamw_->step(pieces, s);
+  refresh_working_copy();
+}
+
+std::vector<ops::Tensor> ParamStore::master() const {
+  EASYCTX_THROW("master: with ZeRO-3 each rank holds only its shards; master_host() gathers them");
+}
+
+std::vector<ops::Tensor> ParamStore::gradients() const {
+  EASYCTX_THROW("gradients: with ZeRO-3 each rank holds only its shard of the reduced gradients");
+}
+
+std::vector<std::vector<float>> ParamStore::gradients_host() const {
+  const std::vector<ops::Tensor> g = gradients();
+  std::vector<std::vector<float>> out(g.size());
+  for (size_t u = 0; u < g.size(); ++u) {
+    out[u].resize(static_cast<size_t>(g[u].numel()));
+    be_.copy(ops::Tensor(out[u].data(), DType::F32, {g[u].numel()}), g[u]);
+  }
+  return out;
+}
+
+}  // namespace easyctx::zero
+
+namespace easyctx::zero {
+
+double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& grads, double max_norm) {
+  double ss = 0;
+  for (const ops::Tensor& g : grads) ss += be.sum_squares(g);
+  const double norm = std::sqrt(ss);
+  const double coef = max_norm / (norm + 1e-6);
+  if (max_norm > 0 && coef < 1.0)
+    for (const ops::Tensor& g : grads) be.scale(g, coef);
+  return norm;
+}
+
+std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, ops::Backend& be, DType dtype,
+                                             const StoreOptions& o, const StoreComms& c) {
+  EASYCTX_CHECK(o.stage == 0 || o.stage == 3, "parallel.zero.stage ", o.stage, ": 0 or 3");
+  return o.stage == 3 ? make_sharded_store(layout, be, dtype, o, c) : make_replicated_store(layout, be, dtype, o, c);
+}
+
+}  // namespace easyctx::zero

@@ -1,0 +1,162 @@
+// Where the parameters and their optimizer state live between steps, and how a step reaches
+// them (DESIGN.md "one training step, as data", steps 2-5). The trainer holds one ParamStore:
+//
+//   ReplicatedStore (parallel.zero.stage 0): every rank holds every unit's fp32 master weights,
+//     gradients and Adam moments (on CUDA also a bf16 working copy); gradients are summed over
+//     the ranks that computed parts of them (all-reduce).
+//   ShardedStore (stage 3): each rank keeps only its shard (zero/shard_layout.h) of every
+//     unit's fp32 master weights, Adam moments and reduced gradient (CUDA: and of the bf16
+//     working parameters). The embedding and head are gathered once per step; a layer is
+//     gathered into a pool of 1 + parallel.zero.prefetch buffers just before the model uses it
+//     (zero/gather_pool.h) and its gradient reduce-scattered into the shard right after its
+//     backward (zero/grad_scatter.h).
+//
+// Both keep the fp32 state on the compute backend or, with parallel.zero.offload_optimizer,
+// in host memory, updated by the host AdamW (zero/host_adamw.h), which may finish inside the
+// next step's forward (zero/deferred_update.h).
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/comm.h"
+#include "model/llama.h"
+#include "model/param_layout.h"
+#include "ops/ops.h"
+
+namespace easyctx::ckpt {
+class CheckpointReader;
+class CheckpointWriter;
+}  // namespace easyctx::ckpt
+
+namespace easyctx::zero {
+
+// Elements per pinned staging slot of the host AdamW (two slots of f32 + bf16:
+// 2 x kOffloadChunkElems x (4 + 2) bytes of pinned host memory).
+constexpr int64_t kOffloadChunkElems = int64_t{1} << 24;
+
+struct StoreOptions {
+  int stage = 0;                    // parallel.zero.stage: 0 or 3
+  int prefetch = 1;                 // parallel.zero.prefetch (stage 3)
+  bool offload_optimizer = false;   // parallel.zero.offload_optimizer (device backends)
+  bool offload_params = false;      // parallel.zero.offload_params (stage 3 + offload_optimizer)
+};
+
+// The groups a store reduces and shards over.
+struct StoreComms {
+  dist::Comm* world = nullptr;         // every rank (checkpoint slices of stage 0)
+  dist::Comm* grads = nullptr;         // stage 0: gradients are summed over it
+  dist::Comm* zero = nullptr;          // stage 3: the shard group
+  dist::Comm* zero_replica = nullptr;  // stage 3: ranks holding the same shard (per-node sharding), or null
+};
+
+// What a step does with the store, in order: begin_step, then per micro-batch source() ->
+// the model's forward_backward -> end_micro_batch, then finish_reduction, clip,
+// optimizer_step.
+class ParamStore {
+ public:
+  virtual ~ParamStore();
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+
+  // ---- loading, before the first step
+  // Host fp32 views of every unit's whole master weights for `fill` to write (random
+  // initialisation, Hugging Face import).
+  void fill_master(const std::function<void(const std::vector<ops::Tensor>&)>& fill);
+  // From a checkpoint: the master weights, and the Adam moments when `moments`.
+  void read_checkpoint(const ckpt::CheckpointReader& r, bool moments);
+  // After loading: (stage 3) the state cut to this rank's shards; the working copy made.
+  // Collective over the shard group.
+  virtual void finish_loading() = 0;
+
+  // ---- a step
+  // Gradients zeroed, except those of units a deferred update has still to reach.
+  virtual void begin_step() = 0;
+  // The parameters and gradients of micro-batch `m` of this step (the model's seam).
+  virtual model::ParamSource& source(int64_t m) = 0;
+  virtual void end_micro_batch(int64_t m) = 0;
+  // Gradients summed over every rank that computed a part of them.
+  virtual void finish_reduction() = 0;
+  // The global L2 norm of the gradients; when max_norm > 0 and the norm is larger, every
+  // gradient is scaled by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_).
+  virtual double clip(double max_norm) = 0;
+  // AdamW on the state this rank owns (weight decay on matrices only), then the working copy.
+  // `defer` (host AdamW only): the update runs on while the next step's forward starts.
+  void optimizer_step(const ops::AdamWStep& s, double weight_decay, bool defer);
+  // Waits for a deferred update.
+  void settle() const;
+
+  // ---- state
+  // This rank's slices into a checkpoint (master weights, Adam moments); device state is
+  // staged in `stage`, which must live until the writer has committed.
+  using CheckpointStage = std::deque<std::vector<float>>;  // (a deque: staged slices never move)
+  virtual void write_checkpoint(ckpt::CheckpointWriter& w, CheckpointStage& stage) = 0;
+  // Every unit's whole fp32 master weights in host memory. Stage 3: gathered from the shards,
+  // collective over the shard group.
+  virtual std::vector<std::vector<float>> master_host() = 0;
+  // Stage 0 only (tests): the master weights and gradients as they are held.
+  virtual std::vector<ops::Tensor> master() const;
+  virtual std::vector<ops::Tensor> gradients() const;
+  std::vector<std::vector<float>> gradients_host() const;
+  // One line for the startup log.
+  virtual std::string describe() const = 0;
+
+ protected:
+  ParamStore(const model::ParamLayout& layout, ops::Backend& be, DType dtype, const StoreOptions& o,
+             const StoreComms& c);
+  bool on_device() const { return be_.memspace() == MemSpace::Device; }
+  // A store's destructor first: the host AdamW's thread writes buffers about to go (an error
+  // of that last step is logged: a destructor cannot report it).
+  void settle_before_destruction() noexcept;
+  static bool host_resident(const std::vector<ops::Buffer>& bufs);
+  // Host fp32 views of whole-unit buffers: the buffers themselves when in host memory, else
+  // copies in `stage` (downloaded when `fetch`); upload() writes the copies back.
+  std::vector<ops::Tensor> host_views(const std::vector<ops::Buffer>& bufs, std::vector<std::vector<float>>& stage,
+                                      bool fetch) const;
+  void upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& stage);
+  // The part [a, e) of tensor t of unit u this rank updates, at offset a - base of its buffers.
+  struct Part {
+    int64_t a, e, base;
+  };
+  virtual Part part_of(size_t u, const model::ParamTensor& t) const = 0;
+  // Where the Adam moments of unit u are read into (shards on stage 3 CUDA).
+  virtual bool moments_as_shards() const { return false; }
+  virtual int64_t moment_lo(size_t u) const { (void)u; return 0; }
+  // The buffers the update reads and writes: gradients, and the bf16 working copy (empty on the CPU).
+  virtual const std::vector<ops::Buffer>& update_grads() const = 0;
+  virtual const std::vector<ops::Buffer>& working() const = 0;
+  virtual bool working_in_host() const { return false; }
+  // After an update that finished here: the working copy from the master weights.
+  virtual void refresh_working_copy() = 0;
+  // Before the host AdamW writes host memory that queued work may still read.
+  virtual void before_host_update() {}
+  // After starting a deferred update: what must wait for it.
+  virtual void after_deferred_start() = 0;
+
+  const model::ParamLayout& layout_;
+  ops::Backend& be_;
+  DType dtype_;  // what the model computes with: bf16 on CUDA, f32 on the CPU
+  StoreOptions opts_;
+  StoreComms comms_;
+  std::unique_ptr<ops::Backend> host_be_;  // offload_optimizer: owns the fp32 state in host memory
+  std::unique_ptr<ops::Backend> load_be_;  // stage 3 on CUDA: the whole master weights while loading
+  std::vector<ops::Buffer> master_, adam_m_, adam_v_;  // per unit (stage 3: this rank's shards once loaded)
+  std::unique_ptr<class HostAdamW> host_adamw_;
+  std::unique_ptr<class DeferredUpdate> deferred_;
+
+ private:
+  void read_units(const ckpt::CheckpointReader& r, const std::string& kind, std::vector<ops::Buffer>& bufs);
+};
+
+// torch.nn.utils.clip_grad_norm_ over local gradients: returns their global L2 norm and, when
+// max_norm > 0 and the norm is larger, scales every gradient by max_norm / (norm + 1e-6).
+double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& grads, double max_norm);
+
+// The store of parallel.zero.stage (0 or 3), its buffers allocated (whole units as loaded).
+std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, ops::Backend& be, DType dtype,
+                                             const StoreOptions& o, const StoreComms& c);
+
+}  // namespace easyctx::zero
