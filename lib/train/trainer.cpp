@@ -123,10 +123,7 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, dist::Pro
   const model::LlamaConfig mc = model::resolve_llama_config(cfg_.model);
   model_ = std::make_unique<model::LlamaModel>(mc, *be_, on_device() ? DType::BF16 : DType::F32,
                                                model::options_for(cfg_, on_device()), std::move(attn));
-  const ZeroConfig& z = cfg_.parallel.zero;
-  store_ = zero::make_param_store(model_->layout(), *be_, model_->dtype(),
-                                  {static_cast<int>(z.stage), static_cast<int>(z.prefetch), z.offload_optimizer,
-                                   z.offload_params},
+  store_ = zero::make_param_store(model_->layout(), *be_, model_->dtype(), zero::store_options(cfg_),
                                   {&world_, &grad_comm_, zero_, zero_replica_});
   load_weights();
   store_->finish_loading();

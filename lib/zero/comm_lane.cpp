@@ -2,9 +2,9 @@
 
 namespace easyctx::zero {
 
-CommLane::CommLane(ops::Backend& be, std::initializer_list<dist::Comm*> comms) : be_(be) {
+CommLane::CommLane(ops::Backend& be, std::initializer_list<dist::Comm*> comms, bool queued) : be_(be) {
   for (dist::Comm* c : comms)
-    if (c && c->memspace() == MemSpace::Device) comms_.push_back(c);
+    if (c && (c->memspace() == MemSpace::Device || queued)) comms_.push_back(c);
   if (comms_.empty()) return;
   for (dist::Comm* c : comms_) c->set_queue(&be_.queue());
   // The highest priority: a gather's kernel is scheduled as soon as it may run.

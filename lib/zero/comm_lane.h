@@ -17,13 +17,14 @@ namespace easyctx::zero {
 
 class CommLane {
  public:
-  // comms: the shard group and its replicas (null entries ignored).
-  CommLane(ops::Backend& be, std::initializer_list<dist::Comm*> comms);
+  // comms: the shard group and its replicas (null entries ignored). `queued`: a queue of its
+  // own even for host communicators (the fence bookkeeping then runs on the CPU: tests).
+  CommLane(ops::Backend& be, std::initializer_list<dist::Comm*> comms, bool queued = false);
   ~CommLane();  // the communicators issue to their own queues again
   CommLane(const CommLane&) = delete;
   CommLane& operator=(const CommLane&) = delete;
 
-  // A queue of its own (device communicators), else the collectives are synchronous.
+  // A queue of its own (device communicators, or queued), else the collectives are synchronous.
   bool async() const { return queue_ != nullptr; }
   // The lane's queue, for copies that must run in its order (async only).
   Queue& queue() { return *queue_; }

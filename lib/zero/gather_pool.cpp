@@ -54,6 +54,8 @@ void GatherPool::release(size_t u) {
     }
 }
 
+bool GatherPool::holds(size_t u) const { return std::find(unit_.begin(), unit_.end(), u) != unit_.end(); }
+
 bool GatherPool::in_window(size_t unit) const {
   for (size_t k = pos_; k <= pos_ + prefetch_ && k < order_.size(); ++k)
     if (order_[k] == unit) return true;

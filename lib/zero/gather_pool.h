@@ -39,8 +39,9 @@ class GatherPool {
   void shards_written();
   // Every slot stale (the shards are being rewritten; later gathers are ordered by the caller).
   void invalidate();
-  // How many gathers were issued (tests).
+  // How many gathers were issued, and whether a slot holds unit u (tests).
   int64_t gathers() const { return gathers_; }
+  bool holds(size_t u) const;
   size_t slots() const { return slots_.size(); }
 
  private:

@@ -21,7 +21,7 @@ ParamStore::ParamStore(const model::ParamLayout& layout, ops::Backend& be, DType
   if (o.offload_optimizer) {
     EASYCTX_CHECK_INPUT(on_device(), "parallel.zero.offload_optimizer: true needs train.device cuda (with the ",
                         be.name(), " backend the optimizer already runs on the host); set it to false");
-    host_be_ = ops::make_cpu_backend();  // master weights and Adam moments in host memory
+    host_be_ = make_host_backend();  // master weights and Adam moments in host memory
     host_adamw_ = std::make_unique<HostAdamW>(be_, kOffloadChunkElems);
   }
   EASYCTX_CHECK_INPUT(!o.offload_params || (o.stage == 3 && host_be_),
@@ -38,6 +38,10 @@ void ParamStore::settle_before_destruction() noexcept {
   } catch (const std::exception& e) {
     log_warn("the last optimizer step failed: ", e.what());
   }
+}
+
+std::unique_ptr<ops::Backend> ParamStore::make_host_backend() const {
+  return opts_.host_backend ? opts_.host_backend() : ops::make_cpu_backend();
 }
 
 bool ParamStore::host_resident(const std::vector<ops::Buffer>& bufs) {
@@ -187,6 +191,15 @@ std::vector<std::vector<float>> ParamStore::gradients_host() const {
 }  // namespace easyctx::zero
 
 namespace easyctx::zero {
+
+StoreOptions store_options(const StageConfig& cfg) {
+  StoreOptions o;
+  o.stage = static_cast<int>(cfg.parallel.zero.stage);
+  o.prefetch = static_cast<int>(cfg.parallel.zero.prefetch);
+  o.offload_optimizer = cfg.parallel.zero.offload_optimizer;
+  o.offload_params = cfg.parallel.zero.offload_params;
+  return o;
+}
 
 double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& grads, double max_norm) {
   double ss = 0;

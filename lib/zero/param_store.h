@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "dist/comm.h"
 #include "model/llama.h"
 #include "model/param_layout.h"
@@ -43,7 +44,14 @@ struct StoreOptions {
   int prefetch = 1;                 // parallel.zero.prefetch (stage 3)
   bool offload_optimizer = false;   // parallel.zero.offload_optimizer (device backends)
   bool offload_params = false;      // parallel.zero.offload_params (stage 3 + offload_optimizer)
+  // The backend of the state kept in host memory (offload_optimizer; stage 3 on a device: the
+  // whole master weights while loading). Default: ops::make_cpu_backend. The memory plan
+  // passes recording backends and replays the store's allocations.
+  std::function<std::unique_ptr<ops::Backend>()> host_backend;
 };
+
+// The options of a training stage (parallel.zero.*), for the trainer and the memory plan.
+StoreOptions store_options(const StageConfig& cfg);
 
 // The groups a store reduces and shards over.
 struct StoreComms {
@@ -70,7 +78,14 @@ class ParamStore {
   void read_checkpoint(const ckpt::CheckpointReader& r, bool moments);
   // After loading: (stage 3) the state cut to this rank's shards; the working copy made.
   // Collective over the shard group.
-  virtual void finish_loading() = 0;
+  void finish_loading() {
+    cut_shards();
+    refresh_working_copy();
+  }
+  // Stage 3: whole master/Adam buffers (as loaded) -> this rank's shards, unit by unit, then
+  // the buffers of the per-layer path (the first half of finish_loading; the memory plan
+  // replays it).
+  virtual void cut_shards() {}
 
   // ---- a step
   // Gradients zeroed, except those of units a deferred update has still to reach.
@@ -108,6 +123,7 @@ class ParamStore {
   ParamStore(const model::ParamLayout& layout, ops::Backend& be, DType dtype, const StoreOptions& o,
              const StoreComms& c);
   bool on_device() const { return be_.memspace() == MemSpace::Device; }
+  std::unique_ptr<ops::Backend> make_host_backend() const;
   // A store's destructor first: the host AdamW's thread writes buffers about to go (an error
   // of that last step is logged: a destructor cannot report it).
   void settle_before_destruction() noexcept;

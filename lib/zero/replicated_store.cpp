@@ -58,8 +58,6 @@ class ReplicatedStore final : public ParamStore {
 
   ~ReplicatedStore() override { settle_before_destruction(); }
 
-  void finish_loading() override { refresh_working_copy(); }
-
   void begin_step() override {
     if (deferred_ && deferred_->pending()) return;  // each unit's gradient is zeroed when it is reached
     for (ops::Buffer& g : grads_) be_.fill(g.flat(), 0.0);

@@ -50,7 +50,7 @@ class ShardedStore final : public ParamStore {
     // reach the device (finish_loading; with offload_optimizer they stay in host memory); the
     // Adam moments are this rank's shards from the start (a checkpoint is read shard by
     // shard). On the CPU the whole buffers are the backend's and are replaced by shards.
-    if (on_device()) load_be_ = ops::make_cpu_backend();
+    if (on_device()) load_be_ = make_host_backend();
     ops::Backend& opt_be = host_be_ ? *host_be_ : load_be_ ? *load_be_ : be_;
     ops::Backend& mom_be = on_device() && !host_be_ ? be_ : opt_be;
     for (size_t u = 0; u < sl_.units(); ++u) {
@@ -67,11 +67,6 @@ class ShardedStore final : public ParamStore {
   }
 
   ~ShardedStore() override { settle_before_destruction(); }
-
-  void finish_loading() override {
-    shard();
-    refresh_working_copy();
-  }
 
   void begin_step() override {
     if (deferred_ && deferred_->pending()) return;  // each unit is prepared when the forward reaches it
@@ -193,9 +188,8 @@ class ShardedStore final : public ParamStore {
   bool layer(size_t u) const { return u != layout_.embed_unit() && u != layout_.head_unit(); }
   int64_t numel(size_t u) const { return sl_.numel(u); }
 
-  // Whole master/Adam buffers (as loaded) -> this rank's shards, unit by unit; then the
-  // buffers of the per-layer path. This order is what the memory plan's replay sees.
-  void shard() {
+ public:
+  void cut_shards() override {
     const int64_t Z = sl_.group_size();
     ops::Backend& state_be = host_be_ ? *host_be_ : be_;  // offload_optimizer: the shards stay on the host
     for (size_t u = 0; u < sl_.units(); ++u) {
@@ -246,6 +240,7 @@ class ShardedStore final : public ParamStore {
         [this](size_t u) { return gshard_[u].flat(); }, [this](size_t u) { return sl_.len(u); });
   }
 
+ private:
   // dst = all shards of unit u (compute dtype), issued to the queue the shard group's
   // communicator issues to now (`q`: the lane's inside a lane run, else the compute queue).
   void gather_unit(size_t u, const ops::Buffer& dst, Queue& q) {
