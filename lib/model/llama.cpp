@@ -91,7 +91,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, Mo
   cfg_.validate();
   if (!attn_) attn_ = std::make_shared<attention::LocalAttention>(be_);
   const std::vector<float> f = cfg_.inv_freq();
-  inv_freq_ = be_.alloc(DType::F32, static_cast<int64_t>(f.size()));
+  inv_freq_ = be_.alloc(DType::F32, static_cast<int64_t>(f.size()), "RoPE inverse frequencies");
   Buffer host(const_cast<float*>(f.data()), f.size() * 4, DType::F32, MemSpace::Host, nullptr);
   be_.copy(inv_freq_.flat(), host.flat());
 }

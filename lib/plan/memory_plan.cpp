@@ -9,6 +9,9 @@
 #include "model/llama.h"
 #include "model/param_layout.h"
 #include "plan/plan_detail.h"
+#include "plan/recorder.h"
+#include "zero/param_store.h"
+#include "zero/shard_layout.h"
 
 namespace easyctx::plan {
 using model::BufferSpec;
@@ -37,15 +40,8 @@ struct Run {
   explicit Run(const StageConfig& c) : cfg(c), mc(model::resolve_llama_config(c.model)), layout(mc) {}
   bool zero3() const { return cfg.parallel.zero.stage == 3; }
   bool offload_opt() const { return cfg.parallel.zero.offload_optimizer && cuda; }
-  // ZeRO-3 with offload_params (and offload_optimizer, which it needs): bf16 shards in pinned host memory.
-  bool offload_params() const { return cfg.parallel.zero.offload_params && offload_opt() && zero3(); }
-  // ZeRO-3 shard length of unit u (the last shard padded), as Trainer::shard_len.
-  int64_t shard_len(size_t u) const { return (layout.units()[u].numel + Z - 1) / Z; }
-  int64_t shard_total() const {
-    int64_t s = 0;
-    for (size_t u = 0; u < layout.num_units(); ++u) s += shard_len(u);
-    return s;
-  }
+  // ZeRO-3's cut of the units over Z ranks (every rank's shards have the same lengths).
+  zero::ShardLayout shards() const { return zero::ShardLayout(layout, static_cast<int>(Z), 0); }
 };
 
 // data::sp_local_length (lib/data is not a dependency of lib/plan; tests/plan checks that
@@ -418,58 +414,56 @@ std::vector<BufferSpec> model_buffers(const Run& r) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The plan without the knob search.
+// The parameter store and the model, replayed.
 // ---------------------------------------------------------------------------------------
-// ZeRO-3 (Trainer::shard_optimizer_state): the whole master/Adam buffers as loaded (on the
-// CPU the backend's; on CUDA the master weights in host memory, not counted here, and the
-// moments shards from the start; with offload_optimizer all of them stay in host memory,
-// zero3_host_init_peak) are replaced by shards unit by unit, each unit adding its
-// gradient shard (CUDA: its bf16 working shard, unless offload_params puts it in host memory) and, for the
-// embedding and head, the gathered copy and the padded gradient; then the pool of gathered
-// layers, the layer gradient and the reduce-scatter result. Returns the peak of those
-// buffers on the backend during that sequence.
-int64_t zero3_init_peak(const Run& r) {
-  const auto& units = r.layout.units();
-  int64_t live = r.cuda ? 0 : 3 * 4 * r.P, peak = live;
-  auto add = [&](int64_t bytes) { live += bytes, peak = std::max(peak, live); };
-  for (size_t u = 0; u < units.size(); ++u) {
-    const int64_t n = r.cuda ? 0 : units[u].numel, len = r.shard_len(u);
-    for (int k = 0; k < 3 && !r.offload_opt(); ++k) {  // master, m, v: the new shard exists before the old buffer goes
-      add(4 * len);
-      live -= 4 * n;
-    }
-    add(4 * len);                  // gradient shard
-    if (r.cuda && !r.offload_params()) add(2 * len);  // bf16 working shard
-    if (u == 0 || u + 1 == units.size()) {
-      add(r.e * len * r.Z);        // gathered for the step
-      add(4 * len * r.Z);          // padded gradient
-    }
+// Same-label buffers as one item: "label" with the bytes summed and their count.
+void add_recorded(Items& it, bool transient, const std::string& phase, const std::vector<AllocRecorder::Entry>& entries,
+                  const std::string& where, bool tracked, const std::string& source) {
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> groups;  // label -> (bytes, count)
+  for (const AllocRecorder::Entry& e : entries) {
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == e.what; });
+    if (g == groups.end()) g = groups.insert(groups.end(), {e.what, {0, 0}});
+    g->second.first += e.bytes;
+    g->second.second += 1;
   }
-  if (r.mc.num_layers > 0) {
-    const int64_t len = r.shard_len(1);
-    add((1 + r.cfg.parallel.zero.prefetch) * r.e * len * r.Z);
-    for (int k = 0; k < (r.cuda ? 2 : 1); ++k) {  // the layer gradient(s) and reduce-scatter result(s)
-      add(4 * len * r.Z);
-      add(4 * len);
-    }
+  for (const auto& [what, bc] : groups) {
+    const std::string f = num(bc.second) + (bc.second == 1 ? " buffer" : " buffers") + " (replay of " + source + ")";
+    if (transient) it.transient(phase, what, where, bc.first, f, tracked);
+    else it.persistent(phase, what, where, bc.first, f, tracked);
   }
-  return peak;
 }
 
-// ZeRO-3 with offload_optimizer (CUDA): in host memory, the whole master weights as loaded
-// and the Adam moment shards; shard_optimizer_state then replaces each unit's master by its
-// shard (the shard first) and, with offload_params, adds the unit's pinned bf16 shard after.
-// Returns the peak of those host buffers.
-int64_t zero3_host_init_peak(const Run& r) {
-  const auto& units = r.layout.units();
-  int64_t live = 4 * r.P + 2 * 4 * r.shard_total(), peak = live;
-  for (size_t u = 0; u < units.size(); ++u) {
-    live += 4 * r.shard_len(u);
-    peak = std::max(peak, live);
-    live -= 4 * units[u].numel;
-    if (r.offload_params()) live += 2 * r.shard_len(u), peak = std::max(peak, live);
+// The model's construction and the parameter store's set-up (zero/param_store.h: the state
+// as loaded, then cut_shards) run on recording backends: what is live afterwards is the
+// persistent set of "init"; what the cut frees on the way (the whole units as loaded) makes
+// the init phase's peak, one item per memory.
+void parameter_items(const Run& r, const PlanTarget& t, Items& it) {
+  AllocRecorder dev, host;
+  RecordingOptions ro;
+  ro.space = r.cuda ? MemSpace::Device : MemSpace::Host;
+  ro.pinned = r.cuda ? &host : nullptr;
+  ro.deterministic = r.cfg.train.deterministic;
+  const std::unique_ptr<ops::Backend> be = make_recording_backend(dev, ro);
+  zero::StoreOptions so = zero::store_options(r.cfg);
+  so.host_backend = [&host] { return make_recording_backend(host, {}); };
+  const MemSpace cs = r.cuda ? MemSpace::Device : MemSpace::Host;  // NCCL with CUDA, else MPI
+  const int W = t.world(), G = r.groups.sp_size > 1 ? W : r.groups.dp_size, R = W / static_cast<int>(r.Z);
+  const auto world = make_recording_comm("world", W, 0, cs), grads = make_recording_comm("grads", G, 0, cs);
+  const auto zero = make_recording_comm("zero", static_cast<int>(r.Z), 0, cs);
+  const auto replica = make_recording_comm("zero_replica", R, 0, cs);
+  {
+    const model::LlamaModel model(r.mc, *be, r.dtype, model::options_for(r.cfg, r.cuda));
+    const std::unique_ptr<zero::ParamStore> store = zero::make_param_store(
+        r.layout, *be, r.dtype, so, {world.get(), grads.get(), zero.get(), R > 1 ? replica.get() : nullptr});
+    store->cut_shards();
+    const std::string src = r.zero3() ? "zero/sharded_store.cpp" : "zero/replicated_store.cpp";
+    add_recorded(it, false, "init", dev.live(), r.dev, true, src);
+    add_recorded(it, false, "init", host.live(), "host", !r.cuda, src);
+    it.transient("init", "parameter set-up: whole units as loaded, before the shards are cut", r.dev,
+                 dev.peak_bytes() - dev.live_bytes(), "peak of the replay of " + src);
+    it.transient("init", "host copy of the whole master weights as loaded (f32), less the shards", "host",
+                 host.peak_bytes() - host.live_bytes(), "peak of the replay of " + src, false);
   }
-  return peak;
 }
 
 }  // namespace
@@ -510,71 +504,9 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   it.persistent("init", "process baseline (program, libraries, MPI" + std::string(r.cuda ? ", CUDA host side)" : ")"),
                 "host", r.cuda ? kHostBaselineCudaBytes : kHostBaselineCpuBytes,
                 r.cuda ? "kHostBaselineCudaBytes (calibrated)" : "kHostBaselineCpuBytes (calibrated)", false);
-  it.persistent("init", "RoPE inverse frequencies", dev, 4 * (mc.head_dim / 2), "4 x hd/2");
 
-  // ---- parameters, gradients, optimizer state (Trainer::init, per ParamLayout unit)
-  if (!r.zero3()) {
-    const std::string opt_where = r.offload_opt() ? "host" : dev;
-    const bool opt_tracked = !r.offload_opt();
-    it.persistent("init", "fp32 master weights" + std::string(r.offload_opt() ? " (offloaded, pageable)" : ""),
-                  opt_where, 4 * P, "4 P", opt_tracked);
-    it.persistent("init", "fp32 gradients", dev, 4 * P, "4 P");
-    it.persistent("init", "Adam m, v (fp32)" + std::string(r.offload_opt() ? " (offloaded, pageable)" : ""), opt_where,
-                  8 * P, "2 x 4 P", opt_tracked);
-    if (r.cuda) it.persistent("init", "bf16 working parameters", "gpu", 2 * P, "2 P");
-    if (r.offload_opt())
-      it.persistent("init", "optimizer offload staging (pinned)", "host", 2 * kOffloadChunkElems * (4 + 2),
-                    "2 x kOffloadChunkElems x (4 + 2)", false);
-  } else {
-    // ZeRO-3 (Trainer::shard_optimizer_state, Zero3Params): shards of the fp32 state and of the
-    // reduced gradient (CUDA: and of the bf16 working parameters), the embedding and head
-    // gathered for the step with their whole (padded) fp32 gradients, a pool of 1 + prefetch
-    // gathered layers, the fp32 gradient of the one layer in backward and the shard its
-    // reduce-scatter yields (added into the gradient shard).
-    const int64_t sl = r.shard_total(), Z = r.Z;
-    const size_t hu = r.layout.num_units() - 1;
-    const int64_t ends = r.shard_len(0) + r.shard_len(hu), layer = L > 0 ? r.shard_len(1) : 0;
-    const int64_t pool = 1 + cfg.parallel.zero.prefetch;
-    const std::string wt = r.cuda ? "bf16" : "fp32";
-    if (r.offload_opt()) {
-      it.persistent("init", "fp32 master shard + Adam m, v shards (offloaded, pageable)", "host", 3 * 4 * sl,
-                    "3 x 4 x sum ceil(unit / Z)", false);
-      it.persistent("init", "optimizer offload staging (pinned)", "host", 2 * kOffloadChunkElems * (4 + 2),
-                    "2 x kOffloadChunkElems x (4 + 2)", false);
-    } else {
-      it.persistent("init", "fp32 master shard + Adam m, v shards", dev, 3 * 4 * sl, "3 x 4 x sum ceil(unit / Z)");
-    }
-    it.persistent("init", "fp32 reduced gradient shard", dev, 4 * sl, "4 x sum ceil(unit / Z)");
-    if (r.offload_params())  // Backend::alloc_host_pinned: outside the device allocator's counters
-      it.persistent("init", "bf16 working parameter shard (offloaded, pinned)", "host", 2 * sl,
-                    "2 x sum ceil(unit / Z)", false);
-    else if (r.cuda)
-      it.persistent("init", "bf16 working parameter shard", dev, 2 * sl, "2 x sum ceil(unit / Z)");
-    it.persistent("init", wt + " embedding + head, gathered for the step", dev, r.e * Z * ends,
-                  num(r.e) + " x Z x (ceil(embed / Z) + ceil(head / Z))");
-    it.persistent("init", "fp32 embedding + head gradients (whole, padded)", dev, 4 * Z * ends,
-                  "4 x Z x (ceil(embed / Z) + ceil(head / Z))");
-    it.persistent("init", wt + " gathered layers (1 + parallel.zero.prefetch = " + num(pool) + ")", dev,
-                  pool * r.e * Z * layer, "(1 + prefetch) x " + num(r.e) + " x Z x ceil(layer / Z)");
-    // CUDA: two of each, used in turn (the reduce-scatter of one layer overlaps the next's backward)
-    const int64_t nb = r.cuda ? 2 : 1;
-    const std::string nbs = r.cuda ? "2 x " : "";
-    it.persistent("init", std::string("fp32 gradient of the layer in backward") + (r.cuda ? " (x2)" : ""), dev,
-                  nb * 4 * Z * layer, nbs + "4 x Z x ceil(layer / Z)");
-    it.persistent("init", std::string("fp32 reduce-scatter result (one layer shard)") + (r.cuda ? " (x2)" : ""), dev,
-                  nb * 4 * layer, nbs + "4 x ceil(layer / Z)");
-    const int64_t at_init = ((r.offload_opt() ? 4 : 16) + (r.cuda && !r.offload_params() ? 2 : 0)) * sl +
-                            (r.e + 4) * Z * ends +
-                            (pool * r.e + 4 * nb) * Z * layer + 4 * nb * layer;  // the device items above
-    it.transient("init", "ZeRO-3 sharding: whole buffers of the units not yet sharded", dev,
-                 zero3_init_peak(r) - at_init, "replay of Trainer::shard_optimizer_state");
-    if (r.offload_opt())  // the master shards replace the whole master unit by unit, in host memory
-      it.transient("init", "host copy of the whole master weights as loaded (f32), less the shards", "host",
-                   zero3_host_init_peak(r) - (r.offload_params() ? 14 : 12) * sl,
-                   "replay of Trainer::shard_optimizer_state", false);
-    else if (r.cuda)  // (the Adam moments are shards from the start, read shard by shard on resume)
-      it.transient("init", "host copy of the whole master weights as loaded (f32)", "host", 4 * P, "4 P", false);
-  }
+  // ---- the model, parameters, gradients, optimizer state (replayed)
+  parameter_items(r, t, it);
 
   // ---- weights loading (Trainer::load_weights): on CUDA every unit is staged on the host
   if (r.cuda && !r.offload_opt() && !r.zero3())
@@ -628,9 +560,9 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   // through heap copies, unit by unit: all_reduce holds the padded send, the received blocks
   // and its own block; reduce_scatter the received blocks (then the replicas' all_reduce).
   if (!r.cuda) {
-    int64_t unit = 0, len = 0;
-    for (size_t u = 0; u < r.layout.num_units(); ++u)
-      unit = std::max(unit, r.layout.units()[u].numel), len = std::max(len, r.shard_len(u));
+    int64_t unit = 0;
+    for (size_t u = 0; u < r.layout.num_units(); ++u) unit = std::max(unit, r.layout.units()[u].numel);
+    const int64_t len = r.shards().max_len();
     auto all_reduce = [](int64_t count, int64_t ranks) {
       const int64_t block = (count + ranks - 1) / ranks;
       return 4 * (2 * block * ranks + block);
@@ -647,7 +579,7 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   // ---- host staging of checkpoints and the export (CUDA stage 0: this rank's slices)
   if (r.cuda && !r.offload_opt() && (cfg.output.save_final || cfg.output.save_every > 0)) {
     const int64_t W = t.world();
-    const int64_t state = r.zero3() ? r.shard_total() : (P + W - 1) / W;
+    const int64_t state = r.zero3() ? r.shards().total_len() : (P + W - 1) / W;
     const std::string f = r.zero3() ? "3 x 4 x sum ceil(unit / Z)" : "3 x 4 x P / W (the slices this rank writes)";
     it.transient("checkpoint save", "host staging of master, m, v (f32)", "host", 12 * state, f, false);
   }
@@ -657,8 +589,7 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
     it.transient("HF export (gather)", "the whole master weights on every rank (f32, heap)", "host", 4 * P, "4 P",
                  false);
     if (r.cuda) {
-      int64_t len = 0;
-      for (size_t u = 0; u < r.layout.num_units(); ++u) len = std::max(len, r.shard_len(u));
+      const int64_t len = r.shards().max_len();
       it.transient("HF export (gather)", "one unit gathered on the device (f32)", "gpu", 4 * r.Z * len,
                    "4 x Z x max ceil(unit / Z)");
     }

@@ -23,13 +23,12 @@
 #include "core/json.h"
 #include "ops/ops.h"
 #include "plan/target.h"
+#include "zero/param_store.h"
 
 namespace easyctx::plan {
 
-// CPU optimizer offload (parallel.zero.offload_optimizer): elements per chunk of the pinned
-// staging the trainer moves gradients down and bf16 parameters up through (double-buffered:
-// 2 x kOffloadChunkElems x (4 + 2) bytes of pinned host memory).
-constexpr int64_t kOffloadChunkElems = int64_t{1} << 24;
+// The host AdamW's staging chunk (zero/param_store.h), for the plan's readers.
+using zero::kOffloadChunkElems;
 
 // Device memory the CUDA context, cuBLASLt/cuDNN handles and NCCL communicators take beyond
 // the backend's own allocations (what cudaMemGetInfo sees minus memory_stats().peak_bytes).

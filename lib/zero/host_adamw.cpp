@@ -49,8 +49,8 @@ HostAdamW::HostAdamW(ops::Backend& be, int64_t chunk_elems) : impl_(std::make_un
   Impl& I = *impl_;
   I.chunk = chunk_elems;
   for (int s = 0; s < 2; ++s) {
-    I.grad[s] = be.alloc_host_pinned(DType::F32, chunk_elems, "host AdamW staging: gradient chunk");
-    I.work[s] = be.alloc_host_pinned(DType::BF16, chunk_elems, "host AdamW staging: bf16 weight chunk");
+    I.grad[s] = be.alloc_host_pinned(DType::F32, chunk_elems, "optimizer offload staging (pinned)");
+    I.work[s] = be.alloc_host_pinned(DType::BF16, chunk_elems, "optimizer offload staging (pinned)");
   }
   I.down = be.make_queue();
   I.up = be.make_queue();

@@ -124,6 +124,10 @@ class ParamStore {
              const StoreComms& c);
   bool on_device() const { return be_.memspace() == MemSpace::Device; }
   std::unique_ptr<ops::Backend> make_host_backend() const;
+  // The name of a buffer of the fp32 state for the memory plan: marked when in host memory.
+  std::string state_label(const std::string& what) const {
+    return host_be_ ? what + " (offloaded, pageable)" : what;
+  }
   // A store's destructor first: the host AdamW's thread writes buffers about to go (an error
   // of that last step is logged: a destructor cannot report it).
   void settle_before_destruction() noexcept;

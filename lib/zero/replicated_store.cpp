@@ -46,10 +46,10 @@ class ReplicatedStore final : public ParamStore {
       : ParamStore(layout, be, dtype, o, c) {
     ops::Backend& opt_be = host_be_ ? *host_be_ : be_;
     for (const model::ParamUnit& u : layout_.units()) {
-      master_.push_back(opt_be.alloc(DType::F32, u.numel, "fp32 master weights"));
+      master_.push_back(opt_be.alloc(DType::F32, u.numel, state_label("fp32 master weights").c_str()));
       grads_.push_back(be_.alloc(DType::F32, u.numel, "fp32 gradients"));
-      adam_m_.push_back(opt_be.alloc(DType::F32, u.numel, "Adam m (fp32)"));
-      adam_v_.push_back(opt_be.alloc(DType::F32, u.numel, "Adam v (fp32)"));
+      adam_m_.push_back(opt_be.alloc(DType::F32, u.numel, state_label("Adam m, v (fp32)").c_str()));
+      adam_v_.push_back(opt_be.alloc(DType::F32, u.numel, state_label("Adam m, v (fp32)").c_str()));
       if (on_device()) work_.push_back(be_.alloc(DType::BF16, u.numel, "bf16 working parameters"));
     }
     if (host_adamw_)

@@ -16,6 +16,8 @@
 namespace easyctx::zero {
 namespace {
 
+constexpr const char* kShards = "fp32 master shard + Adam m, v shards";
+
 class ShardedStore;
 
 // The model's ParamSource: the embedding and head gathered for the step (and their whole
@@ -53,11 +55,12 @@ class ShardedStore final : public ParamStore {
     if (on_device()) load_be_ = make_host_backend();
     ops::Backend& opt_be = host_be_ ? *host_be_ : load_be_ ? *load_be_ : be_;
     ops::Backend& mom_be = on_device() && !host_be_ ? be_ : opt_be;
+    const std::string moments_label = on_device() ? state_label(kShards) : "Adam m, v (fp32, whole, as loaded)";
     for (size_t u = 0; u < sl_.units(); ++u) {
       master_.push_back(opt_be.alloc(DType::F32, sl_.numel(u), "fp32 master weights (whole, as loaded)"));
       const int64_t moments = on_device() ? sl_.len(u) : sl_.numel(u);
-      adam_m_.push_back(mom_be.alloc(DType::F32, moments, "Adam m (fp32)"));
-      adam_v_.push_back(mom_be.alloc(DType::F32, moments, "Adam v (fp32)"));
+      adam_m_.push_back(mom_be.alloc(DType::F32, moments, moments_label.c_str()));
+      adam_v_.push_back(mom_be.alloc(DType::F32, moments, moments_label.c_str()));
     }
     lane_ = std::make_unique<CommLane>(be_, std::initializer_list<dist::Comm*>{comms_.zero, comms_.zero_replica});
     if (host_adamw_) {
@@ -192,30 +195,33 @@ class ShardedStore final : public ParamStore {
   void cut_shards() override {
     const int64_t Z = sl_.group_size();
     ops::Backend& state_be = host_be_ ? *host_be_ : be_;  // offload_optimizer: the shards stay on the host
+    const std::string shards = state_label(kShards), wt = dtype_ == DType::BF16 ? "bf16" : "fp32";
+    const std::string ends = wt + " embedding + head, gathered for the step";
     for (size_t u = 0; u < sl_.units(); ++u) {
       const int64_t len = sl_.len(u), lo = sl_.lo(u), valid = sl_.valid(u);
-      auto slice = [&](const ops::Buffer& full, const char* what) {
-        ops::Buffer b = state_be.alloc(DType::F32, len, what);  // zero-filled: the padding stays 0
+      auto slice = [&](const ops::Buffer& full) {
+        ops::Buffer b = state_be.alloc(DType::F32, len, shards.c_str());  // zero-filled: the padding stays 0
         if (valid > 0) state_be.copy(b.flat().slice_flat(0, {valid}), full.flat().slice_flat(lo, {valid}));
         return b;
       };
-      master_[u] = slice(master_[u], "fp32 master shard");
+      master_[u] = slice(master_[u]);
       if (!moments_as_shards()) {
-        adam_m_[u] = slice(adam_m_[u], "Adam m shard (fp32)");
-        adam_v_[u] = slice(adam_v_[u], "Adam v shard (fp32)");
+        adam_m_[u] = slice(adam_m_[u]);
+        adam_v_[u] = slice(adam_v_[u]);
       }
       gshard_.push_back(be_.alloc(DType::F32, len, "fp32 reduced gradient shard"));
       if (on_device())  // (offload_params: pinned host memory, written by the host AdamW)
-        wshard_.push_back(opts_.offload_params ? be_.alloc_host_pinned(DType::BF16, len, "bf16 working parameter shard")
-                                               : be_.alloc(DType::BF16, len, "bf16 working parameter shard"));
+        wshard_.push_back(opts_.offload_params
+                              ? be_.alloc_host_pinned(DType::BF16, len, "bf16 working parameter shard (offloaded, pinned)")
+                              : be_.alloc(DType::BF16, len, "bf16 working parameter shard"));
       if (layer(u)) {
         full_.emplace_back();
         grads_.emplace_back();
         continue;
       }
-      full_.push_back(be_.alloc(dtype_, len * Z, "embedding / head, gathered for the step"));
+      full_.push_back(be_.alloc(dtype_, len * Z, ends.c_str()));
       // The model accumulates the whole unit; padded for the reduce-scatter.
-      grads_.push_back(be_.alloc(DType::F32, len * Z, "fp32 embedding / head gradient (whole, padded)"));
+      grads_.push_back(be_.alloc(DType::F32, len * Z, "fp32 embedding + head gradients (whole, padded)"));
     }
     if (on_device()) be_.synchronize();  // the host buffers the shards came from go away
     load_be_.reset();
@@ -223,7 +229,8 @@ class ShardedStore final : public ParamStore {
     const int64_t L = static_cast<int64_t>(sl_.units()) - 2;
     if (L > 0) {
       const int64_t len = sl_.len(layout_.layer_unit(0));  // every layer unit has the same size
-      for (int i = 0; i <= opts_.prefetch; ++i) slots.push_back(be_.alloc(dtype_, len * Z, "gathered layer"));
+      const std::string pool = wt + " gathered layers (1 + parallel.zero.prefetch = " + std::to_string(1 + opts_.prefetch) + ")";
+      for (int i = 0; i <= opts_.prefetch; ++i) slots.push_back(be_.alloc(dtype_, len * Z, pool.c_str()));
       for (int k = 0; k < (on_device() ? 2 : 1); ++k) {  // CUDA: two, the reduce-scatter of one overlapping
         grads.push_back(be_.alloc(DType::F32, len * Z, "fp32 gradient of the layer in backward"));
         parts.push_back(be_.alloc(DType::F32, len, "fp32 reduce-scatter result (one layer shard)"));

@@ -1,0 +1,146 @@
+#include "plan/recorder.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace easyctx::plan {
+
+int64_t AllocRecorder::add(const std::string& what, int64_t bytes) {
+  const int64_t id = next_++;
+  live_[id] = {what.empty() ? "(unnamed buffer)" : what, bytes};
+  live_bytes_ += bytes;
+  if (live_bytes_ > peak_bytes_) {
+    peak_bytes_ = live_bytes_;
+    peak_extra_.clear();
+    for (const auto& [i, e] : live_)
+      if (!at_begin_.count(i)) peak_extra_.push_back(e);
+  }
+  return id;
+}
+
+void AllocRecorder::remove(int64_t id) {
+  auto it = live_.find(id);
+  EASYCTX_CHECK(it != live_.end(), "AllocRecorder: buffer ", id, " freed twice");
+  live_bytes_ -= it->second.bytes;
+  live_.erase(it);
+}
+
+void AllocRecorder::begin_phase() {
+  at_begin_.clear();
+  for (const auto& [i, e] : live_) at_begin_[i] = true;
+  peak_bytes_ = live_bytes_;
+  peak_extra_.clear();
+}
+
+std::vector<AllocRecorder::Entry> AllocRecorder::live() const {
+  std::vector<Entry> v;
+  for (const auto& [i, e] : live_) v.push_back(e);
+  return v;
+}
+
+namespace {
+
+// Addresses that are never dereferenced: distinct, 256-byte aligned, far from real memory.
+void* fake_address(int64_t bytes) {
+  static uint64_t next = uint64_t{1} << 46;
+  void* p = reinterpret_cast<void*>(next);
+  next += (static_cast<uint64_t>(std::max<int64_t>(bytes, 1)) + 255) / 256 * 256;
+  return p;
+}
+
+class RecordingBackend final : public ops::Backend {
+ public:
+  RecordingBackend(AllocRecorder& rec, const RecordingOptions& o) : rec_(rec), o_(o) {}
+  const char* name() const override { return o_.space == MemSpace::Device ? "cuda (recorded)" : "cpu (recorded)"; }
+  MemSpace memspace() const override { return o_.space; }
+  ops::MemoryStats memory_stats() const override { return {rec_.live_bytes(), rec_.peak_bytes(), 0}; }
+  void reset_peak_memory() override { rec_.begin_phase(); }
+
+  ops::Buffer allocate(DType t, int64_t numel, const char* what) override {
+    return record(rec_, t, numel, what, o_.space);
+  }
+  ops::Buffer allocate_host_pinned(DType t, int64_t numel, const char* what) override {
+    return record(o_.pinned ? *o_.pinned : rec_, t, numel, what, MemSpace::Host);
+  }
+  ops::CopyFence copy_async(const ops::Tensor&, const ops::Tensor&) override { return {}; }
+  void wait_copy(ops::CopyFence) override {}
+  void copy_on(Queue&, const ops::Tensor&, const ops::Tensor&) override {}
+  void copy(const ops::Tensor&, const ops::Tensor&) override {}
+  void copy_2d(const ops::Tensor&, int64_t, const ops::Tensor&, int64_t, int64_t, int64_t) override {}
+  void fill(const ops::Tensor&, double) override {}
+  void axpy(const ops::Tensor&, const ops::Tensor&, double) override {}
+  void scale(const ops::Tensor&, double) override {}
+  double sum_squares(const ops::Tensor&) override { return 0; }
+  void embedding_fwd(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&) override {}
+  void embedding_bwd(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&) override {}
+  void rmsnorm_fwd(const ops::Tensor&, const ops::Tensor&, double, const ops::Tensor&, const ops::Tensor&) override {}
+  void rmsnorm_bwd(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, const ops::Tensor&,
+                   const ops::Tensor&) override {}
+  void matmul(const ops::Tensor&, bool, const ops::Tensor&, bool, const ops::Tensor&, double, double) override {}
+  void rope(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, bool) override {}
+  void attention_fwd(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, const ops::AttentionBlock&,
+                     const ops::Tensor&, const ops::Tensor&) override {}
+  void attention_bwd(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
+                     const ops::Tensor& lse, const ops::Tensor& dout, const ops::AttentionBlock& blk,
+                     const ops::Tensor& dq, const ops::Tensor& dk, const ops::Tensor& dv) override {
+    (void)q, (void)k, (void)v, (void)o, (void)lse, (void)dout, (void)blk, (void)dq, (void)dk, (void)dv;
+  }
+  void attention_merge(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, const ops::Tensor&) override {}
+  void swiglu_fwd(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&) override {}
+  void swiglu_bwd(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, const ops::Tensor&,
+                  const ops::Tensor&) override {}
+  ops::LossSums lm_head_loss(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, int64_t, double,
+                             const ops::Tensor&, const ops::Tensor&) override {
+    return {};
+  }
+  void adamw(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, const ops::Tensor&,
+             const ops::AdamWStep&) override {}
+
+ private:
+  static ops::Buffer record(AllocRecorder& rec, DType t, int64_t numel, const char* what, MemSpace space) {
+    EASYCTX_CHECK(numel >= 0, "alloc: negative element count ", numel);
+    const int64_t bytes = numel * static_cast<int64_t>(ops::element_size(t));
+    const int64_t id = rec.add(what ? what : "", bytes);
+    return ops::Buffer(fake_address(bytes), static_cast<size_t>(bytes), t, space,
+                       [&rec, id](void*) { rec.remove(id); });
+  }
+  AllocRecorder& rec_;
+  RecordingOptions o_;
+};
+
+class RecordingComm final : public dist::Comm {
+ public:
+  RecordingComm(std::string name, int size, int rank, MemSpace space)
+      : name_(std::move(name)), size_(size), rank_(rank), space_(space) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  MemSpace memspace() const override { return space_; }
+  const char* backend() const override { return space_ == MemSpace::Device ? "nccl" : "mpi"; }
+  void all_reduce(const void*, void*, size_t, DType, dist::ReduceOp) override {}
+  void reduce_scatter(const void*, void*, size_t, DType, dist::ReduceOp) override {}
+  void all_gather(const void*, void*, size_t, DType) override {}
+  void broadcast(void*, size_t, DType, int) override {}
+  void send_recv(const void*, size_t, int, void*, size_t, int, DType) override {}
+  void all_to_all(const void*, void*, size_t, DType) override {}
+  void barrier() override {}
+  double all_reduce_scalar(double v, dist::ReduceOp) override { return v; }
+
+ private:
+  std::string name_;
+  int size_, rank_;
+  MemSpace space_;
+};
+
+}  // namespace
+
+std::unique_ptr<ops::Backend> make_recording_backend(AllocRecorder& rec, const RecordingOptions& o) {
+  return std::make_unique<RecordingBackend>(rec, o);
+}
+
+std::unique_ptr<dist::Comm> make_recording_comm(const std::string& name, int size, int rank, MemSpace space) {
+  return std::make_unique<RecordingComm>(name, size, rank, space);
+}
+
+}  // namespace easyctx::plan
