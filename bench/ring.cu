@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/sequence_parallel.h"
+#include "attention/zigzag_ring.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "dist/groups.h"

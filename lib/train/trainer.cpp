@@ -20,7 +20,10 @@
 #endif
 #include "ops/profile.h"
 
-#include "attention/sequence_parallel.h"
+#include "attention/dist_flash.h"
+#include "attention/head_grouped.h"
+#include "attention/ulysses.h"
+#include "attention/zigzag_ring.h"
 #include "ckpt/convert.h"
 #include "ckpt/hf_model.h"
 #include "ckpt/sharded_checkpoint.h"

@@ -6,7 +6,10 @@
 
 #include <numeric>
 
-#include "attention/sequence_parallel.h"
+#include "attention/dist_flash.h"
+#include "attention/head_grouped.h"
+#include "attention/ulysses.h"
+#include "attention/zigzag_ring.h"
 #include "core/config.h"
 #include "dist/groups.h"
 #include "test_util.h"

@@ -1,0 +1,146 @@
+#include "attention/dist_flash.h"
+
+#include "attention/blocks.h"
+#include "core/error.h"
+
+namespace easyctx::attention {
+using detail::acc_type;
+using detail::check_sizes;
+using detail::copy_lse_cols;
+using detail::seq;
+using detail::seq_rows;
+using ops::Buffer;
+using ops::DType;
+using ops::Tensor;
+
+void DistFlashAttention::exchange(const Tensor& send, int dst, const Tensor& recv, int src) {
+  if (dst == dist::kNoPeer && src == dist::kNoPeer) return;
+  be_.synchronize();
+  comm_.send_recv(send.data, static_cast<size_t>(send.numel()), dst, recv.data, static_cast<size_t>(recv.numel()), src,
+                  send.dtype);
+  comm_.synchronize();
+}
+
+namespace {
+// Peer at offset t along the chain 0..W-1, or kNoPeer past either end.
+int peer(int r, int t, int W) { return (r + t >= 0 && r + t < W) ? r + t : dist::kNoPeer; }
+}  // namespace
+
+void DistFlashAttention::forward(const Tensor& qall, const Tensor& kall, const Tensor& vall, double scale,
+                                 const Tensor& oall, const Tensor& lseall) {
+  check_sizes(qall, kall, vall, oall, lseall);
+  const int W = comm_.size(), r = comm_.rank(), half = W / 2;
+  const int64_t c = qall.dim(1), Hq = qall.dim(2), Hkv = kall.dim(2), hd = qall.dim(3);
+  for (int64_t b = 0; b < qall.dim(0); ++b) {
+    Tensor q = seq(qall, b), k = seq(kall, b), v = seq(vall, b), o = seq(oall, b), lse = seq(lseall, b);
+    Buffer acc_o = be_.alloc(acc_type(lse), c * Hq * hd);
+    Tensor ao = acc_o.view({1, c, Hq, hd});
+    Buffer o_blk = be_.alloc(q.dtype, c * Hq * hd), l_blk = be_.alloc(lse.dtype, Hq * c);
+    Tensor ob = o_blk.view({1, c, Hq, hd}), lb = l_blk.view({1, Hq, c});
+    Buffer kr = be_.alloc(k.dtype, k.numel()), vr = be_.alloc(v.dtype, v.numel());
+    Tensor kt = kr.view({1, c, Hkv, hd}), vt = vr.view({1, c, Hkv, hd});
+    ops::AttentionBlock blk;
+    blk.scale = scale;
+    // Own query against key chunks r, r-1, ..., r-half.
+    blk.causal = true;
+    blk.q_offset = blk.k_offset = r * c;
+    be_.attention_fwd(q, k, v, blk, ob, lse);
+    be_.copy(ao, ob);
+    for (int t = 1; t <= half; ++t) {
+      exchange(k, peer(r, t, W), kt, peer(r, -t, W));
+      exchange(v, peer(r, t, W), vt, peer(r, -t, W));
+      if (peer(r, -t, W) == dist::kNoPeer) continue;
+      blk.causal = false;
+      blk.k_offset = (r - t) * c;
+      be_.attention_fwd(q, kt, vt, blk, ob, lb);
+      be_.attention_merge(ao, lse, ob, lb);
+    }
+    // Helper part: query chunk r+t (t > half) against our own keys, result sent back.
+    Buffer qr = be_.alloc(q.dtype, q.numel());
+    Tensor qt = qr.view({1, c, Hq, hd});
+    for (int t = half + 1; t < W; ++t) {
+      exchange(q, peer(r, -t, W), qt, peer(r, t, W));
+      if (peer(r, t, W) != dist::kNoPeer) {
+        blk.causal = false;
+        blk.q_offset = (r + t) * c;
+        blk.k_offset = r * c;
+        be_.attention_fwd(qt, k, v, blk, ob, lb);
+      }
+      // Partial (o, lse) goes back to the query's rank; ours comes from rank r-t.
+      Buffer o_in = be_.alloc(q.dtype, c * Hq * hd), l_in = be_.alloc(lse.dtype, Hq * c);
+      exchange(ob, peer(r, t, W), o_in.view({1, c, Hq, hd}), peer(r, -t, W));
+      exchange(lb, peer(r, t, W), l_in.view({1, Hq, c}), peer(r, -t, W));
+      if (peer(r, -t, W) != dist::kNoPeer) be_.attention_merge(ao, lse, o_in.view({1, c, Hq, hd}), l_in.view({1, Hq, c}));
+    }
+    be_.copy(o, ao);
+  }
+}
+
+void DistFlashAttention::backward(const Tensor& qall, const Tensor& kall, const Tensor& vall, const Tensor& oall,
+                                  const Tensor& lseall, const Tensor& doall, double scale, const Tensor& dqall,
+                                  const Tensor& dkall, const Tensor& dvall) {
+  check_sizes(qall, kall, vall, oall, lseall);
+  const int W = comm_.size(), r = comm_.rank(), half = W / 2;
+  const int64_t c = qall.dim(1), Hq = qall.dim(2), Hkv = kall.dim(2), hd = qall.dim(3);
+  for (int64_t b = 0; b < qall.dim(0); ++b) {
+    Tensor q = seq(qall, b), k = seq(kall, b), v = seq(vall, b), o = seq(oall, b), lse = seq(lseall, b),
+           dout = seq(doall, b), dq = seq(dqall, b), dk = seq(dkall, b), dv = seq(dvall, b);
+    // Gradients accumulate in fp32 (for fp32 and bf16 data); partials travel in fp32 too.
+    const DType acc = acc_type(lse);
+    Buffer dq_acc = be_.alloc(acc, q.numel()), dk_acc = be_.alloc(acc, k.numel()), dv_acc = be_.alloc(acc, v.numel());
+    const Tensor dqa = dq_acc.view({1, c, Hq, hd}), dka = dk_acc.view({1, c, Hkv, hd}), dva = dv_acc.view({1, c, Hkv, hd});
+    ops::AttentionBlock blk;
+    blk.scale = scale;
+    blk.causal = true;
+    blk.q_offset = blk.k_offset = r * c;
+    be_.attention_bwd(q, k, v, o, lse, dout, blk, dqa, dka, dva);
+    // Own query against earlier key chunks: dK/dV partials go back to the key's rank.
+    Buffer kr = be_.alloc(k.dtype, k.numel()), vr = be_.alloc(v.dtype, v.numel());
+    Buffer dkp = be_.alloc(acc, k.numel()), dvp = be_.alloc(acc, v.numel());
+    Buffer dk_in = be_.alloc(acc, k.numel()), dv_in = be_.alloc(acc, v.numel());
+    Tensor kt = kr.view({1, c, Hkv, hd}), vt = vr.view({1, c, Hkv, hd});
+    for (int t = 1; t <= half; ++t) {
+      exchange(k, peer(r, t, W), kt, peer(r, -t, W));
+      exchange(v, peer(r, t, W), vt, peer(r, -t, W));
+      be_.fill(dkp.flat(), 0);
+      be_.fill(dvp.flat(), 0);
+      if (peer(r, -t, W) != dist::kNoPeer) {
+        blk.causal = false;
+        blk.k_offset = (r - t) * c;
+        be_.attention_bwd(q, kt, vt, o, lse, dout, blk, dqa, dkp.view({1, c, Hkv, hd}), dvp.view({1, c, Hkv, hd}));
+      }
+      exchange(dkp.view({1, c, Hkv, hd}), peer(r, -t, W), dk_in.view({1, c, Hkv, hd}), peer(r, t, W));
+      exchange(dvp.view({1, c, Hkv, hd}), peer(r, -t, W), dv_in.view({1, c, Hkv, hd}), peer(r, t, W));
+      if (peer(r, t, W) != dist::kNoPeer) {
+        be_.axpy(dka, dk_in.view({1, c, Hkv, hd}), 1.0);
+        be_.axpy(dva, dv_in.view({1, c, Hkv, hd}), 1.0);
+      }
+    }
+    // Helper part: later queries against our keys; dQ partials go back, dK/dV stay here.
+    Buffer qr = be_.alloc(q.dtype, q.numel()), orr = be_.alloc(o.dtype, o.numel()), dr = be_.alloc(dout.dtype, dout.numel());
+    Buffer lr = be_.alloc(lse.dtype, lse.numel()), dqp = be_.alloc(acc, q.numel()), dq_in = be_.alloc(acc, q.numel());
+    Tensor qt = qr.view({1, c, Hq, hd}), ot = orr.view({1, c, Hq, hd}), dt = dr.view({1, c, Hq, hd}),
+           lt = lr.view({1, Hq, c});
+    for (int t = half + 1; t < W; ++t) {
+      const int to = peer(r, -t, W), from = peer(r, t, W);
+      exchange(q, to, qt, from);
+      exchange(o, to, ot, from);
+      exchange(lse, to, lt, from);
+      exchange(dout, to, dt, from);
+      be_.fill(dqp.flat(), 0);
+      if (from != dist::kNoPeer) {
+        blk.causal = false;
+        blk.q_offset = (r + t) * c;
+        blk.k_offset = r * c;
+        be_.attention_bwd(qt, k, v, ot, lt, dt, blk, dqp.view({1, c, Hq, hd}), dka, dva);
+      }
+      exchange(dqp.view({1, c, Hq, hd}), from, dq_in.view({1, c, Hq, hd}), to);
+      if (to != dist::kNoPeer) be_.axpy(dqa, dq_in.view({1, c, Hq, hd}), 1.0);
+    }
+    be_.copy(dq, dqa);
+    be_.copy(dk, dka);
+    be_.copy(dv, dva);
+  }
+}
+
+}  // namespace easyctx::attention

@@ -1,0 +1,161 @@
+#include "attention/ulysses.h"
+
+#include <vector>
+
+#include "attention/blocks.h"
+#include "core/error.h"
+
+namespace easyctx::attention {
+using detail::acc_type;
+using detail::check_sizes;
+using detail::copy_lse_cols;
+using detail::seq;
+using detail::seq_rows;
+using ops::Buffer;
+using ops::DType;
+using ops::Tensor;
+
+UlyssesAttention::UlyssesAttention(ops::Backend& be, dist::Comm& group, std::unique_ptr<SequenceAttention> inner)
+    : be_(be), comm_(group), inner_(std::move(inner)) {
+  inner_is_ring_ = inner_ != nullptr;
+  if (!inner_) inner_ = std::make_unique<LocalAttention>(be_);
+}
+
+int64_t UlyssesAttention::Heads::kv_head_of(int rank) const {
+  if (kv_per_rank * static_cast<int64_t>(hq / q_per_rank) == hkv) return rank * kv_per_rank;
+  return (rank * q_per_rank) / (hq / hkv);
+}
+
+UlyssesAttention::Heads UlyssesAttention::heads(const Tensor& q, const Tensor& k) const {
+  const int64_t U = comm_.size();
+  Heads h{q.dim(2), k.dim(2), q.dim(3), 0, 0};
+  EASYCTX_CHECK_INPUT(h.hq % U == 0, "ulysses: parallel.sequence.size (", U, ") must divide the attention heads (",
+                      h.hq, ")");
+  h.q_per_rank = h.hq / U;
+  if (h.hkv % U == 0) {
+    h.kv_per_rank = h.hkv / U;
+  } else {
+    EASYCTX_CHECK_INPUT(U % h.hkv == 0, "ulysses: parallel.sequence.size (", U, ") must divide the key/value heads (",
+                        h.hkv, ") or be a multiple of them");
+    h.kv_per_rank = 1;  // several ranks read the same kv head
+  }
+  return h;
+}
+
+Buffer UlyssesAttention::to_heads(const Tensor& x, int64_t h_total, int64_t h_per, bool kv, const Heads& hs) {
+  const int U = comm_.size();
+  const int64_t S = x.dim(1), hd = x.dim(3), blk = S * h_per * hd;
+  Buffer send = be_.alloc(x.dtype, blk * U), recv = be_.alloc(x.dtype, blk * U);
+  for (int j = 0; j < U; ++j) {  // rank j's heads of every token: one strided copy
+    const int64_t h0 = kv ? hs.kv_head_of(j) : j * h_per;
+    be_.copy_2d(send.flat().slice_flat(j * blk, {blk}), h_per * hd, x.slice_flat(h0 * hd, {x.numel() - h0 * hd}),
+                h_total * hd, S, h_per * hd);
+  }
+  be_.synchronize();
+  comm_.all_to_all(send.data(), recv.data(), static_cast<size_t>(blk), x.dtype);
+  comm_.synchronize();
+  return recv;  // [U * S, h_per, hd]: the gathered sequence in rank order
+}
+
+void UlyssesAttention::from_heads(const Tensor& xh, int64_t h_total, int64_t h_per, bool kv, const Heads& hs,
+                                  const Tensor& x) {
+  const int U = comm_.size();
+  const int64_t S = x.dim(1), hd = x.dim(3), blk = S * h_per * hd;
+  Buffer recv = be_.alloc(xh.dtype, blk * U);
+  be_.synchronize();
+  comm_.all_to_all(xh.data, recv.data(), static_cast<size_t>(blk), xh.dtype);
+  comm_.synchronize();
+  // Rank i's heads of every token back into x, one strided copy each; a kv head that several
+  // ranks held (Hkv < U) gets the sum of their gradients, added in rank order.
+  std::vector<char> written(static_cast<size_t>(h_total), 0);
+  Buffer sum;
+  for (int i = 0; i < U; ++i) {
+    const int64_t h0 = kv ? hs.kv_head_of(i) : i * h_per;
+    const Tensor part = x.slice_flat(h0 * hd, {x.numel() - h0 * hd}), mine = recv.flat().slice_flat(i * blk, {blk});
+    if (!written[static_cast<size_t>(h0)]) {
+      be_.copy_2d(part, h_total * hd, mine, h_per * hd, S, h_per * hd);
+    } else {
+      if (sum.numel() == 0) sum = be_.alloc(xh.dtype, blk);
+      be_.copy_2d(sum.flat(), h_per * hd, part, h_total * hd, S, h_per * hd);
+      be_.axpy(sum.flat(), mine, 1.0);
+      be_.copy_2d(part, h_total * hd, sum.flat(), h_per * hd, S, h_per * hd);
+    }
+    for (int64_t h = h0; h < h0 + h_per; ++h) written[static_cast<size_t>(h)] = 1;
+  }
+}
+
+Buffer UlyssesAttention::lse_to_heads(const Tensor& lse, int64_t h_per, int64_t s_local) {
+  const int U = comm_.size();
+  const int64_t blk = h_per * s_local;
+  Buffer recv = be_.alloc(lse.dtype, blk * U), out = be_.alloc(lse.dtype, blk * U);
+  // lse [1, Hq, S_l]: block j = heads of rank j, contiguous.
+  be_.synchronize();
+  comm_.all_to_all(lse.data, recv.data(), static_cast<size_t>(blk), lse.dtype);
+  comm_.synchronize();
+  // recv [U][h_per][S_l] -> out [h_per][U * S_l]
+  for (int i = 0; i < U; ++i)
+    for (int64_t h = 0; h < h_per; ++h)
+      be_.copy(out.flat().slice_flat(h * U * s_local + i * s_local, {s_local}),
+               recv.flat().slice_flat((i * h_per + h) * s_local, {s_local}));
+  return out;
+}
+
+void UlyssesAttention::lse_to_seq(const Tensor& lse_h, int64_t h_per, int64_t s_local, const Tensor& lse) {
+  const int U = comm_.size();
+  const int64_t blk = h_per * s_local;
+  Buffer send = be_.alloc(lse.dtype, blk * U);
+  for (int j = 0; j < U; ++j)
+    for (int64_t h = 0; h < h_per; ++h)
+      be_.copy(send.flat().slice_flat((j * h_per + h) * s_local, {s_local}),
+               lse_h.slice_flat(h * U * s_local + j * s_local, {s_local}));
+  be_.synchronize();
+  comm_.all_to_all(send.data(), lse.data, static_cast<size_t>(blk), lse.dtype);
+  comm_.synchronize();
+}
+
+void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& o,
+                               const Tensor& lse) {
+  check_sizes(q, k, v, o, lse);
+  const Heads hs = heads(q, k);
+  const int64_t U = comm_.size(), hd = hs.hd;
+  for (int64_t b = 0; b < q.dim(0); ++b) {
+    const int64_t S = q.dim(1), Sg = S * U;
+    Buffer qh = to_heads(seq(q, b), hs.hq, hs.q_per_rank, false, hs);
+    Buffer kh = to_heads(seq(k, b), hs.hkv, hs.kv_per_rank, true, hs);
+    Buffer vh = to_heads(seq(v, b), hs.hkv, hs.kv_per_rank, true, hs);
+    Buffer oh = be_.alloc(o.dtype, Sg * hs.q_per_rank * hd), lh = be_.alloc(lse.dtype, hs.q_per_rank * Sg);
+    inner_->forward(qh.view({1, Sg, hs.q_per_rank, hd}), kh.view({1, Sg, hs.kv_per_rank, hd}),
+                    vh.view({1, Sg, hs.kv_per_rank, hd}), scale, oh.view({1, Sg, hs.q_per_rank, hd}),
+                    lh.view({1, hs.q_per_rank, Sg}));
+    from_heads(oh.view({1, Sg, hs.q_per_rank, hd}), hs.hq, hs.q_per_rank, false, hs, seq(o, b));
+    lse_to_seq(lh.view({1, hs.q_per_rank, Sg}), hs.q_per_rank, S, seq(lse, b));
+  }
+}
+
+void UlyssesAttention::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
+                                const Tensor& dk, const Tensor& dv) {
+  check_sizes(q, k, v, o, lse);
+  const Heads hs = heads(q, k);
+  const int64_t U = comm_.size(), hd = hs.hd;
+  for (int64_t b = 0; b < q.dim(0); ++b) {
+    const int64_t S = q.dim(1), Sg = S * U;
+    const int64_t nq = hs.q_per_rank, nkv = hs.kv_per_rank;
+    Buffer qh = to_heads(seq(q, b), hs.hq, nq, false, hs);
+    Buffer kh = to_heads(seq(k, b), hs.hkv, nkv, true, hs);
+    Buffer vh = to_heads(seq(v, b), hs.hkv, nkv, true, hs);
+    Buffer oh = to_heads(seq(o, b), hs.hq, nq, false, hs);
+    Buffer dh = to_heads(seq(dout, b), hs.hq, nq, false, hs);
+    Buffer lh = lse_to_heads(seq(lse, b), nq, S);
+    Buffer dqh = be_.alloc(dq.dtype, Sg * nq * hd), dkh = be_.alloc(dk.dtype, Sg * nkv * hd),
+           dvh = be_.alloc(dv.dtype, Sg * nkv * hd);
+    inner_->backward(qh.view({1, Sg, nq, hd}), kh.view({1, Sg, nkv, hd}), vh.view({1, Sg, nkv, hd}),
+                     oh.view({1, Sg, nq, hd}), lh.view({1, nq, Sg}), dh.view({1, Sg, nq, hd}), scale,
+                     dqh.view({1, Sg, nq, hd}), dkh.view({1, Sg, nkv, hd}), dvh.view({1, Sg, nkv, hd}));
+    from_heads(dqh.view({1, Sg, nq, hd}), hs.hq, nq, false, hs, seq(dq, b));
+    from_heads(dkh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(dk, b));
+    from_heads(dvh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(dv, b));
+  }
+}
+
+}  // namespace easyctx::attention

@@ -1,0 +1,57 @@
+// Zigzag ring attention: one causal sequence split across the ranks of a ring.
+//
+// 2W chunks of c tokens; rank r holds chunks r and 2W-1-r (in that order along its local
+// sequence). K/V blocks travel the ring (send to r+1, receive from r-1); at each step a
+// local query chunk a meets a visiting key chunk b only if b <= a: b == a is the causal
+// diagonal, b < a a full block, b > a is skipped. That makes every step after the first
+// exactly half a block per rank: perfectly balanced. Partial outputs merge with the LSE rule
+// into per-chunk accumulators (fp32 for fp32/bf16 data). Backward circulates dK/dV
+// accumulators with K/V and returns them to their owner after one extra hop.
+//
+// Tensors as in SequenceAttention: q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
+// lse [B, Hq, S] (this rank's tokens). Batches are processed one sequence at a time.
+#pragma once
+#include "attention/attention.h"
+#include "dist/comm.h"
+
+namespace easyctx::attention {
+
+class ZigzagRingAttention final : public SequenceAttention {
+ public:
+  ZigzagRingAttention(ops::Backend& be, dist::Comm& ring) : be_(be), ring_(ring) {}
+  const char* name() const override { return "zigzag_ring"; }
+  // Wall seconds the ring waits on communication: the part of each exchange that the
+  // compute it overlaps did not hide (bench/ring reports it). The K/V of step s + 1 travel
+  // while step s computes; the backward's dK/dV accumulators travel after it (they hold that
+  // step's result).
+  double comm_seconds() const { return comm_s_; }
+  void reset_comm_seconds() { comm_s_ = 0; }
+  void forward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale, const ops::Tensor& o,
+               const ops::Tensor& lse) override;
+  void backward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
+                const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
+                const ops::Tensor& dk, const ops::Tensor& dv) override;
+
+ private:
+  void forward_one(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale,
+                   const ops::Tensor& o, const ops::Tensor& lse);
+  void backward_one(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
+                    const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
+                    const ops::Tensor& dk, const ops::Tensor& dv);
+  // Starts sending buffers [first, last] of `send` to the next rank and receiving the
+  // previous rank's into `recv` (paired, so the ring never deadlocks): after the compute
+  // queued so far has finished, on the comm's own stream for device backends (host backends
+  // exchange here, blocking). exchange_end() waits for it; until then neither buffer set may
+  // be written, and `recv` not read.
+  void exchange_begin(const ops::Buffer* send, ops::Buffer* recv, int first, int last);
+  void exchange_end();
+  void exchange(const ops::Buffer* send, ops::Buffer* recv, int first, int last) {
+    exchange_begin(send, recv, first, last);
+    exchange_end();
+  }
+  ops::Backend& be_;
+  dist::Comm& ring_;
+  double comm_s_ = 0;
+};
+
+}  // namespace easyctx::attention
