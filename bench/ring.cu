@@ -104,19 +104,21 @@ int main(int argc, char** argv) {
              DQ = dq.view({1, T, sh.hq, sh.hd}), DK = dk.view({1, T, sh.hkv, sh.hd}),
              DV = dv.view({1, T, sh.hkv, sh.hd});
         const double scale = 1.0 / std::sqrt(static_cast<double>(sh.hd));
+        const attention::AttentionTensors t{Q, K, V, O, L, scale};
+        const attention::AttentionGrads g{DO, DQ, DK, DV};
         attention::LocalAttention local(*be);
         const double t1 = seconds_of(*be, pg.world(), 1, reps, [&] {
-          local.forward(Q, K, V, scale, O, L);
-          local.backward(Q, K, V, O, L, DO, scale, DQ, DK, DV);
+          local.forward(t);
+          local.backward(t, g);
         });
         attention::ZigzagRingAttention ring(*be, pg.ring());
         const double tw = seconds_of(*be, pg.world(), 1, reps, [&] {
-          ring.forward(Q, K, V, scale, O, L);
-          ring.backward(Q, K, V, O, L, DO, scale, DQ, DK, DV);
+          ring.forward(t);
+          ring.backward(t, g);
         });
         ring.reset_comm_seconds();
-        ring.forward(Q, K, V, scale, O, L);
-        ring.backward(Q, K, V, O, L, DO, scale, DQ, DK, DV);
+        ring.forward(t);
+        ring.backward(t, g);
         be->synchronize();
         const double comm = pg.world().all_reduce_scalar(ring.comm_seconds(), dist::ReduceOp::Max);
         auto flops = [&](double S) { return 3.5 * 4.0 * S * S * static_cast<double>(sh.hd * sh.hq) / 2.0; };

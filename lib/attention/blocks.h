@@ -2,6 +2,7 @@
 // one sequence or of a run of rows, the type partial outputs merge in, LSE column copies,
 // and the size check every strategy starts with.
 #pragma once
+#include "attention/attention.h"
 #include "core/error.h"
 #include "ops/ops.h"
 
@@ -9,6 +10,14 @@ namespace easyctx::attention::detail {
 
 // Sequence b of a [B, S, ...] tensor as a [1, S, ...] view.
 inline ops::Tensor seq(const ops::Tensor& t, int64_t b) { return t.rows(b, 1); }
+
+// Sequence b of every tensor of a call.
+inline AttentionTensors seq(const AttentionTensors& t, int64_t b) {
+  return {seq(t.q, b), seq(t.k, b), seq(t.v, b), seq(t.o, b), seq(t.lse, b), t.scale};
+}
+inline AttentionGrads seq(const AttentionGrads& g, int64_t b) {
+  return {seq(g.dout, b), seq(g.dq, b), seq(g.dk, b), seq(g.dv, b)};
+}
 
 // Rows [row, row+len) of a [1, S, H, hd] view, as [1, len, H, hd].
 inline ops::Tensor seq_rows(const ops::Tensor& t, int64_t row, int64_t len) {
@@ -31,8 +40,8 @@ inline void copy_lse_cols(ops::Backend& be, const ops::Tensor& lse, int64_t col,
   }
 }
 
-inline void check_sizes(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
-                        const ops::Tensor& lse) {
+inline void check_sizes(const AttentionTensors& t) {
+  const ops::Tensor &q = t.q, &k = t.k, &v = t.v, &o = t.o, &lse = t.lse;
   EASYCTX_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, "sequence-parallel attention: q/k/v must be [B, S, H, hd]");
   EASYCTX_CHECK(k.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) && v.numel() == k.numel(),
                 "sequence-parallel attention: q ", q.describe(), " and k ", k.describe(), " disagree");

@@ -6,9 +6,7 @@
 namespace easyctx::attention {
 using detail::acc_type;
 using detail::check_sizes;
-using detail::copy_lse_cols;
 using detail::seq;
-using detail::seq_rows;
 using ops::Buffer;
 using ops::DType;
 using ops::Tensor;
@@ -26,13 +24,14 @@ namespace {
 int peer(int r, int t, int W) { return (r + t >= 0 && r + t < W) ? r + t : dist::kNoPeer; }
 }  // namespace
 
-void DistFlashAttention::forward(const Tensor& qall, const Tensor& kall, const Tensor& vall, double scale,
-                                 const Tensor& oall, const Tensor& lseall) {
-  check_sizes(qall, kall, vall, oall, lseall);
+// (`t` is the peer offset below: the call's tensors are `all`, one sequence's `one`.)
+void DistFlashAttention::forward(const AttentionTensors& all) {
+  check_sizes(all);
   const int W = comm_.size(), r = comm_.rank(), half = W / 2;
-  const int64_t c = qall.dim(1), Hq = qall.dim(2), Hkv = kall.dim(2), hd = qall.dim(3);
-  for (int64_t b = 0; b < qall.dim(0); ++b) {
-    Tensor q = seq(qall, b), k = seq(kall, b), v = seq(vall, b), o = seq(oall, b), lse = seq(lseall, b);
+  const int64_t c = all.q.dim(1), Hq = all.q.dim(2), Hkv = all.k.dim(2), hd = all.q.dim(3);
+  for (int64_t b = 0; b < all.q.dim(0); ++b) {
+    const AttentionTensors one = seq(all, b);
+    const Tensor &q = one.q, &k = one.k, &v = one.v, &o = one.o, &lse = one.lse;
     Buffer acc_o = be_.alloc(acc_type(lse), c * Hq * hd);
     Tensor ao = acc_o.view({1, c, Hq, hd});
     Buffer o_blk = be_.alloc(q.dtype, c * Hq * hd), l_blk = be_.alloc(lse.dtype, Hq * c);
@@ -40,7 +39,7 @@ void DistFlashAttention::forward(const Tensor& qall, const Tensor& kall, const T
     Buffer kr = be_.alloc(k.dtype, k.numel()), vr = be_.alloc(v.dtype, v.numel());
     Tensor kt = kr.view({1, c, Hkv, hd}), vt = vr.view({1, c, Hkv, hd});
     ops::AttentionBlock blk;
-    blk.scale = scale;
+    blk.scale = all.scale;
     // Own query against key chunks r, r-1, ..., r-half.
     blk.causal = true;
     blk.q_offset = blk.k_offset = r * c;
@@ -76,21 +75,21 @@ void DistFlashAttention::forward(const Tensor& qall, const Tensor& kall, const T
   }
 }
 
-void DistFlashAttention::backward(const Tensor& qall, const Tensor& kall, const Tensor& vall, const Tensor& oall,
-                                  const Tensor& lseall, const Tensor& doall, double scale, const Tensor& dqall,
-                                  const Tensor& dkall, const Tensor& dvall) {
-  check_sizes(qall, kall, vall, oall, lseall);
+void DistFlashAttention::backward(const AttentionTensors& all, const AttentionGrads& gall) {
+  check_sizes(all);
   const int W = comm_.size(), r = comm_.rank(), half = W / 2;
-  const int64_t c = qall.dim(1), Hq = qall.dim(2), Hkv = kall.dim(2), hd = qall.dim(3);
-  for (int64_t b = 0; b < qall.dim(0); ++b) {
-    Tensor q = seq(qall, b), k = seq(kall, b), v = seq(vall, b), o = seq(oall, b), lse = seq(lseall, b),
-           dout = seq(doall, b), dq = seq(dqall, b), dk = seq(dkall, b), dv = seq(dvall, b);
+  const int64_t c = all.q.dim(1), Hq = all.q.dim(2), Hkv = all.k.dim(2), hd = all.q.dim(3);
+  for (int64_t b = 0; b < all.q.dim(0); ++b) {
+    const AttentionTensors one = seq(all, b);
+    const AttentionGrads g = seq(gall, b);
+    const Tensor &q = one.q, &k = one.k, &v = one.v, &o = one.o, &lse = one.lse, &dout = g.dout, &dq = g.dq,
+                 &dk = g.dk, &dv = g.dv;
     // Gradients accumulate in fp32 (for fp32 and bf16 data); partials travel in fp32 too.
     const DType acc = acc_type(lse);
     Buffer dq_acc = be_.alloc(acc, q.numel()), dk_acc = be_.alloc(acc, k.numel()), dv_acc = be_.alloc(acc, v.numel());
     const Tensor dqa = dq_acc.view({1, c, Hq, hd}), dka = dk_acc.view({1, c, Hkv, hd}), dva = dv_acc.view({1, c, Hkv, hd});
     ops::AttentionBlock blk;
-    blk.scale = scale;
+    blk.scale = all.scale;
     blk.causal = true;
     blk.q_offset = blk.k_offset = r * c;
     be_.attention_bwd(q, k, v, o, lse, dout, blk, dqa, dka, dva);

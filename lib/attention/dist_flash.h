@@ -18,11 +18,8 @@ class DistFlashAttention final : public SequenceAttention {
  public:
   DistFlashAttention(ops::Backend& be, dist::Comm& group) : be_(be), comm_(group) {}
   const char* name() const override { return "dist_flash"; }
-  void forward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale, const ops::Tensor& o,
-               const ops::Tensor& lse) override;
-  void backward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
-                const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
-                const ops::Tensor& dk, const ops::Tensor& dv) override;
+  void forward(const AttentionTensors& t) override;
+  void backward(const AttentionTensors& t, const AttentionGrads& g) override;
 
  private:
   // Paired exchange of one buffer (either peer may be dist::kNoPeer).

@@ -4,13 +4,8 @@
 #include "core/error.h"
 
 namespace easyctx::attention {
-using detail::acc_type;
 using detail::check_sizes;
-using detail::copy_lse_cols;
-using detail::seq;
-using detail::seq_rows;
 using ops::Buffer;
-using ops::DType;
 using ops::Tensor;
 
 HeadGroupedAttention::HeadGroupedAttention(ops::Backend& be, std::shared_ptr<SequenceAttention> inner, int64_t groups)
@@ -46,52 +41,52 @@ HeadSplit head_split(const Tensor& q, const Tensor& k, int64_t groups) {
 }
 }  // namespace
 
-void HeadGroupedAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& o,
-                                   const Tensor& lse) {
-  check_sizes(q, k, v, o, lse);
-  if (groups_ == 1) return inner_->forward(q, k, v, scale, o, lse);
-  const HeadSplit h = head_split(q, k, groups_);
+void HeadGroupedAttention::forward(const AttentionTensors& t) {
+  check_sizes(t);
+  if (groups_ == 1) return inner_->forward(t);
+  const HeadSplit h = head_split(t.q, t.k, groups_);
   const int64_t qn = h.B * h.S * h.hq * h.hd, kn = h.B * h.S * h.hkv * h.hd;
-  Buffer qg = be_.alloc(q.dtype, qn), kg = be_.alloc(k.dtype, kn), vg = be_.alloc(v.dtype, kn);
-  Buffer og = be_.alloc(o.dtype, qn), lg = be_.alloc(lse.dtype, h.B * h.hq * h.S);
-  const Tensor qv = qg.view({h.B, h.S, h.hq, h.hd}), kv = kg.view({h.B, h.S, h.hkv, h.hd});
-  const Tensor vv = vg.view({h.B, h.S, h.hkv, h.hd}), ov = og.view({h.B, h.S, h.hq, h.hd});
-  const Tensor lv = lg.view({h.B, h.hq, h.S});
+  Buffer qg = be_.alloc(t.q.dtype, qn), kg = be_.alloc(t.k.dtype, kn), vg = be_.alloc(t.v.dtype, kn);
+  Buffer og = be_.alloc(t.o.dtype, qn), lg = be_.alloc(t.lse.dtype, h.B * h.hq * h.S);
+  const AttentionTensors p{qg.view({h.B, h.S, h.hq, h.hd}), kg.view({h.B, h.S, h.hkv, h.hd}),
+                           vg.view({h.B, h.S, h.hkv, h.hd}), og.view({h.B, h.S, h.hq, h.hd}),
+                           lg.view({h.B, h.hq, h.S}), t.scale};
   for (int64_t g = 0; g < groups_; ++g) {
-    move_heads(be_, q, g * h.hq, qv, true);
-    move_heads(be_, k, g * h.hkv, kv, true);
-    move_heads(be_, v, g * h.hkv, vv, true);
-    inner_->forward(qv, kv, vv, scale, ov, lv);
-    move_heads(be_, o, g * h.hq, ov, false);
-    move_lse_heads(be_, lse, g * h.hq, lv, false);
+    move_heads(be_, t.q, g * h.hq, p.q, true);
+    move_heads(be_, t.k, g * h.hkv, p.k, true);
+    move_heads(be_, t.v, g * h.hkv, p.v, true);
+    inner_->forward(p);
+    move_heads(be_, t.o, g * h.hq, p.o, false);
+    move_lse_heads(be_, t.lse, g * h.hq, p.lse, false);
   }
 }
 
-void HeadGroupedAttention::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                                    const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
-                                    const Tensor& dk, const Tensor& dv) {
-  check_sizes(q, k, v, o, lse);
-  if (groups_ == 1) return inner_->backward(q, k, v, o, lse, dout, scale, dq, dk, dv);
-  const HeadSplit h = head_split(q, k, groups_);
+void HeadGroupedAttention::backward(const AttentionTensors& t, const AttentionGrads& gr) {
+  check_sizes(t);
+  if (groups_ == 1) return inner_->backward(t, gr);
+  const HeadSplit h = head_split(t.q, t.k, groups_);
   const int64_t qn = h.B * h.S * h.hq * h.hd, kn = h.B * h.S * h.hkv * h.hd;
-  Buffer qg = be_.alloc(q.dtype, qn), kg = be_.alloc(k.dtype, kn), vg = be_.alloc(v.dtype, kn);
-  Buffer og = be_.alloc(o.dtype, qn), dog = be_.alloc(dout.dtype, qn), lg = be_.alloc(lse.dtype, h.B * h.hq * h.S);
-  Buffer dqg = be_.alloc(dq.dtype, qn), dkg = be_.alloc(dk.dtype, kn), dvg = be_.alloc(dv.dtype, kn);
+  Buffer qg = be_.alloc(t.q.dtype, qn), kg = be_.alloc(t.k.dtype, kn), vg = be_.alloc(t.v.dtype, kn);
+  Buffer og = be_.alloc(t.o.dtype, qn), dog = be_.alloc(gr.dout.dtype, qn);
+  Buffer lg = be_.alloc(t.lse.dtype, h.B * h.hq * h.S);
+  Buffer dqg = be_.alloc(gr.dq.dtype, qn), dkg = be_.alloc(gr.dk.dtype, kn), dvg = be_.alloc(gr.dv.dtype, kn);
   auto qs = [&](const Buffer& b) { return b.view({h.B, h.S, h.hq, h.hd}); };
   auto ks = [&](const Buffer& b) { return b.view({h.B, h.S, h.hkv, h.hd}); };
-  const Tensor lv = lg.view({h.B, h.hq, h.S});
+  // The packed copies of one head group.
+  const AttentionTensors p{qs(qg), ks(kg), ks(vg), qs(og), lg.view({h.B, h.hq, h.S}), t.scale};
+  const AttentionGrads pg{qs(dog), qs(dqg), ks(dkg), ks(dvg)};
   for (int64_t g = 0; g < groups_; ++g) {
     const int64_t q0 = g * h.hq, k0 = g * h.hkv;
-    move_heads(be_, q, q0, qs(qg), true);
-    move_heads(be_, k, k0, ks(kg), true);
-    move_heads(be_, v, k0, ks(vg), true);
-    move_heads(be_, o, q0, qs(og), true);
-    move_heads(be_, dout, q0, qs(dog), true);
-    move_lse_heads(be_, lse, q0, lv, true);
-    inner_->backward(qs(qg), ks(kg), ks(vg), qs(og), lv, qs(dog), scale, qs(dqg), ks(dkg), ks(dvg));
-    move_heads(be_, dq, q0, qs(dqg), false);
-    move_heads(be_, dk, k0, ks(dkg), false);
-    move_heads(be_, dv, k0, ks(dvg), false);
+    move_heads(be_, t.q, q0, p.q, true);
+    move_heads(be_, t.k, k0, p.k, true);
+    move_heads(be_, t.v, k0, p.v, true);
+    move_heads(be_, t.o, q0, p.o, true);
+    move_heads(be_, gr.dout, q0, pg.dout, true);
+    move_lse_heads(be_, t.lse, q0, p.lse, true);
+    inner_->backward(p, pg);
+    move_heads(be_, gr.dq, q0, pg.dq, false);
+    move_heads(be_, gr.dk, k0, pg.dk, false);
+    move_heads(be_, gr.dv, k0, pg.dv, false);
   }
 }
 

@@ -21,11 +21,8 @@ class HeadGroupedAttention final : public SequenceAttention {
   HeadGroupedAttention(ops::Backend& be, std::shared_ptr<SequenceAttention> inner, int64_t groups);
   const char* name() const override { return inner_->name(); }
   int64_t groups() const { return groups_; }
-  void forward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale, const ops::Tensor& o,
-               const ops::Tensor& lse) override;
-  void backward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
-                const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
-                const ops::Tensor& dk, const ops::Tensor& dv) override;
+  void forward(const AttentionTensors& t) override;
+  void backward(const AttentionTensors& t, const AttentionGrads& g) override;
 
  private:
   ops::Backend& be_;

@@ -6,13 +6,9 @@
 #include "core/error.h"
 
 namespace easyctx::attention {
-using detail::acc_type;
 using detail::check_sizes;
-using detail::copy_lse_cols;
 using detail::seq;
-using detail::seq_rows;
 using ops::Buffer;
-using ops::DType;
 using ops::Tensor;
 
 UlyssesAttention::UlyssesAttention(ops::Backend& be, dist::Comm& group, std::unique_ptr<SequenceAttention> inner)
@@ -113,48 +109,46 @@ void UlyssesAttention::lse_to_seq(const Tensor& lse_h, int64_t h_per, int64_t s_
   comm_.synchronize();
 }
 
-void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& o,
-                               const Tensor& lse) {
-  check_sizes(q, k, v, o, lse);
-  const Heads hs = heads(q, k);
+void UlyssesAttention::forward(const AttentionTensors& t) {
+  check_sizes(t);
+  const Heads hs = heads(t.q, t.k);
   const int64_t U = comm_.size(), hd = hs.hd;
-  for (int64_t b = 0; b < q.dim(0); ++b) {
-    const int64_t S = q.dim(1), Sg = S * U;
-    Buffer qh = to_heads(seq(q, b), hs.hq, hs.q_per_rank, false, hs);
-    Buffer kh = to_heads(seq(k, b), hs.hkv, hs.kv_per_rank, true, hs);
-    Buffer vh = to_heads(seq(v, b), hs.hkv, hs.kv_per_rank, true, hs);
-    Buffer oh = be_.alloc(o.dtype, Sg * hs.q_per_rank * hd), lh = be_.alloc(lse.dtype, hs.q_per_rank * Sg);
-    inner_->forward(qh.view({1, Sg, hs.q_per_rank, hd}), kh.view({1, Sg, hs.kv_per_rank, hd}),
-                    vh.view({1, Sg, hs.kv_per_rank, hd}), scale, oh.view({1, Sg, hs.q_per_rank, hd}),
-                    lh.view({1, hs.q_per_rank, Sg}));
-    from_heads(oh.view({1, Sg, hs.q_per_rank, hd}), hs.hq, hs.q_per_rank, false, hs, seq(o, b));
-    lse_to_seq(lh.view({1, hs.q_per_rank, Sg}), hs.q_per_rank, S, seq(lse, b));
+  for (int64_t b = 0; b < t.q.dim(0); ++b) {
+    const int64_t S = t.q.dim(1), Sg = S * U;
+    const int64_t nq = hs.q_per_rank, nkv = hs.kv_per_rank;
+    Buffer qh = to_heads(seq(t.q, b), hs.hq, nq, false, hs);
+    Buffer kh = to_heads(seq(t.k, b), hs.hkv, nkv, true, hs);
+    Buffer vh = to_heads(seq(t.v, b), hs.hkv, nkv, true, hs);
+    Buffer oh = be_.alloc(t.o.dtype, Sg * nq * hd), lh = be_.alloc(t.lse.dtype, nq * Sg);
+    inner_->forward({qh.view({1, Sg, nq, hd}), kh.view({1, Sg, nkv, hd}), vh.view({1, Sg, nkv, hd}),
+                     oh.view({1, Sg, nq, hd}), lh.view({1, nq, Sg}), t.scale});
+    from_heads(oh.view({1, Sg, nq, hd}), hs.hq, nq, false, hs, seq(t.o, b));
+    lse_to_seq(lh.view({1, nq, Sg}), nq, S, seq(t.lse, b));
   }
 }
 
-void UlyssesAttention::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                                const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
-                                const Tensor& dk, const Tensor& dv) {
-  check_sizes(q, k, v, o, lse);
-  const Heads hs = heads(q, k);
+void UlyssesAttention::backward(const AttentionTensors& t, const AttentionGrads& g) {
+  check_sizes(t);
+  const Heads hs = heads(t.q, t.k);
   const int64_t U = comm_.size(), hd = hs.hd;
-  for (int64_t b = 0; b < q.dim(0); ++b) {
-    const int64_t S = q.dim(1), Sg = S * U;
+  for (int64_t b = 0; b < t.q.dim(0); ++b) {
+    const int64_t S = t.q.dim(1), Sg = S * U;
     const int64_t nq = hs.q_per_rank, nkv = hs.kv_per_rank;
-    Buffer qh = to_heads(seq(q, b), hs.hq, nq, false, hs);
-    Buffer kh = to_heads(seq(k, b), hs.hkv, nkv, true, hs);
-    Buffer vh = to_heads(seq(v, b), hs.hkv, nkv, true, hs);
-    Buffer oh = to_heads(seq(o, b), hs.hq, nq, false, hs);
-    Buffer dh = to_heads(seq(dout, b), hs.hq, nq, false, hs);
-    Buffer lh = lse_to_heads(seq(lse, b), nq, S);
-    Buffer dqh = be_.alloc(dq.dtype, Sg * nq * hd), dkh = be_.alloc(dk.dtype, Sg * nkv * hd),
-           dvh = be_.alloc(dv.dtype, Sg * nkv * hd);
-    inner_->backward(qh.view({1, Sg, nq, hd}), kh.view({1, Sg, nkv, hd}), vh.view({1, Sg, nkv, hd}),
-                     oh.view({1, Sg, nq, hd}), lh.view({1, nq, Sg}), dh.view({1, Sg, nq, hd}), scale,
-                     dqh.view({1, Sg, nq, hd}), dkh.view({1, Sg, nkv, hd}), dvh.view({1, Sg, nkv, hd}));
-    from_heads(dqh.view({1, Sg, nq, hd}), hs.hq, nq, false, hs, seq(dq, b));
-    from_heads(dkh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(dk, b));
-    from_heads(dvh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(dv, b));
+    Buffer qh = to_heads(seq(t.q, b), hs.hq, nq, false, hs);
+    Buffer kh = to_heads(seq(t.k, b), hs.hkv, nkv, true, hs);
+    Buffer vh = to_heads(seq(t.v, b), hs.hkv, nkv, true, hs);
+    Buffer oh = to_heads(seq(t.o, b), hs.hq, nq, false, hs);
+    Buffer dh = to_heads(seq(g.dout, b), hs.hq, nq, false, hs);
+    Buffer lh = lse_to_heads(seq(t.lse, b), nq, S);
+    Buffer dqh = be_.alloc(g.dq.dtype, Sg * nq * hd), dkh = be_.alloc(g.dk.dtype, Sg * nkv * hd),
+           dvh = be_.alloc(g.dv.dtype, Sg * nkv * hd);
+    inner_->backward({qh.view({1, Sg, nq, hd}), kh.view({1, Sg, nkv, hd}), vh.view({1, Sg, nkv, hd}),
+                      oh.view({1, Sg, nq, hd}), lh.view({1, nq, Sg}), t.scale},
+                     {dh.view({1, Sg, nq, hd}), dqh.view({1, Sg, nq, hd}), dkh.view({1, Sg, nkv, hd}),
+                      dvh.view({1, Sg, nkv, hd})});
+    from_heads(dqh.view({1, Sg, nq, hd}), hs.hq, nq, false, hs, seq(g.dq, b));
+    from_heads(dkh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(g.dk, b));
+    from_heads(dvh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(g.dv, b));
   }
 }
 

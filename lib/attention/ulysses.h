@@ -21,11 +21,8 @@ class UlyssesAttention final : public SequenceAttention {
   // `inner` runs on the head-sharded sequence; nullptr: local causal attention.
   UlyssesAttention(ops::Backend& be, dist::Comm& group, std::unique_ptr<SequenceAttention> inner = nullptr);
   const char* name() const override { return inner_is_ring_ ? "usp" : "ulysses"; }
-  void forward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale, const ops::Tensor& o,
-               const ops::Tensor& lse) override;
-  void backward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
-                const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
-                const ops::Tensor& dk, const ops::Tensor& dv) override;
+  void forward(const AttentionTensors& t) override;
+  void backward(const AttentionTensors& t, const AttentionGrads& g) override;
 
  private:
   struct Heads {

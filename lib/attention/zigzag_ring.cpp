@@ -1,7 +1,6 @@
 #include "attention/zigzag_ring.h"
 
 #include <chrono>
-#include <string>
 
 #include "attention/blocks.h"
 #include "core/error.h"
@@ -16,19 +15,14 @@ using ops::Buffer;
 using ops::DType;
 using ops::Tensor;
 
-void ZigzagRingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& o,
-                                  const Tensor& lse) {
-  check_sizes(q, k, v, o, lse);
-  for (int64_t b = 0; b < q.dim(0); ++b) forward_one(seq(q, b), seq(k, b), seq(v, b), scale, seq(o, b), seq(lse, b));
+void ZigzagRingAttention::forward(const AttentionTensors& t) {
+  check_sizes(t);
+  for (int64_t b = 0; b < t.q.dim(0); ++b) forward_one(seq(t, b));
 }
 
-void ZigzagRingAttention::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                                   const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
-                                   const Tensor& dk, const Tensor& dv) {
-  check_sizes(q, k, v, o, lse);
-  for (int64_t b = 0; b < q.dim(0); ++b)
-    backward_one(seq(q, b), seq(k, b), seq(v, b), seq(o, b), seq(lse, b), seq(dout, b), scale, seq(dq, b), seq(dk, b),
-                 seq(dv, b));
+void ZigzagRingAttention::backward(const AttentionTensors& t, const AttentionGrads& g) {
+  check_sizes(t);
+  for (int64_t b = 0; b < t.q.dim(0); ++b) backward_one(seq(t, b), seq(g, b));
 }
 
 namespace {
@@ -61,8 +55,8 @@ void ZigzagRingAttention::exchange_end() {
   comm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void ZigzagRingAttention::forward_one(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                                      const Tensor& o, const Tensor& lse) {
+void ZigzagRingAttention::forward_one(const AttentionTensors& t) {
+  const Tensor &q = t.q, &k = t.k, &v = t.v, &o = t.o, &lse = t.lse;
   const Zigzag z = zigzag_of(ring_, q);
   const int64_t Hq = q.dim(2), Hkv = k.dim(2), hd = q.dim(3), S = q.dim(1), c = z.c;
   const DType acc = acc_type(lse);
@@ -87,7 +81,7 @@ void ZigzagRingAttention::forward_one(const Tensor& q, const Tensor& k, const Te
         const int64_t a = z.chunk(z.r, qa), bch = z.chunk(src, kb);
         if (bch > a) continue;  // entirely in the future of this query chunk
         ops::AttentionBlock blk;
-        blk.scale = scale;
+        blk.scale = t.scale;
         blk.causal = (a == bch);
         blk.q_offset = a * c;
         blk.k_offset = bch * c;
@@ -110,9 +104,8 @@ void ZigzagRingAttention::forward_one(const Tensor& q, const Tensor& k, const Te
   }
 }
 
-void ZigzagRingAttention::backward_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                                       const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
-                                       const Tensor& dk, const Tensor& dv) {
+void ZigzagRingAttention::backward_one(const AttentionTensors& t, const AttentionGrads& g) {
+  const Tensor &q = t.q, &k = t.k, &v = t.v, &o = t.o, &lse = t.lse, &dout = g.dout;
   const Zigzag z = zigzag_of(ring_, q);
   const int64_t Hq = q.dim(2), Hkv = k.dim(2), hd = q.dim(3), S = q.dim(1), c = z.c;
   const DType acc = acc_type(lse);
@@ -143,7 +136,7 @@ void ZigzagRingAttention::backward_one(const Tensor& q, const Tensor& k, const T
         const int64_t a = z.chunk(z.r, qa), bch = z.chunk(src, kb);
         if (bch > a) continue;
         ops::AttentionBlock blk;
-        blk.scale = scale;
+        blk.scale = t.scale;
         blk.causal = (a == bch);
         blk.q_offset = a * c;
         blk.k_offset = bch * c;
@@ -158,14 +151,14 @@ void ZigzagRingAttention::backward_one(const Tensor& q, const Tensor& k, const T
       // The accumulators we hold belong to rank r+1: one more hop brings ours home.
       Buffer* nxt = kv[(s + 1) % 2];
       exchange(cur, nxt, 2, 3);
-      be_.copy(dk, nxt[2].view({1, S, Hkv, hd}));
-      be_.copy(dv, nxt[3].view({1, S, Hkv, hd}));
+      be_.copy(g.dk, nxt[2].view({1, S, Hkv, hd}));
+      be_.copy(g.dv, nxt[3].view({1, S, Hkv, hd}));
     } else {
-      be_.copy(dk, dkc);
-      be_.copy(dv, dvc);
+      be_.copy(g.dk, dkc);
+      be_.copy(g.dv, dvc);
     }
   }
-  be_.copy(dq, dqa);
+  be_.copy(g.dq, dqa);
 }
 
 }  // namespace easyctx::attention

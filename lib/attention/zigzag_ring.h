@@ -26,18 +26,12 @@ class ZigzagRingAttention final : public SequenceAttention {
   // step's result).
   double comm_seconds() const { return comm_s_; }
   void reset_comm_seconds() { comm_s_ = 0; }
-  void forward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale, const ops::Tensor& o,
-               const ops::Tensor& lse) override;
-  void backward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
-                const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
-                const ops::Tensor& dk, const ops::Tensor& dv) override;
+  void forward(const AttentionTensors& t) override;
+  void backward(const AttentionTensors& t, const AttentionGrads& g) override;
 
  private:
-  void forward_one(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale,
-                   const ops::Tensor& o, const ops::Tensor& lse);
-  void backward_one(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
-                    const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
-                    const ops::Tensor& dk, const ops::Tensor& dv);
+  void forward_one(const AttentionTensors& t);  // one sequence: [1, S, ...]
+  void backward_one(const AttentionTensors& t, const AttentionGrads& g);
   // Starts sending buffers [first, last] of `send` to the next rank and receiving the
   // previous rank's into `recv` (paired, so the ring never deadlocks): after the compute
   // queued so far has finished, on the comm's own stream for device backends (host backends

@@ -84,24 +84,22 @@ void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<in
       dv(c.v.size());
   attention::LocalAttention local(*be);
   auto T4 = [&](std::vector<T>& x, int64_t S, int64_t H) { return Tensor(x.data(), dt, {sh.B, S, H, sh.hd}); };
-  local.forward(T4(c.q, sh.S, sh.Hq), T4(c.k, sh.S, sh.Hkv), T4(c.v, sh.S, sh.Hkv), scale, T4(o, sh.S, sh.Hq),
-                Tensor(lse.data(), dt, {sh.B, sh.Hq, sh.S}));
-  local.backward(T4(c.q, sh.S, sh.Hq), T4(c.k, sh.S, sh.Hkv), T4(c.v, sh.S, sh.Hkv), T4(o, sh.S, sh.Hq),
-                 Tensor(lse.data(), dt, {sh.B, sh.Hq, sh.S}), T4(c.dout, sh.S, sh.Hq), scale, T4(dq, sh.S, sh.Hq),
-                 T4(dk, sh.S, sh.Hkv), T4(dv, sh.S, sh.Hkv));
+  const attention::AttentionTensors whole{T4(c.q, sh.S, sh.Hq), T4(c.k, sh.S, sh.Hkv), T4(c.v, sh.S, sh.Hkv),
+                                          T4(o, sh.S, sh.Hq), Tensor(lse.data(), dt, {sh.B, sh.Hq, sh.S}), scale};
+  local.forward(whole);
+  local.backward(whole, {T4(c.dout, sh.S, sh.Hq), T4(dq, sh.S, sh.Hq), T4(dk, sh.S, sh.Hkv), T4(dv, sh.S, sh.Hkv)});
   // This rank's tokens.
   const int64_t Sl = static_cast<int64_t>(rows.size());
   auto q = take(c.q, sh, sh.Hq, rows), k = take(c.k, sh, sh.Hkv, rows), v = take(c.v, sh, sh.Hkv, rows),
        dout = take(c.dout, sh, sh.Hq, rows);
   std::vector<T> lo(q.size(), T(-7)), ll(static_cast<size_t>(sh.B * sh.Hq * Sl), T(-7)), ldq(q.size(), T(-7)),
       ldk(k.size(), T(-7)), ldv(v.size(), T(-7));  // poisoned
-  sp.forward(T4(q, Sl, sh.Hq), T4(k, Sl, sh.Hkv), T4(v, Sl, sh.Hkv), scale, T4(lo, Sl, sh.Hq),
-             Tensor(ll.data(), dt, {sh.B, sh.Hq, Sl}));
+  const attention::AttentionTensors mine{T4(q, Sl, sh.Hq), T4(k, Sl, sh.Hkv), T4(v, Sl, sh.Hkv), T4(lo, Sl, sh.Hq),
+                                         Tensor(ll.data(), dt, {sh.B, sh.Hq, Sl}), scale};
+  sp.forward(mine);
   EXPECT_LT(test::rel_error(lo, take(o, sh, sh.Hq, rows)), tol) << sp.name() << " o";
   EXPECT_LT(test::rel_error(ll, take_lse(lse, sh, rows)), tol) << sp.name() << " lse";
-  sp.backward(T4(q, Sl, sh.Hq), T4(k, Sl, sh.Hkv), T4(v, Sl, sh.Hkv), T4(lo, Sl, sh.Hq),
-              Tensor(ll.data(), dt, {sh.B, sh.Hq, Sl}), T4(dout, Sl, sh.Hq), scale, T4(ldq, Sl, sh.Hq),
-              T4(ldk, Sl, sh.Hkv), T4(ldv, Sl, sh.Hkv));
+  sp.backward(mine, {T4(dout, Sl, sh.Hq), T4(ldq, Sl, sh.Hq), T4(ldk, Sl, sh.Hkv), T4(ldv, Sl, sh.Hkv)});
   EXPECT_LT(test::rel_error(ldq, take(dq, sh, sh.Hq, rows)), tol) << sp.name() << " dq";
   EXPECT_LT(test::rel_error(ldk, take(dk, sh, sh.Hkv, rows)), tol) << sp.name() << " dk";
   EXPECT_LT(test::rel_error(ldv, take(dv, sh, sh.Hkv, rows)), tol) << sp.name() << " dv";
@@ -209,9 +207,9 @@ TEST(SequenceParallel, HeadGroupsMatchLocalRingAndLocal) {
           std::vector<float>(c.v.size(), -7.f)};
     auto T4 = [&](std::vector<float>& v, int64_t H) { return Tensor(v.data(), DType::F32, {sh.B, sh.S, H, sh.hd}); };
     const Tensor lse(x.lse.data(), DType::F32, {sh.B, sh.Hq, sh.S});
-    a.forward(T4(c.q, sh.Hq), T4(c.k, sh.Hkv), T4(c.v, sh.Hkv), scale, T4(x.o, sh.Hq), lse);
-    a.backward(T4(c.q, sh.Hq), T4(c.k, sh.Hkv), T4(c.v, sh.Hkv), T4(x.o, sh.Hq), lse, T4(c.dout, sh.Hq), scale,
-               T4(x.dq, sh.Hq), T4(x.dk, sh.Hkv), T4(x.dv, sh.Hkv));
+    const attention::AttentionTensors t{T4(c.q, sh.Hq), T4(c.k, sh.Hkv), T4(c.v, sh.Hkv), T4(x.o, sh.Hq), lse, scale};
+    a.forward(t);
+    a.backward(t, {T4(c.dout, sh.Hq), T4(x.dq, sh.Hq), T4(x.dk, sh.Hkv), T4(x.dv, sh.Hkv)});
     return x;
   };
   attention::LocalAttention one(*be);
