@@ -13,10 +13,10 @@ using ops::Tensor;
 
 void DistFlashAttention::exchange(const Tensor& send, int dst, const Tensor& recv, int src) {
   if (dst == dist::kNoPeer && src == dist::kNoPeer) return;
-  be_.synchronize();
+  comm_.wait(be_.record());  // after the compute that wrote `send` and last read `recv`
   comm_.send_recv(send.data, static_cast<size_t>(send.numel()), dst, recv.data, static_cast<size_t>(recv.numel()), src,
                   send.dtype);
-  comm_.synchronize();
+  be_.wait(comm_.record());  // compute that reads `recv` or rewrites `send` comes after it
 }
 
 namespace {

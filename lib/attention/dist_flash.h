@@ -22,7 +22,9 @@ class DistFlashAttention final : public SequenceAttention {
   void backward(const AttentionTensors& t, const AttentionGrads& g) override;
 
  private:
-  // Paired exchange of one buffer (either peer may be dist::kNoPeer).
+  // Paired exchange of one buffer (either peer may be dist::kNoPeer), ordered with the
+  // compute by fences: the host does not wait for it (an MPI comm: for the compute before it).
+  // The buffers stay allocated until the compute queue has waited for it.
   void exchange(const ops::Tensor& send, int dst, const ops::Tensor& recv, int src);
   ops::Backend& be_;
   dist::Comm& comm_;

@@ -38,6 +38,12 @@ UlyssesAttention::Heads UlyssesAttention::heads(const Tensor& q, const Tensor& k
   return h;
 }
 
+void UlyssesAttention::all_to_all(const Tensor& send, const Tensor& recv, int64_t count) {
+  comm_.wait(be_.record());  // after the compute that wrote `send` and last read `recv`
+  comm_.all_to_all(send.data, recv.data, static_cast<size_t>(count), send.dtype);
+  be_.wait(comm_.record());  // compute that reads `recv` or rewrites `send` comes after it
+}
+
 Buffer UlyssesAttention::to_heads(const Tensor& x, int64_t h_total, int64_t h_per, bool kv, const Heads& hs) {
   const int U = comm_.size();
   const int64_t S = x.dim(1), hd = x.dim(3), blk = S * h_per * hd;
@@ -47,9 +53,7 @@ Buffer UlyssesAttention::to_heads(const Tensor& x, int64_t h_total, int64_t h_pe
     be_.copy_2d(send.flat().slice_flat(j * blk, {blk}), h_per * hd, x.slice_flat(h0 * hd, {x.numel() - h0 * hd}),
                 h_total * hd, S, h_per * hd);
   }
-  be_.synchronize();
-  comm_.all_to_all(send.data(), recv.data(), static_cast<size_t>(blk), x.dtype);
-  comm_.synchronize();
+  all_to_all(send.flat(), recv.flat(), blk);
   return recv;  // [U * S, h_per, hd]: the gathered sequence in rank order
 }
 
@@ -58,9 +62,7 @@ void UlyssesAttention::from_heads(const Tensor& xh, int64_t h_total, int64_t h_p
   const int U = comm_.size();
   const int64_t S = x.dim(1), hd = x.dim(3), blk = S * h_per * hd;
   Buffer recv = be_.alloc(xh.dtype, blk * U);
-  be_.synchronize();
-  comm_.all_to_all(xh.data, recv.data(), static_cast<size_t>(blk), xh.dtype);
-  comm_.synchronize();
+  all_to_all(xh, recv.flat(), blk);
   // Rank i's heads of every token back into x, one strided copy each; a kv head that several
   // ranks held (Hkv < U) gets the sum of their gradients, added in rank order.
   std::vector<char> written(static_cast<size_t>(h_total), 0);
@@ -85,9 +87,7 @@ Buffer UlyssesAttention::lse_to_heads(const Tensor& lse, int64_t h_per, int64_t 
   const int64_t blk = h_per * s_local;
   Buffer recv = be_.alloc(lse.dtype, blk * U), out = be_.alloc(lse.dtype, blk * U);
   // lse [1, Hq, S_l]: block j = heads of rank j, contiguous.
-  be_.synchronize();
-  comm_.all_to_all(lse.data, recv.data(), static_cast<size_t>(blk), lse.dtype);
-  comm_.synchronize();
+  all_to_all(lse, recv.flat(), blk);
   // recv [U][h_per][S_l] -> out [h_per][U * S_l]
   for (int i = 0; i < U; ++i)
     for (int64_t h = 0; h < h_per; ++h)
@@ -104,9 +104,7 @@ void UlyssesAttention::lse_to_seq(const Tensor& lse_h, int64_t h_per, int64_t s_
     for (int64_t h = 0; h < h_per; ++h)
       be_.copy(send.flat().slice_flat((j * h_per + h) * s_local, {s_local}),
                lse_h.slice_flat(h * U * s_local + j * s_local, {s_local}));
-  be_.synchronize();
-  comm_.all_to_all(send.data(), lse.data, static_cast<size_t>(blk), lse.dtype);
-  comm_.synchronize();
+  all_to_all(send.flat(), lse, blk);
 }
 
 void UlyssesAttention::forward(const AttentionTensors& t) {

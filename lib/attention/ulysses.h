@@ -30,6 +30,10 @@ class UlyssesAttention final : public SequenceAttention {
     int64_t kv_head_of(int rank) const;  // first kv head rank `rank` holds
   };
   Heads heads(const ops::Tensor& q, const ops::Tensor& k) const;
+  // The all-to-all of `count` elements per rank, ordered with the compute by fences (the host
+  // does not wait for it; with MPI, for the compute before it). Both buffers stay allocated
+  // until the compute queue has waited for it (this call's end).
+  void all_to_all(const ops::Tensor& send, const ops::Tensor& recv, int64_t count);
   // [S_l, H, hd] -> [S_l * U, h_per, hd] (gathered sequence, this rank's heads).
   ops::Buffer to_heads(const ops::Tensor& x, int64_t h_total, int64_t h_per, bool kv, const Heads& hs);
   // [S_l * U, h_per, hd] -> into x [S_l, H, hd] (accumulate: sum contributions of ranks

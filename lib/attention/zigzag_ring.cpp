@@ -37,22 +37,32 @@ Zigzag zigzag_of(const dist::Comm& ring, const Tensor& q) {
                 " tokens) must hold two equal chunks; the loader pads the sequence to a multiple of 2W");
   return z;
 }
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 }  // namespace
 
 void ZigzagRingAttention::exchange_begin(const Buffer* send, Buffer* recv, int first, int last) {
   const int W = ring_.size(), dst = (ring_.rank() + 1) % W, from = (ring_.rank() - 1 + W) % W;
-  be_.synchronize();  // the sent buffers are written and the received-into ones no longer read
+  // The exchange starts after the compute that wrote `send` and last read `recv`: on the
+  // device (fences); with comm timing, the host waits for that compute first, as before.
+  if (comm_timing_) be_.synchronize();
+  else ring_.wait(be_.record());
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = first; i <= last; ++i)
     ring_.send_recv(send[i].data(), static_cast<size_t>(send[i].numel()), dst, recv[i].data(),
                     static_cast<size_t>(recv[i].numel()), from, send[i].dtype());
-  comm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (comm_timing_) comm_s_ += seconds_since(t0);
 }
 
 void ZigzagRingAttention::exchange_end() {
+  if (!comm_timing_) {
+    be_.wait(ring_.record());  // later compute reads `recv`, rewrites `send`: after the exchange
+    return;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   ring_.synchronize();
-  comm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  comm_s_ += seconds_since(t0);
 }
 
 void ZigzagRingAttention::forward_one(const AttentionTensors& t) {

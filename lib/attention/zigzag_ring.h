@@ -20,10 +20,16 @@ class ZigzagRingAttention final : public SequenceAttention {
  public:
   ZigzagRingAttention(ops::Backend& be, dist::Comm& ring) : be_(be), ring_(ring) {}
   const char* name() const override { return "zigzag_ring"; }
-  // Wall seconds the ring waits on communication: the part of each exchange that the
-  // compute it overlaps did not hide (bench/ring reports it). The K/V of step s + 1 travel
-  // while step s computes; the backward's dK/dV accumulators travel after it (they hold that
-  // step's result).
+  // Exchanges are ordered with the compute by fences (core/fence.h), so the host never waits
+  // for them: the K/V of step s + 1 travel while step s computes; the backward's dK/dV
+  // accumulators travel after it (they hold that step's result).
+  // Comm timing (bench/ring; off by default) brings back the host-blocking exchanges: the host
+  // waits for the compute before issuing each exchange and for the exchange at its end, and
+  // comm_seconds() adds up the time spent issuing and waiting for the exchanges. Since the
+  // host only queues the compute meanwhile, on a GPU that is about the exchanges' transfer
+  // time, not the part the overlapped compute failed to hide; with MPI, the blocking
+  // exchanges themselves. Off, comm_seconds() stays 0.
+  void set_comm_timing(bool on) { comm_timing_ = on; }
   double comm_seconds() const { return comm_s_; }
   void reset_comm_seconds() { comm_s_ = 0; }
   void forward(const AttentionTensors& t) override;
@@ -33,10 +39,11 @@ class ZigzagRingAttention final : public SequenceAttention {
   void forward_one(const AttentionTensors& t);  // one sequence: [1, S, ...]
   void backward_one(const AttentionTensors& t, const AttentionGrads& g);
   // Starts sending buffers [first, last] of `send` to the next rank and receiving the
-  // previous rank's into `recv` (paired, so the ring never deadlocks): after the compute
-  // queued so far has finished, on the comm's own stream for device backends (host backends
-  // exchange here, blocking). exchange_end() waits for it; until then neither buffer set may
-  // be written, and `recv` not read.
+  // previous rank's into `recv` (paired, so the ring never deadlocks), after the compute
+  // queued so far; a device comm runs it on its own stream, a host comm (MPI) here, blocking.
+  // exchange_end() makes the compute queued from then on wait for it; until then neither
+  // buffer set may be written, and `recv` not read. Both stay allocated until the compute
+  // queue has waited for the exchange.
   void exchange_begin(const ops::Buffer* send, ops::Buffer* recv, int first, int last);
   void exchange_end();
   void exchange(const ops::Buffer* send, ops::Buffer* recv, int first, int last) {
@@ -45,6 +52,7 @@ class ZigzagRingAttention final : public SequenceAttention {
   }
   ops::Backend& be_;
   dist::Comm& ring_;
+  bool comm_timing_ = false;
   double comm_s_ = 0;
 };
 
