@@ -20,6 +20,10 @@ void DistFlashAttention::exchange(const Tensor& send, int dst, const Tensor& rec
 }
 
 namespace {
+// Buffer labels (Backend::alloc's `what`, the memory plan's item names) are string literals,
+// so a recorder may keep the pointers.
+constexpr const char* kReceivedKV = "dist_flash received K, V";
+
 // Peer at offset t along the chain 0..W-1, or kNoPeer past either end.
 int peer(int r, int t, int W) { return (r + t >= 0 && r + t < W) ? r + t : dist::kNoPeer; }
 }  // namespace
@@ -32,11 +36,12 @@ void DistFlashAttention::forward(const AttentionTensors& all) {
   for (int64_t b = 0; b < all.q.dim(0); ++b) {
     const AttentionTensors one = seq(all, b);
     const Tensor &q = one.q, &k = one.k, &v = one.v, &o = one.o, &lse = one.lse;
-    Buffer acc_o = be_.alloc(acc_type(lse), c * Hq * hd);
+    Buffer acc_o = be_.alloc(acc_type(lse), c * Hq * hd, "dist_flash output accumulator (f32)");
     Tensor ao = acc_o.view({1, c, Hq, hd});
-    Buffer o_blk = be_.alloc(q.dtype, c * Hq * hd), l_blk = be_.alloc(lse.dtype, Hq * c);
+    Buffer o_blk = be_.alloc(q.dtype, c * Hq * hd, "dist_flash block output");
+    Buffer l_blk = be_.alloc(lse.dtype, Hq * c, "dist_flash block LSE");
     Tensor ob = o_blk.view({1, c, Hq, hd}), lb = l_blk.view({1, Hq, c});
-    Buffer kr = be_.alloc(k.dtype, k.numel()), vr = be_.alloc(v.dtype, v.numel());
+    Buffer kr = be_.alloc(k.dtype, k.numel(), kReceivedKV), vr = be_.alloc(v.dtype, v.numel(), kReceivedKV);
     Tensor kt = kr.view({1, c, Hkv, hd}), vt = vr.view({1, c, Hkv, hd});
     ops::AttentionBlock blk;
     blk.scale = all.scale;
@@ -55,7 +60,7 @@ void DistFlashAttention::forward(const AttentionTensors& all) {
       be_.attention_merge(ao, lse, ob, lb);
     }
     // Helper part: query chunk r+t (t > half) against our own keys, result sent back.
-    Buffer qr = be_.alloc(q.dtype, q.numel());
+    Buffer qr = be_.alloc(q.dtype, q.numel(), "dist_flash received query");
     Tensor qt = qr.view({1, c, Hq, hd});
     for (int t = half + 1; t < W; ++t) {
       exchange(q, peer(r, -t, W), qt, peer(r, t, W));
@@ -66,7 +71,8 @@ void DistFlashAttention::forward(const AttentionTensors& all) {
         be_.attention_fwd(qt, k, v, blk, ob, lb);
       }
       // Partial (o, lse) goes back to the query's rank; ours comes from rank r-t.
-      Buffer o_in = be_.alloc(q.dtype, c * Hq * hd), l_in = be_.alloc(lse.dtype, Hq * c);
+      Buffer o_in = be_.alloc(q.dtype, c * Hq * hd, "dist_flash returned output");
+      Buffer l_in = be_.alloc(lse.dtype, Hq * c, "dist_flash returned LSE");
       exchange(ob, peer(r, t, W), o_in.view({1, c, Hq, hd}), peer(r, -t, W));
       exchange(lb, peer(r, t, W), l_in.view({1, Hq, c}), peer(r, -t, W));
       if (peer(r, -t, W) != dist::kNoPeer) be_.attention_merge(ao, lse, o_in.view({1, c, Hq, hd}), l_in.view({1, Hq, c}));
@@ -86,7 +92,9 @@ void DistFlashAttention::backward(const AttentionTensors& all, const AttentionGr
                  &dk = g.dk, &dv = g.dv;
     // Gradients accumulate in fp32 (for fp32 and bf16 data); partials travel in fp32 too.
     const DType acc = acc_type(lse);
-    Buffer dq_acc = be_.alloc(acc, q.numel()), dk_acc = be_.alloc(acc, k.numel()), dv_acc = be_.alloc(acc, v.numel());
+    const char* accs = "dist_flash dQ/dK/dV accumulators (f32)";
+    Buffer dq_acc = be_.alloc(acc, q.numel(), accs), dk_acc = be_.alloc(acc, k.numel(), accs),
+           dv_acc = be_.alloc(acc, v.numel(), accs);
     const Tensor dqa = dq_acc.view({1, c, Hq, hd}), dka = dk_acc.view({1, c, Hkv, hd}), dva = dv_acc.view({1, c, Hkv, hd});
     ops::AttentionBlock blk;
     blk.scale = all.scale;
@@ -94,9 +102,10 @@ void DistFlashAttention::backward(const AttentionTensors& all, const AttentionGr
     blk.q_offset = blk.k_offset = r * c;
     be_.attention_bwd(q, k, v, o, lse, dout, blk, dqa, dka, dva);
     // Own query against earlier key chunks: dK/dV partials go back to the key's rank.
-    Buffer kr = be_.alloc(k.dtype, k.numel()), vr = be_.alloc(v.dtype, v.numel());
-    Buffer dkp = be_.alloc(acc, k.numel()), dvp = be_.alloc(acc, v.numel());
-    Buffer dk_in = be_.alloc(acc, k.numel()), dv_in = be_.alloc(acc, v.numel());
+    Buffer kr = be_.alloc(k.dtype, k.numel(), kReceivedKV), vr = be_.alloc(v.dtype, v.numel(), kReceivedKV);
+    const char* dkv = "dist_flash dK/dV partials and received (f32)";
+    Buffer dkp = be_.alloc(acc, k.numel(), dkv), dvp = be_.alloc(acc, v.numel(), dkv);
+    Buffer dk_in = be_.alloc(acc, k.numel(), dkv), dv_in = be_.alloc(acc, v.numel(), dkv);
     Tensor kt = kr.view({1, c, Hkv, hd}), vt = vr.view({1, c, Hkv, hd});
     for (int t = 1; t <= half; ++t) {
       exchange(k, peer(r, t, W), kt, peer(r, -t, W));
@@ -116,8 +125,12 @@ void DistFlashAttention::backward(const AttentionTensors& all, const AttentionGr
       }
     }
     // Helper part: later queries against our keys; dQ partials go back, dK/dV stay here.
-    Buffer qr = be_.alloc(q.dtype, q.numel()), orr = be_.alloc(o.dtype, o.numel()), dr = be_.alloc(dout.dtype, dout.numel());
-    Buffer lr = be_.alloc(lse.dtype, lse.numel()), dqp = be_.alloc(acc, q.numel()), dq_in = be_.alloc(acc, q.numel());
+    const char* qod = "dist_flash received q, o, dout";
+    Buffer qr = be_.alloc(q.dtype, q.numel(), qod), orr = be_.alloc(o.dtype, o.numel(), qod),
+           dr = be_.alloc(dout.dtype, dout.numel(), qod);
+    Buffer lr = be_.alloc(lse.dtype, lse.numel(), "dist_flash received LSE");
+    const char* dqs = "dist_flash dQ partial and received (f32)";
+    Buffer dqp = be_.alloc(acc, q.numel(), dqs), dq_in = be_.alloc(acc, q.numel(), dqs);
     Tensor qt = qr.view({1, c, Hq, hd}), ot = orr.view({1, c, Hq, hd}), dt = dr.view({1, c, Hq, hd}),
            lt = lr.view({1, Hq, c});
     for (int t = half + 1; t < W; ++t) {

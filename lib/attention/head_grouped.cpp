@@ -31,6 +31,14 @@ void move_lse_heads(ops::Backend& be, const Tensor& lse, int64_t h0, const Tenso
   else be.copy_2d(part, H * S, packed, h * S, lse.dim(0), h * S);
 }
 
+// Buffer labels (Backend::alloc's `what`, the memory plan's item names): string literals, so a
+// recorder may keep the pointers.
+constexpr const char* kPackQO = "head group packs: q, o";
+constexpr const char* kPackQOD = "head group packs: q, o, dout";
+constexpr const char* kPackKV = "head group packs: k, v";
+constexpr const char* kPackLSE = "head group packs: LSE";
+constexpr const char* kPackGrads = "head group packs: dq, dk, dv";
+
 struct HeadSplit {
   int64_t B, S, hd, hq, hkv;  // hq, hkv: heads per group
 };
@@ -46,8 +54,9 @@ void HeadGroupedAttention::forward(const AttentionTensors& t) {
   if (groups_ == 1) return inner_->forward(t);
   const HeadSplit h = head_split(t.q, t.k, groups_);
   const int64_t qn = h.B * h.S * h.hq * h.hd, kn = h.B * h.S * h.hkv * h.hd;
-  Buffer qg = be_.alloc(t.q.dtype, qn), kg = be_.alloc(t.k.dtype, kn), vg = be_.alloc(t.v.dtype, kn);
-  Buffer og = be_.alloc(t.o.dtype, qn), lg = be_.alloc(t.lse.dtype, h.B * h.hq * h.S);
+  Buffer qg = be_.alloc(t.q.dtype, qn, kPackQO), kg = be_.alloc(t.k.dtype, kn, kPackKV);
+  Buffer vg = be_.alloc(t.v.dtype, kn, kPackKV), og = be_.alloc(t.o.dtype, qn, kPackQO);
+  Buffer lg = be_.alloc(t.lse.dtype, h.B * h.hq * h.S, kPackLSE);
   const AttentionTensors p{qg.view({h.B, h.S, h.hq, h.hd}), kg.view({h.B, h.S, h.hkv, h.hd}),
                            vg.view({h.B, h.S, h.hkv, h.hd}), og.view({h.B, h.S, h.hq, h.hd}),
                            lg.view({h.B, h.hq, h.S}), t.scale};
@@ -66,10 +75,11 @@ void HeadGroupedAttention::backward(const AttentionTensors& t, const AttentionGr
   if (groups_ == 1) return inner_->backward(t, gr);
   const HeadSplit h = head_split(t.q, t.k, groups_);
   const int64_t qn = h.B * h.S * h.hq * h.hd, kn = h.B * h.S * h.hkv * h.hd;
-  Buffer qg = be_.alloc(t.q.dtype, qn), kg = be_.alloc(t.k.dtype, kn), vg = be_.alloc(t.v.dtype, kn);
-  Buffer og = be_.alloc(t.o.dtype, qn), dog = be_.alloc(gr.dout.dtype, qn);
-  Buffer lg = be_.alloc(t.lse.dtype, h.B * h.hq * h.S);
-  Buffer dqg = be_.alloc(gr.dq.dtype, qn), dkg = be_.alloc(gr.dk.dtype, kn), dvg = be_.alloc(gr.dv.dtype, kn);
+  Buffer qg = be_.alloc(t.q.dtype, qn, kPackQOD), kg = be_.alloc(t.k.dtype, kn, kPackKV);
+  Buffer vg = be_.alloc(t.v.dtype, kn, kPackKV), og = be_.alloc(t.o.dtype, qn, kPackQOD);
+  Buffer dog = be_.alloc(gr.dout.dtype, qn, kPackQOD), lg = be_.alloc(t.lse.dtype, h.B * h.hq * h.S, kPackLSE);
+  Buffer dqg = be_.alloc(gr.dq.dtype, qn, kPackGrads), dkg = be_.alloc(gr.dk.dtype, kn, kPackGrads);
+  Buffer dvg = be_.alloc(gr.dv.dtype, kn, kPackGrads);
   auto qs = [&](const Buffer& b) { return b.view({h.B, h.S, h.hq, h.hd}); };
   auto ks = [&](const Buffer& b) { return b.view({h.B, h.S, h.hkv, h.hd}); };
   // The packed copies of one head group.

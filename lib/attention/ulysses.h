@@ -34,8 +34,10 @@ class UlyssesAttention final : public SequenceAttention {
   // does not wait for it; with MPI, for the compute before it). Both buffers stay allocated
   // until the compute queue has waited for it (this call's end).
   void all_to_all(const ops::Tensor& send, const ops::Tensor& recv, int64_t count);
-  // [S_l, H, hd] -> [S_l * U, h_per, hd] (gathered sequence, this rank's heads).
-  ops::Buffer to_heads(const ops::Tensor& x, int64_t h_total, int64_t h_per, bool kv, const Heads& hs);
+  // [S_l, H, hd] -> [S_l * U, h_per, hd] (gathered sequence, this rank's heads), allocated
+  // with the label `what`.
+  ops::Buffer to_heads(const ops::Tensor& x, int64_t h_total, int64_t h_per, bool kv, const Heads& hs,
+                       const char* what);
   // [S_l * U, h_per, hd] -> into x [S_l, H, hd] (accumulate: sum contributions of ranks
   // sharing a kv head).
   void from_heads(const ops::Tensor& xh, int64_t h_total, int64_t h_per, bool kv, const Heads& hs,

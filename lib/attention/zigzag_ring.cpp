@@ -37,6 +37,28 @@ Zigzag zigzag_of(const dist::Comm& ring, const Tensor& q) {
                 " tokens) must hold two equal chunks; the loader pads the sequence to a multiple of 2W");
   return z;
 }
+// Buffer labels (Backend::alloc's `what`, the memory plan's item names): static strings, so a
+// recorder may keep the pointers. One label per kind of buffer, shared by the buffers of a pair.
+struct RingLabels {
+  const char *running_output, *running_lse, *block_output, *block_lse, *kv, *lse_chunks, *dq, *dkv;
+};
+constexpr RingLabels kRingLabels{"zigzag_ring running output (f32)",
+                                 "zigzag_ring running LSE",
+                                 "zigzag_ring block output",
+                                 "zigzag_ring block LSE",
+                                 "zigzag_ring K/V double buffer",
+                                 "zigzag_ring LSE chunks",
+                                 "zigzag_ring dQ accumulator (f32)",
+                                 "zigzag_ring dK/dV accumulators (f32, travel with K/V)"};
+constexpr RingLabels kUspRingLabels{"usp ring running output (f32)",
+                                    "usp ring running LSE",
+                                    "usp ring block output",
+                                    "usp ring block LSE",
+                                    "usp ring K/V double buffer",
+                                    "usp ring LSE chunks",
+                                    "usp ring dQ accumulator (f32)",
+                                    "usp ring dK/dV accumulators (f32, travel with K/V)"};
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -71,13 +93,14 @@ void ZigzagRingAttention::forward_one(const AttentionTensors& t) {
   const int64_t Hq = q.dim(2), Hkv = k.dim(2), hd = q.dim(3), S = q.dim(1), c = z.c;
   const DType acc = acc_type(lse);
   // Per local query chunk: running output and LSE, merged in fp32.
-  Buffer acc_o[2] = {be_.alloc(acc, c * Hq * hd), be_.alloc(acc, c * Hq * hd)};
-  Buffer acc_lse[2] = {be_.alloc(lse.dtype, Hq * c), be_.alloc(lse.dtype, Hq * c)};
+  const RingLabels& L = inside_usp_ ? kUspRingLabels : kRingLabels;
+  Buffer acc_o[2] = {be_.alloc(acc, c * Hq * hd, L.running_output), be_.alloc(acc, c * Hq * hd, L.running_output)};
+  Buffer acc_lse[2] = {be_.alloc(lse.dtype, Hq * c, L.running_lse), be_.alloc(lse.dtype, Hq * c, L.running_lse)};
   bool started[2] = {false, false};
-  Buffer o_blk = be_.alloc(q.dtype, c * Hq * hd), lse_blk = be_.alloc(lse.dtype, Hq * c);
+  Buffer o_blk = be_.alloc(q.dtype, c * Hq * hd, L.block_output), lse_blk = be_.alloc(lse.dtype, Hq * c, L.block_lse);
   // K/V of the visiting rank, double-buffered: [1, S, Hkv, hd] each.
-  Buffer kv[2][2] = {{be_.alloc(k.dtype, k.numel()), be_.alloc(v.dtype, v.numel())},
-                     {be_.alloc(k.dtype, k.numel()), be_.alloc(v.dtype, v.numel())}};
+  Buffer kv[2][2] = {{be_.alloc(k.dtype, k.numel(), L.kv), be_.alloc(v.dtype, v.numel(), L.kv)},
+                     {be_.alloc(k.dtype, k.numel(), L.kv), be_.alloc(v.dtype, v.numel(), L.kv)}};
   be_.copy(kv[0][0].view({1, S, Hkv, hd}), k);
   be_.copy(kv[0][1].view({1, S, Hkv, hd}), v);
 
@@ -119,18 +142,19 @@ void ZigzagRingAttention::backward_one(const AttentionTensors& t, const Attentio
   const Zigzag z = zigzag_of(ring_, q);
   const int64_t Hq = q.dim(2), Hkv = k.dim(2), hd = q.dim(3), S = q.dim(1), c = z.c;
   const DType acc = acc_type(lse);
-  Buffer lse_ch[2] = {be_.alloc(lse.dtype, Hq * c), be_.alloc(lse.dtype, Hq * c)};
+  const RingLabels& L = inside_usp_ ? kUspRingLabels : kRingLabels;
+  Buffer lse_ch[2] = {be_.alloc(lse.dtype, Hq * c, L.lse_chunks), be_.alloc(lse.dtype, Hq * c, L.lse_chunks)};
   for (int qa = 0; qa < 2; ++qa) copy_lse_cols(be_, lse, qa * c, lse_ch[qa].view({1, Hq, c}), true);
   // dQ and the dK/dV accumulators that travel with the visiting K/V are fp32 (for fp32 and
   // bf16 data), so rounding does not compound over the ring steps.
-  Buffer dq_acc = be_.alloc(acc, q.numel());
+  Buffer dq_acc = be_.alloc(acc, q.numel(), L.dq);
   const Tensor dqa = dq_acc.view({1, S, Hq, hd});
   Buffer kv[2][4];
   for (auto& set : kv) {
-    set[0] = be_.alloc(k.dtype, k.numel());
-    set[1] = be_.alloc(v.dtype, v.numel());
-    set[2] = be_.alloc(acc, k.numel());
-    set[3] = be_.alloc(acc, v.numel());
+    set[0] = be_.alloc(k.dtype, k.numel(), L.kv);
+    set[1] = be_.alloc(v.dtype, v.numel(), L.kv);
+    set[2] = be_.alloc(acc, k.numel(), L.dkv);
+    set[3] = be_.alloc(acc, v.numel(), L.dkv);
   }
   be_.copy(kv[0][0].view({1, S, Hkv, hd}), k);
   be_.copy(kv[0][1].view({1, S, Hkv, hd}), v);

@@ -18,7 +18,9 @@ namespace easyctx::attention {
 
 class ZigzagRingAttention final : public SequenceAttention {
  public:
-  ZigzagRingAttention(ops::Backend& be, dist::Comm& ring) : be_(be), ring_(ring) {}
+  // inside_usp: the ring across the Ulysses groups of usp (labels its buffers "usp ring ...").
+  ZigzagRingAttention(ops::Backend& be, dist::Comm& ring, bool inside_usp = false)
+      : be_(be), ring_(ring), inside_usp_(inside_usp) {}
   const char* name() const override { return "zigzag_ring"; }
   // Exchanges are ordered with the compute by fences (core/fence.h), so the host never waits
   // for them: the K/V of step s + 1 travel while step s computes; the backward's dK/dV
@@ -52,6 +54,7 @@ class ZigzagRingAttention final : public SequenceAttention {
   }
   ops::Backend& be_;
   dist::Comm& ring_;
+  bool inside_usp_;
   bool comm_timing_ = false;
   double comm_s_ = 0;
 };
