@@ -8,9 +8,11 @@
 
 #include "attention/dist_flash.h"
 #include "attention/head_grouped.h"
+#include "attention/strategy.h"
 #include "attention/ulysses.h"
 #include "attention/zigzag_ring.h"
 #include "core/config.h"
+#include "data/sp_slice.h"
 #include "dist/groups.h"
 #include "test_util.h"
 
@@ -239,4 +241,38 @@ TEST(SequenceParallel, HeadGroupsMatchLocalUlysses) {
   std::iota(all.begin(), all.end(), 0);
   Shape sh{1, W * 7, 4 * W, 2 * W, 8};
   run<double>(uly, sh, contiguous_rows(all, W, r), 1e-10, w.seed + 9);
+}
+
+// The factory (attention/strategy.h) for every mode the world allows, with and without head
+// groups, against one rank on the whole sequence: each strategy runs over the groups it
+// needs, on the rows the loader gives this rank in the split's layout (data::sp_slice's
+// positions of a window whose tokens are their positions).
+TEST(SequenceParallel, FactoryStrategiesMatchLocalOnTheirLayout) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  for (SeqParallelMode mode :
+       {SeqParallelMode::ZigzagRing, SeqParallelMode::Ulysses, SeqParallelMode::DistFlash, SeqParallelMode::Usp}) {
+    if (mode == SeqParallelMode::Usp && W % 2 != 0) continue;
+    const int ulysses = mode == SeqParallelMode::Usp ? 2 : 0;
+    World w = make_world(mode, ulysses);
+    const attention::SequenceSplit split = attention::sequence_split(w.pg->layout());
+    const int64_t L = split.padded_length(5 * W + 1);
+    std::vector<uint32_t> window(static_cast<size_t>(L + 1));
+    std::iota(window.begin(), window.end(), 0u);
+    const data::SpSlice mine =
+        data::sp_slice(window.data(), L, split.layout, split.size, w.pg->sp().rank(), 0, split.inner);
+    const std::vector<int64_t> rows(mine.positions.begin(), mine.positions.end());
+    for (int64_t groups : {1, 2}) {
+      StageConfig cfg;
+      cfg.parallel.sequence.mode = mode;
+      cfg.parallel.sequence.size = W;
+      cfg.parallel.sequence.ulysses_size = ulysses;
+      cfg.activation.attention_head_groups = groups;
+      auto be = ops::make_cpu_backend();
+      auto attn = attention::make_sequence_attention(cfg, *w.pg, *be);
+      EXPECT_STREQ(attn->name(), to_string(mode));
+      EXPECT_EQ(dynamic_cast<attention::HeadGroupedAttention*>(attn.get()) != nullptr, groups > 1);
+      run<double>(*attn, Shape{2, L, 4 * W, 2 * W, 8}, rows, 1e-10, w.seed + static_cast<uint64_t>(groups));
+    }
+  }
 }
