@@ -6,7 +6,7 @@
 // keeping the dK/dV contribution local. Every rank then does W/2 or W/2+1 blocks instead of
 // up to W. Works for any W, odd included.
 //
-// Tensors as in SequenceAttention: q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
+// Tensors as in AttentionTensors (attention.h): q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
 // lse [B, Hq, S] (this rank's tokens). Batches are processed one sequence at a time.
 #pragma once
 #include "attention/attention.h"

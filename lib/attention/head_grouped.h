@@ -6,7 +6,7 @@
 // ring's K/V double buffer and fp32 accumulators, the all-to-all buffers, cuDNN's workspace)
 // shrinks G-fold, for 1/G-sized packed copies.
 //
-// Tensors as in SequenceAttention: q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
+// Tensors as in AttentionTensors (attention.h): q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
 // lse [B, Hq, S] (this rank's tokens). Batches are processed one sequence at a time.
 #pragma once
 #include <memory>

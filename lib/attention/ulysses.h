@@ -6,7 +6,7 @@
 // rank takes the one kv head its q heads read (U a multiple of kv heads) and dK/dV of ranks
 // sharing a kv head are summed.
 //
-// Tensors as in SequenceAttention: q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
+// Tensors as in AttentionTensors (attention.h): q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
 // lse [B, Hq, S] (this rank's tokens). Batches are processed one sequence at a time.
 #pragma once
 #include <memory>

@@ -8,7 +8,7 @@
 // into per-chunk accumulators (fp32 for fp32/bf16 data). Backward circulates dK/dV
 // accumulators with K/V and returns them to their owner after one extra hop.
 //
-// Tensors as in SequenceAttention: q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
+// Tensors as in AttentionTensors (attention.h): q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
 // lse [B, Hq, S] (this rank's tokens). Batches are processed one sequence at a time.
 #pragma once
 #include "attention/attention.h"

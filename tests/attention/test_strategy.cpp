@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -183,7 +184,8 @@ const std::set<std::string>& known_labels() {
                             "dq, dk, dv (head-sharded)", "all-to-all receive", "shared kv head sum",
                             "LSE all-to-all send", "LSE all-to-all receive"})
         l.insert(std::string(tag) + n);
-    for (const char* n : {"q, o", "q, o, dout", "k, v", "LSE", "dq, dk, dv"}) l.insert(std::string("head group packs: ") + n);
+    for (const char* n : {"q, o", "q, o, dout", "k, v", "LSE", "dq, dk, dv"})
+      l.insert(std::string("head group packs: ") + n);
     return l;
   }();
   return s;
