@@ -1,24 +1,32 @@
 // The seam between the model and sequence-parallel attention. The model hands each layer's
 // local q/k/v (this rank's tokens) to a SequenceAttention; LocalAttention is the
-// single-rank case (one causal block). Zigzag ring, Ulysses and USP implement the same
+// single-rank case (one causal block). The strategies (zigzag_ring.h, dist_flash.h,
+// ulysses.h, head_grouped.h; strategy.h picks one for a stage) implement the same
 // interface on top of ops::Backend::attention_fwd/bwd/merge over sub-blocks.
 #pragma once
 #include "ops/ops.h"
 
 namespace easyctx::attention {
 
+// One call's tensors, this rank's tokens (RoPE applied): q [B, S, Hq, hd], k/v [B, S, Hkv, hd],
+// o [B, S, Hq, hd], lse [B, Hq, S] (fp32; fp64 in the fp64 reference). forward writes o and
+// lse; backward reads them.
+struct AttentionTensors {
+  ops::Tensor q, k, v, o, lse;
+  double scale = 0;  // softmax scale, usually 1/sqrt(hd)
+};
+
+// backward reads dout (like o) and overwrites dq, dk, dv (shapes of q, k, v).
+struct AttentionGrads {
+  ops::Tensor dout, dq, dk, dv;
+};
+
 class SequenceAttention {
  public:
   virtual ~SequenceAttention() = default;
   virtual const char* name() const = 0;
-  // q [B, S, Hq, hd], k/v [B, S, Hkv, hd] (this rank's tokens, RoPE applied);
-  // o [B, S, Hq, hd], lse [B, Hq, S] (fp32; fp64 in the fp64 reference).
-  virtual void forward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale,
-                       const ops::Tensor& o, const ops::Tensor& lse) = 0;
-  // Overwrites dq, dk, dv (shapes of q, k, v).
-  virtual void backward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
-                        const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
-                        const ops::Tensor& dk, const ops::Tensor& dv) = 0;
+  virtual void forward(const AttentionTensors& t) = 0;
+  virtual void backward(const AttentionTensors& t, const AttentionGrads& g) = 0;
 };
 
 // The whole causal sequence on this rank: one block.
@@ -26,21 +34,18 @@ class LocalAttention final : public SequenceAttention {
  public:
   explicit LocalAttention(ops::Backend& be) : be_(be) {}
   const char* name() const override { return "local"; }
-  void forward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, double scale, const ops::Tensor& o,
-               const ops::Tensor& lse) override {
+  void forward(const AttentionTensors& t) override {
     ops::AttentionBlock blk;
-    blk.scale = scale;
+    blk.scale = t.scale;
     blk.causal = true;
-    be_.attention_fwd(q, k, v, blk, o, lse);
+    be_.attention_fwd(t.q, t.k, t.v, blk, t.o, t.lse);
   }
-  void backward(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
-                const ops::Tensor& lse, const ops::Tensor& dout, double scale, const ops::Tensor& dq,
-                const ops::Tensor& dk, const ops::Tensor& dv) override {
+  void backward(const AttentionTensors& t, const AttentionGrads& g) override {
     ops::AttentionBlock blk;
-    blk.scale = scale;
+    blk.scale = t.scale;
     blk.causal = true;
     blk.accumulate = false;  // one block: overwrite (cuDNN writes the gradients in place)
-    be_.attention_bwd(q, k, v, o, lse, dout, blk, dq, dk, dv);
+    be_.attention_bwd(t.q, t.k, t.v, t.o, t.lse, g.dout, blk, g.dq, g.dk, g.dv);
   }
 
  private:

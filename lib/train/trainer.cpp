@@ -4,7 +4,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "attention/sequence_parallel.h"
+#include "attention/strategy.h"
 #include "ckpt/convert.h"
 #include "ckpt/hf_model.h"
 #include "ckpt/sharded_checkpoint.h"
@@ -59,7 +59,7 @@ Trainer::Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, cons
   check_supported(cfg_);
   EASYCTX_CHECK_INPUT(cfg_.parallel.sequence.size == 1, "parallel.sequence.size: ", cfg_.parallel.sequence.size,
                       ": this trainer was built without process groups (sequence parallelism needs them)");
-  init(nullptr, nullptr);
+  init(nullptr);
 }
 
 Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunOptions& opts)
@@ -74,52 +74,25 @@ Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunO
       ranks_per_node_(groups.layout().ranks_per_node),
       opts_(opts) {
   check_supported(cfg_);
-  if (groups.layout().sp_size == 1) {
-    init(nullptr, &groups);
-    return;
-  }
-  be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile});
-  std::shared_ptr<attention::SequenceAttention> attn;
-  switch (cfg_.parallel.sequence.mode) {
-    case SeqParallelMode::ZigzagRing:
-      attn = std::make_shared<attention::ZigzagRingAttention>(*be_, groups.ring());
-      break;
-    case SeqParallelMode::Ulysses:
-      attn = std::make_shared<attention::UlyssesAttention>(*be_, groups.ulysses());
-      break;
-    case SeqParallelMode::DistFlash:
-      attn = std::make_shared<attention::DistFlashAttention>(*be_, groups.sp());
-      break;
-    case SeqParallelMode::Usp:
-      // Ulysses all-to-all inside each (contiguous) Ulysses group, zigzag ring across them.
-      attn = std::make_shared<attention::UlyssesAttention>(
-          *be_, groups.ulysses(), std::make_unique<attention::ZigzagRingAttention>(*be_, groups.ring()));
-      break;
-    case SeqParallelMode::None:
-      EASYCTX_THROW_INPUT("parallel.sequence.mode: none with parallel.sequence.size ", groups.layout().sp_size);
-  }
-  init(attn, &groups);
+  init(&groups);
 }
 
-// Model, weights, optimizer state and data; `attn` null means local attention.
-void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, dist::ProcessGroups* groups) {
+// Model, weights, optimizer state and data; without process groups, local attention.
+void Trainer::init(dist::ProcessGroups* groups) {
   // The memory plan first (docs/memory-model.md): a run that would not fit is refused
   // before anything is allocated, naming the knobs that would make it fit.
   plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
   EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
                       " (the whole plan: easyctx_train STAGE.yaml --plan; target.headroom loosens the margin)");
-  if (!be_) be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile});
+  be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile});
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
   // trainer too, with the gradients staged through host memory.
   for (const dist::Comm* c : {&world_, &dp_, &grad_comm_})
     EASYCTX_CHECK_INPUT(c->memspace() == MemSpace::Host || on_device(), "train.device: ",
                         to_string(cfg_.train.device), " chose ", c->backend(), " communicators, but the trainer runs "
                         "the ", be_->name(), " backend; set train.device: cuda (or run with MPI communicators)");
-  if (cfg_.activation.attention_head_groups > 1) {  // attention in passes over head groups
-    if (!attn) attn = std::make_shared<attention::LocalAttention>(*be_);
-    attn = std::make_shared<attention::HeadGroupedAttention>(*be_, std::move(attn),
-                                                             cfg_.activation.attention_head_groups);
-  }
+  std::shared_ptr<attention::SequenceAttention> attn =
+      groups ? attention::make_sequence_attention(cfg_, *groups, *be_) : attention::make_local_attention(cfg_, *be_);
   const model::LlamaConfig mc = model::resolve_llama_config(cfg_.model);
   model_ = std::make_unique<model::LlamaModel>(mc, *be_, on_device() ? DType::BF16 : DType::F32,
                                                model::options_for(cfg_, on_device()), std::move(attn));
@@ -136,14 +109,12 @@ void Trainer::init(std::shared_ptr<attention::SequenceAttention> attn, dist::Pro
   lo.seed = cfg_.train.seed;
   lo.shape = {cfg_.train.batch_size, cfg_.train.grad_accum, dp_.size()};
   lo.dp_rank = dp_.rank();
-  if (groups && groups->layout().sp_size > 1) {
-    const SeqParallelMode m = cfg_.parallel.sequence.mode;
-    lo.sp_layout = m == SeqParallelMode::ZigzagRing ? data::SpLayout::Zigzag
-                   : m == SeqParallelMode::Usp      ? data::SpLayout::Usp
-                                                    : data::SpLayout::Contiguous;
-    lo.sp_size = groups->layout().sp_size;
+  if (groups) {  // this rank's slice of every window, in the layout of the strategy
+    const attention::SequenceSplit split = attention::sequence_split(groups->layout());
+    lo.sp_layout = split.layout;
+    lo.sp_size = split.size;
     lo.sp_rank = groups->sp().rank();
-    lo.sp_inner = groups->layout().ulysses_size;
+    lo.sp_inner = split.inner;
   }
   loader_ = std::make_unique<data::DataLoader>(lo);
   loader_->validate(mc.vocab_size, "", cfg_.data.check_tokens);

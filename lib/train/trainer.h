@@ -96,7 +96,7 @@ class Trainer {
   double flops_per_token() const;
 
  private:
-  void init(std::shared_ptr<attention::SequenceAttention> attn, dist::ProcessGroups* groups);
+  void init(dist::ProcessGroups* groups);
   void load_weights();  // model.init, or resume from <output.dir>/checkpoints
   void log_startup() const;
   bool stop_requested();  // collective: did any rank get SIGUSR1/SIGTERM?

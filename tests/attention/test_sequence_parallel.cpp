@@ -6,8 +6,13 @@
 
 #include <numeric>
 
-#include "attention/sequence_parallel.h"
+#include "attention/dist_flash.h"
+#include "attention/head_grouped.h"
+#include "attention/strategy.h"
+#include "attention/ulysses.h"
+#include "attention/zigzag_ring.h"
 #include "core/config.h"
+#include "data/sp_slice.h"
 #include "dist/groups.h"
 #include "test_util.h"
 
@@ -81,24 +86,22 @@ void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<in
       dv(c.v.size());
   attention::LocalAttention local(*be);
   auto T4 = [&](std::vector<T>& x, int64_t S, int64_t H) { return Tensor(x.data(), dt, {sh.B, S, H, sh.hd}); };
-  local.forward(T4(c.q, sh.S, sh.Hq), T4(c.k, sh.S, sh.Hkv), T4(c.v, sh.S, sh.Hkv), scale, T4(o, sh.S, sh.Hq),
-                Tensor(lse.data(), dt, {sh.B, sh.Hq, sh.S}));
-  local.backward(T4(c.q, sh.S, sh.Hq), T4(c.k, sh.S, sh.Hkv), T4(c.v, sh.S, sh.Hkv), T4(o, sh.S, sh.Hq),
-                 Tensor(lse.data(), dt, {sh.B, sh.Hq, sh.S}), T4(c.dout, sh.S, sh.Hq), scale, T4(dq, sh.S, sh.Hq),
-                 T4(dk, sh.S, sh.Hkv), T4(dv, sh.S, sh.Hkv));
+  const attention::AttentionTensors whole{T4(c.q, sh.S, sh.Hq), T4(c.k, sh.S, sh.Hkv), T4(c.v, sh.S, sh.Hkv),
+                                          T4(o, sh.S, sh.Hq), Tensor(lse.data(), dt, {sh.B, sh.Hq, sh.S}), scale};
+  local.forward(whole);
+  local.backward(whole, {T4(c.dout, sh.S, sh.Hq), T4(dq, sh.S, sh.Hq), T4(dk, sh.S, sh.Hkv), T4(dv, sh.S, sh.Hkv)});
   // This rank's tokens.
   const int64_t Sl = static_cast<int64_t>(rows.size());
   auto q = take(c.q, sh, sh.Hq, rows), k = take(c.k, sh, sh.Hkv, rows), v = take(c.v, sh, sh.Hkv, rows),
        dout = take(c.dout, sh, sh.Hq, rows);
   std::vector<T> lo(q.size(), T(-7)), ll(static_cast<size_t>(sh.B * sh.Hq * Sl), T(-7)), ldq(q.size(), T(-7)),
       ldk(k.size(), T(-7)), ldv(v.size(), T(-7));  // poisoned
-  sp.forward(T4(q, Sl, sh.Hq), T4(k, Sl, sh.Hkv), T4(v, Sl, sh.Hkv), scale, T4(lo, Sl, sh.Hq),
-             Tensor(ll.data(), dt, {sh.B, sh.Hq, Sl}));
+  const attention::AttentionTensors mine{T4(q, Sl, sh.Hq), T4(k, Sl, sh.Hkv), T4(v, Sl, sh.Hkv), T4(lo, Sl, sh.Hq),
+                                         Tensor(ll.data(), dt, {sh.B, sh.Hq, Sl}), scale};
+  sp.forward(mine);
   EXPECT_LT(test::rel_error(lo, take(o, sh, sh.Hq, rows)), tol) << sp.name() << " o";
   EXPECT_LT(test::rel_error(ll, take_lse(lse, sh, rows)), tol) << sp.name() << " lse";
-  sp.backward(T4(q, Sl, sh.Hq), T4(k, Sl, sh.Hkv), T4(v, Sl, sh.Hkv), T4(lo, Sl, sh.Hq),
-              Tensor(ll.data(), dt, {sh.B, sh.Hq, Sl}), T4(dout, Sl, sh.Hq), scale, T4(ldq, Sl, sh.Hq),
-              T4(ldk, Sl, sh.Hkv), T4(ldv, Sl, sh.Hkv));
+  sp.backward(mine, {T4(dout, Sl, sh.Hq), T4(ldq, Sl, sh.Hq), T4(ldk, Sl, sh.Hkv), T4(ldv, Sl, sh.Hkv)});
   EXPECT_LT(test::rel_error(ldq, take(dq, sh, sh.Hq, rows)), tol) << sp.name() << " dq";
   EXPECT_LT(test::rel_error(ldk, take(dk, sh, sh.Hkv, rows)), tol) << sp.name() << " dk";
   EXPECT_LT(test::rel_error(ldv, take(dv, sh, sh.Hkv, rows)), tol) << sp.name() << " dv";
@@ -206,9 +209,9 @@ TEST(SequenceParallel, HeadGroupsMatchLocalRingAndLocal) {
           std::vector<float>(c.v.size(), -7.f)};
     auto T4 = [&](std::vector<float>& v, int64_t H) { return Tensor(v.data(), DType::F32, {sh.B, sh.S, H, sh.hd}); };
     const Tensor lse(x.lse.data(), DType::F32, {sh.B, sh.Hq, sh.S});
-    a.forward(T4(c.q, sh.Hq), T4(c.k, sh.Hkv), T4(c.v, sh.Hkv), scale, T4(x.o, sh.Hq), lse);
-    a.backward(T4(c.q, sh.Hq), T4(c.k, sh.Hkv), T4(c.v, sh.Hkv), T4(x.o, sh.Hq), lse, T4(c.dout, sh.Hq), scale,
-               T4(x.dq, sh.Hq), T4(x.dk, sh.Hkv), T4(x.dv, sh.Hkv));
+    const attention::AttentionTensors t{T4(c.q, sh.Hq), T4(c.k, sh.Hkv), T4(c.v, sh.Hkv), T4(x.o, sh.Hq), lse, scale};
+    a.forward(t);
+    a.backward(t, {T4(c.dout, sh.Hq), T4(x.dq, sh.Hq), T4(x.dk, sh.Hkv), T4(x.dv, sh.Hkv)});
     return x;
   };
   attention::LocalAttention one(*be);
@@ -238,4 +241,38 @@ TEST(SequenceParallel, HeadGroupsMatchLocalUlysses) {
   std::iota(all.begin(), all.end(), 0);
   Shape sh{1, W * 7, 4 * W, 2 * W, 8};
   run<double>(uly, sh, contiguous_rows(all, W, r), 1e-10, w.seed + 9);
+}
+
+// The factory (attention/strategy.h) for every mode the world allows, with and without head
+// groups, against one rank on the whole sequence: each strategy runs over the groups it
+// needs, on the rows the loader gives this rank in the split's layout (data::sp_slice's
+// positions of a window whose tokens are their positions).
+TEST(SequenceParallel, FactoryStrategiesMatchLocalOnTheirLayout) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  for (SeqParallelMode mode :
+       {SeqParallelMode::ZigzagRing, SeqParallelMode::Ulysses, SeqParallelMode::DistFlash, SeqParallelMode::Usp}) {
+    if (mode == SeqParallelMode::Usp && W % 2 != 0) continue;
+    const int ulysses = mode == SeqParallelMode::Usp ? 2 : 0;
+    World w = make_world(mode, ulysses);
+    const attention::SequenceSplit split = attention::sequence_split(w.pg->layout());
+    const int64_t L = split.padded_length(5 * W + 1);
+    std::vector<uint32_t> window(static_cast<size_t>(L + 1));
+    std::iota(window.begin(), window.end(), 0u);
+    const data::SpSlice mine =
+        data::sp_slice(window.data(), L, split.layout, split.size, w.pg->sp().rank(), 0, split.inner);
+    const std::vector<int64_t> rows(mine.positions.begin(), mine.positions.end());
+    for (int64_t groups : {1, 2}) {
+      StageConfig cfg;
+      cfg.parallel.sequence.mode = mode;
+      cfg.parallel.sequence.size = W;
+      cfg.parallel.sequence.ulysses_size = ulysses;
+      cfg.activation.attention_head_groups = groups;
+      auto be = ops::make_cpu_backend();
+      auto attn = attention::make_sequence_attention(cfg, *w.pg, *be);
+      EXPECT_STREQ(attn->name(), to_string(mode));
+      EXPECT_EQ(dynamic_cast<attention::HeadGroupedAttention*>(attn.get()) != nullptr, groups > 1);
+      run<double>(*attn, Shape{2, L, 4 * W, 2 * W, 8}, rows, 1e-10, w.seed + static_cast<uint64_t>(groups));
+    }
+  }
 }

@@ -1,0 +1,190 @@
+#include "attention/ulysses.h"
+
+#include <vector>
+
+#include "attention/blocks.h"
+#include "core/error.h"
+
+namespace easyctx::attention {
+using detail::check_sizes;
+using detail::seq;
+using ops::Buffer;
+using ops::Tensor;
+
+namespace {
+// Buffer labels (Backend::alloc's `what`, the memory plan's item names): static strings, so a
+// recorder may keep the pointers.
+struct UlyssesLabels {
+  const char *send, *q, *k, *v, *o, *dout, *lse, *grads, *recv, *kv_sum, *lse_send, *lse_recv;
+};
+constexpr UlyssesLabels kUlyssesLabels{"ulysses all-to-all send",
+                                       "ulysses q (head-sharded)",
+                                       "ulysses k (head-sharded)",
+                                       "ulysses v (head-sharded)",
+                                       "ulysses o (head-sharded)",
+                                       "ulysses dout (head-sharded)",
+                                       "ulysses LSE (head-sharded)",
+                                       "ulysses dq, dk, dv (head-sharded)",
+                                       "ulysses all-to-all receive",
+                                       "ulysses shared kv head sum",
+                                       "ulysses LSE all-to-all send",
+                                       "ulysses LSE all-to-all receive"};
+constexpr UlyssesLabels kUspLabels{"usp all-to-all send",
+                                   "usp q (head-sharded)",
+                                   "usp k (head-sharded)",
+                                   "usp v (head-sharded)",
+                                   "usp o (head-sharded)",
+                                   "usp dout (head-sharded)",
+                                   "usp LSE (head-sharded)",
+                                   "usp dq, dk, dv (head-sharded)",
+                                   "usp all-to-all receive",
+                                   "usp shared kv head sum",
+                                   "usp LSE all-to-all send",
+                                   "usp LSE all-to-all receive"};
+const UlyssesLabels& labels(bool usp) { return usp ? kUspLabels : kUlyssesLabels; }
+}  // namespace
+
+UlyssesAttention::UlyssesAttention(ops::Backend& be, dist::Comm& group, std::unique_ptr<SequenceAttention> inner)
+    : be_(be), comm_(group), inner_(std::move(inner)) {
+  inner_is_ring_ = inner_ != nullptr;
+  if (!inner_) inner_ = std::make_unique<LocalAttention>(be_);
+}
+
+int64_t UlyssesAttention::Heads::kv_head_of(int rank) const {
+  if (kv_per_rank * static_cast<int64_t>(hq / q_per_rank) == hkv) return rank * kv_per_rank;
+  return (rank * q_per_rank) / (hq / hkv);
+}
+
+UlyssesAttention::Heads UlyssesAttention::heads(const Tensor& q, const Tensor& k) const {
+  const int64_t U = comm_.size();
+  Heads h{q.dim(2), k.dim(2), q.dim(3), 0, 0};
+  EASYCTX_CHECK_INPUT(h.hq % U == 0, "ulysses: parallel.sequence.size (", U, ") must divide the attention heads (",
+                      h.hq, ")");
+  h.q_per_rank = h.hq / U;
+  if (h.hkv % U == 0) {
+    h.kv_per_rank = h.hkv / U;
+  } else {
+    EASYCTX_CHECK_INPUT(U % h.hkv == 0, "ulysses: parallel.sequence.size (", U, ") must divide the key/value heads (",
+                        h.hkv, ") or be a multiple of them");
+    h.kv_per_rank = 1;  // several ranks read the same kv head
+  }
+  return h;
+}
+
+void UlyssesAttention::all_to_all(const Tensor& send, const Tensor& recv, int64_t count) {
+  comm_.wait(be_.record());  // after the compute that wrote `send` and last read `recv`
+  comm_.all_to_all(send.data, recv.data, static_cast<size_t>(count), send.dtype);
+  be_.wait(comm_.record());  // compute that reads `recv` or rewrites `send` comes after it
+}
+
+Buffer UlyssesAttention::to_heads(const Tensor& x, int64_t h_total, int64_t h_per, bool kv, const Heads& hs,
+                                  const char* what) {
+  const int U = comm_.size();
+  const int64_t S = x.dim(1), hd = x.dim(3), blk = S * h_per * hd;
+  Buffer send = be_.alloc(x.dtype, blk * U, labels(inner_is_ring_).send), recv = be_.alloc(x.dtype, blk * U, what);
+  for (int j = 0; j < U; ++j) {  // rank j's heads of every token: one strided copy
+    const int64_t h0 = kv ? hs.kv_head_of(j) : j * h_per;
+    be_.copy_2d(send.flat().slice_flat(j * blk, {blk}), h_per * hd, x.slice_flat(h0 * hd, {x.numel() - h0 * hd}),
+                h_total * hd, S, h_per * hd);
+  }
+  all_to_all(send.flat(), recv.flat(), blk);
+  return recv;  // [U * S, h_per, hd]: the gathered sequence in rank order
+}
+
+void UlyssesAttention::from_heads(const Tensor& xh, int64_t h_total, int64_t h_per, bool kv, const Heads& hs,
+                                  const Tensor& x) {
+  const int U = comm_.size();
+  const int64_t S = x.dim(1), hd = x.dim(3), blk = S * h_per * hd;
+  Buffer recv = be_.alloc(xh.dtype, blk * U, labels(inner_is_ring_).recv);
+  all_to_all(xh, recv.flat(), blk);
+  // Rank i's heads of every token back into x, one strided copy each; a kv head that several
+  // ranks held (Hkv < U) gets the sum of their gradients, added in rank order.
+  std::vector<char> written(static_cast<size_t>(h_total), 0);
+  Buffer sum;
+  for (int i = 0; i < U; ++i) {
+    const int64_t h0 = kv ? hs.kv_head_of(i) : i * h_per;
+    const Tensor part = x.slice_flat(h0 * hd, {x.numel() - h0 * hd}), mine = recv.flat().slice_flat(i * blk, {blk});
+    if (!written[static_cast<size_t>(h0)]) {
+      be_.copy_2d(part, h_total * hd, mine, h_per * hd, S, h_per * hd);
+    } else {
+      if (sum.numel() == 0) sum = be_.alloc(xh.dtype, blk, labels(inner_is_ring_).kv_sum);
+      be_.copy_2d(sum.flat(), h_per * hd, part, h_total * hd, S, h_per * hd);
+      be_.axpy(sum.flat(), mine, 1.0);
+      be_.copy_2d(part, h_total * hd, sum.flat(), h_per * hd, S, h_per * hd);
+    }
+    for (int64_t h = h0; h < h0 + h_per; ++h) written[static_cast<size_t>(h)] = 1;
+  }
+}
+
+Buffer UlyssesAttention::lse_to_heads(const Tensor& lse, int64_t h_per, int64_t s_local) {
+  const int U = comm_.size();
+  const int64_t blk = h_per * s_local;
+  const UlyssesLabels& L = labels(inner_is_ring_);
+  Buffer recv = be_.alloc(lse.dtype, blk * U, L.lse_recv), out = be_.alloc(lse.dtype, blk * U, L.lse);
+  // lse [1, Hq, S_l]: block j = heads of rank j, contiguous.
+  all_to_all(lse, recv.flat(), blk);
+  // recv [U][h_per][S_l] -> out [h_per][U * S_l]
+  for (int i = 0; i < U; ++i)
+    for (int64_t h = 0; h < h_per; ++h)
+      be_.copy(out.flat().slice_flat(h * U * s_local + i * s_local, {s_local}),
+               recv.flat().slice_flat((i * h_per + h) * s_local, {s_local}));
+  return out;
+}
+
+void UlyssesAttention::lse_to_seq(const Tensor& lse_h, int64_t h_per, int64_t s_local, const Tensor& lse) {
+  const int U = comm_.size();
+  const int64_t blk = h_per * s_local;
+  Buffer send = be_.alloc(lse.dtype, blk * U, labels(inner_is_ring_).lse_send);
+  for (int j = 0; j < U; ++j)
+    for (int64_t h = 0; h < h_per; ++h)
+      be_.copy(send.flat().slice_flat((j * h_per + h) * s_local, {s_local}),
+               lse_h.slice_flat(h * U * s_local + j * s_local, {s_local}));
+  all_to_all(send.flat(), lse, blk);
+}
+
+void UlyssesAttention::forward(const AttentionTensors& t) {
+  check_sizes(t);
+  const Heads hs = heads(t.q, t.k);
+  const int64_t U = comm_.size(), hd = hs.hd;
+  for (int64_t b = 0; b < t.q.dim(0); ++b) {
+    const int64_t S = t.q.dim(1), Sg = S * U;
+    const int64_t nq = hs.q_per_rank, nkv = hs.kv_per_rank;
+    const UlyssesLabels& L = labels(inner_is_ring_);
+    Buffer qh = to_heads(seq(t.q, b), hs.hq, nq, false, hs, L.q);
+    Buffer kh = to_heads(seq(t.k, b), hs.hkv, nkv, true, hs, L.k);
+    Buffer vh = to_heads(seq(t.v, b), hs.hkv, nkv, true, hs, L.v);
+    Buffer oh = be_.alloc(t.o.dtype, Sg * nq * hd, L.o), lh = be_.alloc(t.lse.dtype, nq * Sg, L.lse);
+    inner_->forward({qh.view({1, Sg, nq, hd}), kh.view({1, Sg, nkv, hd}), vh.view({1, Sg, nkv, hd}),
+                     oh.view({1, Sg, nq, hd}), lh.view({1, nq, Sg}), t.scale});
+    from_heads(oh.view({1, Sg, nq, hd}), hs.hq, nq, false, hs, seq(t.o, b));
+    lse_to_seq(lh.view({1, nq, Sg}), nq, S, seq(t.lse, b));
+  }
+}
+
+void UlyssesAttention::backward(const AttentionTensors& t, const AttentionGrads& g) {
+  check_sizes(t);
+  const Heads hs = heads(t.q, t.k);
+  const int64_t U = comm_.size(), hd = hs.hd;
+  for (int64_t b = 0; b < t.q.dim(0); ++b) {
+    const int64_t S = t.q.dim(1), Sg = S * U;
+    const int64_t nq = hs.q_per_rank, nkv = hs.kv_per_rank;
+    const UlyssesLabels& L = labels(inner_is_ring_);
+    Buffer qh = to_heads(seq(t.q, b), hs.hq, nq, false, hs, L.q);
+    Buffer kh = to_heads(seq(t.k, b), hs.hkv, nkv, true, hs, L.k);
+    Buffer vh = to_heads(seq(t.v, b), hs.hkv, nkv, true, hs, L.v);
+    Buffer oh = to_heads(seq(t.o, b), hs.hq, nq, false, hs, L.o);
+    Buffer dh = to_heads(seq(g.dout, b), hs.hq, nq, false, hs, L.dout);
+    Buffer lh = lse_to_heads(seq(t.lse, b), nq, S);
+    Buffer dqh = be_.alloc(g.dq.dtype, Sg * nq * hd, L.grads), dkh = be_.alloc(g.dk.dtype, Sg * nkv * hd, L.grads),
+           dvh = be_.alloc(g.dv.dtype, Sg * nkv * hd, L.grads);
+    inner_->backward({qh.view({1, Sg, nq, hd}), kh.view({1, Sg, nkv, hd}), vh.view({1, Sg, nkv, hd}),
+                      oh.view({1, Sg, nq, hd}), lh.view({1, nq, Sg}), t.scale},
+                     {dh.view({1, Sg, nq, hd}), dqh.view({1, Sg, nq, hd}), dkh.view({1, Sg, nkv, hd}),
+                      dvh.view({1, Sg, nkv, hd})});
+    from_heads(dqh.view({1, Sg, nq, hd}), hs.hq, nq, false, hs, seq(g.dq, b));
+    from_heads(dkh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(g.dk, b));
+    from_heads(dvh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(g.dv, b));
+  }
+}
+
+}  // namespace easyctx::attention
