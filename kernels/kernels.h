@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "adamw_math.h"
+#include "kernels/adamw_math.h"
 
 namespace easyctx::kernels {
 

@@ -10,8 +10,8 @@
 // partial in one pass (4 n D sizeof(T) bytes instead of 6). Otherwise the scalar kernels.
 #include <initializer_list>
 
-#include "common.cuh"
-#include "kernels.h"
+#include "kernels/common.cuh"
+#include "kernels/kernels.h"
 
 namespace easyctx::kernels {
 namespace {
