@@ -18,6 +18,7 @@
 #include "ops/cuda/lt_matmul.h"
 #include "ops/half.h"
 #include "ops/memory_counter.h"
+#include "ops/scratch.h"
 
 namespace easyctx::ops {
 namespace {
@@ -27,6 +28,7 @@ using kernels::bf16;
 // Stream-ordered scratch buffer (RAII): freed on the stream when it goes out of scope.
 // Counted in the backend's live bytes while it exists, so the peak covers Buffers and
 // scratch together (the same stream reuses the memory only after the free, in order).
+// Sized by the scratch functions of ops/scratch.h and ops/attention_route.h.
 class Scratch {
  public:
   Scratch(size_t bytes, cudaStream_t st, MemoryCounter& mem) : st_(st), mem_(mem) {
@@ -35,6 +37,7 @@ class Scratch {
     bytes_ = static_cast<int64_t>(bytes);
     mem_.add(bytes_);
   }
+  Scratch(int64_t bytes, cudaStream_t st, MemoryCounter& mem) : Scratch(static_cast<size_t>(bytes), st, mem) {}
   ~Scratch() {
     if (!p_) return;
     cudaFreeAsync(p_, st_);  // a destructor cannot throw; a failed free leaks the block
@@ -149,7 +152,7 @@ class CudaBackend final : public Backend {
     EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&queued_, cudaEventDisableTiming));
     for (cudaEvent_t& e : copied_) EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     // The backend's own device allocations count as live bytes too.
-    own_bytes_ = static_cast<int64_t>(o.cublas_workspace + sizeof(int));
+    own_bytes_ = cuda_own_bytes(static_cast<int64_t>(o.cublas_workspace)).total();
     mem_->add(own_bytes_);
   }
   ~CudaBackend() override {
@@ -342,8 +345,9 @@ class CudaBackend final : public Backend {
 
   double sum_squares(const Tensor& x) override {
     check_float("sum_squares", x);
-    Scratch part((kernels::kSumSquaresBlocks + 1) * sizeof(double), stream_, *mem_);
-    double* out = part.as<double>() + kernels::kSumSquaresBlocks;
+    const SumSquaresScratch s = sum_squares_scratch();
+    Scratch part(s.bytes, stream_, *mem_);  // f64: the blocks' partials, then the sum
+    double* out = part.as<double>() + s.blocks;
     dispatch(x.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       kernels::sum_squares(typed<T>(x), x.numel(), part.as<double>(), out, stream_);
@@ -380,7 +384,7 @@ class CudaBackend final : public Backend {
     if (n == 0) return;
     size_t temp_bytes = 0;
     kernels::sort_ids(ids.ptr<int32_t>(), nullptr, nullptr, nullptr, n, nullptr, &temp_bytes, 32, stream_);
-    Scratch idx(3 * static_cast<size_t>(n) * sizeof(int32_t), stream_, *mem_);
+    Scratch idx(embedding_bwd_scratch(n).ids, stream_, *mem_);
     Scratch temp(temp_bytes, stream_, *mem_);
     int32_t* sorted = idx.as<int32_t>();
     int32_t* iota = sorted + n;
@@ -427,8 +431,9 @@ class CudaBackend final : public Backend {
       check_float("rmsnorm_bwd", dw);  // f32 or bf16, whatever x is
       check_numel("rmsnorm_bwd", "dw", dw, d);
     }
-    const int64_t chunks = kernels::rmsnorm_dw_chunks(n);
-    Scratch part(dw.empty() ? 0 : static_cast<size_t>(chunks * d) * sizeof(float), stream_, *mem_);
+    const RmsnormBwdScratch s = rmsnorm_bwd_scratch(n, d, !dw.empty());
+    const int64_t chunks = s.chunks;
+    Scratch part(s.dw_partials, stream_, *mem_);
     dispatch(x.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       kernels::rmsnorm_bwd(typed<T>(x), typed<T>(w), rstd.ptr<float>(), typed<T>(dy), n, d, typed<T>(dx),
@@ -657,13 +662,13 @@ class CudaBackend final : public Backend {
     LossSums out;
     if (n == 0) return out;
     // The logits tile: at most 64M fp32 elements (256 MiB) whatever the caller asks.
-    int64_t tile = tile_tokens > 0 ? std::min(tile_tokens, n) : n;
-    tile = std::max<int64_t>(1, std::min(tile, (int64_t{1} << 26) / std::max<int64_t>(1, vocab)));
     const bool bwd = !dx.empty();
     const bool bf = x.dtype == DType::BF16;
-    Scratch logits(static_cast<size_t>(tile * vocab) * sizeof(float), stream_, *mem_);               // f32[tile, V]
-    Scratch grad(bwd && bf ? static_cast<size_t>(tile * vocab) * sizeof(bf16) : 0, stream_, *mem_);  // bf16[tile, V]
-    Scratch sums((static_cast<size_t>(n) + 2) * sizeof(double), stream_, *mem_);  // nll f64[n], sum, count
+    const LmHeadScratch s = cuda_lm_head_scratch(n, vocab, tile_tokens, bwd, bf);
+    const int64_t tile = s.tile_rows;
+    Scratch logits(s.logits, stream_, *mem_);  // f32[tile, V]
+    Scratch grad(s.grad, stream_, *mem_);      // bf16[tile, V]
+    Scratch sums(s.nll, stream_, *mem_);       // nll f64[n], sum, count
     double* nll = sums.as<double>();
     EASYCTX_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), stream_));
     const Tensor w2 = w.reshape({vocab, d});
