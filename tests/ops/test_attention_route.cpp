@@ -1,8 +1,12 @@
 // The CUDA backend's attention router (ops/attention_route.h) and the scratch specs
 // (ops/scratch.h), on the CPU: the routes chosen for representative calls (causal squares
 // short and long, batch > 1, a ring's off-diagonal and partial blocks, f32 gradients,
-// deterministic and atomic, tile sizes) and the bytes each route allocates.
+// deterministic and atomic, tile sizes), the bytes each route allocates, and the route in
+// the per-op profile's keys of a backend that reports one.
+#include <map>
+
 #include "ops/attention_route.h"
+#include "ops/profile.h"
 #include "ops/scratch.h"
 #include "ops_test_util.h"
 
@@ -255,6 +259,114 @@ TEST(ScratchSpec, OtherScratchOfTheBackends) {
   EXPECT_EQ(ops::sum_squares_scratch().blocks, 1024);
   EXPECT_EQ(ops::cuda_own_bytes().total(), (32 << 20) + 4);
   EXPECT_EQ(ops::cuda_own_bytes(1 << 20).cublas_workspace, 1 << 20);
+}
+
+// A backend with several attention routes: the CPU's ops, one made-up route per direction.
+class RoutedCpu final : public ops::Backend {
+ public:
+  std::unique_ptr<ops::Backend> in = ops::make_cpu_backend();
+  std::string attention_route(const AttentionCall& c, bool backward) const override {
+    if (!backward) return "fwd";
+    return std::string("bwd") + (c.f32_grads ? " f32" : "") + (c.accumulate ? "" : " overwrite");
+  }
+  const char* name() const override { return "routed"; }
+  ops::MemSpace memspace() const override { return in->memspace(); }
+  ops::Buffer allocate(ops::DType t, int64_t n, const char* w) override { return in->alloc(t, n, w); }
+  ops::MemoryStats memory_stats() const override { return in->memory_stats(); }
+  void reset_peak_memory() override { in->reset_peak_memory(); }
+  void copy_on(Queue& q, const ops::Tensor& d, const ops::Tensor& s) override { in->copy_on(q, d, s); }
+  ops::Buffer allocate_host_pinned(ops::DType t, int64_t n, const char* w) override {
+    return in->alloc_host_pinned(t, n, w);
+  }
+  ops::CopyFence copy_async(const ops::Tensor& d, const ops::Tensor& s) override { return in->copy_async(d, s); }
+  void wait_copy(ops::CopyFence f) override { in->wait_copy(f); }
+  void copy(const ops::Tensor& d, const ops::Tensor& s) override { in->copy(d, s); }
+  void copy_2d(const ops::Tensor& d, int64_t dp, const ops::Tensor& s, int64_t sp, int64_t r, int64_t w) override {
+    in->copy_2d(d, dp, s, sp, r, w);
+  }
+  void fill(const ops::Tensor& x, double v) override { in->fill(x, v); }
+  void axpy(const ops::Tensor& y, const ops::Tensor& x, double a) override { in->axpy(y, x, a); }
+  void scale(const ops::Tensor& x, double a) override { in->scale(x, a); }
+  double sum_squares(const ops::Tensor& x) override { return in->sum_squares(x); }
+  void embedding_fwd(const ops::Tensor& i, const ops::Tensor& t, const ops::Tensor& o) override {
+    in->embedding_fwd(i, t, o);
+  }
+  void embedding_bwd(const ops::Tensor& i, const ops::Tensor& d, const ops::Tensor& t) override {
+    in->embedding_bwd(i, d, t);
+  }
+  void rmsnorm_fwd(const ops::Tensor& x, const ops::Tensor& w, double e, const ops::Tensor& y,
+                   const ops::Tensor& r) override {
+    in->rmsnorm_fwd(x, w, e, y, r);
+  }
+  void rmsnorm_bwd(const ops::Tensor& x, const ops::Tensor& w, const ops::Tensor& r, const ops::Tensor& dy,
+                   const ops::Tensor& dx, const ops::Tensor& dw) override {
+    in->rmsnorm_bwd(x, w, r, dy, dx, dw);
+  }
+  void matmul(const ops::Tensor& a, bool ta, const ops::Tensor& b, bool tb, const ops::Tensor& c, double al,
+              double be) override {
+    in->matmul(a, ta, b, tb, c, al, be);
+  }
+  void rope(const ops::Tensor& x, const ops::Tensor& p, const ops::Tensor& f, bool inv) override {
+    in->rope(x, p, f, inv);
+  }
+  void attention_fwd(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::AttentionBlock& b,
+                     const ops::Tensor& o, const ops::Tensor& l) override {
+    in->attention_fwd(q, k, v, b, o, l);
+  }
+  void attention_bwd(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
+                     const ops::Tensor& l, const ops::Tensor& d, const ops::AttentionBlock& b, const ops::Tensor& dq,
+                     const ops::Tensor& dk, const ops::Tensor& dv) override {
+    in->attention_bwd(q, k, v, o, l, d, b, dq, dk, dv);
+  }
+  void attention_merge(const ops::Tensor& o, const ops::Tensor& l, const ops::Tensor& ob,
+                       const ops::Tensor& lb) override {
+    in->attention_merge(o, l, ob, lb);
+  }
+  void swiglu_fwd(const ops::Tensor& g, const ops::Tensor& u, const ops::Tensor& h) override {
+    in->swiglu_fwd(g, u, h);
+  }
+  void swiglu_bwd(const ops::Tensor& g, const ops::Tensor& u, const ops::Tensor& dh, const ops::Tensor& dg,
+                  const ops::Tensor& du) override {
+    in->swiglu_bwd(g, u, dh, dg, du);
+  }
+  ops::LossSums lm_head_loss(const ops::Tensor& x, const ops::Tensor& w, const ops::Tensor& l, int64_t t, double s,
+                             const ops::Tensor& dx, const ops::Tensor& dw) override {
+    return in->lm_head_loss(x, w, l, t, s, dx, dw);
+  }
+  void adamw(const ops::Tensor& p, const ops::Tensor& g, const ops::Tensor& m, const ops::Tensor& v,
+             const ops::AdamWStep& s) override {
+    in->adamw(p, g, m, v, s);
+  }
+};
+
+TEST_F(OpsFixture, ProfileKeysNameTheAttentionRoute) {
+  const int64_t S = 16, H = 4, Hk = 2, hd = 8;
+  ops::Buffer q = rand(ops::DType::F32, S * H * hd), k = rand(ops::DType::F32, S * Hk * hd),
+              v = rand(ops::DType::F32, S * Hk * hd), dout = rand(ops::DType::F32, S * H * hd);
+  ops::Buffer o = be->alloc(ops::DType::F32, S * H * hd), lse = be->alloc(ops::DType::F32, H * S),
+              dq = be->alloc(ops::DType::F32, S * H * hd), dk = be->alloc(ops::DType::F32, S * Hk * hd),
+              dv = be->alloc(ops::DType::F32, S * Hk * hd);
+  ops::AttentionBlock blk;
+  blk.scale = 0.3;
+  blk.accumulate = false;
+  auto qv = [&](ops::Buffer& b) { return b.view({1, S, H, hd}); };
+  auto kv = [&](ops::Buffer& b) { return b.view({1, S, Hk, hd}); };
+  for (bool routed : {false, true}) {
+    std::unique_ptr<ops::Backend> inner;
+    if (routed) inner = std::make_unique<RoutedCpu>();
+    else inner = ops::make_cpu_backend();
+    ops::ProfilingBackend prof(std::move(inner));
+    prof.set_enabled(true);
+    prof.attention_fwd(qv(q), kv(k), kv(v), blk, qv(o), lse.view({1, H, S}));
+    prof.attention_bwd(qv(q), kv(k), kv(v), qv(o), lse.view({1, H, S}), qv(dout), blk, qv(dq), kv(dk), kv(dv));
+    prof.collect();
+    std::map<std::string, int64_t> calls;
+    for (const ops::OpProfileRow& r : prof.rows()) calls[r.key] = r.calls;
+    const std::string tag_f = routed ? " [fwd]" : "", tag_b = routed ? " [bwd f32 overwrite]" : "";
+    EXPECT_EQ(calls["attention_fwd causal 16x16 4/2x8" + tag_f], 1) << calls.begin()->first;
+    EXPECT_EQ(calls["attention_bwd causal 16x16 4/2x8" + tag_b], 1) << calls.rbegin()->first;
+    EXPECT_EQ(prof.attention_route(ops::attention_call(qv(q), kv(k), blk), false), routed ? "fwd" : "");
+  }
 }
 
 }  // namespace
