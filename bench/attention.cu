@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_check.h"
+#include "kernels/cuda_check.h"
 #include "ops/cuda/cuda_backend.h"
 
 namespace po = boost::program_options;

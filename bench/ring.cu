@@ -26,7 +26,7 @@
 #include "core/error.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
-#include "cuda_check.h"
+#include "kernels/cuda_check.h"
 #include "ops/cuda/cuda_backend.h"
 
 using namespace easyctx;

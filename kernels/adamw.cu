@@ -2,9 +2,9 @@
 //   m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p = p (1 - lr wd) - lr (m/bc1) / (sqrt(v/bc2) + eps)
 //   (the element update is adamw_math.h's, bit-identical to the host optimizer's)
 //   bytes: 7 n * 4 (read p g m v, write p m v); ~15 n FLOPs + n sqrt
-#include "common.cuh"
-#include "adamw_math.h"
-#include "kernels.h"
+#include "kernels/common.cuh"
+#include "kernels/adamw_math.h"
+#include "kernels/kernels.h"
 
 namespace easyctx::kernels {
 namespace {

@@ -10,9 +10,9 @@
 //   1.4x the 5-matmul count that the usual "bwd = 2.5 x fwd" convention credits; the price
 //   of summing every gradient in a fixed order. dq, dk, dv are accumulated (+=) in fp32
 //   and stored in bf16.
-#include "attention.h"
-#include "common.cuh"
-#include "mma.cuh"
+#include "kernels/attention.h"
+#include "kernels/common.cuh"
+#include "kernels/mma.cuh"
 
 namespace easyctx::kernels {
 namespace {

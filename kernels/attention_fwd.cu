@@ -6,9 +6,9 @@
 //   2 x 64 keys x hd x 2 bytes per 4 x 16 NW x 64 x hd FLOPs = 16 NW FLOP/byte of L2 traffic).
 // Grid (Sq/(16 NW), B*Hq); NW warps (8 for hd 128, 4 for hd 64), each owning 16 query
 // rows; K/V tiles of 64 keys are double-buffered with cp.async. Query tiles run in reverse so causal's long rows go first.
-#include "attention.h"
-#include "common.cuh"
-#include "mma.cuh"
+#include "kernels/attention.h"
+#include "kernels/common.cuh"
+#include "kernels/mma.cuh"
 
 namespace easyctx::kernels {
 namespace {

@@ -4,8 +4,8 @@
 // lse, lse_blk f32[B, H, S]; a block row with lse_blk = -inf
 // (it saw no key) leaves the row unchanged. One warp per (b, s, h) row, fp32 math.
 //   bytes: 3 B S H hd sizeof(T) + 12 B H S; ~3 B S H hd FLOPs
-#include "common.cuh"
-#include "kernels.h"
+#include "kernels/common.cuh"
+#include "kernels/kernels.h"
 
 namespace easyctx::kernels {
 namespace {

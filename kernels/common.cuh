@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "cuda_check.h"
+#include "kernels/cuda_check.h"
 
 namespace easyctx::kernels {
 

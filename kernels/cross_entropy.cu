@@ -4,8 +4,8 @@
 //   grad[r] = grad_scale * (softmax(logits[r]) - onehot)     (optional, may alias logits)
 // One block per row, three passes over the row (max, sum of exp, softmax):
 //   bytes: rows V (3*4 + sizeof(T)); FLOPs ~5 rows V + rows V exp
-#include "common.cuh"
-#include "kernels.h"
+#include "kernels/common.cuh"
+#include "kernels/kernels.h"
 
 namespace easyctx::kernels {
 namespace {

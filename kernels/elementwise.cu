@@ -6,8 +6,8 @@
 //   sum_squares: sum x^2 in fp64      bytes: n*sizeof(T), 2n FLOPs (fp64)
 // Grid-stride loops; every sum has a fixed order (per-thread strided partials, then block
 // tree, then one block over the per-block partials), so reruns are bit-identical.
-#include "common.cuh"
-#include "kernels.h"
+#include "kernels/common.cuh"
+#include "kernels/kernels.h"
 
 namespace easyctx::kernels {
 namespace {

@@ -6,8 +6,8 @@
 // original order to the table row it owns.
 #include <cub/device/device_radix_sort.cuh>
 
-#include "common.cuh"
-#include "kernels.h"
+#include "kernels/common.cuh"
+#include "kernels/kernels.h"
 
 namespace easyctx::kernels {
 namespace {

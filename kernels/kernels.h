@@ -9,7 +9,8 @@
 
 #include <cstdint>
 
-#include "adamw_math.h"
+#include "kernels/adamw_math.h"
+#include "ops/scratch.h"  // the block constants the backends' scratch is sized by
 
 namespace easyctx::kernels {
 
@@ -25,8 +26,9 @@ template <typename TY, typename TX>
 void axpy(TY* y, const TX* x, float alpha, int64_t n, cudaStream_t st);
 template <typename T>
 void scale(T* x, float alpha, int64_t n, cudaStream_t st);               // x *= alpha
-// Sum of squares in fp64, fixed reduction order: partial[kSumSquaresBlocks] then one block.
-constexpr int kSumSquaresBlocks = 1024;
+// Sum of squares in fp64, fixed reduction order: partial[kSumSquaresBlocks] then one block
+// (ops::sum_squares_scratch).
+constexpr int kSumSquaresBlocks = static_cast<int>(ops::kSumSquaresBlocks);
 template <typename T>
 void sum_squares(const T* x, int64_t n, double* partial, double* out, cudaStream_t st);
 // out[0] = sum of x[0..n) in fp64 in a fixed order (one block).
@@ -48,8 +50,8 @@ void sort_ids(const int32_t* ids, int32_t* sorted_ids, int32_t* iota_in, int32_t
 // ---- rmsnorm.cu: x, y [n, D], w [D], rstd f32[n]
 template <typename T>
 void rmsnorm_fwd(const T* x, const T* w, int64_t n, int64_t d, float eps, T* y, float* rstd, cudaStream_t st);
-// dx += ...; partial_dw f32[rmsnorm_dw_chunks(n), D] gets per-chunk dw sums (fixed order).
-int64_t rmsnorm_dw_chunks(int64_t n);
+// dx += ...; partial_dw f32[ops::rmsnorm_dw_chunks(n), D] gets per-chunk dw sums (fixed
+// order; chunks of ops::kRmsnormDwRows rows, ops::rmsnorm_bwd_scratch).
 template <typename T>
 void rmsnorm_bwd(const T* x, const T* w, const float* rstd, const T* dy, int64_t n, int64_t d, T* dx,
                  float* partial_dw, cudaStream_t st);

@@ -10,13 +10,13 @@
 // partial in one pass (4 n D sizeof(T) bytes instead of 6). Otherwise the scalar kernels.
 #include <initializer_list>
 
-#include "common.cuh"
-#include "kernels.h"
+#include "kernels/common.cuh"
+#include "kernels/kernels.h"
 
 namespace easyctx::kernels {
 namespace {
 
-constexpr int64_t kDwRows = 64;
+constexpr int64_t kDwRows = ops::kRmsnormDwRows;
 
 template <typename T>
 __global__ void rmsnorm_fwd_kernel(const T* x, const T* w, int64_t d, float eps, T* y, float* rstd) {
@@ -175,8 +175,6 @@ __global__ void reduce_columns_add_kernel(const float* partial, int64_t chunks, 
 
 }  // namespace
 
-int64_t rmsnorm_dw_chunks(int64_t n) { return CEIL_DIV(n, kDwRows); }
-
 template <typename T>
 void rmsnorm_fwd(const T* x, const T* w, int64_t n, int64_t d, float eps, T* y, float* rstd, cudaStream_t st) {
   if (n == 0) return;
@@ -193,7 +191,7 @@ template <typename T>
 void rmsnorm_bwd(const T* x, const T* w, const float* rstd, const T* dy, int64_t n, int64_t d, T* dx,
                  float* partial_dw, cudaStream_t st) {
   if (n == 0) return;
-  const unsigned chunks = static_cast<unsigned>(rmsnorm_dw_chunks(n));
+  const unsigned chunks = static_cast<unsigned>(ops::rmsnorm_dw_chunks(n));
   switch (vec_groups(d, {x, w, dy, dx, partial_dw})) {
     case 1: rmsnorm_bwd_vec_kernel<T, 1><<<chunks, kVecThreads, 0, st>>>(x, w, rstd, dy, n, d, dx, partial_dw); break;
     case 2: rmsnorm_bwd_vec_kernel<T, 2><<<chunks, kVecThreads, 0, st>>>(x, w, rstd, dy, n, d, dx, partial_dw); break;

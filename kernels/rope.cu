@@ -5,8 +5,8 @@
 // multiple of 8 and x 16-byte aligned, one thread per (token, 8 consecutive pairs) through
 // 16-byte accesses instead (the same formula per element).
 //   bytes: 2 n H hd sizeof(T) + 4n + 2 hd; ~6 n H hd/2 FLOPs + n hd/2 sincos
-#include "common.cuh"
-#include "kernels.h"
+#include "kernels/common.cuh"
+#include "kernels/kernels.h"
 
 namespace easyctx::kernels {
 namespace {

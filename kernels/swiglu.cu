@@ -3,8 +3,8 @@
 //   bwd: du = dh g s, dg = dh u s (1 + g (1 - s)), s = sigmoid(g); bytes 5n sizeof(T)
 // Grid-stride loops over groups of 8 elements (16-byte loads and stores) when the pointers
 // are 16-byte aligned, the rest element by element.
-#include "common.cuh"
-#include "kernels.h"
+#include "kernels/common.cuh"
+#include "kernels/kernels.h"
 
 namespace easyctx::kernels {
 namespace {

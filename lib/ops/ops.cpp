@@ -10,4 +10,6 @@ Queue& Backend::queue() {
 
 std::unique_ptr<Queue> Backend::make_queue(bool /*high_priority*/) { return std::make_unique<HostQueue>(); }
 
+std::string Backend::attention_route(const AttentionCall& /*call*/, bool /*backward*/) const { return {}; }
+
 }  // namespace easyctx::ops

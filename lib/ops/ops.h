@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/fence.h"
@@ -66,6 +67,8 @@ struct MemoryStats {
   int64_t peak_bytes = 0;
   int64_t scratch_peak_bytes = 0;
 };
+
+struct AttentionCall;  // the shape of an attention call (ops/attention_route.h)
 
 // The completion of one Backend::copy_async, for wait_copy (seq 0: nothing to wait for).
 struct CopyFence {
@@ -186,6 +189,11 @@ class Backend {
   virtual void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                              const Tensor& dout, const AttentionBlock& blk, const Tensor& dq, const Tensor& dk,
                              const Tensor& dv) = 0;
+  // The route this backend's attention_fwd (backward false) or attention_bwd would take for
+  // a call of this shape (the router of ops/attention_route.h with the backend's options; at
+  // run time the CUDA backend may still fall back where cuDNN declines), for logs and the
+  // per-op profile. "" (the default) where the backend has one way only (the CPU).
+  virtual std::string attention_route(const AttentionCall& call, bool backward) const;
   // Merges a block result into the running one: lse = log(e^lse + e^lse_blk),
   // o = o e^(lse_old - lse) + o_blk e^(lse_blk - lse). Shapes as attention_fwd's outputs.
   virtual void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o_blk, const Tensor& lse_blk) = 0;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "ops/attention_route.h"
 
 namespace easyctx::ops {
 namespace {
@@ -50,6 +51,9 @@ std::string attn_detail(const Tensor& q, const Tensor& k, const AttentionBlock& 
   if (q.dim(0) > 1) s += fmt(" B=%lld", q.dim(0));
   return s;
 }
+
+// " [route]" where the backend has several (Backend::attention_route), else "".
+std::string route_tag(const std::string& route) { return route.empty() ? route : " [" + route + "]"; }
 
 double attn_flops(const Tensor& q, const Tensor& k, const AttentionBlock& blk) {
   return 4.0 * attention_pairs(q.dim(1), k.dim(1), blk) * static_cast<double>(q.dim(0) * q.dim(2) * q.dim(3));
@@ -172,13 +176,16 @@ void ProfilingBackend::rope(const Tensor& x, const Tensor& positions, const Tens
 }
 void ProfilingBackend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionBlock& blk,
                                      const Tensor& o, const Tensor& lse) {
-  timed("attention_fwd", attn_detail(q, k, blk), attn_flops(q, k, blk),
+  const std::string route = enabled_ ? inner_->attention_route(attention_call(q, k, blk), false) : "";
+  timed("attention_fwd", attn_detail(q, k, blk) + route_tag(route), attn_flops(q, k, blk),
         [&] { inner_->attention_fwd(q, k, v, blk, o, lse); });
 }
 void ProfilingBackend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                      const Tensor& lse, const Tensor& dout, const AttentionBlock& blk,
                                      const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-  timed("attention_bwd", attn_detail(q, k, blk), 2.5 * attn_flops(q, k, blk),
+  const bool f32_grads = dq.dtype == DType::F32 && dk.dtype == DType::F32 && dv.dtype == DType::F32;
+  const std::string route = enabled_ ? inner_->attention_route(attention_call(q, k, blk, f32_grads), true) : "";
+  timed("attention_bwd", attn_detail(q, k, blk) + route_tag(route), 2.5 * attn_flops(q, k, blk),
         [&] { inner_->attention_bwd(q, k, v, o, lse, dout, blk, dq, dk, dv); });
 }
 void ProfilingBackend::attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o_blk,

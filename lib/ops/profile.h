@@ -3,9 +3,11 @@
 // a pair of events on the backend's stream, so the device time of the op's kernels, not the
 // host's launch time; CPU: the wall clock around the synchronous call). Ops are keyed by
 // name and shape ("matmul NT 32768x2048x2048 ->f32 +C", "attention_bwd causal 65536x65536
-// 32/4x64"); each key keeps calls, milliseconds and model FLOPs (matmuls 2MNK, attention by
-// the (query, key) pairs its mask leaves visible, the backward 2.5x the forward), so the
-// report gives achieved TFLOP/s per shape. Copies on the backend's copy stream and
+// 32/4x64"), attention keys also by the route the wrapped backend takes where it has several
+// (Backend::attention_route; CUDA: "attention_bwd causal 65536x65536 32/4x64 [cudnn tiles]");
+// each key keeps calls, milliseconds and model FLOPs (matmuls 2MNK, attention by the (query,
+// key) pairs its mask leaves visible, the backward 2.5x the forward), so the report gives
+// achieved TFLOP/s per shape. Copies on the backend's copy stream and
 // collectives (which run on the communicator's stream) are not ops of the interface and are
 // not timed here; the trainer times its phases around them (Trainer::run).
 #pragma once
@@ -60,6 +62,9 @@ class ProfilingBackend final : public Backend {
   void bind_thread() override { inner_->bind_thread(); }
   std::unique_ptr<Queue> make_queue(bool high_priority) override { return inner_->make_queue(high_priority); }
   std::unique_ptr<OpTimer> make_op_timer() override { return inner_->make_op_timer(); }
+  std::string attention_route(const AttentionCall& call, bool backward) const override {
+    return inner_->attention_route(call, backward);
+  }
 
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch, int64_t rows,

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "ops/cpu/gemm.h"
+#include "ops/scratch.h"
 
 namespace easyctx::ops::cpu {
 
@@ -292,7 +293,7 @@ LossSums lm_head_loss(const T* x, const T* w, const int32_t* labels, int64_t n, 
     EASYCTX_CHECK(labels[i] >= -1 && labels[i] < vocab, "lm_head_loss: label ", labels[i], " at row ", i,
                   " outside [-1, ", vocab, ")");
   // Cap the logits tile at 16M elements whatever the config asks (CPU memory).
-  tile = std::max<int64_t>(1, std::min({tile > 0 ? tile : n, n, std::max<int64_t>(1, (int64_t{1} << 24) / vocab)}));
+  tile = lm_head_tile_rows(tile, n, vocab, kCpuMaxTileLogits);
   std::vector<T> logits(static_cast<size_t>(tile * vocab));
   std::vector<double> nll(static_cast<size_t>(n), 0.0);
   LossSums out;

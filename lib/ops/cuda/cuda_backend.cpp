@@ -11,69 +11,25 @@
 #include <vector>
 
 #include "core/cuda_queue.h"
-#include "kernels/attention.h"
 #include "kernels/cuda_check.h"
 #include "kernels/kernels.h"
-#include "ops/cuda/cudnn_attention.h"
+#include "ops/cuda/cuda_attention.h"
+#include "ops/cuda/cuda_common.h"
 #include "ops/cuda/lt_matmul.h"
 #include "ops/half.h"
 #include "ops/memory_counter.h"
+#include "ops/scratch.h"
 
 namespace easyctx::ops {
 namespace {
 
-using kernels::bf16;
-
-// Stream-ordered scratch buffer (RAII): freed on the stream when it goes out of scope.
-// Counted in the backend's live bytes while it exists, so the peak covers Buffers and
-// scratch together (the same stream reuses the memory only after the free, in order).
-class Scratch {
- public:
-  Scratch(size_t bytes, cudaStream_t st, MemoryCounter& mem) : st_(st), mem_(mem) {
-    if (!bytes) return;
-    EASYCTX_CUDA_CHECK(cudaMallocAsync(&p_, bytes, st));
-    bytes_ = static_cast<int64_t>(bytes);
-    mem_.add(bytes_);
-  }
-  ~Scratch() {
-    if (!p_) return;
-    cudaFreeAsync(p_, st_);  // a destructor cannot throw; a failed free leaks the block
-    mem_.sub(bytes_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
-
- private:
-  void* p_ = nullptr;
-  int64_t bytes_ = 0;
-  cudaStream_t st_;
-  MemoryCounter& mem_;
-};
-
-void check_device(const char* op, const Tensor& t) {
-  EASYCTX_CHECK(t.space == MemSpace::Device, op, ": the CUDA backend needs device memory, got a host tensor ",
-                t.describe());
-}
-void check_float(const char* op, const Tensor& t) {
-  check_device(op, t);
-  EASYCTX_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, op, ": the CUDA backend stores f32 or bf16, got ",
-                t.describe());
-}
-void check_type(const char* op, const char* name, const Tensor& t, DType want) {
-  check_device(op, t);
-  EASYCTX_CHECK(t.dtype == want, op, ": ", name, " must be ", type_name(want), ", got ", t.describe());
-}
-
-// Calls f with a typed null pointer (float* or bf16*) chosen by the dtype.
-template <typename F>
-void dispatch(DType t, F&& f) {
-  if (t == DType::F32) f(static_cast<float*>(nullptr));
-  else f(static_cast<bf16*>(nullptr));
-}
-template <typename T>
-T* typed(const Tensor& t) { return static_cast<T*>(t.data); }
+using cuda::bf16;
+using cuda::check_device;
+using cuda::check_float;
+using cuda::check_type;
+using cuda::dispatch;
+using cuda::Scratch;
+using cuda::typed;
 
 cudaMemcpyKind copy_kind(const Tensor& dst, const Tensor& src) {
   const bool dd = dst.space == MemSpace::Device, sd = src.space == MemSpace::Device;
@@ -136,20 +92,19 @@ class CudaBackend final : public Backend {
     uint64_t keep = UINT64_MAX;
     EASYCTX_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     lt_ = std::make_unique<cuda::LtMatmul>(o.cublas_workspace);
-    use_cudnn_ = o.cudnn_attention;
-    causal_graph_ = o.cudnn_causal_graph;
-    EASYCTX_CHECK(o.attention_bwd_tile == 0 || (o.attention_bwd_tile >= 128 && o.attention_bwd_tile % 128 == 0),
-                  "CudaBackendOptions::attention_bwd_tile must be 0 or a positive multiple of 128, got ",
-                  o.attention_bwd_tile);
-    bwd_tile_ = o.attention_bwd_tile;
-    det_ = o.deterministic;
+    AttentionRouteOptions ro;
+    ro.cudnn = o.cudnn_attention;
+    ro.causal_graph = o.cudnn_causal_graph;
+    ro.deterministic = o.deterministic;
+    ro.bwd_tile = o.attention_bwd_tile;
+    attention_ = std::make_unique<cuda::CudaAttention>(*this, stream_, mem_, ro);
     EASYCTX_CUDA_CHECK(cudaMalloc(&flag_, sizeof(int)));
     queue_ = std::make_unique<cuda_queue::StreamQueue>(stream_);
     EASYCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&queued_, cudaEventDisableTiming));
     for (cudaEvent_t& e : copied_) EASYCTX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     // The backend's own device allocations count as live bytes too.
-    own_bytes_ = static_cast<int64_t>(o.cublas_workspace + sizeof(int));
+    own_bytes_ = cuda_own_bytes(static_cast<int64_t>(o.cublas_workspace)).total();
     mem_->add(own_bytes_);
   }
   ~CudaBackend() override {
@@ -159,17 +114,15 @@ class CudaBackend final : public Backend {
       if (e) cudaEventDestroy(e);
     if (queued_) cudaEventDestroy(queued_);
     if (copy_stream_) cudaStreamDestroy(copy_stream_);
-    cudnn_.reset();
+    attention_.reset();  // (subtracts the cuDNN workspace it counted)
     lt_.reset();
     cudaFree(flag_);
-    mem_->sub(own_bytes_ + cudnn_ws_counted_);
+    mem_->sub(own_bytes_);
     if (own_stream_) cudaStreamDestroy(stream_);
   }
 
   cudaStream_t stream() const { return stream_; }
-  std::string attention_path() const {
-    return last_path_ + (cudnn_decline_.empty() ? "" : " (cuDNN declined: " + cudnn_decline_ + ")");
-  }
+  std::string attention_path() const { return attention_->path(); }
   const char* name() const override { return "cuda"; }
   MemSpace memspace() const override { return MemSpace::Device; }
   std::unique_ptr<OpTimer> make_op_timer() override { return std::make_unique<CudaOpTimer>(stream_); }
@@ -343,8 +296,9 @@ class CudaBackend final : public Backend {
 
   double sum_squares(const Tensor& x) override {
     check_float("sum_squares", x);
-    Scratch part((kernels::kSumSquaresBlocks + 1) * sizeof(double), stream_, *mem_);
-    double* out = part.as<double>() + kernels::kSumSquaresBlocks;
+    const SumSquaresScratch s = sum_squares_scratch();
+    Scratch part(s.bytes, stream_, *mem_);  // f64: the blocks' partials, then the sum
+    double* out = part.as<double>() + s.blocks;
     dispatch(x.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       kernels::sum_squares(typed<T>(x), x.numel(), part.as<double>(), out, stream_);
@@ -381,7 +335,7 @@ class CudaBackend final : public Backend {
     if (n == 0) return;
     size_t temp_bytes = 0;
     kernels::sort_ids(ids.ptr<int32_t>(), nullptr, nullptr, nullptr, n, nullptr, &temp_bytes, 32, stream_);
-    Scratch idx(3 * static_cast<size_t>(n) * sizeof(int32_t), stream_, *mem_);
+    Scratch idx(embedding_bwd_scratch(n).ids, stream_, *mem_);
     Scratch temp(temp_bytes, stream_, *mem_);
     int32_t* sorted = idx.as<int32_t>();
     int32_t* iota = sorted + n;
@@ -428,8 +382,9 @@ class CudaBackend final : public Backend {
       check_float("rmsnorm_bwd", dw);  // f32 or bf16, whatever x is
       check_numel("rmsnorm_bwd", "dw", dw, d);
     }
-    const int64_t chunks = kernels::rmsnorm_dw_chunks(n);
-    Scratch part(dw.empty() ? 0 : static_cast<size_t>(chunks * d) * sizeof(float), stream_, *mem_);
+    const RmsnormBwdScratch s = rmsnorm_bwd_scratch(n, d, !dw.empty());
+    const int64_t chunks = s.chunks;
+    Scratch part(s.dw_partials, stream_, *mem_);
     dispatch(x.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       kernels::rmsnorm_bwd(typed<T>(x), typed<T>(w), rstd.ptr<float>(), typed<T>(dy), n, d, typed<T>(dx),
@@ -482,105 +437,18 @@ class CudaBackend final : public Backend {
     });
   }
 
-  // ---------------------------------------------------------------- attention
-  static kernels::AttentionParams attn_params(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                                              const AttentionBlock& blk) {
-    for (const Tensor* t : {&q, &k, &v}) check_type(op, "q/k/v", *t, DType::BF16);
-    EASYCTX_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, op, ": q, k, v must be [B, S, H, hd], got ",
-                  q.describe(), " ", k.describe(), " ", v.describe());
-    kernels::AttentionParams p;
-    p.batch = q.dim(0);
-    p.sq = q.dim(1);
-    p.hq = q.dim(2);
-    p.hd = q.dim(3);
-    p.sk = k.dim(1);
-    p.hkv = k.dim(2);
-    EASYCTX_CHECK(k.shape == v.shape && k.dim(0) == p.batch && k.dim(3) == p.hd, op, ": k ", k.describe(), " / v ",
-                  v.describe(), " do not match q ", q.describe());
-    EASYCTX_CHECK(p.hkv > 0 && p.hq % p.hkv == 0, op, ": query heads ", p.hq, " not a multiple of kv heads ", p.hkv);
-    EASYCTX_CHECK(p.hd == 64 || p.hd == 128, op, " (CUDA): head dim ", p.hd, " not supported (64 or 128)");
-    p.q = static_cast<const bf16*>(q.data);
-    p.k = static_cast<const bf16*>(k.data);
-    p.v = static_cast<const bf16*>(v.data);
-    p.q_row = p.hq * p.hd;
-    p.q_batch = p.sq * p.q_row;
-    p.k_row = p.hkv * p.hd;
-    p.k_batch = p.sk * p.k_row;
-    p.scale = static_cast<float>(blk.scale);
-    p.scale_log2 = static_cast<float>(blk.scale * 1.4426950408889634);
-    p.causal = blk.causal;
-    p.diag = blk.q_offset - blk.k_offset;
-    return p;
-  }
-
+  // ---------------------------------------------------------------- attention (cuda_attention.cpp)
   void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionBlock& blk, const Tensor& o,
                      const Tensor& lse) override {
-    kernels::AttentionParams p = attn_params("attention_fwd", q, k, v, blk);
-    check_type("attention_fwd", "o", o, DType::BF16);
-    check_type("attention_fwd", "lse", lse, DType::F32);
-    check_numel("attention_fwd", "o", o, q.numel());
-    check_numel("attention_fwd", "lse", lse, p.batch * p.hq * p.sq);
-    p.o_out = static_cast<bf16*>(o.data);
-    p.lse_out = lse.ptr<float>();
-    if (p.sk == 0) {  // no keys at all: every row is empty
-      fill(o, 0.0);
-      fill(lse, -INFINITY);
-      return;
-    }
-    if (causal_square_cudnn(p)) return;
-    if (causal_in_chunks(p)) return;
-    if (cudnn_eligible(p, {q.data, k.data, v.data, o.data, lse.data}) &&
-        after_cudnn(
-            cudnn()->try_fwd(shape_of(p), p.scale, q.data, k.data, v.data, o.data, lse.ptr<float>(), stream_))) {
-      last_path_ = "cudnn";
-      return;
-    }
-    note_decline();
-    kernels::attention_fwd(p, stream_);
-    last_path_ = "kernel";
+    attention_->forward(q, k, v, blk, o, lse);
   }
-
   void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                      const Tensor& dout, const AttentionBlock& blk, const Tensor& dq, const Tensor& dk,
                      const Tensor& dv) override {
-    kernels::AttentionParams p = attn_params("attention_bwd", q, k, v, blk);
-    const bool f32_grads = dq.dtype == DType::F32 && dk.dtype == DType::F32 && dv.dtype == DType::F32;
-    for (const Tensor* t : {&o, &dout}) check_type("attention_bwd", "o/dout", *t, DType::BF16);
-    for (const Tensor* t : {&dq, &dk, &dv}) {
-      if (f32_grads) check_device("attention_bwd", *t);
-      else check_type("attention_bwd", "dq/dk/dv (all bf16 or all f32)", *t, DType::BF16);
-    }
-    check_type("attention_bwd", "lse", lse, DType::F32);
-    for (const Tensor* t : {&o, &dout, &dq}) check_numel("attention_bwd", "o/dout/dq", *t, q.numel());
-    for (const Tensor* t : {&dk, &dv}) check_numel("attention_bwd", "dk/dv", *t, k.numel());
-    check_numel("attention_bwd", "lse", lse, p.batch * p.hq * p.sq);
-    p.o = static_cast<const bf16*>(o.data);
-    p.dout = static_cast<const bf16*>(dout.data);
-    p.lse = lse.ptr<float>();
-    if (!blk.accumulate && !f32_grads && p.sk > 0 && p.sq > 0 && cudnn_bwd_in_place(p, dq, dk, dv)) return;
-    if (!blk.accumulate)
-      for (const Tensor* t : {&dq, &dk, &dv}) fill(*t, 0.0);
-    if (p.sk == 0 || p.sq == 0) return;
-    if (cudnn_bwd(p, dq, dk, dv)) return;
-    note_decline();
-    // fp32 gradients (a ring's accumulators): this block's bf16 contribution is computed into
-    // zeroed scratch, then added in fp32, so rounding does not compound across ring steps.
-    Scratch g(f32_grads ? static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16) : 0, stream_, *mem_);
-    if (f32_grads)
-      EASYCTX_CUDA_CHECK(cudaMemsetAsync(g.as<bf16>(), 0, static_cast<size_t>(q.numel() + 2 * k.numel()) * sizeof(bf16),
-                                         stream_));
-    Scratch delta(static_cast<size_t>(p.batch * p.hq * p.sq) * sizeof(float), stream_, *mem_);
-    p.dq = f32_grads ? g.as<bf16>() : static_cast<bf16*>(dq.data);
-    p.dk = f32_grads ? p.dq + q.numel() : static_cast<bf16*>(dk.data);
-    p.dv = f32_grads ? p.dk + k.numel() : static_cast<bf16*>(dv.data);
-    p.delta = delta.as<float>();
-    kernels::attention_bwd(p, stream_);
-    if (f32_grads) {
-      add_into(dq, 0, p.dq, q.numel());
-      add_into(dk, 0, p.dk, k.numel());
-      add_into(dv, 0, p.dv, k.numel());
-    }
-    last_path_ = "kernel";
+    attention_->backward(q, k, v, o, lse, dout, blk, dq, dk, dv);
+  }
+  std::string attention_route(const AttentionCall& c, bool backward) const override {
+    return attention_->route(c, backward);
   }
 
   void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o_blk, const Tensor& lse_blk) override {
@@ -658,13 +526,13 @@ class CudaBackend final : public Backend {
     LossSums out;
     if (n == 0) return out;
     // The logits tile: at most 64M fp32 elements (256 MiB) whatever the caller asks.
-    int64_t tile = tile_tokens > 0 ? std::min(tile_tokens, n) : n;
-    tile = std::max<int64_t>(1, std::min(tile, (int64_t{1} << 26) / std::max<int64_t>(1, vocab)));
     const bool bwd = !dx.empty();
     const bool bf = x.dtype == DType::BF16;
-    Scratch logits(static_cast<size_t>(tile * vocab) * sizeof(float), stream_, *mem_);               // f32[tile, V]
-    Scratch grad(bwd && bf ? static_cast<size_t>(tile * vocab) * sizeof(bf16) : 0, stream_, *mem_);  // bf16[tile, V]
-    Scratch sums((static_cast<size_t>(n) + 2) * sizeof(double), stream_, *mem_);  // nll f64[n], sum, count
+    const LmHeadScratch s = cuda_lm_head_scratch(n, vocab, tile_tokens, bwd, bf);
+    const int64_t tile = s.tile_rows;
+    Scratch logits(s.logits, stream_, *mem_);  // f32[tile, V]
+    Scratch grad(s.grad, stream_, *mem_);      // bf16[tile, V]
+    Scratch sums(s.nll, stream_, *mem_);       // nll f64[n], sum, count
     double* nll = sums.as<double>();
     EASYCTX_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), stream_));
     const Tensor w2 = w.reshape({vocab, d});
@@ -712,241 +580,6 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // dst[offset .. offset + n) += x (bf16 or f32), dst bf16 or f32 (rounded once, from fp32).
-  template <typename TX>
-  void add_into(const Tensor& dst, int64_t offset, const TX* x, int64_t n) {
-    if (dst.dtype == DType::F32) kernels::axpy(dst.ptr<float>() + offset, x, 1.f, n, stream_);
-    else kernels::axpy(static_cast<bf16*>(dst.data) + offset, x, 1.f, n, stream_);
-  }
-
-  // The backward of one block through cuDNN's fused (composite) backward graph; false, with
-  // nothing written, where it does not apply (cuDNN off or declining, unaligned buffers, a
-  // causal block that is neither a square nor fully visible). A block of at most T x T
-  // (T = the backward tile) is one call into bf16 scratch that is added into the gradients.
-  // A larger one (one GPU's causal sequence, a ring's blocks) runs per sequence of the batch
-  // in T x T tiles, key tile by key tile (a causal square: only tiles on or below the
-  // diagonal, the diagonal ones causal): tile j's dK/dV sum every query tile's contribution
-  // in fp32 and are added once; dQ sums in an fp32 accumulator over the block (the gradient
-  // itself when it is fp32, a ring's accumulator), so no gradient is rounded more than once
-  // per call and the scratch stays bounded by the tile.
-  bool cudnn_bwd(const kernels::AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-    if (!use_cudnn_) return false;
-    const bool full = unmasked(p);
-    if (!full && !causal_square(p)) return false;
-    if (!aligned16({p.q, p.k, p.v, p.o, p.dout, p.lse})) return false;
-    if (!cudnn()) return false;
-    const int64_t T = attention_bwd_tile(det_, bwd_tile_), H = p.hq, Hk = p.hkv, hd = p.hd;
-    const int64_t qrow = H * hd, krow = Hk * hd, qn = p.batch * p.sq * qrow, kn = p.batch * p.sk * krow;
-    if (p.sq <= T && p.sk <= T) {  // one call
-      const cuda::SdpaShape shape{p.batch, p.sq, p.sk, H, Hk, hd, !full, 0, det_};
-      if (!cudnn()->has_bwd_plan(shape)) return false;
-      Scratch g(static_cast<size_t>(qn + 2 * kn) * sizeof(bf16), stream_, *mem_);
-      bf16* gq = g.as<bf16>();
-      if (!after_cudnn(cudnn()->try_bwd(shape, p.scale, p.q, p.k, p.v, p.o, p.lse, p.dout, gq, gq + qn, gq + qn + kn,
-                                        stream_)))
-        return false;
-      add_into(dq, 0, gq, qn);
-      add_into(dk, 0, gq + qn, kn);
-      add_into(dv, 0, gq + qn + kn, kn);
-      last_path_ = std::string("cudnn") + (det_ ? "" : " (atomic dQ)");
-      return true;
-    }
-    // Tiles: every shape is planned before anything is written.
-    const int64_t S = p.sq, Sk = p.sk, nq = (S + T - 1) / T, nk = (Sk + T - 1) / T;
-    const int64_t lastq = S - (nq - 1) * T, lastk = Sk - (nk - 1) * T;
-    auto shape = [&](int64_t rows, int64_t cols, bool causal) {
-      return cuda::SdpaShape{1, rows, cols, H, Hk, hd, causal, S, det_};
-    };
-    std::vector<cuda::SdpaShape> need;
-    if (full) {
-      for (int64_t r : {T, lastq})
-        for (int64_t c : {T, lastk}) need.push_back(shape(r, c, false));
-    } else {
-      need = {shape(T, T, true), shape(T, T, false), shape(lastq, T, false), shape(lastq, lastq, true)};
-    }
-    for (const auto& sh : need)
-      if (!cudnn()->has_bwd_plan(sh)) return false;
-    Scratch g(static_cast<size_t>(T * (qrow + 2 * krow)) * sizeof(bf16), stream_, *mem_);
-    bf16 *gq = g.as<bf16>(), *gk = gq + T * qrow, *gv = gk + T * krow;
-    const bool dq_f32 = dq.dtype == DType::F32;
-    Scratch dq_acc(dq_f32 ? 0 : static_cast<size_t>(S * qrow) * sizeof(float), stream_, *mem_);
-    Scratch kv_acc(static_cast<size_t>(2 * T * krow) * sizeof(float), stream_, *mem_);
-    float *dka = kv_acc.as<float>(), *dva = dka + T * krow;
-    for (int64_t bi = 0; bi < p.batch; ++bi) {
-      const bf16 *q = p.q + bi * S * qrow, *k = p.k + bi * Sk * krow, *v = p.v + bi * Sk * krow;
-      const bf16 *o = p.o + bi * S * qrow, *dout = p.dout + bi * S * qrow;
-      const float* lse = p.lse + bi * H * S;
-      float* dqa = dq_f32 ? dq.ptr<float>() + bi * S * qrow : dq_acc.as<float>();
-      if (!dq_f32) EASYCTX_CUDA_CHECK(cudaMemsetAsync(dqa, 0, static_cast<size_t>(S * qrow) * sizeof(float), stream_));
-      for (int64_t j = 0; j < nk; ++j) {
-        const int64_t k0 = j * T, cols = std::min(T, Sk - k0);
-        EASYCTX_CUDA_CHECK(cudaMemsetAsync(dka, 0, static_cast<size_t>(2 * T * krow) * sizeof(float), stream_));
-        for (int64_t i = full ? 0 : j; i < nq; ++i) {
-          const int64_t r0 = i * T, rows = std::min(T, S - r0);
-          if (!after_cudnn(cudnn()->try_bwd(shape(rows, cols, !full && i == j), p.scale, q + r0 * qrow, k + k0 * krow,
-                                            v + k0 * krow, o + r0 * qrow, lse + r0, dout + r0 * qrow, gq, gk, gv,
-                                            stream_)))
-            EASYCTX_THROW(process_label(), " cuDNN attention backward: a planned tile shape was declined");
-          kernels::axpy(dqa + r0 * qrow, gq, 1.f, rows * qrow, stream_);
-          kernels::axpy(dka, gk, 1.f, cols * krow, stream_);
-          kernels::axpy(dva, gv, 1.f, cols * krow, stream_);
-        }
-        add_into(dk, (bi * Sk + k0) * krow, dka, cols * krow);
-        add_into(dv, (bi * Sk + k0) * krow, dva, cols * krow);
-      }
-      if (!dq_f32) add_into(dq, bi * S * qrow, dqa, S * qrow);
-    }
-    last_path_ = "cudnn (" + std::to_string(nq) + " x " + std::to_string(nk) + " tiles of " + std::to_string(T) +
-                 (det_ ? "" : ", atomic dQ") + ")";
-    return true;
-  }
-
-  // attention_bwd that overwrites bf16 gradients (blk.accumulate false: one block covers the
-  // keys, LocalAttention): one call of cuDNN's composite backward writing dq/dk/dv in place,
-  // no scratch and no tiles. Atomic dQ: any length (cuDNN's workspace holds the f32 dQ
-  // accumulator of the block, as the tiled path's own accumulator would); deterministic: up
-  // to a T x T block (its dP lives in the workspace). false: nothing written (the caller
-  // zeroes the gradients and takes the accumulating path).
-  bool cudnn_bwd_in_place(const kernels::AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-    if (!use_cudnn_) return false;
-    const bool full = unmasked(p);
-    if (!full && !causal_square(p)) return false;
-    const int64_t T = attention_bwd_tile(det_, bwd_tile_);
-    if (det_ && (p.sq > T || p.sk > T)) return false;
-    if (!aligned16({p.q, p.k, p.v, p.o, p.dout, p.lse, dq.data, dk.data, dv.data})) return false;
-    if (!cudnn()) return false;
-    const cuda::SdpaShape shape{p.batch, p.sq, p.sk, p.hq, p.hkv, p.hd, !full, 0, det_};
-    if (!cudnn()->has_bwd_plan(shape)) return false;
-    if (!after_cudnn(cudnn()->try_bwd(shape, p.scale, p.q, p.k, p.v, p.o, p.lse, p.dout, dq.data, dk.data, dv.data,
-                                      stream_)))
-      return false;
-    last_path_ = std::string("cudnn (one call, in place") + (det_ ? "" : ", atomic dQ") + ")";
-    return true;
-  }
-
-  // A whole causal square (q and k at the same positions) in one call of cuDNN's composite
-  // causal forward graph; false (nothing written) when cuDNN is off or has no plan.
-  bool causal_square_cudnn(const kernels::AttentionParams& p) {
-    if (!causal_square(p) || !use_cudnn_ || !causal_graph_) return false;
-    if (!aligned16({p.q, p.k, p.v, p.o_out, p.lse_out})) return false;
-    cuda::SdpaShape sh = shape_of(p);
-    sh.causal = true;
-    if (!cudnn() || !cudnn()->has_fwd_plan(sh)) {
-      note_decline();
-      return false;
-    }
-    if (!after_cudnn(cudnn()->try_fwd(sh, p.scale, p.q, p.k, p.v, p.o_out, p.lse_out, stream_))) return false;
-    last_path_ = "cudnn (causal graph)";
-    return true;
-  }
-
-  // A whole causal square (one GPU's sequence, a ring's step 0) in query chunks of t rows,
-  // where cuDNN declines its causal graph (or CudaBackendOptions::cudnn_causal_graph is off):
-  // chunk i's keys before it form a block without a mask, which cuDNN's fused SDPA runs at
-  // its full rate, and only its own t x t diagonal square needs the causal kernel; the two
-  // partial results merge by LSE in fp32 (the diagonal squares are t/S of the work).
-  // Returns false (nothing written) where it does not apply: batch > 1, short sequences,
-  // cuDNN off or declining the shape.
-  bool causal_in_chunks(const kernels::AttentionParams& p) {
-    if (!causal_square(p) || p.batch != 1 || !use_cudnn_) return false;
-    const int64_t S = p.sq, t = causal_chunk_rows(S), H = p.hq, hd = p.hd;
-    if (S < 2 * t) return false;
-    if (!aligned16({p.q, p.k, p.v, p.o_out})) return false;
-    if (!cudnn() || !cudnn()->has_fwd_plan({1, t, t, p.hq, p.hkv, p.hd})) return false;
-    Scratch acc_o(static_cast<size_t>(t * H * hd) * sizeof(float), stream_, *mem_);  // f32 [t, H, hd]
-    Scratch acc_l(static_cast<size_t>(H * t) * sizeof(float), stream_, *mem_);       // f32 [H, t]
-    Scratch blk_o(static_cast<size_t>(t * H * hd) * sizeof(bf16), stream_, *mem_);   // bf16 [t, H, hd]
-    Scratch blk_l(static_cast<size_t>(H * t) * sizeof(float), stream_, *mem_);       // f32 [H, t]
-    for (int64_t r0 = 0; r0 < S; r0 += t) {
-      const int64_t rows = std::min(t, S - r0);
-      kernels::AttentionParams d = p;  // the diagonal square [r0, r0 + rows)
-      d.q = p.q + r0 * p.q_row;
-      d.k = p.k + r0 * p.k_row;
-      d.v = p.v + r0 * p.k_row;
-      d.sq = d.sk = rows;
-      d.q_batch = rows * p.q_row;
-      d.k_batch = rows * p.k_row;
-      d.o_out = r0 == 0 ? p.o_out : blk_o.as<bf16>();
-      d.lse_out = acc_l.as<float>();
-      kernels::attention_fwd(d, stream_);
-      if (r0 > 0) {
-        const Tensor ao(acc_o.as<float>(), DType::F32, {1, rows, H, hd}, MemSpace::Device);
-        const Tensor al(acc_l.as<float>(), DType::F32, {1, H, rows}, MemSpace::Device);
-        const Tensor bo(blk_o.as<bf16>(), DType::BF16, {1, rows, H, hd}, MemSpace::Device);
-        const Tensor bl(blk_l.as<float>(), DType::F32, {1, H, rows}, MemSpace::Device);
-        copy(ao, bo);  // the diagonal part, widened to the fp32 accumulator
-        // Keys [0, r0): no mask. cuDNN when it has a plan, else our kernel (a non-causal block).
-        if (!cudnn()->try_fwd({1, rows, r0, p.hq, p.hkv, p.hd}, p.scale, d.q, p.k, p.v, bo.data, bl.ptr<float>(),
-                              stream_)) {
-          kernels::AttentionParams pre = d;
-          pre.k = p.k;
-          pre.v = p.v;
-          pre.sk = r0;
-          pre.k_batch = r0 * p.k_row;
-          pre.causal = false;
-          pre.o_out = blk_o.as<bf16>();
-          pre.lse_out = blk_l.as<float>();
-          kernels::attention_fwd(pre, stream_);
-        }
-        attention_merge(ao, al, bo, bl);
-        copy(Tensor(p.o_out + r0 * p.q_row, DType::BF16, {1, rows, H, hd}, MemSpace::Device), ao);
-      }
-      // This chunk's LSE rows into lse [H, S] (row stride S).
-      EASYCTX_CUDA_CHECK(cudaMemcpy2DAsync(p.lse_out + r0, static_cast<size_t>(S) * sizeof(float), acc_l.as<float>(),
-                                           static_cast<size_t>(rows) * sizeof(float),
-                                           static_cast<size_t>(rows) * sizeof(float), static_cast<size_t>(H),
-                                           cudaMemcpyDeviceToDevice, stream_));
-    }
-    last_path_ = "cudnn+kernel (causal in chunks)";
-    return true;
-  }
-
-  // A block every query of which sees every key (not causal, or the diagonal past the last key).
-  static bool unmasked(const kernels::AttentionParams& p) { return !p.causal || p.diag >= p.sk - 1; }
-  // A whole causal square: queries and keys at the same positions (top-left mask).
-  static bool causal_square(const kernels::AttentionParams& p) {
-    return p.causal && p.diag == 0 && p.sq == p.sk;
-  }
-  // cuDNN's tensors are declared 16-byte aligned.
-  static bool aligned16(std::initializer_list<const void*> ptrs) {
-    for (const void* q : ptrs)
-      if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
-    return true;
-  }
-  // A block with no mask at all (not causal, or causal with every key visible to every row)
-  // whose buffers cuDNN can take (16-byte aligned).
-  bool cudnn_eligible(const kernels::AttentionParams& p, std::initializer_list<const void*> ptrs) {
-    if (!use_cudnn_) return false;
-    if (!unmasked(p)) return false;
-    if (!aligned16(ptrs)) return false;
-    return cudnn() != nullptr;
-  }
-  static cuda::SdpaShape shape_of(const kernels::AttentionParams& p) {
-    return {p.batch, p.sq, p.sk, p.hq, p.hkv, p.hd};
-  }
-  // The cuDNN SDPA runner, made on first use; nullptr (and cuDNN off) if cuDNN cannot start.
-  cuda::CudnnAttention* cudnn() {
-    if (!cudnn_ && use_cudnn_) {
-      try {
-        cudnn_ = std::make_unique<cuda::CudnnAttention>();
-      } catch (const Error& e) {
-        cudnn_decline_ = e.what();
-        use_cudnn_ = false;
-      }
-    }
-    return cudnn_.get();
-  }
-  // Passes `ok` through after counting growth of the cuDNN workspace in the live bytes.
-  bool after_cudnn(bool ok) {
-    const int64_t ws = static_cast<int64_t>(cudnn_->workspace_bytes());
-    if (ws > cudnn_ws_counted_) mem_->add(ws - cudnn_ws_counted_);
-    cudnn_ws_counted_ = std::max(ws, cudnn_ws_counted_);
-    return ok;
-  }
-  void note_decline() {
-    if (cudnn_ && !cudnn_->last_decline().empty()) cudnn_decline_ = cudnn_->last_decline();
-  }
-
   // Reads the device error flag (synchronises the stream).
   bool read_flag() {
     int h = 0;
@@ -960,16 +593,10 @@ class CudaBackend final : public Backend {
   bool own_stream_ = false;
   std::unique_ptr<cuda::LtMatmul> lt_;
   int* flag_ = nullptr;  // device int: set by kernels that find bad ids/labels
-  bool use_cudnn_ = true;
-  bool causal_graph_ = true;  // CudaBackendOptions::cudnn_causal_graph
-  int64_t bwd_tile_ = 0;  // 0: ops::attention_bwd_tile(det_)
-  bool det_ = true;
-  std::unique_ptr<cuda::CudnnAttention> cudnn_;
-  std::string last_path_ = "none", cudnn_decline_;
+  std::unique_ptr<cuda::CudaAttention> attention_;  // attention_fwd/bwd (cuda_attention.cpp)
   std::shared_ptr<MemoryCounter> mem_ = std::make_shared<MemoryCounter>();
   cudaMemPool_t pool_ = nullptr;  // the device's default pool: stream-ordered scratch
   int64_t own_bytes_ = 0;         // cuBLASLt workspace + error flag
-  int64_t cudnn_ws_counted_ = 0;  // cuDNN workspace counted so far (it only grows)
   std::unique_ptr<cuda_queue::StreamQueue> queue_;  // the compute stream as a Queue
   cudaStream_t copy_stream_ = nullptr;  // copy_async: copies beside the compute stream
   cudaEvent_t queued_ = nullptr;         // the compute stream's work before a copy

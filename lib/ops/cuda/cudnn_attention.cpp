@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "cuda_check.h"
+#include "kernels/cuda_check.h"
 
 namespace easyctx::ops::cuda {
 

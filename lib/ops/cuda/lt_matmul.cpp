@@ -1,6 +1,6 @@
 #include "ops/cuda/lt_matmul.h"
 
-#include "cuda_check.h"
+#include "kernels/cuda_check.h"
 
 #define EASYCTX_CUBLAS_CHECK(call)                                                                            \
   do {                                                                                                        \
