@@ -18,8 +18,7 @@ struct ScratchBuffer {
 };
 
 // ---- The CUDA backend's own allocations (for its lifetime)
-// The cuBLASLt workspace: CudaBackendOptions::cublas_workspace's default. (The memory plan's
-// plan::kCublasWorkspaceBytes duplicates it until the plan reads this one.)
+// The cuBLASLt workspace: CudaBackendOptions::cublas_workspace's default (the plan reads it here).
 constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
 struct CudaOwnBytes {
   int64_t cublas_workspace = 0;  // cuBLASLt's workspace

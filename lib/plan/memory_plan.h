@@ -38,8 +38,6 @@ using zero::kOffloadChunkElems;
 // is cuDNN's and cuBLASLt's loaded kernels. Re-measure on other GPUs or library versions
 // (docs/memory-model.md, "Calibration").
 constexpr int64_t kCudaContextBytes = int64_t{3686} << 20;  // 3.6 GiB
-// cuBLASLt workspace the CUDA backend allocates (CudaBackendOptions::cublas_workspace).
-constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
 // Host memory of an easyctx_train process before its buffers (program, libraries, MPI;
 // with CUDA also the driver's and runtime's host side). Calibrated estimates (VmHWM).
 constexpr int64_t kHostBaselineCpuBytes = int64_t{32} << 20;

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "ops/attention_route.h"
+#include "ops/scratch.h"
 
 namespace easyctx::plan {
 
@@ -79,12 +81,20 @@ class RecordingBackend final : public ops::Backend {
                    const ops::Tensor&) override {}
   void matmul(const ops::Tensor&, bool, const ops::Tensor&, bool, const ops::Tensor&, double, double) override {}
   void rope(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, bool) override {}
-  void attention_fwd(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, const ops::AttentionBlock&,
-                     const ops::Tensor&, const ops::Tensor&) override {}
-  void attention_bwd(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor& v, const ops::Tensor& o,
-                     const ops::Tensor& lse, const ops::Tensor& dout, const ops::AttentionBlock& blk,
-                     const ops::Tensor& dq, const ops::Tensor& dk, const ops::Tensor& dv) override {
-    (void)q, (void)k, (void)v, (void)o, (void)lse, (void)dout, (void)blk, (void)dq, (void)dk, (void)dv;
+  // CUDA: the route's scratch (ops/attention_route.h), live together for the call.
+  void attention_fwd(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor&, const ops::AttentionBlock& blk,
+                     const ops::Tensor&, const ops::Tensor&) override {
+    if (!o_.cuda_scratch) return;
+    const ops::AttentionCall c = ops::attention_call(q, k, blk);
+    scratch(ops::attention_fwd_scratch(ops::attention_fwd_route(c, route_options()), c));
+  }
+  void attention_bwd(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor&, const ops::Tensor&,
+                     const ops::Tensor&, const ops::Tensor&, const ops::AttentionBlock& blk, const ops::Tensor& dq,
+                     const ops::Tensor&, const ops::Tensor&) override {
+    if (!o_.cuda_scratch) return;
+    const ops::AttentionCall c = ops::attention_call(q, k, blk, dq.dtype == DType::F32);
+    const ops::AttentionRouteOptions ro = route_options();
+    scratch(ops::attention_bwd_scratch(ops::attention_bwd_route(c, ro), c, ro).list());
   }
   void attention_merge(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, const ops::Tensor&) override {}
   void swiglu_fwd(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&) override {}
@@ -98,6 +108,16 @@ class RecordingBackend final : public ops::Backend {
              const ops::AdamWStep&) override {}
 
  private:
+  ops::AttentionRouteOptions route_options() const {
+    ops::AttentionRouteOptions ro;
+    ro.deterministic = o_.deterministic;
+    return ro;
+  }
+  void scratch(const std::vector<ops::ScratchBuffer>& bufs) {
+    std::vector<int64_t> ids;
+    for (const ops::ScratchBuffer& b : bufs) ids.push_back(rec_.add(b.name, b.bytes));
+    for (int64_t id : ids) rec_.remove(id);
+  }
   static ops::Buffer record(AllocRecorder& rec, DType t, int64_t numel, const char* what, MemSpace space) {
     EASYCTX_CHECK(numel >= 0, "alloc: negative element count ", numel);
     const int64_t bytes = numel * static_cast<int64_t>(ops::element_size(t));
