@@ -89,12 +89,13 @@ void add_recorded(Items& it, bool transient, const std::string& phase, const std
 // communicators of the groups' sizes, on this rank's q, k, v, o, LSE (the model's workspace,
 // counted there); what it allocates beyond them, at its peak, with the CUDA backend's
 // attention scratch of each block (ops/attention_route.h), is the phase.
-void attention_items(const Run& r, bool backward, Items& it) {
+void attention_items(const Run& r, bool backward, Items& it, std::vector<std::string>& routes) {
   AllocRecorder inputs, rec;
   RecordingOptions ro;
   ro.space = r.cuda ? MemSpace::Device : MemSpace::Host;
   ro.cuda_scratch = r.cuda;
   ro.deterministic = r.cfg.train.deterministic;
+  ro.routes = &routes;
   const std::unique_ptr<ops::Backend> in = make_recording_backend(inputs, ro), be = make_recording_backend(rec, ro);
   const dist::GroupLayout& g = r.groups;
   const MemSpace cs = r.cuda ? MemSpace::Device : MemSpace::Host;
@@ -225,11 +226,10 @@ void parameter_items(const Run& r, const PlanTarget& t, Items& it) {
   }
 }
 
-}  // namespace
-
-namespace detail {
-
-MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
+// ---------------------------------------------------------------------------------------
+// The plan's parts, phase by phase.
+// ---------------------------------------------------------------------------------------
+Run run_of(const StageConfig& cfg, const PlanTarget& t) {
   EASYCTX_CHECK(t.backend != DeviceKind::Auto, "plan_memory: the target's backend must be resolved (cpu or cuda)");
   validate_activation(cfg);
   Run r(cfg);
@@ -247,37 +247,37 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   r.Z = r.zero3() ? (cfg.parallel.zero.group == ZeroGroupScope::Node ? r.groups.ranks_per_node : t.world()) : 1;
   r.B = cfg.train.batch_size;
   r.S = attention::sequence_split(r.groups).local_length(cfg.data.seq_length);
+  r.n = r.B * r.S;
   // (The strategies check their shapes when the plan replays them; this one is the config's.)
   const int64_t G = cfg.activation.attention_head_groups;
   EASYCTX_CHECK_INPUT(r.mc.num_kv_heads % G == 0, "activation.attention_head_groups: ", G,
                       " does not divide the model's key/value heads (", r.mc.num_kv_heads, ")");
-  r.n = r.B * r.S;
-  const model::LlamaConfig& mc = r.mc;
-  const int64_t P = r.P, n = r.n, D = mc.hidden_size, V = mc.vocab_size, L = mc.num_layers;
-  const std::string dev = r.dev;
-  Items it;
+  return r;
+}
 
-  // ---- process and backend constants
+// The process and the backend: calibrated constants and the CUDA backend's own buffers.
+void process_items(const Run& r, Items& it) {
   if (r.cuda) {
     it.persistent("init", "CUDA context, cuBLASLt/cuDNN handles, NCCL (constant)", "gpu", kCudaContextBytes,
                   "kCudaContextBytes (calibrated; not a backend allocation)", false);
-    for (const ops::ScratchBuffer& b : ops::cuda_own_bytes().list()) it.persistent("init", b.name, "gpu", b.bytes, b.formula);
+    for (const ops::ScratchBuffer& b : ops::cuda_own_bytes().list())
+      it.persistent("init", b.name, "gpu", b.bytes, b.formula);
   }
   it.persistent("init", "process baseline (program, libraries, MPI" + std::string(r.cuda ? ", CUDA host side)" : ")"),
                 "host", r.cuda ? kHostBaselineCudaBytes : kHostBaselineCpuBytes,
                 r.cuda ? "kHostBaselineCudaBytes (calibrated)" : "kHostBaselineCpuBytes (calibrated)", false);
-
-  // ---- the model, parameters, gradients, optimizer state (replayed)
-  parameter_items(r, t, it);
-
-  // ---- weights loading (Trainer::load_weights): on CUDA every unit is staged on the host
+  // Loading the weights (ParamStore::fill_master, read_checkpoint): on CUDA stage 0 every unit
+  // is staged in host memory on its way to the device.
   if (r.cuda && !r.offload_opt() && !r.zero3())
-    it.transient("init", "host staging of the weights being loaded (f32)", "host", 4 * P, "4 P", false);
+    it.transient("init", "host staging of the weights being loaded (f32)", "host", 4 * r.P, "4 P", false);
+}
 
-  // ---- the first step: micro-batch on the device, the model's workspace
+// From the first step on: the micro-batch and the model's workspace.
+void step_items(const Run& r, Items& it) {
+  const int64_t n = r.n;
   if (r.cuda)
     it.persistent("step", "micro-batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
-  const int64_t mb = cfg.train.grad_accum * (3 * 4 * n + 8 * r.B);
+  const int64_t mb = r.cfg.train.grad_accum * (3 * 4 * n + 8 * r.B);
   it.persistent("step", "loader micro-batches (int32 tokens, positions, labels)", "host", mb,
                 "grad_accum x (3 x 4 x n + 8 B)", false);
   for (const Group& g : group_specs(model_buffers(r))) {
@@ -289,82 +289,88 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
                     g.count * each, f, !r.cuda);
       continue;
     }
-    it.persistent("step", workspace_label(g), dev, g.count * each, f);
+    it.persistent("step", workspace_label(g), r.dev, g.count * each, f);
   }
+}
 
-  // ---- transient phases of a step
-  attention_items(r, false, it);
-  attention_items(r, true, it);
-  // The backends' scratch inside the other ops, from the functions they size it with (ops/scratch.h).
+// The backends' scratch inside the other ops, from the functions they size it with (ops/scratch.h).
+void op_scratch_items(const Run& r, Items& it) {
   auto scratch = [&](const std::string& phase, const std::vector<ops::ScratchBuffer>& bufs, bool tracked) {
-    for (const ops::ScratchBuffer& b : bufs) it.transient(phase, b.name, r.cuda ? "gpu" : "host", b.bytes, b.formula, tracked);
+    for (const ops::ScratchBuffer& b : bufs) it.transient(phase, b.name, r.dev, b.bytes, b.formula, tracked);
   };
-  if (r.cuda) {
-    scratch("LM head + loss", ops::cuda_lm_head_scratch(n, V, cfg.activation.lm_head_tile, true, true).list(), true);
-    scratch("RMSNorm backward", ops::rmsnorm_bwd_scratch(n, D).list(), true);
-    scratch("embedding backward", ops::embedding_bwd_scratch(n).list(), true);
-    scratch("gradient clip", ops::sum_squares_scratch().list(), true);
-  } else {  // cpu::lm_head_loss keeps its tile and the per-token NLL on the heap (not backend buffers)
-    scratch("LM head + loss", ops::cpu_lm_head_scratch(n, V, cfg.activation.lm_head_tile, 4).list(), false);
+  const int64_t n = r.n, V = r.mc.vocab_size, tile = r.cfg.activation.lm_head_tile;
+  if (!r.cuda) {  // cpu::lm_head_loss keeps its tile and the per-token NLL on the heap (not backend buffers)
+    scratch("LM head + loss", ops::cpu_lm_head_scratch(n, V, tile, 4).list(), false);
+    return;
   }
+  scratch("LM head + loss", ops::cuda_lm_head_scratch(n, V, tile, true, true).list(), true);
+  scratch("RMSNorm backward", ops::rmsnorm_bwd_scratch(n, r.mc.hidden_size).list(), true);
+  scratch("embedding backward", ops::embedding_bwd_scratch(n).list(), true);
+  scratch("gradient clip", ops::sum_squares_scratch().list(), true);
+}
 
-  // ---- gradient reduction over MPI (the CPU backend): MpiComm sums floats in rank order
-  // through heap copies, unit by unit: all_reduce holds the padded send, the received blocks
-  // and its own block; reduce_scatter the received blocks (then the replicas' all_reduce).
-  if (!r.cuda) {
-    int64_t unit = 0;
-    for (size_t u = 0; u < r.layout.num_units(); ++u) unit = std::max(unit, r.layout.units()[u].numel);
-    const int64_t len = r.shards().max_len();
-    auto all_reduce = [](int64_t count, int64_t ranks) {
-      const int64_t block = (count + ranks - 1) / ranks;
-      return 4 * (2 * block * ranks + block);
-    };
-    const int64_t G = r.groups.sp_size > 1 ? t.world() : r.groups.dp_size, R = t.world() / r.Z;
-    int64_t bytes = 0;
-    if (!r.zero3() && G > 1) bytes = all_reduce(unit, G);
-    if (r.zero3() && r.Z > 1) bytes = 4 * len * r.Z;
-    if (r.zero3() && R > 1) bytes = std::max(bytes, all_reduce(len, R));
-    it.transient("gradient reduce", "MPI rank-ordered sum buffers (heap, largest unit)", "host", bytes,
-                 r.zero3() ? "4 x Z x ceil(unit / Z)" : "4 x (2 G + 1) x ceil(unit / G), G = ranks summing", false);
-  }
+// Gradient reduction over MPI (the CPU backend): MpiComm sums floats in rank order through
+// heap copies, unit by unit: all_reduce holds the padded send, the received blocks and its
+// own block; reduce_scatter the received blocks (then the replicas' all_reduce).
+void reduction_items(const Run& r, const PlanTarget& t, Items& it) {
+  if (r.cuda) return;
+  int64_t unit = 0;
+  for (size_t u = 0; u < r.layout.num_units(); ++u) unit = std::max(unit, r.layout.units()[u].numel);
+  const int64_t len = r.shards().max_len();
+  auto all_reduce = [](int64_t count, int64_t ranks) {
+    const int64_t block = (count + ranks - 1) / ranks;
+    return 4 * (2 * block * ranks + block);
+  };
+  const int64_t G = r.groups.sp_size > 1 ? t.world() : r.groups.dp_size, R = t.world() / r.Z;
+  int64_t bytes = 0;
+  if (!r.zero3() && G > 1) bytes = all_reduce(unit, G);
+  if (r.zero3() && r.Z > 1) bytes = 4 * len * r.Z;
+  if (r.zero3() && R > 1) bytes = std::max(bytes, all_reduce(len, R));
+  it.transient("gradient reduce", "MPI rank-ordered sum buffers (heap, largest unit)", "host", bytes,
+               r.zero3() ? "4 x Z x ceil(unit / Z)" : "4 x (2 G + 1) x ceil(unit / G), G = ranks summing", false);
+}
 
-  // ---- host staging of checkpoints and the export (CUDA stage 0: this rank's slices)
-  if (r.cuda && !r.offload_opt() && (cfg.output.save_final || cfg.output.save_every > 0)) {
+// Host staging of checkpoints and the export (CUDA stage 0: the slices this rank writes).
+void save_items(const Run& r, const PlanTarget& t, Items& it) {
+  const OutputConfig& out = r.cfg.output;
+  if (r.cuda && !r.offload_opt() && (out.save_final || out.save_every > 0)) {
     const int64_t W = t.world();
-    const int64_t state = r.zero3() ? r.shards().total_len() : (P + W - 1) / W;
+    const int64_t state = r.zero3() ? r.shards().total_len() : (r.P + W - 1) / W;
     const std::string f = r.zero3() ? "3 x 4 x sum ceil(unit / Z)" : "3 x 4 x P / W (the slices this rank writes)";
     it.transient("checkpoint save", "host staging of master, m, v (f32)", "host", 12 * state, f, false);
   }
-  if (r.cuda && !r.offload_opt() && cfg.output.export_hf && !r.zero3())
-    it.transient("HF export (rank 0)", "host staging of the master weights (f32)", "host", 4 * P, "4 P", false);
-  if (r.zero3() && cfg.output.export_hf) {  // Trainer::master_host: every rank gathers the whole model
-    it.transient("HF export (gather)", "the whole master weights on every rank (f32, heap)", "host", 4 * P, "4 P",
+  if (r.cuda && !r.offload_opt() && out.export_hf && !r.zero3())
+    it.transient("HF export (rank 0)", "host staging of the master weights (f32)", "host", 4 * r.P, "4 P", false);
+  if (r.zero3() && out.export_hf) {  // ParamStore::master_host: every rank gathers the whole model
+    it.transient("HF export (gather)", "the whole master weights on every rank (f32, heap)", "host", 4 * r.P, "4 P",
                  false);
-    if (r.cuda) {
-      const int64_t len = r.shards().max_len();
-      it.transient("HF export (gather)", "one unit gathered on the device (f32)", "gpu", 4 * r.Z * len,
+    if (r.cuda)
+      it.transient("HF export (gather)", "one unit gathered on the device (f32)", "gpu", 4 * r.Z * r.shards().max_len(),
                    "4 x Z x max ceil(unit / Z)");
-    }
   }
+}
 
-  // ---- totals per phase
+// Every phase's totals: the persistent items of its time (init's, or all from the first step
+// on) plus its own transient ones; the peaks over phases and what they fit in.
+MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vector<std::string> routes) {
   MemoryPlan p;
+  p.attention_routes = std::move(routes);
   p.target = t;
-  p.model_name = mc.name;
-  p.parameters = P;
+  p.model_name = r.mc.name;
+  p.parameters = r.P;
   p.world = t.world();
   p.dp = r.groups.dp_size;
   p.sp = r.groups.sp_size;
   p.zero_group = static_cast<int>(r.Z);
   p.local_len = r.S;
-  p.tokens = n;
+  p.tokens = r.n;
   p.items = it.list;
   for (const std::string& ph : it.phase_order) {
     PhaseTotal pt{ph == "step" ? "steady (between ops)" : ph, 0, 0, 0};
     for (const PlanItem& i : p.items) {
       const bool live = i.transient ? i.phase == ph : (ph != "init" || i.phase == "init");
       if (!live) continue;
-      if (i.tracked && i.where == dev) pt.alloc_bytes += i.bytes;
+      if (i.tracked && i.where == r.dev) pt.alloc_bytes += i.bytes;
       (i.where == "gpu" ? pt.gpu_bytes : pt.host_bytes) += i.bytes;
     }
     p.phases.push_back(pt);
@@ -384,6 +390,28 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   p.host_fits = p.host_peak_bytes <= p.host_usable;
   p.fits = p.gpu_fits && p.host_fits;
   return p;
+}
+
+}  // namespace
+
+namespace detail {
+
+// The persistent set ("init" from the set-up, "step" from the first step) and the transient
+// buffers of each phase, every one from the code that allocates it (replayed) or from the
+// functions that size it.
+MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
+  const Run r = run_of(cfg, t);
+  Items it;
+  process_items(r, it);
+  parameter_items(r, t, it);
+  step_items(r, it);
+  std::vector<std::string> routes;
+  attention_items(r, false, it, routes);
+  attention_items(r, true, it, routes);
+  op_scratch_items(r, it);
+  reduction_items(r, t, it);
+  save_items(r, t, it);
+  return totals(r, t, it, std::move(routes));
 }
 
 }  // namespace detail

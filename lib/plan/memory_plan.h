@@ -102,6 +102,10 @@ struct MemoryPlan {
   int64_t host_capacity = 0, host_usable = 0;
   bool gpu_fits = true, host_fits = true, fits = true;
   std::vector<KnobFix> knobs;  // when !fits: single changes that fit, else a combination ("together")
+  // CUDA: every distinct attention call of a step with its route (ops/attention_route.h), as
+  // the replay of the stage's strategy saw them: "forward causal 65536x65536 32/4x64: cudnn
+  // causal graph".
+  std::vector<std::string> attention_routes;
 };
 
 // The plan of `cfg` on `target` (world = target.world()). Throws InputError when the config

@@ -57,6 +57,11 @@ std::string format_plan_table(const MemoryPlan& p) {
     os << line;
   }
   os << "\n";
+  if (!p.attention_routes.empty()) {
+    os << "  attention calls of a step and their routes (ops/attention_route.h):\n";
+    for (const std::string& r : p.attention_routes) os << "    " << r << "\n";
+    os << "\n";
+  }
   std::snprintf(line, sizeof line, "  %-34s %14s %14s %14s\n", "phase totals",
                 cuda ? "gpu allocs" : "allocations", cuda ? "gpu total" : "", "host/rank");
   os << line;
@@ -129,6 +134,9 @@ Json plan_to_json(const MemoryPlan& p) {
   Json items = Json::array();
   for (const PlanItem& i : p.items) items.push_back(item_json(i));
   j.set("items", items);
+  Json routes = Json::array();
+  for (const std::string& r : p.attention_routes) routes.push_back(r);
+  j.set("attention_routes", routes);
   Json phases = Json::array();
   for (const PhaseTotal& ph : p.phases) {
     Json o = Json::object();

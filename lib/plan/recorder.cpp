@@ -86,7 +86,9 @@ class RecordingBackend final : public ops::Backend {
                      const ops::Tensor&, const ops::Tensor&) override {
     if (!o_.cuda_scratch) return;
     const ops::AttentionCall c = ops::attention_call(q, k, blk);
-    scratch(ops::attention_fwd_scratch(ops::attention_fwd_route(c, route_options()), c));
+    const ops::AttentionFwdRoute route = ops::attention_fwd_route(c, route_options());
+    note_route("forward", c, ops::route_name(route));
+    scratch(ops::attention_fwd_scratch(route, c));
   }
   void attention_bwd(const ops::Tensor& q, const ops::Tensor& k, const ops::Tensor&, const ops::Tensor&,
                      const ops::Tensor&, const ops::Tensor&, const ops::AttentionBlock& blk, const ops::Tensor& dq,
@@ -94,7 +96,9 @@ class RecordingBackend final : public ops::Backend {
     if (!o_.cuda_scratch) return;
     const ops::AttentionCall c = ops::attention_call(q, k, blk, dq.dtype == DType::F32);
     const ops::AttentionRouteOptions ro = route_options();
-    scratch(ops::attention_bwd_scratch(ops::attention_bwd_route(c, ro), c, ro).list());
+    const ops::AttentionBwdRoute route = ops::attention_bwd_route(c, ro);
+    note_route("backward", c, ops::route_name(route));
+    scratch(ops::attention_bwd_scratch(route, c, ro).list());
   }
   void attention_merge(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, const ops::Tensor&) override {}
   void swiglu_fwd(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&) override {}
@@ -108,6 +112,14 @@ class RecordingBackend final : public ops::Backend {
              const ops::AdamWStep&) override {}
 
  private:
+  void note_route(const char* dir, const ops::AttentionCall& c, const char* route) {
+    if (!o_.routes) return;
+    const char* kind = c.unmasked() ? "full" : c.causal_square() ? "causal" : "partial";
+    std::string line = std::string(dir) + " " + kind + " " + std::to_string(c.sq) + "x" + std::to_string(c.sk) + " " +
+                       std::to_string(c.hq) + "/" + std::to_string(c.hkv) + "x" + std::to_string(c.hd) +
+                       (c.batch > 1 ? " B=" + std::to_string(c.batch) : "") + ": " + route;
+    if (std::find(o_.routes->begin(), o_.routes->end(), line) == o_.routes->end()) o_.routes->push_back(line);
+  }
   ops::AttentionRouteOptions route_options() const {
     ops::AttentionRouteOptions ro;
     ro.deterministic = o_.deterministic;

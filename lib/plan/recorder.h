@@ -49,6 +49,9 @@ struct RecordingOptions {
   // CUDA: record the scratch the CUDA backend takes inside ops (attention, LM head, ...).
   bool cuda_scratch = false;
   bool deterministic = true;  // train.deterministic (the attention backward's route)
+  // CUDA: each distinct attention call's shape and route ("backward causal 4096x4096 32/8x128:
+  // cudnn tiles"), in the order first seen.
+  std::vector<std::string>* routes = nullptr;
 };
 
 std::unique_ptr<ops::Backend> make_recording_backend(AllocRecorder& rec, const RecordingOptions& o);

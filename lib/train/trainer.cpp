@@ -301,6 +301,7 @@ void Trainer::log_startup() const {
            world_.size() > dp_.size() ? std::string(" (") + to_string(cfg_.parallel.sequence.mode) + ")" : "");
   const std::string store = store_->describe();
   if (!store.empty()) log_info(store);
+  for (const std::string& route : plan_->attention_routes) log_info("attention ", route);
   if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)
   const data::TokenDataset& ds = loader_->dataset();
   const UnigramStats us = unigram_stats(ds);
