@@ -142,48 +142,49 @@ void UlyssesAttention::lse_to_seq(const Tensor& lse_h, int64_t h_per, int64_t s_
   all_to_all(send.flat(), lse, blk);
 }
 
+UlyssesAttention::Sharded UlyssesAttention::shard_qkv(const AttentionTensors& t, int64_t b, const Heads& hs) {
+  const int64_t S = t.q.dim(1), nq = hs.q_per_rank, nkv = hs.kv_per_rank;
+  const UlyssesLabels& L = labels(inner_is_ring_);
+  return {S,
+          S * comm_.size(),
+          nq,
+          nkv,
+          hs.hd,
+          to_heads(seq(t.q, b), hs.hq, nq, false, hs, L.q),
+          to_heads(seq(t.k, b), hs.hkv, nkv, true, hs, L.k),
+          to_heads(seq(t.v, b), hs.hkv, nkv, true, hs, L.v)};
+}
+
 void UlyssesAttention::forward(const AttentionTensors& t) {
   check_sizes(t);
   const Heads hs = heads(t.q, t.k);
-  const int64_t U = comm_.size(), hd = hs.hd;
+  const UlyssesLabels& L = labels(inner_is_ring_);
   for (int64_t b = 0; b < t.q.dim(0); ++b) {
-    const int64_t S = t.q.dim(1), Sg = S * U;
-    const int64_t nq = hs.q_per_rank, nkv = hs.kv_per_rank;
-    const UlyssesLabels& L = labels(inner_is_ring_);
-    Buffer qh = to_heads(seq(t.q, b), hs.hq, nq, false, hs, L.q);
-    Buffer kh = to_heads(seq(t.k, b), hs.hkv, nkv, true, hs, L.k);
-    Buffer vh = to_heads(seq(t.v, b), hs.hkv, nkv, true, hs, L.v);
-    Buffer oh = be_.alloc(t.o.dtype, Sg * nq * hd, L.o), lh = be_.alloc(t.lse.dtype, nq * Sg, L.lse);
-    inner_->forward({qh.view({1, Sg, nq, hd}), kh.view({1, Sg, nkv, hd}), vh.view({1, Sg, nkv, hd}),
-                     oh.view({1, Sg, nq, hd}), lh.view({1, nq, Sg}), t.scale});
-    from_heads(oh.view({1, Sg, nq, hd}), hs.hq, nq, false, hs, seq(t.o, b));
-    lse_to_seq(lh.view({1, nq, Sg}), nq, S, seq(t.lse, b));
+    const Sharded x = shard_qkv(t, b, hs);
+    Buffer oh = be_.alloc(t.o.dtype, x.Sg * x.nq * x.hd, L.o), lh = be_.alloc(t.lse.dtype, x.nq * x.Sg, L.lse);
+    inner_->forward({x.qs(x.q), x.kvs(x.k), x.kvs(x.v), x.qs(oh), lh.view({1, x.nq, x.Sg}), t.scale});
+    from_heads(x.qs(oh), hs.hq, x.nq, false, hs, seq(t.o, b));
+    lse_to_seq(lh.view({1, x.nq, x.Sg}), x.nq, x.S, seq(t.lse, b));
   }
 }
 
 void UlyssesAttention::backward(const AttentionTensors& t, const AttentionGrads& g) {
   check_sizes(t);
   const Heads hs = heads(t.q, t.k);
-  const int64_t U = comm_.size(), hd = hs.hd;
+  const UlyssesLabels& L = labels(inner_is_ring_);
   for (int64_t b = 0; b < t.q.dim(0); ++b) {
-    const int64_t S = t.q.dim(1), Sg = S * U;
-    const int64_t nq = hs.q_per_rank, nkv = hs.kv_per_rank;
-    const UlyssesLabels& L = labels(inner_is_ring_);
-    Buffer qh = to_heads(seq(t.q, b), hs.hq, nq, false, hs, L.q);
-    Buffer kh = to_heads(seq(t.k, b), hs.hkv, nkv, true, hs, L.k);
-    Buffer vh = to_heads(seq(t.v, b), hs.hkv, nkv, true, hs, L.v);
-    Buffer oh = to_heads(seq(t.o, b), hs.hq, nq, false, hs, L.o);
-    Buffer dh = to_heads(seq(g.dout, b), hs.hq, nq, false, hs, L.dout);
-    Buffer lh = lse_to_heads(seq(t.lse, b), nq, S);
-    Buffer dqh = be_.alloc(g.dq.dtype, Sg * nq * hd, L.grads), dkh = be_.alloc(g.dk.dtype, Sg * nkv * hd, L.grads),
-           dvh = be_.alloc(g.dv.dtype, Sg * nkv * hd, L.grads);
-    inner_->backward({qh.view({1, Sg, nq, hd}), kh.view({1, Sg, nkv, hd}), vh.view({1, Sg, nkv, hd}),
-                      oh.view({1, Sg, nq, hd}), lh.view({1, nq, Sg}), t.scale},
-                     {dh.view({1, Sg, nq, hd}), dqh.view({1, Sg, nq, hd}), dkh.view({1, Sg, nkv, hd}),
-                      dvh.view({1, Sg, nkv, hd})});
-    from_heads(dqh.view({1, Sg, nq, hd}), hs.hq, nq, false, hs, seq(g.dq, b));
-    from_heads(dkh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(g.dk, b));
-    from_heads(dvh.view({1, Sg, nkv, hd}), hs.hkv, nkv, true, hs, seq(g.dv, b));
+    const Sharded x = shard_qkv(t, b, hs);
+    Buffer oh = to_heads(seq(t.o, b), hs.hq, x.nq, false, hs, L.o);
+    Buffer dh = to_heads(seq(g.dout, b), hs.hq, x.nq, false, hs, L.dout);
+    Buffer lh = lse_to_heads(seq(t.lse, b), x.nq, x.S);
+    Buffer dqh = be_.alloc(g.dq.dtype, x.Sg * x.nq * x.hd, L.grads),
+           dkh = be_.alloc(g.dk.dtype, x.Sg * x.nkv * x.hd, L.grads),
+           dvh = be_.alloc(g.dv.dtype, x.Sg * x.nkv * x.hd, L.grads);
+    inner_->backward({x.qs(x.q), x.kvs(x.k), x.kvs(x.v), x.qs(oh), lh.view({1, x.nq, x.Sg}), t.scale},
+                     {x.qs(dh), x.qs(dqh), x.kvs(dkh), x.kvs(dvh)});
+    from_heads(x.qs(dqh), hs.hq, x.nq, false, hs, seq(g.dq, b));
+    from_heads(x.kvs(dkh), hs.hkv, x.nkv, true, hs, seq(g.dk, b));
+    from_heads(x.kvs(dvh), hs.hkv, x.nkv, true, hs, seq(g.dv, b));
   }
 }
 

@@ -43,6 +43,14 @@ class UlyssesAttention final : public SequenceAttention {
   void from_heads(const ops::Tensor& xh, int64_t h_total, int64_t h_per, bool kv, const Heads& hs,
                   const ops::Tensor& x);
   void lse_to_seq(const ops::Tensor& lse_h, int64_t h_per, int64_t s_local, const ops::Tensor& lse);
+  // Sequence b of q, k, v gathered and head-sharded, with the shapes of that layout.
+  struct Sharded {
+    int64_t S, Sg, nq, nkv, hd;  // local and gathered tokens, heads per rank, head dim
+    ops::Buffer q, k, v;
+    ops::Tensor qs(const ops::Buffer& b) const { return b.view({1, Sg, nq, hd}); }  // [1, Sg, nq, hd]
+    ops::Tensor kvs(const ops::Buffer& b) const { return b.view({1, Sg, nkv, hd}); }
+  };
+  Sharded shard_qkv(const AttentionTensors& t, int64_t b, const Heads& hs);
   ops::Buffer lse_to_heads(const ops::Tensor& lse, int64_t h_per, int64_t s_local);
 
   ops::Backend& be_;

@@ -30,6 +30,29 @@ struct Zigzag {
   int W, r;
   int64_t c;  // tokens per chunk
   int64_t chunk(int rank, int i) const { return i == 0 ? rank : 2 * W - 1 - rank; }
+  // Local query chunk qa against key chunk kb of rank src: the block, or false when every key
+  // is in the query chunk's future (b > a); b == a is the causal diagonal, b < a a full block.
+  bool block(int qa, int src, int kb, double scale, ops::AttentionBlock* blk) const {
+    const int64_t a = chunk(r, qa), b = chunk(src, kb);
+    if (b > a) return false;
+    blk->scale = scale;
+    blk->causal = a == b;
+    blk->q_offset = a * c;
+    blk->k_offset = b * c;
+    return true;
+  }
+  // The rank whose K/V visit at ring step s.
+  int source(int s) const { return (r - s + W) % W; }
+  // f(qa, kb, block) for every pair of a local query chunk and a visiting key chunk of rank
+  // src that has a key in the query's past.
+  template <class F>
+  void for_each_block(int src, double scale, F&& f) const {
+    for (int qa = 0; qa < 2; ++qa)
+      for (int kb = 0; kb < 2; ++kb) {
+        ops::AttentionBlock blk;
+        if (block(qa, src, kb, scale, &blk)) f(qa, kb, blk);
+      }
+  }
 };
 Zigzag zigzag_of(const dist::Comm& ring, const Tensor& q) {
   Zigzag z{ring.size(), ring.rank(), q.dim(1) / 2};
@@ -104,31 +127,22 @@ void ZigzagRingAttention::forward_one(const AttentionTensors& t) {
   be_.copy(kv[0][0].view({1, S, Hkv, hd}), k);
   be_.copy(kv[0][1].view({1, S, Hkv, hd}), v);
 
+  const Tensor ob = o_blk.view({1, c, Hq, hd}), lb = lse_blk.view({1, Hq, c});
   for (int s = 0; s < z.W; ++s) {
-    const int src = (z.r - s + z.W) % z.W;
     Buffer* cur = kv[s % 2];
-    Tensor kc = cur[0].view({1, S, Hkv, hd}), vc = cur[1].view({1, S, Hkv, hd});
     if (s + 1 < z.W) exchange_begin(cur, kv[(s + 1) % 2], 0, 1);  // the next step's K/V travel meanwhile
-    for (int qa = 0; qa < 2; ++qa)
-      for (int kb = 0; kb < 2; ++kb) {
-        const int64_t a = z.chunk(z.r, qa), bch = z.chunk(src, kb);
-        if (bch > a) continue;  // entirely in the future of this query chunk
-        ops::AttentionBlock blk;
-        blk.scale = t.scale;
-        blk.causal = (a == bch);
-        blk.q_offset = a * c;
-        blk.k_offset = bch * c;
-        Tensor ob = o_blk.view({1, c, Hq, hd}), lb = lse_blk.view({1, Hq, c});
-        be_.attention_fwd(seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c), blk, ob, lb);
-        Tensor ao = acc_o[qa].view({1, c, Hq, hd}), al = acc_lse[qa].view({1, Hq, c});
-        if (!started[qa]) {
-          be_.copy(ao, ob);
-          be_.copy(al, lb);
-          started[qa] = true;
-        } else {
-          be_.attention_merge(ao, al, ob, lb);
-        }
+    const Tensor kc = cur[0].view({1, S, Hkv, hd}), vc = cur[1].view({1, S, Hkv, hd});
+    z.for_each_block(z.source(s), t.scale, [&](int qa, int kb, const ops::AttentionBlock& blk) {
+      be_.attention_fwd(seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c), blk, ob, lb);
+      const Tensor ao = acc_o[qa].view({1, c, Hq, hd}), al = acc_lse[qa].view({1, Hq, c});
+      if (started[qa]) {
+        be_.attention_merge(ao, al, ob, lb);
+        return;
       }
+      be_.copy(ao, ob);
+      be_.copy(al, lb);
+      started[qa] = true;
+    });
     if (s + 1 < z.W) exchange_end();
   }
   for (int qa = 0; qa < 2; ++qa) {
@@ -160,24 +174,15 @@ void ZigzagRingAttention::backward_one(const AttentionTensors& t, const Attentio
   be_.copy(kv[0][1].view({1, S, Hkv, hd}), v);
 
   for (int s = 0; s < z.W; ++s) {
-    const int src = (z.r - s + z.W) % z.W;
     Buffer* cur = kv[s % 2];
-    Tensor kc = cur[0].view({1, S, Hkv, hd}), vc = cur[1].view({1, S, Hkv, hd});
-    Tensor dkc = cur[2].view({1, S, Hkv, hd}), dvc = cur[3].view({1, S, Hkv, hd});
     if (s + 1 < z.W) exchange_begin(cur, kv[(s + 1) % 2], 0, 1);  // the next step's K/V travel meanwhile
-    for (int qa = 0; qa < 2; ++qa)
-      for (int kb = 0; kb < 2; ++kb) {
-        const int64_t a = z.chunk(z.r, qa), bch = z.chunk(src, kb);
-        if (bch > a) continue;
-        ops::AttentionBlock blk;
-        blk.scale = t.scale;
-        blk.causal = (a == bch);
-        blk.q_offset = a * c;
-        blk.k_offset = bch * c;
-        be_.attention_bwd(seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
-                          seq_rows(o, qa * c, c), lse_ch[qa].view({1, Hq, c}), seq_rows(dout, qa * c, c), blk,
-                          seq_rows(dqa, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
-      }
+    auto view = [&](int i) { return cur[i].view({1, S, Hkv, hd}); };
+    const Tensor kc = view(0), vc = view(1), dkc = view(2), dvc = view(3);
+    z.for_each_block(z.source(s), t.scale, [&](int qa, int kb, const ops::AttentionBlock& blk) {
+      be_.attention_bwd(seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
+                        seq_rows(o, qa * c, c), lse_ch[qa].view({1, Hq, c}), seq_rows(dout, qa * c, c), blk,
+                        seq_rows(dqa, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
+    });
     if (s + 1 < z.W) {
       exchange_end();
       exchange(cur, kv[(s + 1) % 2], 2, 3);  // this step's dK/dV accumulators follow their K/V

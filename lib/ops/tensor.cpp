@@ -110,4 +110,45 @@ void check_copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int6
                 ") do not fit dst ", dst.describe(), " / src ", src.describe());
 }
 
+RopeDims check_rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  EASYCTX_CHECK(positions.dtype == DType::I32, "rope: positions must be i32, got ", positions.describe());
+  EASYCTX_CHECK(inv_freq.dtype == DType::F32, "rope: inv_freq must be f32, got ", inv_freq.describe());
+  EASYCTX_CHECK(x.ndim == 3, "rope: x must be [n, heads, head_dim], got ", x.describe());
+  const RopeDims r{x.dim(0), x.dim(1), x.dim(2)};
+  EASYCTX_CHECK(r.head_dim % 2 == 0, "rope: odd head_dim ", r.head_dim);
+  check_numel("rope", "positions", positions, r.n);
+  check_numel("rope", "inv_freq", inv_freq, r.head_dim / 2);
+  return r;
+}
+
+RowDims check_rmsnorm(const char* op, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      std::initializer_list<const Tensor*> same) {
+  const int64_t d = w.numel();
+  EASYCTX_CHECK(d > 0, op, ": empty weight ", w.describe());
+  const RowDims r{x.numel() / d, d};
+  check_numel(op, "x", x, r.n * d);
+  for (const Tensor* t : same) check_numel(op, "y/dy/dx", *t, r.n * d);
+  check_numel(op, "rstd", rstd, r.n);
+  return r;
+}
+
+MatmulDims check_matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
+  EASYCTX_CHECK(a.ndim == 2 && b.ndim == 2 && c.ndim == 2, "matmul: 2-D views expected, got ", a.describe(), " ",
+                b.describe(), " ", c.describe());
+  const MatmulDims r{trans_a ? a.dim(1) : a.dim(0), trans_b ? b.dim(0) : b.dim(1), trans_a ? a.dim(0) : a.dim(1)};
+  const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
+  EASYCTX_CHECK(r.k == kb && c.dim(0) == r.m && c.dim(1) == r.n, "matmul: shapes do not agree: op(A) ", r.m, "x", r.k,
+                ", op(B) ", kb, "x", r.n, ", C ", c.describe());
+  return r;
+}
+
+EmbeddingDims check_embedding(const char* op, const Tensor& ids, const Tensor& table, const Tensor& rows) {
+  EASYCTX_CHECK(ids.dtype == DType::I32, op, ": ids must be i32, got ", ids.describe());
+  check_same_dtype(op, table, rows);
+  const int64_t d = table.dim(-1);
+  const EmbeddingDims r{ids.numel(), d > 0 ? table.numel() / d : 0, d};
+  check_numel(op, "rows", rows, r.n * d);
+  return r;
+}
+
 }  // namespace easyctx::ops

@@ -88,5 +88,30 @@ void check_numel(const char* op, const char* name, const Tensor& t, int64_t expe
 // both views long enough for their last row.
 void check_copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch, int64_t rows,
                    int64_t width);
+// Backend::rope's arguments: x [n, heads, head_dim] (head_dim even), positions i32[n],
+// inv_freq f32[head_dim / 2]. Returns {n, heads, head_dim}. (Memory space and x's dtype are
+// each backend's to check.)
+struct RopeDims {
+  int64_t n, heads, head_dim;
+};
+RopeDims check_rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
+// Backend::rmsnorm_*'s row layout: w [D], rows of D in `rows_of` (x, and y / dy / dx in
+// `same`), rstd [n]. Returns {n, D}.
+struct RowDims {
+  int64_t n, d;
+};
+RowDims check_rmsnorm(const char* op, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      std::initializer_list<const Tensor*> same);
+// Backend::matmul's shapes: 2-D views with op(A) [m, k], op(B) [k, n], C [m, n].
+struct MatmulDims {
+  int64_t m, n, k;
+};
+MatmulDims check_matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c);
+// Backend::embedding_*'s shapes: ids i32[n], table [V, D], rows [n, D] (the output or its
+// gradient, of the table's dtype). Returns {n, V, D}.
+struct EmbeddingDims {
+  int64_t n, vocab, d;
+};
+EmbeddingDims check_embedding(const char* op, const Tensor& ids, const Tensor& table, const Tensor& rows);
 
 }  // namespace easyctx::ops

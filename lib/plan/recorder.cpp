@@ -11,6 +11,7 @@ namespace easyctx::plan {
 int64_t AllocRecorder::add(const std::string& what, int64_t bytes) {
   const int64_t id = next_++;
   live_[id] = {what.empty() ? "(unnamed buffer)" : what, bytes};
+  labels_.insert(live_[id].what);
   live_bytes_ += bytes;
   if (live_bytes_ > peak_bytes_) {
     peak_bytes_ = live_bytes_;

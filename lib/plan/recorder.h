@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,8 +33,11 @@ class AllocRecorder {
   // The entries live now, and those live at the phase's peak that were not live when it began.
   std::vector<Entry> live() const;
   std::vector<Entry> peak_extra() const { return peak_extra_; }
+  // Every label seen (an unlabelled buffer is "(unnamed buffer)").
+  const std::set<std::string>& labels() const { return labels_; }
 
  private:
+  std::set<std::string> labels_;
   std::map<int64_t, Entry> live_;
   std::map<int64_t, bool> at_begin_;  // ids live when the phase began
   std::vector<Entry> peak_extra_;

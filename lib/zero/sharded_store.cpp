@@ -32,6 +32,7 @@ class ShardedSource final : public model::ParamSource {
   void grad_done(size_t u) override;
 
  private:
+  ops::Tensor end_unit(size_t u, const std::vector<ops::Buffer>& bufs);
   ShardedStore& s_;
 };
 
@@ -334,10 +335,14 @@ void ShardedSource::begin(const std::vector<size_t>& order) {
   s_.pool_->begin(layers);
 }
 
-ops::Tensor ShardedSource::acquire(size_t u) {
-  if (s_.layer(u)) return s_.pool_->acquire(u, s_.numel(u));
+// The embedding's or head's buffer of `bufs`, once a deferred update has reached the unit.
+ops::Tensor ShardedSource::end_unit(size_t u, const std::vector<ops::Buffer>& bufs) {
   if (s_.deferred_) s_.deferred_->reach(u);
-  return s_.full_[u].flat().slice_flat(0, {s_.numel(u)});
+  return bufs[u].flat().slice_flat(0, {s_.numel(u)});
+}
+
+ops::Tensor ShardedSource::acquire(size_t u) {
+  return s_.layer(u) ? s_.pool_->acquire(u, s_.numel(u)) : end_unit(u, s_.full_);
 }
 
 void ShardedSource::release(size_t u) {
@@ -345,9 +350,7 @@ void ShardedSource::release(size_t u) {
 }
 
 ops::Tensor ShardedSource::grad(size_t u) {
-  if (s_.layer(u)) return s_.scatter_->grad(u, s_.numel(u));
-  if (s_.deferred_) s_.deferred_->reach(u);
-  return s_.grads_[u].flat().slice_flat(0, {s_.numel(u)});
+  return s_.layer(u) ? s_.scatter_->grad(u, s_.numel(u)) : end_unit(u, s_.grads_);
 }
 
 void ShardedSource::grad_done(size_t u) {

@@ -1,7 +1,7 @@
 // attention/strategy.h: the pure split (layout, padding multiple, local length) per mode and
 // its agreement with the loader's slicing; the factory's strategy per mode; and the replay
-// contract the memory plan relies on: on a recording backend (no compute, fake pointers that
-// crash if read on the host) with no-op communicators of the same ranks and sizes, every
+// contract the memory plan relies on: on its recording backend (plan/recorder.h: no compute,
+// fake pointers that crash if read on the host) with no-op communicators of the same ranks and sizes, every
 // strategy allocates only labelled buffers, and its peak equals the peak the CPU backend
 // measures for the same call with real data over MPI.
 #include <gtest/gtest.h>
@@ -19,6 +19,7 @@
 #include "core/config.h"
 #include "data/sp_slice.h"
 #include "dist/groups.h"
+#include "plan/recorder.h"
 #include "test_util.h"
 
 using namespace easyctx;
@@ -28,38 +29,6 @@ using ops::Tensor;
 
 namespace {
 
-// A communicator with a rank, a size and a name; its operations do nothing.
-class NoopComm final : public dist::Comm {
- public:
-  NoopComm(int rank, int size, std::string name) : rank_(rank), size_(size), name_(std::move(name)) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  const std::string& name() const override { return name_; }
-  MemSpace memspace() const override {
-    ADD_FAILURE() << "a strategy asked a replay communicator for its memory space";
-    return MemSpace::Device;
-  }
-  const char* backend() const override {
-    ADD_FAILURE() << "a strategy asked a replay communicator for its backend";
-    return "noop";
-  }
-  void all_reduce(const void*, void*, size_t, DType, dist::ReduceOp) override {}
-  void reduce_scatter(const void*, void*, size_t, DType, dist::ReduceOp) override {}
-  void all_gather(const void*, void*, size_t, DType) override {}
-  void broadcast(void*, size_t, DType, int) override {}
-  void send_recv(const void*, size_t, int, void*, size_t, int, DType) override {}
-  void all_to_all(const void*, void*, size_t, DType) override {}
-  void barrier() override {}
-  double all_reduce_scalar(double v, dist::ReduceOp) override {
-    ADD_FAILURE() << "a strategy reduced a host scalar over a replay communicator";
-    return v;
-  }
-
- private:
-  int rank_, size_;
-  std::string name_;
-};
-
 // Fake device addresses, never mapped: a strategy that reads tensor data on the host crashes.
 void* fake_address(int64_t bytes) {
   static uintptr_t next = uintptr_t{1} << 45;
@@ -67,58 +36,6 @@ void* fake_address(int64_t bytes) {
   next += static_cast<uintptr_t>((bytes + 255) / 256 * 256 + 4096);
   return p;
 }
-
-// Records allocations (label, bytes, live and peak bytes) and computes nothing.
-class RecordingBackend final : public ops::Backend {
- public:
-  std::vector<std::string> labels;
-  int64_t live = 0, peak = 0;
-
-  const char* name() const override { return "recording"; }
-  MemSpace memspace() const override { return MemSpace::Device; }
-  Buffer allocate(DType t, int64_t numel, const char* what) override {
-    EXPECT_NE(what, nullptr) << "an unlabelled allocation of " << numel << " elements";
-    labels.push_back(what ? what : "(none)");
-    const int64_t bytes = numel * static_cast<int64_t>(dtype_size(t));
-    live += bytes;
-    peak = std::max(peak, live);
-    return Buffer(fake_address(bytes), static_cast<size_t>(bytes), t, MemSpace::Device,
-                  [this, bytes](void*) { live -= bytes; });
-  }
-  ops::MemoryStats memory_stats() const override { return {live, peak, 0}; }
-  void reset_peak_memory() override { peak = live; }
-  Buffer allocate_host_pinned(DType t, int64_t numel, const char* what) override { return allocate(t, numel, what); }
-  void copy_on(Queue&, const Tensor&, const Tensor&) override {}
-  ops::CopyFence copy_async(const Tensor&, const Tensor&) override { return {}; }
-  void wait_copy(ops::CopyFence) override {}
-  void copy(const Tensor&, const Tensor&) override {}
-  void copy_2d(const Tensor&, int64_t, const Tensor&, int64_t, int64_t, int64_t) override {}
-  void fill(const Tensor&, double) override {}
-  void axpy(const Tensor&, const Tensor&, double) override {}
-  void scale(const Tensor&, double) override {}
-  double sum_squares(const Tensor&) override {
-    ADD_FAILURE() << "a strategy read a reduction on the host";
-    return 0;
-  }
-  void embedding_fwd(const Tensor&, const Tensor&, const Tensor&) override {}
-  void embedding_bwd(const Tensor&, const Tensor&, const Tensor&) override {}
-  void rmsnorm_fwd(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&) override {}
-  void rmsnorm_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-  void matmul(const Tensor&, bool, const Tensor&, bool, const Tensor&, double, double) override {}
-  void rope(const Tensor&, const Tensor&, const Tensor&, bool) override {}
-  void attention_fwd(const Tensor&, const Tensor&, const Tensor&, const ops::AttentionBlock&, const Tensor&,
-                     const Tensor&) override {}
-  void attention_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                     const ops::AttentionBlock&, const Tensor&, const Tensor&, const Tensor&) override {}
-  void attention_merge(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-  void swiglu_fwd(const Tensor&, const Tensor&, const Tensor&) override {}
-  void swiglu_bwd(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-  ops::LossSums lm_head_loss(const Tensor&, const Tensor&, const Tensor&, int64_t, double, const Tensor&,
-                             const Tensor&) override {
-    return {};
-  }
-  void adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const ops::AdamWStep&) override {}
-};
 
 StageConfig sp_config(SeqParallelMode mode, int size, int ulysses = 0, int64_t head_groups = 1) {
   StageConfig cfg;
@@ -257,9 +174,9 @@ TEST(SequenceSplit, LayoutMultipleAndLocalLengthPerMode) {
 // One rank per sequence: local attention, wrapped in head groups when asked.
 TEST(SequenceStrategy, LocalWithOneRankPerSequence) {
   auto be = ops::make_cpu_backend();
-  NoopComm one(0, 1, "sp");
+  const auto one = plan::make_recording_comm("sp", 1, 0, MemSpace::Host);
   const auto groups = dist::make_group_layout(sp_config(SeqParallelMode::ZigzagRing, 1), 4, 4);
-  auto a = attention::make_sequence_attention(sp_config(SeqParallelMode::ZigzagRing, 1), groups, {one, one, one}, *be);
+  auto a = attention::make_sequence_attention(sp_config(SeqParallelMode::ZigzagRing, 1), groups, {*one, *one, *one}, *be);
   EXPECT_STREQ(a->name(), "local");
   EXPECT_NE(dynamic_cast<attention::LocalAttention*>(a.get()), nullptr);
   auto g = attention::make_local_attention(sp_config(SeqParallelMode::ZigzagRing, 1, 0, 3), *be);
@@ -307,18 +224,24 @@ TEST(SequenceStrategy, ReplayPeakEqualsCpuPeak) {
         ptrs.push_back(host.back().data());
       }
       const Peaks measured = run_measured(*real, *cpu, make_call(sh, ptrs, DType::F64, MemSpace::Host));
-      // The replay: no compute, no data, no-op communicators with the same ranks and sizes.
-      RecordingBackend rec;
-      NoopComm sp(w.pg->sp().rank(), w.pg->sp().size(), "sp"), ring(w.pg->ring().rank(), w.pg->ring().size(), "ring"),
-          uly(w.pg->ulysses().rank(), w.pg->ulysses().size(), "ulysses");
-      auto replay = attention::make_sequence_attention(cfg, w.pg->layout(), {sp, ring, uly}, rec);
+      // The replay (the memory plan's, plan/recorder.h): no compute, no data, communicators
+      // with the same ranks and sizes whose operations do nothing.
+      plan::AllocRecorder recorder;
+      plan::RecordingOptions ro;
+      ro.space = MemSpace::Device;
+      const auto rec = plan::make_recording_backend(recorder, ro);
+      const auto sp = plan::make_recording_comm("sp", w.pg->sp().size(), w.pg->sp().rank(), MemSpace::Device);
+      const auto ring = plan::make_recording_comm("ring", w.pg->ring().size(), w.pg->ring().rank(), MemSpace::Device);
+      const auto uly =
+          plan::make_recording_comm("ulysses", w.pg->ulysses().size(), w.pg->ulysses().rank(), MemSpace::Device);
+      auto replay = attention::make_sequence_attention(cfg, w.pg->layout(), {*sp, *ring, *uly}, *rec);
       std::vector<void*> fake;
       for (int64_t n : call_sizes(sh)) fake.push_back(fake_address(n * 8));
-      const Peaks recorded = run_measured(*replay, rec, make_call(sh, fake, DType::F64, MemSpace::Device));
+      const Peaks recorded = run_measured(*replay, *rec, make_call(sh, fake, DType::F64, MemSpace::Device));
       EXPECT_GT(measured.fwd, 0);
       EXPECT_EQ(recorded.fwd, measured.fwd);
       EXPECT_EQ(recorded.bwd, measured.bwd);
-      for (const std::string& l : rec.labels) EXPECT_EQ(known_labels().count(l), 1u) << "label '" << l << "'";
+      for (const std::string& l : recorder.labels()) EXPECT_EQ(known_labels().count(l), 1u) << "label '" << l << "'";
     }
   }
 }

@@ -26,16 +26,7 @@ constexpr AttentionFwdRoute kFwdKernel = AttentionFwdRoute::Kernel;
 
 AttentionCall call(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t hd, bool causal = true,
                    int64_t diag = 0) {
-  AttentionCall c;
-  c.batch = b;
-  c.sq = sq;
-  c.sk = sk;
-  c.hq = hq;
-  c.hkv = hkv;
-  c.hd = hd;
-  c.causal = causal;
-  c.diag = diag;
-  return c;
+  return AttentionCall{b, sq, sk, hq, hkv, hd, causal, diag};
 }
 AttentionCall overwriting(AttentionCall c) {
   c.accumulate = false;

@@ -160,23 +160,23 @@ class CpuBackend final : public Backend {
   }
 
   void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) override {
-    check_type("embedding_fwd", "ids", ids, DType::I32);
+    check_host("embedding_fwd", ids);
     check_float("embedding_fwd", table);
-    check_same_dtype("embedding_fwd", table, out);
-    const int64_t d = table.dim(-1), vocab = table.numel() / d, n = ids.numel();
-    check_numel("embedding_fwd", "out", out, n * d);
-    if (table.dtype == DType::F32) cpu::embedding_fwd(ids.ptr<int32_t>(), n, table.ptr<float>(), vocab, d, out.ptr<float>());
-    else cpu::embedding_fwd(ids.ptr<int32_t>(), n, table.ptr<double>(), vocab, d, out.ptr<double>());
+    const EmbeddingDims e = check_embedding("embedding_fwd", ids, table, out);
+    if (table.dtype == DType::F32)
+      cpu::embedding_fwd(ids.ptr<int32_t>(), e.n, table.ptr<float>(), e.vocab, e.d, out.ptr<float>());
+    else
+      cpu::embedding_fwd(ids.ptr<int32_t>(), e.n, table.ptr<double>(), e.vocab, e.d, out.ptr<double>());
   }
 
   void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override {
-    check_type("embedding_bwd", "ids", ids, DType::I32);
+    check_host("embedding_bwd", ids);
     check_float("embedding_bwd", dtable);
-    check_same_dtype("embedding_bwd", dtable, dout);
-    const int64_t d = dtable.dim(-1), vocab = dtable.numel() / d, n = ids.numel();
-    check_numel("embedding_bwd", "dout", dout, n * d);
-    if (dtable.dtype == DType::F32) cpu::embedding_bwd(ids.ptr<int32_t>(), n, dout.ptr<float>(), vocab, d, dtable.ptr<float>());
-    else cpu::embedding_bwd(ids.ptr<int32_t>(), n, dout.ptr<double>(), vocab, d, dtable.ptr<double>());
+    const EmbeddingDims e = check_embedding("embedding_bwd", ids, dtable, dout);
+    if (dtable.dtype == DType::F32)
+      cpu::embedding_bwd(ids.ptr<int32_t>(), e.n, dout.ptr<float>(), e.vocab, e.d, dtable.ptr<float>());
+    else
+      cpu::embedding_bwd(ids.ptr<int32_t>(), e.n, dout.ptr<double>(), e.vocab, e.d, dtable.ptr<double>());
   }
 
   void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) override {
@@ -184,10 +184,8 @@ class CpuBackend final : public Backend {
     check_same_dtype("rmsnorm_fwd", x, w);
     check_same_dtype("rmsnorm_fwd", x, y);
     check_type("rmsnorm_fwd", "rstd", rstd, stat_type(x.dtype));
-    const int64_t d = w.numel(), n = x.numel() / d;
-    check_numel("rmsnorm_fwd", "x", x, n * d);
-    check_numel("rmsnorm_fwd", "y", y, n * d);
-    check_numel("rmsnorm_fwd", "rstd", rstd, n);
+    const RowDims rows = check_rmsnorm("rmsnorm_fwd", x, w, rstd, {&y});
+    const int64_t n = rows.n, d = rows.d;
     if (x.dtype == DType::F32)
       cpu::rmsnorm_fwd(x.ptr<float>(), w.ptr<float>(), n, d, eps, y.ptr<float>(), rstd.ptr<float>());
     else
@@ -199,10 +197,8 @@ class CpuBackend final : public Backend {
     check_float("rmsnorm_bwd", x);
     for (const Tensor* t : {&w, &dy, &dx}) check_same_dtype("rmsnorm_bwd", x, *t);
     check_type("rmsnorm_bwd", "rstd", rstd, stat_type(x.dtype));
-    const int64_t d = w.numel(), n = x.numel() / d;
-    check_numel("rmsnorm_bwd", "dy", dy, n * d);
-    check_numel("rmsnorm_bwd", "dx", dx, n * d);
-    check_numel("rmsnorm_bwd", "rstd", rstd, n);
+    const RowDims rows = check_rmsnorm("rmsnorm_bwd", x, w, rstd, {&dy, &dx});
+    const int64_t n = rows.n, d = rows.d;
     if (!dw.empty()) check_numel("rmsnorm_bwd", "dw", dw, d);
     if (x.dtype == DType::F32)
       cpu::rmsnorm_bwd(x.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(), dy.ptr<float>(), n, d, dx.ptr<float>(),
@@ -217,12 +213,8 @@ class CpuBackend final : public Backend {
     check_float("matmul", a);
     check_same_dtype("matmul", a, b);
     check_same_dtype("matmul", a, c);
-    EASYCTX_CHECK(a.ndim == 2 && b.ndim == 2 && c.ndim == 2, "matmul: 2-D views expected, got ", a.describe(), " ",
-                  b.describe(), " ", c.describe());
-    const int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
-    const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
-    EASYCTX_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "matmul: shapes do not agree: op(A) ", m, "x", k,
-                  ", op(B) ", kb, "x", n, ", C ", c.describe());
+    const MatmulDims dims = check_matmul(a, trans_a, b, trans_b, c);
+    const int64_t m = dims.m, n = dims.n, k = dims.k;
     if (a.dtype == DType::F32)
       cpu::gemm<float>(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a.ptr<float>(), a.dim(1),
                        b.ptr<float>(), b.dim(1), static_cast<float>(beta), c.ptr<float>(), n);
@@ -233,17 +225,13 @@ class CpuBackend final : public Backend {
 
   void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, bool inverse) override {
     check_float("rope", x);
-    check_type("rope", "positions", positions, DType::I32);
-    check_type("rope", "inv_freq", inv_freq, DType::F32);
-    EASYCTX_CHECK(x.ndim == 3, "rope: x must be [n, heads, head_dim], got ", x.describe());
-    const int64_t n = x.dim(0), h = x.dim(1), hd = x.dim(2);
-    EASYCTX_CHECK(hd % 2 == 0, "rope: odd head_dim ", hd);
-    check_numel("rope", "positions", positions, n);
-    check_numel("rope", "inv_freq", inv_freq, hd / 2);
+    check_host("rope", positions);
+    check_host("rope", inv_freq);
+    const RopeDims r = check_rope(x, positions, inv_freq);
     if (x.dtype == DType::F32)
-      cpu::rope(x.ptr<float>(), n, h, hd, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse);
+      cpu::rope(x.ptr<float>(), r.n, r.heads, r.head_dim, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse);
     else
-      cpu::rope(x.ptr<double>(), n, h, hd, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse);
+      cpu::rope(x.ptr<double>(), r.n, r.heads, r.head_dim, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse);
   }
 
   static cpu::AttnShape attn_shape(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {

@@ -19,13 +19,10 @@ kernels::AttentionParams attn_params(const char* op, const Tensor& q, const Tens
   for (const Tensor* t : {&q, &k, &v}) check_type(op, "q/k/v", *t, DType::BF16);
   EASYCTX_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, op, ": q, k, v must be [B, S, H, hd], got ",
                 q.describe(), " ", k.describe(), " ", v.describe());
+  const AttentionCall c = attention_call(q, k, blk);  // (the router's view of the same call)
   kernels::AttentionParams p;
-  p.batch = q.dim(0);
-  p.sq = q.dim(1);
-  p.hq = q.dim(2);
-  p.hd = q.dim(3);
-  p.sk = k.dim(1);
-  p.hkv = k.dim(2);
+  p.batch = c.batch, p.sq = c.sq, p.sk = c.sk;
+  p.hq = c.hq, p.hkv = c.hkv, p.hd = c.hd;
   EASYCTX_CHECK(k.shape == v.shape && k.dim(0) == p.batch && k.dim(3) == p.hd, op, ": k ", k.describe(), " / v ",
                 v.describe(), " do not match q ", q.describe());
   EASYCTX_CHECK(p.hkv > 0 && p.hq % p.hkv == 0, op, ": query heads ", p.hq, " not a multiple of kv heads ", p.hkv);

@@ -311,27 +311,24 @@ class CudaBackend final : public Backend {
 
   // ---------------------------------------------------------------- embedding
   void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& out) override {
-    check_type("embedding_fwd", "ids", ids, DType::I32);
+    check_device("embedding_fwd", ids);
     check_float("embedding_fwd", table);
     check_device("embedding_fwd", out);
-    check_same_dtype("embedding_fwd", table, out);
-    const int64_t d = table.dim(-1), vocab = table.numel() / d, n = ids.numel();
-    check_numel("embedding_fwd", "out", out, n * d);
+    const EmbeddingDims e = check_embedding("embedding_fwd", ids, table, out);
     EASYCTX_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), stream_));
     dispatch(table.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      kernels::embedding_fwd(ids.ptr<int32_t>(), n, typed<T>(table), vocab, d, typed<T>(out), flag_, stream_);
+      kernels::embedding_fwd(ids.ptr<int32_t>(), e.n, typed<T>(table), e.vocab, e.d, typed<T>(out), flag_, stream_);
     });
-    EASYCTX_CHECK(!read_flag(), "embedding_fwd: a token id is outside the vocabulary [0, ", vocab, ")");
+    EASYCTX_CHECK(!read_flag(), "embedding_fwd: a token id is outside the vocabulary [0, ", e.vocab, ")");
   }
 
   void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override {
-    check_type("embedding_bwd", "ids", ids, DType::I32);
+    check_device("embedding_bwd", ids);
     check_float("embedding_bwd", dtable);
     check_device("embedding_bwd", dout);
-    check_same_dtype("embedding_bwd", dtable, dout);
-    const int64_t d = dtable.dim(-1), vocab = dtable.numel() / d, n = ids.numel();
-    check_numel("embedding_bwd", "dout", dout, n * d);
+    const EmbeddingDims e = check_embedding("embedding_bwd", ids, dtable, dout);
+    const int64_t d = e.d, vocab = e.vocab, n = e.n;
     if (n == 0) return;
     size_t temp_bytes = 0;
     kernels::sort_ids(ids.ptr<int32_t>(), nullptr, nullptr, nullptr, n, nullptr, &temp_bytes, 32, stream_);
@@ -355,10 +352,8 @@ class CudaBackend final : public Backend {
       check_same_dtype("rmsnorm_fwd", x, *t);
     }
     check_type("rmsnorm_fwd", "rstd", rstd, DType::F32);
-    const int64_t d = w.numel(), n = x.numel() / d;
-    check_numel("rmsnorm_fwd", "x", x, n * d);
-    check_numel("rmsnorm_fwd", "y", y, n * d);
-    check_numel("rmsnorm_fwd", "rstd", rstd, n);
+    const RowDims rows = check_rmsnorm("rmsnorm_fwd", x, w, rstd, {&y});
+    const int64_t n = rows.n, d = rows.d;
     dispatch(x.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       kernels::rmsnorm_fwd(typed<T>(x), typed<T>(w), n, d, static_cast<float>(eps), typed<T>(y), rstd.ptr<float>(),
@@ -374,10 +369,8 @@ class CudaBackend final : public Backend {
       check_same_dtype("rmsnorm_bwd", x, *t);
     }
     check_type("rmsnorm_bwd", "rstd", rstd, DType::F32);
-    const int64_t d = w.numel(), n = x.numel() / d;
-    check_numel("rmsnorm_bwd", "dy", dy, n * d);
-    check_numel("rmsnorm_bwd", "dx", dx, n * d);
-    check_numel("rmsnorm_bwd", "rstd", rstd, n);
+    const RowDims rows = check_rmsnorm("rmsnorm_bwd", x, w, rstd, {&dy, &dx});
+    const int64_t n = rows.n, d = rows.d;
     if (!dw.empty()) {
       check_float("rmsnorm_bwd", dw);  // f32 or bf16, whatever x is
       check_numel("rmsnorm_bwd", "dw", dw, d);
@@ -407,12 +400,7 @@ class CudaBackend final : public Backend {
     EASYCTX_CHECK(c.dtype == a.dtype || (a.dtype == DType::BF16 && c.dtype == DType::F32),
                   "matmul (CUDA): C must have A's dtype or be f32 for bf16 inputs, got ", a.describe(), " ",
                   c.describe());
-    EASYCTX_CHECK(a.ndim == 2 && b.ndim == 2 && c.ndim == 2, "matmul: 2-D views expected, got ", a.describe(), " ",
-                  b.describe(), " ", c.describe());
-    const int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
-    const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
-    EASYCTX_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "matmul: shapes do not agree: op(A) ", m, "x", k,
-                  ", op(B) ", kb, "x", n, ", C ", c.describe());
+    const int64_t k = check_matmul(a, trans_a, b, trans_b, c).k;
     if (k == 0) {  // C = beta C
       if (beta == 0) fill(c, 0.0);
       else if (beta != 1) scale(c, beta);
@@ -424,16 +412,12 @@ class CudaBackend final : public Backend {
   // ---------------------------------------------------------------- RoPE
   void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, bool inverse) override {
     check_float("rope", x);
-    check_type("rope", "positions", positions, DType::I32);
-    check_type("rope", "inv_freq", inv_freq, DType::F32);
-    EASYCTX_CHECK(x.ndim == 3, "rope: x must be [n, heads, head_dim], got ", x.describe());
-    const int64_t n = x.dim(0), h = x.dim(1), hd = x.dim(2);
-    EASYCTX_CHECK(hd % 2 == 0, "rope: odd head_dim ", hd);
-    check_numel("rope", "positions", positions, n);
-    check_numel("rope", "inv_freq", inv_freq, hd / 2);
+    check_device("rope", positions);
+    check_device("rope", inv_freq);
+    const RopeDims r = check_rope(x, positions, inv_freq);
     dispatch(x.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      kernels::rope(typed<T>(x), n, h, hd, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse, stream_);
+      kernels::rope(typed<T>(x), r.n, r.heads, r.head_dim, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse, stream_);
     });
   }
 
