@@ -166,8 +166,8 @@ void ParamStore::optimizer_step(const ops::AdamWStep& step, double weight_decay,
     after_deferred_start();
     return;
   }
-  host_adamw_->step(pieces, s);
-  refresh_working_copy();
+  host_adamw_->step(pieces, s);  // (it wrote the bf16 working copy itself)
+  working_copy_written();
 }
 
 std::vector<ops::Tensor> ParamStore::master() const {

@@ -153,6 +153,9 @@ class ParamStore {
   virtual void refresh_working_copy() = 0;
   // Before the host AdamW writes host memory that queued work may still read.
   virtual void before_host_update() {}
+  // The bf16 working copy was written (by refresh_working_copy, or by the host AdamW itself):
+  // what reads it is renewed (stage 3: the embedding and head gathered again, the pool stale).
+  virtual void working_copy_written() {}
   // After starting a deferred update: what must wait for it.
   virtual void after_deferred_start() = 0;
 

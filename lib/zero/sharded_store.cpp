@@ -182,6 +182,9 @@ class ShardedStore final : public ParamStore {
     } else {
       for (size_t u = 0; u < wshard_.size(); ++u) be_.copy(wshard_[u].flat(), master_[u].flat());
     }
+    working_copy_written();
+  }
+  void working_copy_written() override {
     for (size_t u = 0; u < sl_.units(); ++u)
       if (!layer(u)) gather_unit(u, full_[u], be_.queue());
     pool_->shards_written();
