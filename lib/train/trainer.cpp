@@ -343,7 +343,8 @@ StepStats Trainer::run() {
   report_->report_profile();
   if (root) log_info(plan::compare_line(*plan_, be_->memory_stats(), static_cast<double>(plan::vm_hwm_bytes()),
                                         report_->peak_device_bytes()));
-  if (cfg_.output.export_hf && (root || cfg_.parallel.zero.stage == 3)) {  // (ZeRO-3: every rank takes part in the gather)
+  // (ZeRO-3: every rank takes part in the gather)
+  if (cfg_.output.export_hf && (root || cfg_.parallel.zero.stage == 3)) {
     const std::string dir = (fs::path(cfg_.output.dir) / "final").string();
     save_hf(dir);
     if (root) log_info("saved ", dir, " (Hugging Face safetensors + config.json)");

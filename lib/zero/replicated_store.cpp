@@ -53,7 +53,8 @@ class ReplicatedStore final : public ParamStore {
       if (on_device()) work_.push_back(be_.alloc(DType::BF16, u.numel, "bf16 working parameters"));
     }
     if (host_adamw_)
-      deferred_ = std::make_unique<DeferredUpdate>(*host_adamw_, be_, [this](size_t u) { be_.fill(grads_[u].flat(), 0.0); });
+      deferred_ = std::make_unique<DeferredUpdate>(*host_adamw_, be_,
+                                                   [this](size_t u) { be_.fill(grads_[u].flat(), 0.0); });
   }
 
   ~ReplicatedStore() override { settle_before_destruction(); }

@@ -233,7 +233,8 @@ class ShardedStore final : public ParamStore {
     const int64_t L = static_cast<int64_t>(sl_.units()) - 2;
     if (L > 0) {
       const int64_t len = sl_.len(layout_.layer_unit(0));  // every layer unit has the same size
-      const std::string pool = wt + " gathered layers (1 + parallel.zero.prefetch = " + std::to_string(1 + opts_.prefetch) + ")";
+      const std::string pool =
+          wt + " gathered layers (1 + parallel.zero.prefetch = " + std::to_string(1 + opts_.prefetch) + ")";
       for (int i = 0; i <= opts_.prefetch; ++i) slots.push_back(be_.alloc(dtype_, len * Z, pool.c_str()));
       for (int k = 0; k < (on_device() ? 2 : 1); ++k) {  // CUDA: two, the reduce-scatter of one overlapping
         grads.push_back(be_.alloc(DType::F32, len * Z, "fp32 gradient of the layer in backward"));

@@ -117,7 +117,9 @@ TEST(GatherPool, GathersEachLayerAheadAndReusesResidentOnes) {
       std::vector<size_t> before;
       zero::GatherPool pool(
           *be, lane, std::move(slots), prefetch,
-          [&](size_t u, const ops::Buffer& dst) { zero.all_gather(shard[u].data(), dst.flat().ptr<float>(), static_cast<size_t>(len)); },
+          [&](size_t u, const ops::Buffer& dst) {
+            zero.all_gather(shard[u].data(), dst.flat().ptr<float>(), static_cast<size_t>(len));
+          },
           [&](size_t u) { before.push_back(u); });
       std::vector<size_t> order;
       for (size_t u = 0; u < static_cast<size_t>(L); ++u) order.push_back(u);

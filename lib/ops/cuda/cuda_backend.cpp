@@ -417,7 +417,8 @@ class CudaBackend final : public Backend {
     const RopeDims r = check_rope(x, positions, inv_freq);
     dispatch(x.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      kernels::rope(typed<T>(x), r.n, r.heads, r.head_dim, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse, stream_);
+      kernels::rope(typed<T>(x), r.n, r.heads, r.head_dim, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse,
+                    stream_);
     });
   }
 
