@@ -1,0 +1,186 @@
+#include "report/svg.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace easyctx::report {
+namespace {
+
+const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"};
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// A short tick label: 1.2K, 3.4M, 0.0123, 12.5.
+std::string tick(double v) {
+  const double a = std::fabs(v);
+  if (a >= 1e9) return fmt("%.3gG", v / 1e9);
+  if (a >= 1e6) return fmt("%.3gM", v / 1e6);
+  if (a >= 1e4) return fmt("%.3gK", v / 1e3);
+  return fmt("%.4g", v);
+}
+
+// About `n` round tick values spanning [lo, hi].
+std::vector<double> nice_ticks(double lo, double hi, int n) {
+  std::vector<double> t;
+  if (!(hi > lo)) return {lo};
+  const double raw = (hi - lo) / n, mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(v);
+  return t;
+}
+
+}  // namespace
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string svg_line_chart(const LineChart& c) {
+  const double left = 70, right = 150, top = 28, bottom = 42;
+  const double w = c.width - left - right, h = c.height - top - bottom;
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  auto yv = [&](double y) { return c.log_y ? std::log10(y) : y; };
+  for (const Series& s : c.series)
+    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+      if (!std::isfinite(s.y[i]) || (c.log_y && s.y[i] <= 0)) continue;
+      x0 = std::min(x0, s.x[i]), x1 = std::max(x1, s.x[i]);
+      y0 = std::min(y0, yv(s.y[i])), y1 = std::max(y1, yv(s.y[i]));
+    }
+  std::string o = "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(c.width) +
+                  "\" height=\"" + std::to_string(c.height) + "\" role=\"img\" aria-label=\"" +
+                  html_escape(c.title) + "\">";
+  o += "<text x=\"" + fmt("%.0f", left) + "\" y=\"18\" class=\"title\">" + html_escape(c.title) + "</text>";
+  if (!std::isfinite(x0)) {
+    o += "<text x=\"" + fmt("%.0f", left) + "\" y=\"" + fmt("%.0f", top + h / 2) + "\">no data</text></svg>";
+    return o;
+  }
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) {  // a constant: a band around it of its own scale
+    const double band = y0 != 0 ? 0.1 * std::fabs(y0) : 1.0;
+    y0 -= band, y1 += band;
+  }
+  const double pad = 0.05 * (y1 - y0);
+  y0 -= pad, y1 += pad;
+  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * w; };
+  auto py = [&](double y) { return top + h - (yv(y) - y0) / (y1 - y0) * h; };
+  o += "<rect x=\"" + fmt("%.1f", left) + "\" y=\"" + fmt("%.1f", top) + "\" width=\"" + fmt("%.1f", w) +
+       "\" height=\"" + fmt("%.1f", h) + "\" class=\"frame\"/>";
+  for (double t : nice_ticks(x0, x1, 6))
+    o += "<text x=\"" + fmt("%.1f", px(t)) + "\" y=\"" + fmt("%.1f", top + h + 16) +
+         "\" text-anchor=\"middle\" class=\"tick\">" + tick(t) + "</text>";
+  for (double t : nice_ticks(y0, y1, 5)) {
+    const double y = top + h - (t - y0) / (y1 - y0) * h;
+    o += "<line x1=\"" + fmt("%.1f", left) + "\" x2=\"" + fmt("%.1f", left + w) + "\" y1=\"" + fmt("%.1f", y) +
+         "\" y2=\"" + fmt("%.1f", y) + "\" class=\"grid\"/>";
+    o += "<text x=\"" + fmt("%.1f", left - 6) + "\" y=\"" + fmt("%.1f", y + 4) + "\" text-anchor=\"end\" class=\"tick\">" +
+         tick(c.log_y ? std::pow(10.0, t) : t) + "</text>";
+  }
+  o += "<text x=\"" + fmt("%.1f", left + w / 2) + "\" y=\"" + fmt("%.1f", top + h + 34) +
+       "\" text-anchor=\"middle\" class=\"axis\">" + html_escape(c.x_label) + "</text>";
+  o += "<text transform=\"translate(14," + fmt("%.1f", top + h / 2) + ") rotate(-90)\" text-anchor=\"middle\" "
+       "class=\"axis\">" + html_escape(c.y_label) + "</text>";
+  for (const Marker& m : c.markers) {
+    if (m.x < x0 || m.x > x1) continue;
+    o += "<line x1=\"" + fmt("%.1f", px(m.x)) + "\" x2=\"" + fmt("%.1f", px(m.x)) + "\" y1=\"" + fmt("%.1f", top) +
+         "\" y2=\"" + fmt("%.1f", top + h) + "\" stroke=\"" + m.colour + "\" stroke-dasharray=\"4 3\"/>";
+    o += "<text x=\"" + fmt("%.1f", px(m.x) + 3) + "\" y=\"" + fmt("%.1f", top + 11) + "\" class=\"marker\" fill=\"" +
+         m.colour + "\">" + html_escape(m.label) + "</text>";
+  }
+  for (size_t k = 0; k < c.series.size(); ++k) {
+    const Series& s = c.series[k];
+    const std::string colour = s.colour.empty() ? kPalette[k % 8] : s.colour;
+    std::string path;
+    bool pen = false;
+    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+      if (!std::isfinite(s.y[i]) || (c.log_y && s.y[i] <= 0)) {
+        pen = false;
+        continue;
+      }
+      path += (pen ? " L" : " M") + fmt("%.1f", px(s.x[i])) + " " + fmt("%.1f", py(s.y[i]));
+      pen = true;
+    }
+    o += "<path d=\"" + path + "\" fill=\"none\" stroke=\"" + colour + "\" stroke-width=\"1.6\"/>";
+    if (s.x.size() <= 40)
+      for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i)
+        if (std::isfinite(s.y[i]) && (!c.log_y || s.y[i] > 0))
+          o += "<circle cx=\"" + fmt("%.1f", px(s.x[i])) + "\" cy=\"" + fmt("%.1f", py(s.y[i])) + "\" r=\"2.5\" fill=\"" +
+               colour + "\"/>";
+    const double ly = top + 14 + 16.0 * static_cast<double>(k);
+    o += "<line x1=\"" + fmt("%.1f", left + w + 10) + "\" x2=\"" + fmt("%.1f", left + w + 26) + "\" y1=\"" +
+         fmt("%.1f", ly - 4) + "\" y2=\"" + fmt("%.1f", ly - 4) + "\" stroke=\"" + colour + "\" stroke-width=\"2\"/>";
+    o += "<text x=\"" + fmt("%.1f", left + w + 30) + "\" y=\"" + fmt("%.1f", ly) + "\" class=\"legend\">" +
+         html_escape(s.name) + "</text>";
+  }
+  return o + "</svg>";
+}
+
+std::string heat_colour(double v) {
+  if (!std::isfinite(v)) return "#dddddd";
+  v = std::min(1.0, std::max(0.0, v));
+  const int red[3] = {0xF0, 0x49, 0x6E}, yellow[3] = {0xEB, 0xB8, 0x39}, green[3] = {0x0C, 0xD7, 0x9F};
+  const int* a = v < 0.5 ? red : yellow;
+  const int* b = v < 0.5 ? yellow : green;
+  const double t = v < 0.5 ? v / 0.5 : (v - 0.5) / 0.5;
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "#%02X%02X%02X", static_cast<int>(std::lround(a[0] + t * (b[0] - a[0]))),
+                static_cast<int>(std::lround(a[1] + t * (b[1] - a[1]))),
+                static_cast<int>(std::lround(a[2] + t * (b[2] - a[2]))));
+  return buf;
+}
+
+std::string svg_heatmap(const Heatmap& hm) {
+  const int rows = static_cast<int>(hm.y_ticks.size()), cols = static_cast<int>(hm.x_ticks.size());
+  const int left = 70, top = 30, c = hm.cell;
+  const int width = std::max(left + cols * c + 20, 7 * static_cast<int>(hm.title.size()) + left),
+            height = top + rows * c + 60;
+  std::string o = "<svg class=\"heatmap\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(width) +
+                  "\" height=\"" + std::to_string(height) + "\" role=\"img\" aria-label=\"" +
+                  html_escape(hm.title) + "\">";
+  o += "<text x=\"" + std::to_string(left) + "\" y=\"18\" class=\"title\">" + html_escape(hm.title) + "</text>";
+  for (int r = 0; r < rows; ++r) {
+    o += "<text x=\"" + std::to_string(left - 6) + "\" y=\"" + std::to_string(top + r * c + c / 2 + 4) +
+         "\" text-anchor=\"end\" class=\"tick\">" + html_escape(hm.y_ticks[static_cast<size_t>(r)]) + "</text>";
+    for (int k = 0; k < cols; ++k) {
+      const double v = static_cast<size_t>(r) < hm.value.size() && static_cast<size_t>(k) < hm.value[r].size()
+                           ? hm.value[static_cast<size_t>(r)][static_cast<size_t>(k)]
+                           : std::numeric_limits<double>::quiet_NaN();
+      o += "<rect x=\"" + std::to_string(left + k * c) + "\" y=\"" + std::to_string(top + r * c) + "\" width=\"" +
+           std::to_string(c) + "\" height=\"" + std::to_string(c) + "\" fill=\"" + heat_colour(v) +
+           "\" data-row=\"" + std::to_string(r) + "\" data-col=\"" + std::to_string(k) + "\" data-score=\"" +
+           (std::isfinite(v) ? fmt("%.4f", v) : std::string("nan")) + "\"><title>" +
+           html_escape(hm.y_label + " " + hm.y_ticks[static_cast<size_t>(r)] + ", " + hm.x_label + " " +
+                       hm.x_ticks[static_cast<size_t>(k)]) +
+           ": " + (std::isfinite(v) ? fmt("%.3f", v) : std::string("no data")) + "</title></rect>";
+    }
+  }
+  for (int k = 0; k < cols; ++k)
+    o += "<text transform=\"translate(" + std::to_string(left + k * c + c / 2 + 4) + "," +
+         std::to_string(top + rows * c + 8) + ") rotate(60)\" class=\"tick\">" +
+         html_escape(hm.x_ticks[static_cast<size_t>(k)]) + "</text>";
+  o += "<text x=\"" + std::to_string(left + cols * c / 2) + "\" y=\"" + std::to_string(height - 4) +
+       "\" text-anchor=\"middle\" class=\"axis\">" + html_escape(hm.x_label) + "</text>";
+  return o + "</svg>";
+}
+
+}  // namespace easyctx::report
