@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "dist/comm_mpi.h"
+#include "eval/eval_plan.h"
 #include "eval/session.h"
 #include "eval_test_util.h"
 
@@ -170,6 +171,36 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(SeqParallelMode::DistFlash, 4, 0), std::make_tuple(SeqParallelMode::Usp, 4, 2),
                       std::make_tuple(SeqParallelMode::ZigzagRing, 2, 0), std::make_tuple(SeqParallelMode::DistFlash, 2, 0),
                       std::make_tuple(SeqParallelMode::Ulysses, 2, 0), std::make_tuple(SeqParallelMode::ZigzagRing, 1, 0)));
+
+// The memory plan of a session (CPU: every backend allocation is planned) equals what the
+// session allocated at its peak on the rank that scores the longest item, and bounds the
+// others, for data parallel and sequence parallel runs, with and without head groups.
+TEST(EvalSession, PlanEqualsTheMeasuredPeak) {
+  const Fixture f = make_fixture("session-plan");
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  dist::MpiComm comm(MPI_COMM_WORLD, "world", 120);
+  int64_t longest = 0;
+  for (const ScoreRequest& r : f.requests) longest = std::max<int64_t>(longest, static_cast<int64_t>(r.tokens.size()));
+  for (const auto& [sp, groups] : {std::pair<int, int64_t>{1, 1}, std::pair<int, int64_t>{world, 1},
+                                   std::pair<int, int64_t>{world, 2}, std::pair<int, int64_t>{1, 2}}) {
+    eval::SessionOptions o = options(f);
+    o.sp_size = sp;
+    o.attention_head_groups = groups;
+    const plan::MemoryPlan p = eval::plan_session(o, longest, {}, world, world);
+    auto s = eval::open_session(o, comm);
+    s->score_spans(f.requests);
+    // Rank 0 scores the longest item (data parallel: the others may see shorter ones only).
+    if (rank == 0)
+      EXPECT_EQ(s->stats().alloc_peak_bytes, p.alloc_peak_bytes) << "sp " << sp << ", head groups " << groups << "\n"
+                                                                << plan::format_plan_table(p);
+    EXPECT_LE(s->stats().alloc_peak_bytes, p.alloc_peak_bytes) << "sp " << sp << ", head groups " << groups;
+    EXPECT_TRUE(p.fits);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(f.dir);
+}
 
 TEST(EvalSession, HeadGroupsAndBadInputs) {
   const Fixture f = make_fixture("session-bad");
