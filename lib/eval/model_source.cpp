@@ -95,14 +95,6 @@ std::vector<ops::Buffer> load_model_weights(const ModelRef& m, const model::Para
                                             ops::DType dtype) {
   std::vector<ops::Buffer> units;
   for (const model::ParamUnit& u : layout.units()) units.push_back(be.alloc(dtype, u.numel, "weights"));
-  if (!m.checkpoint) {
-    ckpt::for_each_hf_tensor(m.dir, layout, [&](size_t u, const model::ParamTensor& t, const float* data) {
-      const ops::Tensor src(const_cast<float*>(data), ops::DType::F32, {t.numel});
-      be.copy(units[u].flat().slice_flat(t.offset, {t.numel}), src);
-      be.synchronize();  // the host buffer holds the next tensor next
-    });
-    return units;
-  }
   // f32 on a host backend: read straight into the units.
   const bool in_place = dtype == ops::DType::F32 && be.memspace() == MemSpace::Host;
   if (m.random) {
@@ -120,6 +112,14 @@ std::vector<ops::Buffer> load_model_weights(const ModelRef& m, const model::Para
         be.copy(dst, host);
         be.synchronize();
       }
+    return units;
+  }
+  if (!m.checkpoint) {  // a Hugging Face folder
+    ckpt::for_each_hf_tensor(m.dir, layout, [&](size_t u, const model::ParamTensor& t, const float* data) {
+      const ops::Tensor src(const_cast<float*>(data), ops::DType::F32, {t.numel});
+      be.copy(units[u].flat().slice_flat(t.offset, {t.numel}), src);
+      be.synchronize();  // the host buffer holds the next tensor next
+    });
     return units;
   }
   const ckpt::CheckpointReader r(m.dir);

@@ -124,6 +124,44 @@ TEST(EvalSession, OneRankScoresWhatTheModelSays) {
   if (rank == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(f.dir);
 }
 
+// random:SPEC@SEED is init_random's model of that shape (std 0.02): the same scores as the
+// HF folder holding those weights.
+TEST(EvalSession, RandomModelIsInitRandom) {
+  uint64_t seed = 0;
+  const std::string dir = shared_dir("session-random", seed, [](const std::string& d) {
+    const model::LlamaConfig cfg = eval_test_config();
+    const model::ParamLayout layout(cfg);
+    std::vector<std::vector<float>> w;
+    std::vector<ops::Tensor> v;
+    for (const auto& u : layout.units()) {
+      w.emplace_back(static_cast<size_t>(u.numel));
+      v.emplace_back(w.back().data(), ops::DType::F32, std::initializer_list<int64_t>{u.numel});
+    }
+    model::init_random(layout, v, 0.02, 5);
+    ckpt::save_hf_model(d + "/model", cfg, layout, v);
+  });
+  eval::ScoreRequest r;
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 40; ++i) r.tokens.push_back(static_cast<int32_t>(rng() % 101));
+  r.spans = {{0, 39}, {30, 4}};
+  dist::MpiComm self(MPI_COMM_SELF, "self", 120);
+  eval::SessionOptions o;
+  o.device = DeviceKind::Cpu;
+  o.model = dir + "/model";
+  const auto want = eval::open_session(o, self)->score_spans({r});
+  o.model = "random:" + dir + "/model@5";
+  const auto got = eval::open_session(o, self)->score_spans({r});
+  expect_same(got, want, 0);
+  o.model = "random:" + dir + "/model@6";
+  EXPECT_NE(eval::open_session(o, self)->score_spans({r})[0][0].sum_nll, want[0][0].sum_nll);
+  o.model = "random:" + dir + "/model@x";
+  EXPECT_THROW(eval::open_session(o, self), InputError);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
+}
+
 // (mode, sp size, ulysses size)
 class EvalSessionModes : public ::testing::TestWithParam<std::tuple<SeqParallelMode, int, int>> {};
 
@@ -192,9 +230,10 @@ TEST(EvalSession, PlanEqualsTheMeasuredPeak) {
     auto s = eval::open_session(o, comm);
     s->score_spans(f.requests);
     // Rank 0 scores the longest item (data parallel: the others may see shorter ones only).
-    if (rank == 0)
+    if (rank == 0) {
       EXPECT_EQ(s->stats().alloc_peak_bytes, p.alloc_peak_bytes) << "sp " << sp << ", head groups " << groups << "\n"
                                                                 << plan::format_plan_table(p);
+    }
     EXPECT_LE(s->stats().alloc_peak_bytes, p.alloc_peak_bytes) << "sp " << sp << ", head groups " << groups;
     EXPECT_TRUE(p.fits);
   }
