@@ -214,19 +214,24 @@ LineChart ppl_chart(const std::vector<PplResult>& results) {
   c.title = "Perplexity by context length";
   c.x_title = "context length (tokens)";
   c.y_title = "perplexity";
-  double lo = 0, hi = 0;
+  std::vector<double> xs;
   for (const PplResult& res : results) {
     Series s;
     s.label = res.label;
     for (const PplRow& r : res.rows) {
       s.x.push_back(static_cast<double>(r.tokens));
       s.y.push_back(r.ppl);
-      lo = lo == 0 ? static_cast<double>(r.tokens) : std::min(lo, static_cast<double>(r.tokens));
-      hi = std::max(hi, static_cast<double>(r.tokens));
+      xs.push_back(static_cast<double>(r.tokens));
     }
     c.series.push_back(std::move(s));
   }
-  c.log_x = lo > 0 && hi / lo >= 8;
+  // Evenly spaced lengths (a --tokens-step sweep) on a linear axis; others spanning 8x or more
+  // (powers of two, ...) on a log2 one.
+  std::sort(xs.begin(), xs.end());
+  xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
+  bool even = true;
+  for (size_t i = 2; i < xs.size(); ++i) even = even && xs[i] - xs[i - 1] == xs[1] - xs[0];
+  c.log_x = !even && xs.front() > 0 && xs.back() / xs.front() >= 8;
   return c;
 }
 

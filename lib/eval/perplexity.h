@@ -71,8 +71,8 @@ std::vector<PplResult> evaluate_perplexity_models(const PplOptions& opts, const 
 std::string ppl_csv(const std::vector<PplRow>& rows);
 // Several models in one CSV: header "model,tokens,ppl,documents,nll" (model: the label).
 std::string ppl_csv(const std::vector<PplResult>& results);
-// Perplexity against context length, one series per model (log2 x axis when the lengths
-// span a factor of 8 or more).
+// Perplexity against context length, one series per model (a log2 x axis when the lengths
+// are not evenly spaced and span a factor of 8 or more).
 LineChart ppl_chart(const std::vector<PplResult>& results);
 // The session options of a sweep (the plan and the sweep use the same).
 SessionOptions session_options(const PplOptions& opts, const std::string& model);
