@@ -18,6 +18,7 @@
 #include "dist/groups.h"
 #include "dist/runtime.h"
 #include "eval/eval_plan.h"
+#include "eval/model_source.h"
 #include "eval/perplexity.h"
 #include "eval/png.h"
 #include "plan/target.h"
@@ -105,8 +106,12 @@ int main(int argc, char** argv) {
     // The plan of the longest length, per model (--plan prints it; a run compares with it).
     std::vector<plan::MemoryPlan> plans(models.size());
     const bool plan_only = vm.count("plan") > 0;
-    EASYCTX_CHECK_INPUT(plan_only || sets.empty(), "--set: only with --plan (it names the machine planned for)");
-    dist::run_collectively(rt, [&] {
+    dist::run_collectively(rt, [&] {  // bad flags and missing models end every rank alike
+      EASYCTX_CHECK_INPUT(plan_only || sets.empty(), "--set: only with --plan (it names the machine planned for)");
+      for (const std::string& m : models) {
+        eval::validate_session_options(eval::session_options(o, m), rt.size());
+        eval::resolve_model(m);
+      }
       if (!plan_only) return;
       for (size_t m = 0; m < models.size(); ++m)
         plans[m] = eval::plan_session(eval::session_options(o, models[m]), o.max_tokens, sets, rt.size(),

@@ -62,6 +62,8 @@ void check_options(const SessionOptions& o, int world) {
 
 }  // namespace
 
+void validate_session_options(const SessionOptions& o, int world_size) { check_options(o, world_size); }
+
 DeviceKind parse_device(const std::string& v, const std::string& flag) {
   for (DeviceKind d : {DeviceKind::Auto, DeviceKind::Cpu, DeviceKind::Cuda})
     if (v == to_string(d)) return d;

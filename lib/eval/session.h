@@ -97,6 +97,10 @@ class Session {
 DeviceKind parse_device(const std::string& value, const std::string& flag = "--device");
 SeqParallelMode parse_sp_mode(const std::string& value, const std::string& flag = "--sp-mode");
 
+// The checks open_session makes of the options before it touches a file or a device, for a
+// job of world_size ranks (InputError naming the flag): programs call it on every rank first.
+void validate_session_options(const SessionOptions& o, int world_size);
+
 // The stage config a session's strategies and process groups are made from
 // (parallel.sequence.*, activation.attention_head_groups, mlp_tile, lm_head_tile, the
 // collective timeout); the memory plan plans the same.
