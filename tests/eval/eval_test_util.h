@@ -30,7 +30,8 @@ inline model::LlamaConfig eval_test_config() {
   return c;
 }
 
-// f32 units of a random model (std 0.5: peaky logits, so argmax is robust to rounding).
+// f32 units of a random model (std 0.3: logits peaked enough for a robust argmax, calm enough that rounding differences
+// between layouts stay near 1e-6).
 struct HostModel {
   model::LlamaConfig cfg;
   std::unique_ptr<ops::Backend> be = ops::make_cpu_backend();
@@ -43,7 +44,7 @@ struct HostModel {
       buf.push_back(be->alloc(ops::DType::F32, u.numel));
       params.push_back(buf.back().flat());
     }
-    model::init_random(m->layout(), params, 0.5, seed);
+    model::init_random(m->layout(), params, 0.3, seed);
   }
   // `prompt` followed by k tokens, each the argmax of the model after what precedes it.
   std::vector<int32_t> greedy(std::vector<int32_t> prompt, int k) {

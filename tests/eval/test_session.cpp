@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 #include "dist/comm_mpi.h"
@@ -79,6 +80,13 @@ std::vector<std::vector<SpanScore>> alone(const Fixture& f) {
 void expect_same(const std::vector<std::vector<SpanScore>>& got, const std::vector<std::vector<SpanScore>>& want,
                  double tol) {
   ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    for (size_t s = 0; s < want[i].size() && s < got[i].size(); ++s)
+      worst = std::max(worst, std::abs(got[i][s].sum_nll - want[i][s].sum_nll) /
+                                  std::max(1.0, std::abs(want[i][s].sum_nll)));
+  std::printf("[accuracy] %s: worst span NLL rel err %.3g (tol %.0e)\n",
+              ::testing::UnitTest::GetInstance()->current_test_info()->name(), worst, tol);
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_EQ(got[i].size(), want[i].size()) << "request " << i;
     for (size_t s = 0; s < want[i].size(); ++s) {
