@@ -1,9 +1,15 @@
-// easyctx_eval_ppl --model DIR --tokenized FILE... --min-tokens A --max-tokens B
-//                  --tokens-step S [--samples K] [--rope-theta T] --output-file CSV
-// Perplexity of a Hugging Face Llama folder over document lengths A, A+S, ..., B on the
-// first K documents of pre-tokenized shards (docs/eval.md). CPU; with mpirun the documents
-// are split across ranks. Logic in lib/eval.
+// easyctx_eval_ppl --model DIR [--model DIR2 ...] --tokenized FILE... --min-tokens A
+//                  --max-tokens B --tokens-step S [--samples K] [--rope-theta T]
+//                  [--device auto|cpu|cuda] [--sp-size N --sp-mode MODE] [--attention-head-groups G]
+//                  --output-file CSV [--plot PNG] [--plan [--set target.KEY=VALUE ...]]
+// Perplexity of Hugging Face Llama folders or training checkpoints (ckpt:DIR) over document
+// lengths A, A+S, ..., B on the first K documents of pre-tokenized shards (docs/eval.md), on
+// the CPU or GPUs, sequence parallel inside groups of --sp-size ranks and data parallel over
+// documents across the groups (mpirun). Several models run one after another on the same
+// documents: a CSV each plus one with a model column, and one plot. --plan prints the memory
+// plan of the longest length and exits (0 fits, 3 does not, 2 bad input). Logic in lib/eval.
 #include <boost/program_options.hpp>
+#include <filesystem>
 #include <iostream>
 
 #include "core/error.h"
@@ -11,49 +17,154 @@
 #include "core/strings.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
+#include "eval/eval_plan.h"
+#include "eval/model_source.h"
 #include "eval/perplexity.h"
+#include "eval/png.h"
+#include "plan/target.h"
 
 namespace po = boost::program_options;
 using namespace easyctx;
 
+namespace {
+
+std::string stem_of(const std::string& path) {
+  return ends_with(path, ".csv") ? path.substr(0, path.size() - 4) : path;
+}
+
+std::string file_safe(const std::string& s) {
+  std::string o;
+  for (char c : s) o += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
+  return o;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) -> int {
     eval::PplOptions o;
-    std::string out;
+    std::vector<std::string> models, sets;
+    std::string out, plot, device = "auto", sp_mode = "zigzag_ring";
+    double progress_every = 30;
     po::options_description opts("easyctx_eval_ppl [options]");
     opts.add_options()("help,h", "show this help")(
-        "model", po::value(&o.model_dir)->required(), "Hugging Face model folder (config.json + safetensors)")(
+        "model,m", po::value(&models)->multitoken()->composing()->required(),
+        "model(s): a Hugging Face folder (config.json + safetensors), hf:DIR, or ckpt:DIR (a training checkpoint: "
+        "step folder, checkpoints folder or run output.dir; any ZeRO stage or rank count). Several (repeat the flag "
+        "or list them) run one after another on the same documents")(
         "tokenized", po::value(&o.tokenized)->multitoken()->required(), "h5tokenize shards: files, folders or globs")(
         "min-tokens", po::value(&o.min_tokens)->required(), "first length L")(
         "max-tokens", po::value(&o.max_tokens)->required(), "last length L")(
         "tokens-step", po::value(&o.tokens_step)->required(), "step between lengths")(
         "samples", po::value(&o.samples)->default_value(-1), "documents per length (first K with >= L tokens; -1: all)")(
         "rope-theta", po::value(&o.rope_theta)->default_value(0), "override the model's rope_theta (0: keep)")(
+        "device", po::value(&device)->default_value("auto"), "auto | cpu | cuda (auto: a GPU when one is visible)")(
+        "sp-size", po::value(&o.sp_size)->default_value(1),
+        "ranks per sequence (sequence parallelism); the job's ranks are data-parallel groups x sp-size")(
+        "sp-mode", po::value(&sp_mode)->default_value("zigzag_ring"), "zigzag_ring | ulysses | dist_flash | usp")(
+        "ulysses-size", po::value(&o.ulysses_size)->default_value(0),
+        "usp: the Ulysses degree inside a sequence-parallel group (0: the ranks per node)")(
+        "attention-head-groups", po::value(&o.attention_head_groups)->default_value(1),
+        "attention in this many passes over head groups (divides the key/value heads): less attention memory")(
         "lm-head-tile", po::value(&o.lm_head_tile)->default_value(4096), "tokens per LM-head tile")(
         "mlp-tile", po::value(&o.mlp_tile)->default_value(16384),
         "tokens per MLP tile (0: untiled); bounds the MLP activations of long sequences")(
-        "output-file", po::value(&out)->required(), "CSV to write (tokens,ppl,documents,nll)");
+        "output-file", po::value(&out)->required(),
+        "CSV to write (tokens,ppl,documents,nll); with several models the CSV has a model column first, and "
+        "each model also gets <stem>.<model>.csv")(
+        "plot", po::value(&plot)->default_value(""),
+        "PNG of perplexity against context length, every model on one chart (default: <stem>.png; none: no plot)")(
+        "plan", "print the memory plan of the longest length per model (every buffer per GPU and per host) as a "
+        "table, then as one JSON object on the last line, and exit: 0 when it fits, 3 when it does not (the message "
+        "names the flags that would fit), 2 on bad input")(
+        "set", po::value(&sets)->composing(), "--plan's target: --set target.gpu=H200, target.gpu_memory_gib=..., "
+        "target.gpus_per_node=..., target.nodes=... (repeatable)")(
+        "progress-every", po::value(&progress_every)->default_value(30), "seconds between progress lines")(
+        "collective-timeout", po::value(&o.collective_timeout_s)->default_value(3600),
+        "seconds a collective may wait for a peer before the job is aborted");
     po::variables_map vm;
-    try {
-      po::store(po::parse_command_line(argc, argv, opts), vm);
-      if (vm.count("help")) {
-        if (rt.rank() == 0) std::cout << opts;
-        return 0;
+    dist::run_collectively(rt, [&] {
+      try {
+        po::store(po::parse_command_line(argc, argv, opts), vm);
+        if (vm.count("help")) return;
+        po::notify(vm);
+      } catch (const po::error& e) {
+        EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
       }
-      po::notify(vm);
-    } catch (const po::error& e) {
-      EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
+      o.device = eval::parse_device(device);
+      o.sp_mode = eval::parse_sp_mode(sp_mode);
+    });
+    if (vm.count("help")) {
+      if (rt.rank() == 0)
+        std::cout << opts << "\nDocs: docs/eval.md. Exit codes: 0 done (--plan: fits), 1 failure, 2 bad input, "
+                             "3 --plan: does not fit.\n";
+      return 0;
     }
     LogOptions lo;
     lo.rank = rt.rank();
     log_init(lo);
-    auto comm = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, 3600);
-    const std::vector<eval::PplRow> rows = eval::evaluate_perplexity(o, comm.get());
-    if (rt.rank() == 0) {
-      write_file_atomic(out, eval::ppl_csv(rows));
-      for (const eval::PplRow& r : rows)
-        log_info("tokens ", r.tokens, ": ppl ", r.ppl, " over ", r.documents, " document(s)");
-      log_info("wrote ", out);
+    // The plan of the longest length, per model (--plan prints it; a run compares with it).
+    std::vector<plan::MemoryPlan> plans(models.size());
+    const bool plan_only = vm.count("plan") > 0;
+    dist::run_collectively(rt, [&] {  // bad flags and missing models end every rank alike
+      EASYCTX_CHECK_INPUT(plan_only || sets.empty(), "--set: only with --plan (it names the machine planned for)");
+      for (const std::string& m : models) {
+        eval::validate_session_options(eval::session_options(o, m), rt.size());
+        eval::resolve_model(m);
+      }
+      if (!plan_only) return;
+      for (size_t m = 0; m < models.size(); ++m)
+        plans[m] = eval::plan_session(eval::session_options(o, models[m]), o.max_tokens, sets, rt.size(),
+                                      rt.topology().local_size);
+    });
+    if (plan_only) {
+      bool fits = true;
+      for (size_t m = 0; m < models.size(); ++m) {
+        if (rt.rank() == 0) std::cout << "model " << models[m] << ":\n" << eval::format_session_plan(plans[m]);
+        fits = fits && plans[m].fits;
+      }
+      return fits ? 0 : 3;
+    }
+    for (size_t m = 0; m < models.size(); ++m) {
+      try {
+        plans[m] = eval::plan_session(eval::session_options(o, models[m]), o.max_tokens, {}, rt.size(),
+                                      rt.topology().local_size);
+      } catch (const Error& e) {
+        log_warn("memory plan of ", models[m], " unavailable: ", e.what());
+      }
+    }
+    o.progress = eval::log_progress("eval ppl", rt.rank(), progress_every);
+    auto comm = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, o.collective_timeout_s);
+    const std::vector<eval::PplResult> results = eval::evaluate_perplexity_models(o, models, comm.get());
+    if (rt.rank() != 0) return 0;
+    const std::string stem = stem_of(out);
+    if (results.size() == 1) {
+      write_file_atomic(out, eval::ppl_csv(results[0].rows));
+    } else {
+      write_file_atomic(out, eval::ppl_csv(results));
+      for (const eval::PplResult& r : results) {
+        const std::string f = stem + "." + file_safe(r.label) + ".csv";
+        write_file_atomic(f, eval::ppl_csv(r.rows));
+        log_info("wrote ", f);
+      }
+    }
+    log_info("wrote ", out);
+    if (plot != "none") {
+      const std::string png = plot.empty() ? stem + ".png" : plot;
+      eval::write_png(png, eval::render_line_chart(eval::ppl_chart(results)));
+      log_info("wrote ", png);
+    }
+    for (size_t m = 0; m < results.size(); ++m) {
+      const eval::PplResult& r = results[m];
+      for (const eval::PplRow& row : r.rows)
+        log_info(r.label, ": tokens ", row.tokens, ": ppl ", row.ppl, " over ", row.documents, " document(s)");
+      const eval::SessionStats& s = r.stats;
+      log_info("eval ppl summary: ", r.label, ": ", s.items, " document(s), ", format_count(static_cast<double>(s.tokens)),
+               " tokens in ", format_duration(s.seconds), " (", format_count(s.seconds > 0 ? s.tokens / s.seconds : 0),
+               " tok/s) on ", r.describe);
+      if (plans[m].parameters > 0)
+        log_info(r.label, ": ", plan::compare_line(plans[m], {0, s.alloc_peak_bytes, 0},
+                                                   static_cast<double>(plan::vm_hwm_bytes()), s.device_used_bytes));
     }
     return 0;
   });

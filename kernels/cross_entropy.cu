@@ -45,6 +45,48 @@ __global__ void cross_entropy_kernel(const float* logits, const int32_t* labels,
   }
 }
 
+// One block per row: the same max / sum of exp / lse as cross_entropy_kernel (so the NLL is
+// the same bits), plus the argmax: the smallest index holding the row's maximum.
+__global__ void score_kernel(const float* logits, const int32_t* labels, int64_t vocab, double* nll, int32_t* top,
+                             int* bad_label) {
+  const int64_t row = blockIdx.x;
+  const float* lr = logits + row * vocab;
+  const int32_t lab = labels[row];
+  if (lab < 0 || lab >= vocab) {
+    if (threadIdx.x == 0) {
+      nll[row] = 0;
+      top[row] = 0;
+      if (lab < -1 || lab >= vocab) atomicExch(bad_label, 1);
+    }
+    return;
+  }
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, lr[j]);
+  mx = block_max(mx);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(lr[j] - mx);
+  sum = block_sum(sum);
+  // The first index holding the maximum: each thread's first hit, then the block's minimum.
+  long long first = vocab;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
+    if (lr[j] == mx) {
+      first = j;
+      break;
+    }
+  __shared__ long long part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+  if (lane == 0) part[warp] = first;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    long long best = part[0];
+    for (int w = 1; w < nw; ++w) best = min(best, part[w]);
+    const float lse = mx + logf(sum);
+    nll[row] = static_cast<double>(lse) - static_cast<double>(lr[lab]);
+    top[row] = best == lab ? 1 : 0;
+  }
+}
+
 __global__ void count_labels_kernel(const int32_t* labels, int64_t n, int64_t* count) {
   float c = 0;  // exact: per-thread counts stay far below 2^24
   double total = 0;
@@ -62,6 +104,13 @@ void cross_entropy_tile(const float* logits, const int32_t* labels, int64_t rows
   cross_entropy_kernel<T><<<static_cast<unsigned>(rows), 512, 0, st>>>(logits, labels, vocab, grad_scale, nll, grad,
                                                                        bad_label);
   EASYCTX_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
+}
+
+void score_tile(const float* logits, const int32_t* labels, int64_t rows, int64_t vocab, double* nll, int32_t* top,
+                int* bad_label, cudaStream_t st) {
+  if (rows == 0) return;
+  score_kernel<<<static_cast<unsigned>(rows), 512, 0, st>>>(logits, labels, vocab, nll, top, bad_label);
+  EASYCTX_CUDA_CHECK_LAUNCH("score_kernel");
 }
 
 void count_labels(const int32_t* labels, int64_t n, int64_t* count, cudaStream_t st) {

@@ -77,6 +77,11 @@ void swiglu_bwd(const T* g, const T* u, const T* dh, int64_t n, T* dg, T* du, cu
 template <typename T>
 void cross_entropy_tile(const float* logits, const int32_t* labels, int64_t rows, int64_t vocab, float grad_scale,
                         double* nll, T* grad, int* bad_label, cudaStream_t st);
+// Scores of one tile (evaluations, Backend::lm_head_score): for rows with a label, nll[r] as
+// cross_entropy_tile computes it and top[r] = 1 when the label is the first index of the
+// row's largest logit (torch.argmax), else 0; 0 and 0 for label -1; bad labels set the flag.
+void score_tile(const float* logits, const int32_t* labels, int64_t rows, int64_t vocab, double* nll, int32_t* top,
+                int* bad_label, cudaStream_t st);
 // count[0] = number of labels >= 0 (fixed order).
 void count_labels(const int32_t* labels, int64_t n, int64_t* count, cudaStream_t st);
 

@@ -25,17 +25,14 @@ bool ignorable(const std::string& name) { return ends_with(name, ".rotary_emb.in
 
 }  // namespace
 
-void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, const std::vector<ops::Tensor>& units) {
-  EASYCTX_CHECK(units.size() == layout.num_units(), "load_hf_weights: ", layout.num_units(), " units expected");
-  SafetensorsReader r(dir);
+namespace {
+
+// Every parameter tensor of `layout` present in `r` with its shape and a float dtype, and
+// nothing else (old rotary buffers aside); one InputError naming every problem otherwise.
+void check_against_layout(const SafetensorsReader& r, const std::string& dir, const model::ParamLayout& layout) {
   std::vector<std::string> missing, bad;
   std::set<std::string> expected;
-  for (size_t u = 0; u < layout.num_units(); ++u) {
-    const ops::Tensor& dst = units[u];
-    EASYCTX_CHECK(dst.space == ops::MemSpace::Host && (dst.dtype == ops::DType::F32 || dst.dtype == ops::DType::F64) &&
-                      dst.numel() == layout.units()[u].numel,
-                  "load_hf_weights: unit ", layout.units()[u].name, " must be host f32/f64[",
-                  layout.units()[u].numel, "], got ", dst.describe());
+  for (size_t u = 0; u < layout.num_units(); ++u)
     for (const model::ParamTensor& pt : layout.units()[u].tensors) {
       expected.insert(pt.hf_name);
       const StTensor* t = r.find(pt.hf_name);
@@ -48,14 +45,9 @@ void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, c
         continue;
       }
       if (t->dtype != StDType::F32 && t->dtype != StDType::BF16 && t->dtype != StDType::F16 &&
-          t->dtype != StDType::F64) {
+          t->dtype != StDType::F64)
         bad.push_back(pt.hf_name + " has dtype " + st_dtype_name(t->dtype) + " (F32, BF16, F16 or F64 needed)");
-        continue;
-      }
-      const size_t es = ops::element_size(dst.dtype);
-      r.read(*t, dst.dtype, static_cast<char*>(dst.data) + static_cast<size_t>(pt.offset) * es);
     }
-  }
   std::vector<std::string> unexpected;
   for (const StTensor& t : r.tensors())
     if (!expected.count(t.name) && !ignorable(t.name)) unexpected.push_back(t.name);
@@ -71,6 +63,40 @@ void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, c
   list("mismatched", bad);
   list("unexpected", unexpected);
   throw InputError(os.str());
+}
+
+}  // namespace
+
+void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, const std::vector<ops::Tensor>& units) {
+  EASYCTX_CHECK(units.size() == layout.num_units(), "load_hf_weights: ", layout.num_units(), " units expected");
+  for (size_t u = 0; u < layout.num_units(); ++u) {
+    const ops::Tensor& dst = units[u];
+    EASYCTX_CHECK(dst.space == ops::MemSpace::Host && (dst.dtype == ops::DType::F32 || dst.dtype == ops::DType::F64) &&
+                      dst.numel() == layout.units()[u].numel,
+                  "load_hf_weights: unit ", layout.units()[u].name, " must be host f32/f64[",
+                  layout.units()[u].numel, "], got ", dst.describe());
+  }
+  SafetensorsReader r(dir);
+  check_against_layout(r, dir, layout);
+  for (size_t u = 0; u < layout.num_units(); ++u) {
+    const ops::Tensor& dst = units[u];
+    const size_t es = ops::element_size(dst.dtype);
+    for (const model::ParamTensor& pt : layout.units()[u].tensors)
+      r.read(*r.find(pt.hf_name), dst.dtype, static_cast<char*>(dst.data) + static_cast<size_t>(pt.offset) * es);
+  }
+}
+
+void for_each_hf_tensor(const std::string& dir, const model::ParamLayout& layout,
+                        const std::function<void(size_t, const model::ParamTensor&, const float*)>& sink) {
+  SafetensorsReader r(dir);
+  check_against_layout(r, dir, layout);
+  std::vector<float> buf;
+  for (size_t u = 0; u < layout.num_units(); ++u)
+    for (const model::ParamTensor& pt : layout.units()[u].tensors) {
+      buf.resize(static_cast<size_t>(pt.numel));
+      r.read(*r.find(pt.hf_name), ops::DType::F32, buf.data());
+      sink(u, pt, buf.data());
+    }
 }
 
 void save_hf_model(const std::string& dir, const model::LlamaConfig& cfg, const model::ParamLayout& layout,

@@ -156,28 +156,49 @@ ProcessGroups::ProcessGroups(const Runtime& rt, const GroupLayout& layout, CommB
     : layout_(layout) {
   EASYCTX_CHECK(layout.world_size == rt.size(), "group layout is for ", layout.world_size, " ranks but the world has ",
                 rt.size());
+  build(MPI_COMM_WORLD, rt.rank(), rt.topology().local_rank, backend, timeout_s);
+}
+
+ProcessGroups::ProcessGroups(MPI_Comm parent, const GroupLayout& layout, CommBackend backend, double timeout_s)
+    : layout_(layout) {
+  int rank = 0, size = 1, local_rank = 0;
+  check_mpi(MPI_Comm_rank(parent, &rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(parent, &size), "MPI_Comm_size");
+  EASYCTX_CHECK(layout.world_size == size, "group layout is for ", layout.world_size, " ranks but the communicator has ",
+                size);
+  MPI_Comm node;
+  check_mpi(MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  check_mpi(MPI_Comm_rank(node, &local_rank), "MPI_Comm_rank");
+  MPI_Comm_free(&node);
+  build(parent, rank, local_rank, backend, timeout_s);
+}
+
+void ProcessGroups::build(MPI_Comm parent, int rank, int local_rank, CommBackend backend, double timeout_s) {
+  const GroupLayout& layout = layout_;
 #ifdef EASYCTX_HAVE_CUDA
   if (backend == CommBackend::Nccl) {
     int n = 0;
     EASYCTX_CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0, "NCCL backend: no CUDA device visible");
-    EASYCTX_CHECK(cudaSetDevice(rt.topology().local_rank % n) == cudaSuccess, "cudaSetDevice failed");
+    EASYCTX_CHECK(cudaSetDevice(local_rank % n) == cudaSuccess, "cudaSetDevice failed");
   }
+#else
+  (void)local_rank;
 #endif
   auto split = [&](const std::vector<std::vector<int>>& groups, const char* name) {
     int color = -1, key = 0;
     for (size_t gi = 0; gi < groups.size(); ++gi)
       for (size_t i = 0; i < groups[gi].size(); ++i)
-        if (groups[gi][i] == rt.rank()) {
+        if (groups[gi][i] == rank) {
           color = static_cast<int>(gi);
           key = static_cast<int>(i);
         }
-    EASYCTX_CHECK(color >= 0, "rank ", rt.rank(), " is in no ", name, " group");
+    EASYCTX_CHECK(color >= 0, "rank ", rank, " is in no ", name, " group");
     MPI_Comm c;
-    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, color, key, &c), "MPI_Comm_split");
+    check_mpi(MPI_Comm_split(parent, color, key, &c), "MPI_Comm_split");
     mpi_comms_.push_back(c);
     return make_comm(c, name, backend, timeout_s);
   };
-  std::vector<int> all(static_cast<size_t>(rt.size()));
+  std::vector<int> all(static_cast<size_t>(layout.world_size));
   std::iota(all.begin(), all.end(), 0);
   world_ = split({all}, "world");
   dp_ = split(layout.dp_groups(), "dp");

@@ -49,6 +49,10 @@ class ProcessGroups {
  public:
   // Collective over the world: every rank must call it with the same layout.
   ProcessGroups(const Runtime& rt, const GroupLayout& layout, CommBackend backend, double timeout_s);
+  // The same over the ranks of `parent` (not owned; e.g. MPI_COMM_WORLD or a part of it): the
+  // layout's world is parent's ranks; with NCCL each rank takes the GPU of its rank among the
+  // ranks of `parent` on its node.
+  ProcessGroups(MPI_Comm parent, const GroupLayout& layout, CommBackend backend, double timeout_s);
   ~ProcessGroups();
 
   const GroupLayout& layout() const { return layout_; }
@@ -61,6 +65,7 @@ class ProcessGroups {
   Comm& zero_replica() { return *zero_replica_; }
 
  private:
+  void build(MPI_Comm parent, int rank, int local_rank, CommBackend backend, double timeout_s);
   GroupLayout layout_;
   std::vector<MPI_Comm> mpi_comms_;
   std::unique_ptr<Comm> world_, dp_, sp_, ulysses_, ring_, zero_, zero_replica_;

@@ -2,22 +2,21 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <sstream>
 
-#include "ckpt/hf_model.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "data/dataset.h"
 #include "data/shard.h"
-#include "model/llama.h"
+#include "dist/comm_mpi.h"
+#include "eval/model_source.h"
 
 namespace easyctx::eval {
 namespace {
-
-using ops::DType;
 
 struct DocRef {
   size_t file = 0;
@@ -26,7 +25,6 @@ struct DocRef {
 };
 
 void check_options(const PplOptions& o) {
-  EASYCTX_CHECK_INPUT(!o.model_dir.empty(), "--model: required (a Hugging Face folder)");
   EASYCTX_CHECK_INPUT(!o.tokenized.empty(), "--tokenized: required (h5tokenize shards)");
   EASYCTX_CHECK_INPUT(o.min_tokens >= 2, "--min-tokens: ", o.min_tokens, " (must be >= 2: one prediction needs 2 tokens)");
   EASYCTX_CHECK_INPUT(o.max_tokens >= o.min_tokens, "--max-tokens: ", o.max_tokens, " is below --min-tokens ",
@@ -45,28 +43,16 @@ std::vector<std::string> shard_files(const std::vector<std::string>& specs) {
   return files;
 }
 
-}  // namespace
-
-std::vector<PplRow> evaluate_perplexity(const PplOptions& o, dist::Comm* comm) {
-  check_options(o);
-  model::LlamaConfig mc = model::load_llama_config(o.model_dir);
-  if (o.rope_theta > 0) mc.rope_theta = o.rope_theta;
-  auto be = ops::make_cpu_backend();
-  model::ModelOptions mo;
-  mo.lm_head_tile = o.lm_head_tile;
-  mo.mlp_tile = o.mlp_tile;
-  model::LlamaModel m(mc, *be, DType::F32, mo);
-  std::vector<ops::Buffer> pbuf;
-  std::vector<ops::Tensor> params;
-  for (const auto& u : m.layout().units()) {
-    pbuf.push_back(be->alloc(DType::F32, u.numel));
-    params.push_back(pbuf.back().flat());
-  }
-  ckpt::load_hf_weights(o.model_dir, m.layout(), params);
-
+// The documents and the lengths each is scored at, as requests of the session.
+struct Sweep {
   std::vector<int64_t> lengths;
-  for (int64_t L = o.min_tokens; L <= o.max_tokens; L += o.tokens_step) lengths.push_back(L);
-  // Documents in storage order; per length the first K with >= L tokens.
+  std::vector<ScoreRequest> requests;
+  std::vector<std::vector<size_t>> at;  // per request: the indices of its lengths (ascending)
+};
+
+Sweep build_sweep(const PplOptions& o, int64_t vocab, const std::string& first_model) {
+  Sweep s;
+  for (int64_t L = o.min_tokens; L <= o.max_tokens; L += o.tokens_step) s.lengths.push_back(L);
   const std::vector<std::string> files = shard_files(o.tokenized);
   std::vector<data::TokenShardReader> shards;
   std::vector<DocRef> docs;
@@ -76,64 +62,133 @@ std::vector<PplRow> evaluate_perplexity(const PplOptions& o, dist::Comm* comm) {
     for (size_t d = 0; d + 1 < off.size(); ++d) docs.push_back({f, off[d], off[d + 1] - off[d]});
   }
   std::map<size_t, std::vector<size_t>> selected;  // doc index -> indices of the lengths it is scored at
-  for (size_t i = 0; i < lengths.size(); ++i) {
+  for (size_t i = 0; i < s.lengths.size(); ++i) {
     int64_t taken = 0;
     for (size_t d = 0; d < docs.size() && (o.samples < 0 || taken < o.samples); ++d)
-      if (static_cast<int64_t>(docs[d].length) >= lengths[i]) {
+      if (static_cast<int64_t>(docs[d].length) >= s.lengths[i]) {
         selected[d].push_back(i);
         ++taken;
       }
   }
-  log_info("eval ppl: ", mc.describe(), "; ", docs.size(), " documents in ", files.size(), " file(s), ",
-           selected.size(), " scored, lengths ", o.min_tokens, "..", o.max_tokens, " step ", o.tokens_step);
-
-  // sums[i] = sum over scored documents of their mean NLL at lengths[i]; counts[i] documents.
-  std::vector<double> sums(lengths.size(), 0.0), counts(lengths.size(), 0.0);
-  const int rank = comm ? comm->rank() : 0, size = comm ? comm->size() : 1;
-  size_t nth = 0;
+  int64_t tokens = 0;
   for (const auto& [d, at] : selected) {
-    const int64_t lmax = lengths[at.back()];
-    if (static_cast<int>(nth++ % static_cast<size_t>(size)) != rank) continue;
+    const int64_t lmax = s.lengths[at.back()];
     std::vector<uint32_t> raw = shards[docs[d].file].read(docs[d].offset, static_cast<uint64_t>(lmax));
-    std::vector<int32_t> tokens(raw.size()), positions(raw.size()), labels(raw.size(), -1);
+    ScoreRequest r;
+    r.tokens.resize(raw.size());
     for (size_t i = 0; i < raw.size(); ++i) {
-      EASYCTX_CHECK_INPUT(raw[i] < static_cast<uint64_t>(mc.vocab_size), files[docs[d].file], ": token id ", raw[i],
-                          " >= the model's vocab_size ", mc.vocab_size);
-      tokens[i] = static_cast<int32_t>(raw[i]);
-      positions[i] = static_cast<int32_t>(i);
-      if (i + 1 < raw.size()) labels[i] = static_cast<int32_t>(raw[i + 1]);
+      EASYCTX_CHECK_INPUT(raw[i] < static_cast<uint64_t>(vocab), files[docs[d].file], ": token id ", raw[i],
+                          " >= the model's vocab_size ", vocab, " (", first_model, ")");
+      r.tokens[i] = static_cast<int32_t>(raw[i]);
     }
-    const int64_t n = lmax;
-    model::Batch b{ops::Tensor(tokens.data(), DType::I32, {n}), ops::Tensor(positions.data(), DType::I32, {n}),
-                   ops::Tensor(labels.data(), DType::I32, {n}), 1, n};
-    const ops::Tensor hidden = m.forward_hidden(params, b);
-    // Score rows [0, L-1) for each selected L, incrementally: each row's loss once.
-    double running = 0;
-    int64_t done = 0;
-    for (size_t i : at) {
-      const int64_t upto = lengths[i] - 1;
-      ops::Tensor lab(labels.data() + done, DType::I32, {upto - done});
-      running += m.head_loss(params, hidden.rows(done, upto - done), lab).sum_nll;
-      done = upto;
-      sums[i] += running / static_cast<double>(upto);
-      counts[i] += 1;
+    for (size_t i : at) r.spans.push_back({0, s.lengths[i] - 1});
+    tokens += lmax;
+    s.requests.push_back(std::move(r));
+    s.at.push_back(at);
+  }
+  log_info("eval ppl: ", docs.size(), " documents in ", files.size(), " file(s), ", selected.size(),
+           " scored (", format_count(static_cast<double>(tokens)), " tokens), lengths ", o.min_tokens, "..",
+           o.max_tokens, " step ", o.tokens_step);
+  return s;
+}
+
+std::vector<PplRow> rows_of(const Sweep& s, const std::vector<std::vector<SpanScore>>& scores) {
+  // sums[i] = sum over scored documents of their mean NLL at lengths[i]; counts[i] documents.
+  std::vector<double> sums(s.lengths.size(), 0.0), counts(s.lengths.size(), 0.0);
+  for (size_t r = 0; r < s.requests.size(); ++r)
+    for (size_t k = 0; k < s.at[r].size(); ++k) {
+      const SpanScore& sc = scores[r][k];
+      sums[s.at[r][k]] += sc.sum_nll / static_cast<double>(sc.count);
+      counts[s.at[r][k]] += 1;
     }
-  }
-  if (comm && size > 1) {
-    comm->all_reduce(sums.data(), sums.size(), dist::ReduceOp::Sum);
-    comm->all_reduce(counts.data(), counts.size(), dist::ReduceOp::Sum);
-  }
   std::vector<PplRow> rows;
-  for (size_t i = 0; i < lengths.size(); ++i) {
+  for (size_t i = 0; i < s.lengths.size(); ++i) {
     PplRow r;
-    r.tokens = lengths[i];
+    r.tokens = s.lengths[i];
     r.documents = static_cast<int64_t>(counts[i]);
     r.mean_nll = r.documents ? sums[i] / counts[i] : std::numeric_limits<double>::quiet_NaN();
     r.ppl = std::exp(r.mean_nll);
-    if (!r.documents) log_warn("eval ppl: no document has ", r.tokens, " tokens; ppl is nan");
     rows.push_back(r);
   }
   return rows;
+}
+
+// Short unique names: the folders' last components, else their last two, else numbered.
+std::vector<std::string> labels_of(const std::vector<ModelRef>& refs) {
+  auto unique = [](const std::vector<std::string>& v) {
+    std::vector<std::string> s = v;
+    std::sort(s.begin(), s.end());
+    return std::adjacent_find(s.begin(), s.end()) == s.end();
+  };
+  std::vector<std::string> a, b;
+  for (const ModelRef& r : refs) {
+    a.push_back(r.label());
+    const std::string parent = std::filesystem::path(r.dir).parent_path().filename().string();
+    b.push_back(parent.empty() ? r.label() : parent + "/" + r.label());
+  }
+  if (unique(a)) return a;
+  if (unique(b)) return b;
+  for (size_t i = 0; i < a.size(); ++i) a[i] = std::to_string(i + 1) + ":" + a[i];
+  return a;
+}
+
+}  // namespace
+
+SessionOptions session_options(const PplOptions& o, const std::string& model) {
+  SessionOptions so;
+  so.model = model;
+  so.device = o.device;
+  so.rope_theta = o.rope_theta;
+  so.sp_mode = o.sp_mode;
+  so.sp_size = o.sp_size;
+  so.ulysses_size = o.ulysses_size;
+  so.attention_head_groups = o.attention_head_groups;
+  so.mlp_tile = o.mlp_tile;
+  so.lm_head_tile = o.lm_head_tile;
+  so.collective_timeout_s = o.collective_timeout_s;
+  so.progress = o.progress;
+  return so;
+}
+
+std::vector<PplResult> evaluate_perplexity_models(const PplOptions& o, const std::vector<std::string>& models,
+                                                  dist::Comm* comm) {
+  check_options(o);
+  EASYCTX_CHECK_INPUT(!models.empty(), "--model: required (a Hugging Face folder or ckpt:DIR)");
+  std::vector<ModelRef> refs;
+  for (const std::string& m : models) refs.push_back(resolve_model(m));
+  const model::LlamaConfig first = model_config(refs[0], o.rope_theta);
+  const Sweep sweep = build_sweep(o, first.vocab_size, models[0]);
+  const std::vector<std::string> labels = labels_of(refs);
+  std::unique_ptr<dist::MpiComm> self;
+  if (!comm) {
+    self = std::make_unique<dist::MpiComm>(MPI_COMM_SELF, "self", o.collective_timeout_s);
+    comm = self.get();
+  }
+  std::vector<PplResult> out;
+  for (size_t m = 0; m < models.size(); ++m) {
+    PplResult res;
+    res.model = models[m];
+    res.label = labels[m];
+    std::vector<std::vector<SpanScore>> scores;
+    {
+      const std::unique_ptr<Session> s = open_session(session_options(o, models[m]), *comm);
+      res.describe = s->describe();
+      log_info("eval ppl: ", res.label, " on ", res.describe);
+      scores = s->score_spans(sweep.requests);
+      res.stats = s->stats();
+    }
+    res.rows = rows_of(sweep, scores);
+    for (const PplRow& r : res.rows)
+      if (!r.documents) log_warn("eval ppl: no document has ", r.tokens, " tokens; ppl is nan");
+    out.push_back(std::move(res));
+  }
+  return out;
+}
+
+std::vector<PplRow> evaluate_perplexity(const PplOptions& o, dist::Comm* comm) {
+  check_options(o);
+  EASYCTX_CHECK_INPUT(!o.model_dir.empty(), "--model: required (a Hugging Face folder or ckpt:DIR)");
+  return evaluate_perplexity_models(o, {o.model_dir}, comm).at(0).rows;
 }
 
 std::string ppl_csv(const std::vector<PplRow>& rows) {
@@ -142,6 +197,42 @@ std::string ppl_csv(const std::vector<PplRow>& rows) {
   os.precision(10);
   for (const PplRow& r : rows) os << r.tokens << "," << r.ppl << "," << r.documents << "," << r.mean_nll << "\n";
   return os.str();
+}
+
+std::string ppl_csv(const std::vector<PplResult>& results) {
+  std::ostringstream os;
+  os << "model,tokens,ppl,documents,nll\n";
+  os.precision(10);
+  for (const PplResult& res : results)
+    for (const PplRow& r : res.rows)
+      os << res.label << "," << r.tokens << "," << r.ppl << "," << r.documents << "," << r.mean_nll << "\n";
+  return os.str();
+}
+
+LineChart ppl_chart(const std::vector<PplResult>& results) {
+  LineChart c;
+  c.title = "Perplexity by context length";
+  c.x_title = "context length (tokens)";
+  c.y_title = "perplexity";
+  std::vector<double> xs;
+  for (const PplResult& res : results) {
+    Series s;
+    s.label = res.label;
+    for (const PplRow& r : res.rows) {
+      s.x.push_back(static_cast<double>(r.tokens));
+      s.y.push_back(r.ppl);
+      xs.push_back(static_cast<double>(r.tokens));
+    }
+    c.series.push_back(std::move(s));
+  }
+  // Evenly spaced lengths (a --tokens-step sweep) on a linear axis; others spanning 8x or more
+  // (powers of two, ...) on a log2 one.
+  std::sort(xs.begin(), xs.end());
+  xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
+  bool even = true;
+  for (size_t i = 2; i < xs.size(); ++i) even = even && xs[i] - xs[i - 1] == xs[1] - xs[0];
+  c.log_x = !even && xs.front() > 0 && xs.back() / xs.front() >= 8;
+  return c;
 }
 
 }  // namespace easyctx::eval

@@ -8,18 +8,23 @@
 // documents this equals the token-weighted value and YaRN's --truncate mode.
 //
 // One forward pass per document at its largest selected L serves every shorter L (causal
-// attention: a prefix's predictions do not depend on later tokens).
+// attention: a prefix's predictions do not depend on later tokens): the document is one
+// request of the evaluation session (session.h) with one span per selected length, so the
+// sweep runs on the CPU or a GPU, sequence parallel and data parallel as the session does.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "dist/comm.h"
+#include "eval/plot.h"
+#include "eval/session.h"
 
 namespace easyctx::eval {
 
 struct PplOptions {
-  std::string model_dir;              // HF folder: config.json + safetensors
+  std::string model_dir;              // HF folder (config.json + safetensors) or ckpt:DIR
   std::vector<std::string> tokenized; // shard files, folders or globs (h5tokenize output)
   int64_t min_tokens = 0;
   int64_t max_tokens = 0;
@@ -28,6 +33,15 @@ struct PplOptions {
   int64_t lm_head_tile = 4096;
   int64_t mlp_tile = 16384;           // tokens per MLP tile (0: untiled): the [tokens, I] activations
   double rope_theta = 0;              // > 0 overrides the model's
+  // Where and how (the session's options; model, rope_theta and the tiles above win over
+  // theirs). The library's default device is the CPU; easyctx_eval_ppl's --device is auto.
+  DeviceKind device = DeviceKind::Cpu;
+  SeqParallelMode sp_mode = SeqParallelMode::ZigzagRing;
+  int sp_size = 1;
+  int ulysses_size = 0;
+  int64_t attention_head_groups = 1;
+  double collective_timeout_s = 600;
+  std::function<void(const ScoreProgress&)> progress;  // optional, every rank
 };
 
 struct PplRow {
@@ -37,11 +51,30 @@ struct PplRow {
   double ppl = 0;        // exp(mean_nll); NaN when no document has L tokens
 };
 
-// Validates options (InputError naming the flag). `comm` (may be null) splits documents
-// across ranks; every rank returns the same rows.
+// One model's sweep.
+struct PplResult {
+  std::string model;     // as given
+  std::string label;     // short name for tables and the plot (unique among the models)
+  std::vector<PplRow> rows;
+  SessionStats stats;    // rank 0's
+  std::string describe;  // where it ran (Session::describe)
+};
+
+// Validates options (InputError naming the flag). `comm` (may be null: this process alone)
+// is the job's ranks: world = data-parallel groups x sp_size; every rank returns the same rows.
 std::vector<PplRow> evaluate_perplexity(const PplOptions& opts, dist::Comm* comm);
+// Several models one after another on the same documents (opts.model_dir is ignored).
+std::vector<PplResult> evaluate_perplexity_models(const PplOptions& opts, const std::vector<std::string>& models,
+                                                  dist::Comm* comm);
 
 // CSV: header "tokens,ppl,documents,nll", one row per length.
 std::string ppl_csv(const std::vector<PplRow>& rows);
+// Several models in one CSV: header "model,tokens,ppl,documents,nll" (model: the label).
+std::string ppl_csv(const std::vector<PplResult>& results);
+// Perplexity against context length, one series per model (a log2 x axis when the lengths
+// are not evenly spaced and span a factor of 8 or more).
+LineChart ppl_chart(const std::vector<PplResult>& results);
+// The session options of a sweep (the plan and the sweep use the same).
+SessionOptions session_options(const PplOptions& opts, const std::string& model);
 
 }  // namespace easyctx::eval

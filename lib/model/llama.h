@@ -146,9 +146,32 @@ class LlamaModel {
   // Forward only: logits [batch * seq, vocab] (tests and small evaluations).
   void forward_logits(const std::vector<ops::Tensor>& params, const Batch& b, const ops::Tensor& logits);
 
+  // Forward only, the evaluations' path (lib/eval/session.h): no gradients, no checkpoints,
+  // a workspace of its own (score_workspace_specs): the residual stream updated in place and
+  // one layer's activations, reused by every layer, grown to the most tokens seen and kept
+  // until release_workspace(); the MLP in tiles of mlp_tile rows; attention through the
+  // model's strategy; the LM head only on the rows with a label (>= 0), a run of consecutive
+  // labelled rows at a time in tiles of lm_head_tile rows (Backend::lm_head_score), so no
+  // logits exist for the other rows. nll f64[n] and top i32[n] (host memory) receive each
+  // labelled row's NLL and whether its label is the argmax; 0 and 0 elsewhere. On the CPU
+  // the NLLs are bit for bit those forward_loss sums: the same ops on the same values (the
+  // residual additions in the other operand order, which IEEE addition does not see).
+  void forward_score(const std::vector<ops::Tensor>& params, const Batch& b, const ops::Tensor& nll,
+                     const ops::Tensor& top);
+  // What forward_score allocates for batch x seq tokens (the memory plan's view).
+  static std::vector<BufferSpec> score_workspace_specs(const LlamaConfig& cfg, const ModelOptions& opts, DType dtype,
+                                                       int64_t batch, int64_t seq);
+  // Frees every workspace (forward_score's and the others'); the next call allocates afresh.
+  void release_workspace();
+
  private:
   struct LayerActs;
   struct Workspace;
+  struct ScoreWorkspace;
+  template <class Visit>
+  static void visit_score_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t tokens,
+                                    ScoreWorkspace* ws, Visit&& visit);
+  void score_layer(const ops::Tensor& w, const Batch& b, ScoreWorkspace& ws);
   void check_params(const std::vector<ops::Tensor>& params, const char* what) const;
   void check_params(const std::vector<ops::Tensor>& params, const char* what, DType want) const;
   Workspace& workspace(const Batch& b, bool for_backward);
@@ -174,11 +197,16 @@ class LlamaModel {
   std::shared_ptr<attention::SequenceAttention> attn_;
   ops::Buffer inv_freq_;  // f32[head_dim / 2]
   std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<ScoreWorkspace> score_ws_;
   ops::Buffer embed_grad_scratch_, embed_grad_f32_;  // [V, D] (f32_grads with a non-f32 dtype)
 };
 
 // Random initialisation like HF (normal(0, std) for matrices and embeddings, 1 for norm
 // gains) into fp32 unit buffers; a pure function of (seed, unit, element).
 void init_random(const ParamLayout& layout, const std::vector<ops::Tensor>& units_f32, double std, uint64_t seed);
+// Elements [offset, offset + dst.numel()) of unit `unit` of the same initialisation, into host
+// f32 `dst` (so a model can be made a chunk at a time: the same values as init_random).
+void init_random_range(const ParamLayout& layout, size_t unit, int64_t offset, const ops::Tensor& dst, double std,
+                       uint64_t seed);
 
 }  // namespace easyctx::model

@@ -208,6 +208,15 @@ class Backend {
   // grad_scale * sum_nll: dx [n, D] is overwritten, dw [V, D] accumulates (dw may be empty).
   virtual LossSums lm_head_loss(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens,
                                 double grad_scale, const Tensor& dx, const Tensor& dw) = 0;
+  // ---- LM-head scoring for evaluations (no gradient), tiled along the rows like lm_head_loss
+  // so full logits never exist: x [n, D], w [V, D], labels i32[n] (-1: not scored) in this
+  // backend's memory; nll f64[n] and top i32[n] in host memory. For each row with a label:
+  // nll = logsumexp(logits) - logits[label], computed as lm_head_loss computes it (so sums of
+  // it agree with lm_head_loss's bit for bit on the same backend), and top = 1 when the label
+  // is the row's argmax (the first index of the largest logit, as torch.argmax), else 0;
+  // rows without a label get 0 and 0. (Default: throws; the CPU and CUDA backends have it.)
+  virtual void lm_head_score(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens,
+                             const Tensor& nll, const Tensor& top);
 
   // ---- optimizer on fp32 master weights: param, grad, m, v same shape.
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -208,6 +208,12 @@ LossSums ProfilingBackend::lm_head_loss(const Tensor& x, const Tensor& w, const 
   return timed("lm_head_loss", d, flops,
                [&] { return inner_->lm_head_loss(x, w, labels, tile_tokens, grad_scale, dx, dw); });
 }
+void ProfilingBackend::lm_head_score(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens,
+                                     const Tensor& nll, const Tensor& top) {
+  const double flops = 2.0 * static_cast<double>(x.numel()) * static_cast<double>(w.dim(0));  // 2 n V D
+  timed("lm_head_score", rows_cols(x) + fmt(" V=%lld tile %lld", w.dim(0), tile_tokens), flops,
+        [&] { inner_->lm_head_score(x, w, labels, tile_tokens, nll, top); });
+}
 void ProfilingBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                              const AdamWStep& s) {
   timed("adamw", std::string(dname(param.dtype)), 0, [&] { inner_->adamw(param, grad, m, v, s); });

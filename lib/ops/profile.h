@@ -91,6 +91,8 @@ class ProfilingBackend final : public Backend {
   void swiglu_bwd(const Tensor& g, const Tensor& u, const Tensor& dh, const Tensor& dg, const Tensor& du) override;
   LossSums lm_head_loss(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens,
                         double grad_scale, const Tensor& dx, const Tensor& dw) override;
+  void lm_head_score(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens, const Tensor& nll,
+                     const Tensor& top) override;
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
              const AdamWStep& s) override;
 

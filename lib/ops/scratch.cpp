@@ -27,6 +27,15 @@ LmHeadScratch cuda_lm_head_scratch(int64_t n, int64_t vocab, int64_t tile_tokens
   return s;
 }
 
+LmHeadScratch cuda_lm_head_score_scratch(int64_t n, int64_t vocab, int64_t tile_tokens) {
+  LmHeadScratch s;
+  s.tile_rows = lm_head_tile_rows(tile_tokens, n, vocab, kCudaMaxTileLogits);
+  s.logits = s.tile_rows * vocab * 4;
+  s.nll = n * 8;
+  s.top = n * 4;
+  return s;
+}
+
 LmHeadScratch cpu_lm_head_scratch(int64_t n, int64_t vocab, int64_t tile_tokens, int64_t element_bytes) {
   LmHeadScratch s;
   s.cuda = false;
@@ -42,6 +51,11 @@ std::vector<ScratchBuffer> LmHeadScratch::list() const {
             {"per-token NLL f64 (heap)", nll, "8 x n"}};
   std::vector<ScratchBuffer> v{{"logits tile f32", logits, "4 x tile x V, tile = min(lm_head_tile, n, 2^26 / V)"}};
   if (grad) v.push_back({"logits gradient tile bf16", grad, "2 x tile x V"});
+  if (top) {  // lm_head_score
+    v.push_back({"per-row NLL f64", nll, "8 x n"});
+    v.push_back({"per-row argmax flags i32", top, "4 x n"});
+    return v;
+  }
   v.push_back({"per-token NLL f64", nll, "8 x (n + 2)"});
   return v;
 }

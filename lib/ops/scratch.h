@@ -41,11 +41,15 @@ struct LmHeadScratch {
   int64_t tile_rows = 0;
   int64_t logits = 0;  // [tile, V] logits (CUDA: f32; the CPU: its element type, on the heap)
   int64_t grad = 0;    // CUDA: bf16 [tile, V] gradient tile (backward, bf16 data; f32 data: in place)
-  int64_t nll = 0;     // f64 per-token NLL (CUDA: [n + 2], then the sum and the label count; CPU: [n])
+  int64_t nll = 0;     // f64 per-token NLL (CUDA: [n + 2], then the sum and the label count; CPU: [n];
+                       // lm_head_score on CUDA: [n])
+  int64_t top = 0;     // lm_head_score on CUDA: i32 [n] argmax flags
   std::vector<ScratchBuffer> list() const;
 };
 // CudaBackend::lm_head_loss: n tokens, vocab V; backward: dx asked; bf16_data: x is bf16.
 LmHeadScratch cuda_lm_head_scratch(int64_t n, int64_t vocab, int64_t tile_tokens, bool backward, bool bf16_data);
+// CudaBackend::lm_head_score: the f32 logits tile and the per-row NLL and argmax flags.
+LmHeadScratch cuda_lm_head_score_scratch(int64_t n, int64_t vocab, int64_t tile_tokens);
 // cpu::lm_head_loss (heap vectors, outside the backend's counters); element_bytes: 4 or 8.
 LmHeadScratch cpu_lm_head_scratch(int64_t n, int64_t vocab, int64_t tile_tokens, int64_t element_bytes);
 

@@ -151,4 +151,24 @@ EmbeddingDims check_embedding(const char* op, const Tensor& ids, const Tensor& t
   return r;
 }
 
+EmbeddingDims check_lm_head_score(const Tensor& x, const Tensor& w, const Tensor& labels, const Tensor& nll,
+                                  const Tensor& top) {
+  const char* op = "lm_head_score";
+  check_same_dtype(op, x, w);
+  EASYCTX_CHECK(x.space == w.space && labels.space == w.space, op, ": x ", x.describe(), ", w ", w.describe(),
+                " and labels ", labels.describe(), " must be in one memory space");
+  EASYCTX_CHECK(labels.dtype == DType::I32, op, ": labels must be i32, got ", labels.describe());
+  EASYCTX_CHECK(nll.dtype == DType::F64 && nll.space == MemSpace::Host, op, ": nll must be host f64, got ",
+                nll.describe());
+  EASYCTX_CHECK(top.dtype == DType::I32 && top.space == MemSpace::Host, op, ": top must be host i32, got ",
+                top.describe());
+  const int64_t d = w.dim(-1);
+  EASYCTX_CHECK(w.ndim == 2 && d > 0, op, ": w must be [V, D], got ", w.describe());
+  const EmbeddingDims r{labels.numel(), w.numel() / d, d};
+  check_numel(op, "x", x, r.n * d);
+  check_numel(op, "nll", nll, r.n);
+  check_numel(op, "top", top, r.n);
+  return r;
+}
+
 }  // namespace easyctx::ops

@@ -114,4 +114,9 @@ struct EmbeddingDims {
 };
 EmbeddingDims check_embedding(const char* op, const Tensor& ids, const Tensor& table, const Tensor& rows);
 
+// Backend::lm_head_score's arguments: w [V, D] (2-D), x [n, D] of w's dtype and memory space,
+// labels i32[n] in that space, nll f64[n] and top i32[n] in host memory. Returns {n, V, D}.
+EmbeddingDims check_lm_head_score(const Tensor& x, const Tensor& w, const Tensor& labels, const Tensor& nll,
+                                  const Tensor& top);
+
 }  // namespace easyctx::ops

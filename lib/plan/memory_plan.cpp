@@ -41,6 +41,7 @@ struct Run {
   std::string dev;           // where the backend allocates: "gpu" (CUDA) or "host" (CPU)
 
   explicit Run(const StageConfig& c) : cfg(c), mc(model::resolve_llama_config(c.model)), layout(mc) {}
+  Run(const StageConfig& c, const model::LlamaConfig& m) : cfg(c), mc(m), layout(mc) {}
   bool zero3() const { return cfg.parallel.zero.stage == 3; }
   bool offload_opt() const { return cfg.parallel.zero.offload_optimizer && cuda; }
   // ZeRO-3's cut of the units over Z ranks (every rank's shards have the same lengths).
@@ -163,7 +164,7 @@ std::string shape_of(const Group& g, const Run& r) {
       {"o", "n x Hq x hd"}, {"dattn", "n x Hq x hd"}, {"dq", "n x Hq x hd"}, {"saved_o", "n x Hq x hd"},
       {"k", "n x Hkv x hd"}, {"v", "n x Hkv x hd"}, {"dk", "n x Hkv x hd"}, {"dv", "n x Hkv x hd"},
       {"lse", "B x Hq x S"}, {"saved_lse", "B x Hq x S"}, {"embed_grad_scratch", "V x D"},
-      {"embed_grad_f32", "V x D"}};
+      {"embed_grad_f32", "V x D"}, {"h", "n x D"}, {"rstd", "n"}, {"down", "mlp_tile x D"}};
   static const char* mlp[] = {"g", "u", "m", "dm", "dg", "du"};
   for (const char* m : mlp)
     if (g.base == m) return g.numel == r.n * r.mc.intermediate_size ? "n x I" : "mlp_tile x I";
@@ -174,12 +175,15 @@ std::string shape_of(const Group& g, const Run& r) {
 std::string workspace_label(const Group& g) {
   static const std::map<std::string, std::string> what = {
       {"resid", "residual stream (layer inputs kept for backward)"},
+      {"fwd.resid", "residual stream (in place)"},
+      {"fwd.h", "norm output / O projection"},
       {"saved_o", "attention-output checkpoints"},
       {"saved_lse", "attention-LSE checkpoints"},
       {"embed_grad_scratch", "embedding-gradient scratch (bf16, f32_grads)"},
       {"embed_grad_f32", "embedding-gradient scratch (f32 copy)"},
   };
-  auto it = what.find(g.base);
+  auto it = what.find(g.key);
+  if (it == what.end()) it = what.find(g.base);
   std::string name = "workspace " + g.key + (it != what.end() ? ": " + it->second : "");
   if (g.count > 1) name += " x" + num(g.count);
   return name;
@@ -229,10 +233,10 @@ void parameter_items(const Run& r, const PlanTarget& t, Items& it) {
 // ---------------------------------------------------------------------------------------
 // The plan's parts, phase by phase.
 // ---------------------------------------------------------------------------------------
-Run run_of(const StageConfig& cfg, const PlanTarget& t) {
+Run run_of(const StageConfig& cfg, const PlanTarget& t, const model::LlamaConfig* mc = nullptr) {
   EASYCTX_CHECK(t.backend != DeviceKind::Auto, "plan_memory: the target's backend must be resolved (cpu or cuda)");
   validate_activation(cfg);
-  Run r(cfg);
+  Run r = mc ? Run(cfg, *mc) : Run(cfg);
   r.cuda = t.backend == DeviceKind::Cuda;
   r.dtype = r.cuda ? DType::BF16 : DType::F32;
   r.e = r.cuda ? 2 : 4;
@@ -394,6 +398,74 @@ MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vecto
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------
+// Evaluation: forward only.
+// ---------------------------------------------------------------------------------------
+namespace {
+MemoryPlan plan_inference_core(const InferencePlanInput& in, const PlanTarget& t) {
+  StageConfig cfg = in.cfg;
+  cfg.train.batch_size = 1;
+  cfg.parallel.zero.stage = 0;
+  cfg.activation.checkpoint = CheckpointPolicy::None;
+  cfg.activation.offload = OffloadTarget::None;
+  cfg.activation.offload_layers = 0;
+  Run r = run_of(cfg, t, &in.model);
+  Items it;
+  // The process: the CUDA context and the backend's own buffers, the host baseline.
+  if (r.cuda) {
+    it.persistent("init", "CUDA context, cuBLASLt/cuDNN handles, NCCL (constant)", "gpu", kCudaContextBytes,
+                  "kCudaContextBytes (calibrated; not a backend allocation)", false);
+    for (const ops::ScratchBuffer& b : ops::cuda_own_bytes().list()) it.persistent("init", b.name, "gpu", b.bytes, b.formula);
+  }
+  it.persistent("init", "process baseline (program, libraries, MPI" + std::string(r.cuda ? ", CUDA host side)" : ")"),
+                "host", r.cuda ? kHostBaselineCudaBytes : kHostBaselineCpuBytes,
+                r.cuda ? "kHostBaselineCudaBytes (calibrated)" : "kHostBaselineCpuBytes (calibrated)", false);
+  // The model (its RoPE table) and its weights, one buffer per unit, replayed.
+  {
+    AllocRecorder dev;
+    RecordingOptions ro;
+    ro.space = r.cuda ? MemSpace::Device : MemSpace::Host;
+    const std::unique_ptr<ops::Backend> be = make_recording_backend(dev, ro);
+    const model::LlamaModel model(r.mc, *be, r.dtype, model::options_for(cfg, false));
+    std::vector<ops::Buffer> units;
+    for (const model::ParamUnit& u : r.layout.units()) units.push_back(be->alloc(r.dtype, u.numel, "weights"));
+    std::vector<AllocRecorder::Entry> live = dev.live();
+    for (AllocRecorder::Entry& e : live)
+      if (e.what == "weights") e.what = std::string("weights (") + (r.cuda ? "bf16" : "f32") + ", every unit)";
+    add_recorded(it, false, "init", live, r.dev, true, "eval/model_source.cpp, model/llama.cpp");
+  }
+  // Loading: one host f32 buffer; on CUDA Backend::copy stages it on the device to convert.
+  const int64_t stage = 4 * in.load_staging_elems;
+  it.transient("init", "host f32 staging of one tensor or chunk (heap)", "host", stage,
+               "4 x largest HF tensor, or 4 x min(unit, 2^26) for a checkpoint", false);
+  if (r.cuda)
+    it.transient("init", "device f32 staging of the conversion to bf16", "gpu", stage,
+                 "4 x the same elements (Backend::copy)");
+  // From the first item on: the batch and the forward workspace (kept, sized for the longest).
+  const int64_t n = r.n, L = cfg.data.seq_length;
+  if (r.cuda) it.persistent("step", "batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
+  else it.persistent("step", "batch (tokens, positions, labels)", "host", 3 * 4 * n, "3 x 4 x n");
+  it.persistent("step", "host: slice, per-row NLL and argmax, scored-position map", "host",
+                3 * 4 * n + 12 * n + 12 * L, "3 x 4 x n + 12 n + 12 L (L: the whole sequence)", false);
+  const model::ModelOptions mo = model::options_for(cfg, false);
+  for (const Group& g : group_specs(model::LlamaModel::score_workspace_specs(r.mc, mo, r.dtype, r.B, r.S))) {
+    const int64_t each = g.numel * static_cast<int64_t>(ops::element_size(g.dtype));
+    it.persistent("step", workspace_label(g), r.dev, g.count * each,
+                  shape_of(g, r) + " x " + num(static_cast<int64_t>(ops::element_size(g.dtype))));
+  }
+  std::vector<std::string> routes;
+  attention_items(r, false, it, routes);
+  const int64_t V = r.mc.vocab_size, tile = cfg.activation.lm_head_tile;
+  const std::vector<ops::ScratchBuffer> head = r.cuda ? ops::cuda_lm_head_score_scratch(n, V, tile).list()
+                                                      : ops::cpu_lm_head_scratch(n, V, tile, 4).list();
+  for (const ops::ScratchBuffer& b : head) {
+    if (!r.cuda && b.name.find("NLL") != std::string::npos) continue;  // lm_head_score writes the caller's arrays
+    it.transient("LM-head scoring", b.name, r.dev, b.bytes, b.formula, r.cuda);
+  }
+  return totals(r, t, it, std::move(routes));
+}
+}  // namespace
+
 namespace detail {
 
 // The persistent set ("init" from the set-up, "step" from the first step) and the transient
@@ -419,6 +491,43 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
 MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
   MemoryPlan p = detail::plan_core(cfg, target);
   if (!p.fits) p.knobs = detail::search_knobs(cfg, target, p.tokens);
+  return p;
+}
+
+MemoryPlan plan_inference(const InferencePlanInput& in, const PlanTarget& target) {
+  MemoryPlan p = plan_inference_core(in, target);
+  if (p.fits) return p;
+  // The knobs of an evaluation, each alone, least drastic first.
+  const StageConfig& cfg = in.cfg;
+  auto try_one = [&](const std::string& key, int64_t value, const std::string& note, const PlanTarget& t) {
+    InferencePlanInput c = in;
+    apply_override(c.cfg, key + "=" + std::to_string(value));
+    try {
+      const MemoryPlan q = plan_inference_core(c, t);
+      if (!q.fits) return false;
+      p.knobs.push_back({key + "=" + std::to_string(value), note, q.target.backend == DeviceKind::Cuda ? q.gpu_peak_bytes : 0,
+                         q.host_peak_bytes, t.nodes, t.gpus_per_node});
+      return true;
+    } catch (const InputError&) {
+      return false;
+    }
+  };
+  for (int64_t g = cfg.activation.attention_head_groups + 1; g <= in.model.num_kv_heads; ++g)
+    if (in.model.num_kv_heads % g == 0 && try_one("activation.attention_head_groups", g, "", target)) break;
+  const int64_t cur_mlp = cfg.activation.mlp_tile > 0 ? cfg.activation.mlp_tile : p.tokens;
+  for (int64_t tile = int64_t{1} << 40; tile >= 256; tile /= 2)
+    if (tile < cur_mlp && try_one("activation.mlp_tile", tile, "", target)) break;
+  for (int64_t tile = cfg.activation.lm_head_tile / 2; tile >= 64; tile /= 2)
+    if (try_one("activation.lm_head_tile", tile, "", target)) break;
+  for (int64_t sp = cfg.parallel.sequence.size * 2; sp <= 1024; sp *= 2) {
+    PlanTarget t = target;
+    if (t.world() % sp != 0) {
+      t.gpus_per_node = static_cast<int>(std::min<int64_t>(sp, std::max(t.gpus_per_node, 8)));
+      t.nodes = static_cast<int>((sp + t.gpus_per_node - 1) / t.gpus_per_node);
+    }
+    const std::string unit = t.backend == DeviceKind::Cuda ? " GPUs" : " ranks";
+    if (try_one("parallel.sequence.size", sp, "needs " + std::to_string(t.world()) + unit, t)) break;
+  }
   return p;
 }
 

@@ -21,6 +21,7 @@
 
 #include "core/config.h"
 #include "core/json.h"
+#include "model/llama_config.h"
 #include "ops/ops.h"
 #include "plan/target.h"
 #include "zero/param_store.h"
@@ -114,6 +115,22 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target);
 // The hook for the trainer: plan_memory on run_target(cfg, world_size, ranks_per_node).
 MemoryPlan plan_for_run(const StageConfig& cfg, int world_size, int ranks_per_node);
+
+// ---- Evaluation (forward only: lib/eval/session.h, `easyctx_eval_* --plan`)
+// The model comes from its own folder (not the stage config); cfg carries what shapes the
+// run: parallel.sequence.* (mode, size, ulysses_size), activation.mlp_tile, lm_head_tile and
+// attention_head_groups, data.seq_length = the longest sequence evaluated.
+struct InferencePlanInput {
+  model::LlamaConfig model;
+  StageConfig cfg;
+  int64_t load_staging_elems = 0;  // the host f32 buffer the weights pass through (eval::load_staging_elems)
+};
+// Weights (bf16 on CUDA, f32 on the CPU) and their loading ("init"), the forward-only
+// workspace (LlamaModel::score_workspace_specs) and the batch ("step"), the strategy's forward
+// buffers (replayed, head groups included) and the LM-head scoring scratch. When it does not
+// fit, knobs lists the single changes of activation.attention_head_groups,
+// activation.mlp_tile, activation.lm_head_tile or parallel.sequence.size that would.
+MemoryPlan plan_inference(const InferencePlanInput& in, const PlanTarget& target);
 
 std::string format_plan_table(const MemoryPlan& p);
 Json plan_to_json(const MemoryPlan& p);

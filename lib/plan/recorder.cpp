@@ -109,6 +109,12 @@ class RecordingBackend final : public ops::Backend {
                              const ops::Tensor&, const ops::Tensor&) override {
     return {};
   }
+  // CUDA: the logits tile and the per-row results, live together for the call.
+  void lm_head_score(const ops::Tensor& x, const ops::Tensor& w, const ops::Tensor& labels, int64_t tile_tokens,
+                     const ops::Tensor&, const ops::Tensor&) override {
+    (void)x;
+    if (o_.cuda_scratch) scratch(ops::cuda_lm_head_score_scratch(labels.numel(), w.dim(0), tile_tokens).list());
+  }
   void adamw(const ops::Tensor&, const ops::Tensor&, const ops::Tensor&, const ops::Tensor&,
              const ops::AdamWStep&) override {}
 

@@ -2,6 +2,9 @@
 // storage, on fresh random inputs with odd shapes; outputs are NaN-poisoned first, so an
 // element the kernel forgot fails the comparison. Tolerances (relative norm error): f32
 // 1e-5, bf16 1e-2 (the reference runs in fp32 on the same bf16-rounded inputs).
+#include <algorithm>
+#include <functional>
+
 #include "cuda_test_util.h"
 
 namespace easyctx::test {
@@ -291,6 +294,67 @@ TEST_F(CudaOpsTest, LmHeadLossTiled) {
     // Loss only (no backward) gives the same sums.
     ops::LossSums f = gpu->lm_head_loss(bx.view({n, d}), bw.view({vocab, d}), bl.flat(), 7, 0, Tensor(), Tensor());
     EXPECT_NEAR(f.sum_nll, g.sum_nll, 1e-6 * std::abs(g.sum_nll));
+  }
+}
+
+// Backend::lm_head_score (the evaluations' LM head): each row's NLL against the CPU's, and the
+// argmax flags wherever the CPU's top two logits are not within rounding of each other; a tie
+// goes to the first index on both.
+TEST_F(CudaOpsTest, LmHeadScoreMatchesCpu) {
+  for (DType t : kTypes) {
+    SCOPED_TRACE(ops::type_name(t));
+    tag = ops::type_name(t);
+    const int64_t n = 67, d = 96, vocab = 1001, tile = 16;
+    auto x = rand(n * d, t), w = rand(vocab * d, t);
+    for (int64_t c = 0; c < d; ++c) {  // row 0: logits 5 and 9 tied at the maximum
+      w[static_cast<size_t>(5 * d + c)] = w[static_cast<size_t>(9 * d + c)] = c == 0 ? 4.0f : 0.0f;
+      x[static_cast<size_t>(c)] = c == 0 ? 1.0f : 0.0f;
+    }
+    std::vector<std::vector<double>> logits(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(vocab)));
+    std::vector<double> gap(static_cast<size_t>(n));
+    std::vector<int32_t> labels(static_cast<size_t>(n));
+    std::uniform_int_distribution<int32_t> pick(-1, static_cast<int32_t>(vocab - 1));
+    for (int64_t i = 0; i < n; ++i) {
+      auto& l = logits[static_cast<size_t>(i)];
+      for (int64_t j = 0; j < vocab; ++j)
+        for (int64_t c = 0; c < d; ++c)
+          l[static_cast<size_t>(j)] += double(x[static_cast<size_t>(i * d + c)]) * w[static_cast<size_t>(j * d + c)];
+      std::vector<double> s = l;
+      std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<double>());
+      gap[static_cast<size_t>(i)] = s[0] - s[1];
+      const int32_t arg = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      labels[static_cast<size_t>(i)] = i % 2 ? arg : pick(rng);
+    }
+    labels[0] = 5;
+    labels[2] = -1;
+    Buffer bx = upload(x, t), bw = upload(w, t), bl = upload_i32(labels);
+    std::vector<double> gn(static_cast<size_t>(n), -1), cn(static_cast<size_t>(n), -1);
+    std::vector<int32_t> gt(static_cast<size_t>(n), -1), ct(static_cast<size_t>(n), -1);
+    gpu->lm_head_score(bx.view({n, d}), bw.view({vocab, d}), bl.flat(), tile, Tensor(gn.data(), DType::F64, {n}),
+                       Tensor(gt.data(), DType::I32, {n}));
+    cpu->lm_head_score(host(x, {n, d}), host(w, {vocab, d}), host_i32(labels, {n}), tile,
+                       Tensor(cn.data(), DType::F64, {n}), Tensor(ct.data(), DType::I32, {n}));
+    EXPECT_REL(gn, cn, 1e-5);
+    int compared = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (labels[static_cast<size_t>(i)] < 0) {
+        EXPECT_EQ(gn[static_cast<size_t>(i)], 0.0);
+        EXPECT_EQ(gt[static_cast<size_t>(i)], 0);
+        continue;
+      }
+      if (i == 0 || gap[static_cast<size_t>(i)] > 1e-3) {
+        EXPECT_EQ(gt[static_cast<size_t>(i)], ct[static_cast<size_t>(i)]) << "row " << i;
+        ++compared;
+      }
+    }
+    EXPECT_EQ(gt[0], 1);  // the tie: index 5 before 9
+    EXPECT_GT(compared, n / 2);
+    // Its NLL sum is lm_head_loss's (same kernel arithmetic per row).
+    const ops::LossSums ls = gpu->lm_head_loss(bx.view({n, d}), bw.view({vocab, d}), bl.flat(), tile, 0, Tensor(),
+                                               Tensor());
+    double sum = 0;
+    for (double v : gn) sum += v;
+    EXPECT_NEAR(ls.sum_nll, sum, 1e-9 * std::abs(sum));
   }
 }
 

@@ -218,6 +218,70 @@ TEST_P(OpsForward, LmHeadLossMatchesFullSoftmaxAndIgnoresMinusOne) {
   }
 }
 
+TEST_P(OpsForward, LmHeadScoreGivesEachRowsNllAndArgmax) {
+  const DType dt = GetParam();
+  const int64_t n = 29, d = 9, V = 61;
+  ops::Buffer x = rand(dt, n * d), w = rand(dt, V * d), lab = ints(n, -1, V - 1);
+  auto set = [&](const ops::Buffer& b, int64_t i, double v) {
+    if (dt == DType::F64) b.flat().ptr<double>()[i] = v;
+    else b.flat().ptr<float>()[i] = static_cast<float>(v);
+  };
+  // Rows 0 and 1 see logits tied at their maximum (w rows 5 and 9 equal, everything else
+  // smaller): the first index wins, as torch.argmax.
+  for (int64_t c = 0; c < d; ++c) {
+    set(w, 5 * d + c, c == 0 ? 3.0 : 0.0);
+    set(w, 9 * d + c, c == 0 ? 3.0 : 0.0);
+    for (int64_t r : {0, 1}) set(x, r * d + c, c == 0 ? 1.0 : 0.0);
+  }
+  int32_t* y = lab.flat().ptr<int32_t>();
+  y[0] = 5;
+  y[1] = 9;
+  y[2] = -1;
+  // Half the other rows get their argmax as the label.
+  std::vector<std::vector<double>> logits(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(V)));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < V; ++j)
+      for (int64_t c = 0; c < d; ++c)
+        logits[static_cast<size_t>(i)][static_cast<size_t>(j)] += val(x.flat(), i * d + c) * val(w.flat(), j * d + c);
+  for (int64_t i = 3; i < n; i += 2) {
+    const auto& l = logits[static_cast<size_t>(i)];
+    y[i] = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  }
+  for (int64_t tile : {int64_t{1}, int64_t{4}, int64_t{4096}}) {
+    std::vector<double> nll(static_cast<size_t>(n), -1);
+    std::vector<int32_t> top(static_cast<size_t>(n), -1);
+    be->lm_head_score(x.view({n, d}), w.view({V, d}), lab.flat(), tile, Tensor(nll.data(), DType::F64, {n}),
+                      Tensor(top.data(), DType::I32, {n}));
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto& l = logits[static_cast<size_t>(i)];
+      if (y[i] < 0) {
+        EXPECT_EQ(nll[static_cast<size_t>(i)], 0.0);
+        EXPECT_EQ(top[static_cast<size_t>(i)], 0);
+        continue;
+      }
+      const double mx = *std::max_element(l.begin(), l.end());
+      double s = 0;
+      for (double z : l) s += std::exp(z - mx);
+      const double ref = mx + std::log(s) - l[static_cast<size_t>(y[i])];
+      EXPECT_NEAR(nll[static_cast<size_t>(i)], ref, 1e-5 * std::max(1.0, std::abs(ref))) << "row " << i;
+      const int32_t want = (std::max_element(l.begin(), l.end()) - l.begin()) == y[i] ? 1 : 0;
+      EXPECT_EQ(top[static_cast<size_t>(i)], want) << "row " << i << " tile " << tile;
+      sum += nll[static_cast<size_t>(i)];
+    }
+    EXPECT_EQ(top[0], 1);
+    EXPECT_EQ(top[1], 0);
+    // The same bits as lm_head_loss's sum (one row at a time, in order).
+    const ops::LossSums ls = be->lm_head_loss(x.view({n, d}), w.view({V, d}), lab.flat(), tile, 0, Tensor(), Tensor());
+    EXPECT_EQ(ls.sum_nll, sum) << "tile " << tile;
+  }
+  std::vector<double> nll(1);
+  std::vector<int32_t> top(1);
+  EXPECT_THROW(be->lm_head_score(x.view({n, d}), w.view({V, d}), lab.flat(), 4, Tensor(nll.data(), DType::F64, {1}),
+                                 Tensor(top.data(), DType::I32, {1})),
+               Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, OpsForward, ::testing::Values(DType::F32, DType::F64));
 
 TEST_F(OpsFixture, AdamWMatchesPyTorchFormula) {

@@ -341,6 +341,20 @@ class CpuBackend final : public Backend {
                              grad_scale, dx.ptr<double>(), dw.ptr<double>());
   }
 
+  void lm_head_score(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens, const Tensor& nll,
+                     const Tensor& top) override {
+    check_float("lm_head_score", x);
+    check_host("lm_head_score", w);
+    const EmbeddingDims dims = check_lm_head_score(x, w, labels, nll, top);
+    if (dims.n == 0) return;
+    if (x.dtype == DType::F32)
+      cpu::lm_head_score(x.ptr<float>(), w.ptr<float>(), labels.ptr<int32_t>(), dims.n, dims.d, dims.vocab,
+                         tile_tokens, nll.ptr<double>(), top.ptr<int32_t>());
+    else
+      cpu::lm_head_score(x.ptr<double>(), w.ptr<double>(), labels.ptr<int32_t>(), dims.n, dims.d, dims.vocab,
+                         tile_tokens, nll.ptr<double>(), top.ptr<int32_t>());
+  }
+
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s) override {
     for (const Tensor* t : {&param, &grad, &m, &v}) {
       check_type("adamw", "param/grad/m/v", *t, DType::F32);

@@ -286,6 +286,19 @@ void swiglu_bwd(const T* g, const T* u, const T* dh, int64_t n, T* dg, T* du) {
 }
 
 // ---------------------------------------------------------------- LM head + cross entropy
+namespace {
+// logsumexp of one row of logits (lm_head_loss and lm_head_score: the same operations, so
+// their NLLs agree bit for bit).
+template <typename T>
+T row_lse(const T* lr, int64_t vocab) {
+  T mx = lr[0];
+  for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, lr[j]);
+  T sum = 0;
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(lr[j] - mx);
+  return mx + std::log(sum);
+}
+}  // namespace
+
 template <typename T>
 LossSums lm_head_loss(const T* x, const T* w, const int32_t* labels, int64_t n, int64_t d, int64_t vocab,
                       int64_t tile, double grad_scale, T* dx, T* dw) {
@@ -308,11 +321,7 @@ LossSums lm_head_loss(const T* x, const T* w, const int32_t* labels, int64_t n, 
         if (dx) std::fill(lr, lr + vocab, T(0));
         continue;
       }
-      T mx = lr[0];
-      for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, lr[j]);
-      T sum = 0;
-      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(lr[j] - mx);
-      const T lse = mx + std::log(sum);
+      const T lse = row_lse(lr, vocab);
       nll[static_cast<size_t>(t0 + r)] = static_cast<double>(lse - lr[lab]);
       if (dx) {
         const T gs = static_cast<T>(grad_scale);
@@ -331,6 +340,33 @@ LossSums lm_head_loss(const T* x, const T* w, const int32_t* labels, int64_t n, 
     ++out.count;
   }
   return out;
+}
+
+template <typename T>
+void lm_head_score(const T* x, const T* w, const int32_t* labels, int64_t n, int64_t d, int64_t vocab, int64_t tile,
+                   double* nll, int32_t* top) {
+  for (int64_t i = 0; i < n; ++i)
+    EASYCTX_CHECK(labels[i] >= -1 && labels[i] < vocab, "lm_head_score: label ", labels[i], " at row ", i,
+                  " outside [-1, ", vocab, ")");
+  tile = lm_head_tile_rows(tile, n, vocab, kCpuMaxTileLogits);
+  std::vector<T> logits(static_cast<size_t>(std::min(tile, n) * vocab));
+  for (int64_t t0 = 0; t0 < n; t0 += tile) {
+    const int64_t tl = std::min(tile, n - t0);
+    gemm<T>(false, true, tl, vocab, d, T(1), x + t0 * d, d, w, d, T(0), logits.data(), vocab);
+#pragma omp parallel for schedule(static) if (tl * vocab > kParallelMin)
+    for (int64_t r = 0; r < tl; ++r) {
+      const T* lr = logits.data() + r * vocab;
+      const int32_t lab = labels[t0 + r];
+      nll[t0 + r] = 0;
+      top[t0 + r] = 0;
+      if (lab < 0) continue;
+      int64_t best = 0;  // the first index of the largest logit
+      for (int64_t j = 1; j < vocab; ++j)
+        if (lr[j] > lr[best]) best = j;
+      nll[t0 + r] = static_cast<double>(row_lse(lr, vocab) - lr[lab]);
+      top[t0 + r] = best == lab ? 1 : 0;
+    }
+  }
 }
 
 // ---------------------------------------------------------------- AdamW
@@ -363,7 +399,9 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWS
   template void swiglu_fwd<T>(const T*, const T*, int64_t, T*);                                                   \
   template void swiglu_bwd<T>(const T*, const T*, const T*, int64_t, T*, T*);                                     \
   template LossSums lm_head_loss<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,      \
-                                    double, T*, T*);
+                                    double, T*, T*);                                                              \
+  template void lm_head_score<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, double*, \
+                                 int32_t*);
 
 EASYCTX_INSTANTIATE(float, float)
 EASYCTX_INSTANTIATE(double, double)

@@ -47,6 +47,11 @@ template <typename T>
 LossSums lm_head_loss(const T* x, const T* w, const int32_t* labels, int64_t n, int64_t d, int64_t vocab,
                       int64_t tile, double grad_scale, T* dx, T* dw);
 
+// Per-row NLL (as lm_head_loss computes it) and argmax flag of the labelled rows (0 elsewhere).
+template <typename T>
+void lm_head_score(const T* x, const T* w, const int32_t* labels, int64_t n, int64_t d, int64_t vocab, int64_t tile,
+                   double* nll, int32_t* top);
+
 void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& s);
 
 }  // namespace easyctx::ops::cpu

@@ -554,6 +554,35 @@ class CudaBackend final : public Backend {
     return out;
   }
 
+  // ---------------------------------------------------------------- LM-head scoring (evaluations)
+  void lm_head_score(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens, const Tensor& nll,
+                     const Tensor& top) override {
+    check_float("lm_head_score", x);
+    check_device("lm_head_score", w);
+    const EmbeddingDims dims = check_lm_head_score(x, w, labels, nll, top);
+    const int64_t n = dims.n, vocab = dims.vocab, d = dims.d;
+    if (n == 0) return;
+    const LmHeadScratch s = cuda_lm_head_score_scratch(n, vocab, tile_tokens);
+    const int64_t tile = s.tile_rows;
+    Scratch logits(s.logits, stream_, *mem_);  // f32[tile, V]
+    Scratch rows(s.nll + s.top, stream_, *mem_);  // nll f64[n], then top i32[n]
+    double* dnll = rows.as<double>();
+    int32_t* dtop = reinterpret_cast<int32_t*>(dnll + n);
+    EASYCTX_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), stream_));
+    for (int64_t t0 = 0; t0 < n; t0 += tile) {
+      const int64_t tl = std::min(tile, n - t0);
+      const Tensor xt(static_cast<char*>(x.data) + t0 * d * element_size(x.dtype), x.dtype, {tl, d}, MemSpace::Device);
+      const Tensor lt(logits.as<float>(), DType::F32, {tl, vocab}, MemSpace::Device);
+      matmul(xt, false, w, true, lt, 1.0, 0.0);  // logits = x w^T, fp32 out (as lm_head_loss)
+      kernels::score_tile(logits.as<float>(), labels.ptr<int32_t>() + t0, tl, vocab, dnll + t0, dtop + t0, flag_,
+                          stream_);
+    }
+    EASYCTX_CUDA_CHECK(cudaMemcpyAsync(nll.data, dnll, static_cast<size_t>(n) * 8, cudaMemcpyDeviceToHost, stream_));
+    EASYCTX_CUDA_CHECK(cudaMemcpyAsync(top.data, dtop, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+    const bool bad = read_flag();  // synchronises: the host arrays are written
+    EASYCTX_CHECK(!bad, "lm_head_score: a label is outside [-1, ", vocab, ")");
+  }
+
   // ---------------------------------------------------------------- AdamW
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s) override {
     for (const Tensor* t : {&param, &grad, &m, &v}) {
