@@ -218,6 +218,8 @@ class Registry {
 
 constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
 constexpr double kMaxF = std::numeric_limits<double>::max();
+// Positions are int32 and a sequence-parallel layout pads the sequence: 2^30 leaves room.
+constexpr int64_t kMaxSeqLength = int64_t{1} << 30;
 
 std::string check_init(const std::string& s) {
   if (s == "random" || (starts_with(s, "hf:") && s.size() > 3) || (starts_with(s, "ckpt:") && s.size() > 5)) return "";
@@ -252,9 +254,9 @@ const Registry& registry() {
     // ---- data
     r.add_string("data.path", [](StageConfig& c) -> std::string& { return c.data.path; }, "file, folder or glob",
                  "Pre-tokenized HDF5 shards written by h5tokenize: one .h5 file, a folder of them, or a glob.");
-    r.add_int("data.seq_length", [](StageConfig& c) -> int64_t& { return c.data.seq_length; }, 2, kMaxI,
-              "Tokens per training sequence; each sample is a window of seq_length + 1 tokens. Any length works: "
-              "sequence-parallel modes pad and mask as they need.");
+    r.add_int("data.seq_length", [](StageConfig& c) -> int64_t& { return c.data.seq_length; }, 2, kMaxSeqLength,
+              "Tokens per training sequence; each sample is a window of seq_length + 1 tokens. Any length up to "
+              "2^30 works (positions are int32): sequence-parallel modes pad and mask as they need.");
     r.add_bool("data.check_tokens", [](StageConfig& c) -> bool& { return c.data.check_tokens; },
                "Check every token id of every window against the model's vocabulary before use.");
     // ---- train

@@ -2,11 +2,14 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/strings.h"
 
@@ -84,8 +87,10 @@ Json yaml_to_json(const YAML::Node& n) {
   const std::string s = n.Scalar();
   if (s == "true" || s == "false") return Json(s == "true");
   char* end = nullptr;
+  errno = 0;
   long long iv = std::strtoll(s.c_str(), &end, 10);
-  if (!s.empty() && end && *end == 0) return Json(static_cast<int64_t>(iv));
+  // Out of int64 (ERANGE): kept as a number, which the integer keys then refuse by name.
+  if (!s.empty() && end && *end == 0 && errno == 0) return Json(static_cast<int64_t>(iv));
   double dv = std::strtod(s.c_str(), &end);
   if (!s.empty() && end && *end == 0) return Json(dv);
   return Json(s);
@@ -94,26 +99,52 @@ Json yaml_to_json(const YAML::Node& n) {
 }  // namespace
 
 void LlamaConfig::validate() const {
-  auto pos = [&](const char* k, int64_t v) {
+  auto dim = [&](const char* k, int64_t v, int64_t limit) {
     EASYCTX_CHECK_INPUT(v > 0, name, ": ", k, " must be > 0, got ", v);
+    EASYCTX_CHECK_INPUT(v <= limit, name, ": ", k, " = ", v, " is above the limit of ", limit,
+                        " (far beyond any Llama; a typo or a corrupt config?)");
   };
-  pos("hidden_size", hidden_size);
-  pos("num_hidden_layers", num_layers);
-  pos("num_attention_heads", num_heads);
-  pos("num_key_value_heads", num_kv_heads);
-  pos("head_dim", head_dim);
-  pos("intermediate_size", intermediate_size);
-  pos("vocab_size", vocab_size);
+  dim("hidden_size", hidden_size, LlamaLimits::hidden_size);
+  dim("num_hidden_layers", num_layers, LlamaLimits::num_layers);
+  dim("num_attention_heads", num_heads, LlamaLimits::num_heads);
+  dim("num_key_value_heads", num_kv_heads, LlamaLimits::num_heads);
+  dim("head_dim", head_dim, LlamaLimits::head_dim);
+  dim("intermediate_size", intermediate_size, LlamaLimits::intermediate_size);
+  dim("vocab_size", vocab_size, LlamaLimits::vocab_size);
+  dim("max_position_embeddings", max_position_embeddings, LlamaLimits::max_position_embeddings);
   EASYCTX_CHECK_INPUT(num_heads % num_kv_heads == 0, name, ": num_attention_heads ", num_heads,
                       " is not a multiple of num_key_value_heads ", num_kv_heads);
   EASYCTX_CHECK_INPUT(head_dim % 2 == 0, name, ": head_dim ", head_dim, " must be even for RoPE");
-  EASYCTX_CHECK_INPUT(rms_norm_eps > 0, name, ": rms_norm_eps must be > 0, got ", rms_norm_eps);
-  EASYCTX_CHECK_INPUT(rope_theta > 0, name, ": rope_theta must be > 0, got ", rope_theta);
-  EASYCTX_CHECK_INPUT(rope_scaling.factor > 0, name, ": rope_scaling.factor must be > 0");
-  EASYCTX_CHECK_INPUT(vocab_size < (int64_t{1} << 31), name, ": vocab_size ", vocab_size, " does not fit int32 ids");
-  if (rope_scaling.kind == RopeScalingKind::Llama3)
+  EASYCTX_CHECK_INPUT(q_dim() <= LlamaLimits::projection, name, ": num_attention_heads x head_dim = ", num_heads,
+                      " x ", head_dim, " = ", q_dim(), " is above the limit of ", LlamaLimits::projection);
+  auto finite_pos = [&](const char* k, double v) {
+    EASYCTX_CHECK_INPUT(std::isfinite(v) && v > 0, name, ": ", k, " must be a finite number > 0, got ", v);
+  };
+  finite_pos("rms_norm_eps", rms_norm_eps);
+  finite_pos("rope_theta", rope_theta);
+  finite_pos("rope_scaling.factor", rope_scaling.factor);
+  if (rope_scaling.kind == RopeScalingKind::Llama3) {
+    finite_pos("rope_scaling.low_freq_factor", rope_scaling.low_freq_factor);
+    finite_pos("rope_scaling.high_freq_factor", rope_scaling.high_freq_factor);
+    dim("rope_scaling.original_max_position_embeddings", rope_scaling.original_max_position_embeddings,
+        LlamaLimits::max_position_embeddings);
     EASYCTX_CHECK_INPUT(rope_scaling.high_freq_factor != rope_scaling.low_freq_factor, name,
                         ": llama3 rope_scaling needs high_freq_factor != low_freq_factor");
+  }
+  // Every tensor and the whole model within kMaxElements (num_parameters checks each term).
+  checked_elements({vocab_size, hidden_size}, name + ": the embedding, vocab_size x hidden_size");
+  checked_elements({intermediate_size, hidden_size}, name + ": an MLP matrix, intermediate_size x hidden_size");
+  (void)num_parameters();
+}
+
+void LlamaConfig::check_tokens(int64_t tokens, int64_t head_rows, const std::string& what) const {
+  EASYCTX_CHECK_INPUT(tokens > 0, what, ": ", tokens, " tokens, expected > 0");
+  const std::string w = what + " (" + std::to_string(tokens) + " tokens) x ";
+  checked_elements({tokens, std::max(hidden_size, q_dim())}, w + "max(hidden_size, heads x head_dim) activations");
+  checked_elements({tokens, intermediate_size}, w + "intermediate_size MLP activations");
+  checked_elements({tokens, num_heads}, w + "num_attention_heads attention statistics");
+  checked_elements({std::min(tokens, std::max<int64_t>(1, head_rows)), vocab_size},
+                   what + ": an LM-head tile of logits (tile rows x vocab_size)");
 }
 
 std::vector<float> LlamaConfig::inv_freq() const {
@@ -149,8 +180,15 @@ std::vector<float> LlamaConfig::inv_freq() const {
 
 int64_t LlamaConfig::num_parameters() const {
   const int64_t d = hidden_size;
-  const int64_t layer = d * q_dim() + 2 * d * kv_dim() + q_dim() * d + 3 * d * intermediate_size + 2 * d;
-  return vocab_size * d * (tie_word_embeddings ? 1 : 2) + num_layers * layer + d;
+  const std::string w = name + ": parameter count";
+  auto el = [&](std::initializer_list<int64_t> f, const char* what) { return checked_elements(f, w + ", " + what); };
+  int64_t layer = el({2, d, q_dim()}, "2 x hidden_size x heads x head_dim (q, o)");
+  layer = checked_add(layer, el({2, d, kv_dim()}, "2 x hidden_size x kv_heads x head_dim (k, v)"), w);
+  layer = checked_add(layer, el({3, d, intermediate_size}, "3 x hidden_size x intermediate_size (MLP)"), w);
+  layer = checked_add(layer, el({2, d}, "2 x hidden_size (norms)"), w);
+  const int64_t embed = el({vocab_size, d, tie_word_embeddings ? 1 : 2}, "vocab_size x hidden_size (embedding, head)");
+  const int64_t layers = el({num_layers, layer}, "num_hidden_layers x the parameters of a layer");
+  return checked_elements({checked_add(checked_add(embed, layers, w), d, w)}, w);
 }
 
 Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
