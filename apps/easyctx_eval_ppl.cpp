@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
     LogOptions lo;
     lo.rank = rt.rank();
     log_init(lo);
+    o.require_every_length = true;  // a length no document reaches is an error, never a nan row
     auto comm = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, 3600);
     const std::vector<eval::PplRow> rows = eval::evaluate_perplexity(o, comm.get());
     if (rt.rank() == 0) {

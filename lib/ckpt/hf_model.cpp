@@ -1,5 +1,6 @@
 #include "ckpt/hf_model.h"
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -23,12 +24,35 @@ std::string shape_str(const std::vector<int64_t>& s) {
 // Tensors HF checkpoints may carry that are not parameters (old rotary buffers).
 bool ignorable(const std::string& name) { return ends_with(name, ".rotary_emb.inv_freq"); }
 
+// "" when every element of the loaded tensor is finite; otherwise where the first
+// non-finite one is (its index in the tensor's shape) and how many there are.
+template <typename T>
+std::string non_finite(const T* p, const std::vector<int64_t>& shape, int64_t n) {
+  int64_t first = -1, count = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) {
+      if (first < 0) first = i;
+      ++count;
+    }
+  if (first < 0) return "";
+  std::vector<int64_t> idx(shape.size());
+  for (size_t k = shape.size(), rest = static_cast<size_t>(first); k-- > 0;) {
+    idx[k] = static_cast<int64_t>(rest % static_cast<size_t>(shape[k]));
+    rest /= static_cast<size_t>(shape[k]);
+  }
+  std::ostringstream os;
+  os << p[first] << " at index " << shape_str(idx) << " (the first of " << count << " non-finite value"
+     << (count > 1 ? "s" : "") << ")";
+  return os.str();
+}
+
 }  // namespace
 
 void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, const std::vector<ops::Tensor>& units) {
   EASYCTX_CHECK(units.size() == layout.num_units(), "load_hf_weights: ", layout.num_units(), " units expected");
   SafetensorsReader r(dir);
-  std::vector<std::string> missing, bad;
+  const bool dst_is_f32 = !units.empty() && units[0].dtype == ops::DType::F32;
+  std::vector<std::string> missing, bad, not_finite;
   std::set<std::string> expected;
   for (size_t u = 0; u < layout.num_units(); ++u) {
     const ops::Tensor& dst = units[u];
@@ -53,13 +77,29 @@ void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, c
         continue;
       }
       const size_t es = ops::element_size(dst.dtype);
-      r.read(*t, dst.dtype, static_cast<char*>(dst.data) + static_cast<size_t>(pt.offset) * es);
+      void* out = static_cast<char*>(dst.data) + static_cast<size_t>(pt.offset) * es;
+      r.read(*t, dst.dtype, out);
+      const std::string nf = dst.dtype == ops::DType::F32 ? non_finite(static_cast<const float*>(out), pt.shape, pt.numel)
+                                                          : non_finite(static_cast<const double*>(out), pt.shape, pt.numel);
+      if (!nf.empty())
+        not_finite.push_back("tensor '" + pt.hf_name + "' (" + r.files()[t->file] + ", " + st_dtype_name(t->dtype) +
+                             ") holds " + nf);
     }
   }
   std::vector<std::string> unexpected;
   for (const StTensor& t : r.tensors())
     if (!expected.count(t.name) && !ignorable(t.name)) unexpected.push_back(t.name);
-  if (missing.empty() && bad.empty() && unexpected.empty()) return;
+  if (missing.empty() && bad.empty() && unexpected.empty()) {
+    if (not_finite.empty()) return;
+    // NaN or Inf would train as `loss nan` and be checkpointed and exported as if fine.
+    std::ostringstream os;
+    os << "hf:" << dir << ": " << not_finite.size() << " tensor" << (not_finite.size() > 1 ? "s hold" : " holds")
+       << " non-finite weights (NaN or Inf";
+    if (dst_is_f32) os << ", or an F64 value beyond the f32 range";
+    os << "); refusing to load them: ";
+    for (size_t i = 0; i < not_finite.size(); ++i) os << (i ? "; " : "") << not_finite[i];
+    throw InputError(os.str());
+  }
   std::ostringstream os;
   os << "model.init hf:" << dir << ": the checkpoint does not match the model config";
   auto list = [&](const char* what, const std::vector<std::string>& v) {

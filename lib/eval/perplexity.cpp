@@ -25,6 +25,9 @@ struct DocRef {
   uint64_t length = 0;
 };
 
+constexpr int64_t kMaxLength = int64_t{1} << 30;   // as data.seq_length
+constexpr int64_t kMaxLengths = int64_t{1} << 20;  // rows of the sweep
+
 void check_options(const PplOptions& o) {
   EASYCTX_CHECK_INPUT(!o.model_dir.empty(), "--model: required (a Hugging Face folder)");
   EASYCTX_CHECK_INPUT(!o.tokenized.empty(), "--tokenized: required (h5tokenize shards)");
@@ -34,6 +37,12 @@ void check_options(const PplOptions& o) {
   EASYCTX_CHECK_INPUT(o.tokens_step > 0, "--tokens-step: ", o.tokens_step, " (must be > 0)");
   EASYCTX_CHECK_INPUT(o.samples == -1 || o.samples > 0, "--samples: ", o.samples, " (must be > 0)");
   EASYCTX_CHECK_INPUT(o.mlp_tile >= 0, "--mlp-tile: ", o.mlp_tile, " (must be >= 0; 0: untiled)");
+  EASYCTX_CHECK_INPUT(o.lm_head_tile > 0, "--lm-head-tile: ", o.lm_head_tile, " (must be > 0)");
+  EASYCTX_CHECK_INPUT(o.max_tokens <= kMaxLength, "--max-tokens: ", o.max_tokens, " is above ", kMaxLength,
+                      " (positions are int32)");
+  const int64_t count = (o.max_tokens - o.min_tokens) / o.tokens_step + 1;
+  EASYCTX_CHECK_INPUT(count <= kMaxLengths, "--tokens-step: ", o.tokens_step, " gives ", count, " lengths from ",
+                      o.min_tokens, " to ", o.max_tokens, ", more than ", kMaxLengths, "; take a larger step");
 }
 
 std::vector<std::string> shard_files(const std::vector<std::string>& specs) {
@@ -51,26 +60,15 @@ std::vector<PplRow> evaluate_perplexity(const PplOptions& o, dist::Comm* comm) {
   check_options(o);
   model::LlamaConfig mc = model::load_llama_config(o.model_dir);
   if (o.rope_theta > 0) mc.rope_theta = o.rope_theta;
-  auto be = ops::make_cpu_backend();
-  model::ModelOptions mo;
-  mo.lm_head_tile = o.lm_head_tile;
-  mo.mlp_tile = o.mlp_tile;
-  model::LlamaModel m(mc, *be, DType::F32, mo);
-  std::vector<ops::Buffer> pbuf;
-  std::vector<ops::Tensor> params;
-  for (const auto& u : m.layout().units()) {
-    pbuf.push_back(be->alloc(DType::F32, u.numel));
-    params.push_back(pbuf.back().flat());
-  }
-  ckpt::load_hf_weights(o.model_dir, m.layout(), params);
-
   std::vector<int64_t> lengths;
   for (int64_t L = o.min_tokens; L <= o.max_tokens; L += o.tokens_step) lengths.push_back(L);
   // Documents in storage order; per length the first K with >= L tokens.
   const std::vector<std::string> files = shard_files(o.tokenized);
   std::vector<data::TokenShardReader> shards;
   std::vector<DocRef> docs;
+  std::vector<size_t> first_doc;  // per file: index of its first document in docs
   for (size_t f = 0; f < files.size(); ++f) {
+    first_doc.push_back(docs.size());
     shards.emplace_back(files[f]);
     const auto& off = shards.back().doc_offsets();
     for (size_t d = 0; d + 1 < off.size(); ++d) docs.push_back({f, off[d], off[d + 1] - off[d]});
@@ -83,9 +81,31 @@ std::vector<PplRow> evaluate_perplexity(const PplOptions& o, dist::Comm* comm) {
         selected[d].push_back(i);
         ++taken;
       }
+    if (taken == 0 && o.require_every_length) {
+      uint64_t longest = 0;
+      for (const DocRef& doc : docs) longest = std::max(longest, doc.length);
+      EASYCTX_THROW_INPUT("--max-tokens: no document of ", o.tokenized.front(),
+                          o.tokenized.size() > 1 ? " (or the other --tokenized inputs)" : "", " has ", lengths[i],
+                          " tokens (the longest has ", longest, "); lower --max-tokens to at most ", longest,
+                          " or add longer documents");
+    }
   }
   log_info("eval ppl: ", mc.describe(), "; ", docs.size(), " documents in ", files.size(), " file(s), ",
            selected.size(), " scored, lengths ", o.min_tokens, "..", o.max_tokens, " step ", o.tokens_step);
+
+  // The model after the cheap checks of the documents and lengths.
+  auto be = ops::make_cpu_backend();
+  model::ModelOptions mo;
+  mo.lm_head_tile = o.lm_head_tile;
+  mo.mlp_tile = o.mlp_tile;
+  model::LlamaModel m(mc, *be, DType::F32, mo);
+  std::vector<ops::Buffer> pbuf;
+  std::vector<ops::Tensor> params;
+  for (const auto& u : m.layout().units()) {
+    pbuf.push_back(be->alloc(DType::F32, u.numel));
+    params.push_back(pbuf.back().flat());
+  }
+  ckpt::load_hf_weights(o.model_dir, m.layout(), params);
 
   // sums[i] = sum over scored documents of their mean NLL at lengths[i]; counts[i] documents.
   std::vector<double> sums(lengths.size(), 0.0), counts(lengths.size(), 0.0);
@@ -115,6 +135,9 @@ std::vector<PplRow> evaluate_perplexity(const PplOptions& o, dist::Comm* comm) {
       ops::Tensor lab(labels.data() + done, DType::I32, {upto - done});
       running += m.head_loss(params, hidden.rows(done, upto - done), lab).sum_nll;
       done = upto;
+      EASYCTX_CHECK_INPUT(std::isfinite(running), o.model_dir, ": the model's loss is not finite (", running,
+                          ") on document ", d - first_doc[docs[d].file], " of ", files[docs[d].file], " at length ",
+                          lengths[i], " (non-finite activations: overflow in the weights?); no row written");
       sums[i] += running / static_cast<double>(upto);
       counts[i] += 1;
     }

@@ -28,17 +28,24 @@ struct PplOptions {
   int64_t lm_head_tile = 4096;
   int64_t mlp_tile = 16384;           // tokens per MLP tile (0: untiled): the [tokens, I] activations
   double rope_theta = 0;              // > 0 overrides the model's
+  // Refuse (InputError naming the length and the longest document) a length no document
+  // reaches, before any forward pass, instead of returning its row with ppl NaN.
+  // easyctx_eval_ppl sets it: its CSV never holds a nan row.
+  bool require_every_length = false;
 };
 
 struct PplRow {
   int64_t tokens = 0;    // L
   int64_t documents = 0; // documents scored at L
   double mean_nll = 0;   // mean over documents of the per-document mean NLL
-  double ppl = 0;        // exp(mean_nll); NaN when no document has L tokens
+  double ppl = 0;        // exp(mean_nll); NaN when no document has L tokens (and
+                         // require_every_length is off); a non-finite loss is an InputError
 };
 
 // Validates options (InputError naming the flag). `comm` (may be null) splits documents
-// across ranks; every rank returns the same rows.
+// across ranks; every rank returns the same rows. The weights are checked finite on load
+// (ckpt::load_hf_weights), and a non-finite loss of any document is an InputError naming
+// the document, its file and the length.
 std::vector<PplRow> evaluate_perplexity(const PplOptions& opts, dist::Comm* comm);
 
 // CSV: header "tokens,ppl,documents,nll", one row per length.
