@@ -2,8 +2,10 @@
 // Parsing (YAML file and --set), validation, dumping and docs/config.md all walk this table.
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -238,7 +240,8 @@ const Registry& registry() {
                  "preset name, .yaml or config.json path",
                  "Model shape: a preset name from configs/models/ (tiny, tinyllama-1b, llama2-7b, llama2-13b, "
                  "llama3-8b, ...), a model YAML file, or a Hugging Face config.json (or the folder holding it). "
-                 "With model.init hf:DIR the folder's config.json is used when this is left at its default.",
+                 "With model.init hf:DIR the folder's config.json gives the model: leave this at its default, or give a "
+                 "config of the same model (a different one is an error naming both).",
                  check_nonempty);
     r.add_string("model.init", [](StageConfig& c) -> std::string& { return c.model.init; }, "random, hf:DIR, ckpt:DIR",
                  "Initial weights: `random` (normal with model.init_std), `hf:DIR` (Hugging Face safetensors), or "
@@ -547,6 +550,18 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
 }
 
 StageConfig load_stage_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    std::vector<std::string> yamls;
+    for (const auto& e : std::filesystem::directory_iterator(path, ec))
+      if (e.path().extension() == ".yaml" || e.path().extension() == ".yml") yamls.push_back(e.path().filename());
+    std::sort(yamls.begin(), yamls.end());
+    std::string some;
+    for (size_t i = 0; i < yamls.size() && i < 3; ++i) some += (i ? ", " : "") + yamls[i];
+    EASYCTX_THROW_INPUT(path, ": is a folder; the stage config is one YAML file",
+                        yamls.empty() ? std::string(" (this folder holds none)")
+                                      : " (this folder holds " + some + (yamls.size() > 3 ? ", ..." : "") + ")");
+  }
   return parse_stage_config(read_file(path), path, overrides);
 }
 

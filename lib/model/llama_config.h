@@ -77,10 +77,16 @@ struct LlamaConfig {
 // From an HF config.json object; `source` names it in errors.
 LlamaConfig llama_config_from_json(const Json& j, const std::string& source);
 // spec: a preset name (configs/models/<name>.yaml), a .yaml/.yml file, a config.json file,
-// or a folder holding config.json.
+// or a folder holding config.json. A model YAML takes only the keys easyctx reads (an unknown
+// one is an InputError with file:line:column and a suggestion); a config.json may carry any
+// key transformers writes (unknown ones are named in a warning), but keys that would change
+// the model (sliding_window, attention_dropout, partial_rotary_factor, quantization_config,
+// biases, activation, model_type) must hold their neutral value. docs/model.md.
 LlamaConfig load_llama_config(const std::string& spec);
-// The stage's model: model.config, except that with model.init hf:DIR and model.config left
-// at its default the folder's config.json is used; model.rope_theta > 0 overrides theta.
+// The stage's model. With model.init hf:DIR: DIR/config.json, which model.config may repeat
+// (left at its default, or describing the same model) but not contradict (an InputError
+// naming both and the keys that differ); model.config alone when DIR has no config.json.
+// Otherwise model.config. model.rope_theta > 0 overrides theta.
 LlamaConfig resolve_llama_config(const ModelConfig& m);
 // Folder searched for presets: $EASYCTX_CONFIG_DIR/models, ./configs/models, then the
 // source tree's configs/models.
