@@ -281,6 +281,10 @@ TEST(LlamaConfigStrict, HfInitTakesTheShapeFromTheFolder) {
   EXPECT_NE(e.find("model.init hf:" + (dir / "bare") + ": the folder has no config.json"), std::string::npos) << e;
   m.config = "demo";
   EXPECT_EQ(model::resolve_llama_config(m).name, "demo");
+  // A folder that does not exist is named at once, even with model.config given.
+  m.init = "hf:" + (dir / "missing");
+  e = error_of([&] { model::resolve_llama_config(m); });
+  EXPECT_NE(e.find("model.init hf:" + (dir / "missing") + ": no such folder"), std::string::npos) << e;
   // A training run's folder given as a model: pointed at its export.
   fs::create_directories(dir / "run/final");
   write(dir / "run/final/config.json", shape.to_hf_json().dump(2));
