@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
     }
     o.progress = eval::log_progress("eval ppl", rt.rank(), progress_every);
     auto comm = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, o.collective_timeout_s);
+    o.require_every_length = true;  // a length no document reaches is an error, never a nan row
     const std::vector<eval::PplResult> results = eval::evaluate_perplexity_models(o, models, comm.get());
     if (rt.rank() != 0) return 0;
     const std::string stem = stem_of(out);

@@ -105,6 +105,9 @@ int inspect_main(dist::Runtime& rt, int argc, char** argv) {
   } else {
     auto parts = split(window, ':');
     EASYCTX_CHECK_INPUT(parts.size() == 2, "--decode-window ", window, ": expected START:LEN");
+    for (const std::string& part : parts)
+      EASYCTX_CHECK_INPUT(!part.empty() && part.size() <= 19 && part.find_first_not_of("0123456789") == std::string::npos,
+                          "--decode-window ", window, ": expected START:LEN, two non-negative integers");
     start = std::stoull(parts[0]);
     len = std::stoull(parts[1]);
     EASYCTX_CHECK_INPUT(start < ds.num_tokens(), "--decode-window start ", start, " >= ", ds.num_tokens(), " tokens");

@@ -50,6 +50,9 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
       ("deflate", po::value(&o.deflate)->default_value(0), "gzip level 0-9 for /tokens (0: none)")
       ("split-bytes", po::value(&o.split_bytes)->default_value(o.split_bytes), "work unit size in input bytes")
       ("threads", po::value(&o.threads)->default_value(1), "tokenizer threads per rank")
+      ("max-doc-bytes", po::value(&o.max_doc_bytes)->default_value(o.max_doc_bytes),
+       "a record (JSON line or .txt file) longer than this is an error naming the file and line; a document "
+       "takes about 7x its size in memory (the tokenizer works on 256 KiB pieces)")
       ("strict", "malformed records are fatal instead of skipped")
       ("overwrite", "delete existing shards in the output folder first")
       ("progress", po::value(&o.progress)->default_value(-1), "progress line: 1 on, 0 off, -1 when stderr is a terminal")

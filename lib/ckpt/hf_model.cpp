@@ -1,5 +1,6 @@
 #include "ckpt/hf_model.h"
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -22,6 +23,45 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 // Tensors HF checkpoints may carry that are not parameters (old rotary buffers).
 bool ignorable(const std::string& name) { return ends_with(name, ".rotary_emb.inv_freq"); }
+
+// "" when every element of the loaded tensor is finite; otherwise where the first
+// non-finite one is (its index in the tensor's shape) and how many there are.
+template <typename T>
+std::string non_finite(const T* p, const std::vector<int64_t>& shape, int64_t n) {
+  int64_t first = -1, count = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) {
+      if (first < 0) first = i;
+      ++count;
+    }
+  if (first < 0) return "";
+  std::vector<int64_t> idx(shape.size());
+  for (size_t k = shape.size(), rest = static_cast<size_t>(first); k-- > 0;) {
+    idx[k] = static_cast<int64_t>(rest % static_cast<size_t>(shape[k]));
+    rest /= static_cast<size_t>(shape[k]);
+  }
+  std::ostringstream os;
+  os << p[first] << " at index " << shape_str(idx) << " (the first of " << count << " non-finite value"
+     << (count > 1 ? "s" : "") << ")";
+  return os.str();
+}
+
+// NaN or Inf would train as `loss nan` and be checkpointed and exported as if fine: one
+// InputError naming every bad tensor (its file, dtype, the value and where).
+void refuse_non_finite(const std::string& dir, const std::vector<std::string>& bad, bool to_f32) {
+  if (bad.empty()) return;
+  std::ostringstream os;
+  os << "hf:" << dir << ": " << bad.size() << " tensor" << (bad.size() > 1 ? "s hold" : " holds")
+     << " non-finite weights (NaN or Inf";
+  if (to_f32) os << ", or an F64 value beyond the f32 range";
+  os << "); refusing to load them: ";
+  for (size_t i = 0; i < bad.size(); ++i) os << (i ? "; " : "") << bad[i];
+  throw InputError(os.str());
+}
+
+std::string where_bad(const SafetensorsReader& r, const StTensor& t, const std::string& nf) {
+  return "tensor '" + t.name + "' (" + r.files()[t.file] + ", " + st_dtype_name(t.dtype) + ") holds " + nf;
+}
 
 }  // namespace
 
@@ -78,12 +118,20 @@ void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, c
   }
   SafetensorsReader r(dir);
   check_against_layout(r, dir, layout);
+  std::vector<std::string> not_finite;
   for (size_t u = 0; u < layout.num_units(); ++u) {
     const ops::Tensor& dst = units[u];
     const size_t es = ops::element_size(dst.dtype);
-    for (const model::ParamTensor& pt : layout.units()[u].tensors)
-      r.read(*r.find(pt.hf_name), dst.dtype, static_cast<char*>(dst.data) + static_cast<size_t>(pt.offset) * es);
+    for (const model::ParamTensor& pt : layout.units()[u].tensors) {
+      const StTensor& t = *r.find(pt.hf_name);
+      void* out = static_cast<char*>(dst.data) + static_cast<size_t>(pt.offset) * es;
+      r.read(t, dst.dtype, out);
+      const std::string nf = dst.dtype == ops::DType::F32 ? non_finite(static_cast<const float*>(out), pt.shape, pt.numel)
+                                                          : non_finite(static_cast<const double*>(out), pt.shape, pt.numel);
+      if (!nf.empty()) not_finite.push_back(where_bad(r, t, nf));
+    }
   }
+  refuse_non_finite(dir, not_finite, !units.empty() && units[0].dtype == ops::DType::F32);
 }
 
 void for_each_hf_tensor(const std::string& dir, const model::ParamLayout& layout,
@@ -91,12 +139,17 @@ void for_each_hf_tensor(const std::string& dir, const model::ParamLayout& layout
   SafetensorsReader r(dir);
   check_against_layout(r, dir, layout);
   std::vector<float> buf;
+  std::vector<std::string> not_finite;  // (refused once every tensor was read: all are named)
   for (size_t u = 0; u < layout.num_units(); ++u)
     for (const model::ParamTensor& pt : layout.units()[u].tensors) {
+      const StTensor& t = *r.find(pt.hf_name);
       buf.resize(static_cast<size_t>(pt.numel));
-      r.read(*r.find(pt.hf_name), ops::DType::F32, buf.data());
+      r.read(t, ops::DType::F32, buf.data());
+      const std::string nf = non_finite(buf.data(), pt.shape, pt.numel);
+      if (!nf.empty()) not_finite.push_back(where_bad(r, t, nf));
       sink(u, pt, buf.data());
     }
+  refuse_non_finite(dir, not_finite, true);
 }
 
 void save_hf_model(const std::string& dir, const model::LlamaConfig& cfg, const model::ParamLayout& layout,

@@ -14,7 +14,9 @@ namespace easyctx::ckpt {
 
 // Fills host unit buffers (f32 or f64, one per layout unit) from the safetensors in `dir`
 // (one file or sharded). Checks every tensor's presence, dtype and shape against the
-// layout; all missing, unexpected and mismatched tensors are named in one InputError.
+// layout; all missing, unexpected and mismatched tensors are named in one InputError. Every
+// weight must be finite once loaded: NaN or Inf (or an F64 value beyond f32 when loading f32)
+// is an InputError naming each such tensor, its file and the index of its first bad value.
 void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, const std::vector<ops::Tensor>& units);
 
 // The same checks (all before any tensor is read), then each parameter tensor converted to

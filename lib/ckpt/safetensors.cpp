@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "core/strings.h"
@@ -161,7 +162,9 @@ void SafetensorsReader::parse_file(const std::string& path) {
     t.begin = static_cast<uint64_t>((*off)[0].as_int());
     t.end = static_cast<uint64_t>((*off)[1].as_int());
     EASYCTX_CHECK_INPUT(t.begin <= t.end, where, ": data_offsets [", t.begin, ", ", t.end, "] are reversed");
-    const uint64_t want = static_cast<uint64_t>(t.numel()) * st_dtype_size(t.dtype);
+    int64_t numel = 1;  // overflow-checked here, so numel() can multiply plainly
+    for (int64_t d : t.shape) numel = checked_elements({numel, d}, where + ": shape");
+    const uint64_t want = static_cast<uint64_t>(numel) * st_dtype_size(t.dtype);
     EASYCTX_CHECK_INPUT(t.end - t.begin == want, where, ": ", t.end - t.begin, " bytes stored but shape ",
                         Json(static_cast<int64_t>(t.shape.size())).dump(), "-d ", st_dtype_name(t.dtype),
                         " needs ", want);

@@ -1,5 +1,6 @@
 #include "core/config.h"
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace easyctx {
@@ -81,6 +82,24 @@ void validate_for_world(const StageConfig& c, int world_size) {
                       c.train.warmup_steps, " exceeds train.steps = ", c.train.steps);
   EASYCTX_CHECK_INPUT(c.train.min_lr <= c.train.lr, src, ": train.min_lr = ", c.train.min_lr,
                       " exceeds train.lr = ", c.train.lr);
+  check_derived_sizes(c, world_size);
+}
+
+void check_derived_sizes(const StageConfig& c, int world_size) {
+  const std::string& src = c.source.empty() ? std::string("config") : c.source;
+  EASYCTX_CHECK_INPUT(world_size > 0 && c.parallel.sequence.size > 0, src, ": world size ", world_size,
+                      " and parallel.sequence.size ", c.parallel.sequence.size, " must be > 0");
+  const int64_t dp = world_size / c.parallel.sequence.size;
+  // Tokens of one micro-batch on one rank before the sequence split: the model's activations
+  // are checked against it (LlamaModel's workspace), the loader allocates it.
+  checked_elements({c.train.batch_size, c.data.seq_length + 1},
+                   src + ": tokens per micro-batch, train.batch_size x (data.seq_length + 1)");
+  const int64_t global = checked_product({c.train.batch_size, c.train.grad_accum, dp},
+                                         src + ": global batch, train.batch_size x train.grad_accum x data-parallel "
+                                         "size (world / parallel.sequence.size)");
+  // Sample indices (step x global batch + k) and the run's token count stay inside int64.
+  checked_product({checked_add<int64_t>(c.train.steps, 1, src + ": train.steps + 1"), global, c.data.seq_length + 1},
+                  src + ": tokens of the run, (train.steps + 1) x global batch x (data.seq_length + 1)");
 }
 
 }  // namespace easyctx

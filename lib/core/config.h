@@ -132,8 +132,12 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
                                const std::vector<std::string>& overrides = {});
 // Applies one "key=value" override.
 void apply_override(StageConfig& cfg, const std::string& assignment);
-// Cross-key rules that need the world size (divisibility of groups, mode constraints).
+// Cross-key rules that need the world size (divisibility of groups, mode constraints), then
+// check_derived_sizes.
 void validate_for_world(const StageConfig& cfg, int world_size);
+// Sizes derived from several keys fit 64 bits (core/checked.h): tokens per micro-batch,
+// the global batch, the run's samples and tokens. InputError naming the keys otherwise.
+void check_derived_sizes(const StageConfig& cfg, int world_size);
 // Cross-key rules of the activation section (the trainer and the memory plan check them).
 void validate_activation(const StageConfig& cfg);
 // The resolved config as YAML (loadable again).

@@ -2,8 +2,10 @@
 // Parsing (YAML file and --set), validation, dumping and docs/config.md all walk this table.
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -218,6 +220,8 @@ class Registry {
 
 constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
 constexpr double kMaxF = std::numeric_limits<double>::max();
+// Positions are int32 and a sequence-parallel layout pads the sequence: 2^30 leaves room.
+constexpr int64_t kMaxSeqLength = int64_t{1} << 30;
 
 std::string check_init(const std::string& s) {
   if (s == "random" || (starts_with(s, "hf:") && s.size() > 3) || (starts_with(s, "ckpt:") && s.size() > 5)) return "";
@@ -236,7 +240,8 @@ const Registry& registry() {
                  "preset name, .yaml or config.json path",
                  "Model shape: a preset name from configs/models/ (tiny, tinyllama-1b, llama2-7b, llama2-13b, "
                  "llama3-8b, ...), a model YAML file, or a Hugging Face config.json (or the folder holding it). "
-                 "With model.init hf:DIR the folder's config.json is used when this is left at its default.",
+                 "With model.init hf:DIR the folder's config.json gives the model: leave this at its default, or give a "
+                 "config of the same model (a different one is an error naming both).",
                  check_nonempty);
     r.add_string("model.init", [](StageConfig& c) -> std::string& { return c.model.init; }, "random, hf:DIR, ckpt:DIR",
                  "Initial weights: `random` (normal with model.init_std), `hf:DIR` (Hugging Face safetensors), or "
@@ -252,9 +257,9 @@ const Registry& registry() {
     // ---- data
     r.add_string("data.path", [](StageConfig& c) -> std::string& { return c.data.path; }, "file, folder or glob",
                  "Pre-tokenized HDF5 shards written by h5tokenize: one .h5 file, a folder of them, or a glob.");
-    r.add_int("data.seq_length", [](StageConfig& c) -> int64_t& { return c.data.seq_length; }, 2, kMaxI,
-              "Tokens per training sequence; each sample is a window of seq_length + 1 tokens. Any length works: "
-              "sequence-parallel modes pad and mask as they need.");
+    r.add_int("data.seq_length", [](StageConfig& c) -> int64_t& { return c.data.seq_length; }, 2, kMaxSeqLength,
+              "Tokens per training sequence; each sample is a window of seq_length + 1 tokens. Any length up to "
+              "2^30 works (positions are int32): sequence-parallel modes pad and mask as they need.");
     r.add_bool("data.check_tokens", [](StageConfig& c) -> bool& { return c.data.check_tokens; },
                "Check every token id of every window against the model's vocabulary before use.");
     // ---- train
@@ -545,6 +550,18 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
 }
 
 StageConfig load_stage_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    std::vector<std::string> yamls;
+    for (const auto& e : std::filesystem::directory_iterator(path, ec))
+      if (e.path().extension() == ".yaml" || e.path().extension() == ".yml") yamls.push_back(e.path().filename());
+    std::sort(yamls.begin(), yamls.end());
+    std::string some;
+    for (size_t i = 0; i < yamls.size() && i < 3; ++i) some += (i ? ", " : "") + yamls[i];
+    EASYCTX_THROW_INPUT(path, ": is a folder; the stage config is one YAML file",
+                        yamls.empty() ? std::string(" (this folder holds none)")
+                                      : " (this folder holds " + some + (yamls.size() > 3 ? ", ..." : "") + ")");
+  }
   return parse_stage_config(read_file(path), path, overrides);
 }
 

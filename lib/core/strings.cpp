@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -120,6 +121,9 @@ void append_utf8(std::string& out, uint32_t cp) {
 }
 
 std::string read_file(const std::string& path) {
+  // A folder opens and reads as empty on Linux: refuse it instead of parsing "".
+  std::error_code ec;
+  EASYCTX_CHECK_INPUT(!std::filesystem::is_directory(path, ec), path, ": is a folder, expected a file");
   std::ifstream f(path, std::ios::binary);
   EASYCTX_CHECK_INPUT(f.good(), path, ": cannot open: ", std::strerror(errno));
   std::ostringstream ss;

@@ -20,7 +20,7 @@ std::string format_count(double n);      // "12.3K", "4.10M"
 std::string format_duration(double seconds);  // "1h02m", "3m05s", "12.3s"
 // Appends code point cp (<= 0x10FFFF) encoded as UTF-8.
 void append_utf8(std::string& out, uint32_t cp);
-std::string read_file(const std::string& path);  // throws InputError naming the path
+std::string read_file(const std::string& path);  // throws InputError naming the path (also for a folder)
 // Writes via `path.tmp` + rename so readers never see a partial file.
 void write_file_atomic(const std::string& path, std::string_view content);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/strings.h"
 
@@ -56,8 +57,8 @@ TokenDataset::TokenDataset(const std::string& spec, size_t max_open_files)
       EASYCTX_CHECK_INPUT(m.bos_id == meta_.bos_id && m.eos_id == meta_.eos_id, files_[i],
                           ": BOS/EOS ids differ from ", files_[0]);
     }
-    starts_.push_back(starts_.back() + r.num_tokens());
-    num_docs_ += r.num_docs();
+    starts_.push_back(checked_add(starts_.back(), r.num_tokens(), "tokens of the dataset " + spec_));
+    num_docs_ = checked_add(num_docs_, r.num_docs(), "documents of the dataset " + spec_);
   }
 }
 

@@ -68,6 +68,42 @@ Handle open_dataset(const Handle& file, const char* name, const std::string& pat
   return Handle(H5Dopen2(file, name, H5P_DEFAULT), Handle::Kind::Dataset, name, path);
 }
 
+namespace {
+std::string type_name(hid_t t, const std::string& path) {
+  const size_t bytes = H5Tget_size(t);
+  EASYCTX_CHECK(bytes > 0, "H5Tget_size failed for ", path);
+  switch (H5Tget_class(t)) {
+    case H5T_INTEGER: {
+      const H5T_sign_t sign = H5Tget_sign(t);
+      check(sign, "H5Tget_sign", path);
+      return std::string(sign == H5T_SGN_NONE ? "uint" : "int") + std::to_string(8 * bytes);
+    }
+    case H5T_FLOAT: return "float" + std::to_string(8 * bytes);
+    case H5T_STRING: return "string";
+    case H5T_BITFIELD: return "bitfield" + std::to_string(8 * bytes);
+    case H5T_OPAQUE: return "opaque";
+    case H5T_COMPOUND: return "compound";
+    case H5T_REFERENCE: return "reference";
+    case H5T_ENUM: return "enum";
+    case H5T_VLEN: return "variable-length";
+    case H5T_ARRAY: return "array";
+    default: return "unknown";
+  }
+}
+}  // namespace
+
+std::string dataset_type_name(const Handle& ds, const std::string& path) {
+  Handle t(H5Dget_type(ds), Handle::Kind::Datatype, "H5Dget_type", path);
+  return type_name(t, path);
+}
+
+void expect_unsigned(const Handle& ds, const char* name, size_t bytes, const std::string& path) {
+  const std::string got = dataset_type_name(ds, path);
+  const std::string want = "uint" + std::to_string(8 * bytes);
+  EASYCTX_CHECK_INPUT(got == want, path, ": dataset /", name, " holds ", got, ", expected ", want,
+                      " (the token shard format, docs/data.md; re-run h5tokenize or convert the dataset)");
+}
+
 uint64_t dataset_length(const Handle& ds, const char* name, const std::string& path) {
   Handle space(H5Dget_space(ds), Handle::Kind::Dataspace, "H5Dget_space", path);
   int rank = static_cast<int>(check(H5Sget_simple_extent_ndims(space), "H5Sget_simple_extent_ndims", path));
@@ -170,6 +206,11 @@ std::string read_attr_string(const Handle& obj, const char* name, const std::str
 int64_t read_attr_int(const Handle& obj, const char* name, const std::string& path) {
   EASYCTX_CHECK_INPUT(has_attr(obj, name, path), path, ": attribute ", name, " is missing");
   Handle a(H5Aopen(obj, name, H5P_DEFAULT), Handle::Kind::Attribute, name, path);
+  {
+    Handle t(H5Aget_type(a), Handle::Kind::Datatype, "H5Aget_type", path);
+    EASYCTX_CHECK_INPUT(H5Tget_class(t) == H5T_INTEGER, path, ": attribute ", name, " holds ", type_name(t, path),
+                        ", expected an integer");
+  }
   int64_t v = 0;
   check(H5Aread(a, H5T_NATIVE_INT64, &v), "H5Aread", path);
   return v;

@@ -42,6 +42,13 @@ Handle open_file(const std::string& path, bool writable);
 Handle create_file(const std::string& path);  // truncates
 Handle open_dataset(const Handle& file, const char* name, const std::string& path);
 
+// The element type of a dataset as text: "uint32", "int64", "float32", "string", "compound"...
+std::string dataset_type_name(const Handle& ds, const std::string& path);
+// Throws InputError naming the file, the dataset and its element type unless the dataset
+// holds unsigned integers of `bytes` bytes (either byte order): a float, signed or narrower
+// dataset is never converted silently (HDF5 would clip negative ids to 0).
+void expect_unsigned(const Handle& ds, const char* name, size_t bytes, const std::string& path);
+
 // Number of elements of a 1-D dataset (throws when it is not 1-D).
 uint64_t dataset_length(const Handle& ds, const char* name, const std::string& path);
 // Reads [offset, offset+count) of a 1-D dataset into out with the given memory type.

@@ -1,5 +1,6 @@
 #include "data/loader.h"
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/json.h"
 
@@ -40,6 +41,8 @@ bool LoaderState::operator==(const LoaderState& o) const {
 DataLoader::DataLoader(const LoaderOptions& opts)
     : opts_(opts), dataset_(opts.path), sampler_(dataset_.num_tokens(), opts.seq_length, opts.seed),
       vocab_limit_(dataset_.meta().vocab_size) {
+  EASYCTX_CHECK_INPUT(opts_.seq_length > 0 && opts_.seq_length < (int64_t{1} << 31) - 1, "data loader: seq_length ",
+                      opts_.seq_length, " outside [1, 2^31 - 2] (positions are int32)");
   const BatchShape& s = opts_.shape;
   EASYCTX_CHECK_INPUT(s.batch_size > 0 && s.grad_accum > 0 && s.dp_size > 0, "data loader: batch_size ",
                       s.batch_size, ", grad_accum ", s.grad_accum, ", dp_size ", s.dp_size, " must all be > 0");
@@ -70,7 +73,8 @@ MicroBatch DataLoader::micro_batch(int64_t step, int64_t micro) const {
   mb.batch = opts_.shape.batch_size;
   mb.local_len = local_len();
   SpSlice acc;
-  const size_t total = static_cast<size_t>(mb.batch * mb.local_len);
+  const size_t total = static_cast<size_t>(
+      checked_elements({mb.batch, mb.local_len}, "data loader: a micro-batch, batch_size x local sequence length"));
   acc.tokens.reserve(total);
   acc.labels.reserve(total);
   acc.positions.reserve(total);

@@ -1,5 +1,6 @@
 #include "data/sampler.h"
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace easyctx::data {
@@ -49,8 +50,11 @@ uint64_t sample_index(const BatchShape& s, int64_t step, int64_t micro, int64_t 
                     b < s.batch_size,
                 "sample_index: (step ", step, ", micro ", micro, ", dp_rank ", dp_rank, ", b ", b,
                 ") outside the batch shape");
-  uint64_t k = static_cast<uint64_t>((micro * s.dp_size + dp_rank) * s.batch_size + b);
-  return static_cast<uint64_t>(step) * static_cast<uint64_t>(s.global()) + k;
+  const uint64_t global = static_cast<uint64_t>(
+      checked_product({s.batch_size, s.grad_accum, s.dp_size}, "global batch, batch_size x grad_accum x dp_size"));
+  const uint64_t k = static_cast<uint64_t>((micro * s.dp_size + dp_rank) * s.batch_size + b);  // < global
+  return checked_add(checked_mul(static_cast<uint64_t>(step), global, "sample index, step x global batch"), k,
+                     "sample index");
 }
 
 WindowSampler::WindowSampler(uint64_t num_tokens, int64_t seq_length, uint64_t seed)

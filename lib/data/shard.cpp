@@ -151,8 +151,10 @@ TokenShardReader::TokenShardReader(const std::string& path) : path_(path), impl_
   impl_->file = h5::open_file(path, false);
   meta_ = load_meta(impl_->file, path);
   impl_->tokens = h5::open_dataset(impl_->file, "tokens", path);
+  h5::expect_unsigned(impl_->tokens, "tokens", sizeof(uint32_t), path);
   num_tokens_ = h5::dataset_length(impl_->tokens, "tokens", path);
   Handle off = h5::open_dataset(impl_->file, "doc_offsets", path);
+  h5::expect_unsigned(off, "doc_offsets", sizeof(uint64_t), path);
   uint64_t n_off = h5::dataset_length(off, "doc_offsets", path);
   EASYCTX_CHECK_INPUT(n_off >= 1, path, ": /doc_offsets is empty, expected D+1 >= 1 entries");
   offsets_.resize(n_off);
@@ -163,6 +165,7 @@ TokenShardReader::TokenShardReader(const std::string& path) : path_(path), impl_
   EASYCTX_CHECK_INPUT(offsets_.back() == num_tokens_, path, ": /doc_offsets ends at ", offsets_.back(),
                       " but /tokens has ", num_tokens_, " tokens");
   Handle src = h5::open_dataset(impl_->file, "doc_source", path);
+  h5::expect_unsigned(src, "doc_source", sizeof(uint16_t), path);
   uint64_t n_src = h5::dataset_length(src, "doc_source", path);
   EASYCTX_CHECK_INPUT(n_src == n_off - 1, path, ": /doc_source has ", n_src, " entries, expected ", n_off - 1);
   doc_source_.resize(n_src);

@@ -76,6 +76,7 @@ class TokenShardWriter {
 class TokenShardReader {
  public:
   // Opens the shard read-only and checks its structure: format attribute, 1-D datasets,
+  // element types (/tokens uint32, /doc_offsets uint64, /doc_source uint16: never converted),
   // doc_offsets[0] = 0, non-decreasing, last = number of tokens, doc_source < #sources.
   // Throws InputError naming the file and the failed expectation.
   explicit TokenShardReader(const std::string& path);

@@ -24,6 +24,9 @@ struct DocRef {
   uint64_t length = 0;
 };
 
+constexpr int64_t kMaxLength = int64_t{1} << 30;   // as data.seq_length
+constexpr int64_t kMaxLengths = int64_t{1} << 20;  // rows of the sweep
+
 void check_options(const PplOptions& o) {
   EASYCTX_CHECK_INPUT(!o.tokenized.empty(), "--tokenized: required (h5tokenize shards)");
   EASYCTX_CHECK_INPUT(o.min_tokens >= 2, "--min-tokens: ", o.min_tokens, " (must be >= 2: one prediction needs 2 tokens)");
@@ -32,6 +35,12 @@ void check_options(const PplOptions& o) {
   EASYCTX_CHECK_INPUT(o.tokens_step > 0, "--tokens-step: ", o.tokens_step, " (must be > 0)");
   EASYCTX_CHECK_INPUT(o.samples == -1 || o.samples > 0, "--samples: ", o.samples, " (must be > 0)");
   EASYCTX_CHECK_INPUT(o.mlp_tile >= 0, "--mlp-tile: ", o.mlp_tile, " (must be >= 0; 0: untiled)");
+  EASYCTX_CHECK_INPUT(o.lm_head_tile > 0, "--lm-head-tile: ", o.lm_head_tile, " (must be > 0)");
+  EASYCTX_CHECK_INPUT(o.max_tokens <= kMaxLength, "--max-tokens: ", o.max_tokens, " is above ", kMaxLength,
+                      " (positions are int32)");
+  const int64_t count = (o.max_tokens - o.min_tokens) / o.tokens_step + 1;
+  EASYCTX_CHECK_INPUT(count <= kMaxLengths, "--tokens-step: ", o.tokens_step, " gives ", count, " lengths from ",
+                      o.min_tokens, " to ", o.max_tokens, ", more than ", kMaxLengths, "; take a larger step");
 }
 
 std::vector<std::string> shard_files(const std::vector<std::string>& specs) {
@@ -48,6 +57,7 @@ struct Sweep {
   std::vector<int64_t> lengths;
   std::vector<ScoreRequest> requests;
   std::vector<std::vector<size_t>> at;  // per request: the indices of its lengths (ascending)
+  std::vector<std::string> what;        // per request: "document D of FILE", for messages
 };
 
 Sweep build_sweep(const PplOptions& o, int64_t vocab, const std::string& first_model) {
@@ -69,7 +79,17 @@ Sweep build_sweep(const PplOptions& o, int64_t vocab, const std::string& first_m
         selected[d].push_back(i);
         ++taken;
       }
+    if (taken == 0 && o.require_every_length) {
+      uint64_t longest = 0;
+      for (const DocRef& doc : docs) longest = std::max(longest, doc.length);
+      EASYCTX_THROW_INPUT("--max-tokens: no document of ", o.tokenized.front(),
+                          o.tokenized.size() > 1 ? " (or the other --tokenized inputs)" : "", " has ", s.lengths[i],
+                          " tokens (the longest has ", longest, "); lower --max-tokens to at most ", longest,
+                          " or add longer documents");
+    }
   }
+  std::vector<size_t> first_doc(files.size(), 0);  // per file: the index of its first document
+  for (size_t d = docs.size(); d-- > 0;) first_doc[docs[d].file] = d;
   int64_t tokens = 0;
   for (const auto& [d, at] : selected) {
     const int64_t lmax = s.lengths[at.back()];
@@ -85,6 +105,7 @@ Sweep build_sweep(const PplOptions& o, int64_t vocab, const std::string& first_m
     tokens += lmax;
     s.requests.push_back(std::move(r));
     s.at.push_back(at);
+    s.what.push_back("document " + std::to_string(d - first_doc[docs[d].file]) + " of " + files[docs[d].file]);
   }
   log_info("eval ppl: ", docs.size(), " documents in ", files.size(), " file(s), ", selected.size(),
            " scored (", format_count(static_cast<double>(tokens)), " tokens), lengths ", o.min_tokens, "..",
@@ -92,12 +113,16 @@ Sweep build_sweep(const PplOptions& o, int64_t vocab, const std::string& first_m
   return s;
 }
 
-std::vector<PplRow> rows_of(const Sweep& s, const std::vector<std::vector<SpanScore>>& scores) {
+std::vector<PplRow> rows_of(const Sweep& s, const std::vector<std::vector<SpanScore>>& scores,
+                            const std::string& model) {
   // sums[i] = sum over scored documents of their mean NLL at lengths[i]; counts[i] documents.
   std::vector<double> sums(s.lengths.size(), 0.0), counts(s.lengths.size(), 0.0);
   for (size_t r = 0; r < s.requests.size(); ++r)
     for (size_t k = 0; k < s.at[r].size(); ++k) {
       const SpanScore& sc = scores[r][k];
+      EASYCTX_CHECK_INPUT(std::isfinite(sc.sum_nll), model, ": the model's loss is not finite (", sc.sum_nll, ") on ",
+                          s.what[r], " at length ", s.lengths[s.at[r][k]],
+                          " (non-finite activations: overflow in the weights?); no row written");
       sums[s.at[r][k]] += sc.sum_nll / static_cast<double>(sc.count);
       counts[s.at[r][k]] += 1;
     }
@@ -177,7 +202,7 @@ std::vector<PplResult> evaluate_perplexity_models(const PplOptions& o, const std
       scores = s->score_spans(sweep.requests);
       res.stats = s->stats();
     }
-    res.rows = rows_of(sweep, scores);
+    res.rows = rows_of(sweep, scores, models[m]);
     for (const PplRow& r : res.rows)
       if (!r.documents) log_warn("eval ppl: no document has ", r.tokens, " tokens; ppl is nan");
     out.push_back(std::move(res));

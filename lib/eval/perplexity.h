@@ -42,13 +42,18 @@ struct PplOptions {
   int64_t attention_head_groups = 1;
   double collective_timeout_s = 600;
   std::function<void(const ScoreProgress&)> progress;  // optional, every rank
+  // Refuse (InputError naming the length and the longest document) a length no document
+  // reaches, before any forward pass, instead of returning its row with ppl NaN.
+  // easyctx_eval_ppl sets it: its CSV never holds a nan row.
+  bool require_every_length = false;
 };
 
 struct PplRow {
   int64_t tokens = 0;    // L
   int64_t documents = 0; // documents scored at L
   double mean_nll = 0;   // mean over documents of the per-document mean NLL
-  double ppl = 0;        // exp(mean_nll); NaN when no document has L tokens
+  double ppl = 0;        // exp(mean_nll); NaN when no document has L tokens (and
+                         // require_every_length is off); a non-finite loss is an InputError
 };
 
 // One model's sweep.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace easyctx::model {
@@ -130,7 +131,13 @@ Tensor LlamaModel::head_matrix(const std::vector<Tensor>& units) const {
 template <class Visit>
 void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t batch, int64_t seq,
                                  bool for_backward, Workspace* ws, Visit&& visit) {
-  const int64_t n = batch * seq, d = c.hidden_size, ff = c.intermediate_size;
+  // Every product below is at most tokens x max(hidden, q, intermediate, heads) or a head
+  // tile of logits: checked once here (InputError naming the sizes), plain afterwards.
+  const std::string what = "the model's workspace for a micro-batch of " + std::to_string(batch) + " x " +
+                           std::to_string(seq) + " tokens";
+  const int64_t n = checked_elements({batch, seq}, what);
+  c.check_tokens(n, o.lm_head_tile, what);
+  const int64_t d = c.hidden_size, ff = c.intermediate_size;
   const int64_t qd = c.q_dim(), kvd = c.kv_dim(), L = c.num_layers;
   const DType st = stat_dtype(dt);
   const bool keep_all = for_backward && o.checkpoint == CheckpointPolicy::None;

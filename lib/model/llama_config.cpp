@@ -2,12 +2,16 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
+#include "core/checked.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/strings.h"
 
 namespace easyctx::model {
@@ -67,6 +71,105 @@ void parse_rope(const Json& j, const std::string& src, LlamaConfig& c) {
   c.rope_scaling.factor = get_num(*rs, "factor", src, 1.0);
 }
 
+// The config.json keys easyctx reads: a model YAML takes exactly these (docs/model.md).
+const std::vector<std::string> kModelKeys = {
+    "hidden_size",      "num_hidden_layers",  "num_attention_heads",     "num_key_value_heads",
+    "head_dim",         "intermediate_size",  "vocab_size",              "rms_norm_eps",
+    "rope_theta",       "rope_scaling",       "rope_parameters",         "tie_word_embeddings",
+    "max_position_embeddings", "bos_token_id", "eos_token_id",          "model_type",
+    "hidden_act",       "attention_bias",     "mlp_bias"};
+// Inside rope_scaling / rope_parameters.
+const std::vector<std::string> kRopeKeys = {"rope_type",       "type",
+                                            "factor",          "low_freq_factor",
+                                            "high_freq_factor", "original_max_position_embeddings",
+                                            "rope_theta"};
+// Keys a Hugging Face config.json carries that do not change the model easyctx trains:
+// metadata, inference and generation settings, and pretraining_tp (the same matmuls split
+// in slices). Ignored silently in a config.json; refused, as any other, in a model YAML.
+const std::vector<std::string> kHfIgnoredKeys = {
+    "architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "use_cache",
+    "pad_token_id", "initializer_range", "pretraining_tp", "auto_map", "return_dict", "output_attentions",
+    "output_hidden_states", "torchscript", "use_bfloat16", "is_encoder_decoder", "is_decoder",
+    "add_cross_attention", "tie_encoder_decoder", "chunk_size_feed_forward", "id2label", "label2id",
+    "problem_type", "tokenizer_class", "prefix", "sep_token_id", "decoder_start_token_id",
+    "task_specific_params", "finetuning_task", "max_length", "min_length", "do_sample", "early_stopping",
+    "num_beams", "num_beam_groups", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "diversity_penalty", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "output_scores", "return_dict_in_generate", "cross_attention_hidden_size", "tf_legacy_loss",
+    "pruned_heads", "attention_dropout", "sliding_window", "partial_rotary_factor", "quantization_config"};
+
+bool contains(const std::vector<std::string>& v, const std::string& k) {
+  return std::find(v.begin(), v.end(), k) != v.end();
+}
+
+std::string yaml_where(const std::string& path, const YAML::Node& n) {
+  const YAML::Mark m = n.Mark();
+  if (m.is_null()) return path;
+  return path + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+// A model YAML is easyctx's own format: every key must be one easyctx reads, so a typo
+// ("intermediate_sise") is an error naming the file, line and key, never a silent default.
+void check_yaml_keys(const YAML::Node& map, const std::string& path, const std::vector<std::string>& allowed,
+                     const std::string& section) {
+  std::vector<std::string> seen;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const std::string at = yaml_where(path, it->first);
+    EASYCTX_CHECK_INPUT(it->first.IsScalar(), at, ": keys must be plain names");
+    const std::string key = it->first.Scalar();
+    const std::string full = section.empty() ? key : section + "." + key;
+    EASYCTX_CHECK_INPUT(!contains(seen, key), at, ": duplicate key '", full, "'");
+    seen.push_back(key);
+    if (!contains(allowed, key)) {
+      const std::string hint = nearest(key, allowed);
+      const bool hf = section.empty() && contains(kHfIgnoredKeys, key);
+      EASYCTX_THROW_INPUT(at, ": unknown key '", full, "'", hint.empty() ? "" : " (did you mean '" + hint + "'?)",
+                          hf ? "; it is a config.json key easyctx does not use: drop it here, or give the "
+                               "config.json itself as model.config"
+                             : "",
+                          "; model YAML keys are the config.json names easyctx reads (docs/model.md)");
+    }
+    if (section.empty() && (key == "rope_scaling" || key == "rope_parameters") && it->second.IsMap())
+      check_yaml_keys(it->second, path, kRopeKeys, key);
+  }
+}
+
+// Keys of a config.json that would change the model if easyctx ignored them: refused unless
+// they hold their neutral value.
+void check_neutral_keys(const Json& j, const std::string& src) {
+  if (const Json* v = j.find("sliding_window"); v && !v->is_null())
+    EASYCTX_THROW_INPUT(src, ": sliding_window = ", v->dump(),
+                        " is not supported (easyctx attends over the whole sequence); set it to null in a copy of "
+                        "the config to train with full attention");
+  if (const Json* v = j.find("attention_dropout"); v && !v->is_null())
+    EASYCTX_CHECK_INPUT(v->is_number() && v->as_double() == 0, src, ": attention_dropout = ", v->dump(),
+                        " is not supported (easyctx trains without dropout); expected 0");
+  if (const Json* v = j.find("partial_rotary_factor"); v && !v->is_null())
+    EASYCTX_CHECK_INPUT(v->is_number() && v->as_double() == 1, src, ": partial_rotary_factor = ", v->dump(),
+                        " is not supported (RoPE rotates the whole head); expected 1");
+  if (const Json* v = j.find("quantization_config"); v && !v->is_null())
+    EASYCTX_THROW_INPUT(src, ": quantization_config is set: quantized checkpoints are not supported (give the "
+                        "bf16/f16/f32 weights)");
+}
+
+// A config.json may carry keys of newer transformers releases: ignored, but named once so a
+// typo of an optional key ("rope_thetta") does not pass unseen.
+void warn_unknown_json_keys(const Json& j, const std::string& src) {
+  std::vector<std::string> unknown;
+  for (const auto& kv : j.as_object())
+    if (!contains(kModelKeys, kv.first) && !contains(kHfIgnoredKeys, kv.first)) {
+      const std::string hint = nearest(kv.first, kModelKeys);
+      unknown.push_back("'" + kv.first + "'" + (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+    }
+  if (unknown.empty()) return;
+  std::string list;
+  for (const std::string& u : unknown) list += (list.empty() ? "" : ", ") + u;
+  log_warn(src, ": ignoring key", unknown.size() > 1 ? "s" : "", " easyctx does not use: ", list,
+           " (docs/model.md lists the keys read and those ignored on purpose)");
+}
+
 // YAML scalars/maps/sequences -> Json (numbers stay numbers), so model YAMLs share the
 // config.json reader.
 Json yaml_to_json(const YAML::Node& n) {
@@ -84,8 +187,10 @@ Json yaml_to_json(const YAML::Node& n) {
   const std::string s = n.Scalar();
   if (s == "true" || s == "false") return Json(s == "true");
   char* end = nullptr;
+  errno = 0;
   long long iv = std::strtoll(s.c_str(), &end, 10);
-  if (!s.empty() && end && *end == 0) return Json(static_cast<int64_t>(iv));
+  // Out of int64 (ERANGE): kept as a number, which the integer keys then refuse by name.
+  if (!s.empty() && end && *end == 0 && errno == 0) return Json(static_cast<int64_t>(iv));
   double dv = std::strtod(s.c_str(), &end);
   if (!s.empty() && end && *end == 0) return Json(dv);
   return Json(s);
@@ -94,26 +199,52 @@ Json yaml_to_json(const YAML::Node& n) {
 }  // namespace
 
 void LlamaConfig::validate() const {
-  auto pos = [&](const char* k, int64_t v) {
+  auto dim = [&](const char* k, int64_t v, int64_t limit) {
     EASYCTX_CHECK_INPUT(v > 0, name, ": ", k, " must be > 0, got ", v);
+    EASYCTX_CHECK_INPUT(v <= limit, name, ": ", k, " = ", v, " is above the limit of ", limit,
+                        " (far beyond any Llama; a typo or a corrupt config?)");
   };
-  pos("hidden_size", hidden_size);
-  pos("num_hidden_layers", num_layers);
-  pos("num_attention_heads", num_heads);
-  pos("num_key_value_heads", num_kv_heads);
-  pos("head_dim", head_dim);
-  pos("intermediate_size", intermediate_size);
-  pos("vocab_size", vocab_size);
+  dim("hidden_size", hidden_size, LlamaLimits::hidden_size);
+  dim("num_hidden_layers", num_layers, LlamaLimits::num_layers);
+  dim("num_attention_heads", num_heads, LlamaLimits::num_heads);
+  dim("num_key_value_heads", num_kv_heads, LlamaLimits::num_heads);
+  dim("head_dim", head_dim, LlamaLimits::head_dim);
+  dim("intermediate_size", intermediate_size, LlamaLimits::intermediate_size);
+  dim("vocab_size", vocab_size, LlamaLimits::vocab_size);
+  dim("max_position_embeddings", max_position_embeddings, LlamaLimits::max_position_embeddings);
   EASYCTX_CHECK_INPUT(num_heads % num_kv_heads == 0, name, ": num_attention_heads ", num_heads,
                       " is not a multiple of num_key_value_heads ", num_kv_heads);
   EASYCTX_CHECK_INPUT(head_dim % 2 == 0, name, ": head_dim ", head_dim, " must be even for RoPE");
-  EASYCTX_CHECK_INPUT(rms_norm_eps > 0, name, ": rms_norm_eps must be > 0, got ", rms_norm_eps);
-  EASYCTX_CHECK_INPUT(rope_theta > 0, name, ": rope_theta must be > 0, got ", rope_theta);
-  EASYCTX_CHECK_INPUT(rope_scaling.factor > 0, name, ": rope_scaling.factor must be > 0");
-  EASYCTX_CHECK_INPUT(vocab_size < (int64_t{1} << 31), name, ": vocab_size ", vocab_size, " does not fit int32 ids");
-  if (rope_scaling.kind == RopeScalingKind::Llama3)
+  EASYCTX_CHECK_INPUT(q_dim() <= LlamaLimits::projection, name, ": num_attention_heads x head_dim = ", num_heads,
+                      " x ", head_dim, " = ", q_dim(), " is above the limit of ", LlamaLimits::projection);
+  auto finite_pos = [&](const char* k, double v) {
+    EASYCTX_CHECK_INPUT(std::isfinite(v) && v > 0, name, ": ", k, " must be a finite number > 0, got ", v);
+  };
+  finite_pos("rms_norm_eps", rms_norm_eps);
+  finite_pos("rope_theta", rope_theta);
+  finite_pos("rope_scaling.factor", rope_scaling.factor);
+  if (rope_scaling.kind == RopeScalingKind::Llama3) {
+    finite_pos("rope_scaling.low_freq_factor", rope_scaling.low_freq_factor);
+    finite_pos("rope_scaling.high_freq_factor", rope_scaling.high_freq_factor);
+    dim("rope_scaling.original_max_position_embeddings", rope_scaling.original_max_position_embeddings,
+        LlamaLimits::max_position_embeddings);
     EASYCTX_CHECK_INPUT(rope_scaling.high_freq_factor != rope_scaling.low_freq_factor, name,
                         ": llama3 rope_scaling needs high_freq_factor != low_freq_factor");
+  }
+  // Every tensor and the whole model within kMaxElements (num_parameters checks each term).
+  checked_elements({vocab_size, hidden_size}, name + ": the embedding, vocab_size x hidden_size");
+  checked_elements({intermediate_size, hidden_size}, name + ": an MLP matrix, intermediate_size x hidden_size");
+  (void)num_parameters();
+}
+
+void LlamaConfig::check_tokens(int64_t tokens, int64_t head_rows, const std::string& what) const {
+  EASYCTX_CHECK_INPUT(tokens > 0, what, ": ", tokens, " tokens, expected > 0");
+  const std::string w = what + " (" + std::to_string(tokens) + " tokens) x ";
+  checked_elements({tokens, std::max(hidden_size, q_dim())}, w + "max(hidden_size, heads x head_dim) activations");
+  checked_elements({tokens, intermediate_size}, w + "intermediate_size MLP activations");
+  checked_elements({tokens, num_heads}, w + "num_attention_heads attention statistics");
+  checked_elements({std::min(tokens, std::max<int64_t>(1, head_rows)), vocab_size},
+                   what + ": an LM-head tile of logits (tile rows x vocab_size)");
 }
 
 std::vector<float> LlamaConfig::inv_freq() const {
@@ -149,8 +280,15 @@ std::vector<float> LlamaConfig::inv_freq() const {
 
 int64_t LlamaConfig::num_parameters() const {
   const int64_t d = hidden_size;
-  const int64_t layer = d * q_dim() + 2 * d * kv_dim() + q_dim() * d + 3 * d * intermediate_size + 2 * d;
-  return vocab_size * d * (tie_word_embeddings ? 1 : 2) + num_layers * layer + d;
+  const std::string w = name + ": parameter count";
+  auto el = [&](std::initializer_list<int64_t> f, const char* what) { return checked_elements(f, w + ", " + what); };
+  int64_t layer = el({2, d, q_dim()}, "2 x hidden_size x heads x head_dim (q, o)");
+  layer = checked_add(layer, el({2, d, kv_dim()}, "2 x hidden_size x kv_heads x head_dim (k, v)"), w);
+  layer = checked_add(layer, el({3, d, intermediate_size}, "3 x hidden_size x intermediate_size (MLP)"), w);
+  layer = checked_add(layer, el({2, d}, "2 x hidden_size (norms)"), w);
+  const int64_t embed = el({vocab_size, d, tie_word_embeddings ? 1 : 2}, "vocab_size x hidden_size (embedding, head)");
+  const int64_t layers = el({num_layers, layer}, "num_hidden_layers x the parameters of a layer");
+  return checked_elements({checked_add(checked_add(embed, layers, w), d, w)}, w);
 }
 
 Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
@@ -210,6 +348,7 @@ LlamaConfig llama_config_from_json(const Json& j, const std::string& src) {
   if (const Json* mt = j.find("model_type"); mt && mt->is_string())
     EASYCTX_CHECK_INPUT(mt->as_string() == "llama" || mt->as_string() == "mistral", src, ": model_type '",
                         mt->as_string(), "' is not a Llama-family model");
+  check_neutral_keys(j, src);
   for (const char* k : {"attention_bias", "mlp_bias"})
     if (const Json* b = j.find(k); b && b->is_bool())
       EASYCTX_CHECK_INPUT(!b->as_bool(), src, ": ", k, " = true is not supported");
@@ -246,7 +385,13 @@ std::vector<std::string> preset_dirs() {
 LlamaConfig load_llama_config(const std::string& spec) {
   EASYCTX_CHECK_INPUT(!spec.empty(), "model.config: empty");
   fs::path p(spec);
-  if (fs::is_directory(p)) p /= "config.json";
+  if (fs::is_directory(p)) {
+    p /= "config.json";
+    const bool run = fs::is_regular_file(fs::path(spec) / "final" / "config.json");
+    EASYCTX_CHECK_INPUT(fs::exists(p), "model config: the folder '", spec, "' has no config.json",
+                        run ? " (a training run's folder? its Hugging Face export is " + (fs::path(spec) / "final").string() + ")"
+                            : " (expected a Hugging Face model folder, a preset name, a model YAML or a config.json)");
+  }
   if (fs::is_regular_file(p)) {
     const std::string path = p.string();
     if (ends_with(path, ".yaml") || ends_with(path, ".yml")) {
@@ -256,10 +401,14 @@ LlamaConfig load_llama_config(const std::string& spec) {
       } catch (const YAML::Exception& e) {
         EASYCTX_THROW_INPUT(path, ": ", e.what());
       }
-      LlamaConfig c = llama_config_from_json(yaml_to_json(n), path);
-      return c;
+      EASYCTX_CHECK_INPUT(n.IsMap(), path, ": a model YAML must be a mapping of config.json keys (hidden_size: ...)");
+      check_yaml_keys(n, path, kModelKeys, "");
+      return llama_config_from_json(yaml_to_json(n), path);
     }
-    return llama_config_from_json(parse_json(read_file(path), path), path);
+    const Json j = parse_json(read_file(path), path);
+    LlamaConfig c = llama_config_from_json(j, path);
+    warn_unknown_json_keys(j, path);
+    return c;
   }
   EASYCTX_CHECK_INPUT(spec.find('/') == std::string::npos && !ends_with(spec, ".json"), "model.config: '", spec,
                       "' does not exist");
@@ -280,12 +429,67 @@ LlamaConfig load_llama_config(const std::string& spec) {
                       hint.empty() ? "" : " (did you mean '" + hint + "'?)", "; give a preset, a .yaml or a config.json");
 }
 
+namespace {
+
+// The fields on which two configs give different models (not max_position_embeddings or the
+// BOS/EOS ids, which change no weight and no result); "" when they agree.
+std::string model_differences(const LlamaConfig& a, const LlamaConfig& b, bool theta_overridden) {
+  std::ostringstream os;
+  auto cmp = [&](const char* key, auto x, auto y) {
+    if (x != y) os << (os.tellp() > 0 ? ", " : "") << key << " " << x << " vs " << y;
+  };
+  cmp("hidden_size", a.hidden_size, b.hidden_size);
+  cmp("num_hidden_layers", a.num_layers, b.num_layers);
+  cmp("num_attention_heads", a.num_heads, b.num_heads);
+  cmp("num_key_value_heads", a.num_kv_heads, b.num_kv_heads);
+  cmp("head_dim", a.head_dim, b.head_dim);
+  cmp("intermediate_size", a.intermediate_size, b.intermediate_size);
+  cmp("vocab_size", a.vocab_size, b.vocab_size);
+  cmp("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
+  cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
+  if (!theta_overridden) cmp("rope_theta", a.rope_theta, b.rope_theta);
+  cmp("rope_scaling type", static_cast<int>(a.rope_scaling.kind), static_cast<int>(b.rope_scaling.kind));
+  if (a.rope_scaling.kind == b.rope_scaling.kind && a.rope_scaling.kind != RopeScalingKind::None) {
+    cmp("rope_scaling.factor", a.rope_scaling.factor, b.rope_scaling.factor);
+    if (a.rope_scaling.kind == RopeScalingKind::Llama3) {
+      cmp("rope_scaling.low_freq_factor", a.rope_scaling.low_freq_factor, b.rope_scaling.low_freq_factor);
+      cmp("rope_scaling.high_freq_factor", a.rope_scaling.high_freq_factor, b.rope_scaling.high_freq_factor);
+      cmp("rope_scaling.original_max_position_embeddings", a.rope_scaling.original_max_position_embeddings,
+          b.rope_scaling.original_max_position_embeddings);
+    }
+  }
+  return os.str();
+}
+
+}  // namespace
+
 LlamaConfig resolve_llama_config(const ModelConfig& m) {
+  const bool config_set = m.config != ModelConfig{}.config;
   LlamaConfig c;
-  if (starts_with(m.init, "hf:") && m.config == ModelConfig{}.config)
-    c = load_llama_config(m.init.substr(3));
-  else
+  if (starts_with(m.init, "hf:")) {
+    // The weights' own config.json gives the shape; a model.config given beside it must
+    // describe the same model, or the run would fail later on every tensor's shape.
+    const std::string dir = m.init.substr(3);
+    EASYCTX_CHECK_INPUT(fs::is_directory(dir), "model.init hf:", dir,
+                        ": no such folder (expected a Hugging Face model folder: config.json and *.safetensors)");
+    EASYCTX_CHECK_INPUT(fs::is_regular_file(fs::path(dir) / "config.json") || config_set, "model.init hf:", dir,
+                        ": the folder has no config.json; add it, or give the model's shape as model.config");
+    if (!fs::is_regular_file(fs::path(dir) / "config.json")) {
+      c = load_llama_config(m.config);  // weights without config.json: the shape is model.config's
+    } else {
+      c = load_llama_config(dir);
+      if (config_set) {
+        const LlamaConfig given = load_llama_config(m.config);
+        const std::string diff = model_differences(given, c, m.rope_theta > 0);
+        EASYCTX_CHECK_INPUT(diff.empty(), "model.config '", m.config, "' and model.init hf:", dir,
+                            " describe different models (", given.name, " vs ", c.name, ": ", diff,
+                            "); leave model.config unset to use the folder's config.json, or give weights of "
+                            "model.config's shape");
+      }
+    }
+  } else {
     c = load_llama_config(m.config);
+  }
   if (m.rope_theta > 0) c.rope_theta = m.rope_theta;
   c.validate();
   return c;

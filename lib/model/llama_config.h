@@ -22,6 +22,21 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;  // llama3
 };
 
+// Bounds of every dimension, checked by LlamaConfig::validate: far above any released Llama
+// (405B: hidden 16384, 126 layers, 128 heads of 128, intermediate 53248, vocab 128256) and
+// far below where a size derived from them could overflow. Products (parameter counts, the
+// embedding, q/kv projections) are checked too, against kMaxElements (core/checked.h).
+struct LlamaLimits {
+  static constexpr int64_t hidden_size = int64_t{1} << 20;
+  static constexpr int64_t num_layers = int64_t{1} << 16;
+  static constexpr int64_t num_heads = int64_t{1} << 16;
+  static constexpr int64_t head_dim = int64_t{1} << 16;
+  static constexpr int64_t projection = int64_t{1} << 24;  // num_heads x head_dim (and kv)
+  static constexpr int64_t intermediate_size = int64_t{1} << 24;
+  static constexpr int64_t vocab_size = (int64_t{1} << 31) - 1;  // ids are int32
+  static constexpr int64_t max_position_embeddings = int64_t{1} << 40;
+};
+
 struct LlamaConfig {
   std::string name;  // preset or file it came from
   int64_t hidden_size = 0;
@@ -41,11 +56,18 @@ struct LlamaConfig {
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
-  // Throws InputError naming the first inconsistent field.
+  // Throws InputError naming the file (name) and the first inconsistent or out-of-range
+  // field: every dimension positive and within LlamaLimits, every float finite, and every
+  // derived size (parameter count, each tensor) within kMaxElements without overflow.
   void validate() const;
+  // Throws InputError when `tokens` rows of this model's activations ([tokens, hidden_size],
+  // [tokens, intermediate_size], [tokens, heads x head_dim], [tokens, vocab] logits of a
+  // head tile of `head_rows`) would overflow or exceed kMaxElements; `what` names where the
+  // token count came from (e.g. "train.batch_size x data.seq_length").
+  void check_tokens(int64_t tokens, int64_t head_rows, const std::string& what) const;
   // RoPE inverse frequencies f32[head_dim/2], after rope_scaling (HF's formulas).
   std::vector<float> inv_freq() const;
-  // Parameter count (embeddings, layers, final norm, untied head).
+  // Parameter count (embeddings, layers, final norm, untied head); overflow-checked.
   int64_t num_parameters() const;
   // The HF config.json of this shape (LlamaForCausalLM; torch_dtype given by the caller).
   Json to_hf_json(const std::string& torch_dtype = "float32") const;
@@ -55,10 +77,16 @@ struct LlamaConfig {
 // From an HF config.json object; `source` names it in errors.
 LlamaConfig llama_config_from_json(const Json& j, const std::string& source);
 // spec: a preset name (configs/models/<name>.yaml), a .yaml/.yml file, a config.json file,
-// or a folder holding config.json.
+// or a folder holding config.json. A model YAML takes only the keys easyctx reads (an unknown
+// one is an InputError with file:line:column and a suggestion); a config.json may carry any
+// key transformers writes (unknown ones are named in a warning), but keys that would change
+// the model (sliding_window, attention_dropout, partial_rotary_factor, quantization_config,
+// biases, activation, model_type) must hold their neutral value. docs/model.md.
 LlamaConfig load_llama_config(const std::string& spec);
-// The stage's model: model.config, except that with model.init hf:DIR and model.config left
-// at its default the folder's config.json is used; model.rope_theta > 0 overrides theta.
+// The stage's model. With model.init hf:DIR: DIR/config.json, which model.config may repeat
+// (left at its default, or describing the same model) but not contradict (an InputError
+// naming both and the keys that differ); model.config alone when DIR has no config.json.
+// Otherwise model.config. model.rope_theta > 0 overrides theta.
 LlamaConfig resolve_llama_config(const ModelConfig& m);
 // Folder searched for presets: $EASYCTX_CONFIG_DIR/models, ./configs/models, then the
 // source tree's configs/models.

@@ -1,5 +1,7 @@
 #include "model/param_layout.h"
 
+#include "core/checked.h"
+
 namespace easyctx::model {
 namespace {
 
@@ -8,11 +10,11 @@ void add(ParamUnit& u, std::string name, std::vector<int64_t> shape, bool norm) 
   t.hf_name = std::move(name);
   t.shape = std::move(shape);
   t.numel = 1;
-  for (int64_t d : t.shape) t.numel *= d;
+  for (int64_t d : t.shape) t.numel = checked_elements({t.numel, d}, t.hf_name + ": elements");
   t.offset = u.numel;
   t.is_norm = norm;
   t.decay = !norm;
-  u.numel += t.numel;
+  u.numel = checked_elements({checked_add(u.numel, t.numel, u.name + ": elements")}, u.name + ": elements");
   u.tensors.push_back(std::move(t));
 }
 
@@ -46,7 +48,7 @@ ParamLayout::ParamLayout(const LlamaConfig& c) {
 
 int64_t ParamLayout::total_numel() const {
   int64_t n = 0;
-  for (const auto& u : units_) n += u.numel;
+  for (const auto& u : units_) n = checked_add(n, u.numel, "the model's parameter count");
   return n;
 }
 

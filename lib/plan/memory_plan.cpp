@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/strings.h"
 #include "dist/groups.h"
@@ -75,7 +76,7 @@ void add_recorded(Items& it, bool transient, const std::string& phase, const std
   for (const AllocRecorder::Entry& e : entries) {
     auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == e.what; });
     if (g == groups.end()) g = groups.insert(groups.end(), {e.what, {0, 0}});
-    g->second.first += e.bytes;
+    g->second.first = checked_add(g->second.first, e.bytes, "the plan: " + e.what);
     g->second.second += 1;
   }
   for (const auto& [what, bc] : groups) {
@@ -251,7 +252,7 @@ Run run_of(const StageConfig& cfg, const PlanTarget& t, const model::LlamaConfig
   r.Z = r.zero3() ? (cfg.parallel.zero.group == ZeroGroupScope::Node ? r.groups.ranks_per_node : t.world()) : 1;
   r.B = cfg.train.batch_size;
   r.S = attention::sequence_split(r.groups).local_length(cfg.data.seq_length);
-  r.n = r.B * r.S;
+  r.n = checked_mul(r.B, r.S, "the plan: tokens per micro-batch, train.batch_size x local sequence length");
   // (The strategies check their shapes when the plan replays them; this one is the config's.)
   const int64_t G = cfg.activation.attention_head_groups;
   EASYCTX_CHECK_INPUT(r.mc.num_kv_heads % G == 0, "activation.attention_head_groups: ", G,
@@ -281,19 +282,21 @@ void step_items(const Run& r, Items& it) {
   const int64_t n = r.n;
   if (r.cuda)
     it.persistent("step", "micro-batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
-  const int64_t mb = r.cfg.train.grad_accum * (3 * 4 * n + 8 * r.B);
+  const int64_t mb = checked_mul<int64_t>(r.cfg.train.grad_accum, 3 * 4 * n + 8 * r.B,
+                                          "the plan: loader micro-batch bytes, train.grad_accum x (12 n + 8 B)");
   it.persistent("step", "loader micro-batches (int32 tokens, positions, labels)", "host", mb,
                 "grad_accum x (3 x 4 x n + 8 B)", false);
   for (const Group& g : group_specs(model_buffers(r))) {
-    const int64_t each = g.numel * static_cast<int64_t>(ops::element_size(g.dtype));
+    const int64_t each = checked_mul(g.numel, static_cast<int64_t>(ops::element_size(g.dtype)), "the plan: " + g.base);
+    const int64_t all = checked_mul(g.count, each, "the plan: " + g.base);
     const std::string f = (g.count > 1 ? num(g.count) + " x " : "") + shape_of(g, r) + " x " +
                           num(static_cast<int64_t>(ops::element_size(g.dtype)));
     if (g.pinned_host) {  // activation.offload cpu: Backend::alloc_host_pinned (a backend buffer on the CPU)
       it.persistent("step", workspace_label(g) + (r.cuda ? " (offloaded, pinned)" : " (offloaded)"), "host",
-                    g.count * each, f, !r.cuda);
+                    all, f, !r.cuda);
       continue;
     }
-    it.persistent("step", workspace_label(g), r.dev, g.count * each, f);
+    it.persistent("step", workspace_label(g), r.dev, all, f);
   }
 }
 
@@ -374,8 +377,9 @@ MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vecto
     for (const PlanItem& i : p.items) {
       const bool live = i.transient ? i.phase == ph : (ph != "init" || i.phase == "init");
       if (!live) continue;
-      if (i.tracked && i.where == r.dev) pt.alloc_bytes += i.bytes;
-      (i.where == "gpu" ? pt.gpu_bytes : pt.host_bytes) += i.bytes;
+      if (i.tracked && i.where == r.dev) pt.alloc_bytes = checked_add(pt.alloc_bytes, i.bytes, "the plan: " + ph);
+      int64_t& sum = i.where == "gpu" ? pt.gpu_bytes : pt.host_bytes;
+      sum = checked_add(sum, i.bytes, "the plan: " + ph);
     }
     p.phases.push_back(pt);
   }
@@ -385,7 +389,9 @@ MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vecto
     if (pt.host_bytes > p.host_rank_peak_bytes) p.host_rank_peak_bytes = pt.host_bytes, p.host_peak_phase = pt.name;
   }
   p.context_bytes = r.cuda ? kCudaContextBytes : 0;
-  p.host_peak_bytes = static_cast<int64_t>(t.gpus_per_node) * p.host_rank_peak_bytes + p.host_shared_bytes;
+  p.host_peak_bytes = checked_add(checked_mul(static_cast<int64_t>(t.gpus_per_node), p.host_rank_peak_bytes,
+                                              "the plan: host memory, ranks per node x per-rank peak"),
+                                  p.host_shared_bytes, "the plan: host memory per node");
   p.gpu_capacity = r.cuda ? t.gpu_memory_bytes : 0;
   p.gpu_usable = static_cast<int64_t>(static_cast<double>(p.gpu_capacity) * (1.0 - t.headroom));
   p.host_capacity = t.host_memory_bytes;

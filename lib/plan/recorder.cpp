@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "ops/attention_route.h"
 #include "ops/scratch.h"
@@ -12,7 +13,7 @@ int64_t AllocRecorder::add(const std::string& what, int64_t bytes) {
   const int64_t id = next_++;
   live_[id] = {what.empty() ? "(unnamed buffer)" : what, bytes};
   labels_.insert(live_[id].what);
-  live_bytes_ += bytes;
+  live_bytes_ = checked_add(live_bytes_, bytes, "the plan: live bytes after " + what);
   if (live_bytes_ > peak_bytes_) {
     peak_bytes_ = live_bytes_;
     peak_extra_.clear();
@@ -139,7 +140,8 @@ class RecordingBackend final : public ops::Backend {
   }
   static ops::Buffer record(AllocRecorder& rec, DType t, int64_t numel, const char* what, MemSpace space) {
     EASYCTX_CHECK(numel >= 0, "alloc: negative element count ", numel);
-    const int64_t bytes = numel * static_cast<int64_t>(ops::element_size(t));
+    const int64_t bytes = checked_mul(numel, static_cast<int64_t>(ops::element_size(t)),
+                                      std::string("the plan: bytes of ") + (what ? what : "a buffer"));
     const int64_t id = rec.add(what ? what : "", bytes);
     return ops::Buffer(fake_address(bytes), static_cast<size_t>(bytes), t, space,
                        [&rec, id](void*) { rec.remove(id); });

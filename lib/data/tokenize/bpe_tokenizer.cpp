@@ -72,6 +72,7 @@ class HfBpeTokenizer : public Tokenizer {
   std::vector<std::pair<std::string, uint32_t>> added_;  // longest first
   bool added_first_byte_[256] = {};                      // bytes that can start an added token
   bool ignore_merges_ = false;
+  bool regex_looks_back_ = false;  // the pre-tokenizer regex may look before a match's start
   Pcre2Code re_;
   int64_t vocab_size_ = 0, bos_ = -1, eos_ = -1;
   // Unique per object (an address can be reused by a later tokenizer): keys the cache.
@@ -100,6 +101,12 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
     if (bos_ < 0 && vocab_.count(b)) bos_ = vocab_.at(b);
   for (const char* e : {"<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>"})
     if (eos_ < 0 && vocab_.count(e)) eos_ = vocab_.at(e);
+  probe_cut();
+  // Cutting before a space is exact when no added token spans a space and the regex looks
+  // only forward from where a match starts (no lookbehind or word boundary).
+  for (const auto& a : added_)
+    if (a.first.find(' ') != std::string::npos) cut_ = Cut::None;
+  if (regex_looks_back_) cut_ = Cut::None;
 }
 
 void HfBpeTokenizer::load_model(const Json& model) {
@@ -187,6 +194,8 @@ void HfBpeTokenizer::load_pretokenizer(const Json& pre) {
   };
   visit(pre, visit);
   EASYCTX_CHECK_INPUT(byte_level && !pattern.empty(), path_, ": expected a Split regex and a ByteLevel pre-tokenizer");
+  for (const char* back : {"(?<", "\\b", "\\B", "\\G", "\\K"})
+    if (pattern.find(back) != std::string::npos) regex_looks_back_ = true;
   int err = 0;
   PCRE2_SIZE off = 0;
   re_.code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP,

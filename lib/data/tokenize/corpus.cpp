@@ -171,7 +171,8 @@ bool UnitReader::Source::fill() {
   }
 }
 
-UnitReader::UnitReader(const WorkUnit& unit) : unit_(unit) {}
+UnitReader::UnitReader(const WorkUnit& unit, uint64_t max_record_bytes)
+    : unit_(unit), max_record_(max_record_bytes) {}
 UnitReader::~UnitReader() = default;
 
 uint64_t UnitReader::bytes_done() const {
@@ -192,6 +193,9 @@ bool UnitReader::open_next_piece() {
   s->f = std::fopen(p.path.c_str(), "rb");
   EASYCTX_CHECK_INPUT(s->f, "cannot open input ", p.path, ": ", std::strerror(errno));
   if (p.format == InputFormat::Text) {
+    EASYCTX_CHECK_INPUT(p.end - p.begin <= max_record_, p.path, ":1: the file (one document, ", p.end - p.begin,
+                        " bytes) is longer than --max-doc-bytes ", max_record_,
+                        "; raise --max-doc-bytes (a document takes about 7x its size in memory) or split it");
     s->text = read_file(p.path);
     s->pos = s->end;
   } else {
@@ -231,8 +235,9 @@ bool UnitReader::open_next_piece() {
 }
 
 namespace {
-// Next line of a JSON Lines source (without '\n'); false at the end of its data.
-bool next_line(UnitReader::Source& s, std::string_view& line);
+// Next line of a JSON Lines source (without '\n'); false at the end of its data. A line
+// longer than max_bytes is an InputError naming the file and the line.
+bool next_line(UnitReader::Source& s, std::string_view& line, uint64_t max_bytes);
 }  // namespace
 
 bool UnitReader::next(RawRecord& r) {
@@ -253,7 +258,7 @@ bool UnitReader::next(RawRecord& r) {
     }
     // A plain range ends when the next line would start at or after `end`.
     bool in_range = s.format != InputFormat::Jsonl || s.line_start < s.end;
-    if (!in_range || !next_line(s, r.data)) {
+    if (!in_range || !next_line(s, r.data, max_record_)) {
       if (!open_next_piece()) return false;
       continue;
     }
@@ -265,17 +270,24 @@ bool UnitReader::next(RawRecord& r) {
 }
 
 namespace {
-bool next_line(UnitReader::Source& s, std::string_view& line) {
+bool next_line(UnitReader::Source& s, std::string_view& line, uint64_t max_bytes) {
+  auto check = [&](size_t len) {
+    EASYCTX_CHECK_INPUT(len <= max_bytes, s.path, ":", s.line + 1, ": a line longer than --max-doc-bytes ", max_bytes,
+                        " (", len, " bytes", len > max_bytes + 1 ? " read without a newline" : "",
+                        "); raise --max-doc-bytes (a document takes about 7x its size in memory) or split the document");
+  };
   size_t scan = s.head;
   while (true) {
     const char* nl = static_cast<const char*>(std::memchr(s.buf.data() + scan, '\n', s.tail - scan));
     if (nl) {
       size_t len = static_cast<size_t>(nl - (s.buf.data() + s.head));
+      check(len);
       line = std::string_view(s.buf.data() + s.head, len);
       s.head += len + 1;
       s.line_start += len + 1;
       return true;
     }
+    check(s.tail - s.head);  // the line so far: stop before the buffer grows past the limit
     scan = s.tail;
     size_t old_head = s.head;
     if (!s.fill()) {
@@ -323,9 +335,10 @@ std::string parse_record(const RawRecord& r, const FieldOptions& opts, Document&
     const Json* t = walk(j, opts.text_path);
     if (!t) return "missing text field '" + join(opts.text_path) + "'";
     if (!t->is_string()) return "text field '" + join(opts.text_path) + "' is " + t->type_name() + ", expected string";
-    doc.text = t->as_string();
     const Json* s = walk(j, opts.source_path);
     doc.source = (s && s->is_string() && !s->as_string().empty()) ? s->as_string() : opts.default_source;
+    // Moved out of the parsed record `j` (ours, dropped on return): no second copy of a long text.
+    doc.text = std::move(const_cast<std::string&>(t->as_string()));
   }
   size_t bad = utf8_invalid_offset(doc.text);
   if (bad != kUtf8Valid) return "invalid UTF-8 in the text at byte " + std::to_string(bad);

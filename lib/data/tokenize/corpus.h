@@ -46,7 +46,9 @@ struct RawRecord {
 
 class UnitReader {
  public:
-  explicit UnitReader(const WorkUnit& unit);
+  // max_record_bytes: a longer record (line or .txt file) is an InputError naming the file,
+  // the line and the limit, raised before more than about that much of it is held.
+  explicit UnitReader(const WorkUnit& unit, uint64_t max_record_bytes = UINT64_MAX);
   ~UnitReader();
   // Next record of the unit in order; false at the end. Throws InputError naming the file
   // on read errors and on corrupt or truncated zstd streams.
@@ -57,6 +59,7 @@ class UnitReader {
  private:
   bool open_next_piece();
   const WorkUnit& unit_;
+  uint64_t max_record_;
   size_t piece_ = 0;
   std::unique_ptr<Source> src_;
   uint64_t done_before_ = 0;

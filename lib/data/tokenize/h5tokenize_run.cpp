@@ -180,7 +180,7 @@ void UnitJob::tokenize(std::vector<Pending>& batch) {
     try {
       Pending& p = batch[i];
       if (o_.add_bos) p.ids.push_back(static_cast<uint32_t>(tok_.bos_id()));
-      tok_.encode(p.doc.text, p.ids);
+      tok_.encode_pieces(p.doc.text, p.ids, o_.piece_bytes);
       if (o_.add_eos) p.ids.push_back(static_cast<uint32_t>(tok_.eos_id()));
       std::string().swap(p.doc.text);  // free the text early
     } catch (const std::exception& e) {
@@ -239,7 +239,7 @@ void UnitJob::run() {
     progress_(u_.bytes);
     return;
   }
-  UnitReader rd(u_);
+  UnitReader rd(u_, o_.max_doc_bytes);
   RawRecord r;
   for (uint64_t i = 0; i < records_read_; ++i)
     EASYCTX_CHECK_INPUT(rd.next(r), "unit ", u_.index, " (", u_.describe(), ") has fewer records than its resume "
@@ -406,6 +406,7 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
   EASYCTX_CHECK_INPUT(!o.inputs.empty(), "no input files given");
   EASYCTX_CHECK_INPUT(o.threads >= 1, "--threads must be >= 1");
   EASYCTX_CHECK_INPUT(o.shard_tokens > 0, "--shard-tokens must be > 0");
+  EASYCTX_CHECK_INPUT(o.max_doc_bytes > 0, "--max-doc-bytes must be > 0");
   auto tok = load_tokenizer(o.tokenizer);
   EASYCTX_CHECK_INPUT(!o.add_bos || tok->bos_id() >= 0, o.tokenizer, " has no BOS token; use --no-bos");
   EASYCTX_CHECK_INPUT(!o.add_eos || tok->eos_id() >= 0, o.tokenizer, " has no EOS token; drop --eos");

@@ -37,6 +37,12 @@ struct TokenizeOptions {
   int deflate = 0;
   uint64_t split_bytes = uint64_t(256) << 20;
   uint64_t batch_bytes = uint64_t(8) << 20;   // text read per parallel tokenization batch
+  // Text given to the tokenizer at a time (Tokenizer::encode_pieces): bounds its working
+  // memory per thread whatever the document's length; the ids are the same.
+  uint64_t piece_bytes = uint64_t(256) << 10;
+  // A record (JSON line or .txt file) longer than this is an error naming the file, the line
+  // and the limit (--max-doc-bytes): a document takes about 7x its size in memory.
+  uint64_t max_doc_bytes = uint64_t(1) << 30;
   int threads = 1;
   bool strict = false;
   bool overwrite = false;

@@ -17,6 +17,7 @@ class SentencePieceTokenizer : public Tokenizer {
     auto st = sp_.Load(path);
     EASYCTX_CHECK_INPUT(st.ok(), "cannot load SentencePiece model ", path, ": ", st.ToString(),
                         " (expected a .model file, or a Hugging Face tokenizer.json)");
+    probe_cut();
   }
   void encode(std::string_view text, std::vector<uint32_t>& out) const override {
     std::vector<int> ids;

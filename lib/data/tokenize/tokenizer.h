@@ -23,6 +23,20 @@ class Tokenizer {
   virtual int64_t eos_id() const = 0;
   virtual std::string kind() const = 0;    // "sentencepiece" | "hf-bpe"
 
+  // How a text cut at a space continues (probe_cut): the piece after the cut is encoded
+  // without that space (SentencePiece adds its dummy-prefix "▁" back) or with it (byte-level
+  // BPE); None: the tokenizer is never cut.
+  enum class Cut { DropSpace, KeepSpace, None };
+  Cut cut() const { return cut_; }
+
+  // Appends exactly the ids encode(text) appends, giving the tokenizer pieces of about
+  // `piece_bytes` at a time, so its working memory (about 100 bytes per byte of text for
+  // SentencePiece) is bounded by the piece, not by the document. Cuts only at a single space
+  // between two ASCII letters or digits: SentencePiece words and byte-level pre-tokens both
+  // start at such a space, so no token spans it. A text with no such space within reach is
+  // given in a larger piece (whole when it has none).
+  void encode_pieces(std::string_view text, std::vector<uint32_t>& out, size_t piece_bytes) const;
+
   std::vector<uint32_t> encode(std::string_view text) const {
     std::vector<uint32_t> v;
     encode(text, v);
@@ -33,7 +47,12 @@ class Tokenizer {
   const std::string& sha256() const { return sha256_; }  // of the tokenizer file
 
  protected:
+  // Sets cut_ by comparing encode("a b") with the two ways of encoding "a" and "b" apart, on
+  // several pairs; a tokenizer that matches neither is never cut. Call at the end of a
+  // subclass's constructor.
+  void probe_cut();
   std::string path_, sha256_;
+  Cut cut_ = Cut::None;
 };
 
 // `*.json` -> Hugging Face BPE; anything else -> SentencePiece model. Throws InputError

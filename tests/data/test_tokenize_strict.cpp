@@ -1,0 +1,185 @@
+// Bounded memory per document in h5tokenize: the tokenizer sees pieces of a long document and
+// gives exactly the ids of the whole text, and a record above --max-doc-bytes is refused
+// naming the file and line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <random>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "core/strings.h"
+#include "data/tokenize/corpus.h"
+#include "data/tokenize/tokenizer.h"
+#include "data_test_util.h"
+#include "test_util.h"
+
+using namespace easyctx;
+using namespace easyctx::data;
+using easyctx::test::ScratchDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+namespace {
+
+// Text with every feature the cut rule must respect: words, runs of spaces, tabs, newlines,
+// digits, contractions, punctuation, multi-byte UTF-8 and special-token text.
+std::string random_text(std::mt19937_64& rng, size_t bytes) {
+  static const std::vector<std::string> parts = {
+      "the", "The", "and", "of", "to", "in", "that", "is", "it's", "don't", "I'm", "hello", "world", "a", "b",
+      "x9", "2024", "1", "42", "3.14", "e.g.", ",", ".", "!", "?", "(", ")", "\"", "'", "-", "--", "\n", "\n\n",
+      "\t", "  ", "   ", " ", "é", "über", "naïve", "中文", "日本語", "🙂", "Привет", "λ", "<s>", "</s>",
+      "<|begin_of_text|>", "<|end_of_text|>", "www.example.com", "foo_bar", "CamelCase", "ALLCAPS"};
+  std::string s;
+  while (s.size() < bytes) {
+    s += parts[rng() % parts.size()];
+    if (rng() % 3) s += ' ';
+  }
+  return s;
+}
+
+std::string llama_regex_bpe_json() {
+  std::vector<std::string> byte_tok(256);
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    append_utf8(byte_tok[b], direct ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++));
+  }
+  Json vocab = Json::object();
+  int id = 0;
+  for (int b = 0; b < 256; ++b) vocab.set(byte_tok[b], id++);
+  Json merges = Json::array();
+  for (const char* m : {"Ġ t", "t h", "Ġt h", "h e", "Ġth e", "Ġ a", "a n", "Ġa n", "Ġan d", "Ġ w", "o r", "Ġw or",
+                        "l d", "Ġwor ld", "e l", "l o", "el lo", "h ello", "1 2", "Ġ Ġ", "ĠĠ Ġ", "Ċ Ċ"}) {
+    const std::string mg = m;
+    const size_t sp = mg.find(' ');
+    vocab.set(mg.substr(0, sp) + mg.substr(sp + 1), id++);
+    merges.push_back(mg);
+  }
+  Json model = Json::object();
+  model.set("type", "BPE");
+  model.set("ignore_merges", true);
+  model.set("byte_fallback", false);
+  model.set("vocab", vocab);
+  model.set("merges", merges);
+  Json pat = Json::object();
+  pat.set("Regex",
+          "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+          "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+");
+  Json split = Json::object();
+  split.set("type", "Split");
+  split.set("pattern", pat);
+  split.set("behavior", "Isolated");
+  split.set("invert", false);
+  Json bl = Json::object();
+  bl.set("type", "ByteLevel");
+  bl.set("add_prefix_space", false);
+  bl.set("use_regex", false);
+  Json pts = Json::array();
+  pts.push_back(split);
+  pts.push_back(bl);
+  Json seq = Json::object();
+  seq.set("type", "Sequence");
+  seq.set("pretokenizers", pts);
+  Json added = Json::array();
+  Json special = Json::object();
+  special.set("id", id);
+  special.set("content", "<|end_of_text|>");
+  added.push_back(special);
+  Json j = Json::object();
+  j.set("added_tokens", added);
+  j.set("normalizer", nullptr);
+  j.set("pre_tokenizer", seq);
+  j.set("model", model);
+  return j.dump();
+}
+
+// Every tokenizer this machine has: a byte-level BPE written here (always), the demo's
+// SentencePiece (spm_train on KJV, as scripts/make_demo_tokenizer.sh makes it) and the
+// Llama 2 / Llama 3 fixtures when present.
+std::vector<std::pair<std::string, std::string>> tokenizers(const ScratchDir& dir) {
+  std::vector<std::pair<std::string, std::string>> out;
+  easyctx::test::write_text(dir / "tokenizer.json", llama_regex_bpe_json());
+  out.push_back({"bpe (Llama 3 regex)", dir / "tokenizer.json"});
+  const auto r = easyctx::test::run_command(easyctx::test::source_dir() + "/scripts/make_demo_tokenizer.sh " +
+                                            dir.path() + "/demo 2>/dev/null");
+  if (r.status == 0 && fs::exists(dir / "demo/kjv_bpe2000.model")) out.push_back({"demo spm", dir / "demo/kjv_bpe2000.model"});
+  for (const char* f : {"tokenizers/llama2/tokenizer.model", "tokenizers/llama3/tokenizer.json"})
+    if (fs::exists(easyctx::test::shared_fixture(f))) out.push_back({f, easyctx::test::shared_fixture(f)});
+  return out;
+}
+
+}  // namespace
+
+// encode_pieces gives exactly encode's ids on fresh random texts for random piece sizes
+// (down to a few bytes, so nearly every cut point is used), for every tokenizer at hand.
+TEST(DataStrict, PiecewiseTokenizationEqualsWholeText) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("pieces");
+  int checked = 0;
+  for (const auto& [name, path] : tokenizers(dir)) {
+    const auto tok = load_tokenizer(path);
+    EXPECT_NE(tok->cut(), Tokenizer::Cut::None) << name;
+    if (ends_with(path, ".model")) EXPECT_EQ(tok->cut(), Tokenizer::Cut::DropSpace) << name;
+    else EXPECT_EQ(tok->cut(), Tokenizer::Cut::KeepSpace) << name;
+    for (int trial = 0; trial < 40; ++trial) {
+      const std::string text = random_text(rng, 200 + rng() % 4000);
+      const std::vector<uint32_t> whole = tok->encode(text);
+      const size_t piece = 1 + rng() % 64;
+      std::vector<uint32_t> pieces;
+      tok->encode_pieces(text, pieces, piece);
+      ASSERT_EQ(pieces, whole) << name << ", piece " << piece << ", text:\n" << text;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 40);
+}
+
+// A record longer than the limit is refused naming the file, the line and the limit, before
+// the reader holds much more than the limit.
+TEST(DataStrict, RecordsAboveTheLimitNameFileAndLine) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("maxdoc");
+  const uint64_t limit = 1000 + rng() % 5000;
+  std::string jsonl;
+  const int long_line = 2 + static_cast<int>(rng() % 5);
+  for (int i = 1; i <= long_line; ++i)
+    jsonl += "{\"text\": \"" + std::string(i == long_line ? limit + 1 + rng() % 100000 : 10, 'a') + "\"}\n";
+  easyctx::test::write_text(dir / "c.jsonl", jsonl);
+  const auto units = plan_units({dir / "c.jsonl"}, 1 << 30);
+  UnitReader rd(units[0], limit);
+  RawRecord r;
+  std::string e = error_of([&] {
+    while (rd.next(r)) {
+    }
+  });
+  EXPECT_NE(e.find(dir / "c.jsonl:" + std::to_string(long_line) + ": a line longer than --max-doc-bytes " +
+                   std::to_string(limit)),
+            std::string::npos)
+      << e;
+  easyctx::test::write_text(dir / "t.txt", std::string(limit + 1, 'b'));
+  const auto tu = plan_units({dir / "t.txt"}, 1 << 30);
+  UnitReader rt(tu[0], limit);
+  e = error_of([&] { rt.next(r); });
+  EXPECT_NE(e.find(dir / "t.txt:1: the file (one document, " + std::to_string(limit + 1) +
+                   " bytes) is longer than --max-doc-bytes " + std::to_string(limit)),
+            std::string::npos)
+      << e;
+  UnitReader ok(units[0], limit + 200000);
+  int n = 0;
+  while (ok.next(r)) ++n;
+  EXPECT_EQ(n, long_line);
+}
