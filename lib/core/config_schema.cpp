@@ -384,12 +384,17 @@ const Registry& registry() {
               kMaxI, "Tokens per LM-head + cross-entropy tile; full logits never exist.");
     // ---- output
     r.add_string("output.dir", [](StageConfig& c) -> std::string& { return c.output.dir; }, "path",
-                 "Run folder: metrics.jsonl, logs/, checkpoints/, hf/ (export).", check_nonempty);
+                 "Run folder: run.json (the run it holds), metrics.jsonl, logs/, checkpoints/, final/ (the HF "
+                 "export), DONE, previous/ (earlier runs' DONE, final/ and metrics, set-aside checkpoints).",
+                 check_nonempty);
     r.add_int("output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
               "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1 or SIGTERM on any rank "
-              "also saves one and stops the run with exit code 0 (Slurm: --signal=B:USR1@300).");
+              "also saves one (unless this run has just saved that step) and stops the run with exit code 0 "
+              "(Slurm: --signal=B:USR1@300).");
     r.add_int("output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,
-              "Committed checkpoints to keep; older ones are pruned after a new one commits.");
+              "Checkpoints of this run to keep (the run <output.dir>/run.json names). Older ones of this run are "
+              "pruned only after a newer one has committed and verified; checkpoints of other runs in the folder "
+              "are never pruned (docs/training.md, \"Checkpoint safety\").");
     r.add_bool("output.save_final", [](StageConfig& c) -> bool& { return c.output.save_final; },
                "Save a checkpoint after the last step (the next stage's model.init ckpt:DIR, and --resume). "
                "false only for benchmarks and throw-away runs: nothing of the run is kept but metrics and the "
