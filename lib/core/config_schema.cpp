@@ -287,6 +287,14 @@ const Registry& registry() {
                 false, "Decoupled weight decay (applied to matrices, not to norms).");
     r.add_float("train.grad_clip", [](StageConfig& c) -> double& { return c.train.grad_clip; }, 0, false, kMaxF,
                 false, "Clip the global gradient norm to this value; 0 disables clipping.");
+    r.add_enum<NonFinitePolicy>("train.on_nonfinite",
+                                [](StageConfig& c) -> NonFinitePolicy& { return c.train.on_nonfinite; },
+                                {{"stop", 0}, {"skip_step", 1}},
+                                "A step whose loss or global gradient norm is NaN or infinite: `stop` ends the run "
+                                "with an error naming the step, before the update (nothing with those gradients is "
+                                "applied or checkpointed; the last checkpoint is intact); `skip_step` leaves the "
+                                "weights and Adam moments as they are for that step, logs a warning and records "
+                                "the step in metrics.jsonl with \"skipped\": true.");
     r.add_enum<DeviceKind>("train.device", [](StageConfig& c) -> DeviceKind& { return c.train.device; },
                            {{"auto", 0}, {"cpu", 1}, {"cuda", 2}},
                            "Backend: `cpu` (fp32 reference, MPI), `cuda` (bf16 parameters and activations, fp32 "

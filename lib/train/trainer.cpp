@@ -512,6 +512,19 @@ StepStats Trainer::train_step(int64_t step) {
   st.fwd_bwd_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   st.grad_norm = store_->clip(cfg_.train.grad_clip);
   report_->phase("clip");
+  // Loss and norm are global sums, the same on every rank: every rank decides alike.
+  if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm)) {
+    const std::string what = detail::concat("step ", step + 1, ": loss ", st.loss, ", gradient norm ", st.grad_norm);
+    EASYCTX_CHECK(cfg_.train.on_nonfinite == NonFinitePolicy::SkipStep, what,
+                  ": not finite; stopping before the update (nothing of this step is applied or checkpointed; "
+                  "the last checkpoint is intact). Resume with a lower train.lr, or set train.on_nonfinite: "
+                  "skip_step to skip such steps");
+    log_warn(what, ": not finite; step skipped, weights and Adam moments unchanged (train.on_nonfinite: skip_step)");
+    st.skipped = true;
+    st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    report_->end_step(st);
+    return st;
+  }
   // The host AdamW overlaps the next step's forward when this run has a next step (the step
   // time then counts the wait for it there, so each step line is the steady-state time), and
   // not while profiling (its phase would vanish into the forward).

@@ -68,7 +68,9 @@ class Trainer {
   Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, const RunOptions& opts = {});
   ~Trainer();
 
-  // One optimizer step on the global batch of `step`.
+  // One optimizer step on the global batch of `step`. A non-finite loss or gradient norm
+  // throws naming the step before the update (train.on_nonfinite: stop), or skips the update
+  // (skip_step: StepStats::skipped).
   StepStats train_step(int64_t step);
   // The first half of train_step: forward/backward over every micro-batch and the
   // gradient reduction, leaving the summed gradients (of the global mean loss, before
