@@ -14,16 +14,6 @@ namespace fs = std::filesystem;
 
 namespace easyctx::ckpt {
 
-CheckpointRef resolve_checkpoint(const std::string& dir, std::vector<std::string>* warnings) {
-  if (fs::exists(fs::path(dir) / "index.json")) {
-    CheckpointReader r(dir);
-    return {r.path(), r.step()};
-  }
-  CheckpointRef ref = find_latest_checkpoint((fs::path(dir) / "checkpoints").string(), warnings);
-  if (ref.step < 0) ref = find_latest_checkpoint(dir, warnings);
-  return ref;
-}
-
 namespace {
 
 struct Weights {
@@ -41,7 +31,7 @@ std::vector<ops::Tensor> views(std::vector<std::vector<float>>& units) {
 
 Weights read_checkpoint(const std::string& dir) {
   std::vector<std::string> warnings;
-  const CheckpointRef ref = resolve_checkpoint(dir, &warnings);
+  const CheckpointRef ref = resolve_verified(dir, &warnings);  // checksums first: never export a flipped bit
   for (const auto& w : warnings) log_warn(w);
   EASYCTX_CHECK_INPUT(ref.step >= 0, "--from ckpt:", dir, ": no committed checkpoint there");
   CheckpointReader r(ref.path);
@@ -72,9 +62,24 @@ Weights read_hf(const std::string& dir) {
   return w;
 }
 
+// Refuses a folder that holds a run or checkpoints: a conversion never replaces or prunes
+// anything of a run (its output would otherwise sit among the run's checkpoints).
+void check_empty_target(const std::string& dir) {
+  const fs::path ck = fs::path(dir) / "checkpoints";
+  EASYCTX_CHECK_INPUT(!fs::exists(fs::path(dir) / "run.json"), "--to ckpt:", dir, ": the folder holds a training run "
+                      "(run.json); write the converted checkpoint into a new or empty folder");
+  if (fs::is_directory(ck))
+    for (const auto& e : fs::directory_iterator(ck))
+      EASYCTX_CHECK_INPUT(!starts_with(e.path().filename().string(), "step-"), "--to ckpt:", dir, ": ",
+                          e.path().string(), " exists; write the converted checkpoint into a new or empty folder");
+}
+
 void write_checkpoint(const std::string& dir, Weights& w) {
   const model::ParamLayout layout(w.config);
-  CheckpointWriter cw(MPI_COMM_SELF, (fs::path(dir) / "checkpoints").string(), 0);
+  // A run id of its own: pruning never reaches beyond this conversion's one checkpoint.
+  WriterOptions wo;
+  wo.run_id = "convert-" + new_run_id();
+  CheckpointWriter cw(MPI_COMM_SELF, (fs::path(dir) / "checkpoints").string(), 0, wo);
   for (size_t u = 0; u < layout.units().size(); ++u)
     cw.add("master/" + layout.units()[u].name, layout.units()[u].numel, 0, w.units[u].data(), layout.units()[u].numel);
   Json meta = Json::object();
@@ -100,6 +105,7 @@ std::string convert_model(const ConvertOptions& o) {
   auto [from_kind, from_dir] = split_spec(o.from, "--from");
   auto [to_kind, to_dir] = split_spec(o.to, "--to");
   EASYCTX_CHECK_INPUT(o.dtype == StDType::BF16 || o.dtype == StDType::F32, "--dtype: expected bf16 or f32");
+  if (to_kind == "ckpt") check_empty_target(to_dir);
   Weights w = from_kind == "ckpt" ? read_checkpoint(from_dir) : read_hf(from_dir);
   if (o.rope_theta > 0) w.config.rope_theta = o.rope_theta;
   if (o.max_position_embeddings > 0) w.config.max_position_embeddings = o.max_position_embeddings;

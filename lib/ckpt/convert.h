@@ -1,20 +1,23 @@
 // easyctx_convert: between training checkpoints and Hugging Face model folders.
 //   ckpt:DIR -> hf:OUT   the fp32 master weights of a committed checkpoint (DIR: a step
-//                        folder, a checkpoints folder or a run's output.dir, newest committed)
+//                        folder, a checkpoints folder or a run's output.dir: the newest of its
+//                        run that verifies), checksums verified first
 //                        as safetensors (bf16 or f32, sharded at 5 GB with an index) plus
 //                        config.json carrying the trained rope_theta, rope_scaling and
 //                        max_position_embeddings (at least the stage's seq_length), so
 //                        transformers and vLLM load it at the trained context.
 //   hf:DIR -> ckpt:OUT   a weights-only checkpoint OUT/checkpoints/step-00000000 (no Adam
-//                        state), usable as `model.init: ckpt:OUT`.
+//                        state), usable as `model.init: ckpt:OUT`. OUT must hold no checkpoint
+//                        and no run (refused otherwise: nothing of a run is replaced or pruned).
 //   hf -> hf, ckpt -> ckpt also work (dtype change, resharding to one file).
 // Round trips are exact: f32 and bf16 both survive HF -> ckpt -> HF bit for bit.
 #pragma once
 #include <cstdint>
 #include <string>
 
-#include "ckpt/sharded_checkpoint.h"
+#include "ckpt/run_folder.h"
 #include "ckpt/safetensors.h"
+#include "ckpt/sharded_checkpoint.h"
 
 namespace easyctx::ckpt {
 
@@ -26,10 +29,6 @@ struct ConvertOptions {
   double rope_theta = 0;               // > 0: override in the output config
   int64_t max_position_embeddings = 0; // > 0: override
 };
-
-// A committed checkpoint from a step folder, a checkpoints folder or a run folder (newest
-// valid one; skipped broken ones are appended to warnings). Step -1 if none.
-CheckpointRef resolve_checkpoint(const std::string& dir, std::vector<std::string>* warnings);
 
 // Returns a one-line summary. Throws InputError naming the bad argument or file.
 std::string convert_model(const ConvertOptions& opts);

@@ -41,6 +41,7 @@ const char* to_string(DeviceKind d) {
   return "?";
 }
 const char* to_string(ZeroGroupScope z) { return z == ZeroGroupScope::Node ? "node" : "world"; }
+const char* to_string(NonFinitePolicy p) { return p == NonFinitePolicy::SkipStep ? "skip_step" : "stop"; }
 
 void validate_activation(const StageConfig& c) {
   const std::string& src = c.source.empty() ? std::string("config") : c.source;

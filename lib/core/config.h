@@ -15,6 +15,7 @@ enum class CheckpointPolicy { None, Layer, AttentionOutput };
 enum class OffloadTarget { None, Cpu };
 enum class DeviceKind { Auto, Cpu, Cuda };
 enum class ZeroGroupScope { World, Node };
+enum class NonFinitePolicy { Stop, SkipStep };
 
 const char* to_string(SeqParallelMode m);
 const char* to_string(LrSchedule s);
@@ -22,6 +23,7 @@ const char* to_string(CheckpointPolicy p);
 const char* to_string(OffloadTarget o);
 const char* to_string(DeviceKind d);
 const char* to_string(ZeroGroupScope z);
+const char* to_string(NonFinitePolicy p);
 
 struct ModelConfig {
   std::string config = "tiny";  // preset in configs/models/, a model YAML, or an HF config.json (or its folder)
@@ -53,6 +55,7 @@ struct TrainConfig {
   double grad_clip = 1.0;
   DeviceKind device = DeviceKind::Auto;
   bool deterministic = true;    // CUDA: bit-identical reruns (deterministic attention backward)
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::Stop;  // a step whose loss or gradient norm is not finite
 };
 
 struct SequenceParallelConfig {

@@ -292,6 +292,14 @@ const Registry& registry() {
                 false, "Decoupled weight decay (applied to matrices, not to norms).");
     r.add_float("train.grad_clip", [](StageConfig& c) -> double& { return c.train.grad_clip; }, 0, false, kMaxF,
                 false, "Clip the global gradient norm to this value; 0 disables clipping.");
+    r.add_enum<NonFinitePolicy>("train.on_nonfinite",
+                                [](StageConfig& c) -> NonFinitePolicy& { return c.train.on_nonfinite; },
+                                {{"stop", 0}, {"skip_step", 1}},
+                                "A step whose loss or global gradient norm is NaN or infinite: `stop` ends the run "
+                                "with an error naming the step, before the update (nothing with those gradients is "
+                                "applied or checkpointed; the last checkpoint is intact); `skip_step` leaves the "
+                                "weights and Adam moments as they are for that step, logs a warning and records "
+                                "the step in metrics.jsonl with \"skipped\": true.");
     r.add_enum<DeviceKind>("train.device", [](StageConfig& c) -> DeviceKind& { return c.train.device; },
                            {{"auto", 0}, {"cpu", 1}, {"cuda", 2}},
                            "Backend: `cpu` (fp32 reference, MPI), `cuda` (bf16 parameters and activations, fp32 "
@@ -389,12 +397,17 @@ const Registry& registry() {
               kMaxI, "Tokens per LM-head + cross-entropy tile; full logits never exist.");
     // ---- output
     r.add_string("output.dir", [](StageConfig& c) -> std::string& { return c.output.dir; }, "path",
-                 "Run folder: metrics.jsonl, logs/, checkpoints/, hf/ (export).", check_nonempty);
+                 "Run folder: run.json (the run it holds), metrics.jsonl, logs/, checkpoints/, final/ (the HF "
+                 "export), DONE, previous/ (earlier runs' DONE, final/ and metrics, set-aside checkpoints).",
+                 check_nonempty);
     r.add_int("output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
               "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1 or SIGTERM on any rank "
-              "also saves one and stops the run with exit code 0 (Slurm: --signal=B:USR1@300).");
+              "also saves one (unless this run has just saved that step) and stops the run with exit code 0 "
+              "(Slurm: --signal=B:USR1@300).");
     r.add_int("output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,
-              "Committed checkpoints to keep; older ones are pruned after a new one commits.");
+              "Checkpoints of this run to keep (the run <output.dir>/run.json names). Older ones of this run are "
+              "pruned only after a newer one has committed and verified; checkpoints of other runs in the folder "
+              "are never pruned (docs/training.md, \"Checkpoint safety\").");
     r.add_bool("output.save_final", [](StageConfig& c) -> bool& { return c.output.save_final; },
                "Save a checkpoint after the last step (the next stage's model.init ckpt:DIR, and --resume). "
                "false only for benchmarks and throw-away runs: nothing of the run is kept but metrics and the "

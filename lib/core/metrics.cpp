@@ -1,5 +1,8 @@
 #include "core/metrics.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -28,20 +31,32 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append, int64_t first
     }
     write_file_atomic(path, kept);
   }
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  EASYCTX_CHECK(f_ != nullptr, path, ": cannot open metrics file: ", std::strerror(errno));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  EASYCTX_CHECK(fd_ >= 0, path, ": cannot open metrics file: ", std::strerror(errno));
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (f_) std::fclose(f_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsWriter::write(const Json& record) {
-  if (!f_) return;
+  if (fd_ < 0) return;
   std::string line = record.dump();
   line.push_back('\n');
-  EASYCTX_CHECK(std::fwrite(line.data(), 1, line.size(), f_) == line.size(), path_, ": write failed");
-  std::fflush(f_);
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = n < 0 ? errno : ENOSPC;
+      if (before >= 0) (void)::ftruncate(fd_, before);  // no partial line for the next reader
+      EASYCTX_THROW(path_, ": cannot write the metrics record of step ",
+                    record.find("step") ? record.at("step").dump() : std::string("?"), ": ", std::strerror(e),
+                    " (the run stops rather than lose records; free space and resume)");
+    }
+    done += static_cast<size_t>(n);
+  }
 }
 
 }  // namespace easyctx

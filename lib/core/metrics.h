@@ -1,7 +1,8 @@
-// <output.dir>/metrics.jsonl: one JSON object per line, flushed per record so a killed run
-// keeps every finished step. Rank 0 writes.
+// <output.dir>/metrics.jsonl: one JSON object per line, written per record (one write call)
+// so a killed run keeps every finished step. A record that cannot be written whole (a full
+// disk, a quota) is an error naming the file and the reason, and the partial line is cut off:
+// records are never dropped silently. Rank 0 writes.
 #pragma once
-#include <cstdio>
 #include <string>
 
 #include "core/json.h"
@@ -17,13 +18,13 @@ class MetricsWriter {
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
-  bool is_open() const { return f_ != nullptr; }
+  bool is_open() const { return fd_ >= 0; }
   void write(const Json& record);  // must be an object
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  FILE* f_ = nullptr;
+  int fd_ = -1;
 };
 
 }  // namespace easyctx

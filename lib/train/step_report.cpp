@@ -97,6 +97,7 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
     r.set("elapsed", elapsed);
     if (st.mfu >= 0) r.set("mfu", st.mfu);
     if (st.peak_mem_gib >= 0) r.set("peak_mem_gib", st.peak_mem_gib);
+    if (st.skipped) r.set("skipped", true);
     metrics_->write(r);
   }
   if ((step + 1) % std::max<int64_t>(1, cfg_.logging.every) != 0 && step + 1 != cfg_.train.steps) return;

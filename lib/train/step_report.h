@@ -31,6 +31,7 @@ struct StepStats {
   double fwd_bwd_seconds = 0;  // of it: data, forward and backward (gradients final), before clip and optimizer
   double mfu = -1;         // model FLOP utilisation (CUDA with a known peak; else -1), set by run()
   double peak_mem_gib = -1;  // device memory high-water mark so far (CUDA; else -1), set by run()
+  bool skipped = false;    // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
 };
 
 class StepReporter {

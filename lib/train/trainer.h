@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/json.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
 #include "model/llama.h"
@@ -35,12 +36,22 @@ namespace easyctx::plan {
 struct MemoryPlan;
 }
 
+namespace easyctx::ckpt {
+class RankSync;
+}
+
 namespace easyctx::train {
 
-// How a run starts (easyctx_train --resume): "auto" resumes from the newest committed
-// checkpoint in <output.dir>/checkpoints (falling back past broken ones) or starts from
-// model.init when there is none; "none" always starts from model.init; anything else is a
-// checkpoint folder (a step folder, a checkpoints folder, or a run's output.dir) to resume.
+// How a run starts (easyctx_train --resume; docs/training.md, "Checkpoint safety"):
+//   "auto": continues the run <output.dir>/run.json names from its newest checkpoint that
+//     verifies (falling back past broken ones with a warning), or starts it from model.init when
+//     it has none; refuses to start when every checkpoint of that run is broken (naming them).
+//     Without run.json: the newest checkpoint in the folder that verifies, or a new run.
+//   "none": a new run from model.init; the folder's earlier run keeps its checkpoints (never
+//     pruned) and its DONE, final/ and metrics.jsonl move to previous/<its id>/.
+//   anything else: a checkpoint folder (a step folder, a checkpoints folder, or a run's
+//     output.dir) to resume from, verified first. Unless it is the newest checkpoint of the run
+//     this output.dir holds (then the same as auto), the run started is a new one (a fork).
 struct RunOptions {
   std::string resume = "auto";
 };
@@ -57,7 +68,9 @@ class Trainer {
   Trainer(const StageConfig& cfg, dist::Comm& world, dist::Comm& dp, const RunOptions& opts = {});
   ~Trainer();
 
-  // One optimizer step on the global batch of `step`.
+  // One optimizer step on the global batch of `step`. A non-finite loss or gradient norm
+  // throws naming the step before the update (train.on_nonfinite: stop), or skips the update
+  // (skip_step: StepStats::skipped).
   StepStats train_step(int64_t step);
   // The first half of train_step: forward/backward over every micro-batch and the
   // gradient reduction, leaving the summed gradients (of the global mean loss, before
@@ -68,8 +81,9 @@ class Trainer {
   // The backend's allocation counters (device memory on CUDA; what the plan's allocations predict).
   ops::MemoryStats memory_stats() const { return be_->memory_stats(); }
   // Every step with logging and metrics, then the final save. Returns the last stats.
-  // Stops early, after a checkpoint, when any rank received SIGUSR1/SIGTERM
-  // (stopped() is then true); on completion writes <output.dir>/DONE.
+  // A step's metrics record is written before its checkpoint, so a committed checkpoint is
+  // never ahead of metrics.jsonl. Stops early, after a checkpoint, when any rank received
+  // SIGUSR1/SIGTERM (stopped() is then true); on completion writes <output.dir>/DONE.
   StepStats run();
   bool stopped() const { return stopped_; }
   // Writes the weights as a Hugging Face folder (config.json + model.safetensors); rank 0.
@@ -77,8 +91,12 @@ class Trainer {
   void save_hf(const std::string& dir) const;
   // Commits a training checkpoint after `steps_done` optimizer steps under
   // <output.dir>/checkpoints (lib/ckpt/sharded_checkpoint.h): fp32 master weights and Adam
-  // moments per unit. Collective over world.
+  // moments per unit, with this run's id. Collective over world. A step this run has already
+  // committed (a stop request right after a periodic save or at the start of a resumed run) is
+  // not written again.
   void save_checkpoint(int64_t steps_done);
+  // This run's id (<output.dir>/run.json, every checkpoint's index).
+  const std::string& run_id() const { return run_id_; }
   // The first step this trainer runs: 0, or where the checkpoint it resumed from ended.
   int64_t start_step() const { return start_step_; }
 
@@ -97,7 +115,13 @@ class Trainer {
 
  private:
   void init(dist::ProcessGroups* groups);
-  void load_weights();  // model.init, or resume from <output.dir>/checkpoints
+  void load_weights();  // model.init, or resume from <output.dir>/checkpoints; records the run
+  // The newest of `candidates` (a JSON array of {path, step, run_id}) that verifies (every rank
+  // checks a share of its files): its index, or -1 when there is none; InputError naming every
+  // broken one (after `what`) when none verifies.
+  int choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what);
+  Json plan_start() const;                                        // rank 0 (load_weights)
+  Json record_run(const Json& plan, const Json& chosen) const;    // rank 0 (load_weights)
   void log_startup() const;
   bool stop_requested();  // collective: did any rank get SIGUSR1/SIGTERM?
   bool on_device() const { return be_->memspace() == MemSpace::Device; }
@@ -113,6 +137,8 @@ class Trainer {
   int ranks_per_node_ = 1;
   RunOptions opts_;
   int64_t start_step_ = 0;
+  std::string run_id_, config_hash_;
+  int64_t last_saved_step_ = -1;  // committed by this run and verified: never written again
   std::string resumed_data_state_;  // the checkpoint's data cursor, checked once the loader exists
   bool stopped_ = false;
   std::unique_ptr<ops::Backend> be_;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <numeric>
 
+#include "ckpt/rank_sync.h"
 #include "ckpt/sharded_checkpoint.h"
 #include "core/error.h"
 #include "test_util.h"
@@ -43,9 +44,10 @@ float value(int64_t i, int salt, int64_t step) {
   return static_cast<float>(std::sin(static_cast<double>(i) * 0.37 + salt) * 100.0 + static_cast<double>(step));
 }
 // Saves arrays "w/a" (n_a) and "w/b" (n_b) split evenly (rank r holds [r*n/W, (r+1)*n/W)).
-std::string save(const std::string& root, int64_t step, int64_t n_a, int64_t n_b, int keep) {
+std::string save(const std::string& root, int64_t step, int64_t n_a, int64_t n_b, int keep,
+                 const ckpt::WriterOptions& opts = {}, bool* skipped = nullptr) {
   const int W = size_(), r = rank_();
-  ckpt::CheckpointWriter w(MPI_COMM_WORLD, root, step);
+  ckpt::CheckpointWriter w(MPI_COMM_WORLD, root, step, opts);
   std::vector<float> a(static_cast<size_t>(n_a)), b(static_cast<size_t>(n_b));
   for (int64_t i = 0; i < n_a; ++i) a[static_cast<size_t>(i)] = value(i, 1, step);
   for (int64_t i = 0; i < n_b; ++i) b[static_cast<size_t>(i)] = value(i, 2, step);
@@ -59,8 +61,17 @@ std::string save(const std::string& root, int64_t step, int64_t n_a, int64_t n_b
   w.set_rank_meta(meta);
   Json index_meta = Json::object();
   index_meta.set("model", "test");
-  return w.commit(index_meta, keep);
+  const std::string dir = w.commit(index_meta, keep);
+  if (skipped) *skipped = w.skipped();
+  return dir;
 }
+ckpt::WriterOptions run(const std::string& id) {
+  ckpt::WriterOptions o;
+  o.run_id = id;
+  o.timeout_s = 60;
+  return o;
+}
+std::string run_of(const std::string& dir) { return ckpt::CheckpointReader(dir).run_id(); }
 }  // namespace
 
 TEST(ShardedCheckpoint, SaveReadReshardPrune) {
@@ -148,6 +159,70 @@ TEST(ShardedCheckpoint, SaveReadReshardPrune) {
       EXPECT_NE(std::string(e.what()).find("rank-00000.h5 is missing"), std::string::npos) << e.what();
     }
     EXPECT_EQ(ckpt::find_latest_checkpoint(root, nullptr).step, -1);
+    fs::remove_all(root);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Run identity (ckpt/run_folder.h): pruning keeps only the saving run's checkpoints and never
+// touches another run's; another run's checkpoint at the step being saved is set aside, not
+// deleted; a step this run has committed and that verifies is not written again; a broken one
+// is replaced only after the new one is written, and set aside.
+TEST(ShardedCheckpoint, RunIdentityPruneSkipAndSetAside) {
+  const std::string root = shared_tmp();
+  const int64_t n_a = 777, n_b = 3;
+  for (int64_t s : {1, 2, 3}) save(root, s, n_a, n_b, 2, run("A"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_FALSE(fs::exists(root + "/step-00000001"));
+  // Run B's first checkpoint (step 1, the lowest in the folder) survives its own commit and
+  // prunes nothing of run A.
+  save(root, 1, n_a, n_b, 1, run("B"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_() == 0) {
+    EXPECT_EQ(run_of(root + "/step-00000001"), "B");
+    EXPECT_EQ(run_of(root + "/step-00000002"), "A");
+    EXPECT_EQ(run_of(root + "/step-00000003"), "A");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // B saves step 2, where A has one: A's is set aside; B's step 1 is pruned (keep_last 1).
+  save(root, 2, n_a, n_b, 1, run("B"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_() == 0) {
+    EXPECT_EQ(run_of(root + "/step-00000002"), "B");
+    EXPECT_EQ(run_of(root + "/aside/A/checkpoints/step-00000002"), "A");
+    EXPECT_NO_THROW(ckpt::CheckpointReader(root + "/aside/A/checkpoints/step-00000002").verify());
+    EXPECT_FALSE(fs::exists(root + "/step-00000001"));
+    EXPECT_EQ(run_of(root + "/step-00000003"), "A");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // The same step again (a stop request right after a save): kept, not written again.
+  bool skipped = false;
+  const auto mtime = fs::last_write_time(root + "/step-00000002/index.json");
+  save(root, 2, n_a, n_b, 1, run("B"), &skipped);
+  EXPECT_TRUE(skipped);
+  EXPECT_EQ(fs::last_write_time(root + "/step-00000002/index.json"), mtime);
+  {
+    ckpt::RankSync sync(MPI_COMM_WORLD, 60, "test");
+    EXPECT_EQ(ckpt::verify_collectively(sync, root + "/step-00000002"), "");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // A broken copy of this run's step is written again; the broken one is set aside.
+  if (rank_() == 0) fs::resize_file(root + "/step-00000002/rank-00000.h5", 100);
+  MPI_Barrier(MPI_COMM_WORLD);
+  {
+    ckpt::RankSync sync(MPI_COMM_WORLD, 60, "test");
+    const std::string problem = ckpt::verify_collectively(sync, root + "/step-00000002");
+    EXPECT_NE(problem.find("rank-00000.h5 has 100 bytes"), std::string::npos) << problem;  // on every rank
+  }
+  save(root, 2, n_a, n_b, 1, run("B"), &skipped);
+  EXPECT_FALSE(skipped);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_() == 0) {
+    EXPECT_NO_THROW(ckpt::CheckpointReader(root + "/step-00000002").verify());
+    EXPECT_TRUE(fs::exists(root + "/aside/B-broken/checkpoints/step-00000002"));
+    std::vector<float> a(static_cast<size_t>(n_a));
+    ckpt::CheckpointReader(root + "/step-00000002").read("w/a", 0, n_a, a.data());
+    for (int64_t i = 0; i < n_a; ++i) ASSERT_EQ(a[static_cast<size_t>(i)], value(i, 1, 2));
     fs::remove_all(root);
   }
   MPI_Barrier(MPI_COMM_WORLD);
