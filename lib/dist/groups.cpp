@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "dist/comm_mpi.h"
+#include "dist/watchdog.h"
 #ifdef EASYCTX_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -173,7 +174,12 @@ ProcessGroups::ProcessGroups(const Runtime& rt, const GroupLayout& layout, CommB
         }
     EASYCTX_CHECK(color >= 0, "rank ", rt.rank(), " is in no ", name, " group");
     MPI_Comm c;
-    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, color, key, &c), "MPI_Comm_split");
+    fault_point("create group", name);
+    {
+      // Collective over the world, with no nonblocking form: the monitor thread watches it.
+      WatchdogGuard guard("MPI_Comm_split (creating the group)", name, 0, timeout_s);
+      check_mpi(MPI_Comm_split(MPI_COMM_WORLD, color, key, &c), "MPI_Comm_split");
+    }
     mpi_comms_.push_back(c);
     return make_comm(c, name, backend, timeout_s);
   };
