@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) -> int {
     eval::PplOptions o;
     std::string out;
+    double timeout_s = 3600;
     po::options_description opts("easyctx_eval_ppl [options]");
     opts.add_options()("help,h", "show this help")(
         "model", po::value(&o.model_dir)->required(), "Hugging Face model folder (config.json + safetensors)")(
@@ -32,7 +33,10 @@ int main(int argc, char** argv) {
         "lm-head-tile", po::value(&o.lm_head_tile)->default_value(4096), "tokens per LM-head tile")(
         "mlp-tile", po::value(&o.mlp_tile)->default_value(16384),
         "tokens per MLP tile (0: untiled); bounds the MLP activations of long sequences")(
-        "output-file", po::value(&out)->required(), "CSV to write (tokens,ppl,documents,nll)");
+        "output-file", po::value(&out)->required(), "CSV to write (tokens,ppl,documents,nll)")(
+        "collective-timeout-s", po::value(&timeout_s)->default_value(3600),
+        "with mpirun: a rank that waits this long for the others (longer than one document's forward at "
+        "--max-tokens) ends the job, naming the rank that never arrived");
     po::variables_map vm;
     try {
       po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -47,7 +51,8 @@ int main(int argc, char** argv) {
     LogOptions lo;
     lo.rank = rt.rank();
     log_init(lo);
-    auto comm = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, 3600);
+    EASYCTX_CHECK_INPUT(timeout_s > 0, "--collective-timeout-s ", timeout_s, ": expected > 0");
+    auto comm = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, timeout_s);
     const std::vector<eval::PplRow> rows = eval::evaluate_perplexity(o, comm.get());
     if (rt.rank() == 0) {
       write_file_atomic(out, eval::ppl_csv(rows));

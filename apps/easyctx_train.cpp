@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
+#include "dist/watchdog.h"
 #include "plan/memory_plan.h"
 #include "train/trainer.h"
 
@@ -72,6 +73,8 @@ int main(int argc, char** argv) {
       else
         layout = dist::make_group_layout(cfg, rt.size(), rt.topology().local_size);
     });
+    // From here on collectives wait as long as the config says (start-up used the default).
+    dist::set_default_collective_timeout_s(cfg.parallel.collective_timeout_s);
     if (plan_only) {
       if (rt.rank() == 0) {
         std::cout << plan::format_plan_table(mem_plan);
