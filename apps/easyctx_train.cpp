@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
+#include "dist/signals.h"
 #include "dist/watchdog.h"
 #include "plan/memory_plan.h"
 #include "train/trainer.h"
@@ -88,6 +89,8 @@ int main(int argc, char** argv) {
                                     << "\n" << layout.describe();
       return 0;
     }
+    // A stop signal from now on is honoured at the first step boundary (dist/signals.h).
+    dist::install_stop_signals();
     train::RunOptions run_opts;
     run_opts.resume = vm["resume"].as<std::string>();
     dist::CommBackend backend{};

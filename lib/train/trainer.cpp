@@ -327,7 +327,7 @@ StepStats Trainer::run() {
   for (int64_t step = start_step_; step < cfg_.train.steps; ++step) {
     if (stop_requested()) {
       save_checkpoint(step);
-      log_info("stop requested (signal ", dist::stop_signal(), " on some rank): checkpoint of step ", step,
+      log_info("stop requested (", dist::agreed_stop().describe(), "): checkpoint of step ", step,
                " committed; continue with --resume auto");
       stopped_ = true;
       world_.barrier();
@@ -354,10 +354,7 @@ StepStats Trainer::run() {
   return st;
 }
 
-bool Trainer::stop_requested() {
-  const double any = world_.all_reduce_scalar(dist::stop_signal() != 0 ? 1.0 : 0.0, dist::ReduceOp::Max);
-  return any > 0;
-}
+bool Trainer::stop_requested() { return static_cast<bool>(dist::agree_stop(world_)); }
 
 void Trainer::save_hf(const std::string& dir) const {
   std::vector<std::vector<float>> units = store_->master_host();  // (ZeRO-3: collective)
@@ -383,7 +380,7 @@ int run_stage(dist::Runtime& rt, const StageConfig& cfg, dist::ProcessGroups& gr
   log_init(lo);
   Trainer t(cfg, groups, opts);
   t.run();
-  return 0;
+  return t.stopped() ? dist::stop_exit_code(dist::agreed_stop().signal) : 0;  // 130 after Ctrl-C
 }
 
 }  // namespace easyctx::train

@@ -99,7 +99,7 @@ class Trainer {
   void init(dist::ProcessGroups* groups);
   void load_weights();  // model.init, or resume from <output.dir>/checkpoints
   void log_startup() const;
-  bool stop_requested();  // collective: did any rank get SIGUSR1/SIGTERM?
+  bool stop_requested();  // collective: did any rank get a stop signal (dist/signals.h)?
   bool on_device() const { return be_->memspace() == MemSpace::Device; }
 
   StageConfig cfg_;
@@ -133,7 +133,8 @@ using zero::clip_by_global_norm;
 DeviceKind trainer_device(DeviceKind requested);
 
 // The app entry point (apps/easyctx_train.cpp): trains the stage described by cfg.
-// Exit code 0 also when stopped by a signal after its checkpoint (the job is resumable).
+// Exit code 0 also when stopped by a signal after its checkpoint (the job is resumable); 130
+// when that signal was SIGINT (Ctrl-C).
 int run_stage(dist::Runtime& rt, const StageConfig& cfg, dist::ProcessGroups& groups, const RunOptions& opts = {});
 
 }  // namespace easyctx::train
