@@ -13,9 +13,12 @@ namespace easyctx::plan {
 
 // GPU models target.gpu knows, with their memory as nvidia-smi reports it (= cudaDeviceProp::
 // totalGlobalMem, the whole card; the CUDA context comes out of it).
+// host_bytes_per_gpu: the host memory a node of these GPUs has per GPU in NVIDIA's DGX system
+// (what --plan assumes for target.gpu when target.host_memory_gib is not given).
 struct GpuModel {
   const char* name;
   int64_t memory_bytes;
+  int64_t host_bytes_per_gpu;
 };
 const std::vector<GpuModel>& known_gpus();
 
@@ -32,13 +35,26 @@ struct PlanTarget {
 };
 
 // For `easyctx_train STAGE.yaml --plan` (also on a login node without GPUs): target.* keys
-// first, then the launch (world_size ranks, ranks_per_node per node) and this machine.
+// first, then the launch (world_size ranks, ranks_per_node per node) and this machine. Host
+// memory: target.host_memory_gib; else, for a known GPU named by target.gpu, its DGX node's
+// (never the login node's); else this machine's (for another GPU, the source says so).
 // train.device auto plans for cuda when a GPU is visible or target.gpu(_memory_gib) names one.
 // Throws InputError naming the key when the GPU cannot be determined or is unknown.
 PlanTarget resolve_target(const StageConfig& cfg, int world_size, int ranks_per_node);
 // For a running job: the launch and the visible device win over target.*, whose GPU keys
 // only serve when no device can be queried; host memory is this machine's.
 PlanTarget run_target(const StageConfig& cfg, int world_size, int ranks_per_node);
+
+// The world `easyctx_train --print-config` lays the process groups out for: target.nodes x
+// target.gpus_per_node when both are set; else the launch when it has more than one rank or
+// the config fits one rank; else (one process, as on a login node) the smallest world the
+// config needs, parallel.sequence.size ranks on one node. `note` says which, for the printout.
+struct LayoutWorld {
+  int world = 1;
+  int ranks_per_node = 1;
+  std::string note;
+};
+LayoutWorld print_config_world(const StageConfig& cfg, int launch_world, int launch_ranks_per_node);
 
 // /proc/meminfo MemTotal in bytes; throws Error when unreadable.
 int64_t host_memory_total();
