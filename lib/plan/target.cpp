@@ -145,6 +145,8 @@ PlanTarget resolve_target(const StageConfig& cfg, int world_size, int ranks_per_
                                                                 : cfg.train.device == DeviceKind::Cuda && tc.gpu.empty();
   const DeviceInfo dev = need_device ? query_device() : DeviceInfo{};
   t.backend = plan_backend(cfg, dev);
+  // The CPU backend runs this very program: its footprint is the process baseline.
+  if (t.backend == DeviceKind::Cpu) t.process_bytes = std::max<int64_t>(0, vm_rss_bytes());
   if (t.backend == DeviceKind::Cuda) resolve_gpu(cfg, dev, false, t);
   if (t.backend == DeviceKind::Cuda && t.gpu_source != "visible device" && tc.host_memory_gib <= 0) {
     // Planning for GPUs elsewhere: this (login) machine's memory says nothing about their nodes.
@@ -179,6 +181,7 @@ PlanTarget run_target(const StageConfig& cfg, int world_size, int ranks_per_node
                                                    : cfg.train.device;
   if (t.backend == DeviceKind::Cuda) resolve_gpu(cfg, dev, true, t);
   t.host_memory_bytes = host_memory(cfg, false, t.host_source);
+  t.process_bytes = std::max<int64_t>(0, vm_rss_bytes());  // the running program, before it allocates
   return t;
 }
 
@@ -210,5 +213,6 @@ int64_t host_memory_total() {
 }
 
 int64_t vm_hwm_bytes() { return proc_kb("/proc/self/status", "VmHWM"); }
+int64_t vm_rss_bytes() { return proc_kb("/proc/self/status", "VmRSS"); }
 
 }  // namespace easyctx::plan

@@ -30,6 +30,8 @@ struct PlanTarget {
   int nodes = 1;
   int64_t host_memory_bytes = 0;         // one node
   double headroom = 0.03;                // share of each GPU's and node's memory kept free
+  int64_t process_bytes = 0;             // this process's VmRSS when the target was resolved, for a
+                                         // plan made in the program it plans for (0: not)
   std::string gpu_source, host_source;   // where the numbers came from (for the printout)
   int world() const { return gpus_per_node * nodes; }
 };
@@ -60,5 +62,7 @@ LayoutWorld print_config_world(const StageConfig& cfg, int launch_world, int lau
 int64_t host_memory_total();
 // /proc/self/status VmHWM (peak resident set of this process) in bytes; -1 when unreadable.
 int64_t vm_hwm_bytes();
+// /proc/self/status VmRSS (resident set now) in bytes; -1 when unreadable.
+int64_t vm_rss_bytes();
 
 }  // namespace easyctx::plan
