@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
     o.dtype = dtype == "bf16" ? ckpt::StDType::BF16 : ckpt::StDType::F32;
     o.max_shard_bytes = static_cast<uint64_t>(shard_gb * 1e9);
     EASYCTX_CHECK_INPUT(rt.size() == 1, "easyctx_convert runs as one process (no mpirun)");
-    std::cout << "converted " << ckpt::convert_model(o) << "\n";
+    const std::string done = ckpt::convert_model(o);  // "converted" only once it is written
+    std::cout << "converted " << done << "\n";
     return 0;
   });
 }

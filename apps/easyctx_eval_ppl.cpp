@@ -1,4 +1,4 @@
-// easyctx_eval_ppl --model DIR --tokenized FILE... --min-tokens A --max-tokens B
+// easyctx_eval_ppl --model DIR|RUN_DIR --tokenized FILE... --min-tokens A --max-tokens B
 //                  --tokens-step S [--samples K] [--rope-theta T] --output-file CSV
 // Perplexity of a Hugging Face Llama folder over document lengths A, A+S, ..., B on the
 // first K documents of pre-tokenized shards (docs/eval.md). CPU; with mpirun the documents
@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
     double timeout_s = 3600;
     po::options_description opts("easyctx_eval_ppl [options]");
     opts.add_options()("help,h", "show this help")(
-        "model", po::value(&o.model_dir)->required(), "Hugging Face model folder (config.json + safetensors)")(
+        "model", po::value(&o.model_dir)->required(),
+        "Hugging Face model folder (config.json + safetensors), or a training run's output.dir (its final/)")(
         "tokenized", po::value(&o.tokenized)->multitoken()->required(), "h5tokenize shards: files, folders or globs")(
         "min-tokens", po::value(&o.min_tokens)->required(), "first length L")(
         "max-tokens", po::value(&o.max_tokens)->required(), "last length L")(

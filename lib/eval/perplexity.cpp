@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -47,9 +48,25 @@ std::vector<std::string> shard_files(const std::vector<std::string>& specs) {
 
 }  // namespace
 
+std::string resolve_model_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path p(dir);
+  if (fs::is_regular_file(p / "config.json") || !fs::is_directory(p)) return dir;  // (load names a missing one)
+  if (fs::is_regular_file(p / "final" / "config.json")) {
+    log_info("eval ppl: ", dir, " is a training run: evaluating its export ", (p / "final").string());
+    return (p / "final").string();
+  }
+  EASYCTX_CHECK_INPUT(!fs::is_directory(p / "checkpoints"), "--model ", dir, ": a training run without a final/ "
+                      "export (the run has not finished, or output.export_hf is false); export a checkpoint with "
+                      "`easyctx_convert --from ckpt:", dir, " --to hf:OUT` and pass --model OUT");
+  EASYCTX_THROW_INPUT("--model ", dir, ": not a Hugging Face model folder (no config.json) nor a training run's "
+                      "output.dir (no final/config.json)");
+}
+
 std::vector<PplRow> evaluate_perplexity(const PplOptions& o, dist::Comm* comm) {
   check_options(o);
-  model::LlamaConfig mc = model::load_llama_config(o.model_dir);
+  const std::string model_dir = resolve_model_dir(o.model_dir);
+  model::LlamaConfig mc = model::load_llama_config(model_dir);
   if (o.rope_theta > 0) mc.rope_theta = o.rope_theta;
   auto be = ops::make_cpu_backend();
   model::ModelOptions mo;
@@ -62,7 +79,7 @@ std::vector<PplRow> evaluate_perplexity(const PplOptions& o, dist::Comm* comm) {
     pbuf.push_back(be->alloc(DType::F32, u.numel));
     params.push_back(pbuf.back().flat());
   }
-  ckpt::load_hf_weights(o.model_dir, m.layout(), params);
+  ckpt::load_hf_weights(model_dir, m.layout(), params);
 
   std::vector<int64_t> lengths;
   for (int64_t L = o.min_tokens; L <= o.max_tokens; L += o.tokens_step) lengths.push_back(L);

@@ -19,7 +19,7 @@
 namespace easyctx::eval {
 
 struct PplOptions {
-  std::string model_dir;              // HF folder: config.json + safetensors
+  std::string model_dir;              // HF folder (config.json + safetensors), or a run's output.dir (its final/)
   std::vector<std::string> tokenized; // shard files, folders or globs (h5tokenize output)
   int64_t min_tokens = 0;
   int64_t max_tokens = 0;
@@ -40,6 +40,10 @@ struct PplRow {
 // Validates options (InputError naming the flag). `comm` (may be null) splits documents
 // across ranks; every rank returns the same rows.
 std::vector<PplRow> evaluate_perplexity(const PplOptions& opts, dist::Comm* comm);
+
+// The Hugging Face folder --model names: DIR itself when it has config.json, else a training
+// run's export DIR/final; InputError saying what DIR is otherwise.
+std::string resolve_model_dir(const std::string& dir);
 
 // CSV: header "tokens,ppl,documents,nll", one row per length.
 std::string ppl_csv(const std::vector<PplRow>& rows);
