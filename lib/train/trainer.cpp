@@ -8,6 +8,7 @@
 #include "ckpt/convert.h"
 #include "ckpt/hf_model.h"
 #include "ckpt/sharded_checkpoint.h"
+#include "ckpt/tokenizer_files.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "data/loader.h"
@@ -364,6 +365,8 @@ void Trainer::save_hf(const std::string& dir) const {
     views.emplace_back(u.data(), DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
   ckpt::save_hf_model(dir, model_->config(), model_->layout(), views,
                       cfg_.output.hf_dtype == "bf16" ? ckpt::StDType::BF16 : ckpt::StDType::F32);
+  const std::string tok = ckpt::export_tokenizer_files(cfg_.data.path, dir);  // for AutoTokenizer
+  if (!tok.empty()) log_info("tokenizer: ", tok);
 }
 
 int run_stage(dist::Runtime& rt, const StageConfig& cfg, dist::ProcessGroups& groups, const RunOptions& opts) {
