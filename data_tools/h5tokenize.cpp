@@ -112,7 +112,7 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
       ("threads", po::value(&o.threads)->default_value(1), "tokenizer threads per rank")
       ("strict", "malformed records are fatal instead of skipped")
       ("overwrite", "delete existing shards in the output folder first")
-      ("progress", po::value(&o.progress)->default_value(-1), "progress line: 1 on, 0 off, -1 when stderr is a terminal")
+      ("progress", po::value(&o.progress)->default_value(-1), "progress: 0 off; otherwise rank 0 rewrites one line twice a second on a terminal, or prints a line every 30 s to a log file")
       ("max-warnings", po::value(&o.max_warnings)->default_value(o.max_warnings), "malformed-record warnings printed per rank")
       ("input", po::value(&o.inputs)->composing(), "input files, folders or globs");
   po::positional_options_description pos;

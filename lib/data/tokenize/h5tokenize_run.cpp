@@ -283,33 +283,43 @@ void UnitJob::run() {
   ++st_.units;
 }
 
-// Progress line on a terminal: documents, tokens, MB/s, ETA (from this rank's share).
+// Progress: on a terminal one line rewritten twice a second; otherwise (a log file, every
+// Slurm job) a full line every 30 s. Documents, tokens, MB/s, ETA (from this rank's share).
 class Progress {
  public:
-  Progress(bool on, uint64_t total_bytes, const TokenizeStats& st) : on_(on), total_(total_bytes), st_(st) {}
+  Progress(bool on, bool tty, uint64_t total_bytes, const TokenizeStats& st)
+      : on_(on), tty_(tty), total_(total_bytes), st_(st) {}
   void add(uint64_t bytes) {
     done_ += bytes;
     if (!on_) return;
     auto now = Clock::now();
-    if (now - last_ < std::chrono::milliseconds(500) && done_ < total_) return;
+    if (now - last_ < (tty_ ? std::chrono::milliseconds(500) : std::chrono::milliseconds(30000)) &&
+        (done_ < total_ || !tty_))
+      return;
     last_ = now;
-    double sec = std::chrono::duration<double>(now - start_).count();
-    double rate = sec > 0 ? done_ / sec : 0;
-    double eta = rate > 0 ? (total_ - std::min(done_, total_)) / rate : 0;
-    std::fprintf(stderr, "\r[h5tokenize] %s docs  %s tokens  %.1f MB/s  %3.0f%%  ETA %s   ",
-                 format_count(double(st_.total_docs())).c_str(), format_count(double(st_.total_tokens())).c_str(),
-                 rate / 1e6, total_ ? 100.0 * std::min(done_, total_) / total_ : 100.0, format_duration(eta).c_str());
-    std::fflush(stderr);
+    print(now);
   }
   void finish() {
-    if (on_) std::fprintf(stderr, "\n");
+    if (!on_) return;
+    if (tty_) std::fprintf(stderr, "\n");
+    else if (st_.total_docs() > 0) print(Clock::now());  // the last figures (none: every unit was done already)
   }
 
  private:
-  bool on_;
+  void print(Clock::time_point now) {
+    double sec = std::chrono::duration<double>(now - start_).count();
+    double rate = sec > 0 ? done_ / sec : 0;
+    double eta = rate > 0 ? (total_ - std::min(done_, total_)) / rate : 0;
+    std::fprintf(stderr, "%s[h5tokenize] %s docs  %s tokens  %.1f MB/s  %3.0f%%  ETA %s%s", tty_ ? "\r" : "",
+                 format_count(double(st_.total_docs())).c_str(), format_count(double(st_.total_tokens())).c_str(),
+                 rate / 1e6, total_ ? 100.0 * std::min(done_, total_) / total_ : 100.0, format_duration(eta).c_str(),
+                 tty_ ? "   " : "\n");
+    std::fflush(stderr);
+  }
+  bool on_, tty_;
   uint64_t total_, done_ = 0;
   const TokenizeStats& st_;
-  Clock::time_point start_ = Clock::now(), last_{};
+  Clock::time_point start_ = Clock::now(), last_ = Clock::now();
 };
 
 TokenizeStats gather(const TokenizeStats& local, MPI_Comm comm) {
@@ -456,8 +466,8 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
   uint64_t my_bytes = 0;
   for (const auto& u : units)
     if (static_cast<int>(u.index % size) == rank) my_bytes += u.bytes;
-  bool show = o.progress < 0 ? (rank == 0 && isatty(STDERR_FILENO)) : (o.progress > 0 && rank == 0);
-  Progress progress(show, my_bytes, st);
+  const bool show = rank == 0 && o.progress != 0;
+  Progress progress(show, isatty(STDERR_FILENO) != 0, my_bytes, st);
   std::function<void(uint64_t)> on_bytes = [&](uint64_t b) { progress.add(b); };
   for (const auto& u : units) {
     if (static_cast<int>(u.index % size) != rank) continue;
