@@ -384,10 +384,11 @@ const Registry& registry() {
               kMaxI, "Tokens per LM-head + cross-entropy tile; full logits never exist.");
     // ---- output
     r.add_string("output.dir", [](StageConfig& c) -> std::string& { return c.output.dir; }, "path",
-                 "Run folder: metrics.jsonl, logs/, checkpoints/, hf/ (export).", check_nonempty);
+                 "Run folder: metrics.jsonl, logs/, checkpoints/, final/ (the Hugging Face export), DONE.", check_nonempty);
     r.add_int("output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
-              "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1 or SIGTERM on any rank "
-              "also saves one and stops the run with exit code 0 (Slurm: --signal=B:USR1@300).");
+              "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1, SIGUSR2, SIGTERM or SIGINT "
+              "on any rank also saves one and stops the run with exit code 0 (130 for SIGINT; docs/training.md, "
+              "\"Stopping a run\"; Slurm: --signal=B:USR1@300).");
     r.add_int("output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,
               "Committed checkpoints to keep; older ones are pruned after a new one commits.");
     r.add_bool("output.save_final", [](StageConfig& c) -> bool& { return c.output.save_final; },
