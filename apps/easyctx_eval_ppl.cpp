@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
     opts.add_options()("help,h", "show this help")(
         "model,m", po::value(&models)->multitoken()->composing()->required(),
         "model(s): a Hugging Face folder (config.json + safetensors), hf:DIR, or ckpt:DIR (a training checkpoint: "
-        "step folder, checkpoints folder or run output.dir; any ZeRO stage or rank count). Several (repeat the flag "
+        "step folder, checkpoints folder or run output.dir; any ZeRO stage or rank count), or a training run's "
+        "output.dir (its final/ export). Several (repeat the flag "
         "or list them) run one after another on the same documents")(
         "tokenized", po::value(&o.tokenized)->multitoken()->required(), "h5tokenize shards: files, folders or globs")(
         "min-tokens", po::value(&o.min_tokens)->required(), "first length L")(
@@ -80,8 +81,9 @@ int main(int argc, char** argv) {
         "set", po::value(&sets)->composing(), "--plan's target: --set target.gpu=H200, target.gpu_memory_gib=..., "
         "target.gpus_per_node=..., target.nodes=... (repeatable)")(
         "progress-every", po::value(&progress_every)->default_value(30), "seconds between progress lines")(
-        "collective-timeout", po::value(&o.collective_timeout_s)->default_value(3600),
-        "seconds a collective may wait for a peer before the job is aborted");
+        "collective-timeout-s", po::value(&o.collective_timeout_s)->default_value(3600),
+        "with mpirun: a rank that waits this long for the others (longer than one document's forward at "
+        "--max-tokens) ends the job, naming the rank that never arrived");
     po::variables_map vm;
     dist::run_collectively(rt, [&] {
       try {

@@ -10,7 +10,10 @@
 #include "core/error.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
+#include "dist/signals.h"
+#include "dist/watchdog.h"
 #include "plan/memory_plan.h"
+#include "plan/target.h"
 #include "train/trainer.h"
 
 namespace po = boost::program_options;
@@ -60,18 +63,25 @@ int main(int argc, char** argv) {
     StageConfig cfg;
     dist::GroupLayout layout;
     plan::MemoryPlan mem_plan;
-    const bool plan_only = vm.count("plan") > 0;
+    const bool plan_only = vm.count("plan") > 0, print_only = vm.count("print-config") > 0;
+    plan::LayoutWorld shown;
     dist::run_collectively(rt, [&] {
       EASYCTX_CHECK_INPUT(vm.count("stage"), "command line: missing STAGE.yaml (see --help)");
       std::vector<std::string> sets;
       if (vm.count("set")) sets = vm["set"].as<std::vector<std::string>>();
       cfg = load_stage_config(vm["stage"].as<std::string>(), sets);
       // --plan checks the config against the target's world, not this launch's.
-      if (plan_only)
+      if (plan_only) {
         mem_plan = plan::plan_memory(cfg, plan::resolve_target(cfg, rt.size(), rt.topology().local_size));
-      else
+      } else if (print_only) {  // also on one process for any layout (a login node, slurm/common.sh)
+        shown = plan::print_config_world(cfg, rt.size(), rt.topology().local_size);
+        layout = dist::make_group_layout(cfg, shown.world, shown.ranks_per_node);
+      } else {
         layout = dist::make_group_layout(cfg, rt.size(), rt.topology().local_size);
+      }
     });
+    // From here on collectives wait as long as the config says (start-up used the default).
+    dist::set_default_collective_timeout_s(cfg.parallel.collective_timeout_s);
     if (plan_only) {
       if (rt.rank() == 0) {
         std::cout << plan::format_plan_table(mem_plan);
@@ -80,11 +90,14 @@ int main(int argc, char** argv) {
       }
       return mem_plan.fits ? 0 : 3;
     }
-    if (vm.count("print-config")) {
-      if (rt.rank() == 0) std::cout << "# resolved configuration (" << cfg.source << ")\n" << dump_stage_config(cfg)
-                                    << "\n" << layout.describe();
+    if (print_only) {
+      if (rt.rank() == 0)
+        std::cout << "# resolved configuration (" << cfg.source << ")\n" << dump_stage_config(cfg) << "\n# layout for "
+                  << shown.world << " rank(s): " << shown.note << "\n" << layout.describe();
       return 0;
     }
+    // A stop signal from now on is honoured at the first step boundary (dist/signals.h).
+    dist::install_stop_signals();
     train::RunOptions run_opts;
     run_opts.resume = vm["resume"].as<std::string>();
     dist::CommBackend backend{};

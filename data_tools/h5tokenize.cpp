@@ -2,13 +2,17 @@
 // HDF5 token shards. Run under `mpirun -np N` to spread work units over ranks; --threads
 // tokenizes inside a rank. See docs/data.md.
 #include <boost/program_options.hpp>
+#include <sentencepiece_processor.h>
 
+#include <filesystem>
 #include <iostream>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "data/tokenize/h5tokenize_run.h"
+#include "data/tokenize/tokenizer.h"
 #include "dist/runtime.h"
 
 namespace po = boost::program_options;
@@ -19,6 +23,62 @@ std::vector<std::string> dotted(const std::string& s) {
   std::vector<std::string> v = split(s, '.');
   for (const auto& p : v) EASYCTX_CHECK_INPUT(!p.empty(), "field path '", s, "' has an empty component");
   return v;
+}
+
+// <output>/tokenizer/: the tokenizer the shards were made with, and the metadata Hugging Face
+// transformers expects for Llama, so that an export of a model trained on these shards
+// carries its tokenizer (lib/ckpt/tokenizer_files.h): tokenizer.model (SentencePiece) or
+// tokenizer.json, plus tokenizer_config.json and special_tokens_map.json (copied when the
+// tokenizer's folder has them, as a Hugging Face model folder does; written otherwise).
+void write_tokenizer_folder(const data::TokenizeOptions& o) {
+  namespace fs = std::filesystem;
+  const fs::path src(o.tokenizer), dir = fs::path(o.output) / "tokenizer";
+  const bool hf = src.extension() == ".json";
+  fs::create_directories(dir);
+  fs::copy_file(src, dir / (hf ? "tokenizer.json" : "tokenizer.model"), fs::copy_options::overwrite_existing);
+  int copied = 0;
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"})
+    if (fs::is_regular_file(src.parent_path() / name)) {
+      fs::copy_file(src.parent_path() / name, dir / name, fs::copy_options::overwrite_existing);
+      ++copied;
+    }
+  if (copied == 2) return;
+  // The special tokens' text: SentencePiece pieces, or a tokenizer.json's added tokens.
+  std::string bos, eos, unk;
+  if (!hf) {
+    sentencepiece::SentencePieceProcessor sp;
+    EASYCTX_CHECK_INPUT(sp.Load(o.tokenizer).ok(), "cannot load ", o.tokenizer);
+    if (sp.bos_id() >= 0) bos = sp.IdToPiece(sp.bos_id());
+    if (sp.eos_id() >= 0) eos = sp.IdToPiece(sp.eos_id());
+    if (sp.unk_id() >= 0) unk = sp.IdToPiece(sp.unk_id());
+  } else {
+    auto tok = data::load_tokenizer(o.tokenizer);
+    const auto text = [&](int64_t id) {
+      const uint32_t u = static_cast<uint32_t>(id);
+      return id >= 0 ? tok->decode(&u, 1) : std::string();
+    };
+    bos = text(tok->bos_id());
+    eos = text(tok->eos_id());
+  }
+  Json map = Json::object();
+  if (!bos.empty()) map.set("bos_token", bos);
+  if (!eos.empty()) map.set("eos_token", eos);
+  if (!unk.empty()) map.set("unk_token", unk);
+  Json cfg = Json::object();
+  cfg.set("tokenizer_class", hf ? "PreTrainedTokenizerFast" : "LlamaTokenizer");
+  cfg.set("bos_token", bos.empty() ? Json(nullptr) : Json(bos));
+  cfg.set("eos_token", eos.empty() ? Json(nullptr) : Json(eos));
+  if (!hf) {
+    cfg.set("unk_token", unk.empty() ? Json(nullptr) : Json(unk));
+    cfg.set("add_bos_token", o.add_bos);  // as the shards were made
+    cfg.set("add_eos_token", o.add_eos);
+    cfg.set("legacy", false);
+    cfg.set("sp_model_kwargs", Json::object());
+  }
+  cfg.set("pad_token", nullptr);
+  cfg.set("clean_up_tokenization_spaces", false);
+  write_file_atomic((dir / "tokenizer_config.json").string(), cfg.dump(2) + "\n");
+  write_file_atomic((dir / "special_tokens_map.json").string(), map.dump(2) + "\n");
 }
 
 int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
@@ -55,7 +115,7 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
        "takes about 7x its size in memory (the tokenizer works on 256 KiB pieces)")
       ("strict", "malformed records are fatal instead of skipped")
       ("overwrite", "delete existing shards in the output folder first")
-      ("progress", po::value(&o.progress)->default_value(-1), "progress line: 1 on, 0 off, -1 when stderr is a terminal")
+      ("progress", po::value(&o.progress)->default_value(-1), "progress: 0 off; otherwise rank 0 rewrites one line twice a second on a terminal, or prints a line every 30 s to a log file")
       ("max-warnings", po::value(&o.max_warnings)->default_value(o.max_warnings), "malformed-record warnings printed per rank")
       ("input", po::value(&o.inputs)->composing(), "input files, folders or globs");
   po::positional_options_description pos;
@@ -81,7 +141,10 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
   o.upsample.total_tokens = total_tokens;
   EASYCTX_CHECK_INPUT(o.deflate >= 0 && o.deflate <= 9, "--deflate must be 0..9");
   data::TokenizeStats st = data::run_h5tokenize(o, MPI_COMM_WORLD);
-  if (rt.rank() == 0) std::cout << st.format() << std::flush;
+  if (rt.rank() == 0) {
+    write_tokenizer_folder(o);
+    std::cout << st.format() << std::flush;
+  }
   return 0;
 }
 }  // namespace

@@ -23,7 +23,8 @@ mpirun_flags=(-np "${NP:-1}" --bind-to none)
 [ "$(id -u)" -eq 0 ] && mpirun_flags+=(--allow-run-as-root --oversubscribe)
 build/bin/h5tokenize --tokenizer "$tok" --output "$OUT/data" "$OUT/text/train.jsonl"
 build/bin/h5tokenize --tokenizer "$tok" --output "$OUT/heldout" "$OUT/text/heldout.jsonl"
-mpirun "${mpirun_flags[@]}" build/bin/easyctx_train configs/demo.yaml --resume none "$@"
+# scripts/mpirun.sh: Ctrl-C commits a checkpoint and stops (plain mpirun kills the ranks).
+bash scripts/mpirun.sh "${mpirun_flags[@]}" build/bin/easyctx_train configs/demo.yaml --resume none "$@"
 build/bin/easyctx_eval_ppl --model "$OUT/run/final" --tokenized "$OUT/heldout" \
   --min-tokens 128 --max-tokens 512 --tokens-step 128 --samples 16 --output-file "$OUT/ppl.csv"
 echo "demo: perplexity of the held-out chapters (Revelation) by context length, $OUT/ppl.csv:"

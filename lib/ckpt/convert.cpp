@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "ckpt/hf_model.h"
+#include "ckpt/tokenizer_files.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -20,6 +21,7 @@ struct Weights {
   model::LlamaConfig config;
   std::vector<std::vector<float>> units;  // one f32 buffer per ParamLayout unit
   int64_t seq_length = 0;                 // the training stage's, when known
+  std::string data_path;                  // the training stage's data.path (its tokenizer), when known
   std::string source;
 };
 
@@ -39,8 +41,11 @@ Weights read_checkpoint(const std::string& dir) {
   Weights w;
   w.config = model::llama_config_from_json(r.meta().at("model"), ref.path + "/index.json:meta.model");
   w.source = ref.path;
-  if (const Json* c = r.meta().find("config"); c && c->is_string() && !c->as_string().empty())
-    w.seq_length = parse_stage_config(c->as_string(), ref.path + "/index.json:meta.config").data.seq_length;
+  if (const Json* c = r.meta().find("config"); c && c->is_string() && !c->as_string().empty()) {
+    const StageConfig sc = parse_stage_config(c->as_string(), ref.path + "/index.json:meta.config");
+    w.seq_length = sc.data.seq_length;
+    w.data_path = sc.data.path;
+  }
   const model::ParamLayout layout(w.config);
   for (const auto& u : layout.units()) {
     const std::string name = "master/" + u.name;
@@ -113,6 +118,9 @@ std::string convert_model(const ConvertOptions& o) {
   w.config.validate();
   if (to_kind == "hf") {
     save_hf_model(to_dir, w.config, model::ParamLayout(w.config), views(w.units), o.dtype, o.max_shard_bytes);
+    // The tokenizer beside the weights (AutoTokenizer.from_pretrained): the training data's.
+    if (from_kind == "hf") copy_tokenizer_files(from_dir, to_dir);
+    else if (!w.data_path.empty()) export_tokenizer_files(w.data_path, to_dir);
   } else {
     write_checkpoint(to_dir, w);
   }

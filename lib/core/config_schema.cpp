@@ -401,9 +401,9 @@ const Registry& registry() {
                  "export), DONE, previous/ (earlier runs' DONE, final/ and metrics, set-aside checkpoints).",
                  check_nonempty);
     r.add_int("output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
-              "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1 or SIGTERM on any rank "
-              "also saves one (unless this run has just saved that step) and stops the run with exit code 0 "
-              "(Slurm: --signal=B:USR1@300).");
+              "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1, SIGUSR2, SIGTERM or SIGINT "
+              "on any rank also saves one (unless this run has just saved that step) and stops the run with exit "
+              "code 0 (130 for SIGINT; docs/training.md, \"Stopping a run\"; Slurm: --signal=B:USR1@300).");
     r.add_int("output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,
               "Checkpoints of this run to keep (the run <output.dir>/run.json names). Older ones of this run are "
               "pruned only after a newer one has committed and verified; checkpoints of other runs in the folder "

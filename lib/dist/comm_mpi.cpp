@@ -49,6 +49,28 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, double timeout_s)
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  // World ranks of the members: what a timeout's roll call asks and names.
+  MPI_Group mine, world;
+  check_mpi(MPI_Comm_group(comm_, &mine), "MPI_Comm_group");
+  check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group(world)");
+  std::vector<int> local(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i) local[static_cast<size_t>(i)] = i;
+  members_.resize(static_cast<size_t>(size_));
+  check_mpi(MPI_Group_translate_ranks(mine, size_, local.data(), world, members_.data()), "MPI_Group_translate_ranks");
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+}
+
+Watch MpiComm::begin(const char* op, size_t count) {
+  fault_point(op, name_);
+  Watch w;
+  w.op = op;
+  w.group = name_;
+  w.count = count;
+  w.timeout_s = timeout_s_;
+  w.members = &members_;
+  w.seq = ++seq_;
+  return w;
 }
 
 namespace {
@@ -68,6 +90,14 @@ void sum_blocks(DType t, const void* in, void* out, size_t n, int P) {
   if (t == DType::F32) sum_blocks<float>(in, out, n, P);
   else sum_blocks<double>(in, out, n, P);
 }
+
+// Issues one nonblocking call (returning its request) and waits for it under the watch.
+template <typename Issue>
+void watched(const Watch& w, const char* what, Issue issue) {
+  MPI_Request q = MPI_REQUEST_NULL;
+  check_mpi(issue(&q), what);
+  wait_watched(&q, 1, w);
+}
 }  // namespace
 
 // Floating-point sums are computed by each element's owner, adding the ranks' values in rank
@@ -75,36 +105,35 @@ void sum_blocks(DType t, const void* in, void* out, size_t n, int P) {
 // bit-identical sums for an element whatever the split, so ZeRO-3 equals stage 0 exactly and
 // results never depend on which algorithm MPI picks for a message size.
 void MpiComm::all_reduce(const void* send, void* recv, size_t count, DType t, ReduceOp op) {
+  const Watch w = begin("all_reduce", count);
   if (op == ReduceOp::Sum && is_float(t) && size_ > 1) {
-    WatchdogGuard g("all_reduce", name_, count, timeout_s_);
     const size_t es = dtype_size(t), P = static_cast<size_t>(size_), block = (count + P - 1) / P;
     std::vector<char> padded(block * P * es, 0), blocks(block * P * es), mine(block * es);
     std::memcpy(padded.data(), send, count * es);
-    all_to_all(padded.data(), blocks.data(), block, t);
+    all_to_all_impl(padded.data(), blocks.data(), block, t, w);
     sum_blocks(t, blocks.data(), mine.data(), block, size_);
-    all_gather(mine.data(), padded.data(), block, t);
+    all_gather_impl(mine.data(), padded.data(), block, t, w);
     std::memcpy(recv, padded.data(), count * es);
     return;
   }
-  WatchdogGuard g("all_reduce", name_, count, timeout_s_);
   MPI_Datatype mt = mpi_type(t, true);
   for (size_t off = 0; off < count; off += kChunk) {
     int n = static_cast<int>(std::min(kChunk, count - off));
     const void* s = send == recv ? MPI_IN_PLACE : at(send, off, t);
-    check_mpi(MPI_Allreduce(s, at(recv, off, t), n, mt, mpi_op(op), comm_), "MPI_Allreduce");
+    watched(w, "MPI_Iallreduce",
+            [&](MPI_Request* q) { return MPI_Iallreduce(s, at(recv, off, t), n, mt, mpi_op(op), comm_, q); });
   }
 }
 
 void MpiComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
+  const Watch w = begin("reduce_scatter", recv_count);
   if (op == ReduceOp::Sum && is_float(t) && size_ > 1) {  // fixed rank order (see all_reduce)
-    WatchdogGuard g("reduce_scatter", name_, recv_count, timeout_s_);
     const size_t es = dtype_size(t);
     std::vector<char> blocks(recv_count * static_cast<size_t>(size_) * es);
-    all_to_all(send, blocks.data(), recv_count, t);
+    all_to_all_impl(send, blocks.data(), recv_count, t, w);
     sum_blocks(t, blocks.data(), recv, recv_count, size_);
     return;
   }
-  WatchdogGuard g("reduce_scatter", name_, recv_count, timeout_s_);
   MPI_Datatype mt = mpi_type(t, true);
   size_t bytes = recv_count * dtype_size(t);
   // recv may alias its own block of send: stage through a copy then.
@@ -116,49 +145,57 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DT
     sb = staged.data();
   }
   if (recv_count <= kChunk) {
-    check_mpi(MPI_Reduce_scatter_block(sb, recv, static_cast<int>(recv_count), mt, mpi_op(op), comm_),
-              "MPI_Reduce_scatter_block");
+    watched(w, "MPI_Ireduce_scatter_block", [&](MPI_Request* q) {
+      return MPI_Ireduce_scatter_block(sb, recv, static_cast<int>(recv_count), mt, mpi_op(op), comm_, q);
+    });
     return;
   }
   for (int root = 0; root < size_; ++root)
     for (size_t off = 0; off < recv_count; off += kChunk) {
       int n = static_cast<int>(std::min(kChunk, recv_count - off));
       const char* s = sb + (static_cast<size_t>(root) * recv_count + off) * dtype_size(t);
-      check_mpi(MPI_Reduce(s, root == rank_ ? at(recv, off, t) : nullptr, n, mt, mpi_op(op), root, comm_),
-                "MPI_Reduce");
+      watched(w, "MPI_Ireduce", [&](MPI_Request* q) {
+        return MPI_Ireduce(s, root == rank_ ? at(recv, off, t) : nullptr, n, mt, mpi_op(op), root, comm_, q);
+      });
     }
 }
 
 void MpiComm::all_gather(const void* send, void* recv, size_t send_count, DType t) {
-  WatchdogGuard g("all_gather", name_, send_count, timeout_s_);
+  all_gather_impl(send, recv, send_count, t, begin("all_gather", send_count));
+}
+
+void MpiComm::all_gather_impl(const void* send, void* recv, size_t send_count, DType t, const Watch& w) {
   MPI_Datatype mt = mpi_type(t, false);
   char* own = at(recv, static_cast<size_t>(rank_) * send_count, t);
   if (send_count <= kChunk) {
     const void* s = send == own ? MPI_IN_PLACE : send;
-    check_mpi(MPI_Allgather(s, static_cast<int>(send_count), mt, recv, static_cast<int>(send_count), mt, comm_),
-              "MPI_Allgather");
+    watched(w, "MPI_Iallgather", [&](MPI_Request* q) {
+      return MPI_Iallgather(s, static_cast<int>(send_count), mt, recv, static_cast<int>(send_count), mt, comm_, q);
+    });
     return;
   }
   if (send != own) std::memcpy(own, send, send_count * dtype_size(t));
   for (int root = 0; root < size_; ++root)
     for (size_t off = 0; off < send_count; off += kChunk) {
       int n = static_cast<int>(std::min(kChunk, send_count - off));
-      check_mpi(MPI_Bcast(at(recv, static_cast<size_t>(root) * send_count + off, t), n, mt, root, comm_), "MPI_Bcast");
+      watched(w, "MPI_Ibcast", [&](MPI_Request* q) {
+        return MPI_Ibcast(at(recv, static_cast<size_t>(root) * send_count + off, t), n, mt, root, comm_, q);
+      });
     }
 }
 
 void MpiComm::broadcast(void* buf, size_t count, DType t, int root) {
-  WatchdogGuard g("broadcast", name_, count, timeout_s_);
+  const Watch w = begin("broadcast", count);
   MPI_Datatype mt = mpi_type(t, false);
   for (size_t off = 0; off < count; off += kChunk) {
     int n = static_cast<int>(std::min(kChunk, count - off));
-    check_mpi(MPI_Bcast(at(buf, off, t), n, mt, root, comm_), "MPI_Bcast");
+    watched(w, "MPI_Ibcast", [&](MPI_Request* q) { return MPI_Ibcast(at(buf, off, t), n, mt, root, comm_, q); });
   }
 }
 
 void MpiComm::send_recv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src,
                         DType t) {
-  WatchdogGuard g("send_recv", name_, send_count, timeout_s_);
+  const Watch w = begin("send_recv", send_count);
   MPI_Datatype mt = mpi_type(t, false);
   if (dst == kNoPeer) dst = MPI_PROC_NULL;
   if (src == kNoPeer) src = MPI_PROC_NULL;
@@ -167,19 +204,24 @@ void MpiComm::send_recv(const void* send, size_t send_count, int dst, void* recv
     size_t off = c * kChunk;
     int ns = off < send_count ? static_cast<int>(std::min(kChunk, send_count - off)) : 0;
     int nr = off < recv_count ? static_cast<int>(std::min(kChunk, recv_count - off)) : 0;
-    check_mpi(MPI_Sendrecv(at(send, std::min(off, send_count), t), ns, mt, dst, 7,
-                           at(recv, std::min(off, recv_count), t), nr, mt, src, 7, comm_, MPI_STATUS_IGNORE),
-              "MPI_Sendrecv");
+    MPI_Request q[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    check_mpi(MPI_Irecv(at(recv, std::min(off, recv_count), t), nr, mt, src, 7, comm_, &q[0]), "MPI_Irecv");
+    check_mpi(MPI_Isend(at(send, std::min(off, send_count), t), ns, mt, dst, 7, comm_, &q[1]), "MPI_Isend");
+    wait_watched(q, 2, w);
   }
 }
 
 void MpiComm::all_to_all(const void* send, void* recv, size_t count, DType t) {
-  WatchdogGuard g("all_to_all", name_, count, timeout_s_);
+  all_to_all_impl(send, recv, count, t, begin("all_to_all", count));
+}
+
+void MpiComm::all_to_all_impl(const void* send, void* recv, size_t count, DType t, const Watch& w) {
   MPI_Datatype mt = mpi_type(t, false);
   EASYCTX_CHECK(send != recv, "all_to_all on group '", name_, "': send and recv must differ");
   if (count <= kChunk) {
-    check_mpi(MPI_Alltoall(send, static_cast<int>(count), mt, recv, static_cast<int>(count), mt, comm_),
-              "MPI_Alltoall");
+    watched(w, "MPI_Ialltoall", [&](MPI_Request* q) {
+      return MPI_Ialltoall(send, static_cast<int>(count), mt, recv, static_cast<int>(count), mt, comm_, q);
+    });
     return;
   }
   // Large blocks: pairwise shifted exchanges.
@@ -189,23 +231,26 @@ void MpiComm::all_to_all(const void* send, void* recv, size_t count, DType t) {
     int dst = (rank_ + s) % size_, src = (rank_ - s + size_) % size_;
     for (size_t off = 0; off < count; off += kChunk) {
       int n = static_cast<int>(std::min(kChunk, count - off));
-      check_mpi(MPI_Sendrecv(at(send, static_cast<size_t>(dst) * count + off, t), n, mt, dst, 8,
-                             at(recv, static_cast<size_t>(src) * count + off, t), n, mt, src, 8, comm_,
-                             MPI_STATUS_IGNORE),
-                "MPI_Sendrecv(all_to_all)");
+      MPI_Request q[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+      check_mpi(MPI_Irecv(at(recv, static_cast<size_t>(src) * count + off, t), n, mt, src, 8, comm_, &q[0]),
+                "MPI_Irecv(all_to_all)");
+      check_mpi(MPI_Isend(at(send, static_cast<size_t>(dst) * count + off, t), n, mt, dst, 8, comm_, &q[1]),
+                "MPI_Isend(all_to_all)");
+      wait_watched(q, 2, w);
     }
   }
 }
 
 void MpiComm::barrier() {
-  WatchdogGuard g("barrier", name_, 0, timeout_s_);
-  check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+  const Watch w = begin("barrier", 0);
+  watched(w, "MPI_Ibarrier", [&](MPI_Request* q) { return MPI_Ibarrier(comm_, q); });
 }
 
 double MpiComm::all_reduce_scalar(double v, ReduceOp op) {
-  WatchdogGuard g("all_reduce_scalar", name_, 1, timeout_s_);
+  const Watch w = begin("all_reduce_scalar", 1);
   double out = v;
-  check_mpi(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, mpi_op(op), comm_), "MPI_Allreduce(scalar)");
+  watched(w, "MPI_Iallreduce(scalar)",
+          [&](MPI_Request* q) { return MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, mpi_op(op), comm_, q); });
   return out;
 }
 

@@ -1,9 +1,14 @@
-// MPI implementation of Comm (CPU backend): host buffers, blocking calls, each under the
-// collective watchdog. Counts above INT_MAX are split into chunks (MPI 3 counts are int).
+// MPI implementation of Comm (CPU backend): host buffers; each call issues nonblocking MPI
+// operations and waits for them under the collective watchdog (dist/watchdog.h: the timeout,
+// a roll call naming the rank that never arrived, abort). Counts above INT_MAX are split into
+// chunks (MPI 3 counts are int).
 #pragma once
 #include <mpi.h>
 
+#include <vector>
+
 #include "dist/comm.h"
+#include "dist/watchdog.h"
 
 namespace easyctx::dist {
 
@@ -32,13 +37,20 @@ class MpiComm : public Comm {
   void all_to_all(const void* send, void* recv, size_t count, DType t) override;
   void barrier() override;
   double all_reduce_scalar(double v, ReduceOp op) override;
+  // World ranks of the group's members, in group-rank order.
+  const std::vector<int>& members() const { return members_; }
 
  private:
+  Watch begin(const char* op, size_t count);  // counts the operation, fault point, its watch
+  void all_to_all_impl(const void* send, void* recv, size_t count, DType t, const Watch& w);
+  void all_gather_impl(const void* send, void* recv, size_t send_count, DType t, const Watch& w);
   MPI_Comm comm_;
   std::string name_;
   double timeout_s_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> members_;
+  long seq_ = 0;
 };
 
 MPI_Datatype mpi_type(DType t, bool for_reduction);

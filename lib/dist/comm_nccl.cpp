@@ -32,7 +32,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   }
   return ncclSum;
 }
-MPI_Op to_mpi(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : op == ReduceOp::Max ? MPI_MAX : MPI_MIN; }
 }  // namespace
 
 void check_nccl(ncclResult_t rc, const char* what, const std::string& group) {
@@ -48,12 +47,18 @@ void check_cuda(cudaError_t rc, const char* what) {
 
 NcclComm::NcclComm(MPI_Comm comm, std::string name, double timeout_s)
     : mpi_(comm), name_(std::move(name)), timeout_s_(timeout_s) {
-  check_mpi(MPI_Comm_rank(mpi_, &rank_), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(mpi_, &size_), "MPI_Comm_size");
+  host_ = std::make_unique<MpiComm>(mpi_, name_, timeout_s_);
+  rank_ = host_->rank();
+  size_ = host_->size();
   ncclUniqueId id;
   if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", name_);
-  check_mpi(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_), "MPI_Bcast(ncclUniqueId)");
-  check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank", name_);
+  host_->broadcast(&id, sizeof id, DType::U8, 0);
+  {
+    // Blocks until every rank of the group joined: the monitor thread watches it.
+    fault_point("ncclCommInitRank", name_);
+    WatchdogGuard guard("ncclCommInitRank", name_, 0, timeout_s_);
+    check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank", name_);
+  }
   check_cuda(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_ = own_stream_;
 }
@@ -64,24 +69,29 @@ NcclComm::~NcclComm() {
 }
 
 void NcclComm::all_reduce(const void* send, void* recv, size_t count, DType t, ReduceOp op) {
+  fault_point("all_reduce", name_);
   issued("ncclAllReduce", count);
   check_nccl(ncclAllReduce(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_), "ncclAllReduce", name_);
 }
 void NcclComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
+  fault_point("reduce_scatter", name_);
   issued("ncclReduceScatter", recv_count);
   check_nccl(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, stream_),
              "ncclReduceScatter", name_);
 }
 void NcclComm::all_gather(const void* send, void* recv, size_t send_count, DType t) {
+  fault_point("all_gather", name_);
   issued("ncclAllGather", send_count);
   check_nccl(ncclAllGather(send, recv, send_count, nccl_type(t), comm_, stream_), "ncclAllGather", name_);
 }
 void NcclComm::broadcast(void* buf, size_t count, DType t, int root) {
+  fault_point("broadcast", name_);
   issued("ncclBroadcast", count);
   check_nccl(ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "ncclBroadcast", name_);
 }
 void NcclComm::send_recv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src,
                          DType t) {
+  fault_point("send_recv", name_);
   issued("ncclSend/ncclRecv", send_count);
   check_nccl(ncclGroupStart(), "ncclGroupStart", name_);
   if (dst != kNoPeer) check_nccl(ncclSend(send, send_count, nccl_type(t), dst, comm_, stream_), "ncclSend", name_);
@@ -90,6 +100,7 @@ void NcclComm::send_recv(const void* send, size_t send_count, int dst, void* rec
 }
 void NcclComm::all_to_all(const void* send, void* recv, size_t count, DType t) {
   EASYCTX_CHECK(send != recv, "all_to_all on group '", name_, "': send and recv must differ");
+  fault_point("all_to_all", name_);
   issued("all-to-all (ncclSend/ncclRecv)", count);
   size_t bytes = count * dtype_size(t);
   check_nccl(ncclGroupStart(), "ncclGroupStart", name_);
@@ -114,7 +125,7 @@ void NcclComm::wait(const Fence& f) { cuda_queue::wait(stream_, f); }
 
 void NcclComm::synchronize() {
   auto start = std::chrono::steady_clock::now();
-  for (;;) {
+  for (long spin = 0;; ++spin) {
     cudaError_t q = cudaStreamQuery(stream_);
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) check_cuda(q, "cudaStreamQuery");
@@ -125,24 +136,21 @@ void NcclComm::synchronize() {
     if (el > timeout_s_) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
-      abort_all("NCCL operations on group '" + name_ + "' did not complete within " +
-                    std::to_string(static_cast<long>(timeout_s_)) +
-                    " s (parallel.collective_timeout_s): a peer rank has failed or is stuck; aborting all ranks",
+      abort_all(timeout_message(std::string(last_op_) + " (the last NCCL operation issued)", name_, last_count_,
+                                timeout_s_) +
+                    ": a peer rank has failed or is stuck; aborting all ranks",
                 3);
     }
+    if (spin % 256 == 255) answer_roll_calls();  // ranks stuck in MPI ask what this one waits in
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
 void NcclComm::barrier() {
   synchronize();
-  check_mpi(MPI_Barrier(mpi_), "MPI_Barrier");
+  host_->barrier();
 }
 
-double NcclComm::all_reduce_scalar(double v, ReduceOp op) {
-  double out = v;
-  check_mpi(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, to_mpi(op), mpi_), "MPI_Allreduce(scalar)");
-  return out;
-}
+double NcclComm::all_reduce_scalar(double v, ReduceOp op) { return host_->all_reduce_scalar(v, op); }
 
 }  // namespace easyctx::dist

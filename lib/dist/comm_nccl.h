@@ -1,14 +1,18 @@
 // NCCL implementation of Comm (CUDA backend): device buffers, operations enqueued on the
 // comm's stream (its own non-blocking stream unless set_queue() names another). Bootstrap:
-// rank 0 of the group calls ncclGetUniqueId, MPI_Bcast over the group's MPI communicator,
-// ncclCommInitRank. synchronize() waits with the collective timeout and aborts every rank
-// (ncclCommAbort + MPI_Abort) when a peer never arrives.
+// rank 0 of the group calls ncclGetUniqueId, a watched broadcast over the group's MPI
+// communicator, ncclCommInitRank under the watchdog. synchronize() waits with the collective
+// timeout and aborts every rank (ncclCommAbort + MPI_Abort) when a peer never arrives; the
+// host-side operations (barrier, all_reduce_scalar) are the group's MpiComm's, watched.
 #pragma once
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
 
+#include <memory>
+
 #include "dist/comm.h"
+#include "dist/comm_mpi.h"
 
 namespace easyctx::dist {
 
@@ -48,6 +52,7 @@ class NcclComm : public Comm {
 
  private:
   MPI_Comm mpi_;
+  std::unique_ptr<MpiComm> host_;  // the same group over MPI: host-side operations
   std::string name_;
   double timeout_s_;
   int rank_ = 0;

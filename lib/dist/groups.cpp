@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "dist/comm_mpi.h"
+#include "dist/watchdog.h"
 #ifdef EASYCTX_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -194,7 +195,12 @@ void ProcessGroups::build(MPI_Comm parent, int rank, int local_rank, CommBackend
         }
     EASYCTX_CHECK(color >= 0, "rank ", rank, " is in no ", name, " group");
     MPI_Comm c;
-    check_mpi(MPI_Comm_split(parent, color, key, &c), "MPI_Comm_split");
+    fault_point("create group", name);
+    {
+      // Collective over the parent, with no nonblocking form: the monitor thread watches it.
+      WatchdogGuard guard("MPI_Comm_split (creating the group)", name, 0, timeout_s);
+      check_mpi(MPI_Comm_split(parent, color, key, &c), "MPI_Comm_split");
+    }
     mpi_comms_.push_back(c);
     return make_comm(c, name, backend, timeout_s);
   };

@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <set>
 #include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/watchdog.h"
 
 namespace easyctx::dist {
 
@@ -21,10 +23,41 @@ void check_mpi(int rc, const char* what) {
                 std::string(buf, static_cast<size_t>(len)));
 }
 
+namespace {
+// Every world rank, for the roll call of the start-up collectives.
+const std::vector<int>& world_members(int size) {
+  static std::vector<int> m;
+  if (static_cast<int>(m.size()) != size) {
+    m.resize(static_cast<size_t>(size));
+    for (int i = 0; i < size; ++i) m[static_cast<size_t>(i)] = i;
+  }
+  return m;
+}
+
+// A start-up collective on the world, watched (the default timeout; no config yet).
+template <typename Issue>
+void world_watched(const char* op, size_t count, Issue issue) {
+  fault_point(op, "world");
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  Watch w;
+  w.op = op;
+  w.group = "world";
+  w.count = count;
+  w.timeout_s = default_collective_timeout_s();
+  w.members = &world_members(size);
+  MPI_Request q = MPI_REQUEST_NULL;
+  check_mpi(issue(&q), op);
+  wait_watched(&q, 1, w);
+}
+}  // namespace
+
 Runtime::Runtime(int* argc, char*** argv) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
+    // MPI_Init waits for every rank of the launch: a rank that never starts must not hang it.
+    WatchdogGuard guard("MPI_Init", "world", 0, default_collective_timeout_s());
     int provided = 0;
     check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
     owns_mpi_ = true;
@@ -38,23 +71,50 @@ Runtime::Runtime(int* argc, char*** argv) {
   topo_.hostname = host;
   set_process_label(topo_.hostname + ":" + std::to_string(topo_.world_rank));
 
-  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, topo_.world_rank, MPI_INFO_NULL, &node_comm_),
-            "MPI_Comm_split_type");
+  {
+    WatchdogGuard guard("MPI_Comm_split_type", "world", 0, default_collective_timeout_s());
+    check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, topo_.world_rank, MPI_INFO_NULL, &node_comm_),
+              "MPI_Comm_split_type");
+    // The roll-call side channel (dist/watchdog.h): its own communicator, never mixed with data.
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &roll_call_comm_), "MPI_Comm_dup");
+  }
   MPI_Comm_set_errhandler(node_comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(roll_call_comm_, MPI_ERRORS_RETURN);
+  set_roll_call_comm(roll_call_comm_, {});  // host names follow
   check_mpi(MPI_Comm_rank(node_comm_, &topo_.local_rank), "MPI_Comm_rank(node)");
   check_mpi(MPI_Comm_size(node_comm_, &topo_.local_size), "MPI_Comm_size(node)");
 
-  // Node index: nodes ordered by their lowest world rank.
+  // Every rank's host name (what a timeout names), then the node index: nodes ordered by
+  // their lowest world rank.
+  constexpr int kHost = 64;
+  std::vector<char> names(static_cast<size_t>(topo_.world_size) * kHost, '\0');
+  char mine[kHost] = {0};
+  std::snprintf(mine, sizeof mine, "%s", host);
+  world_watched("all_gather(host names)", kHost, [&](MPI_Request* q) {
+    return MPI_Iallgather(mine, kHost, MPI_CHAR, names.data(), kHost, MPI_CHAR, MPI_COMM_WORLD, q);
+  });
+  std::vector<std::string> hosts;
+  for (int r = 0; r < topo_.world_size; ++r)
+    hosts.emplace_back(names.data() + static_cast<size_t>(r) * kHost, strnlen(names.data() + static_cast<size_t>(r) * kHost, kHost));
+  set_roll_call_comm(roll_call_comm_, std::move(hosts));
+
   int leader = topo_.world_rank;
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node_comm_), "MPI_Allreduce(node leader)");
+  {
+    WatchdogGuard guard("all_reduce(node leader)", "node", 1, default_collective_timeout_s());
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node_comm_), "MPI_Allreduce(node leader)");
+  }
   std::vector<int> leaders(static_cast<size_t>(topo_.world_size));
-  check_mpi(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Allgather(leaders)");
+  world_watched("all_gather(node leaders)", 1, [&](MPI_Request* q) {
+    return MPI_Iallgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD, q);
+  });
   std::set<int> uniq(leaders.begin(), leaders.end());
   topo_.num_nodes = static_cast<int>(uniq.size());
   topo_.node_index = static_cast<int>(std::distance(uniq.begin(), uniq.find(leader)));
 }
 
 Runtime::~Runtime() {
+  clear_roll_call_comm();
+  if (roll_call_comm_ != MPI_COMM_NULL) MPI_Comm_free(&roll_call_comm_);
   if (node_comm_ != MPI_COMM_NULL) MPI_Comm_free(&node_comm_);
   if (owns_mpi_) {
     int finalized = 0;
@@ -117,12 +177,18 @@ void run_collectively(const Runtime& rt, const std::function<void()>& fn) {
     msg = e.what();
     code = 1;
   }
+  // Both reductions are watched: a rank that stalls inside fn (or never gets here) ends the job
+  // within the collective timeout, named by the roll call.
   int mine = code ? rt.rank() : rt.size();
   int first = mine;
-  check_mpi(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce(failure check)");
+  world_watched("run_collectively", 1, [&](MPI_Request* q) {
+    return MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, q);
+  });
   if (first == rt.size()) return;
   int worst = code;
-  check_mpi(MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce(failure code)");
+  world_watched("run_collectively(failure code)", 1, [&](MPI_Request* q) {
+    return MPI_Iallreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, q);
+  });
   if (rt.rank() == first) {
     std::string where = rt.size() > 1 && first != 0 ? "rank " + std::to_string(first) + ": " : "";
     throw AgreedFailure(where + msg, worst, true);

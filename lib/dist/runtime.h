@@ -38,6 +38,7 @@ class Runtime {
  private:
   Topology topo_;
   MPI_Comm node_comm_ = MPI_COMM_NULL;
+  MPI_Comm roll_call_comm_ = MPI_COMM_NULL;  // dist/watchdog.h
   bool owns_mpi_ = false;
 };
 
@@ -65,7 +66,8 @@ class AgreedFailure : public std::exception {
 };
 
 // Runs fn on every rank (e.g. loading and validating the config); if it throws on any rank,
-// every rank throws AgreedFailure so the job ends with one message and no hang.
+// every rank throws AgreedFailure so the job ends with one message and no hang. The agreement
+// is watched with dist::default_collective_timeout_s(): a rank that stalls in fn ends the job.
 void run_collectively(const Runtime& rt, const std::function<void()>& fn);
 
 // Checks an MPI return code; throws easyctx::Error "MPI_X failed: <string>" with rank label.

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "ckpt/convert.h"
+#include "ckpt/run_folder.h"
 #include "ckpt/hf_model.h"
 #include "ckpt/sharded_checkpoint.h"
 #include "core/error.h"
@@ -49,7 +51,7 @@ ModelRef resolve_model(const std::string& spec, const std::string& flag) {
     const std::string dir = spec.substr(5);
     EASYCTX_CHECK_INPUT(fs::is_directory(dir), flag, " ", spec, ": no such folder");
     std::vector<std::string> warnings;
-    const ckpt::CheckpointRef ref = ckpt::resolve_checkpoint(dir, &warnings);
+    const ckpt::CheckpointRef ref = ckpt::resolve_verified(dir, &warnings);  // (checksums first)
     for (const std::string& w : warnings) log_warn(flag, " ", spec, ": ", w);
     EASYCTX_CHECK_INPUT(ref.step >= 0, flag, " ", spec, ": no committed checkpoint there (a step folder, a "
                         "checkpoints folder or a run's output.dir)");
@@ -58,8 +60,20 @@ ModelRef resolve_model(const std::string& spec, const std::string& flag) {
     return m;
   }
   m.dir = starts_with(spec, "hf:") ? spec.substr(3) : spec;
-  EASYCTX_CHECK_INPUT(fs::is_directory(m.dir), flag, " ", spec, ": no such folder (a Hugging Face folder with "
-                      "config.json and safetensors, or ckpt:DIR)");
+  EASYCTX_CHECK_INPUT(fs::is_directory(m.dir), flag, " ", spec, ": does not exist (expected a Hugging Face folder "
+                      "with config.json and safetensors, a training run's output.dir, or ckpt:DIR)");
+  // A training run's output.dir: its final/ export (the folder a user has at hand).
+  if (!fs::exists(fs::path(m.dir) / "config.json") && fs::exists(fs::path(m.dir) / "final" / "config.json")) {
+    // Said once per process: the model is resolved by the plan, the session and the app alike.
+    static std::set<std::string> said;
+    if (said.insert(spec).second)
+      log_info(flag, " ", spec, " is a training run: evaluating its export ", (fs::path(m.dir) / "final").string());
+    m.dir = (fs::path(m.dir) / "final").string();
+  }
+  EASYCTX_CHECK_INPUT(fs::exists(fs::path(m.dir) / "config.json") || !fs::is_directory(fs::path(m.dir) / "checkpoints"),
+                      flag, " ", spec, ": a training run without a final/ export (not finished, or "
+                      "output.export_hf false): evaluate its checkpoint with ", flag, " ckpt:", m.dir,
+                      ", or export one with `easyctx_convert --from ckpt:", m.dir, " --to hf:OUT`");
   EASYCTX_CHECK_INPUT(fs::exists(fs::path(m.dir) / "config.json"), flag, " ", spec, ": no config.json in ", m.dir,
                       " (a Hugging Face folder; a training checkpoint is ckpt:DIR)");
   return m;

@@ -24,7 +24,7 @@
 namespace easyctx::eval {
 
 struct PplOptions {
-  std::string model_dir;              // HF folder (config.json + safetensors) or ckpt:DIR
+  std::string model_dir;              // HF folder (config.json + safetensors), a run's output.dir (its final/), or ckpt:DIR
   std::vector<std::string> tokenized; // shard files, folders or globs (h5tokenize output)
   int64_t min_tokens = 0;
   int64_t max_tokens = 0;

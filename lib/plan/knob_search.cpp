@@ -263,11 +263,18 @@ std::string refusal_message(const MemoryPlan& p) {
        << gib(p.host_rank_peak_bytes) << ", " << p.host_peak_phase << ") > " << gib(p.host_usable) << " usable of "
        << gib(p.host_capacity) << ".";
   if (p.knobs.empty()) {
+    // Name the memory that is short: GPU memory, the nodes' host memory, or both.
+    const std::string more = !p.gpu_fits && !p.host_fits ? "use GPUs with more memory and nodes with more host memory"
+                             : !p.gpu_fits ? "use GPUs with more memory"
+                                           : "use nodes with more host memory (the plan assumed " +
+                                                 gib(p.target.host_memory_bytes) + " per node, " +
+                                                 p.target.host_source + ")";
     os << " Nothing makes it fit: not activation.checkpoint, activation.mlp_tile, activation.offload (and "
           "offload_layers), activation.attention_head_groups, activation.lm_head_tile, "
           "parallel.zero.stage, parallel.zero.offload_optimizer, parallel.zero.offload_params, "
           "parallel.sequence.size, data.seq_length or train.batch_size alone, nor "
-          "those that keep the problem together; use GPUs with more memory.";
+          "those that keep the problem together; "
+       << more << ".";
     return os.str();
   }
   os << " Would fit:";

@@ -261,16 +261,24 @@ Run run_of(const StageConfig& cfg, const PlanTarget& t, const model::LlamaConfig
 }
 
 // The process and the backend: calibrated constants and the CUDA backend's own buffers.
-void process_items(const Run& r, Items& it) {
+void process_items(const Run& r, const PlanTarget& t, Items& it) {
   if (r.cuda) {
     it.persistent("init", "CUDA context, cuBLASLt/cuDNN handles, NCCL (constant)", "gpu", kCudaContextBytes,
                   "kCudaContextBytes (calibrated; not a backend allocation)", false);
     for (const ops::ScratchBuffer& b : ops::cuda_own_bytes().list())
       it.persistent("init", b.name, "gpu", b.bytes, b.formula);
   }
+  // This program's own footprint when the plan is made in it, before it allocates (the
+  // trainer plans first thing; --plan for the CPU backend): the libraries it links (a CUDA
+  // build maps cuDNN, cuBLASLt and NCCL even for the CPU backend), MPI, the config. On CUDA
+  // the driver's host side comes later, with the context: the calibrated constant bounds it.
+  const int64_t fixed = r.cuda ? kHostBaselineCudaBytes : kHostBaselineCpuBytes;
+  const bool measured = t.process_bytes > fixed;
   it.persistent("init", "process baseline (program, libraries, MPI" + std::string(r.cuda ? ", CUDA host side)" : ")"),
-                "host", r.cuda ? kHostBaselineCudaBytes : kHostBaselineCpuBytes,
-                r.cuda ? "kHostBaselineCudaBytes (calibrated)" : "kHostBaselineCpuBytes (calibrated)", false);
+                "host", measured ? t.process_bytes : fixed,
+                measured ? "VmRSS of this process before allocating (measured)"
+                         : r.cuda ? "kHostBaselineCudaBytes (calibrated)" : "kHostBaselineCpuBytes (calibrated)",
+                false);
   // Loading the weights (ParamStore::fill_master, read_checkpoint): on CUDA stage 0 every unit
   // is staged in host memory on its way to the device.
   if (r.cuda && !r.offload_opt() && !r.zero3())
@@ -480,7 +488,7 @@ namespace detail {
 MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   const Run r = run_of(cfg, t);
   Items it;
-  process_items(r, it);
+  process_items(r, t, it);
   parameter_items(r, t, it);
   step_items(r, it);
   std::vector<std::string> routes;

@@ -1,5 +1,6 @@
 #include "plan/target.h"
 
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <sstream>
@@ -122,10 +123,11 @@ int64_t proc_kb(const char* path, const std::string& key) {
 
 const std::vector<GpuModel>& known_gpus() {
   static const std::vector<GpuModel> g = {
-      {"A100-40GB", 40960 * kMiB},
-      {"A100-80GB", 81920 * kMiB},
-      {"H100-80GB", 81559 * kMiB},
-      {"H200", 143771 * kMiB},
+      // DGX A100 320GB: 1 TiB for 8 GPUs; DGX A100 640GB, DGX H100, DGX H200: 2 TiB.
+      {"A100-40GB", 40960 * kMiB, 128 * 1024 * kMiB},
+      {"A100-80GB", 81920 * kMiB, 256 * 1024 * kMiB},
+      {"H100-80GB", 81559 * kMiB, 256 * 1024 * kMiB},
+      {"H200", 143771 * kMiB, 256 * 1024 * kMiB},
   };
   return g;
 }
@@ -143,7 +145,26 @@ PlanTarget resolve_target(const StageConfig& cfg, int world_size, int ranks_per_
                                                                 : cfg.train.device == DeviceKind::Cuda && tc.gpu.empty();
   const DeviceInfo dev = need_device ? query_device() : DeviceInfo{};
   t.backend = plan_backend(cfg, dev);
+  // The CPU backend runs this very program: its footprint is the process baseline.
+  if (t.backend == DeviceKind::Cpu) t.process_bytes = std::max<int64_t>(0, vm_rss_bytes());
   if (t.backend == DeviceKind::Cuda) resolve_gpu(cfg, dev, false, t);
+  if (t.backend == DeviceKind::Cuda && t.gpu_source != "visible device" && tc.host_memory_gib <= 0) {
+    // Planning for GPUs elsewhere: this (login) machine's memory says nothing about their nodes.
+    const GpuModel* known = nullptr;
+    for (const GpuModel& g : known_gpus())
+      if (g.name == t.gpu_name) known = &g;
+    if (!known) {  // a GPU given by its memory only: no default; say where the number came from
+      t.host_memory_bytes = host_memory_total();
+      t.host_source = "/proc/meminfo of this machine, not a node of GPU '" + t.gpu_name +
+                      "': set target.host_memory_gib";
+      return t;
+    }
+    t.host_memory_bytes = known->host_bytes_per_gpu * t.gpus_per_node;
+    t.host_source = "default for " + std::string(known->name) + " nodes: " +
+                    std::to_string(known->host_bytes_per_gpu / (1024 * kMiB)) +
+                    " GiB per GPU as in NVIDIA's DGX; set target.host_memory_gib for yours";
+    return t;
+  }
   t.host_memory_bytes = host_memory(cfg, true, t.host_source);
   return t;
 }
@@ -160,7 +181,29 @@ PlanTarget run_target(const StageConfig& cfg, int world_size, int ranks_per_node
                                                    : cfg.train.device;
   if (t.backend == DeviceKind::Cuda) resolve_gpu(cfg, dev, true, t);
   t.host_memory_bytes = host_memory(cfg, false, t.host_source);
+  t.process_bytes = std::max<int64_t>(0, vm_rss_bytes());  // the running program, before it allocates
   return t;
+}
+
+LayoutWorld print_config_world(const StageConfig& cfg, int launch_world, int launch_ranks_per_node) {
+  LayoutWorld w;
+  const TargetConfig& tc = cfg.target;
+  const int sp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.sequence.size));
+  if (tc.nodes > 0 && tc.gpus_per_node > 0) {
+    w.ranks_per_node = static_cast<int>(tc.gpus_per_node);
+    w.world = static_cast<int>(tc.nodes) * w.ranks_per_node;
+    w.note = "target.nodes x target.gpus_per_node";
+  } else if (launch_world > 1 || sp == 1) {
+    w.world = launch_world;
+    w.ranks_per_node = std::max(1, launch_ranks_per_node);
+    w.note = "this launch";
+  } else {
+    w.world = sp;
+    w.ranks_per_node = sp;
+    w.note = "the smallest world for parallel.sequence.size = " + std::to_string(sp) +
+             "; launch with mpirun, or set target.nodes and target.gpus_per_node, for another";
+  }
+  return w;
 }
 
 int64_t host_memory_total() {
@@ -170,5 +213,6 @@ int64_t host_memory_total() {
 }
 
 int64_t vm_hwm_bytes() { return proc_kb("/proc/self/status", "VmHWM"); }
+int64_t vm_rss_bytes() { return proc_kb("/proc/self/status", "VmRSS"); }
 
 }  // namespace easyctx::plan

@@ -13,9 +13,12 @@ namespace easyctx::plan {
 
 // GPU models target.gpu knows, with their memory as nvidia-smi reports it (= cudaDeviceProp::
 // totalGlobalMem, the whole card; the CUDA context comes out of it).
+// host_bytes_per_gpu: the host memory a node of these GPUs has per GPU in NVIDIA's DGX system
+// (what --plan assumes for target.gpu when target.host_memory_gib is not given).
 struct GpuModel {
   const char* name;
   int64_t memory_bytes;
+  int64_t host_bytes_per_gpu;
 };
 const std::vector<GpuModel>& known_gpus();
 
@@ -27,12 +30,16 @@ struct PlanTarget {
   int nodes = 1;
   int64_t host_memory_bytes = 0;         // one node
   double headroom = 0.03;                // share of each GPU's and node's memory kept free
+  int64_t process_bytes = 0;             // this process's VmRSS when the target was resolved, for a
+                                         // plan made in the program it plans for (0: not)
   std::string gpu_source, host_source;   // where the numbers came from (for the printout)
   int world() const { return gpus_per_node * nodes; }
 };
 
 // For `easyctx_train STAGE.yaml --plan` (also on a login node without GPUs): target.* keys
-// first, then the launch (world_size ranks, ranks_per_node per node) and this machine.
+// first, then the launch (world_size ranks, ranks_per_node per node) and this machine. Host
+// memory: target.host_memory_gib; else, for a known GPU named by target.gpu, its DGX node's
+// (never the login node's); else this machine's (for another GPU, the source says so).
 // train.device auto plans for cuda when a GPU is visible or target.gpu(_memory_gib) names one.
 // Throws InputError naming the key when the GPU cannot be determined or is unknown.
 PlanTarget resolve_target(const StageConfig& cfg, int world_size, int ranks_per_node);
@@ -40,9 +47,22 @@ PlanTarget resolve_target(const StageConfig& cfg, int world_size, int ranks_per_
 // only serve when no device can be queried; host memory is this machine's.
 PlanTarget run_target(const StageConfig& cfg, int world_size, int ranks_per_node);
 
+// The world `easyctx_train --print-config` lays the process groups out for: target.nodes x
+// target.gpus_per_node when both are set; else the launch when it has more than one rank or
+// the config fits one rank; else (one process, as on a login node) the smallest world the
+// config needs, parallel.sequence.size ranks on one node. `note` says which, for the printout.
+struct LayoutWorld {
+  int world = 1;
+  int ranks_per_node = 1;
+  std::string note;
+};
+LayoutWorld print_config_world(const StageConfig& cfg, int launch_world, int launch_ranks_per_node);
+
 // /proc/meminfo MemTotal in bytes; throws Error when unreadable.
 int64_t host_memory_total();
 // /proc/self/status VmHWM (peak resident set of this process) in bytes; -1 when unreadable.
 int64_t vm_hwm_bytes();
+// /proc/self/status VmRSS (resident set now) in bytes; -1 when unreadable.
+int64_t vm_rss_bytes();
 
 }  // namespace easyctx::plan

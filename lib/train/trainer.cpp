@@ -11,6 +11,7 @@
 #include "ckpt/rank_sync.h"
 #include "ckpt/run_folder.h"
 #include "ckpt/sharded_checkpoint.h"
+#include "ckpt/tokenizer_files.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "data/loader.h"
@@ -631,7 +632,7 @@ StepStats Trainer::run() {
   for (int64_t step = start_step_; step < cfg_.train.steps; ++step) {
     if (stop_requested()) {
       save_checkpoint(step);
-      log_info("stop requested (signal ", dist::stop_signal(), " on some rank): checkpoint of step ", step,
+      log_info("stop requested (", dist::agreed_stop().describe(), "): checkpoint of step ", step,
                " committed; continue with --resume auto");
       stopped_ = true;
       world_.barrier();
@@ -662,10 +663,7 @@ StepStats Trainer::run() {
   return st;
 }
 
-bool Trainer::stop_requested() {
-  const double any = world_.all_reduce_scalar(dist::stop_signal() != 0 ? 1.0 : 0.0, dist::ReduceOp::Max);
-  return any > 0;
-}
+bool Trainer::stop_requested() { return static_cast<bool>(dist::agree_stop(world_)); }
 
 void Trainer::save_hf(const std::string& dir) const {
   std::vector<std::vector<float>> units = store_->master_host();  // (ZeRO-3: collective)
@@ -675,6 +673,8 @@ void Trainer::save_hf(const std::string& dir) const {
     views.emplace_back(u.data(), DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
   ckpt::save_hf_model(dir, model_->config(), model_->layout(), views,
                       cfg_.output.hf_dtype == "bf16" ? ckpt::StDType::BF16 : ckpt::StDType::F32);
+  const std::string tok = ckpt::export_tokenizer_files(cfg_.data.path, dir);  // for AutoTokenizer
+  if (!tok.empty()) log_info("tokenizer: ", tok);
 }
 
 int run_stage(dist::Runtime& rt, const StageConfig& cfg, dist::ProcessGroups& groups, const RunOptions& opts) {
@@ -691,7 +691,7 @@ int run_stage(dist::Runtime& rt, const StageConfig& cfg, dist::ProcessGroups& gr
   log_init(lo);
   Trainer t(cfg, groups, opts);
   t.run();
-  return 0;
+  return t.stopped() ? dist::stop_exit_code(dist::agreed_stop().signal) : 0;  // 130 after Ctrl-C
 }
 
 }  // namespace easyctx::train

@@ -123,7 +123,7 @@ class Trainer {
   Json plan_start() const;                                        // rank 0 (load_weights)
   Json record_run(const Json& plan, const Json& chosen) const;    // rank 0 (load_weights)
   void log_startup() const;
-  bool stop_requested();  // collective: did any rank get SIGUSR1/SIGTERM?
+  bool stop_requested();  // collective: did any rank get a stop signal (dist/signals.h)?
   bool on_device() const { return be_->memspace() == MemSpace::Device; }
 
   StageConfig cfg_;
@@ -159,7 +159,8 @@ using zero::clip_by_global_norm;
 DeviceKind trainer_device(DeviceKind requested);
 
 // The app entry point (apps/easyctx_train.cpp): trains the stage described by cfg.
-// Exit code 0 also when stopped by a signal after its checkpoint (the job is resumable).
+// Exit code 0 also when stopped by a signal after its checkpoint (the job is resumable); 130
+// when that signal was SIGINT (Ctrl-C).
 int run_stage(dist::Runtime& rt, const StageConfig& cfg, dist::ProcessGroups& groups, const RunOptions& opts = {});
 
 }  // namespace easyctx::train

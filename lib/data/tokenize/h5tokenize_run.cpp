@@ -16,6 +16,7 @@
 #include "data/shard.h"
 #include "data/tokenize/tokenizer.h"
 #include "data/tokenize/utf8.h"
+#include "dist/watchdog.h"
 
 namespace easyctx::data {
 namespace fs = std::filesystem;
@@ -27,17 +28,36 @@ void check_mpi(int rc, const char* what) {
   if (rc != MPI_SUCCESS) EASYCTX_THROW("h5tokenize: ", what, " failed (MPI error ", rc, ")");
 }
 
-// A barrier that sleeps instead of spinning: a rank that finished its units early must not
-// take a core from a rank still tokenizing (MPI_Barrier busy-polls in Open MPI).
-void relaxed_barrier(MPI_Comm comm) {
+// The world's ranks (what a timed-out collective's roll call asks; dist/watchdog.h).
+const std::vector<int>& world_members(MPI_Comm comm) {
+  static std::vector<int> m;
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  if (static_cast<int>(m.size()) != size) {
+    m.resize(static_cast<size_t>(size));
+    for (int i = 0; i < size; ++i) m[static_cast<size_t>(i)] = i;
+  }
+  return m;
+}
+
+// Waits for a nonblocking collective under the watchdog (timeout_s 0: no limit), sleeping
+// between polls: a rank that finished its units early must not take a core from a rank
+// still tokenizing (MPI_Barrier busy-polls in Open MPI).
+void watched(MPI_Request& req, MPI_Comm comm, const char* op, double timeout_s) {
+  dist::Watch w;
+  w.op = op;
+  w.group = "world";
+  w.timeout_s = timeout_s;
+  w.members = &world_members(comm);
+  w.relaxed = true;
+  dist::wait_watched(&req, 1, w);
+}
+
+void relaxed_barrier(MPI_Comm comm, const char* op, double timeout_s) {
+  dist::fault_point(op, "world");
   MPI_Request req;
   check_mpi(MPI_Ibarrier(comm, &req), "MPI_Ibarrier");
-  int done = 0;
-  while (true) {
-    check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (done) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  watched(req, comm, op, timeout_s);
 }
 
 std::string shard_name(uint64_t unit, uint64_t part) {
@@ -263,33 +283,43 @@ void UnitJob::run() {
   ++st_.units;
 }
 
-// Progress line on a terminal: documents, tokens, MB/s, ETA (from this rank's share).
+// Progress: on a terminal one line rewritten twice a second; otherwise (a log file, every
+// Slurm job) a full line every 30 s. Documents, tokens, MB/s, ETA (from this rank's share).
 class Progress {
  public:
-  Progress(bool on, uint64_t total_bytes, const TokenizeStats& st) : on_(on), total_(total_bytes), st_(st) {}
+  Progress(bool on, bool tty, uint64_t total_bytes, const TokenizeStats& st)
+      : on_(on), tty_(tty), total_(total_bytes), st_(st) {}
   void add(uint64_t bytes) {
     done_ += bytes;
     if (!on_) return;
     auto now = Clock::now();
-    if (now - last_ < std::chrono::milliseconds(500) && done_ < total_) return;
+    if (now - last_ < (tty_ ? std::chrono::milliseconds(500) : std::chrono::milliseconds(30000)) &&
+        (done_ < total_ || !tty_))
+      return;
     last_ = now;
-    double sec = std::chrono::duration<double>(now - start_).count();
-    double rate = sec > 0 ? done_ / sec : 0;
-    double eta = rate > 0 ? (total_ - std::min(done_, total_)) / rate : 0;
-    std::fprintf(stderr, "\r[h5tokenize] %s docs  %s tokens  %.1f MB/s  %3.0f%%  ETA %s   ",
-                 format_count(double(st_.total_docs())).c_str(), format_count(double(st_.total_tokens())).c_str(),
-                 rate / 1e6, total_ ? 100.0 * std::min(done_, total_) / total_ : 100.0, format_duration(eta).c_str());
-    std::fflush(stderr);
+    print(now);
   }
   void finish() {
-    if (on_) std::fprintf(stderr, "\n");
+    if (!on_) return;
+    if (tty_) std::fprintf(stderr, "\n");
+    else if (st_.total_docs() > 0) print(Clock::now());  // the last figures (none: every unit was done already)
   }
 
  private:
-  bool on_;
+  void print(Clock::time_point now) {
+    double sec = std::chrono::duration<double>(now - start_).count();
+    double rate = sec > 0 ? done_ / sec : 0;
+    double eta = rate > 0 ? (total_ - std::min(done_, total_)) / rate : 0;
+    std::fprintf(stderr, "%s[h5tokenize] %s docs  %s tokens  %.1f MB/s  %3.0f%%  ETA %s%s", tty_ ? "\r" : "",
+                 format_count(double(st_.total_docs())).c_str(), format_count(double(st_.total_tokens())).c_str(),
+                 rate / 1e6, total_ ? 100.0 * std::min(done_, total_) / total_ : 100.0, format_duration(eta).c_str(),
+                 tty_ ? "   " : "\n");
+    std::fflush(stderr);
+  }
+  bool on_, tty_;
   uint64_t total_, done_ = 0;
   const TokenizeStats& st_;
-  Clock::time_point start_ = Clock::now(), last_{};
+  Clock::time_point start_ = Clock::now(), last_ = Clock::now();
 };
 
 TokenizeStats gather(const TokenizeStats& local, MPI_Comm comm) {
@@ -299,12 +329,17 @@ TokenizeStats gather(const TokenizeStats& local, MPI_Comm comm) {
   std::string mine = local.to_json();
   int len = static_cast<int>(mine.size());
   std::vector<int> lens(size);
-  check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm), "MPI_Allgather");
+  const double timeout_s = dist::default_collective_timeout_s();
+  dist::fault_point("gather statistics", "world");
+  MPI_Request req;
+  check_mpi(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm, &req), "MPI_Iallgather");
+  watched(req, comm, "gather statistics", timeout_s);
   std::vector<int> displs(size, 0);
   for (int i = 1; i < size; ++i) displs[i] = displs[i - 1] + lens[i - 1];
   std::string all(static_cast<size_t>(displs[size - 1] + lens[size - 1]), '\0');
-  check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm),
-            "MPI_Allgatherv");
+  check_mpi(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm, &req),
+            "MPI_Iallgatherv");
+  watched(req, comm, "gather statistics", timeout_s);
   TokenizeStats total;
   for (int i = 0; i < size; ++i) total.merge_json(all.substr(displs[i], lens[i]));
   total.seconds = local.seconds;
@@ -425,15 +460,15 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
              " rank(s) x ", o.threads, " thread(s), tokenizer ", o.tokenizer, " (", tok->kind(), ", vocab ",
              tok->vocab_size(), ")");
   }
-  relaxed_barrier(comm);
+  relaxed_barrier(comm, "start barrier", dist::default_collective_timeout_s());
 
   TokenizeStats st;
   int warnings = 0;
   uint64_t my_bytes = 0;
   for (const auto& u : units)
     if (static_cast<int>(u.index % size) == rank) my_bytes += u.bytes;
-  bool show = o.progress < 0 ? (rank == 0 && isatty(STDERR_FILENO)) : (o.progress > 0 && rank == 0);
-  Progress progress(show, my_bytes, st);
+  const bool show = rank == 0 && o.progress != 0;
+  Progress progress(show, isatty(STDERR_FILENO) != 0, my_bytes, st);
   std::function<void(uint64_t)> on_bytes = [&](uint64_t b) { progress.add(b); };
   for (const auto& u : units) {
     if (static_cast<int>(u.index % size) != rank) continue;
@@ -442,7 +477,9 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
   }
   progress.finish();
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  relaxed_barrier(comm);
+  // The ranks finish their units at different times: no limit here (a dead rank ends the
+  // job through mpirun; the quick collectives around it are watched).
+  relaxed_barrier(comm, "end barrier", 0);
   TokenizeStats total = gather(st, comm);
   total.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (rank == 0) write_file_atomic((fs::path(o.output) / "h5tokenize_summary.json").string(), total.to_json() + "\n");

@@ -46,7 +46,7 @@ struct TokenizeOptions {
   int threads = 1;
   bool strict = false;
   bool overwrite = false;
-  int progress = -1;                          // -1: when stderr is a terminal
+  int progress = -1;                          // 0: none; else a line every 0.5 s (terminal) or 30 s (log)
   int max_warnings = 20;                      // per rank; the rest are only counted
 };
 

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The first hour of a new user, end to end: the README's `--print-config` example with a
+# sequence-parallel size of 2 on one process; h5tokenize writing progress lines to a log file
+# and its tokenizer/ folder; a run's Hugging Face export (final/) and easyctx_convert's carrying
+# the tokenizer files AutoTokenizer needs (loaded with transformers when python3 has it);
+# easyctx_eval_ppl --model RUN_DIR (its final/), with a clear message for a run without one
+# and a missing folder; easyctx_convert printing "converted" only after success.
+set -euo pipefail
+src=$1
+bin=$2
+work=$(mktemp -d /tmp/easyctx-first-hour.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; tail -20 "$work/out" 2>/dev/null; exit 1; }
+pass() { echo "PASS $*"; }
+
+bash "$src/scripts/make_kjv_corpus.sh" "$work/corpus" >/dev/null
+tok=$(bash "$src/scripts/make_demo_tokenizer.sh" "$work/tok")
+zstd -q -d -f -o "$work/chapters.jsonl" "$work/corpus/kjv_chapters.jsonl.zst"
+head -n 60 "$work/chapters.jsonl" > "$work/train.jsonl"
+
+# h5tokenize into a log file: a progress line even though stderr is not a terminal.
+"$bin/h5tokenize" --tokenizer "$tok" --output "$work/data" "$work/train.jsonl" >"$work/out" 2>"$work/h5tokenize.log" \
+  || fail "h5tokenize failed"
+grep -q "^\[h5tokenize\] .* docs .* tokens .*MB/s .*%" "$work/h5tokenize.log" || fail "no progress line in the log"
+pass "h5tokenize prints progress lines to a log file"
+for f in tokenizer.model tokenizer_config.json special_tokens_map.json; do
+  [ -s "$work/data/tokenizer/$f" ] || fail "h5tokenize wrote no tokenizer/$f"
+done
+grep -q '"tokenizer_class": "LlamaTokenizer"' "$work/data/tokenizer/tokenizer_config.json" \
+  || fail "tokenizer_config.json names no LlamaTokenizer"
+grep -q '"bos_token": "<s>"' "$work/data/tokenizer/special_tokens_map.json" || fail "special_tokens_map.json: no <s>"
+pass "h5tokenize keeps its tokenizer in <output>/tokenizer/"
+
+cat > "$work/stage.yaml" <<YAML
+model:
+  config: demo
+data:
+  path: $work/data
+  seq_length: 64
+train:
+  steps: 3
+  batch_size: 1
+output:
+  dir: $work/run
+YAML
+
+# The README: build/bin/easyctx_train stage.yaml --set parallel.sequence.size=2 --print-config
+"$bin/easyctx_train" "$work/stage.yaml" --set parallel.sequence.size=2 --print-config >"$work/out" 2>&1 \
+  || fail "--print-config with parallel.sequence.size=2 on one process failed"
+grep -q "sequence-parallel groups (1 x 2): \[0 1\]" "$work/out" || fail "--print-config: no 2-rank layout"
+grep -q "smallest world for parallel.sequence.size = 2" "$work/out" || fail "--print-config: no note on the world"
+grep -q "^  dir: " "$work/out" || fail "--print-config: no output.dir (slurm/common.sh reads it)"
+pass "--print-config with parallel.sequence.size=2 on one process"
+
+"$bin/easyctx_train" "$work/stage.yaml" >"$work/out" 2>&1 || fail "training failed"
+for f in config.json tokenizer.model tokenizer_config.json special_tokens_map.json; do
+  [ -s "$work/run/final/$f" ] || fail "final/ has no $f"
+done
+grep -q "tokenizer: 3 tokenizer file(s)" "$work/out" || fail "the run does not log the tokenizer it exported"
+pass "the run's final/ carries the tokenizer files"
+
+# easyctx_convert: the tokenizer too; "converted" only once it is written.
+"$bin/easyctx_convert" --from "ckpt:$work/run" --to "hf:$work/hf" >"$work/out" 2>&1 || fail "convert failed"
+grep -q "^converted " "$work/out" || fail "convert: no 'converted' line"
+[ -s "$work/hf/tokenizer.model" ] && [ -s "$work/hf/tokenizer_config.json" ] || fail "convert: no tokenizer files"
+rc=0
+"$bin/easyctx_convert" --from "ckpt:$work/nothing-here" --to "hf:$work/hf2" >"$work/out" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || fail "convert from a missing checkpoint exited 0"
+! grep -q "converted" "$work/out" || fail "convert printed 'converted' before failing"
+pass "easyctx_convert exports the tokenizer and prints 'converted' only on success"
+
+if python3 -c "import transformers, sentencepiece" 2>/dev/null; then
+  python3 - "$work/run/final" <<'PY' || fail "AutoTokenizer.from_pretrained(final/) failed"
+import sys
+from transformers import AutoTokenizer
+t = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = t("In the beginning God created the heaven and the earth.")["input_ids"]
+assert t.bos_token == "<s>" and ids[0] == t.bos_token_id, (t.bos_token, ids)
+PY
+  pass "AutoTokenizer.from_pretrained(final/)"
+else
+  echo "SKIP AutoTokenizer check: python3 has no transformers + sentencepiece"
+fi
+
+# easyctx_eval_ppl --model RUN_DIR: the run's final/.
+ppl=(--tokenized "$work/data" --min-tokens 32 --max-tokens 64 --tokens-step 32 --samples 2 --output-file "$work/ppl.csv")
+"$bin/easyctx_eval_ppl" --model "$work/run" "${ppl[@]}" >"$work/out" 2>&1 || fail "eval --model RUN_DIR failed"
+grep -q "evaluating its export $work/run/final" "$work/out" || fail "eval: does not say it uses final/"
+[ "$(wc -l < "$work/ppl.csv")" -eq 3 ] || fail "eval: ppl.csv should have a header and 2 rows"
+rm -rf "$work/run/final"
+rc=0
+"$bin/easyctx_eval_ppl" --model "$work/run" "${ppl[@]}" >"$work/out" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || fail "eval of a run without final/ exited $rc, expected 2"
+grep -q "a training run without a final/ export" "$work/out" || fail "eval: no message for a run without final/"
+grep -q "easyctx_convert --from ckpt:$work/run --to hf:OUT" "$work/out" || fail "eval: does not say how to export"
+rc=0
+"$bin/easyctx_eval_ppl" --model "$work/missing" "${ppl[@]}" >"$work/out" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || fail "eval of a missing folder exited $rc, expected 2"
+grep -q "does not exist" "$work/out" || fail "eval: a missing folder is not reported as missing"
+pass "easyctx_eval_ppl --model RUN_DIR"
+echo "PASS: first-hour papercuts"
