@@ -10,7 +10,7 @@ pkgs=(
   libyaml-cpp-dev libboost-program-options-dev
   libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece libpcre2-dev libzstd-dev zstd
-  bible-kjv bible-kjv-text jq
+  bible-kjv bible-kjv-text jq python3 python3-sentencepiece
   slurm-wlm munge
 )
 missing=()

@@ -60,23 +60,28 @@ std::string jsonl_line(const std::string& text, const std::string& source) {
   return s + "}}\n";
 }
 
-// A tokenizer that always exists: spm_train on KJV (scripts/make_demo_tokenizer.sh --train),
-// made once per test binary.
-std::string ci_tokenizer() {
-  static std::string path;
+// A tokenizer that always exists: the demo's 2000-piece BPE, spm_train on KJV
+// (scripts/make_demo_tokenizer.sh OUTDIR prints its path last), made once per test binary.
+// Empty when it cannot be made; `why` then holds the script's output.
+std::string ci_tokenizer(std::string& why) {
+  static std::string path, output;
   static bool tried = false;
   if (!tried) {
     tried = true;
     static ScratchDir dir("citok");  // lives as long as the test binary
-    auto r = run_command(easyctx::test::source_dir() + "/scripts/make_demo_tokenizer.sh --train " + dir.path());
+    auto r = run_command("bash " + easyctx::test::source_dir() + "/scripts/make_demo_tokenizer.sh " + dir.path());
+    output = "make_demo_tokenizer.sh exit status " + std::to_string(r.status) + ": " + r.output;
     if (r.status == 0) path = trim(r.output.substr(r.output.find_last_of('\n', r.output.size() - 2) + 1));
   }
+  why = output;
   return path;
 }
 
-#define REQUIRE_CI_TOKENIZER(var)                                                                          \
-  std::string var = ci_tokenizer();                                                                        \
-  if (var.empty() || !fs::exists(var)) GTEST_SKIP() << "cannot make the CI tokenizer (spm_train/bible missing)"
+#define REQUIRE_CI_TOKENIZER(var)                                    \
+  std::string var##_why;                                             \
+  std::string var = ci_tokenizer(var##_why);                         \
+  if (var.empty() || !fs::exists(var))                               \
+  GTEST_SKIP() << "cannot make the CI tokenizer (" << var##_why << ")"
 
 Json summary(const std::string& outdir) {
   return parse_json(easyctx::test::read_text(outdir + "/h5tokenize_summary.json"), "summary");
@@ -214,7 +219,7 @@ TEST(DataH5tokenize, ShardsReadableByH5dump) {
                                 (dir / "out/shard-000000-0000.h5"));
   ASSERT_EQ(d.status, 0) << d.output;
   EXPECT_NE(d.output.find("\"unknown\""), std::string::npos) << d.output;  // .txt default source
-  EXPECT_NE(d.output.find("512"), std::string::npos) << d.output;          // vocab of the CI tokenizer
+  EXPECT_NE(d.output.find("2000"), std::string::npos) << d.output;         // vocab of the CI tokenizer
   TokenShardReader sh(dir / "out/shard-000000-0000.h5");
   ASSERT_EQ(sh.num_docs(), 2u);
   EXPECT_EQ(sh.read(0, 1)[0], 1u);                               // BOS

@@ -5,9 +5,21 @@
 # the tokenizer files AutoTokenizer needs (loaded with transformers when python3 has it);
 # easyctx_eval_ppl --model RUN_DIR (its final/), with a clear message for a run without one
 # and a missing folder; easyctx_convert printing "converted" only after success.
+# With --autotokenizer as third argument: only the run and AutoTokenizer.from_pretrained(final/)
+# (transformers), exit 77 where python3 has no transformers (Debian has no package for it; the
+# GPU machine has it). The sentencepiece check of final/tokenizer.model runs in every mode.
 set -euo pipefail
 src=$1
 bin=$2
+mode=${3:-all}
+# The python3 that has the Debian packages (python3-sentencepiece): /usr/bin/python3 when a
+# pyenv or virtualenv python3 comes first on PATH without them.
+PY=python3
+if ! python3 -c "import sentencepiece" 2>/dev/null && [ -x /usr/bin/python3 ]; then PY=/usr/bin/python3; fi
+if [ "$mode" = --autotokenizer ] && ! $PY -c "import transformers, sentencepiece" 2>/dev/null; then
+  echo "SKIP: python3 cannot import transformers + sentencepiece: AutoTokenizer.from_pretrained(final/) not checked"
+  exit 77
+fi
 work=$(mktemp -d /tmp/easyctx-first-hour.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; tail -20 "$work/out" 2>/dev/null; exit 1; }
@@ -69,8 +81,23 @@ rc=0
 ! grep -q "converted" "$work/out" || fail "convert printed 'converted' before failing"
 pass "easyctx_convert exports the tokenizer and prints 'converted' only on success"
 
-if python3 -c "import transformers, sentencepiece" 2>/dev/null; then
-  python3 - "$work/run/final" <<'PY' || fail "AutoTokenizer.from_pretrained(final/) failed"
+# final/tokenizer.model is the tokenizer h5tokenize used: sentencepiece (python3-sentencepiece,
+# scripts/setup.sh) encodes a verse to the ids easyctx's own tokenizer wrote into the shards.
+$PY - "$work/run/final" <<'PY' >"$work/out" 2>&1 || fail "final/tokenizer.model does not load in sentencepiece"
+import json, sys
+import sentencepiece as spm
+d = sys.argv[1]
+sp = spm.SentencePieceProcessor(model_file=d + "/tokenizer.model")
+cfg = json.load(open(d + "/tokenizer_config.json"))
+assert cfg["tokenizer_class"] == "LlamaTokenizer", cfg
+assert sp.id_to_piece(sp.bos_id()) == "<s>", sp.bos_id()
+ids = sp.encode("In the beginning God created the heaven and the earth.")
+assert len(ids) > 3 and all(0 <= i < sp.get_piece_size() for i in ids), ids
+PY
+pass "final/tokenizer.model loads in sentencepiece with the config's LlamaTokenizer and <s>"
+
+if [ "$mode" = --autotokenizer ]; then
+  $PY - "$work/run/final" <<'PY' >"$work/out" 2>&1 || fail "AutoTokenizer.from_pretrained(final/) failed"
 import sys
 from transformers import AutoTokenizer
 t = AutoTokenizer.from_pretrained(sys.argv[1])
@@ -78,8 +105,7 @@ ids = t("In the beginning God created the heaven and the earth.")["input_ids"]
 assert t.bos_token == "<s>" and ids[0] == t.bos_token_id, (t.bos_token, ids)
 PY
   pass "AutoTokenizer.from_pretrained(final/)"
-else
-  echo "SKIP AutoTokenizer check: python3 has no transformers + sentencepiece"
+  exit 0
 fi
 
 # easyctx_eval_ppl --model RUN_DIR: the run's final/.
