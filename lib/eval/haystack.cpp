@@ -16,6 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr size_t kPieceBytes = 64 << 10;
+constexpr size_t kBatchPieces = 8;  // pieces tokenized at once
 
 bool is_text_file(const std::string& p) { return ends_with(p, ".txt"); }
 bool is_jsonl_file(const std::string& p) {
@@ -42,22 +43,28 @@ class Collector {
   Collector(const data::Tokenizer& tok, int64_t want) : tok_(tok), want_(want) {}
   bool full() const { return static_cast<int64_t>(tokens_.size()) >= want_; }
   void add_text(const std::string& text) {
+    if (full()) return;
     cut_pieces(text, pending_);
-    if (pending_bytes() >= kPieceBytes * 32) flush();
+    if (pending_bytes() >= kPieceBytes * kBatchPieces) flush();
   }
   void add_ids(const std::vector<uint32_t>& ids, int64_t bos, int64_t eos) {
     flush();
     for (uint32_t id : ids)
       if (static_cast<int64_t>(id) != bos && static_cast<int64_t>(id) != eos) tokens_.push_back(id);
   }
+  // Tokenizes the pending pieces, kBatchPieces at a time in parallel, until there are enough
+  // tokens (the rest is dropped: a long text is not tokenized beyond what is asked).
   void flush() {
-    if (pending_.empty()) return;
-    std::vector<std::vector<uint32_t>> ids(pending_.size());
+    for (size_t at = 0; at < pending_.size() && !full(); at += kBatchPieces) {
+      const size_t n = std::min(kBatchPieces, pending_.size() - at);
+      std::vector<std::vector<uint32_t>> ids(n);
 #pragma omp parallel for schedule(dynamic)
-    for (size_t i = 0; i < pending_.size(); ++i) tok_.encode(pending_[i], ids[i]);
-    for (const auto& v : ids)
-      for (uint32_t id : v)
-        if (static_cast<int64_t>(id) != tok_.bos_id() && static_cast<int64_t>(id) != tok_.eos_id()) tokens_.push_back(id);
+      for (size_t i = 0; i < n; ++i) tok_.encode(pending_[at + i], ids[i]);
+      for (const auto& v : ids)
+        for (uint32_t id : v)
+          if (static_cast<int64_t>(id) != tok_.bos_id() && static_cast<int64_t>(id) != tok_.eos_id())
+            tokens_.push_back(id);
+    }
     pending_.clear();
   }
   std::vector<uint32_t>& tokens() { return tokens_; }
