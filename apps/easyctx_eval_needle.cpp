@@ -6,12 +6,13 @@
 // EasyContext's needle-in-a-haystack sweep (and RULER-style synthetic retrieval tasks) over
 // a model, scored by teacher forcing through an eval::Session: CSV, heatmap PNG, summary
 // (docs/eval.md). Under mpirun: sequence parallel over --sp-size ranks, data parallel over
-// the prompts of a cell on top. Logic in lib/eval (needle.h).
+// the prompts of a length's cells across the groups. Logic in lib/eval (needle.h).
 #include <iostream>
 
 #include "core/log.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
+#include "eval/model_source.h"
 #include "eval/needle.h"
 
 using namespace easyctx;
@@ -21,17 +22,23 @@ int main(int argc, char** argv) {
     eval::NeedleOptions o;
     std::string help;
     bool run = false;
-    dist::run_collectively(rt, [&] { run = eval::parse_needle_flags(argc, argv, o, &help); });
+    // Bad flags and missing models end every rank alike (exit 2).
+    dist::run_collectively(rt, [&] {
+      run = eval::parse_needle_flags(argc, argv, o, &help);
+      if (!run) return;
+      eval::validate_session_options(o.session, rt.size());
+      eval::resolve_model(o.session.model);
+    });
     if (!run) {
-      if (rt.rank() == 0) std::cout << help;
+      if (rt.rank() == 0)
+        std::cout << help << "\nDocs: docs/eval.md. Exit codes: 0 done, 1 failure, 2 bad input.\n";
       return 0;
     }
     LogOptions lo;
     lo.rank = rt.rank();
     log_init(lo);
     auto world = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, o.session.collective_timeout_s);
-    std::unique_ptr<eval::Session> session = eval::open_session(o.session, *world);
-    eval::run_needle(o, *session, rt.rank());
+    eval::run_needle(o, *world);
     return 0;
   });
 }

@@ -65,13 +65,18 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
       "sp-size", po::value(&o.session.sp_size)->default_value(1),
       "ranks per sequence (sequence parallelism under mpirun; 1: every rank scores its own prompts)")(
       "sp-mode", po::value(&sp_mode)->default_value(sp_mode), "zigzag_ring | ulysses | dist_flash | usp")(
+      "ulysses-size", po::value(&o.session.ulysses_size)->default_value(0),
+      "usp: the Ulysses degree inside a sequence-parallel group (0: the ranks per node)")(
       "attention-head-groups", po::value(&o.session.attention_head_groups)->default_value(1),
       "attention in passes over this many head groups (memory)")(
       "mlp-tile", po::value(&o.session.mlp_tile)->default_value(o.session.mlp_tile), "tokens per MLP tile (0: untiled)")(
       "lm-head-tile", po::value(&o.session.lm_head_tile)->default_value(o.session.lm_head_tile),
       "tokens per LM-head tile")(
-      "collective-timeout", po::value(&o.session.collective_timeout_s)->default_value(o.session.collective_timeout_s),
-      "seconds before a stuck collective aborts the job");
+      "progress-every", po::value(&o.progress_every)->default_value(o.progress_every),
+      "seconds between progress lines inside a length's cells")(
+      "collective-timeout-s", po::value(&o.session.collective_timeout_s)->default_value(3600),
+      "with mpirun: a rank that waits this long for the others (longer than the forward of one prompt at "
+      "--max-context-length) ends the job, naming the rank that never arrived");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -109,6 +114,7 @@ void check_needle_options(const NeedleOptions& o) {
                       " (must be in (0, 1])");
   EASYCTX_CHECK_INPUT(o.samples >= 1, "--samples: ", o.samples, " (must be >= 1)");
   EASYCTX_CHECK_INPUT(o.session.sp_size >= 1, "--sp-size: ", o.session.sp_size, " (must be >= 1)");
+  EASYCTX_CHECK_INPUT(o.progress_every >= 0, "--progress-every: ", o.progress_every, " (must be >= 0)");
   EASYCTX_CHECK_INPUT(o.session.rope_theta >= 0, "--rope-theta: ", o.session.rope_theta, " (must be >= 0)");
   check_task_options(o.task);
 }
@@ -138,91 +144,183 @@ double SweepResult::average(Task t) const {
   return n ? sum / static_cast<double>(n) : kNaN;
 }
 
-ProgressFn log_progress() {
-  return [](const CellResult& c, const SweepProgress& p) {
-    std::string where = "L=" + std::to_string(c.context);
-    if (c.task == Task::Needle) where += " depth=" + depth_str(c.depth);
-    log_info(task_name(c.task), " [", p.done, "/", p.total, "] ", where, ": ", c.correct, "/", c.samples,
-             " correct; ", format_count(p.seconds > 0 ? static_cast<double>(p.tokens) / p.seconds : 0.0),
-             " tok/s; elapsed ", format_duration(p.seconds), ", ETA ", format_duration(p.eta));
+double SweepProgress::eta() const {
+  if (work_done <= 0 || seconds <= 0) return -1;
+  return seconds * (work_total - work_done) / work_done;
+}
+
+std::string format_sweep_progress(const SweepProgress& p) {
+  const double eta = p.eta();
+  return detail::concat("cells ", p.cells_done, "/", p.cells_total, ", prompts ", p.prompts_done, "/",
+                        p.prompts_total, ", ", format_count(static_cast<double>(p.tokens)), " tokens, ",
+                        format_count(p.seconds > 0 ? static_cast<double>(p.tokens) / p.seconds : 0.0),
+                        " tok/s, elapsed ", format_duration(p.seconds),
+                        p.cells_done < p.cells_total ? ", ETA " + (eta >= 0 ? format_duration(eta) : std::string("?"))
+                                                     : std::string());
+}
+
+SweepProgressFn log_sweep_progress(int rank, double every_s) {
+  auto last = std::make_shared<double>(0.0);
+  return [rank, every_s, last](const SweepProgress& p, const std::vector<CellResult>& finished) {
+    if (rank != 0) return;
+    if (finished.empty()) {  // inside a call
+      if (p.seconds - *last < every_s) return;
+      *last = p.seconds;
+      log_info("eval needle: ", format_sweep_progress(p));
+      return;
+    }
+    *last = p.seconds;
+    // One line per task and length: its cells' scores.
+    std::string line;
+    for (size_t i = 0; i < finished.size(); ++i) {
+      const CellResult& c = finished[i];
+      const bool first = i == 0 || finished[i - 1].task != c.task || finished[i - 1].context != c.context;
+      if (first) {
+        if (!line.empty()) log_info(line);
+        line = std::string(task_name(c.task)) + " L=" + std::to_string(c.context) + ":";
+      }
+      if (c.task == Task::Needle) line += (first ? " depth " : ", ") + depth_str(c.depth) + " ";
+      else line += " ";
+      line += std::to_string(c.correct) + "/" + std::to_string(c.samples);
+    }
+    if (!line.empty()) log_info(line);
+    log_info("eval needle: ", format_sweep_progress(p));
   };
 }
 
+std::vector<Prompt> cell_prompts(const NeedleOptions& o, const PromptBuilder& b, const std::vector<uint32_t>& haystack,
+                                 const std::vector<uint32_t>& noise, Task t, int64_t L, size_t depth_index) {
+  std::vector<Prompt> out;
+  if (t == Task::Needle) {
+    const std::vector<double> depths = needle_depths(o);
+    EASYCTX_CHECK(depth_index < depths.size(), "needle cell: depth index ", depth_index, " of ", depths.size());
+    // EasyContext draws the needles' numbers once: every cell asks for the same ones.
+    Rng numbers_rng(mix_seed({o.seed, 0x6e6565646c65ull}));
+    for (int k = 0; k < o.samples; ++k) {
+      const int64_t number = random_number(numbers_rng, o.task.digits);
+      Rng rng(mix_seed({o.seed, static_cast<uint64_t>(t), static_cast<uint64_t>(L), depth_index,
+                        static_cast<uint64_t>(k)}));
+      out.push_back(b.needle(haystack, L, depths[depth_index], number, rng));
+    }
+  } else {
+    for (int k = 0; k < o.samples; ++k) {
+      Rng rng(mix_seed({o.seed, static_cast<uint64_t>(t), static_cast<uint64_t>(L), uint64_t{0},
+                        static_cast<uint64_t>(k)}));
+      out.push_back(b.synthetic(t, noise, L, rng));
+    }
+  }
+  return out;
+}
+
 SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std::vector<uint32_t>& haystack,
-                      Session& s, const ProgressFn& progress) {
+                      Session& s, const SweepProgressFn& progress, const SweepRelay* relay) {
   check_needle_options(o);
   const std::vector<int64_t> lengths = context_lengths(o);
   const std::vector<double> depths = needle_depths(o);
-  // The cells in order, and what each costs (for the ETA).
-  struct Planned {
-    Task task;
-    int64_t context;
-    size_t depth_index;
-  };
-  std::vector<Planned> plan;
-  for (Task t : o.tasks) {
-    if (t == Task::Needle) {
-      for (int64_t L : lengths)
-        for (size_t d = 0; d < depths.size(); ++d) plan.push_back({t, L, d});
-    } else {
-      for (int64_t L : lengths) plan.push_back({t, L, 0});
-    }
-  }
+  const bool needle = std::find(o.tasks.begin(), o.tasks.end(), Task::Needle) != o.tasks.end();
   const bool synthetic = std::any_of(o.tasks.begin(), o.tasks.end(), is_synthetic);
   const std::vector<uint32_t> noise = synthetic ? b.noise_haystack(o.max_context) : std::vector<uint32_t>{};
-  if (std::find(o.tasks.begin(), o.tasks.end(), Task::Needle) != o.tasks.end())
+  if (needle)
     EASYCTX_CHECK(static_cast<int64_t>(haystack.size()) >= o.max_context, "needle sweep: a haystack of ",
                   haystack.size(), " tokens for --max-context-length ", o.max_context);
-  // EasyContext draws the needles' numbers once: every cell asks for the same ones.
-  Rng numbers_rng(mix_seed({o.seed, 0x6e6565646c65ull}));
-  std::vector<int64_t> numbers;
-  for (int k = 0; k < o.samples; ++k) numbers.push_back(random_number(numbers_rng, o.task.digits));
+  // The cells of one length, in --task order (depths in order for the needle).
+  struct Planned {
+    Task task;
+    size_t depth_index;
+  };
+  std::vector<Planned> per_length;
+  for (Task t : o.tasks) {
+    if (t == Task::Needle) {
+      for (size_t d = 0; d < depths.size(); ++d) per_length.push_back({t, d});
+    } else {
+      per_length.push_back({t, 0});
+    }
+  }
+  SweepProgress prog;
+  prog.cells_total = static_cast<int64_t>(per_length.size() * lengths.size());
+  prog.prompts_total = prog.cells_total * o.samples;
+  for (int64_t L : lengths) prog.work_total += static_cast<double>(L) * static_cast<double>(per_length.size() * o.samples);
 
-  int64_t haystack_total = 0, haystack_done = 0;
-  for (const Planned& p : plan) haystack_total += p.context;
   SweepResult r;
   const auto t0 = std::chrono::steady_clock::now();
   auto since = [](std::chrono::steady_clock::time_point a) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
   };
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const Planned& p = plan[i];
-    const auto c0 = std::chrono::steady_clock::now();
-    std::vector<ScoreRequest> reqs;
-    CellResult c;
-    c.task = p.task;
-    c.context = p.context;
-    c.depth = p.task == Task::Needle ? depths[p.depth_index] : kNaN;
-    for (int k = 0; k < o.samples; ++k) {
-      Rng rng(mix_seed({o.seed, static_cast<uint64_t>(p.task), static_cast<uint64_t>(p.context), p.depth_index,
-                        static_cast<uint64_t>(k)}));
-      const Prompt pr = p.task == Task::Needle ? b.needle(haystack, p.context, c.depth, numbers[static_cast<size_t>(k)], rng)
-                                               : b.synthetic(p.task, noise, p.context, rng);
-      c.tokens += static_cast<int64_t>(pr.tokens.size());
-      reqs.push_back(pr.request());
-    }
-    const std::vector<std::vector<SpanScore>> scores = s.score_spans(reqs);
-    EASYCTX_CHECK(scores.size() == reqs.size(), "needle sweep: the session returned ", scores.size(),
-                  " results for ", reqs.size(), " prompts");
-    for (const auto& sc : scores) {
-      EASYCTX_CHECK(sc.size() == 1, "needle sweep: the session returned ", sc.size(), " span scores for one span");
-      c.correct += sc[0].all_argmax ? 1 : 0;
-      ++c.samples;
-    }
-    c.seconds = since(c0);
-    r.tokens += c.tokens;
-    haystack_done += p.context;
-    r.cells.push_back(c);
-    if (progress) {
-      SweepProgress sp;
-      sp.done = i + 1;
-      sp.total = plan.size();
-      sp.tokens = r.tokens;
-      sp.seconds = since(t0);
-      sp.eta = sp.seconds * static_cast<double>(haystack_total - haystack_done) / static_cast<double>(haystack_done);
-      progress(c, sp);
+  // A call's prompts are kept to about this many tokens (on every rank); a length's cells
+  // take several calls beyond it.
+  constexpr int64_t kCallTokens = int64_t{1} << 26;
+  for (int64_t L : lengths) {
+    size_t next = 0;
+    while (next < per_length.size()) {
+      std::vector<CellResult> cells;
+      std::vector<ScoreRequest> reqs;
+      int64_t call_tokens = 0;
+      while (next < per_length.size() && (cells.empty() || call_tokens + L * o.samples <= kCallTokens)) {
+        const Planned& p = per_length[next++];
+        CellResult c;
+        c.task = p.task;
+        c.context = L;
+        c.depth = p.task == Task::Needle ? depths[p.depth_index] : kNaN;
+        for (Prompt& pr : cell_prompts(o, b, haystack, noise, p.task, L, p.depth_index)) {
+          c.tokens += static_cast<int64_t>(pr.tokens.size());
+          ScoreRequest q;
+          q.spans.push_back({pr.answer_begin - 1, pr.answer_length});
+          q.tokens = std::move(pr.tokens);
+          reqs.push_back(std::move(q));
+        }
+        call_tokens += c.tokens;
+        cells.push_back(c);
+      }
+      // The session's rounds, as sweep progress.
+      const SweepProgress before = prog;
+      const double call_work = static_cast<double>(L) * static_cast<double>(reqs.size());
+      if (relay && progress)
+        *relay->target = [&](const ScoreProgress& sp) {
+          SweepProgress now = before;
+          now.prompts_done += sp.items_done;
+          now.tokens += sp.tokens_done;
+          if (sp.tokens_total > 0)
+            now.work_done += call_work * static_cast<double>(sp.tokens_done) / static_cast<double>(sp.tokens_total);
+          now.seconds = since(t0);
+          if (sp.items_done < sp.items_total) progress(now, {});
+        };
+      std::vector<std::vector<SpanScore>> scores;
+      try {
+        scores = s.score_spans(reqs);
+      } catch (...) {
+        if (relay) *relay->target = nullptr;
+        throw;
+      }
+      if (relay) *relay->target = nullptr;
+      EASYCTX_CHECK(scores.size() == reqs.size(), "needle sweep: the session returned ", scores.size(),
+                    " results for ", reqs.size(), " prompts");
+      size_t q = 0;
+      for (CellResult& c : cells) {
+        for (int k = 0; k < o.samples; ++k, ++q) {
+          EASYCTX_CHECK(scores[q].size() == 1, "needle sweep: the session returned ", scores[q].size(),
+                        " span scores for one span");
+          const SpanScore& sc = scores[q][0];
+          c.correct += sc.all_argmax ? 1 : 0;
+          c.answer_nll += sc.sum_nll;
+          c.answer_tokens += sc.count;
+          ++c.samples;
+        }
+        r.tokens += c.tokens;
+        r.cells.push_back(c);
+      }
+      prog.cells_done += static_cast<int64_t>(cells.size());
+      prog.prompts_done += static_cast<int64_t>(reqs.size());
+      prog.tokens = r.tokens;
+      prog.work_done += call_work;
+      prog.seconds = since(t0);
+      if (progress) progress(prog, cells);
     }
   }
+  // By task (in --task order), then context, then depth.
+  auto task_rank = [&](Task t) { return std::find(o.tasks.begin(), o.tasks.end(), t) - o.tasks.begin(); };
+  std::stable_sort(r.cells.begin(), r.cells.end(), [&](const CellResult& a, const CellResult& c) {
+    return task_rank(a.task) < task_rank(c.task);
+  });
   r.seconds = since(t0);
   return r;
 }
@@ -327,6 +425,11 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
     const double a = r.average(k);
     t.set("average", std::isfinite(a) ? Json(a) : Json());
     t.set("cells", cells);
+    double nll = 0;
+    int64_t answer_tokens = 0;
+    for (const CellResult& c : r.cells)
+      if (c.task == k) nll += c.answer_nll, answer_tokens += c.answer_tokens;
+    t.set("answer_nll", answer_tokens ? Json(nll / static_cast<double>(answer_tokens)) : Json());
     tasks.set(task_name(k), t);
   }
   j.set("tasks", tasks);
@@ -350,13 +453,17 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
   write_file_atomic(o.output_dir + "/summary.json", j.dump(2) + "\n");
 }
 
-SweepResult run_needle(const NeedleOptions& o, Session& s, int rank) {
+SweepResult run_needle(const NeedleOptions& o, dist::Comm& world) {
   check_needle_options(o);
+  SweepRelay relay;
+  SessionOptions so = o.session;
+  so.progress = relay.callback();
+  const std::unique_ptr<Session> s = open_session(so, world);
   const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(o.tokenizer);
-  EASYCTX_CHECK_INPUT(tok->vocab_size() <= s.vocab_size(), "--tokenizer ", o.tokenizer, " has ", tok->vocab_size(),
-                      " ids, more than the vocabulary of --model ", o.session.model, " (", s.vocab_size(), ")");
-  EASYCTX_CHECK_INPUT(tok->bos_id() < 0 || s.bos_id() < 0 || tok->bos_id() == s.bos_id(), "--tokenizer ", o.tokenizer,
-                      " has BOS id ", tok->bos_id(), ", --model ", o.session.model, " has ", s.bos_id(),
+  EASYCTX_CHECK_INPUT(tok->vocab_size() <= s->vocab_size(), "--tokenizer ", o.tokenizer, " has ", tok->vocab_size(),
+                      " ids, more than the vocabulary of --model ", o.session.model, " (", s->vocab_size(), ")");
+  EASYCTX_CHECK_INPUT(tok->bos_id() < 0 || s->bos_id() < 0 || tok->bos_id() == s->bos_id(), "--tokenizer ",
+                      o.tokenizer, " has BOS id ", tok->bos_id(), ", --model ", o.session.model, " has ", s->bos_id(),
                       ": not the model's tokenizer");
   const PromptBuilder b(*tok, o.task);
   const bool needle = std::find(o.tasks.begin(), o.tasks.end(), Task::Needle) != o.tasks.end();
@@ -364,15 +471,17 @@ SweepResult run_needle(const NeedleOptions& o, Session& s, int rank) {
   if (needle) hay = load_haystack(o.haystack_dir, *tok, o.max_context);
   std::string tasks;
   for (Task t : o.tasks) tasks += (tasks.empty() ? "" : ",") + std::string(task_name(t));
-  log_info("eval needle: ", s.describe(), "; tasks ", tasks, "; lengths ", o.min_context, "..", o.max_context, " step ",
+  log_info("eval needle: ", s->describe(), "; tasks ", tasks, "; lengths ", o.min_context, "..", o.max_context, " step ",
            o.context_interval, ", ", o.samples, " sample(s) per cell", needle ? "; haystack " + hay.description : "");
-  const SweepResult r = run_sweep(o, b, hay.tokens, s);
-  if (rank == 0) write_needle_outputs(o, r, s.describe(), needle ? hay.description : "");
+  const SweepResult r =
+      run_sweep(o, b, hay.tokens, *s, log_sweep_progress(world.rank(), o.progress_every), &relay);
+  if (world.rank() == 0) write_needle_outputs(o, r, s->describe(), needle ? hay.description : "");
   std::string avgs;
   for (Task t : o.tasks) avgs += std::string(avgs.empty() ? "" : ", ") + task_name(t) + " " + score_str(r.average(t));
-  log_info("eval needle: ", r.cells.size(), " cells, average accuracy ", avgs, "; ", format_count(static_cast<double>(r.tokens)),
-           " tokens in ", format_duration(r.seconds), " (",
-           format_count(r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0), " tok/s); wrote ", o.output_dir);
+  log_info("eval needle summary: ", r.cells.size(), " cells, average accuracy ", avgs, "; ",
+           format_count(static_cast<double>(r.tokens)), " tokens in ", format_duration(r.seconds), " (",
+           format_count(r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0), " tok/s) on ",
+           s->describe(), "; wrote ", o.output_dir);
   return r;
 }
 

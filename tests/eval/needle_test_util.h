@@ -1,6 +1,5 @@
-// Helpers for the retrieval-evaluation tests: the tokenizers (the CI one made from the KJV,
-// the Llama-2/3 fixtures), a byte-level tokenizer that always exists, a haystack text, and a
-// scripted Session.
+// Helpers for the retrieval-evaluation tests: the tokenizers (the CI one, spm_train on the
+// KJV; the Llama-2/3 fixtures), a haystack text, and a small random model for sessions.
 #pragma once
 #include <filesystem>
 #include <memory>
@@ -16,23 +15,37 @@
 
 namespace easyctx::test {
 
-// scripts/make_demo_tokenizer.sh's 2000-piece SentencePiece BPE (spm_train on the KJV), made
-// once per test binary; "" when spm_train or bible is missing.
+// scripts/make_demo_tokenizer.sh's 2000-piece SentencePiece BPE (spm_train on the KJV) in
+// `dir` (made there once; about a second). Throws naming the script and its output when it
+// cannot be made: spm_train and bible come with scripts/setup.sh, so a missing one is a
+// failure, not a skip.
+inline std::string make_demo_tokenizer(const std::string& dir) {
+  // Under flock: test processes running at once share the folder.
+  std::filesystem::create_directories(dir);
+  const std::string cmd =
+      "flock " + dir + "/.lock bash " + source_dir() + "/scripts/make_demo_tokenizer.sh " + dir + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int rc = p ? pclose(p) : -1;
+  const std::vector<std::string> lines = split(trim(out), '\n');
+  const std::string path = lines.empty() ? "" : trim(lines.back());
+  EASYCTX_CHECK(rc == 0 && std::filesystem::exists(path), "scripts/make_demo_tokenizer.sh ", dir, " failed (status ",
+                rc, "; scripts/setup.sh installs spm_train and bible): ", out);
+  return path;
+}
+// The CI tokenizer, made once per build (under ctest: in <build>/test-cache; it depends only
+// on the KJV text and spm_train) or once per test binary elsewhere.
 inline std::string demo_tokenizer() {
   static std::string path;
-  static bool tried = false;
-  if (!tried) {
-    tried = true;
-    static TempDir dir("needle-tok");
-    const std::string cmd = "bash " + source_dir() + "/scripts/make_demo_tokenizer.sh " + dir.path() + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    if (p && pclose(p) == 0) {
-      const std::vector<std::string> lines = split(trim(out), '\n');
-      if (!lines.empty() && std::filesystem::exists(trim(lines.back()))) path = trim(lines.back());
+  if (path.empty()) {
+    if (const char* bin = std::getenv("EASYCTX_BIN_DIR")) {
+      path = make_demo_tokenizer(std::string(bin) + "/../test-cache/demo-tokenizer");
+    } else {
+      static TempDir dir("needle-tok");
+      path = make_demo_tokenizer(dir.path());
     }
   }
   return path;
@@ -40,34 +53,11 @@ inline std::string demo_tokenizer() {
 inline std::string llama2_tokenizer() { return shared_fixture("tokenizers/llama2/tokenizer.model"); }
 inline std::string llama3_tokenizer() { return shared_fixture("tokenizers/llama3/tokenizer.json"); }
 
-#define REQUIRE_TOKENIZER(path, what)                                                                       \
-  if ((path).empty() || !std::filesystem::exists(path))                                                   \
-  GTEST_SKIP() << what << " tokenizer " << (path.empty() ? std::string("(scripts/make_demo_tokenizer.sh)") : path) \
-               << " is not available (spm_train/bible missing, or a clone without ../shared/fixtures); skipped"
-
-// Bytes as ids (3 + byte); 0 unknown, 1 BOS, 2 EOS. Always available.
-class ByteTokenizer : public data::Tokenizer {
- public:
-  using data::Tokenizer::decode;
-  using data::Tokenizer::encode;
-  ByteTokenizer() {
-    path_ = "byte-tokenizer";
-    sha256_ = std::string(64, 'b');
-  }
-  void encode(std::string_view text, std::vector<uint32_t>& out) const override {
-    for (unsigned char c : text) out.push_back(3u + c);
-  }
-  std::string decode(const uint32_t* ids, size_t n) const override {
-    std::string s;
-    for (size_t i = 0; i < n; ++i)
-      if (ids[i] >= 3) s.push_back(static_cast<char>(ids[i] - 3));
-    return s;
-  }
-  int64_t vocab_size() const override { return 259; }
-  int64_t bos_id() const override { return 1; }
-  int64_t eos_id() const override { return 2; }
-  std::string kind() const override { return "byte"; }
-};
+// The Llama tokenizer files are third-party fixtures beside the clone (ci_allowed_skips.txt:
+// `fixtures`).
+#define REQUIRE_FIXTURE_TOKENIZER(path, what)                                                         \
+  if (!std::filesystem::exists(path))                                                               \
+  GTEST_SKIP() << what << " tokenizer " << (path) << " is not available (a clone without ../shared/fixtures)"
 
 // Sentences of words with . ? ! ends and commas, some paragraphs: a haystack text.
 inline std::string haystack_text(uint64_t seed, size_t sentences) {
@@ -91,35 +81,5 @@ inline std::string haystack_text(uint64_t seed, size_t sentences) {
   }
   return s;
 }
-
-// A Session that scores nothing: it records the requests and answers by a rule of them.
-class ScriptedSession : public eval::Session {
- public:
-  std::vector<eval::ScoreRequest> seen;
-  // Two prompts in three "retrieved", by a hash of the tokens.
-  static bool verdict(const eval::ScoreRequest& r) {
-    uint64_t h = 1469598103934665603ull;
-    for (int32_t t : r.tokens) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
-    return (h >> 17) % 3 != 0;
-  }
-  std::vector<std::vector<eval::SpanScore>> score_spans(const std::vector<eval::ScoreRequest>& requests) override {
-    std::vector<std::vector<eval::SpanScore>> out;
-    for (const auto& r : requests) {
-      seen.push_back(r);
-      std::vector<eval::SpanScore> s;
-      for (const auto& sp : r.spans) {
-        eval::SpanScore x;
-        x.count = sp.length;
-        x.all_argmax = verdict(r);
-        s.push_back(x);
-      }
-      out.push_back(s);
-    }
-    return out;
-  }
-  int64_t vocab_size() const override { return 259; }
-  int64_t bos_id() const override { return 1; }
-  std::string describe() const override { return "scripted"; }
-};
 
 }  // namespace easyctx::test

@@ -2,7 +2,9 @@
 // (spm_train on the KJV: scripts/make_demo_tokenizer.sh), the Llama-2 SentencePiece and the
 // Llama-3 byte-level BPE fixtures (../shared/fixtures/tokenizers; skipped, saying so, where a
 // clone lacks them). Independent of PromptBuilder's own rule, a sentence end is checked by
-// decoding the token.
+// decoding the token. Every prompt is the user's text only: no padding, no EOS (the session
+// pads inside, where nothing reads it: tests/eval/test_eval_sp.cpp). The haystack readers
+// (text, JSON Lines, shards, the KJV default) give the tokens of their files in order.
 #include <algorithm>
 #include <cctype>
 #include <set>
@@ -354,15 +356,11 @@ void synthetic_cases(const std::string& path) {
   }
 }
 
-TEST(NeedlePrompt, CiTokenizer) {
-  const std::string path = demo_tokenizer();
-  REQUIRE_TOKENIZER(path, "the CI (KJV)");
-  needle_cases(path);
-}
+TEST(NeedlePrompt, CiTokenizer) { needle_cases(demo_tokenizer()); }
 
 TEST(NeedlePrompt, Llama2) {
   const std::string path = llama2_tokenizer();
-  REQUIRE_TOKENIZER(path, "the Llama-2");
+  REQUIRE_FIXTURE_TOKENIZER(path, "the Llama-2");
   needle_cases(path);
   // EasyContext's period ids are sentence ends; the answer is "▁" then the digits, as in
   // the needle (../shared/reference/data-and-eval.md 5a).
@@ -386,7 +384,7 @@ TEST(NeedlePrompt, Llama2) {
 
 TEST(NeedlePrompt, Llama3Spacing) {
   const std::string path = llama3_tokenizer();
-  REQUIRE_TOKENIZER(path, "the Llama-3");
+  REQUIRE_FIXTURE_TOKENIZER(path, "the Llama-3");
   needle_cases(path);
   const auto tok = data::load_tokenizer(path);
   const PromptBuilder b(*tok, {});
@@ -402,26 +400,23 @@ TEST(NeedlePrompt, Llama3Spacing) {
   EXPECT_EQ(tok->decode(slice(p, p.answer_begin, static_cast<int64_t>(p.tokens.size()))), "1234567");
 }
 
-TEST(SyntheticPrompt, CiTokenizer) {
-  const std::string path = demo_tokenizer();
-  REQUIRE_TOKENIZER(path, "the CI (KJV)");
-  synthetic_cases(path);
-}
+TEST(SyntheticPrompt, CiTokenizer) { synthetic_cases(demo_tokenizer()); }
 
 TEST(SyntheticPrompt, Llama2) {
   const std::string path = llama2_tokenizer();
-  REQUIRE_TOKENIZER(path, "the Llama-2");
+  REQUIRE_FIXTURE_TOKENIZER(path, "the Llama-2");
   synthetic_cases(path);
 }
 
 TEST(SyntheticPrompt, Llama3) {
   const std::string path = llama3_tokenizer();
-  REQUIRE_TOKENIZER(path, "the Llama-3");
+  REQUIRE_FIXTURE_TOKENIZER(path, "the Llama-3");
   synthetic_cases(path);
 }
 
 TEST(NeedlePrompt, OptionsNameTheFlag) {
-  ByteTokenizer tok;
+  const auto tokp = data::load_tokenizer(demo_tokenizer());
+  const data::Tokenizer& tok = *tokp;
   auto expect_flag = [&](eval::TaskOptions o, const std::string& flag) {
     try {
       PromptBuilder b(tok, o);
@@ -458,50 +453,70 @@ TEST(NeedlePrompt, OptionsNameTheFlag) {
 }
 
 // The default haystack: the KJV through `bible` (bible-kjv), what a fresh machine has after
-// scripts/setup.sh.
+// scripts/setup.sh: a failure, not a skip, where it is missing.
 TEST(NeedleHaystack, DefaultIsTheKjv) {
-  if (eval::kjv_text().empty()) GTEST_SKIP() << "bible (bible-kjv) not installed; skipped";
-  ByteTokenizer tok;
-  const eval::Haystack h = eval::load_haystack("", tok, 10000);
+  const std::string kjv = eval::kjv_text();
+  ASSERT_FALSE(kjv.empty()) << "`bible` (Debian's bible-kjv, which scripts/setup.sh installs) gives no text";
+  EXPECT_EQ(kjv.substr(0, 60), "In the beginning God created the heaven and the earth.\nAnd t");
+  EXPECT_GT(kjv.size(), 4000000u);
+  const auto tok = data::load_tokenizer(demo_tokenizer());
+  const eval::Haystack h = eval::load_haystack("", *tok, 10000);
   EXPECT_GE(h.tokens.size(), 10000u);
   EXPECT_NE(h.description.find("King James"), std::string::npos);
-  const std::string start = tok.decode(h.tokens.data(), 40);
-  EXPECT_EQ(start.substr(0, 16), "In the beginning") << start;
+  // The verses' tokens in order (read in 64 KiB pieces cut after a newline).
+  const std::vector<uint32_t> first = tok->encode(kjv.substr(0, kjv.find('\n', 60000) + 1));
+  ASSERT_GE(first.size(), 1000u);
+  EXPECT_TRUE(std::equal(first.begin(), first.begin() + 1000, h.tokens.begin()));
+  EXPECT_EQ(tok->decode(std::vector<uint32_t>(h.tokens.begin(), h.tokens.begin() + 4)).substr(0, 6), "In the");
 }
 
 TEST(NeedleHaystack, FoldersFilesShardsAndRepetition) {
-  ByteTokenizer tok;
+  const auto tokp = data::load_tokenizer(demo_tokenizer());
+  const data::Tokenizer& tok = *tokp;
+  auto enc = [&](const std::string& s) { return tok.encode(s); };
+  auto cat = [](std::vector<std::vector<uint32_t>> parts) {
+    std::vector<uint32_t> v;
+    for (const auto& p : parts) v.insert(v.end(), p.begin(), p.end());
+    return v;
+  };
   TempDir dir("needle-hay-kinds");
   std::filesystem::create_directories(dir / "f/sub");
   write_file_atomic(dir / "f/b.txt", "Second file.");
   write_file_atomic(dir / "f/a.txt", "First file.");
   write_file_atomic(dir / "f/sub/c.jsonl", "{\"text\": \"Third, a line.\"}\n{\"text\": \"Fourth.\"}\n");
   write_file_atomic(dir / "f/skip.md", "not read");
-  const eval::Haystack h = eval::load_haystack(dir / "f", tok, 46);  // every file, no repetition
-  EXPECT_EQ(tok.decode(h.tokens), "First file.Second file.Third, a line.\nFourth.\n");
+  // Every file in path order, each text encoded on its own (a JSON line's text + "\n").
+  const std::vector<uint32_t> all =
+      cat({enc("First file."), enc("Second file."), enc("Third, a line.\n"), enc("Fourth.\n")});
+  const eval::Haystack h = eval::load_haystack(dir / "f", tok, static_cast<int64_t>(all.size()));
+  EXPECT_EQ(h.tokens, all);
   EXPECT_EQ(h.description.find("repeated"), std::string::npos);
+  EXPECT_NE(h.description.find("4 document(s) from 3 file(s)"), std::string::npos) << h.description;
   // Reading stops once there are enough tokens.
-  EXPECT_EQ(tok.decode(eval::load_haystack(dir / "f", tok, 5).tokens), "First file.");
+  EXPECT_EQ(eval::load_haystack(dir / "f", tok, 2).tokens, enc("First file."));
   // Repeated from the start up to the length asked.
-  const eval::Haystack r = eval::load_haystack(dir / "f/a.txt", tok, 30);
-  EXPECT_EQ(tok.decode(r.tokens), "First file.First file.First fi");
+  const std::vector<uint32_t> one = enc("First file.");
+  const eval::Haystack r = eval::load_haystack(dir / "f/a.txt", tok, static_cast<int64_t>(one.size() * 2 + 1));
+  EXPECT_EQ(r.tokens, cat({one, one, {one[0]}}));
   EXPECT_NE(r.description.find("repeated"), std::string::npos);
   // h5tokenize shards: ids as stored, BOS/EOS dropped, the tokenizer checked.
   data::ShardMeta meta;
-  meta.tokenizer_name = "byte";
+  meta.tokenizer_name = "kjv_bpe2000.model";
   meta.tokenizer_sha256 = tok.sha256();
   meta.vocab_size = tok.vocab_size();
-  meta.bos_id = 1;
-  meta.eos_id = 2;
+  meta.bos_id = tok.bos_id();
+  meta.eos_id = tok.eos_id();
+  const std::vector<uint32_t> d1 = enc("Hi there."), d2 = enc("Bye!");
   {
     data::TokenShardWriter w(dir / "s.h5", meta, 64);
     const uint16_t src = w.source_index("x");
-    std::vector<uint32_t> d1{1, 3 + 'H', 3 + 'i', 2}, d2{1, 3 + '!'};
-    w.add_document(d1.data(), d1.size(), src);
-    w.add_document(d2.data(), d2.size(), src);
+    const std::vector<uint32_t> a = cat({{static_cast<uint32_t>(tok.bos_id())}, d1, {static_cast<uint32_t>(tok.eos_id())}});
+    const std::vector<uint32_t> b = cat({{static_cast<uint32_t>(tok.bos_id())}, d2});
+    w.add_document(a.data(), a.size(), src);
+    w.add_document(b.data(), b.size(), src);
     w.commit();
   }
-  EXPECT_EQ(tok.decode(eval::load_haystack(dir / "s.h5", tok, 3).tokens), "Hi!");
+  EXPECT_EQ(eval::load_haystack(dir / "s.h5", tok, static_cast<int64_t>(d1.size() + d2.size())).tokens, cat({d1, d2}));
   meta.tokenizer_sha256 = std::string(64, 'c');
   {
     data::TokenShardWriter w(dir / "other.h5", meta, 64);
@@ -518,8 +533,18 @@ TEST(NeedleHaystack, FoldersFilesShardsAndRepetition) {
   }
   std::filesystem::create_directories(dir / "empty");
   write_file_atomic(dir / "empty/x.md", "");
-  EXPECT_THROW(eval::load_haystack(dir / "empty", tok, 3), InputError);
-  EXPECT_THROW(eval::load_haystack(dir / "nope", tok, 3), InputError);
+  auto expect_named = [&](const std::string& spec, const std::string& what) {
+    try {
+      eval::load_haystack(spec, tok, 3);
+      ADD_FAILURE() << spec << " was read";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("--haystack-dir"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_named(dir / "empty", "no .txt");
+  expect_named(dir / "nope", "no such folder or file");
+  expect_named(dir / "f/skip.md", "expected a folder");
 }
 
 }  // namespace
