@@ -7,11 +7,14 @@
 // a model, scored by teacher forcing through an eval::Session: CSV, heatmap PNG, summary
 // (docs/eval.md). Under mpirun: sequence parallel over --sp-size ranks, data parallel over
 // the prompts of a length's cells across the groups. Logic in lib/eval (needle.h).
+#include <algorithm>
 #include <iostream>
 
 #include "core/log.h"
 #include "dist/groups.h"
 #include "dist/runtime.h"
+#include "data/tokenize/tokenizer.h"
+#include "eval/haystack.h"
 #include "eval/model_source.h"
 #include "eval/needle.h"
 
@@ -22,12 +25,15 @@ int main(int argc, char** argv) {
     eval::NeedleOptions o;
     std::string help;
     bool run = false;
-    // Bad flags and missing models end every rank alike (exit 2).
+    // Bad flags, a missing model, tokenizer or haystack end every rank alike (exit 2).
     dist::run_collectively(rt, [&] {
       run = eval::parse_needle_flags(argc, argv, o, &help);
       if (!run) return;
       eval::validate_session_options(o.session, rt.size());
       eval::resolve_model(o.session.model);
+      data::load_tokenizer(o.tokenizer);
+      if (std::find(o.tasks.begin(), o.tasks.end(), eval::Task::Needle) != o.tasks.end())
+        eval::check_haystack_source(o.haystack_dir);
     });
     if (!run) {
       if (rt.rank() == 0)

@@ -161,6 +161,21 @@ std::string kjv_text() {
   return out;
 }
 
+void check_haystack_source(const std::string& spec) {
+  if (!spec.empty()) {
+    haystack_files(spec);
+    return;
+  }
+  FILE* p = popen("bible -f gen1:1 2>/dev/null", "r");
+  char buf[256];
+  const bool ok = p && std::fread(buf, 1, sizeof buf, p) > 0;
+  const bool exited = p && pclose(p) == 0;
+  EASYCTX_CHECK_INPUT(ok && exited,
+                      "no --haystack-dir, and the default haystack (the King James Bible through `bible -f "
+                      "gen1:1-rev22:21`) is not available: install Debian's bible-kjv (scripts/setup.sh does) or "
+                      "pass --haystack-dir");
+}
+
 Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens) {
   Collector c(tok, min_tokens);
   Haystack h;

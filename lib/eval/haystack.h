@@ -30,4 +30,9 @@ Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int6
 // The default haystack's text (verse texts, one per line), or "" when `bible` is missing.
 std::string kjv_text();
 
+// The checks load_haystack makes before reading (the folder or file is there and holds
+// haystack files; without a spec, `bible` answers): InputError naming --haystack-dir. Cheap,
+// for programs to call on every rank first.
+void check_haystack_source(const std::string& spec);
+
 }  // namespace easyctx::eval

