@@ -110,6 +110,10 @@ class Trainer {
   std::vector<std::vector<float>> gradients_host() const { return store_->gradients_host(); }
   // cpu or cuda: what train.device resolved to.
   DeviceKind device() const { return device_; }
+  // Bytes of weights (and, when resuming or carrying them, Adam moments) this rank read from
+  // disk at start: model.init hf:DIR or ckpt:DIR, or the checkpoint resumed (0 for random
+  // init). Stage 0 reads every unit whole; ZeRO-3 only this rank's shard of each unit.
+  uint64_t weights_bytes_read() const { return weights_bytes_read_; }
   // Model FLOPs per token (causal counting, DESIGN.md "Performance model").
   double flops_per_token() const;
 
@@ -141,6 +145,7 @@ class Trainer {
   int64_t last_saved_step_ = -1;  // committed by this run and verified: never written again
   std::string resumed_data_state_;  // the checkpoint's data cursor, checked once the loader exists
   bool stopped_ = false;
+  uint64_t weights_bytes_read_ = 0;
   std::unique_ptr<ops::Backend> be_;
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<zero::ParamStore> store_;
