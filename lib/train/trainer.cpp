@@ -666,7 +666,12 @@ void Trainer::log_startup() const {
 
 StepStats Trainer::run() {
   const bool root = world_.rank() == 0;
-  if (root) fs::create_directories(cfg_.output.dir);
+  if (root) {
+    fs::create_directories(cfg_.output.dir);
+    // The memory plan this run was checked against (plan::plan_to_json: what --plan prints),
+    // for easyctx_report and whoever sizes the next job.
+    write_file_atomic((fs::path(cfg_.output.dir) / "plan.json").string(), plan::plan_to_json(*plan_).dump(1) + "\n");
+  }
   log_startup();
   report_->open_metrics(start_step_);
   const auto start = Clock::now();

@@ -81,8 +81,9 @@ class Trainer {
   // The backend's allocation counters (device memory on CUDA; what the plan's allocations predict).
   ops::MemoryStats memory_stats() const { return be_->memory_stats(); }
   // Every step with logging and metrics, then the final save. Returns the last stats.
-  // A step's metrics record is written before its checkpoint, so a committed checkpoint is
-  // never ahead of metrics.jsonl. Stops early, after a checkpoint, when any rank received
+  // First writes <output.dir>/plan.json (rank 0, atomically): the memory plan the run was
+  // checked against, plan::plan_to_json's form. A step's metrics record is written before its
+  // checkpoint, so a committed checkpoint is never ahead of metrics.jsonl. Stops early, after a checkpoint, when any rank received
   // SIGUSR1/SIGTERM (stopped() is then true); on completion writes <output.dir>/DONE.
   StepStats run();
   bool stopped() const { return stopped_; }
