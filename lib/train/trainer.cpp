@@ -669,8 +669,16 @@ StepStats Trainer::run() {
   if (root) {
     fs::create_directories(cfg_.output.dir);
     // The memory plan this run was checked against (plan::plan_to_json: what --plan prints),
-    // for easyctx_report and whoever sizes the next job.
-    write_file_atomic((fs::path(cfg_.output.dir) / "plan.json").string(), plan::plan_to_json(*plan_).dump(1) + "\n");
+    // for easyctx_report and whoever sizes the next job. A report, not the run's state: a
+    // failure to write it (a full disk) is a warning, and the run goes on.
+    const std::string plan_path = (fs::path(cfg_.output.dir) / "plan.json").string();
+    try {
+      write_file_atomic(plan_path, plan::plan_to_json(*plan_).dump(1) + "\n");
+    } catch (const std::exception& e) {
+      std::error_code ec;
+      fs::remove(plan_path + ".tmp", ec);
+      log_warn(plan_path, " not written (", e.what(), "): the run goes on without its plan for easyctx_report");
+    }
   }
   log_startup();
   report_->open_metrics(start_step_);

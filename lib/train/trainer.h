@@ -82,7 +82,7 @@ class Trainer {
   ops::MemoryStats memory_stats() const { return be_->memory_stats(); }
   // Every step with logging and metrics, then the final save. Returns the last stats.
   // First writes <output.dir>/plan.json (rank 0, atomically): the memory plan the run was
-  // checked against, plan::plan_to_json's form. A step's metrics record is written before its
+  // checked against, plan::plan_to_json's form (a failure to write it is only a warning). A step's metrics record is written before its
   // checkpoint, so a committed checkpoint is never ahead of metrics.jsonl. Stops early, after a checkpoint, when any rank received
   // SIGUSR1/SIGTERM (stopped() is then true); on completion writes <output.dir>/DONE.
   StepStats run();
