@@ -161,7 +161,8 @@ Json plan_to_json(const MemoryPlan& p);
 // "does not fit: predicted ... > ... Would fit: --set k=v (X GiB); ..." ("" when it fits).
 std::string refusal_message(const MemoryPlan& p);
 // After a run: "memory: predicted peak X GiB per GPU (allocations), measured Y GiB (+d%); ...
-// host predicted A GiB per rank, measured B GiB (VmHWM, +d%)". host_hwm_bytes (vm_hwm_bytes())
+// host predicted A GiB on rank 0, measured B GiB (VmHWM, +d%)" (the host before the HF export,
+// which comes after the line). host_hwm_bytes (vm_hwm_bytes())
 // and device_used_bytes (the cudaMemGetInfo high-water mark, compared with the device total)
 // are left out when < 0.
 std::string compare_line(const MemoryPlan& p, const ops::MemoryStats& measured, double host_hwm_bytes,

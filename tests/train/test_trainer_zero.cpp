@@ -27,6 +27,7 @@
 #include "zero/shard_layout.h"
 #include "dist/comm_mpi.h"
 #include "dist/groups.h"
+#include "plan/memory_plan.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
 
@@ -278,13 +279,24 @@ struct Loaded {
   std::vector<float> w;  // the whole master weights, gathered
   uint64_t bytes = 0;    // what this rank read
   int zero_rank = 0;
+  int64_t init_peak = 0, init_live = 0;  // this rank's backend allocations while starting, and after
+  int64_t planned_init = 0;              // the plan's "init" allocations
 };
 
 Loaded load(dist::Runtime& rt, const StageConfig& c, const std::function<void(train::Trainer&)>& also = nullptr) {
   const dist::GroupLayout layout = dist::make_group_layout(c, rt.size(), rt.topology().local_size);
   dist::ProcessGroups groups(rt, layout, dist::CommBackend::Mpi, 120);
+  const int64_t before = ops::cpu_process_memory_stats().live_bytes;
+  ops::reset_cpu_process_peak_memory();
   train::Trainer t(c, groups);
-  Loaded l{weights(t), t.weights_bytes_read(), groups.zero().rank()};
+  Loaded l;
+  l.init_peak = ops::cpu_process_memory_stats().peak_bytes - before;
+  l.init_live = ops::cpu_process_memory_stats().live_bytes - before;
+  for (const plan::PhaseTotal& ph : plan::plan_for_run(c, rt.size(), rt.topology().local_size).phases)
+    if (ph.name == "init") l.planned_init = ph.alloc_bytes;
+  l.w = weights(t);
+  l.bytes = t.weights_bytes_read();
+  l.zero_rank = groups.zero().rank();
   if (also) also(t);
   return l;
 }
@@ -348,6 +360,10 @@ TEST(Zero3Load, ReadsOnlyItsShardsAndEqualsTheReplicatedLoad) {
     EXPECT_EQ(b.bytes, shard) << what;
     EXPECT_EQ(sum_over_ranks(b.bytes), whole) << what;  // the model read once over the ranks
     if (whole > 0) EXPECT_LT(static_cast<double>(b.bytes), 0.26 * static_cast<double>(whole)) << what;
+    // Nothing whole is allocated on the way: the start's peak is what stays, as planned.
+    EXPECT_EQ(b.init_peak, b.init_live) << what;
+    EXPECT_EQ(b.init_peak, b.planned_init) << what;
+    EXPECT_EQ(a.init_peak, a.planned_init) << what;
   };
   StageConfig hf = c;
   hf.model.init = "hf:" + path + "/hf-f32";
