@@ -4,7 +4,7 @@
 # run_stage STAGE.yaml [--set key=value ...]   (inside an sbatch script)
 #   Finds the programs (or builds them), checks the stage for this job's world on one process
 #   (easyctx_train --print-config with the job's nodes and tasks: output folder, device, a layout
-#   that fits the ranks), writes the stage's memory plan to <output.dir>/plan.json, then runs
+#   that fits the ranks), prints the stage's memory plan to the log, then runs
 #   it with mpirun, one process per task (per GPU), --resume auto. It stops with a checkpoint
 #   instead of being killed:
 #   - the time limit: Slurm sends SIGUSR1 (--signal=B:USR1@300) to this shell, which forwards it
@@ -168,13 +168,13 @@ run_stage() {
   mkdir -p "$out_dir"
   echo "easyctx: stage $stage on $ntasks rank(s), $nodes node(s), train.device $EASYCTX_STAGE_DEVICE," \
        "output $out_dir (job ${SLURM_JOB_ID:-none}, start $((${SLURM_RESTART_COUNT:-0} + 1)), programs $EASYCTX_BIN)"
-  # The memory plan of this layout, for the log and for easyctx_report (plan.json).
+  # The memory plan of this layout, for the job's log (the trainer itself writes it to
+  # <output.dir>/plan.json for easyctx_report when the run starts).
   local per_node=$((ntasks / nodes)) plan rc=0
   [ $((per_node * nodes)) -eq "$ntasks" ] || { nodes=1; per_node=$ntasks; }
   plan=$("$EASYCTX_BIN/easyctx_train" "${args[@]}" --plan --set target.nodes="$nodes" \
          --set target.gpus_per_node="$per_node" 2>&1) || rc=$?
   if [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ]; then
-    tail -n 1 <<< "$plan" > "$out_dir/plan.json.tmp" && mv "$out_dir/plan.json.tmp" "$out_dir/plan.json"
     grep -E ' peak .*(fits|does not fit)' <<< "$plan" | sed 's/^ */easyctx: memory plan: /' || true
   else
     echo "easyctx: no memory plan (easyctx_train --plan exit $rc: $(tail -n 1 <<< "$plan"))"
