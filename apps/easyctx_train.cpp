@@ -12,6 +12,7 @@
 #include "dist/runtime.h"
 #include "dist/signals.h"
 #include "dist/watchdog.h"
+#include "ops/backend_factory.h"
 #include "plan/memory_plan.h"
 #include "plan/target.h"
 #include "train/trainer.h"
@@ -91,9 +92,15 @@ int main(int argc, char** argv) {
       return mem_plan.fits ? 0 : 3;
     }
     if (print_only) {
-      if (rt.rank() == 0)
+      if (rt.rank() == 0) {
         std::cout << "# resolved configuration (" << cfg.source << ")\n" << dump_stage_config(cfg) << "\n# layout for "
                   << shown.world << " rank(s): " << shown.note << "\n" << layout.describe();
+        // What this build can run (slurm/common.sh refuses a GPU stage on a CPU-only build).
+        if (ops::cuda_backend_built())
+          std::cout << "# this build: CUDA backend, " << ops::visible_cuda_devices() << " CUDA device(s) visible here\n";
+        else
+          std::cout << "# this build: CPU only (no CUDA backend: configured without the CUDA toolkit, cuDNN or NCCL)\n";
+      }
       return 0;
     }
     // A stop signal from now on is honoured at the first step boundary (dist/signals.h).

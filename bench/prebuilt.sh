@@ -24,10 +24,13 @@ case "${1:-}" in
     bins=("$@")
     [ ${#bins[@]} -gt 0 ] || bins=(easyctx_train easyctx_eval_ppl test_cuda_ops test_cuda_attention test_cuda_trainer
                                    test_cuda_sp test_collectives_nccl bench_attention bench_ring bench_collectives)
+    # Only the binaries named now (a device call carries at most 64 MiB), stripped.
+    rm -rf .deps/gpubin
     mkdir -p .deps/gpubin .deps/gpulibs
     for b in "${bins[@]}"; do
       [ -x "$build/bin/$b" ] || { echo "prebuilt.sh: $build/bin/$b missing (build it first)" >&2; exit 2; }
       cp "$build/bin/$b" .deps/gpubin/
+      strip ".deps/gpubin/$b" 2>/dev/null || true
     done
     for l in libboost_program_options.so.1.74.0 libyaml-cpp.so.0.7 libhdf5_serial.so.103 libsz.so.2 libaec.so.0; do
       src=$(ls /lib/x86_64-linux-gnu/$l /usr/lib/x86_64-linux-gnu/$l 2>/dev/null | head -n 1)

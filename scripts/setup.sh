@@ -2,6 +2,8 @@
 # Installs the Debian/Ubuntu packages easyctx builds and runs with. Idempotent: installs
 # only what is missing. The CUDA toolkit, cuDNN and NCCL are not in Debian's archive: when
 # present (nvcc on its usual path) the CUDA backend is built too; otherwise CPU only.
+# Slurm and munge run the tests/slurm tests (a private cluster); Chromium renders the run
+# report page there (headless).
 set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config ccache
@@ -12,6 +14,7 @@ pkgs=(
   libsentencepiece-dev sentencepiece libpcre2-dev libzstd-dev zstd
   bible-kjv bible-kjv-text jq python3 python3-sentencepiece
   slurm-wlm munge
+  chromium fonts-dejavu-core
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,30 +1,191 @@
-# Shared by the sbatch scripts: runs one easyctx stage under Slurm with mpirun, one process
-# per GPU, and stops with a checkpoint instead of being killed:
-# - the time limit: Slurm sends SIGUSR1 (--signal=B:USR1@300) to this shell, which forwards it
-#   to mpirun (Open MPI relays SIGUSR1 to every rank); the ranks commit a checkpoint at the
-#   next step boundary and exit 0, and the job requeues itself unless the stage wrote DONE;
-#   the next run resumes from the newest committed checkpoint (--resume auto);
-# - SIGTERM to this shell (`scancel --batch --signal=TERM JOB`): forwarded as SIGUSR1 too
-#   (mpirun would kill the ranks 1 s after a SIGTERM of its own), checkpoint, no requeue.
-# A plain `scancel JOB` or a preemption signals every process of the job at once, mpirun
-# included, which then kills the ranks within 2 s: stop with `scancel --batch --signal=USR1`
-# (requeues) or `--signal=TERM` (stops) instead (docs/training.md, "Stopping a run").
+# Shared by the sbatch scripts (stage.sbatch, train_1m_16xA100.sh, train_700k_8xA100.sh) and the
+# recipe chains (recipe_llama2_7b_1m.sh, recipe_llama3_8b_1m.sh). docs/recipes.md, "Slurm".
 #
-# usage (inside an sbatch script): run_stage STAGE.yaml [--set key=value ...]
+# run_stage STAGE.yaml [--set key=value ...]   (inside an sbatch script)
+#   Finds the programs (or builds them), checks the stage for this job's world on one process
+#   (easyctx_train --print-config with the job's nodes and tasks: output folder, device, a layout
+#   that fits the ranks), prints the stage's memory plan to the log, then runs
+#   it with mpirun, one process per task (per GPU), --resume auto. It stops with a checkpoint
+#   instead of being killed:
+#   - the time limit: Slurm sends SIGUSR1 (--signal=B:USR1@300) to this shell, which forwards it
+#     to mpirun (Open MPI relays SIGUSR1 to every rank); the ranks commit a checkpoint at the
+#     next step boundary and exit 0, and the job requeues itself unless the stage wrote DONE;
+#     the next run resumes from the newest committed checkpoint (--resume auto);
+#   - SIGTERM to this shell (`scancel --batch --signal=TERM JOB`): forwarded as SIGUSR1 too
+#     (mpirun would kill the ranks 1 s after a SIGTERM of its own), checkpoint, no requeue.
+#   A plain `scancel JOB` or a preemption signals every process of the job at once, mpirun
+#   included, which then kills the ranks within 2 s: stop with `scancel --batch --signal=USR1`
+#   (requeues) or `--signal=TERM` (stops) instead (docs/training.md, "Stopping a run").
+#   A stage that fails says so in the job's log and exits non-zero: jobs submitted after it
+#   with afterok (the chain's later stages) never start.
+#
+# submit_chain RECIPE_DIR [sbatch flags] [-- --set key=value ...]   (on the submit node)
+#   Submits RECIPE_DIR/s*.yaml as a chain of stage.sbatch jobs (afterok), each stage starting
+#   from the previous one's last checkpoint (model.init: ckpt:<its output.dir>).
+#
+# Environment (all optional):
+#   EASYCTX_ROOT   the checkout (default: the one this file is in)
+#   EASYCTX_BIN    the programs (default: $EASYCTX_ROOT/build/bin)
+#   EASYCTX_BUILD  auto (default): no programs -> bash scripts/build.sh (CUDA required unless
+#                  EASYCTX_DEVICE=cpu); no: stop with a message saying how to build
+#   EASYCTX_BUILD_FLAGS  extra CMake flags for that build
+#   EASYCTX_DEVICE cpu: run on the CPU backend (train.device=cpu, ZeRO's host offloads off: on
+#                  the CPU the optimizer is in host memory already), the scale-down for tests;
+#                  cuda: train.device=cuda. Default: the stage file's (cuda in the recipes).
+#   chains only: EASYCTX_NODES (2), EASYCTX_TASKS_PER_NODE (8: one rank per GPU),
+#   EASYCTX_CPUS_PER_TASK (8), EASYCTX_STAGES (all; e.g. s1,s2,s3), EASYCTX_OUT (a folder for
+#   the stages' output folders; default the stage files' output.dir), EASYCTX_INIT (the first
+#   stage's model.init), EASYCTX_LENGTHS (pow2, default; easycontext: 256000 and 512000
+#   instead of 262144 and 524288), EASYCTX_DRY_RUN=1 (check every stage and print the sbatch
+#   commands instead of submitting them).
 set -euo pipefail
 
 EASYCTX_ROOT=${EASYCTX_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
-EASYCTX_BIN=${EASYCTX_BIN:-$EASYCTX_ROOT/build/bin}
+
+# An error: one line in the log, and in a job, what it means for the jobs after it.
+easyctx_die() {
+  echo "easyctx: error: $*" >&2
+  if [ -n "${SLURM_JOB_ID:-}" ]; then
+    echo "easyctx: job $SLURM_JOB_ID stops here; jobs that wait for it with afterok (the recipe chain's later stages) will not start" >&2
+  fi
+  exit 2
+}
+
+# The --set flags EASYCTX_DEVICE stands for.
+easyctx_device_sets() {
+  EASYCTX_DEVICE_SETS=()
+  case ${EASYCTX_DEVICE:-} in
+    "") ;;
+    cpu) EASYCTX_DEVICE_SETS=(--set train.device=cpu --set parallel.zero.offload_optimizer=false
+                              --set parallel.zero.offload_params=false) ;;
+    cuda) EASYCTX_DEVICE_SETS=(--set train.device=cuda) ;;
+    *) easyctx_die "EASYCTX_DEVICE=$EASYCTX_DEVICE: expected cpu or cuda (or unset: the stage file's train.device)" ;;
+  esac
+}
+
+# Sets EASYCTX_BIN to a folder holding easyctx_train: EASYCTX_BIN, else $EASYCTX_ROOT/build/bin,
+# else builds it there (EASYCTX_BUILD=auto) or stops saying how to build.
+easyctx_find_programs() {
+  if [ -n "${EASYCTX_BIN:-}" ]; then
+    [ -x "$EASYCTX_BIN/easyctx_train" ] || easyctx_die "EASYCTX_BIN=$EASYCTX_BIN holds no easyctx_train: set it to" \
+      "the bin folder of a build, or unset it to use (or build) $EASYCTX_ROOT/build/bin"
+    return 0
+  fi
+  EASYCTX_BIN=$EASYCTX_ROOT/build/bin
+  [ -x "$EASYCTX_BIN/easyctx_train" ] && return 0
+  local flags=(-DEASYCTX_CUDA=ON) extra=()
+  [ "${EASYCTX_DEVICE:-}" = cpu ] && flags=()
+  read -r -a extra <<< "${EASYCTX_BUILD_FLAGS:-}"
+  local cmd="bash scripts/build.sh"
+  [ ${#flags[@]} -eq 0 ] || cmd+=" ${flags[*]}"
+  [ ${#extra[@]} -eq 0 ] || cmd+=" ${extra[*]}"
+  local how="cd $EASYCTX_ROOT && $cmd (with the CUDA toolkit, cuDNN, NCCL"
+  how+=" and MPI in the environment, e.g. after your cluster's module load; the programs land in build/bin),"
+  how+=" or set EASYCTX_BIN to the bin folder of a build"
+  case ${EASYCTX_BUILD:-auto} in
+    auto) ;;
+    no) easyctx_die "no easyctx programs: $EASYCTX_BIN/easyctx_train does not exist (EASYCTX_BUILD=no). Build them: $how" ;;
+    *) easyctx_die "EASYCTX_BUILD=$EASYCTX_BUILD: expected auto or no" ;;
+  esac
+  mkdir -p "$EASYCTX_ROOT/build"
+  local log=$EASYCTX_ROOT/build/easyctx-build.log
+  echo "easyctx: no programs in $EASYCTX_BIN: building them on $(hostname) ($cmd; log $log)"
+  # One build at a time (two jobs of a chain, or a job and the submit node, may both try).
+  if ! (
+    flock 9
+    [ -x "$EASYCTX_BIN/easyctx_train" ] || BUILD_DIR=build bash "$EASYCTX_ROOT/scripts/build.sh" "${flags[@]}" "${extra[@]}" > "$log" 2>&1
+  ) 9> "$EASYCTX_ROOT/build/.easyctx-build.lock"; then
+    tail -n 15 "$log" >&2
+    easyctx_die "the build failed (the end of $log is above). Build by hand: $how"
+  fi
+  [ -x "$EASYCTX_BIN/easyctx_train" ] || easyctx_die "the build finished without $EASYCTX_BIN/easyctx_train (see $log)"
+  echo "easyctx: built $EASYCTX_BIN"
+}
+
+# cfg_value SECTION KEY: the value of SECTION.KEY in --print-config's output on stdin.
+easyctx_cfg_value() {
+  awk -v s="$1:" -v k="  $2: " '$0 == s { o = 1; next } /^[^ ]/ { o = 0 }
+    o && index($0, k) == 1 { v = substr($0, length(k) + 1); gsub(/"/, "", v); print v; exit }'
+}
+
+# easyctx_check_stage NODES TASKS STAGE.yaml [--set ...]: the stage as it will run on NODES
+# nodes with TASKS ranks, on one process. Sets EASYCTX_STAGE_CFG (the resolved config and
+# layout), EASYCTX_STAGE_OUT (output.dir, absolute) and EASYCTX_STAGE_DEVICE; stops with the
+# trainer's error when the config is refused, or when a GPU stage meets a CPU-only build.
+easyctx_check_stage() {
+  local nodes=$1 tasks=$2 stage=$3
+  shift 2
+  local per_node=$((tasks / nodes))
+  # (an uneven spread: one node of all the ranks; only the layout's node split differs)
+  [ $((per_node * nodes)) -eq "$tasks" ] || { nodes=1; per_node=$tasks; }
+  local err
+  err=$(mktemp)
+  if ! EASYCTX_STAGE_CFG=$("$EASYCTX_BIN/easyctx_train" "$@" --print-config --set target.nodes="$nodes" \
+        --set target.gpus_per_node="$per_node" 2>"$err"); then
+    cat "$err" >&2
+    rm -f "$err"
+    easyctx_die "$stage is refused for $tasks rank(s) on $nodes node(s) (the trainer's message is above)"
+  fi
+  rm -f "$err"
+  EASYCTX_STAGE_OUT=$(easyctx_cfg_value output dir <<< "$EASYCTX_STAGE_CFG")
+  EASYCTX_STAGE_DEVICE=$(easyctx_cfg_value train device <<< "$EASYCTX_STAGE_CFG")
+  [ -n "$EASYCTX_STAGE_OUT" ] || easyctx_die "$stage: no output.dir in easyctx_train --print-config's output"
+  [[ $EASYCTX_STAGE_OUT = /* ]] || EASYCTX_STAGE_OUT=$(pwd)/$EASYCTX_STAGE_OUT
+  local build
+  build=$(grep '^# this build: ' <<< "$EASYCTX_STAGE_CFG" || true)
+  if [ "$EASYCTX_STAGE_DEVICE" = cuda ]; then
+    case $build in
+      *"CPU only"*)
+        easyctx_die "$stage runs on GPUs (train.device: cuda), but $EASYCTX_BIN/easyctx_train was built without the" \
+          "CUDA backend (the CUDA toolkit, cuDNN or NCCL was not found when it was configured). Rebuild where they" \
+          "are: cd $EASYCTX_ROOT && rm -rf build && bash scripts/build.sh -DEASYCTX_CUDA=ON, or set EASYCTX_BIN to" \
+          "a CUDA build. A scaled-down run on the CPU sets EASYCTX_DEVICE=cpu." ;;
+      *" 0 CUDA device(s)"*)
+        # Only a job needs its GPUs here; the submit node need not have any.
+        [ -z "${SLURM_JOB_ID:-}" ] || [ "${EASYCTX_SUBMIT_SIDE:-0}" = 1 ] ||
+          easyctx_die "$stage runs on GPUs (train.device: cuda), but no CUDA device is visible in job" \
+            "$SLURM_JOB_ID on $(hostname): ask for them (--gpus-per-node=8, as the recipe scripts do), or run on" \
+            "the CPU with EASYCTX_DEVICE=cpu" ;;
+    esac
+  fi
+}
 
 run_stage() {
-  local stage=$1
+  local stage=${1:?usage: run_stage STAGE.yaml [--set key=value ...]}
   shift
-  local ntasks=${SLURM_NTASKS:-1}
-  local out_dir
-  out_dir=$("$EASYCTX_BIN/easyctx_train" "$stage" "$@" --print-config | awk '/^output:/{o=1} o && /^  dir:/{print $2; exit}')
-  out_dir=${out_dir//\"/}
+  [ -f "$stage" ] || easyctx_die "stage file $stage not found (relative paths start in $(pwd))"
+  # A stop signal while the programs build or the stage is checked: acted on once that is done.
+  stop_by=""
+  trap 'stop_by=USR1' USR1
+  trap 'stop_by=TERM' TERM
+  easyctx_device_sets
+  easyctx_find_programs
+  local ntasks=${SLURM_NTASKS:-${SLURM_JOB_NUM_NODES:-1}} nodes=${SLURM_JOB_NUM_NODES:-1}
+  # EASYCTX_DEVICE first: --set flags given to the script win.
+  local args=("$stage" "${EASYCTX_DEVICE_SETS[@]}" "$@")
+  easyctx_check_stage "$nodes" "$ntasks" "${args[@]}"
+  local out_dir=$EASYCTX_STAGE_OUT
   mkdir -p "$out_dir"
-  echo "easyctx: stage $stage on $ntasks ranks ($SLURM_JOB_NUM_NODES nodes), output $out_dir"
+  echo "easyctx: stage $stage on $ntasks rank(s), $nodes node(s), train.device $EASYCTX_STAGE_DEVICE," \
+       "output $out_dir (job ${SLURM_JOB_ID:-none}, start $((${SLURM_RESTART_COUNT:-0} + 1)), programs $EASYCTX_BIN)"
+  # The memory plan of this layout, for the job's log (the trainer itself writes it to
+  # <output.dir>/plan.json for easyctx_report when the run starts).
+  local per_node=$((ntasks / nodes)) plan rc=0
+  [ $((per_node * nodes)) -eq "$ntasks" ] || { nodes=1; per_node=$ntasks; }
+  plan=$("$EASYCTX_BIN/easyctx_train" "${args[@]}" --plan --set target.nodes="$nodes" \
+         --set target.gpus_per_node="$per_node" 2>&1) || rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ]; then
+    grep -E ' peak .*(fits|does not fit)' <<< "$plan" | sed 's/^ */easyctx: memory plan: /' || true
+  else
+    echo "easyctx: no memory plan (easyctx_train --plan exit $rc: $(tail -n 1 <<< "$plan"))"
+  fi
+  case $stop_by in
+    USR1) echo "easyctx: SIGUSR1 before the stage started: requeueing job ${SLURM_JOB_ID:-}"
+          [ -z "${SLURM_JOB_ID:-}" ] || scontrol requeue "$SLURM_JOB_ID"
+          return 0 ;;
+    TERM) echo "easyctx: SIGTERM before the stage started: stopping"
+          return 143 ;;
+  esac
   local flags=(-np "$ntasks" --bind-to none)
   [ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
   local v
@@ -34,13 +195,12 @@ run_stage() {
   # A session of its own (setsid): signals meant for this shell's process group stay here.
   local launch=()
   command -v setsid >/dev/null && launch=(setsid)
-  "${launch[@]}" mpirun "${flags[@]}" "$EASYCTX_BIN/easyctx_train" "$stage" "$@" --resume auto </dev/null &
+  "${launch[@]}" mpirun "${flags[@]}" "$EASYCTX_BIN/easyctx_train" "${args[@]}" --resume auto </dev/null &
   local pid=$!
-  stop_by=""
   trap 'stop_by=USR1; echo "easyctx: SIGUSR1 (time limit near): checkpointing, then requeueing"; kill -USR1 $pid' USR1
   trap 'stop_by=TERM; echo "easyctx: SIGTERM: checkpointing, then stopping"; kill -USR1 $pid' TERM
   # A trapped signal interrupts `wait`: wait again until mpirun itself has exited.
-  local rc=0
+  rc=0
   while kill -0 "$pid" 2>/dev/null; do
     wait "$pid" || true
   done
@@ -51,13 +211,128 @@ run_stage() {
     return 0
   fi
   if [ "$stop_by" = TERM ]; then
-    echo "easyctx: stopped by SIGTERM (exit $rc); resubmit to continue from the checkpoint"
+    echo "easyctx: stopped by SIGTERM (exit $rc), not requeued; resubmit to continue from the checkpoint"
     return "$rc"
   fi
   if [ "$rc" -eq 0 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-    echo "easyctx: checkpoint written, requeueing job $SLURM_JOB_ID"
+    echo "easyctx: checkpoint written, requeueing job $SLURM_JOB_ID (it resumes from the checkpoint)"
     scontrol requeue "$SLURM_JOB_ID"
     return 0
   fi
+  echo "easyctx: error: stage $stage failed (mpirun exit $rc; the trainer's message is above). Jobs that wait" \
+       "for job ${SLURM_JOB_ID:-?} with afterok (the recipe chain's later stages) will not start. Fix the cause and" \
+       "submit again: the stage resumes from its last checkpoint, and the chain scripts skip finished stages." >&2
   return "$rc"
+}
+
+# submit_chain RECIPE_DIR [sbatch flags] [-- --set key=value ...]: see the top of this file.
+submit_chain() {
+  local recipe=${1:?usage: submit_chain RECIPE_DIR [sbatch flags] [-- --set key=value ...]}
+  shift
+  local sb=() user=() a after=0
+  for a in "$@"; do
+    if [ "$after" = 0 ] && [ "$a" = -- ]; then after=1
+    elif [ "$after" = 0 ]; then sb+=("$a")
+    else user+=("$a")
+    fi
+  done
+  cd "$EASYCTX_ROOT"
+  [ -d "$recipe" ] || easyctx_die "recipe folder $recipe not found in $EASYCTX_ROOT"
+  easyctx_device_sets
+  local nodes=${EASYCTX_NODES:-2} tpn=${EASYCTX_TASKS_PER_NODE:-8} cpt=${EASYCTX_CPUS_PER_TASK:-8} v
+  for v in EASYCTX_NODES EASYCTX_TASKS_PER_NODE EASYCTX_CPUS_PER_TASK; do
+    [ -z "${!v:-}" ] || [[ ${!v} =~ ^[1-9][0-9]*$ ]] || easyctx_die "$v=${!v}: expected a positive whole number"
+  done
+  case ${EASYCTX_LENGTHS:-pow2} in
+    pow2|easycontext) ;;
+    *) easyctx_die "EASYCTX_LENGTHS=$EASYCTX_LENGTHS: expected pow2 (262144, 524288) or easycontext (256000, 512000)" ;;
+  esac
+  local alloc=(--nodes="$nodes" --ntasks-per-node="$tpn" --cpus-per-task="$cpt")
+  [ "${EASYCTX_DEVICE:-}" = cpu ] || alloc+=(--gpus-per-node="$tpn")
+  # The stages, in recipe order; EASYCTX_STAGES picks some (s3 or s3-256k; commas or spaces).
+  local all=() stages=() s t found
+  mapfile -t all < <(find "$recipe" -maxdepth 1 -name 's*.yaml' | sort -V)
+  [ ${#all[@]} -gt 0 ] || easyctx_die "no stage files (s*.yaml) in $recipe"
+  if [ -n "${EASYCTX_STAGES:-}" ]; then
+    for t in ${EASYCTX_STAGES//,/ }; do
+      found=0
+      for s in "${all[@]}"; do
+        case $(basename "$s" .yaml) in "${t%.yaml}"|"${t%.yaml}"-*) found=1 ;; esac
+      done
+      [ "$found" = 1 ] || easyctx_die "EASYCTX_STAGES: no stage $t in $recipe (its stages: $(for s in "${all[@]}"; do basename "$s" .yaml; done | tr '\n' ' '))"
+    done
+    for s in "${all[@]}"; do
+      for t in ${EASYCTX_STAGES//,/ }; do
+        case $(basename "$s" .yaml) in "${t%.yaml}"|"${t%.yaml}"-*) stages+=("$s"); break ;; esac
+      done
+    done
+  else
+    stages=("${all[@]}")
+  fi
+  easyctx_find_programs  # before anything is submitted: jobs must not all build at once
+  echo "easyctx: chain of ${#stages[@]} stage(s) from $recipe on $nodes node(s) x $tpn task(s)," \
+       "programs $EASYCTX_BIN"
+  local prev="" dep=() id name sets seq first=1 ids=() outs=()
+  for s in "${stages[@]}"; do
+    name=$(basename "$s" .yaml)
+    sets=("${EASYCTX_DEVICE_SETS[@]}")
+    [ -n "${EASYCTX_OUT:-}" ] && sets+=(--set output.dir="$EASYCTX_OUT/$name")
+    [ "$first" = 1 ] && [ -n "${EASYCTX_INIT:-}" ] && sets+=(--set model.init="$EASYCTX_INIT")
+    sets+=("${user[@]}")
+    # Later stages start from the previous stage's last checkpoint, wherever its output went.
+    [ "$first" = 1 ] || sets+=(--set model.init="ckpt:$prev")
+    EASYCTX_SUBMIT_SIDE=1 easyctx_check_stage "$nodes" $((nodes * tpn)) "$EASYCTX_ROOT/$s" "${sets[@]}"
+    seq=$(easyctx_cfg_value data seq_length <<< "$EASYCTX_STAGE_CFG")
+    # What must exist before the chain starts: the data, and the first stage's weights.
+    local data init
+    data=$(easyctx_cfg_value data path <<< "$EASYCTX_STAGE_CFG")
+    compgen -G "$data" >/dev/null || easyctx_die "$name: data.path $data does not exist (in $(pwd)): tokenize the corpus first" \
+      "(slurm/prepare_slimpajama.sh, docs/data.md), or pass -- --set data.path=DIR"
+    init=$(easyctx_cfg_value model init <<< "$EASYCTX_STAGE_CFG")
+    if [ "$first" = 1 ]; then
+      case $init in
+        hf:*) [ -f "${init#hf:}/config.json" ] || easyctx_die "$name: model.init $init: no ${init#hf:}/config.json (in" \
+                "$(pwd)): put the Hugging Face model there, or set EASYCTX_INIT=hf:DIR (or ckpt:DIR, random)" ;;
+        ckpt:*) [ -e "${init#ckpt:}" ] || easyctx_die "$name: model.init $init: ${init#ckpt:} does not exist (in" \
+                "$(pwd)): set EASYCTX_INIT=ckpt:DIR (or hf:DIR, random), or EASYCTX_STAGES to start at an earlier stage" ;;
+      esac
+    fi
+    if [ "${EASYCTX_LENGTHS:-pow2}" = easycontext ]; then
+      case $seq in
+        262144) seq=256000; sets+=(--set data.seq_length=256000) ;;
+        524288) seq=512000; sets+=(--set data.seq_length=512000) ;;
+      esac
+    fi
+    # An absolute output folder: the next stage's model.init names it.
+    sets+=(--set output.dir="$EASYCTX_STAGE_OUT")
+    first=0
+    outs+=("$EASYCTX_STAGE_OUT")
+    if [ -f "$EASYCTX_STAGE_OUT/DONE" ]; then
+      echo "easyctx: $name finished already ($EASYCTX_STAGE_OUT/DONE): not submitted (remove the folder, or set" \
+           "EASYCTX_OUT, to train it again)"
+      prev=$EASYCTX_STAGE_OUT
+      continue
+    fi
+    local cmd=(sbatch --parsable "${dep[@]}" --kill-on-invalid-dep=yes "${alloc[@]}" --job-name="easyctx-$name"
+               "${sb[@]}" "$EASYCTX_ROOT/slurm/stage.sbatch" "$EASYCTX_ROOT/$s" "${sets[@]}")
+    if [ "${EASYCTX_DRY_RUN:-0}" = 1 ]; then
+      echo "easyctx: $name: dry run, seq_length $seq, output $EASYCTX_STAGE_OUT:$(printf ' %q' "${cmd[@]}")"
+      dep=(--dependency=afterok:"<job of $name>")
+      prev=$EASYCTX_STAGE_OUT
+      continue
+    fi
+    id=$("${cmd[@]}") ||
+      easyctx_die "sbatch refused stage $name${ids[*]:+ (jobs ${ids[*]} of this chain are submitted: scancel them)}"
+    id=${id%%;*}
+    echo "easyctx: $name: job $id${dep[*]:+ (after ${dep[0]#--dependency=afterok:})}, seq_length $seq, output $EASYCTX_STAGE_OUT"
+    ids+=("$id")
+    dep=(--dependency=afterok:"$id")
+    prev=$EASYCTX_STAGE_OUT
+  done
+  if [ "${EASYCTX_DRY_RUN:-0}" = 1 ]; then
+    echo "easyctx: dry run (EASYCTX_DRY_RUN=1): nothing submitted"
+    return 0
+  fi
+  echo "easyctx: submitted ${#ids[@]} job(s): ${ids[*]:-none}; logs slurm-easyctx-<stage>-<job>.out in $EASYCTX_ROOT"
+  echo "easyctx: when it has finished: $EASYCTX_BIN/easyctx_report ${outs[*]} --output report.html"
 }

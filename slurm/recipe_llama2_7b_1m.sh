@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Submits the whole progressive recipe (configs/recipes/llama2-7b-1m/s1..s8) as a chain of
-# Slurm jobs: each stage starts when the previous one has finished (afterok) and begins
-# from its last checkpoint (model.init: ckpt:...), with the stage's new seq_length and RoPE
-# theta. Run from the repository root:  bash slurm/recipe_llama2_7b_1m.sh [sbatch flags]
-# Default allocation: 2 nodes x 8 GPUs, as the stage files are sized.
+# Submits the progressive Llama-2-7B recipe (configs/recipes/llama2-7b-1m/s1..s8, 32K -> 1M
+# tokens) as a chain of Slurm jobs (slurm/stage.sbatch): each stage starts when the previous
+# one has finished (afterok) from its last checkpoint (model.init: ckpt:<its output.dir>), with
+# the stage's own seq_length and RoPE theta. A stage stopped by its time limit checkpoints,
+# requeues and resumes; one that fails stops the chain (the later jobs are cancelled). Run
+# again after a failure: finished stages (DONE) are skipped. From anywhere:
+#   bash slurm/recipe_llama2_7b_1m.sh [sbatch flags] [-- --set key=value ...]
+# Default allocation per stage: 2 nodes x 8 GPUs, as the stage files are sized. The programs
+# are found (EASYCTX_BIN, build/bin) or built here first. Environment (EASYCTX_NODES,
+# EASYCTX_STAGES, EASYCTX_LENGTHS=easycontext, EASYCTX_DEVICE=cpu, ...): slurm/common.sh and
+# docs/recipes.md, "Slurm".
 set -euo pipefail
-cd "$(dirname "$0")/.."
-dep=()
-for stage in configs/recipes/llama2-7b-1m/s*.yaml; do
-  id=$(sbatch --parsable "${dep[@]}" --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 \
-         --job-name="easyctx-$(basename "$stage" .yaml)" "$@" slurm/stage.sbatch "$stage")
-  echo "submitted $stage as job $id"
-  dep=(--dependency=afterok:"$id")
-done
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
+submit_chain configs/recipes/llama2-7b-1m "$@"

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "dist/runtime.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -21,6 +23,7 @@ std::string per_rank(const std::string& out, int rank) {
 
 int main(int argc, char** argv) {
   int provided = 0;
+  easyctx::dist::prefer_isolated_singleton();
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

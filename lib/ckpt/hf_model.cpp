@@ -26,8 +26,9 @@ bool ignorable(const std::string& name) { return ends_with(name, ".rotary_emb.in
 
 // "" when every element of the loaded tensor is finite; otherwise where the first
 // non-finite one is (its index in the tensor's shape) and how many there are.
+// `base`: the element of the tensor p[0] is (a part read alone); the index is the tensor's.
 template <typename T>
-std::string non_finite(const T* p, const std::vector<int64_t>& shape, int64_t n) {
+std::string non_finite(const T* p, const std::vector<int64_t>& shape, int64_t n, int64_t base = 0) {
   int64_t first = -1, count = 0;
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(p[i])) {
@@ -36,13 +37,17 @@ std::string non_finite(const T* p, const std::vector<int64_t>& shape, int64_t n)
     }
   if (first < 0) return "";
   std::vector<int64_t> idx(shape.size());
-  for (size_t k = shape.size(), rest = static_cast<size_t>(first); k-- > 0;) {
+  for (size_t k = shape.size(), rest = static_cast<size_t>(base + first); k-- > 0;) {
     idx[k] = static_cast<int64_t>(rest % static_cast<size_t>(shape[k]));
     rest /= static_cast<size_t>(shape[k]);
   }
   std::ostringstream os;
   os << p[first] << " at index " << shape_str(idx) << " (the first of " << count << " non-finite value"
-     << (count > 1 ? "s" : "") << ")";
+     << (count > 1 ? "s" : "");
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  if (base > 0 || n < numel) os << " in elements [" << base << ", " << base + n << ") read here";
+  os << ")";
   return os.str();
 }
 
@@ -133,6 +138,29 @@ void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, c
   }
   refuse_non_finite(dir, not_finite, !units.empty() && units[0].dtype == ops::DType::F32);
 }
+
+HfUnitReader::HfUnitReader(const std::string& dir, const model::ParamLayout& layout)
+    : dir_(dir), layout_(layout), reader_(dir) {
+  check_against_layout(reader_, dir, layout);
+}
+
+void HfUnitReader::read(size_t unit, int64_t offset, int64_t length, float* out) {
+  EASYCTX_CHECK(unit < layout_.num_units(), "HfUnitReader: unit ", unit, " of ", layout_.num_units());
+  const model::ParamUnit& pu = layout_.units()[unit];
+  EASYCTX_CHECK(offset >= 0 && length >= 0 && offset + length <= pu.numel, "HfUnitReader: [", offset, ", ",
+                offset + length, ") of unit ", pu.name, " (", pu.numel, " elements)");
+  for (const model::ParamTensor& pt : pu.tensors) {
+    const int64_t a = std::max(offset, pt.offset), b = std::min(offset + length, pt.offset + pt.numel);
+    if (a >= b) continue;
+    const StTensor& t = *reader_.find(pt.hf_name);
+    float* dst = out + (a - offset);
+    reader_.read_range(t, a - pt.offset, b - a, ops::DType::F32, dst);
+    const std::string nf = non_finite(dst, pt.shape, b - a, a - pt.offset);
+    if (!nf.empty()) not_finite_.push_back(where_bad(reader_, t, nf));
+  }
+}
+
+void HfUnitReader::check_finite() const { refuse_non_finite(dir_, not_finite_, true); }
 
 void for_each_hf_tensor(const std::string& dir, const model::ParamLayout& layout,
                         const std::function<void(size_t, const model::ParamTensor&, const float*)>& sink) {

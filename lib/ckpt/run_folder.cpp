@@ -190,6 +190,7 @@ void archive_run(const std::string& run_dir, const std::string& old_id, const Js
   if (!info.is_null() && !fs::exists(dest / "run.json")) write_atomic_private(dest / "run.json", info.dump(1) + "\n");
   move_if_there(dir / "DONE", dest / "DONE");
   move_if_there(dir / "final", dest / "final");
+  move_if_there(dir / "plan.json", dest / "plan.json");
   if (fs::exists(dir / "metrics.jsonl") && !fs::exists(dest / "metrics.jsonl")) {
     if (keep_metrics) {
       fs::copy_file(dir / "metrics.jsonl", dest / "metrics.jsonl.tmp", fs::copy_options::overwrite_existing);

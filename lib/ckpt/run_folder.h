@@ -61,7 +61,7 @@ std::vector<CheckpointEntry> checkpoint_candidates(const std::string& spec, std:
 // InputError naming every broken one when none verifies.
 CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>* warnings);
 
-// Moves the earlier run's DONE, final/ and run.json record (info, its run.json) to
+// Moves the earlier run's DONE, final/, plan.json and run.json record (info, its run.json) to
 // <run_dir>/previous/<old_id>/, and copies (keep_metrics) or moves its metrics.jsonl there.
 // Idempotent: what is already moved is skipped.
 void archive_run(const std::string& run_dir, const std::string& old_id, const Json& info, bool keep_metrics);

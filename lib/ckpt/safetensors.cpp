@@ -197,28 +197,46 @@ std::vector<char> SafetensorsReader::read_raw(const StTensor& t) const {
   in.seekg(static_cast<std::streamoff>(data_start_[t.file] + t.begin));
   in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
   EASYCTX_CHECK_INPUT(in, files_[t.file], ": short read of tensor '", t.name, "'");
+  bytes_read_ += buf.size();
   return buf;
 }
 
-void SafetensorsReader::read(const StTensor& t, ops::DType out_type, void* out) const {
+void SafetensorsReader::read_range(const StTensor& t, int64_t first, int64_t count, ops::DType out_type,
+                                   void* out) const {
   EASYCTX_CHECK(out_type == ops::DType::F32 || out_type == ops::DType::F64, "safetensors read: f32 or f64 output");
   EASYCTX_CHECK_INPUT(t.dtype == StDType::F32 || t.dtype == StDType::F64 || t.dtype == StDType::F16 ||
                           t.dtype == StDType::BF16,
                       files_[t.file], ": tensor '", t.name, "' has dtype ", st_dtype_name(t.dtype),
                       "; only F32, F64, F16 and BF16 can be loaded as weights");
-  const std::vector<char> raw = read_raw(t);
   const int64_t n = t.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    double x = 0;
-    switch (t.dtype) {
-      case StDType::F32: { float f; std::memcpy(&f, raw.data() + 4 * i, 4); x = f; break; }
-      case StDType::F64: std::memcpy(&x, raw.data() + 8 * i, 8); break;
-      case StDType::F16: { uint16_t h; std::memcpy(&h, raw.data() + 2 * i, 2); x = ops::f16_to_float(h); break; }
-      case StDType::BF16: { uint16_t h; std::memcpy(&h, raw.data() + 2 * i, 2); x = ops::bf16_to_float(h); break; }
-      default: break;
+  EASYCTX_CHECK(first >= 0 && count >= 0 && first <= n && count <= n - first, "safetensors read_range: [", first,
+                ", ", first + count, ") of tensor '", t.name, "' (", n, " elements)");
+  if (count == 0) return;
+  std::ifstream in(files_.at(t.file), std::ios::binary);
+  EASYCTX_CHECK_INPUT(in, "safetensors: cannot open '", files_[t.file], "'");
+  const uint64_t es = st_dtype_size(t.dtype);
+  const int64_t per_chunk = static_cast<int64_t>(kReadChunkBytes / es);
+  std::vector<char> raw(static_cast<size_t>(std::min(count, per_chunk)) * es);
+  in.seekg(static_cast<std::streamoff>(data_start_[t.file] + t.begin + static_cast<uint64_t>(first) * es));
+  for (int64_t done = 0; done < count;) {
+    const int64_t m = std::min(count - done, per_chunk);
+    in.read(raw.data(), static_cast<std::streamsize>(static_cast<uint64_t>(m) * es));
+    EASYCTX_CHECK_INPUT(in, files_[t.file], ": short read of tensor '", t.name, "' (elements [", first + done, ", ",
+                        first + done + m, "))");
+    bytes_read_ += static_cast<uint64_t>(m) * es;
+    for (int64_t i = 0; i < m; ++i) {
+      double x = 0;
+      switch (t.dtype) {
+        case StDType::F32: { float f; std::memcpy(&f, raw.data() + 4 * i, 4); x = f; break; }
+        case StDType::F64: std::memcpy(&x, raw.data() + 8 * i, 8); break;
+        case StDType::F16: { uint16_t h; std::memcpy(&h, raw.data() + 2 * i, 2); x = ops::f16_to_float(h); break; }
+        case StDType::BF16: { uint16_t h; std::memcpy(&h, raw.data() + 2 * i, 2); x = ops::bf16_to_float(h); break; }
+        default: break;
+      }
+      if (out_type == ops::DType::F32) static_cast<float*>(out)[done + i] = static_cast<float>(x);
+      else static_cast<double*>(out)[done + i] = x;
     }
-    if (out_type == ops::DType::F32) static_cast<float*>(out)[i] = static_cast<float>(x);
-    else static_cast<double*>(out)[i] = x;
+    done += m;
   }
 }
 
@@ -253,18 +271,20 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 
 void write_safetensors(const std::string& path, const std::vector<StWriteTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  // The header from the sizes first, then every tensor encoded straight into the file's
+  // buffer: the file is held in memory once (an export's 5 GB shard, not twice that).
   Json header = Json::object();
   if (!metadata.empty()) {
     Json m = Json::object();
     for (const auto& kv : metadata) m.set(kv.first, kv.second);
     header.set("__metadata__", m);
   }
-  std::string data;
+  uint64_t data_bytes = 0;
   for (const StWriteTensor& t : tensors) {
     EASYCTX_CHECK(t.src_type == ops::DType::F32 || t.src_type == ops::DType::F64, "write_safetensors: tensor '",
                   t.name, "' source must be f32 or f64");
-    const uint64_t begin = data.size();
-    encode(t, numel_of(t.shape), data);
+    const uint64_t begin = data_bytes;
+    data_bytes += static_cast<uint64_t>(numel_of(t.shape)) * st_dtype_size(t.disk_type);
     Json e = Json::object();
     e.set("dtype", st_dtype_name(t.disk_type));
     Json shape = Json::array();
@@ -272,17 +292,18 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
     e.set("shape", shape);
     Json off = Json::array();
     off.push_back(Json(static_cast<int64_t>(begin)));
-    off.push_back(Json(static_cast<int64_t>(data.size())));
+    off.push_back(Json(static_cast<int64_t>(data_bytes)));
     e.set("data_offsets", off);
     header.set(t.name, e);
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // align the data section to 8 bytes
   std::string file(8, '\0');
+  file.reserve(8 + h.size() + data_bytes);
   const uint64_t n = h.size();
   for (int i = 0; i < 8; ++i) file[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
   file += h;
-  file += data;
+  for (const StWriteTensor& t : tensors) encode(t, numel_of(t.shape), file);
   write_file_atomic(path, file);
 }
 

@@ -41,9 +41,17 @@ class SafetensorsReader {
   const StTensor* find(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Reads one tensor converted to f32 or f64 (F32/F64/F16/BF16 on disk); out holds numel.
-  void read(const StTensor& t, ops::DType out_type, void* out) const;
+  void read(const StTensor& t, ops::DType out_type, void* out) const { read_range(t, 0, t.numel(), out_type, out); }
+  // Reads elements [first, first + count) of the flattened tensor, converted as read(): only
+  // their bytes are read from the file, through a buffer of at most kReadChunkBytes (a ZeRO-3
+  // rank loading its shard reads 1/Z of the model, and never holds more than that).
+  void read_range(const StTensor& t, int64_t first, int64_t count, ops::DType out_type, void* out) const;
   // Raw bytes of one tensor.
   std::vector<char> read_raw(const StTensor& t) const;
+  // Bytes read from the files' data sections so far by this reader (read, read_range, read_raw).
+  uint64_t bytes_read() const { return bytes_read_; }
+  // The most bytes read_range reads at once (its buffer).
+  static constexpr uint64_t kReadChunkBytes = uint64_t{16} << 20;
 
  private:
   void parse_file(const std::string& path);
@@ -52,6 +60,7 @@ class SafetensorsReader {
   std::vector<StTensor> tensors_;
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
+  mutable uint64_t bytes_read_ = 0;
 };
 
 // One tensor to write: `data` holds numel elements of `src_type` (F32/F64 host memory);

@@ -467,6 +467,7 @@ void CheckpointReader::read(const std::string& name, int64_t offset, int64_t len
     h5::Handle ds = h5::open_dataset(f, ds_name.c_str(), path);
     h5::read_1d(ds, H5T_NATIVE_FLOAT, static_cast<uint64_t>(lo - s.offset), static_cast<uint64_t>(hi - lo),
                 out + (lo - offset), ds_name.c_str(), path);
+    bytes_read_ += static_cast<uint64_t>(hi - lo) * sizeof(float);
   }
   EASYCTX_CHECK_INPUT(covered == length, "checkpoint ", path_, ": the files hold only ", covered, " of the ", length,
                       " elements requested from '", name, "'");

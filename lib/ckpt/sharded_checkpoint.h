@@ -141,8 +141,11 @@ class CheckpointReader {
   const std::string& path() const { return path_; }
   // Global element count of `name` (throws if absent).
   int64_t numel(const std::string& name) const;
-  // Assembles [offset, offset+length) of `name` into out from the files that hold it.
+  // Assembles [offset, offset+length) of `name` into out from the files that hold it (only
+  // those elements are read).
   void read(const std::string& name, int64_t offset, int64_t length, float* out) const;
+  // Bytes of arrays read by read() so far (4 per element; verification not counted).
+  uint64_t bytes_read() const { return bytes_read_; }
   // The per-rank state written by rank `rank` of the saving run.
   Json rank_meta(int rank) const;
   // Reads every dataset of every file and checks its CRC (throws naming file and dataset).
@@ -161,6 +164,7 @@ class CheckpointReader {
   int64_t step_ = -1;
   std::vector<std::string> files_;
   std::vector<FileSlice> slices_;
+  mutable uint64_t bytes_read_ = 0;
 };
 
 // Collective over sync's ranks: every rank verifies a share of the files of the checkpoint at

@@ -397,8 +397,9 @@ const Registry& registry() {
               kMaxI, "Tokens per LM-head + cross-entropy tile; full logits never exist.");
     // ---- output
     r.add_string("output.dir", [](StageConfig& c) -> std::string& { return c.output.dir; }, "path",
-                 "Run folder: run.json (the run it holds), metrics.jsonl, logs/, checkpoints/, final/ (the HF "
-                 "export), DONE, previous/ (earlier runs' DONE, final/ and metrics, set-aside checkpoints).",
+                 "Run folder: run.json (the run it holds), plan.json (its memory plan, as --plan computes it), "
+                 "metrics.jsonl, logs/, checkpoints/, final/ (the HF export), DONE, previous/ (earlier runs' DONE, "
+                 "final/, plan.json and metrics, set-aside checkpoints).",
                  check_nonempty);
     r.add_int("output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
               "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1, SIGUSR2, SIGTERM or SIGINT "

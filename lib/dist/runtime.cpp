@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <set>
@@ -52,10 +53,21 @@ void world_watched(const char* op, size_t count, Issue issue) {
 }
 }  // namespace
 
+void prefer_isolated_singleton() {
+  // A process started without a launcher (no mpirun/srun rank in the environment) is an MPI
+  // singleton; Open MPI then forks a daemon of its own, which costs ~0.5 s per start and is
+  // needed only for dynamic processes (MPI_Comm_spawn), which easyctx never uses. A value the
+  // user set is kept.
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "OMPI_MCA_ess_singleton_isolated"})
+    if (std::getenv(v) != nullptr) return;
+  setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+}
+
 Runtime::Runtime(int* argc, char*** argv) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
+    prefer_isolated_singleton();
     // MPI_Init waits for every rank of the launch: a rank that never starts must not hang it.
     WatchdogGuard guard("MPI_Init", "world", 0, default_collective_timeout_s());
     int provided = 0;

@@ -70,6 +70,11 @@ class AgreedFailure : public std::exception {
 // is watched with dist::default_collective_timeout_s(): a rank that stalls in fn ends the job.
 void run_collectively(const Runtime& rt, const std::function<void()>& fn);
 
+// Before MPI_Init of a process started without a launcher (an MPI singleton): asks Open MPI
+// not to fork its singleton daemon (OMPI_MCA_ess_singleton_isolated=1, unless set), which
+// halves a single process's start-up. Runtime's constructor calls it; so does the tests' main.
+void prefer_isolated_singleton();
+
 // Checks an MPI return code; throws easyctx::Error "MPI_X failed: <string>" with rank label.
 void check_mpi(int rc, const char* what);
 

@@ -22,6 +22,14 @@ int visible_cuda_devices() {
 #endif
 }
 
+bool cuda_backend_built() {
+#ifdef EASYCTX_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 DeviceKind resolve_device(DeviceKind requested, const std::string& key) {
   switch (requested) {
     case DeviceKind::Cpu:

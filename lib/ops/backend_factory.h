@@ -37,4 +37,7 @@ double device_memory_used(Backend& be);
 // Number of visible CUDA devices (0 without CUDA, a driver or a device; never an error).
 int visible_cuda_devices();
 
+// Whether this build has the CUDA backend (configured with the CUDA toolkit, cuDNN and NCCL).
+bool cuda_backend_built();
+
 }  // namespace easyctx::ops

@@ -41,7 +41,7 @@ struct ModelShape {
 };
 ModelShape model_shape(const StageConfig& cfg) {
   try {
-    const model::LlamaConfig mc = model::resolve_llama_config(cfg.model);
+    const model::LlamaConfig mc = plan_model(cfg.model, nullptr);
     return {mc.num_layers, mc.num_kv_heads};
   } catch (const Error&) {
     return {};
@@ -259,9 +259,9 @@ std::string refusal_message(const MemoryPlan& p) {
        << " usable of " << gib(p.gpu_capacity) << " (" << p.target.gpu_name << ", headroom "
        << std::lround(100 * p.target.headroom) << "%)" << (p.host_fits ? "." : ";");
   if (!p.host_fits)
-    os << " predicted host " << gib(p.host_peak_bytes) << " per node (" << p.target.gpus_per_node << " x "
-       << gib(p.host_rank_peak_bytes) << ", " << p.host_peak_phase << ") > " << gib(p.host_usable) << " usable of "
-       << gib(p.host_capacity) << ".";
+    os << " predicted host " << gib(p.host_peak_bytes) << " per node (" << p.target.gpus_per_node
+       << " rank(s), " << p.host_peak_phase << ") > " << gib(p.host_usable) << " usable of " << gib(p.host_capacity)
+       << ".";
   if (p.knobs.empty()) {
     // Name the memory that is short: GPU memory, the nodes' host memory, or both.
     const std::string more = !p.gpu_fits && !p.host_fits ? "use GPUs with more memory and nodes with more host memory"

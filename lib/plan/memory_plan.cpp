@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
+#include "ckpt/safetensors.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/strings.h"
@@ -19,6 +21,16 @@
 
 namespace easyctx::plan {
 using model::BufferSpec;
+
+const char* to_string(Ranks r) {
+  switch (r) {
+    case Ranks::Every: return "every rank";
+    case Ranks::Root: return "rank 0";
+    case Ranks::Others: return "ranks but 0";
+  }
+  return "?";
+}
+
 namespace {
 
 using ops::DType;
@@ -30,6 +42,7 @@ std::string num(int64_t v) { return std::to_string(v); }
 // ---------------------------------------------------------------------------------------
 struct Run {
   const StageConfig& cfg;
+  std::string note;          // how the model was resolved, when the reader should know (plan_model)
   model::LlamaConfig mc;
   model::ParamLayout layout;
   dist::GroupLayout groups;
@@ -41,7 +54,7 @@ struct Run {
   int64_t Z = 1;             // ZeRO-3 shard group size (1: stage 0)
   std::string dev;           // where the backend allocates: "gpu" (CUDA) or "host" (CPU)
 
-  explicit Run(const StageConfig& c) : cfg(c), mc(model::resolve_llama_config(c.model)), layout(mc) {}
+  explicit Run(const StageConfig& c) : cfg(c), mc(detail::plan_model(c.model, &note)), layout(mc) {}
   Run(const StageConfig& c, const model::LlamaConfig& m) : cfg(c), mc(m), layout(mc) {}
   bool zero3() const { return cfg.parallel.zero.stage == 3; }
   bool offload_opt() const { return cfg.parallel.zero.offload_optimizer && cuda; }
@@ -62,10 +75,10 @@ class Items {
     if (bytes > 0) list.push_back({name, where, bytes, formula, false, when, tracked});
   }
   void transient(const std::string& phase, const std::string& name, const std::string& where, int64_t bytes,
-                 const std::string& formula, bool tracked = true) {
+                 const std::string& formula, bool tracked = true, Ranks ranks = Ranks::Every) {
     if (bytes <= 0) return;
     if (std::find(phase_order.begin(), phase_order.end(), phase) == phase_order.end()) phase_order.push_back(phase);
-    list.push_back({name, where, bytes, formula, true, phase, tracked});
+    list.push_back({name, where, bytes, formula, true, phase, tracked, ranks});
   }
 };
 
@@ -199,9 +212,9 @@ std::vector<BufferSpec> model_buffers(const Run& r) {
 // The parameter store and the model, replayed.
 // ---------------------------------------------------------------------------------------
 // The model's construction and the parameter store's set-up (zero/param_store.h: the state
-// as loaded, then cut_shards) run on recording backends: what is live afterwards is the
-// persistent set of "init"; what the cut frees on the way (the whole units as loaded) makes
-// the init phase's peak, one item per memory.
+// this rank keeps, then allocate_step_buffers) run on recording backends: what is live
+// afterwards is the persistent set of "init"; what the set-up frees on the way (none today:
+// ZeRO-3 loads only its shards) would make the init phase's peak, one item per memory.
 void parameter_items(const Run& r, const PlanTarget& t, Items& it) {
   AllocRecorder dev, host;
   RecordingOptions ro;
@@ -220,13 +233,13 @@ void parameter_items(const Run& r, const PlanTarget& t, Items& it) {
     const model::LlamaModel model(r.mc, *be, r.dtype, model::options_for(r.cfg, r.cuda));
     const std::unique_ptr<zero::ParamStore> store = zero::make_param_store(
         r.layout, *be, r.dtype, so, {world.get(), grads.get(), zero.get(), R > 1 ? replica.get() : nullptr});
-    store->cut_shards();
+    store->allocate_step_buffers();
     const std::string src = r.zero3() ? "zero/sharded_store.cpp" : "zero/replicated_store.cpp";
     add_recorded(it, false, "init", dev.live(), r.dev, true, src);
     add_recorded(it, false, "init", host.live(), "host", !r.cuda, src);
-    it.transient("init", "parameter set-up: whole units as loaded, before the shards are cut", r.dev,
+    it.transient("init", "parameter set-up: buffers freed before the first step", r.dev,
                  dev.peak_bytes() - dev.live_bytes(), "peak of the replay of " + src);
-    it.transient("init", "host copy of the whole master weights as loaded (f32), less the shards", "host",
+    it.transient("init", "parameter set-up: host buffers freed before the first step", "host",
                  host.peak_bytes() - host.live_bytes(), "peak of the replay of " + src, false);
   }
 }
@@ -279,10 +292,27 @@ void process_items(const Run& r, const PlanTarget& t, Items& it) {
                 measured ? "VmRSS of this process before allocating (measured)"
                          : r.cuda ? "kHostBaselineCudaBytes (calibrated)" : "kHostBaselineCpuBytes (calibrated)",
                 false);
-  // Loading the weights (ParamStore::fill_master, read_checkpoint): on CUDA stage 0 every unit
-  // is staged in host memory on its way to the device.
-  if (r.cuda && !r.offload_opt() && !r.zero3())
-    it.transient("init", "host staging of the weights being loaded (f32)", "host", 4 * r.P, "4 P", false);
+  // Loading the weights (ParamStore::load_master, read_checkpoint): each unit's part this rank
+  // keeps (stage 0: the whole unit; ZeRO-3: its shard) is read into the state where that is
+  // host memory (the CPU backend, offload_optimizer), else through a host staging of one part.
+  if (r.cuda && !r.offload_opt()) {
+    int64_t part = 0;
+    for (size_t u = 0; u < r.layout.num_units(); ++u) part = std::max(part, r.layout.units()[u].numel);
+    if (r.zero3()) part = r.shards().max_len();
+    it.transient("init", "host staging of one unit's part being loaded (f32)", "host", 4 * part,
+                 r.zero3() ? "4 x max ceil(unit / Z)" : "4 x largest unit", false);
+  }
+  // model.init hf:DIR: SafetensorsReader::read_range's buffer (disk bytes of the elements read,
+  // at most kReadChunkBytes at once; F64 on disk at most).
+  if (starts_with(r.cfg.model.init, "hf:")) {
+    int64_t largest = 0;
+    for (const model::ParamUnit& u : r.layout.units())
+      for (const model::ParamTensor& pt : u.tensors) largest = std::max(largest, pt.numel);
+    const int64_t kept = r.zero3() ? std::min(largest, r.shards().max_len()) : largest;
+    it.transient("init", "safetensors read buffer (model.init hf:)", "host",
+                 std::min<int64_t>(8 * kept, static_cast<int64_t>(ckpt::SafetensorsReader::kReadChunkBytes)),
+                 "min(8 x largest tensor part read, SafetensorsReader::kReadChunkBytes)", false);
+  }
 }
 
 // From the first step on: the micro-batch and the model's workspace.
@@ -354,21 +384,65 @@ void save_items(const Run& r, const PlanTarget& t, Items& it) {
     const std::string f = r.zero3() ? "3 x 4 x sum ceil(unit / Z)" : "3 x 4 x P / W (the slices this rank writes)";
     it.transient("checkpoint save", "host staging of master, m, v (f32)", "host", 12 * state, f, false);
   }
-  if (r.cuda && !r.offload_opt() && out.export_hf && !r.zero3())
-    it.transient("HF export (rank 0)", "host staging of the master weights (f32)", "host", 4 * r.P, "4 P", false);
-  if (r.zero3() && out.export_hf) {  // ParamStore::master_host: every rank gathers the whole model
-    it.transient("HF export (gather)", "the whole master weights on every rank (f32, heap)", "host", 4 * r.P, "4 P",
-                 false);
+  if (!out.export_hf) return;
+  // The HF export (Trainer::save_hf): rank 0 holds the whole fp32 model (ParamStore::
+  // master_host_at_root) and writes it one safetensors file of at most 5 GB at a time, each
+  // built in memory (ckpt::write_safetensors_sharded).
+  const int64_t disk = r.cfg.output.hf_dtype == "bf16" ? 2 : 4;
+  const int64_t file = std::min<int64_t>(disk * r.P, int64_t{5} << 30);
+  const std::string phase = r.zero3() ? "HF export (gather)" : "HF export (rank 0)";
+  if (!r.zero3()) {
+    it.transient(phase, "the whole master weights copied for the export (f32, heap)", "host", 4 * r.P, "4 P", false,
+                 Ranks::Root);
+  } else {  // every unit gathered in turn; rank 0 keeps each, the others one at a time
+    const int64_t Z = r.Z;
+    it.transient(phase, "the whole master weights gathered on rank 0 (f32, heap)", "host",
+                 4 * Z * r.shards().total_len(), "4 x Z x sum ceil(unit / Z)", false, Ranks::Root);
+    if (t.world() > 1)
+      it.transient(phase, "one unit gathered (f32, heap; rank 0 keeps them all)", "host", 4 * Z * r.shards().max_len(),
+                   "4 x Z x max ceil(unit / Z)", false, Ranks::Others);
     if (r.cuda)
-      it.transient("HF export (gather)", "one unit gathered on the device (f32)", "gpu", 4 * r.Z * r.shards().max_len(),
+      it.transient(phase, "one unit gathered on the device (f32)", "gpu", 4 * r.Z * r.shards().max_len(),
                    "4 x Z x max ceil(unit / Z)");
   }
+  it.transient(phase, "a safetensors file being written (in memory)", "host", file,
+               "min(" + std::to_string(disk) + " P, 5 GiB): the writer's shards", false, Ranks::Root);
 }
 
 // Every phase's totals: the persistent items of its time (init's, or all from the first step
 // on) plus its own transient ones; the peaks over phases and what they fit in.
+// The keys that shape a plan, with their values (MemoryPlan::settings).
+Json settings_of(const StageConfig& c) {
+  Json s = Json::object();
+  s.set("model.config", c.model.config);
+  s.set("model.init", c.model.init);
+  s.set("model.rope_theta", c.model.rope_theta);
+  s.set("data.seq_length", c.data.seq_length);
+  s.set("train.device", to_string(c.train.device));
+  s.set("train.batch_size", c.train.batch_size);
+  s.set("train.grad_accum", c.train.grad_accum);
+  s.set("train.deterministic", c.train.deterministic);
+  s.set("parallel.sequence.mode", to_string(c.parallel.sequence.mode));
+  s.set("parallel.sequence.size", c.parallel.sequence.size);
+  s.set("parallel.zero.stage", c.parallel.zero.stage);
+  s.set("parallel.zero.group", to_string(c.parallel.zero.group));
+  s.set("parallel.zero.prefetch", c.parallel.zero.prefetch);
+  s.set("parallel.zero.offload_optimizer", c.parallel.zero.offload_optimizer);
+  s.set("parallel.zero.offload_params", c.parallel.zero.offload_params);
+  s.set("activation.checkpoint", to_string(c.activation.checkpoint));
+  s.set("activation.offload", to_string(c.activation.offload));
+  s.set("activation.offload_layers", c.activation.offload_layers);
+  s.set("activation.mlp_tile", c.activation.mlp_tile);
+  s.set("activation.attention_head_groups", c.activation.attention_head_groups);
+  s.set("activation.lm_head_tile", c.activation.lm_head_tile);
+  s.set("output.export_hf", c.output.export_hf);
+  return s;
+}
+
 MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vector<std::string> routes) {
   MemoryPlan p;
+  p.settings = settings_of(r.cfg);
+  if (!r.note.empty()) p.notes.push_back(r.note);
   p.attention_routes = std::move(routes);
   p.target = t;
   p.model_name = r.mc.name;
@@ -380,26 +454,37 @@ MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vecto
   p.local_len = r.S;
   p.tokens = r.n;
   p.items = it.list;
+  const int64_t rpn = t.gpus_per_node;
   for (const std::string& ph : it.phase_order) {
-    PhaseTotal pt{ph == "step" ? "steady (between ops)" : ph, 0, 0, 0};
+    PhaseTotal pt{ph == "step" ? "steady (between ops)" : ph, 0, 0, 0, 0, 0};
     for (const PlanItem& i : p.items) {
       const bool live = i.transient ? i.phase == ph : (ph != "init" || i.phase == "init");
       if (!live) continue;
-      if (i.tracked && i.where == r.dev) pt.alloc_bytes = checked_add(pt.alloc_bytes, i.bytes, "the plan: " + ph);
-      int64_t& sum = i.where == "gpu" ? pt.gpu_bytes : pt.host_bytes;
-      sum = checked_add(sum, i.bytes, "the plan: " + ph);
+      const std::string what = "the plan: " + ph;
+      if (i.where == "host") {
+        if (i.ranks != Ranks::Others) pt.host_bytes = checked_add(pt.host_bytes, i.bytes, what);
+        if (i.ranks != Ranks::Root) pt.host_other_bytes = checked_add(pt.host_other_bytes, i.bytes, what);
+      }
+      if (i.ranks == Ranks::Others) continue;  // (device items: every rank)
+      if (i.tracked && i.where == r.dev) pt.alloc_bytes = checked_add(pt.alloc_bytes, i.bytes, what);
+      if (i.where == "gpu") pt.gpu_bytes = checked_add(pt.gpu_bytes, i.bytes, what);
     }
+    // Rank 0's node, and a node of other ranks when there is one.
+    const int64_t others = checked_mul(rpn - 1, pt.host_other_bytes, "the plan: host memory per node");
+    pt.host_node_bytes = checked_add(pt.host_bytes, others, "the plan: host memory per node");
+    if (t.nodes > 1)
+      pt.host_node_bytes = std::max(pt.host_node_bytes, checked_mul(rpn, pt.host_other_bytes, "the plan: host memory per node"));
     p.phases.push_back(pt);
   }
   for (const PhaseTotal& pt : p.phases) {
     if (pt.alloc_bytes > p.alloc_peak_bytes) p.alloc_peak_bytes = pt.alloc_bytes, p.alloc_peak_phase = pt.name;
     if (pt.gpu_bytes > p.gpu_peak_bytes) p.gpu_peak_bytes = pt.gpu_bytes, p.gpu_peak_phase = pt.name;
-    if (pt.host_bytes > p.host_rank_peak_bytes) p.host_rank_peak_bytes = pt.host_bytes, p.host_peak_phase = pt.name;
+    const int64_t rank = t.world() > 1 ? std::max(pt.host_bytes, pt.host_other_bytes) : pt.host_bytes;
+    if (rank > p.host_rank_peak_bytes) p.host_rank_peak_bytes = rank, p.host_rank_peak_phase = pt.name;
+    if (pt.host_node_bytes > p.host_peak_bytes) p.host_peak_bytes = pt.host_node_bytes, p.host_peak_phase = pt.name;
   }
   p.context_bytes = r.cuda ? kCudaContextBytes : 0;
-  p.host_peak_bytes = checked_add(checked_mul(static_cast<int64_t>(t.gpus_per_node), p.host_rank_peak_bytes,
-                                              "the plan: host memory, ranks per node x per-rank peak"),
-                                  p.host_shared_bytes, "the plan: host memory per node");
+  p.host_peak_bytes = checked_add(p.host_peak_bytes, p.host_shared_bytes, "the plan: host memory per node");
   p.gpu_capacity = r.cuda ? t.gpu_memory_bytes : 0;
   p.gpu_usable = static_cast<int64_t>(static_cast<double>(p.gpu_capacity) * (1.0 - t.headroom));
   p.host_capacity = t.host_memory_bytes;
@@ -481,6 +566,19 @@ MemoryPlan plan_inference_core(const InferencePlanInput& in, const PlanTarget& t
 }  // namespace
 
 namespace detail {
+
+model::LlamaConfig plan_model(const ModelConfig& m, std::string* note) {
+  if (starts_with(m.init, "hf:") && !std::filesystem::is_directory(m.init.substr(3)) && m.config != ModelConfig{}.config) {
+    ModelConfig shape = m;
+    shape.init = "random";
+    const model::LlamaConfig c = model::resolve_llama_config(shape);
+    if (note)
+      *note = "model.init " + m.init + " is not here: planned with model.config " + m.config +
+              " (the run needs the folder, and checks that its config.json describes the same model)";
+    return c;
+  }
+  return model::resolve_llama_config(m);
+}
 
 // The persistent set ("init" from the set-up, "step" from the first step) and the transient
 // buffers of each phase, every one from the code that allocates it (replayed) or from the

@@ -44,6 +44,11 @@ constexpr int64_t kCudaContextBytes = int64_t{3686} << 20;  // 3.6 GiB
 constexpr int64_t kHostBaselineCpuBytes = int64_t{32} << 20;
 constexpr int64_t kHostBaselineCudaBytes = int64_t{1} << 30;
 
+// Which ranks hold a plan item: all of them, or only world rank 0 (the HF export's whole
+// model) or only the others (what rank 0 holds instead in a bigger item).
+enum class Ranks { Every, Root, Others };
+const char* to_string(Ranks r);  // "every rank", "rank 0", "ranks but 0"
+
 struct PlanItem {
   std::string name;
   std::string where;         // "gpu" or "host"
@@ -53,15 +58,20 @@ struct PlanItem {
   std::string phase;         // transient: the phase; persistent: "init" (allocated before the
                              // first step) or "step" (at the first step: workspace, ...)
   bool tracked = true;       // counted by ops::Backend::memory_stats (the backend's allocations)
+  Ranks ranks = Ranks::Every;
 };
 
 // Totals of one phase, per rank: the backend's allocations (gpu on CUDA, host on the CPU),
-// everything on the GPU (allocations + context), everything on the host.
+// everything on the GPU (allocations + context), everything on the host (world rank 0's;
+// a rank other than 0 holds host_other_bytes), and on the node with the most (rank 0's node:
+// rank 0 + the others of its node, or a node of others only).
 struct PhaseTotal {
   std::string name;
   int64_t alloc_bytes = 0;
   int64_t gpu_bytes = 0;
   int64_t host_bytes = 0;
+  int64_t host_other_bytes = 0;
+  int64_t host_node_bytes = 0;
 };
 
 // A config change (one key, or a combination: assignments separated by spaces) that makes a
@@ -92,9 +102,12 @@ struct MemoryPlan {
   int64_t context_bytes = 0;
   int64_t gpu_peak_bytes = 0;
   std::string gpu_peak_phase;
-  // Host: per rank (VmHWM), and per node = ranks per node x per rank + shared (nothing is
-  // shared between ranks today; the term is where a node-wide pinned pool would go).
+  // Host: per rank (VmHWM; the larger of rank 0's and another rank's), and per node (the
+  // largest phase total of a node: rank 0 with the others of its node, or a node of others;
+  // host_peak_phase is that phase). Nothing is shared between ranks today (host_shared_bytes
+  // is where a node-wide pinned pool would go).
   int64_t host_rank_peak_bytes = 0;
+  std::string host_rank_peak_phase;
   std::string host_peak_phase;
   int64_t host_shared_bytes = 0;
   int64_t host_peak_bytes = 0;
@@ -103,6 +116,12 @@ struct MemoryPlan {
   int64_t host_capacity = 0, host_usable = 0;
   bool gpu_fits = true, host_fits = true, fits = true;
   std::vector<KnobFix> knobs;  // when !fits: single changes that fit, else a combination ("together")
+  // The config keys that shape the plan, with their values ({"data.seq_length": 65536,
+  // "parallel.zero.stage": 3, ...}): what a reader of plan.json needs to know what was planned.
+  Json settings;
+  // Things the reader should know about how the plan was made ("model.init hf:DIR is not
+  // here: planned with model.config llama2-7b").
+  std::vector<std::string> notes;
   // CUDA: every distinct attention call of a step with its route (ops/attention_route.h), as
   // the replay of the stage's strategy saw them: "forward causal 65536x65536 32/4x64: cudnn
   // causal graph".
@@ -133,11 +152,17 @@ struct InferencePlanInput {
 MemoryPlan plan_inference(const InferencePlanInput& in, const PlanTarget& target);
 
 std::string format_plan_table(const MemoryPlan& p);
+// The plan as one JSON object: the one form of it (`--plan`'s last line, <output.dir>/plan.json
+// of a run, what easyctx_report reads): fits, target, run, settings, gpu and host totals with
+// their peaks broken down by category (`by_category`: "context", "model state" (persistent
+// from the set-up), "activations" (persistent from the first step), "transient" (the peak
+// phase's own buffers)), items, phases, attention routes, knobs (when it does not fit), notes.
 Json plan_to_json(const MemoryPlan& p);
 // "does not fit: predicted ... > ... Would fit: --set k=v (X GiB); ..." ("" when it fits).
 std::string refusal_message(const MemoryPlan& p);
 // After a run: "memory: predicted peak X GiB per GPU (allocations), measured Y GiB (+d%); ...
-// host predicted A GiB per rank, measured B GiB (VmHWM, +d%)". host_hwm_bytes (vm_hwm_bytes())
+// host predicted A GiB on rank 0, measured B GiB (VmHWM, +d%)" (the host before the HF export,
+// which comes after the line). host_hwm_bytes (vm_hwm_bytes())
 // and device_used_bytes (the cudaMemGetInfo high-water mark, compared with the device total)
 // are left out when < 0.
 std::string compare_line(const MemoryPlan& p, const ops::MemoryStats& measured, double host_hwm_bytes,

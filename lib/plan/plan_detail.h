@@ -6,11 +6,17 @@
 #include <string>
 #include <vector>
 
+#include "model/llama_config.h"
 #include "plan/memory_plan.h"
 
 namespace easyctx::plan::detail {
 
 MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t);
+// The model a plan is for: model::resolve_llama_config, except that a model.init hf:DIR that
+// is not here (a login node before the weights are downloaded) is planned with model.config's
+// shape when one is given, `note` saying so (the run itself still needs the folder and checks
+// that its config.json describes the same model).
+model::LlamaConfig plan_model(const ModelConfig& m, std::string* note);
 // Single changes that make `cfg` fit `t` (n: tokens per rank, bounds the MLP tile).
 std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n);
 

@@ -28,7 +28,40 @@ Json item_json(const PlanItem& i) {
   j.set("transient", i.transient);
   j.set("phase", i.phase);
   j.set("tracked", i.tracked);
+  j.set("ranks", to_string(i.ranks));
   return j;
+}
+
+// Whether item i is live in the phase a PhaseTotal of that name sums (memory_plan.cpp, totals).
+bool live_in(const PlanItem& i, const std::string& phase) {
+  return i.transient ? i.phase == phase : (phase != "init" || i.phase == "init");
+}
+
+// The bytes of `where` live in `phase` on world rank 0, by category (they sum to the phase's
+// total there).
+Json by_category(const MemoryPlan& p, const std::string& where, const std::string& phase) {
+  int64_t context = 0, state = 0, acts = 0, transient = 0;
+  for (const PlanItem& i : p.items) {
+    if (i.where != where || i.ranks == Ranks::Others || !live_in(i, phase)) continue;
+    int64_t& c = i.transient ? transient : i.phase == "init" ? (where == "gpu" && !i.tracked ? context : state) : acts;
+    c += i.bytes;
+  }
+  Json j = Json::object();
+  j.set("phase", phase);
+  if (where == "gpu") j.set("context", context);
+  j.set(where == "gpu" ? "model state" : "process and model state", state);
+  j.set("activations", acts);
+  j.set("transient", transient);
+  return j;
+}
+
+// rank 0's host peak (what its VmHWM reads), over every phase or (before_export) over those
+// before the HF export that ends a run.
+int64_t root_host_peak(const MemoryPlan& p, bool before_export = false) {
+  int64_t b = 0;
+  for (const PhaseTotal& ph : p.phases)
+    if (!before_export || ph.name.rfind("HF export", 0) != 0) b = std::max(b, ph.host_bytes);
+  return b;
 }
 
 }  // namespace
@@ -48,11 +81,12 @@ std::string format_plan_table(const MemoryPlan& p) {
               : " rank(s)")
      << ", host " << gib(p.target.host_memory_bytes) << " per node (" << p.target.host_source << "), headroom "
      << std::lround(100 * p.target.headroom) << "%\n\n";
-  std::snprintf(line, sizeof line, "  %-5s %-22s %12s  %s\n", "where", "phase", "bytes", "buffer [formula]");
+  std::snprintf(line, sizeof line, "  %-5s %-34s %12s  %s\n", "where", "phase", "bytes", "buffer [formula]");
   os << line;
   for (const PlanItem& i : p.items) {
-    const std::string ph = i.transient ? i.phase : (i.phase == "init" ? "persistent" : "persistent (step)");
-    std::snprintf(line, sizeof line, "  %-5s %-22s %12s  %s [%s]\n", i.where.c_str(), ph.c_str(),
+    std::string ph = i.transient ? i.phase : (i.phase == "init" ? "persistent" : "persistent (step)");
+    if (i.ranks != Ranks::Every) ph += std::string(", ") + to_string(i.ranks);
+    std::snprintf(line, sizeof line, "  %-5s %-34s %12s  %s [%s]\n", i.where.c_str(), ph.c_str(),
                   format_bytes(static_cast<double>(i.bytes)).c_str(), i.name.c_str(), i.formula.c_str());
     os << line;
   }
@@ -62,14 +96,15 @@ std::string format_plan_table(const MemoryPlan& p) {
     for (const std::string& r : p.attention_routes) os << "    " << r << "\n";
     os << "\n";
   }
-  std::snprintf(line, sizeof line, "  %-34s %14s %14s %14s\n", "phase totals",
-                cuda ? "gpu allocs" : "allocations", cuda ? "gpu total" : "", "host/rank");
+  std::snprintf(line, sizeof line, "  %-34s %14s %14s %14s %14s\n", "phase totals",
+                cuda ? "gpu allocs" : "allocations", cuda ? "gpu total" : "", "host/rank 0", "host/node");
   os << line;
   for (const PhaseTotal& ph : p.phases) {
-    std::snprintf(line, sizeof line, "  %-34s %14s %14s %14s\n", ph.name.c_str(),
+    std::snprintf(line, sizeof line, "  %-34s %14s %14s %14s %14s\n", ph.name.c_str(),
                   format_bytes(static_cast<double>(ph.alloc_bytes)).c_str(),
                   cuda ? format_bytes(static_cast<double>(ph.gpu_bytes)).c_str() : "",
-                  format_bytes(static_cast<double>(ph.host_bytes)).c_str());
+                  format_bytes(static_cast<double>(ph.host_bytes)).c_str(),
+                  format_bytes(static_cast<double>(ph.host_node_bytes)).c_str());
     os << line;
   }
   os << "\n";
@@ -79,9 +114,23 @@ std::string format_plan_table(const MemoryPlan& p) {
        << gib(p.gpu_capacity) << ": " << (p.gpu_fits ? "fits" : "DOES NOT FIT") << "\n";
   else
     os << "  backend allocations peak " << gib(p.alloc_peak_bytes) << " per rank (" << p.alloc_peak_phase << ")\n";
-  os << "  host  peak " << gib(p.host_rank_peak_bytes) << " per rank (" << p.host_peak_phase << ") x "
-     << p.target.gpus_per_node << " per node = " << gib(p.host_peak_bytes) << "; usable " << gib(p.host_usable)
-     << " of " << gib(p.host_capacity) << ": " << (p.host_fits ? "fits" : "DOES NOT FIT") << "\n";
+  const int64_t rpn = p.target.gpus_per_node;
+  if (p.host_peak_bytes == rpn * p.host_rank_peak_bytes + p.host_shared_bytes) {  // every rank alike at the peak
+    os << "  host  peak " << gib(p.host_rank_peak_bytes) << " per rank (" << p.host_peak_phase << ") x " << rpn
+       << " per node = " << gib(p.host_peak_bytes);
+  } else {  // rank 0 holds more (the HF export's whole model): its node
+    const PhaseTotal* at = nullptr;
+    for (const PhaseTotal& ph : p.phases)
+      if (ph.name == p.host_peak_phase) at = &ph;
+    os << "  host  peak " << gib(p.host_rank_peak_bytes) << " per rank (" << p.host_rank_peak_phase << "); per node "
+       << gib(p.host_peak_bytes) << " (" << p.host_peak_phase;
+    if (at && at->host_node_bytes == at->host_bytes + (rpn - 1) * at->host_other_bytes)
+      os << ": rank 0 " << gib(at->host_bytes) << " + " << rpn - 1 << " x " << gib(at->host_other_bytes);
+    os << ")";
+  }
+  os << "; usable " << gib(p.host_usable) << " of " << gib(p.host_capacity) << ": "
+     << (p.host_fits ? "fits" : "DOES NOT FIT") << "\n";
+  for (const std::string& n : p.notes) os << "  note  " << n << "\n";
   return os.str();
 }
 
@@ -110,6 +159,7 @@ Json plan_to_json(const MemoryPlan& p) {
   run.set("local_len", p.local_len);
   run.set("tokens_per_rank", p.tokens);
   j.set("run", run);
+  j.set("settings", p.settings.is_null() ? Json::object() : p.settings);
   Json g = Json::object();
   g.set("allocations_peak_bytes", cuda ? p.alloc_peak_bytes : 0);
   g.set("context_bytes", p.context_bytes);
@@ -118,13 +168,18 @@ Json plan_to_json(const MemoryPlan& p) {
   g.set("capacity_bytes", p.gpu_capacity);
   g.set("usable_bytes", p.gpu_usable);
   g.set("fits", p.gpu_fits);
+  if (cuda) g.set("by_category", by_category(p, "gpu", p.gpu_peak_phase));
   j.set("gpu", g);
   Json h = Json::object();
   h.set("backend_allocations_peak_bytes", cuda ? 0 : p.alloc_peak_bytes);
   h.set("per_rank_peak_bytes", p.host_rank_peak_bytes);
+  h.set("per_rank_peak_phase", p.host_rank_peak_phase);
+  h.set("rank0_peak_bytes", root_host_peak(p));
   h.set("peak_phase", p.host_peak_phase);
   h.set("shared_bytes", p.host_shared_bytes);
   h.set("per_node_peak_bytes", p.host_peak_bytes);
+  h.set("ranks_per_node", p.target.gpus_per_node);
+  h.set("by_category", by_category(p, "host", p.host_peak_phase));
   h.set("capacity_bytes", p.host_capacity);
   h.set("usable_bytes", p.host_usable);
   h.set("fits", p.host_fits);
@@ -144,6 +199,8 @@ Json plan_to_json(const MemoryPlan& p) {
     o.set("allocations_bytes", ph.alloc_bytes);
     o.set("gpu_bytes", ph.gpu_bytes);
     o.set("host_bytes", ph.host_bytes);
+    o.set("host_other_bytes", ph.host_other_bytes);
+    o.set("host_node_bytes", ph.host_node_bytes);
     phases.push_back(o);
   }
   j.set("phases", phases);
@@ -159,6 +216,9 @@ Json plan_to_json(const MemoryPlan& p) {
     knobs.push_back(o);
   }
   j.set("knobs", knobs);
+  Json notes = Json::array();
+  for (const std::string& n : p.notes) notes.push_back(n);
+  j.set("notes", notes);
   if (!p.fits) j.set("message", refusal_message(p));
   return j;
 }
@@ -178,10 +238,11 @@ std::string compare_line(const MemoryPlan& p, const ops::MemoryStats& m, double 
          << pct(static_cast<double>(p.gpu_peak_bytes), device_used_bytes) << ")";
     os << "; scratch pool reserved peak " << gib(m.scratch_peak_bytes);
   }
-  os << "; host predicted " << gib(p.host_rank_peak_bytes) << " per rank";
+  const int64_t host = root_host_peak(p, true);  // (rank 0's line, printed before the HF export)
+  os << "; host predicted " << gib(host) << " on rank 0";
   if (host_hwm_bytes >= 0)
     os << ", measured " << gib(static_cast<int64_t>(host_hwm_bytes)) << " (VmHWM, plan "
-       << pct(static_cast<double>(p.host_rank_peak_bytes), host_hwm_bytes) << ")";
+       << pct(static_cast<double>(host), host_hwm_bytes) << ")";
   return os.str();
 }
 

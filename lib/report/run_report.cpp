@@ -87,6 +87,41 @@ std::string stage_label(const StageRun& s) { return s.name; }
 
 Json finite_or_null(double v) { return std::isfinite(v) ? Json(v) : Json(); }
 
+// plan.json is plan::plan_to_json's object (lib/plan/plan_report.cpp owns its form); these
+// read the parts the page shows, NaN or "" where an older plan.json lacks them.
+double plan_bytes(const Json& plan, const char* part, const char* key) {
+  const Json* p = plan.find(part);
+  const Json* v = p ? p->find(key) : nullptr;
+  return v && v->is_number() ? v->as_double() : kNaN;
+}
+std::string plan_str(const Json& plan, const char* part, const char* key) {
+  const Json* p = plan.find(part);
+  const Json* v = p ? p->find(key) : nullptr;
+  return v && v->is_string() ? v->as_string() : "";
+}
+double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+// "parallel.zero.stage 3, parallel.zero.offload_optimizer true, ..." from the plan's settings.
+std::string plan_settings(const Json& plan) {
+  const Json* st = plan.find("settings");
+  if (!st || !st->is_object()) return "";
+  std::string out;
+  for (const auto& [k, v] : st->as_object())
+    out += (out.empty() ? "" : ", ") + k + " " + (v.is_string() ? v.as_string() : v.dump());
+  return out;
+}
+
+// "context 3.60 + model state 7.12 + ..." of a by_category object.
+std::string categories(const Json& plan, const char* part) {
+  const Json* p = plan.find(part);
+  const Json* c = p ? p->find("by_category") : nullptr;
+  if (!c || !c->is_object()) return "";
+  std::string out;
+  for (const auto& [k, v] : c->as_object())
+    if (v.is_number() && v.as_double() > 0) out += (out.empty() ? "" : " + ") + k + " " + fixed(gib(v.as_double()), 2);
+  return out;
+}
+
 }  // namespace
 
 StageRun read_stage(const std::string& dir) {
@@ -136,7 +171,14 @@ Json report_data(const std::vector<StageRun>& stages) {
     Json rs = Json::array();
     for (size_t i : s.restarts) rs.push_back(static_cast<int64_t>(num(s.metrics[i], "step")));
     o.set("restarts_at_step", rs);
-    if (!s.plan.is_null()) o.set("plan_fits", s.plan.find("fits") ? *s.plan.find("fits") : Json());
+    if (!s.plan.is_null()) {
+      o.set("plan_fits", s.plan.find("fits") ? *s.plan.find("fits") : Json());
+      Json pl = Json::object();
+      pl.set("gpu_device_total_bytes", finite_or_null(plan_bytes(s.plan, "gpu", "device_total_bytes")));
+      pl.set("host_per_node_peak_bytes", finite_or_null(plan_bytes(s.plan, "host", "per_node_peak_bytes")));
+      pl.set("settings", s.plan.find("settings") ? *s.plan.find("settings") : Json());
+      o.set("plan", pl);
+    }
     Json ppl = Json::array();
     for (const PplCurve& c : s.ppl) {
       Json p = Json::object();
@@ -189,7 +231,7 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
   // The stages.
   o << "<h2>Stages</h2>\n<table><tr><th class=\"l\">stage</th><th>steps</th><th>restarts</th><th>last loss</th>"
        "<th>median tokens/s</th><th>median MFU</th><th>peak memory (GiB)</th><th>plan peak per GPU (GiB)</th>"
-       "<th class=\"l\">status</th></tr>\n";
+       "<th>plan host per node (GiB)</th><th class=\"l\">status</th></tr>\n";
   for (const StageRun& s : stages) {
     std::vector<double> tps, mfu;
     double mem = kNaN;
@@ -203,15 +245,15 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    double plan_gib = kNaN;
-    if (const Json* g = s.plan.find("gpu"))
-      if (const Json* b = g->find("device_total_bytes")) plan_gib = b->as_double() / (1024.0 * 1024 * 1024);
+    const double plan_gib = gib(plan_bytes(s.plan, "gpu", "device_total_bytes"));
+    const double plan_host = gib(plan_bytes(s.plan, "host", "per_node_peak_bytes"));
     o << "<tr><td class=\"l\">" << html_escape(s.name) << "</td><td>"
       << (s.metrics.empty() ? std::string("0") : fixed(num(s.metrics.back(), "step"), 0)) << "</td><td>"
       << s.restarts.size() << "</td><td>" << (s.metrics.empty() ? "-" : fixed(num(s.metrics.back(), "loss"), 4))
       << "</td><td>" << fixed(median(tps), 0) << "</td><td>"
       << (mfu.empty() ? "-" : fixed(100 * median(mfu), 1) + "%") << "</td><td>" << fixed(mem, 2) << "</td><td>"
-      << fixed(plan_gib, 2) << "</td><td class=\"l\">" << (s.done ? "done" : "not finished") << "</td></tr>\n";
+      << fixed(plan_gib, 2) << "</td><td>" << fixed(plan_host, 2) << "</td><td class=\"l\">"
+      << (s.done ? "done" : "not finished") << "</td></tr>\n";
   }
   o << "</table>\n";
   // Per-step charts over the chain.
@@ -257,15 +299,27 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
   o << "<h2>Memory plans</h2>\n";
   for (const StageRun& s : stages) {
     if (s.plan.is_null()) continue;
-    o << "<p><b>" << html_escape(s.name) << "</b>: " << html_escape(s.plan.find("fits") && s.plan.at("fits").as_bool() ? "fits" : "does not fit")
-      << "</p>\n<table><tr><th class=\"l\">phase</th><th>allocations (GiB)</th><th>device total (GiB)</th>"
-         "<th>host per rank (GiB)</th></tr>\n";
-    if (const Json* ph = s.plan.find("phases"))
+    const Json& pl = s.plan;
+    const std::string gpu = plan_str(pl, "target", "gpu");
+    const double gpus = plan_bytes(pl, "target", "gpus_per_node"), nodes = plan_bytes(pl, "target", "nodes");
+    o << "<p><b>" << html_escape(s.name) << "</b>: " << (pl.find("fits") && pl.at("fits").as_bool() ? "fits" : "does not fit")
+      << " on " << fixed(nodes, 0) << " x " << fixed(gpus, 0) << " " << html_escape(gpu.empty() ? "CPU rank(s)" : gpu)
+      << " (host " << fixed(gib(plan_bytes(pl, "target", "host_memory_bytes")), 0) << " GiB per node)";
+    if (!gpu.empty())
+      o << "; per GPU " << fixed(gib(plan_bytes(pl, "gpu", "device_total_bytes")), 2) << " GiB at "
+        << html_escape(plan_str(pl, "gpu", "peak_phase")) << " (" << html_escape(categories(pl, "gpu")) << ")";
+    o << "; host per node " << fixed(gib(plan_bytes(pl, "host", "per_node_peak_bytes")), 2) << " GiB at "
+      << html_escape(plan_str(pl, "host", "peak_phase")) << " (rank 0: " << html_escape(categories(pl, "host")) << ")</p>\n";
+    const std::string knobs = plan_settings(pl);
+    if (!knobs.empty()) o << "<p class=\"note\">" << html_escape(knobs) << "</p>\n";
+    o << "<table><tr><th class=\"l\">phase</th><th>allocations (GiB)</th><th>device total (GiB)</th>"
+         "<th>host per rank (GiB)</th><th>host per node (GiB)</th></tr>\n";
+    if (const Json* ph = pl.find("phases"))
       for (const Json& p : ph->as_array())
         o << "<tr><td class=\"l\">" << html_escape(p.at("name").as_string()) << "</td><td>"
-          << fixed(p.at("allocations_bytes").as_double() / (1 << 30), 2) << "</td><td>"
-          << fixed(p.at("gpu_bytes").as_double() / (1 << 30), 2) << "</td><td>"
-          << fixed(p.at("host_bytes").as_double() / (1 << 30), 2) << "</td></tr>\n";
+          << fixed(gib(num(p, "allocations_bytes")), 2) << "</td><td>" << fixed(gib(num(p, "gpu_bytes")), 2) << "</td><td>"
+          << fixed(gib(num(p, "host_bytes")), 2) << "</td><td>" << fixed(gib(num(p, "host_node_bytes")), 2)
+          << "</td></tr>\n";
     o << "</table>\n";
   }
   // Evaluations.

@@ -1,7 +1,9 @@
 // The run report (easyctx_report RUN_DIR...): one self-contained HTML page for a run or a chain
 // of stages (the recipe), from what the trainer and the evaluations leave in each output folder:
 //   metrics.jsonl   per step: loss, lr, grad norm, tokens/s, MFU, memory, elapsed
-//   plan.json       the memory plan the run was checked against (easyctx_train --plan's JSON)
+//   plan.json       the memory plan the run was checked against (plan::plan_to_json, written by
+//                   Trainer::run; what easyctx_train --plan prints last): its totals, per-GPU and
+//                   per-node peaks by category, and the settings that shape it
 //   run.json        the run's identity and stage settings, when present
 //   DONE            the stage finished
 //   *.csv           evaluations, in the folder or its eval/ subfolder, recognised by header:

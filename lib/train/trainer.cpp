@@ -398,6 +398,35 @@ void Trainer::load_weights() {
              " has no checkpoint yet: starting it from model.init");
 
   const model::ParamLayout& layout = model_->layout();
+  // Each rank reads only the part of the model it keeps (ZeRO-3: its shards), so a problem in
+  // the data (a non-finite weight, a short file) may show on some ranks only: every rank's
+  // outcome is gathered and any failure ends the start on every rank, naming what each saw.
+  auto read_agreed = [&](const std::string& what_read, const std::function<uint64_t()>& read) {
+    std::string failure;
+    try {
+      weights_bytes_read_ += read();
+    } catch (const InputError& e) {
+      failure = std::string("I") + e.what();
+    } catch (const std::exception& e) {
+      failure = std::string("E") + e.what();
+    }
+    sync.reduce(failure, "reading " + what_read, "checking what every rank read",
+                [&](const std::vector<std::string>& reports) -> std::string {
+                  std::string msg;
+                  bool input = true, all_same = true;
+                  for (size_t r = 0; r < reports.size(); ++r) {
+                    all_same = all_same && reports[r] == reports[0];
+                    if (reports[r].empty()) continue;
+                    input = input && reports[r][0] == 'I';
+                    msg += (msg.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
+                           reports[r].substr(1);
+                  }
+                  if (msg.empty()) return "";
+                  if (all_same) msg = reports[0].substr(1);  // (every rank read the same and saw the same)
+                  if (input) throw InputError(msg);
+                  EASYCTX_THROW(msg);
+                });
+  };
   Json chosen_entry;
   std::string changes;
   if (chosen >= 0) {
@@ -407,15 +436,22 @@ void Trainer::load_weights() {
                         " holds weights only (made by easyctx_convert): start a run from it with model.init: ckpt:",
                         r.path(), ", not --resume");
     check_same_model(r, model_->config(), what);
-    store_->read_checkpoint(r, true);
+    read_agreed(r.path(), [&] {
+      store_->read_checkpoint(r, true);
+      return r.bytes_read();
+    });
     start_step_ = r.meta().at("next_step").as_int();
     const Json rank0 = r.rank_meta(0);
     if (const Json* d = rank0.find("data")) resumed_data_state_ = d->dump();
     if (!r.config_hash().empty() && r.config_hash() != config_hash_) changes = identity_changes(r, identity);
     log_info("resuming from ", r.path(), " at step ", start_step_);
   } else if (starts_with(cfg_.model.init, "hf:")) {
-    store_->fill_master([&](const std::vector<ops::Tensor>& units) {
-      ckpt::load_hf_weights(cfg_.model.init.substr(3), layout, units);
+    const std::string dir = cfg_.model.init.substr(3);
+    read_agreed(cfg_.model.init, [&] {
+      ckpt::HfUnitReader hf(dir, layout);
+      store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) { hf.read(u, lo, n, out); });
+      hf.check_finite();
+      return hf.bytes_read();
     });
   } else if (starts_with(cfg_.model.init, "ckpt:")) {
     const std::string init = cfg_.model.init;
@@ -436,13 +472,19 @@ void Trainer::load_weights() {
     if (cfg_.model.carry_optimizer)
       EASYCTX_CHECK_INPUT(!(r.meta().find("weights_only") && r.meta().at("weights_only").as_bool()),
                           "model.carry_optimizer: ", r.path(), " holds weights only (made by easyctx_convert)");
-    store_->read_checkpoint(r, cfg_.model.carry_optimizer);
+    read_agreed(r.path(), [&] {
+      store_->read_checkpoint(r, cfg_.model.carry_optimizer);
+      return r.bytes_read();
+    });
     log_info("initial weights", cfg_.model.carry_optimizer ? " and Adam moments" : "", " from ", r.path());
   } else {
-    store_->fill_master([&](const std::vector<ops::Tensor>& units) {
-      model::init_random(layout, units, cfg_.model.init_std, cfg_.train.seed);
+    store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) {
+      model::init_random_range(layout, u, lo, ops::Tensor(out, DType::F32, {n}), cfg_.model.init_std, cfg_.train.seed);
     });
   }
+  if (weights_bytes_read_ > 0 && rank == 0)
+    log_info("weights: rank 0 read ", format_bytes(static_cast<double>(weights_bytes_read_)),
+             cfg_.parallel.zero.stage == 3 ? " (its shards: ZeRO-3 ranks read only the part they keep)" : "");
 
   auto record = [&](const std::vector<std::string>&) { return record_run(plan, chosen_entry).dump(); };
   const Json started = parse_json(sync.reduce("", "loading", "recording the run in run.json", record), "run record");
@@ -624,7 +666,20 @@ void Trainer::log_startup() const {
 
 StepStats Trainer::run() {
   const bool root = world_.rank() == 0;
-  if (root) fs::create_directories(cfg_.output.dir);
+  if (root) {
+    fs::create_directories(cfg_.output.dir);
+    // The memory plan this run was checked against (plan::plan_to_json: what --plan prints),
+    // for easyctx_report and whoever sizes the next job. A report, not the run's state: a
+    // failure to write it (a full disk) is a warning, and the run goes on.
+    const std::string plan_path = (fs::path(cfg_.output.dir) / "plan.json").string();
+    try {
+      write_file_atomic(plan_path, plan::plan_to_json(*plan_).dump(1) + "\n");
+    } catch (const std::exception& e) {
+      std::error_code ec;
+      fs::remove(plan_path + ".tmp", ec);
+      log_warn(plan_path, " not written (", e.what(), "): the run goes on without its plan for easyctx_report");
+    }
+  }
   log_startup();
   report_->open_metrics(start_step_);
   const auto start = Clock::now();
@@ -666,7 +721,7 @@ StepStats Trainer::run() {
 bool Trainer::stop_requested() { return static_cast<bool>(dist::agree_stop(world_)); }
 
 void Trainer::save_hf(const std::string& dir) const {
-  std::vector<std::vector<float>> units = store_->master_host();  // (ZeRO-3: collective)
+  std::vector<std::vector<float>> units = store_->master_host_at_root();  // (ZeRO-3: collective)
   if (world_.rank() != 0 && cfg_.parallel.zero.stage == 3) return;
   std::vector<ops::Tensor> views;
   for (std::vector<float>& u : units)

@@ -81,8 +81,9 @@ class Trainer {
   // The backend's allocation counters (device memory on CUDA; what the plan's allocations predict).
   ops::MemoryStats memory_stats() const { return be_->memory_stats(); }
   // Every step with logging and metrics, then the final save. Returns the last stats.
-  // A step's metrics record is written before its checkpoint, so a committed checkpoint is
-  // never ahead of metrics.jsonl. Stops early, after a checkpoint, when any rank received
+  // First writes <output.dir>/plan.json (rank 0, atomically): the memory plan the run was
+  // checked against, plan::plan_to_json's form (a failure to write it is only a warning). A step's metrics record is written before its
+  // checkpoint, so a committed checkpoint is never ahead of metrics.jsonl. Stops early, after a checkpoint, when any rank received
   // SIGUSR1/SIGTERM (stopped() is then true); on completion writes <output.dir>/DONE.
   StepStats run();
   bool stopped() const { return stopped_; }
@@ -110,6 +111,10 @@ class Trainer {
   std::vector<std::vector<float>> gradients_host() const { return store_->gradients_host(); }
   // cpu or cuda: what train.device resolved to.
   DeviceKind device() const { return device_; }
+  // Bytes of weights (and, when resuming or carrying them, Adam moments) this rank read from
+  // disk at start: model.init hf:DIR or ckpt:DIR, or the checkpoint resumed (0 for random
+  // init). Stage 0 reads every unit whole; ZeRO-3 only this rank's shard of each unit.
+  uint64_t weights_bytes_read() const { return weights_bytes_read_; }
   // Model FLOPs per token (causal counting, DESIGN.md "Performance model").
   double flops_per_token() const;
 
@@ -141,6 +146,7 @@ class Trainer {
   int64_t last_saved_step_ = -1;  // committed by this run and verified: never written again
   std::string resumed_data_state_;  // the checkpoint's data cursor, checked once the loader exists
   bool stopped_ = false;
+  uint64_t weights_bytes_read_ = 0;
   std::unique_ptr<ops::Backend> be_;
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<zero::ParamStore> store_;

@@ -74,10 +74,24 @@ void ParamStore::upload(std::vector<ops::Buffer>& bufs, const std::vector<std::v
   be_.synchronize();  // the staged host memory goes away after this
 }
 
-void ParamStore::fill_master(const std::function<void(const std::vector<ops::Tensor>&)>& fill) {
-  std::vector<std::vector<float>> stage;
-  fill(host_views(master_, stage, false));
-  upload(master_, stage);
+void ParamStore::load_part(size_t u, const ops::Buffer& b, const std::function<void(int64_t, int64_t, float*)>& read) {
+  const Kept k = kept(u);
+  if (k.length <= 0) return;
+  EASYCTX_CHECK(b.dtype() == DType::F32 && b.numel() >= k.length, "ParamStore: unit ", layout_.units()[u].name,
+                ": ", k.length, " elements kept, buffer of ", b.numel());
+  if (b.flat().space == MemSpace::Host) {  // (the CPU backend, or offload_optimizer's host state)
+    read(k.lo, k.length, b.flat().ptr<float>());
+    return;
+  }
+  std::vector<float> part(static_cast<size_t>(k.length));
+  read(k.lo, k.length, part.data());
+  be_.copy(b.flat().slice_flat(0, {k.length}), ops::Tensor(part.data(), DType::F32, {k.length}));
+  be_.synchronize();  // `part` goes away
+}
+
+void ParamStore::load_master(const MasterFill& fill) {
+  for (size_t u = 0; u < layout_.num_units(); ++u)
+    load_part(u, master_[u], [&](int64_t lo, int64_t n, float* out) { fill(u, lo, n, out); });
 }
 
 void ParamStore::read_units(const ckpt::CheckpointReader& r, const std::string& kind, std::vector<ops::Buffer>& bufs) {
@@ -87,26 +101,10 @@ void ParamStore::read_units(const ckpt::CheckpointReader& r, const std::string& 
     EASYCTX_CHECK_INPUT(r.numel(name) == units[u].numel, r.path(), ": ", name, " has ", r.numel(name),
                         " elements, this model needs ", units[u].numel, " (different model config?)");
   }
-  if (&bufs != &master_ && moments_as_shards()) {  // only this rank's shard of each unit
-    for (size_t u = 0; u < units.size(); ++u) {
-      const std::string name = kind + "/" + units[u].name;
-      const int64_t lo = moment_lo(u), valid = std::min(units[u].numel - lo, bufs[u].numel());
-      if (valid <= 0) continue;
-      if (host_resident(bufs)) {  // offload_optimizer: straight into the host shard
-        r.read(name, lo, valid, bufs[u].flat().ptr<float>());
-        continue;
-      }
-      std::vector<float> part(static_cast<size_t>(valid));
-      r.read(name, lo, valid, part.data());
-      be_.copy(bufs[u].flat().slice_flat(0, {valid}), ops::Tensor(part.data(), DType::F32, {valid}));
-      be_.synchronize();  // `part` goes away
-    }
-    return;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::string name = kind + "/" + units[u].name;
+    load_part(u, bufs[u], [&](int64_t lo, int64_t n, float* out) { r.read(name, lo, n, out); });
   }
-  std::vector<std::vector<float>> stage;
-  const std::vector<ops::Tensor> hv = host_views(bufs, stage, false);
-  for (size_t u = 0; u < units.size(); ++u) r.read(kind + "/" + units[u].name, 0, units[u].numel, hv[u].ptr<float>());
-  upload(bufs, stage);
 }
 
 void ParamStore::read_checkpoint(const ckpt::CheckpointReader& r, bool moments) {

@@ -44,9 +44,9 @@ struct StoreOptions {
   int prefetch = 1;                 // parallel.zero.prefetch (stage 3)
   bool offload_optimizer = false;   // parallel.zero.offload_optimizer (device backends)
   bool offload_params = false;      // parallel.zero.offload_params (stage 3 + offload_optimizer)
-  // The backend of the state kept in host memory (offload_optimizer; stage 3 on a device: the
-  // whole master weights while loading). Default: ops::make_cpu_backend. The memory plan
-  // passes recording backends and replays the store's allocations.
+  // The backend of the state kept in host memory (offload_optimizer). Default:
+  // ops::make_cpu_backend. The memory plan passes recording backends and replays the store's
+  // allocations.
   std::function<std::unique_ptr<ops::Backend>()> host_backend;
 };
 
@@ -71,21 +71,28 @@ class ParamStore {
   ParamStore& operator=(const ParamStore&) = delete;
 
   // ---- loading, before the first step
-  // Host fp32 views of every unit's whole master weights for `fill` to write (random
-  // initialisation, Hugging Face import).
-  void fill_master(const std::function<void(const std::vector<ops::Tensor>&)>& fill);
-  // From a checkpoint: the master weights, and the Adam moments when `moments`.
+  // Writes elements [offset, offset + length) of unit u's whole fp32 master weights into host
+  // f32 `out` (random initialisation, a Hugging Face folder, ...).
+  using MasterFill = std::function<void(size_t unit, int64_t offset, int64_t length, float* out)>;
+  // The master weights this rank keeps, each part asked of `fill` once, unit by unit: every
+  // unit whole on stage 0, only this rank's shard of each unit on stage 3 (the range
+  // [lo, lo + valid), the padding left 0), so a ZeRO-3 rank never reads or holds more of the
+  // model than its share. Host-resident state is written in place; device state through a
+  // host staging of one unit's part at a time.
+  void load_master(const MasterFill& fill);
+  // From a checkpoint: the master weights, and the Adam moments when `moments`; the parts this
+  // rank keeps, as load_master (only their elements are read).
   void read_checkpoint(const ckpt::CheckpointReader& r, bool moments);
-  // After loading: (stage 3) the state cut to this rank's shards; the working copy made.
+  // After loading: (stage 3) the buffers of the per-layer path; the working copy made.
   // Collective over the shard group.
   void finish_loading() {
-    cut_shards();
+    allocate_step_buffers();
     refresh_working_copy();
   }
-  // Stage 3: whole master/Adam buffers (as loaded) -> this rank's shards, unit by unit, then
-  // the buffers of the per-layer path (the first half of finish_loading; the memory plan
-  // replays it).
-  virtual void cut_shards() {}
+  // Stage 3: the buffers a step adds to the shards (gradient and working shards, the
+  // embedding and head gathered, the pool of gathered layers, the reduce-scatter's); the first
+  // half of finish_loading (the memory plan replays it).
+  virtual void allocate_step_buffers() {}
 
   // ---- a step
   // Gradients zeroed, except those of units a deferred update has still to reach.
@@ -112,6 +119,10 @@ class ParamStore {
   // Every unit's whole fp32 master weights in host memory. Stage 3: gathered from the shards,
   // collective over the shard group.
   virtual std::vector<std::vector<float>> master_host() = 0;
+  // The same on world rank 0 only (the HF export), empty vectors elsewhere. Stage 3: collective
+  // over the shard group, every other rank holding one gathered unit at a time, so a node holds
+  // one copy of the model (rank 0's) rather than one per rank. Stage 0: master_host().
+  virtual std::vector<std::vector<float>> master_host_at_root() { return master_host(); }
   // Stage 0 only (tests): the master weights and gradients as they are held.
   virtual std::vector<ops::Tensor> master() const;
   virtual std::vector<ops::Tensor> gradients() const;
@@ -142,9 +153,11 @@ class ParamStore {
     int64_t a, e, base;
   };
   virtual Part part_of(size_t u, const model::ParamTensor& t) const = 0;
-  // Where the Adam moments of unit u are read into (shards on stage 3 CUDA).
-  virtual bool moments_as_shards() const { return false; }
-  virtual int64_t moment_lo(size_t u) const { (void)u; return 0; }
+  // The elements [lo, lo + length) of unit u this rank keeps (at offset 0 of its buffers).
+  struct Kept {
+    int64_t lo, length;
+  };
+  virtual Kept kept(size_t u) const = 0;
   // The buffers the update reads and writes: gradients, and the bf16 working copy (empty on the CPU).
   virtual const std::vector<ops::Buffer>& update_grads() const = 0;
   virtual const std::vector<ops::Buffer>& working() const = 0;
@@ -165,12 +178,14 @@ class ParamStore {
   StoreOptions opts_;
   StoreComms comms_;
   std::unique_ptr<ops::Backend> host_be_;  // offload_optimizer: owns the fp32 state in host memory
-  std::unique_ptr<ops::Backend> load_be_;  // stage 3 on CUDA: the whole master weights while loading
   std::vector<ops::Buffer> master_, adam_m_, adam_v_;  // per unit (stage 3: this rank's shards once loaded)
   std::unique_ptr<class HostAdamW> host_adamw_;
   std::unique_ptr<class DeferredUpdate> deferred_;
 
  private:
+  // Unit u's kept part into buffer b: `read(lo, length, out)` writes it to host f32 `out` (b
+  // itself when in host memory, else a staging of that part copied to the device).
+  void load_part(size_t u, const ops::Buffer& b, const std::function<void(int64_t, int64_t, float*)>& read);
   void read_units(const ckpt::CheckpointReader& r, const std::string& kind, std::vector<ops::Buffer>& bufs);
 };
 

@@ -140,6 +140,7 @@ class ReplicatedStore final : public ParamStore {
 
  protected:
   Part part_of(size_t, const model::ParamTensor& t) const override { return {t.offset, t.offset + t.numel, 0}; }
+  Kept kept(size_t u) const override { return {0, layout_.units()[u].numel}; }
   const std::vector<ops::Buffer>& update_grads() const override { return grads_; }
   const std::vector<ops::Buffer>& working() const override { return work_; }
   void after_deferred_start() override {}

@@ -49,20 +49,14 @@ class ShardedStore final : public ParamStore {
                           " group uses ", g->backend(), " (device buffers) but the trainer runs the ", be_.name(),
                           " backend; set train.device: cuda");
     }
-    // On CUDA the whole master weights are loaded in host memory and only this rank's shards
-    // reach the device (finish_loading; with offload_optimizer they stay in host memory); the
-    // Adam moments are this rank's shards from the start (a checkpoint is read shard by
-    // shard). On the CPU the whole buffers are the backend's and are replaced by shards.
-    if (on_device()) load_be_ = make_host_backend();
-    ops::Backend& opt_be = host_be_ ? *host_be_ : load_be_ ? *load_be_ : be_;
-    ops::Backend& mom_be = on_device() && !host_be_ ? be_ : opt_be;
-    const std::string moments_label = on_device() ? state_label(kShards) : "Adam m, v (fp32, whole, as loaded)";
-    for (size_t u = 0; u < sl_.units(); ++u) {
-      master_.push_back(opt_be.alloc(DType::F32, sl_.numel(u), "fp32 master weights (whole, as loaded)"));
-      const int64_t moments = on_device() ? sl_.len(u) : sl_.numel(u);
-      adam_m_.push_back(mom_be.alloc(DType::F32, moments, moments_label.c_str()));
-      adam_v_.push_back(mom_be.alloc(DType::F32, moments, moments_label.c_str()));
-    }
+    // Every rank holds only its shards of master, m and v from the start (on the GPU, or with
+    // offload_optimizer in host memory); loading reads only the part each shard holds
+    // (ParamStore::load_master, read_checkpoint), so no rank ever holds the whole model.
+    ops::Backend& state_be = host_be_ ? *host_be_ : be_;
+    const std::string shards = state_label(kShards);
+    for (size_t u = 0; u < sl_.units(); ++u)  // zero-filled: the padding stays 0
+      for (std::vector<ops::Buffer>* b : {&master_, &adam_m_, &adam_v_})
+        b->push_back(state_be.alloc(DType::F32, sl_.len(u), shards.c_str()));
     lane_ = std::make_unique<CommLane>(be_, std::initializer_list<dist::Comm*>{comms_.zero, comms_.zero_replica});
     if (host_adamw_) {
       deferred_ = std::make_unique<DeferredUpdate>(*host_adamw_, be_, [this](size_t u) { prepare(u); });
@@ -131,7 +125,16 @@ class ShardedStore final : public ParamStore {
   std::vector<std::vector<float>> master_host() override {  // collective: every unit from its owners' shards
     settle();
     std::vector<std::vector<float>> out(sl_.units());
-    for (size_t u = 0; u < sl_.units(); ++u) out[u] = gather_master(u);
+    for (size_t u = 0; u < sl_.units(); ++u) gather_master(u, out[u]);
+    return out;
+  }
+
+  std::vector<std::vector<float>> master_host_at_root() override {  // collective; kept on world rank 0
+    settle();
+    const bool root = comms_.world->rank() == 0;
+    std::vector<std::vector<float>> out(sl_.units());
+    std::vector<float> unit;  // the others: one gathered unit at a time
+    for (size_t u = 0; u < sl_.units(); ++u) gather_master(u, root ? out[u] : unit);
     return out;
   }
 
@@ -153,8 +156,7 @@ class ShardedStore final : public ParamStore {
   Part part_of(size_t u, const model::ParamTensor& t) const override {
     return {std::max(t.offset, sl_.lo(u)), std::min(t.offset + t.numel, sl_.lo(u) + sl_.valid(u)), sl_.lo(u)};
   }
-  bool moments_as_shards() const override { return on_device(); }
-  int64_t moment_lo(size_t u) const override { return sl_.lo(u); }
+  Kept kept(size_t u) const override { return {sl_.lo(u), sl_.valid(u)}; }
   const std::vector<ops::Buffer>& update_grads() const override { return gshard_; }
   const std::vector<ops::Buffer>& working() const override { return wshard_; }
   bool working_in_host() const override { return opts_.offload_params; }
@@ -196,23 +198,12 @@ class ShardedStore final : public ParamStore {
   int64_t numel(size_t u) const { return sl_.numel(u); }
 
  public:
-  void cut_shards() override {
+  void allocate_step_buffers() override {
     const int64_t Z = sl_.group_size();
-    ops::Backend& state_be = host_be_ ? *host_be_ : be_;  // offload_optimizer: the shards stay on the host
-    const std::string shards = state_label(kShards), wt = dtype_ == DType::BF16 ? "bf16" : "fp32";
+    const std::string wt = dtype_ == DType::BF16 ? "bf16" : "fp32";
     const std::string ends = wt + " embedding + head, gathered for the step";
     for (size_t u = 0; u < sl_.units(); ++u) {
-      const int64_t len = sl_.len(u), lo = sl_.lo(u), valid = sl_.valid(u);
-      auto slice = [&](const ops::Buffer& full) {
-        ops::Buffer b = state_be.alloc(DType::F32, len, shards.c_str());  // zero-filled: the padding stays 0
-        if (valid > 0) state_be.copy(b.flat().slice_flat(0, {valid}), full.flat().slice_flat(lo, {valid}));
-        return b;
-      };
-      master_[u] = slice(master_[u]);
-      if (!moments_as_shards()) {
-        adam_m_[u] = slice(adam_m_[u]);
-        adam_v_[u] = slice(adam_v_[u]);
-      }
+      const int64_t len = sl_.len(u);
       gshard_.push_back(be_.alloc(DType::F32, len, "fp32 reduced gradient shard"));
       if (on_device())  // (offload_params: pinned host memory, written by the host AdamW)
         wshard_.push_back(opts_.offload_params
@@ -227,8 +218,6 @@ class ShardedStore final : public ParamStore {
       // The model accumulates the whole unit; padded for the reduce-scatter.
       grads_.push_back(be_.alloc(DType::F32, len * Z, "fp32 embedding + head gradients (whole, padded)"));
     }
-    if (on_device()) be_.synchronize();  // the host buffers the shards came from go away
-    load_be_.reset();
     std::vector<ops::Buffer> slots, grads, parts;
     const int64_t L = static_cast<int64_t>(sl_.units()) - 2;
     if (L > 0) {
@@ -286,11 +275,11 @@ class ShardedStore final : public ParamStore {
     be_.synchronize();  // `all` goes away
   }
 
-  // Unit u's whole fp32 master weights (collective over the shard group).
-  std::vector<float> gather_master(size_t u) {
+  // Unit u's whole fp32 master weights into `out` (collective over the shard group).
+  void gather_master(size_t u, std::vector<float>& out) {
     dist::Comm& z = *comms_.zero;
     const int64_t len = sl_.len(u), Z = sl_.group_size();
-    std::vector<float> out(static_cast<size_t>(len * Z));
+    out.resize(static_cast<size_t>(len * Z));
     if (!on_device()) {
       z.all_gather(master_[u].flat().ptr<float>(), out.data(), static_cast<size_t>(len));
     } else if (z.memspace() == MemSpace::Device) {
@@ -310,7 +299,6 @@ class ShardedStore final : public ParamStore {
       z.all_gather(mine.data(), out.data(), static_cast<size_t>(len));
     }
     out.resize(static_cast<size_t>(sl_.numel(u)));
-    return out;
   }
 
   // A deferred update reached unit u: its gradient buffers zeroed (the host has read them)

@@ -383,7 +383,7 @@ TEST_F(Faults, FullDisk) {
             HasFailure() ? "FAILED" : "clean error, previous checkpoint intact, then nothing lost", r.seconds);
   }
   // (b) A file-size limit on rank 0 that metrics.jsonl crosses: an error naming the file, never
-  // a silent gap; only whole lines remain.
+  // a silent gap; only whole lines remain. (plan.json crosses it first: only a warning.)
   {
     const std::string out = path("efbig-metrics");
     Opts o;
@@ -392,6 +392,9 @@ TEST_F(Faults, FullDisk) {
     const Result r = train(out, o);
     EXPECT_NE(r.rc, 0) << r.out;
     EXPECT_TRUE(has(r.out, "metrics.jsonl: cannot write the metrics record of step")) << r.out;
+    // (plan.json, written first, crossed the limit already: a warning, and the run went on)
+    EXPECT_TRUE(has(r.out, "/plan.json not written (")) << r.out;
+    EXPECT_FALSE(fs::exists(out + "/plan.json.tmp"));
     EXPECT_TRUE(has(r.out, "File too large")) << r.out;
     const std::string m = slurp(out + "/metrics.jsonl");
     EXPECT_TRUE(m.empty() || m.back() == '\n') << "a partial line was left";

@@ -2,6 +2,7 @@
 // file gives a clear InputError naming the problem.
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <random>
 
 #include "ckpt/hf_model.h"
@@ -70,6 +71,52 @@ TEST_F(HfFolder, RoundTripF32SingleAndSharded) {
   ckpt::load_hf_weights(dir / "many", layout, b);
   EXPECT_EQ(flat(b), flat(units));
   EXPECT_EQ(model::load_llama_config(dir / "many").num_parameters(), cfg.num_parameters());
+}
+
+// Range reads: any [first, first + count) of a tensor, F32 / BF16 / F16 / F64 on disk, equals
+// that slice of the whole read, and reads only its bytes; a tensor past the reader's chunk
+// (SafetensorsReader::kReadChunkBytes) reads across the chunk boundaries. HfUnitReader reads any
+// range of a unit (spanning tensors, in a sharded folder) as load_hf_weights has it.
+TEST_F(HfFolder, RangeReadsReadOnlyTheirBytes) {
+  std::mt19937_64 rng(test_seed());
+  const int64_t big = static_cast<int64_t>(ckpt::SafetensorsReader::kReadChunkBytes / 4) * 5 / 4 + 37;  // > 1 chunk of f32
+  std::vector<double> values(static_cast<size_t>(big));
+  std::normal_distribution<double> nd;
+  for (double& v : values) v = nd(rng);
+  std::vector<ckpt::StWriteTensor> ts;
+  for (ckpt::StDType t : {ckpt::StDType::F32, ckpt::StDType::BF16, ckpt::StDType::F16, ckpt::StDType::F64})
+    ts.push_back({std::string("w.") + ckpt::st_dtype_name(t), {big}, values.data(), DType::F64, t});
+  ckpt::write_safetensors(dir / "r.safetensors", ts);
+  const ckpt::SafetensorsReader r(dir / "r.safetensors");
+  for (const ckpt::StWriteTensor& w : ts) {
+    const ckpt::StTensor& t = *r.find(w.name);
+    std::vector<float> whole(static_cast<size_t>(big));
+    r.read(t, DType::F32, whole.data());
+    if (t.dtype == ckpt::StDType::F32 || t.dtype == ckpt::StDType::F64)  // (the whole read against what was written)
+      for (int64_t i = 0; i < big; i += 997) ASSERT_EQ(whole[static_cast<size_t>(i)], static_cast<float>(values[static_cast<size_t>(i)]));
+    for (int trial = 0; trial < 4; ++trial) {
+      const int64_t first = trial == 0 ? 0 : static_cast<int64_t>(rng() % static_cast<uint64_t>(big));
+      const int64_t count = trial == 0 ? big : static_cast<int64_t>(rng() % static_cast<uint64_t>(big - first + 1));
+      std::vector<float> part(static_cast<size_t>(count));
+      const uint64_t before = r.bytes_read();
+      r.read_range(t, first, count, DType::F32, part.data());
+      EXPECT_EQ(r.bytes_read() - before, static_cast<uint64_t>(count) * ckpt::st_dtype_size(t.dtype)) << w.name;
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + first)) << w.name << " [" << first << ", +" << count << ")";
+    }
+  }
+  // A unit's ranges through HfUnitReader, in a folder of several files.
+  ckpt::save_hf_model(dir / "many", cfg, layout, units, ckpt::StDType::F32, 60000);
+  ckpt::HfUnitReader hf(dir / "many", layout);
+  for (size_t u = 0; u < layout.num_units(); ++u) {
+    const int64_t n = layout.units()[u].numel;
+    const int64_t lo = static_cast<int64_t>(rng() % static_cast<uint64_t>(n)), len = static_cast<int64_t>(rng() % static_cast<uint64_t>(n - lo + 1));
+    std::vector<float> part(static_cast<size_t>(len));
+    const uint64_t before = hf.bytes_read();
+    hf.read(u, lo, len, part.data());
+    EXPECT_EQ(hf.bytes_read() - before, static_cast<uint64_t>(4 * len));
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), units[u].ptr<float>() + lo)) << layout.units()[u].name;
+  }
+  EXPECT_NO_THROW(hf.check_finite());
 }
 
 TEST_F(HfFolder, RoundTripBf16WithinRounding) {

@@ -12,6 +12,8 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/strings.h"
+#include "plan/memory_plan.h"
+#include "plan/target.h"
 #include "report/run_report.h"
 #include "report/svg.h"
 #include "test_util.h"
@@ -113,6 +115,48 @@ TEST(Report, PageDataEqualsTheRunsFolders) {
     ++cells;
   }
   EXPECT_EQ(cells, 4u);
+  fs::remove_all(root);
+}
+
+// A GPU stage's plan.json (plan::plan_to_json of a recipe-like plan: llama2-7b, ZeRO-3 with the
+// optimizer offloaded, 2 x 8 A100-80GB): the page's data carries its per-GPU and per-node
+// peaks and settings as written, and the page names the target, the per-GPU categories that
+// add up to the peak, and the knobs.
+TEST(Report, ShowsTheMemoryPlanOfAGpuStage) {
+  StageConfig c;
+  c.model.config = "llama2-7b";
+  c.data.seq_length = 65536;
+  c.train.device = DeviceKind::Cuda;
+  c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+  c.activation.mlp_tile = 16384;
+  c.parallel.zero.stage = 3;
+  c.parallel.zero.offload_optimizer = true;
+  c.target.gpu = "A100-80GB";
+  c.target.gpus_per_node = 8;
+  c.target.nodes = 2;
+  c.target.host_memory_gib = 1024;
+  const plan::MemoryPlan p = plan::plan_memory(c, plan::resolve_target(c, 1, 1));
+  ASSERT_TRUE(p.fits) << plan::refusal_message(p);
+  const fs::path root = fs::temp_directory_path() / ("easyctx-report-plan-" + std::to_string(test::test_seed()));
+  fs::create_directories(root / "s2");
+  write_file_atomic((root / "s2" / "plan.json").string(), plan::plan_to_json(p).dump(1) + "\n");
+  const report::StageRun st = report::read_stage((root / "s2").string());
+  const Json data = report::report_data({st});
+  const Json& pl = data.at("stages")[0].at("plan");
+  EXPECT_EQ(pl.at("gpu_device_total_bytes").as_int(), p.gpu_peak_bytes);
+  EXPECT_EQ(pl.at("host_per_node_peak_bytes").as_int(), p.host_peak_bytes);
+  EXPECT_EQ(pl.at("settings").at("activation.checkpoint").as_string(), "attention_output");
+  const std::string page = report::render_report({st}, "plan");
+  auto g = [](int64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(b) / (1 << 30));
+    return std::string(buf);
+  };
+  EXPECT_NE(page.find("fits on 2 x 8 A100-80GB (host 1024 GiB per node); per GPU " + g(p.gpu_peak_bytes) +
+                      " GiB at " + p.gpu_peak_phase + " (context 3.60 + model state "),
+            std::string::npos);
+  EXPECT_NE(page.find("host per node " + g(p.host_peak_bytes) + " GiB at " + p.host_peak_phase), std::string::npos);
+  EXPECT_NE(page.find("parallel.zero.offload_optimizer true"), std::string::npos);
   fs::remove_all(root);
 }
 

@@ -62,6 +62,8 @@ YAML
 grep -q "sequence-parallel groups (1 x 2): \[0 1\]" "$work/out" || fail "--print-config: no 2-rank layout"
 grep -q "smallest world for parallel.sequence.size = 2" "$work/out" || fail "--print-config: no note on the world"
 grep -q "^  dir: " "$work/out" || fail "--print-config: no output.dir (slurm/common.sh reads it)"
+grep -qE "^# this build: (CUDA backend, [0-9]+ CUDA device|CPU only)" "$work/out" \
+  || fail "--print-config: no '# this build:' line (slurm/common.sh reads it)"
 pass "--print-config with parallel.sequence.size=2 on one process"
 
 "$bin/easyctx_train" "$work/stage.yaml" >"$work/out" 2>&1 || fail "training failed"

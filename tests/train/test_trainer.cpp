@@ -11,6 +11,8 @@
 #include "core/json.h"
 #include "core/strings.h"
 #include "dist/groups.h"
+#include "plan/memory_plan.h"
+#include "report/run_report.h"
 #include "ops/half.h"
 #include "zero/adamw_span.h"
 #include "train/schedule.h"
@@ -231,6 +233,52 @@ TEST(Trainer, RerunIsBitIdenticalAndFinalSaveLoads) {
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), a.train.steps);
   for (const char* k : {"\"step\"", "\"loss\"", "\"lr\"", "\"grad_norm\"", "\"tokens\"", "\"tokens_per_s\"", "\"elapsed\""})
     EXPECT_NE(metrics.find(k), std::string::npos) << k;
+}
+
+// Trainer::run writes <output.dir>/plan.json: plan::plan_to_json of the plan it was checked
+// against (the same run, settings, items and allocations as the plan made for that launch);
+// easyctx_report reads it and shows its totals and knobs; a new run in the folder moves the
+// earlier run's plan.json to previous/<its id>/ with its other files.
+TEST(Trainer, RunWritesItsMemoryPlanForTheReport) {
+  TempDir dir("train-plan-json");
+  write_walk_shard(dir / "shard.h5", test_seed(), 40, 10, 80, 256);
+  auto world = self_comm("world"), dp = self_comm("dp");
+  StageConfig a = tiny_stage(dir / "shard.h5", dir / "a");
+  a.logging.metrics = true;
+  a.activation.mlp_tile = 16;
+  std::string first_run;
+  {
+    train::Trainer t(a, *world, *dp);
+    t.run();
+    first_run = t.run_id();
+  }
+  const Json got = parse_json(read_file(dir / "a/plan.json"), "plan.json");
+  const Json want = plan::plan_to_json(plan::plan_for_run(a, 1, 1));
+  for (const char* k : {"fits", "run", "settings", "allocations_peak_bytes", "allocations_peak_phase", "attention_routes"})
+    EXPECT_EQ(got.at(k).dump(), want.at(k).dump()) << k;
+  ASSERT_EQ(got.at("items").size(), want.at("items").size());
+  for (size_t i = 0; i < got.at("items").size(); ++i)
+    EXPECT_EQ(got.at("items")[i].at("name").dump(), want.at("items")[i].at("name").dump()) << i;
+  EXPECT_EQ(got.at("settings").at("activation.mlp_tile").as_int(), 16);
+  EXPECT_GT(got.at("host").at("per_node_peak_bytes").as_int(), 0);
+  const report::StageRun st = report::read_stage(dir / "a");
+  EXPECT_EQ(st.plan.dump(), got.dump());
+  const Json data = report::report_data({st});
+  EXPECT_EQ(data.at("stages")[0].at("plan").at("host_per_node_peak_bytes").as_int(),
+            got.at("host").at("per_node_peak_bytes").as_int());
+  EXPECT_EQ(data.at("stages")[0].at("plan").at("settings").dump(), got.at("settings").dump());
+  const std::string page = report::render_report({st}, "plan");
+  EXPECT_NE(page.find("activation.mlp_tile 16"), std::string::npos);
+  EXPECT_NE(page.find("plan host per node (GiB)"), std::string::npos);
+  // A new run in the same folder: the first run's plan goes with its metrics.
+  train::RunOptions fresh;
+  fresh.resume = "none";
+  {
+    train::Trainer t(a, *world, *dp, fresh);
+    t.run();
+  }
+  EXPECT_EQ(read_file(dir / ("a/previous/" + first_run + "/plan.json")), got.dump(1) + "\n");
+  EXPECT_TRUE(std::filesystem::exists(dir / "a/plan.json"));
 }
 
 TEST(Trainer, ThreadCountDoesNotChangeTheResult) {

@@ -7,19 +7,27 @@
 // gathered layers, gradients reduce-scattered per layer and micro-batch) matches stage 0 with
 // accumulation (1e-5: the micro-batch and rank sums are ordered differently), every prefetch
 // depth and activation policy (bit-identical among themselves), and peaks below the buffers of
-// gathering every unit (and the pool grows by exactly the prefetched layers).
+// gathering every unit (and the pool grows by exactly the prefetched layers). Loading at
+// ZeRO-3 reads only each rank's shard (Hugging Face folders, checkpoints with their moments,
+// random init) and equals the replicated load bit for bit; a non-finite weight that only one
+// rank reads stops the start on every rank, naming that rank.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <array>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
 
 #include "ckpt/hf_model.h"
+#include "ckpt/sharded_checkpoint.h"
+#include "zero/shard_layout.h"
 #include "dist/comm_mpi.h"
 #include "dist/groups.h"
+#include "plan/memory_plan.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
 
@@ -261,6 +269,187 @@ TEST(Zero3Resume, BitForBitAndReshardedToStage0) {
     }
     MPI_Comm_free(&sub);
   }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+// ---- loading at ZeRO-3: each rank reads only its shards
+
+struct Loaded {
+  std::vector<float> w;  // the whole master weights, gathered
+  uint64_t bytes = 0;    // what this rank read
+  int zero_rank = 0;
+  int64_t init_peak = 0, init_live = 0;  // this rank's backend allocations while starting, and after
+  int64_t planned_init = 0;              // the plan's "init" allocations
+};
+
+Loaded load(dist::Runtime& rt, const StageConfig& c, const std::function<void(train::Trainer&)>& also = nullptr) {
+  const dist::GroupLayout layout = dist::make_group_layout(c, rt.size(), rt.topology().local_size);
+  dist::ProcessGroups groups(rt, layout, dist::CommBackend::Mpi, 120);
+  const int64_t before = ops::cpu_process_memory_stats().live_bytes;
+  ops::reset_cpu_process_peak_memory();
+  train::Trainer t(c, groups);
+  Loaded l;
+  l.init_peak = ops::cpu_process_memory_stats().peak_bytes - before;
+  l.init_live = ops::cpu_process_memory_stats().live_bytes - before;
+  for (const plan::PhaseTotal& ph : plan::plan_for_run(c, rt.size(), rt.topology().local_size).phases)
+    if (ph.name == "init") l.planned_init = ph.alloc_bytes;
+  l.w = weights(t);
+  l.bytes = t.weights_bytes_read();
+  l.zero_rank = groups.zero().rank();
+  if (also) also(t);
+  return l;
+}
+
+// This rank's share of the model at ZeRO-3 over `Z` ranks: sum over units of valid(u).
+int64_t shard_elements(int Z, int rank) {
+  const model::ParamLayout pl(model::load_llama_config("tiny"));
+  const zero::ShardLayout sl(pl, Z, rank);
+  int64_t n = 0;
+  for (size_t u = 0; u < sl.units(); ++u) n += std::max<int64_t>(0, sl.valid(u));
+  return n;
+}
+
+uint64_t sum_over_ranks(uint64_t v) {
+  uint64_t s = 0;
+  MPI_Allreduce(&v, &s, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return s;
+}
+
+// A Hugging Face folder (F32 and BF16 on disk, in several files), a checkpoint with its Adam
+// moments (model.init ckpt: with model.carry_optimizer) and random initialisation, loaded at
+// stage 0 and at ZeRO-3 over 4 ranks: the same weights bit for bit (the moments too: a ZeRO-3
+// checkpoint of the loaded state holds the source's arrays), every stage-0 rank reads the
+// whole model, each ZeRO-3 rank exactly the elements of its shard of every unit (~1/4), and
+// the ZeRO-3 ranks together read the model once.
+TEST(Zero3Load, ReadsOnlyItsShardsAndEqualsTheReplicatedLoad) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  if (rt.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("zero-load", seed, {}, [&](const std::string& p) {
+    const model::LlamaConfig mc = model::load_llama_config("tiny");
+    const model::ParamLayout pl(mc);
+    std::vector<std::vector<float>> units;
+    std::vector<ops::Tensor> views;
+    for (const auto& u : pl.units()) units.emplace_back(static_cast<size_t>(u.numel));
+    for (auto& u : units) views.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+    model::init_random(pl, views, 0.5, seed + 7);
+    ckpt::save_hf_model(p + "/hf-f32", mc, pl, views, ckpt::StDType::F32, 60000);
+    ckpt::save_hf_model(p + "/hf-bf16", mc, pl, views, ckpt::StDType::BF16, 60000);
+  });
+  const int64_t P = model::ParamLayout(model::load_llama_config("tiny")).total_numel();
+  StageConfig c = tiny_stage(path + "/shard.h5", path + "/s0");
+  c.train.seed = seed;
+  auto both = [&](const std::string& what, StageConfig s, int64_t bytes_per_element, int arrays) {
+    s.output.dir = path + "/s0-" + what;
+    const Loaded a = load(rt, s);
+    StageConfig z = s;
+    z.parallel.zero.stage = 3;
+    z.output.dir = path + "/z3-" + what;
+    const Loaded b = load(rt, z);
+    ASSERT_EQ(a.w.size(), b.w.size()) << what;
+    EXPECT_EQ(std::memcmp(a.w.data(), b.w.data(), a.w.size() * sizeof(float)), 0) << what;
+    const uint64_t whole = static_cast<uint64_t>(arrays * bytes_per_element * P);
+    const uint64_t shard = static_cast<uint64_t>(arrays * bytes_per_element * shard_elements(4, b.zero_rank));
+    std::printf("[load] rank %d %s: stage 0 read %llu B, ZeRO-3 read %llu B (%.3f of it)\n", rt.rank(), what.c_str(),
+                static_cast<unsigned long long>(a.bytes), static_cast<unsigned long long>(b.bytes),
+                a.bytes ? static_cast<double>(b.bytes) / static_cast<double>(a.bytes) : 0.0);
+    EXPECT_EQ(a.bytes, whole) << what;
+    EXPECT_EQ(b.bytes, shard) << what;
+    EXPECT_EQ(sum_over_ranks(b.bytes), whole) << what;  // the model read once over the ranks
+    if (whole > 0) EXPECT_LT(static_cast<double>(b.bytes), 0.26 * static_cast<double>(whole)) << what;
+    // Nothing whole is allocated on the way: the start's peak is what stays, as planned.
+    EXPECT_EQ(b.init_peak, b.init_live) << what;
+    EXPECT_EQ(b.init_peak, b.planned_init) << what;
+    EXPECT_EQ(a.init_peak, a.planned_init) << what;
+  };
+  StageConfig hf = c;
+  hf.model.init = "hf:" + path + "/hf-f32";
+  both("hf-f32", hf, 4, 1);
+  hf.model.init = "hf:" + path + "/hf-bf16";
+  both("hf-bf16", hf, 2, 1);
+  both("random", c, 4, 0);
+  // A stage-0 checkpoint after one step (moments not zero), loaded with its moments.
+  {
+    StageConfig s = c;
+    s.output.dir = path + "/src";
+    const dist::GroupLayout layout = dist::make_group_layout(s, rt.size(), rt.topology().local_size);
+    dist::ProcessGroups groups(rt, layout, dist::CommBackend::Mpi, 120);
+    train::Trainer t(s, groups);
+    t.train_step(0);
+    t.save_checkpoint(1);
+  }
+  StageConfig ck = c;
+  ck.model.init = "ckpt:" + path + "/src/checkpoints";
+  ck.model.carry_optimizer = true;
+  both("ckpt", ck, 4, 3);
+  // The moments came through the shards intact: a ZeRO-3 checkpoint of the loaded state holds
+  // the source's Adam arrays bit for bit.
+  StageConfig z = ck;
+  z.parallel.zero.stage = 3;
+  z.output.dir = path + "/z3-again";
+  load(rt, z, [](train::Trainer& t) { t.save_checkpoint(7); });
+  if (rt.rank() == 0) {
+    const ckpt::CheckpointReader src(ckpt::find_latest_checkpoint(path + "/src/checkpoints", nullptr).path);
+    const ckpt::CheckpointReader got(ckpt::find_latest_checkpoint(path + "/z3-again/checkpoints", nullptr).path);
+    const model::ParamLayout pl(model::load_llama_config("tiny"));
+    for (const auto& u : pl.units())
+      for (const char* kind : {"master/", "adam_m/", "adam_v/"}) {
+        std::vector<float> x(static_cast<size_t>(u.numel)), y(x.size());
+        src.read(kind + u.name, 0, u.numel, x.data());
+        got.read(kind + u.name, 0, u.numel, y.data());
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << kind << u.name;
+      }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+// A NaN in a Hugging Face folder where only rank 2 reads it at ZeRO-3 (inside its shard of a
+// layer): every rank refuses the start with the same error naming rank 2, the tensor, the
+// value and its index in the tensor (no rank waits for the others).
+TEST(Zero3Load, ANonFiniteWeightOnlyOneRankReadsStopsEveryRank) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  if (rt.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  uint64_t seed = 0;
+  const model::LlamaConfig mc = model::load_llama_config("tiny");
+  const model::ParamLayout pl(mc);
+  const size_t unit = pl.layer_unit(0);
+  const zero::ShardLayout sl(pl, 4, 2);
+  const int64_t at = sl.lo(unit) + sl.valid(unit) / 2;  // inside rank 2's shard
+  const model::ParamTensor* bad = nullptr;
+  for (const auto& t : pl.units()[unit].tensors)
+    if (at >= t.offset && at < t.offset + t.numel) bad = &t;
+  ASSERT_NE(bad, nullptr);
+  const std::string path = shared_walk_dir("zero-load-nan", seed, {}, [&](const std::string& p) {
+    std::vector<std::vector<float>> units;
+    std::vector<ops::Tensor> views;
+    for (const auto& u : pl.units()) units.emplace_back(static_cast<size_t>(u.numel));
+    for (auto& u : units) views.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+    model::init_random(pl, views, 0.5, seed);
+    units[unit][static_cast<size_t>(at)] = std::numeric_limits<float>::quiet_NaN();
+    ckpt::save_hf_model(p + "/hf", mc, pl, views, ckpt::StDType::F32);
+  });
+  StageConfig c = tiny_stage(path + "/shard.h5", path + "/z3");
+  c.model.init = "hf:" + path + "/hf";
+  c.parallel.zero.stage = 3;
+  const int64_t flat = at - bad->offset;
+  const std::string index = "[" + std::to_string(flat / bad->shape[1]) + ", " + std::to_string(flat % bad->shape[1]) + "]";
+  std::string msg;
+  try {
+    load(rt, c);
+  } catch (const InputError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("rank 2: hf:" + path + "/hf: 1 tensor holds non-finite weights"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tensor '" + bad->hf_name + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nan at index " + index), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("rank 0:"), std::string::npos) << msg;
+  if (rt.rank() == 0) std::printf("[load] the refusal on every rank: %s\n", msg.c_str());
   MPI_Barrier(MPI_COMM_WORLD);
   if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
 }

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Submits the progressive Llama-3-8B recipe (configs/recipes/llama3-8b-1m/s1..s5, 64K -> 1M
+# tokens) as a chain of Slurm jobs (slurm/stage.sbatch): each stage starts when the previous
+# one has finished (afterok) from its last checkpoint (model.init: ckpt:<its output.dir>), with
+# the stage's own seq_length and RoPE theta. A stage stopped by its time limit checkpoints,
+# requeues and resumes; one that fails stops the chain (the later jobs are cancelled). Run
+# again after a failure: finished stages (DONE) are skipped. From anywhere:
+#   bash slurm/recipe_llama3_8b_1m.sh [sbatch flags] [-- --set key=value ...]
+# Default allocation per stage: 2 nodes x 8 GPUs, as the stage files are sized. The programs
+# are found (EASYCTX_BIN, build/bin) or built here first. Environment (EASYCTX_NODES,
+# EASYCTX_STAGES, EASYCTX_LENGTHS=easycontext, EASYCTX_DEVICE=cpu, ...): slurm/common.sh and
+# docs/recipes.md, "Slurm".
+set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
+submit_chain configs/recipes/llama3-8b-1m "$@"

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# The recipe chain as a user submits it, on a private one-node Slurm cluster: from a copy of
+# the checkout laid out as a fresh clone (build/ = this build; no EASYCTX_ROOT or EASYCTX_BIN),
+# `bash slurm/recipe_llama2_7b_1m.sh`, scaled down only through its documented environment
+# variables and --set flags (docs/recipes.md, "Slurm"): stages s1, s2, s3 of the Llama-2-7B
+# recipe with the demo model on the CPU, 2 tasks, sequence parallel 2, 40 steps each.
+#   1. The whole chain on the recipe's layout (2 x 8 tasks) as a dry run (EASYCTX_DRY_RUN=1):
+#      a GPU recipe refused on a CPU-only build (or planned with GPUs on a CUDA build);
+#      EASYCTX_LENGTHS=easycontext gives 256000/512000; s8's sequence parallel 16 is accepted
+#      for 16 ranks; afterok dependencies, each stage from the previous one's output.
+#   2. An uninterrupted chain (the stage files' output folders).
+#   3. The same chain (EASYCTX_OUT) with s2 sent SIGUSR1 mid-stage (what --signal=B:USR1@300
+#      does before a time limit): checkpoint, requeue, resume; s3 waits for it (afterok).
+#      The final weights of every stage equal the uninterrupted chain's byte for byte.
+#   4. easyctx_report on the preempted chain, rendered by headless Chromium: the page's data
+#      names every stage, s2 with its restart; a screenshot.
+#   5. A chain whose first stage fails: its log says so, the second stage never starts.
+set -euo pipefail
+src=$1
+bin=$2
+work=$(mktemp -d /tmp/easyctx-slurm-recipe.XXXXXX)
+source "$src/tests/slurm/slurm_cluster.sh"
+command -v chromium >/dev/null || { echo "FAIL: chromium not installed (apt-get install chromium; scripts/setup.sh does)"; exit 1; }
+slurm_cluster_start
+t0=$(date +%s)
+slurm_tiny_data "$work/data"
+clone=$work/clone
+slurm_fresh_clone "$clone" 1
+unset EASYCTX_ROOT EASYCTX_BIN EASYCTX_BUILD EASYCTX_OUT EASYCTX_INIT EASYCTX_STAGES EASYCTX_LENGTHS
+cd "$clone"
+
+# The scale-down: documented environment variables and --set flags only.
+export EASYCTX_DEVICE=cpu EASYCTX_NODES=1 EASYCTX_TASKS_PER_NODE=2 EASYCTX_CPUS_PER_TASK=1
+small=(--set model.config=demo --set data.path="$work/data" --set data.seq_length=128 --set train.steps=40
+       --set parallel.sequence.size=2 --set train.lr=2e-3 --set train.warmup_steps=5)
+jobs_of() { sed -nE 's/^easyctx: (s[0-9]+)-[^:]*: job ([0-9]+).*/\1 \2/p' "$1"; }
+job_of() { jobs_of "$1" | awk -v s="$2" '$1 == s { print $2 }'; }
+
+# 1. The whole recipe on its own layout (2 nodes x 8), checked stage by stage on this node
+#    and printed, not submitted (EASYCTX_DRY_RUN=1): EasyContext's lengths, s8's sequence
+#    parallel 16 accepted for 16 ranks, afterok on the previous stage, each stage's model.init
+#    the previous stage's output.
+build=$("$bin/easyctx_train" configs/recipes/llama2-7b-1m/s8-1m.yaml --print-config | grep '^# this build: ')
+rc=0
+EASYCTX_DEVICE='' EASYCTX_NODES=2 EASYCTX_TASKS_PER_NODE=8 EASYCTX_DRY_RUN=1 EASYCTX_OUT=$work/dry EASYCTX_INIT=random \
+  bash slurm/recipe_llama2_7b_1m.sh -- --set data.path="$work/data" > "$work/gpu-dry.log" 2>&1 || rc=$?
+case $build in
+  *"CPU only"*)  # a GPU recipe on a CPU-only build: refused on the submit node, one message
+    [ "$rc" = 2 ] && grep -q "easyctx: error: .*s1-32k.yaml runs on GPUs (train.device: cuda), but .* was built without the CUDA backend" "$work/gpu-dry.log" ||
+      { cat "$work/gpu-dry.log"; slurm_fail "the GPU recipe on a CPU-only build: expected the refusal (exit 2), got exit $rc"; }
+    echo "ok: the GPU recipe is refused on this CPU-only build: $(grep -o 'was built without the CUDA backend' "$work/gpu-dry.log")" ;;
+  *)
+    [ "$rc" = 0 ] && [ "$(grep -c -- '--gpus-per-node=8' "$work/gpu-dry.log")" = 8 ] ||
+      { cat "$work/gpu-dry.log"; slurm_fail "the GPU recipe's dry run on a CUDA build: exit $rc, expected 8 stages with --gpus-per-node=8"; }
+    echo "ok: the GPU recipe's dry run on this CUDA build: 8 stages with --gpus-per-node=8" ;;
+esac
+EASYCTX_NODES=2 EASYCTX_TASKS_PER_NODE=8 EASYCTX_LENGTHS=easycontext EASYCTX_DRY_RUN=1 EASYCTX_OUT=$work/dry EASYCTX_INIT=random \
+  bash slurm/recipe_llama2_7b_1m.sh -- --set data.path="$work/data" > "$work/dry.log" 2>&1 || { cat "$work/dry.log"; slurm_fail "the dry run failed"; }
+prev=""
+for s in "s1-32k 32768" "s2-64k 65536" "s3-256k 256000" "s4-256k 256000" "s5-256k 256000" "s6-512k 512000" \
+         "s7-512k 512000" "s8-1m 1048576"; do
+  set -- $s
+  line=$(grep "^easyctx: $1: dry run, seq_length $2, output $work/dry/$1: sbatch " "$work/dry.log") ||
+    { cat "$work/dry.log"; slurm_fail "EASYCTX_LENGTHS=easycontext: $1 not planned with seq_length $2"; }
+  case $line in *"--nodes=2 --ntasks-per-node=8 "*) ;; *) slurm_fail "$1: not on 2 nodes x 8 tasks: $line" ;; esac
+  if [ -n "$prev" ]; then
+    case $line in *"afterok:\<job\ of\ $prev\>"*"model.init=ckpt:$work/dry/$prev "*) ;;
+      *) slurm_fail "$1: no afterok on $prev or model.init from its output: $line" ;; esac
+  fi
+  prev=$1
+done
+grep -q "dry run (EASYCTX_DRY_RUN=1): nothing submitted" "$work/dry.log" || slurm_fail "the dry run did not say so"
+[ -z "$(squeue -h)" ] || slurm_fail "the dry run submitted jobs: $(squeue -h)"
+echo "ok: dry run of all 8 stages on 2 x 8 tasks: EasyContext's 256000/512000, s8 at sequence parallel 16, afterok chain"
+
+# 2. The uninterrupted chain.
+EASYCTX_STAGES=s1,s2,s3 EASYCTX_INIT=random bash slurm/recipe_llama2_7b_1m.sh -- "${small[@]}" > "$work/a.log" 2>&1 ||
+  { cat "$work/a.log"; slurm_fail "the chain was not submitted"; }
+cat "$work/a.log"
+a3=$(job_of "$work/a.log" s3)
+[ -n "$a3" ] || slurm_fail "no job for s3 in the chain script's output"
+slurm_wait_state "$a3" "COMPLETED FAILED CANCELLED" 300
+straight=$clone/out/llama2-7b-1m
+for s in s1-32k s2-64k s3-256k; do
+  [ -f "$straight/$s/DONE" ] || slurm_fail "uninterrupted chain: $straight/$s/DONE missing"
+done
+echo "ok: uninterrupted chain finished ($(( $(date +%s) - t0 )) s since start)"
+
+# 3. The preempted chain.
+pre=$work/preempted
+EASYCTX_STAGES=s1,s2,s3 EASYCTX_INIT=random EASYCTX_OUT=$pre bash slurm/recipe_llama2_7b_1m.sh -- "${small[@]}" \
+  > "$work/b.log" 2>&1 || { cat "$work/b.log"; slurm_fail "the second chain was not submitted"; }
+b2=$(job_of "$work/b.log" s2) b3=$(job_of "$work/b.log" s3)
+log2=$clone/slurm-easyctx-s2-64k-$b2.out
+slurm_wait_line "$log2" "^step 5/40 " 120
+scancel --batch --signal=USR1 "$b2"
+echo "sent SIGUSR1 to s2 (job $b2)"
+slurm_wait_line "$log2" "requeueing job $b2" 60
+[ "$(slurm_job_field "$b3" JobState)" = PENDING ] || slurm_fail "s3 (job $b3) did not wait for the requeued s2"
+slurm_release_requeued "$b2"
+slurm_wait_state "$b3" "COMPLETED FAILED CANCELLED" 300
+for j in $(jobs_of "$work/b.log" | awk '{ print $2 }'); do
+  [ "$(slurm_job_field "$j" JobState)" = COMPLETED ] || slurm_fail "job $j ended $(slurm_job_field "$j" JobState)"
+done
+[ "$(slurm_job_field "$b2" Restarts)" = 1 ] || slurm_fail "s2 (job $b2) restarted $(slurm_job_field "$b2" Restarts) times, expected 1"
+grep -q "stop requested" "$log2" || slurm_fail "s2: no checkpoint on SIGUSR1"
+grep -q "resuming from" "$log2" || slurm_fail "s2: the requeued job did not resume"
+steps=$(grep -o '"step":[0-9]*' "$pre/s2-64k/metrics.jsonl" | cut -d: -f2 | tr '\n' ' ')
+[ "$steps" = "$(seq -s ' ' 1 40) " ] || slurm_fail "s2's metrics.jsonl steps are '$steps', expected 1..40 once each"
+grep -q "initial weights from $pre/s2-64k/checkpoints/step-00000040" "$clone"/slurm-easyctx-s3-256k-"$b3".out ||
+  slurm_fail "s3 did not start from s2's last checkpoint"
+# Byte for byte: every stage's exported weights, and the metrics less their wall-clock fields.
+strip() { sed -E 's/,"(tokens_per_s|fwd_bwd_s|elapsed|mfu|peak_mem_gib)":[^,}]*//g' "$1"; }
+for s in s1-32k s2-64k s3-256k; do
+  ha=$(sha256sum < "$straight/$s/final/model.safetensors" | cut -c1-64)
+  hb=$(sha256sum < "$pre/$s/final/model.safetensors" | cut -c1-64)
+  [ "$ha" = "$hb" ] || slurm_fail "$s: final/model.safetensors differs: uninterrupted $ha, preempted $hb"
+  cmp -s <(strip "$straight/$s/metrics.jsonl") <(strip "$pre/$s/metrics.jsonl") ||
+    slurm_fail "$s: metrics.jsonl (loss, lr, grad norm) differs between the two chains"
+  echo "ok: $s final/model.safetensors sha256 $ha in both chains"
+done
+echo "ok: preempted chain: s2 checkpointed on SIGUSR1, requeued, resumed; weights equal ($(( $(date +%s) - t0 )) s)"
+
+# 4. The report page in headless Chromium.
+"$bin/easyctx_report" "$pre/s1-32k" "$pre/s2-64k" "$pre/s3-256k" --output "$work/report.html" \
+  --title "easyctx CI chain: llama2-7b-1m s1-s3 (demo model, CPU, 2 ranks), s2 preempted" >/dev/null ||
+  slurm_fail "easyctx_report failed"
+chrome=(chromium --headless --no-sandbox --disable-gpu --user-data-dir="$work/chromium")
+timeout 120 "${chrome[@]}" --dump-dom "file://$work/report.html" > "$work/dom.html" 2>"$work/chromium.log" ||
+  { tail "$work/chromium.log"; slurm_fail "chromium --dump-dom failed"; }
+timeout 120 "${chrome[@]}" --hide-scrollbars --window-size=1280,2000 --screenshot="$work/report.png" \
+  "file://$work/report.html" >/dev/null 2>>"$work/chromium.log" || { tail "$work/chromium.log"; slurm_fail "chromium --screenshot failed"; }
+python3 - "$work/dom.html" "$work/report.png" <<'PY' || slurm_fail "the report page rendered by Chromium is not the chain's"
+import json, re, struct, sys
+dom = open(sys.argv[1]).read()
+m = re.search(r'<script type="application/json" id="easyctx-report-data">(.*?)</script>', dom, re.S)
+assert m, "no easyctx-report-data in the DOM Chromium rendered"
+stages = json.loads(m.group(1))["stages"]
+names = [s["name"] for s in stages]
+assert names == ["s1-32k", "s2-64k", "s3-256k"], names
+for s in stages:
+    assert s["done"] and s["steps"] == list(range(1, 41)), (s["name"], s["done"], s["steps"])
+    assert s.get("plan_fits") is True, (s["name"], "no memory plan")
+restarts = {s["name"]: s["restarts_at_step"] for s in stages}
+assert restarts["s1-32k"] == [] and restarts["s3-256k"] == [] and len(restarts["s2-64k"]) == 1, restarts
+for n in names:
+    assert dom.count(n) >= 3, (n, "shown fewer than 3 times on the page")
+png = open(sys.argv[2], "rb").read()
+assert png[:8] == b"\x89PNG\r\n\x1a\n", "the screenshot is not a PNG"
+w, h = struct.unpack(">II", png[16:24])
+assert (w, h) == (1280, 2000) and len(png) > 50000, (w, h, len(png))
+print("ok: Chromium rendered the report: stages", names, "restart in s2 at step", restarts["s2-64k"][0],
+      "; screenshot %dx%d, %d bytes" % (w, h, len(png)))
+PY
+art=$(cd "$bin/.." && pwd)/test-artifacts/slurm_recipe
+mkdir -p "$art" && cp "$work/report.html" "$work/report.png" "$art/"
+echo "report page and screenshot: $art/report.html, $art/report.png"
+
+# 5. A failing stage stops the chain (a data folder without shards: the trainer refuses it).
+mkdir -p "$work/no-shards"
+EASYCTX_STAGES=s1,s2 EASYCTX_INIT=random EASYCTX_OUT=$work/failing bash slurm/recipe_llama2_7b_1m.sh -- "${small[@]}" \
+  --set data.path="$work/no-shards" > "$work/c.log" 2>&1 || { cat "$work/c.log"; slurm_fail "the failing chain was not submitted"; }
+c1=$(job_of "$work/c.log" s1) c2=$(job_of "$work/c.log" s2)
+slurm_wait_state "$c1" "FAILED" 120
+slurm_wait_state "$c2" "CANCELLED" 60
+grep -q "easyctx: error: stage .*s1-32k.yaml failed" "$clone/slurm-easyctx-s1-32k-$c1.out" ||
+  slurm_fail "the failed stage's log does not say it failed"
+grep -q "no-shards" "$clone/slurm-easyctx-s1-32k-$c1.out" || slurm_fail "the failed stage's log does not name the missing data"
+[ ! -e "$clone/slurm-easyctx-s2-64k-$c2.out" ] || slurm_fail "s2 ran after s1 failed"
+echo "ok: a failing s1 (job $c1) stops the chain: s2 (job $c2) $(slurm_job_field "$c2" JobState), reason $(slurm_job_field "$c2" Reason)"
+echo "PASS: recipe chain from a fresh clone: submission, preemption + resume, equal weights, report, failure ($(( $(date +%s) - t0 )) s)"
