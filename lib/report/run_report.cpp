@@ -78,6 +78,29 @@ void read_evals(const fs::path& dir, StageRun& s) {
           g.score.push_back(row);
         }
         s.needle.push_back(g);
+      } else if (header.rfind("task,context,score", 0) == 0) {
+        SyntheticGrid g;
+        g.name = f.filename().string();
+        std::map<std::pair<std::string, int64_t>, double> cell;
+        std::set<int64_t> ctx;
+        for (size_t i = 1; i < lines.size(); ++i) {
+          const auto v = cells(i);
+          if (v.size() < 3) continue;
+          const int64_t c = std::stoll(v[1]);
+          cell[{v[0], c}] = std::stod(v[2]);
+          ctx.insert(c);
+          if (std::find(g.tasks.begin(), g.tasks.end(), v[0]) == g.tasks.end()) g.tasks.push_back(v[0]);
+        }
+        g.contexts.assign(ctx.begin(), ctx.end());
+        for (const std::string& t : g.tasks) {
+          std::vector<double> row;
+          for (int64_t c : g.contexts) {
+            auto it = cell.find({t, c});
+            row.push_back(it == cell.end() ? kNaN : it->second);
+          }
+          g.score.push_back(row);
+        }
+        s.synthetic.push_back(g);
       }
     }
   }
@@ -145,7 +168,8 @@ StageRun read_stage(const std::string& dir) {
   if (fs::exists(d / "run.json")) s.run = parse_json(read_file((d / "run.json").string()), (d / "run.json").string());
   s.done = fs::exists(d / "DONE");
   read_evals(d, s);
-  EASYCTX_CHECK_INPUT(!s.metrics.empty() || !s.plan.is_null() || !s.ppl.empty() || !s.needle.empty(),
+  EASYCTX_CHECK_INPUT(!s.metrics.empty() || !s.plan.is_null() || !s.ppl.empty() || !s.needle.empty() ||
+                          !s.synthetic.empty(),
                       "easyctx_report: ", dir, " holds no metrics.jsonl, plan.json or evaluation CSV (a run's "
                       "output.dir is expected)");
   return s;
@@ -208,6 +232,24 @@ Json report_data(const std::vector<StageRun>& stages) {
       needle.push_back(n);
     }
     o.set("needle", needle);
+    Json synthetic = Json::array();
+    for (const SyntheticGrid& g : s.synthetic) {
+      Json n = Json::object();
+      n.set("file", g.name);
+      Json t = Json::array(), c = Json::array(), sc = Json::array();
+      for (const std::string& x : g.tasks) t.push_back(x);
+      for (int64_t x : g.contexts) c.push_back(x);
+      for (const auto& row : g.score) {
+        Json r = Json::array();
+        for (double x : row) r.push_back(finite_or_null(x));
+        sc.push_back(r);
+      }
+      n.set("tasks", t);
+      n.set("contexts", c);
+      n.set("score", sc);
+      synthetic.push_back(n);
+    }
+    o.set("synthetic", synthetic);
     js.push_back(o);
     if (!s.metrics.empty()) offset += static_cast<int64_t>(num(s.metrics.back(), "step"));
   }
@@ -324,7 +366,7 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
   }
   // Evaluations.
   bool evals = false;
-  for (const StageRun& s : stages) evals |= !s.ppl.empty() || !s.needle.empty();
+  for (const StageRun& s : stages) evals |= !s.ppl.empty() || !s.needle.empty() || !s.synthetic.empty();
   if (evals) {
     o << "<h2>Evaluations</h2>\n";
     LineChart c;
@@ -343,6 +385,17 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
         h.y_label = "depth";
         for (int64_t x : g.contexts) h.x_ticks.push_back(std::to_string(x));
         for (double d : g.depths) h.y_ticks.push_back(fixed(100 * d, 0) + "%");
+        h.value = g.score;
+        o << svg_heatmap(h) << "\n";
+      }
+    for (const StageRun& s : stages)
+      for (const SyntheticGrid& g : s.synthetic) {
+        Heatmap h;
+        h.title = s.name + ": " + g.name + " (synthetic retrieval)";
+        h.x_label = "context length (tokens)";
+        h.y_label = "task";
+        for (int64_t x : g.contexts) h.x_ticks.push_back(std::to_string(x));
+        h.y_ticks = g.tasks;
         h.value = g.score;
         o << svg_heatmap(h) << "\n";
       }

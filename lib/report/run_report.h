@@ -8,7 +8,8 @@
 //   DONE            the stage finished
 //   *.csv           evaluations, in the folder or its eval/ subfolder, recognised by header:
 //                   "tokens,ppl,documents,nll" (easyctx_eval_ppl), "context,depth,score,samples"
-//                   (easyctx_eval_needle)
+//                   (easyctx_eval_needle's needle.csv), "task,context,score,samples" (its
+//                   synthetic.csv: passkey, multikey, multivalue, vt)
 // Stages are placed one after the other on a global step axis, their boundaries marked; a
 // restart (the elapsed time going back between two records: a resume after preemption) is
 // marked too. No scripts and nothing fetched: inline SVG and CSS. The data shown is also
@@ -34,6 +35,13 @@ struct NeedleGrid {
   std::vector<std::vector<double>> score;        // [depth][context], NaN where absent
 };
 
+struct SyntheticGrid {
+  std::string name;
+  std::vector<std::string> tasks;                // rows, in the CSV's order
+  std::vector<int64_t> contexts;                 // columns
+  std::vector<std::vector<double>> score;        // [task][context], NaN where absent
+};
+
 struct StageRun {
   std::string dir, name;
   std::vector<Json> metrics;  // metrics.jsonl records in order
@@ -42,6 +50,7 @@ struct StageRun {
   std::vector<size_t> restarts;  // indices of metrics where a resumed run's first record is
   std::vector<PplCurve> ppl;
   std::vector<NeedleGrid> needle;
+  std::vector<SyntheticGrid> synthetic;
 };
 
 // Reads one output folder (InputError naming the folder when it holds none of the files).

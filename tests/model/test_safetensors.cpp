@@ -92,8 +92,9 @@ TEST_F(HfFolder, RangeReadsReadOnlyTheirBytes) {
     const ckpt::StTensor& t = *r.find(w.name);
     std::vector<float> whole(static_cast<size_t>(big));
     r.read(t, DType::F32, whole.data());
-    if (t.dtype == ckpt::StDType::F32 || t.dtype == ckpt::StDType::F64)  // (the whole read against what was written)
+    if (t.dtype == ckpt::StDType::F32 || t.dtype == ckpt::StDType::F64) {  // (the whole read against what was written)
       for (int64_t i = 0; i < big; i += 997) ASSERT_EQ(whole[static_cast<size_t>(i)], static_cast<float>(values[static_cast<size_t>(i)]));
+    }
     for (int trial = 0; trial < 4; ++trial) {
       const int64_t first = trial == 0 ? 0 : static_cast<int64_t>(rng() % static_cast<uint64_t>(big));
       const int64_t count = trial == 0 ? big : static_cast<int64_t>(rng() % static_cast<uint64_t>(big - first + 1));

@@ -74,6 +74,13 @@ TEST(Report, PageDataEqualsTheRunsFolders) {
   std::ofstream nd(root / "s2" / "needle.csv");
   nd << "context,depth,score,samples\n2048,0,1,4\n2048,0.5,0.25,4\n4096,0,0.75,4\n";
   nd.close();
+  // easyctx_eval_needle's synthetic.csv: random scores, one task missing at one length.
+  std::uniform_int_distribution<int> hits(0, 8);
+  const double sp2 = hits(rng) / 8.0, sp4 = hits(rng) / 8.0, vt2 = hits(rng) / 8.0;
+  std::ofstream sy(root / "s2" / "eval" / "synthetic.csv");
+  sy << "task,context,score,samples\npasskey,2048," << sp2 << ",8\npasskey,4096," << sp4 << ",8\nvt,2048," << vt2
+     << ",8\n";
+  sy.close();
   std::vector<report::StageRun> stages = {report::read_stage((root / "s1").string()),
                                           report::read_stage((root / "s2").string())};
   const std::string page = report::render_report(stages, "chain </script> & more");
@@ -105,6 +112,15 @@ TEST(Report, PageDataEqualsTheRunsFolders) {
   EXPECT_EQ(n.at("contexts").size(), 2u);
   EXPECT_DOUBLE_EQ(n.at("score")[1][0].as_double(), 0.25);  // depth 0.5, context 2048
   EXPECT_TRUE(n.at("score")[1][1].is_null());               // depth 0.5, context 4096: absent
+  const Json& sy2 = st[1].at("synthetic")[0];
+  ASSERT_EQ(sy2.at("tasks").size(), 2u);
+  EXPECT_EQ(sy2.at("tasks")[0].as_string(), "passkey");
+  EXPECT_EQ(sy2.at("tasks")[1].as_string(), "vt");
+  EXPECT_DOUBLE_EQ(sy2.at("score")[0][0].as_double(), sp2);
+  EXPECT_DOUBLE_EQ(sy2.at("score")[0][1].as_double(), sp4);
+  EXPECT_DOUBLE_EQ(sy2.at("score")[1][0].as_double(), vt2);
+  EXPECT_TRUE(sy2.at("score")[1][1].is_null());  // vt at 4096: absent
+  EXPECT_NE(page.find("synthetic.csv (synthetic retrieval)"), std::string::npos);
   // Every heatmap cell's colour is the scale's colour for its score.
   size_t cells = 0;
   for (size_t i = page.find("data-score=\""); i != std::string::npos; i = page.find("data-score=\"", i + 1)) {
@@ -114,7 +130,7 @@ TEST(Report, PageDataEqualsTheRunsFolders) {
     EXPECT_EQ(fill, report::heat_colour(score == "nan" ? NAN : std::stod(score)));
     ++cells;
   }
-  EXPECT_EQ(cells, 4u);
+  EXPECT_EQ(cells, 8u);  // 2 x 2 needle cells, 2 x 2 synthetic cells
   fs::remove_all(root);
 }
 

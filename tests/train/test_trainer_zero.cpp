@@ -359,7 +359,9 @@ TEST(Zero3Load, ReadsOnlyItsShardsAndEqualsTheReplicatedLoad) {
     EXPECT_EQ(a.bytes, whole) << what;
     EXPECT_EQ(b.bytes, shard) << what;
     EXPECT_EQ(sum_over_ranks(b.bytes), whole) << what;  // the model read once over the ranks
-    if (whole > 0) EXPECT_LT(static_cast<double>(b.bytes), 0.26 * static_cast<double>(whole)) << what;
+    if (whole > 0) {
+      EXPECT_LT(static_cast<double>(b.bytes), 0.26 * static_cast<double>(whole)) << what;
+    }
     // Nothing whole is allocated on the way: the start's peak is what stays, as planned.
     EXPECT_EQ(b.init_peak, b.init_live) << what;
     EXPECT_EQ(b.init_peak, b.planned_init) << what;
