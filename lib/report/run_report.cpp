@@ -19,6 +19,23 @@ namespace {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// The [row][context] scores of an eval CSV's cells (NaN where a cell is absent), for the
+// rows and contexts given: a needle grid's depths, a synthetic grid's tasks.
+template <class Row>
+std::vector<std::vector<double>> score_rows(const std::map<std::pair<Row, int64_t>, double>& cell,
+                                            const std::vector<Row>& rows, const std::vector<int64_t>& contexts) {
+  std::vector<std::vector<double>> score;
+  for (const Row& r : rows) {
+    std::vector<double> row;
+    for (int64_t c : contexts) {
+      auto it = cell.find({r, c});
+      row.push_back(it == cell.end() ? kNaN : it->second);
+    }
+    score.push_back(row);
+  }
+  return score;
+}
+
 double num(const Json& r, const char* key) {
   const Json* v = r.find(key);
   return v && v->is_number() ? v->as_double() : kNaN;
@@ -69,14 +86,7 @@ void read_evals(const fs::path& dir, StageRun& s) {
         }
         g.contexts.assign(ctx.begin(), ctx.end());
         g.depths.assign(dep.begin(), dep.end());
-        for (double d : g.depths) {
-          std::vector<double> row;
-          for (int64_t c : g.contexts) {
-            auto it = cell.find({d, c});
-            row.push_back(it == cell.end() ? kNaN : it->second);
-          }
-          g.score.push_back(row);
-        }
+        g.score = score_rows(cell, g.depths, g.contexts);
         s.needle.push_back(g);
       } else if (header.rfind("task,context,score", 0) == 0) {
         SyntheticGrid g;
@@ -92,14 +102,7 @@ void read_evals(const fs::path& dir, StageRun& s) {
           if (std::find(g.tasks.begin(), g.tasks.end(), v[0]) == g.tasks.end()) g.tasks.push_back(v[0]);
         }
         g.contexts.assign(ctx.begin(), ctx.end());
-        for (const std::string& t : g.tasks) {
-          std::vector<double> row;
-          for (int64_t c : g.contexts) {
-            auto it = cell.find({t, c});
-            row.push_back(it == cell.end() ? kNaN : it->second);
-          }
-          g.score.push_back(row);
-        }
+        g.score = score_rows(cell, g.tasks, g.contexts);
         s.synthetic.push_back(g);
       }
     }
@@ -109,6 +112,25 @@ void read_evals(const fs::path& dir, StageRun& s) {
 std::string stage_label(const StageRun& s) { return s.name; }
 
 Json finite_or_null(double v) { return std::isfinite(v) ? Json(v) : Json(); }
+
+// An eval grid in the page's data: file, its row labels under row_key, contexts, score.
+template <class Row>
+Json grid_json(const std::string& file, const char* row_key, const std::vector<Row>& rows,
+               const std::vector<int64_t>& contexts, const std::vector<std::vector<double>>& score) {
+  Json n = Json::object(), r = Json::array(), c = Json::array(), sc = Json::array();
+  n.set("file", file);
+  for (const Row& x : rows) r.push_back(x);
+  for (int64_t x : contexts) c.push_back(x);
+  for (const auto& row : score) {
+    Json v = Json::array();
+    for (double x : row) v.push_back(finite_or_null(x));
+    sc.push_back(v);
+  }
+  n.set("contexts", c);
+  n.set(row_key, r);
+  n.set("score", sc);
+  return n;
+}
 
 // plan.json is plan::plan_to_json's object (lib/plan/plan_report.cpp owns its form); these
 // read the parts the page shows, NaN or "" where an older plan.json lacks them.
@@ -214,41 +236,11 @@ Json report_data(const std::vector<StageRun>& stages) {
       ppl.push_back(p);
     }
     o.set("ppl", ppl);
-    Json needle = Json::array();
-    for (const NeedleGrid& g : s.needle) {
-      Json n = Json::object();
-      n.set("file", g.name);
-      Json c = Json::array(), d = Json::array(), sc = Json::array();
-      for (int64_t x : g.contexts) c.push_back(x);
-      for (double x : g.depths) d.push_back(x);
-      for (const auto& row : g.score) {
-        Json r = Json::array();
-        for (double x : row) r.push_back(finite_or_null(x));
-        sc.push_back(r);
-      }
-      n.set("contexts", c);
-      n.set("depths", d);
-      n.set("score", sc);
-      needle.push_back(n);
-    }
+    Json needle = Json::array(), synthetic = Json::array();
+    for (const NeedleGrid& g : s.needle) needle.push_back(grid_json(g.name, "depths", g.depths, g.contexts, g.score));
+    for (const SyntheticGrid& g : s.synthetic)
+      synthetic.push_back(grid_json(g.name, "tasks", g.tasks, g.contexts, g.score));
     o.set("needle", needle);
-    Json synthetic = Json::array();
-    for (const SyntheticGrid& g : s.synthetic) {
-      Json n = Json::object();
-      n.set("file", g.name);
-      Json t = Json::array(), c = Json::array(), sc = Json::array();
-      for (const std::string& x : g.tasks) t.push_back(x);
-      for (int64_t x : g.contexts) c.push_back(x);
-      for (const auto& row : g.score) {
-        Json r = Json::array();
-        for (double x : row) r.push_back(finite_or_null(x));
-        sc.push_back(r);
-      }
-      n.set("tasks", t);
-      n.set("contexts", c);
-      n.set("score", sc);
-      synthetic.push_back(n);
-    }
     o.set("synthetic", synthetic);
     js.push_back(o);
     if (!s.metrics.empty()) offset += static_cast<int64_t>(num(s.metrics.back(), "step"));
@@ -377,28 +369,27 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
     for (const StageRun& s : stages)
       for (const PplCurve& p : s.ppl) c.series.push_back({s.name + ": " + p.name, p.tokens, p.ppl, ""});
     if (!c.series.empty()) o << svg_line_chart(c) << "\n";
+    // A heatmap of an eval grid: contexts across, rows (depths, tasks) down.
+    auto heatmap = [&](const std::string& title, const char* y_label, std::vector<std::string> y_ticks,
+                       const std::vector<int64_t>& contexts, const std::vector<std::vector<double>>& score) {
+      Heatmap h;
+      h.title = title;
+      h.x_label = "context length (tokens)";
+      h.y_label = y_label;
+      for (int64_t x : contexts) h.x_ticks.push_back(std::to_string(x));
+      h.y_ticks = std::move(y_ticks);
+      h.value = score;
+      o << svg_heatmap(h) << "\n";
+    };
     for (const StageRun& s : stages)
       for (const NeedleGrid& g : s.needle) {
-        Heatmap h;
-        h.title = s.name + ": " + g.name + " (needle retrieval)";
-        h.x_label = "context length (tokens)";
-        h.y_label = "depth";
-        for (int64_t x : g.contexts) h.x_ticks.push_back(std::to_string(x));
-        for (double d : g.depths) h.y_ticks.push_back(fixed(100 * d, 0) + "%");
-        h.value = g.score;
-        o << svg_heatmap(h) << "\n";
+        std::vector<std::string> depths;
+        for (double d : g.depths) depths.push_back(fixed(100 * d, 0) + "%");
+        heatmap(s.name + ": " + g.name + " (needle retrieval)", "depth", depths, g.contexts, g.score);
       }
     for (const StageRun& s : stages)
-      for (const SyntheticGrid& g : s.synthetic) {
-        Heatmap h;
-        h.title = s.name + ": " + g.name + " (synthetic retrieval)";
-        h.x_label = "context length (tokens)";
-        h.y_label = "task";
-        for (int64_t x : g.contexts) h.x_ticks.push_back(std::to_string(x));
-        h.y_ticks = g.tasks;
-        h.value = g.score;
-        o << svg_heatmap(h) << "\n";
-      }
+      for (const SyntheticGrid& g : s.synthetic)
+        heatmap(s.name + ": " + g.name + " (synthetic retrieval)", "task", g.tasks, g.contexts, g.score);
   }
   std::string data = report_data(stages).dump();
   for (size_t i = data.find("</"); i != std::string::npos; i = data.find("</", i + 3)) data.replace(i, 2, "<\\/");
