@@ -7,11 +7,25 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace easyctx::test {
+
+// The message of the InputError that f throws, "" when it throws none (any other exception
+// propagates and fails the test): for checks that bad input names its file, key or value.
+inline std::string input_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // Seed: EASYCTX_TEST_SEED if set, else fresh per run; printed once per test so a failing
 // draw can be reproduced.

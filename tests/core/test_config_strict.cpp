@@ -11,35 +11,26 @@
 #include "core/strings.h"
 #include "test_util.h"
 
+using easyctx::test::input_error_of;
+
 using namespace easyctx;
 namespace fs = std::filesystem;
-
-namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
 
 TEST(ConfigStrict, FolderAsStageYamlNamesTheFolder) {
   const fs::path dir = fs::temp_directory_path() / ("easyctx-stage-dir-" + std::to_string(test::test_seed() % 1000003));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::string e = error_of([&] { load_stage_config(dir.string()); });
+  std::string e = input_error_of([&] { load_stage_config(dir.string()); });
   EXPECT_NE(e.find(dir.string() + ": is a folder; the stage config is one YAML file (this folder holds none)"),
             std::string::npos)
       << e;
   std::ofstream(dir / "s2.yaml") << "train:\n  steps: 1\n";
   std::ofstream(dir / "s1.yaml") << "train:\n  steps: 1\n";
-  e = error_of([&] { load_stage_config(dir.string(), {"train.steps=3"}); });
+  e = input_error_of([&] { load_stage_config(dir.string(), {"train.steps=3"}); });
   EXPECT_NE(e.find("(this folder holds s1.yaml, s2.yaml)"), std::string::npos) << e;
   EXPECT_EQ(load_stage_config((dir / "s1.yaml").string()).train.steps, 1);
   // Every reader of a file says so too (config.json, tokenizer.json, index.json...).
-  e = error_of([&] { read_file(dir.string()); });
+  e = input_error_of([&] { read_file(dir.string()); });
   EXPECT_NE(e.find(dir.string() + ": is a folder, expected a file"), std::string::npos) << e;
   fs::remove_all(dir);
 }

@@ -17,21 +17,14 @@
 #include "data_test_util.h"
 #include "test_util.h"
 
+using easyctx::test::input_error_of;
+
 using namespace easyctx;
 using namespace easyctx::data;
 using easyctx::test::ScratchDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Replaces dataset `name` of a shard with one of file type `type` holding `values` (as
 // int64, converted by HDF5; a float type gets the same numbers).
@@ -93,7 +86,7 @@ TEST(DataStrict, TokenDtypeIsChecked) {
                o.seq_length = 8;
                DataLoader l(o);
              }}) {
-      const std::string e = error_of(open);
+      const std::string e = input_error_of(open);
       EXPECT_NE(e.find(path + ": dataset /tokens holds " + name + ", expected uint32"), std::string::npos) << e;
     }
     ++cases;
@@ -114,7 +107,7 @@ TEST(DataStrict, TokenDtypeIsChecked) {
     offsets.assign(ro.doc_offsets().begin(), ro.doc_offsets().end());
   }
   retype_dataset(off, "doc_offsets", H5T_STD_I64LE, offsets);
-  EXPECT_NE(error_of([&] { TokenShardReader x(off); }).find("dataset /doc_offsets holds int64, expected uint64"),
+  EXPECT_NE(input_error_of([&] { TokenShardReader x(off); }).find("dataset /doc_offsets holds int64, expected uint64"),
             std::string::npos);
   const std::string src = dir / "src.h5";
   easyctx::test::write_random_shard(src, rng, 5, 40, 100);
@@ -124,12 +117,12 @@ TEST(DataStrict, TokenDtypeIsChecked) {
     sources.assign(rs.doc_source().begin(), rs.doc_source().end());
   }
   retype_dataset(src, "doc_source", H5T_IEEE_F32LE, sources);
-  EXPECT_NE(error_of([&] { TokenShardReader x(src); }).find("dataset /doc_source holds float32, expected uint16"),
+  EXPECT_NE(input_error_of([&] { TokenShardReader x(src); }).find("dataset /doc_source holds float32, expected uint16"),
             std::string::npos);
   const std::string attr = dir / "attr.h5";
   easyctx::test::write_random_shard(attr, rng, 5, 40, 100);
   retype_attr(attr, "vocab_size", 100.7);
-  EXPECT_NE(error_of([&] { TokenShardReader x(attr); }).find(attr + ": attribute vocab_size holds float64, expected an integer"),
+  EXPECT_NE(input_error_of([&] { TokenShardReader x(attr); }).find(attr + ": attribute vocab_size holds float64, expected an integer"),
             std::string::npos);
 }
 
@@ -138,7 +131,7 @@ TEST(DataStrict, SampleIndexOverflowIsAnError) {
   std::mt19937_64 rng(easyctx::test::test_seed());
   BatchShape s{1 + static_cast<int64_t>(rng() % 8), 1, 1};
   EXPECT_EQ(sample_index(s, 3, 0, 0, 0), static_cast<uint64_t>(3 * s.batch_size));
-  const std::string e = error_of([&] { sample_index({int64_t{1} << 40, 1, 1}, int64_t{1} << 40, 0, 0, 0); });
+  const std::string e = input_error_of([&] { sample_index({int64_t{1} << 40, 1, 1}, int64_t{1} << 40, 0, 0, 0); });
   EXPECT_NE(e.find("sample index, step x global batch"), std::string::npos) << e;
 }
 

@@ -15,23 +15,12 @@
 #include "data_test_util.h"
 #include "test_util.h"
 
+using easyctx::test::input_error_of;
+
 using namespace easyctx;
 using namespace easyctx::data;
 using easyctx::test::ScratchDir;
 namespace fs = std::filesystem;
-
-namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
 
 namespace {
 
@@ -162,7 +151,7 @@ TEST(DataStrict, RecordsAboveTheLimitNameFileAndLine) {
   const auto units = plan_units({dir / "c.jsonl"}, 1 << 30);
   UnitReader rd(units[0], limit);
   RawRecord r;
-  std::string e = error_of([&] {
+  std::string e = input_error_of([&] {
     while (rd.next(r)) {
     }
   });
@@ -173,7 +162,7 @@ TEST(DataStrict, RecordsAboveTheLimitNameFileAndLine) {
   easyctx::test::write_text(dir / "t.txt", std::string(limit + 1, 'b'));
   const auto tu = plan_units({dir / "t.txt"}, 1 << 30);
   UnitReader rt(tu[0], limit);
-  e = error_of([&] { rt.next(r); });
+  e = input_error_of([&] { rt.next(r); });
   EXPECT_NE(e.find(dir / "t.txt:1: the file (one document, " + std::to_string(limit + 1) +
                    " bytes) is longer than --max-doc-bytes " + std::to_string(limit)),
             std::string::npos)

@@ -15,19 +15,12 @@
 #include "ops/half.h"
 #include "../train/train_test_util.h"
 
+using easyctx::test::input_error_of;
+
 namespace easyctx::test {
 namespace {
 
 using ops::DType;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 struct Weights {
   model::LlamaConfig cfg = model::load_llama_config("tiny");
@@ -81,7 +74,7 @@ TEST(ImportStrict, NonFiniteWeightsAreRefusedByName) {
     const std::string out = dir / ("m" + std::to_string(trial));
     ckpt::save_hf_model(out, w.cfg, w.layout, w.units, dt);
     auto dst = w.fresh();
-    const std::string e = error_of([&] { ckpt::load_hf_weights(out, w.layout, dst); });
+    const std::string e = input_error_of([&] { ckpt::load_hf_weights(out, w.layout, dst); });
     EXPECT_NE(e.find("tensor '" + p.t->hf_name + "' (" + out + "/model.safetensors, " + ckpt::st_dtype_name(dt) +
                      ") holds "),
               std::string::npos)
@@ -99,7 +92,7 @@ TEST(ImportStrict, NonFiniteWeightsAreRefusedByName) {
   w.at(b) = std::numeric_limits<float>::infinity();
   ckpt::save_hf_model(dir / "two", w.cfg, w.layout, w.units, ckpt::StDType::F32, 60000);
   auto dst = w.fresh();
-  const std::string e = error_of([&] { ckpt::load_hf_weights(dir / "two", w.layout, dst); });
+  const std::string e = input_error_of([&] { ckpt::load_hf_weights(dir / "two", w.layout, dst); });
   EXPECT_NE(e.find("2 tensors hold non-finite weights"), std::string::npos) << e;
   EXPECT_NE(e.find(a.t->hf_name), std::string::npos) << e;
   EXPECT_NE(e.find(b.t->hf_name), std::string::npos) << e;
@@ -124,7 +117,7 @@ TEST(ImportStrict, F64BeyondF32IsRefusedForF32Only) {
       ts.push_back({t.hf_name, t.shape, d64[u].ptr<double>() + t.offset, DType::F64, ckpt::StDType::F64});
   ckpt::write_safetensors(dir / "m/model.safetensors", ts);
   auto f32 = w.fresh();
-  const std::string e = error_of([&] { ckpt::load_hf_weights(dir / "m", w.layout, f32); });
+  const std::string e = input_error_of([&] { ckpt::load_hf_weights(dir / "m", w.layout, f32); });
   EXPECT_NE(e.find("tensor '" + p.t->hf_name + "'"), std::string::npos) << e;
   EXPECT_NE(e.find("F64 value beyond the f32 range"), std::string::npos) << e;
   auto f64 = w.fresh(DType::F64);
@@ -146,7 +139,7 @@ TEST(ImportStrict, SafetensorsShapeProductsAreChecked) {
     for (int i = 0; i < 8; ++i) file[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
     file += header + std::string(4, '\0');
     std::ofstream(dir / "x.safetensors", std::ios::binary) << file;
-    const std::string e = error_of([&] { ckpt::SafetensorsReader r(dir / "x.safetensors"); });
+    const std::string e = input_error_of([&] { ckpt::SafetensorsReader r(dir / "x.safetensors"); });
     EXPECT_NE(e.find(dir / "x.safetensors: tensor 'w': shape"), std::string::npos) << e;
     EXPECT_NE(e.find(std::to_string(a) + " x " + std::to_string(b)), std::string::npos) << e;
   }
@@ -167,22 +160,22 @@ TEST(ImportStrict, PerplexityNeverReturnsANonFiniteScoredRow) {
   o.min_tokens = 4;
   o.max_tokens = 12;
   o.tokens_step = 4;
-  std::string e = error_of([&] { eval::evaluate_perplexity(o, nullptr); });
+  std::string e = input_error_of([&] { eval::evaluate_perplexity(o, nullptr); });
   EXPECT_NE(e.find("the model's loss is not finite"), std::string::npos) << e;
   EXPECT_NE(e.find("on document 0 of " + (dir / "shard.h5") + " at length "), std::string::npos) << e;
   o.max_tokens = 10000;
   o.tokens_step = 9996;
   o.require_every_length = true;
-  e = error_of([&] { eval::evaluate_perplexity(o, nullptr); });
+  e = input_error_of([&] { eval::evaluate_perplexity(o, nullptr); });
   EXPECT_NE(e.find("--max-tokens: no document of " + (dir / "shard.h5") + " has 10000 tokens (the longest has "),
             std::string::npos)
       << e;
   o.max_tokens = int64_t{1} << 40;
-  e = error_of([&] { eval::evaluate_perplexity(o, nullptr); });
+  e = input_error_of([&] { eval::evaluate_perplexity(o, nullptr); });
   EXPECT_NE(e.find("--max-tokens: 1099511627776 is above 1073741824"), std::string::npos) << e;
   o.max_tokens = 1 << 30;
   o.tokens_step = 1;
-  e = error_of([&] { eval::evaluate_perplexity(o, nullptr); });
+  e = input_error_of([&] { eval::evaluate_perplexity(o, nullptr); });
   EXPECT_NE(e.find("--tokens-step: 1 gives 1073741821 lengths"), std::string::npos) << e;
 }
 

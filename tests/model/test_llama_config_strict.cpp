@@ -16,19 +16,12 @@
 #include "model/llama_config.h"
 #include "../train/train_test_util.h"
 
+using easyctx::test::input_error_of;
+
 namespace easyctx::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 void write(const std::string& path, const std::string& text) {
   std::ofstream f(path);
@@ -77,7 +70,7 @@ TEST(LlamaConfigStrict, EveryDimensionIsBoundedAndNamed) {
     if (std::string(key) == "intermediate_size") bad.push_back(int64_t{1} << 57);
     if (std::string(key) == "head_dim") bad.push_back(int64_t{1} << 62);
     for (int64_t v : bad) {
-      const std::string e = error_of([&] { from_json(shape_json(key, std::to_string(v))); });
+      const std::string e = input_error_of([&] { from_json(shape_json(key, std::to_string(v))); });
       EXPECT_NE(e.find("m.json: "), std::string::npos) << e;
       EXPECT_NE(e.find(key), std::string::npos) << key << " = " << v << ": " << e;
       ++cases;
@@ -87,14 +80,14 @@ TEST(LlamaConfigStrict, EveryDimensionIsBoundedAndNamed) {
   // Floats must be finite and positive (1e999 parses as inf).
   for (const char* key : {"rms_norm_eps", "rope_theta"})
     for (const char* v : {"1e999", "-1e999", "0", "-0.5"}) {
-      const std::string e = error_of([&] { from_json(shape_json(key, v)); });
+      const std::string e = input_error_of([&] { from_json(shape_json(key, v)); });
       EXPECT_NE(e.find(std::string(key) + " must be a finite number > 0"), std::string::npos) << e;
     }
   // An integer beyond int64 in a YAML is refused as a non-integer, never clamped.
   TempDir dir("cfg-huge");
   write(dir / "m.yaml", "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nhead_dim: 16\n"
                         "intermediate_size: 99999999999999999999999\nvocab_size: 256\n");
-  const std::string e = error_of([&] { model::load_llama_config(dir / "m.yaml"); });
+  const std::string e = input_error_of([&] { model::load_llama_config(dir / "m.yaml"); });
   EXPECT_NE(e.find("'intermediate_size' must be an integer"), std::string::npos) << e;
 }
 
@@ -122,7 +115,7 @@ TEST(LlamaConfigStrict, ParameterCountsAreCheckedProducts) {
     const bool fits = total <= kMaxElements && static_cast<__int128>(c.vocab_size) * d <= kMaxElements &&
                       static_cast<__int128>(c.intermediate_size) * d <= kMaxElements &&
                       static_cast<__int128>(c.num_layers) * layer <= kMaxElements;
-    const std::string e = error_of([&] { c.validate(); });
+    const std::string e = input_error_of([&] { c.validate(); });
     if (fits) {
       EXPECT_EQ(e, "");
       EXPECT_EQ(c.num_parameters(), static_cast<int64_t>(total));
@@ -142,13 +135,13 @@ TEST(LlamaConfigStrict, ParameterCountsAreCheckedProducts) {
 TEST(LlamaConfigStrict, WorkspaceSizesAreChecked) {
   const model::LlamaConfig c = model::load_llama_config("llama2-7b");
   model::ModelOptions o;
-  std::string e = error_of([&] { model::LlamaModel::workspace_specs(c, o, ops::DType::BF16, 1 << 20, 1 << 30, true); });
+  std::string e = input_error_of([&] { model::LlamaModel::workspace_specs(c, o, ops::DType::BF16, 1 << 20, 1 << 30, true); });
   EXPECT_NE(e.find("micro-batch of 1048576 x 1073741824 tokens"), std::string::npos) << e;
-  e = error_of([&] { model::LlamaModel::workspace_specs(c, o, ops::DType::BF16, 128, 1 << 30, true); });
+  e = input_error_of([&] { model::LlamaModel::workspace_specs(c, o, ops::DType::BF16, 128, 1 << 30, true); });
   EXPECT_NE(e.find("intermediate_size"), std::string::npos) << e;
   EXPECT_NO_THROW(model::LlamaModel::workspace_specs(c, o, ops::DType::BF16, 1, 1 << 20, true));
   o.lm_head_tile = int64_t{1} << 40;
-  e = error_of([&] { c.check_tokens(int64_t{1} << 36, o.lm_head_tile, "b x s"); });
+  e = input_error_of([&] { c.check_tokens(int64_t{1} << 36, o.lm_head_tile, "b x s"); });
   EXPECT_NE(e.find("b x s: an LM-head tile of logits"), std::string::npos) << e;
 }
 
@@ -184,7 +177,7 @@ TEST(LlamaConfigStrict, UnknownModelYamlKeysAreRefusedWithTheLine) {
       std::string out;
       for (const auto& l : bad) out += l + "\n";
       write(dir / "m.yaml", out);
-      const std::string e = error_of([&] { model::load_llama_config(dir / "m.yaml"); });
+      const std::string e = input_error_of([&] { model::load_llama_config(dir / "m.yaml"); });
       if (std::find(valid.begin(), valid.end(), typo) != valid.end()) continue;  // the edit made another key
       EXPECT_NE(e.find(dir / "m.yaml:" + std::to_string(li + 1) + ":1: unknown key '" + typo + "'"), std::string::npos)
           << preset << " " << key << " -> " << typo << ": " << e;
@@ -194,16 +187,16 @@ TEST(LlamaConfigStrict, UnknownModelYamlKeysAreRefusedWithTheLine) {
   EXPECT_GT(cases, 20);
   write(dir / "r.yaml", "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nintermediate_size: 172\n"
                         "vocab_size: 256\nrope_scaling:\n  type: linear\n  factr: 2.0\n");
-  std::string e = error_of([&] { model::load_llama_config(dir / "r.yaml"); });
+  std::string e = input_error_of([&] { model::load_llama_config(dir / "r.yaml"); });
   EXPECT_NE(e.find("r.yaml:8:3: unknown key 'rope_scaling.factr' (did you mean 'factor'?)"), std::string::npos) << e;
   write(dir / "h.yaml", "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nintermediate_size: 172\n"
                         "vocab_size: 256\ntorch_dtype: bfloat16\n");
-  e = error_of([&] { model::load_llama_config(dir / "h.yaml"); });
+  e = input_error_of([&] { model::load_llama_config(dir / "h.yaml"); });
   EXPECT_NE(e.find("h.yaml:6:1: unknown key 'torch_dtype'; it is a config.json key easyctx does not use"),
             std::string::npos)
       << e;
   write(dir / "d.yaml", "hidden_size: 64\nhidden_size: 64\n");
-  e = error_of([&] { model::load_llama_config(dir / "d.yaml"); });
+  e = input_error_of([&] { model::load_llama_config(dir / "d.yaml"); });
   EXPECT_NE(e.find("d.yaml:2:1: duplicate key 'hidden_size'"), std::string::npos) << e;
 }
 
@@ -221,7 +214,7 @@ TEST(LlamaConfigStrict, HfConfigJsonExtrasAndSemanticKeys) {
       {"hidden_act", "\"gelu\""},          {"model_type", "\"mixtral\""},
       {"attention_bias", "true"}};
   for (const auto& [k, v] : refused) {
-    const std::string e = error_of([&] { from_json(shape_json(k, v)); });
+    const std::string e = input_error_of([&] { from_json(shape_json(k, v)); });
     EXPECT_NE(e.find("m.json: " + k), std::string::npos) << k << ": " << e;
   }
   // Every golden config.json (written by transformers 5) and an export load as they are.
@@ -258,7 +251,7 @@ TEST(LlamaConfigStrict, HfInitTakesTheShapeFromTheFolder) {
   EXPECT_EQ(c.max_position_embeddings, shape.max_position_embeddings);  // not compared, the folder's
   // A different model: both named, with the keys that differ.
   m.config = "demo";
-  std::string e = error_of([&] { model::resolve_llama_config(m); });
+  std::string e = input_error_of([&] { model::resolve_llama_config(m); });
   EXPECT_NE(e.find("model.config 'demo' and model.init hf:" + (dir / "hf") + " describe different models"),
             std::string::npos)
       << e;
@@ -269,7 +262,7 @@ TEST(LlamaConfigStrict, HfInitTakesTheShapeFromTheFolder) {
     return t.replace(t.find("rope_theta: 10000.0"), 19, "rope_theta: 500000.0");
   }());
   m.config = dir / "theta.yaml";
-  e = error_of([&] { model::resolve_llama_config(m); });
+  e = input_error_of([&] { model::resolve_llama_config(m); });
   EXPECT_NE(e.find("rope_theta 500000 vs 10000"), std::string::npos) << e;
   m.rope_theta = 2e6;
   EXPECT_EQ(model::resolve_llama_config(m).rope_theta, 2e6);
@@ -277,18 +270,18 @@ TEST(LlamaConfigStrict, HfInitTakesTheShapeFromTheFolder) {
   fs::create_directories(dir / "bare");
   m = ModelConfig{};
   m.init = "hf:" + (dir / "bare");
-  e = error_of([&] { model::resolve_llama_config(m); });
+  e = input_error_of([&] { model::resolve_llama_config(m); });
   EXPECT_NE(e.find("model.init hf:" + (dir / "bare") + ": the folder has no config.json"), std::string::npos) << e;
   m.config = "demo";
   EXPECT_EQ(model::resolve_llama_config(m).name, "demo");
   // A folder that does not exist is named at once, even with model.config given.
   m.init = "hf:" + (dir / "missing");
-  e = error_of([&] { model::resolve_llama_config(m); });
+  e = input_error_of([&] { model::resolve_llama_config(m); });
   EXPECT_NE(e.find("model.init hf:" + (dir / "missing") + ": no such folder"), std::string::npos) << e;
   // A training run's folder given as a model: pointed at its export.
   fs::create_directories(dir / "run/final");
   write(dir / "run/final/config.json", shape.to_hf_json().dump(2));
-  e = error_of([&] { model::load_llama_config(dir / "run"); });
+  e = input_error_of([&] { model::load_llama_config(dir / "run"); });
   EXPECT_NE(e.find("its Hugging Face export is " + (dir / "run/final")), std::string::npos) << e;
 }
 
