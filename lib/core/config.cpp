@@ -79,6 +79,10 @@ void validate_for_world(const StageConfig& c, int world_size) {
   EASYCTX_CHECK_INPUT(!z.offload_params || z.offload_optimizer, src,
                       ": parallel.zero.offload_params needs parallel.zero.offload_optimizer = true (the host AdamW "
                       "writes the bf16 shards it keeps in host memory)");
+  EASYCTX_CHECK_INPUT(!z.offload_grads || (z.stage == 3 && z.offload_optimizer), src,
+                      ": parallel.zero.offload_grads needs parallel.zero.stage = 3 and "
+                      "parallel.zero.offload_optimizer = true (the host AdamW reads the gradient shards it keeps in "
+                      "host memory)");
   EASYCTX_CHECK_INPUT(c.train.warmup_steps <= c.train.steps || c.train.steps == 0, src, ": train.warmup_steps = ",
                       c.train.warmup_steps, " exceeds train.steps = ", c.train.steps);
   EASYCTX_CHECK_INPUT(c.train.min_lr <= c.train.lr, src, ": train.min_lr = ", c.train.min_lr,

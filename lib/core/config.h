@@ -68,6 +68,7 @@ struct ZeroConfig {
   int64_t stage = 0;            // 0 or 3
   bool offload_optimizer = false;
   bool offload_params = false;
+  bool offload_grads = false;
   int64_t prefetch = 1;
   ZeroGroupScope group = ZeroGroupScope::World;
 };

@@ -345,7 +345,15 @@ const Registry& registry() {
                "pinned host memory too (the host AdamW writes them in place, no upload) and copy a unit's shard to "
                "the GPU just before its all-gather (on the gather stream, so prefetch overlaps it too). Saves 2/Z "
                "bytes per parameter on each GPU, for models whose shards do not fit beside the activations; the "
-               "fp32 gradient shard (4/Z) stays on the GPU (docs/memory-model.md).");
+               "fp32 gradient shard (4/Z) stays on the GPU unless offload_grads (docs/memory-model.md).");
+    r.add_bool("parallel.zero.offload_grads", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_grads; },
+               "Stage 3 with offload_optimizer on train.device cuda: keep each rank's fp32 gradient shards of the "
+               "layers in pinned host memory, so the gradients never sit whole on the GPU. Right after a layer's "
+               "reduce-scatter its shard result is copied down (on its own stream) and added into the host shard; "
+               "the host AdamW reads it there. Saves 4/Z bytes per layer parameter on each GPU (on one GPU, Z = 1: "
+               "the whole fp32 gradient, 32 GB for an 8B model); costs one layer shard of pinned staging per "
+               "reduce-scatter buffer and a host add per layer and micro-batch (docs/memory-model.md). The "
+               "embedding's and head's gradients stay on the GPU (every token adds into them).");
     r.add_int("parallel.zero.prefetch", [](StageConfig& c) -> int64_t& { return c.parallel.zero.prefetch; }, 0, 8,
               "Stage 3: layers gathered ahead of the one in use (the pool holds 1 + prefetch gathered layers). "
               "On CUDA with NCCL the gathers (and the layers' gradient reduce-scatters) run on their own "

@@ -149,6 +149,23 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
   // ZeRO-3 with the optimizer shards in host memory: the bf16 parameter shards may follow them.
   if (cuda && cfg.parallel.zero.stage == 3 && cfg.parallel.zero.offload_optimizer && !cfg.parallel.zero.offload_params)
     fams.push_back({"parallel.zero.offload_params", true, {one("parallel.zero.offload_params", "true")}});
+  // ... and the layers' fp32 gradient shards.
+  if (cuda && cfg.parallel.zero.stage == 3 && cfg.parallel.zero.offload_optimizer && !cfg.parallel.zero.offload_grads)
+    fams.push_back({"parallel.zero.offload_grads", true, {one("parallel.zero.offload_grads", "true")}});
+  // One GPU, the optimizer in host memory already: ZeRO-3 over a group of one shards nothing,
+  // but streams the layers through its gather pool, so their gradients and then their bf16
+  // weights can live in host memory too; offered with those offloads (stage 3 alone only adds
+  // the pool).
+  if (cuda && cfg.parallel.zero.stage == 0 && t.world() == 1 && cfg.parallel.zero.offload_optimizer) {
+    Family f{"parallel.zero.stage", true, {}, {"parallel.zero.offload_grads", "parallel.zero.offload_params"}};
+    Candidate c = one("parallel.zero.stage", "3");
+    for (const std::string s : {"parallel.zero.offload_grads=true", "parallel.zero.offload_params=true"}) {
+      apply_override(c.cfg, s);
+      c.assignment += " " + s;
+      f.values.push_back(c);
+    }
+    fams.push_back(f);
+  }
   return fams;
 }
 
@@ -272,6 +289,7 @@ std::string refusal_message(const MemoryPlan& p) {
     os << " Nothing makes it fit: not activation.checkpoint, activation.mlp_tile, activation.offload (and "
           "offload_layers), activation.attention_head_groups, activation.lm_head_tile, "
           "parallel.zero.stage, parallel.zero.offload_optimizer, parallel.zero.offload_params, "
+          "parallel.zero.offload_grads, "
           "parallel.sequence.size, data.seq_length or train.batch_size alone, nor "
           "those that keep the problem together; "
        << more << ".";

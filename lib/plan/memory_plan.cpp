@@ -429,6 +429,7 @@ Json settings_of(const StageConfig& c) {
   s.set("parallel.zero.prefetch", c.parallel.zero.prefetch);
   s.set("parallel.zero.offload_optimizer", c.parallel.zero.offload_optimizer);
   s.set("parallel.zero.offload_params", c.parallel.zero.offload_params);
+  s.set("parallel.zero.offload_grads", c.parallel.zero.offload_grads);
   s.set("activation.checkpoint", to_string(c.activation.checkpoint));
   s.set("activation.offload", to_string(c.activation.offload));
   s.set("activation.offload_layers", c.activation.offload_layers);

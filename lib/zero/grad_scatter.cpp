@@ -22,7 +22,8 @@ void reduce_into_shard(dist::Comm& zero, dist::Comm* replica, ops::Backend& be, 
 
 GradScatter::GradScatter(ops::Backend& be, CommLane& lane, dist::Comm& zero, dist::Comm* replica,
                          std::vector<ops::Buffer> grads, std::vector<ops::Buffer> parts,
-                         std::function<ops::Tensor(size_t)> shard, std::function<int64_t(size_t)> len)
+                         std::function<ops::Tensor(size_t)> shard, std::function<int64_t(size_t)> len,
+                         ops::Backend* host, std::vector<ops::Buffer> staging)
     : be_(be),
       lane_(lane),
       zero_(zero),
@@ -31,10 +32,30 @@ GradScatter::GradScatter(ops::Backend& be, CommLane& lane, dist::Comm& zero, dis
       parts_(std::move(parts)),
       shard_(std::move(shard)),
       len_(std::move(len)),
+      host_(host),
+      staging_(std::move(staging)),
       in_flight_(grads_.size(), kNone),
       scattered_(grads_.size()) {
   EASYCTX_CHECK(grads_.size() == parts_.size(), "GradScatter: ", grads_.size(), " buffers, ", parts_.size(),
                 " results");  // (none: a model without layers)
+  EASYCTX_CHECK(!host_ || staging_.size() == grads_.size(), "GradScatter: ", grads_.size(), " buffers, ",
+                staging_.size(), " host staging buffers");
+  if (host_) down_ = be_.make_queue();
+}
+
+void GradScatter::add_into_shard(size_t k, size_t u, const Fence& after) {
+  const int64_t len = len_(u);
+  const ops::Tensor part = parts_[k].flat().slice_flat(0, {len}), shard = shard_(u);
+  if (!host_ || shard.space != MemSpace::Host) {  // on the device: micro-batches accumulate in the shard
+    be_.wait(after);
+    be_.axpy(shard, part, 1.0);
+    return;
+  }
+  const ops::Tensor stage = staging_[k].flat().slice_flat(0, {len});
+  down_->wait(after);
+  be_.copy_on(*down_, stage, part);
+  down_->record().host_wait();  // (the compute queue runs on meanwhile: the layers after this one)
+  host_->axpy(shard, stage, 1.0);
 }
 
 ops::Tensor GradScatter::grad(size_t u, int64_t numel) {
@@ -57,7 +78,7 @@ void GradScatter::done(size_t u) {
   unit_ = kNone;
   if (!lane_.async()) {
     reduce_into_shard(zero_, replica_, be_, grads_[k], part, len);
-    be_.axpy(shard_(u), part, 1.0);  // micro-batches accumulate in the shard
+    add_into_shard(k, u, be_.record());
     return;
   }
   // On the lane after the layer's backward; finish(k) adds it into the shard.
@@ -68,8 +89,7 @@ void GradScatter::done(size_t u) {
 void GradScatter::finish(size_t k) {
   const size_t u = in_flight_[k];
   if (u == kNone) return;
-  be_.wait(scattered_[k]);
-  be_.axpy(shard_(u), parts_[k].flat().slice_flat(0, {len_(u)}), 1.0);
+  add_into_shard(k, u, scattered_[k]);
   in_flight_[k] = kNone;
 }
 

@@ -136,8 +136,9 @@ void HostAdamW::Impl::run(const std::vector<OffloadPiece>& pieces, const ops::Ad
     for (int64_t off = 0; off < p.n; off += I.chunk) chunks.push_back({&p, off, std::min(I.chunk, p.n - off)});
   const MemSpace dev = be.memspace();
   Fence got[2], sent[2];
-  auto fetch = [&](size_t i) {  // gradient chunk i -> slot i % 2
+  auto fetch = [&](size_t i) {  // gradient chunk i -> slot i % 2 (one in host memory is read in place)
     const Chunk& c = chunks[i];
+    if (c.p->grad_host) return;
     const int sl = static_cast<int>(i % 2);
     be.copy_on(*I.down, I.grad[sl].flat().slice_flat(0, {c.n}),
                ops::Tensor(const_cast<float*>(c.p->grad_dev + c.off), DType::F32, {c.n}, dev));
@@ -151,7 +152,7 @@ void HostAdamW::Impl::run(const std::vector<OffloadPiece>& pieces, const ops::Ad
     if (i + 1 < chunks.size()) fetch(i + 1);  // the other slot's gradient buffer was consumed at i - 1
     const kernels::AdamWConsts k = kernels::adamw_consts(s.lr, s.beta1, s.beta2, s.eps, c.p->weight_decay, s.step);
     float *p = c.p->master + c.off, *m = c.p->m + c.off, *v = c.p->v + c.off;
-    const float* g = I.grad[sl].flat().ptr<float>();
+    const float* g = c.p->grad_host ? c.p->grad_host + c.off : I.grad[sl].flat().ptr<float>();
     const bool in_place = c.p->work_host != nullptr;  // host bf16 weights: written here, nothing to upload
     uint16_t* out = in_place ? c.p->work_host + c.off : static_cast<uint16_t*>(I.work[sl].data());
     if (!in_place) sent[sl].host_wait();  // chunk i - 2 left this slot

@@ -28,6 +28,10 @@ ParamStore::ParamStore(const model::ParamLayout& layout, ops::Backend& be, DType
                       "parallel.zero.offload_params: true needs parallel.zero.stage 3 and "
                       "parallel.zero.offload_optimizer: true on train.device cuda (the host AdamW writes the bf16 "
                       "shards it keeps in host memory)");
+  EASYCTX_CHECK_INPUT(!o.offload_grads || (o.stage == 3 && host_be_),
+                      "parallel.zero.offload_grads: true needs parallel.zero.stage 3 and "
+                      "parallel.zero.offload_optimizer: true on train.device cuda (the host AdamW reads the gradient "
+                      "shards it keeps in host memory)");
 }
 
 ParamStore::~ParamStore() { settle_before_destruction(); }
@@ -146,7 +150,10 @@ void ParamStore::optimizer_step(const ops::AdamWStep& step, double weight_decay,
       p.master = master_[u].flat().ptr<float>() + off;
       p.m = adam_m_[u].flat().ptr<float>() + off;
       p.v = adam_v_[u].flat().ptr<float>() + off;
-      p.grad_dev = g[u].flat().ptr<float>() + off;
+      if (g[u].flat().space == MemSpace::Host)  // offload_grads: the layers' shards in pinned host memory
+        p.grad_host = g[u].flat().ptr<float>() + off;
+      else
+        p.grad_dev = g[u].flat().ptr<float>() + off;
       if (working_in_host())
         p.work_host = static_cast<uint16_t*>(work[u].data()) + off;
       else
@@ -196,6 +203,7 @@ StoreOptions store_options(const StageConfig& cfg) {
   o.prefetch = static_cast<int>(cfg.parallel.zero.prefetch);
   o.offload_optimizer = cfg.parallel.zero.offload_optimizer;
   o.offload_params = cfg.parallel.zero.offload_params;
+  o.offload_grads = cfg.parallel.zero.offload_grads;
   return o;
 }
 

@@ -44,6 +44,7 @@ struct StoreOptions {
   int prefetch = 1;                 // parallel.zero.prefetch (stage 3)
   bool offload_optimizer = false;   // parallel.zero.offload_optimizer (device backends)
   bool offload_params = false;      // parallel.zero.offload_params (stage 3 + offload_optimizer)
+  bool offload_grads = false;       // parallel.zero.offload_grads (stage 3 + offload_optimizer)
   // The backend of the state kept in host memory (offload_optimizer). Default:
   // ops::make_cpu_backend. The memory plan passes recording backends and replays the store's
   // allocations.

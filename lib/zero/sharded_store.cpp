@@ -70,7 +70,7 @@ class ShardedStore final : public ParamStore {
     if (deferred_ && deferred_->pending()) return;  // each unit is prepared when the forward reaches it
     for (ops::Buffer& g : grads_)
       if (g.numel() > 0) be_.fill(g.flat(), 0.0);
-    for (ops::Buffer& g : gshard_) be_.fill(g.flat(), 0.0);  // the layers add into it per micro-batch
+    for (const ops::Buffer& g : gshard_) on(g).fill(g.flat(), 0.0);  // the layers add into it per micro-batch
   }
 
   model::ParamSource& source(int64_t) override { return source_; }
@@ -93,11 +93,11 @@ class ShardedStore final : public ParamStore {
 
   double clip(double max_norm) override {  // the global norm over all shards (padding is zero)
     double ss = 0;
-    for (const ops::Buffer& b : gshard_) ss += be_.sum_squares(b.flat());
+    for (const ops::Buffer& b : gshard_) ss += on(b).sum_squares(b.flat());
     const double norm = std::sqrt(comms_.zero->all_reduce_scalar(ss, dist::ReduceOp::Sum));
     const double coef = max_norm / (norm + 1e-6);
     if (max_norm > 0 && coef < 1.0)
-      for (const ops::Buffer& b : gshard_) be_.scale(b.flat(), coef);
+      for (const ops::Buffer& b : gshard_) on(b).scale(b.flat(), coef);
     return norm;
   }
 
@@ -149,7 +149,8 @@ class ShardedStore final : public ParamStore {
                            : "; gathers synchronous over " + std::string(z.backend())) +
            "), gradients reduce-scattered per layer" +
            (host_be_ ? "; the optimizer shards in host memory (AdamW on the host)" : "") +
-           (opts_.offload_params ? "; the bf16 parameter shards in pinned host memory (copied per gather)" : "");
+           (opts_.offload_params ? "; the bf16 parameter shards in pinned host memory (copied per gather)" : "") +
+           (opts_.offload_grads ? "; the layers' fp32 gradient shards in pinned host memory (added there)" : "");
   }
 
  protected:
@@ -195,6 +196,10 @@ class ShardedStore final : public ParamStore {
  private:
   friend class ShardedSource;
   bool layer(size_t u) const { return u != layout_.embed_unit() && u != layout_.head_unit(); }
+  // The backend whose ops act on `b`: the host's for a buffer in host memory (offload_grads).
+  ops::Backend& on(const ops::Buffer& b) const {
+    return host_be_ && b.flat().space == MemSpace::Host && be_.memspace() != MemSpace::Host ? *host_be_ : be_;
+  }
   int64_t numel(size_t u) const { return sl_.numel(u); }
 
  public:
@@ -204,7 +209,9 @@ class ShardedStore final : public ParamStore {
     const std::string ends = wt + " embedding + head, gathered for the step";
     for (size_t u = 0; u < sl_.units(); ++u) {
       const int64_t len = sl_.len(u);
-      gshard_.push_back(be_.alloc(DType::F32, len, "fp32 reduced gradient shard"));
+      gshard_.push_back(opts_.offload_grads && layer(u)  // (pinned host memory, added into and read by the host)
+                            ? be_.alloc_host_pinned(DType::F32, len, "fp32 reduced gradient shard (offloaded, pinned)")
+                            : be_.alloc(DType::F32, len, "fp32 reduced gradient shard"));
       if (on_device())  // (offload_params: pinned host memory, written by the host AdamW)
         wshard_.push_back(opts_.offload_params
                               ? be_.alloc_host_pinned(DType::BF16, len, "bf16 working parameter shard (offloaded, pinned)")
@@ -218,7 +225,7 @@ class ShardedStore final : public ParamStore {
       // The model accumulates the whole unit; padded for the reduce-scatter.
       grads_.push_back(be_.alloc(DType::F32, len * Z, "fp32 embedding + head gradients (whole, padded)"));
     }
-    std::vector<ops::Buffer> slots, grads, parts;
+    std::vector<ops::Buffer> slots, grads, parts, staging;
     const int64_t L = static_cast<int64_t>(sl_.units()) - 2;
     if (L > 0) {
       const int64_t len = sl_.len(layout_.layer_unit(0));  // every layer unit has the same size
@@ -228,6 +235,8 @@ class ShardedStore final : public ParamStore {
       for (int k = 0; k < (on_device() ? 2 : 1); ++k) {  // CUDA: two, the reduce-scatter of one overlapping
         grads.push_back(be_.alloc(DType::F32, len * Z, "fp32 gradient of the layer in backward"));
         parts.push_back(be_.alloc(DType::F32, len, "fp32 reduce-scatter result (one layer shard)"));
+        if (opts_.offload_grads)
+          staging.push_back(be_.alloc_host_pinned(DType::F32, len, "fp32 reduce-scatter result staging (pinned)"));
       }
     }
     pool_ = std::make_unique<GatherPool>(
@@ -238,7 +247,8 @@ class ShardedStore final : public ParamStore {
         });
     scatter_ = std::make_unique<GradScatter>(
         be_, *lane_, *comms_.zero, comms_.zero_replica, std::move(grads), std::move(parts),
-        [this](size_t u) { return gshard_[u].flat(); }, [this](size_t u) { return sl_.len(u); });
+        [this](size_t u) { return gshard_[u].flat(); }, [this](size_t u) { return sl_.len(u); },
+        opts_.offload_grads ? host_be_.get() : nullptr, std::move(staging));
   }
 
  private:
@@ -305,7 +315,7 @@ class ShardedStore final : public ParamStore {
   // and, for the embedding and head, the new shards gathered.
   void prepare(size_t u) {
     if (grads_[u].numel() > 0) be_.fill(grads_[u].flat(), 0.0);
-    be_.fill(gshard_[u].flat(), 0.0);
+    on(gshard_[u]).fill(gshard_[u].flat(), 0.0);
     if (!layer(u)) gather_unit(u, full_[u], be_.queue());
   }
 

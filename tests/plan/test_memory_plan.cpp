@@ -416,6 +416,72 @@ TEST(MemoryPlan, ZeroThreeWithParamOffload) {
   EXPECT_TRUE(plan::plan_memory(zp, gpu_target(gib, 8)).fits);
 }
 
+// ZeRO-3 with parallel.zero.offload_grads (on top of the optimizer offload): the layers' fp32
+// gradient shards move from each GPU to pinned host memory byte for byte (the embedding's and
+// head's stay), plus one layer shard of pinned staging per reduce-scatter buffer; every
+// phase's allocations drop by exactly the moved shards and every phase's host memory rises by
+// them and the staging; a run that fits only without them is refused naming the key.
+TEST(MemoryPlan, ZeroThreeWithGradOffload) {
+  StageConfig zo = big_run();
+  zo.parallel.zero.stage = 3;
+  zo.parallel.zero.offload_optimizer = true;
+  StageConfig zg = zo;
+  zg.parallel.zero.offload_grads = true;
+  const MemoryPlan po = plan::plan_memory(zo, gpu_target(2000, 8)), pg = plan::plan_memory(zg, gpu_target(2000, 8));
+  const plan::PlanItem* dev = plan_item(po, "fp32 reduced gradient shard");
+  const plan::PlanItem* kept = plan_item(pg, "fp32 reduced gradient shard");
+  const plan::PlanItem* host = plan_item(pg, "fp32 reduced gradient shard (offloaded, pinned)");
+  const plan::PlanItem* staging = plan_item(pg, "fp32 reduce-scatter result staging (pinned)");
+  const plan::PlanItem* part = plan_item(po, "fp32 reduce-scatter result (one layer shard)");
+  ASSERT_NE(dev, nullptr);
+  ASSERT_NE(kept, nullptr);
+  ASSERT_NE(host, nullptr);
+  ASSERT_NE(staging, nullptr);
+  ASSERT_NE(part, nullptr);
+  EXPECT_EQ(host->where, "host");
+  EXPECT_EQ(staging->where, "host");
+  EXPECT_FALSE(host->tracked);
+  EXPECT_EQ(kept->where, "gpu");
+  EXPECT_EQ(host->bytes + kept->bytes, dev->bytes);  // every unit's shard, split between the two
+  // The 32 layers' shards: 4 x ceil(unit / 8) each (llama2-7b: 202,383,360 parameters a layer).
+  EXPECT_EQ(host->bytes, 32 * 4 * ((int64_t{202383360} + 7) / 8));
+  EXPECT_EQ(staging->bytes, part->bytes);  // one per reduce-scatter buffer
+  ASSERT_EQ(po.phases.size(), pg.phases.size());
+  for (size_t i = 0; i < po.phases.size(); ++i) {
+    EXPECT_EQ(po.phases[i].alloc_bytes - pg.phases[i].alloc_bytes, host->bytes) << po.phases[i].name;
+    EXPECT_EQ(pg.phases[i].host_bytes - po.phases[i].host_bytes, host->bytes + staging->bytes) << po.phases[i].name;
+  }
+  const double gib = 0.5 * static_cast<double>(po.gpu_peak_bytes + pg.gpu_peak_bytes) / (1 << 30) /
+                     (1 - po.target.headroom);
+  const MemoryPlan tight = plan::plan_memory(zo, gpu_target(gib, 8));
+  ASSERT_FALSE(tight.fits);
+  bool named = false;
+  for (const plan::KnobFix& k : tight.knobs) named |= k.assignment == "parallel.zero.offload_grads=true";
+  EXPECT_TRUE(named) << plan::refusal_message(tight);
+  EXPECT_TRUE(plan::plan_memory(zg, gpu_target(gib, 8)).fits);
+}
+
+// On ONE GPU a stage-0 run that fits only with its weights, gradients and optimizer in host
+// memory: the search proposes ZeRO-3 over the group of one with the three offloads (stage 3
+// alone would only add the gather pool), and that proposal plans as fitting.
+TEST(MemoryPlan, OneGpuSearchProposesZeroThreeWithOffloads) {
+  StageConfig c = big_run();
+  c.data.seq_length = 65536;
+  StageConfig z = c;
+  z.parallel.zero.stage = 3;
+  z.parallel.zero.offload_optimizer = z.parallel.zero.offload_params = z.parallel.zero.offload_grads = true;
+  const MemoryPlan pz = plan::plan_memory(z, gpu_target(2000));
+  const double gib = 1.01 * static_cast<double>(pz.gpu_peak_bytes) / (1 << 30) / (1 - pz.target.headroom);
+  const MemoryPlan p = plan::plan_memory(c, gpu_target(gib));
+  ASSERT_FALSE(p.fits);
+  bool named = false;
+  for (const plan::KnobFix& k : p.knobs)
+    named |= k.assignment.find("parallel.zero.stage=3") != std::string::npos &&
+             k.assignment.find("parallel.zero.offload_grads=true") != std::string::npos;
+  EXPECT_TRUE(named) << plan::refusal_message(p);
+  EXPECT_TRUE(plan::plan_memory(z, gpu_target(gib)).fits);
+}
+
 // ZeRO-3 with the optimizer offloaded on 2 nodes x 8 GPUs (llama2-7b at 32K, the weights from
 // a Hugging Face folder not present here, the HF export at the end): no rank ever holds the
 // whole model (loading reads the shards; the export's whole model is rank 0's alone), so the
