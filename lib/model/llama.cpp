@@ -6,6 +6,7 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "model/llama_workspace.h"
 
 namespace easyctx::model {
 
@@ -75,10 +76,6 @@ struct LlamaModel::Workspace {
   Buffer dq, dk, dv;            // [n, Hq*hd], [n, Hkv*hd] x2
   // (the gradient of the attention output, [n, Hq*hd], lives in hf: see visit_workspace)
 };
-
-namespace {
-DType stat_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
-}  // namespace
 
 LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, ModelOptions opts,
                        std::shared_ptr<attention::SequenceAttention> attn)
@@ -520,184 +517,9 @@ void LlamaModel::forward_logits(const std::vector<Tensor>& params, const Batch& 
   be_.matmul(ws.hf.view({n, d}), false, head_matrix(params), true, logits.reshape({n, vocab}));
 }
 
-// ---------------------------------------------------------------- forward only (evaluations)
-// Every buffer sized for `tokens` tokens; views take their first elements, so a workspace
-// serves any batch of at most that many tokens.
-struct LlamaModel::ScoreWorkspace {
-  int64_t tokens = 0;
-  Buffer x;            // [n, D]  the residual stream, updated in place layer by layer
-  Buffer h;            // [n, D]  input norm output, then the O projection, then the MLP norm output;
-                       //         finally the final norm output the LM head reads
-  Buffer q, k, v, o;   // [n, Hq*hd], [n, Hkv*hd] x2, [n, Hq*hd]
-  Buffer lse;          // [B, Hq, S] stat dtype (the attention's, unused after it)
-  Buffer rstd;         // [n] stat dtype (the norms', unused)
-  Buffer g, u, m;      // [mlp rows, I]
-  Buffer down;         // [mlp rows, D]  the MLP output of one tile, before the residual add
-};
-
-template <class Visit>
-void LlamaModel::visit_score_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t tokens,
-                                       ScoreWorkspace* ws, Visit&& visit) {
-  const int64_t n = tokens, d = c.hidden_size, ff = c.intermediate_size, mt = mlp_rows(o, n, false);
-  const DType st = stat_dtype(dt);
-  visit("fwd.resid", dt, n * d, ws ? &ws->x : nullptr);
-  visit("fwd.h", dt, n * d, ws ? &ws->h : nullptr);
-  visit("fwd.q", dt, n * c.q_dim(), ws ? &ws->q : nullptr);
-  visit("fwd.k", dt, n * c.kv_dim(), ws ? &ws->k : nullptr);
-  visit("fwd.v", dt, n * c.kv_dim(), ws ? &ws->v : nullptr);
-  visit("fwd.o", dt, n * c.q_dim(), ws ? &ws->o : nullptr);
-  visit("fwd.lse", st, n * c.num_heads, ws ? &ws->lse : nullptr);
-  visit("fwd.rstd", st, n, ws ? &ws->rstd : nullptr);
-  visit("fwd.g", dt, mt * ff, ws ? &ws->g : nullptr);
-  visit("fwd.u", dt, mt * ff, ws ? &ws->u : nullptr);
-  visit("fwd.m", dt, mt * ff, ws ? &ws->m : nullptr);
-  visit("fwd.down", dt, mt * d, ws ? &ws->down : nullptr);
-}
-
-std::vector<BufferSpec> LlamaModel::score_workspace_specs(const LlamaConfig& c, const ModelOptions& o, DType dtype,
-                                                          int64_t batch, int64_t seq) {
-  std::vector<BufferSpec> v;
-  visit_score_workspace(c, o, dtype, batch * seq, nullptr,
-                        [&](const char* name, DType t, int64_t numel, Buffer*) { v.push_back({name, t, numel}); });
-  return v;
-}
-
 void LlamaModel::release_workspace() {
   ws_.reset();
   score_ws_.reset();
-}
-
-// One layer, in place on ws.x: the ops of layer_forward in its order, on fewer buffers.
-void LlamaModel::score_layer(const Tensor& w, const Batch& b, ScoreWorkspace& ws) {
-  const size_t ui = layout_.layer_unit(0);
-  auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
-  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
-  const int64_t hq = cfg_.num_heads, hkv = cfg_.num_kv_heads;
-  const Tensor x = ws.x.view({n, d}), h = ws.h.view({n, d}), rstd = ws.rstd.view({n});
-  const Tensor q = ws.q.view({n, hq * hd}), k = ws.k.view({n, hkv * hd}), v = ws.v.view({n, hkv * hd});
-  const Tensor o = ws.o.view({n, hq * hd});
-  be_.rmsnorm_fwd(x, W(kAttnNorm), cfg_.rms_norm_eps, h, rstd);
-  be_.matmul(h, false, W(kQ), true, q);
-  be_.matmul(h, false, W(kK), true, k);
-  be_.matmul(h, false, W(kV), true, v);
-  be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
-  be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
-  attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
-                  v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                  ws.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd))});
-  be_.matmul(o, false, W(kO), true, h);  // the input norm's output is dead: h takes the projection
-  be_.axpy(x, h, 1.0);                   // x_mid = x_in + o W_O^T
-  be_.rmsnorm_fwd(x, W(kMlpNorm), cfg_.rms_norm_eps, h, rstd);
-  const int64_t mt = std::min(mlp_rows(opts_, n, false), ws.g.numel() / ff);
-  for (int64_t r0 = 0; r0 < n; r0 += mt) {
-    const int64_t rows = std::min(mt, n - r0);
-    const Tensor ht = h.rows(r0, rows), g = ws.g.view({rows, ff}), u = ws.u.view({rows, ff}), m = ws.m.view({rows, ff});
-    const Tensor down = ws.down.view({rows, d});
-    be_.matmul(ht, false, W(kGate), true, g);
-    be_.matmul(ht, false, W(kUp), true, u);
-    be_.swiglu_fwd(g, u, m);
-    be_.matmul(m, false, W(kDown), true, down);
-    be_.axpy(x.rows(r0, rows), down, 1.0);  // x_out = x_mid + MLP
-  }
-}
-
-void LlamaModel::forward_score(const std::vector<Tensor>& params, const Batch& b, const Tensor& nll,
-                               const Tensor& top) {
-  check_params(params, "parameter");
-  EASYCTX_CHECK(b.batch > 0 && b.seq > 0, "LlamaModel: empty batch ", b.batch, "x", b.seq);
-  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, L = cfg_.num_layers;
-  for (const Tensor* t : {&b.tokens, &b.positions, &b.labels})
-    EASYCTX_CHECK(t->dtype == DType::I32 && t->numel() == n, "LlamaModel: batch arrays must be i32[", n, "], got ",
-                  t->describe());
-  EASYCTX_CHECK(nll.dtype == DType::F64 && nll.space == MemSpace::Host && nll.numel() == n,
-                "forward_score: nll must be host f64[", n, "], got ", nll.describe());
-  EASYCTX_CHECK(top.dtype == DType::I32 && top.space == MemSpace::Host && top.numel() == n,
-                "forward_score: top must be host i32[", n, "], got ", top.describe());
-  if (!score_ws_ || score_ws_->tokens < n) {
-    score_ws_.reset();  // free first: peak memory is one workspace
-    auto ws = std::make_unique<ScoreWorkspace>();
-    ws->tokens = n;
-    visit_score_workspace(cfg_, opts_, dtype_, n, ws.get(), [&](const char* name, DType t, int64_t numel, Buffer* slot) {
-      *slot = be_.alloc(t, numel, name);
-    });
-    score_ws_ = std::move(ws);
-  }
-  ScoreWorkspace& ws = *score_ws_;
-  const size_t eu = layout_.embed_unit(), hu = layout_.head_unit();
-  be_.embedding_fwd(b.tokens, params[eu].reshape({cfg_.vocab_size, d}), ws.x.view({n, d}));
-  for (int64_t l = 0; l < L; ++l) score_layer(params[layout_.layer_unit(l)], b, ws);
-  const Tensor h = ws.h.view({n, d});
-  be_.rmsnorm_fwd(ws.x.view({n, d}), tensor_view(params[hu], hu, 0), cfg_.rms_norm_eps, h, ws.rstd.view({n}));
-  // The LM head on the runs of labelled rows only.
-  std::vector<int32_t> labels(static_cast<size_t>(n));
-  be_.copy(Tensor(labels.data(), DType::I32, {n}), b.labels);
-  std::fill(nll.ptr<double>(), nll.ptr<double>() + n, 0.0);
-  std::fill(top.ptr<int32_t>(), top.ptr<int32_t>() + n, 0);
-  const Tensor head = head_matrix(params);
-  for (int64_t r0 = 0; r0 < n;) {
-    if (labels[static_cast<size_t>(r0)] < 0) {
-      ++r0;
-      continue;
-    }
-    int64_t r1 = r0 + 1;
-    while (r1 < n && labels[static_cast<size_t>(r1)] >= 0) ++r1;
-    be_.lm_head_score(h.rows(r0, r1 - r0), head, b.labels.reshape({n}).rows(r0, r1 - r0), opts_.lm_head_tile,
-                      nll.reshape({n}).rows(r0, r1 - r0), top.reshape({n}).rows(r0, r1 - r0));
-    r0 = r1;
-  }
-}
-
-// ---------------------------------------------------------------- initialisation
-namespace {
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-// Standard normal from a counter (Box-Muller on two hashed uniforms): portable and
-// independent of thread count or iteration order.
-double normal_at(uint64_t seed, uint64_t index) {
-  const uint64_t a = splitmix64(seed ^ splitmix64(2 * index));
-  const uint64_t c = splitmix64(seed ^ splitmix64(2 * index + 1));
-  const double u1 = (static_cast<double>(a >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
-  const double u2 = static_cast<double>(c >> 11) / 9007199254740992.0;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-}
-}  // namespace
-
-void init_random_range(const ParamLayout& layout, size_t unit, int64_t offset, const Tensor& dst, double std,
-                       uint64_t seed) {
-  EASYCTX_CHECK(unit < layout.num_units(), "init_random_range: unit ", unit, " of ", layout.num_units());
-  const ParamUnit& pu = layout.units()[unit];
-  const int64_t len = dst.numel();
-  EASYCTX_CHECK(dst.dtype == DType::F32 && dst.space == MemSpace::Host && offset >= 0 && offset + len <= pu.numel,
-                "init_random_range: [", offset, ", ", offset + len, ") of unit ", pu.name, " (", pu.numel,
-                ") into host f32, got ", dst.describe());
-  float* p = dst.ptr<float>();
-  const uint64_t useed = splitmix64(seed * 1000003ull + unit);
-  for (const ParamTensor& t : pu.tensors) {
-    const int64_t a = std::max(offset, t.offset), b = std::min(offset + len, t.offset + t.numel);
-#pragma omp parallel for schedule(static) if (b - a > (1 << 16))
-    for (int64_t i = a; i < b; ++i)
-      p[i - offset] = t.is_norm ? 1.0f : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(i)));
-  }
-}
-
-void init_random(const ParamLayout& layout, const std::vector<Tensor>& units, double std, uint64_t seed) {
-  EASYCTX_CHECK(units.size() == layout.num_units(), "init_random: unit count mismatch");
-  for (size_t u = 0; u < units.size(); ++u) {
-    const ParamUnit& pu = layout.units()[u];
-    EASYCTX_CHECK(units[u].dtype == DType::F32 && units[u].space == MemSpace::Host && units[u].numel() == pu.numel,
-                  "init_random: unit ", pu.name, " must be host f32[", pu.numel, "], got ", units[u].describe());
-    float* p = units[u].ptr<float>();
-    const uint64_t useed = splitmix64(seed * 1000003ull + u);
-    for (const ParamTensor& t : pu.tensors) {
-#pragma omp parallel for schedule(static) if (t.numel > (1 << 16))
-      for (int64_t i = 0; i < t.numel; ++i)
-        p[t.offset + i] = t.is_norm ? 1.0f : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(t.offset + i)));
-    }
-  }
 }
 
 ModelOptions options_for(const StageConfig& cfg, bool device) {

@@ -146,6 +146,13 @@ std::string plan_str(const Json& plan, const char* part, const char* key) {
 }
 double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
+// A plan of a CPU run (target.backend cpu; an older plan.json: no GPU named): it has no GPU
+// figures, only host ones.
+bool cpu_plan(const Json& plan) {
+  const std::string backend = plan_str(plan, "target", "backend");
+  return backend.empty() ? plan_str(plan, "target", "gpu").empty() : backend == "cpu";
+}
+
 // "parallel.zero.stage 3, parallel.zero.offload_optimizer true, ..." from the plan's settings.
 std::string plan_settings(const Json& plan) {
   const Json* st = plan.find("settings");
@@ -279,14 +286,16 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    const double plan_gib = gib(plan_bytes(s.plan, "gpu", "device_total_bytes"));
+    const std::string plan_gpu = s.plan.is_null() ? "-"
+                                 : cpu_plan(s.plan) ? "n/a (CPU run)"
+                                                    : fixed(gib(plan_bytes(s.plan, "gpu", "device_total_bytes")), 2);
     const double plan_host = gib(plan_bytes(s.plan, "host", "per_node_peak_bytes"));
     o << "<tr><td class=\"l\">" << html_escape(s.name) << "</td><td>"
       << (s.metrics.empty() ? std::string("0") : fixed(num(s.metrics.back(), "step"), 0)) << "</td><td>"
       << s.restarts.size() << "</td><td>" << (s.metrics.empty() ? "-" : fixed(num(s.metrics.back(), "loss"), 4))
       << "</td><td>" << fixed(median(tps), 0) << "</td><td>"
       << (mfu.empty() ? "-" : fixed(100 * median(mfu), 1) + "%") << "</td><td>" << fixed(mem, 2) << "</td><td>"
-      << fixed(plan_gib, 2) << "</td><td>" << fixed(plan_host, 2) << "</td><td class=\"l\">"
+      << plan_gpu << "</td><td>" << fixed(plan_host, 2) << "</td><td class=\"l\">"
       << (s.done ? "done" : "not finished") << "</td></tr>\n";
   }
   o << "</table>\n";
@@ -304,7 +313,8 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
                             {"peak_mem_gib", "Device memory (high-water mark)", "GiB", false},
                             {"grad_norm", "Gradient norm (before clipping)", "norm", true}};
   o << "<h2>Training</h2>\n<p class=\"note\">Global step across the stages; dashed lines: stage boundaries "
-       "(grey) and restarts after a stop (red).</p>\n";
+       "(grey) and restarts after a stop (red); a label with no room is left out (its line's tooltip "
+       "names it).</p>\n";
   for (const Metric& m : metrics) {
     LineChart c;
     c.title = m.title;
@@ -335,25 +345,29 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
     if (s.plan.is_null()) continue;
     const Json& pl = s.plan;
     const std::string gpu = plan_str(pl, "target", "gpu");
+    const bool cpu = cpu_plan(pl);
     const double gpus = plan_bytes(pl, "target", "gpus_per_node"), nodes = plan_bytes(pl, "target", "nodes");
     o << "<p><b>" << html_escape(s.name) << "</b>: " << (pl.find("fits") && pl.at("fits").as_bool() ? "fits" : "does not fit")
-      << " on " << fixed(nodes, 0) << " x " << fixed(gpus, 0) << " " << html_escape(gpu.empty() ? "CPU rank(s)" : gpu)
+      << " on " << fixed(nodes, 0) << " x " << fixed(gpus, 0) << " "
+      << html_escape(cpu || gpu.empty() ? "CPU rank(s)" : gpu)
       << " (host " << fixed(gib(plan_bytes(pl, "target", "host_memory_bytes")), 0) << " GiB per node)";
-    if (!gpu.empty())
+    if (!cpu)
       o << "; per GPU " << fixed(gib(plan_bytes(pl, "gpu", "device_total_bytes")), 2) << " GiB at "
         << html_escape(plan_str(pl, "gpu", "peak_phase")) << " (" << html_escape(categories(pl, "gpu")) << ")";
     o << "; host per node " << fixed(gib(plan_bytes(pl, "host", "per_node_peak_bytes")), 2) << " GiB at "
       << html_escape(plan_str(pl, "host", "peak_phase")) << " (rank 0: " << html_escape(categories(pl, "host")) << ")</p>\n";
     const std::string knobs = plan_settings(pl);
     if (!knobs.empty()) o << "<p class=\"note\">" << html_escape(knobs) << "</p>\n";
-    o << "<table><tr><th class=\"l\">phase</th><th>allocations (GiB)</th><th>device total (GiB)</th>"
-         "<th>host per rank (GiB)</th><th>host per node (GiB)</th></tr>\n";
+    // (a CPU run's allocations are host memory, counted in its host columns; it has no device)
+    o << "<table><tr><th class=\"l\">phase</th><th>allocations (GiB)</th>"
+      << (cpu ? "" : "<th>device total (GiB)</th>")
+      << "<th>host per rank (GiB)</th><th>host per node (GiB)</th></tr>\n";
     if (const Json* ph = pl.find("phases"))
       for (const Json& p : ph->as_array())
         o << "<tr><td class=\"l\">" << html_escape(p.at("name").as_string()) << "</td><td>"
-          << fixed(gib(num(p, "allocations_bytes")), 2) << "</td><td>" << fixed(gib(num(p, "gpu_bytes")), 2) << "</td><td>"
-          << fixed(gib(num(p, "host_bytes")), 2) << "</td><td>" << fixed(gib(num(p, "host_node_bytes")), 2)
-          << "</td></tr>\n";
+          << fixed(gib(num(p, "allocations_bytes")), 2) << "</td><td>"
+          << (cpu ? "" : fixed(gib(num(p, "gpu_bytes")), 2) + "</td><td>") << fixed(gib(num(p, "host_bytes")), 2)
+          << "</td><td>" << fixed(gib(num(p, "host_node_bytes")), 2) << "</td></tr>\n";
     o << "</table>\n";
   }
   // Evaluations.

@@ -3,7 +3,8 @@
 //   metrics.jsonl   per step: loss, lr, grad norm, tokens/s, MFU, memory, elapsed
 //   plan.json       the memory plan the run was checked against (plan::plan_to_json, written by
 //                   Trainer::run; what easyctx_train --plan prints last): its totals, per-GPU and
-//                   per-node peaks by category, and the settings that shape it
+//                   per-node peaks by category, and the settings that shape it (a CPU run's
+//                   plan, target.backend cpu: its host figures only, "n/a (CPU run)" per GPU)
 //   run.json        the run's identity and stage settings, when present
 //   DONE            the stage finished
 //   *.csv           evaluations, in the folder or its eval/ subfolder, recognised by header:

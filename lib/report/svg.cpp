@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <utility>
 
 namespace easyctx::report {
 namespace {
@@ -41,6 +42,69 @@ std::vector<double> nice_ticks(double lo, double hi, int n) {
 }
 
 }  // namespace
+
+std::vector<double> log_ticks(double lo, double hi) {
+  if (!(lo > 0) || !(hi > lo)) return {lo};
+  const double a = std::log10(lo), b = std::log10(hi), eps = 1e-9;
+  const int k0 = static_cast<int>(std::floor(a)), k1 = static_cast<int>(std::ceil(b));
+  std::vector<double> one25, decades;
+  for (int k = k0; k <= k1; ++k)
+    for (double m : {1.0, 2.0, 5.0}) {
+      const double l = std::log10(m) + k;
+      if (l < a - eps || l > b + eps) continue;
+      const double v = k >= 0 ? m * std::pow(10.0, k) : m / std::pow(10.0, -k);  // (0.05 as written)
+      one25.push_back(v);
+      if (m == 1.0) decades.push_back(v);
+    }
+  if (one25.size() >= 2 && one25.size() <= 8) return one25;
+  if (one25.size() > 8) {  // (then at least three decades)
+    const size_t every = (decades.size() + 7) / 8;
+    std::vector<double> t;
+    for (double v : decades)
+      if (static_cast<int>(std::lround(std::log10(v))) % static_cast<int>(every) == 0) t.push_back(v);
+    return t.size() >= 2 ? t : decades;
+  }
+  std::vector<double> t;
+  for (double v : nice_ticks(lo, hi, 4))
+    if (v > 0) t.push_back(v);
+  return t;
+}
+
+std::string log_tick_label(double v) {
+  if (v >= 1e4) return tick(v);
+  if (v >= 1e-3) return fmt("%.4g", v);
+  std::string s = fmt("%.3g", v);  // 2e-05 -> 2e-5
+  const size_t e = s.find("e-0");
+  if (e != std::string::npos) s.erase(e + 2, 1);
+  return s;
+}
+
+double marker_label_width(const std::string& label) { return 6.0 * static_cast<double>(label.size()); }
+
+std::vector<LabelPlace> place_marker_labels(const std::vector<double>& px, const std::vector<std::string>& labels,
+                                            double left, double right, int rows) {
+  const double pad = 3, gap = 4;
+  std::vector<LabelPlace> out(px.size());
+  std::vector<size_t> order(px.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t i, size_t j) { return px[i] < px[j]; });
+  std::vector<double> row_end(static_cast<size_t>(std::max(rows, 0)), -std::numeric_limits<double>::infinity());
+  for (size_t i : order) {
+    LabelPlace& p = out[i];
+    const double w = i < labels.size() ? marker_label_width(labels[i]) : 0;
+    p.end_anchor = px[i] + pad + w > right && px[i] - pad - w >= left;
+    p.x0 = p.end_anchor ? px[i] - pad - w : px[i] + pad;
+    p.x1 = p.x0 + w;
+    for (size_t r = 0; r < row_end.size(); ++r)
+      if (p.x0 >= row_end[r] + gap) {
+        p.shown = true;
+        p.row = static_cast<int>(r);
+        row_end[r] = p.x1;
+        break;
+      }
+  }
+  return out;
+}
 
 std::string html_escape(const std::string& s) {
   std::string o;
@@ -89,23 +153,40 @@ std::string svg_line_chart(const LineChart& c) {
   for (double t : nice_ticks(x0, x1, 6))
     o += "<text x=\"" + fmt("%.1f", px(t)) + "\" y=\"" + fmt("%.1f", top + h + 16) +
          "\" text-anchor=\"middle\" class=\"tick\">" + tick(t) + "</text>";
-  for (double t : nice_ticks(y0, y1, 5)) {
+  // y ticks: (position on the axis, label); a log axis at its data values' logarithms.
+  std::vector<std::pair<double, std::string>> yt;
+  if (c.log_y)
+    for (double v : log_ticks(std::pow(10.0, y0), std::pow(10.0, y1)))
+      yt.emplace_back(std::log10(v), log_tick_label(v));
+  else
+    for (double t : nice_ticks(y0, y1, 5)) yt.emplace_back(t, tick(t));
+  for (const auto& [t, label] : yt) {
     const double y = top + h - (t - y0) / (y1 - y0) * h;
     o += "<line x1=\"" + fmt("%.1f", left) + "\" x2=\"" + fmt("%.1f", left + w) + "\" y1=\"" + fmt("%.1f", y) +
          "\" y2=\"" + fmt("%.1f", y) + "\" class=\"grid\"/>";
     o += "<text x=\"" + fmt("%.1f", left - 6) + "\" y=\"" + fmt("%.1f", y + 4) + "\" text-anchor=\"end\" class=\"tick\">" +
-         tick(c.log_y ? std::pow(10.0, t) : t) + "</text>";
+         label + "</text>";
   }
   o += "<text x=\"" + fmt("%.1f", left + w / 2) + "\" y=\"" + fmt("%.1f", top + h + 34) +
        "\" text-anchor=\"middle\" class=\"axis\">" + html_escape(c.x_label) + "</text>";
   o += "<text transform=\"translate(14," + fmt("%.1f", top + h / 2) + ") rotate(-90)\" text-anchor=\"middle\" "
        "class=\"axis\">" + html_escape(c.y_label) + "</text>";
-  for (const Marker& m : c.markers) {
-    if (m.x < x0 || m.x > x1) continue;
-    o += "<line x1=\"" + fmt("%.1f", px(m.x)) + "\" x2=\"" + fmt("%.1f", px(m.x)) + "\" y1=\"" + fmt("%.1f", top) +
-         "\" y2=\"" + fmt("%.1f", top + h) + "\" stroke=\"" + m.colour + "\" stroke-dasharray=\"4 3\"/>";
-    o += "<text x=\"" + fmt("%.1f", px(m.x) + 3) + "\" y=\"" + fmt("%.1f", top + 11) + "\" class=\"marker\" fill=\"" +
-         m.colour + "\">" + html_escape(m.label) + "</text>";
+  std::vector<const Marker*> shown;
+  std::vector<double> mx;
+  std::vector<std::string> ml;
+  for (const Marker& m : c.markers)
+    if (m.x >= x0 && m.x <= x1) shown.push_back(&m), mx.push_back(px(m.x)), ml.push_back(m.label);
+  const std::vector<LabelPlace> place = place_marker_labels(mx, ml, left, left + w);
+  for (size_t i = 0; i < shown.size(); ++i) {
+    const Marker& m = *shown[i];
+    const LabelPlace& p = place[i];
+    o += "<line x1=\"" + fmt("%.1f", mx[i]) + "\" x2=\"" + fmt("%.1f", mx[i]) + "\" y1=\"" + fmt("%.1f", top) +
+         "\" y2=\"" + fmt("%.1f", top + h) + "\" stroke=\"" + m.colour + "\" stroke-dasharray=\"4 3\">" +
+         (p.shown ? "" : "<title>" + html_escape(m.label) + "</title>") + "</line>";
+    if (p.shown)
+      o += "<text x=\"" + fmt("%.1f", p.end_anchor ? p.x1 : p.x0) + "\" y=\"" + fmt("%.1f", top + 11 + 11.0 * p.row) +
+           "\"" + (p.end_anchor ? " text-anchor=\"end\"" : "") + " class=\"marker\" fill=\"" + m.colour + "\">" +
+           html_escape(m.label) + "</text>";
   }
   for (size_t k = 0; k < c.series.size(); ++k) {
     const Series& s = c.series[k];
@@ -152,7 +233,8 @@ std::string heat_colour(double v) {
 std::string svg_heatmap(const Heatmap& hm) {
   const int rows = static_cast<int>(hm.y_ticks.size()), cols = static_cast<int>(hm.x_ticks.size());
   const int left = 70, top = 30, c = hm.cell;
-  const int width = std::max(left + cols * c + 20, 7 * static_cast<int>(hm.title.size()) + left),
+  // (the title: 13px bold, about 8px a character)
+  const int width = std::max(left + cols * c + 20, 8 * static_cast<int>(hm.title.size()) + left),
             height = top + rows * c + 60;
   std::string o = "<svg class=\"heatmap\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(width) +
                   "\" height=\"" + std::to_string(height) + "\" role=\"img\" aria-label=\"" +

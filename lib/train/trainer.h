@@ -127,6 +127,7 @@ class Trainer {
   int choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what);
   Json plan_start() const;                                        // rank 0 (load_weights)
   Json record_run(const Json& plan, const Json& chosen) const;    // rank 0 (load_weights)
+  void write_plan() const;                                        // rank 0 (run): <output.dir>/plan.json
   void log_startup() const;
   bool stop_requested();  // collective: did any rank get a stop signal (dist/signals.h)?
   bool on_device() const { return be_->memspace() == MemSpace::Device; }

@@ -15,7 +15,8 @@ mpi=(mpirun -np 2 --bind-to none)
 [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root --oversubscribe)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
-tok=$(bash "$src/scripts/make_demo_tokenizer.sh" "$work/tok") || fail "tokenizer"
+source "$src/tests/tiny_data.sh"
+tok=$(tiny_tokenizer "$work") || fail "tokenizer"
 seed=$((RANDOM % 1000))
 common=(--model "random:demo@$seed" --device cpu --min-context-length 100
         --max-context-length 300 --context-interval 100 --depth-interval 0.5 --samples 2 --digits 5

@@ -15,13 +15,10 @@ mpi=(mpirun -np 2 --bind-to none)
 [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root --oversubscribe)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
-bash "$src/scripts/make_kjv_corpus.sh" "$work/corpus" >/dev/null || fail "corpus"
-tok=$(bash "$src/scripts/make_demo_tokenizer.sh" "$work/tok") || fail "tokenizer"
-zstd -q -d -f -o "$work/chapters.jsonl" "$work/corpus/kjv_chapters.jsonl.zst"
-head -n 120 "$work/chapters.jsonl" > "$work/train.jsonl"
+source "$src/tests/tiny_data.sh"
+tok=$(tiny_data "$bin" "$work" 120) || fail "the training data (tests/tiny_data.sh)"
 sed -n '1000,1040p' "$work/chapters.jsonl" > "$work/eval.jsonl"
-"$bin/h5tokenize" --tokenizer "$tok" --output "$work/data" "$work/train.jsonl" >/dev/null || fail "h5tokenize train"
-"$bin/h5tokenize" --tokenizer "$tok" --output "$work/evaldata" "$work/eval.jsonl" >/dev/null || fail "h5tokenize eval"
+tiny_shard "$bin" "$tok" "$work/eval.jsonl" "$work/evaldata" || fail "h5tokenize eval"
 cat > "$work/stage.yaml" <<YAML
 model:
   config: demo

@@ -1,13 +1,17 @@
 // lib/report: the run report reads a chain of output folders (metrics.jsonl, plan.json, eval
 // CSVs) into one page whose embedded data equals what was written: every stage's steps and
 // losses in order, its restarts where the elapsed time went back, the perplexity curves and
-// the needle grids; the heatmap cells carry EasyContext's colours for their scores.
+// the needle grids; the heatmap cells carry EasyContext's colours for their scores. Log axes
+// tick at 1-2-5 x 10^k (powers of ten over many decades), marker labels never overlap, and a
+// CPU run's plan shows no GPU figure.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
 
 #include "core/error.h"
 #include "core/json.h"
@@ -58,6 +62,61 @@ std::string between(const std::string& s, const std::string& a, const std::strin
   if (i == std::string::npos) return "";
   const size_t j = s.find(b, i + a.size());
   return s.substr(i + a.size(), j - i - a.size());
+}
+
+// A marker label of an SVG chart: where svg_line_chart wrote it.
+struct MarkerText {
+  double x0, x1, y;
+  std::string label;
+};
+
+// The marker labels of every chart in `page`, and how many marker lines (class-less dashed
+// lines) carry a tooltip instead.
+std::vector<std::vector<MarkerText>> marker_texts(const std::string& page, size_t* tooltips = nullptr) {
+  std::vector<std::vector<MarkerText>> charts;
+  const std::regex text(
+      "<text x=\"([-0-9.]+)\" y=\"([-0-9.]+)\"( text-anchor=\"end\")? class=\"marker\"[^>]*>([^<]*)</text>");
+  for (size_t i = page.find("<svg class=\"chart\""); i != std::string::npos;
+       i = page.find("<svg class=\"chart\"", i + 1)) {
+    const std::string svg = page.substr(i, page.find("</svg>", i) - i);
+    std::vector<MarkerText> m;
+    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), text); it != std::sregex_iterator(); ++it) {
+      const std::smatch& g = *it;
+      const double x = std::stod(g[1]), w = report::marker_label_width(g[4]);
+      const bool end = g[3].matched;
+      m.push_back({end ? x - w : x, end ? x : x + w, std::stod(g[2]), g[4]});
+    }
+    charts.push_back(m);
+    if (tooltips)
+      for (size_t k = svg.find("stroke-dasharray=\"4 3\"><title>"); k != std::string::npos;
+           k = svg.find("stroke-dasharray=\"4 3\"><title>", k + 1))
+        ++*tooltips;
+  }
+  return charts;
+}
+
+// No two labels of a chart in the same row overlap, and each stays inside the plot [left, right].
+void expect_apart(const std::vector<MarkerText>& m, double left, double right) {
+  for (size_t a = 0; a < m.size(); ++a) {
+    EXPECT_GE(m[a].x0, left - 1e-6) << m[a].label;
+    EXPECT_LE(m[a].x1, right + 1e-6) << m[a].label;
+    for (size_t b = a + 1; b < m.size(); ++b)
+      if (m[a].y == m[b].y) {
+        EXPECT_TRUE(m[a].x1 <= m[b].x0 || m[b].x1 <= m[a].x0)
+            << m[a].label << " [" << m[a].x0 << ", " << m[a].x1 << "] and " << m[b].label << " [" << m[b].x0 << ", "
+            << m[b].x1 << "] at y " << m[a].y;
+      }
+  }
+}
+
+// The y tick labels of the first chart in `svg` (right-aligned tick texts), top to bottom.
+std::vector<std::string> y_tick_labels(const std::string& svg) {
+  std::vector<std::string> out;
+  const std::regex tick("text-anchor=\"end\" class=\"tick\">([^<]*)</text>");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), tick); it != std::sregex_iterator(); ++it)
+    out.push_back((*it)[1]);
+  std::reverse(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace
@@ -131,6 +190,8 @@ TEST(Report, PageDataEqualsTheRunsFolders) {
     ++cells;
   }
   EXPECT_EQ(cells, 8u);  // 2 x 2 needle cells, 2 x 2 synthetic cells
+  for (const auto& chart : marker_texts(page)) expect_apart(chart, 70, 760 - 150);
+  if (const char* keep = std::getenv("EASYCTX_REPORT_PAGE")) write_file_atomic(keep, page);  // (to look at it)
   fs::remove_all(root);
 }
 
@@ -195,4 +256,120 @@ TEST(Report, RefusesAFolderWithoutARun) {
   }
   fs::remove_all(d);
   EXPECT_THROW(report::read_stage((d / "missing").string()), InputError);
+}
+
+// Log axes tick at 1-2-5 x 10^k, powers of ten over many decades, round linear steps within
+// half a decade; always 2 to 8 ticks inside the range, ascending.
+TEST(Report, LogAxisTicksAtOneTwoFive) {
+  EXPECT_EQ(report::log_ticks(0.8, 31.6), (std::vector<double>{1, 2, 5, 10, 20}));
+  EXPECT_EQ(report::log_ticks(0.004, 0.3), (std::vector<double>{0.005, 0.01, 0.02, 0.05, 0.1, 0.2}));
+  EXPECT_EQ(report::log_ticks(3, 2000), (std::vector<double>{10, 100, 1000}));
+  EXPECT_EQ(report::log_ticks(1e-6, 1e3), (std::vector<double>{1e-6, 1e-4, 1e-2, 1, 100}));
+  EXPECT_EQ(report::log_tick_label(1), "1");
+  EXPECT_EQ(report::log_tick_label(20), "20");
+  EXPECT_EQ(report::log_tick_label(0.5), "0.5");
+  EXPECT_EQ(report::log_tick_label(0.001), "0.001");
+  EXPECT_EQ(report::log_tick_label(5000), "5000");
+  EXPECT_EQ(report::log_tick_label(2e-5), "2e-5");
+  EXPECT_EQ(report::log_tick_label(1e5), "100K");
+  EXPECT_EQ(report::log_tick_label(2e6), "2M");
+  std::mt19937_64 rng(test::test_seed());
+  std::uniform_real_distribution<double> start(-7, 7), span(0.02, 14);
+  for (int i = 0; i < 2000; ++i) {
+    const double a = start(rng), d = span(rng), lo = std::pow(10.0, a), hi = std::pow(10.0, a + d);
+    const std::vector<double> t = report::log_ticks(lo, hi);
+    ASSERT_GE(t.size(), 2u) << lo << " " << hi;
+    ASSERT_LE(t.size(), 8u) << lo << " " << hi;
+    for (size_t k = 0; k < t.size(); ++k) {
+      EXPECT_GE(t[k], lo * (1 - 1e-9)) << lo << " " << hi;
+      EXPECT_LE(t[k], hi * (1 + 1e-9)) << lo << " " << hi;
+      if (k > 0) {
+        EXPECT_GT(t[k], t[k - 1]);
+      }
+      if (d >= 1) {  // (a decade holds at least two 1-2-5 values)
+        const double m = t[k] / std::pow(10.0, std::floor(std::log10(t[k]) + 1e-9));
+        EXPECT_TRUE(std::fabs(m - 1) < 1e-9 || std::fabs(m - 2) < 1e-9 || std::fabs(m - 5) < 1e-9)
+            << t[k] << " in [" << lo << ", " << hi << "]";
+        if (d > 4) {
+          EXPECT_LT(std::fabs(m - 1), 1e-9) << t[k] << ": powers of ten over " << d << " decades";
+        }
+      }
+    }
+  }
+  // The gradient-norm chart of a run: norms from 0.7 to 31.6 on a log axis.
+  report::LineChart c;
+  c.title = "Gradient norm";
+  c.log_y = true;
+  report::Series sr;
+  for (int i = 0; i < 50; ++i) sr.x.push_back(i), sr.y.push_back(std::pow(10.0, -0.155 + 1.655 * i / 49.0));
+  c.series.push_back(sr);
+  EXPECT_EQ(y_tick_labels(report::svg_line_chart(c)), (std::vector<std::string>{"20", "10", "5", "2", "1"}));
+}
+
+// Marker labels (stage boundaries, restarts) a few steps apart go to rows of their own or are
+// left out, the line then naming them in its tooltip; none crosses the plot's edges.
+TEST(Report, MarkerLabelsDoNotOverlap) {
+  const std::vector<report::LabelPlace> p = report::place_marker_labels(
+      {100, 101, 140, 103, 102, 498}, {"s2-64k", "restart", "s3-256k", "restart", "restart", "s4-256k"}, 70, 500);
+  EXPECT_TRUE(p[0].shown && p[0].row == 0 && !p[0].end_anchor);
+  EXPECT_TRUE(p[1].shown && p[1].row == 1);
+  EXPECT_TRUE(p[4].shown && p[4].row == 2);
+  EXPECT_FALSE(p[3].shown) << "three rows taken at x 100-103";
+  EXPECT_TRUE(p[2].shown && p[2].row == 0) << "x 140 is clear of s2-64k's label (103 + 36)";
+  EXPECT_TRUE(p[5].shown && p[5].end_anchor && p[5].x1 == 495) << "the last one is written before its line";
+  // A chain of three stages of 40 steps, restarts 1, 9 and 39 steps after a boundary.
+  report::LineChart c;
+  c.title = "Loss";
+  for (int s = 0; s < 3; ++s) {
+    report::Series sr;
+    sr.name = "s" + std::to_string(s + 1);
+    for (int i = 1; i <= 40; ++i) sr.x.push_back(40 * s + i), sr.y.push_back(1 + 0.01 * i);
+    c.series.push_back(sr);
+  }
+  c.markers = {{40, "s2-64k"}, {41, "restart", "#d62728"}, {49, "restart", "#d62728"}, {80, "s3-256k"},
+               {119, "restart", "#d62728"}, {120, "restart", "#d62728"}};
+  size_t tooltips = 0;
+  const auto charts = marker_texts(report::svg_line_chart(c), &tooltips);
+  ASSERT_EQ(charts.size(), 1u);
+  expect_apart(charts[0], 70, 760 - 150);
+  EXPECT_EQ(charts[0].size() + tooltips, c.markers.size()) << "every marker has its label or a tooltip";
+  EXPECT_EQ(charts[0].size(), c.markers.size()) << "three rows hold these six";
+  // Random markers: never an overlap, every one named.
+  std::mt19937_64 rng(test::test_seed());
+  std::uniform_real_distribution<double> at(1, 120);
+  std::uniform_int_distribution<int> count(1, 14);
+  for (int i = 0; i < 200; ++i) {
+    c.markers.clear();
+    for (int k = count(rng); k > 0; --k)
+      c.markers.push_back({std::round(at(rng)), k % 3 ? "restart" : "s" + std::to_string(k) + "-256k"});
+    size_t tips = 0;
+    const auto got = marker_texts(report::svg_line_chart(c), &tips);
+    expect_apart(got[0], 70, 760 - 150);
+    EXPECT_EQ(got[0].size() + tips, c.markers.size());
+  }
+}
+
+// A CPU run's plan (target.backend cpu): the stages table says so instead of a per-GPU 0.00,
+// and its memory plan shows host figures only.
+TEST(Report, CpuPlanShowsHostFiguresOnly) {
+  StageConfig c;
+  c.model.config = "demo";
+  c.data.seq_length = 256;
+  c.train.device = DeviceKind::Cpu;
+  const plan::MemoryPlan p = plan::plan_memory(c, plan::resolve_target(c, 1, 1));
+  const fs::path root = fs::temp_directory_path() / ("easyctx-report-cpu-" + std::to_string(test::test_seed()));
+  fs::create_directories(root / "cpu");
+  write_file_atomic((root / "cpu" / "plan.json").string(), plan::plan_to_json(p).dump(1) + "\n");
+  const std::string page = report::render_report({report::read_stage((root / "cpu").string())}, "cpu");
+  const std::string row = between(page, "<td class=\"l\">cpu</td>", "</tr>");
+  EXPECT_NE(row.find("<td>n/a (CPU run)</td>"), std::string::npos) << row;
+  char host[32];
+  std::snprintf(host, sizeof host, "%.2f", static_cast<double>(p.host_peak_bytes) / (1 << 30));
+  EXPECT_NE(row.find(std::string("<td>") + host + "</td>"), std::string::npos) << row;
+  const std::string plans = page.substr(page.find("<h2>Memory plans</h2>"));
+  EXPECT_NE(plans.find("CPU rank(s)"), std::string::npos);
+  EXPECT_NE(plans.find(std::string("host per node ") + host + " GiB"), std::string::npos);
+  EXPECT_EQ(plans.find("per GPU"), std::string::npos);
+  EXPECT_EQ(plans.find("device total"), std::string::npos);
+  fs::remove_all(root);
 }

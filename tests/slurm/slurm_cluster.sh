@@ -87,12 +87,13 @@ CONF
 }
 
 # The demo tokenizer and 3,000 KJV verses tokenized with it into DIR (about 2 s).
+# (tests/tiny_data.sh: the tokenizer and the shard as the other shell tests make them)
 slurm_tiny_data() {
   local dir=$1 tok
-  tok=$(bash "$src/scripts/make_demo_tokenizer.sh" "$work/tok")
+  source "$src/tests/tiny_data.sh"
+  tok=$(tiny_tokenizer "$work") || slurm_fail "the demo tokenizer (scripts/make_demo_tokenizer.sh) failed"
   head -n 3000 "$work/tok/kjv.txt" > "$work/kjv3000.txt"
-  "$bin/h5tokenize" --tokenizer "$tok" --output "$dir" "$work/kjv3000.txt" >/dev/null 2>&1 ||
-    slurm_fail "h5tokenize of the test corpus failed"
+  tiny_shard "$bin" "$tok" "$work/kjv3000.txt" "$dir" || slurm_fail "h5tokenize of the test corpus failed"
 }
 
 # A copy of the checkout's tracked (and new, not ignored) files at DST, as a fresh clone

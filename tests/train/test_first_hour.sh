@@ -25,10 +25,9 @@ trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; tail -20 "$work/out" 2>/dev/null; exit 1; }
 pass() { echo "PASS $*"; }
 
-bash "$src/scripts/make_kjv_corpus.sh" "$work/corpus" >/dev/null
-tok=$(bash "$src/scripts/make_demo_tokenizer.sh" "$work/tok")
-zstd -q -d -f -o "$work/chapters.jsonl" "$work/corpus/kjv_chapters.jsonl.zst"
-head -n 60 "$work/chapters.jsonl" > "$work/train.jsonl"
+source "$src/tests/tiny_data.sh"
+tiny_chapters "$work" 60
+tok=$(tiny_tokenizer "$work")
 
 # h5tokenize into a log file: a progress line even though stderr is not a terminal.
 "$bin/h5tokenize" --tokenizer "$tok" --output "$work/data" "$work/train.jsonl" >"$work/out" 2>"$work/h5tokenize.log" \

@@ -24,11 +24,8 @@ fail() {
 mpi=(-np 2 --bind-to none)
 [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root --oversubscribe)
 
-bash "$src/scripts/make_kjv_corpus.sh" "$work/corpus" >/dev/null
-tok=$(bash "$src/scripts/make_demo_tokenizer.sh" "$work/tok")
-zstd -q -d -f -o "$work/chapters.jsonl" "$work/corpus/kjv_chapters.jsonl.zst"
-head -n 100 "$work/chapters.jsonl" > "$work/train.jsonl"
-"$bin/h5tokenize" --tokenizer "$tok" --output "$work/data" "$work/train.jsonl" >/dev/null 2>&1
+source "$src/tests/tiny_data.sh"
+tok=$(tiny_data "$bin" "$work" 100)
 cat > "$work/stage.yaml" <<YAML
 model:
   config: demo

@@ -1,0 +1,65 @@
+// The random initialisation of a Llama model's parameters (model.init random): counter-based,
+// so any chunk of any unit can be made on its own with the same values.
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/llama.h"
+
+namespace easyctx::model {
+
+using ops::Tensor;
+
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// Standard normal from a counter (Box-Muller on two hashed uniforms): portable and
+// independent of thread count or iteration order.
+double normal_at(uint64_t seed, uint64_t index) {
+  const uint64_t a = splitmix64(seed ^ splitmix64(2 * index));
+  const uint64_t c = splitmix64(seed ^ splitmix64(2 * index + 1));
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+  const double u2 = static_cast<double>(c >> 11) / 9007199254740992.0;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+}  // namespace
+
+void init_random_range(const ParamLayout& layout, size_t unit, int64_t offset, const Tensor& dst, double std,
+                       uint64_t seed) {
+  EASYCTX_CHECK(unit < layout.num_units(), "init_random_range: unit ", unit, " of ", layout.num_units());
+  const ParamUnit& pu = layout.units()[unit];
+  const int64_t len = dst.numel();
+  EASYCTX_CHECK(dst.dtype == DType::F32 && dst.space == MemSpace::Host && offset >= 0 && offset + len <= pu.numel,
+                "init_random_range: [", offset, ", ", offset + len, ") of unit ", pu.name, " (", pu.numel,
+                ") into host f32, got ", dst.describe());
+  float* p = dst.ptr<float>();
+  const uint64_t useed = splitmix64(seed * 1000003ull + unit);
+  for (const ParamTensor& t : pu.tensors) {
+    const int64_t a = std::max(offset, t.offset), b = std::min(offset + len, t.offset + t.numel);
+#pragma omp parallel for schedule(static) if (b - a > (1 << 16))
+    for (int64_t i = a; i < b; ++i)
+      p[i - offset] = t.is_norm ? 1.0f : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(i)));
+  }
+}
+
+void init_random(const ParamLayout& layout, const std::vector<Tensor>& units, double std, uint64_t seed) {
+  EASYCTX_CHECK(units.size() == layout.num_units(), "init_random: unit count mismatch");
+  for (size_t u = 0; u < units.size(); ++u) {
+    const ParamUnit& pu = layout.units()[u];
+    EASYCTX_CHECK(units[u].dtype == DType::F32 && units[u].space == MemSpace::Host && units[u].numel() == pu.numel,
+                  "init_random: unit ", pu.name, " must be host f32[", pu.numel, "], got ", units[u].describe());
+    float* p = units[u].ptr<float>();
+    const uint64_t useed = splitmix64(seed * 1000003ull + u);
+    for (const ParamTensor& t : pu.tensors) {
+#pragma omp parallel for schedule(static) if (t.numel > (1 << 16))
+      for (int64_t i = 0; i < t.numel; ++i)
+        p[t.offset + i] = t.is_norm ? 1.0f : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(t.offset + i)));
+    }
+  }
+}
+
+}  // namespace easyctx::model
