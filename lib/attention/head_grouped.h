@@ -21,6 +21,9 @@ class HeadGroupedAttention final : public SequenceAttention {
   HeadGroupedAttention(ops::Backend& be, std::shared_ptr<SequenceAttention> inner, int64_t groups);
   const char* name() const override { return inner_->name(); }
   int64_t groups() const { return groups_; }
+  // The strategy each group's pass calls (LlamaModel tiles its attention block over head
+  // groups itself and calls this one on each group's own q, k, v, o).
+  const std::shared_ptr<SequenceAttention>& inner() const { return inner_; }
   void forward(const AttentionTensors& t) override;
   void backward(const AttentionTensors& t, const AttentionGrads& g) override;
 

@@ -391,12 +391,17 @@ const Registry& registry() {
               "mean L - 1. With attention_output, one attention output fewer than layer inputs leaves.");
     r.add_int("activation.attention_head_groups",
               [](StageConfig& c) -> int64_t& { return c.activation.attention_head_groups; }, 1, kMaxI,
-              "Run attention in this many passes, each on num_heads / G query heads and num_kv_heads / G key/value "
-              "heads (packed into contiguous copies): every buffer the attention keeps per call (the zigzag "
-              "ring's K/V double buffer and fp32 dQ/dK/dV accumulators, Ulysses' all-to-all buffers, cuDNN's "
-              "workspace) shrinks G-fold, for packed copies of one group. Same result; must divide "
-              "num_kv_heads (and, with ulysses/usp, leave heads divisible by the Ulysses size). Pays off with "
-              "sequence parallelism at long context (1M tokens on 2 GPUs: docs/memory-model.md).");
+              "Tile each layer's attention block over G head groups of num_heads / G query and "
+              "num_kv_heads / G key/value heads: per group the Q/K/V projections, RoPE, the attention and the "
+              "output projection's partial sum, forward and backward, so q, k, v, o and dq, dk, dv (and every "
+              "buffer the attention keeps per call: the zigzag ring's K/V double buffer and fp32 accumulators, "
+              "Ulysses' all-to-all buffers, cuDNN's workspace) hold one group: G-fold smaller. checkpoint layer "
+              "recomputes each group's attention forward once more in backward (attention_output reads it from "
+              "the checkpoint); checkpoint none keeps every group's activations. Within fp32 rounding of G = 1 "
+              "(the forward bit for bit on the CPU when num_heads / G x head_dim is a multiple of 256). Must "
+              "divide num_kv_heads (and, with ulysses/usp, leave heads divisible by the Ulysses size). Pays off "
+              "at long context (docs/memory-model.md). Evaluations (--attention-head-groups) split only the "
+              "attention call.");
     r.add_int("activation.mlp_tile", [](StageConfig& c) -> int64_t& { return c.activation.mlp_tile; }, 0, kMaxI,
               "Tokens per MLP tile along the sequence (0: one tile). With checkpoint layer or attention_output the "
               "[tokens, intermediate] MLP activations and their gradients shrink to [mlp_tile, intermediate], "

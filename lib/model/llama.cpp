@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/checked.h"
+#include "attention/head_grouped.h"
 #include "core/error.h"
 #include "model/llama_workspace.h"
 
@@ -13,7 +14,9 @@ namespace easyctx::model {
 using ops::Buffer;
 using ops::Tensor;
 
-// One layer's activations, all [n, ...] with n = batch * seq tokens.
+// One layer's activations, all [n, ...] with n = batch * seq tokens. With head groups G > 1,
+// q, k, v, o and lse hold one head group ([n, Hq/G hd], ..., [B, Hq/G, S]), or, with
+// checkpoint none, every group one after the other (group-major: [G][n][Hq/G hd], ...).
 struct LlamaModel::LayerActs {
   Buffer h1;     // [n, D]  input RMSNorm output
   Buffer rstd1;  // [n]     stat dtype
@@ -73,9 +76,22 @@ struct LlamaModel::Workspace {
   Buffer hf, rstd_f;            // [n, max(D, Hq*hd)], [n]: final norm (hf: then dattn in backward)
   Buffer dx, dh;                // [n, D]: residual gradient, projection input gradient
   Buffer dm, dg, du;            // [mlp rows, I] (one MLP tile)
-  Buffer dq, dk, dv;            // [n, Hq*hd], [n, Hkv*hd] x2
-  // (the gradient of the attention output, [n, Hq*hd], lives in hf: see visit_workspace)
+  Buffer dq, dk, dv;            // [n, Hq*hd], [n, Hkv*hd] x2 (head groups G > 1: one group's)
+  // (the gradient of the attention output, [n, Hq*hd] or one group's, lives in hf: see visit_workspace)
+  Buffer wo, dwo;               // G > 1: one group's columns of W_O [D, Hq/G hd] (parameter
+                                // dtype) and of its gradient (gradient dtype, backward only)
 };
+
+namespace {
+// Group g's part of a group-major buffer that holds either every group (G x per elements) or
+// one (per elements: the same memory serves each group in turn).
+Tensor group_part(const Buffer& b, int64_t g, int64_t groups, int64_t per) {
+  EASYCTX_CHECK(b.numel() == per || b.numel() == groups * per, "LlamaModel: head-group buffer of ", b.numel(),
+                " elements, expected ", per, " or ", groups * per);
+  return b.flat().slice_flat(b.numel() == per ? 0 : g * per, {per});
+}
+Tensor group_part(const Tensor& t, int64_t g, int64_t per) { return t.reshape({t.numel()}).slice_flat(g * per, {per}); }
+}  // namespace
 
 LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, ModelOptions opts,
                        std::shared_ptr<attention::SequenceAttention> attn)
@@ -88,6 +104,15 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, Mo
       attn_(std::move(attn)) {
   cfg_.validate();
   if (!attn_) attn_ = std::make_shared<attention::LocalAttention>(be_);
+  EASYCTX_CHECK_INPUT(opts_.head_groups >= 1 && cfg_.num_kv_heads % opts_.head_groups == 0,
+                      "activation.attention_head_groups: ", opts_.head_groups,
+                      " does not divide the model's key/value heads (", cfg_.num_kv_heads, ")");
+  group_attn_ = attn_;
+  if (const auto* hg = dynamic_cast<const attention::HeadGroupedAttention*>(attn_.get()); hg && opts_.head_groups > 1) {
+    EASYCTX_CHECK(hg->groups() == opts_.head_groups, "LlamaModel: a strategy in ", hg->groups(),
+                  " head groups for a model tiled in ", opts_.head_groups);
+    group_attn_ = hg->inner();
+  }
   const std::vector<float> f = cfg_.inv_freq();
   inv_freq_ = be_.alloc(DType::F32, static_cast<int64_t>(f.size()), "RoPE inverse frequencies");
   Buffer host(const_cast<float*>(f.data()), f.size() * 4, DType::F32, MemSpace::Host, nullptr);
@@ -142,6 +167,13 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
   EASYCTX_CHECK(!(offload && keep_all), "LlamaModel: offload_checkpoints needs checkpoint policy Layer or "
                 "AttentionOutput (activation.checkpoint layer or attention_output)");
   const int64_t mt = mlp_rows(o, n, keep_all);
+  // Head groups: q, k, v, o, lse and the gradients for one group (checkpoint none: the layer's
+  // activations for every group, group-major); the attention-output checkpoints stay whole.
+  const int64_t G = o.head_groups;
+  EASYCTX_CHECK_INPUT(G >= 1 && c.num_kv_heads % G == 0, "activation.attention_head_groups: ", G,
+                      " does not divide the model's key/value heads (", c.num_kv_heads, ")");
+  const int64_t per = keep_all ? 1 : G;  // acts hold 1/per of the heads
+  const int64_t lse_n = batch * c.num_heads * seq;
   auto put = [&](const std::string& name, DType t, int64_t numel, Buffer* slot, bool pinned = false) {
     visit(name, t, numel, slot, pinned);
   };
@@ -165,11 +197,11 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
     LayerActs* a = ws ? &ws->acts[i] : nullptr;
     put(idx("acts", i) + ".h1", dt, n * d, a ? &a->h1 : nullptr);
     put(idx("acts", i) + ".rstd1", st, n, a ? &a->rstd1 : nullptr);
-    put(idx("acts", i) + ".q", dt, n * qd, a ? &a->q : nullptr);
-    put(idx("acts", i) + ".k", dt, n * kvd, a ? &a->k : nullptr);
-    put(idx("acts", i) + ".v", dt, n * kvd, a ? &a->v : nullptr);
-    put(idx("acts", i) + ".o", dt, n * qd, a ? &a->o : nullptr);
-    put(idx("acts", i) + ".lse", st, batch * c.num_heads * seq, a ? &a->lse : nullptr);
+    put(idx("acts", i) + ".q", dt, n * qd / per, a ? &a->q : nullptr);
+    put(idx("acts", i) + ".k", dt, n * kvd / per, a ? &a->k : nullptr);
+    put(idx("acts", i) + ".v", dt, n * kvd / per, a ? &a->v : nullptr);
+    put(idx("acts", i) + ".o", dt, n * qd / per, a ? &a->o : nullptr);
+    put(idx("acts", i) + ".lse", st, lse_n / per, a ? &a->lse : nullptr);
     put(idx("acts", i) + ".x_mid", dt, n * d, a ? &a->x_mid : nullptr);
     put(idx("acts", i) + ".h2", dt, n * d, a ? &a->h2 : nullptr);
     put(idx("acts", i) + ".rstd2", st, n, a ? &a->rstd2 : nullptr);
@@ -196,17 +228,19 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
     }
   }
   // hf (final norm output) is dead once the head's backward has run: it doubles as dattn.
-  put("hf", dt, n * (for_backward ? std::max(d, qd) : d), ws ? &ws->hf : nullptr);
+  put("hf", dt, n * (for_backward ? std::max(d, qd / G) : d), ws ? &ws->hf : nullptr);
   put("rstd_f", st, n, ws ? &ws->rstd_f : nullptr);
+  if (G > 1) put("wo_g", dt, d * qd / G, ws ? &ws->wo : nullptr);
   if (!for_backward) return;
+  if (G > 1) put("dwo_g", o.f32_grads ? DType::F32 : dt, d * qd / G, ws ? &ws->dwo : nullptr);
   put("dx", dt, n * d, ws ? &ws->dx : nullptr);
   put("dh", dt, n * d, ws ? &ws->dh : nullptr);
   put("dm", dt, mt * ff, ws ? &ws->dm : nullptr);
   put("dg", dt, mt * ff, ws ? &ws->dg : nullptr);
   put("du", dt, mt * ff, ws ? &ws->du : nullptr);
-  put("dq", dt, n * qd, ws ? &ws->dq : nullptr);
-  put("dk", dt, n * kvd, ws ? &ws->dk : nullptr);
-  put("dv", dt, n * kvd, ws ? &ws->dv : nullptr);
+  put("dq", dt, n * qd / G, ws ? &ws->dq : nullptr);
+  put("dk", dt, n * kvd / G, ws ? &ws->dk : nullptr);
+  put("dv", dt, n * kvd / G, ws ? &ws->dv : nullptr);
 }
 
 // Rows per MLP tile: activation.mlp_tile when it splits the tokens and the layer is
@@ -254,25 +288,32 @@ LlamaModel::Workspace& LlamaModel::workspace(const Batch& b, bool for_backward) 
 // attention_output checkpoint), so the recompute skips the attention itself. with_mlp false
 // (the backward's recompute) stops at h2: the MLP is recomputed tile by tile in
 // layer_backward, and the layer output is not needed there.
-void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch& b, LayerActs& a,
-                               const Tensor& x_out, bool attention_done, bool with_mlp) {
+// Head groups > 1: attention_forward_grouped (attention_done: o comes from saved_o).
+void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch& b, LayerActs& a, Workspace& ws,
+                               const Tensor& x_out, bool attention_done, bool with_mlp, const Tensor& saved_o,
+                               const Tensor& saved_lse) {
   const size_t ui = layout_.layer_unit(0);  // offsets are the same in every layer unit
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
   const int64_t hq = cfg_.num_heads, hkv = cfg_.num_kv_heads;
-  const Tensor h1 = a.h1.view({n, d}), q = a.q.view({n, hq * hd}), k = a.k.view({n, hkv * hd});
-  const Tensor v = a.v.view({n, hkv * hd}), o = a.o.view({n, hq * hd}), x_mid = a.x_mid.view({n, d});
+  const Tensor h1 = a.h1.view({n, d}), x_mid = a.x_mid.view({n, d});
   be_.rmsnorm_fwd(x_in, W(kAttnNorm), cfg_.rms_norm_eps, h1, a.rstd1.view({n}));
-  be_.matmul(h1, false, W(kQ), true, q);
-  be_.matmul(h1, false, W(kK), true, k);
-  be_.matmul(h1, false, W(kV), true, v);
-  be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
-  be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
-  if (!attention_done)
-    attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
-                    v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                    a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd))});
-  be_.matmul(o, false, W(kO), true, x_mid);
+  if (opts_.head_groups > 1) {
+    attention_forward_grouped(w, h1, b, a, ws, x_mid, attention_done, saved_o, saved_lse);
+  } else {
+    const Tensor q = a.q.view({n, hq * hd}), k = a.k.view({n, hkv * hd});
+    const Tensor v = a.v.view({n, hkv * hd}), o = a.o.view({n, hq * hd});
+    be_.matmul(h1, false, W(kQ), true, q);
+    be_.matmul(h1, false, W(kK), true, k);
+    be_.matmul(h1, false, W(kV), true, v);
+    be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
+    be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
+    if (!attention_done)
+      attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
+                      v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
+                      a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd))});
+    be_.matmul(o, false, W(kO), true, x_mid);
+  }
   be_.axpy(x_mid, x_in, 1.0);
   const Tensor h2 = a.h2.view({n, d});
   be_.rmsnorm_fwd(x_mid, W(kMlpNorm), cfg_.rms_norm_eps, h2, a.rstd2.view({n}));
@@ -294,7 +335,8 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch&
 // recompute_mlp: a.g/u/m do not hold this layer's MLP activations (the layer was
 // recomputed without its MLP): recompute them tile by tile here.
 void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor& x_in, const Batch& b, LayerActs& a,
-                                Workspace& ws, const Tensor& dx, bool recompute_mlp) {
+                                Workspace& ws, const Tensor& dx, bool recompute_mlp, const Tensor& saved_o,
+                                const Tensor& saved_lse) {
   const size_t ui = layout_.layer_unit(0);
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   auto G = [&](LayerTensor t) { return tensor_view(gw, ui, t); };
@@ -322,6 +364,11 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
     be_.matmul(du, true, h2t, false, G(kUp), 1.0, 1.0);
   }
   be_.rmsnorm_bwd(a.x_mid.view({n, d}), W(kMlpNorm), a.rstd2.view({n}), dh, dx, G(kMlpNorm));
+  if (opts_.head_groups > 1) {
+    attention_backward_grouped(w, gw, b, a, ws, dx, saved_o, saved_lse);
+    be_.rmsnorm_bwd(x_in, W(kAttnNorm), a.rstd1.view({n}), dh, dx, G(kAttnNorm));
+    return;
+  }
   // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v))
   const Tensor dattn = ws.hf.view({n, hq * hd}), dq = ws.dq.view({n, hq * hd});
   const Tensor dk = ws.dk.view({n, hkv * hd}), dv = ws.dv.view({n, hkv * hd}), h1 = a.h1.view({n, d});
@@ -343,6 +390,114 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   be_.rmsnorm_bwd(x_in, W(kAttnNorm), a.rstd1.view({n}), dh, dx, G(kAttnNorm));
 }
 
+// The attention block in G head groups: group g's query heads [g Hq/G, (g+1) Hq/G) read only
+// its key/value heads [g Hkv/G, (g+1) Hkv/G) (query head h uses kv head h / (Hq/Hkv)), so each
+// group is a self-contained attention over rows of W_Q, W_K, W_V (contiguous) and the matching
+// columns of W_O (packed into ws.wo: one copy_2d). The output projection accumulates the
+// groups' partial sums into x_mid in group order (beta = 1 after the first): on the CPU GEMM,
+// which adds its kKC = 256 deep blocks into C in order, that is the untiled sum bit for bit
+// whenever Hq/G x hd is a multiple of 256 (else within rounding).
+// attention_done (attention_output's recompute): o comes from saved_o and q, k, v are not
+// recomputed (the backward recomputes each group's). saved_o non-empty in the training
+// forward: each group's o and LSE are copied to their place in the checkpoint slot.
+void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, const Batch& b, LayerActs& a,
+                                           Workspace& ws, const Tensor& x_mid, bool attention_done,
+                                           const Tensor& saved_o, const Tensor& saved_lse) {
+  const size_t ui = layout_.layer_unit(0);
+  auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, hd = cfg_.head_dim, G = opts_.head_groups;
+  const int64_t hq = cfg_.num_heads / G, hkv = cfg_.num_kv_heads / G, qd = hq * hd, kvd = hkv * hd;
+  const int64_t lse_n = b.batch * hq * b.seq;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const Tensor wo = ws.wo.view({d, qd}), Wo = W(kO).reshape({d * G * qd});
+  for (int64_t g = 0; g < G; ++g) {
+    Tensor o = group_part(a.o, g, G, n * qd);
+    if (attention_done) {
+      o = group_part(saved_o, g, n * qd);
+    } else {
+      const Tensor q = group_part(a.q, g, G, n * qd).reshape({n, qd});
+      const Tensor k = group_part(a.k, g, G, n * kvd).reshape({n, kvd});
+      const Tensor v = group_part(a.v, g, G, n * kvd).reshape({n, kvd});
+      const Tensor lse = group_part(a.lse, g, G, lse_n);
+      be_.matmul(h1, false, W(kQ).slice_flat(g * qd * d, {qd, d}), true, q);
+      be_.matmul(h1, false, W(kK).slice_flat(g * kvd * d, {kvd, d}), true, k);
+      be_.matmul(h1, false, W(kV).slice_flat(g * kvd * d, {kvd, d}), true, v);
+      be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
+      be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
+      group_attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
+                            v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
+                            lse.reshape({b.batch, hq, b.seq}), scale});
+      if (!saved_o.empty()) {
+        be_.copy(group_part(saved_o, g, n * qd), o);
+        be_.copy(group_part(saved_lse, g, lse_n), lse);
+      }
+    }
+    be_.copy_2d(wo, qd, Wo.slice_flat(g * qd, {Wo.numel() - g * qd}), G * qd, d, qd);
+    be_.matmul(o.reshape({n, qd}), false, wo, true, x_mid, 1.0, g == 0 ? 0.0 : 1.0);
+  }
+}
+
+// The backward of attention_forward_grouped, group by group: dx holds the gradient of x_mid;
+// dh receives the gradient of the input norm's output (sum over groups of dq_g W_Q,g + dk_g
+// W_K,g + dv_g W_V,g: the untiled path adds all of dq's contribution first, so on the CPU this
+// sum is within rounding of it, not bit for bit); each weight gradient's slice is the untiled
+// one's bit for bit (its own rows, or columns of W_O through ws.dwo). Each group's q, k, v are
+// recomputed unless the layer kept every group's (checkpoint none); its o and LSE come from
+// saved_o/saved_lse (attention_output), the kept activations (none), or a recomputed
+// attention forward (layer: the price of never holding every head's o).
+void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, const Batch& b, LayerActs& a,
+                                            Workspace& ws, const Tensor& dx, const Tensor& saved_o,
+                                            const Tensor& saved_lse) {
+  const size_t ui = layout_.layer_unit(0);
+  auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
+  auto Gr = [&](LayerTensor t) { return tensor_view(gw, ui, t); };
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, hd = cfg_.head_dim, G = opts_.head_groups;
+  const int64_t hq = cfg_.num_heads / G, hkv = cfg_.num_kv_heads / G, qd = hq * hd, kvd = hkv * hd;
+  const int64_t lse_n = b.batch * hq * b.seq;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const bool kept = a.q.numel() == G * n * qd;  // checkpoint none: every group's activations
+  const Tensor wo = ws.wo.view({d, qd}), dwo = ws.dwo.view({d, qd});
+  const Tensor Wo = W(kO).reshape({d * G * qd}), dWo = Gr(kO).reshape({d * G * qd});
+  const Tensor dattn = ws.hf.view({n, qd}), dq = ws.dq.view({n, qd}), dk = ws.dk.view({n, kvd});
+  const Tensor dv = ws.dv.view({n, kvd}), dh = ws.dh.view({n, d}), h1 = a.h1.view({n, d});
+  for (int64_t g = 0; g < G; ++g) {
+    const Tensor q = group_part(a.q, g, G, n * qd).reshape({n, qd});
+    const Tensor k = group_part(a.k, g, G, n * kvd).reshape({n, kvd});
+    const Tensor v = group_part(a.v, g, G, n * kvd).reshape({n, kvd});
+    const bool restored = !saved_o.empty();
+    const Tensor o = (restored ? group_part(saved_o, g, n * qd) : group_part(a.o, g, G, n * qd)).reshape({n, qd});
+    const Tensor lse = restored ? group_part(saved_lse, g, lse_n) : group_part(a.lse, g, G, lse_n);
+    const Tensor wq = W(kQ).slice_flat(g * qd * d, {qd, d}), wk = W(kK).slice_flat(g * kvd * d, {kvd, d});
+    const Tensor wv = W(kV).slice_flat(g * kvd * d, {kvd, d});
+    const attention::AttentionTensors t{q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
+                                        v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
+                                        lse.reshape({b.batch, hq, b.seq}), scale};
+    if (!kept) {
+      be_.matmul(h1, false, wq, true, q);
+      be_.matmul(h1, false, wk, true, k);
+      be_.matmul(h1, false, wv, true, v);
+      be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
+      be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
+      if (!restored) group_attn_->forward(t);
+    }
+    be_.copy_2d(wo, qd, Wo.slice_flat(g * qd, {Wo.numel() - g * qd}), G * qd, d, qd);
+    be_.matmul(dx, false, wo, false, dattn);
+    const Tensor dwo_part = dWo.slice_flat(g * qd, {dWo.numel() - g * qd});
+    be_.copy_2d(dwo, qd, dwo_part, G * qd, d, qd);
+    be_.matmul(dx, true, o, false, dwo, 1.0, 1.0);
+    be_.copy_2d(dwo_part, G * qd, dwo, qd, d, qd);
+    group_attn_->backward(t, {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
+                              dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
+    be_.rope(dq.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), true);
+    be_.rope(dk.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), true);
+    be_.matmul(dq, false, wq, false, dh, 1.0, g == 0 ? 0.0 : 1.0);
+    be_.matmul(dk, false, wk, false, dh, 1.0, 1.0);
+    be_.matmul(dv, false, wv, false, dh, 1.0, 1.0);
+    be_.matmul(dq, true, h1, false, Gr(kQ).slice_flat(g * qd * d, {qd, d}), 1.0, 1.0);
+    be_.matmul(dk, true, h1, false, Gr(kK).slice_flat(g * kvd * d, {kvd, d}), 1.0, 1.0);
+    be_.matmul(dv, true, h1, false, Gr(kV).slice_flat(g * kvd * d, {kvd, d}), 1.0, 1.0);
+  }
+}
 
 // Embedding and every layer; fills the residual stream (and every layer's acts when kept).
 // Offload: each checkpoint leaves its ring slot while the next layer computes, and the slot
@@ -362,15 +517,21 @@ void LlamaModel::forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, 
         ws.resid_out[l % 2] = be_.copy_async(ws.host_resid[static_cast<size_t>(l)].flat(),
                                              ws.resid[ws.ring.slot(l)].flat());
     }
+    const bool save = !ws.saved_o.empty();
+    const size_t s = save ? ws.saved_slot(l) : 0;
+    if (save && ws.offload) be_.wait_copy(ws.saved_out[l % 2]);  // layer l-2's copy out of this slot
+    // Head groups: each group's o and LSE go to their part of the slot as they are computed.
+    const bool grouped_save = save && opts_.head_groups > 1;
     const size_t ui = layout_.layer_unit(l);
-    layer_forward(checked(src.acquire(ui), ui, dtype_, "parameter"), ws.stream(l, n, d), b, a, ws.stream(l + 1, n, d),
-                  false, true);
+    layer_forward(checked(src.acquire(ui), ui, dtype_, "parameter"), ws.stream(l, n, d), b, a, ws,
+                  ws.stream(l + 1, n, d), false, true, grouped_save ? ws.saved_o[s].flat() : Tensor(),
+                  grouped_save ? ws.saved_lse[s].flat() : Tensor());
     src.release(ui);
-    if (!ws.saved_o.empty()) {
-      const size_t s = ws.saved_slot(l);
-      if (ws.offload) be_.wait_copy(ws.saved_out[l % 2]);  // layer l-2's copy out of this slot
-      be_.copy(ws.saved_o[s].flat(), a.o.flat());
-      be_.copy(ws.saved_lse[s].flat(), a.lse.flat());
+    if (save) {
+      if (!grouped_save) {
+        be_.copy(ws.saved_o[s].flat(), a.o.flat());
+        be_.copy(ws.saved_lse[s].flat(), a.lse.flat());
+      }
       if (ws.saved_ring.offloaded(l)) {  // (the fence of the second copy covers the first: one stream)
         be_.copy_async(ws.host_o[static_cast<size_t>(l)].flat(), ws.saved_o[s].flat());
         ws.saved_out[l % 2] = be_.copy_async(ws.host_lse[static_cast<size_t>(l)].flat(), ws.saved_lse[s].flat());
@@ -456,15 +617,19 @@ ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, dou
     }
     const Tensor w = checked(src.acquire(ui), ui, dtype_, "parameter");
     const Tensor gw = checked(src.grad(ui), ui, grad_dtype_, "gradient");
+    // Head groups with attention_output: each group's o and LSE are read in the slot.
+    const bool restored = !keep && !ws.saved_o.empty();
+    const bool in_slot = restored && opts_.head_groups > 1;
+    const Tensor so = in_slot ? ws.saved_o[ws.saved_slot(l)].flat() : Tensor();
+    const Tensor sl = in_slot ? ws.saved_lse[ws.saved_slot(l)].flat() : Tensor();
     if (!keep) {  // recompute from the checkpoint (layer input, plus o/lse for attention_output)
-      const bool restored = !ws.saved_o.empty();
-      if (restored) {
+      if (restored && !in_slot) {
         be_.copy(a.o.flat(), ws.saved_o[ws.saved_slot(l)].flat());
         be_.copy(a.lse.flat(), ws.saved_lse[ws.saved_slot(l)].flat());
       }
-      layer_forward(w, x_in, b, a, Tensor(), restored, false);
+      layer_forward(w, x_in, b, a, ws, Tensor(), restored, false, so, sl);
     }
-    layer_backward(w, gw, x_in, b, a, ws, dx, !keep);
+    layer_backward(w, gw, x_in, b, a, ws, dx, !keep, so, sl);
     src.release(ui);
     src.grad_done(ui);
   }
@@ -530,6 +695,7 @@ ModelOptions options_for(const StageConfig& cfg, bool device) {
   mo.f32_grads = device;
   mo.offload_checkpoints = cfg.activation.offload == OffloadTarget::Cpu;
   mo.offload_layers = cfg.activation.offload_layers;
+  mo.head_groups = cfg.activation.attention_head_groups;
   return mo;
 }
 

@@ -99,6 +99,13 @@ struct ModelOptions {
   // L - 1: all, L - 1); the rest stay on the device. The attention outputs of the first
   // offload_layers - 1 layers leave with them.
   int64_t offload_layers = 0;
+  // activation.attention_head_groups: G > 1 tiles the attention block over G groups of
+  // Hq/G query and Hkv/G key/value heads (contiguous rows of W_Q, W_K, W_V, columns of W_O):
+  // per group the Q/K/V projections, RoPE, the attention (the strategy's inner one, on the
+  // group's heads) and the output projection's partial sum, forward and backward, so q, k, v,
+  // o and their gradients exist for one group at a time (checkpoint none keeps every group's).
+  // forward_score keeps its full-head buffers (and a HeadGroupedAttention strategy).
+  int64_t head_groups = 1;
 };
 
 // The ModelOptions of a training stage (activation.* keys); `device`: bf16 parameters with
@@ -181,10 +188,22 @@ class LlamaModel {
   static int64_t mlp_rows(const ModelOptions& o, int64_t n, bool keep_all);
   void forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, bool keep);
   ops::Tensor checked(const ops::Tensor& t, size_t unit, DType want, const char* what) const;
-  void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const Batch& b, LayerActs& a,
-                     const ops::Tensor& x_out, bool attention_done, bool with_mlp);
+  // saved_o, saved_lse: head groups > 1 with checkpoint attention_output, the layer's
+  // checkpoint slot (group-major: [G][n][Hq/G hd], [G][B][Hq/G][S]); empty otherwise.
+  void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const Batch& b, LayerActs& a, Workspace& ws,
+                     const ops::Tensor& x_out, bool attention_done, bool with_mlp,
+                     const ops::Tensor& saved_o = {}, const ops::Tensor& saved_lse = {});
   void layer_backward(const ops::Tensor& w, const ops::Tensor& gw, const ops::Tensor& x_in, const Batch& b,
-                      LayerActs& a, Workspace& ws, const ops::Tensor& dx, bool recompute_mlp);
+                      LayerActs& a, Workspace& ws, const ops::Tensor& dx, bool recompute_mlp,
+                      const ops::Tensor& saved_o = {}, const ops::Tensor& saved_lse = {});
+  // The attention block tiled over head groups (head_groups > 1): x_mid = sum_g o_g W_O,g^T,
+  // and its backward (dh = the input norm's output gradient, weight gradients accumulated).
+  void attention_forward_grouped(const ops::Tensor& w, const ops::Tensor& h1, const Batch& b, LayerActs& a,
+                                 Workspace& ws, const ops::Tensor& x_mid, bool attention_done,
+                                 const ops::Tensor& saved_o, const ops::Tensor& saved_lse);
+  void attention_backward_grouped(const ops::Tensor& w, const ops::Tensor& gw, const Batch& b, LayerActs& a,
+                                  Workspace& ws, const ops::Tensor& dx, const ops::Tensor& saved_o,
+                                  const ops::Tensor& saved_lse);
   ops::Tensor head_matrix(const std::vector<ops::Tensor>& units) const;
   ops::Tensor head_matrix(const ops::Tensor& embed, const ops::Tensor& head) const;
 
@@ -195,6 +214,9 @@ class LlamaModel {
   DType grad_dtype_;
   ModelOptions opts_;
   std::shared_ptr<attention::SequenceAttention> attn_;
+  // What the tiled attention block calls per head group: attn_'s inner strategy when attn_
+  // is a HeadGroupedAttention (the trainer's), else attn_ itself.
+  std::shared_ptr<attention::SequenceAttention> group_attn_;
   ops::Buffer inv_freq_;  // f32[head_dim / 2]
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<ScoreWorkspace> score_ws_;

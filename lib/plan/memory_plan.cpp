@@ -103,8 +103,11 @@ void add_recorded(Items& it, bool transient, const std::string& phase, const std
 // (attention/strategy.h, head groups included) runs on a recording backend over recording
 // communicators of the groups' sizes, on this rank's q, k, v, o, LSE (the model's workspace,
 // counted there); what it allocates beyond them, at its peak, with the CUDA backend's
-// attention scratch of each block (ops/attention_route.h), is the phase.
-void attention_items(const Run& r, bool backward, Items& it, std::vector<std::string>& routes) {
+// attention scratch of each block (ops/attention_route.h), is the phase. tiled: the training
+// model, which tiles its attention block over activation.attention_head_groups itself and
+// calls the inner strategy on one group's heads (LlamaModel::attention_forward_grouped);
+// else (forward_score) the strategy in head groups on every head.
+void attention_items(const Run& r, bool backward, Items& it, std::vector<std::string>& routes, bool tiled) {
   AllocRecorder inputs, rec;
   RecordingOptions ro;
   ro.space = r.cuda ? MemSpace::Device : MemSpace::Host;
@@ -117,9 +120,12 @@ void attention_items(const Run& r, bool backward, Items& it, std::vector<std::st
   const int ring = g.mode == SeqParallelMode::Usp ? g.sp_size / std::max(1, g.ulysses_size) : g.sp_size;
   const auto sp = make_recording_comm("sp", g.sp_size, 0, cs), rg = make_recording_comm("ring", ring, 0, cs);
   const auto ul = make_recording_comm("ulysses", std::max(1, g.ulysses_size), 0, cs);
+  const int64_t G = tiled ? r.cfg.activation.attention_head_groups : 1;
+  StageConfig cfg = r.cfg;
+  if (tiled) cfg.activation.attention_head_groups = 1;
   const std::shared_ptr<attention::SequenceAttention> attn =
-      attention::make_sequence_attention(r.cfg, g, {*sp, *rg, *ul}, *be);
-  const int64_t B = r.B, S = r.S, hq = r.mc.num_heads, hkv = r.mc.num_kv_heads, hd = r.mc.head_dim;
+      attention::make_sequence_attention(cfg, g, {*sp, *rg, *ul}, *be);
+  const int64_t B = r.B, S = r.S, hq = r.mc.num_heads / G, hkv = r.mc.num_kv_heads / G, hd = r.mc.head_dim;
   const DType lse_t = DType::F32;
   std::vector<ops::Buffer> bufs;
   auto tensor = [&](DType t, std::initializer_list<int64_t> dims) {
@@ -178,12 +184,27 @@ std::string shape_of(const Group& g, const Run& r) {
       {"o", "n x Hq x hd"}, {"dattn", "n x Hq x hd"}, {"dq", "n x Hq x hd"}, {"saved_o", "n x Hq x hd"},
       {"k", "n x Hkv x hd"}, {"v", "n x Hkv x hd"}, {"dk", "n x Hkv x hd"}, {"dv", "n x Hkv x hd"},
       {"lse", "B x Hq x S"}, {"saved_lse", "B x Hq x S"}, {"embed_grad_scratch", "V x D"},
+      {"wo_g", "D x Hq/G x hd"}, {"dwo_g", "D x Hq/G x hd"},
       {"embed_grad_f32", "V x D"}, {"h", "n x D"}, {"rstd", "n"}, {"down", "mlp_tile x D"}};
   static const char* mlp[] = {"g", "u", "m", "dm", "dg", "du"};
   for (const char* m : mlp)
     if (g.base == m) return g.numel == r.n * r.mc.intermediate_size ? "n x I" : "mlp_tile x I";
   auto it = shapes.find(g.base);
-  return it == shapes.end() ? num(g.numel) : it->second;
+  if (it == shapes.end()) return num(g.numel);
+  // Head groups (activation.attention_head_groups): the layer's q, k, v, o, LSE and their
+  // gradients hold one group's heads (with checkpoint none the kept acts hold every group's).
+  static const std::map<std::string, std::string> grouped = {
+      {"q", "n x Hq/G x hd"}, {"o", "n x Hq/G x hd"}, {"dq", "n x Hq/G x hd"}, {"k", "n x Hkv/G x hd"},
+      {"v", "n x Hkv/G x hd"}, {"dk", "n x Hkv/G x hd"}, {"dv", "n x Hkv/G x hd"}, {"lse", "B x Hq/G x S"},
+      {"hf", "n x max(D, Hq/G x hd) (doubles as dattn)"}};
+  const int64_t G = r.cfg.activation.attention_head_groups, hd = r.mc.head_dim;
+  const int64_t full = g.base == "lse" ? r.n * r.mc.num_heads
+                       : it->second.find("Hkv") != std::string::npos ? r.n * r.mc.num_kv_heads * hd
+                       : g.base == "hf" ? r.n * std::max(r.mc.hidden_size, r.mc.num_heads * hd)
+                                        : r.n * r.mc.num_heads * hd;
+  if (auto gr = grouped.find(g.base); G > 1 && gr != grouped.end() && g.key.rfind("saved", 0) != 0 && g.numel != full)
+    return gr->second;
+  return it->second;
 }
 
 std::string workspace_label(const Group& g) {
@@ -554,7 +575,7 @@ MemoryPlan plan_inference_core(const InferencePlanInput& in, const PlanTarget& t
                   shape_of(g, r) + " x " + num(static_cast<int64_t>(ops::element_size(g.dtype))));
   }
   std::vector<std::string> routes;
-  attention_items(r, false, it, routes);
+  attention_items(r, false, it, routes, false);
   const int64_t V = r.mc.vocab_size, tile = cfg.activation.lm_head_tile;
   const std::vector<ops::ScratchBuffer> head = r.cuda ? ops::cuda_lm_head_score_scratch(n, V, tile).list()
                                                       : ops::cpu_lm_head_scratch(n, V, tile, 4).list();
@@ -591,8 +612,8 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   parameter_items(r, t, it);
   step_items(r, it);
   std::vector<std::string> routes;
-  attention_items(r, false, it, routes);
-  attention_items(r, true, it, routes);
+  attention_items(r, false, it, routes, true);
+  attention_items(r, true, it, routes, true);
   op_scratch_items(r, it);
   reduction_items(r, t, it);
   save_items(r, t, it);

@@ -68,13 +68,15 @@ struct Result {
 // Forward + backward of the mean NLL on `be`: parameters from host fp32 `w` (converted to
 // `dtype` on the backend), gradients in f32 (CUDA: the trainer's mixed precision) or `dtype`.
 Result run_model(ops::Backend& be, const model::LlamaConfig& cfg, DType dtype, CheckpointPolicy policy,
-                 const std::vector<std::vector<float>>& w, const HostBatch& hb, int64_t mlp_tile = 0) {
+                 const std::vector<std::vector<float>>& w, const HostBatch& hb, int64_t mlp_tile = 0,
+                 int64_t head_groups = 1) {
   const bool dev = be.memspace() == ops::MemSpace::Device;
   model::ModelOptions mo;
   mo.checkpoint = policy;
   mo.mlp_tile = mlp_tile;
   mo.lm_head_tile = 37;  // several tiles per batch
   mo.f32_grads = dtype == DType::BF16;
+  mo.head_groups = head_groups;
   model::LlamaModel m(cfg, be, dtype, mo);
   std::vector<Buffer> pb, gb;
   std::vector<Tensor> params, grads;
@@ -204,6 +206,26 @@ TEST(CudaModelTiled, MlpTilesMatchCpuFp32) {
   for (CheckpointPolicy p : {CheckpointPolicy::Layer, CheckpointPolicy::AttentionOutput}) {
     const Result got = run_model(*gpu, cfg, DType::BF16, p, w, hb, 37);
     compare(layout, got, want, 1e-2, 3e-2, std::string("mlp_tile 37 ") + to_string(p));
+  }
+}
+
+// activation.attention_head_groups on CUDA: the layer's attention block tiled over 2 head groups
+// (per-group projections, W_O column packs through copy_2d, f32 dW_O slices), every checkpoint
+// policy, MLP tiled too, against the untiled fp32 CPU model.
+TEST(CudaModelHeadGroups, TiledAttentionMatchesCpuFp32) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir("cuda-model-head-groups");
+  const model::LlamaConfig cfg = model::load_llama_config(write_hd64_config(dir / "m.yaml", false, 301));
+  const model::ParamLayout layout(cfg);
+  std::mt19937_64 rng(test_seed());
+  const auto w = random_weights(layout, rng, 0.08);
+  const HostBatch hb = random_batch(rng, 2, 96, cfg.vocab_size);
+  auto cpu = ops::make_cpu_backend();
+  auto gpu = ops::make_cuda_backend();
+  const Result want = run_model(*cpu, cfg, DType::F32, CheckpointPolicy::Layer, w, hb);
+  for (CheckpointPolicy p : {CheckpointPolicy::None, CheckpointPolicy::Layer, CheckpointPolicy::AttentionOutput}) {
+    const Result got = run_model(*gpu, cfg, DType::BF16, p, w, hb, p == CheckpointPolicy::None ? 0 : 37, 2);
+    compare(layout, got, want, 1e-2, 3e-2, std::string("head groups 2 ") + to_string(p));
   }
 }
 

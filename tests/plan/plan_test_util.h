@@ -13,10 +13,12 @@ namespace easyctx::test {
 
 // hidden 128, `layers` layers, 4 query / 2 KV heads of 32, MLP 344, vocab 512: dir/small.yaml
 // (2 layers) or dir/small<layers>.yaml.
-inline std::string write_small_model(const std::string& dir, int layers = 2) {
-  const std::string path = dir + "/small" + (layers == 2 ? std::string() : std::to_string(layers)) + ".yaml";
+// kv_heads: 2, or 4 (no GQA: head groups of 4).
+inline std::string write_small_model(const std::string& dir, int layers = 2, int kv_heads = 2) {
+  const std::string path = dir + "/small" + (layers == 2 ? std::string() : std::to_string(layers)) +
+                           (kv_heads == 2 ? std::string() : "_kv" + std::to_string(kv_heads)) + ".yaml";
   std::ofstream(path) << "hidden_size: 128\nnum_hidden_layers: " << layers
-                      << "\nnum_attention_heads: 4\nnum_key_value_heads: 2\n"
+                      << "\nnum_attention_heads: 4\nnum_key_value_heads: " << kv_heads << "\n"
                          "intermediate_size: 344\nvocab_size: 512\nmax_position_embeddings: 4096\n"
                          "rms_norm_eps: 1.0e-5\nrope_theta: 10000.0\ntie_word_embeddings: false\n";
   return path;

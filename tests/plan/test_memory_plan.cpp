@@ -57,9 +57,16 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   write_walk_shard(dir / "shard.h5", test_seed(), 60, 200, 700, 512);
   // "<policy>_offload": activation.offload cpu on 5 layers (4 layer inputs and 3 attention
   // outputs leave the ring of two), planned exactly.
-  const bool offload = GetParam().find("_offload") != std::string::npos;
-  const std::string policy = GetParam().substr(0, GetParam().find("_offload"));
-  StageConfig c = small_stage(write_small_model(dir.path(), offload ? 5 : 2), dir / "shard.h5", dir / "out");
+  // "..._g<G>": activation.attention_head_groups G (the layer tiled over head groups; G = 4
+  // on a model of 4 key/value heads), planned exactly.
+  const size_t gat = GetParam().find("_g");
+  const int64_t G = gat == std::string::npos ? 1 : std::stoll(GetParam().substr(gat + 2));
+  const std::string param = GetParam().substr(0, gat);
+  const bool offload = param.find("_offload") != std::string::npos;
+  const std::string policy = param.substr(0, param.find("_offload"));
+  StageConfig c = small_stage(write_small_model(dir.path(), offload ? 5 : 2, G == 4 ? 4 : 2), dir / "shard.h5",
+                              dir / "out");
+  c.activation.attention_head_groups = G;
   if (policy == "none") c.activation.checkpoint = CheckpointPolicy::None;
   if (policy == "attention_output") c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
   if (policy == "zero3") c.parallel.zero.stage = 3;
@@ -75,7 +82,11 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   EXPECT_TRUE(p.fits);
   EXPECT_EQ(p.gpu_peak_bytes, 0);  // nothing on a GPU
   EXPECT_GT(p.host_rank_peak_bytes, p.alloc_peak_bytes);  // host = backend buffers + heap + baseline
-  if (!offload) return;
+  if (G > 1) {
+    EXPECT_EQ(p.alloc_peak_bytes, m.peak);
+    EXPECT_EQ(phase_alloc(p, "init"), m.init);
+  }
+  if (!offload || G > 1) return;
   EXPECT_EQ(p.alloc_peak_bytes, m.peak);
   EXPECT_EQ(phase_alloc(p, "init"), m.init);
   // The offloaded checkpoints are items of their own: n = 2 x 256 tokens, D = Hq hd = 128,
@@ -93,7 +104,9 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
 
 INSTANTIATE_TEST_SUITE_P(Checkpoint, PlanVsMeasured,
                          ::testing::Values("none", "layer", "attention_output", "zero3", "layer_offload",
-                                           "attention_output_offload"),
+                                           "attention_output_offload", "none_g2", "layer_g2", "layer_g4",
+                                           "attention_output_g2", "attention_output_g4", "layer_offload_g2",
+                                           "attention_output_offload_g4", "zero3_g2"),
                          [](const auto& info) { return info.param; });
 
 // The plan's per-rank sequence length is the loader's (lib/data is not a dependency of

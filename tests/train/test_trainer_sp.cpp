@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "dist/groups.h"
 #include "train/trainer.h"
@@ -19,6 +20,11 @@ struct SpCase {
   int sp;        // 0: the whole world
   int ulysses;   // usp only
   int accum_1;   // grad_accum of the single-rank reference (= data-parallel size)
+  // activation.attention_head_groups of the parallel run (the reference: 1), on a GQA model of
+  // 16 query / 8 key-value heads (so each group's 8 / 4 heads split over 2 or 4 Ulysses ranks).
+  int64_t groups = 1;
+  CheckpointPolicy policy = CheckpointPolicy::Layer;
+  bool offload = false;
 };
 
 std::string shared_dir(const dist::Runtime& rt, uint64_t& seed) {
@@ -43,6 +49,17 @@ void check_case(const SpCase& c) {
   uint64_t seed = 0;
   const std::string path = shared_dir(rt, seed);
   StageConfig par = tiny_stage(path + "/shard.h5", path + "/par");
+  if (c.groups > 1) {
+    par.model.config = path + "/gqa.yaml";
+    if (rt.rank() == 0)
+      std::ofstream(par.model.config) << "hidden_size: 64\nnum_hidden_layers: 3\nnum_attention_heads: 16\n"
+                                         "num_key_value_heads: 8\nhead_dim: 4\nintermediate_size: 96\n"
+                                         "vocab_size: 256\nmax_position_embeddings: 2048\nrms_norm_eps: 1.0e-5\n"
+                                         "rope_theta: 10000.0\ntie_word_embeddings: false\n";
+    MPI_Barrier(MPI_COMM_WORLD);
+    par.activation.checkpoint = c.policy;
+    if (c.offload) par.activation.offload = OffloadTarget::Cpu;
+  }
   par.data.seq_length = 37;
   par.train.batch_size = 2;
   par.train.seed = seed;
@@ -55,6 +72,7 @@ void check_case(const SpCase& c) {
   one.parallel.sequence.mode = SeqParallelMode::ZigzagRing;
   one.train.grad_accum = W / sp;  // same global batch as dp = W / sp replicas
   one.output.dir = path + "/one";
+  par.activation.attention_head_groups = c.groups;
   dist::GroupLayout layout;
   try {
     layout = dist::make_group_layout(par, W, rt.topology().local_size);
@@ -92,8 +110,9 @@ TEST(TrainerSequenceParallel, ZigzagRing) { check_case({SeqParallelMode::ZigzagR
 // activation.offload cpu on the zigzag ring (attention_output: the ring's merged outputs are
 // checkpoints too; 4 layers): the same gradients and losses as keeping the checkpoints, bit
 // for bit; so do offloading only the first 2 layer inputs (activation.offload_layers) and the
-// ring in 2 head groups (activation.attention_head_groups: per-head arithmetic unchanged).
-void check_same_as_kept(void (*change)(StageConfig&)) {
+// ring in 2 head groups (activation.attention_head_groups: the layer tiled over head groups,
+// within fp32 rounding: the input gradient sums the groups' projections in another order).
+void check_same_as_kept(void (*change)(StageConfig&), bool exact = true) {
   int argc = 0;
   char** argv = nullptr;
   dist::Runtime rt(&argc, &argv);
@@ -115,14 +134,25 @@ void check_same_as_kept(void (*change)(StageConfig&)) {
                              dist::CommBackend::Mpi, 120);
   train::Trainer tk(kept, groups), to(off, groups);
   const train::StepStats a = tk.compute_gradients(0), b = to.compute_gradients(0);
-  EXPECT_EQ(a.loss, b.loss);
+  if (exact) EXPECT_EQ(a.loss, b.loss);
+  else EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss);
   const auto ga = tk.gradients(), gb = to.gradients();
   ASSERT_EQ(ga.size(), gb.size());
   for (size_t u = 0; u < ga.size(); ++u)
+    if (!exact) {
+      EXPECT_LT(rel_error(std::vector<float>(ga[u].ptr<float>(), ga[u].ptr<float>() + ga[u].numel()),
+                          std::vector<float>(gb[u].ptr<float>(), gb[u].ptr<float>() + gb[u].numel())),
+                1e-5)
+          << "W=" << rt.size() << " gradient of " << tk.model().layout().units()[u].name;
+    } else
     EXPECT_EQ(std::vector<float>(ga[u].ptr<float>(), ga[u].ptr<float>() + ga[u].numel()),
               std::vector<float>(gb[u].ptr<float>(), gb[u].ptr<float>() + gb[u].numel()))
         << "W=" << rt.size() << " gradient of " << tk.model().layout().units()[u].name;
-  for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(tk.train_step(s).loss, to.train_step(s).loss) << "step " << s;
+  for (int64_t s = 0; s < 3; ++s) {
+    const double x = tk.train_step(s).loss, y = to.train_step(s).loss;
+    if (exact) EXPECT_EQ(x, y) << "step " << s;
+    else EXPECT_NEAR(x, y, 1e-5 * x) << "step " << s;
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
 }
@@ -134,7 +164,27 @@ TEST(TrainerSequenceParallel, ZigzagRingPartialOffloadAndHeadGroups) {
     c.activation.offload = OffloadTarget::Cpu;
     c.activation.offload_layers = 2;
   });
-  check_same_as_kept([](StageConfig& c) { c.activation.attention_head_groups = 2; });
+  check_same_as_kept([](StageConfig& c) { c.activation.attention_head_groups = 2; }, false);
+}
+
+// The layer tiled over 2 head groups in every sequence-parallel mode (the strategy runs on each
+// group's heads), against one rank on whole sequences without head groups: layer,
+// attention_output with activation offload, none.
+TEST(TrainerSequenceParallel, HeadGroupsZigzagRing) {
+  check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 2});
+  check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 2, CheckpointPolicy::AttentionOutput, true});
+}
+TEST(TrainerSequenceParallel, HeadGroupsDistFlash) {
+  check_case({SeqParallelMode::DistFlash, 0, 0, 1, 2, CheckpointPolicy::None});
+}
+TEST(TrainerSequenceParallel, HeadGroupsUlysses) {
+  check_case({SeqParallelMode::Ulysses, 0, 0, 1, 2, CheckpointPolicy::AttentionOutput});
+}
+TEST(TrainerSequenceParallel, HeadGroupsUsp) {
+  int w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &w);
+  if (w % 2 != 0) GTEST_SKIP() << "usp with ulysses 2 needs an even world, got " << w;
+  check_case({SeqParallelMode::Usp, 0, 2, 1, 2, CheckpointPolicy::Layer, true});
 }
 TEST(TrainerSequenceParallel, DistFlash) { check_case({SeqParallelMode::DistFlash, 0, 0, 1}); }
 TEST(TrainerSequenceParallel, Ulysses) { check_case({SeqParallelMode::Ulysses, 0, 0, 1}); }
