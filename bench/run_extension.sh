@@ -16,12 +16,12 @@
 # documents for perplexity (PPL_MIX, from the last HELDOUT_VERSES verses of the KJV, never
 # trained on); the base model, trained in chunks of BASE_CHUNK steps (easyctx_train resumes its
 # run with a larger train.steps) until a held-out probe (easyctx_eval_needle at the base
-# length, its own seed) retrieves at least PROBE_TARGET, at most BASE_MAX_STEPS; the extension
-# stages; the evaluation of the base, the control (the base with the last stage's RoPE theta,
-# no training: --rope-theta) and every stage on one grid: the TASKS of easyctx_eval_needle
-# (needle: EasyContext's, KJV haystack; pass key) at prompt lengths S0, 2 S0, ... up to the
-# last stage's length, perplexity of the held-out documents by easyctx_eval_ppl every
-# EVAL_STEP tokens; then the tables and easyctx_report's page.
+# length, its own seed) retrieves at least PROBE_TARGET PROBE_TIMES times in a row, at most
+# BASE_MAX_STEPS; the extension stages; the evaluation of the base, the control (the base with
+# the last stage's RoPE theta, no training: --rope-theta) and every stage on one grid: the
+# TASKS of easyctx_eval_needle (needle: EasyContext's, KJV haystack; pass key) at prompt
+# lengths S0, 2 S0, ... up to the last stage's length, perplexity of the held-out documents by
+# easyctx_eval_ppl every EVAL_STEP tokens; then the tables and easyctx_report's page.
 #
 # Outputs in OUT_DIR (default out/extension-<scale>):
 #   accuracy.csv   model,task,length,context,score,samples   (length: prompt tokens, the
@@ -55,7 +55,7 @@ case "$scale" in
     # tokens (test_needle_e2e's recipe; needles and other mixes were not reliable: docs/results.md).
     : "${BASE_CHUNK:=200}" "${BASE_MAX_STEPS:=2000}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=20}" "${DEPTH:=0.25}"
     : "${EVAL_STEP:=64}" "${PPL_DOCS:=8}" "${PROBE_SAMPLES:=20}" "${TASKS:=passkey}" "${MIX:=passkey=1}"
-    : "${PROMPT_MIN:=1}" "${PPL_MIX:=passkey=1}"
+    : "${PROMPT_MIN:=1}" "${PPL_MIX:=passkey=1}" "${PROBE_TIMES:=2}"
     ;;
   h200)
     recipe=configs/recipes/extension-h200
@@ -64,6 +64,7 @@ case "$scale" in
     : "${BASE_CHUNK:=300}" "${BASE_MAX_STEPS:=1500}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=4}" "${DEPTH:=0.25}"
     : "${EVAL_STEP:=2048}" "${PPL_DOCS:=4}" "${PROBE_SAMPLES:=4}" "${TASKS:=needle,passkey}"
     : "${MIX:=needle=1,passkey=1,kv=1,text=1}" "${PROMPT_MIN:=0.125}" "${PPL_MIX:=text=1}"
+    : "${PROBE_TIMES:=1}"
     ;;
   *) echo "run_extension.sh: unknown scale '$scale' (cpu or h200)" >&2; exit 2 ;;
 esac
@@ -184,7 +185,7 @@ mean_score() {
 
 # 3. The base: chunks until the probe retrieves at the base length.
 base() {
-  local s=${stages[0]} steps=0 acc=0 resume=none
+  local s=${stages[0]} steps=0 acc=0 resume=none passed=0
   rm -rf "$out/runs/$s" "$out/runs/$s.log"
   mkdir -p "$out/runs"
   while :; do
@@ -199,7 +200,8 @@ base() {
     acc=$(mean_score "$out/runs/$s.probe")
     say "base: step $steps, probe accuracy $acc at $S0 tokens (loss $(grep -o '"loss":[0-9.]*' \
       "$out/runs/$s/metrics.jsonl" | tail -20 | awk -F: '{ s += $2 } END { printf "%.3f", s / NR }'))"
-    awk -v a="$acc" -v t="$PROBE_TARGET" 'BEGIN { exit !(a >= t) }' && break
+    if awk -v a="$acc" -v t="$PROBE_TARGET" 'BEGIN { exit !(a >= t) }'; then passed=$((passed + 1)); else passed=0; fi
+    [ $passed -ge "$PROBE_TIMES" ] && break  # past the jump, not on its way up
     [ $steps -ge "$BASE_MAX_STEPS" ] && { say "base: the probe stayed below $PROBE_TARGET at $BASE_MAX_STEPS steps"; break; }
   done
   base_steps=$steps
