@@ -38,7 +38,9 @@
 # skips spm_train), KJV (the KJV's verses, one per line, "Ge1:1 " prefixes allowed; default
 # .deps/haystack/kjv.txt when present, else `bible` through make_demo_tokenizer.sh),
 # BASE_CHUNK, BASE_MAX_STEPS, PROBE_TARGET, STEPS (every extension stage's train.steps),
-# SAMPLES (per eval cell), DEPTH (needle depth interval), EVAL_STEP (ppl length step), TASKS,
+# SAMPLES (per eval cell), DEPTH (needle depth interval), GRID_STEP (needle grid step, default
+# S0), EVAL_STEP (ppl length step), DEVICE (the evaluations'), TRAIN_SET (more --set flags for
+# every easyctx_train call, e.g. "--set train.batch_size=8"), TASKS,
 # MIX, PROMPT_MIN, PPL_MIX, PPL_DOCS, PROBE_SAMPLES, DIGITS, HELDOUT_VERSES (defaults per scale below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +52,7 @@ case "$scale" in
   cpu)
     recipe=configs/recipes/extension-cpu
     stages=(s0-base-128 s1-512)
-    device=cpu
+    device=${DEVICE:-cpu}
     # Pass keys only, each prompt one whole window: what the tiny model learns reliably at 128
     # tokens (test_needle_e2e's recipe; needles and other mixes were not reliable: docs/results.md).
     : "${BASE_CHUNK:=200}" "${BASE_MAX_STEPS:=2000}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=20}" "${DEPTH:=0.25}"
@@ -60,7 +62,7 @@ case "$scale" in
   h200)
     recipe=configs/recipes/extension-h200
     stages=(s0-base-2k s1-8k s2-32k)
-    device=cuda
+    device=${DEVICE:-cuda}
     : "${BASE_CHUNK:=300}" "${BASE_MAX_STEPS:=1500}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=4}" "${DEPTH:=0.25}"
     : "${EVAL_STEP:=2048}" "${PPL_DOCS:=4}" "${PROBE_SAMPLES:=4}" "${TASKS:=needle,passkey}"
     : "${MIX:=needle=1,passkey=1,kv=1,text=1}" "${PROMPT_MIN:=0.125}" "${PPL_MIX:=text=1}"
@@ -96,8 +98,9 @@ theta_of() { yaml_value "$recipe/$1.yaml" model.rope_theta; }
 steps_of() { yaml_value "$recipe/$1.yaml" train.steps; }
 batch_of() { yaml_value "$recipe/$1.yaml" train.batch_size; }
 train() {  # train STAGE [--set ...]: the stage file with this experiment's folders
+  # shellcheck disable=SC2086  # TRAIN_SET: more --set flags for every stage, word-split
   "$B/easyctx_train" "$recipe/$1.yaml" --set data.path="$out/data/$1" --set output.dir="$out/runs/$1" \
-    --set train.seed="$SEED" "${@:2}"
+    --set train.seed="$SEED" ${TRAIN_SET:-} "${@:2}"
 }
 S0=$(seq_of "${stages[0]}")
 last=${stages[${#stages[@]} - 1]}
@@ -233,7 +236,7 @@ evaluate() {
   for name in "${stages[0]}" control "${stages[@]:1}"; do
     if [ "$name" = control ]; then m=$out/models/${stages[0]} flags=(--rope-theta "$theta_last"); dir=$out/runs/${stages[0]}/eval/control
     else m=$out/models/$name flags=(); dir=$out/runs/$name/eval; fi
-    needle_eval "$m" "$dir" $((SEED * 100 + 55)) "$S0" "$S_last" "$S0" "$SAMPLES" "${flags[@]}" \
+    needle_eval "$m" "$dir" $((SEED * 100 + 55)) "$S0" "$S_last" "${GRID_STEP:-$S0}" "$SAMPLES" "${flags[@]}" \
       > "$out/eval/needle-$name.log" 2>&1 || { tail -5 "$out/eval/needle-$name.log"; return 1; }
     grep "summary" "$out/eval/needle-$name.log" | sed -E 's/;.*//; s/^/'"$name"': /' | tr '\n' ' '
     echo
