@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The memory plan of every recipe stage (configs/recipes/*/*.yaml) on 2 nodes x 8 A100-80GB and
+# The memory plan of every multi-node recipe stage (configs/recipes/*/*.yaml; not the one-GPU and
+# CPU experiments of bench/run_extension.sh, configs/recipes/extension-*/) on 2 nodes x 8 A100-80GB and
 # 2 nodes x 8 H200, as Markdown tables: what docs/recipes.md shows between its
 # "recipe-plans" markers. No GPU needed (easyctx_train STAGE --plan with a target).
 #
@@ -46,6 +47,7 @@ tables() {
   for dir in "${RECIPES%/}"/*/; do
     local name rows="" model="" P=0
     name=$(basename "$dir")
+    case "$name" in extension-*) continue ;; esac  # one GPU or the CPU: 2 x 8 GPUs is not their target
     for f in "$dir"*.yaml; do
       local row="" host="" gpu_cells=()
       for gpu in "${GPUS[@]}"; do
