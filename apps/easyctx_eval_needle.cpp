@@ -3,10 +3,12 @@
 //                     [--min-context-length N] [--max-context-length N] [--context-interval N]
 //                     [--depth-interval F] [--samples K] [--distractors K] [--digits D]
 //                     [--seed S] [--rope-theta T] [--sp-size N] [--sp-mode MODE]
+//                     [--plan [--set target.KEY=VALUE ...]]
 // EasyContext's needle-in-a-haystack sweep (and RULER-style synthetic retrieval tasks) over
 // a model, scored by teacher forcing through an eval::Session: CSV, heatmap PNG, summary
 // (docs/eval.md). Under mpirun: sequence parallel over --sp-size ranks, data parallel over
-// the prompts of a length's cells across the groups. Logic in lib/eval (needle.h).
+// the prompts of a length's cells across the groups. --plan prints the memory plan of the
+// longest prompt and exits (0 fits, 3 does not, 2 bad input). Logic in lib/eval (needle.h).
 #include <algorithm>
 #include <iostream>
 
@@ -14,6 +16,7 @@
 #include "dist/groups.h"
 #include "dist/runtime.h"
 #include "data/tokenize/tokenizer.h"
+#include "eval/eval_plan.h"
 #include "eval/haystack.h"
 #include "eval/model_source.h"
 #include "eval/needle.h"
@@ -37,8 +40,22 @@ int main(int argc, char** argv) {
     });
     if (!run) {
       if (rt.rank() == 0)
-        std::cout << help << "\nDocs: docs/eval.md. Exit codes: 0 done, 1 failure, 2 bad input.\n";
+        std::cout << help << "\nDocs: docs/eval.md. Exit codes: 0 done (--plan: fits), 1 failure, 2 bad input, "
+                             "3 --plan: does not fit.\n";
       return 0;
+    }
+    if (o.plan) {  // the plan of the longest prompt on the machine of --set (else this one)
+      plan::MemoryPlan p;
+      dist::run_collectively(rt, [&] {
+        const auto tok = data::load_tokenizer(o.tokenizer);
+        const int64_t longest = eval::longest_prompt_tokens(o, *tok);
+        p = eval::plan_session(o.session, longest, o.plan_sets, rt.size(), rt.topology().local_size);
+        if (rt.rank() == 0)
+          std::cout << "longest prompt: " << longest << " tokens (context length " << eval::context_lengths(o).back()
+                    << " plus the prompt's fixed part)\n";
+      });
+      if (rt.rank() == 0) std::cout << eval::format_session_plan(p);
+      return p.fits ? 0 : 3;
     }
     LogOptions lo;
     lo.rank = rt.rank();

@@ -74,6 +74,11 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
       "tokens per LM-head tile")(
       "progress-every", po::value(&o.progress_every)->default_value(o.progress_every),
       "seconds between progress lines inside a length's cells")(
+      "plan", "print the memory plan of the longest prompt (every buffer per GPU and per host) and exit: 0 fits, "
+      "3 does not")(
+      "set", po::value(&o.plan_sets)->composing(),
+      "--plan's target: --set target.gpu=H200, target.gpu_memory_gib=..., target.gpus_per_node=..., "
+      "target.nodes=..., target.host_memory_gib=..., target.headroom=...")(
       "collective-timeout-s", po::value(&o.session.collective_timeout_s)->default_value(3600),
       "with mpirun: a rank that waits this long for the others (longer than the forward of one prompt at "
       "--max-context-length) ends the job, naming the rank that never arrived");
@@ -92,6 +97,8 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
   }
   o.session.device = parse_device(device, "--device");
   o.session.sp_mode = parse_sp_mode(sp_mode, "--sp-mode");
+  o.plan = vm.count("plan") > 0;
+  EASYCTX_CHECK_INPUT(o.plan || o.plan_sets.empty(), "--set: only with --plan (it names the machine planned for)");
   o.tasks.clear();
   for (const std::string& t : split(tasks, ',')) {
     const Task k = parse_task(trim(t));
@@ -123,6 +130,23 @@ std::vector<int64_t> context_lengths(const NeedleOptions& o) {
   std::vector<int64_t> v;
   for (int64_t L = o.min_context; L <= o.max_context; L += o.context_interval) v.push_back(L);
   return v;
+}
+
+int64_t longest_prompt_tokens(const NeedleOptions& o, const data::Tokenizer& tok) {
+  const PromptBuilder b(tok, o.task);
+  constexpr int64_t kL = 256;  // a stand-in haystack length: the fixed part does not depend on it
+  const std::vector<uint32_t> noise = b.noise_haystack(kL);
+  int64_t fixed = 0;
+  for (const Task t : o.tasks)
+    for (uint64_t d = 0; d < 64; ++d) {
+      Rng rng(mix_seed({o.seed, 0x706c616eull, static_cast<uint64_t>(t), d}));
+      const int64_t n = static_cast<int64_t>(
+          (t == Task::Needle ? b.needle(noise, kL, 0.5, random_number(rng, o.task.digits), rng)
+                             : b.synthetic(t, noise, kL, rng))
+              .tokens.size());
+      fixed = std::max(fixed, n - kL);
+    }
+  return context_lengths(o).back() + fixed + 16;
 }
 
 std::vector<double> needle_depths(const NeedleOptions& o) {

@@ -45,6 +45,8 @@ struct NeedleOptions {
   uint64_t seed = 24242424;         // --seed (EasyContext's)
   TaskOptions task;                 // --digits, --distractors, --keys, --values, --hops
   double progress_every = 30;       // --progress-every: seconds between progress lines
+  bool plan = false;                // --plan: print the memory plan of the longest prompt, exit
+  std::vector<std::string> plan_sets;  // --set target.KEY=VALUE: the machine --plan plans for
 };
 
 // Parses the command line (argv[0] is the program). Returns false after writing the help to
@@ -53,6 +55,10 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
 void check_needle_options(const NeedleOptions& o);  // InputError naming the flag
 
 std::vector<int64_t> context_lengths(const NeedleOptions& o);
+// Tokens of the longest prompt the sweep can build: the last context length plus the largest
+// fixed part (prefix, needles or keys, question, answer) of any of its tasks, drawn over many
+// draws with a margin of 16 tokens (city names and distractors vary); what --plan plans for.
+int64_t longest_prompt_tokens(const NeedleOptions& o, const data::Tokenizer& tok);
 std::vector<double> needle_depths(const NeedleOptions& o);
 
 struct CellResult {

@@ -68,4 +68,17 @@ tokenizer="$work/none.model" bad "none.model"
 rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c -- "--haystack-dir" "$work/badmpi.log")" -eq 1 ] && ! grep -q MPI_ABORT "$work/badmpi.log" \
   || fail "mpirun, missing haystack: exit $rc, expected 2 and one message: $(cat "$work/badmpi.log")"
+# --plan: the memory plan of the longest prompt (on this machine, and for an A100-40GB at 2M
+# tokens, which does not fit and names --sp-size), exit 0 / 3, nothing written.
+"$bin/easyctx_eval_needle" "${common[@]}" --tokenizer "$tok" --output-dir "$work/plan" --plan > "$work/plan.log" 2>&1 \
+  || fail "--plan: exit $?"
+grep -qE "^longest prompt: [0-9]+ tokens \(context length 300 " "$work/plan.log" && grep -q '^{"fits":true' "$work/plan.log" \
+  || fail "--plan: no longest prompt or plan: $(cat "$work/plan.log")"
+"$bin/easyctx_eval_needle" --model random:llama2-7b --tokenizer "$tok" --output-dir "$work/plan" --device cuda --plan \
+  --task passkey --min-context-length 2000000 --max-context-length 2000000 --set target.gpu=A100-40GB \
+  > "$work/plan3.log" 2>&1
+rc=$?
+[ $rc -eq 3 ] && grep -q "does not fit: .* Would fit: .*--sp-size" "$work/plan3.log" \
+  || fail "--plan on an A100-40GB at 2M tokens: exit $rc, expected 3 naming --sp-size: $(tail -3 "$work/plan3.log")"
+[ ! -e "$work/plan" ] || fail "--plan wrote $work/plan"
 echo "ok"

@@ -275,6 +275,38 @@ TEST(NeedleSweep, PromptsDependOnTheSeedAndTheCellOnly) {
   EXPECT_NE(tokens(o, Task::Needle, 400, 1), tokens(o, Task::Needle, 400, 2));
 }
 
+// --plan plans for longest_prompt_tokens: no prompt of the sweep is longer (every task, every
+// cell of a fresh random grid with distractors, keys, values and hops), and it is within the
+// fixed part's 16-token margin plus a few tens of tokens of the longest one built.
+TEST(NeedleSweep, LongestPromptBoundsEveryPrompt) {
+  std::mt19937_64 r(test_seed());
+  eval::NeedleOptions o = small_options("unused", test_seed());
+  o.tasks = {Task::Needle, Task::Passkey, Task::MultiKey, Task::MultiValue, Task::VariableTracking};
+  o.task.distractors = static_cast<int>(r() % 3);
+  o.task.digits = 3 + static_cast<int>(r() % 5);
+  o.min_context = 100 + static_cast<int64_t>(r() % 100);
+  o.max_context = o.min_context + 300;
+  o.context_interval = 150;
+  o.depth_interval = 0.25;
+  o.samples = 3;
+  const auto tok = data::load_tokenizer(o.tokenizer);
+  const eval::PromptBuilder b(*tok, o.task);
+  const std::vector<uint32_t> hay = tok->encode(haystack_text(test_seed(), 400));
+  const std::vector<uint32_t> noise = b.noise_haystack(o.max_context);
+  ASSERT_GE(static_cast<int64_t>(hay.size()), o.max_context);
+  const int64_t bound = eval::longest_prompt_tokens(o, *tok);
+  int64_t longest = 0;
+  for (Task t : o.tasks)
+    for (int64_t L : eval::context_lengths(o))
+      for (size_t d = 0; d < (t == Task::Needle ? eval::needle_depths(o).size() : 1); ++d)
+        for (const eval::Prompt& p : eval::cell_prompts(o, b, hay, noise, t, L, d))
+          longest = std::max(longest, static_cast<int64_t>(p.tokens.size()));
+  std::printf("longest prompt %lld, planned %lld (distractors %d, digits %d)\n", static_cast<long long>(longest),
+              static_cast<long long>(bound), o.task.distractors, o.task.digits);
+  EXPECT_GE(bound, longest);
+  EXPECT_LE(bound, longest + 64);  // (the draws vary the fixed part by a few tens of tokens)
+}
+
 // A grid of fresh random scores (one cell without data) drawn, written and read back: every
 // cell's pixels are its heat colour, the colour gives the score back (to 1/255 of the scale's
 // steps), rows are the depths from 0 at the top, columns the lengths from the shortest.
