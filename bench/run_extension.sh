@@ -41,7 +41,12 @@
 # SAMPLES (per eval cell), DEPTH (needle depth interval), GRID_STEP (needle grid step, default
 # S0), EVAL_STEP (ppl length step), DEVICE (the evaluations'), TRAIN_SET (more --set flags for
 # every easyctx_train call, e.g. "--set train.batch_size=8"), TASKS,
-# MIX, PROMPT_MIN, PPL_MIX, PPL_DOCS, PROBE_SAMPLES, DIGITS, HELDOUT_VERSES (defaults per scale below).
+# MIX, PROMPT_MIN, PPL_MIX, PPL_DOCS, PROBE_SAMPLES, DIGITS, HELDOUT_VERSES (defaults per scale below),
+# BASE_RUNGS: the base's length curriculum, "LENGTH:BATCH:MIX ..." (each rung trains the base
+# stage at that length, batch and document mix from the previous rung's checkpoint, in chunks
+# until its probe at that length passes, at most BASE_MAX_STEPS; the last rung's length must be
+# the base stage's; empty: one rung, the base stage itself with MIX). The CPU experiments of
+# docs/results.md found a base learns retrieval by content only this way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scale=${1:-h200}
@@ -63,10 +68,15 @@ case "$scale" in
     recipe=configs/recipes/extension-h200
     stages=(s0-base-2k s1-8k s2-32k)
     device=${DEVICE:-cuda}
-    : "${BASE_CHUNK:=300}" "${BASE_MAX_STEPS:=1500}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=4}" "${DEPTH:=0.25}"
+    # The base: a curriculum of whole-window prompts, pass keys at 128 then needles and pass
+    # keys up to 2K (docs/results.md, "Toward a base that retrieves"); the stages: the same
+    # whole-window needle + pass-key documents at 8K and 32K. (Session 21's one-rung base on
+    # needle=1,passkey=1,kv=2,repeat=1,text=1 at 2K never retrieved.)
+    : "${BASE_RUNGS=128:256:passkey=1 256:128:needle=2,passkey=1 512:64:needle=2,passkey=1 1024:32:needle=2,passkey=1 2048:16:needle=2,passkey=1}"
+    : "${BASE_CHUNK:=100}" "${BASE_MAX_STEPS:=400}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=4}" "${DEPTH:=0.25}"
     : "${EVAL_STEP:=2048}" "${PPL_DOCS:=4}" "${PROBE_SAMPLES:=4}" "${TASKS:=needle,passkey}"
-    : "${MIX:=needle=1,passkey=1,kv=1,text=1}" "${PROMPT_MIN:=0.125}" "${PPL_MIX:=text=1}"
-    : "${PROBE_TIMES:=1}"
+    : "${MIX:=needle=2,passkey=1}" "${PROMPT_MIN:=1}" "${PPL_MIX:=text=1}"
+    : "${PROBE_TIMES:=2}"
     ;;
   *) echo "run_extension.sh: unknown scale '$scale' (cpu or h200)" >&2; exit 2 ;;
 esac
@@ -133,8 +143,9 @@ hay=$out/tok/train.txt
 data() {
   local i=0 s S n
   for s in "${stages[@]}"; do
+    if [ $i -eq 0 ]; then i=1; continue; fi  # the base's documents: per rung, in base()
     S=$(seq_of "$s")
-    if [ $i -eq 0 ]; then n=$((BASE_MAX_STEPS * $(batch_of "$s"))); else n=$((${STEPS:-$(steps_of "$s")} * $(batch_of "$s"))); fi
+    n=$((${STEPS:-$(steps_of "$s")} * $(batch_of "$s")))
     [ $n -gt 40000 ] && n=40000  # the sampler goes round again: a few epochs at most
     "$B/h5synth" -t "$tok" -o "$out/data/$s" --haystack-dir "$hay" --length "$S" --documents "$n" \
       --mix "$MIX" --prompt-min "$PROMPT_MIN" --digits "$DIGITS" --seed $((SEED * 100 + i))
@@ -154,9 +165,9 @@ phase data data
 declare -A ovh
 for t in needle passkey multikey multivalue vt; do
   ovh[$t]=$(awk -F'[:,]' -v t="\"$t\"" '/"eval_overhead"/ { on = 1 } on && index($0, t) { print $2 + 0; exit }' \
-    "$out/data/${stages[0]}/h5synth.json")
+    "$out/data/${stages[1]}/h5synth.json")
   [ -n "${ovh[$t]}" ] && [ "${ovh[$t]}" -gt 0 ] ||
-    { echo "run_extension.sh: no eval_overhead for $t in $out/data/${stages[0]}/h5synth.json" >&2; exit 1; }
+    { echo "run_extension.sh: no eval_overhead for $t in $out/data/${stages[1]}/h5synth.json" >&2; exit 1; }
 done
 
 # needle_eval MODEL OUTDIR SEED SMIN SMAX STEP SAMPLES [flags...]: every task of TASKS at prompt
@@ -186,28 +197,50 @@ mean_score() {
   awk -F, 'FNR > 1 { s += $3; n++ } END { printf "%.4f\n", n ? s / n : 0 }' $(ls "$1"/needle.csv "$1"/synthetic.csv 2>/dev/null)
 }
 
-# 3. The base: chunks until the probe retrieves at the base length.
+# 3. The base: rung by rung (BASE_RUNGS), each in chunks until its probe retrieves at its length.
+read -r -a rungs <<< "${BASE_RUNGS:-}"
+[ ${#rungs[@]} -gt 0 ] || rungs=("$S0:$(batch_of "${stages[0]}"):$MIX")
+[ "${rungs[${#rungs[@]} - 1]%%:*}" = "$S0" ] ||
+  { echo "run_extension.sh: BASE_RUNGS must end at the base stage's length $S0: ${rungs[*]}" >&2; exit 2; }
 base() {
-  local s=${stages[0]} steps=0 acc=0 resume=none passed=0
-  rm -rf "$out/runs/$s" "$out/runs/$s.log"
+  local s=${stages[0]} r L b mix ptasks dir init=random i=0 steps acc resume passed total=0
+  rm -rf "$out/runs/$s" "$out/runs/$s".* "$out/data/$s" "$out/data/$s".*
   mkdir -p "$out/runs"
-  while :; do
-    steps=$((steps + BASE_CHUNK))
-    [ $steps -gt "$BASE_MAX_STEPS" ] && steps=$BASE_MAX_STEPS
-    train "$s" --set train.steps=$steps --resume $resume > "$out/runs/$s.train.log" 2>&1 ||
-      { tail -5 "$out/runs/$s.train.log"; return 1; }
-    cat "$out/runs/$s.train.log" >> "$out/runs/$s.log"
-    resume=auto
-    needle_eval "$out/runs/$s" "$out/runs/$s.probe" $((SEED * 100 + 77)) "$S0" "$S0" 1 "$PROBE_SAMPLES" \
-      > "$out/runs/$s.probe.log" 2>&1 || { tail -5 "$out/runs/$s.probe.log"; return 1; }
-    acc=$(mean_score "$out/runs/$s.probe")
-    say "base: step $steps, probe accuracy $acc at $S0 tokens (loss $(grep -o '"loss":[0-9.]*' \
-      "$out/runs/$s/metrics.jsonl" | tail -20 | awk -F: '{ s += $2 } END { printf "%.3f", s / NR }'))"
-    if awk -v a="$acc" -v t="$PROBE_TARGET" 'BEGIN { exit !(a >= t) }'; then passed=$((passed + 1)); else passed=0; fi
-    [ $passed -ge "$PROBE_TIMES" ] && break  # past the jump, not on its way up
-    [ $steps -ge "$BASE_MAX_STEPS" ] && { say "base: the probe stayed below $PROBE_TARGET at $BASE_MAX_STEPS steps"; break; }
+  : > "$out/runs/$s.log"
+  for r in "${rungs[@]}"; do
+    IFS=: read -r L b mix <<< "$r"
+    i=$((i + 1))
+    # The last rung is the base stage's run (the later stages start from it); the others beside it.
+    if [ $i -eq ${#rungs[@]} ]; then dir=$s; else dir=$s.rung-$L; fi
+    local n=$((BASE_MAX_STEPS * b))
+    [ $n -gt 40000 ] && n=40000  # the sampler goes round again: a few epochs at most
+    "$B/h5synth" -t "$tok" -o "$out/data/$dir" --haystack-dir "$hay" --length "$L" --documents "$n" \
+      --mix "$mix" --prompt-min "$PROMPT_MIN" --digits "$DIGITS" --seed $((SEED * 100 + 50 + i)) > /dev/null
+    # The probe asks the rung's own retrieval tasks (a pass-key rung is not probed on needles).
+    ptasks=$(tr ',' '\n' <<< "$mix" | cut -d= -f1 | grep -xE 'needle|passkey|multikey|multivalue|vt' | paste -sd, -)
+    [ -n "$ptasks" ] || ptasks=$TASKS
+    steps=0 resume=none passed=0
+    while :; do
+      steps=$((steps + BASE_CHUNK))
+      [ $steps -gt "$BASE_MAX_STEPS" ] && steps=$BASE_MAX_STEPS
+      train "$s" --set data.path="$out/data/$dir" --set output.dir="$out/runs/$dir" --set data.seq_length="$L" \
+        --set train.batch_size="$b" --set model.init="$init" --set train.steps=$steps --resume $resume \
+        > "$out/runs/$dir.train.log" 2>&1 || { tail -5 "$out/runs/$dir.train.log"; return 1; }
+      cat "$out/runs/$dir.train.log" >> "$out/runs/$s.log"
+      resume=auto
+      TASKS=$ptasks needle_eval "$out/runs/$dir" "$out/runs/$dir.probe" $((SEED * 100 + 77)) "$L" "$L" 1 \
+        "$PROBE_SAMPLES" > "$out/runs/$dir.probe.log" 2>&1 || { tail -5 "$out/runs/$dir.probe.log"; return 1; }
+      acc=$(mean_score "$out/runs/$dir.probe")
+      say "base: ${L} tokens ($mix), step $steps, probe accuracy $acc ($ptasks) (loss $(grep -o '"loss":[0-9.]*' \
+        "$out/runs/$dir/metrics.jsonl" | tail -20 | awk -F: '{ s += $2 } END { printf "%.3f", s / NR }'))"
+      if awk -v a="$acc" -v t="$PROBE_TARGET" 'BEGIN { exit !(a >= t) }'; then passed=$((passed + 1)); else passed=0; fi
+      [ $passed -ge "$PROBE_TIMES" ] && break  # past the jump, not on its way up
+      [ $steps -ge "$BASE_MAX_STEPS" ] && { say "base: the probe stayed below $PROBE_TARGET at $L tokens after $BASE_MAX_STEPS steps"; break; }
+    done
+    total=$((total + steps))
+    init=ckpt:$out/runs/$dir/checkpoints
   done
-  base_steps=$steps
+  base_steps=$total
 }
 phase "base (${stages[0]})" base
 
