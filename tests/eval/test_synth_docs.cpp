@@ -19,7 +19,7 @@ TEST(SynthDocs, EveryDocumentIsOneWindowEndingInItsPrompt) {
   const auto tok = data::load_tokenizer(demo_tokenizer());
   eval::Rng rng(seed);
   eval::SynthOptions o;
-  o.length = 256 + static_cast<int64_t>(rng.below(512));
+  o.length = 384 + static_cast<int64_t>(rng.below(384));  // (vt prompts need up to ~280 tokens)
   o.seed = seed;
   o.task.digits = 3 + static_cast<int>(rng.below(5));
   o.mix = eval::parse_mix("text=1,needle=1,passkey=1,kv=1,repeat=1,vt=0.5");
