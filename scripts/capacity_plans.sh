@@ -41,7 +41,8 @@ plan() {
   gpu=$(grep -o '"device_total_bytes":[0-9]*' <<<"$out" | head -n 1 | cut -d: -f2)
   host=$(grep -o '"per_node_peak_bytes":[0-9]*' <<<"$out" | head -n 1 | cut -d: -f2)
   [ -n "$gpu" ] || { echo "capacity_plans.sh: no plan for $1 on $2 GPUs at $3 tokens: $out" >&2; exit 1; }
-  printf '%s %.1f %.0f\n' "$([ "$rc" = 0 ] && echo fits || echo no)" "$(bc -l <<<"$gpu / 2^30")" "$(bc -l <<<"$host / 2^30")"
+  awk -v f="$([ "$rc" = 0 ] && echo fits || echo no)" -v g="$gpu" -v h="$host" \
+    'BEGIN { printf "%s %.1f %.0f\n", f, g / 2^30, h / 2^30 }'
 }
 
 echo "| model | GPUs | knobs | longest that fits | GPU GiB (plan) | host GiB per node |"
