@@ -13,6 +13,7 @@
 #include <random>
 
 #include "model/llama.h"
+#include "model_run_util.h"
 #include "test_util.h"
 
 namespace easyctx::test {
@@ -35,55 +36,6 @@ model::LlamaConfig config(int64_t layers, int64_t head_dim) {
   c.vocab_size = 31;
   c.rope_theta = 1000.0;
   return c;
-}
-
-struct Outcome {
-  double sum_nll = 0, eval_nll = 0;
-  std::vector<std::vector<float>> grads;
-  int64_t workspace_bytes = 0;
-};
-
-Outcome run_model(const model::LlamaConfig& cfg, model::ModelOptions mo, uint64_t seed) {
-  auto be = ops::make_cpu_backend();
-  model::LlamaModel m(cfg, *be, DType::F32, mo);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> nd(0.0, 0.3);
-  std::vector<Buffer> pb, gb;
-  std::vector<Tensor> p, g;
-  for (const auto& u : m.layout().units()) {
-    pb.push_back(be->alloc(DType::F32, u.numel));
-    gb.push_back(be->alloc(DType::F32, u.numel));
-    for (const auto& t : u.tensors)
-      for (int64_t i = 0; i < t.numel; ++i)
-        pb.back().flat().ptr<float>()[t.offset + i] = static_cast<float>((t.is_norm ? 1.0 : 0.0) + nd(rng));
-    p.push_back(pb.back().flat());
-    g.push_back(gb.back().flat());
-  }
-  const int64_t B = 2, S = 11, n = B * S;
-  std::vector<int32_t> tok(n), pos(n), lab(n);
-  const model::Batch b{Tensor(tok.data(), DType::I32, {n}), Tensor(pos.data(), DType::I32, {n}),
-                       Tensor(lab.data(), DType::I32, {n}), B, S};
-  Outcome r;
-  for (int call = 0; call < 2; ++call) {
-    for (int64_t i = 0; i < n; ++i) {
-      tok[i] = static_cast<int32_t>(rng() % cfg.vocab_size);
-      lab[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(rng() % cfg.vocab_size);
-      pos[i] = static_cast<int32_t>(i % S + 3 * (i / S));
-    }
-    const int64_t before = be->memory_stats().live_bytes;
-    be->reset_peak_memory();
-    r.sum_nll += m.forward_backward(p, g, b, 0.1).sum_nll;
-    if (call == 0) r.workspace_bytes = be->memory_stats().live_bytes - before;
-  }
-  r.eval_nll = m.forward_loss(p, b).sum_nll;
-  for (const Buffer& x : gb) r.grads.emplace_back(x.flat().ptr<float>(), x.flat().ptr<float>() + x.numel());
-  return r;
-}
-
-int64_t spec_bytes(const std::vector<model::BufferSpec>& specs) {
-  int64_t s = 0;
-  for (const model::BufferSpec& b : specs) s += b.numel * static_cast<int64_t>(ops::element_size(b.dtype));
-  return s;
 }
 
 int64_t spec_numel(const std::vector<model::BufferSpec>& specs, const std::string& name) {
