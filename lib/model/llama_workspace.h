@@ -1,6 +1,6 @@
 // The model's private pieces shared by llama.cpp (training forward/backward, the workspaces'
-// lifetime) and llama_score.cpp (forward-only evaluation). Not an interface: include it only
-// from lib/model.
+// lifetime), llama_head_groups.cpp (the attention block in head groups) and llama_score.cpp
+// (forward-only evaluation). Not an interface: include it only from lib/model.
 #pragma once
 #include <cstdint>
 
@@ -23,6 +23,74 @@ struct LlamaModel::ScoreWorkspace {
   ops::Buffer rstd;         // [n] stat dtype (the norms', unused)
   ops::Buffer g, u, m;      // [mlp rows, I]
   ops::Buffer down;         // [mlp rows, D]  the MLP output of one tile, before the residual add
+};
+
+// One layer's activations, all [n, ...] with n = batch * seq tokens. With head groups G > 1,
+// q, k, v, o and lse hold one head group ([n, Hq/G hd], ..., [B, Hq/G, S]), or, with
+// checkpoint none, every group one after the other (group-major: [G][n][Hq/G hd], ...).
+struct LlamaModel::LayerActs {
+  ops::Buffer h1;     // [n, D]  input RMSNorm output
+  ops::Buffer rstd1;  // [n]     stat dtype
+  ops::Buffer q;      // [n, Hq*hd] after RoPE
+  ops::Buffer k;      // [n, Hkv*hd] after RoPE
+  ops::Buffer v;      // [n, Hkv*hd]
+  ops::Buffer o;      // [n, Hq*hd] attention output
+  ops::Buffer lse;    // [B, Hq, S] stat dtype
+  ops::Buffer x_mid;  // [n, D]  residual after attention
+  ops::Buffer h2;     // [n, D]  post-attention RMSNorm output
+  ops::Buffer rstd2;  // [n]
+  ops::Buffer g, u;   // [mlp rows, I]  gate and up projections (one MLP tile, or all n rows)
+  ops::Buffer m;      // [mlp rows, I]  silu(g) * u
+};
+
+// Where checkpoint l lives when the first K of them go to host memory: checkpoints 0..K+1
+// share a ring of two device slots (l % 2; 0..K-1 leave for the host while the next layer
+// computes and come back one layer ahead of the backward), K+2.. have slots of their own
+// (slot l - K). K = 0 is "nothing offloaded": slot l for every l.
+struct OffloadRing {
+  int64_t K = 0;
+  size_t slot(int64_t l) const { return static_cast<size_t>(l <= K + 1 ? l % 2 : l - K); }
+  bool offloaded(int64_t l) const { return l < K; }
+  // Device slots for checkpoints 0..last.
+  size_t slots(int64_t last) const { return static_cast<size_t>(last <= K + 1 ? std::min<int64_t>(2, last + 1) : last + 1 - K); }
+};
+
+// Layer inputs that leave the device: offload_layers, at most L - 1 (the last layer's input,
+// which the backward starts with, never travels).
+inline int64_t offloaded_inputs(const ModelOptions& o, int64_t L) {
+  const int64_t all = std::max<int64_t>(0, L - 1);
+  return (o.offload_layers <= 0 || o.offload_layers > all) ? all : o.offload_layers;
+}
+
+struct LlamaModel::Workspace {
+  int64_t batch = 0, seq = 0;
+  bool backward = false;
+  bool offload = false;         // backward with offload_checkpoints
+  OffloadRing ring, saved_ring; // layer inputs; attention outputs (one fewer leaves)
+  std::vector<ops::Buffer> resid;    // [n, D] each: backward keeps L+1 (input of layer l, then the
+                                // last hidden) in ring.slots(L); forward-only ping-pongs 2
+  // The residual stream after l layers (l = 0: the embeddings).
+  ops::Tensor stream(int64_t l, int64_t n, int64_t d) const {
+    return resid[backward ? ring.slot(l) : static_cast<size_t>(l % 2)].view({n, d});
+  }
+  std::vector<LayerActs> acts;  // L (no checkpoint, backward) or 1 (recomputed / forward only)
+  std::vector<ops::Buffer> saved_o;    // [n, Hq*hd]: attention outputs (checkpoint attention_output),
+  std::vector<ops::Buffer> saved_lse;  // [B, Hq, S]: saved_ring.slots(L - 1) of them
+  size_t saved_slot(int64_t l) const { return saved_ring.slot(l); }
+  // Offload: the checkpoints that leave the device, in pinned host memory. The backward starts
+  // with what the rings still hold after the forward (at least the inputs of layer L-1 and of
+  // the head, the attention outputs of layers L-2 and L-1), so those never travel.
+  std::vector<ops::Buffer> host_resid;           // ring.K x [n, D]: inputs of layers 0..K-1
+  std::vector<ops::Buffer> host_o, host_lse;     // saved_ring.K x (saved_o, saved_lse)
+  ops::CopyFence resid_out[2], saved_out[2];  // per ring slot: its last copy out (forward)
+  ops::CopyFence fetched[2];                  // per ring slot: its last copy in (backward)
+  ops::Buffer hf, rstd_f;            // [n, max(D, Hq*hd)], [n]: final norm (hf: then dattn in backward)
+  ops::Buffer dx, dh;                // [n, D]: residual gradient, projection input gradient
+  ops::Buffer dm, dg, du;            // [mlp rows, I] (one MLP tile)
+  ops::Buffer dq, dk, dv;            // [n, Hq*hd], [n, Hkv*hd] x2 (head groups G > 1: one group's)
+  // (the gradient of the attention output, [n, Hq*hd] or one group's, lives in hf: see visit_workspace)
+  ops::Buffer wo, dwo;               // G > 1: one group's columns of W_O [D, Hq/G hd] (parameter
+                                // dtype) and of its gradient (gradient dtype, backward only)
 };
 
 }  // namespace easyctx::model

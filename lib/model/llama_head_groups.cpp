@@ -1,0 +1,135 @@
+// The layer's attention block tiled over head groups (ModelOptions::head_groups,
+// activation.attention_head_groups), forward and backward; the rest of the layer is in llama.cpp.
+#include <cmath>
+
+#include "core/checked.h"
+#include "core/error.h"
+#include "model/llama.h"
+#include "model/llama_workspace.h"
+
+namespace easyctx::model {
+
+using ops::Buffer;
+using ops::Tensor;
+
+namespace {
+// Group g's part of a group-major buffer that holds either every group (G x per elements) or
+// one (per elements: the same memory serves each group in turn).
+Tensor group_part(const Buffer& b, int64_t g, int64_t groups, int64_t per) {
+  EASYCTX_CHECK(b.numel() == per || b.numel() == groups * per, "LlamaModel: head-group buffer of ", b.numel(),
+                " elements, expected ", per, " or ", groups * per);
+  return b.flat().slice_flat(b.numel() == per ? 0 : g * per, {per});
+}
+Tensor group_part(const Tensor& t, int64_t g, int64_t per) { return t.reshape({t.numel()}).slice_flat(g * per, {per}); }
+}  // namespace
+
+// The attention block in G head groups: group g's query heads [g Hq/G, (g+1) Hq/G) read only
+// its key/value heads [g Hkv/G, (g+1) Hkv/G) (query head h uses kv head h / (Hq/Hkv)), so each
+// group is a self-contained attention over rows of W_Q, W_K, W_V (contiguous) and the matching
+// columns of W_O (packed into ws.wo: one copy_2d). The output projection accumulates the
+// groups' partial sums into x_mid in group order (beta = 1 after the first): on the CPU GEMM,
+// which adds its kKC = 256 deep blocks into C in order, that is the untiled sum bit for bit
+// whenever Hq/G x hd is a multiple of 256 (else within rounding).
+// attention_done (attention_output's recompute): o comes from saved_o and q, k, v are not
+// recomputed (the backward recomputes each group's). saved_o non-empty in the training
+// forward: each group's o and LSE are copied to their place in the checkpoint slot.
+void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, const Batch& b, LayerActs& a,
+                                           Workspace& ws, const Tensor& x_mid, bool attention_done,
+                                           const Tensor& saved_o, const Tensor& saved_lse) {
+  const size_t ui = layout_.layer_unit(0);
+  auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, hd = cfg_.head_dim, G = opts_.head_groups;
+  const int64_t hq = cfg_.num_heads / G, hkv = cfg_.num_kv_heads / G, qd = hq * hd, kvd = hkv * hd;
+  const int64_t lse_n = b.batch * hq * b.seq;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const Tensor wo = ws.wo.view({d, qd}), Wo = W(kO).reshape({d * G * qd});
+  for (int64_t g = 0; g < G; ++g) {
+    Tensor o = group_part(a.o, g, G, n * qd);
+    if (attention_done) {
+      o = group_part(saved_o, g, n * qd);
+    } else {
+      const Tensor q = group_part(a.q, g, G, n * qd).reshape({n, qd});
+      const Tensor k = group_part(a.k, g, G, n * kvd).reshape({n, kvd});
+      const Tensor v = group_part(a.v, g, G, n * kvd).reshape({n, kvd});
+      const Tensor lse = group_part(a.lse, g, G, lse_n);
+      be_.matmul(h1, false, W(kQ).slice_flat(g * qd * d, {qd, d}), true, q);
+      be_.matmul(h1, false, W(kK).slice_flat(g * kvd * d, {kvd, d}), true, k);
+      be_.matmul(h1, false, W(kV).slice_flat(g * kvd * d, {kvd, d}), true, v);
+      be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
+      be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
+      group_attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
+                            v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
+                            lse.reshape({b.batch, hq, b.seq}), scale});
+      if (!saved_o.empty()) {
+        be_.copy(group_part(saved_o, g, n * qd), o);
+        be_.copy(group_part(saved_lse, g, lse_n), lse);
+      }
+    }
+    be_.copy_2d(wo, qd, Wo.slice_flat(g * qd, {Wo.numel() - g * qd}), G * qd, d, qd);
+    be_.matmul(o.reshape({n, qd}), false, wo, true, x_mid, 1.0, g == 0 ? 0.0 : 1.0);
+  }
+}
+
+// The backward of attention_forward_grouped, group by group: dx holds the gradient of x_mid;
+// dh receives the gradient of the input norm's output (sum over groups of dq_g W_Q,g + dk_g
+// W_K,g + dv_g W_V,g: the untiled path adds all of dq's contribution first, so on the CPU this
+// sum is within rounding of it, not bit for bit); each weight gradient's slice is the untiled
+// one's bit for bit (its own rows, or columns of W_O through ws.dwo). Each group's q, k, v are
+// recomputed unless the layer kept every group's (checkpoint none); its o and LSE come from
+// saved_o/saved_lse (attention_output), the kept activations (none), or a recomputed
+// attention forward (layer: the price of never holding every head's o).
+void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, const Batch& b, LayerActs& a,
+                                            Workspace& ws, const Tensor& dx, const Tensor& saved_o,
+                                            const Tensor& saved_lse) {
+  const size_t ui = layout_.layer_unit(0);
+  auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
+  auto Gr = [&](LayerTensor t) { return tensor_view(gw, ui, t); };
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, hd = cfg_.head_dim, G = opts_.head_groups;
+  const int64_t hq = cfg_.num_heads / G, hkv = cfg_.num_kv_heads / G, qd = hq * hd, kvd = hkv * hd;
+  const int64_t lse_n = b.batch * hq * b.seq;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const bool kept = a.q.numel() == G * n * qd;  // checkpoint none: every group's activations
+  const Tensor wo = ws.wo.view({d, qd}), dwo = ws.dwo.view({d, qd});
+  const Tensor Wo = W(kO).reshape({d * G * qd}), dWo = Gr(kO).reshape({d * G * qd});
+  const Tensor dattn = ws.hf.view({n, qd}), dq = ws.dq.view({n, qd}), dk = ws.dk.view({n, kvd});
+  const Tensor dv = ws.dv.view({n, kvd}), dh = ws.dh.view({n, d}), h1 = a.h1.view({n, d});
+  for (int64_t g = 0; g < G; ++g) {
+    const Tensor q = group_part(a.q, g, G, n * qd).reshape({n, qd});
+    const Tensor k = group_part(a.k, g, G, n * kvd).reshape({n, kvd});
+    const Tensor v = group_part(a.v, g, G, n * kvd).reshape({n, kvd});
+    const bool restored = !saved_o.empty();
+    const Tensor o = (restored ? group_part(saved_o, g, n * qd) : group_part(a.o, g, G, n * qd)).reshape({n, qd});
+    const Tensor lse = restored ? group_part(saved_lse, g, lse_n) : group_part(a.lse, g, G, lse_n);
+    const Tensor wq = W(kQ).slice_flat(g * qd * d, {qd, d}), wk = W(kK).slice_flat(g * kvd * d, {kvd, d});
+    const Tensor wv = W(kV).slice_flat(g * kvd * d, {kvd, d});
+    const attention::AttentionTensors t{q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
+                                        v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
+                                        lse.reshape({b.batch, hq, b.seq}), scale};
+    if (!kept) {
+      be_.matmul(h1, false, wq, true, q);
+      be_.matmul(h1, false, wk, true, k);
+      be_.matmul(h1, false, wv, true, v);
+      be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
+      be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
+      if (!restored) group_attn_->forward(t);
+    }
+    be_.copy_2d(wo, qd, Wo.slice_flat(g * qd, {Wo.numel() - g * qd}), G * qd, d, qd);
+    be_.matmul(dx, false, wo, false, dattn);
+    const Tensor dwo_part = dWo.slice_flat(g * qd, {dWo.numel() - g * qd});
+    be_.copy_2d(dwo, qd, dwo_part, G * qd, d, qd);
+    be_.matmul(dx, true, o, false, dwo, 1.0, 1.0);
+    be_.copy_2d(dwo_part, G * qd, dwo, qd, d, qd);
+    group_attn_->backward(t, {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
+                              dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
+    be_.rope(dq.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), true);
+    be_.rope(dk.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), true);
+    be_.matmul(dq, false, wq, false, dh, 1.0, g == 0 ? 0.0 : 1.0);
+    be_.matmul(dk, false, wk, false, dh, 1.0, 1.0);
+    be_.matmul(dv, false, wv, false, dh, 1.0, 1.0);
+    be_.matmul(dq, true, h1, false, Gr(kQ).slice_flat(g * qd * d, {qd, d}), 1.0, 1.0);
+    be_.matmul(dk, true, h1, false, Gr(kK).slice_flat(g * kvd * d, {kvd, d}), 1.0, 1.0);
+    be_.matmul(dv, true, h1, false, Gr(kV).slice_flat(g * kvd * d, {kvd, d}), 1.0, 1.0);
+  }
+}
+
+}  // namespace easyctx::model
