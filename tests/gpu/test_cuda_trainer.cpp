@@ -190,11 +190,16 @@ INSTANTIATE_TEST_SUITE_P(All, CudaModel,
                                             ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
                                                               CheckpointPolicy::AttentionOutput)));
 
-// activation.mlp_tile on CUDA (tiles of 37 rows over 2 x 96 tokens, the last one short)
-// against the untiled fp32 CPU model.
-TEST(CudaModelTiled, MlpTilesMatchCpuFp32) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  TempDir dir("cuda-model-tiled");
+// The bf16 CUDA model in each (checkpoint policy, MLP tile, head groups) variant against the
+// untiled fp32 CPU model (policy layer) on random weights of the head_dim-64 test model and a
+// 2 x 96-token batch; `label` names the variant in the failure messages.
+struct GpuVariant {
+  CheckpointPolicy policy;
+  int64_t mlp_tile = 0, head_groups = 1;
+};
+void expect_gpu_variants_match_cpu_fp32(const std::string& name, const std::string& label,
+                                        const std::vector<GpuVariant>& variants) {
+  TempDir dir(name);
   const model::LlamaConfig cfg = model::load_llama_config(write_hd64_config(dir / "m.yaml", false, 301));
   const model::ParamLayout layout(cfg);
   std::mt19937_64 rng(test_seed());
@@ -203,10 +208,18 @@ TEST(CudaModelTiled, MlpTilesMatchCpuFp32) {
   auto cpu = ops::make_cpu_backend();
   auto gpu = ops::make_cuda_backend();
   const Result want = run_model(*cpu, cfg, DType::F32, CheckpointPolicy::Layer, w, hb);
-  for (CheckpointPolicy p : {CheckpointPolicy::Layer, CheckpointPolicy::AttentionOutput}) {
-    const Result got = run_model(*gpu, cfg, DType::BF16, p, w, hb, 37);
-    compare(layout, got, want, 1e-2, 3e-2, std::string("mlp_tile 37 ") + to_string(p));
+  for (const GpuVariant& v : variants) {
+    const Result got = run_model(*gpu, cfg, DType::BF16, v.policy, w, hb, v.mlp_tile, v.head_groups);
+    compare(layout, got, want, 1e-2, 3e-2, label + " " + to_string(v.policy));
   }
+}
+
+// activation.mlp_tile on CUDA (tiles of 37 rows over 2 x 96 tokens, the last one short)
+// against the untiled fp32 CPU model.
+TEST(CudaModelTiled, MlpTilesMatchCpuFp32) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  expect_gpu_variants_match_cpu_fp32("cuda-model-tiled", "mlp_tile 37",
+                                     {{CheckpointPolicy::Layer, 37}, {CheckpointPolicy::AttentionOutput, 37}});
 }
 
 // activation.attention_head_groups on CUDA: the layer's attention block tiled over 2 head groups
@@ -214,19 +227,9 @@ TEST(CudaModelTiled, MlpTilesMatchCpuFp32) {
 // policy, MLP tiled too, against the untiled fp32 CPU model.
 TEST(CudaModelHeadGroups, TiledAttentionMatchesCpuFp32) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  TempDir dir("cuda-model-head-groups");
-  const model::LlamaConfig cfg = model::load_llama_config(write_hd64_config(dir / "m.yaml", false, 301));
-  const model::ParamLayout layout(cfg);
-  std::mt19937_64 rng(test_seed());
-  const auto w = random_weights(layout, rng, 0.08);
-  const HostBatch hb = random_batch(rng, 2, 96, cfg.vocab_size);
-  auto cpu = ops::make_cpu_backend();
-  auto gpu = ops::make_cuda_backend();
-  const Result want = run_model(*cpu, cfg, DType::F32, CheckpointPolicy::Layer, w, hb);
-  for (CheckpointPolicy p : {CheckpointPolicy::None, CheckpointPolicy::Layer, CheckpointPolicy::AttentionOutput}) {
-    const Result got = run_model(*gpu, cfg, DType::BF16, p, w, hb, p == CheckpointPolicy::None ? 0 : 37, 2);
-    compare(layout, got, want, 1e-2, 3e-2, std::string("head groups 2 ") + to_string(p));
-  }
+  expect_gpu_variants_match_cpu_fp32(
+      "cuda-model-head-groups", "head groups 2",
+      {{CheckpointPolicy::None, 0, 2}, {CheckpointPolicy::Layer, 37, 2}, {CheckpointPolicy::AttentionOutput, 37, 2}});
 }
 
 // The HF golden fixtures (float64 transformers): where the CUDA attention supports the
