@@ -8,7 +8,7 @@
 #   cpu   configs/recipes/extension-cpu/: a 0.3M-parameter model, 256 -> 1K tokens, a few
 #         minutes on 2 CPU cores (what the e2e test test_extension_cpu runs)
 #   h200  configs/recipes/extension-h200/: a 66M-parameter model, 2K -> 8K -> 32K, about
-#         10 minutes of one H200
+#         6 minutes of one H200 (341 s measured: docs/results.md)
 #
 # Phases (each prints its wall time): the tokenizer (scripts/make_demo_tokenizer.sh: 2000-piece
 # BPE on the KJV); the training documents (h5synth: KJV text, needles in KJV text, pass keys,
