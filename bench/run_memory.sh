@@ -14,6 +14,17 @@
 #                                      # too (parallel.zero.offload_params)
 #   bash bench/run_memory.sh 1m-slice  # 2 GPUs: a 4-layer slice of the 7B at 1M tokens, 4 head
 #                                      # groups, every checkpoint offloaded, atomic dQ
+#   LAYERS=1|2 bash bench/run_memory.sh 1.5m-slice
+#                                      # 1 GPU: a 1- or 2-layer slice of the 7B at 1,572,864 tokens
+#                                      # with the knobs of docs/memory-model.md's "Context per GPU"
+#                                      # (ZeRO-3 over one GPU, optimizer, parameters and gradients
+#                                      # in host memory, 8 head groups, checkpoints offloaded,
+#                                      # atomic dQ): the GPU bytes do not grow with layers, the host
+#                                      # bytes per layer are the 2-layer run's minus the 1-layer's;
+#                                      # its data (DATA, default .deps/long_data): one document of
+#                                      # 1.57M tokens, e.g. build/bin/h5synth -t TOKENIZER.model
+#                                      # -o .deps/long_data --haystack-dir .deps/haystack/kjv.txt
+#                                      # --length 1572880 --documents 1 --mix text=1
 # BIN: easyctx_train (default build-gpu/bin/easyctx_train, or $B/easyctx_train after
 # `source bench/prebuilt.sh env`); LAUNCH: the 2-GPU launcher (default mpirun -np 2 ...);
 # STEPS (default 1). The runs go through bench/run_train.sh (one JSON line each, with the
@@ -26,7 +37,7 @@ BIN=${BIN:-build-gpu/bin/easyctx_train}
 LAUNCH=${LAUNCH:-"mpirun --allow-run-as-root --oversubscribe -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS"}
 STEPS=${STEPS:-1}
 CFG=configs/bench/llama2-7b-1gpu.yaml
-s256=(--set activation.offload=cpu --set activation.offload_layers=8 --set target.host_memory_gib=128)
+s256=(--set activation.offload=cpu --set activation.offload_layers=8 --set target.host_memory_gib=128 --set train.deterministic=true)
 ring=(--set parallel.sequence.size=2 --set parallel.sequence.mode=zigzag_ring --set activation.attention_head_groups=4
       --set activation.offload=cpu --set train.deterministic=false)
 s512=("${ring[@]}" --set activation.offload_layers=12)
@@ -34,6 +45,12 @@ z512=(--set parallel.sequence.size=2 --set parallel.sequence.mode=zigzag_ring --
       --set train.deterministic=false --set parallel.zero.stage=3)
 p512=("${z512[@]}" --set parallel.zero.offload_params=true)
 slice=("${ring[@]}" --set model.config=configs/models/llama2-7b-4layers.yaml)
+LAYERS=${LAYERS:-2}
+[ "$LAYERS" = 1 ] && slice15=(--set model.config=configs/models/llama2-7b-1layer.yaml) ||
+  slice15=(--set model.config=configs/models/llama2-7b-${LAYERS}layers.yaml)
+slice15+=(--set parallel.zero.stage=3 --set parallel.zero.offload_params=true --set parallel.zero.offload_grads=true
+          --set activation.offload=cpu --set activation.attention_head_groups=8 --set train.deterministic=false
+          --set target.host_memory_gib=128 --set data.path=${DATA:-.deps/long_data})
 plan() {  # tokens, GPUs, host GiB, --sets...
   local seq=$1 gpus=$2 host=$3
   shift 3
@@ -51,11 +68,13 @@ case "$what" in
     plan 524288 2 251 "${p512[@]}"
     plan 1048576 2 251 "${slice[@]}"
     plan 1048576 2 2048 "${ring[@]}"  # the whole 7B: its host side needs a node with >= 410 GiB
+    plan 1572864 1 128 "${slice15[@]}"
     ;;
   256k) RUNS="7b:262144" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${s256[@]}" ;;
   512k) LAUNCH="$LAUNCH" RUNS="7b:524288" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${s512[@]}" ;;
   512k-zero3) LAUNCH="$LAUNCH" RUNS="7b:524288" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${z512[@]}" ;;
   512k-params) LAUNCH="$LAUNCH" RUNS="7b:524288" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${p512[@]}" ;;
+  1.5m-slice) RUNS="7b:1572864" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${slice15[@]}" ;;
   1m-slice) LAUNCH="$LAUNCH" RUNS="7b:1048576" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${slice[@]}" ;;
-  *) echo "usage: bash bench/run_memory.sh plans|256k|512k|512k-zero3|512k-params|1m-slice" >&2; exit 2 ;;
+  *) echo "usage: bash bench/run_memory.sh plans|256k|512k|512k-zero3|512k-params|1m-slice|1.5m-slice" >&2; exit 2 ;;
 esac
