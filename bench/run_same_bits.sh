@@ -3,7 +3,7 @@
 # bit): the demo model with head_dim 64 (configs/models/demo-hd64.yaml) on one GPU, several
 # layouts of the parameters and activations, each run by BIN_A and BIN_B from the same random
 # init on the same data; every step's loss and gradient norm must be equal to the last bit
-# (deterministic mode, the default). Also ZeRO-3 over one rank against stage 0 (the gather,
+# (`train.deterministic: true`, set below). Also ZeRO-3 over one rank against stage 0 (the gather,
 # reduce-scatter and fence path of lib/zero on NCCL, which must give stage 0's bits).
 #
 #   BIN_A=old/easyctx_train BIN_B=new/easyctx_train DATA=.deps/demo_data bash bench/run_same_bits.sh
@@ -30,7 +30,7 @@ run() {  # run BIN NAME ARGS...: prints the metrics path
   local dir=$work/$name
   "$bin" configs/demo.yaml --set model.config=demo-hd64 --set train.device="$DEVICE" --set data.path="$DATA" \
     --set train.steps="$STEPS" --set train.warmup_steps=2 --set output.dir="$dir" --set output.save_final=false --set output.export_hf=false \
-    --set activation.checkpoint=layer --resume none "$@" > "$dir.log" 2>&1 || { echo "FAIL $name: $(tail -n 3 "$dir.log")"; return 1; }
+    --set activation.checkpoint=layer --set train.deterministic=true --resume none "$@" > "$dir.log" 2>&1 || { echo "FAIL $name: $(tail -n 3 "$dir.log")"; return 1; }
   echo "$dir/metrics.jsonl"
 }
 compare() {  # compare LABEL A B

@@ -54,7 +54,7 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;
   DeviceKind device = DeviceKind::Auto;
-  bool deterministic = true;    // CUDA: bit-identical reruns (deterministic attention backward)
+  bool deterministic = false;   // CUDA: true = bit-identical reruns and resumes (slower attention backward)
   NonFinitePolicy on_nonfinite = NonFinitePolicy::Stop;  // a step whose loss or gradient norm is not finite
 };
 

@@ -88,6 +88,7 @@ inline StageConfig tiny_stage(const std::string& data, const std::string& out) {
   c.train.grad_accum = 1;
   c.train.warmup_steps = 0;
   c.train.device = DeviceKind::Cpu;
+  c.train.deterministic = true;  // the GPU tests compare runs and resumes bit for bit
   c.activation.checkpoint = CheckpointPolicy::Layer;
   c.output.dir = out;
   c.logging.metrics = false;
