@@ -319,6 +319,7 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
     LineChart c;
     c.title = m.title;
     c.x_label = "global step";
+    c.integer_x = true;
     c.y_label = m.unit;
     c.log_y = m.log;
     int64_t offset = 0;
@@ -339,8 +340,10 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
     }
     if (any) o << svg_line_chart(c) << "\n";
   }
-  // The memory plans.
-  o << "<h2>Memory plans</h2>\n";
+  // The memory plans (no heading when no stage has one).
+  bool plans = false;
+  for (const StageRun& s : stages) plans |= !s.plan.is_null();
+  if (plans) o << "<h2>Memory plans</h2>\n";
   for (const StageRun& s : stages) {
     if (s.plan.is_null()) continue;
     const Json& pl = s.plan;

@@ -26,17 +26,20 @@ std::string tick(double v) {
   return fmt("%.4g", v);
 }
 
-// About `n` round tick values spanning [lo, hi].
-std::vector<double> nice_ticks(double lo, double hi, int n) {
+// About `n` round tick values spanning [lo, hi]; `integer`: whole numbers only (steps).
+std::vector<double> nice_ticks(double lo, double hi, int n, bool integer = false) {
   std::vector<double> t;
   if (!(hi > lo)) return {lo};
   const double raw = (hi - lo) / n, mag = std::pow(10.0, std::floor(std::log10(raw)));
   double step = mag;
-  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0}) {
+    if (integer && m == 2.5 && mag < 10) continue;  // 2.5, 0.25: not whole
     if (m * mag >= raw) {
       step = m * mag;
       break;
     }
+  }
+  if (integer) step = std::max(step, 1.0);
   for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(v);
   return t;
 }
@@ -150,7 +153,7 @@ std::string svg_line_chart(const LineChart& c) {
   auto py = [&](double y) { return top + h - (yv(y) - y0) / (y1 - y0) * h; };
   o += "<rect x=\"" + fmt("%.1f", left) + "\" y=\"" + fmt("%.1f", top) + "\" width=\"" + fmt("%.1f", w) +
        "\" height=\"" + fmt("%.1f", h) + "\" class=\"frame\"/>";
-  for (double t : nice_ticks(x0, x1, 6))
+  for (double t : nice_ticks(x0, x1, 6, c.integer_x))
     o += "<text x=\"" + fmt("%.1f", px(t)) + "\" y=\"" + fmt("%.1f", top + h + 16) +
          "\" text-anchor=\"middle\" class=\"tick\">" + tick(t) + "</text>";
   // y ticks: (position on the axis, label); a log axis at its data values' logarithms.

@@ -25,6 +25,7 @@ struct LineChart {
   std::vector<Series> series;
   std::vector<Marker> markers;  // vertical lines
   bool log_y = false;
+  bool integer_x = false;  // x ticks at whole numbers only (steps)
   int width = 760, height = 300;
 };
 

@@ -143,6 +143,7 @@ TEST(Report, PageDataEqualsTheRunsFolders) {
   std::vector<report::StageRun> stages = {report::read_stage((root / "s1").string()),
                                           report::read_stage((root / "s2").string())};
   const std::string page = report::render_report(stages, "chain </script> & more");
+  EXPECT_EQ(page.find("Memory plans"), std::string::npos) << "a heading without plans";  // neither stage has one
   EXPECT_EQ(page.find("http"), page.find("http://www.w3.org/2000/svg")) << "nothing may be fetched";
   EXPECT_EQ(page.find("<script src"), std::string::npos);
   EXPECT_NE(page.find("chain &lt;/script&gt; &amp; more"), std::string::npos) << "the title is escaped";
@@ -304,6 +305,39 @@ TEST(Report, LogAxisTicksAtOneTwoFive) {
   for (int i = 0; i < 50; ++i) sr.x.push_back(i), sr.y.push_back(std::pow(10.0, -0.155 + 1.655 * i / 49.0));
   c.series.push_back(sr);
   EXPECT_EQ(y_tick_labels(report::svg_line_chart(c)), (std::vector<std::string>{"20", "10", "5", "2", "1"}));
+}
+
+// The step axis (integer_x) ticks at whole steps only: runs of 1 to 400 steps, starting
+// anywhere, never get 2.5 or 7.5; a real-valued axis keeps 2.5 steps where they are roundest.
+TEST(Report, StepAxisTicksAreWholeNumbers) {
+  const std::regex tick("text-anchor=\"middle\" class=\"tick\">([^<]*)</text>");
+  auto x_ticks = [&](const report::LineChart& c) {
+    const std::string svg = report::svg_line_chart(c);
+    std::vector<std::string> out;
+    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), tick); it != std::sregex_iterator(); ++it)
+      out.push_back((*it)[1]);
+    return out;
+  };
+  std::mt19937_64 rng(test::test_seed());
+  std::uniform_int_distribution<int> steps(1, 400), first(0, 50);
+  for (int i = 0; i < 200; ++i) {
+    report::LineChart c;
+    c.integer_x = true;
+    report::Series sr;
+    const int a = first(rng), n = steps(rng);
+    for (int x = a; x <= a + n; ++x) sr.x.push_back(x), sr.y.push_back(1.0 + x % 7);
+    c.series.push_back(sr);
+    const std::vector<std::string> t = x_ticks(c);
+    ASSERT_FALSE(t.empty()) << a << " + " << n;
+    for (const std::string& l : t) EXPECT_EQ(l.find('.'), std::string::npos) << l << " on steps " << a << ".." << a + n;
+  }
+  report::LineChart c;  // 0..15: 2.5 is the round step of a real axis
+  report::Series sr;
+  for (int x = 0; x <= 15; ++x) sr.x.push_back(x), sr.y.push_back(x);
+  c.series.push_back(sr);
+  EXPECT_EQ(x_ticks(c), (std::vector<std::string>{"0", "2.5", "5", "7.5", "10", "12.5", "15"}));
+  c.integer_x = true;
+  EXPECT_EQ(x_ticks(c), (std::vector<std::string>{"0", "5", "10", "15"}));
 }
 
 // Marker labels (stage boundaries, restarts) a few steps apart go to rows of their own or are
