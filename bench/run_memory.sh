@@ -15,11 +15,14 @@
 #   bash bench/run_memory.sh 1m-slice  # 2 GPUs: a 4-layer slice of the 7B at 1M tokens, 4 head
 #                                      # groups, every checkpoint offloaded, atomic dQ
 #   LAYERS=1|2 bash bench/run_memory.sh 1.5m-slice
+#   CHECKPOINT=attention_output LAYERS=1|2 bash bench/run_memory.sh 1.5m-slice
 #                                      # 1 GPU: a 1- or 2-layer slice of the 7B at 1,572,864 tokens
 #                                      # with the knobs of docs/memory-model.md's "Context per GPU"
 #                                      # (ZeRO-3 over one GPU, optimizer, parameters and gradients
 #                                      # in host memory, 8 head groups, checkpoints offloaded,
-#                                      # atomic dQ): the GPU bytes do not grow with layers, the host
+#                                      # atomic dQ; CHECKPOINT: layer, the default, or
+#                                      # attention_output: its outputs streamed per head group to
+#                                      # host memory): the GPU bytes do not grow with layers, the host
 #                                      # bytes per layer are the 2-layer run's minus the 1-layer's;
 #                                      # its data (DATA, default .deps/long_data): one document of
 #                                      # 1.57M tokens, e.g. build/bin/h5synth -t TOKENIZER.model
@@ -48,7 +51,7 @@ slice=("${ring[@]}" --set model.config=configs/models/llama2-7b-4layers.yaml)
 LAYERS=${LAYERS:-2}
 [ "$LAYERS" = 1 ] && slice15=(--set model.config=configs/models/llama2-7b-1layer.yaml) ||
   slice15=(--set model.config=configs/models/llama2-7b-${LAYERS}layers.yaml)
-slice15+=(--set parallel.zero.stage=3 --set parallel.zero.offload_params=true --set parallel.zero.offload_grads=true
+slice15+=(--set activation.checkpoint=${CHECKPOINT:-layer} --set parallel.zero.stage=3 --set parallel.zero.offload_params=true --set parallel.zero.offload_grads=true
           --set activation.offload=cpu --set activation.attention_head_groups=8 --set train.deterministic=false
           --set target.host_memory_gib=128 --set data.path=${DATA:-.deps/long_data})
 plan() {  # tokens, GPUs, host GiB, --sets...

@@ -17,7 +17,7 @@ HOST_GIB=${HOST_GIB:-2048}
 [ -x "$BIN/easyctx_train" ] || { echo "capacity_plans.sh: $BIN/easyctx_train not found (bash scripts/build.sh, or set BIN)" >&2; exit 2; }
 STAGE=configs/recipes/llama3-8b-1m/s5-1m.yaml  # (its model, init, data and sizes are overridden below)
 
-# The knob sets, each a superset of the one before.
+# The knob sets, each a superset of the one before (the last swaps the checkpoint policy).
 declare -a NAMES SETS
 NAMES+=("attention_output (recipe)")
 SETS+=("activation.checkpoint=attention_output parallel.zero.stage=3 parallel.zero.offload_optimizer=true")
@@ -27,6 +27,10 @@ NAMES+=("+ offload_params")
 SETS+=("${SETS[1]} parallel.zero.offload_params=true")
 NAMES+=("+ offload_grads")
 SETS+=("${SETS[2]} parallel.zero.offload_grads=true")
+# The same with attention_output instead of layer: each group's attention output streamed to
+# host memory (one attention forward per layer and step instead of three; more host memory).
+NAMES+=("the same with attention_output (streamed)")
+SETS+=("${SETS[3]} activation.checkpoint=attention_output")
 
 # plan MODEL GPUS TOKENS KNOBS -> prints "fits|no GPU_GIB HOST_GIB"
 plan() {

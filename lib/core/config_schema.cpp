@@ -384,7 +384,9 @@ const Registry& registry() {
                               "it back one layer ahead of the backward (on the CPU backend the same path copies "
                               "between host buffers). Saves (L - 1) x tokens x hidden x 2 bytes per GPU at bf16, "
                               "plus the attention outputs with attention_output; bit-identical results; needs "
-                              "checkpoint layer or attention_output (docs/memory-model.md).");
+                              "checkpoint layer or attention_output (docs/memory-model.md). With attention_output "
+                              "and attention_head_groups > 1 the attention outputs stream per head group: every "
+                              "layer's in host memory, two group-sized slots on the device.");
     r.add_int("activation.offload_layers", [](StageConfig& c) -> int64_t& { return c.activation.offload_layers; }, 0,
               kMaxI,
               "With activation.offload cpu: how many layer inputs go to host memory, from the first layer on (0: "

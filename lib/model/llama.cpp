@@ -132,21 +132,25 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
     put(idx("acts", i) + ".m", dt, mt * ff, a ? &a->m : nullptr);
   }
   if (for_backward && o.checkpoint == CheckpointPolicy::AttentionOutput) {
-    const size_t n_saved = saved_ring.slots(L - 1);
-    const size_t n_host = static_cast<size_t>(saved_ring.K);
+    // Streamed (offload with head groups): two group-sized device slots, every layer in host memory.
+    const bool streamed = offload && G > 1;
+    const size_t n_saved = streamed ? 2 : saved_ring.slots(L - 1);
+    const size_t n_host = streamed ? static_cast<size_t>(L) : static_cast<size_t>(saved_ring.K);
+    const int64_t per_dev = streamed ? G : 1;
     if (ws) {
+      ws->streamed = streamed;
       ws->saved_o.resize(n_saved);
       ws->saved_lse.resize(n_saved);
       ws->host_o.resize(n_host);
       ws->host_lse.resize(n_host);
     }
     for (size_t l = 0; l < n_saved; ++l) {
-      put(idx("saved_o", l), dt, n * qd, ws ? &ws->saved_o[l] : nullptr);
-      put(idx("saved_lse", l), st, batch * c.num_heads * seq, ws ? &ws->saved_lse[l] : nullptr);
+      put(idx("saved_o", l), dt, n * qd / per_dev, ws ? &ws->saved_o[l] : nullptr);
+      put(idx("saved_lse", l), st, lse_n / per_dev, ws ? &ws->saved_lse[l] : nullptr);
     }
     for (size_t l = 0; l < n_host; ++l) {
       put(idx("host.saved_o", l), dt, n * qd, ws ? &ws->host_o[l] : nullptr, true);
-      put(idx("host.saved_lse", l), st, batch * c.num_heads * seq, ws ? &ws->host_lse[l] : nullptr, true);
+      put(idx("host.saved_lse", l), st, lse_n, ws ? &ws->host_lse[l] : nullptr, true);
     }
   }
   // hf (final norm output) is dead once the head's backward has run: it doubles as dattn.
@@ -318,7 +322,7 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
 void LlamaModel::forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, bool keep) {
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, L = cfg_.num_layers;
   const size_t eu = layout_.embed_unit(), hu = layout_.head_unit();
-  for (ops::CopyFence* f : {ws.resid_out, ws.saved_out, ws.fetched}) f[0] = f[1] = {};  // the last call waited all
+  for (ops::CopyFence* f : {ws.resid_out, ws.saved_out, ws.fetched, ws.stream_fence}) f[0] = f[1] = {};  // the last call waited all
   be_.embedding_fwd(b.tokens, checked(src.acquire(eu), eu, dtype_, "parameter").reshape({cfg_.vocab_size, d}),
                     ws.stream(0, n, d));
   src.release(eu);
@@ -331,16 +335,17 @@ void LlamaModel::forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, 
                                              ws.resid[ws.ring.slot(l)].flat());
     }
     const bool save = !ws.saved_o.empty();
-    const size_t s = save ? ws.saved_slot(l) : 0;
-    if (save && ws.offload) be_.wait_copy(ws.saved_out[l % 2]);  // layer l-2's copy out of this slot
-    // Head groups: each group's o and LSE go to their part of the slot as they are computed.
+    const size_t s = save && !ws.streamed ? ws.saved_slot(l) : 0;
+    if (save && ws.offload && !ws.streamed) be_.wait_copy(ws.saved_out[l % 2]);  // layer l-2's copy out of this slot
+    // Head groups: each group's o and LSE go to their part of the slot as they are computed
+    // (streamed: to their part of the layer's host buffers, through the group slots).
     const bool grouped_save = save && opts_.head_groups > 1;
     const size_t ui = layout_.layer_unit(l);
     layer_forward(checked(src.acquire(ui), ui, dtype_, "parameter"), ws.stream(l, n, d), b, a, ws,
-                  ws.stream(l + 1, n, d), false, true, grouped_save ? ws.saved_o[s].flat() : Tensor(),
-                  grouped_save ? ws.saved_lse[s].flat() : Tensor());
+                  ws.stream(l + 1, n, d), false, true, grouped_save ? ws.saved_o_of(l) : Tensor(),
+                  grouped_save ? ws.saved_lse_of(l) : Tensor());
     src.release(ui);
-    if (save) {
+    if (save && !ws.streamed) {
       if (!grouped_save) {
         be_.copy(ws.saved_o[s].flat(), a.o.flat());
         be_.copy(ws.saved_lse[s].flat(), a.lse.flat());
@@ -421,7 +426,7 @@ ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, dou
       if (j >= 0 && ws.ring.offloaded(j)) {
         const size_t s = static_cast<size_t>(j % 2);
         ws.fetched[s] = be_.copy_async(ws.resid[s].flat(), ws.host_resid[static_cast<size_t>(j)].flat());
-        if (!ws.saved_o.empty() && ws.saved_ring.offloaded(j)) {
+        if (!ws.saved_o.empty() && !ws.streamed && ws.saved_ring.offloaded(j)) {
           be_.copy_async(ws.saved_o[s].flat(), ws.host_o[static_cast<size_t>(j)].flat());
           ws.fetched[s] = be_.copy_async(ws.saved_lse[s].flat(), ws.host_lse[static_cast<size_t>(j)].flat());
         }
@@ -433,8 +438,8 @@ ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, dou
     // Head groups with attention_output: each group's o and LSE are read in the slot.
     const bool restored = !keep && !ws.saved_o.empty();
     const bool in_slot = restored && opts_.head_groups > 1;
-    const Tensor so = in_slot ? ws.saved_o[ws.saved_slot(l)].flat() : Tensor();
-    const Tensor sl = in_slot ? ws.saved_lse[ws.saved_slot(l)].flat() : Tensor();
+    const Tensor so = in_slot ? ws.saved_o_of(l) : Tensor();
+    const Tensor sl = in_slot ? ws.saved_lse_of(l) : Tensor();
     if (!keep) {  // recompute from the checkpoint (layer input, plus o/lse for attention_output)
       if (restored && !in_slot) {
         be_.copy(a.o.flat(), ws.saved_o[ws.saved_slot(l)].flat());

@@ -204,6 +204,12 @@ class LlamaModel {
   void attention_backward_grouped(const ops::Tensor& w, const ops::Tensor& gw, const Batch& b, LayerActs& a,
                                   Workspace& ws, const ops::Tensor& dx, const ops::Tensor& saved_o,
                                   const ops::Tensor& saved_lse);
+  // Streamed attention_output (Workspace::streamed): group g's o and LSE back on the device.
+  struct GroupSlots {
+    ops::Tensor o, lse;
+  };
+  GroupSlots fetch_group(Workspace& ws, const ops::Tensor& host_o, const ops::Tensor& host_lse, int64_t g,
+                         int64_t groups, bool with_lse);
   ops::Tensor head_matrix(const std::vector<ops::Tensor>& units) const;
   ops::Tensor head_matrix(const ops::Tensor& embed, const ops::Tensor& head) const;
 

@@ -23,6 +23,28 @@ Tensor group_part(const Buffer& b, int64_t g, int64_t groups, int64_t per) {
 Tensor group_part(const Tensor& t, int64_t g, int64_t per) { return t.reshape({t.numel()}).slice_flat(g * per, {per}); }
 }  // namespace
 
+// Streamed attention outputs (Workspace::streamed): group g's o (and LSE) copied back from the
+// layer's host buffers (host_o, host_lse: saved_o/saved_lse of the callers) into the next
+// device slot. The fetch of group g + 1 is issued before group g computes: it lands in the
+// other slot, whose last reader (group g - 1) is already queued, and copy_async runs after
+// everything queued so far. Returns group g's device o and LSE, its copy waited for.
+LlamaModel::GroupSlots LlamaModel::fetch_group(Workspace& ws, const Tensor& host_o, const Tensor& host_lse, int64_t g,
+                                               int64_t groups, bool with_lse) {
+  const int64_t per_o = ws.saved_o[0].numel(), per_lse = ws.saved_lse[0].numel();
+  auto issue = [&](int64_t j) {
+    const size_t s = ws.stream_next;
+    ws.stream_next ^= 1;
+    ws.stream_fence[s] = be_.copy_async(ws.saved_o[s].flat(), group_part(host_o, j, per_o));
+    if (with_lse) ws.stream_fence[s] = be_.copy_async(ws.saved_lse[s].flat(), group_part(host_lse, j, per_lse));
+    return s;
+  };
+  if (g == 0) ws.stream_fetched = issue(0);
+  const size_t s = ws.stream_fetched;
+  be_.wait_copy(ws.stream_fence[s]);
+  if (g + 1 < groups) ws.stream_fetched = issue(g + 1);
+  return {ws.saved_o[s].flat(), ws.saved_lse[s].flat()};
+}
+
 // The attention block in G head groups: group g's query heads [g Hq/G, (g+1) Hq/G) read only
 // its key/value heads [g Hkv/G, (g+1) Hkv/G) (query head h uses kv head h / (Hq/Hkv)), so each
 // group is a self-contained attention over rows of W_Q, W_K, W_V (contiguous) and the matching
@@ -43,15 +65,24 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
   const int64_t lse_n = b.batch * hq * b.seq;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   const Tensor wo = ws.wo.view({d, qd}), Wo = W(kO).reshape({d * G * qd});
+  const bool streamed = ws.streamed && !saved_o.empty();
   for (int64_t g = 0; g < G; ++g) {
     Tensor o = group_part(a.o, g, G, n * qd);
     if (attention_done) {
-      o = group_part(saved_o, g, n * qd);
+      o = streamed ? fetch_group(ws, saved_o, saved_lse, g, G, false).o : group_part(saved_o, g, n * qd);
     } else {
       const Tensor q = group_part(a.q, g, G, n * qd).reshape({n, qd});
       const Tensor k = group_part(a.k, g, G, n * kvd).reshape({n, kvd});
       const Tensor v = group_part(a.v, g, G, n * kvd).reshape({n, kvd});
-      const Tensor lse = group_part(a.lse, g, G, lse_n);
+      Tensor lse = group_part(a.lse, g, G, lse_n);
+      size_t slot = 0;
+      if (streamed) {  // o and LSE straight into a device slot, which then leaves for the host
+        slot = ws.stream_next;
+        ws.stream_next ^= 1;
+        be_.wait_copy(ws.stream_fence[slot]);  // its last copy (two groups ago) is done
+        o = ws.saved_o[slot].flat();
+        lse = ws.saved_lse[slot].flat();
+      }
       be_.matmul(h1, false, W(kQ).slice_flat(g * qd * d, {qd, d}), true, q);
       be_.matmul(h1, false, W(kK).slice_flat(g * kvd * d, {kvd, d}), true, k);
       be_.matmul(h1, false, W(kV).slice_flat(g * kvd * d, {kvd, d}), true, v);
@@ -60,7 +91,10 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
       group_attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                             v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
                             lse.reshape({b.batch, hq, b.seq}), scale});
-      if (!saved_o.empty()) {
+      if (streamed) {  // (one copy stream: the second fence covers the first)
+        be_.copy_async(group_part(saved_o, g, n * qd), o);
+        ws.stream_fence[slot] = be_.copy_async(group_part(saved_lse, g, lse_n), lse);
+      } else if (!saved_o.empty()) {
         be_.copy(group_part(saved_o, g, n * qd), o);
         be_.copy(group_part(saved_lse, g, lse_n), lse);
       }
@@ -89,6 +123,7 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
   const int64_t lse_n = b.batch * hq * b.seq;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   const bool kept = a.q.numel() == G * n * qd;  // checkpoint none: every group's activations
+  const bool restored = !saved_o.empty(), streamed = restored && ws.streamed;
   const Tensor wo = ws.wo.view({d, qd}), dwo = ws.dwo.view({d, qd});
   const Tensor Wo = W(kO).reshape({d * G * qd}), dWo = Gr(kO).reshape({d * G * qd});
   const Tensor dattn = ws.hf.view({n, qd}), dq = ws.dq.view({n, qd}), dk = ws.dk.view({n, kvd});
@@ -97,9 +132,14 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
     const Tensor q = group_part(a.q, g, G, n * qd).reshape({n, qd});
     const Tensor k = group_part(a.k, g, G, n * kvd).reshape({n, kvd});
     const Tensor v = group_part(a.v, g, G, n * kvd).reshape({n, kvd});
-    const bool restored = !saved_o.empty();
-    const Tensor o = (restored ? group_part(saved_o, g, n * qd) : group_part(a.o, g, G, n * qd)).reshape({n, qd});
-    const Tensor lse = restored ? group_part(saved_lse, g, lse_n) : group_part(a.lse, g, G, lse_n);
+    Tensor o = restored ? group_part(saved_o, g, n * qd) : group_part(a.o, g, G, n * qd);
+    Tensor lse = restored ? group_part(saved_lse, g, lse_n) : group_part(a.lse, g, G, lse_n);
+    if (streamed) {
+      const GroupSlots f = fetch_group(ws, saved_o, saved_lse, g, G, true);
+      o = f.o;
+      lse = f.lse;
+    }
+    o = o.reshape({n, qd});
     const Tensor wq = W(kQ).slice_flat(g * qd * d, {qd, d}), wk = W(kK).slice_flat(g * kvd * d, {kvd, d});
     const Tensor wv = W(kV).slice_flat(g * kvd * d, {kvd, d});
     const attention::AttentionTensors t{q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),

@@ -84,6 +84,23 @@ struct LlamaModel::Workspace {
   std::vector<ops::Buffer> host_o, host_lse;     // saved_ring.K x (saved_o, saved_lse)
   ops::CopyFence resid_out[2], saved_out[2];  // per ring slot: its last copy out (forward)
   ops::CopyFence fetched[2];                  // per ring slot: its last copy in (backward)
+  // Streamed (attention_output + offload with head groups > 1): every layer's o and LSE live in
+  // host memory (host_o, host_lse: L of them, group-major), each group's leaving as soon as it
+  // is computed and coming back when the backward needs it, through two group-sized device
+  // slots (saved_o, saved_lse: 2 of [n, Hq/G hd], [B, Hq/G, S]); so the device holds 2/G of one
+  // layer's attention output, not the ring's two whole layers.
+  bool streamed = false;
+  size_t stream_next = 0;              // the slot the next group uses
+  size_t stream_fetched = 0;           // fetch_group: the slot the group asked for next is in
+  ops::CopyFence stream_fence[2];      // per slot: its last copy, out or in (one copy stream)
+  // Layer l's attention-output checkpoint (group-major): its device slot, or, streamed, its
+  // host buffers (attention_forward_grouped and _backward_grouped then go through the slots).
+  ops::Tensor saved_o_of(int64_t l) const {
+    return (streamed ? host_o[static_cast<size_t>(l)] : saved_o[saved_slot(l)]).flat();
+  }
+  ops::Tensor saved_lse_of(int64_t l) const {
+    return (streamed ? host_lse[static_cast<size_t>(l)] : saved_lse[saved_slot(l)]).flat();
+  }
   ops::Buffer hf, rstd_f;            // [n, max(D, Hq*hd)], [n]: final norm (hf: then dattn in backward)
   ops::Buffer dx, dh;                // [n, D]: residual gradient, projection input gradient
   ops::Buffer dm, dg, du;            // [mlp rows, I] (one MLP tile)

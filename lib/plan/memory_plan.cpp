@@ -192,17 +192,18 @@ std::string shape_of(const Group& g, const Run& r) {
   auto it = shapes.find(g.base);
   if (it == shapes.end()) return num(g.numel);
   // Head groups (activation.attention_head_groups): the layer's q, k, v, o, LSE and their
-  // gradients hold one group's heads (with checkpoint none the kept acts hold every group's).
+  // gradients hold one group's heads (with checkpoint none the kept acts hold every group's),
+  // and so do the device slots of streamed attention-output checkpoints (offload).
   static const std::map<std::string, std::string> grouped = {
       {"q", "n x Hq/G x hd"}, {"o", "n x Hq/G x hd"}, {"dq", "n x Hq/G x hd"}, {"k", "n x Hkv/G x hd"},
       {"v", "n x Hkv/G x hd"}, {"dk", "n x Hkv/G x hd"}, {"dv", "n x Hkv/G x hd"}, {"lse", "B x Hq/G x S"},
-      {"hf", "n x max(D, Hq/G x hd) (doubles as dattn)"}};
+      {"hf", "n x max(D, Hq/G x hd) (doubles as dattn)"}, {"saved_o", "n x Hq/G x hd"}, {"saved_lse", "B x Hq/G x S"}};
   const int64_t G = r.cfg.activation.attention_head_groups, hd = r.mc.head_dim;
-  const int64_t full = g.base == "lse" ? r.n * r.mc.num_heads
+  const int64_t full = (g.base == "lse" || g.base == "saved_lse") ? r.n * r.mc.num_heads
                        : it->second.find("Hkv") != std::string::npos ? r.n * r.mc.num_kv_heads * hd
                        : g.base == "hf" ? r.n * std::max(r.mc.hidden_size, r.mc.num_heads * hd)
                                         : r.n * r.mc.num_heads * hd;
-  if (auto gr = grouped.find(g.base); G > 1 && gr != grouped.end() && g.key.rfind("saved", 0) != 0 && g.numel != full)
+  if (auto gr = grouped.find(g.base); G > 1 && gr != grouped.end() && g.numel != full)
     return gr->second;
   return it->second;
 }

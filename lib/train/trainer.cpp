@@ -263,9 +263,13 @@ void Trainer::log_startup() const {
                                                              std::to_string(L - 1) + " offloadable layer inputs "
                                                              "in pinned host memory)"
                                                        : " (offloaded to pinned host memory)";
+  const bool streamed = cfg_.activation.offload == OffloadTarget::Cpu &&
+                        cfg_.activation.checkpoint == CheckpointPolicy::AttentionOutput &&
+                        cfg_.activation.attention_head_groups > 1;
   const std::string groups = cfg_.activation.attention_head_groups > 1
                                  ? ", attention in " + std::to_string(cfg_.activation.attention_head_groups) +
-                                       " head groups"
+                                       " head groups" +
+                                       (streamed ? " (attention outputs streamed to host memory group by group)" : "")
                                  : "";
   log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint), offloaded,
            groups, ", backend ",

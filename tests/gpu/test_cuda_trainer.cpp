@@ -420,7 +420,9 @@ TEST(CudaTrainer, OffloadedOptimizerMatchesGpuAdamW) {
 // the backward. On 6 layers (5 layer inputs and, with attention_output, 4 attention outputs
 // and LSEs travel; with activation.offload_layers 3 only 3 and 2) three steps give
 // bit-identical losses and weights to keeping them on the GPU, and the device peak (the
-// backend's allocations) is lower by exactly the bytes that left, as the plan says.
+// backend's allocations) is lower by exactly the bytes that left, as the plan says. With 2
+// attention head groups the attention outputs stream per group (every layer's to the host,
+// two half-layer slots on the device).
 TEST(CudaTrainer, ActivationOffloadMatchesCheckpointsOnTheGpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   TempDir dir("cuda-act-offload");
@@ -431,17 +433,20 @@ TEST(CudaTrainer, ActivationOffloadMatchesCheckpointsOnTheGpu) {
   auto world = self_comm("world"), dp = self_comm("dp");
   struct Variant {
     CheckpointPolicy policy;
-    int64_t mlp_tile, grad_accum, offload_layers;
+    int64_t mlp_tile, grad_accum, offload_layers, head_groups = 1;
   };
   for (const Variant v : {Variant{CheckpointPolicy::Layer, 0, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 0, 2, 0},
-                          Variant{CheckpointPolicy::Layer, 100, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 0, 1, 3}}) {
+                          Variant{CheckpointPolicy::Layer, 100, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 0, 1, 3},
+                          Variant{CheckpointPolicy::AttentionOutput, 0, 2, 0, 2}}) {
     const std::string tag = std::string(to_string(v.policy)) + (v.mlp_tile ? " mlp_tile 100" : "") +
                             (v.grad_accum > 1 ? " grad_accum 2" : "") +
-                            (v.offload_layers ? " offload_layers " + std::to_string(v.offload_layers) : "");
+                            (v.offload_layers ? " offload_layers " + std::to_string(v.offload_layers) : "") +
+                            (v.head_groups > 1 ? " head groups 2 (streamed)" : "");
     SCOPED_TRACE(tag);
     StageConfig a = base;
     a.activation.checkpoint = v.policy;
     a.activation.mlp_tile = v.mlp_tile;
+    a.activation.attention_head_groups = v.head_groups;
     a.train.grad_accum = v.grad_accum;
     StageConfig b = a;
     b.activation.offload = OffloadTarget::Cpu;
@@ -458,8 +463,12 @@ TEST(CudaTrainer, ActivationOffloadMatchesCheckpointsOnTheGpu) {
     EXPECT_EQ(flat(ta.master_host()), flat(tb.master_host()));
     // n = 2 x 256 tokens; layer inputs [n, 128] bf16, attention outputs [n, 4 x 64] bf16, LSE f32 [2, 4, 256].
     const int64_t K = v.offload_layers ? v.offload_layers : 5;  // layer inputs that leave (and K - 1 outputs)
-    const int64_t n = 512, moved = K * n * 128 * 2 +
-                                   (v.policy == CheckpointPolicy::AttentionOutput ? (K - 1) * (n * 256 * 2 + 4 * n * 4) : 0);
+    // Streamed (head groups): all 6 layers' outputs leave and 2 slots of 1/G of one stay.
+    const int64_t n = 512, per_layer = n * 256 * 2 + 4 * n * 4;
+    const int64_t saved_moved = v.policy != CheckpointPolicy::AttentionOutput ? 0
+                                : v.head_groups > 1                           ? 6 * per_layer - 2 * per_layer / v.head_groups
+                                                                              : (K - 1) * per_layer;
+    const int64_t moved = K * n * 128 * 2 + saved_moved;
     const int64_t pa = ta.memory_stats().peak_bytes, pb = tb.memory_stats().peak_bytes;
     const int64_t planned = plan::plan_for_run(a, 1, 1).alloc_peak_bytes - plan::plan_for_run(b, 1, 1).alloc_peak_bytes;
     std::printf("[act-offload] %s device peak on-gpu %lld B, offloaded %lld B: %lld B less (checkpoints moved %lld B, "

@@ -6,7 +6,8 @@
 //   256-deep blocks (the O projection's partial sums are then the untiled sum's blocks);
 // - every gradient within a few fp32 ulps otherwise (dh sums dq W_Q + dk W_K + dv W_V group
 //   by group instead of all of dq's first), and the loss likewise;
-// - the workspace is what workspace_specs says, with q, k, v, o, LSE, dq, dk, dv 1/G of G = 1.
+// - the workspace is what workspace_specs says, with q, k, v, o, LSE, dq, dk, dv 1/G of G = 1;
+// - attention_output + offload (streamed per group) bit for bit attention_output on the device.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -117,6 +118,50 @@ INSTANTIATE_TEST_SUITE_P(All, ModelHeadGroups, ::testing::ValuesIn(params()), []
   return "G" + std::to_string(std::get<0>(info.param)) + "_" + to_string(std::get<1>(info.param)) + "_tile" +
          std::to_string(std::get<2>(info.param)) + (std::get<3>(info.param) ? "_offload" : "");
 });
+
+// attention_output + offload with G > 1 streams each group's o and LSE to host memory and back
+// through two group-sized device slots (Workspace::streamed): the same arithmetic as keeping
+// the layer's checkpoint slot on the device, so losses and gradients are bit for bit those of
+// attention_output without offload, and the device holds 2 x 1/G of one layer's o and LSE
+// while host memory holds every layer's.
+TEST(ModelHeadGroupsStreamed, BitIdenticalToAttentionOutputOnDevice) {
+  const model::LlamaConfig cfg = config(3, 4);
+  for (int64_t G : {2, 4}) {
+    for (int64_t tile : {0, 5}) {
+      model::ModelOptions kept{CheckpointPolicy::AttentionOutput, 7, tile};
+      kept.head_groups = G;
+      model::ModelOptions streamed = kept;
+      streamed.offload_checkpoints = true;
+      const uint64_t seed = test_seed();
+      const Outcome a = run_model(cfg, kept, seed), b = run_model(cfg, streamed, seed);
+      EXPECT_EQ(a.sum_nll, b.sum_nll) << "G " << G << " tile " << tile;
+      EXPECT_EQ(a.eval_nll, b.eval_nll) << "G " << G << " tile " << tile;
+      ASSERT_EQ(a.grads.size(), b.grads.size());
+      for (size_t u = 0; u < a.grads.size(); ++u)
+        EXPECT_EQ(0, std::memcmp(a.grads[u].data(), b.grads[u].data(), a.grads[u].size() * sizeof(float)))
+            << "gradient of unit " << u << ", G " << G << " tile " << tile;
+      const auto spec = model::LlamaModel::workspace_specs(cfg, streamed, DType::F32, 2, 11, true);
+      EXPECT_EQ(b.workspace_bytes, spec_bytes(spec));
+      const int64_t n = 2 * 11, o_layer = n * cfg.q_dim(), lse_layer = 2 * cfg.num_heads * 11;
+      int64_t device_o = 0, host_o = 0, host_lse = 0, device_slots = 0;
+      for (const model::BufferSpec& bs : spec) {
+        if (bs.name.rfind("saved_o.", 0) == 0) device_o += bs.numel, ++device_slots;
+        if (bs.name.rfind("host.saved_o.", 0) == 0) host_o += bs.numel;
+        if (bs.name.rfind("host.saved_lse.", 0) == 0) host_lse += bs.numel;
+      }
+      EXPECT_EQ(device_slots, 2);
+      EXPECT_EQ(device_o, 2 * o_layer / G);
+      EXPECT_EQ(spec_numel(spec, "saved_lse.0"), lse_layer / G);
+      EXPECT_EQ(host_o, cfg.num_layers * o_layer);
+      EXPECT_EQ(host_lse, cfg.num_layers * lse_layer);
+      std::printf("[head groups streamed] G %lld tile %lld: loss %.17g bit-identical; device o slots %lld x %lld, "
+                  "host %lld layers\n",
+                  static_cast<long long>(G), static_cast<long long>(tile), b.sum_nll,
+                  static_cast<long long>(device_slots), static_cast<long long>(o_layer / G),
+                  static_cast<long long>(cfg.num_layers));
+    }
+  }
+}
 
 // Head dim 128: groups of 2 or 4 query heads are 256 or 512 deep, whole blocks of the CPU
 // GEMM, so the forward (the loss) is bit for bit the untiled one's.
