@@ -21,7 +21,10 @@
 #
 # submit_chain RECIPE_DIR [sbatch flags] [-- --set key=value ...]   (on the submit node)
 #   Submits RECIPE_DIR/s*.yaml as a chain of stage.sbatch jobs (afterok), each stage starting
-#   from the previous one's last checkpoint (model.init: ckpt:<its output.dir>).
+#   from the previous one's last checkpoint (model.init: ckpt:<its output.dir>). Run again, it
+#   skips the stages that finished (DONE) and those with a job still queued or running (your
+#   jobs whose --comment is easyctx:<the stage's output.dir>, which every chain job carries):
+#   the stages after them wait for that job, so nothing is trained twice.
 #
 # Environment (all optional):
 #   EASYCTX_ROOT   the checkout (default: the one this file is in)
@@ -225,6 +228,12 @@ run_stage() {
   return "$rc"
 }
 
+# The id of your queued or running job for a stage's output folder (its --comment), if any.
+easyctx_queued_job() {
+  command -v squeue >/dev/null 2>&1 || return 0
+  squeue --me -h -o '%i|%k' 2>/dev/null | awk -F'|' -v c="easyctx:$1" '$2 == c { print $1; exit }'
+}
+
 # submit_chain RECIPE_DIR [sbatch flags] [-- --set key=value ...]: see the top of this file.
 submit_chain() {
   local recipe=${1:?usage: submit_chain RECIPE_DIR [sbatch flags] [-- --set key=value ...]}
@@ -272,7 +281,7 @@ submit_chain() {
   easyctx_find_programs  # before anything is submitted: jobs must not all build at once
   echo "easyctx: chain of ${#stages[@]} stage(s) from $recipe on $nodes node(s) x $tpn task(s)," \
        "programs $EASYCTX_BIN"
-  local prev="" dep=() id name sets seq first=1 ids=() outs=()
+  local prev="" dep=() id name sets seq first=1 ids=() outs=() kept=()
   for s in "${stages[@]}"; do
     name=$(basename "$s" .yaml)
     sets=("${EASYCTX_DEVICE_SETS[@]}")
@@ -313,8 +322,19 @@ submit_chain() {
       prev=$EASYCTX_STAGE_OUT
       continue
     fi
+    local queued
+    queued=$(easyctx_queued_job "$EASYCTX_STAGE_OUT")
+    if [ -n "$queued" ]; then
+      echo "easyctx: $name: job $queued is queued or running for $EASYCTX_STAGE_OUT already: not submitted again" \
+           "(the next stage waits for it)"
+      kept+=("$queued")
+      dep=(--dependency=afterok:"$queued")
+      prev=$EASYCTX_STAGE_OUT
+      continue
+    fi
     local cmd=(sbatch --parsable "${dep[@]}" --kill-on-invalid-dep=yes "${alloc[@]}" --job-name="easyctx-$name"
-               "${sb[@]}" "$EASYCTX_ROOT/slurm/stage.sbatch" "$EASYCTX_ROOT/$s" "${sets[@]}")
+               --comment="easyctx:$EASYCTX_STAGE_OUT" "${sb[@]}" "$EASYCTX_ROOT/slurm/stage.sbatch" "$EASYCTX_ROOT/$s"
+               "${sets[@]}")
     if [ "${EASYCTX_DRY_RUN:-0}" = 1 ]; then
       echo "easyctx: $name: dry run, seq_length $seq, output $EASYCTX_STAGE_OUT:$(printf ' %q' "${cmd[@]}")"
       dep=(--dependency=afterok:"<job of $name>")
@@ -333,6 +353,7 @@ submit_chain() {
     echo "easyctx: dry run (EASYCTX_DRY_RUN=1): nothing submitted"
     return 0
   fi
-  echo "easyctx: submitted ${#ids[@]} job(s): ${ids[*]:-none}; logs slurm-easyctx-<stage>-<job>.out in $EASYCTX_ROOT"
+  echo "easyctx: submitted ${#ids[@]} job(s): ${ids[*]:-none}${kept[*]:+ (and kept ${#kept[@]} queued or running: ${kept[*]})};" \
+       "logs slurm-easyctx-<stage>-<job>.out in $EASYCTX_ROOT"
   echo "easyctx: when it has finished: $EASYCTX_BIN/easyctx_report ${outs[*]} --output report.html"
 }

@@ -4,7 +4,8 @@
 # one has finished (afterok) from its last checkpoint (model.init: ckpt:<its output.dir>), with
 # the stage's own seq_length and RoPE theta. A stage stopped by its time limit checkpoints,
 # requeues and resumes; one that fails stops the chain (the later jobs are cancelled). Run
-# again after a failure: finished stages (DONE) are skipped. From anywhere:
+# again after a failure: finished stages (DONE), and those with a job still queued or running,
+# are not submitted again. From anywhere:
 #   bash slurm/recipe_llama2_7b_1m.sh [sbatch flags] [-- --set key=value ...]
 # Default allocation per stage: 2 nodes x 8 GPUs, as the stage files are sized. The programs
 # are found (EASYCTX_BIN, build/bin) or built here first. Environment (EASYCTX_NODES,

@@ -91,6 +91,23 @@ pre=$work/preempted
 EASYCTX_STAGES=s1,s2,s3 EASYCTX_INIT=random EASYCTX_OUT=$pre bash slurm/recipe_llama2_7b_1m.sh -- "${small[@]}" \
   > "$work/b.log" 2>&1 || { cat "$work/b.log"; slurm_fail "the second chain was not submitted"; }
 b2=$(job_of "$work/b.log" s2) b3=$(job_of "$work/b.log" s3)
+# The same command again while the chain's jobs are queued or running: nothing new is submitted
+# (each stage is finished, or kept with its job), and the queue holds the same jobs.
+queue_before=$(squeue -h -o %i | sort | tr '\n' ' ')
+EASYCTX_STAGES=s1,s2,s3 EASYCTX_INIT=random EASYCTX_OUT=$pre bash slurm/recipe_llama2_7b_1m.sh -- "${small[@]}" \
+  > "$work/b-again.log" 2>&1 || { cat "$work/b-again.log"; slurm_fail "running the chain again failed"; }
+cat "$work/b-again.log"
+grep -q "^easyctx: submitted 0 job(s)" "$work/b-again.log" || slurm_fail "running the chain again submitted jobs"
+for j in $(jobs_of "$work/b-again.log" | awk '{ print $2 }'); do
+  jobs_of "$work/b.log" | awk '{ print $2 }' | grep -qx "$j" || slurm_fail "running the chain again named job $j, not one of the chain's"
+done
+[ "$(grep -c "queued or running for $pre/s3-256k already" "$work/b-again.log")" = 1 ] ||
+  slurm_fail "running the chain again did not keep s3's job $b3"
+queue_after=$(squeue -h -o %i | sort | tr '\n' ' ')
+for j in $queue_after; do
+  case " $queue_before " in *" $j "*) ;; *) slurm_fail "job $j appeared after running the chain again" ;; esac
+done
+echo "ok: the chain run again while queued submitted nothing and kept its jobs"
 log2=$clone/slurm-easyctx-s2-64k-$b2.out
 slurm_wait_line "$log2" "^step 5/40 " 120
 scancel --batch --signal=USR1 "$b2"
