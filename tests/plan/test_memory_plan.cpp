@@ -181,6 +181,25 @@ plan::PlanTarget gpu_target(double gib, int gpus = 1, int nodes = 1) {
   return t;
 }
 
+// GPU memory (GiB, for gpu_target) halfway between two plans' GPU peaks, headroom included:
+// the larger plan does not fit such a GPU, the smaller does.
+double gib_between(const MemoryPlan& a, const MemoryPlan& b) {
+  return 0.5 * static_cast<double>(a.gpu_peak_bytes + b.gpu_peak_bytes) / (1 << 30) / (1 - a.target.headroom);
+}
+
+// On 8 GPUs per node between the peaks of `without` and `with` (which differ by `knob`; their
+// plans on 8 roomy GPUs given): `without` is refused with `knob` among its fixes, `with` fits.
+void expect_refusal_names_knob(const StageConfig& without, const MemoryPlan& p_without, const StageConfig& with,
+                               const MemoryPlan& p_with, const std::string& knob) {
+  const double gib = gib_between(p_without, p_with);
+  const MemoryPlan tight = plan::plan_memory(without, gpu_target(gib, 8));
+  ASSERT_FALSE(tight.fits) << knob;
+  bool named = false;
+  for (const plan::KnobFix& k : tight.knobs) named |= k.assignment == knob;
+  EXPECT_TRUE(named) << plan::refusal_message(tight);
+  EXPECT_TRUE(plan::plan_memory(with, gpu_target(gib, 8)).fits) << knob;
+}
+
 TEST(MemoryPlan, KnobSearchProposesChangesThatFit) {
   const StageConfig c = big_run();
   const MemoryPlan fits = plan::plan_memory(c, gpu_target(2000));
@@ -228,7 +247,7 @@ TEST(MemoryPlan, ZeroThreeKnobKeepsOptimizerOffload) {
   z.parallel.zero.stage = 3;
   const MemoryPlan p0 = plan::plan_memory(c, gpu_target(2000, 8)), p3 = plan::plan_memory(z, gpu_target(2000, 8));
   ASSERT_LT(p3.gpu_peak_bytes, p0.gpu_peak_bytes);
-  const double gib = 0.5 * static_cast<double>(p0.gpu_peak_bytes + p3.gpu_peak_bytes) / (1 << 30) / (1 - p0.target.headroom);
+  const double gib = gib_between(p0, p3);
   const MemoryPlan p = plan::plan_memory(c, gpu_target(gib, 8));
   ASSERT_FALSE(p.fits);
   const plan::KnobFix* k3 = nullptr;
@@ -419,14 +438,7 @@ TEST(MemoryPlan, ZeroThreeWithParamOffload) {
   }
   EXPECT_EQ(po.alloc_peak_bytes - pp.alloc_peak_bytes, dev->bytes);
   // A GPU between the two peaks: refused, and the knob is named.
-  const double gib = 0.5 * static_cast<double>(po.gpu_peak_bytes + pp.gpu_peak_bytes) / (1 << 30) /
-                     (1 - po.target.headroom);
-  const MemoryPlan tight = plan::plan_memory(zo, gpu_target(gib, 8));
-  ASSERT_FALSE(tight.fits);
-  bool named = false;
-  for (const plan::KnobFix& k : tight.knobs) named |= k.assignment == "parallel.zero.offload_params=true";
-  EXPECT_TRUE(named) << plan::refusal_message(tight);
-  EXPECT_TRUE(plan::plan_memory(zp, gpu_target(gib, 8)).fits);
+  expect_refusal_names_knob(zo, po, zp, pp, "parallel.zero.offload_params=true");
 }
 
 // ZeRO-3 with parallel.zero.offload_grads (on top of the optimizer offload): the layers' fp32
@@ -464,14 +476,7 @@ TEST(MemoryPlan, ZeroThreeWithGradOffload) {
     EXPECT_EQ(po.phases[i].alloc_bytes - pg.phases[i].alloc_bytes, host->bytes) << po.phases[i].name;
     EXPECT_EQ(pg.phases[i].host_bytes - po.phases[i].host_bytes, host->bytes + staging->bytes) << po.phases[i].name;
   }
-  const double gib = 0.5 * static_cast<double>(po.gpu_peak_bytes + pg.gpu_peak_bytes) / (1 << 30) /
-                     (1 - po.target.headroom);
-  const MemoryPlan tight = plan::plan_memory(zo, gpu_target(gib, 8));
-  ASSERT_FALSE(tight.fits);
-  bool named = false;
-  for (const plan::KnobFix& k : tight.knobs) named |= k.assignment == "parallel.zero.offload_grads=true";
-  EXPECT_TRUE(named) << plan::refusal_message(tight);
-  EXPECT_TRUE(plan::plan_memory(zg, gpu_target(gib, 8)).fits);
+  expect_refusal_names_knob(zo, po, zg, pg, "parallel.zero.offload_grads=true");
 }
 
 // On ONE GPU a stage-0 run that fits only with its weights, gradients and optimizer in host
