@@ -295,6 +295,25 @@ std::vector<double> flat(const std::vector<std::vector<float>>& units) {
   return v;
 }
 
+// A checkpoint of trainer `t` (run config `cfg`) saved at `step` and resumed by a new trainer on
+// (world, dp): it starts at `step` with the saved weights, and its step `step` gives t's loss
+// and weights bit for bit (same bf16 weights, same Adam state, same kernels). t takes that
+// step too.
+void expect_resumes_bit_for_bit(train::Trainer& t, const StageConfig& cfg, int64_t step, dist::Comm& world,
+                                dist::Comm& dp) {
+  t.save_checkpoint(step);
+  const std::vector<double> saved = flat(t.master_host());
+  const train::StepStats straight = t.train_step(step);
+  train::RunOptions ro;
+  ro.resume = cfg.output.dir;
+  train::Trainer tr(cfg, world, dp, ro);
+  EXPECT_EQ(tr.start_step(), step);
+  EXPECT_EQ(flat(tr.master_host()), saved);
+  const train::StepStats resumed = tr.train_step(step);
+  EXPECT_EQ(resumed.loss, straight.loss);
+  EXPECT_EQ(flat(tr.master_host()), flat(t.master_host()));
+}
+
 // The trainer tests' stage: a random-walk shard in `dir`, the head_dim-64 model (which the
 // CUDA attention takes), 2 x 64 tokens per micro-step, lr 3e-3; output in dir/out.
 StageConfig hd64_stage(const TempDir& dir, const std::string& out) {
@@ -346,15 +365,7 @@ TEST(CudaTrainer, StepsMatchCpuTrainer) {
   EXPECT_LT(we, 3e-2);
 
   // Checkpoint round trip through host staging: a resumed CUDA trainer has the same state.
-  tg.save_checkpoint(6);
-  train::RunOptions ro;
-  ro.resume = "auto";
-  train::Trainer tr(g, *world, *dp, ro);
-  EXPECT_EQ(tr.start_step(), 6);
-  EXPECT_EQ(flat(tr.master_host()), flat(tg.master_host()));
-  const train::StepStats x = tg.train_step(6), y = tr.train_step(6);
-  EXPECT_EQ(x.loss, y.loss);  // same bf16 weights, same Adam state, same kernels: bit-identical
-  EXPECT_EQ(flat(tr.master_host()), flat(tg.master_host()));
+  expect_resumes_bit_for_bit(tg, g, 6, *world, *dp);
 
   // HF export (f32) reads back as the master weights.
   tg.save_hf(dir / "hf");
@@ -404,15 +415,7 @@ TEST(CudaTrainer, OffloadedOptimizerMatchesGpuAdamW) {
   EXPECT_EQ(flat(th.master_host()), flat(tg.master_host()));
   EXPECT_GT(rel_error(flat(th.master_host()), flat(train::Trainer(h, *world, *dp).master_host())), 1e-4)
       << "the weights did not move";
-  th.save_checkpoint(5);
-  train::RunOptions ro;
-  ro.resume = "auto";
-  train::Trainer tr(h, *world, *dp, ro);
-  EXPECT_EQ(tr.start_step(), 5);
-  EXPECT_EQ(flat(tr.master_host()), flat(th.master_host()));
-  const train::StepStats x = th.train_step(5), y = tr.train_step(5);
-  EXPECT_EQ(x.loss, y.loss);
-  EXPECT_EQ(flat(tr.master_host()), flat(th.master_host()));
+  expect_resumes_bit_for_bit(th, h, 5, *world, *dp);
 }
 
 // activation.offload: cpu on the GPU: the checkpoints in pinned host memory, copied out on the
@@ -605,16 +608,8 @@ TEST_P(CudaTrainerZero3, MatchesStage0OnTwoGpus) {
     w0 = flat(t0.master_host());
     w3 = flat(t3.master_host());
     if (prefetch == 1) {  // a ZeRO-3 checkpoint (shards) resumed on the GPUs continues bit for bit
-      t3.save_checkpoint(3);
-      const train::StepStats straight = t3.train_step(3);
       auto world3r = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
-      train::RunOptions ro;
-      ro.resume = z3.output.dir;
-      train::Trainer tr(z3, *world3r, *world3r, ro);
-      EXPECT_EQ(tr.start_step(), 3);
-      const train::StepStats resumed = tr.train_step(3);
-      EXPECT_EQ(resumed.loss, straight.loss);
-      EXPECT_EQ(flat(tr.master_host()), flat(t3.master_host()));
+      expect_resumes_bit_for_bit(t3, z3, 3, *world3r, *world3r);
     }
   }
   const double we = rel_error(w3, w0);
@@ -696,16 +691,8 @@ TEST_P(CudaTrainerZero3Offload, MatchesZero3OnTheGpus) {
     int64_t shard = 0;
     for (const model::ParamUnit& unit : th.model().layout().units()) shard += (unit.numel + 1) / 2;
     EXPECT_LE(ph, pg - (params ? 14 : 12) * shard);
-    th.save_checkpoint(5);
-    const train::StepStats straight = th.train_step(5);
     auto world_r = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
-    train::RunOptions ro;
-    ro.resume = h.output.dir;
-    train::Trainer tr(h, *world_r, *world_r, ro);
-    EXPECT_EQ(tr.start_step(), 5);
-    const train::StepStats resumed = tr.train_step(5);
-    EXPECT_EQ(resumed.loss, straight.loss);
-    EXPECT_EQ(flat(tr.master_host()), flat(th.master_host()));
+    expect_resumes_bit_for_bit(th, h, 5, *world_r, *world_r);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
@@ -776,16 +763,8 @@ TEST_P(CudaTrainerGradOffload, MatchesShardsOnTheGpu) {
   for (size_t u = 0; u < units.size(); ++u)
     if (u != th.model().layout().embed_unit() && u != th.model().layout().head_unit()) layer_elems += units[u].numel;
   EXPECT_LE(ph, pg - 4 * layer_elems);
-  th.save_checkpoint(4);
-  const train::StepStats straight = th.train_step(4);
   auto world_r = dist::make_comm(MPI_COMM_SELF, "world", backend, 60);
-  train::RunOptions ro;
-  ro.resume = h.output.dir;
-  train::Trainer tr(h, *world_r, *world_r, ro);
-  EXPECT_EQ(tr.start_step(), 4);
-  const train::StepStats resumed = tr.train_step(4);
-  EXPECT_EQ(resumed.loss, straight.loss);
-  EXPECT_EQ(flat(tr.master_host()), flat(th.master_host()));
+  expect_resumes_bit_for_bit(th, h, 4, *world_r, *world_r);
 }
 
 INSTANTIATE_TEST_SUITE_P(Comms, CudaTrainerGradOffload,
