@@ -32,16 +32,14 @@ LlamaModel::GroupSlots LlamaModel::fetch_group(Workspace& ws, const Tensor& host
                                                int64_t groups, bool with_lse) {
   const int64_t per_o = ws.saved_o[0].numel(), per_lse = ws.saved_lse[0].numel();
   auto issue = [&](int64_t j) {
-    const size_t s = ws.stream_next;
-    ws.stream_next ^= 1;
+    const size_t s = ws.take_stream_slot();
     ws.stream_fence[s] = be_.copy_async(ws.saved_o[s].flat(), group_part(host_o, j, per_o));
     if (with_lse) ws.stream_fence[s] = be_.copy_async(ws.saved_lse[s].flat(), group_part(host_lse, j, per_lse));
-    return s;
   };
-  if (g == 0) ws.stream_fetched = issue(0);
-  const size_t s = ws.stream_fetched;
+  if (g == 0) issue(0);
+  const size_t s = ws.stream_next ^ 1;  // the slot of the last fetch issued: group g's
   be_.wait_copy(ws.stream_fence[s]);
-  if (g + 1 < groups) ws.stream_fetched = issue(g + 1);
+  if (g + 1 < groups) issue(g + 1);
   return {ws.saved_o[s].flat(), ws.saved_lse[s].flat()};
 }
 
@@ -77,8 +75,7 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
       Tensor lse = group_part(a.lse, g, G, lse_n);
       size_t slot = 0;
       if (streamed) {  // o and LSE straight into a device slot, which then leaves for the host
-        slot = ws.stream_next;
-        ws.stream_next ^= 1;
+        slot = ws.take_stream_slot();
         be_.wait_copy(ws.stream_fence[slot]);  // its last copy (two groups ago) is done
         o = ws.saved_o[slot].flat();
         lse = ws.saved_lse[slot].flat();

@@ -90,8 +90,12 @@ struct LlamaModel::Workspace {
   // slots (saved_o, saved_lse: 2 of [n, Hq/G hd], [B, Hq/G, S]); so the device holds 2/G of one
   // layer's attention output, not the ring's two whole layers.
   bool streamed = false;
-  size_t stream_next = 0;              // the slot the next group uses
-  size_t stream_fetched = 0;           // fetch_group: the slot the group asked for next is in
+  size_t stream_next = 0;              // the slot the next group uses (they alternate)
+  size_t take_stream_slot() {
+    const size_t s = stream_next;
+    stream_next ^= 1;
+    return s;
+  }
   ops::CopyFence stream_fence[2];      // per slot: its last copy, out or in (one copy stream)
   // Layer l's attention-output checkpoint (group-major): its device slot, or, streamed, its
   // host buffers (attention_forward_grouped and _backward_grouped then go through the slots).
