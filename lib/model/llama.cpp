@@ -133,7 +133,7 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
   }
   if (for_backward && o.checkpoint == CheckpointPolicy::AttentionOutput) {
     // Streamed (offload with head groups): two group-sized device slots, every layer in host memory.
-    const bool streamed = offload && G > 1;
+    const bool streamed = o.streams_attention_output();
     const size_t n_saved = streamed ? 2 : saved_ring.slots(L - 1);
     const size_t n_host = streamed ? static_cast<size_t>(L) : static_cast<size_t>(saved_ring.K);
     const int64_t per_dev = streamed ? G : 1;

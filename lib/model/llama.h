@@ -106,6 +106,11 @@ struct ModelOptions {
   // o and their gradients exist for one group at a time (checkpoint none keeps every group's).
   // forward_score keeps its full-head buffers (and a HeadGroupedAttention strategy).
   int64_t head_groups = 1;
+  // attention_output checkpoints offloaded with head groups stream to host memory group by
+  // group (two group-sized device slots; every layer's in host memory: docs/memory-model.md).
+  bool streams_attention_output() const {
+    return checkpoint == CheckpointPolicy::AttentionOutput && offload_checkpoints && head_groups > 1;
+  }
 };
 
 // The ModelOptions of a training stage (activation.* keys); `device`: bf16 parameters with

@@ -263,9 +263,7 @@ void Trainer::log_startup() const {
                                                              std::to_string(L - 1) + " offloadable layer inputs "
                                                              "in pinned host memory)"
                                                        : " (offloaded to pinned host memory)";
-  const bool streamed = cfg_.activation.offload == OffloadTarget::Cpu &&
-                        cfg_.activation.checkpoint == CheckpointPolicy::AttentionOutput &&
-                        cfg_.activation.attention_head_groups > 1;
+  const bool streamed = model::options_for(cfg_, on_device()).streams_attention_output();
   const std::string groups = cfg_.activation.attention_head_groups > 1
                                  ? ", attention in " + std::to_string(cfg_.activation.attention_head_groups) +
                                        " head groups" +
