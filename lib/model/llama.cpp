@@ -125,7 +125,7 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
     put(idx("acts", i) + ".o", dt, n * qd / per, a ? &a->o : nullptr);
     put(idx("acts", i) + ".lse", st, lse_n / per, a ? &a->lse : nullptr);
     put(idx("acts", i) + ".x_mid", dt, n * d, a ? &a->x_mid : nullptr);
-    put(idx("acts", i) + ".h2", dt, n * d, a ? &a->h2 : nullptr);
+    put(idx("acts", i) + ".h2", dt, mt * d, a ? &a->h2 : nullptr);  // (MLP tiles: one tile's, see layer_forward)
     put(idx("acts", i) + ".rstd2", st, n, a ? &a->rstd2 : nullptr);
     put(idx("acts", i) + ".g", dt, mt * ff, a ? &a->g : nullptr);
     put(idx("acts", i) + ".u", dt, mt * ff, a ? &a->u : nullptr);
@@ -210,6 +210,17 @@ LlamaModel::Workspace& LlamaModel::workspace(const Batch& b, bool for_backward) 
   return *ws_;
 }
 
+// Rows [r0, r0 + rows) of the MLP's input norm (h2, rstd2) from x_mid, into the tile-sized h2:
+// RMSNorm is row by row, so these are the rows the whole-sequence norm would give.
+Tensor LlamaModel::mlp_norm_tile(const Tensor& w, LayerActs& a, const Tensor& x_mid, int64_t r0, int64_t rows) {
+  const size_t ui = layout_.layer_unit(0);
+  const int64_t d = cfg_.hidden_size, n = x_mid.numel() / d;
+  const Tensor h2t = a.h2.flat().slice_flat(0, {rows, d});
+  be_.rmsnorm_fwd(x_mid.rows(r0, rows), tensor_view(w, ui, kMlpNorm), cfg_.rms_norm_eps, h2t,
+                  a.rstd2.view({n}).rows(r0, rows));
+  return h2t;
+}
+
 // attention_done: a.o and a.lse already hold this layer's attention (restored from the
 // attention_output checkpoint), so the recompute skips the attention itself. with_mlp false
 // (the backward's recompute) stops at h2: the MLP is recomputed tile by tile in
@@ -241,14 +252,17 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch&
     be_.matmul(o, false, W(kO), true, x_mid);
   }
   be_.axpy(x_mid, x_in, 1.0);
-  const Tensor h2 = a.h2.view({n, d});
-  be_.rmsnorm_fwd(x_mid, W(kMlpNorm), cfg_.rms_norm_eps, h2, a.rstd2.view({n}));
-  if (!with_mlp) return;
-  // MLP, a tile of rows at a time (one tile unless activation.mlp_tile splits the tokens).
+  // MLP, a tile of rows at a time (one tile unless activation.mlp_tile splits the tokens). Its
+  // input norm is row by row, so with tiles h2 holds one tile's rows, normed per tile here and
+  // again in layer_backward (the same rows, the same values): one [n, D] buffer fewer.
   const int64_t mt = a.g.numel() / ff;
+  const bool tiled = mt < n;
+  if (!tiled) be_.rmsnorm_fwd(x_mid, W(kMlpNorm), cfg_.rms_norm_eps, a.h2.view({n, d}), a.rstd2.view({n}));
+  if (!with_mlp) return;
   for (int64_t r0 = 0; r0 < n; r0 += mt) {
     const int64_t rows = std::min(mt, n - r0);
-    const Tensor h2t = h2.rows(r0, rows), g = a.g.view({rows, ff}), u = a.u.view({rows, ff}), m = a.m.view({rows, ff});
+    const Tensor h2t = tiled ? mlp_norm_tile(w, a, x_mid, r0, rows) : a.h2.view({n, d}).rows(r0, rows);
+    const Tensor g = a.g.view({rows, ff}), u = a.u.view({rows, ff}), m = a.m.view({rows, ff});
     be_.matmul(h2t, false, W(kGate), true, g);
     be_.matmul(h2t, false, W(kUp), true, u);
     be_.swiglu_fwd(g, u, m);
@@ -268,14 +282,17 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   auto G = [&](LayerTensor t) { return tensor_view(gw, ui, t); };
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
   const int64_t hq = cfg_.num_heads, hkv = cfg_.num_kv_heads;
-  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)), a tile of rows at a time.
-  const Tensor dh = ws.dh.view({n, d}), h2 = a.h2.view({n, d});
+  // MLP: x_out = x_mid + down(silu(gate(h2)) * up(h2)), a tile of rows at a time (tiles: h2
+  // and rstd2 normed again per tile, as in layer_forward).
+  const Tensor dh = ws.dh.view({n, d}), x_mid = a.x_mid.view({n, d});
   const int64_t mt = a.g.numel() / ff;
+  const bool tiled = mt < n;
   for (int64_t r0 = 0; r0 < n; r0 += mt) {
     const int64_t rows = std::min(mt, n - r0);
     const Tensor g = a.g.view({rows, ff}), u = a.u.view({rows, ff}), m = a.m.view({rows, ff});
     const Tensor dm = ws.dm.view({rows, ff}), dg = ws.dg.view({rows, ff}), du = ws.du.view({rows, ff});
-    const Tensor h2t = h2.rows(r0, rows), dxt = dx.rows(r0, rows), dht = dh.rows(r0, rows);
+    const Tensor h2t = tiled ? mlp_norm_tile(w, a, x_mid, r0, rows) : a.h2.view({n, d}).rows(r0, rows);
+    const Tensor dxt = dx.rows(r0, rows), dht = dh.rows(r0, rows);
     if (recompute_mlp) {
       be_.matmul(h2t, false, W(kGate), true, g);
       be_.matmul(h2t, false, W(kUp), true, u);

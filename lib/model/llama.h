@@ -193,6 +193,7 @@ class LlamaModel {
   static int64_t mlp_rows(const ModelOptions& o, int64_t n, bool keep_all);
   void forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, bool keep);
   ops::Tensor checked(const ops::Tensor& t, size_t unit, DType want, const char* what) const;
+  ops::Tensor mlp_norm_tile(const ops::Tensor& w, LayerActs& a, const ops::Tensor& x_mid, int64_t r0, int64_t rows);
   // saved_o, saved_lse: head groups > 1 with checkpoint attention_output, the layer's
   // checkpoint slot (group-major: [G][n][Hq/G hd], [G][B][Hq/G][S]); empty otherwise.
   void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const Batch& b, LayerActs& a, Workspace& ws,

@@ -37,7 +37,7 @@ struct LlamaModel::LayerActs {
   ops::Buffer o;      // [n, Hq*hd] attention output
   ops::Buffer lse;    // [B, Hq, S] stat dtype
   ops::Buffer x_mid;  // [n, D]  residual after attention
-  ops::Buffer h2;     // [n, D]  post-attention RMSNorm output
+  ops::Buffer h2;     // [mlp rows, D]  post-attention RMSNorm output (one MLP tile's rows, or all n)
   ops::Buffer rstd2;  // [n]
   ops::Buffer g, u;   // [mlp rows, I]  gate and up projections (one MLP tile, or all n rows)
   ops::Buffer m;      // [mlp rows, I]  silu(g) * u

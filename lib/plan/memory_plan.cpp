@@ -189,6 +189,7 @@ std::string shape_of(const Group& g, const Run& r) {
   static const char* mlp[] = {"g", "u", "m", "dm", "dg", "du"};
   for (const char* m : mlp)
     if (g.base == m) return g.numel == r.n * r.mc.intermediate_size ? "n x I" : "mlp_tile x I";
+  if (g.base == "h2") return g.numel == r.n * r.mc.hidden_size ? "n x D" : "mlp_tile x D";  // (MLP tiles: one tile's)
   auto it = shapes.find(g.base);
   if (it == shapes.end()) return num(g.numel);
   // Head groups (activation.attention_head_groups): the layer's q, k, v, o, LSE and their

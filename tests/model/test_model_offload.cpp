@@ -88,6 +88,25 @@ INSTANTIATE_TEST_SUITE_P(All, ModelOffload,
                                   std::to_string(std::get<3>(info.param));
                          });
 
+// MLP tiles (activation.mlp_tile): the MLP's input norm runs per tile into a tile-sized h2 (the
+// norm is row by row), so the workspace has one [n, D] buffer fewer and the losses stay those of
+// the untiled MLP bit for bit (only the MLP weight gradients change their summation order).
+TEST(ModelMlpTiles, NormPerTileKeepsTheLossAndShrinksH2) {
+  const model::LlamaConfig cfg = config(3);
+  for (CheckpointPolicy p : {CheckpointPolicy::Layer, CheckpointPolicy::AttentionOutput}) {
+    const model::ModelOptions whole{p, 7, 0}, tiled{p, 7, 5};
+    const uint64_t seed = test_seed();
+    const Outcome a = run_model(cfg, whole, seed), b = run_model(cfg, tiled, seed);
+    EXPECT_EQ(a.sum_nll, b.sum_nll) << to_string(p);
+    EXPECT_EQ(a.eval_nll, b.eval_nll) << to_string(p);
+    const int64_t n = 2 * 11, d = cfg.hidden_size;
+    for (const auto& [mo, rows] : {std::pair{whole, n}, std::pair{tiled, int64_t{5}}}) {
+      for (const model::BufferSpec& bs : model::LlamaModel::workspace_specs(cfg, mo, DType::F32, 2, 11, true))
+        if (bs.name == "acts.0.h2") EXPECT_EQ(bs.numel, rows * d) << to_string(p);
+    }
+  }
+}
+
 // Offload moves the checkpoints a policy keeps; with checkpoint none there are none to move.
 TEST(ModelOffloadRefusal, NeedsARecomputingPolicy) {
   model::ModelOptions mo{CheckpointPolicy::None, 7, 0};
