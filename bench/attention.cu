@@ -176,7 +176,7 @@ int main(int argc, char** argv) try {
     return 0;
   }
   std::printf("\n# sm90 forward kernel (kernels/attention_sm90.h), bf16, batch 1; max |o - backend o| at the first causal length\n\n");
-  std::printf("| shape | S | mask | fwd ms | fwd TFLOP/s | max abs diff vs backend |\n|---|---|---|---|---|---|\n");
+  std::printf("| shape | S | mask | variant | fwd ms | fwd TFLOP/s | max abs diff vs backend |\n|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
     bool first = true;
     for (const bool causal : {true, false}) {
@@ -212,31 +212,39 @@ int main(int argc, char** argv) try {
         }
         cudaStream_t st = ops::cuda_stream(*be);
         const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
-        const double ms = time_ms(*be, warm, r, [&] { kernels::attention_fwd_sm90(p, st); });
-        std::string diff = "-";
-        if (first && causal) {  // o of the backend's route on the same inputs
-          first = false;
-          ops::Buffer o2 = be->alloc(DType::BF16, nq), lse2 = be->alloc(DType::F32, s.hq * S);
+        const bool check = first && causal;
+        first = false;
+        ops::Buffer o2, lse2;
+        if (check) {  // o of the backend's route on the same inputs
+          o2 = be->alloc(DType::BF16, nq);
+          lse2 = be->alloc(DType::F32, s.hq * S);
           ops::AttentionBlock blk;
           blk.scale = p.scale;
           blk.causal = true;
           be->attention_fwd(q.view({1, S, s.hq, s.hd}), k.view({1, S, s.hkv, s.hd}), v.view({1, S, s.hkv, s.hd}), blk,
                             o2.view({1, S, s.hq, s.hd}), lse2.flat());
-          std::vector<float> h1(static_cast<size_t>(nq)), h2(static_cast<size_t>(nq));
-          be->copy(ops::Tensor(h1.data(), DType::F32, {nq}), o.flat());
-          be->copy(ops::Tensor(h2.data(), DType::F32, {nq}), o2.flat());
-          double e = 0;
-          for (size_t i = 0; i < h1.size(); ++i) {
-            const double d = std::abs(static_cast<double>(h1[i]) - h2[i]);
-            e = std::isnan(d) ? INFINITY : std::max(e, d);
-          }
-          std::ostringstream os;
-          os << e << " (" << ops::cuda_attention_path(*be) << ")";
-          diff = os.str();
         }
-        std::printf("| %s | %lld | %s | %.2f | %.0f | %s |\n", s.name, static_cast<long long>(S), causal ? "causal" : "none",
-                    ms, flops(s, S, causal) / ms / 1e9, diff.c_str());
-        std::fflush(stdout);
+        for (const auto var : {kernels::Sm90FwdVariant::Overlap, kernels::Sm90FwdVariant::Simple}) {
+          const double ms = time_ms(*be, warm, r, [&] { kernels::attention_fwd_sm90(p, st, var); });
+          std::string diff = "-";
+          if (check) {
+            std::vector<float> h1(static_cast<size_t>(nq)), h2(static_cast<size_t>(nq));
+            be->copy(ops::Tensor(h1.data(), DType::F32, {nq}), o.flat());
+            be->copy(ops::Tensor(h2.data(), DType::F32, {nq}), o2.flat());
+            double e = 0;
+            for (size_t i = 0; i < h1.size(); ++i) {
+              const double d = std::abs(static_cast<double>(h1[i]) - h2[i]);
+              e = std::isnan(d) ? INFINITY : std::max(e, d);
+            }
+            std::ostringstream os;
+            os << e << " (" << ops::cuda_attention_path(*be) << ")";
+            diff = os.str();
+          }
+          std::printf("| %s | %lld | %s | %s | %.2f | %.0f | %s |\n", s.name, static_cast<long long>(S),
+                      causal ? "causal" : "none", kernels::sm90_fwd_variant_name(var), ms, flops(s, S, causal) / ms / 1e9,
+                      diff.c_str());
+          std::fflush(stdout);
+        }
       }
     }
   }

@@ -16,15 +16,20 @@
 //     in base 2 in registers (fp32 row max / row sum), P rounded to bf16 in registers and fed as
 //     the register A operand of O += P V (wgmma, V from shared memory MN-major). Each consumer
 //     warp releases a ring slot (mbarrier arrive) as soon as the GEMM reading it has completed.
+//     Two schedules (Sm90FwdVariant): Simple (S GEMM, wait, softmax, P V GEMM, wait) and
+//     Overlap (issue S_n and P_{n-1} V_{n-1} together, softmax S_n while P V runs: FA3's
+//     intra-warpgroup overlap; needs ~190 registers, hence setmaxnreg).
 //   Epilogue: o = O / l straight from registers (bf16x2 stores), lse = (m*scale_log2 +
 //   log2 l) * ln 2.
 // Ragged tiles: the TMA boxes are bounded by the real Sq/Sk (4-D tensor maps: dim, row, head,
 // batch), so rows past the end arrive as zeros (never another head's or batch's data); key
 // columns >= Sk and causally hidden keys are set to -inf before the softmax.
 //
-// Limits / not done yet (issue 26 later steps): no ping-pong between the two consumers, no
-// overlap of the softmax with the next tile's GEMMs (every wgmma batch is waited at once), no
-// persistent scheduling; O is stored from registers (no TMA store); forward only.
+// Limits / not done yet (issue 26 later steps): no ping-pong between the two consumers (their
+// GEMMs and softmaxes are not interleaved on purpose), no persistent scheduling, O is stored
+// from registers (no TMA store), forward only. Registers (ptxas, CUDA 13.0): 168 at launch,
+// 0 spills for every instance; the overlapped hd-128 consumer would spill without
+// setmaxnreg.inc (checked: 208 bytes), so ptxas does allocate the consumer region to 240.
 //
 // Facts this file relies on (sources: PTX ISA 8.x "Asynchronous Warpgroup Level Matrix
 // Multiply-Accumulate" sections, CUTLASS include/cute/arch/mma_sm90_desc.hpp; cross-checked
@@ -117,7 +122,11 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N committed wgmma groups are pending (groups complete in order).
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // Pins registers that an in-flight wgmma reads or writes: without it the compiler may move
 // their uses across the wait (it cannot see the asynchrony) or reuse an A register early.
 template <int N>
@@ -186,6 +195,51 @@ __device__ __forceinline__ void s_to_p(const float (&s)[64], uint32_t (&p)[kBloc
     for (int i = 0; i < 4; ++i) p[kk][i] = pack_bf16(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
 }
 
+// Online softmax of one S tile in place (base 2): per row (half hf: rows l/4 and l/4 + 8 of the
+// warp's 16), the running max m_run (raw score units) and the lane's part of the running sum
+// l_run are updated, s becomes p = 2^(s*scale_log2 - m*scale_log2) and corr[hf] the factor
+// that rescales what O and l held before. A row with no visible key so far keeps m = -inf and
+// subtracts 0 instead, so its p = 2^-inf = 0 and corr = 0 multiply zeros (never -inf - -inf).
+// A row's 128 scores sit on the 4 lanes of a quad (32 each): max over the quad by shuffles;
+// the sums stay per lane until the epilogue (the quad shares m, hence corr).
+__device__ __forceinline__ void online_softmax(float (&s)[64], float (&m_run)[2], float (&l_run)[2], float (&corr)[2],
+                                               float scale_log2) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c8 = 0; c8 < kBlockN / 8; ++c8) mx = fmaxf(mx, fmaxf(s[4 * c8 + 2 * hf], s[4 * c8 + 2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run[hf], mx);
+    const float base = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+    corr[hf] = ex2(m_run[hf] * scale_log2 - base);  // 0 when m_run was -inf (O, l were 0)
+    m_run[hf] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int c8 = 0; c8 < kBlockN / 8; ++c8)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float& x = s[4 * c8 + 2 * hf + j];
+        x = ex2(fmaf(x, scale_log2, -base));
+        sum += x;
+      }
+    l_run[hf] = l_run[hf] * corr[hf] + sum;
+  }
+}
+
+// O rows (half hf) times corr[hf].
+template <int HD>
+__device__ __forceinline__ void rescale(float (&o)[HD / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int c8 = 0; c8 < HD / 8; ++c8)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      o[4 * c8 + 2 * hf] *= corr[hf];
+      o[4 * c8 + 2 * hf + 1] *= corr[hf];
+    }
+}
+
 // ------------------------------------------------------------------ attention kernel
 struct FwdArgs {
   __nv_bfloat16* o;
@@ -214,7 +268,7 @@ __device__ __forceinline__ T& aligned_smem(unsigned char* raw) {
   return *reinterpret_cast<T*>(raw + ((1024 - (a & 1023)) & 1023));
 }
 
-template <int HD>
+template <int HD, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const FwdArgs a) {
@@ -251,17 +305,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       constexpr uint32_t kQBytes = kPanels * kPanelBytesM, kKVBytes = kPanels * kPanelBytesN;
       mbar_expect_tx(smem_u32(&sh.q_full), kQBytes);
       for (int p = 0; p < kPanels; ++p) tma_load_4d(smem_u32(&sh.q[p][0]), &tm_q, smem_u32(&sh.q_full), 64 * p, m0, h, b);
-      for (int n = 0; n < n_end; ++n) {
+      // Order K0, K1, V0, K2, V1, ...: K of the next tile before V of this one, so the next
+      // S GEMM's operand is never queued behind a V slot that the P V GEMM still holds (the
+      // overlapped consumer reads K_{n+1} before V_n). Slot of tile n: n % kStages; its use
+      // count n / kStages gives the phase parities.
+      auto load_k = [&](int n) {
         const int st = n % kStages;
-        const uint32_t ph = (n / kStages) & 1;
-        mbar_wait(smem_u32(&sh.k_empty[st]), ph ^ 1);
+        mbar_wait(smem_u32(&sh.k_empty[st]), ((n / kStages) & 1) ^ 1);
         mbar_expect_tx(smem_u32(&sh.k_full[st]), kKVBytes);
         for (int p = 0; p < kPanels; ++p)
           tma_load_4d(smem_u32(&sh.k[st][p][0]), &tm_k, smem_u32(&sh.k_full[st]), 64 * p, n * kBlockN, hk, b);
-        mbar_wait(smem_u32(&sh.v_empty[st]), ph ^ 1);
+      };
+      auto load_v = [&](int n) {
+        const int st = n % kStages;
+        mbar_wait(smem_u32(&sh.v_empty[st]), ((n / kStages) & 1) ^ 1);
         mbar_expect_tx(smem_u32(&sh.v_full[st]), kKVBytes);
         for (int p = 0; p < kPanels; ++p)
           tma_load_4d(smem_u32(&sh.v[st][p][0]), &tm_v, smem_u32(&sh.v_full[st]), 64 * p, n * kBlockN, hk, b);
+      };
+      load_k(0);
+      for (int n = 0; n < n_end; ++n) {
+        if (n + 1 < n_end) load_k(n + 1);
+        load_v(n);
       }
     }
     return;
@@ -285,76 +350,112 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (n_end > 0) {
     mbar_wait(smem_u32(&sh.q_full), 0);
     const uint32_t q_base = smem_u32(&sh.q[0][0]) + cw * 64 * kRowBytes;  // 8 KiB: a multiple of 1024
-    for (int n = 0; n < n_end; ++n) {
-      const int st = n % kStages;
-      const uint32_t ph = (n / kStages) & 1;
-      float s[64];
-      mbar_wait(smem_u32(&sh.k_full[st]), ph);
-      wgmma_fence();
-      gemm_qk<HD>(s, q_base, kPanelBytesM, smem_u32(&sh.k[st][0][0]));
-      wgmma_commit();
-      wgmma_wait_all();
-      reg_fence(s);
+    auto k_addr = [&](int n) { return smem_u32(&sh.k[n % kStages][0][0]); };
+    auto v_addr = [&](int n) { return smem_u32(&sh.v[n % kStages][0][0]); };
+    auto wait_k = [&](int n) { mbar_wait(smem_u32(&sh.k_full[n % kStages]), (n / kStages) & 1); };
+    auto wait_v = [&](int n) { mbar_wait(smem_u32(&sh.v_full[n % kStages]), (n / kStages) & 1); };
+    // Every warp releases a slot once its own wait_group has returned (8 arrivals complete it).
+    auto free_k = [&](int n) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(smem_u32(&sh.k_empty[st]));
-
+      if (lane == 0) mbar_arrive(smem_u32(&sh.k_empty[n % kStages]));
+    };
+    auto free_v = [&](int n) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(smem_u32(&sh.v_empty[n % kStages]));
+    };
+    // -inf on the keys of tile n that a row does not see (only tiles that cross Sk or the diagonal).
+    auto mask = [&](float (&s)[64], int n) {
       const bool need_mask = (n + 1) * kBlockN > a.sk || (a.causal && (n + 1) * kBlockN - 1 > m0 + a.diag);
-      if (need_mask) {
-        const int key0 = n * kBlockN + colq;
+      if (!need_mask) return;
+      const int key0 = n * kBlockN + colq;
 #pragma unroll
-        for (int c8 = 0; c8 < kBlockN / 8; ++c8)
+      for (int c8 = 0; c8 < kBlockN / 8; ++c8)
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf)
+        for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
-              if (key0 + 8 * c8 + j > lim[hf]) s[4 * c8 + 2 * hf + j] = -INFINITY;
-      }
+          for (int j = 0; j < 2; ++j)
+            if (key0 + 8 * c8 + j > lim[hf]) s[4 * c8 + 2 * hf + j] = -INFINITY;
+    };
+    float corr[2];
+    uint32_t p[kBlockN / 16][4];
 
-      // Online softmax per row (half hf): the row's 128 scores are spread over the 4 lanes of a
-      // quad (same lane/4), 32 each.
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int c8 = 0; c8 < kBlockN / 8; ++c8) mx = fmaxf(mx, fmaxf(s[4 * c8 + 2 * hf], s[4 * c8 + 2 * hf + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[hf], mx);
-        // A row with no visible key so far keeps m = -inf: subtract 0 instead (p = 2^-inf = 0).
-        const float base = m_new == -INFINITY ? 0.f : m_new * a.scale_log2;
-        const float corr = ex2(m_run[hf] * a.scale_log2 - base);  // 0 when m_run was -inf, O and l are 0 then
-        m_run[hf] = m_new;
-        l_run[hf] *= corr;
-#pragma unroll
-        for (int c8 = 0; c8 < HD / 8; ++c8) {
-          o[4 * c8 + 2 * hf] *= corr;
-          o[4 * c8 + 2 * hf + 1] *= corr;
-        }
-        float sum = 0.f;
-#pragma unroll
-        for (int c8 = 0; c8 < kBlockN / 8; ++c8)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            float& x = s[4 * c8 + 2 * hf + j];
-            x = ex2(fmaf(x, a.scale_log2, -base));
-            sum += x;
-          }
-        l_run[hf] += sum;  // this lane's part; the quad's parts are added in the epilogue
+    if constexpr (!kOverlap) {
+      // One tile at a time: S GEMM, wait, softmax, P V GEMM, wait.
+      for (int n = 0; n < n_end; ++n) {
+        float s[64];
+        wait_k(n);
+        wgmma_fence();
+        gemm_qk<HD>(s, q_base, kPanelBytesM, k_addr(n));
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s);
+        free_k(n);
+        mask(s, n);
+        online_softmax(s, m_run, l_run, corr, a.scale_log2);
+        rescale<HD>(o, corr);
+        s_to_p(s, p);
+        wait_v(n);
+        reg_fence(o);
+        reg_fence(p);
+        wgmma_fence();
+        gemm_pv<HD>(o, p, v_addr(n));
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(o);
+        reg_fence(p);
+        free_v(n);
       }
-
-      uint32_t p[kBlockN / 16][4];
-      s_to_p(s, p);
-      mbar_wait(smem_u32(&sh.v_full[st]), ph);
+    } else {
+      // Softmax of tile n runs while the tensor cores do P_{n-1} V_{n-1} (FA3's intra-warpgroup
+      // overlap): issue S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; wait for the older group (S_n)
+      // only; softmax S_n (O is not touched: the rescale waits); wait for the P V group; then
+      // rescale O by tile n's correction (O now holds tiles < n, all relative to m_{n-1}).
+      {
+        float s[64];
+        wait_k(0);
+        wgmma_fence();
+        gemm_qk<HD>(s, q_base, kPanelBytesM, k_addr(0));
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s);
+        free_k(0);
+        mask(s, 0);
+        online_softmax(s, m_run, l_run, corr, a.scale_log2);  // O is 0: no rescale needed
+        s_to_p(s, p);
+      }
+      for (int n = 1; n < n_end; ++n) {
+        float s[64];
+        wait_k(n);
+        wait_v(n - 1);
+        reg_fence(o);
+        reg_fence(p);
+        wgmma_fence();
+        gemm_qk<HD>(s, q_base, kPanelBytesM, k_addr(n));
+        wgmma_commit();
+        gemm_pv<HD>(o, p, v_addr(n - 1));
+        wgmma_commit();
+        wgmma_wait<1>();  // groups complete in order: S_n is done, P_{n-1} V_{n-1} may not be
+        reg_fence(s);
+        free_k(n);
+        mask(s, n);
+        online_softmax(s, m_run, l_run, corr, a.scale_log2);
+        wgmma_wait<0>();
+        reg_fence(o);
+        reg_fence(p);
+        free_v(n - 1);
+        rescale<HD>(o, corr);
+        s_to_p(s, p);
+      }
+      wait_v(n_end - 1);
       reg_fence(o);
       reg_fence(p);
       wgmma_fence();
-      gemm_pv<HD>(o, p, smem_u32(&sh.v[st][0][0]));
+      gemm_pv<HD>(o, p, v_addr(n_end - 1));
       wgmma_commit();
-      wgmma_wait_all();
+      wgmma_wait<0>();
       reg_fence(o);
       reg_fence(p);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(smem_u32(&sh.v_empty[st]));
+      free_v(n_end - 1);
     }
   }
 
@@ -420,7 +521,7 @@ __global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_cons
   wgmma_fence();
   gemm_qk<HD>(s, smem_u32(&sh.q[0][0]), 64 * kRowBytes, smem_u32(&sh.k[0][0]));
   wgmma_commit();
-  wgmma_wait_all();
+  wgmma_wait<0>();
   reg_fence(s);
   const int row0 = warp * 16 + lane / 4, colq = 2 * (lane % 4);
 #pragma unroll
@@ -436,7 +537,7 @@ __global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_cons
   wgmma_fence();
   gemm_pv<HD>(o, p, smem_u32(&sh.v[0][0]));
   wgmma_commit();
-  wgmma_wait_all();
+  wgmma_wait<0>();
   reg_fence(o);
   reg_fence(p);
 #pragma unroll
@@ -480,7 +581,7 @@ CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, i
   return m;
 }
 
-template <int HD>
+template <int HD, bool kOverlap>
 void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   const CUtensorMap tq = make_map(p.q, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBlockM, "q");
   const CUtensorMap tk = make_map(p.k, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBlockN, "k");
@@ -498,11 +599,11 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   a.causal = p.causal ? 1 : 0;
   a.scale_log2 = p.scale_log2;
   const size_t smem = sizeof(FwdSmem<HD>) + 1024;
-  EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(attention_fwd_sm90_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(attention_fwd_sm90_kernel<HD, kOverlap>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>((p.sq + kBlockM - 1) / kBlockM), static_cast<unsigned>(p.hq),
                   static_cast<unsigned>(p.batch));
-  attention_fwd_sm90_kernel<HD><<<grid, kThreads, smem, st>>>(tq, tk, tv, a);
+  attention_fwd_sm90_kernel<HD, kOverlap><<<grid, kThreads, smem, st>>>(tq, tk, tv, a);
   EASYCTX_CUDA_CHECK_LAUNCH("attention_fwd_sm90");
 }
 
@@ -561,14 +662,17 @@ bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why) {
   return true;
 }
 
-void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st) {
+void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant) {
   std::string why;
   if (!attention_fwd_sm90_supported(p, &why)) EASYCTX_THROW("attention_fwd_sm90: unsupported call: ", why);
+  const bool overlap = variant == Sm90FwdVariant::Overlap;
   if (p.hd == 128)
-    sm90::launch_fwd<128>(p, st);
+    overlap ? sm90::launch_fwd<128, true>(p, st) : sm90::launch_fwd<128, false>(p, st);
   else
-    sm90::launch_fwd<64>(p, st);
+    overlap ? sm90::launch_fwd<64, true>(p, st) : sm90::launch_fwd<64, false>(p, st);
 }
+
+const char* sm90_fwd_variant_name(Sm90FwdVariant v) { return v == Sm90FwdVariant::Overlap ? "overlap" : "simple"; }
 
 void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int hd, float* s_out,
                            float* o_out, cudaStream_t st) {

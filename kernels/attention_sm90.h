@@ -24,8 +24,15 @@ bool sm90_device_available();
 // 16-byte global strides), lse_out and o_out set. `why` (optional) gets the first reason not.
 bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why = nullptr);
 
+// Consumer schedules (same results up to fp32 summation order, both tested):
+//   Overlap: the softmax of key tile n runs while the tensor cores do P_{n-1} V_{n-1} (FA3's
+//            intra-warpgroup overlap), the default;
+//   Simple:  one tile at a time (S GEMM, wait, softmax, P V GEMM, wait): the reference schedule.
+enum class Sm90FwdVariant { Overlap, Simple };
+const char* sm90_fwd_variant_name(Sm90FwdVariant v);
+
 // o_out, lse_out = attention(q, k, v) forward on `st`. Throws when !supported(p).
-void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st);
+void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant = Sm90FwdVariant::Overlap);
 
 // Self-test of the layer under the attention kernel (TMA tensor maps with 128-byte swizzle,
 // wgmma shared-memory descriptors, the fp32 accumulator fragment and the register-A fragment),
