@@ -110,7 +110,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
-// TMA: box at coordinates (c0 = column, c1 = row, c2 = head, c3 = batch) of `map` into shared
+// TMA: box at coordinates (c0 = column, c1 = head, c2 = row, c3 = batch) of `map` into shared
 // memory at `dst`, completion (box bytes, zero-filled parts included) counted on `bar`.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
                                             int c3) {
@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0 && n_end > 0) {
       constexpr uint32_t kQBytes = kPanels * kPanelBytesM, kKVBytes = kPanels * kPanelBytesN;
       mbar_expect_tx(smem_u32(&sh.q_full), kQBytes);
-      for (int p = 0; p < kPanels; ++p) tma_load_4d(smem_u32(&sh.q[p][0]), &tm_q, smem_u32(&sh.q_full), 64 * p, m0, h, b);
+      for (int p = 0; p < kPanels; ++p) tma_load_4d(smem_u32(&sh.q[p][0]), &tm_q, smem_u32(&sh.q_full), 64 * p, h, m0, b);
       // Order K0, K1, V0, K2, V1, ...: K of the next tile before V of this one, so the next
       // S GEMM's operand is never queued behind a V slot that the P V GEMM still holds (the
       // overlapped consumer reads K_{n+1} before V_n). Slot of tile n: n % kStages; its use
@@ -314,14 +314,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(smem_u32(&sh.k_empty[st]), ((n / kStages) & 1) ^ 1);
         mbar_expect_tx(smem_u32(&sh.k_full[st]), kKVBytes);
         for (int p = 0; p < kPanels; ++p)
-          tma_load_4d(smem_u32(&sh.k[st][p][0]), &tm_k, smem_u32(&sh.k_full[st]), 64 * p, n * kBlockN, hk, b);
+          tma_load_4d(smem_u32(&sh.k[st][p][0]), &tm_k, smem_u32(&sh.k_full[st]), 64 * p, hk, n * kBlockN, b);
       };
       auto load_v = [&](int n) {
         const int st = n % kStages;
         mbar_wait(smem_u32(&sh.v_empty[st]), ((n / kStages) & 1) ^ 1);
         mbar_expect_tx(smem_u32(&sh.v_full[st]), kKVBytes);
         for (int p = 0; p < kPanels; ++p)
-          tma_load_4d(smem_u32(&sh.v[st][p][0]), &tm_v, smem_u32(&sh.v_full[st]), 64 * p, n * kBlockN, hk, b);
+          tma_load_4d(smem_u32(&sh.v[st][p][0]), &tm_v, smem_u32(&sh.v_full[st]), 64 * p, hk, n * kBlockN, b);
       };
       load_k(0);
       for (int n = 0; n < n_end; ++n) {
@@ -558,19 +558,21 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// 4-D map over [batch][rows][heads][hd] bf16 (innermost first: dim, row, head, batch), boxes of
-// 64 columns (128 bytes, the swizzle span) x box_rows rows of one head of one batch, 128-byte
-// swizzle, out-of-bounds elements read as zeros.
+// 4-D map over [batch][rows][heads][hd] bf16, dimensions innermost first (dim, head, row,
+// batch) so the byte strides grow (hd*2 <= row stride <= batch stride), as the driver's
+// stride rule describes; boxes of 64 columns (128 bytes, the swizzle span) x 1 head x box_rows
+// rows x 1 batch land in shared memory as box_rows rows of 128 bytes, 128-byte swizzled;
+// out-of-bounds elements (rows past Sq/Sk) read as zeros.
 CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, int64_t batch, int64_t row_stride,
                      int64_t batch_stride, int box_rows, const char* what) {
   CUtensorMap m;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(hd), static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(heads),
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(hd), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(batch)};
   // A single batch's stride is never used; TMA still wants a multiple of 16 bytes.
   if (batch == 1) batch_stride = rows * row_stride;
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(row_stride) * 2, static_cast<cuuint64_t>(hd) * 2,
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(hd) * 2, static_cast<cuuint64_t>(row_stride) * 2,
                                  static_cast<cuuint64_t>(batch_stride) * 2};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t estride[4] = {1, 1, 1, 1};
   const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box, estride,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
