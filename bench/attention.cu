@@ -226,6 +226,12 @@ int main(int argc, char** argv) try {
         }
         for (const auto var : {kernels::Sm90FwdVariant::Overlap, kernels::Sm90FwdVariant::Simple}) {
           const double ms = time_ms(*be, warm, r, [&] { kernels::attention_fwd_sm90(p, st, var); });
+          const std::string hang = kernels::sm90_take_hang_report();
+          if (!hang.empty()) {
+            std::printf("| %s | %lld | %s | %s | hung: %s |\n", s.name, static_cast<long long>(S), causal ? "causal" : "none",
+                        kernels::sm90_fwd_variant_name(var), hang.c_str());
+            continue;
+          }
           std::string diff = "-";
           if (check) {
             std::vector<float> h1(static_cast<size_t>(nq)), h2(static_cast<size_t>(nq));

@@ -61,6 +61,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 #include "kernels/cuda_check.h"
 #include "kernels/wgmma_sm90.cuh"
@@ -99,15 +101,43 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 }
 // Waits until the phase of parity `parity` has completed (a fresh barrier is in phase 0, so
 // waiting for parity 1 returns at once: the producer's first pass over the ring).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// A wait that cannot complete (a protocol bug: wrong parity, arrival count or byte count)
+// would hang the process. After ~2^34 cycles (~9 s) the first such wait records where it was
+// (g_hang, read by sm90_take_hang_report()) and every wait, then and after, gives up: the
+// kernel ends quickly with wrong results and the context stays usable, so a test run reports
+// the hang and goes on to the next case instead of timing out. Only the slow path (the first
+// try failed) looks at the clock and, every 16 tries, at the flag.
+__device__ unsigned int g_hang[8];  // [0] flag, then block x, y, z, thread, barrier address, parity
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const long long t0 = clock64();
+  for (uint32_t tries = 1;; ++tries) {
+    if (mbar_try_wait(bar, parity)) return;
+    if ((tries & 15) == 0) {
+      if (*reinterpret_cast<volatile unsigned int*>(&g_hang[0]) != 0) return;
+      if (clock64() - t0 > (1ll << 34)) {
+        if (atomicCAS(&g_hang[0], 0u, 1u) == 0u) {
+          g_hang[1] = blockIdx.x;
+          g_hang[2] = blockIdx.y;
+          g_hang[3] = blockIdx.z;
+          g_hang[4] = threadIdx.x;
+          g_hang[5] = bar;
+          g_hang[6] = parity;
+          __threadfence();
+        }
+        return;
+      }
+    }
+  }
 }
 
 // TMA: box at coordinates (c0 = column, c1 = head, c2 = row, c3 = batch) of `map` into shared
@@ -672,6 +702,21 @@ void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVarian
     overlap ? sm90::launch_fwd<128, true>(p, st) : sm90::launch_fwd<128, false>(p, st);
   else
     overlap ? sm90::launch_fwd<64, true>(p, st) : sm90::launch_fwd<64, false>(p, st);
+}
+
+std::string sm90_take_hang_report() {
+  unsigned int h[8] = {};
+  EASYCTX_CUDA_CHECK(cudaMemcpyFromSymbol(h, sm90::g_hang, sizeof(h)));
+  if (h[0] == 0) return "";
+  const unsigned int zero[8] = {};
+  EASYCTX_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_hang, zero, sizeof(zero)));
+  return "an mbarrier wait gave up after ~2^34 cycles: block (" + std::to_string(h[1]) + "," + std::to_string(h[2]) + "," +
+         std::to_string(h[3]) + ") thread " + std::to_string(h[4]) + " (warpgroup " + std::to_string(h[4] / 128) +
+         ") barrier at shared 0x" + [&] {
+           char b[16];
+           std::snprintf(b, sizeof(b), "%x", h[5]);
+           return std::string(b);
+         }() + " parity " + std::to_string(h[6]);
 }
 
 const char* sm90_fwd_variant_name(Sm90FwdVariant v) { return v == Sm90FwdVariant::Overlap ? "overlap" : "simple"; }

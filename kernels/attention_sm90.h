@@ -34,6 +34,11 @@ const char* sm90_fwd_variant_name(Sm90FwdVariant v);
 // o_out, lse_out = attention(q, k, v) forward on `st`. Throws when !supported(p).
 void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant = Sm90FwdVariant::Overlap);
 
+// "" normally; after a kernel of this file gave up on an mbarrier wait (a hang: see
+// mbar_wait in attention_fwd_sm90.cu; its results are then garbage), where it happened. Resets
+// the record. Call after synchronizing the stream.
+std::string sm90_take_hang_report();
+
 // Self-test of the layer under the attention kernel (TMA tensor maps with 128-byte swizzle,
 // wgmma shared-memory descriptors, the fp32 accumulator fragment and the register-A fragment),
 // one warpgroup on one tile:
