@@ -224,7 +224,7 @@ int main(int argc, char** argv) try {
           be->attention_fwd(q.view({1, S, s.hq, s.hd}), k.view({1, S, s.hkv, s.hd}), v.view({1, S, s.hkv, s.hd}), blk,
                             o2.view({1, S, s.hq, s.hd}), lse2.flat());
         }
-        for (const auto var : {kernels::Sm90FwdVariant::Overlap, kernels::Sm90FwdVariant::Simple}) {
+        for (const auto var : {kernels::Sm90FwdVariant::Simple, kernels::Sm90FwdVariant::Overlap, kernels::Sm90FwdVariant::PingPong}) {
           const double ms = time_ms(*be, warm, r, [&] { kernels::attention_fwd_sm90(p, st, var); });
           const std::string hang = kernels::sm90_take_hang_report();
           if (!hang.empty()) {

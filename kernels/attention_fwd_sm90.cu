@@ -150,6 +150,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// Named barriers (ids 1..15; 0 is __syncthreads): `count` threads take part, a multiple of 32.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // Waits until at most N committed wgmma groups are pending (groups complete in order).
@@ -298,7 +306,8 @@ __device__ __forceinline__ T& aligned_smem(unsigned char* raw) {
   return *reinterpret_cast<T*>(raw + ((1024 - (a & 1023)) & 1023));
 }
 
-template <int HD, bool kOverlap>
+// kSched: 0 = one tile at a time, 1 = intra-warpgroup overlap, 2 = overlap + ping-pong.
+template <int HD, int kSched>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const FwdArgs a) {
@@ -409,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float corr[2];
     uint32_t p[kBlockN / 16][4];
 
-    if constexpr (!kOverlap) {
+    if constexpr (kSched == 0) {
       // One tile at a time: S GEMM, wait, softmax, P V GEMM, wait.
       for (int n = 0; n < n_end; ++n) {
         float s[64];
@@ -440,12 +449,33 @@ __global__ void __launch_bounds__(kThreads, 1)
       // overlap): issue S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; wait for the older group (S_n)
       // only; softmax S_n (O is not touched: the rescale waits); wait for the P V group; then
       // rescale O by tile n's correction (O now holds tiles < n, all relative to m_{n-1}).
+      //
+      // Ping-pong (kSched 2): the two consumers take turns issuing their GEMMs, so one's
+      // softmax runs while the other's GEMMs occupy the tensor cores. The issue phases of a
+      // consumer are k = 0 (S_0), k = n (S_n and P_{n-1} V_{n-1}), k = n_end (the last P V).
+      // A token passes through named barriers 1 (consumer 0 waits) and 2 (consumer 1 waits),
+      // 256 threads each (one consumer syncs, the other arrives). Consumer 0 holds the token at
+      // the start (no wait at k = 0); consumer 1 does not pass it after its last phase. Hence
+      // barrier 2 sees n_end + 1 syncs and n_end + 1 arrivals, barrier 1 n_end of each: every
+      // barrier use completes, none is left half-arrived when the CTA exits.
+      auto turn_take = [&](int k) {
+        if constexpr (kSched == 2) {
+          if (cw == 1 || k > 0) named_bar_sync(1 + cw, 256);
+        }
+      };
+      auto turn_pass = [&](int k) {
+        if constexpr (kSched == 2) {
+          if (cw == 0 || k < n_end) named_bar_arrive(2 - cw, 256);
+        }
+      };
       {
         float s[64];
         wait_k(0);
+        turn_take(0);
         wgmma_fence();
         gemm_qk<HD>(s, q_base, kPanelBytesM, k_addr(0));
         wgmma_commit();
+        turn_pass(0);
         wgmma_wait<0>();
         reg_fence(s);
         free_k(0);
@@ -457,6 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         float s[64];
         wait_k(n);
         wait_v(n - 1);
+        turn_take(n);
         reg_fence(o);
         reg_fence(p);
         wgmma_fence();
@@ -464,6 +495,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
         gemm_pv<HD>(o, p, v_addr(n - 1));
         wgmma_commit();
+        turn_pass(n);
         wgmma_wait<1>();  // groups complete in order: S_n is done, P_{n-1} V_{n-1} may not be
         reg_fence(s);
         free_k(n);
@@ -477,11 +509,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         s_to_p(s, p);
       }
       wait_v(n_end - 1);
+      turn_take(n_end);
       reg_fence(o);
       reg_fence(p);
       wgmma_fence();
       gemm_pv<HD>(o, p, v_addr(n_end - 1));
       wgmma_commit();
+      turn_pass(n_end);
       wgmma_wait<0>();
       reg_fence(o);
       reg_fence(p);
@@ -613,7 +647,7 @@ CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, i
   return m;
 }
 
-template <int HD, bool kOverlap>
+template <int HD, int kSched>
 void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   const CUtensorMap tq = make_map(p.q, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBlockM, "q");
   const CUtensorMap tk = make_map(p.k, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBlockN, "k");
@@ -631,11 +665,11 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   a.causal = p.causal ? 1 : 0;
   a.scale_log2 = p.scale_log2;
   const size_t smem = sizeof(FwdSmem<HD>) + 1024;
-  EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(attention_fwd_sm90_kernel<HD, kOverlap>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(attention_fwd_sm90_kernel<HD, kSched>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>((p.sq + kBlockM - 1) / kBlockM), static_cast<unsigned>(p.hq),
                   static_cast<unsigned>(p.batch));
-  attention_fwd_sm90_kernel<HD, kOverlap><<<grid, kThreads, smem, st>>>(tq, tk, tv, a);
+  attention_fwd_sm90_kernel<HD, kSched><<<grid, kThreads, smem, st>>>(tq, tk, tv, a);
   EASYCTX_CUDA_CHECK_LAUNCH("attention_fwd_sm90");
 }
 
@@ -697,11 +731,15 @@ bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why) {
 void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant) {
   std::string why;
   if (!attention_fwd_sm90_supported(p, &why)) EASYCTX_THROW("attention_fwd_sm90: unsupported call: ", why);
-  const bool overlap = variant == Sm90FwdVariant::Overlap;
-  if (p.hd == 128)
-    overlap ? sm90::launch_fwd<128, true>(p, st) : sm90::launch_fwd<128, false>(p, st);
-  else
-    overlap ? sm90::launch_fwd<64, true>(p, st) : sm90::launch_fwd<64, false>(p, st);
+  switch (variant) {
+    case Sm90FwdVariant::Simple:
+      return p.hd == 128 ? sm90::launch_fwd<128, 0>(p, st) : sm90::launch_fwd<64, 0>(p, st);
+    case Sm90FwdVariant::Overlap:
+      return p.hd == 128 ? sm90::launch_fwd<128, 1>(p, st) : sm90::launch_fwd<64, 1>(p, st);
+    case Sm90FwdVariant::PingPong:
+      return p.hd == 128 ? sm90::launch_fwd<128, 2>(p, st) : sm90::launch_fwd<64, 2>(p, st);
+  }
+  EASYCTX_THROW("attention_fwd_sm90: unknown variant ", static_cast<int>(variant));
 }
 
 std::string sm90_take_hang_report() {
@@ -719,7 +757,17 @@ std::string sm90_take_hang_report() {
          }() + " parity " + std::to_string(h[6]);
 }
 
-const char* sm90_fwd_variant_name(Sm90FwdVariant v) { return v == Sm90FwdVariant::Overlap ? "overlap" : "simple"; }
+const char* sm90_fwd_variant_name(Sm90FwdVariant v) {
+  switch (v) {
+    case Sm90FwdVariant::Simple:
+      return "simple";
+    case Sm90FwdVariant::Overlap:
+      return "overlap";
+    case Sm90FwdVariant::PingPong:
+      return "pingpong";
+  }
+  return "?";
+}
 
 void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int hd, float* s_out,
                            float* o_out, cudaStream_t st) {

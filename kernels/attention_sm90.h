@@ -27,8 +27,10 @@ bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why = n
 // Consumer schedules (same results up to fp32 summation order, both tested):
 //   Overlap: the softmax of key tile n runs while the tensor cores do P_{n-1} V_{n-1} (FA3's
 //            intra-warpgroup overlap), the default;
-//   Simple:  one tile at a time (S GEMM, wait, softmax, P V GEMM, wait): the reference schedule.
-enum class Sm90FwdVariant { Overlap, Simple };
+//   Simple:  one tile at a time (S GEMM, wait, softmax, P V GEMM, wait): the reference schedule;
+//   PingPong: Overlap plus the two consumer warpgroups taking turns to issue their GEMMs (named
+//            barriers), so one's softmax hides behind the other's GEMMs.
+enum class Sm90FwdVariant { Overlap, Simple, PingPong };
 const char* sm90_fwd_variant_name(Sm90FwdVariant v);
 
 // o_out, lse_out = attention(q, k, v) forward on `st`. Throws when !supported(p).

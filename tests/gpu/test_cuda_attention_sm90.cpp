@@ -16,6 +16,10 @@
 namespace easyctx::test {
 namespace {
 
+// Line-buffered stdout: if a case hangs and the run is killed by a timeout, every line printed
+// before it (the tile check, the earlier cases' errors) still reaches the log.
+const bool kLineBuffered = [] { return std::setvbuf(stdout, nullptr, _IOLBF, 0) == 0; }();
+
 class CudaAttentionSm90 : public CudaOpsTest {
  protected:
   void SetUp() override {
@@ -109,14 +113,15 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 
 class CudaAttentionSm90Shapes : public CudaAttentionSm90, public ::testing::WithParamInterface<Case> {};
 
-// The consumer schedules to run: both by default; EASYCTX_SM90_VARIANT=overlap or simple runs
-// one (e.g. to rerun the reference schedule alone after the other failed).
+// The consumer schedules to run: all by default; EASYCTX_SM90_VARIANT=overlap, simple or
+// pingpong runs one (e.g. to rerun the reference schedule alone after another failed).
 std::vector<kernels::Sm90FwdVariant> variants() {
   const char* e = std::getenv("EASYCTX_SM90_VARIANT");
   const std::string v = e ? e : "";
-  if (v == "overlap") return {kernels::Sm90FwdVariant::Overlap};
-  if (v == "simple") return {kernels::Sm90FwdVariant::Simple};
-  return {kernels::Sm90FwdVariant::Overlap, kernels::Sm90FwdVariant::Simple};
+  using V = kernels::Sm90FwdVariant;
+  for (const V x : {V::Overlap, V::Simple, V::PingPong})
+    if (v == kernels::sm90_fwd_variant_name(x)) return {x};
+  return {V::Simple, V::Overlap, V::PingPong};
 }
 
 TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
