@@ -31,19 +31,31 @@ class CudaAttentionSm90 : public CudaOpsTest {
 };
 
 // Prints up to `n` entries where |got - ref| > atol + rtol |ref|, with their (row, col) in a
-// [rows x cols] matrix; returns how many entries are off.
+// [rows x cols] matrix and where in ref the got value does sit (the closest entry: a wrong
+// fragment or swizzle mapping shows up as a consistent permutation of rows / columns);
+// returns how many entries are off.
 int64_t report_mismatches(const char* what, const std::vector<float>& got, const std::vector<float>& ref, int64_t cols,
                           double atol, double rtol, int n = 8) {
   int64_t bad = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double d = std::abs(static_cast<double>(got[i]) - ref[i]);
     if (!(d <= atol + rtol * std::abs(ref[i]))) {
-      if (bad < n)
-        std::printf("  [mismatch] %s row %lld col %lld: got %.6g want %.6g\n", what, static_cast<long long>(i / cols),
-                    static_cast<long long>(i % cols), got[i], ref[i]);
+      if (bad < n) {
+        size_t best = 0;
+        double bd = INFINITY;
+        for (size_t j = 0; j < ref.size(); ++j) {
+          const double e = std::abs(static_cast<double>(got[i]) - ref[j]);
+          if (e < bd) bd = e, best = j;
+        }
+        std::printf("  [mismatch] %s row %lld col %lld: got %.6g want %.6g; got is closest to ref row %lld col %lld "
+                    "(%.6g, off by %.3g)\n",
+                    what, static_cast<long long>(i / cols), static_cast<long long>(i % cols), got[i], ref[i],
+                    static_cast<long long>(best / cols), static_cast<long long>(best % cols), ref[best], bd);
+      }
       ++bad;
     }
   }
+  if (bad) std::printf("  [mismatch] %s: %lld of %zu entries off\n", what, static_cast<long long>(bad), ref.size());
   return bad;
 }
 
