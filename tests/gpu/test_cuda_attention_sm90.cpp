@@ -210,6 +210,20 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
                   static_cast<long long>(row % 128), static_cast<long long>(h), static_cast<long long>(col), go[o_arg], o[o_arg],
                   static_cast<long long>(o_nan));
     }
+    // Where the error sits, when it is large: max abs error of o by the row's 16-row group
+    // within its 128-row query tile (group g: consumer warpgroup g / 4, its warp g % 4).
+    if (o_max > 3e-2 || o_nan) {
+      double by_group[8] = {};
+      for (size_t i = 0; i < o.size(); ++i) {
+        const int64_t row = (static_cast<int64_t>(i) / (c.hd * c.hq)) % c.sq;
+        const double d = std::abs(static_cast<double>(go[i]) - o[i]);
+        double& g = by_group[(row % 128) / 16];
+        g = std::isnan(d) ? INFINITY : std::max(g, d);
+      }
+      std::printf("  [where] max abs err of o by 16-row group of the 128-row tile:");
+      for (double g : by_group) std::printf(" %.3g", g);
+      std::printf("\n");
+    }
     EXPECT_EQ(o_nan, 0) << "o has NaN (unwritten rows stay NaN-poisoned)";
     EXPECT_REL(go, o, 1e-2);
     EXPECT_LT(o_max, 3e-2);  // bf16 output of values |o| <= 1 (P in bf16, fp32 accumulation)
