@@ -214,10 +214,11 @@ __device__ __forceinline__ void gemm_qk(float (&s)[64], uint32_t q_base, uint32_
 // 0 at v_base. Slice kk starts 16 rows (2 swizzle atoms, 2048 bytes) further; within it SBO
 // steps 8 keys (1024 bytes), LBO steps to the next 64 head dims (the next panel).
 template <int HD>
-__device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&p)[kBlockN / 16][4], uint32_t v_base) {
+__device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&p)[kBlockN / 16][4], uint32_t v_base,
+                                        uint32_t lbo = kPanelBytesN, uint32_t sbo = 1024) {
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const uint64_t d = desc_sw128(v_base + kk * 16 * kRowBytes, kPanelBytesN, 1024);
+    const uint64_t d = desc_sw128(v_base + kk * 16 * kRowBytes, lbo, sbo);
     if constexpr (HD == 128)
       sm90::wgmma_m64n128k16_rs(o, p[kk], d, 1);
     else
@@ -560,7 +561,7 @@ template <int HD>
 __global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                const __grid_constant__ CUtensorMap tm_k,
                                                                const __grid_constant__ CUtensorMap tm_v, float* s_out,
-                                                               float* o_out) {
+                                                               float* o_out, int swap_v_offsets) {
   extern __shared__ unsigned char smem_raw[];
   TileSmem<HD>& sh = aligned_smem<TileSmem<HD>>(smem_raw);
   constexpr int kPanels = HD / 64;
@@ -599,7 +600,10 @@ __global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_cons
   reg_fence(o);
   reg_fence(p);
   wgmma_fence();
-  gemm_pv<HD>(o, p, smem_u32(&sh.v[0][0]));
+  if (swap_v_offsets)  // diagnostic only: LBO and SBO of the MN-major V descriptor exchanged
+    gemm_pv<HD>(o, p, smem_u32(&sh.v[0][0]), 1024, kPanelBytesN);
+  else
+    gemm_pv<HD>(o, p, smem_u32(&sh.v[0][0]));
   wgmma_commit();
   wgmma_wait<0>();
   reg_fence(o);
@@ -674,7 +678,7 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
 }
 
 template <int HD>
-void launch_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* s_out, float* o_out,
+void launch_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* s_out, float* o_out, int swap,
                        cudaStream_t st) {
   const CUtensorMap tq = make_map(q, HD, 64, 1, 1, HD, 64 * HD, 64, "q");
   const CUtensorMap tk = make_map(k, HD, kBlockN, 1, 1, HD, kBlockN * HD, kBlockN, "k");
@@ -682,7 +686,7 @@ void launch_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __n
   const size_t smem = sizeof(TileSmem<HD>) + 1024;
   EASYCTX_CUDA_CHECK(
       cudaFuncSetAttribute(wgmma_tile_check_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  wgmma_tile_check_kernel<HD><<<1, 128, smem, st>>>(tq, tk, tv, s_out, o_out);
+  wgmma_tile_check_kernel<HD><<<1, 128, smem, st>>>(tq, tk, tv, s_out, o_out, swap);
   EASYCTX_CUDA_CHECK_LAUNCH("sm90_wgmma_tile_check");
 }
 
@@ -770,15 +774,15 @@ const char* sm90_fwd_variant_name(Sm90FwdVariant v) {
 }
 
 void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int hd, float* s_out,
-                           float* o_out, cudaStream_t st) {
+                           float* o_out, cudaStream_t st, bool swap_v_offsets) {
   if (!sm90_device_available()) EASYCTX_THROW("sm90_wgmma_tile_check: the current device is not sm_90");
   if (hd != 64 && hd != 128) EASYCTX_THROW("sm90_wgmma_tile_check: hd must be 64 or 128, got ", hd);
   if (!sm90::aligned16(q) || !sm90::aligned16(k) || !sm90::aligned16(v))
     EASYCTX_THROW("sm90_wgmma_tile_check: q, k, v must be 16-byte aligned");
   if (hd == 128)
-    sm90::launch_tile_check<128>(q, k, v, s_out, o_out, st);
+    sm90::launch_tile_check<128>(q, k, v, s_out, o_out, swap_v_offsets ? 1 : 0, st);
   else
-    sm90::launch_tile_check<64>(q, k, v, s_out, o_out, st);
+    sm90::launch_tile_check<64>(q, k, v, s_out, o_out, swap_v_offsets ? 1 : 0, st);
 }
 
 }  // namespace easyctx::kernels

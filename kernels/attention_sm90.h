@@ -48,8 +48,10 @@ std::string sm90_take_hang_report();
 //   o_out[64 x hd]  = bf16(s_out) v[128 x hd]                   (fp32, the P V GEMM, P from registers)
 // q, k, v row-major with rows of hd elements (hd 64 or 128). If s_out is wrong, the K-major
 // descriptors / TMA / accumulator layout are at fault; if only o_out is, the MN-major (V)
-// descriptor or the accumulator -> A-fragment conversion is.
+// descriptor or the accumulator -> A-fragment conversion is. swap_v_offsets (a diagnostic,
+// never what the attention kernel does) exchanges the V descriptor's leading and stride byte
+// offsets: if that o_out is right instead, the kernel's reading of LBO/SBO is the bug.
 void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int hd,
-                           float* s_out, float* o_out, cudaStream_t st);
+                           float* s_out, float* o_out, cudaStream_t st, bool swap_v_offsets = false);
 
 }  // namespace easyctx::kernels
