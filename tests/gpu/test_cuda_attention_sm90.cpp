@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "cuda_test_util.h"
@@ -125,12 +126,14 @@ TEST_F(CudaAttentionSm90, WgmmaTileMatchesHostGemm) {
 struct Case {
   int64_t b, sq, sk, hq, hkv, hd;
   bool causal;
-  int64_t diag;  // key j visible to query i iff j <= i + diag
+  int64_t diag;     // key j visible to query i iff j <= i + diag
+  int64_t pad = 0;  // extra elements (NaN) after each row and each batch: strided views
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
   return os << "B" << c.b << " Sq" << c.sq << " Sk" << c.sk << " Hq" << c.hq << " Hkv" << c.hkv << " hd" << c.hd
-            << (c.causal ? " causal diag " + std::to_string(c.diag) : std::string(" full"));
+            << (c.causal ? " causal diag " + std::to_string(c.diag) : std::string(" full"))
+            << (c.pad ? " row pad " + std::to_string(c.pad) : std::string());
 }
 
 class CudaAttentionSm90Shapes : public CudaAttentionSm90, public ::testing::WithParamInterface<Case> {};
@@ -151,7 +154,34 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   const DType t = DType::BF16;
   const int64_t nq = c.b * c.sq * c.hq * c.hd, nk = c.b * c.sk * c.hkv * c.hd, nl = c.b * c.hq * c.sq;
   auto q = rand(nq, t, -2, 2), k = rand(nk, t, -2, 2), v = rand(nk, t);
-  Buffer bq = upload(q, t), bk = upload(k, t), bv = upload(v, t), bo = gpu->alloc(t, nq), bl = gpu->alloc(DType::F32, nl);
+  // Device layout: rows of Hq*hd (Hkv*hd) elements plus c.pad, batches of S rows plus 4*c.pad;
+  // the padding holds NaN, so reading it would show up in o, and writing o's padding too.
+  const int64_t q_row = c.hq * c.hd + c.pad, q_batch = c.sq * q_row + 4 * c.pad, k_row = c.hkv * c.hd + c.pad,
+                k_batch = c.sk * k_row + 4 * c.pad;
+  const auto spread = [&](const std::vector<float>& x, int64_t rows, int64_t width, int64_t row, int64_t batch) {
+    std::vector<float> d(static_cast<size_t>(c.b * batch), std::numeric_limits<float>::quiet_NaN());
+    for (int64_t b = 0; b < c.b; ++b)
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy_n(x.begin() + (b * rows + r) * width, width, d.begin() + b * batch + r * row);
+    return d;
+  };
+  const auto gather = [&](const std::vector<float>& d, int64_t rows, int64_t width, int64_t row, int64_t batch,
+                          int64_t* pad_written) {
+    std::vector<float> x(static_cast<size_t>(c.b * rows * width));
+    std::vector<char> inside(d.size(), 0);
+    for (int64_t b = 0; b < c.b; ++b)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < width; ++j) {
+          x[(b * rows + r) * width + j] = d[b * batch + r * row + j];
+          inside[b * batch + r * row + j] = 1;
+        }
+    *pad_written = 0;
+    for (size_t i = 0; i < d.size(); ++i) *pad_written += !inside[i] && !std::isnan(d[i]);
+    return x;
+  };
+  Buffer bq = upload(spread(q, c.sq, c.hq * c.hd, q_row, q_batch), t), bk = upload(spread(k, c.sk, c.hkv * c.hd, k_row, k_batch), t),
+         bv = upload(spread(v, c.sk, c.hkv * c.hd, k_row, k_batch), t), bo = gpu->alloc(t, c.b * q_batch),
+         bl = gpu->alloc(DType::F32, nl);
 
   ops::AttentionBlock blk;
   blk.scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
@@ -174,10 +204,10 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   p.hq = c.hq;
   p.hkv = c.hkv;
   p.hd = c.hd;
-  p.q_row = c.hq * c.hd;
-  p.q_batch = c.sq * c.hq * c.hd;
-  p.k_row = c.hkv * c.hd;
-  p.k_batch = c.sk * c.hkv * c.hd;
+  p.q_row = q_row;
+  p.q_batch = q_batch;
+  p.k_row = k_row;
+  p.k_batch = k_batch;
   p.scale = static_cast<float>(blk.scale);
   p.scale_log2 = static_cast<float>(blk.scale * 1.4426950408889634);
   p.causal = c.causal;
@@ -196,7 +226,9 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
     const std::string hang = kernels::sm90_take_hang_report();
     if (!hang.empty()) std::printf("  [hang] %s: %s\n", tag.c_str(), hang.c_str());
     EXPECT_EQ(hang, "") << "the producer/consumer barrier protocol hung (results below are garbage)";
-    const auto go = download(bo), gl = download(bl);
+    int64_t pad_written = 0;
+    const auto go = gather(download(bo), c.sq, c.hq * c.hd, q_row, q_batch, &pad_written), gl = download(bl);
+    EXPECT_EQ(pad_written, 0) << "the kernel wrote o outside its rows (into the padding between rows / batches)";
 
     // o: relative (as the other kernels' tests) and max abs; the worst element's coordinates
     // (row % 128 and row % 64 tell a tile edge or a consumer warpgroup apart).
@@ -283,7 +315,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{2, 300, 300, 8, 2, 128, true, 0}, Case{2, 150, 130, 8, 2, 128, true, 64},
         // Head dim 64, GQA 32/4.
         Case{1, 7, 7, 32, 4, 64, true, 0}, Case{1, 256, 256, 32, 4, 64, true, 0}, Case{1, 1000, 1000, 32, 4, 64, true, 0},
-        Case{1, 77, 190, 8, 4, 64, false, 0}, Case{2, 129, 200, 8, 2, 64, true, -30}),
+        Case{1, 77, 190, 8, 4, 64, false, 0}, Case{2, 129, 200, 8, 2, 64, true, -30},
+        // Strided views (rows and batches padded, as slices of a wider buffer would be).
+        Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24}),
     [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
 
 // What the launcher refuses (so the route can fall back): every check is host-side.
