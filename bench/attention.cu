@@ -5,6 +5,9 @@
 // Timing: CUDA events on the backend's stream, warm-up first, median of the repeats.
 // A second table times blocks without a mask (a ring's off-diagonal steps, FLOPs 4 S^2 hd H)
 // on both paths: our kernels and cuDNN's fused SDPA (ops::CudaBackendOptions::cudnn_attention).
+// A third table, on sm_90 devices only, times the Hopper forward kernel (kernels/attention_sm90.h,
+// not yet on the backend's route) on the same shapes, causal and unmasked, with the max abs
+// difference of its o from the backend's forward at the first causal length (a sanity check).
 // Output: markdown tables on stdout (bench/run_attention.sh puts them beside torch's).
 #include <boost/program_options.hpp>
 
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention_sm90.h"
 #include "kernels/cuda_check.h"
 #include "ops/cuda/cuda_backend.h"
 
@@ -70,6 +74,7 @@ int main(int argc, char** argv) try {
   bool deterministic = true;
   int64_t bwd_tile = 0;
   bool causal_graph = true;
+  bool sm90_only = false;
   po::options_description desc("bench_attention: attention fwd/bwd TFLOP/s of the CUDA backend");
   desc.add_options()("help", "this help")(
       "seq", po::value<std::vector<int64_t>>(&seqs)->multitoken()->default_value({8192, 32768, 131072}, "8192 32768 131072"),
@@ -80,7 +85,8 @@ int main(int argc, char** argv) try {
       "cuDNN backward: deterministic graph (train.deterministic) or atomic dQ")(
       "bwd-tile", po::value<int64_t>(&bwd_tile)->default_value(0), "backward tile (0: the backend's default)")(
       "causal-graph", po::value<bool>(&causal_graph)->default_value(true),
-      "causal squares' forward through cuDNN's causal graph (false: query chunks)");
+      "causal squares' forward through cuDNN's causal graph (false: query chunks)")(
+      "sm90-only", po::bool_switch(&sm90_only), "only the sm90 forward kernel's table (skip the backend's fwd/bwd tables)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
@@ -138,6 +144,7 @@ int main(int argc, char** argv) try {
   };
   for (const Shape& s : shapes) {
     for (int64_t S : seqs) {
+      if (sm90_only) break;
       const Row r = run(*be, s, S, true);
       const double fl = flops(s, S, true);
       std::printf("| %s | %lld | %.2f | %.0f | %s | %.2f | %.0f | %s |\n", s.name, static_cast<long long>(S), r.fwd_ms,
@@ -152,12 +159,98 @@ int main(int argc, char** argv) try {
   std::printf("| shape | S | path | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
     for (int64_t S : full_seqs) {
+      if (sm90_only) break;
       for (ops::Backend* b : {kern.get(), be.get()}) {
         const Row r = run(*b, s, S, false);
         const double fl = flops(s, S, false);
         std::printf("| %s | %lld | %s | %.2f | %.0f | %.2f | %.0f |\n", s.name, static_cast<long long>(S),
                     r.path.c_str(), r.fwd_ms, fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9);
         std::fflush(stdout);
+      }
+    }
+  }
+
+  // The Hopper forward kernel, called directly (same AttentionParams as the backend builds).
+  if (!kernels::sm90_device_available()) {
+    std::printf("\n# sm90 forward kernel: skipped (device is not sm_90)\n");
+    return 0;
+  }
+  std::printf("\n# sm90 forward kernel (kernels/attention_sm90.h), bf16, batch 1; max |o - backend o| at the first causal length\n\n");
+  std::printf("| shape | S | mask | variant | fwd ms | fwd TFLOP/s | max abs diff vs backend |\n|---|---|---|---|---|---|---|\n");
+  for (const Shape& s : shapes) {
+    bool first = true;
+    for (const bool causal : {true, false}) {
+      for (const int64_t S : causal ? seqs : full_seqs) {
+        const int64_t nq = S * s.hq * s.hd, nk = S * s.hkv * s.hd;
+        ops::Buffer q = be->alloc(DType::BF16, nq), k = be->alloc(DType::BF16, nk), v = be->alloc(DType::BF16, nk);
+        ops::Buffer o = be->alloc(DType::BF16, nq), lse = be->alloc(DType::F32, s.hq * S);
+        for (const ops::Buffer* b : {&q, &k, &v}) fill_random(*be, *b, rng);
+        kernels::AttentionParams p;
+        p.q = static_cast<const __nv_bfloat16*>(q.data());
+        p.k = static_cast<const __nv_bfloat16*>(k.data());
+        p.v = static_cast<const __nv_bfloat16*>(v.data());
+        p.o_out = static_cast<__nv_bfloat16*>(o.data());
+        p.lse_out = static_cast<float*>(lse.data());
+        p.batch = 1;
+        p.sq = p.sk = S;
+        p.hq = s.hq;
+        p.hkv = s.hkv;
+        p.hd = s.hd;
+        p.q_row = s.hq * s.hd;
+        p.q_batch = S * p.q_row;
+        p.k_row = s.hkv * s.hd;
+        p.k_batch = S * p.k_row;
+        p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hd)));
+        p.scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hd)) * 1.4426950408889634);
+        p.causal = causal;
+        p.diag = 0;
+        std::string why;
+        if (!kernels::attention_fwd_sm90_supported(p, &why)) {
+          std::printf("| %s | %lld | %s | - | - | unsupported: %s |\n", s.name, static_cast<long long>(S),
+                      causal ? "causal" : "none", why.c_str());
+          continue;
+        }
+        cudaStream_t st = ops::cuda_stream(*be);
+        const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
+        const bool check = first && causal;
+        first = false;
+        ops::Buffer o2, lse2;
+        if (check) {  // o of the backend's route on the same inputs
+          o2 = be->alloc(DType::BF16, nq);
+          lse2 = be->alloc(DType::F32, s.hq * S);
+          ops::AttentionBlock blk;
+          blk.scale = p.scale;
+          blk.causal = true;
+          be->attention_fwd(q.view({1, S, s.hq, s.hd}), k.view({1, S, s.hkv, s.hd}), v.view({1, S, s.hkv, s.hd}), blk,
+                            o2.view({1, S, s.hq, s.hd}), lse2.flat());
+        }
+        for (const auto var : {kernels::Sm90FwdVariant::Simple, kernels::Sm90FwdVariant::Overlap, kernels::Sm90FwdVariant::PingPong}) {
+          const double ms = time_ms(*be, warm, r, [&] { kernels::attention_fwd_sm90(p, st, var); });
+          const std::string hang = kernels::sm90_take_hang_report();
+          if (!hang.empty()) {
+            std::printf("| %s | %lld | %s | %s | hung: %s |\n", s.name, static_cast<long long>(S), causal ? "causal" : "none",
+                        kernels::sm90_fwd_variant_name(var), hang.c_str());
+            continue;
+          }
+          std::string diff = "-";
+          if (check) {
+            std::vector<float> h1(static_cast<size_t>(nq)), h2(static_cast<size_t>(nq));
+            be->copy(ops::Tensor(h1.data(), DType::F32, {nq}), o.flat());
+            be->copy(ops::Tensor(h2.data(), DType::F32, {nq}), o2.flat());
+            double e = 0;
+            for (size_t i = 0; i < h1.size(); ++i) {
+              const double d = std::abs(static_cast<double>(h1[i]) - h2[i]);
+              e = std::isnan(d) ? INFINITY : std::max(e, d);
+            }
+            std::ostringstream os;
+            os << e << " (" << ops::cuda_attention_path(*be) << ")";
+            diff = os.str();
+          }
+          std::printf("| %s | %lld | %s | %s | %.2f | %.0f | %s |\n", s.name, static_cast<long long>(S),
+                      causal ? "causal" : "none", kernels::sm90_fwd_variant_name(var), ms, flops(s, S, causal) / ms / 1e9,
+                      diff.c_str());
+          std::fflush(stdout);
+        }
       }
     }
   }

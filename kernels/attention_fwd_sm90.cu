@@ -1,0 +1,788 @@
+// Hopper attention forward (sm_90a only): FlashAttention-3-style, raw PTX (no CUTLASS/CuTe).
+//
+// What it does: o, lse = softmax(scale * q k^T [masked]) v for bf16 q/k/v/o with fp32 softmax
+// statistics, native GQA (kv head = q head / (hq / hkv)), head dim 64 or 128, causal with a
+// diagonal offset (key j visible to query i iff j <= i + diag) or unmasked, any Sq/Sk >= 1 and
+// batch >= 1 (layouts and meaning: kernels/attention.h). Rows that see no key get o = 0 and
+// lse = -inf.
+//
+// How: one CTA per (128 query rows, q head, batch), 3 warpgroups (384 threads):
+//   warpgroup 0 = producer: one thread issues TMA loads (cp.async.bulk.tensor, 128-byte
+//     swizzle, completion counted on mbarriers with expect_tx) of the Q tile once and of K/V
+//     tiles of 128 keys into a 2-stage shared-memory ring; it gives its registers away
+//     (setmaxnreg.dec 24).
+//   warpgroups 1, 2 = consumers (setmaxnreg.inc 240), 64 query rows each: per key tile,
+//     S = Q K^T with wgmma (both operands from shared memory, K-major), masking, online softmax
+//     in base 2 in registers (fp32 row max / row sum), P rounded to bf16 in registers and fed as
+//     the register A operand of O += P V (wgmma, V from shared memory MN-major). Each consumer
+//     warp releases a ring slot (mbarrier arrive) as soon as the GEMM reading it has completed.
+//     Two schedules (Sm90FwdVariant): Simple (S GEMM, wait, softmax, P V GEMM, wait) and
+//     Overlap (issue S_n and P_{n-1} V_{n-1} together, softmax S_n while P V runs: FA3's
+//     intra-warpgroup overlap; needs ~190 registers, hence setmaxnreg).
+//   Epilogue: o = O / l straight from registers (bf16x2 stores), lse = (m*scale_log2 +
+//   log2 l) * ln 2.
+// Ragged tiles: the TMA boxes are bounded by the real Sq/Sk (4-D tensor maps: dim, row, head,
+// batch), so rows past the end arrive as zeros (never another head's or batch's data); key
+// columns >= Sk and causally hidden keys are set to -inf before the softmax.
+//
+// Limits / not done yet (issue 26 later steps): no ping-pong between the two consumers (their
+// GEMMs and softmaxes are not interleaved on purpose), no persistent scheduling, O is stored
+// from registers (no TMA store), forward only. Registers (ptxas, CUDA 13.0): 168 at launch,
+// 0 spills for every instance; the overlapped hd-128 consumer would spill without
+// setmaxnreg.inc (checked: 208 bytes), so ptxas does allocate the consumer region to 240.
+//
+// Facts this file relies on (sources: PTX ISA 8.x "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate" sections, CUTLASS include/cute/arch/mma_sm90_desc.hpp; cross-checked
+// against public FA3 / hand-written wgmma GEMM kernels):
+//  * wgmma shared-memory matrix descriptor (64 bits): [0,14) start address >> 4, [16,30) leading
+//    byte offset (LBO) >> 4, [32,46) stride byte offset (SBO) >> 4, [49,52) base offset (0 here:
+//    every swizzle atom is 1024-byte aligned), [62,64) layout type (1 = 128-byte swizzle).
+//  * 128-byte swizzle (TMA CU_TENSOR_MAP_SWIZZLE_128B and wgmma layout type 1 agree, both act on
+//    the shared-memory address bits): rows of 128 bytes (64 bf16), 8 rows = one 1024-byte atom,
+//    16-byte chunk c of row r stored at chunk c ^ (r % 8).
+//  * K-major SW128 canonical layout ((8,m),(T,2k)):((8T,SBO),(1,T)) (T = 8 bf16 = 16 bytes):
+//    SBO = 1024 bytes between 8-row groups, LBO unused ("assumed 1"); the k-th 16-element K slice
+//    inside a 128-byte row is addressed by adding 32*k bytes to the start address.
+//  * MN-major SW128 canonical layout ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): 64 contiguous MN
+//    elements per 128-byte row, SBO = bytes between 8-row groups along K (1024 here), LBO =
+//    bytes between 64-wide MN panels (one TMA panel = 128 keys x 128 bytes = 16384 here).
+//  * fp32 accumulator of m64nNk16 (PTX figure "WGMMA .m64nNk16 register fragment layout for
+//    accumulator matrix D"): thread t = 32*w + l of the warpgroup holds d[i], i < N/2, at
+//    row 16*w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + (i%2).
+//  * register A of m64nNk16 (bf16, 4 x 32-bit registers, same as mma.m16n8k16's A per warp):
+//    a[0] = row 16w+l/4, cols 2(l%4)+{0,1}; a[1] = row +8, same cols; a[2] = row 16w+l/4,
+//    cols 8+2(l%4)+{0,1}; a[3] = row +8, cols 8+...; the lower column in the low 16 bits.
+//    Hence the accumulator of S for keys 16k..16k+15 (d[8k..8k+7]) becomes the A fragment of
+//    P for that K slice with no data movement: a[i] = bf16x2(d[8k+2i], d[8k+2i+1]).
+#include "kernels/attention_sm90.h"
+
+#include <cuda.h>  // CUtensorMap and its enums only: the driver entry point comes from cudart
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "kernels/cuda_check.h"
+#include "kernels/wgmma_sm90.cuh"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
+#error "attention_fwd_sm90.cu must be compiled for sm_90a only (-gencode arch=compute_90a,code=sm_90a)"
+#endif
+
+namespace easyctx::kernels {
+namespace sm90 {
+namespace {
+
+constexpr int kBlockM = 128;   // query rows per CTA (64 per consumer warpgroup)
+constexpr int kBlockN = 128;   // keys per K/V tile
+constexpr int kStages = 2;     // K/V ring depth
+constexpr int kConsumers = 2;  // consumer warpgroups
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kRowBytes = 128;  // one swizzled row: 64 bf16
+constexpr uint32_t kPanelBytesN = kBlockN * kRowBytes;  // one 64-column panel of a K/V tile
+constexpr uint32_t kPanelBytesM = kBlockM * kRowBytes;  // one 64-column panel of the Q tile
+
+// ------------------------------------------------------------------ PTX helpers
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (TMA) and the other threads.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// One arrival plus `bytes` of expected transaction (the TMA loads complete them).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed (a fresh barrier is in phase 0, so
+// waiting for parity 1 returns at once: the producer's first pass over the ring).
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// A wait that cannot complete (a protocol bug: wrong parity, arrival count or byte count)
+// would hang the process. After ~2^34 cycles (~9 s) the first such wait records where it was
+// (g_hang, read by sm90_take_hang_report()) and every wait, then and after, gives up: the
+// kernel ends quickly with wrong results and the context stays usable, so a test run reports
+// the hang and goes on to the next case instead of timing out. Only the slow path (the first
+// try failed) looks at the clock and, every 16 tries, at the flag.
+__device__ unsigned int g_hang[8];  // [0] flag, then block x, y, z, thread, barrier address, parity
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const long long t0 = clock64();
+  for (uint32_t tries = 1;; ++tries) {
+    if (mbar_try_wait(bar, parity)) return;
+    if ((tries & 15) == 0) {
+      if (*reinterpret_cast<volatile unsigned int*>(&g_hang[0]) != 0) return;
+      if (clock64() - t0 > (1ll << 34)) {
+        if (atomicCAS(&g_hang[0], 0u, 1u) == 0u) {
+          g_hang[1] = blockIdx.x;
+          g_hang[2] = blockIdx.y;
+          g_hang[3] = blockIdx.z;
+          g_hang[4] = threadIdx.x;
+          g_hang[5] = bar;
+          g_hang[6] = parity;
+          __threadfence();
+        }
+        return;
+      }
+    }
+  }
+}
+
+// TMA: box at coordinates (c0 = column, c1 = head, c2 = row, c3 = batch) of `map` into shared
+// memory at `dst`, completion (box bytes, zero-filled parts included) counted on `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+// Named barriers (ids 1..15; 0 is __syncthreads): `count` threads take part, a multiple of 32.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed wgmma groups are pending (groups complete in order).
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins registers that an in-flight wgmma reads or writes: without it the compiler may move
+// their uses across the wait (it cannot see the asynchrony) or reuse an A register early.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[kBlockN / 16][4]) {
+#pragma unroll
+  for (int i = 0; i < kBlockN / 16; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (bit layout: see the file header).
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ------------------------------------------------------------------ the two GEMMs
+// S[64 x 128] = Q[64 x HD] K[128 x HD]^T. q_base: shared address of this warpgroup's 64 rows in
+// Q panel 0 (panels q_panel_bytes apart); k_base: K panel 0 (panels kPanelBytesN apart).
+// K slice kk (16 elements) lives in panel kk/4 at byte offset 32*(kk%4) of each row.
+template <int HD>
+__device__ __forceinline__ void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t q_panel_bytes, uint32_t k_base) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    const uint32_t panel = kk / 4, off = (kk % 4) * 32;
+    sm90::wgmma_m64n128k16_ss(s, desc_sw128(q_base + panel * q_panel_bytes + off, 16, 1024),
+                              desc_sw128(k_base + panel * kPanelBytesN + off, 16, 1024), kk > 0 ? 1 : 0);
+  }
+}
+
+// O[64 x HD] += P[64 x 128] V[128 x HD]; P as A fragments p[kk] for keys 16kk..16kk+15; V panel
+// 0 at v_base. Slice kk starts 16 rows (2 swizzle atoms, 2048 bytes) further; within it SBO
+// steps 8 keys (1024 bytes), LBO steps to the next 64 head dims (the next panel).
+template <int HD>
+__device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&p)[kBlockN / 16][4], uint32_t v_base,
+                                        uint32_t lbo = kPanelBytesN, uint32_t sbo = 1024) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint64_t d = desc_sw128(v_base + kk * 16 * kRowBytes, lbo, sbo);
+    if constexpr (HD == 128)
+      sm90::wgmma_m64n128k16_rs(o, p[kk], d, 1);
+    else
+      sm90::wgmma_m64n64k16_rs(o, p[kk], d, 1);
+  }
+}
+
+// The S accumulator as bf16 A fragments (identity mapping: see the file header).
+__device__ __forceinline__ void s_to_p(const float (&s)[64], uint32_t (&p)[kBlockN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[kk][i] = pack_bf16(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+}
+
+// Online softmax of one S tile in place (base 2): per row (half hf: rows l/4 and l/4 + 8 of the
+// warp's 16), the running max m_run (raw score units) and the lane's part of the running sum
+// l_run are updated, s becomes p = 2^(s*scale_log2 - m*scale_log2) and corr[hf] the factor
+// that rescales what O and l held before. A row with no visible key so far keeps m = -inf and
+// subtracts 0 instead, so its p = 2^-inf = 0 and corr = 0 multiply zeros (never -inf - -inf).
+// A row's 128 scores sit on the 4 lanes of a quad (32 each): max over the quad by shuffles;
+// the sums stay per lane until the epilogue (the quad shares m, hence corr).
+__device__ __forceinline__ void online_softmax(float (&s)[64], float (&m_run)[2], float (&l_run)[2], float (&corr)[2],
+                                               float scale_log2) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c8 = 0; c8 < kBlockN / 8; ++c8) mx = fmaxf(mx, fmaxf(s[4 * c8 + 2 * hf], s[4 * c8 + 2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run[hf], mx);
+    const float base = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+    corr[hf] = ex2(m_run[hf] * scale_log2 - base);  // 0 when m_run was -inf (O, l were 0)
+    m_run[hf] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int c8 = 0; c8 < kBlockN / 8; ++c8)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float& x = s[4 * c8 + 2 * hf + j];
+        x = ex2(fmaf(x, scale_log2, -base));
+        sum += x;
+      }
+    l_run[hf] = l_run[hf] * corr[hf] + sum;
+  }
+}
+
+// O rows (half hf) times corr[hf].
+template <int HD>
+__device__ __forceinline__ void rescale(float (&o)[HD / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int c8 = 0; c8 < HD / 8; ++c8)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      o[4 * c8 + 2 * hf] *= corr[hf];
+      o[4 * c8 + 2 * hf + 1] *= corr[hf];
+    }
+}
+
+// ------------------------------------------------------------------ attention kernel
+struct FwdArgs {
+  __nv_bfloat16* o;
+  float* lse;
+  int64_t o_batch, o_row;
+  int sq, sk, hq, group;  // group = hq / hkv
+  int diag;               // clamped to [-(sq+1), sk+1]: same visibility, no overflow
+  int causal;
+  float scale_log2;
+};
+
+template <int HD>
+struct FwdSmem {
+  static constexpr int kPanels = HD / 64;
+  // Every panel is a multiple of 1024 bytes, so each starts on a swizzle atom.
+  alignas(1024) __nv_bfloat16 q[kPanels][kBlockM * 64];
+  alignas(1024) __nv_bfloat16 k[kStages][kPanels][kBlockN * 64];
+  alignas(1024) __nv_bfloat16 v[kStages][kPanels][kBlockN * 64];
+  alignas(8) uint64_t q_full, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
+};
+
+// Dynamic shared memory is only guaranteed 16-byte aligned: round up to 1024 (1 KiB extra).
+template <typename T>
+__device__ __forceinline__ T& aligned_smem(unsigned char* raw) {
+  const uint32_t a = smem_u32(raw);
+  return *reinterpret_cast<T*>(raw + ((1024 - (a & 1023)) & 1023));
+}
+
+// kSched: 0 = one tile at a time, 1 = intra-warpgroup overlap, 2 = overlap + ping-pong.
+template <int HD, int kSched>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_v, const FwdArgs a) {
+  extern __shared__ unsigned char smem_raw[];
+  FwdSmem<HD>& sh = aligned_smem<FwdSmem<HD>>(smem_raw);
+  constexpr int kPanels = HD / 64;
+
+  const int m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // longest causal tiles first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
+  const int m0 = m_block * kBlockM;
+  const int n_total = (a.sk + kBlockN - 1) / kBlockN;
+  int n_end = n_total;  // key tiles 0 .. n_end-1 hold every key some row of this CTA sees
+  if (a.causal) {
+    const int last_key = min(m0 + kBlockM - 1, a.sq - 1) + a.diag;
+    n_end = last_key < 0 ? 0 : min(n_total, last_key / kBlockN + 1);
+  }
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    mbar_init(smem_u32(&sh.q_full), 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&sh.k_full[s]), 1);
+      mbar_init(smem_u32(&sh.v_full[s]), 1);
+      mbar_init(smem_u32(&sh.k_empty[s]), kConsumers * 4);  // lane 0 of every consumer warp
+      mbar_init(smem_u32(&sh.v_empty[s]), kConsumers * 4);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---------------------------------------------------- producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (tid == 0 && n_end > 0) {
+      constexpr uint32_t kQBytes = kPanels * kPanelBytesM, kKVBytes = kPanels * kPanelBytesN;
+      mbar_expect_tx(smem_u32(&sh.q_full), kQBytes);
+      for (int p = 0; p < kPanels; ++p) tma_load_4d(smem_u32(&sh.q[p][0]), &tm_q, smem_u32(&sh.q_full), 64 * p, h, m0, b);
+      // Order K0, K1, V0, K2, V1, ...: K of the next tile before V of this one, so the next
+      // S GEMM's operand is never queued behind a V slot that the P V GEMM still holds (the
+      // overlapped consumer reads K_{n+1} before V_n). Slot of tile n: n % kStages; its use
+      // count n / kStages gives the phase parities.
+      auto load_k = [&](int n) {
+        const int st = n % kStages;
+        mbar_wait(smem_u32(&sh.k_empty[st]), ((n / kStages) & 1) ^ 1);
+        mbar_expect_tx(smem_u32(&sh.k_full[st]), kKVBytes);
+        for (int p = 0; p < kPanels; ++p)
+          tma_load_4d(smem_u32(&sh.k[st][p][0]), &tm_k, smem_u32(&sh.k_full[st]), 64 * p, hk, n * kBlockN, b);
+      };
+      auto load_v = [&](int n) {
+        const int st = n % kStages;
+        mbar_wait(smem_u32(&sh.v_empty[st]), ((n / kStages) & 1) ^ 1);
+        mbar_expect_tx(smem_u32(&sh.v_full[st]), kKVBytes);
+        for (int p = 0; p < kPanels; ++p)
+          tma_load_4d(smem_u32(&sh.v[st][p][0]), &tm_v, smem_u32(&sh.v_full[st]), 64 * p, hk, n * kBlockN, b);
+      };
+      load_k(0);
+      for (int n = 0; n < n_end; ++n) {
+        if (n + 1 < n_end) load_k(n + 1);
+        load_v(n);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
+  const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 (half 0), row0 + 8 (half 1)
+  const int colq = 2 * (lane % 4);                       // this thread's first column in each 8-column chunk
+  // Last visible key of each of the two rows (the mask), Sk - 1 without causality.
+  int lim[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) lim[hf] = a.causal ? min(row0 + 8 * hf + a.diag, a.sk - 1) : a.sk - 1;
+
+  float o[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  if (n_end > 0) {
+    mbar_wait(smem_u32(&sh.q_full), 0);
+    const uint32_t q_base = smem_u32(&sh.q[0][0]) + cw * 64 * kRowBytes;  // 8 KiB: a multiple of 1024
+    auto k_addr = [&](int n) { return smem_u32(&sh.k[n % kStages][0][0]); };
+    auto v_addr = [&](int n) { return smem_u32(&sh.v[n % kStages][0][0]); };
+    auto wait_k = [&](int n) { mbar_wait(smem_u32(&sh.k_full[n % kStages]), (n / kStages) & 1); };
+    auto wait_v = [&](int n) { mbar_wait(smem_u32(&sh.v_full[n % kStages]), (n / kStages) & 1); };
+    // Every warp releases a slot once its own wait_group has returned (8 arrivals complete it).
+    auto free_k = [&](int n) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(smem_u32(&sh.k_empty[n % kStages]));
+    };
+    auto free_v = [&](int n) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(smem_u32(&sh.v_empty[n % kStages]));
+    };
+    // -inf on the keys of tile n that a row does not see (only tiles that cross Sk or the diagonal).
+    auto mask = [&](float (&s)[64], int n) {
+      const bool need_mask = (n + 1) * kBlockN > a.sk || (a.causal && (n + 1) * kBlockN - 1 > m0 + a.diag);
+      if (!need_mask) return;
+      const int key0 = n * kBlockN + colq;
+#pragma unroll
+      for (int c8 = 0; c8 < kBlockN / 8; ++c8)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            if (key0 + 8 * c8 + j > lim[hf]) s[4 * c8 + 2 * hf + j] = -INFINITY;
+    };
+    float corr[2];
+    uint32_t p[kBlockN / 16][4];
+
+    if constexpr (kSched == 0) {
+      // One tile at a time: S GEMM, wait, softmax, P V GEMM, wait.
+      for (int n = 0; n < n_end; ++n) {
+        float s[64];
+        wait_k(n);
+        wgmma_fence();
+        gemm_qk<HD>(s, q_base, kPanelBytesM, k_addr(n));
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s);
+        free_k(n);
+        mask(s, n);
+        online_softmax(s, m_run, l_run, corr, a.scale_log2);
+        rescale<HD>(o, corr);
+        s_to_p(s, p);
+        wait_v(n);
+        reg_fence(o);
+        reg_fence(p);
+        wgmma_fence();
+        gemm_pv<HD>(o, p, v_addr(n));
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(o);
+        reg_fence(p);
+        free_v(n);
+      }
+    } else {
+      // Softmax of tile n runs while the tensor cores do P_{n-1} V_{n-1} (FA3's intra-warpgroup
+      // overlap): issue S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; wait for the older group (S_n)
+      // only; softmax S_n (O is not touched: the rescale waits); wait for the P V group; then
+      // rescale O by tile n's correction (O now holds tiles < n, all relative to m_{n-1}).
+      //
+      // Ping-pong (kSched 2): the two consumers take turns issuing their GEMMs, so one's
+      // softmax runs while the other's GEMMs occupy the tensor cores. The issue phases of a
+      // consumer are k = 0 (S_0), k = n (S_n and P_{n-1} V_{n-1}), k = n_end (the last P V).
+      // A token passes through named barriers 1 (consumer 0 waits) and 2 (consumer 1 waits),
+      // 256 threads each (one consumer syncs, the other arrives). Consumer 0 holds the token at
+      // the start (no wait at k = 0); consumer 1 does not pass it after its last phase. Hence
+      // barrier 2 sees n_end + 1 syncs and n_end + 1 arrivals, barrier 1 n_end of each: every
+      // barrier use completes, none is left half-arrived when the CTA exits.
+      auto turn_take = [&](int k) {
+        if constexpr (kSched == 2) {
+          if (cw == 1 || k > 0) named_bar_sync(1 + cw, 256);
+        }
+      };
+      auto turn_pass = [&](int k) {
+        if constexpr (kSched == 2) {
+          if (cw == 0 || k < n_end) named_bar_arrive(2 - cw, 256);
+        }
+      };
+      {
+        float s[64];
+        wait_k(0);
+        turn_take(0);
+        wgmma_fence();
+        gemm_qk<HD>(s, q_base, kPanelBytesM, k_addr(0));
+        wgmma_commit();
+        turn_pass(0);
+        wgmma_wait<0>();
+        reg_fence(s);
+        free_k(0);
+        mask(s, 0);
+        online_softmax(s, m_run, l_run, corr, a.scale_log2);  // O is 0: no rescale needed
+        s_to_p(s, p);
+      }
+      for (int n = 1; n < n_end; ++n) {
+        float s[64];
+        wait_k(n);
+        wait_v(n - 1);
+        turn_take(n);
+        reg_fence(o);
+        reg_fence(p);
+        wgmma_fence();
+        gemm_qk<HD>(s, q_base, kPanelBytesM, k_addr(n));
+        wgmma_commit();
+        gemm_pv<HD>(o, p, v_addr(n - 1));
+        wgmma_commit();
+        turn_pass(n);
+        wgmma_wait<1>();  // groups complete in order: S_n is done, P_{n-1} V_{n-1} may not be
+        reg_fence(s);
+        free_k(n);
+        mask(s, n);
+        online_softmax(s, m_run, l_run, corr, a.scale_log2);
+        wgmma_wait<0>();
+        reg_fence(o);
+        reg_fence(p);
+        free_v(n - 1);
+        rescale<HD>(o, corr);
+        s_to_p(s, p);
+      }
+      wait_v(n_end - 1);
+      turn_take(n_end);
+      reg_fence(o);
+      reg_fence(p);
+      wgmma_fence();
+      gemm_pv<HD>(o, p, v_addr(n_end - 1));
+      wgmma_commit();
+      turn_pass(n_end);
+      wgmma_wait<0>();
+      reg_fence(o);
+      reg_fence(p);
+      free_v(n_end - 1);
+    }
+  }
+
+  // ------------------------------------------------------------------ epilogue
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = l_run[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = row0 + 8 * hf;
+    if (row >= a.sq) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    __nv_bfloat16* orow = a.o + static_cast<int64_t>(b) * a.o_batch + static_cast<int64_t>(row) * a.o_row +
+                          static_cast<int64_t>(h) * HD + colq;
+#pragma unroll
+    for (int c8 = 0; c8 < HD / 8; ++c8)
+      *reinterpret_cast<__nv_bfloat162*>(orow + 8 * c8) =
+          __floats2bfloat162_rn(o[4 * c8 + 2 * hf] * inv, o[4 * c8 + 2 * hf + 1] * inv);
+    if (lane % 4 == 0)
+      a.lse[(static_cast<int64_t>(b) * a.hq + h) * a.sq + row] =
+          l > 0.f ? (m_run[hf] * a.scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+  }
+}
+
+// ------------------------------------------------------------------ tile self-test kernel
+template <int HD>
+struct TileSmem {
+  static constexpr int kPanels = HD / 64;
+  alignas(1024) __nv_bfloat16 q[kPanels][64 * 64];
+  alignas(1024) __nv_bfloat16 k[kPanels][kBlockN * 64];
+  alignas(1024) __nv_bfloat16 v[kPanels][kBlockN * 64];
+  alignas(8) uint64_t bar;
+};
+
+// One warpgroup: the attention kernel's GEMM path on one tile (see attention_sm90.h).
+template <int HD>
+__global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_constant__ CUtensorMap tm_q,
+                                                               const __grid_constant__ CUtensorMap tm_k,
+                                                               const __grid_constant__ CUtensorMap tm_v, float* s_out,
+                                                               float* o_out, int swap_v_offsets) {
+  extern __shared__ unsigned char smem_raw[];
+  TileSmem<HD>& sh = aligned_smem<TileSmem<HD>>(smem_raw);
+  constexpr int kPanels = HD / 64;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint32_t bar = smem_u32(&sh.bar);
+  if (tid == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    mbar_expect_tx(bar, kPanels * (64 + 2 * kBlockN) * kRowBytes);
+    for (int p = 0; p < kPanels; ++p) {
+      tma_load_4d(smem_u32(&sh.q[p][0]), &tm_q, bar, 64 * p, 0, 0, 0);
+      tma_load_4d(smem_u32(&sh.k[p][0]), &tm_k, bar, 64 * p, 0, 0, 0);
+      tma_load_4d(smem_u32(&sh.v[p][0]), &tm_v, bar, 64 * p, 0, 0, 0);
+    }
+  }
+  mbar_wait(bar, 0);
+
+  float s[64];
+  wgmma_fence();
+  gemm_qk<HD>(s, smem_u32(&sh.q[0][0]), 64 * kRowBytes, smem_u32(&sh.k[0][0]));
+  wgmma_commit();
+  wgmma_wait<0>();
+  reg_fence(s);
+  const int row0 = warp * 16 + lane / 4, colq = 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s_out[(row0 + 8 * ((i / 2) % 2)) * kBlockN + 8 * (i / 4) + colq + (i % 2)] = s[i];
+
+  uint32_t p[kBlockN / 16][4];
+  s_to_p(s, p);
+  float o[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+  reg_fence(o);
+  reg_fence(p);
+  wgmma_fence();
+  if (swap_v_offsets)  // diagnostic only: LBO and SBO of the MN-major V descriptor exchanged
+    gemm_pv<HD>(o, p, smem_u32(&sh.v[0][0]), 1024, kPanelBytesN);
+  else
+    gemm_pv<HD>(o, p, smem_u32(&sh.v[0][0]));
+  wgmma_commit();
+  wgmma_wait<0>();
+  reg_fence(o);
+  reg_fence(p);
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) o_out[(row0 + 8 * ((i / 2) % 2)) * HD + 8 * (i / 4) + colq + (i % 2)] = o[i];
+}
+
+// ------------------------------------------------------------------ host side
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  // Through cudart's entry-point query, so no -lcuda link is needed.
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    EASYCTX_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || f == nullptr)
+      EASYCTX_THROW("attention_fwd_sm90: the driver has no cuTensorMapEncodeTiled (query result ", static_cast<int>(q), ")");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// 4-D map over [batch][rows][heads][hd] bf16, dimensions innermost first (dim, head, row,
+// batch) so the byte strides grow (hd*2 <= row stride <= batch stride), as the driver's
+// stride rule describes; boxes of 64 columns (128 bytes, the swizzle span) x 1 head x box_rows
+// rows x 1 batch land in shared memory as box_rows rows of 128 bytes, 128-byte swizzled;
+// out-of-bounds elements (rows past Sq/Sk) read as zeros.
+CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, int64_t batch, int64_t row_stride,
+                     int64_t batch_stride, int box_rows, const char* what) {
+  CUtensorMap m;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(hd), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(batch)};
+  // A single batch's stride is never used; TMA still wants a multiple of 16 bytes.
+  if (batch == 1) batch_stride = rows * row_stride;
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(hd) * 2, static_cast<cuuint64_t>(row_stride) * 2,
+                                 static_cast<cuuint64_t>(batch_stride) * 2};
+  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t estride[4] = {1, 1, 1, 1};
+  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box, estride,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    EASYCTX_THROW("attention_fwd_sm90: cuTensorMapEncodeTiled failed for ", what, " (CUresult ", static_cast<int>(r), ", hd ",
+                  hd, ", rows ", rows, ", heads ", heads, ", batch ", batch, ", row stride ", row_stride, ")");
+  return m;
+}
+
+template <int HD, int kSched>
+void launch_fwd(const AttentionParams& p, cudaStream_t st) {
+  const CUtensorMap tq = make_map(p.q, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBlockM, "q");
+  const CUtensorMap tk = make_map(p.k, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBlockN, "k");
+  const CUtensorMap tv = make_map(p.v, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBlockN, "v");
+  FwdArgs a{};
+  a.o = p.o_out;
+  a.lse = p.lse_out;
+  a.o_batch = p.q_batch;
+  a.o_row = p.q_row;
+  a.sq = static_cast<int>(p.sq);
+  a.sk = static_cast<int>(p.sk);
+  a.hq = static_cast<int>(p.hq);
+  a.group = static_cast<int>(p.hq / p.hkv);
+  a.diag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag, p.sk + 1)));
+  a.causal = p.causal ? 1 : 0;
+  a.scale_log2 = p.scale_log2;
+  const size_t smem = sizeof(FwdSmem<HD>) + 1024;
+  EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(attention_fwd_sm90_kernel<HD, kSched>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>((p.sq + kBlockM - 1) / kBlockM), static_cast<unsigned>(p.hq),
+                  static_cast<unsigned>(p.batch));
+  attention_fwd_sm90_kernel<HD, kSched><<<grid, kThreads, smem, st>>>(tq, tk, tv, a);
+  EASYCTX_CUDA_CHECK_LAUNCH("attention_fwd_sm90");
+}
+
+template <int HD>
+void launch_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* s_out, float* o_out, int swap,
+                       cudaStream_t st) {
+  const CUtensorMap tq = make_map(q, HD, 64, 1, 1, HD, 64 * HD, 64, "q");
+  const CUtensorMap tk = make_map(k, HD, kBlockN, 1, 1, HD, kBlockN * HD, kBlockN, "k");
+  const CUtensorMap tv = make_map(v, HD, kBlockN, 1, 1, HD, kBlockN * HD, kBlockN, "v");
+  const size_t smem = sizeof(TileSmem<HD>) + 1024;
+  EASYCTX_CUDA_CHECK(
+      cudaFuncSetAttribute(wgmma_tile_check_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  wgmma_tile_check_kernel<HD><<<1, 128, smem, st>>>(tq, tk, tv, s_out, o_out, swap);
+  EASYCTX_CUDA_CHECK_LAUNCH("sm90_wgmma_tile_check");
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+}  // namespace sm90
+
+bool sm90_device_available() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0;
+}
+
+bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why) {
+  auto no = [&](const char* r) {
+    if (why) *why = r;
+    return false;
+  };
+  if (p.hd != 64 && p.hd != 128) return no("head dim is not 64 or 128");
+  if (!p.q || !p.k || !p.v || !p.o_out || !p.lse_out) return no("a pointer (q, k, v, o_out, lse_out) is null");
+  if (p.batch < 1 || p.batch > 65535) return no("batch not in [1, 65535]");
+  if (p.hq < 1 || p.hkv < 1 || p.hq > 65535 || p.hq % p.hkv != 0) return no("hq not a multiple of hkv (or out of range)");
+  if (p.sq < 1 || p.sk < 1 || p.sq > (int64_t{1} << 30) || p.sk > (int64_t{1} << 30)) return no("sq or sk not in [1, 2^30]");
+  if (!sm90::aligned16(p.q) || !sm90::aligned16(p.k) || !sm90::aligned16(p.v) || !sm90::aligned16(p.o_out))
+    return no("q, k, v or o_out not 16-byte aligned (TMA)");
+  if (p.q_row % 8 != 0 || p.k_row % 8 != 0 || p.q_row < p.hq * p.hd || p.k_row < p.hkv * p.hd)
+    return no("row strides not multiples of 8 elements or shorter than a row");
+  if (p.batch > 1 && (p.q_batch % 8 != 0 || p.k_batch % 8 != 0 || p.q_batch <= 0 || p.k_batch <= 0))
+    return no("batch strides not positive multiples of 8 elements");
+  constexpr int64_t kMaxStride = (int64_t{1} << 39);  // TMA: global strides < 2^40 bytes
+  if (p.q_row >= kMaxStride || p.k_row >= kMaxStride || p.q_batch >= kMaxStride || p.k_batch >= kMaxStride)
+    return no("strides too large for TMA");
+  if (!sm90_device_available()) return no("the current device is not sm_90");
+  return true;
+}
+
+void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant) {
+  std::string why;
+  if (!attention_fwd_sm90_supported(p, &why)) EASYCTX_THROW("attention_fwd_sm90: unsupported call: ", why);
+  switch (variant) {
+    case Sm90FwdVariant::Simple:
+      return p.hd == 128 ? sm90::launch_fwd<128, 0>(p, st) : sm90::launch_fwd<64, 0>(p, st);
+    case Sm90FwdVariant::Overlap:
+      return p.hd == 128 ? sm90::launch_fwd<128, 1>(p, st) : sm90::launch_fwd<64, 1>(p, st);
+    case Sm90FwdVariant::PingPong:
+      return p.hd == 128 ? sm90::launch_fwd<128, 2>(p, st) : sm90::launch_fwd<64, 2>(p, st);
+  }
+  EASYCTX_THROW("attention_fwd_sm90: unknown variant ", static_cast<int>(variant));
+}
+
+std::string sm90_take_hang_report() {
+  unsigned int h[8] = {};
+  EASYCTX_CUDA_CHECK(cudaMemcpyFromSymbol(h, sm90::g_hang, sizeof(h)));
+  if (h[0] == 0) return "";
+  const unsigned int zero[8] = {};
+  EASYCTX_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_hang, zero, sizeof(zero)));
+  return "an mbarrier wait gave up after ~2^34 cycles: block (" + std::to_string(h[1]) + "," + std::to_string(h[2]) + "," +
+         std::to_string(h[3]) + ") thread " + std::to_string(h[4]) + " (warpgroup " + std::to_string(h[4] / 128) +
+         ") barrier at shared 0x" + [&] {
+           char b[16];
+           std::snprintf(b, sizeof(b), "%x", h[5]);
+           return std::string(b);
+         }() + " parity " + std::to_string(h[6]);
+}
+
+const char* sm90_fwd_variant_name(Sm90FwdVariant v) {
+  switch (v) {
+    case Sm90FwdVariant::Simple:
+      return "simple";
+    case Sm90FwdVariant::Overlap:
+      return "overlap";
+    case Sm90FwdVariant::PingPong:
+      return "pingpong";
+  }
+  return "?";
+}
+
+void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int hd, float* s_out,
+                           float* o_out, cudaStream_t st, bool swap_v_offsets) {
+  if (!sm90_device_available()) EASYCTX_THROW("sm90_wgmma_tile_check: the current device is not sm_90");
+  if (hd != 64 && hd != 128) EASYCTX_THROW("sm90_wgmma_tile_check: hd must be 64 or 128, got ", hd);
+  if (!sm90::aligned16(q) || !sm90::aligned16(k) || !sm90::aligned16(v))
+    EASYCTX_THROW("sm90_wgmma_tile_check: q, k, v must be 16-byte aligned");
+  if (hd == 128)
+    sm90::launch_tile_check<128>(q, k, v, s_out, o_out, swap_v_offsets ? 1 : 0, st);
+  else
+    sm90::launch_tile_check<64>(q, k, v, s_out, o_out, swap_v_offsets ? 1 : 0, st);
+}
+
+}  // namespace easyctx::kernels
