@@ -20,6 +20,7 @@ AttentionCall attention_call(const Tensor& q, const Tensor& k, const AttentionBl
 const char* route_name(AttentionFwdRoute r) {
   switch (r) {
     case AttentionFwdRoute::NoKeys: return "no keys";
+    case AttentionFwdRoute::Sm90Kernel: return "sm90 kernel";
     case AttentionFwdRoute::CudnnCausalGraph: return "cudnn causal graph";
     case AttentionFwdRoute::CudnnCausalChunks: return "cudnn causal in query chunks";
     case AttentionFwdRoute::CudnnUnmasked: return "cudnn unmasked";
@@ -42,12 +43,16 @@ const char* route_name(AttentionBwdRoute r) {
 std::vector<AttentionFwdRoute> attention_fwd_routes(const AttentionCall& c, const AttentionRouteOptions& o) {
   if (c.sk == 0) return {AttentionFwdRoute::NoKeys};  // every row is empty: o = 0, lse = -inf
   std::vector<AttentionFwdRoute> r;
+  // The Hopper kernel wins over cuDNN at head dim 128; elsewhere it only replaces the FA2 kernel.
+  const bool sm90_first = o.sm90 && c.hd == kSm90FirstHeadDim;
+  if (sm90_first) r.push_back(AttentionFwdRoute::Sm90Kernel);
   if (o.cudnn) {
     if (c.causal_square() && o.causal_graph) r.push_back(AttentionFwdRoute::CudnnCausalGraph);
     if (c.causal_square() && c.batch == 1 && c.sq >= 2 * causal_chunk_rows(c.sq))
       r.push_back(AttentionFwdRoute::CudnnCausalChunks);
     if (c.unmasked()) r.push_back(AttentionFwdRoute::CudnnUnmasked);
   }
+  if (o.sm90 && !sm90_first) r.push_back(AttentionFwdRoute::Sm90Kernel);
   r.push_back(AttentionFwdRoute::Kernel);
   return r;
 }

@@ -21,6 +21,11 @@
 //   - cudnn unmasked: a block every query of which sees every key (not causal, or causal with
 //     the diagonal past the last key: a ring's off-diagonal step) through cuDNN's SDPA node;
 //   - kernel: the FlashAttention-2 style kernels (kernels/attention_fwd.cu).
+//   - sm90 kernel (AttentionRouteOptions::sm90: an sm_90 device, H100/H200): the Hopper kernel
+//     (kernels/attention_fwd_sm90.cu: TMA, wgmma, warp-specialised). First for head dim 128,
+//     where it beats cuDNN 9.19's forward in the same process (bench/RESULTS.md, issue 26);
+//     for other head dims after the cuDNN routes, in place of the slower FA2 kernel. It takes
+//     any visibility (causal squares, ring blocks with a diagonal offset, unmasked blocks).
 //  backward (unmasked blocks and causal squares through cuDNN's composite backward; T =
 //  attention_bwd_tile)
 //   - cudnn one call in place: gradients overwritten (AttentionBlock::accumulate false) and
@@ -59,14 +64,20 @@ struct AttentionRouteOptions {
   bool cudnn = true;          // cudnn_attention
   bool causal_graph = true;   // cudnn_causal_graph
   bool deterministic = true;  // deterministic
+  bool sm90 = false;          // sm90_attention on an sm_90 device (the plan: a Hopper target GPU)
   int64_t bwd_tile = 0;       // attention_bwd_tile (0: attention_bwd_tile(deterministic))
   // T: rows and columns of the backward's tiles.
   int64_t tile() const { return attention_bwd_tile(deterministic, bwd_tile); }
 };
 
-enum class AttentionFwdRoute { NoKeys, CudnnCausalGraph, CudnnCausalChunks, CudnnUnmasked, Kernel };
+// The head dim at which the Hopper forward kernel goes before cuDNN (measured: 32 x 128 causal
+// and unmasked faster than cuDNN's forward, GQA 32/4 x 64 slower; bench/RESULTS.md, issue 26).
+constexpr int64_t kSm90FirstHeadDim = 128;
+
+enum class AttentionFwdRoute { NoKeys, Sm90Kernel, CudnnCausalGraph, CudnnCausalChunks, CudnnUnmasked, Kernel };
 enum class AttentionBwdRoute { NoRows, CudnnInPlace, CudnnOneCall, CudnnTiles, Kernel };
-// "no keys", "cudnn causal graph", "cudnn causal in query chunks", "cudnn unmasked", "kernel".
+// "no keys", "sm90 kernel", "cudnn causal graph", "cudnn causal in query chunks", "cudnn unmasked",
+// "kernel".
 const char* route_name(AttentionFwdRoute r);
 // "no rows", "cudnn one call in place", "cudnn one call", "cudnn tiles", "kernel".
 const char* route_name(AttentionBwdRoute r);

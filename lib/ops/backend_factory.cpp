@@ -54,6 +54,7 @@ std::unique_ptr<Backend> make_backend(DeviceKind device, const BackendOptions& o
 #ifdef EASYCTX_HAVE_CUDA
     CudaBackendOptions co;
     co.deterministic = o.deterministic;
+    co.sm90_attention = o.hopper_attention;
     be = make_cuda_backend(co);
 #else
     EASYCTX_THROW_INPUT("train.device: cuda: this build has no CUDA backend (rebuild with -DEASYCTX_CUDA=ON)");

@@ -13,6 +13,7 @@ namespace easyctx::ops {
 struct BackendOptions {
   bool deterministic = true;  // train.deterministic (CUDA: the attention backward's graph)
   bool profile = false;       // logging.profile: wrapped in ops::ProfilingBackend
+  bool hopper_attention = true;  // train.hopper_attention (CUDA on sm_90: the Hopper forward kernel)
 };
 
 // The device for a requested kind (`key` names the setting in messages, e.g. "train.device"):

@@ -47,6 +47,7 @@ struct Run {
   model::ParamLayout layout;
   dist::GroupLayout groups;
   bool cuda = false;
+  bool sm90 = false;         // the attention forward's Hopper route (train.hopper_attention on an sm_90 target)
   DType dtype = DType::F32;  // activations and working parameters
   int64_t e = 4;             // bytes per activation element
   int64_t P = 0;             // parameters
@@ -113,6 +114,7 @@ void attention_items(const Run& r, bool backward, Items& it, std::vector<std::st
   ro.space = r.cuda ? MemSpace::Device : MemSpace::Host;
   ro.cuda_scratch = r.cuda;
   ro.deterministic = r.cfg.train.deterministic;
+  ro.sm90 = r.sm90;
   ro.routes = &routes;
   const std::unique_ptr<ops::Backend> in = make_recording_backend(inputs, ro), be = make_recording_backend(rec, ro);
   const dist::GroupLayout& g = r.groups;
@@ -275,6 +277,7 @@ Run run_of(const StageConfig& cfg, const PlanTarget& t, const model::LlamaConfig
   validate_activation(cfg);
   Run r = mc ? Run(cfg, *mc) : Run(cfg);
   r.cuda = t.backend == DeviceKind::Cuda;
+  r.sm90 = r.cuda && cfg.train.hopper_attention && is_hopper_gpu(t.gpu_name);
   r.dtype = r.cuda ? DType::BF16 : DType::F32;
   r.e = r.cuda ? 2 : 4;
   r.dev = r.cuda ? "gpu" : "host";
@@ -445,6 +448,7 @@ Json settings_of(const StageConfig& c) {
   s.set("train.batch_size", c.train.batch_size);
   s.set("train.grad_accum", c.train.grad_accum);
   s.set("train.deterministic", c.train.deterministic);
+  s.set("train.hopper_attention", c.train.hopper_attention);
   s.set("parallel.sequence.mode", to_string(c.parallel.sequence.mode));
   s.set("parallel.sequence.size", c.parallel.sequence.size);
   s.set("parallel.zero.stage", c.parallel.zero.stage);

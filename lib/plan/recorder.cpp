@@ -131,6 +131,7 @@ class RecordingBackend final : public ops::Backend {
   ops::AttentionRouteOptions route_options() const {
     ops::AttentionRouteOptions ro;
     ro.deterministic = o_.deterministic;
+    ro.sm90 = o_.sm90;
     return ro;
   }
   void scratch(const std::vector<ops::ScratchBuffer>& bufs) {

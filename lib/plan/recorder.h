@@ -53,6 +53,7 @@ struct RecordingOptions {
   // CUDA: record the scratch the CUDA backend takes inside ops (attention, LM head, ...).
   bool cuda_scratch = false;
   bool deterministic = true;  // train.deterministic (the attention backward's route)
+  bool sm90 = false;          // the Hopper forward route (ops::AttentionRouteOptions::sm90)
   // CUDA: each distinct attention call's shape and route ("backward causal 4096x4096 32/8x128:
   // cudnn tiles"), in the order first seen.
   std::vector<std::string>* routes = nullptr;

@@ -215,4 +215,10 @@ int64_t host_memory_total() {
 int64_t vm_hwm_bytes() { return proc_kb("/proc/self/status", "VmHWM"); }
 int64_t vm_rss_bytes() { return proc_kb("/proc/self/status", "VmRSS"); }
 
+bool is_hopper_gpu(const std::string& gpu_name) {
+  for (const char* h : {"H100", "H200", "H800", "H20"})
+    if (gpu_name.find(h) != std::string::npos) return true;
+  return false;
+}
+
 }  // namespace easyctx::plan

@@ -36,6 +36,9 @@ struct PlanTarget {
   int world() const { return gpus_per_node * nodes; }
 };
 
+// A Hopper GPU (sm_90: H100, H200, GH200, H800, H20) by its name ("H200", "NVIDIA H100 80GB HBM3").
+bool is_hopper_gpu(const std::string& gpu_name);
+
 // For `easyctx_train STAGE.yaml --plan` (also on a login node without GPUs): target.* keys
 // first, then the launch (world_size ranks, ranks_per_node per node) and this machine. Host
 // memory: target.host_memory_gib; else, for a known GPU named by target.gpu, its DGX node's

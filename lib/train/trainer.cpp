@@ -80,7 +80,7 @@ void Trainer::init(dist::ProcessGroups* groups) {
   plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
   EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
                       " (the whole plan: easyctx_train STAGE.yaml --plan; target.headroom loosens the margin)");
-  be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile});
+  be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile, cfg_.train.hopper_attention});
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
   // trainer too, with the gradients staged through host memory.
   for (const dist::Comm* c : {&world_, &dp_, &grad_comm_})

@@ -101,8 +101,11 @@ TEST(ModelMlpTiles, NormPerTileKeepsTheLossAndShrinksH2) {
     EXPECT_EQ(a.eval_nll, b.eval_nll) << to_string(p);
     const int64_t n = 2 * 11, d = cfg.hidden_size;
     for (const auto& [mo, rows] : {std::pair{whole, n}, std::pair{tiled, int64_t{5}}}) {
-      for (const model::BufferSpec& bs : model::LlamaModel::workspace_specs(cfg, mo, DType::F32, 2, 11, true))
-        if (bs.name == "acts.0.h2") EXPECT_EQ(bs.numel, rows * d) << to_string(p);
+      for (const model::BufferSpec& bs : model::LlamaModel::workspace_specs(cfg, mo, DType::F32, 2, 11, true)) {
+        if (bs.name == "acts.0.h2") {
+          EXPECT_EQ(bs.numel, rows * d) << to_string(p);
+        }
+      }
     }
   }
 }

@@ -84,6 +84,30 @@ TEST(AttentionRoute, CausalSquares) {
             (Fwd{kGraph, kUnmasked, kFwdKernel}));
 }
 
+// An sm_90 device (AttentionRouteOptions::sm90): the Hopper kernel first at head dim 128, for
+// every visibility; at other head dims after cuDNN's routes, before the FA2 kernel; the
+// backward unchanged.
+TEST(AttentionRoute, HopperForward) {
+  AttentionRouteOptions h = opts(false);
+  h.sm90 = true;
+  const AttentionFwdRoute kSm90 = AttentionFwdRoute::Sm90Kernel;
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 32768, 32768, 32, 32, 128), h), (Fwd{kSm90, kGraph, kChunks, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 4096, 4096, 32, 8, 128, true, 4096), h), (Fwd{kSm90, kUnmasked, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 200, 300, 4, 4, 128, true, 0), h), (Fwd{kSm90, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 32768, 32768, 32, 4, 64), h), (Fwd{kGraph, kChunks, kSm90, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 200, 300, 4, 4, 64, true, 0), h), (Fwd{kSm90, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_route(call(1, 77, 190, 8, 4, 64, false, 0), h), AttentionFwdRoute::CudnnUnmasked);
+  // Without cuDNN: the Hopper kernel, then the FA2 kernel; no keys stays no keys.
+  AttentionRouteOptions hn = opts(false, 0, false);
+  hn.sm90 = true;
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 1024, 1024, 8, 8, 64), hn), (Fwd{kSm90, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 16, 0, 8, 8, 128), h), (Fwd{AttentionFwdRoute::NoKeys}));
+  // The backward does not change.
+  const AttentionCall c = call(1, 32768, 32768, 32, 32, 128);
+  EXPECT_EQ(ops::attention_bwd_routes(c, h), ops::attention_bwd_routes(c, opts(false)));
+  EXPECT_STREQ(ops::route_name(kSm90), "sm90 kernel");
+}
+
 TEST(AttentionRoute, RingBlocks) {
   const AttentionRouteOptions det = opts(true);
   // Off-diagonal steps: every key visible (causal past the diagonal, or not causal).

@@ -644,6 +644,43 @@ TEST(PlanTarget, ResolvesFromKeysLaunchAndMachine) {
   EXPECT_GT(plan::vm_hwm_bytes(), 0);
 }
 
+// The plan names the attention forward's route the target GPU takes: the Hopper kernel on an
+// sm_90 GPU at head dim 128 (train.hopper_attention), cuDNN's causal graph on an A100 or with
+// the key off; the bytes do not change (the Hopper kernel takes no scratch).
+TEST(PlanTarget, HopperForwardRouteByGpu) {
+  EXPECT_TRUE(plan::is_hopper_gpu("H200"));
+  EXPECT_TRUE(plan::is_hopper_gpu("NVIDIA H100 80GB HBM3"));
+  EXPECT_TRUE(plan::is_hopper_gpu("NVIDIA GH200 480GB"));
+  EXPECT_FALSE(plan::is_hopper_gpu("A100-80GB"));
+  EXPECT_FALSE(plan::is_hopper_gpu("NVIDIA A100-SXM4-80GB"));
+  StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml");
+  c.data.path = "unused";
+  c.data.seq_length = 32768;
+  auto target = [](const char* gpu) {
+    plan::PlanTarget t;
+    t.backend = DeviceKind::Cuda;
+    t.gpu_name = gpu;
+    t.gpu_memory_bytes = int64_t{80} << 30;
+    t.host_memory_bytes = int64_t{1024} << 30;
+    return t;
+  };
+  auto forward_route = [](const MemoryPlan& p) {
+    for (const std::string& r : p.attention_routes)
+      if (r.rfind("forward", 0) == 0) return r;
+    return std::string("(none)");
+  };
+  const MemoryPlan h = plan::plan_memory(c, target("H100"));
+  const MemoryPlan a = plan::plan_memory(c, target("A100-80GB"));
+  StageConfig off = c;
+  off.train.hopper_attention = false;
+  const MemoryPlan ho = plan::plan_memory(off, target("H100"));
+  EXPECT_EQ(forward_route(h), "forward causal 32768x32768 32/32x128: sm90 kernel");
+  EXPECT_EQ(forward_route(a), "forward causal 32768x32768 32/32x128: cudnn causal graph");
+  EXPECT_EQ(forward_route(ho), forward_route(a));
+  EXPECT_EQ(h.alloc_peak_bytes, a.alloc_peak_bytes);
+  EXPECT_EQ(h.alloc_peak_bytes, ho.alloc_peak_bytes);
+}
+
 }  // namespace
 }  // namespace easyctx::test
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/attention_sm90.h"
 #include "kernels/cuda_check.h"
 #include "kernels/kernels.h"
 #include "ops/cuda/cuda_common.h"
@@ -97,6 +98,12 @@ void CudaAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, c
       case AttentionFwdRoute::NoKeys:  // no keys at all: every row is empty
         be_.fill(o, 0.0);
         be_.fill(lse, -INFINITY);
+        return;
+      case AttentionFwdRoute::Sm90Kernel:
+        // (a shape TMA cannot load, e.g. a view whose strides are not 16-byte multiples, goes on)
+        if (!kernels::attention_fwd_sm90_supported(p)) break;
+        kernels::attention_fwd_sm90(p, stream_);
+        last_path_ = "sm90 kernel";
         return;
       case AttentionFwdRoute::CudnnCausalGraph:
         if (causal_square_cudnn(p)) return;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/cuda_queue.h"
+#include "kernels/attention_sm90.h"
 #include "kernels/cuda_check.h"
 #include "kernels/kernels.h"
 #include "ops/cuda/cuda_attention.h"
@@ -96,6 +97,7 @@ class CudaBackend final : public Backend {
     ro.cudnn = o.cudnn_attention;
     ro.causal_graph = o.cudnn_causal_graph;
     ro.deterministic = o.deterministic;
+    ro.sm90 = o.sm90_attention && kernels::sm90_device_available();
     ro.bwd_tile = o.attention_bwd_tile;
     attention_ = std::make_unique<cuda::CudaAttention>(*this, stream_, mem_, ro);
     EASYCTX_CUDA_CHECK(cudaMalloc(&flag_, sizeof(int)));

@@ -29,6 +29,10 @@ struct CudaBackendOptions {
   // chunks (key prefix through cuDNN, diagonal through the kernel, LSE merge), the path
   // taken when cuDNN declines the graph (tests reach it with false).
   bool cudnn_causal_graph = true;
+  // On an sm_90 device (H100/H200): the attention forward through easyctx's Hopper kernel
+  // (kernels/attention_fwd_sm90.cu) where the router puts it (ops/attention_route.h: before
+  // cuDNN at head dim 128, in place of the FA2 kernel otherwise); ignored on other devices.
+  bool sm90_attention = true;
   // Bit-identical reruns: the cuDNN attention backward uses its deterministic graph (no
   // atomic dQ accumulation; dP in its workspace, so smaller tiles). false: the faster atomic one.
   bool deterministic = true;
