@@ -62,7 +62,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda_check.h"
 #include "kernels/wgmma_sm90.cuh"
@@ -75,14 +77,10 @@ namespace easyctx::kernels {
 namespace sm90 {
 namespace {
 
-constexpr int kBlockM = 128;   // query rows per CTA (64 per consumer warpgroup)
-constexpr int kBlockN = 128;   // keys per K/V tile
-constexpr int kStages = 2;     // K/V ring depth
-constexpr int kConsumers = 2;  // consumer warpgroups
-constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kBlockN = 128;  // keys per K/V tile
+constexpr int kStages = 2;    // K/V ring depth
 constexpr int kRowBytes = 128;  // one swizzled row: 64 bf16
 constexpr uint32_t kPanelBytesN = kBlockN * kRowBytes;  // one 64-column panel of a K/V tile
-constexpr uint32_t kPanelBytesM = kBlockM * kRowBytes;  // one 64-column panel of the Q tile
 
 // ------------------------------------------------------------------ PTX helpers
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -288,16 +286,20 @@ struct FwdArgs {
   int diag;               // clamped to [-(sq+1), sk+1]: same visibility, no overflow
   int causal;
   float scale_log2;
+  int m_blocks;  // query tiles per (head, batch)
+  int batch;
+  int tiles;  // m_blocks * hq * batch (the persistent kernels' work list)
 };
 
-template <int HD>
+// NC consumer warpgroups of 64 query rows each: a Q tile of 64 * NC rows.
+template <int HD, int NC>
 struct FwdSmem {
   static constexpr int kPanels = HD / 64;
   // Every panel is a multiple of 1024 bytes, so each starts on a swizzle atom.
-  alignas(1024) __nv_bfloat16 q[kPanels][kBlockM * 64];
+  alignas(1024) __nv_bfloat16 q[kPanels][NC * 64 * 64];
   alignas(1024) __nv_bfloat16 k[kStages][kPanels][kBlockN * 64];
   alignas(1024) __nv_bfloat16 v[kStages][kPanels][kBlockN * 64];
-  alignas(8) uint64_t q_full, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
+  alignas(8) uint64_t q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
 };
 
 // Dynamic shared memory is only guaranteed 16-byte aligned: round up to 1024 (1 KiB extra).
@@ -307,242 +309,356 @@ __device__ __forceinline__ T& aligned_smem(unsigned char* raw) {
   return *reinterpret_cast<T*>(raw + ((1024 - (a & 1023)) & 1023));
 }
 
-// kSched: 0 = one tile at a time, 1 = intra-warpgroup overlap, 2 = overlap + ping-pong.
-template <int HD, int kSched>
-__global__ void __launch_bounds__(kThreads, 1)
+// Registers per thread of the producer / each consumer warpgroup (setmaxnreg): the register
+// file (64K) holds 128 * (producer + NC * consumer). NC = 2: 24 + 2 * 240 = 504 (of 512);
+// NC = 3: 24 + 3 * 160 = 504 (FA3's hd-64 split; 160 hold S 64 + P 32 + O 32 floats).
+template <int NC>
+constexpr int kConsumerRegs = NC == 2 ? 240 : 160;
+
+// The work of one CTA: query tile m_block of head h, batch b.
+struct Tile {
+  int m_block, h, b;
+};
+// Work tile r (0, 1, ...) of this CTA; false when it has no more.
+//  * not persistent: one tile per CTA, r = 0 only. blockIdx.x counts query tiles from the end
+//    (the longest causal ones start first), y = head, z = batch.
+//  * persistent (grid = min(#SMs, tiles)): a static list ordered longest first (query tile
+//    descending, then head, then batch: CTAs running at the same time share the query tile
+//    index, hence K/V rows in L2, and GQA heads of one group share the very K/V tiles), dealt
+//    to the CTAs in a snake (round r goes left to right when r is even, right to left when
+//    odd), so the longer tile of each round alternates between ends and the per-CTA key tile
+//    totals stay within about one round's spread of each other. Snake rounds only increase,
+//    so once r is past the list every later r is too.
+template <bool kPersist>
+__device__ __forceinline__ bool get_tile(const FwdArgs& a, int r, Tile& t) {
+  if constexpr (!kPersist) {
+    if (r > 0) return false;
+    t.m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+    t.h = blockIdx.y;
+    t.b = blockIdx.z;
+    return true;
+  } else {
+    const int g = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
+    const int64_t i = static_cast<int64_t>(r) * g + ((r & 1) ? g - 1 - c : c);
+    if (i >= a.tiles) return false;
+    const int ii = static_cast<int>(i), hb = ii % (a.hq * a.batch);
+    t.m_block = a.m_blocks - 1 - ii / (a.hq * a.batch);
+    t.h = hb % a.hq;
+    t.b = hb / a.hq;
+    return true;
+  }
+}
+
+// Key tiles 0 .. n_end-1 hold every key some row of query tile m_block sees.
+template <int NC>
+__device__ __forceinline__ int key_tiles(const FwdArgs& a, int m_block) {
+  const int n_total = (a.sk + kBlockN - 1) / kBlockN;
+  if (!a.causal) return n_total;
+  const int m0 = m_block * 64 * NC;
+  const int last_key = min(m0 + 64 * NC - 1, a.sq - 1) + a.diag;
+  return last_key < 0 ? 0 : min(n_total, last_key / kBlockN + 1);
+}
+
+// kSched: 0 = one tile at a time, 1 = intra-warpgroup overlap, 2 = overlap + ping-pong (the
+// token handed over per work tile), 3 = overlap + ping-pong with O rescaled while the S GEMM
+// runs and the token in one ring over all work tiles of the CTA (see the consumer loop).
+// NC: consumer warpgroups (2, or 3 for hd 64). kPersist: a persistent CTA walks a tile list.
+template <int HD, int NC, int kSched, bool kPersist>
+__global__ void __launch_bounds__(128 * (1 + NC), 1)
     attention_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const FwdArgs a) {
+  static_assert(NC == 2 || (NC == 3 && HD == 64 && kSched != 2), "3 consumers: hd 64 and schedules 0, 1, 3 only");
+  static_assert(kSched == 3 || !kPersist, "persistent CTAs use the ring token (schedule 3)");
   extern __shared__ unsigned char smem_raw[];
-  FwdSmem<HD>& sh = aligned_smem<FwdSmem<HD>>(smem_raw);
+  FwdSmem<HD, NC>& sh = aligned_smem<FwdSmem<HD, NC>>(smem_raw);
   constexpr int kPanels = HD / 64;
-
-  const int m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // longest causal tiles first
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
-  const int m0 = m_block * kBlockM;
-  const int n_total = (a.sk + kBlockN - 1) / kBlockN;
-  int n_end = n_total;  // key tiles 0 .. n_end-1 hold every key some row of this CTA sees
-  if (a.causal) {
-    const int last_key = min(m0 + kBlockM - 1, a.sq - 1) + a.diag;
-    n_end = last_key < 0 ? 0 : min(n_total, last_key / kBlockN + 1);
-  }
+  constexpr int kBM = 64 * NC;                            // query rows per work tile
+  constexpr uint32_t kPanelBytesQ = kBM * kRowBytes;      // one 64-column panel of the Q tile
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&sh.q_full), 1);
+    mbar_init(smem_u32(&sh.q_empty), NC * 4);  // lane 0 of every consumer warp
     for (int s = 0; s < kStages; ++s) {
       mbar_init(smem_u32(&sh.k_full[s]), 1);
       mbar_init(smem_u32(&sh.v_full[s]), 1);
-      mbar_init(smem_u32(&sh.k_empty[s]), kConsumers * 4);  // lane 0 of every consumer warp
-      mbar_init(smem_u32(&sh.v_empty[s]), kConsumers * 4);
+      mbar_init(smem_u32(&sh.k_empty[s]), NC * 4);
+      mbar_init(smem_u32(&sh.v_empty[s]), NC * 4);
     }
     mbar_init_fence();
   }
   __syncthreads();
 
+  // Both sides walk the same tiles and count the same ring positions: key tile n of a work tile
+  // is ring position g = g0 + n (g0 = key tiles of the CTA's earlier work tiles), slot
+  // g % kStages, use g / kStages (phase parities). The Q buffer is a ring of one: use qi
+  // (work tiles that have keys so far). Work tiles without keys load and compute nothing.
   if (wg == 0) {  // ---------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid == 0 && n_end > 0) {
-      constexpr uint32_t kQBytes = kPanels * kPanelBytesM, kKVBytes = kPanels * kPanelBytesN;
-      mbar_expect_tx(smem_u32(&sh.q_full), kQBytes);
-      for (int p = 0; p < kPanels; ++p) tma_load_4d(smem_u32(&sh.q[p][0]), &tm_q, smem_u32(&sh.q_full), 64 * p, h, m0, b);
-      // Order K0, K1, V0, K2, V1, ...: K of the next tile before V of this one, so the next
-      // S GEMM's operand is never queued behind a V slot that the P V GEMM still holds (the
-      // overlapped consumer reads K_{n+1} before V_n). Slot of tile n: n % kStages; its use
-      // count n / kStages gives the phase parities.
-      auto load_k = [&](int n) {
-        const int st = n % kStages;
-        mbar_wait(smem_u32(&sh.k_empty[st]), ((n / kStages) & 1) ^ 1);
-        mbar_expect_tx(smem_u32(&sh.k_full[st]), kKVBytes);
+    if (tid == 0) {
+      constexpr uint32_t kQBytes = kPanels * kPanelBytesQ, kKVBytes = kPanels * kPanelBytesN;
+      int g0 = 0, qi = 0;
+      Tile t;
+      for (int r = 0; get_tile<kPersist>(a, r, t); ++r) {
+        const int n_end = key_tiles<NC>(a, t.m_block);
+        if (n_end == 0) continue;
+        const int hk = t.h / a.group;
+        // The previous work tile's Q is free once every consumer warp's last S GEMM is done.
+        mbar_wait(smem_u32(&sh.q_empty), (qi & 1) ^ 1);
+        mbar_expect_tx(smem_u32(&sh.q_full), kQBytes);
         for (int p = 0; p < kPanels; ++p)
-          tma_load_4d(smem_u32(&sh.k[st][p][0]), &tm_k, smem_u32(&sh.k_full[st]), 64 * p, hk, n * kBlockN, b);
-      };
-      auto load_v = [&](int n) {
-        const int st = n % kStages;
-        mbar_wait(smem_u32(&sh.v_empty[st]), ((n / kStages) & 1) ^ 1);
-        mbar_expect_tx(smem_u32(&sh.v_full[st]), kKVBytes);
-        for (int p = 0; p < kPanels; ++p)
-          tma_load_4d(smem_u32(&sh.v[st][p][0]), &tm_v, smem_u32(&sh.v_full[st]), 64 * p, hk, n * kBlockN, b);
-      };
-      load_k(0);
-      for (int n = 0; n < n_end; ++n) {
-        if (n + 1 < n_end) load_k(n + 1);
-        load_v(n);
+          tma_load_4d(smem_u32(&sh.q[p][0]), &tm_q, smem_u32(&sh.q_full), 64 * p, t.h, t.m_block * kBM, t.b);
+        ++qi;
+        // Order K0, K1, V0, K2, V1, ...: K of the next tile before V of this one, so the next
+        // S GEMM's operand is never queued behind a V slot that the P V GEMM still holds (the
+        // overlapped consumer reads K_{n+1} before V_n).
+        auto load_k = [&](int n) {
+          const int g = g0 + n, st = g % kStages;
+          mbar_wait(smem_u32(&sh.k_empty[st]), ((g / kStages) & 1) ^ 1);
+          mbar_expect_tx(smem_u32(&sh.k_full[st]), kKVBytes);
+          for (int p = 0; p < kPanels; ++p)
+            tma_load_4d(smem_u32(&sh.k[st][p][0]), &tm_k, smem_u32(&sh.k_full[st]), 64 * p, hk, n * kBlockN, t.b);
+        };
+        auto load_v = [&](int n) {
+          const int g = g0 + n, st = g % kStages;
+          mbar_wait(smem_u32(&sh.v_empty[st]), ((g / kStages) & 1) ^ 1);
+          mbar_expect_tx(smem_u32(&sh.v_full[st]), kKVBytes);
+          for (int p = 0; p < kPanels; ++p)
+            tma_load_4d(smem_u32(&sh.v[st][p][0]), &tm_v, smem_u32(&sh.v_full[st]), 64 * p, hk, n * kBlockN, t.b);
+        };
+        load_k(0);
+        for (int n = 0; n < n_end; ++n) {
+          if (n + 1 < n_end) load_k(n + 1);
+          load_v(n);
+        }
+        g0 += n_end;
       }
     }
     return;
   }
 
   // ------------------------------------------------------------------ consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs<NC>) : "memory");
   const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
-  const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 (half 0), row0 + 8 (half 1)
-  const int colq = 2 * (lane % 4);                       // this thread's first column in each 8-column chunk
-  // Last visible key of each of the two rows (the mask), Sk - 1 without causality.
-  int lim[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) lim[hf] = a.causal ? min(row0 + 8 * hf + a.diag, a.sk - 1) : a.sk - 1;
+  const int colq = 2 * (lane % 4);  // this thread's first column in each 8-column chunk
+  const uint32_t q_base = smem_u32(&sh.q[0][0]) + cw * 64 * kRowBytes;  // 8 KiB: a multiple of 1024
+  // Ping-pong, schedule 3: the consumers issue their GEMM phases in turn, cw = 0, 1, .., NC-1,
+  // 0, ..., over all work tiles of the CTA (one ring: the order never restarts, so no consumer
+  // can run two phases ahead of another at a tile boundary). Consumer cw waits on named barrier
+  // 1 + cw and passes to 1 + (cw + 1) % NC, 256 threads each (one warpgroup syncs, one
+  // arrives). Consumer 0 does not wait before the CTA's first phase; after the last one it
+  // takes the token once more, so barrier 1 sees as many syncs as arrivals and no barrier is
+  // left half-arrived when the CTA exits.
+  bool first_phase = true;
+  auto ring_take = [&]() {
+    if constexpr (kSched == 3) {
+      if (cw != 0 || !first_phase) named_bar_sync(1 + cw, 256);
+      first_phase = false;
+    }
+  };
+  auto ring_pass = [&]() {
+    if constexpr (kSched == 3) named_bar_arrive(1 + (cw + 1) % NC, 256);
+  };
 
-  float o[HD / 2];
+  int g0 = 0, qi = 0;
+  Tile t;
+  for (int r = 0; get_tile<kPersist>(a, r, t); ++r) {
+    const int h = t.h, b = t.b;
+    const int m0 = t.m_block * kBM;
+    const int n_end = key_tiles<NC>(a, t.m_block);
+    const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 (half 0), row0 + 8 (half 1)
+    // Last visible key of each of the two rows (the mask), Sk - 1 without causality.
+    int lim[2];
 #pragma unroll
-  for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    for (int hf = 0; hf < 2; ++hf) lim[hf] = a.causal ? min(row0 + 8 * hf + a.diag, a.sk - 1) : a.sk - 1;
 
-  if (n_end > 0) {
-    mbar_wait(smem_u32(&sh.q_full), 0);
-    const uint32_t q_base = smem_u32(&sh.q[0][0]) + cw * 64 * kRowBytes;  // 8 KiB: a multiple of 1024
-    auto k_addr = [&](int n) { return smem_u32(&sh.k[n % kStages][0][0]); };
-    auto v_addr = [&](int n) { return smem_u32(&sh.v[n % kStages][0][0]); };
-    auto wait_k = [&](int n) { mbar_wait(smem_u32(&sh.k_full[n % kStages]), (n / kStages) & 1); };
-    auto wait_v = [&](int n) { mbar_wait(smem_u32(&sh.v_full[n % kStages]), (n / kStages) & 1); };
-    // Every warp releases a slot once its own wait_group has returned (8 arrivals complete it).
-    auto free_k = [&](int n) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(smem_u32(&sh.k_empty[n % kStages]));
-    };
-    auto free_v = [&](int n) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(smem_u32(&sh.v_empty[n % kStages]));
-    };
-    // -inf on the keys of tile n that a row does not see (only tiles that cross Sk or the diagonal).
-    auto mask = [&](float (&s)[64], int n) {
-      const bool need_mask = (n + 1) * kBlockN > a.sk || (a.causal && (n + 1) * kBlockN - 1 > m0 + a.diag);
-      if (!need_mask) return;
-      const int key0 = n * kBlockN + colq;
+    float o[HD / 2];
 #pragma unroll
-      for (int c8 = 0; c8 < kBlockN / 8; ++c8)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            if (key0 + 8 * c8 + j > lim[hf]) s[4 * c8 + 2 * hf + j] = -INFINITY;
-    };
-    float corr[2];
-    uint32_t p[kBlockN / 16][4];
+    for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-    if constexpr (kSched == 0) {
-      // One tile at a time: S GEMM, wait, softmax, P V GEMM, wait.
-      for (int n = 0; n < n_end; ++n) {
-        float s[64];
-        wait_k(n);
-        wgmma_fence();
-        gemm_qk<HD>(s, q_base, kPanelBytesM, k_addr(n));
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(s);
-        free_k(n);
-        mask(s, n);
-        online_softmax(s, m_run, l_run, corr, a.scale_log2);
-        rescale<HD>(o, corr);
-        s_to_p(s, p);
-        wait_v(n);
-        reg_fence(o);
-        reg_fence(p);
-        wgmma_fence();
-        gemm_pv<HD>(o, p, v_addr(n));
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(o);
-        reg_fence(p);
-        free_v(n);
-      }
-    } else {
-      // Softmax of tile n runs while the tensor cores do P_{n-1} V_{n-1} (FA3's intra-warpgroup
-      // overlap): issue S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; wait for the older group (S_n)
-      // only; softmax S_n (O is not touched: the rescale waits); wait for the P V group; then
-      // rescale O by tile n's correction (O now holds tiles < n, all relative to m_{n-1}).
-      //
-      // Ping-pong (kSched 2): the two consumers take turns issuing their GEMMs, so one's
-      // softmax runs while the other's GEMMs occupy the tensor cores. The issue phases of a
-      // consumer are k = 0 (S_0), k = n (S_n and P_{n-1} V_{n-1}), k = n_end (the last P V).
-      // A token passes through named barriers 1 (consumer 0 waits) and 2 (consumer 1 waits),
-      // 256 threads each (one consumer syncs, the other arrives). Consumer 0 holds the token at
-      // the start (no wait at k = 0); consumer 1 does not pass it after its last phase. Hence
-      // barrier 2 sees n_end + 1 syncs and n_end + 1 arrivals, barrier 1 n_end of each: every
-      // barrier use completes, none is left half-arrived when the CTA exits.
-      auto turn_take = [&](int k) {
-        if constexpr (kSched == 2) {
-          if (cw == 1 || k > 0) named_bar_sync(1 + cw, 256);
+    if (n_end > 0) {
+      mbar_wait(smem_u32(&sh.q_full), qi & 1);
+      auto k_addr = [&](int n) { return smem_u32(&sh.k[(g0 + n) % kStages][0][0]); };
+      auto v_addr = [&](int n) { return smem_u32(&sh.v[(g0 + n) % kStages][0][0]); };
+      auto wait_k = [&](int n) { mbar_wait(smem_u32(&sh.k_full[(g0 + n) % kStages]), ((g0 + n) / kStages) & 1); };
+      auto wait_v = [&](int n) { mbar_wait(smem_u32(&sh.v_full[(g0 + n) % kStages]), ((g0 + n) / kStages) & 1); };
+      // Every warp releases a slot once its own wait_group has returned (NC * 4 arrivals
+      // complete it); after the last S GEMM of the work tile the Q buffer too.
+      auto free_k = [&](int n) {
+        __syncwarp();
+        if (lane == 0) {
+          mbar_arrive(smem_u32(&sh.k_empty[(g0 + n) % kStages]));
+          if (n == n_end - 1) mbar_arrive(smem_u32(&sh.q_empty));
         }
       };
-      auto turn_pass = [&](int k) {
-        if constexpr (kSched == 2) {
-          if (cw == 0 || k < n_end) named_bar_arrive(2 - cw, 256);
-        }
+      auto free_v = [&](int n) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_u32(&sh.v_empty[(g0 + n) % kStages]));
       };
-      {
-        float s[64];
-        wait_k(0);
-        turn_take(0);
-        wgmma_fence();
-        gemm_qk<HD>(s, q_base, kPanelBytesM, k_addr(0));
-        wgmma_commit();
-        turn_pass(0);
-        wgmma_wait<0>();
-        reg_fence(s);
-        free_k(0);
-        mask(s, 0);
-        online_softmax(s, m_run, l_run, corr, a.scale_log2);  // O is 0: no rescale needed
-        s_to_p(s, p);
-      }
-      for (int n = 1; n < n_end; ++n) {
-        float s[64];
-        wait_k(n);
-        wait_v(n - 1);
-        turn_take(n);
+      // -inf on the keys of tile n that a row does not see (only tiles that cross Sk or the diagonal).
+      auto mask = [&](float (&s)[64], int n) {
+        const bool need_mask = (n + 1) * kBlockN > a.sk || (a.causal && (n + 1) * kBlockN - 1 > m0 + a.diag);
+        if (!need_mask) return;
+        const int key0 = n * kBlockN + colq;
+#pragma unroll
+        for (int c8 = 0; c8 < kBlockN / 8; ++c8)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+              if (key0 + 8 * c8 + j > lim[hf]) s[4 * c8 + 2 * hf + j] = -INFINITY;
+      };
+      float corr[2];
+      uint32_t p[kBlockN / 16][4];
+
+      if constexpr (kSched == 0) {
+        // One tile at a time: S GEMM, wait, softmax, P V GEMM, wait.
+        for (int n = 0; n < n_end; ++n) {
+          float s[64];
+          wait_k(n);
+          wgmma_fence();
+          gemm_qk<HD>(s, q_base, kPanelBytesQ, k_addr(n));
+          wgmma_commit();
+          wgmma_wait<0>();
+          reg_fence(s);
+          free_k(n);
+          mask(s, n);
+          online_softmax(s, m_run, l_run, corr, a.scale_log2);
+          rescale<HD>(o, corr);
+          s_to_p(s, p);
+          wait_v(n);
+          reg_fence(o);
+          reg_fence(p);
+          wgmma_fence();
+          gemm_pv<HD>(o, p, v_addr(n));
+          wgmma_commit();
+          wgmma_wait<0>();
+          reg_fence(o);
+          reg_fence(p);
+          free_v(n);
+        }
+      } else {
+        // Softmax of tile n runs while the tensor cores do P_{n-1} V_{n-1} (FA3's intra-warpgroup
+        // overlap): issue S_n = Q K_n^T, then O += P_{n-1} V_{n-1}; wait for the older group (S_n)
+        // only; softmax S_n (O is not touched: the rescale waits); wait for the P V group.
+        //  * schedules 1, 2: then rescale O by tile n's correction (O holds tiles < n, all
+        //    relative to m_{n-1}); the rescale sits between the P V wait and the next issue.
+        //  * schedule 3 (FA3's order): keep tile n's correction until the next phase and rescale
+        //    O there, after issuing S_{n+1} and before issuing P_n V_n, so the 64 (hd 128) FMULs
+        //    run while the tensor cores do S_{n+1} instead of between two issues.
+        //
+        // Ping-pong, schedule 2: the consumers take turns issuing their GEMMs, so one's softmax
+        // runs while the other's GEMMs occupy the tensor cores. The issue phases of a consumer
+        // are k = 0 (S_0), k = n (S_n and P_{n-1} V_{n-1}), k = n_end (the last P V). A token
+        // passes through named barriers 1 (consumer 0 waits) and 2 (consumer 1 waits), 256
+        // threads each (one consumer syncs, the other arrives). Consumer 0 holds the token at
+        // the start (no wait at k = 0); consumer 1 does not pass it after its last phase. Hence
+        // barrier 2 sees n_end + 1 syncs and n_end + 1 arrivals, barrier 1 n_end of each: every
+        // barrier use completes, none is left half-arrived when the CTA exits (one work tile
+        // per CTA: schedule 2 is never persistent). Schedule 3: ring_take / ring_pass above.
+        constexpr bool kEarly = kSched == 3;
+        auto turn_take = [&](int k) {
+          if constexpr (kSched == 2) {
+            if (cw == 1 || k > 0) named_bar_sync(1 + cw, 256);
+          }
+          ring_take();
+        };
+        auto turn_pass = [&](int k) {
+          if constexpr (kSched == 2) {
+            if (cw == 0 || k < n_end) named_bar_arrive(2 - cw, 256);
+          }
+          ring_pass();
+        };
+        {
+          float s[64];
+          wait_k(0);
+          turn_take(0);
+          wgmma_fence();
+          gemm_qk<HD>(s, q_base, kPanelBytesQ, k_addr(0));
+          wgmma_commit();
+          turn_pass(0);
+          wgmma_wait<0>();
+          reg_fence(s);
+          free_k(0);
+          mask(s, 0);
+          online_softmax(s, m_run, l_run, corr, a.scale_log2);  // O is 0: corr (0) changes nothing
+          s_to_p(s, p);
+        }
+        for (int n = 1; n < n_end; ++n) {
+          float s[64];
+          wait_k(n);
+          wait_v(n - 1);
+          turn_take(n);
+          reg_fence(o);
+          reg_fence(p);
+          wgmma_fence();
+          gemm_qk<HD>(s, q_base, kPanelBytesQ, k_addr(n));
+          wgmma_commit();
+          if constexpr (kEarly) {
+            reg_fence(o);  // the FMULs below stay after the S issue
+            rescale<HD>(o, corr);  // tile n-1's correction: O (tiles < n-1) to m_{n-1}
+            reg_fence(o);
+            wgmma_fence();  // O was written by ordinary instructions since the last wgmma
+          }
+          gemm_pv<HD>(o, p, v_addr(n - 1));
+          wgmma_commit();
+          turn_pass(n);
+          wgmma_wait<1>();  // groups complete in order: S_n is done, P_{n-1} V_{n-1} may not be
+          reg_fence(s);
+          free_k(n);
+          mask(s, n);
+          online_softmax(s, m_run, l_run, corr, a.scale_log2);
+          wgmma_wait<0>();
+          reg_fence(o);
+          reg_fence(p);
+          free_v(n - 1);
+          if constexpr (!kEarly) rescale<HD>(o, corr);
+          s_to_p(s, p);
+        }
+        if constexpr (kEarly) rescale<HD>(o, corr);  // the last tile's correction (O is complete)
+        wait_v(n_end - 1);
+        turn_take(n_end);
         reg_fence(o);
         reg_fence(p);
         wgmma_fence();
-        gemm_qk<HD>(s, q_base, kPanelBytesM, k_addr(n));
+        gemm_pv<HD>(o, p, v_addr(n_end - 1));
         wgmma_commit();
-        gemm_pv<HD>(o, p, v_addr(n - 1));
-        wgmma_commit();
-        turn_pass(n);
-        wgmma_wait<1>();  // groups complete in order: S_n is done, P_{n-1} V_{n-1} may not be
-        reg_fence(s);
-        free_k(n);
-        mask(s, n);
-        online_softmax(s, m_run, l_run, corr, a.scale_log2);
+        turn_pass(n_end);
         wgmma_wait<0>();
         reg_fence(o);
         reg_fence(p);
-        free_v(n - 1);
-        rescale<HD>(o, corr);
-        s_to_p(s, p);
+        free_v(n_end - 1);
       }
-      wait_v(n_end - 1);
-      turn_take(n_end);
-      reg_fence(o);
-      reg_fence(p);
-      wgmma_fence();
-      gemm_pv<HD>(o, p, v_addr(n_end - 1));
-      wgmma_commit();
-      turn_pass(n_end);
-      wgmma_wait<0>();
-      reg_fence(o);
-      reg_fence(p);
-      free_v(n_end - 1);
+      g0 += n_end;
+      ++qi;
+    }
+
+    // ---------------------------------------------------------------- epilogue
+    // (Persistent CTAs: the producer is already loading the next work tile's Q and K/V.)
+    constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = l_run[hf];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = row0 + 8 * hf;
+      if (row >= a.sq) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      __nv_bfloat16* orow = a.o + static_cast<int64_t>(b) * a.o_batch + static_cast<int64_t>(row) * a.o_row +
+                            static_cast<int64_t>(h) * HD + colq;
+#pragma unroll
+      for (int c8 = 0; c8 < HD / 8; ++c8)
+        *reinterpret_cast<__nv_bfloat162*>(orow + 8 * c8) =
+            __floats2bfloat162_rn(o[4 * c8 + 2 * hf] * inv, o[4 * c8 + 2 * hf + 1] * inv);
+      if (lane % 4 == 0)
+        a.lse[(static_cast<int64_t>(b) * a.hq + h) * a.sq + row] =
+            l > 0.f ? (m_run[hf] * a.scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
     }
   }
-
-  // ------------------------------------------------------------------ epilogue
-  constexpr float kLn2 = 0.6931471805599453f;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float l = l_run[hf];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = row0 + 8 * hf;
-    if (row >= a.sq) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    __nv_bfloat16* orow = a.o + static_cast<int64_t>(b) * a.o_batch + static_cast<int64_t>(row) * a.o_row +
-                          static_cast<int64_t>(h) * HD + colq;
-#pragma unroll
-    for (int c8 = 0; c8 < HD / 8; ++c8)
-      *reinterpret_cast<__nv_bfloat162*>(orow + 8 * c8) =
-          __floats2bfloat162_rn(o[4 * c8 + 2 * hf] * inv, o[4 * c8 + 2 * hf + 1] * inv);
-    if (lane % 4 == 0)
-      a.lse[(static_cast<int64_t>(b) * a.hq + h) * a.sq + row] =
-          l > 0.f ? (m_run[hf] * a.scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+  // Schedule 3: take the token the last phase passed (see ring_take).
+  if constexpr (kSched == 3) {
+    if (cw == 0 && !first_phase) named_bar_sync(1, 256);
   }
 }
 
@@ -651,9 +767,10 @@ CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, i
   return m;
 }
 
-template <int HD, int kSched>
+template <int HD, int NC, int kSched, bool kPersist>
 void launch_fwd(const AttentionParams& p, cudaStream_t st) {
-  const CUtensorMap tq = make_map(p.q, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBlockM, "q");
+  constexpr int kBM = 64 * NC;
+  const CUtensorMap tq = make_map(p.q, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBM, "q");
   const CUtensorMap tk = make_map(p.k, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBlockN, "k");
   const CUtensorMap tv = make_map(p.v, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBlockN, "v");
   FwdArgs a{};
@@ -668,12 +785,25 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   a.diag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag, p.sk + 1)));
   a.causal = p.causal ? 1 : 0;
   a.scale_log2 = p.scale_log2;
-  const size_t smem = sizeof(FwdSmem<HD>) + 1024;
-  EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(attention_fwd_sm90_kernel<HD, kSched>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>((p.sq + kBlockM - 1) / kBlockM), static_cast<unsigned>(p.hq),
-                  static_cast<unsigned>(p.batch));
-  attention_fwd_sm90_kernel<HD, kSched><<<grid, kThreads, smem, st>>>(tq, tk, tv, a);
+  const int64_t m_blocks = (p.sq + kBM - 1) / kBM, tiles = m_blocks * p.hq * p.batch;
+  if (kPersist && tiles > (int64_t{1} << 31) - 1)
+    EASYCTX_THROW("attention_fwd_sm90: ", tiles, " work tiles do not fit the persistent kernel's int counter");
+  a.m_blocks = static_cast<int>(m_blocks);
+  a.batch = static_cast<int>(p.batch);
+  a.tiles = static_cast<int>(std::min<int64_t>(tiles, (int64_t{1} << 31) - 1));
+  auto kernel = attention_fwd_sm90_kernel<HD, NC, kSched, kPersist>;
+  const size_t smem = sizeof(FwdSmem<HD, NC>) + 1024;
+  EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.hq), static_cast<unsigned>(p.batch));
+  if constexpr (kPersist) {
+    // One CTA per SM (the shared memory and registers allow no second one), each walking its
+    // part of the tile list (get_tile).
+    int dev = 0, sms = 0;
+    EASYCTX_CUDA_CHECK(cudaGetDevice(&dev));
+    EASYCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    grid = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(sms, 1))), 1, 1);
+  }
+  kernel<<<grid, 128 * (1 + NC), smem, st>>>(tq, tk, tv, a);
   EASYCTX_CUDA_CHECK_LAUNCH("attention_fwd_sm90");
 }
 
@@ -732,16 +862,59 @@ bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why) {
   return true;
 }
 
+bool sm90_fwd_variant_supported(Sm90FwdVariant v, int64_t hd) {
+  using V = Sm90FwdVariant;
+  if (hd != 64 && hd != 128) return false;
+  if (v == V::Wide || v == V::WidePersistent) return hd == 64;  // 3 x 160 registers cannot hold hd 128's O
+  return true;
+}
+
+Sm90FwdVariant sm90_fwd_resolve(Sm90FwdVariant v, int64_t hd) {
+  using V = Sm90FwdVariant;
+  if (v != V::Auto) return v;
+  // EASYCTX_SM90_VARIANT (a name of sm90_fwd_variant_name) overrides the choice below when
+  // that variant supports hd; read once per process.
+  static const std::string env = [] {
+    const char* e = std::getenv("EASYCTX_SM90_VARIANT");
+    return std::string(e ? e : "");
+  }();
+  if (!env.empty())
+    for (const V x : sm90_fwd_variants())
+      if (env == sm90_fwd_variant_name(x) && sm90_fwd_variant_supported(x, hd)) return x;
+  // Expected best (not yet measured: bench_attention --sm90-only prints every variant):
+  // hd 128 the persistent ping-pong, hd 64 the persistent 3-consumer (192-row) tile.
+  return hd == 64 ? V::WidePersistent : V::Persistent;
+}
+
+std::vector<Sm90FwdVariant> sm90_fwd_variants() {
+  using V = Sm90FwdVariant;
+  return {V::Simple, V::Overlap, V::PingPong, V::PingPong2, V::Persistent, V::Wide, V::WidePersistent};
+}
+
 void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant) {
   std::string why;
   if (!attention_fwd_sm90_supported(p, &why)) EASYCTX_THROW("attention_fwd_sm90: unsupported call: ", why);
+  variant = sm90_fwd_resolve(variant, p.hd);
+  if (!sm90_fwd_variant_supported(variant, p.hd))
+    EASYCTX_THROW("attention_fwd_sm90: variant ", sm90_fwd_variant_name(variant), " does not support head dim ", p.hd);
+  const bool h128 = p.hd == 128;
   switch (variant) {
     case Sm90FwdVariant::Simple:
-      return p.hd == 128 ? sm90::launch_fwd<128, 0>(p, st) : sm90::launch_fwd<64, 0>(p, st);
+      return h128 ? sm90::launch_fwd<128, 2, 0, false>(p, st) : sm90::launch_fwd<64, 2, 0, false>(p, st);
     case Sm90FwdVariant::Overlap:
-      return p.hd == 128 ? sm90::launch_fwd<128, 1>(p, st) : sm90::launch_fwd<64, 1>(p, st);
+      return h128 ? sm90::launch_fwd<128, 2, 1, false>(p, st) : sm90::launch_fwd<64, 2, 1, false>(p, st);
     case Sm90FwdVariant::PingPong:
-      return p.hd == 128 ? sm90::launch_fwd<128, 2>(p, st) : sm90::launch_fwd<64, 2>(p, st);
+      return h128 ? sm90::launch_fwd<128, 2, 2, false>(p, st) : sm90::launch_fwd<64, 2, 2, false>(p, st);
+    case Sm90FwdVariant::PingPong2:
+      return h128 ? sm90::launch_fwd<128, 2, 3, false>(p, st) : sm90::launch_fwd<64, 2, 3, false>(p, st);
+    case Sm90FwdVariant::Persistent:
+      return h128 ? sm90::launch_fwd<128, 2, 3, true>(p, st) : sm90::launch_fwd<64, 2, 3, true>(p, st);
+    case Sm90FwdVariant::Wide:
+      return sm90::launch_fwd<64, 3, 3, false>(p, st);
+    case Sm90FwdVariant::WidePersistent:
+      return sm90::launch_fwd<64, 3, 3, true>(p, st);
+    case Sm90FwdVariant::Auto:
+      break;
   }
   EASYCTX_THROW("attention_fwd_sm90: unknown variant ", static_cast<int>(variant));
 }
@@ -769,6 +942,16 @@ const char* sm90_fwd_variant_name(Sm90FwdVariant v) {
       return "overlap";
     case Sm90FwdVariant::PingPong:
       return "pingpong";
+    case Sm90FwdVariant::PingPong2:
+      return "pingpong2";
+    case Sm90FwdVariant::Persistent:
+      return "persistent";
+    case Sm90FwdVariant::Wide:
+      return "wide";
+    case Sm90FwdVariant::WidePersistent:
+      return "wide-persistent";
+    case Sm90FwdVariant::Auto:
+      return "auto";
   }
   return "?";
 }
