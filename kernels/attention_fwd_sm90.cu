@@ -60,6 +60,7 @@
 #include <cudaTypedefs.h>
 
 #include <cmath>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -288,7 +289,9 @@ struct FwdArgs {
   float scale_log2;
   int m_blocks;  // query tiles per (head, batch)
   int batch;
-  int tiles;  // m_blocks * hq * batch (the persistent kernels' work list)
+  int tiles;      // m_blocks * hq * batch (the persistent kernels' work list)
+  int sec_heads;  // persistent: (batch, head) pairs per L2 section (see tile_of)
+  int* tile_ctr;  // persistent: work tiles handed out past the first gridDim.x, zeroed per launch
 };
 
 // NC consumer warpgroups of 64 query rows each: a Q tile of 64 * NC rows.
@@ -300,6 +303,8 @@ struct FwdSmem {
   alignas(1024) __nv_bfloat16 k[kStages][kPanels][kBlockN * 64];
   alignas(1024) __nv_bfloat16 v[kStages][kPanels][kBlockN * 64];
   alignas(8) uint64_t q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
+  uint64_t t_full[2], t_empty[2];  // persistent: the work tile ring (producer -> consumers)
+  int tile_id[2];
 };
 
 // Dynamic shared memory is only guaranteed 16-byte aligned: round up to 1024 (1 KiB extra).
@@ -311,42 +316,35 @@ __device__ __forceinline__ T& aligned_smem(unsigned char* raw) {
 
 // Registers per thread of the producer / each consumer warpgroup (setmaxnreg): the register
 // file (64K) holds 128 * (producer + NC * consumer). NC = 2: 24 + 2 * 240 = 504 (of 512);
-// NC = 3: 24 + 3 * 160 = 504 (FA3's hd-64 split; 160 hold S 64 + P 32 + O 32 floats).
-template <int NC>
-constexpr int kConsumerRegs = NC == 2 ? 240 : 160;
+// NC = 3: 24 + 3 * 160 = 504 (FA3's hd-64 split; 160 hold S 64 + P 32 + O 32 floats). The
+// persistent producer (tile counter, list arithmetic) spills at 24 (ptxas: 8 bytes) and gets
+// 32: 32 + 2 * 232 = 496, 32 + 3 * 160 = 512.
+template <bool kPersist>
+constexpr int kProducerRegs = kPersist ? 32 : 24;
+template <int NC, bool kPersist>
+constexpr int kConsumerRegs = NC == 2 ? (kPersist ? 232 : 240) : 160;
 
 // The work of one CTA: query tile m_block of head h, batch b.
 struct Tile {
   int m_block, h, b;
 };
-// Work tile r (0, 1, ...) of this CTA; false when it has no more.
-//  * not persistent: one tile per CTA, r = 0 only. blockIdx.x counts query tiles from the end
-//    (the longest causal ones start first), y = head, z = batch.
-//  * persistent (grid = min(#SMs, tiles)): a static list ordered longest first (query tile
-//    descending, then head, then batch: CTAs running at the same time share the query tile
-//    index, hence K/V rows in L2, and GQA heads of one group share the very K/V tiles), dealt
-//    to the CTAs in a snake (round r goes left to right when r is even, right to left when
-//    odd), so the longer tile of each round alternates between ends and the per-CTA key tile
-//    totals stay within about one round's spread of each other. Snake rounds only increase,
-//    so once r is past the list every later r is too.
-template <bool kPersist>
-__device__ __forceinline__ bool get_tile(const FwdArgs& a, int r, Tile& t) {
-  if constexpr (!kPersist) {
-    if (r > 0) return false;
-    t.m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
-    t.h = blockIdx.y;
-    t.b = blockIdx.z;
-    return true;
-  } else {
-    const int g = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
-    const int64_t i = static_cast<int64_t>(r) * g + ((r & 1) ? g - 1 - c : c);
-    if (i >= a.tiles) return false;
-    const int ii = static_cast<int>(i), hb = ii % (a.hq * a.batch);
-    t.m_block = a.m_blocks - 1 - ii / (a.hq * a.batch);
-    t.h = hb % a.hq;
-    t.b = hb / a.hq;
-    return true;
-  }
+// Work tile `idx` of the persistent kernels' list. The list is cut into L2 sections of
+// a.sec_heads consecutive (batch, head) pairs (hb = b * hq + h) whose K/V fit in about 32 MB
+// of L2 together (FA3's L2 swizzle); within a section, query tiles longest first (m_block
+// descending: the causal ones with the most key tiles), heads inner. So the CTAs running at
+// the same time read the K/V of a few heads (L2 hits, not DRAM), GQA heads of one group share
+// the very K/V tiles, and each section ends with its shortest tiles. The CTAs take tiles in
+// list order as they finish (a counter: greedy, so no static imbalance adds up).
+__device__ __forceinline__ Tile tile_of(const FwdArgs& a, int idx) {
+  const int per_sec = a.m_blocks * a.sec_heads;
+  const int sec = idx / per_sec, local = idx - sec * per_sec;
+  const int hb0 = sec * a.sec_heads, nh = min(a.sec_heads, a.hq * a.batch - hb0);
+  const int hb = hb0 + local % nh;
+  Tile t;
+  t.m_block = a.m_blocks - 1 - local / nh;
+  t.h = hb % a.hq;
+  t.b = hb / a.hq;
+  return t;
 }
 
 // Key tiles 0 .. n_end-1 hold every key some row of query tile m_block sees.
@@ -385,6 +383,10 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
       mbar_init(smem_u32(&sh.k_empty[s]), NC * 4);
       mbar_init(smem_u32(&sh.v_empty[s]), NC * 4);
     }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(smem_u32(&sh.t_full[s]), 1);
+      mbar_init(smem_u32(&sh.t_empty[s]), NC * 4);
+    }
     mbar_init_fence();
   }
   __syncthreads();
@@ -394,12 +396,29 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
   // g % kStages, use g / kStages (phase parities). The Q buffer is a ring of one: use qi
   // (work tiles that have keys so far). Work tiles without keys load and compute nothing.
   if (wg == 0) {  // ---------------------------------------------------- producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs<kPersist>) : "memory");
     if (tid == 0) {
       constexpr uint32_t kQBytes = kPanels * kPanelBytesQ, kKVBytes = kPanels * kPanelBytesN;
       int g0 = 0, qi = 0;
-      Tile t;
-      for (int r = 0; get_tile<kPersist>(a, r, t); ++r) {
+      for (int r = 0;; ++r) {
+        Tile t;
+        if constexpr (kPersist) {
+          // Work tile r: the CTA's own first, then the next unclaimed one of the list (claimed
+          // when this thread has issued the previous tile's last load, about two K/V tiles
+          // before the consumers finish it). Published in ring slot r % 2; the index past the
+          // list ends the consumers too.
+          const int idx = r == 0 ? static_cast<int>(blockIdx.x) : static_cast<int>(gridDim.x) + atomicAdd(a.tile_ctr, 1);
+          const int sl = r & 1;
+          mbar_wait(smem_u32(&sh.t_empty[sl]), ((r >> 1) & 1) ^ 1);
+          sh.tile_id[sl] = idx;
+          mbar_arrive(smem_u32(&sh.t_full[sl]));  // release: the store above is seen after the wait
+          if (idx >= a.tiles) break;
+          t = tile_of(a, idx);
+        } else {
+          if (r > 0) break;
+          t = Tile{static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                   static_cast<int>(blockIdx.z)};  // longest causal tiles first
+        }
         const int n_end = key_tiles<NC>(a, t.m_block);
         if (n_end == 0) continue;
         const int hk = t.h / a.group;
@@ -438,7 +457,7 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
   }
 
   // ------------------------------------------------------------------ consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs<NC>) : "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs<NC, kPersist>) : "memory");
   const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
   const int colq = 2 * (lane % 4);  // this thread's first column in each 8-column chunk
   const uint32_t q_base = smem_u32(&sh.q[0][0]) + cw * 64 * kRowBytes;  // 8 KiB: a multiple of 1024
@@ -461,8 +480,21 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
   };
 
   int g0 = 0, qi = 0;
-  Tile t;
-  for (int r = 0; get_tile<kPersist>(a, r, t); ++r) {
+  for (int r = 0;; ++r) {
+    Tile t;
+    if constexpr (kPersist) {
+      const int sl = r & 1;
+      mbar_wait(smem_u32(&sh.t_full[sl]), (r >> 1) & 1);
+      const int idx = *reinterpret_cast<volatile int*>(&sh.tile_id[sl]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(smem_u32(&sh.t_empty[sl]));  // the slot may take tile r + 2
+      if (idx >= a.tiles) break;
+      t = tile_of(a, idx);
+    } else {
+      if (r > 0) break;
+      t = Tile{static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+               static_cast<int>(blockIdx.z)};  // longest causal tiles first
+    }
     const int h = t.h, b = t.b;
     const int m0 = t.m_block * kBM;
     const int n_end = key_tiles<NC>(a, t.m_block);
@@ -729,6 +761,10 @@ __global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_cons
 }
 
 // ------------------------------------------------------------------ host side
+constexpr unsigned kTileCounters = 64;
+std::atomic<int64_t> g_l2_section_bytes{0};  // sm90_set_l2_section_bytes (0: 32 MiB)
+__device__ int g_tile_counters[kTileCounters];  // the persistent kernels' work counters (launch_fwd)
+
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   // Through cudart's entry-point query, so no -lcuda link is needed.
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -796,12 +832,25 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.hq), static_cast<unsigned>(p.batch));
   if constexpr (kPersist) {
-    // One CTA per SM (the shared memory and registers allow no second one), each walking its
-    // part of the tile list (get_tile).
+    // One CTA per SM (the shared memory and registers allow no second one), each taking work
+    // tiles of the list (tile_of) until it is used up.
     int dev = 0, sms = 0;
     EASYCTX_CUDA_CHECK(cudaGetDevice(&dev));
     EASYCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     grid = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(sms, 1))), 1, 1);
+    // L2 sections: as many kv heads as fit 32 MB of K + V (at least one), times the GQA group
+    // (the q heads that read them); sections never straddle a kv group.
+    const int64_t kv_bytes = p.sk * HD * 2 * 2, budget = g_l2_section_bytes.load(std::memory_order_relaxed);
+    const int64_t kv_heads = std::max<int64_t>(1, (budget > 0 ? budget : int64_t{32} << 20) / std::max<int64_t>(kv_bytes, 1));
+    a.sec_heads = static_cast<int>(std::min<int64_t>(kv_heads * a.group, p.hq * p.batch));
+    // The tile counter: one of kTileCounters device ints, a different one for each launch in
+    // turn (so launches that overlap on different streams do not share one unless
+    // kTileCounters of them are in flight), zeroed on the stream right before the launch.
+    static std::atomic<unsigned> next_counter{0};
+    int* counters = nullptr;
+    EASYCTX_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&counters), g_tile_counters));
+    a.tile_ctr = counters + next_counter.fetch_add(1, std::memory_order_relaxed) % kTileCounters;
+    EASYCTX_CUDA_CHECK(cudaMemsetAsync(a.tile_ctr, 0, sizeof(int), st));
   }
   kernel<<<grid, 128 * (1 + NC), smem, st>>>(tq, tk, tv, a);
   EASYCTX_CUDA_CHECK_LAUNCH("attention_fwd_sm90");
@@ -918,6 +967,8 @@ void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVarian
   }
   EASYCTX_THROW("attention_fwd_sm90: unknown variant ", static_cast<int>(variant));
 }
+
+void sm90_set_l2_section_bytes(int64_t bytes) { sm90::g_l2_section_bytes.store(bytes, std::memory_order_relaxed); }
 
 std::string sm90_take_hang_report() {
   unsigned int h[8] = {};

@@ -53,6 +53,10 @@ Sm90FwdVariant sm90_fwd_resolve(Sm90FwdVariant v, int64_t hd);
 // variant does not support p.hd.
 void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant = Sm90FwdVariant::Auto);
 
+// Test hook: the K + V bytes per L2 section of the persistent variants' work list (0, the
+// default: 32 MiB), so small shapes can reach several sections, a partial last one included.
+void sm90_set_l2_section_bytes(int64_t bytes);
+
 // "" normally; after a kernel of this file gave up on an mbarrier wait (a hang: see
 // mbar_wait in attention_fwd_sm90.cu; its results are then garbage), where it happened. Resets
 // the record. Call after synchronizing the stream.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "cuda_test_util.h"
 #include "kernels/attention_sm90.h"
@@ -221,13 +222,25 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   std::string why;
   ASSERT_TRUE(kernels::attention_fwd_sm90_supported(p, &why)) << why;
 
+  // Persistent variants run twice: with the default L2 sections (usually one section at these
+  // sizes) and with sections of 5 kv heads (several, the last one partial where hq * batch is
+  // not a multiple of 5 groups).
+  std::vector<std::pair<kernels::Sm90FwdVariant, int64_t>> runs;
   for (const auto variant : variants(c.hd)) {
-    tag = (std::ostringstream() << c).str() + " [" + kernels::sm90_fwd_variant_name(variant) + "]";
+    runs.push_back({variant, 0});
+    if (variant == kernels::Sm90FwdVariant::Persistent || variant == kernels::Sm90FwdVariant::WidePersistent)
+      runs.push_back({variant, 5 * c.sk * c.hd * 4});
+  }
+  for (const auto& [variant, l2_bytes] : runs) {
+    tag = (std::ostringstream() << c).str() + " [" + kernels::sm90_fwd_variant_name(variant) +
+          (l2_bytes ? ", L2 sections of 5 kv heads" : "") + "]";
     SCOPED_TRACE(tag);
     poison(bo);
     poison(bl);
     gpu->synchronize();
+    kernels::sm90_set_l2_section_bytes(l2_bytes);
     kernels::attention_fwd_sm90(p, ops::cuda_stream(*gpu), variant);
+    kernels::sm90_set_l2_section_bytes(0);
     gpu->synchronize();
     const std::string hang = kernels::sm90_take_hang_report();
     if (!hang.empty()) std::printf("  [hang] %s: %s\n", tag.c_str(), hang.c_str());
@@ -325,8 +338,9 @@ INSTANTIATE_TEST_SUITE_P(
         // Strided views (rows and batches padded, as slices of a wider buffer would be).
         Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24},
         // Persistent CTAs (one per SM, 132 on an H200) with several work tiles each: tiles of
-        // different lengths in one CTA (the K/V ring and the Q buffer carried across them, the
-        // ping-pong ring across tile boundaries), 128- and 192-row tiles (wide: hd 64).
+        // different lengths in one CTA (the K/V ring, the Q buffer and the work tile ring
+        // carried across them, the ping-pong ring across tile boundaries), 128- and 192-row
+        // tiles (wide: hd 64).
         Case{2, 1000, 1000, 32, 8, 128, true, 0},   // 8 x 32 x 2 = 512 tiles of 128 rows
         Case{3, 1500, 1500, 32, 4, 64, true, 0},    // 8 x 32 x 3 = 768 tiles of 192 rows (wide)
         Case{1, 129, 129, 67, 1, 128, false, 0},    // 134 tiles: just past one per SM
