@@ -233,6 +233,24 @@ __device__ __forceinline__ void s_to_p(const float (&s)[64], uint32_t (&p)[kBloc
     for (int i = 0; i < 4; ++i) p[kk][i] = pack_bf16(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
 }
 
+// 2^x on the FMA pipe (FlashAttention-4's trick) to unload MUFU.EX2, 16 results per clock per
+// SM: at hd 64 a consumer's 64 exponentials per thread and key tile take as long on MUFU as
+// its two GEMMs take on the tensor cores (512 clocks each), so the softmax, not the GEMMs,
+// paces the ping-pong. x = j + f with
+// j = round(x) (the 1.5 * 2^23 shifter: the sum's low mantissa bits hold j), f in [-0.5, 0.5];
+// 2^f by a degree-3 minimax polynomial (relative error 7.5e-5, under bf16's 2^-9 rounding of
+// P), j added to the exponent field (t's bits << 23 == j << 23 mod 2^32). x is clamped at
+// -126 first (masked -inf scores): the exponent field stays >= 0, so the result is <= 2^-126
+// (a denormal or 0: nothing beside the row max's 1). __fadd_rn / __fsub_rn: never contracted
+// or reassociated.
+__device__ __forceinline__ float ex2_poly(float x) {
+  x = fmaxf(x, -126.f);
+  const float t = __fadd_rn(x, 12582912.f);
+  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
+  const float p = fmaf(fmaf(fmaf(0.0551716685f, f, 0.2426111251f), f, 0.6932609677f), f, 0.9999280572f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 // Online softmax of one S tile in place (base 2): per row (half hf: rows l/4 and l/4 + 8 of the
 // warp's 16), the running max m_run (raw score units) and the lane's part of the running sum
 // l_run are updated, s becomes p = 2^(s*scale_log2 - m*scale_log2) and corr[hf] the factor
@@ -240,29 +258,56 @@ __device__ __forceinline__ void s_to_p(const float (&s)[64], uint32_t (&p)[kBloc
 // subtracts 0 instead, so its p = 2^-inf = 0 and corr = 0 multiply zeros (never -inf - -inf).
 // A row's 128 scores sit on the 4 lanes of a quad (32 each): max over the quad by shuffles;
 // the sums stay per lane until the epilogue (the quad shares m, hence corr).
+// kTree: the row max as a tree (depth 5 instead of a chain of 16 dependent FMNMX; exact, the
+// same result) and the sum in 4 interleaved partial sums (a different fp32 order): a shorter
+// critical path, which matters as one warp per SM sub-partition runs this at a time.
+// kPoly: of every 8 chunks of 8 columns, the first kPoly take ex2_poly instead of MUFU.EX2.
+template <bool kTree = false, int kPoly = 0>
 __device__ __forceinline__ void online_softmax(float (&s)[64], float (&m_run)[2], float (&l_run)[2], float (&corr)[2],
                                                float scale_log2) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float mx = -INFINITY;
+    if constexpr (kTree) {
+      float v[kBlockN / 8];
 #pragma unroll
-    for (int c8 = 0; c8 < kBlockN / 8; ++c8) mx = fmaxf(mx, fmaxf(s[4 * c8 + 2 * hf], s[4 * c8 + 2 * hf + 1]));
+      for (int c8 = 0; c8 < kBlockN / 8; ++c8) v[c8] = fmaxf(s[4 * c8 + 2 * hf], s[4 * c8 + 2 * hf + 1]);
+      static_assert(kBlockN / 8 == 16, "the tree below folds 16 chunks");
+      // Fixed strides, every index a constant (a loop halving its stride left v in local memory).
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = fmaxf(v[i], v[i + 8]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = fmaxf(v[i], v[i + 4]);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) v[i] = fmaxf(v[i], v[i + 2]);
+      mx = fmaxf(v[0], v[1]);
+    } else {
+#pragma unroll
+      for (int c8 = 0; c8 < kBlockN / 8; ++c8) mx = fmaxf(mx, fmaxf(s[4 * c8 + 2 * hf], s[4 * c8 + 2 * hf + 1]));
+    }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m_run[hf], mx);
     const float base = m_new == -INFINITY ? 0.f : m_new * scale_log2;
     corr[hf] = ex2(m_run[hf] * scale_log2 - base);  // 0 when m_run was -inf (O, l were 0)
     m_run[hf] = m_new;
-    float sum = 0.f;
+    constexpr int kSums = kTree ? 4 : 1;
+    float sum[kSums];
+#pragma unroll
+    for (int i = 0; i < kSums; ++i) sum[i] = kTree ? -0.f : 0.f;  // -0 + x folds to x; 0 + x cannot (x = -0)
 #pragma unroll
     for (int c8 = 0; c8 < kBlockN / 8; ++c8)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         float& x = s[4 * c8 + 2 * hf + j];
-        x = ex2(fmaf(x, scale_log2, -base));
-        sum += x;
+        const float y = fmaf(x, scale_log2, -base);
+        x = (c8 % 8) < kPoly ? ex2_poly(y) : ex2(y);
+        sum[(2 * c8 + j) % kSums] += x;
       }
-    l_run[hf] = l_run[hf] * corr[hf] + sum;
+    float total = sum[0];
+#pragma unroll
+    for (int i = 1; i < kSums; ++i) total += sum[i];
+    l_run[hf] = l_run[hf] * corr[hf] + total;
   }
 }
 
@@ -361,12 +406,16 @@ __device__ __forceinline__ int key_tiles(const FwdArgs& a, int m_block) {
 // token handed over per work tile), 3 = overlap + ping-pong with O rescaled while the S GEMM
 // runs and the token in one ring over all work tiles of the CTA (see the consumer loop).
 // NC: consumer warpgroups (2, or 3 for hd 64). kPersist: a persistent CTA walks a tile list.
-template <int HD, int NC, int kSched, bool kPersist>
+// kPoly (schedule 3 only): eighths of the exponentials computed on the FMA pipe (ex2_poly).
+// Schedule 3 also takes online_softmax's shorter-critical-path reductions (kTree).
+template <int HD, int NC, int kSched, bool kPersist, int kPoly>
 __global__ void __launch_bounds__(128 * (1 + NC), 1)
     attention_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const FwdArgs a) {
   static_assert(NC == 2 || (NC == 3 && HD == 64 && kSched != 2), "3 consumers: hd 64 and schedules 0, 1, 3 only");
   static_assert(kSched == 3 || !kPersist, "persistent CTAs use the ring token (schedule 3)");
+  static_assert(kSched == 3 || kPoly == 0, "ex2_poly only in schedule 3");
+  constexpr bool kTree = kSched == 3;
   extern __shared__ unsigned char smem_raw[];
   FwdSmem<HD, NC>& sh = aligned_smem<FwdSmem<HD, NC>>(smem_raw);
   constexpr int kPanels = HD / 64;
@@ -556,7 +605,7 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
           reg_fence(s);
           free_k(n);
           mask(s, n);
-          online_softmax(s, m_run, l_run, corr, a.scale_log2);
+          online_softmax<kTree, kPoly>(s, m_run, l_run, corr, a.scale_log2);
           rescale<HD>(o, corr);
           s_to_p(s, p);
           wait_v(n);
@@ -614,7 +663,7 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
           reg_fence(s);
           free_k(0);
           mask(s, 0);
-          online_softmax(s, m_run, l_run, corr, a.scale_log2);  // O is 0: corr (0) changes nothing
+          online_softmax<kTree, kPoly>(s, m_run, l_run, corr, a.scale_log2);  // O is 0: corr (0) changes nothing
           s_to_p(s, p);
         }
         for (int n = 1; n < n_end; ++n) {
@@ -640,7 +689,7 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
           reg_fence(s);
           free_k(n);
           mask(s, n);
-          online_softmax(s, m_run, l_run, corr, a.scale_log2);
+          online_softmax<kTree, kPoly>(s, m_run, l_run, corr, a.scale_log2);
           wgmma_wait<0>();
           reg_fence(o);
           reg_fence(p);
@@ -803,7 +852,7 @@ CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, i
   return m;
 }
 
-template <int HD, int NC, int kSched, bool kPersist>
+template <int HD, int NC, int kSched, bool kPersist, int kPoly = 0>
 void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   constexpr int kBM = 64 * NC;
   const CUtensorMap tq = make_map(p.q, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBM, "q");
@@ -827,7 +876,7 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   a.m_blocks = static_cast<int>(m_blocks);
   a.batch = static_cast<int>(p.batch);
   a.tiles = static_cast<int>(std::min<int64_t>(tiles, (int64_t{1} << 31) - 1));
-  auto kernel = attention_fwd_sm90_kernel<HD, NC, kSched, kPersist>;
+  auto kernel = attention_fwd_sm90_kernel<HD, NC, kSched, kPersist, kPoly>;
   const size_t smem = sizeof(FwdSmem<HD, NC>) + 1024;
   EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.hq), static_cast<unsigned>(p.batch));
@@ -914,7 +963,7 @@ bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why) {
 bool sm90_fwd_variant_supported(Sm90FwdVariant v, int64_t hd) {
   using V = Sm90FwdVariant;
   if (hd != 64 && hd != 128) return false;
-  if (v == V::Wide || v == V::WidePersistent) return hd == 64;  // 3 x 160 registers cannot hold hd 128's O
+  if (v == V::Wide || v == V::WidePersistent || v == V::WidePoly) return hd == 64;  // 3 x 160 registers cannot hold hd 128's O
   return true;
 }
 
@@ -937,7 +986,7 @@ Sm90FwdVariant sm90_fwd_resolve(Sm90FwdVariant v, int64_t hd) {
 
 std::vector<Sm90FwdVariant> sm90_fwd_variants() {
   using V = Sm90FwdVariant;
-  return {V::Simple, V::Overlap, V::PingPong, V::PingPong2, V::Persistent, V::Wide, V::WidePersistent};
+  return {V::Simple, V::Overlap, V::PingPong, V::PingPong2, V::Persistent, V::Wide, V::WidePersistent, V::WidePoly};
 }
 
 void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant) {
@@ -962,6 +1011,8 @@ void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVarian
       return sm90::launch_fwd<64, 3, 3, false>(p, st);
     case Sm90FwdVariant::WidePersistent:
       return sm90::launch_fwd<64, 3, 3, true>(p, st);
+    case Sm90FwdVariant::WidePoly:
+      return sm90::launch_fwd<64, 3, 3, true, 2>(p, st);
     case Sm90FwdVariant::Auto:
       break;
   }
@@ -1001,6 +1052,8 @@ const char* sm90_fwd_variant_name(Sm90FwdVariant v) {
       return "wide";
     case Sm90FwdVariant::WidePersistent:
       return "wide-persistent";
+    case Sm90FwdVariant::WidePoly:
+      return "wide-poly";
     case Sm90FwdVariant::Auto:
       return "auto";
   }

@@ -38,9 +38,11 @@ bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why = n
 //   Wide:     hd 64 only: three consumer warpgroups (192-row query tiles, 160 registers each),
 //             PingPong2's schedule: a K/V tile feeds 1.5x the rows (FA3's hd-64 shape);
 //   WidePersistent: Wide in persistent CTAs;
+//   WidePoly: WidePersistent with a quarter of the softmax exponentials on the FMA pipe (a
+//             polynomial, relative error 7.5e-5) instead of MUFU.EX2, which bounds hd 64;
 //   Auto:     sm90_fwd_resolve(): EASYCTX_SM90_VARIANT if set (a name below), else the expected
 //             best per head dim.
-enum class Sm90FwdVariant { Overlap, Simple, PingPong, PingPong2, Persistent, Wide, WidePersistent, Auto };
+enum class Sm90FwdVariant { Overlap, Simple, PingPong, PingPong2, Persistent, Wide, WidePersistent, WidePoly, Auto };
 const char* sm90_fwd_variant_name(Sm90FwdVariant v);
 // Every concrete variant (not Auto), in the order the bench prints them.
 std::vector<Sm90FwdVariant> sm90_fwd_variants();
