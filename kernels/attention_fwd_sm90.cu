@@ -149,6 +149,26 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// The same with an L2 eviction policy (createpolicy below): K/V tiles are read by every CTA
+// of their head (and GQA group), Q tiles once.
+__device__ __forceinline__ void tma_load_4d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                                 int c3, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ uint64_t policy_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t policy_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+
 // Named barriers (ids 1..15; 0 is __syncthreads): `count` threads take part, a multiple of 32.
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -448,6 +468,17 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs<kPersist>) : "memory");
     if (tid == 0) {
       constexpr uint32_t kQBytes = kPanels * kPanelBytesQ, kKVBytes = kPanels * kPanelBytesN;
+      // Schedule 3: K/V loads ask L2 to keep their lines (evict_last: the other CTAs of the
+      // section read them too), Q loads to drop theirs first (FA3 does the same).
+      // The policy is made next to each load (one instruction): held across the loop, its two
+      // 64-bit registers made the persistent producer spill.
+      constexpr bool kHints = kSched == 3;
+      auto load = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3, bool kv) {
+        if constexpr (kHints)
+          tma_load_4d_hint(dst, map, bar, c0, c1, c2, c3, kv ? policy_evict_last() : policy_evict_first());
+        else
+          tma_load_4d(dst, map, bar, c0, c1, c2, c3);
+      };
       int g0 = 0, qi = 0;
       for (int r = 0;; ++r) {
         Tile t;
@@ -475,7 +506,7 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
         mbar_wait(smem_u32(&sh.q_empty), (qi & 1) ^ 1);
         mbar_expect_tx(smem_u32(&sh.q_full), kQBytes);
         for (int p = 0; p < kPanels; ++p)
-          tma_load_4d(smem_u32(&sh.q[p][0]), &tm_q, smem_u32(&sh.q_full), 64 * p, t.h, t.m_block * kBM, t.b);
+          load(smem_u32(&sh.q[p][0]), &tm_q, smem_u32(&sh.q_full), 64 * p, t.h, t.m_block * kBM, t.b, false);
         ++qi;
         // Order K0, K1, V0, K2, V1, ...: K of the next tile before V of this one, so the next
         // S GEMM's operand is never queued behind a V slot that the P V GEMM still holds (the
@@ -485,14 +516,14 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
           mbar_wait(smem_u32(&sh.k_empty[st]), ((g / kStages) & 1) ^ 1);
           mbar_expect_tx(smem_u32(&sh.k_full[st]), kKVBytes);
           for (int p = 0; p < kPanels; ++p)
-            tma_load_4d(smem_u32(&sh.k[st][p][0]), &tm_k, smem_u32(&sh.k_full[st]), 64 * p, hk, n * kBlockN, t.b);
+            load(smem_u32(&sh.k[st][p][0]), &tm_k, smem_u32(&sh.k_full[st]), 64 * p, hk, n * kBlockN, t.b, true);
         };
         auto load_v = [&](int n) {
           const int g = g0 + n, st = g % kStages;
           mbar_wait(smem_u32(&sh.v_empty[st]), ((g / kStages) & 1) ^ 1);
           mbar_expect_tx(smem_u32(&sh.v_full[st]), kKVBytes);
           for (int p = 0; p < kPanels; ++p)
-            tma_load_4d(smem_u32(&sh.v[st][p][0]), &tm_v, smem_u32(&sh.v_full[st]), 64 * p, hk, n * kBlockN, t.b);
+            load(smem_u32(&sh.v[st][p][0]), &tm_v, smem_u32(&sh.v_full[st]), 64 * p, hk, n * kBlockN, t.b, true);
         };
         load_k(0);
         for (int n = 0; n < n_end; ++n) {
