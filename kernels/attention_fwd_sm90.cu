@@ -79,7 +79,6 @@ namespace sm90 {
 namespace {
 
 constexpr int kBlockN = 128;  // keys per K/V tile
-constexpr int kStages = 2;    // K/V ring depth
 constexpr int kRowBytes = 128;  // one swizzled row: 64 bf16
 constexpr uint32_t kPanelBytesN = kBlockN * kRowBytes;  // one 64-column panel of a K/V tile
 
@@ -360,7 +359,7 @@ struct FwdArgs {
 };
 
 // NC consumer warpgroups of 64 query rows each: a Q tile of 64 * NC rows.
-template <int HD, int NC>
+template <int HD, int NC, int kStages>
 struct FwdSmem {
   static constexpr int kPanels = HD / 64;
   // Every panel is a multiple of 1024 bytes, so each starts on a swizzle atom.
@@ -427,8 +426,9 @@ __device__ __forceinline__ int key_tiles(const FwdArgs& a, int m_block) {
 // runs and the token in one ring over all work tiles of the CTA (see the consumer loop).
 // NC: consumer warpgroups (2, or 3 for hd 64). kPersist: a persistent CTA walks a tile list.
 // kPoly (schedule 3 only): eighths of the exponentials computed on the FMA pipe (ex2_poly).
+// kStages: K/V ring depth (2; 3 fits hd 128's 227 KB: 32 KB Q + 3 x 64 KB K/V).
 // Schedule 3 also takes online_softmax's shorter-critical-path reductions (kTree).
-template <int HD, int NC, int kSched, bool kPersist, int kPoly>
+template <int HD, int NC, int kSched, bool kPersist, int kPoly, int kStages>
 __global__ void __launch_bounds__(128 * (1 + NC), 1)
     attention_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const FwdArgs a) {
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
   static_assert(kSched == 3 || kPoly == 0, "ex2_poly only in schedule 3");
   constexpr bool kTree = kSched == 3;
   extern __shared__ unsigned char smem_raw[];
-  FwdSmem<HD, NC>& sh = aligned_smem<FwdSmem<HD, NC>>(smem_raw);
+  FwdSmem<HD, NC, kStages>& sh = aligned_smem<FwdSmem<HD, NC, kStages>>(smem_raw);
   constexpr int kPanels = HD / 64;
   constexpr int kBM = 64 * NC;                            // query rows per work tile
   constexpr uint32_t kPanelBytesQ = kBM * kRowBytes;      // one 64-column panel of the Q tile
@@ -883,7 +883,7 @@ CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, i
   return m;
 }
 
-template <int HD, int NC, int kSched, bool kPersist, int kPoly = 0>
+template <int HD, int NC, int kSched, bool kPersist, int kPoly = 0, int kStages = 2>
 void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   constexpr int kBM = 64 * NC;
   const CUtensorMap tq = make_map(p.q, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBM, "q");
@@ -907,8 +907,9 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   a.m_blocks = static_cast<int>(m_blocks);
   a.batch = static_cast<int>(p.batch);
   a.tiles = static_cast<int>(std::min<int64_t>(tiles, (int64_t{1} << 31) - 1));
-  auto kernel = attention_fwd_sm90_kernel<HD, NC, kSched, kPersist, kPoly>;
-  const size_t smem = sizeof(FwdSmem<HD, NC>) + 1024;
+  auto kernel = attention_fwd_sm90_kernel<HD, NC, kSched, kPersist, kPoly, kStages>;
+  const size_t smem = sizeof(FwdSmem<HD, NC, kStages>) + 1024;
+  static_assert(sizeof(FwdSmem<HD, NC, kStages>) + 1024 <= 227 * 1024, "over the 227 KB of shared memory a CTA may have");
   EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.hq), static_cast<unsigned>(p.batch));
   if constexpr (kPersist) {
@@ -1017,7 +1018,8 @@ Sm90FwdVariant sm90_fwd_resolve(Sm90FwdVariant v, int64_t hd) {
 
 std::vector<Sm90FwdVariant> sm90_fwd_variants() {
   using V = Sm90FwdVariant;
-  return {V::Simple, V::Overlap, V::PingPong, V::PingPong2, V::Persistent, V::Wide, V::WidePersistent, V::WidePoly};
+  return {V::Simple,    V::Overlap, V::PingPong,       V::PingPong2, V::Persistent,
+          V::Persistent3, V::Wide,  V::WidePersistent, V::WidePoly};
 }
 
 void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant) {
@@ -1038,6 +1040,8 @@ void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVarian
       return h128 ? sm90::launch_fwd<128, 2, 3, false>(p, st) : sm90::launch_fwd<64, 2, 3, false>(p, st);
     case Sm90FwdVariant::Persistent:
       return h128 ? sm90::launch_fwd<128, 2, 3, true>(p, st) : sm90::launch_fwd<64, 2, 3, true>(p, st);
+    case Sm90FwdVariant::Persistent3:
+      return h128 ? sm90::launch_fwd<128, 2, 3, true, 0, 3>(p, st) : sm90::launch_fwd<64, 2, 3, true, 0, 3>(p, st);
     case Sm90FwdVariant::Wide:
       return sm90::launch_fwd<64, 3, 3, false>(p, st);
     case Sm90FwdVariant::WidePersistent:
@@ -1079,6 +1083,8 @@ const char* sm90_fwd_variant_name(Sm90FwdVariant v) {
       return "pingpong2";
     case Sm90FwdVariant::Persistent:
       return "persistent";
+    case Sm90FwdVariant::Persistent3:
+      return "persistent3";
     case Sm90FwdVariant::Wide:
       return "wide";
     case Sm90FwdVariant::WidePersistent:

@@ -35,6 +35,7 @@ bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why = n
 //             in one ring over the CTA's work (what a persistent CTA needs);
 //   Persistent: PingPong2 in persistent CTAs (one per SM) walking a longest-first tile list, so
 //             a CTA's next Q / K / V loads overlap its epilogue and no launch tail is left;
+//   Persistent3: Persistent with a 3-stage K/V ring (2 otherwise; 3 x 64 KB + Q fit hd 128);
 //   Wide:     hd 64 only: three consumer warpgroups (192-row query tiles, 160 registers each),
 //             PingPong2's schedule: a K/V tile feeds 1.5x the rows (FA3's hd-64 shape);
 //   WidePersistent: Wide in persistent CTAs;
@@ -42,7 +43,18 @@ bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why = n
 //             polynomial, relative error 7.5e-5) instead of MUFU.EX2, which bounds hd 64;
 //   Auto:     sm90_fwd_resolve(): EASYCTX_SM90_VARIANT if set (a name below), else the expected
 //             best per head dim.
-enum class Sm90FwdVariant { Overlap, Simple, PingPong, PingPong2, Persistent, Wide, WidePersistent, WidePoly, Auto };
+enum class Sm90FwdVariant {
+  Overlap,
+  Simple,
+  PingPong,
+  PingPong2,
+  Persistent,
+  Persistent3,
+  Wide,
+  WidePersistent,
+  WidePoly,
+  Auto
+};
 const char* sm90_fwd_variant_name(Sm90FwdVariant v);
 // Every concrete variant (not Auto), in the order the bench prints them.
 std::vector<Sm90FwdVariant> sm90_fwd_variants();

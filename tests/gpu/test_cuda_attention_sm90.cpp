@@ -142,8 +142,8 @@ class CudaAttentionSm90Shapes : public CudaAttentionSm90, public ::testing::With
 
 // The variants to run at head dim hd: every one that supports it by default;
 // EASYCTX_SM90_VARIANT=<name> (sm90_fwd_variant_name: simple, overlap, pingpong, pingpong2,
-// persistent, wide, wide-persistent, wide-poly) runs that one (e.g. to rerun the reference
-// schedule alone after another failed).
+// persistent, persistent3, wide, wide-persistent, wide-poly) runs that one (e.g. to rerun the
+// reference schedule alone after another failed).
 std::vector<kernels::Sm90FwdVariant> variants(int64_t hd) {
   const char* e = std::getenv("EASYCTX_SM90_VARIANT");
   const std::string v = e ? e : "";
@@ -228,8 +228,8 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   std::vector<std::pair<kernels::Sm90FwdVariant, int64_t>> runs;
   for (const auto variant : variants(c.hd)) {
     runs.push_back({variant, 0});
-    if (variant == kernels::Sm90FwdVariant::Persistent || variant == kernels::Sm90FwdVariant::WidePersistent ||
-        variant == kernels::Sm90FwdVariant::WidePoly)
+    if (variant == kernels::Sm90FwdVariant::Persistent || variant == kernels::Sm90FwdVariant::Persistent3 ||
+        variant == kernels::Sm90FwdVariant::WidePersistent || variant == kernels::Sm90FwdVariant::WidePoly)
       runs.push_back({variant, 5 * c.sk * c.hd * 4});
   }
   for (const auto& [variant, l2_bytes] : runs) {
