@@ -6,30 +6,39 @@
 // batch >= 1 (layouts and meaning: kernels/attention.h). Rows that see no key get o = 0 and
 // lse = -inf.
 //
-// How: one CTA per (128 query rows, q head, batch), 3 warpgroups (384 threads):
+// How: a CTA works on tiles of 64 * NC query rows of one (q head, batch), NC = 2 consumer
+// warpgroups (3 for hd 64's wide variants) plus a producer warpgroup:
 //   warpgroup 0 = producer: one thread issues TMA loads (cp.async.bulk.tensor, 128-byte
 //     swizzle, completion counted on mbarriers with expect_tx) of the Q tile once and of K/V
-//     tiles of 128 keys into a 2-stage shared-memory ring; it gives its registers away
-//     (setmaxnreg.dec 24).
-//   warpgroups 1, 2 = consumers (setmaxnreg.inc 240), 64 query rows each: per key tile,
-//     S = Q K^T with wgmma (both operands from shared memory, K-major), masking, online softmax
-//     in base 2 in registers (fp32 row max / row sum), P rounded to bf16 in registers and fed as
-//     the register A operand of O += P V (wgmma, V from shared memory MN-major). Each consumer
-//     warp releases a ring slot (mbarrier arrive) as soon as the GEMM reading it has completed.
-//     Two schedules (Sm90FwdVariant): Simple (S GEMM, wait, softmax, P V GEMM, wait) and
-//     Overlap (issue S_n and P_{n-1} V_{n-1} together, softmax S_n while P V runs: FA3's
-//     intra-warpgroup overlap; needs ~190 registers, hence setmaxnreg).
+//     tiles of 128 keys into a 2- (or 3-) stage shared-memory ring; it gives its registers away
+//     (setmaxnreg.dec 24, 32 in persistent CTAs).
+//   warpgroups 1 .. NC = consumers (setmaxnreg.inc 240 / 232 / 160), 64 query rows each: per
+//     key tile, S = Q K^T with wgmma (both operands from shared memory, K-major), masking,
+//     online softmax in base 2 in registers (fp32 row max / row sum), P rounded to bf16 in
+//     registers and fed as the register A operand of O += P V (wgmma, V from shared memory
+//     MN-major). Each consumer warp releases a ring slot (mbarrier arrive) as soon as the GEMM
+//     reading it has completed. Schedules (template kSched; variants: Sm90FwdVariant in
+//     attention_sm90.h): 0 Simple (S GEMM, wait, softmax, P V GEMM, wait); 1 Overlap (issue S_n
+//     and P_{n-1} V_{n-1} together, softmax S_n while P V runs: FA3's intra-warpgroup overlap;
+//     needs ~190 registers, hence setmaxnreg); 2 PingPong (Overlap, the consumers taking turns
+//     to issue, a token per work tile); 3 (Overlap, O rescaled under the S GEMM, the turn token
+//     in one ring over all the CTA's work, tree row max, L2 hints on the loads; optionally part
+//     of the exponentials as a polynomial on the FMA pipe).
+//   Work: one tile per CTA (grid: query tiles x heads x batch, longest causal tiles first), or
+//     persistent CTAs (one per SM) whose producer claims tiles from a counter over a list in
+//     L2 sections (tile_of) and passes them to the consumers through a 2-slot mbarrier ring.
 //   Epilogue: o = O / l straight from registers (bf16x2 stores), lse = (m*scale_log2 +
 //   log2 l) * ln 2.
 // Ragged tiles: the TMA boxes are bounded by the real Sq/Sk (4-D tensor maps: dim, row, head,
 // batch), so rows past the end arrive as zeros (never another head's or batch's data); key
 // columns >= Sk and causally hidden keys are set to -inf before the softmax.
 //
-// Limits / not done yet (issue 26 later steps): no ping-pong between the two consumers (their
-// GEMMs and softmaxes are not interleaved on purpose), no persistent scheduling, O is stored
-// from registers (no TMA store), forward only. Registers (ptxas, CUDA 13.0): 168 at launch,
-// 0 spills for every instance; the overlapped hd-128 consumer would spill without
-// setmaxnreg.inc (checked: 208 bytes), so ptxas does allocate the consumer region to 240.
+// Limits / not done yet (issue 26 later steps): O is stored from registers (no TMA store), no
+// TMA multicast of K/V across a cluster (each CTA reads its K/V from L2: ~5 TB/s at 650
+// TFLOP/s for hd 128), forward only. Registers (ptxas, CUDA 13.0): 168 at launch (128 with 3
+// consumers), 0 spills and no stack for every instance; the overlapped hd-128 consumer would
+// spill without setmaxnreg.inc (checked: 208 bytes), so ptxas does allocate the consumer
+// region to the setmaxnreg value.
 //
 // Facts this file relies on (sources: PTX ISA 8.x "Asynchronous Warpgroup Level Matrix
 // Multiply-Accumulate" sections, CUTLASS include/cute/arch/mma_sm90_desc.hpp; cross-checked
