@@ -345,7 +345,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{2, 1000, 1000, 32, 8, 128, true, 0},   // 8 x 32 x 2 = 512 tiles of 128 rows
         Case{3, 1500, 1500, 32, 4, 64, true, 0},    // 8 x 32 x 3 = 768 tiles of 192 rows (wide)
         Case{1, 129, 129, 67, 1, 128, false, 0},    // 134 tiles: just past one per SM
-        Case{1, 193, 193, 67, 1, 64, true, 0},      // 134 tiles of 192 rows (wide), 268 of 128
+        Case{1, 193, 193, 67, 1, 64, true, 0},      // 134 tiles, of 192 rows (wide) and of 128
         // Empty work tiles (rows 0..399 see no key) mixed with full ones in every CTA.
         Case{2, 700, 300, 40, 8, 128, true, -400}, Case{2, 700, 300, 36, 4, 64, true, -400},
         // hd 64, MHA-like and unmasked with many tiles (every variant, 2 and 3 consumers).
