@@ -77,6 +77,7 @@ int main(int argc, char** argv) try {
   int64_t bwd_tile = 0;
   bool causal_graph = true;
   bool sm90_only = false;
+  std::vector<std::string> sm90_variants;
   po::options_description desc("bench_attention: attention fwd/bwd TFLOP/s of the CUDA backend");
   desc.add_options()("help", "this help")(
       "seq", po::value<std::vector<int64_t>>(&seqs)->multitoken()->default_value({8192, 32768, 131072}, "8192 32768 131072"),
@@ -88,7 +89,10 @@ int main(int argc, char** argv) try {
       "bwd-tile", po::value<int64_t>(&bwd_tile)->default_value(0), "backward tile (0: the backend's default)")(
       "causal-graph", po::value<bool>(&causal_graph)->default_value(true),
       "causal squares' forward through cuDNN's causal graph (false: query chunks)")(
-      "sm90-only", po::bool_switch(&sm90_only), "only the sm90 forward kernel's table (skip the backend's fwd/bwd tables)");
+      "sm90-only", po::bool_switch(&sm90_only),
+      "only the sm90 forward kernel's table (skip the backend's fwd/bwd tables; cuDNN's forward is still timed for its column)")(
+      "sm90-variant", po::value<std::vector<std::string>>(&sm90_variants)->multitoken(),
+      "sm90 variants to time (names as printed; default: every one)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
@@ -233,6 +237,9 @@ int main(int argc, char** argv) try {
         const double cudnn_tf = flops(s, S, causal) / cudnn_ms / 1e9;
         for (const auto var : kernels::sm90_fwd_variants()) {
           if (!kernels::sm90_fwd_variant_supported(var, s.hd)) continue;
+          if (!sm90_variants.empty() &&
+              std::find(sm90_variants.begin(), sm90_variants.end(), kernels::sm90_fwd_variant_name(var)) == sm90_variants.end())
+            continue;
           const double ms = time_ms(*be, warm, r, [&] { kernels::attention_fwd_sm90(p, st, var); });
           const std::string hang = kernels::sm90_take_hang_report();
           if (!hang.empty()) {
