@@ -276,7 +276,7 @@ __device__ __forceinline__ float ex2_poly(float x) {
   const float t = __fadd_rn(x, 12582912.f);
   const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
   const float p = fmaf(fmaf(fmaf(0.0551716685f, f, 0.2426111251f), f, 0.6932609677f), f, 0.9999280572f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+  return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));  // unsigned: wraps, no UB
 }
 
 // Online softmax of one S tile in place (base 2): per row (half hf: rows l/4 and l/4 + 8 of the
