@@ -6,8 +6,10 @@
 // A second table times blocks without a mask (a ring's off-diagonal steps, FLOPs 4 S^2 hd H)
 // on both paths: our kernels and cuDNN's fused SDPA (ops::CudaBackendOptions::cudnn_attention).
 // A third table, on sm_90 devices only, times the Hopper forward kernel (kernels/attention_sm90.h,
-// not yet on the backend's route) on the same shapes, causal and unmasked, with the max abs
-// difference of its o from the backend's forward at the first causal length (a sanity check).
+// not yet on the backend's route), every variant, on the same shapes, causal and unmasked,
+// beside the backend's forward (cuDNN) timed on the same inputs in the same process, with the
+// max abs difference of its o from the backend's at the first causal length (a sanity check).
+// --sm90-only skips the first two tables (the cuDNN column of the third is still timed).
 // Output: markdown tables on stdout (bench/run_attention.sh puts them beside torch's).
 #include <boost/program_options.hpp>
 
@@ -75,6 +77,7 @@ int main(int argc, char** argv) try {
   int64_t bwd_tile = 0;
   bool causal_graph = true;
   bool sm90_only = false;
+  std::vector<std::string> sm90_variants;
   po::options_description desc("bench_attention: attention fwd/bwd TFLOP/s of the CUDA backend");
   desc.add_options()("help", "this help")(
       "seq", po::value<std::vector<int64_t>>(&seqs)->multitoken()->default_value({8192, 32768, 131072}, "8192 32768 131072"),
@@ -86,7 +89,10 @@ int main(int argc, char** argv) try {
       "bwd-tile", po::value<int64_t>(&bwd_tile)->default_value(0), "backward tile (0: the backend's default)")(
       "causal-graph", po::value<bool>(&causal_graph)->default_value(true),
       "causal squares' forward through cuDNN's causal graph (false: query chunks)")(
-      "sm90-only", po::bool_switch(&sm90_only), "only the sm90 forward kernel's table (skip the backend's fwd/bwd tables)");
+      "sm90-only", po::bool_switch(&sm90_only),
+      "only the sm90 forward kernel's table (skip the backend's fwd/bwd tables; cuDNN's forward is still timed for its column)")(
+      "sm90-variant", po::value<std::vector<std::string>>(&sm90_variants)->multitoken(),
+      "sm90 variants to time (names as printed; default: every one)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
@@ -175,8 +181,11 @@ int main(int argc, char** argv) try {
     std::printf("\n# sm90 forward kernel: skipped (device is not sm_90)\n");
     return 0;
   }
-  std::printf("\n# sm90 forward kernel (kernels/attention_sm90.h), bf16, batch 1; max |o - backend o| at the first causal length\n\n");
-  std::printf("| shape | S | mask | variant | fwd ms | fwd TFLOP/s | max abs diff vs backend |\n|---|---|---|---|---|---|---|\n");
+  std::printf("\n# sm90 forward kernel (kernels/attention_sm90.h), bf16, batch 1, every variant; cudnn = the backend's forward on the "
+              "same inputs in this process (causal: cuDNN's causal graph, none: cuDNN SDPA; its path in brackets); max |o - backend o| "
+              "at the first causal length\n\n");
+  std::printf("| shape | S | mask | variant | fwd ms | fwd TFLOP/s | cudnn fwd TFLOP/s | ours / cudnn | max abs diff vs backend |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
     bool first = true;
     for (const bool causal : {true, false}) {
@@ -214,17 +223,23 @@ int main(int argc, char** argv) try {
         const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
         const bool check = first && causal;
         first = false;
-        ops::Buffer o2, lse2;
-        if (check) {  // o of the backend's route on the same inputs
-          o2 = be->alloc(DType::BF16, nq);
-          lse2 = be->alloc(DType::F32, s.hq * S);
-          ops::AttentionBlock blk;
-          blk.scale = p.scale;
-          blk.causal = true;
+        // The backend's forward on the same inputs: the comparison column (timed here, same
+        // process and inputs) and, at the first causal length, the reference o.
+        ops::Buffer o2 = be->alloc(DType::BF16, nq), lse2 = be->alloc(DType::F32, s.hq * S);
+        ops::AttentionBlock blk;
+        blk.scale = p.scale;
+        blk.causal = causal;
+        const double cudnn_ms = time_ms(*be, warm, r, [&] {
           be->attention_fwd(q.view({1, S, s.hq, s.hd}), k.view({1, S, s.hkv, s.hd}), v.view({1, S, s.hkv, s.hd}), blk,
                             o2.view({1, S, s.hq, s.hd}), lse2.flat());
-        }
-        for (const auto var : {kernels::Sm90FwdVariant::Simple, kernels::Sm90FwdVariant::Overlap, kernels::Sm90FwdVariant::PingPong}) {
+        });
+        const std::string cudnn_path = ops::cuda_attention_path(*be);
+        const double cudnn_tf = flops(s, S, causal) / cudnn_ms / 1e9;
+        for (const auto var : kernels::sm90_fwd_variants()) {
+          if (!kernels::sm90_fwd_variant_supported(var, s.hd)) continue;
+          if (!sm90_variants.empty() &&
+              std::find(sm90_variants.begin(), sm90_variants.end(), kernels::sm90_fwd_variant_name(var)) == sm90_variants.end())
+            continue;
           const double ms = time_ms(*be, warm, r, [&] { kernels::attention_fwd_sm90(p, st, var); });
           const std::string hang = kernels::sm90_take_hang_report();
           if (!hang.empty()) {
@@ -243,12 +258,13 @@ int main(int argc, char** argv) try {
               e = std::isnan(d) ? INFINITY : std::max(e, d);
             }
             std::ostringstream os;
-            os << e << " (" << ops::cuda_attention_path(*be) << ")";
+            os << e;
             diff = os.str();
           }
-          std::printf("| %s | %lld | %s | %s | %.2f | %.0f | %s |\n", s.name, static_cast<long long>(S),
-                      causal ? "causal" : "none", kernels::sm90_fwd_variant_name(var), ms, flops(s, S, causal) / ms / 1e9,
-                      diff.c_str());
+          const double tf = flops(s, S, causal) / ms / 1e9;
+          std::printf("| %s | %lld | %s | %s | %.2f | %.0f | %.0f (%s) | %.3f | %s |\n", s.name, static_cast<long long>(S),
+                      causal ? "causal" : "none", kernels::sm90_fwd_variant_name(var), ms, tf, cudnn_tf, cudnn_path.c_str(),
+                      tf / cudnn_tf, diff.c_str());
           std::fflush(stdout);
         }
       }

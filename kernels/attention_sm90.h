@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <vector>
 
 #include "kernels/attention.h"
 
@@ -24,17 +25,51 @@ bool sm90_device_available();
 // 16-byte global strides), lse_out and o_out set. `why` (optional) gets the first reason not.
 bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why = nullptr);
 
-// Consumer schedules (same results up to fp32 summation order, both tested):
-//   Overlap: the softmax of key tile n runs while the tensor cores do P_{n-1} V_{n-1} (FA3's
-//            intra-warpgroup overlap), the default;
-//   Simple:  one tile at a time (S GEMM, wait, softmax, P V GEMM, wait): the reference schedule;
+// Consumer schedules (same results up to fp32 summation order, all tested):
+//   Simple:   one tile at a time (S GEMM, wait, softmax, P V GEMM, wait): the reference schedule;
+//   Overlap:  the softmax of key tile n runs while the tensor cores do P_{n-1} V_{n-1} (FA3's
+//             intra-warpgroup overlap);
 //   PingPong: Overlap plus the two consumer warpgroups taking turns to issue their GEMMs (named
-//            barriers), so one's softmax hides behind the other's GEMMs.
-enum class Sm90FwdVariant { Overlap, Simple, PingPong };
+//             barriers), so one's softmax hides behind the other's GEMMs;
+//   PingPong2: PingPong with O rescaled while the S GEMM runs (FA3's order) and the turn token
+//             in one ring over the CTA's work (what a persistent CTA needs);
+//   Persistent: PingPong2 in persistent CTAs (one per SM) walking a longest-first tile list, so
+//             a CTA's next Q / K / V loads overlap its epilogue and no launch tail is left;
+//   Persistent3: Persistent with a 3-stage K/V ring (2 otherwise; 3 x 64 KB + Q fit hd 128);
+//   Wide:     hd 64 only: three consumer warpgroups (192-row query tiles, 160 registers each),
+//             PingPong2's schedule: a K/V tile feeds 1.5x the rows (FA3's hd-64 shape);
+//   WidePersistent: Wide in persistent CTAs;
+//   WidePoly: WidePersistent with a quarter of the softmax exponentials on the FMA pipe (a
+//             polynomial, relative error 7.5e-5) instead of MUFU.EX2, which bounds hd 64;
+//   Auto:     sm90_fwd_resolve(): EASYCTX_SM90_VARIANT if set (a name below), else the expected
+//             best per head dim.
+enum class Sm90FwdVariant {
+  Overlap,
+  Simple,
+  PingPong,
+  PingPong2,
+  Persistent,
+  Persistent3,
+  Wide,
+  WidePersistent,
+  WidePoly,
+  Auto
+};
 const char* sm90_fwd_variant_name(Sm90FwdVariant v);
+// Every concrete variant (not Auto), in the order the bench prints them.
+std::vector<Sm90FwdVariant> sm90_fwd_variants();
+// Whether `v` runs head dim `hd` (Wide* need hd 64; Auto resolves first).
+bool sm90_fwd_variant_supported(Sm90FwdVariant v, int64_t hd);
+// The concrete variant Auto stands for at head dim `hd` (others: themselves).
+Sm90FwdVariant sm90_fwd_resolve(Sm90FwdVariant v, int64_t hd);
 
-// o_out, lse_out = attention(q, k, v) forward on `st`. Throws when !supported(p).
-void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant = Sm90FwdVariant::Overlap);
+// o_out, lse_out = attention(q, k, v) forward on `st`. Throws when !supported(p) or the
+// variant does not support p.hd.
+void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant = Sm90FwdVariant::Auto);
+
+// Test hook: the K + V bytes per L2 section of the persistent variants' work list (0, the
+// default: 32 MiB), so small shapes can reach several sections, a partial last one included.
+void sm90_set_l2_section_bytes(int64_t bytes);
 
 // "" normally; after a kernel of this file gave up on an mbarrier wait (a hang: see
 // mbar_wait in attention_fwd_sm90.cu; its results are then garbage), where it happened. Resets

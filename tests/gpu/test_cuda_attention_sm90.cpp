@@ -2,14 +2,16 @@
 // same bf16-rounded inputs. First one wgmma tile through the TMA / descriptor / fragment layer
 // (so a failure says which layer is wrong), then attention at odd shapes: ragged last tiles,
 // Sq != Sk with diagonal offsets (ring blocks: every key visible, diag 0 with Sq < Sk, negative
-// diag with empty rows, no row seeing any key), non-causal blocks, batch 2, GQA 32/4 x 64 and
-// small MHA heads x 128. Outputs are NaN-poisoned before each call; every case prints its
+// diag with empty rows, no row seeing any key), non-causal blocks, batch 2, GQA 32/4 x 64,
+// small MHA heads x 128, and more work tiles than SMs (the persistent variants); every
+// variant (kernels::sm90_fwd_variants()) that supports the head dim. Outputs are NaN-poisoned before each call; every case prints its
 // errors. Skips without an sm_90 device (the kernel is sm_90a code only).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "cuda_test_util.h"
 #include "kernels/attention_sm90.h"
@@ -138,15 +140,20 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 
 class CudaAttentionSm90Shapes : public CudaAttentionSm90, public ::testing::WithParamInterface<Case> {};
 
-// The consumer schedules to run: all by default; EASYCTX_SM90_VARIANT=overlap, simple or
-// pingpong runs one (e.g. to rerun the reference schedule alone after another failed).
-std::vector<kernels::Sm90FwdVariant> variants() {
+// The variants to run at head dim hd: every one that supports it by default;
+// EASYCTX_SM90_VARIANT=<name> (sm90_fwd_variant_name: simple, overlap, pingpong, pingpong2,
+// persistent, persistent3, wide, wide-persistent, wide-poly) runs that one (e.g. to rerun the
+// reference schedule alone after another failed).
+std::vector<kernels::Sm90FwdVariant> variants(int64_t hd) {
   const char* e = std::getenv("EASYCTX_SM90_VARIANT");
   const std::string v = e ? e : "";
-  using V = kernels::Sm90FwdVariant;
-  for (const V x : {V::Overlap, V::Simple, V::PingPong})
-    if (v == kernels::sm90_fwd_variant_name(x)) return {x};
-  return {V::Simple, V::Overlap, V::PingPong};
+  std::vector<kernels::Sm90FwdVariant> all;
+  for (const auto x : kernels::sm90_fwd_variants())
+    if (kernels::sm90_fwd_variant_supported(x, hd)) {
+      if (v == kernels::sm90_fwd_variant_name(x)) return {x};
+      all.push_back(x);
+    }
+  return all;
 }
 
 TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
@@ -215,13 +222,26 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   std::string why;
   ASSERT_TRUE(kernels::attention_fwd_sm90_supported(p, &why)) << why;
 
-  for (const auto variant : variants()) {
-    tag = (std::ostringstream() << c).str() + " [" + kernels::sm90_fwd_variant_name(variant) + "]";
+  // Persistent variants run twice: with the default L2 sections (usually one section at these
+  // sizes) and with sections of 5 kv heads (several, the last one partial where hq * batch is
+  // not a multiple of 5 groups).
+  std::vector<std::pair<kernels::Sm90FwdVariant, int64_t>> runs;
+  for (const auto variant : variants(c.hd)) {
+    runs.push_back({variant, 0});
+    if (variant == kernels::Sm90FwdVariant::Persistent || variant == kernels::Sm90FwdVariant::Persistent3 ||
+        variant == kernels::Sm90FwdVariant::WidePersistent || variant == kernels::Sm90FwdVariant::WidePoly)
+      runs.push_back({variant, 5 * c.sk * c.hd * 4});
+  }
+  for (const auto& [variant, l2_bytes] : runs) {
+    tag = (std::ostringstream() << c).str() + " [" + kernels::sm90_fwd_variant_name(variant) +
+          (l2_bytes ? ", L2 sections of 5 kv heads" : "") + "]";
     SCOPED_TRACE(tag);
     poison(bo);
     poison(bl);
     gpu->synchronize();
+    kernels::sm90_set_l2_section_bytes(l2_bytes);
     kernels::attention_fwd_sm90(p, ops::cuda_stream(*gpu), variant);
+    kernels::sm90_set_l2_section_bytes(0);
     gpu->synchronize();
     const std::string hang = kernels::sm90_take_hang_report();
     if (!hang.empty()) std::printf("  [hang] %s: %s\n", tag.c_str(), hang.c_str());
@@ -317,7 +337,19 @@ INSTANTIATE_TEST_SUITE_P(
         Case{1, 7, 7, 32, 4, 64, true, 0}, Case{1, 256, 256, 32, 4, 64, true, 0}, Case{1, 1000, 1000, 32, 4, 64, true, 0},
         Case{1, 77, 190, 8, 4, 64, false, 0}, Case{2, 129, 200, 8, 2, 64, true, -30},
         // Strided views (rows and batches padded, as slices of a wider buffer would be).
-        Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24}),
+        Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24},
+        // Persistent CTAs (one per SM, 132 on an H200) with several work tiles each: tiles of
+        // different lengths in one CTA (the K/V ring, the Q buffer and the work tile ring
+        // carried across them, the ping-pong ring across tile boundaries), 128- and 192-row
+        // tiles (wide: hd 64).
+        Case{2, 1000, 1000, 32, 8, 128, true, 0},   // 8 x 32 x 2 = 512 tiles of 128 rows
+        Case{3, 1500, 1500, 32, 4, 64, true, 0},    // 8 x 32 x 3 = 768 tiles of 192 rows (wide)
+        Case{1, 129, 129, 67, 1, 128, false, 0},    // 134 tiles: just past one per SM
+        Case{1, 193, 193, 67, 1, 64, true, 0},      // 134 tiles, of 192 rows (wide) and of 128
+        // Empty work tiles (rows 0..399 see no key) mixed with full ones in every CTA.
+        Case{2, 700, 300, 40, 8, 128, true, -400}, Case{2, 700, 300, 36, 4, 64, true, -400},
+        // hd 64, MHA-like and unmasked with many tiles (every variant, 2 and 3 consumers).
+        Case{2, 600, 900, 48, 12, 64, false, 0}),
     [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
 
 // What the launcher refuses (so the route can fall back): every check is host-side.
@@ -357,6 +389,15 @@ TEST_F(CudaAttentionSm90, SupportedRefusesWhatTmaCannotLoad) {
   x.sk = 0;
   refused(x, "no keys");
   EXPECT_THROW(kernels::attention_fwd_sm90(x, ops::cuda_stream(*gpu)), Error);
+  // The 3-consumer variants hold hd 64 only: hd 128 is refused, not run.
+  using V = kernels::Sm90FwdVariant;
+  EXPECT_FALSE(kernels::sm90_fwd_variant_supported(V::Wide, 128));
+  EXPECT_FALSE(kernels::sm90_fwd_variant_supported(V::WidePersistent, 128));
+  EXPECT_FALSE(kernels::sm90_fwd_variant_supported(V::WidePoly, 128));
+  EXPECT_TRUE(kernels::sm90_fwd_variant_supported(V::WidePersistent, 64));
+  EXPECT_THROW(kernels::attention_fwd_sm90(p, ops::cuda_stream(*gpu), V::Wide), Error);
+  EXPECT_NE(kernels::sm90_fwd_resolve(V::Auto, 128), V::Auto);
+  EXPECT_TRUE(kernels::sm90_fwd_variant_supported(kernels::sm90_fwd_resolve(V::Auto, 64), 64));
 }
 
 }  // namespace
