@@ -77,6 +77,7 @@ int main(int argc, char** argv) try {
   int64_t bwd_tile = 0;
   bool causal_graph = true;
   bool sm90_only = false;
+  bool hopper = true;
   std::vector<std::string> sm90_variants;
   po::options_description desc("bench_attention: attention fwd/bwd TFLOP/s of the CUDA backend");
   desc.add_options()("help", "this help")(
@@ -89,6 +90,9 @@ int main(int argc, char** argv) try {
       "bwd-tile", po::value<int64_t>(&bwd_tile)->default_value(0), "backward tile (0: the backend's default)")(
       "causal-graph", po::value<bool>(&causal_graph)->default_value(true),
       "causal squares' forward through cuDNN's causal graph (false: query chunks)")(
+      "hopper", po::value<bool>(&hopper)->default_value(true),
+      "the first two tables' backend routes the forward through the Hopper kernel where the router does "
+      "(train.hopper_attention; sm_90 only)")(
       "sm90-only", po::bool_switch(&sm90_only),
       "only the sm90 forward kernel's table (skip the backend's fwd/bwd tables; cuDNN's forward is still timed for its column)")(
       "sm90-variant", po::value<std::vector<std::string>>(&sm90_variants)->multitoken(),
@@ -110,6 +114,7 @@ int main(int argc, char** argv) try {
   bopts.deterministic = deterministic;
   bopts.attention_bwd_tile = bwd_tile;
   bopts.cudnn_causal_graph = causal_graph;
+  bopts.sm90_attention = hopper;
   auto be = ops::make_cuda_backend(bopts);
   std::mt19937_64 rng(1234);
   const Shape shapes[] = {{"32x128 MHA", 32, 32, 128}, {"GQA 32/4 x64", 32, 4, 64}};
@@ -181,6 +186,10 @@ int main(int argc, char** argv) try {
     std::printf("\n# sm90 forward kernel: skipped (device is not sm_90)\n");
     return 0;
   }
+  // The comparison backend: cuDNN's forward (the router's route without the Hopper kernel).
+  ops::CudaBackendOptions copts = bopts;
+  copts.sm90_attention = false;
+  auto cud = ops::make_cuda_backend(copts);
   std::printf("\n# sm90 forward kernel (kernels/attention_sm90.h), bf16, batch 1, every variant; cudnn = the backend's forward on the "
               "same inputs in this process (causal: cuDNN's causal graph, none: cuDNN SDPA; its path in brackets); max |o - backend o| "
               "at the first causal length\n\n");
@@ -191,9 +200,9 @@ int main(int argc, char** argv) try {
     for (const bool causal : {true, false}) {
       for (const int64_t S : causal ? seqs : full_seqs) {
         const int64_t nq = S * s.hq * s.hd, nk = S * s.hkv * s.hd;
-        ops::Buffer q = be->alloc(DType::BF16, nq), k = be->alloc(DType::BF16, nk), v = be->alloc(DType::BF16, nk);
-        ops::Buffer o = be->alloc(DType::BF16, nq), lse = be->alloc(DType::F32, s.hq * S);
-        for (const ops::Buffer* b : {&q, &k, &v}) fill_random(*be, *b, rng);
+        ops::Buffer q = cud->alloc(DType::BF16, nq), k = cud->alloc(DType::BF16, nk), v = cud->alloc(DType::BF16, nk);
+        ops::Buffer o = cud->alloc(DType::BF16, nq), lse = cud->alloc(DType::F32, s.hq * S);
+        for (const ops::Buffer* b : {&q, &k, &v}) fill_random(*cud, *b, rng);
         kernels::AttentionParams p;
         p.q = static_cast<const __nv_bfloat16*>(q.data());
         p.k = static_cast<const __nv_bfloat16*>(k.data());
@@ -219,28 +228,28 @@ int main(int argc, char** argv) try {
                       causal ? "causal" : "none", why.c_str());
           continue;
         }
-        cudaStream_t st = ops::cuda_stream(*be);
+        cudaStream_t st = ops::cuda_stream(*cud);
         const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
         const bool check = first && causal;
         first = false;
         // The backend's forward on the same inputs: the comparison column (timed here, same
         // process and inputs) and, at the first causal length, the reference o.
-        ops::Buffer o2 = be->alloc(DType::BF16, nq), lse2 = be->alloc(DType::F32, s.hq * S);
+        ops::Buffer o2 = cud->alloc(DType::BF16, nq), lse2 = cud->alloc(DType::F32, s.hq * S);
         ops::AttentionBlock blk;
         blk.scale = p.scale;
         blk.causal = causal;
-        const double cudnn_ms = time_ms(*be, warm, r, [&] {
-          be->attention_fwd(q.view({1, S, s.hq, s.hd}), k.view({1, S, s.hkv, s.hd}), v.view({1, S, s.hkv, s.hd}), blk,
+        const double cudnn_ms = time_ms(*cud, warm, r, [&] {
+          cud->attention_fwd(q.view({1, S, s.hq, s.hd}), k.view({1, S, s.hkv, s.hd}), v.view({1, S, s.hkv, s.hd}), blk,
                             o2.view({1, S, s.hq, s.hd}), lse2.flat());
         });
-        const std::string cudnn_path = ops::cuda_attention_path(*be);
+        const std::string cudnn_path = ops::cuda_attention_path(*cud);
         const double cudnn_tf = flops(s, S, causal) / cudnn_ms / 1e9;
         for (const auto var : kernels::sm90_fwd_variants()) {
           if (!kernels::sm90_fwd_variant_supported(var, s.hd)) continue;
           if (!sm90_variants.empty() &&
               std::find(sm90_variants.begin(), sm90_variants.end(), kernels::sm90_fwd_variant_name(var)) == sm90_variants.end())
             continue;
-          const double ms = time_ms(*be, warm, r, [&] { kernels::attention_fwd_sm90(p, st, var); });
+          const double ms = time_ms(*cud, warm, r, [&] { kernels::attention_fwd_sm90(p, st, var); });
           const std::string hang = kernels::sm90_take_hang_report();
           if (!hang.empty()) {
             std::printf("| %s | %lld | %s | %s | hung: %s |\n", s.name, static_cast<long long>(S), causal ? "causal" : "none",
@@ -250,8 +259,8 @@ int main(int argc, char** argv) try {
           std::string diff = "-";
           if (check) {
             std::vector<float> h1(static_cast<size_t>(nq)), h2(static_cast<size_t>(nq));
-            be->copy(ops::Tensor(h1.data(), DType::F32, {nq}), o.flat());
-            be->copy(ops::Tensor(h2.data(), DType::F32, {nq}), o2.flat());
+            cud->copy(ops::Tensor(h1.data(), DType::F32, {nq}), o.flat());
+            cud->copy(ops::Tensor(h2.data(), DType::F32, {nq}), o2.flat());
             double e = 0;
             for (size_t i = 0; i < h1.size(); ++i) {
               const double d = std::abs(static_cast<double>(h1[i]) - h2[i]);

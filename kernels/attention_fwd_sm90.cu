@@ -268,15 +268,18 @@ __device__ __forceinline__ void s_to_p(const float (&s)[64], uint32_t (&p)[kBloc
 // j = round(x) (the 1.5 * 2^23 shifter: the sum's low mantissa bits hold j), f in [-0.5, 0.5];
 // 2^f by a degree-3 minimax polynomial (relative error 7.5e-5, under bf16's 2^-9 rounding of
 // P), j added to the exponent field (t's bits << 23 == j << 23 mod 2^32). x is clamped at
-// -126 first (masked -inf scores): the exponent field stays >= 0, so the result is <= 2^-126
-// (a denormal or 0: nothing beside the row max's 1). __fadd_rn / __fsub_rn: never contracted
-// or reassociated.
+// -126 first so that the exponent field stays >= 0, and below -126 the result is exactly 0, as
+// MUFU's 2^-inf is: a masked score (-inf) must weigh nothing, also in a row that sees no key
+// at all, whose sum would otherwise be a few denormals and its o a mean of V (measured on the
+// H200: o 0.28 instead of 0 on the empty rows of a ring block with a negative diagonal).
+// __fadd_rn / __fsub_rn: never contracted or reassociated.
 __device__ __forceinline__ float ex2_poly(float x) {
-  x = fmaxf(x, -126.f);
-  const float t = __fadd_rn(x, 12582912.f);
-  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
+  const float xc = fmaxf(x, -126.f);
+  const float t = __fadd_rn(xc, 12582912.f);
+  const float f = __fsub_rn(xc, __fsub_rn(t, 12582912.f));
   const float p = fmaf(fmaf(fmaf(0.0551716685f, f, 0.2426111251f), f, 0.6932609677f), f, 0.9999280572f);
-  return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));  // unsigned: wraps, no UB
+  const float r = __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));  // unsigned: wraps, no UB
+  return x < -126.f ? 0.f : r;
 }
 
 // Online softmax of one S tile in place (base 2): per row (half hf: rows l/4 and l/4 + 8 of the
@@ -1020,9 +1023,11 @@ Sm90FwdVariant sm90_fwd_resolve(Sm90FwdVariant v, int64_t hd) {
   if (!env.empty())
     for (const V x : sm90_fwd_variants())
       if (env == sm90_fwd_variant_name(x) && sm90_fwd_variant_supported(x, hd)) return x;
-  // Expected best (not yet measured: bench_attention --sm90-only prints every variant):
-  // hd 128 the persistent ping-pong, hd 64 the persistent 3-consumer (192-row) tile.
-  return hd == 64 ? V::WidePersistent : V::Persistent;
+  // The fastest measured (H200, bench_attention --sm90-only, bench/RESULTS.md session 23): hd 128
+  // the persistent ping-pong (620 TFLOP/s causal at 32K and 128K, 655 at 8K), hd 64 the
+  // 3-consumer 192-row tile (495-501 causal at 32K-128K, 498-499 unmasked; wide-persistent
+  // wins only at 8K causal, 464 vs 446).
+  return hd == 64 ? V::Wide : V::Persistent;
 }
 
 std::vector<Sm90FwdVariant> sm90_fwd_variants() {

@@ -22,10 +22,10 @@
 //     the diagonal past the last key: a ring's off-diagonal step) through cuDNN's SDPA node;
 //   - kernel: the FlashAttention-2 style kernels (kernels/attention_fwd.cu).
 //   - sm90 kernel (AttentionRouteOptions::sm90: an sm_90 device, H100/H200): the Hopper kernel
-//     (kernels/attention_fwd_sm90.cu: TMA, wgmma, warp-specialised). First for head dim 128,
-//     where it beats cuDNN 9.19's forward in the same process (bench/RESULTS.md, issue 26);
-//     for other head dims after the cuDNN routes, in place of the slower FA2 kernel. It takes
-//     any visibility (causal squares, ring blocks with a diagonal offset, unmasked blocks).
+//     (kernels/attention_fwd_sm90.cu: TMA, wgmma, warp-specialised), before cuDNN where it beat
+//     cuDNN 9.19's forward in the same process (sm90_before_cudnn), else after the cuDNN
+//     routes, in place of the slower FA2 kernel. It takes any visibility (causal squares, ring
+//     blocks with a diagonal offset, unmasked blocks) at head dims 64 and 128.
 //  backward (unmasked blocks and causal squares through cuDNN's composite backward; T =
 //  attention_bwd_tile)
 //   - cudnn one call in place: gradients overwritten (AttentionBlock::accumulate false) and
@@ -70,9 +70,11 @@ struct AttentionRouteOptions {
   int64_t tile() const { return attention_bwd_tile(deterministic, bwd_tile); }
 };
 
-// The head dim at which the Hopper forward kernel goes before cuDNN (measured: 32 x 128 causal
-// and unmasked faster than cuDNN's forward, GQA 32/4 x 64 slower; bench/RESULTS.md, issue 26).
-constexpr int64_t kSm90FirstHeadDim = 128;
+// Whether the Hopper forward kernel goes before cuDNN's routes for a call, by what the bench
+// measured on an H200 in one process (bench_attention --sm90-only, bench/RESULTS.md session 23;
+// ours / cuDNN at 8K, 32K, 128K): head dim 64 always (causal 1.09 / 1.03 / 1.08, unmasked
+// 1.08 / 1.07); head dim 128 with a mask (causal 1.06 / 0.99 / 1.10), not unmasked (0.98 / 0.99).
+bool sm90_before_cudnn(const AttentionCall& c);
 
 enum class AttentionFwdRoute { NoKeys, Sm90Kernel, CudnnCausalGraph, CudnnCausalChunks, CudnnUnmasked, Kernel };
 enum class AttentionBwdRoute { NoRows, CudnnInPlace, CudnnOneCall, CudnnTiles, Kernel };

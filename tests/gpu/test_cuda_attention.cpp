@@ -3,10 +3,13 @@
 // with causal offsets (including rows that see no key: o = 0, lse = -inf), non-causal
 // blocks, GQA 32/4 and head dims 64 and 128, causal squares (forward through cuDNN's causal
 // graph or in query chunks, backward in tiles through cuDNN's composite graph when cuDNN is
-// allowed). Outputs are NaN-poisoned before the forward.
+// allowed; on an sm_90 device also the forward the router gives the Hopper kernel). Outputs are
+// NaN-poisoned before the forward.
 #include <sstream>
 
 #include "cuda_test_util.h"
+#include "kernels/attention_sm90.h"
+#include "ops/attention_route.h"
 
 namespace easyctx::test {
 namespace {
@@ -27,6 +30,7 @@ class CudaAttentionTest : public CudaOpsTest, public ::testing::WithParamInterfa
   void run_case(const Case& c);
   bool use_cudnn_ = false;
   bool causal_graph_ = true;
+  bool hopper_ = false;  // CudaBackendOptions::sm90_attention: the forward only (the backward is cuDNN's)
 };
 
 bool causal_square(const Case& c) { return c.causal && c.sq == c.sk && c.q_off == c.k_off; }
@@ -34,22 +38,30 @@ bool causal_square(const Case& c) { return c.causal && c.sq == c.sk && c.q_off =
 // Blocks run through cuDNN where it has a plan (cudnn_attention = true, the default: causal
 // squares' forward through the composite causal graph, blocks without a mask through the
 // SDPA node, every backward through the composite graph) and through our kernels otherwise:
-// every case runs both ways; long causal squares also with the graph off (query chunks).
+// every case runs both ways; long causal squares also with the graph off (query chunks); on an
+// sm_90 device the forward once more with the Hopper kernel in the router (the default).
 TEST_P(CudaAttentionTest, ForwardBackwardMatchReference) {
   struct Mode {
-    bool cudnn, graph;
+    bool cudnn, graph, hopper;
     const char* what;
   };
-  for (const Mode m : {Mode{false, false, "kernels only"}, Mode{true, true, "cudnn allowed"},
-                       Mode{true, false, "cudnn, causal squares in query chunks"}}) {
+  for (const Mode m : {Mode{false, false, false, "kernels only"}, Mode{true, true, false, "cudnn allowed"},
+                       Mode{true, false, false, "cudnn, causal squares in query chunks"},
+                       Mode{true, true, true, "the default router on sm_90 (Hopper forward)"}}) {
     if (m.cudnn && !m.graph && !(causal_square(GetParam()) && GetParam().sq >= 2048)) continue;
+    if (m.hopper && !kernels::sm90_device_available()) {
+      std::printf("[path] %s: not an sm_90 device, no Hopper forward to check\n", m.what);
+      continue;
+    }
     ops::CudaBackendOptions opts;
     opts.cudnn_attention = m.cudnn;
     opts.cudnn_causal_graph = m.graph;
+    opts.sm90_attention = m.hopper;
     opts.attention_bwd_tile = 1024;  // the long squares below reach the tiled backward
     gpu = ops::make_cuda_backend(opts);
     use_cudnn_ = m.cudnn;
     causal_graph_ = m.graph;
+    hopper_ = m.hopper;
     SCOPED_TRACE(m.what);
     run_case(GetParam());
     std::printf("[path] %s: %s\n", tag.c_str(), ops::cuda_attention_path(*gpu).c_str());
@@ -57,7 +69,8 @@ TEST_P(CudaAttentionTest, ForwardBackwardMatchReference) {
 }
 
 void CudaAttentionTest::run_case(const Case& c) {
-  tag = (std::ostringstream() << c).str() + (use_cudnn_ ? (causal_graph_ ? " [cudnn ok]" : " [cudnn, chunks]") : " [kernels]");
+  tag = (std::ostringstream() << c).str() +
+        (hopper_ ? " [hopper]" : use_cudnn_ ? (causal_graph_ ? " [cudnn ok]" : " [cudnn, chunks]") : " [kernels]");
   const DType t = DType::BF16;
   const int64_t nq = c.b * c.sq * c.hq * c.hd, nk = c.b * c.sk * c.hkv * c.hd, nl = c.b * c.hq * c.sq;
   ops::AttentionBlock blk;
@@ -77,7 +90,14 @@ void CudaAttentionTest::run_case(const Case& c) {
   gpu->attention_fwd(qv(bq), kv(bk), kv(bv), blk, qv(bo), bl.flat());
   const std::string fwd_path = ops::cuda_attention_path(*gpu);
   std::printf("[path] forward %s: %s\n", tag.c_str(), fwd_path.c_str());
-  if (use_cudnn_ && causal_square(c) && causal_graph_) {
+  if (hopper_) {  // the route the router names for this call (the Hopper kernel first at hd 128)
+    ops::AttentionRouteOptions ro;
+    ro.sm90 = true;
+    const ops::AttentionCall call{c.b, c.sq, c.sk, c.hq, c.hkv, c.hd, c.causal, c.q_off - c.k_off};
+    if (ops::attention_fwd_route(call, ro) == ops::AttentionFwdRoute::Sm90Kernel) {
+      EXPECT_EQ(fwd_path, "sm90 kernel");
+    }
+  } else if (use_cudnn_ && causal_square(c) && causal_graph_) {
     EXPECT_NE(fwd_path.find("causal graph"), std::string::npos) << "a causal square's forward should run cuDNN's causal graph";
   }
   if (use_cudnn_ && causal_square(c) && !causal_graph_ && c.b == 1 && c.sq >= 2048) {
@@ -102,6 +122,7 @@ void CudaAttentionTest::run_case(const Case& c) {
               static_cast<long long>(empty));
   EXPECT_LT(lse_err, 2e-3);  // absolute, in nats (fp32 sums of bf16 products)
   if (empty) RecordProperty("empty_rows", static_cast<int>(empty));
+  if (hopper_) return;  // the backward's routes do not depend on the Hopper forward (checked above)
 
   // Backward from the reference's o (rounded) and lse, onto random dq/dk/dv.
   // Small starting values: the bf16 rounding of start + increment stays small next to the

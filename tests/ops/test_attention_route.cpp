@@ -84,23 +84,30 @@ TEST(AttentionRoute, CausalSquares) {
             (Fwd{kGraph, kUnmasked, kFwdKernel}));
 }
 
-// An sm_90 device (AttentionRouteOptions::sm90): the Hopper kernel first at head dim 128, for
-// every visibility; at other head dims after cuDNN's routes, before the FA2 kernel; the
-// backward unchanged.
+// An sm_90 device (AttentionRouteOptions::sm90): the Hopper kernel before cuDNN where it
+// measured faster (head dim 64; head dim 128 with a mask), else after cuDNN's routes, before
+// the FA2 kernel; the backward unchanged.
 TEST(AttentionRoute, HopperForward) {
   AttentionRouteOptions h = opts(false);
   h.sm90 = true;
   const AttentionFwdRoute kSm90 = AttentionFwdRoute::Sm90Kernel;
+  // Head dim 128: causal squares and partial masks first; unmasked blocks after cuDNN SDPA.
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 32768, 32768, 32, 32, 128), h), (Fwd{kSm90, kGraph, kChunks, kFwdKernel}));
-  EXPECT_EQ(ops::attention_fwd_routes(call(1, 4096, 4096, 32, 8, 128, true, 4096), h), (Fwd{kSm90, kUnmasked, kFwdKernel}));
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 200, 300, 4, 4, 128, true, 0), h), (Fwd{kSm90, kFwdKernel}));
-  EXPECT_EQ(ops::attention_fwd_routes(call(1, 32768, 32768, 32, 4, 64), h), (Fwd{kGraph, kChunks, kSm90, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 4096, 4096, 32, 8, 128, true, 4096), h), (Fwd{kUnmasked, kSm90, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 77, 190, 8, 4, 128, false, 0), h), (Fwd{kUnmasked, kSm90, kFwdKernel}));
+  // Head dim 64: first for every visibility.
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 32768, 32768, 32, 4, 64), h), (Fwd{kSm90, kGraph, kChunks, kFwdKernel}));
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 200, 300, 4, 4, 64, true, 0), h), (Fwd{kSm90, kFwdKernel}));
-  EXPECT_EQ(ops::attention_fwd_route(call(1, 77, 190, 8, 4, 64, false, 0), h), AttentionFwdRoute::CudnnUnmasked);
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 77, 190, 8, 4, 64, false, 0), h), (Fwd{kSm90, kUnmasked, kFwdKernel}));
+  // Another head dim (the kernel declines it at run time): after cuDNN.
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 4096, 4096, 8, 8, 96), h), (Fwd{kGraph, kChunks, kSm90, kFwdKernel}));
+  EXPECT_TRUE(ops::sm90_before_cudnn(call(1, 1, 1, 1, 1, 64, false, 0)));
+  EXPECT_FALSE(ops::sm90_before_cudnn(call(1, 8, 8, 1, 1, 128, false, 0)));
   // Without cuDNN: the Hopper kernel, then the FA2 kernel; no keys stays no keys.
   AttentionRouteOptions hn = opts(false, 0, false);
   hn.sm90 = true;
-  EXPECT_EQ(ops::attention_fwd_routes(call(1, 1024, 1024, 8, 8, 64), hn), (Fwd{kSm90, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 1024, 1024, 8, 8, 128, false, 0), hn), (Fwd{kSm90, kFwdKernel}));
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 16, 0, 8, 8, 128), h), (Fwd{AttentionFwdRoute::NoKeys}));
   // The backward does not change.
   const AttentionCall c = call(1, 32768, 32768, 32, 32, 128);
