@@ -317,14 +317,14 @@ const Registry& registry() {
                "between runs, so a rerun or a resumed run matches within rounding, not bit for bit. The "
                "CPU backend is always deterministic.");
     r.add_bool("train.hopper_attention", [](StageConfig& c) -> bool& { return c.train.hopper_attention; },
-               "CUDA on an sm_90 GPU (H100, H200): `true` (the default) runs the attention forward of head "
-               "dim 128 on easyctx's own Hopper kernel (kernels/attention_fwd_sm90.cu: TMA, wgmma, a "
-               "producer and two consumer warpgroups), which is faster than cuDNN 9.19's in the same "
-               "process (bench/RESULTS.md), and, for other head dims, where cuDNN has no route (ring "
-               "blocks with a diagonal offset) in place of the slower FlashAttention-2 style kernel. The "
-               "kernel is deterministic, so `train.deterministic` keeps its promise either way. `false`: "
-               "cuDNN's forward as before this kernel. Ignored on other GPUs (A100: sm_80) and the CPU; "
-               "the backward stays cuDNN's.");
+               "CUDA on an sm_90 GPU (H100, H200): `true` (the default) runs the attention forward on "
+               "easyctx's own Hopper kernel (kernels/attention_fwd_sm90.cu: TMA, wgmma, warp-specialised) "
+               "where it measured faster than cuDNN 9.19's in the same process (bench/RESULTS.md): head "
+               "dim 64 always, head dim 128 for causal and partially masked blocks (cuDNN keeps the "
+               "unmasked ones); elsewhere it replaces the slower FlashAttention-2 style kernel as the "
+               "fallback (ring blocks with the diagonal inside). The kernel is deterministic, so "
+               "`train.deterministic` keeps its promise either way. `false`: cuDNN's forward as before "
+               "this kernel. Ignored on other GPUs (A100: sm_80) and the CPU; the backward stays cuDNN's.");
     // ---- parallel
     r.add_enum<SeqParallelMode>(
         "parallel.sequence.mode", [](StageConfig& c) -> SeqParallelMode& { return c.parallel.sequence.mode; },
