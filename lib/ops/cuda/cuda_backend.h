@@ -31,7 +31,8 @@ struct CudaBackendOptions {
   bool cudnn_causal_graph = true;
   // On an sm_90 device (H100/H200): the attention forward through easyctx's Hopper kernel
   // (kernels/attention_fwd_sm90.cu) where the router puts it (ops/attention_route.h: before
-  // cuDNN at head dim 128, in place of the FA2 kernel otherwise); ignored on other devices.
+  // cuDNN where it measured faster, ops::sm90_before_cudnn; in place of the FA2 kernel
+  // otherwise); ignored on other devices. train.hopper_attention.
   bool sm90_attention = true;
   // Bit-identical reruns: the cuDNN attention backward uses its deterministic graph (no
   // atomic dQ accumulation; dP in its workspace, so smaller tiles). false: the faster atomic one.
