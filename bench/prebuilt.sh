@@ -22,7 +22,7 @@ case "${1:-}" in
     build=${2:-build-cuda}
     shift $(( $# >= 2 ? 2 : 1 ))
     bins=("$@")
-    [ ${#bins[@]} -gt 0 ] || bins=(easyctx_train easyctx_eval_ppl test_cuda_ops test_cuda_attention test_cuda_trainer
+    [ ${#bins[@]} -gt 0 ] || bins=(easyctx_train easyctx_eval_ppl test_cuda_ops test_cuda_attention test_cuda_attention_sm90 test_cuda_trainer
                                    test_cuda_sp test_collectives_nccl bench_attention bench_ring bench_collectives)
     # Only the binaries named now (a device call carries at most 64 MiB), stripped.
     rm -rf .deps/gpubin
