@@ -11,6 +11,7 @@
 // longest prompt and exits (0 fits, 3 does not, 2 bad input). Logic in lib/eval (needle.h).
 #include <algorithm>
 #include <iostream>
+#include <memory>
 
 #include "core/log.h"
 #include "dist/groups.h"
@@ -28,12 +29,12 @@ int main(int argc, char** argv) {
     eval::NeedleOptions o;
     std::string help;
     bool run = false;
-    // Bad flags, a missing model, tokenizer or haystack end every rank alike (exit 2).
+    // Bad flags, a missing or corrupt model, a missing tokenizer or haystack end every rank
+    // alike (exit 2, one message), in phases every rank enters or none does (run_collectively).
     dist::run_collectively(rt, [&] {
       run = eval::parse_needle_flags(argc, argv, o, &help);
       if (!run) return;
       eval::validate_session_options(o.session, rt.size());
-      eval::resolve_model(o.session.model);
       data::load_tokenizer(o.tokenizer);
       if (std::find(o.tasks.begin(), o.tasks.end(), eval::Task::Needle) != o.tasks.end())
         eval::check_haystack_source(o.haystack_dir);
@@ -44,6 +45,13 @@ int main(int argc, char** argv) {
                              "3 --plan: does not fit.\n";
       return 0;
     }
+    // The model in a phase of its own: a checkpoint is verified collectively (each file by one
+    // rank), which every rank must enter. The plan and the session reuse the result instead of
+    // verifying again.
+    dist::run_collectively(rt, [&] {
+      o.session.resolved = std::make_shared<const eval::ModelRef>(
+          eval::resolve_model(o.session.model, MPI_COMM_WORLD, o.session.collective_timeout_s));
+    });
     if (o.plan) {  // the plan of the longest prompt on the machine of --set (else this one)
       plan::MemoryPlan p;
       dist::run_collectively(rt, [&] {
