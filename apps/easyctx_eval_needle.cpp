@@ -31,13 +31,15 @@ int main(int argc, char** argv) {
     bool run = false;
     // Bad flags, a missing or corrupt model, a missing tokenizer or haystack end every rank
     // alike (exit 2, one message), in phases every rank enters or none does (run_collectively).
+    bool needle = false;
     dist::run_collectively(rt, [&] {
       run = eval::parse_needle_flags(argc, argv, o, &help);
       if (!run) return;
       eval::validate_session_options(o.session, rt.size());
       data::load_tokenizer(o.tokenizer);
-      if (std::find(o.tasks.begin(), o.tasks.end(), eval::Task::Needle) != o.tasks.end())
-        eval::check_haystack_source(o.haystack_dir);
+      needle = std::find(o.tasks.begin(), o.tasks.end(), eval::Task::Needle) != o.tasks.end();
+      // Rank 0 alone reads the haystack (below), so rank 0 alone needs to see it.
+      if (needle && rt.rank() == 0) eval::check_haystack_source(o.haystack_dir);
     });
     if (!run) {
       if (rt.rank() == 0)
@@ -69,7 +71,15 @@ int main(int argc, char** argv) {
     lo.rank = rt.rank();
     log_init(lo);
     auto world = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, o.session.collective_timeout_s);
-    eval::run_needle(o, *world);
+    // The haystack: rank 0 reads and tokenizes it, every rank gets the ids; a file that cannot
+    // be read or tokenized ends every rank alike, before the weights are loaded.
+    eval::Haystack hay;
+    if (needle)
+      dist::run_collectively(rt, [&] {
+        const auto tok = data::load_tokenizer(o.tokenizer);
+        hay = eval::load_haystack(o.haystack_dir, *tok, o.max_context, *world);
+      });
+    eval::run_needle(o, *world, needle ? &hay : nullptr);
     return 0;
   });
 }

@@ -1,5 +1,9 @@
 // The evaluation programs' reads under mpirun (2 and 3 ranks): what every rank needs is read
 // once and shared.
+//  * The needle haystack: rank 0 reads and tokenizes it and broadcasts the ids; every rank
+//    holds exactly what a load of its own would give (the KJV, a folder repeated to length);
+//    the other ranks read nothing (they are handed a folder that does not exist); a bad file
+//    ends every rank with the same message and type.
 //  * Checkpoint verification (ckpt:DIR): each file's datasets are checked by one rank, not by
 //    every rank; a flipped bit in the newest checkpoint makes every rank fall back to the same
 //    older one with the same warning; when none verifies, every rank throws the same
@@ -20,8 +24,10 @@
 #include "core/strings.h"
 #include "dist/comm_mpi.h"
 #include "dist/runtime.h"
+#include "eval/haystack.h"
 #include "eval/model_source.h"
 #include "eval_test_util.h"
+#include "needle_test_util.h"
 
 namespace easyctx::test {
 namespace {
@@ -53,6 +59,88 @@ std::pair<std::string, std::string> outcome(F fn) {
     return {"error", e.what()};
   }
   return {"none", ""};
+}
+
+// ---- the haystack ----------------------------------------------------------------------
+
+class Rank0Haystack : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (world_size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or more";
+    tok_ = data::load_tokenizer(demo_tokenizer());
+  }
+  std::unique_ptr<data::Tokenizer> tok_;
+  dist::MpiComm world_{MPI_COMM_WORLD, "world", 120};
+};
+
+TEST_F(Rank0Haystack, BroadcastEqualsALocalLoadOnEveryRank) {
+  uint64_t seed = 0;
+  // Two text files and a JSON Lines file, fewer tokens than asked: read in order, repeated.
+  const std::string dir = shared_dir("rank0-hay", seed, [](const std::string& d) {
+    std::filesystem::create_directories(d + "/hay/sub");
+    write_file_atomic(d + "/hay/a.txt", haystack_text(test_seed() + 1, 120));
+    auto line = [](std::string text) {  // (the text's paragraph breaks as JSON escapes)
+      std::string out = "{\"text\": \"";
+      for (char c : text) out += c == '\n' ? std::string("\\n") : std::string(1, c);
+      return out + "\"}\n";
+    };
+    write_file_atomic(d + "/hay/sub/b.jsonl", line(haystack_text(7, 20)) + line(haystack_text(8, 20)));
+    write_file_atomic(d + "/hay/c.txt", haystack_text(9, 50));
+  });
+  for (int root : {0, world_size() - 1}) {
+    for (const int64_t want : {int64_t{300}, int64_t{20000}}) {
+      SCOPED_TRACE("root " + std::to_string(root) + ", " + std::to_string(want) + " tokens");
+      const eval::Haystack local = eval::load_haystack(dir + "/hay", *tok_, want);
+      // Only the root is given the folder: the others must not read anything, they get the ids.
+      const std::string spec = world_.rank() == root ? dir + "/hay" : dir + "/not-there";
+      const eval::Haystack shared = eval::load_haystack(spec, *tok_, want, world_, root);
+      ASSERT_EQ(shared.tokens.size(), local.tokens.size());
+      EXPECT_TRUE(shared.tokens == local.tokens) << "rank " << world_.rank() << ": the ids differ";
+      EXPECT_EQ(shared.description, local.description);
+      EXPECT_GE(static_cast<int64_t>(shared.tokens.size()), want);
+      if (want == 20000) {
+        EXPECT_NE(shared.description.find("repeated to"), std::string::npos) << shared.description;
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
+}
+
+TEST_F(Rank0Haystack, DefaultKjvBroadcastEqualsALocalLoad) {
+  // scripts/setup.sh installs bible-kjv: its absence is a failure, as in test_eval_needle_cli.
+  ASSERT_FALSE(eval::kjv_text().empty()) << "`bible` (Debian's bible-kjv) is not installed";
+  const eval::Haystack local = eval::load_haystack("", *tok_, 5000);
+  const eval::Haystack shared = eval::load_haystack("", *tok_, 5000, world_);
+  EXPECT_TRUE(shared.tokens == local.tokens) << "rank " << world_.rank() << ": the KJV ids differ";
+  EXPECT_EQ(shared.description, local.description);
+  EXPECT_EQ(rank0s(shared.description), shared.description);
+}
+
+TEST_F(Rank0Haystack, ABadFileEndsEveryRankAlike) {
+  uint64_t seed = 0;
+  const std::string dir = shared_dir("rank0-hay-bad", seed, [](const std::string& d) {
+    std::filesystem::create_directories(d + "/bad");
+    write_file_atomic(d + "/bad/a.txt", haystack_text(3, 10));
+    write_file_atomic(d + "/bad/b.jsonl", "{\"text\": \"fine\"}\n{\"text\": broken\n");
+    std::filesystem::create_directories(d + "/empty");
+    write_file_atomic(d + "/empty/a.txt", "");
+  });
+  // A JSON line that does not parse (found only while reading): named on every rank alike.
+  // 10^6 tokens: more than a.txt holds, so b.jsonl is read.
+  const auto bad = outcome([&] { eval::load_haystack(dir + "/bad", *tok_, 1000000, world_); });
+  EXPECT_EQ(bad.first, "input") << bad.second;
+  EXPECT_NE(bad.second.find("b.jsonl line 2"), std::string::npos) << bad.second;
+  EXPECT_EQ(rank0s(bad.second), bad.second) << "rank " << world_.rank() << " has another message";
+  // No tokens at all; a folder that is not there (rank 0's view decides).
+  for (const std::string& spec : {dir + "/empty", dir + "/nothing"}) {
+    const auto got = outcome([&] { eval::load_haystack(spec, *tok_, 100, world_); });
+    EXPECT_EQ(got.first, "input") << spec << ": " << got.second;
+    EXPECT_NE(got.second.find("--haystack-dir " + spec), std::string::npos) << got.second;
+    EXPECT_EQ(rank0s(got.second), got.second) << "rank " << world_.rank() << " has another message";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 
 // ---- checkpoint verification -----------------------------------------------------------
