@@ -11,6 +11,7 @@
 // longest prompt and exits (0 fits, 3 does not, 2 bad input). Logic in lib/eval (needle.h).
 #include <algorithm>
 #include <iostream>
+#include <memory>
 
 #include "core/log.h"
 #include "dist/groups.h"
@@ -28,15 +29,17 @@ int main(int argc, char** argv) {
     eval::NeedleOptions o;
     std::string help;
     bool run = false;
-    // Bad flags, a missing model, tokenizer or haystack end every rank alike (exit 2).
+    // Bad flags, a missing or corrupt model, a missing tokenizer or haystack end every rank
+    // alike (exit 2, one message), in phases every rank enters or none does (run_collectively).
+    bool needle = false;
     dist::run_collectively(rt, [&] {
       run = eval::parse_needle_flags(argc, argv, o, &help);
       if (!run) return;
       eval::validate_session_options(o.session, rt.size());
-      eval::resolve_model(o.session.model);
       data::load_tokenizer(o.tokenizer);
-      if (std::find(o.tasks.begin(), o.tasks.end(), eval::Task::Needle) != o.tasks.end())
-        eval::check_haystack_source(o.haystack_dir);
+      needle = std::find(o.tasks.begin(), o.tasks.end(), eval::Task::Needle) != o.tasks.end();
+      // Rank 0 alone reads the haystack (below), so rank 0 alone needs to see it.
+      if (needle && rt.rank() == 0) eval::check_haystack_source(o.haystack_dir);
     });
     if (!run) {
       if (rt.rank() == 0)
@@ -44,6 +47,13 @@ int main(int argc, char** argv) {
                              "3 --plan: does not fit.\n";
       return 0;
     }
+    // The model in a phase of its own: a checkpoint is verified collectively (each file by one
+    // rank), which every rank must enter. The plan and the session reuse the result instead of
+    // verifying again.
+    dist::run_collectively(rt, [&] {
+      o.session.resolved = std::make_shared<const eval::ModelRef>(
+          eval::resolve_model(o.session.model, MPI_COMM_WORLD, o.session.collective_timeout_s));
+    });
     if (o.plan) {  // the plan of the longest prompt on the machine of --set (else this one)
       plan::MemoryPlan p;
       dist::run_collectively(rt, [&] {
@@ -61,7 +71,15 @@ int main(int argc, char** argv) {
     lo.rank = rt.rank();
     log_init(lo);
     auto world = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, o.session.collective_timeout_s);
-    eval::run_needle(o, *world);
+    // The haystack: rank 0 reads and tokenizes it, every rank gets the ids; a file that cannot
+    // be read or tokenized ends every rank alike, before the weights are loaded.
+    eval::Haystack hay;
+    if (needle)
+      dist::run_collectively(rt, [&] {
+        const auto tok = data::load_tokenizer(o.tokenizer);
+        hay = eval::load_haystack(o.haystack_dir, *tok, o.max_context, *world);
+      });
+    eval::run_needle(o, *world, needle ? &hay : nullptr);
     return 0;
   });
 }

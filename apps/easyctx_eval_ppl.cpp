@@ -11,6 +11,7 @@
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -108,12 +109,16 @@ int main(int argc, char** argv) {
     // The plan of the longest length, per model (--plan prints it; a run compares with it).
     std::vector<plan::MemoryPlan> plans(models.size());
     const bool plan_only = vm.count("plan") > 0;
-    dist::run_collectively(rt, [&] {  // bad flags and missing models end every rank alike
+    dist::run_collectively(rt, [&] {  // bad flags end every rank alike
       EASYCTX_CHECK_INPUT(plan_only || sets.empty(), "--set: only with --plan (it names the machine planned for)");
-      for (const std::string& m : models) {
-        eval::validate_session_options(eval::session_options(o, m), rt.size());
-        eval::resolve_model(m);
-      }
+      for (const std::string& m : models) eval::validate_session_options(eval::session_options(o, m), rt.size());
+    });
+    // Missing or corrupt models too, in a phase every rank enters: a checkpoint is verified
+    // collectively (each file by one rank), once; the plans and the sessions reuse the result.
+    dist::run_collectively(rt, [&] {
+      for (const std::string& m : models)
+        o.resolved[m] = std::make_shared<const eval::ModelRef>(
+            eval::resolve_model(m, MPI_COMM_WORLD, o.collective_timeout_s));
       if (!plan_only) return;
       for (size_t m = 0; m < models.size(); ++m)
         plans[m] = eval::plan_session(eval::session_options(o, models[m]), o.max_tokens, sets, rt.size(),

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <random>
 
+#include "ckpt/rank_sync.h"
 #include "core/error.h"
 #include "core/strings.h"
 
@@ -179,6 +180,50 @@ CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>
       if (warnings && cands.size() > 1)
         warnings->push_back("checkpoint " + c.path + " is broken (" + e.what() + "); trying the previous one");
     }
+  }
+  if (!cands.empty()) EASYCTX_THROW_INPUT(spec, ": no checkpoint there passes verification: ", broken);
+  return {};
+}
+
+CheckpointRef resolve_verified(RankSync& sync, const std::string& spec, std::vector<std::string>* warnings) {
+  // Rank 0's listing, as JSON: {"paths": [...], "note": ...} or {"error": ..., "input": bool}
+  // (an error while listing ends every rank alike, as the same exception type).
+  std::string listing;
+  if (sync.rank() == 0) {
+    Json j = Json::object();
+    try {
+      std::string note;
+      Json paths = Json::array();
+      for (const CheckpointEntry& c : checkpoint_candidates(spec, &note)) paths.push_back(c.path);
+      j.set("paths", std::move(paths));
+      j.set("note", note);
+    } catch (const InputError& e) {
+      j.set("error", std::string(e.what()));
+      j.set("input", true);
+    } catch (const std::exception& e) {
+      j.set("error", std::string(e.what()));
+      j.set("input", false);
+    }
+    listing = j.dump();
+  }
+  const Json got = parse_json(sync.bcast(listing, "listing the checkpoints of " + spec), "rank 0's checkpoint listing");
+  if (const Json* err = got.find("error")) {
+    if (got.at("input").as_bool()) EASYCTX_THROW_INPUT(err->as_string());
+    EASYCTX_THROW(err->as_string());
+  }
+  const std::string note = got.at("note").as_string();
+  if (!note.empty() && warnings) warnings->push_back(note);
+  const Json::Array& cands = got.at("paths").as_array();
+  std::string broken;
+  for (const Json& c : cands) {
+    const std::string& path = c.as_string();
+    CheckpointRef ref;
+    // The same verdict on every rank: "" or the first problem found (naming file and dataset).
+    const std::string problem = verify_collectively(sync, path, &ref);
+    if (problem.empty()) return ref;
+    broken += (broken.empty() ? "" : "; ") + problem;
+    if (warnings && cands.size() > 1)
+      warnings->push_back("checkpoint " + path + " is broken (" + problem + "); trying the previous one");
   }
   if (!cands.empty()) EASYCTX_THROW_INPUT(spec, ": no checkpoint there passes verification: ", broken);
   return {};

@@ -61,6 +61,15 @@ std::vector<CheckpointEntry> checkpoint_candidates(const std::string& spec, std:
 // InputError naming every broken one when none verifies.
 CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>* warnings);
 
+// The same, collective over sync's ranks (every rank calls it with the same spec), for jobs
+// whose ranks all load the same whole checkpoint (the evaluation programs): rank 0 lists the
+// candidates (one view of the folder, so a checkpoint committed meanwhile cannot make ranks
+// disagree) and each candidate's files are verified once, each by one rank
+// (verify_collectively), instead of every file by every rank. Every rank returns the same
+// checkpoint and warnings, or throws the same exception (InputError naming the file and
+// dataset when none verifies).
+CheckpointRef resolve_verified(RankSync& sync, const std::string& spec, std::vector<std::string>* warnings);
+
 // Moves the earlier run's DONE, final/, plan.json and run.json record (info, its run.json) to
 // <run_dir>/previous/<old_id>/, and copies (keep_metrics) or moves its metrics.jsonl there.
 // Idempotent: what is already moved is skipped.

@@ -7,7 +7,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -105,12 +107,21 @@ void verify_dataset(const h5::Handle& f, size_t i, const Json& e, const std::str
   const std::string ds_name = "slice_" + std::to_string(i);
   h5::Handle ds = h5::open_dataset(f, ds_name.c_str(), path);
   const int64_t n = e[3].as_int();
-  EASYCTX_CHECK_INPUT(static_cast<int64_t>(h5::dataset_length(ds, ds_name.c_str(), path)) == n, path, ": ", ds_name,
-                      " (", e[0].as_string(), ") has the wrong length");
+  const int64_t have_n = static_cast<int64_t>(h5::dataset_length(ds, ds_name.c_str(), path));
+  EASYCTX_CHECK_INPUT(have_n == n, path, ": ", ds_name, " (", e[0].as_string(), ") has the wrong length (", have_n,
+                      " elements, the index says ", n, ")");
   std::vector<float> buf(static_cast<size_t>(n));
   h5::read_1d(ds, H5T_NATIVE_FLOAT, 0, static_cast<uint64_t>(n), buf.data(), ds_name.c_str(), path);
-  EASYCTX_CHECK_INPUT(static_cast<int64_t>(crc_of(buf.data(), n)) == e[4].as_int(), path, ": ", ds_name, " (",
-                      e[0].as_string(), ") fails its checksum: the file is corrupt");
+  const uint32_t have = crc_of(buf.data(), n);
+  const uint32_t want = static_cast<uint32_t>(e[4].as_int());
+  if (have != want) {
+    // Both values in the message: what the index expected and what the file holds, so a report
+    // of a corrupt file says which copy of the checkpoint it was checked against.
+    char crcs[64];
+    std::snprintf(crcs, sizeof crcs, "CRC32 %08x, index.json records %08x", have, want);
+    EASYCTX_THROW_INPUT(path, ": ", ds_name, " (", e[0].as_string(), ") fails its checksum (", crcs,
+                        "): the file is corrupt");
+  }
 }
 
 // The run id in a step folder's index.json, without checking its files ("" when unlabelled);
@@ -491,11 +502,18 @@ std::string CheckpointReader::config_hash() const {
   return h && h->is_string() ? h->as_string() : "";
 }
 
+namespace {
+std::atomic<uint64_t> g_verified_files{0};
+}  // namespace
+
+uint64_t verified_file_count() { return g_verified_files.load(); }
+
 void CheckpointReader::verify_files(int first, int stride) const {
   h5::quiet_errors();
   const auto& files = index_.at("files").as_array();
   for (size_t fi = static_cast<size_t>(first); fi < files.size(); fi += static_cast<size_t>(stride)) {
     const std::string& path = files_[fi];
+    g_verified_files.fetch_add(1);
     h5::Handle f = h5::open_file(path, false);
     const auto& sl = files[fi].at("slices").as_array();
     for (size_t i = 0; i < sl.size(); ++i) verify_dataset(f, i, sl[i], path);
@@ -506,11 +524,12 @@ void CheckpointReader::verify_files(int first, int stride) const {
   }
 }
 
-std::string verify_collectively(RankSync& sync, const std::string& path) {
+std::string verify_collectively(RankSync& sync, const std::string& path, CheckpointRef* ref) {
   std::string err;
   try {
     const CheckpointReader r(path);
     r.verify_files(sync.rank(), sync.size());
+    if (ref) *ref = {r.path(), r.step()};
   } catch (const std::exception& e) {
     err = e.what();
   }

@@ -169,7 +169,12 @@ class CheckpointReader {
 
 // Collective over sync's ranks: every rank verifies a share of the files of the checkpoint at
 // `path` (CheckpointReader + verify_files). Returns "" when it is intact, else what is wrong
-// (naming file and dataset), the same string on every rank.
-std::string verify_collectively(RankSync& sync, const std::string& path);
+// (naming file and dataset), the same string on every rank. When intact and `ref` is given,
+// *ref is the checkpoint (its path and the step its index records).
+std::string verify_collectively(RankSync& sync, const std::string& path, CheckpointRef* ref = nullptr);
+
+// Files whose datasets this process has read and checked (CheckpointReader::verify_files), for
+// tests that verification work is shared between ranks rather than repeated on each.
+uint64_t verified_file_count();
 
 }  // namespace easyctx::ckpt

@@ -42,7 +42,7 @@ plan::MemoryPlan plan_session(const SessionOptions& o, int64_t max_tokens, const
     apply_override(cfg, s);
   }
   EASYCTX_CHECK_INPUT(o.sp_size >= 1, "--sp-size: ", o.sp_size, " (must be >= 1)");
-  const ModelRef ref = resolve_model(o.model);
+  const ModelRef ref = o.resolved ? *o.resolved : resolve_model(o.model);  // (a program's: verified already)
   plan::InferencePlanInput in;
   in.model = model_config(ref, o.rope_theta);
   in.cfg = cfg;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <set>
 
@@ -204,6 +205,54 @@ Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int6
     h.description += ", repeated to " + std::to_string(t.size());
   }
   h.tokens = std::move(t);
+  return h;
+}
+
+Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens, dist::Comm& comm,
+                       int root) {
+  EASYCTX_CHECK(comm.memspace() == MemSpace::Host, "load_haystack: the communicator must be a host one, got '",
+                comm.backend(), "'");
+  EASYCTX_CHECK(root >= 0 && root < comm.size(), "load_haystack: root ", root, " outside the ", comm.size(),
+                " rank(s) of ", comm.name());
+  if (comm.size() == 1) return load_haystack(spec, tok, min_tokens);
+  // Rank root's outcome, then the bytes of its description (or error message), then the ids:
+  // head = {0 loaded | 1 failed | 2 failed on bad input, token count, text bytes}, 64-bit so
+  // that a haystack of more than 2^31 tokens travels too (MpiComm splits large counts).
+  Haystack h;
+  int64_t head[3] = {0, 0, 0};
+  std::string text;
+  std::exception_ptr failure;
+  if (comm.rank() == root) {
+    try {
+      h = load_haystack(spec, tok, min_tokens);
+      text = h.description;
+      head[1] = static_cast<int64_t>(h.tokens.size());
+    } catch (const InputError& e) {
+      head[0] = 2;
+      text = e.what();
+      failure = std::current_exception();
+    } catch (const std::exception& e) {
+      head[0] = 1;
+      text = e.what();
+      failure = std::current_exception();
+    }
+    head[2] = static_cast<int64_t>(text.size());
+  }
+  // Every rank takes part in every broadcast whatever the outcome: a failure travels as data,
+  // never as a rank that stops answering.
+  comm.broadcast(head, 3, root);
+  text.resize(static_cast<size_t>(head[2]));
+  if (!text.empty()) comm.broadcast(reinterpret_cast<uint8_t*>(text.data()), text.size(), root);
+  if (head[0] != 0) {
+    if (failure) std::rethrow_exception(failure);
+    if (head[0] == 2) throw InputError(text);
+    throw Error(text);
+  }
+  if (comm.rank() != root) {
+    h.tokens.resize(static_cast<size_t>(head[1]));
+    h.description = text;
+  }
+  if (!h.tokens.empty()) comm.broadcast(h.tokens.data(), h.tokens.size(), root);
   return h;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "data/tokenize/tokenizer.h"
+#include "dist/comm.h"
 
 namespace easyctx::eval {
 
@@ -27,12 +28,20 @@ struct Haystack {
 // Throws InputError naming --haystack-dir, the file or the missing program.
 Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens);
 
+// The same, collective over `comm` (a host communicator; every rank calls it with the same
+// arguments): rank `root` alone reads and tokenizes (the KJV through `bible`, or the folder),
+// then broadcasts the token ids and the description, so every rank holds what load_haystack
+// would have returned on it, at the cost of one read. When rank `root` fails, every rank throws
+// the same message as the same type (InputError for bad input), so a job ends alike everywhere.
+Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens, dist::Comm& comm,
+                       int root = 0);
+
 // The default haystack's text (verse texts, one per line), or "" when `bible` is missing.
 std::string kjv_text();
 
 // The checks load_haystack makes before reading (the folder or file is there and holds
 // haystack files; without a spec, `bible` answers): InputError naming --haystack-dir. Cheap,
-// for programs to call on every rank first.
+// for programs to call first, on the rank that will read the haystack.
 void check_haystack_source(const std::string& spec);
 
 }  // namespace easyctx::eval

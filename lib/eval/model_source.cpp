@@ -7,6 +7,7 @@
 #include "ckpt/convert.h"
 #include "ckpt/run_folder.h"
 #include "ckpt/hf_model.h"
+#include "ckpt/rank_sync.h"
 #include "ckpt/sharded_checkpoint.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -76,6 +77,28 @@ ModelRef resolve_model(const std::string& spec, const std::string& flag) {
                       ", or export one with `easyctx_convert --from ckpt:", m.dir, " --to hf:OUT`");
   EASYCTX_CHECK_INPUT(fs::exists(fs::path(m.dir) / "config.json"), flag, " ", spec, ": no config.json in ", m.dir,
                       " (a Hugging Face folder; a training checkpoint is ckpt:DIR)");
+  return m;
+}
+
+ModelRef resolve_model(const std::string& spec, MPI_Comm comm, double timeout_s, const std::string& flag) {
+  if (!starts_with(spec, "ckpt:")) return resolve_model(spec, flag);
+  ModelRef m;
+  m.spec = spec;
+  m.checkpoint = true;
+  const std::string dir = spec.substr(5);
+  ckpt::RankSync sync(comm, timeout_s, flag + " " + spec);
+  // Rank 0 looks (every rank takes part in every exchange, whatever it would have seen).
+  std::error_code ec;  // (never throws: an exception here would leave the other ranks waiting)
+  const std::string missing = sync.rank() == 0 && !fs::is_directory(dir, ec) ? "missing" : "";
+  EASYCTX_CHECK_INPUT(sync.bcast(missing, "looking for " + dir).empty(), flag, " ", spec, ": no such folder");
+  std::vector<std::string> warnings;
+  const ckpt::CheckpointRef ref = ckpt::resolve_verified(sync, dir, &warnings);  // (checksums first, shared)
+  if (sync.rank() == 0)
+    for (const std::string& w : warnings) log_warn(flag, " ", spec, ": ", w);
+  EASYCTX_CHECK_INPUT(ref.step >= 0, flag, " ", spec, ": no committed checkpoint there (a step folder, a "
+                      "checkpoints folder or a run's output.dir)");
+  m.dir = ref.path;
+  m.step = ref.step;
   return m;
 }
 

@@ -477,7 +477,7 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
   write_file_atomic(o.output_dir + "/summary.json", j.dump(2) + "\n");
 }
 
-SweepResult run_needle(const NeedleOptions& o, dist::Comm& world) {
+SweepResult run_needle(const NeedleOptions& o, dist::Comm& world, const Haystack* haystack) {
   check_needle_options(o);
   SweepRelay relay;
   SessionOptions so = o.session;
@@ -491,8 +491,9 @@ SweepResult run_needle(const NeedleOptions& o, dist::Comm& world) {
                       ": not the model's tokenizer");
   const PromptBuilder b(*tok, o.task);
   const bool needle = std::find(o.tasks.begin(), o.tasks.end(), Task::Needle) != o.tasks.end();
-  Haystack hay;
-  if (needle) hay = load_haystack(o.haystack_dir, *tok, o.max_context);
+  Haystack loaded;
+  if (needle && !haystack) loaded = load_haystack(o.haystack_dir, *tok, o.max_context, world);
+  const Haystack& hay = haystack ? *haystack : loaded;
   std::string tasks;
   for (Task t : o.tasks) tasks += (tasks.empty() ? "" : ",") + std::string(task_name(t));
   log_info("eval needle: ", s->describe(), "; tasks ", tasks, "; lengths ", o.min_context, "..", o.max_context, " step ",

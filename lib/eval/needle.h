@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "eval/haystack.h"
 #include "eval/heatmap.h"
 #include "eval/retrieval.h"
 #include "eval/session.h"
@@ -137,7 +138,10 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
 
 // The whole program after flag parsing (collective over `world`): opens the session, loads
 // the tokenizer and the haystack, checks them against the model (vocabulary, BOS), runs the
-// sweep with progress lines, writes the outputs (rank 0) and logs a summary line.
-SweepResult run_needle(const NeedleOptions& o, dist::Comm& world);
+// sweep with progress lines, writes the outputs (rank 0) and logs a summary line. `haystack`:
+// the needle task's haystack when the caller loaded it already (load_haystack over `world`,
+// as easyctx_eval_needle does where its errors end every rank alike), else null: loaded here
+// the same way (rank 0 reads and tokenizes, every rank gets the ids).
+SweepResult run_needle(const NeedleOptions& o, dist::Comm& world, const Haystack* haystack = nullptr);
 
 }  // namespace easyctx::eval

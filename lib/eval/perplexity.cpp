@@ -172,6 +172,7 @@ SessionOptions session_options(const PplOptions& o, const std::string& model) {
   so.lm_head_tile = o.lm_head_tile;
   so.collective_timeout_s = o.collective_timeout_s;
   so.progress = o.progress;
+  if (const auto it = o.resolved.find(model); it != o.resolved.end()) so.resolved = it->second;
   return so;
 }
 
@@ -179,16 +180,27 @@ std::vector<PplResult> evaluate_perplexity_models(const PplOptions& o, const std
                                                   dist::Comm* comm) {
   check_options(o);
   EASYCTX_CHECK_INPUT(!models.empty(), "--model: required (a Hugging Face folder or ckpt:DIR)");
-  std::vector<ModelRef> refs;
-  for (const std::string& m : models) refs.push_back(resolve_model(m));
-  const model::LlamaConfig first = model_config(refs[0], o.rope_theta);
-  const Sweep sweep = build_sweep(o, first.vocab_size, models[0]);
-  const std::vector<std::string> labels = labels_of(refs);
   std::unique_ptr<dist::MpiComm> self;
   if (!comm) {
     self = std::make_unique<dist::MpiComm>(MPI_COMM_SELF, "self", o.collective_timeout_s);
     comm = self.get();
   }
+  auto* mpi = dynamic_cast<dist::MpiComm*>(comm);
+  EASYCTX_CHECK(mpi != nullptr, "evaluate_perplexity: the communicator must be an MPI (host) one, got '",
+                comm->backend(), "'");
+  // Each model resolved once (a checkpoint verified once, its files shared among the ranks),
+  // then handed to its session: never verified again per rank.
+  PplOptions with = o;
+  std::vector<ModelRef> refs;
+  for (const std::string& m : models) {
+    if (!with.resolved.count(m))
+      with.resolved[m] =
+          std::make_shared<const ModelRef>(resolve_model(m, mpi->mpi_comm(), o.collective_timeout_s));
+    refs.push_back(*with.resolved.at(m));
+  }
+  const model::LlamaConfig first = model_config(refs[0], o.rope_theta);
+  const Sweep sweep = build_sweep(o, first.vocab_size, models[0]);
+  const std::vector<std::string> labels = labels_of(refs);
   std::vector<PplResult> out;
   for (size_t m = 0; m < models.size(); ++m) {
     PplResult res;
@@ -196,7 +208,7 @@ std::vector<PplResult> evaluate_perplexity_models(const PplOptions& o, const std
     res.label = labels[m];
     std::vector<std::vector<SpanScore>> scores;
     {
-      const std::unique_ptr<Session> s = open_session(session_options(o, models[m]), *comm);
+      const std::unique_ptr<Session> s = open_session(session_options(with, models[m]), *comm);
       res.describe = s->describe();
       log_info("eval ppl: ", res.label, " on ", res.describe);
       scores = s->score_spans(sweep.requests);

@@ -14,6 +14,8 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,10 @@ struct PplOptions {
   int64_t attention_head_groups = 1;
   double collective_timeout_s = 600;
   std::function<void(const ScoreProgress&)> progress;  // optional, every rank
+  // Models the program already resolved (resolve_model: checkpoints verified), by --model spec;
+  // the others are resolved (collectively over the comm) by evaluate_perplexity_models. Every
+  // model is resolved once per call: its plan, label and session share it.
+  std::map<std::string, std::shared_ptr<const ModelRef>> resolved;
   // Refuse (InputError naming the length and the longest document) a length no document
   // reaches, before any forward pass, instead of returning its row with ppl NaN.
   // easyctx_eval_ppl sets it: its CSV never holds a nan row.

@@ -100,8 +100,16 @@ class EvalSession final : public Session {
     EASYCTX_CHECK(mpi != nullptr, "open_session: the world communicator must be an MPI (host) one, got '",
                   world.backend(), "'");
     check_options(o, world.size());
+    // The model first: resolving a checkpoint here is collective, and every rank must reach it
+    // (the checks above give the same answer on every rank).
+    if (o.resolved) {
+      EASYCTX_CHECK(o.resolved->spec == o.model, "open_session: SessionOptions::resolved is '", o.resolved->spec,
+                    "', the model is '", o.model, "'");
+      ref_ = *o.resolved;
+    } else {
+      ref_ = resolve_model(o.model, mpi->mpi_comm(), o.collective_timeout_s);
+    }
     device_ = ops::resolve_device(o.device, "--device");
-    ref_ = resolve_model(o.model);
     cfg_ = model_config(ref_, o.rope_theta);
     stage_ = session_stage(o);
     // Ranks per node among the world's ranks (usp's default Ulysses degree).

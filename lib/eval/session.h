@@ -20,6 +20,8 @@
 
 namespace easyctx::eval {
 
+struct ModelRef;  // eval/model_source.h
+
 // Where a score_spans call stands (every rank gets the same values, after each round: every
 // data-parallel group has finished one more item). Tokens are the items' real tokens.
 struct ScoreProgress {
@@ -36,6 +38,11 @@ struct SessionOptions {
   // checkpoint: a step folder, a checkpoints folder or a run's output.dir; any ZeRO stage or
   // rank count).
   std::string model;
+  // `model` as the program already resolved it (resolve_model: a checkpoint found and
+  // verified), or null: open_session resolves it, collectively over its world. Programs resolve
+  // where they check their flags and pass it on, so that a checkpoint is verified once per job
+  // (each file by one rank), not again by the plan and the session on every rank.
+  std::shared_ptr<const ModelRef> resolved;
   DeviceKind device = DeviceKind::Auto;  // --device auto|cpu|cuda
   double rope_theta = 0;                 // > 0 overrides the model's
   // Sequence parallelism over the ranks of the job (1: every rank evaluates its own items).
@@ -110,7 +117,8 @@ StageConfig session_stage(const SessionOptions& o);
 // at most every `every_s` seconds, and always the last round.
 std::function<void(const ScoreProgress&)> log_progress(const std::string& what, int rank, double every_s = 30);
 
-// Loads the model (collective over `world`): InputError naming the folder, file, or flag.
+// Loads the model (collective over `world`; a checkpoint not resolved in o.resolved is verified
+// with each file checked by one of world's ranks): InputError naming the folder, file, or flag.
 // `world` is a host MPI communicator (dist::MpiComm, e.g. over MPI_COMM_WORLD or part of it):
 // the session splits its ranks into world = dp x sp groups (sequence-parallel groups of
 // consecutive ranks, NCCL communicators on CUDA) and gathers results over it.

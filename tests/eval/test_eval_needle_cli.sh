@@ -4,7 +4,8 @@
 # the heatmap PNGs, summary.json, progress lines (cells, tok/s, ETA) and the summary line;
 # under mpirun -np 2 sequence parallel (zigzag ring) and data parallel (the cells of a length
 # shared by the two ranks) the same CSVs and answer NLLs; bad flags, a missing tokenizer or
-# haystack exit 2 naming them (under mpirun too, every rank agreeing).
+# haystack exit 2 naming them (under mpirun too, every rank agreeing), and so does a haystack
+# file that cannot be read (rank 0 reads it alone; every rank exits 2, one message).
 set -uo pipefail
 src=$1
 bin=$2
@@ -68,6 +69,17 @@ tokenizer="$work/none.model" bad "none.model"
 rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c -- "--haystack-dir" "$work/badmpi.log")" -eq 1 ] && ! grep -q MPI_ABORT "$work/badmpi.log" \
   || fail "mpirun, missing haystack: exit $rc, expected 2 and one message: $(cat "$work/badmpi.log")"
+# A haystack file that is there but cannot be read (a JSON line that does not parse): rank 0
+# alone reads it, and every rank ends alike: exit 2 each, one message naming the file, no abort.
+mkdir -p "$work/badhay"
+printf '{"text": "fine"}\n{"text": broken\n' > "$work/badhay/a.jsonl"
+"${mpi[@]}" bash -c '"$@"; echo "rank ${OMPI_COMM_WORLD_RANK:-?} exit $?"' each "$bin/easyctx_eval_needle" "${common[@]}" \
+  --tokenizer "$tok" --output-dir "$work/bad" --haystack-dir "$work/badhay" > "$work/badhay.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && [ "$(grep -c '^rank [01] exit 2$' "$work/badhay.log")" -eq 2 ] \
+  && [ "$(grep -c 'error:' "$work/badhay.log")" -eq 1 ] && grep -q "error: .*badhay/a.jsonl line 2" "$work/badhay.log" \
+  && ! grep -q MPI_ABORT "$work/badhay.log" \
+  || fail "mpirun, unreadable haystack: expected exit 2 on both ranks and one message: $(cat "$work/badhay.log")"
 # --plan: the memory plan of the longest prompt (on this machine, and for an A100-40GB at 2M
 # tokens, which does not fit and names --sp-size), exit 0 / 3, nothing written.
 "$bin/easyctx_eval_needle" "${common[@]}" --tokenizer "$tok" --output-dir "$work/plan" --plan > "$work/plan.log" 2>&1 \

@@ -3,7 +3,8 @@
 # is evaluated as its Hugging Face export and as its checkpoint (ckpt:DIR) in one call (the
 # combined CSV with a model column, a CSV per model, one PNG chart with both; the two give the
 # same bits: the export is f32), then under mpirun -np 2 sequence parallel (zigzag ring) and
-# data parallel (the same perplexities, 1e-5); --plan prints a plan and exits 0 (a 7B at 1M
+# data parallel (the same perplexities, 1e-5), the checkpoint too; a flipped bit in the
+# checkpoint ends both programs under mpirun on every rank with exit 2 and one message; --plan prints a plan and exits 0 (a 7B at 1M
 # tokens on one H200) or 3 (at 8M, naming flags that fit), bad flags exit 2.
 set -uo pipefail
 src=$1
@@ -65,6 +66,46 @@ for run in "--sp-size 2 --sp-mode zigzag_ring" "--sp-size 1" "--sp-size 2 --sp-m
     { d = $2 - $6; if (d < 0) d = -d; if ($1 != $5 || $3 != $7 || d > 1e-5 * $6) { print run ": " $0; bad = 1 } }
     END { exit bad }' || fail "mpirun $run differs from one process"
 done
+
+# ckpt:DIR under mpirun: verified once over the ranks (each file by one), the same perplexities.
+"${mpi[@]}" "$bin/easyctx_eval_ppl" --model "ckpt:$work/run" "${common[@]}" --output-file "$work/out/ckptmpi.csv" \
+  > "$work/ckptmpi.log" 2>&1 || fail "mpirun ckpt:"
+paste -d, "$work/out/ckptmpi.csv" "$ckpt_csv" | awk -F, '
+  NR == 1 { next }
+  { d = $2 - $6; if (d < 0) d = -d; if ($1 != $5 || $3 != $7 || d > 1e-5 * $6) { print "ckpt: " $0; bad = 1 } }
+  END { exit bad }' || fail "mpirun ckpt: differs from one process"
+
+# A flipped bit in the checkpoint (the middle of rank-00000.h5's slice_0, where h5dump says its
+# bytes are): under mpirun both programs end every rank with exit 2 and one message naming the
+# file, the dataset and the checksums (found, expected), no abort.
+cp -r "$work/run" "$work/corrupt"
+step=$(ls -d "$work"/corrupt/checkpoints/step-* | tail -n 1)
+h5=$step/rank-00000.h5
+layout=$(h5dump -p -H -d slice_0 "$h5")
+off=$(echo "$layout" | grep -o 'OFFSET [0-9]*' | head -n 1 | cut -d' ' -f2)
+size=$(echo "$layout" | grep -o 'SIZE [0-9]*' | head -n 1 | cut -d' ' -f2)
+[ -n "$off" ] && [ -n "$size" ] || fail "h5dump gave no layout of slice_0: $layout"
+at=$((off + size / 2))
+byte=$(od -An -tu1 -j "$at" -N1 "$h5" | tr -d ' ')
+printf "$(printf '\\%03o' $((byte ^ 16)))" | dd of="$h5" bs=1 seek="$at" conv=notrunc status=none
+# Each rank's exit status on a line of its own ("rank R exit S").
+each=(bash -c '"$@"; echo "rank ${OMPI_COMM_WORLD_RANK:-?} exit $?"' each)
+for app in ppl needle; do
+  if [ $app = ppl ]; then
+    args=(--model "ckpt:$step" "${common[@]}" --output-file "$work/out/corrupt.csv")
+  else
+    args=(--model "ckpt:$step" --tokenizer "$tok" --output-dir "$work/corrupt-needle" --task passkey --device cpu
+          --min-context-length 100 --max-context-length 100)
+  fi
+  "${mpi[@]}" "${each[@]}" "$bin/easyctx_eval_$app" "${args[@]}" > "$work/corrupt-$app.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] && [ "$(grep -c '^rank [01] exit 2$' "$work/corrupt-$app.log")" -eq 2 ] \
+    && [ "$(grep -c 'error:' "$work/corrupt-$app.log")" -eq 1 ] && ! grep -q MPI_ABORT "$work/corrupt-$app.log" \
+    && grep -q "error: .*/rank-00000.h5: slice_0 (master/[^)]*) fails its checksum (CRC32 [0-9a-f]\{8\}, index.json records [0-9a-f]\{8\})" \
+         "$work/corrupt-$app.log" \
+    || fail "easyctx_eval_$app, corrupt checkpoint under mpirun: expected exit 2 on both ranks and one message naming the file and checksums: $(cat "$work/corrupt-$app.log")"
+done
+[ ! -e "$work/out/corrupt.csv" ] && [ ! -e "$work/corrupt-needle" ] || fail "a corrupt checkpoint wrote output"
 
 # --plan: no data read, no weights loaded.
 plan=(--tokenized "$work/nothing" --min-tokens 2 --tokens-step 1 --output-file "$work/out/plan.csv" --plan
