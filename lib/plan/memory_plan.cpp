@@ -299,18 +299,19 @@ Run run_of(const StageConfig& cfg, const PlanTarget& t, const model::LlamaConfig
   return r;
 }
 
-// The process and the backend: calibrated constants and the CUDA backend's own buffers.
-void process_items(const Run& r, const PlanTarget& t, Items& it) {
+// The process and the backend: calibrated constants and the CUDA backend's own buffers; one
+// rule for the training and the inference plans. The host baseline is this program's own
+// footprint when the plan is made in it, before it allocates (the trainer plans first thing;
+// --plan for the CPU backend; an evaluation program's session on the CPU): the libraries it
+// links (a CUDA build maps cuDNN, cuBLASLt and NCCL even for the CPU backend), MPI, the config.
+// On CUDA the driver's host side comes later, with the context: the calibrated constant bounds it.
+void process_and_backend_items(const Run& r, const PlanTarget& t, Items& it) {
   if (r.cuda) {
     it.persistent("init", "CUDA context, cuBLASLt/cuDNN handles, NCCL (constant)", "gpu", kCudaContextBytes,
                   "kCudaContextBytes (calibrated; not a backend allocation)", false);
     for (const ops::ScratchBuffer& b : ops::cuda_own_bytes().list())
       it.persistent("init", b.name, "gpu", b.bytes, b.formula);
   }
-  // This program's own footprint when the plan is made in it, before it allocates (the
-  // trainer plans first thing; --plan for the CPU backend): the libraries it links (a CUDA
-  // build maps cuDNN, cuBLASLt and NCCL even for the CPU backend), MPI, the config. On CUDA
-  // the driver's host side comes later, with the context: the calibrated constant bounds it.
   const int64_t fixed = r.cuda ? kHostBaselineCudaBytes : kHostBaselineCpuBytes;
   const bool measured = t.process_bytes > fixed;
   it.persistent("init", "process baseline (program, libraries, MPI" + std::string(r.cuda ? ", CUDA host side)" : ")"),
@@ -318,6 +319,10 @@ void process_items(const Run& r, const PlanTarget& t, Items& it) {
                 measured ? "VmRSS of this process before allocating (measured)"
                          : r.cuda ? "kHostBaselineCudaBytes (calibrated)" : "kHostBaselineCpuBytes (calibrated)",
                 false);
+}
+
+void process_items(const Run& r, const PlanTarget& t, Items& it) {
+  process_and_backend_items(r, t, it);
   // Loading the weights (ParamStore::load_master, read_checkpoint): each unit's part this rank
   // keeps (stage 0: the whole unit; ZeRO-3: its shard) is read into the state where that is
   // host memory (the CPU backend, offload_optimizer), else through a host staging of one part.
@@ -538,15 +543,7 @@ MemoryPlan plan_inference_core(const InferencePlanInput& in, const PlanTarget& t
   cfg.activation.offload_layers = 0;
   Run r = run_of(cfg, t, &in.model);
   Items it;
-  // The process: the CUDA context and the backend's own buffers, the host baseline.
-  if (r.cuda) {
-    it.persistent("init", "CUDA context, cuBLASLt/cuDNN handles, NCCL (constant)", "gpu", kCudaContextBytes,
-                  "kCudaContextBytes (calibrated; not a backend allocation)", false);
-    for (const ops::ScratchBuffer& b : ops::cuda_own_bytes().list()) it.persistent("init", b.name, "gpu", b.bytes, b.formula);
-  }
-  it.persistent("init", "process baseline (program, libraries, MPI" + std::string(r.cuda ? ", CUDA host side)" : ")"),
-                "host", r.cuda ? kHostBaselineCudaBytes : kHostBaselineCpuBytes,
-                r.cuda ? "kHostBaselineCudaBytes (calibrated)" : "kHostBaselineCpuBytes (calibrated)", false);
+  process_and_backend_items(r, t, it);  // the CUDA context, the backend's own buffers, the host baseline
   // The model (its RoPE table) and its weights, one buffer per unit, replayed.
   {
     AllocRecorder dev;

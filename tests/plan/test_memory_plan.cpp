@@ -644,6 +644,37 @@ TEST(PlanTarget, ResolvesFromKeysLaunchAndMachine) {
   EXPECT_GT(plan::vm_hwm_bytes(), 0);
 }
 
+// The process baseline is one rule for the training and the inference (evaluation) plans: a
+// plan made inside the program (process_bytes: its VmRSS, above the calibrated constant)
+// counts what the program already holds, else the constant; both plans say which.
+TEST(PlanTarget, ProcessBaselineIsOneRuleForTrainingAndInference) {
+  StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml");
+  c.data.path = "unused";
+  c.data.seq_length = 256;
+  c.model.config = "tinyllama-1b";
+  c.train.device = DeviceKind::Cpu;
+  c.parallel.zero.offload_optimizer = false;  // (CUDA only)
+  plan::InferencePlanInput in;
+  in.model = model::resolve_llama_config(c.model);
+  in.cfg = c;
+  auto baseline = [](const MemoryPlan& p) {
+    for (const plan::PlanItem& i : p.items)
+      if (i.name.rfind("process baseline", 0) == 0) return i;
+    return plan::PlanItem{};
+  };
+  for (const int64_t rss : {int64_t{0}, int64_t{700} << 20}) {
+    plan::PlanTarget t;
+    t.backend = DeviceKind::Cpu;
+    t.host_memory_bytes = int64_t{64} << 30;
+    t.process_bytes = rss;
+    const plan::PlanItem train = baseline(plan::plan_memory(c, t)), eval = baseline(plan::plan_inference(in, t));
+    EXPECT_EQ(train.bytes, rss > 0 ? rss : plan::kHostBaselineCpuBytes) << rss;
+    EXPECT_EQ(eval.bytes, train.bytes) << rss;
+    EXPECT_EQ(eval.formula, train.formula) << rss;
+    EXPECT_NE(eval.formula.find(rss > 0 ? "VmRSS" : "kHostBaselineCpuBytes"), std::string::npos) << eval.formula;
+  }
+}
+
 // The plan names the attention forward's route the target GPU takes: the Hopper kernel on an
 // sm_90 GPU at head dim 128 (train.hopper_attention), cuDNN's causal graph on an A100 or with
 // the key off; the bytes do not change (the Hopper kernel takes no scratch).
