@@ -213,20 +213,27 @@ CheckpointRef resolve_verified(RankSync& sync, const std::string& spec, std::vec
   }
   const std::string note = got.at("note").as_string();
   if (!note.empty() && warnings) warnings->push_back(note);
-  const Json::Array& cands = got.at("paths").as_array();
-  std::string broken;
-  for (const Json& c : cands) {
-    const std::string& path = c.as_string();
-    CheckpointRef ref;
+  std::vector<std::string> paths;
+  for (const Json& c : got.at("paths").as_array()) paths.push_back(c.as_string());
+  std::vector<std::string> problems;
+  CheckpointRef ref;
+  const int chosen = first_verified(sync, paths, &problems, &ref);
+  for (size_t i = 0; warnings && paths.size() > 1 && i < problems.size(); ++i)
+    warnings->push_back("checkpoint " + paths[i] + " is broken (" + problems[i] + "); trying the previous one");
+  if (chosen < 0 && !paths.empty())
+    EASYCTX_THROW_INPUT(spec, ": no checkpoint there passes verification: ", join(problems, "; "));
+  return ref;
+}
+
+int first_verified(RankSync& sync, const std::vector<std::string>& paths, std::vector<std::string>* problems,
+                   CheckpointRef* ref) {
+  for (size_t i = 0; i < paths.size(); ++i) {
     // The same verdict on every rank: "" or the first problem found (naming file and dataset).
-    const std::string problem = verify_collectively(sync, path, &ref);
-    if (problem.empty()) return ref;
-    broken += (broken.empty() ? "" : "; ") + problem;
-    if (warnings && cands.size() > 1)
-      warnings->push_back("checkpoint " + path + " is broken (" + problem + "); trying the previous one");
+    const std::string problem = verify_collectively(sync, paths[i], ref);
+    if (problem.empty()) return static_cast<int>(i);
+    problems->push_back(problem);
   }
-  if (!cands.empty()) EASYCTX_THROW_INPUT(spec, ": no checkpoint there passes verification: ", broken);
-  return {};
+  return -1;
 }
 
 void archive_run(const std::string& run_dir, const std::string& old_id, const Json& info, bool keep_metrics) {

@@ -70,6 +70,14 @@ CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>
 // dataset when none verifies).
 CheckpointRef resolve_verified(RankSync& sync, const std::string& spec, std::vector<std::string>* warnings);
 
+// Collective over sync's ranks (every rank passes the same paths, newest first): verifies them
+// in turn (verify_collectively) up to the first intact one and returns its index, or -1 when
+// none is; *problems gets what is wrong with each broken one before it, in order, and *ref
+// (optional) the intact checkpoint. The same on every rank. The one loop behind the trainer's
+// start (resume, model.init) and resolve_verified above, which word their messages themselves.
+int first_verified(RankSync& sync, const std::vector<std::string>& paths, std::vector<std::string>* problems,
+                   CheckpointRef* ref = nullptr);
+
 // Moves the earlier run's DONE, final/, plan.json and run.json record (info, its run.json) to
 // <run_dir>/previous/<old_id>/, and copies (keep_metrics) or moves its metrics.jsonl there.
 // Idempotent: what is already moved is skipped.

@@ -8,6 +8,8 @@
 namespace easyctx {
 
 std::vector<std::string> split(std::string_view s, char sep);
+// The parts with `sep` between them ("" for none): split's inverse.
+std::string join(const std::vector<std::string>& parts, std::string_view sep);
 std::string trim(std::string_view s);
 bool starts_with(std::string_view s, std::string_view prefix);
 bool ends_with(std::string_view s, std::string_view suffix);

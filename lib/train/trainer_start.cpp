@@ -107,21 +107,15 @@ Json entry_json(const ckpt::CheckpointEntry& e) {
 }  // namespace
 
 int Trainer::choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what) {
-  std::string broken;
-  const auto& cands = candidates.as_array();
-  for (size_t i = 0; i < cands.size(); ++i) {
-    const std::string path = cands[i].at("path").as_string();
-    const std::string problem = ckpt::verify_collectively(sync, path);
-    if (problem.empty()) {
-      if (!broken.empty() && world_.rank() == 0)
-        log_warn(what, ": skipped broken checkpoint(s): ", broken, "; using ", path);
-      return static_cast<int>(i);
-    }
-    broken += (broken.empty() ? "" : "; ") + problem;
-  }
-  EASYCTX_CHECK_INPUT(broken.empty(), what, ": no checkpoint there passes verification, so nothing was loaded and "
-                      "nothing in ", cfg_.output.dir, " was changed: ", broken);
-  return -1;
+  std::vector<std::string> paths, problems;
+  for (const Json& c : candidates.as_array()) paths.push_back(c.at("path").as_string());
+  const int chosen = ckpt::first_verified(sync, paths, &problems);
+  const std::string broken = join(problems, "; ");
+  if (chosen >= 0 && !broken.empty() && world_.rank() == 0)
+    log_warn(what, ": skipped broken checkpoint(s): ", broken, "; using ", paths[static_cast<size_t>(chosen)]);
+  EASYCTX_CHECK_INPUT(chosen >= 0 || broken.empty(), what, ": no checkpoint there passes verification, so nothing "
+                      "was loaded and nothing in ", cfg_.output.dir, " was changed: ", broken);
+  return chosen;
 }
 
 // Rank 0: what this start may load, newest first (verified next), and the run the folder

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/strings.h"
 
 using namespace easyctx;
 
@@ -34,4 +35,12 @@ TEST(Json, ErrorsGiveLineAndColumn) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("line 3"), std::string::npos) << e.what();
   }
+}
+
+// join is split's inverse (the messages that list several problems, "a; b", are built with it).
+TEST(Strings, JoinIsTheInverseOfSplit) {
+  EXPECT_EQ(join({}, "; "), "");
+  EXPECT_EQ(join({"one"}, "; "), "one");
+  EXPECT_EQ(join({"a", "", "c"}, "; "), "a; ; c");
+  for (const std::string s : {"", "x", "a,b", ",a,,b,"}) EXPECT_EQ(join(split(s, ','), ","), s) << s;
 }
