@@ -19,6 +19,16 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr double kRandomStd = 0.02;  // HF's initializer_range
+
+// A ckpt: model at the checkpoint its resolution verified (an InputError when the folder held
+// none): the one tail of both resolve_model overloads.
+ModelRef with_checkpoint(ModelRef m, const ckpt::CheckpointRef& ref, const std::string& flag) {
+  EASYCTX_CHECK_INPUT(ref.step >= 0, flag, " ", m.spec, ": no committed checkpoint there (a step folder, a "
+                      "checkpoints folder or a run's output.dir)");
+  m.dir = ref.path;
+  m.step = ref.step;
+  return m;
+}
 }  // namespace
 
 std::string ModelRef::label() const {
@@ -54,11 +64,7 @@ ModelRef resolve_model(const std::string& spec, const std::string& flag) {
     std::vector<std::string> warnings;
     const ckpt::CheckpointRef ref = ckpt::resolve_verified(dir, &warnings);  // (checksums first)
     for (const std::string& w : warnings) log_warn(flag, " ", spec, ": ", w);
-    EASYCTX_CHECK_INPUT(ref.step >= 0, flag, " ", spec, ": no committed checkpoint there (a step folder, a "
-                        "checkpoints folder or a run's output.dir)");
-    m.dir = ref.path;
-    m.step = ref.step;
-    return m;
+    return with_checkpoint(m, ref, flag);
   }
   m.dir = starts_with(spec, "hf:") ? spec.substr(3) : spec;
   EASYCTX_CHECK_INPUT(fs::is_directory(m.dir), flag, " ", spec, ": does not exist (expected a Hugging Face folder "
@@ -95,11 +101,7 @@ ModelRef resolve_model(const std::string& spec, MPI_Comm comm, double timeout_s,
   const ckpt::CheckpointRef ref = ckpt::resolve_verified(sync, dir, &warnings);  // (checksums first, shared)
   if (sync.rank() == 0)
     for (const std::string& w : warnings) log_warn(flag, " ", spec, ": ", w);
-  EASYCTX_CHECK_INPUT(ref.step >= 0, flag, " ", spec, ": no committed checkpoint there (a step folder, a "
-                      "checkpoints folder or a run's output.dir)");
-  m.dir = ref.path;
-  m.step = ref.step;
-  return m;
+  return with_checkpoint(m, ref, flag);
 }
 
 model::LlamaConfig model_config(const ModelRef& m, double rope_theta) {
