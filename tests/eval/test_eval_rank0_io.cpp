@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "ckpt/ckpt_test_util.h"
 #include "ckpt/rank_sync.h"
 #include "ckpt/run_folder.h"
 #include "ckpt/sharded_checkpoint.h"
@@ -144,29 +145,6 @@ TEST_F(Rank0Haystack, ABadFileEndsEveryRankAlike) {
 }
 
 // ---- checkpoint verification -----------------------------------------------------------
-
-// Flips one bit in the middle of dataset slice_<i> of an HDF5 checkpoint file (contiguous
-// layout: H5Dget_offset is where its bytes are).
-void flip_bit(const std::string& file, int slice = 0) {
-  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  ASSERT_GE(f, 0) << file;
-  const std::string name = "slice_" + std::to_string(slice);
-  hid_t ds = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
-  ASSERT_GE(ds, 0) << file << " " << name;
-  const haddr_t off = H5Dget_offset(ds);
-  const hsize_t bytes = H5Dget_storage_size(ds);
-  H5Dclose(ds);
-  H5Fclose(f);
-  ASSERT_NE(off, HADDR_UNDEF);
-  const int fd = ::open(file.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  const off_t at = static_cast<off_t>(off + bytes / 2);
-  unsigned char b = 0;
-  ASSERT_EQ(::pread(fd, &b, 1, at), 1);
-  b ^= 0x10;
-  ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
-  ::close(fd);
-}
 
 // Files this process verified during fn, summed over the world.
 template <typename F>
