@@ -32,11 +32,12 @@ int main(int argc, char** argv) {
     // Bad flags, a missing or corrupt model, a missing tokenizer or haystack end every rank
     // alike (exit 2, one message), in phases every rank enters or none does (run_collectively).
     bool needle = false;
+    std::unique_ptr<data::Tokenizer> tok;  // loaded once here, used by the plan and the haystack
     dist::run_collectively(rt, [&] {
       run = eval::parse_needle_flags(argc, argv, o, &help);
       if (!run) return;
       eval::validate_session_options(o.session, rt.size());
-      data::load_tokenizer(o.tokenizer);
+      tok = data::load_tokenizer(o.tokenizer);
       needle = std::find(o.tasks.begin(), o.tasks.end(), eval::Task::Needle) != o.tasks.end();
       // Rank 0 alone reads the haystack (below), so rank 0 alone needs to see it.
       if (needle && rt.rank() == 0) eval::check_haystack_source(o.haystack_dir);
@@ -57,7 +58,6 @@ int main(int argc, char** argv) {
     if (o.plan) {  // the plan of the longest prompt on the machine of --set (else this one)
       plan::MemoryPlan p;
       dist::run_collectively(rt, [&] {
-        const auto tok = data::load_tokenizer(o.tokenizer);
         const int64_t longest = eval::longest_prompt_tokens(o, *tok);
         p = eval::plan_session(o.session, longest, o.plan_sets, rt.size(), rt.topology().local_size);
         if (rt.rank() == 0)
@@ -76,7 +76,6 @@ int main(int argc, char** argv) {
     eval::Haystack hay;
     if (needle)
       dist::run_collectively(rt, [&] {
-        const auto tok = data::load_tokenizer(o.tokenizer);
         hay = eval::load_haystack(o.haystack_dir, *tok, o.max_context, *world);
       });
     eval::run_needle(o, *world, needle ? &hay : nullptr);
