@@ -32,8 +32,12 @@
 //      accumulator dq_acc [B, Hq, Sq_pad, hd] in global memory: atomicAdd (float4), or, in the
 //      deterministic variant, in key-block order n = 0, 1, ... guarded by a semaphore per
 //      (b, h, m) (FA3's deterministic mode): plain load-add-store, so every element is summed
-//      in the same order on every run. dK, dV stay in registers across all steps and are added
-//      to dk, dv (bf16) at the end: the CTA alone owns its keys of kv head g (no atomics).
+//      in the same order on every run. Who adds (template kWs): the consumers themselves, in
+//      lockstep ("atomic", "deterministic": the reference schedule), or three writer warps of
+//      the producer warpgroup fed through dq_full / dq_empty mbarriers ("atomic-ws",
+//      "deterministic-ws"), which leaves the consumers free of global memory, of the
+//      deterministic turn and of each other. dK, dV stay in registers across all steps and are
+//      added to dk, dv (bf16) at the end: the CTA alone owns its keys of kv head g (no atomics).
 //   3. post: dq += scale * dq_acc (bf16).
 //
 // Facts used beyond the forward's (sources: PTX ISA 8.x "wgmma.mma_async" (imm-trans-a exists
@@ -49,10 +53,13 @@
 // no later (the hardware dispatches a grid's blocks in linear order; FA3 relies on the same).
 // Every wait also gives up after ~2^34 cycles and records a hang (sm90_bwd_take_hang_report).
 //
-// Not done yet (issue 26): no overlap across steps (each step's GEMMs are waited on), no
-// ping-pong, dQ via shared memory + float4 atomics instead of TMA reduce-add, no f32-gradient
-// variant, lse2/delta per step through cp.async.bulk. Speed comes next; this is correctness
-// first.
+// Not done yet (issue 26): no overlap of a consumer's elementwise work with its own GEMMs
+// across steps (each step's GEMMs are waited on), no explicit ping-pong, dQ added with float4
+// atomics / plain stores instead of TMA bulk reduce-add (cp.reduce.async.bulk, FA3), no
+// f32-gradient variant (the route's f32 dq/dk/dv: dq_acc could be dq itself), no persistent
+// CTAs / longest-first order beyond the grid's. Correctness first: written without a GPU.
+// Registers (ptxas, CUDA 13.0): 168 at launch, producer 32 / consumers 240 after setmaxnreg,
+// 0 spills and no stack for every instance (the dQ loop unrolled 4x spilled 4 bytes at hd 128).
 #include "kernels/attention_sm90.h"
 
 #include <algorithm>
@@ -284,6 +291,7 @@ struct BwdSmem {
   alignas(16) float lse2[2][kBM];
   alignas(16) float delta[2][kBM];
   alignas(8) uint64_t kv_full, full[2], empty[2];
+  uint64_t dq_full[2], dq_empty[2];  // kWs: consumer cw's dQ partial in dq[cw] / taken by the writers
 };
 
 // Query tiles a key block is visible to: m in [m_first, m_blocks).
@@ -293,7 +301,41 @@ __device__ __forceinline__ int first_m_block(const BwdArgs& a, int n) {
   return first_row >= a.sq ? a.m_blocks : static_cast<int>(first_row / kBM);
 }
 
+// Named barriers (0 is __syncthreads): 1 = both consumer warpgroups (256 threads, !kWs);
+// 2 + cw = consumer cw alone (128, kWs); 4 = the dQ writer warps (kWs, deterministic).
+constexpr int kBarConsumers = 1, kBarWgBase = 2, kBarWriters = 4;
+constexpr int kWriterThreads = 96;  // kWs: warps 1..3 of the producer warpgroup
+
+// The dQ reduction of one step: sh.dq[0] + sh.dq[1] (the two consumers' partials, fixed order)
+// added to the fp32 accumulator tile `acc` [64 x HD] by `nthreads` threads (index `i`):
+// float4 atomics, or (kDet) plain load-add-store, the caller holding the tile's semaphore.
 template <int HD, bool kDet>
+__device__ __forceinline__ void add_dq_tile(const BwdSmem<HD>& sh, float* acc, int i, int nthreads) {
+#pragma unroll 1
+  for (int e = i; e < kBM * HD / 4; e += nthreads) {
+    const int r = e / (HD / 4), c = (e % (HD / 4)) * 4;
+    const float4 x = *reinterpret_cast<const float4*>(&sh.dq[0][r][c]);
+    const float4 y = *reinterpret_cast<const float4*>(&sh.dq[1][r][c]);
+    float4 z = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    float4* dst = reinterpret_cast<float4*>(acc + r * HD + c);
+    if constexpr (kDet) {
+      const float4 old = __ldcg(dst);
+      z = make_float4(old.x + z.x, old.y + z.y, old.z + z.z, old.w + z.w);
+      __stcg(dst, z);
+    } else {
+      atomicAdd(dst, z);
+    }
+  }
+}
+
+// kWs = false ("atomic", "deterministic"): the consumers add the dQ partials to global memory
+// themselves, in lockstep (both consumers meet at two barriers per step).
+// kWs = true ("atomic-ws", "deterministic-ws"): warps 1..3 of the producer warpgroup do that
+// (dq_full / dq_empty mbarriers per consumer), so the consumers never wait for global memory
+// or for a deterministic turn, and meet no cross-consumer barrier: each consumer's dS^T rows
+// and dQ partial are its own (barriers 2 + cw), so the two drift and one's exponentials can
+// run under the other's GEMMs.
+template <int HD, bool kDet, bool kWs>
 __global__ void __launch_bounds__(384, 1)
     attention_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -310,6 +352,10 @@ __global__ void __launch_bounds__(384, 1)
     for (int s = 0; s < 2; ++s) {
       mbar_init(smem_u32(&sh.full[s]), 1);
       mbar_init(smem_u32(&sh.empty[s]), 8);  // lane 0 of every consumer warp
+      // Every thread arrives on these (each arrival releases that thread's own shared-memory
+      // accesses): consumer s's 128 threads after writing dq[s], the writers after reading it.
+      mbar_init(smem_u32(&sh.dq_full[s]), 128);
+      mbar_init(smem_u32(&sh.dq_empty[s]), kWriterThreads);
     }
     mbar_init_fence();
   }
@@ -336,6 +382,27 @@ __global__ void __launch_bounds__(384, 1)
         const int64_t r0 = (static_cast<int64_t>(b) * a.hq + h) * a.sq_pad + static_cast<int64_t>(m) * kBM;
         bulk_load(smem_u32(&sh.lse2[sl][0]), a.lse2 + r0, kBM * 4, bar);
         bulk_load(smem_u32(&sh.delta[sl][0]), a.delta + r0, kBM * 4, bar);
+      }
+    } else if (kWs && tid >= 32) {  // ------------------------------------ dQ writers
+      const int wt = tid - 32;
+      for (int t = 0; t < steps; ++t) {
+        const int h = g * a.group + t / nm, m = m_first + t % nm;
+        mbar_wait(smem_u32(&sh.dq_full[0]), t & 1);
+        mbar_wait(smem_u32(&sh.dq_full[1]), t & 1);
+        const int64_t bh = static_cast<int64_t>(b) * a.hq + h;
+        int* sem = a.sem + bh * a.m_blocks + m;
+        if constexpr (kDet) {
+          if (wt == 0) sem_wait(sem, n);  // key blocks 0 .. n-1 have added theirs
+          named_bar_sync(kBarWriters, kWriterThreads);
+        }
+        add_dq_tile<HD, kDet>(sh, a.dq_acc + (bh * a.sq_pad + static_cast<int64_t>(m) * kBM) * HD, wt, kWriterThreads);
+        if constexpr (kDet) {
+          __threadfence();
+          named_bar_sync(kBarWriters, kWriterThreads);  // every writer's part added
+          if (wt == 0) st_release(sem, n + 1);
+        }
+        mbar_arrive(smem_u32(&sh.dq_empty[0]));  // this thread's reads of sh.dq are done
+        mbar_arrive(smem_u32(&sh.dq_empty[1]));
       }
     }
     return;
@@ -406,12 +473,16 @@ __global__ void __launch_bounds__(384, 1)
     gemm_rs<HD>(dk, dsf, smem_u32(&sh.q[sl][0][0]));
     wgmma_commit();
 
-    // dS^T to shared memory for the dQ GEMM (while the tensor cores run dV, dK). The previous
-    // step's dQ GEMM has finished reading sh.ds: every consumer thread waited for it before the
-    // barrier ahead of the previous step's dQ reduction.
+    // dS^T to shared memory for the dQ GEMM (while the tensor cores run dV, dK). Rows 64cw..
+    // are this consumer's alone (its dQ GEMM reads no others), and every warp of it finished
+    // the previous step's dQ GEMM before the barrier that ended that step (the 256-thread one
+    // ahead of the dQ reduction, or kWs's 128-thread one right after the GEMM).
     frag_to_smem_sw128(dsf, reinterpret_cast<unsigned char*>(&sh.ds[0]), 64 * cw, warp, lane);
     fence_proxy_async_smem();
-    named_bar_sync(1, 256);  // both halves of dS^T written
+    if constexpr (kWs)
+      named_bar_sync(kBarWgBase + cw, 128);  // this consumer's dS^T rows written (its dQ GEMM reads only those)
+    else
+      named_bar_sync(kBarConsumers, 256);  // both halves of dS^T written
 
     wgmma_wait<0>();
     reg_fence(dk);
@@ -427,6 +498,13 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(dqp);
+    if constexpr (kWs) {
+      // Every warp of this consumer is past its dQ GEMM, so the next step may overwrite its dS^T
+      // rows (warps of a warpgroup are not otherwise kept together); then the writers' release
+      // of the previous partial.
+      named_bar_sync(kBarWgBase + cw, 128);
+      mbar_wait(smem_u32(&sh.dq_empty[cw]), (t & 1) ^ 1);
+    }
     {
       const int r = 16 * warp + lane / 4;
 #pragma unroll
@@ -436,31 +514,20 @@ __global__ void __launch_bounds__(384, 1)
           *reinterpret_cast<float2*>(&sh.dq[cw][r + 8 * hf][8 * c8 + colq]) =
               make_float2(dqp[4 * c8 + 2 * hf], dqp[4 * c8 + 2 * hf + 1]);
     }
+    if constexpr (kWs) {
+      mbar_arrive(smem_u32(&sh.dq_full[cw]));  // release: this thread's stores above are seen by the writers
+      continue;
+    }
     const int64_t bh = static_cast<int64_t>(b) * a.hq + h;
     int* sem = a.sem + bh * a.m_blocks + m;
     if constexpr (kDet) {
       if (ctid == 0) sem_wait(sem, n);  // key blocks 0 .. n-1 have added theirs
     }
-    named_bar_sync(1, 256);  // both partials in shared memory (and, deterministic, our turn)
-    float* acc = a.dq_acc + (bh * a.sq_pad + q0) * HD;
-#pragma unroll 1
-    for (int e = ctid; e < kBM * HD / 4; e += 256) {
-      const int r = e / (HD / 4), c = (e % (HD / 4)) * 4;
-      const float4 x = *reinterpret_cast<const float4*>(&sh.dq[0][r][c]);
-      const float4 y = *reinterpret_cast<const float4*>(&sh.dq[1][r][c]);
-      float4 z = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-      float4* dst = reinterpret_cast<float4*>(acc + r * HD + c);
-      if constexpr (kDet) {
-        const float4 old = __ldcg(dst);
-        z = make_float4(old.x + z.x, old.y + z.y, old.z + z.z, old.w + z.w);
-        __stcg(dst, z);
-      } else {
-        atomicAdd(dst, z);
-      }
-    }
+    named_bar_sync(kBarConsumers, 256);  // both partials in shared memory (and, deterministic, our turn)
+    add_dq_tile<HD, kDet>(sh, a.dq_acc + (bh * a.sq_pad + q0) * HD, ctid, 256);
     if constexpr (kDet) {
       __threadfence();
-      named_bar_sync(1, 256);  // every thread's part added
+      named_bar_sync(kBarConsumers, 256);  // every thread's part added
       if (ctid == 0) st_release(sem, n + 1);
     }
   }
@@ -576,7 +643,7 @@ ScratchLayout scratch_layout(const AttentionParams& p) {
   return s;
 }
 
-template <int HD, bool kDet>
+template <int HD, bool kDet, bool kWs>
 void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   const ScratchLayout sl = scratch_layout(p);
   BwdArgs a{};
@@ -617,7 +684,7 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   const CUtensorMap tdo = make_map(p.dout, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBM, "dout");
   const CUtensorMap tk = make_map(p.k, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "k");
   const CUtensorMap tv = make_map(p.v, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "v");
-  auto kernel = attention_bwd_sm90_kernel<HD, kDet>;
+  auto kernel = attention_bwd_sm90_kernel<HD, kDet, kWs>;
   const size_t smem = sizeof(BwdSmem<HD>) + 1024;
   static_assert(sizeof(BwdSmem<HD>) + 1024 <= 227 * 1024, "over the 227 KB of shared memory a CTA may have");
   EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -684,25 +751,46 @@ const char* sm90_bwd_variant_name(Sm90BwdVariant v) {
       return "atomic";
     case Sm90BwdVariant::Deterministic:
       return "deterministic";
+    case Sm90BwdVariant::AtomicWs:
+      return "atomic-ws";
+    case Sm90BwdVariant::DeterministicWs:
+      return "deterministic-ws";
     case Sm90BwdVariant::Auto:
       return "auto";
   }
   return "?";
 }
 
-std::vector<Sm90BwdVariant> sm90_bwd_variants() { return {Sm90BwdVariant::Atomic, Sm90BwdVariant::Deterministic}; }
+std::vector<Sm90BwdVariant> sm90_bwd_variants() {
+  using V = Sm90BwdVariant;
+  return {V::Atomic, V::Deterministic, V::AtomicWs, V::DeterministicWs};
+}
+
+bool sm90_bwd_variant_deterministic(Sm90BwdVariant v) {
+  return v == Sm90BwdVariant::Deterministic || v == Sm90BwdVariant::DeterministicWs || v == Sm90BwdVariant::Auto;
+}
 
 void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st, Sm90BwdVariant variant) {
   std::string why;
   if (!attention_bwd_sm90_supported(p, &why)) EASYCTX_THROW("attention_bwd_sm90: unsupported call: ", why);
   if (scratch == nullptr || reinterpret_cast<uintptr_t>(scratch) % 256 != 0)
     EASYCTX_THROW("attention_bwd_sm90: scratch must be a 256-byte aligned buffer of attention_bwd_sm90_scratch_bytes()");
-  // Deterministic by default, as the backend's other backward paths.
-  const bool det = variant != Sm90BwdVariant::Atomic;
-  if (p.hd == 128)
-    det ? sm90::launch_bwd<128, true>(p, scratch, st) : sm90::launch_bwd<128, false>(p, scratch, st);
-  else
-    det ? sm90::launch_bwd<64, true>(p, scratch, st) : sm90::launch_bwd<64, false>(p, scratch, st);
+  // Auto: deterministic, as the backend's other backward paths, and the lockstep schedule until
+  // the writer-warp one has run on a GPU (then: whichever measures faster).
+  using V = Sm90BwdVariant;
+  const bool h128 = p.hd == 128;
+  switch (variant) {
+    case V::Atomic:
+      return h128 ? sm90::launch_bwd<128, false, false>(p, scratch, st) : sm90::launch_bwd<64, false, false>(p, scratch, st);
+    case V::AtomicWs:
+      return h128 ? sm90::launch_bwd<128, false, true>(p, scratch, st) : sm90::launch_bwd<64, false, true>(p, scratch, st);
+    case V::DeterministicWs:
+      return h128 ? sm90::launch_bwd<128, true, true>(p, scratch, st) : sm90::launch_bwd<64, true, true>(p, scratch, st);
+    case V::Deterministic:
+    case V::Auto:
+      return h128 ? sm90::launch_bwd<128, true, false>(p, scratch, st) : sm90::launch_bwd<64, true, false>(p, scratch, st);
+  }
+  EASYCTX_THROW("attention_bwd_sm90: unknown variant ", static_cast<int>(variant));
 }
 
 std::string sm90_bwd_take_hang_report() {

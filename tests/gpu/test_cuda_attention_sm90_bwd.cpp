@@ -5,7 +5,8 @@
 // operands MN-major), so a failure names the layer at fault; then the backward at odd shapes
 // (ragged tiles, Sq != Sk with diagonal offsets incl. negative ones and rows that see no key,
 // non-causal, batch 2, GQA 32/4 x 64 and 8/2 x 128, strided views), each variant (atomic and
-// deterministic dQ; the deterministic one twice: bit-identical). The gradients start from
+// deterministic dQ, each with the consumers or writer warps adding it; the deterministic ones
+// twice: bit-identical). The gradients start from
 // small random values (the contract is +=): the increments are compared, and writes into the
 // padding between rows / batches are caught. Every case prints its errors. Skips without an
 // sm_90 device (the kernel is sm_90a code only).
@@ -136,7 +137,8 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 
 class CudaAttentionSm90BwdShapes : public CudaAttentionSm90Bwd, public ::testing::WithParamInterface<Case> {};
 
-// The variants to run: both by default; EASYCTX_SM90_BWD_VARIANT=atomic|deterministic picks one.
+// The variants to run: every one by default; EASYCTX_SM90_BWD_VARIANT=<name> (atomic, deterministic,
+// atomic-ws, deterministic-ws) picks one.
 std::vector<kernels::Sm90BwdVariant> bwd_variants() {
   const char* e = std::getenv("EASYCTX_SM90_BWD_VARIANT");
   const std::string v = e ? e : "";
@@ -232,7 +234,7 @@ TEST_P(CudaAttentionSm90BwdShapes, BackwardMatchesReference) {
   const auto rdq = inc(dq, dq0), rdk = inc(dk, dk0), rdv = inc(dv, dv0);
 
   for (const auto variant : bwd_variants()) {
-    const bool det = variant == kernels::Sm90BwdVariant::Deterministic;
+    const bool det = kernels::sm90_bwd_variant_deterministic(variant);
     tag = (std::ostringstream() << c).str() + " [" + kernels::sm90_bwd_variant_name(variant) + "]";
     SCOPED_TRACE(tag);
     std::vector<uint16_t> first_bits[3];
