@@ -492,19 +492,18 @@ __global__ void __launch_bounds__(384, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_u32(&sh.empty[sl]));  // Q, dO, lse2, delta of this slot are read
 
+    // kWs: the writers' release of the previous partial in sh.dq[cw], waited for before the dQ
+    // GEMM, while no accumulator of it is live (waiting after it spilled 12 bytes at hd 128).
+    if constexpr (kWs) mbar_wait(smem_u32(&sh.dq_empty[cw]), (t & 1) ^ 1);
     float dqp[HD / 2];
     wgmma_fence();
     gemm_dq<HD>(dqp, smem_u32(&sh.ds[0]), smem_u32(&sh.k[0][0]), cw);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(dqp);
-    if constexpr (kWs) {
-      // Every warp of this consumer is past its dQ GEMM, so the next step may overwrite its dS^T
-      // rows (warps of a warpgroup are not otherwise kept together); then the writers' release
-      // of the previous partial.
-      named_bar_sync(kBarWgBase + cw, 128);
-      mbar_wait(smem_u32(&sh.dq_empty[cw]), (t & 1) ^ 1);
-    }
+    // kWs: every warp of this consumer is past its dQ GEMM, so the next step may overwrite its
+    // dS^T rows (the warps of a warpgroup are not otherwise kept together).
+    if constexpr (kWs) named_bar_sync(kBarWgBase + cw, 128);
     {
       const int r = 16 * warp + lane / 4;
 #pragma unroll
