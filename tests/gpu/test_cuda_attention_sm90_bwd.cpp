@@ -324,8 +324,12 @@ INSTANTIATE_TEST_SUITE_P(
         // Head dim 64, GQA 32/4.
         Case{1, 7, 7, 32, 4, 64, true, 0}, Case{1, 129, 129, 32, 4, 64, true, 0}, Case{1, 1000, 1000, 32, 4, 64, true, 0},
         Case{1, 77, 190, 8, 4, 64, false, 0}, Case{2, 129, 200, 8, 2, 64, true, -30}, Case{1, 3000, 3000, 8, 2, 64, true, 0},
+        Case{1, 1, 1, 32, 4, 64, true, 0},
         // Strided views.
-        Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24}),
+        Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24},
+        // More CTAs than SMs (132 on an H200): the deterministic key-block chains across waves.
+        Case{1, 2100, 2100, 16, 8, 128, true, 0}, Case{2, 1500, 1500, 16, 8, 64, true, 0},
+        Case{2, 1500, 1500, 16, 8, 64, false, 0}),
     [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
 
 // What the launcher refuses (so a route can fall back), and the scratch size.
