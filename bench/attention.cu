@@ -293,9 +293,14 @@ int main(int argc, char** argv) try {
 
   // The Hopper backward kernel, called directly, beside the backend's (cuDNN) backward.
   std::printf("\n# sm90 backward kernel (kernels/attention_sm90.h: attention_bwd_sm90), bf16, batch 1, each variant; FLOPs 2.5 x "
-              "fwd; cudnn = the backend's backward (sm90_attention off; causal squares overwrite the gradients, unmasked blocks "
-              "accumulate, as LocalAttention / a ring step call it) on the same inputs; o and lse from the backend's forward; max "
-              "|d - backend d| over dq, dk, dv at the first causal length\n\n");
+              "fwd; cudnn = the backend's backward in the same mode (sm90_attention off; atomic: train.deterministic false, one "
+              "call; deterministic: cuDNN's deterministic graph in its tiles; causal squares overwrite the gradients, unmasked "
+              "blocks accumulate, as LocalAttention / a ring step call it) on the same inputs; o and lse from the backend's "
+              "forward; max |d - backend d| over dq, dk, dv at the first causal length\n\n");
+  ops::CudaBackendOptions copts_atomic = copts;
+  copts_atomic.deterministic = false;
+  copts.deterministic = true;
+  auto cud_atomic = ops::make_cuda_backend(copts_atomic), cud_det = ops::make_cuda_backend(copts);
   std::printf("| shape | S | mask | variant | bwd ms | bwd TFLOP/s | cudnn bwd TFLOP/s | ours / cudnn | max abs diff vs backend |\n"
               "|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
@@ -352,13 +357,14 @@ int main(int argc, char** argv) try {
         const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
         const bool check = first && causal;
         first = false;
-        const double cudnn_ms = time_ms(*cud, warm, r, [&] {
-          cud->attention_bwd(qv(q), kv(k), kv(v), qv(o), lse.flat(), qv(dout), blk, qv(dq), kv(dk), kv(dv));
-        });
-        const std::string cudnn_path = ops::cuda_attention_path(*cud);
         const double fl = 2.5 * flops(s, S, causal);
-        const double cudnn_tf = fl / cudnn_ms / 1e9;
         for (const auto var : kernels::sm90_bwd_variants()) {
+          ops::Backend& cb = var == kernels::Sm90BwdVariant::Deterministic ? *cud_det : *cud_atomic;
+          const double cudnn_ms = time_ms(cb, warm, r, [&] {
+            cb.attention_bwd(qv(q), kv(k), kv(v), qv(o), lse.flat(), qv(dout), blk, qv(dq), kv(dk), kv(dv));
+          });
+          const std::string cudnn_path = ops::cuda_attention_path(cb);
+          const double cudnn_tf = fl / cudnn_ms / 1e9;
           std::string diff = "-";
           if (check) {  // one call onto zeroed gradients, against the backend's (which overwrote them)
             for (const ops::Buffer* b : {&dq2, &dk2, &dv2}) cud->fill(b->flat(), 0.0);

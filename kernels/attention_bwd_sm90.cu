@@ -28,16 +28,16 @@
 //        dK  += dS^T Q          [64 keys x hd]     wgmma rs (dS^T from registers, Q MN-major)
 //        dS^T -> shared memory (bf16, 128-byte swizzled [128 keys][64 q])
 //        dQ_cw = dS[:, keys_cw] K_cw [64 q x hd]   wgmma ss, both MN-major (trans-a, trans-b)
-//      the two consumers' dQ partials are summed through shared memory and added to the fp32
-//      accumulator dq_acc [B, Hq, Sq_pad, hd] in global memory: atomicAdd (float4), or, in the
-//      deterministic variant, in key-block order n = 0, 1, ... guarded by a semaphore per
-//      (b, h, m) (FA3's deterministic mode): plain load-add-store, so every element is summed
-//      in the same order on every run. Who adds (template kWs): the consumers themselves, in
-//      lockstep ("atomic", "deterministic": the reference schedule), or three writer warps of
-//      the producer warpgroup fed through dq_full / dq_empty mbarriers ("atomic-ws",
-//      "deterministic-ws"), which leaves the consumers free of global memory, of the
-//      deterministic turn and of each other. dK, dV stay in registers across all steps and are
-//      added to dk, dv (bf16) at the end: the CTA alone owns its keys of kv head g (no atomics).
+//      each consumer's dQ partial goes to shared memory (fp32, in its accumulator's fragment
+//      order) and a writer thread (warp 1 of the producer warpgroup) adds it to the fp32
+//      accumulator dq_acc [B, Hq, Sq_pad, hd] (64-row tiles in fragment order) with one TMA
+//      bulk reduce-add (cp.reduce.async.bulk .add.f32, FA3's dQ writer), as it comes
+//      ("atomic") or, "deterministic", in a fixed order per tile behind a semaphore per
+//      (b, h, m): key blocks from the last one that sees the tile down to 0, consumer 0's
+//      partial completed before consumer 1's. The consumers never touch global memory, never
+//      wait for the deterministic turn and never for each other. dK, dV stay in registers
+//      across all steps and are added to dk, dv (bf16) at the end: the CTA alone owns its keys
+//      of kv head g (no atomics).
 //   3. post: dq += scale * dq_acc (bf16).
 //
 // Facts used beyond the forward's (sources: PTX ISA 8.x "wgmma.mma_async" (imm-trans-a exists
@@ -48,18 +48,27 @@
 // canonical layout is the same for A as for B, so dS^T [key][q] is an MN-major A exactly as V
 // [key][dim] is an MN-major B in the forward, whose tile self-test verified it).
 //
-// Deadlock freedom of the deterministic order: CTA (n, g, b) waits only for CTA (n-1, g, b)
-// (same tile, previous key block), which has a lower linear block index, hence was scheduled
-// no later (the hardware dispatches a grid's blocks in linear order; FA3 relies on the same).
-// Every wait also gives up after ~2^34 cycles and records a hang (sm90_bwd_take_hang_report).
+// Deadlock freedom of the deterministic order: CTA (n, g, b) waits only for CTA (n+1, g, b)
+// (same tile, the next key block), which the grid launches first (blockIdx.x runs the key
+// blocks in reverse), hence was scheduled no later (the hardware dispatches a grid's blocks in
+// linear order; FA3 relies on the same). Causal: block n+1 starts its tiles at 2n + 2, two
+// steps before block n gets there, so in steady state nobody waits (the forward order, block 0
+// first, measured 0.82x of the reverse one at 32K). Every wait also gives up after ~2^34
+// cycles and records a hang (sm90_bwd_take_hang_report).
 //
-// Not done yet (issue 26): no overlap of a consumer's elementwise work with its own GEMMs
-// across steps (each step's GEMMs are waited on), no explicit ping-pong, dQ added with float4
-// atomics / plain stores instead of TMA bulk reduce-add (cp.reduce.async.bulk, FA3), no
-// f32-gradient variant (the route's f32 dq/dk/dv: dq_acc could be dq itself), no persistent
-// CTAs / longest-first order beyond the grid's. Correctness first: written without a GPU.
-// Registers (ptxas, CUDA 13.0): 168 at launch, producer 32 / consumers 240 after setmaxnreg,
-// 0 spills and no stack for every instance (the dQ loop unrolled 4x spilled 4 bytes at hd 128).
+// Measured (H200, bench_attention --sm90-bwd-only, bench/RESULTS.md session 24): 32 x 128
+// causal 448 / 476 / 480 TFLOP/s atomic at 8K / 32K / 128K (cuDNN's atomic backward in the same
+// process 533 / 541 / 537), deterministic 360 / 400 / 332 (cuDNN's deterministic graph 343 /
+// 409 / 415); GQA 32/4 x 64 causal 214 / 341 / 341 atomic (cuDNN 400 / 416 / 425). Not yet on
+// the attention route: cuDNN wins where it matters. What it lacks against cuDNN / FA3: each
+// step's dQ GEMM is waited for before its partial is stored (no overlap with the next step's
+// S / dP GEMMs: registers), the S^T / dP^T GEMMs are m64n64 (hd 64: every GEMM is), a 2-stage
+// Q / dO ring, no persistent CTAs; deterministic at 128K: the writer waits for each bulk
+// reduce to complete (twice per step) before the next, which then exceeds the step.
+// Registers (ptxas, CUDA 13.0): 168 at launch, producer 24 / consumers 240 after setmaxnreg
+// (24 + 2 x 240 = 3 x 168: the sum may not exceed the launch allocation, or setmaxnreg.inc
+// waits forever: a first version with a 32-register producer hung on the GPU); the
+// deterministic writer spills 4 bytes at hd 128.
 #include "kernels/attention_sm90.h"
 
 #include <algorithm>
@@ -88,7 +97,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Registers per thread (setmaxnreg): 128 * (producer + 2 consumers) <= 64K, i.e. 32 + 2 * 240 =
 // 512. The producer's step loop spilled 4 bytes at 24 (ptxas, hd 128); the consumers hold dK and
 // dV (2 x hd/2 fp32) plus S^T, dP^T (2 x 32) or the dQ partial (hd/2).
-constexpr int kProducerRegsBwd = 32;
+constexpr int kProducerRegsBwd = 24;
 constexpr int kConsumerRegsBwd = 240;
 
 // ------------------------------------------------------------------ more PTX
@@ -111,6 +120,23 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 // Generic-proxy writes to shared memory (st.shared) made visible to the async proxy (wgmma
 // operand reads): required between writing dS^T and the dQ GEMM (PTX memory model, proxies).
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// TMA bulk reduce-add (PTX "cp.reduce.async.bulk", .add.f32): global[dst .. +bytes) += shared[src ..),
+// issued by one thread, grouped per thread (bulk_group); `bytes` a multiple of 16.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Every bulk group of this thread has read its shared-memory source (it may be overwritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Every bulk group of this thread is complete (its global writes performed), then made
+// visible to the generic proxy of this and other threads (the deterministic semaphore).
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
 
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
@@ -266,13 +292,25 @@ __global__ void bwd_prep_kernel(const BwdArgs a) {
   }
 }
 
+// The dQ accumulator's layout (sh.dq and each 64-row tile of dq_acc alike): the m64nHDk16
+// accumulator in the order the consumer threads hold it, float4 v = j / 4 of thread tid at
+// float index 4 (128 v + tid) + j % 4. A warp's float4 stores then cover 512 contiguous bytes
+// (no bank conflicts), and a tile is one contiguous 64 x HD x 4-byte range (one bulk reduce).
+// Accumulator element j of thread tid (warp w, lane l) is row 16 w + l / 4 + 8 ((j / 2) % 2),
+// column 8 (j / 4) + 2 (l % 4) + j % 2; the post kernel inverts this.
+__device__ __forceinline__ int64_t dq_frag_index(int r, int c) {
+  const int tid = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2, j = 4 * (c / 8) + 2 * ((r % 16) / 8) + (c % 2);
+  return 4 * (128 * (j / 4) + tid) + (j % 4);
+}
+
 // dq += scale * dq_acc, 2 elements per thread.
 __global__ void bwd_post_kernel(const BwdArgs a) {
   const int64_t idx = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * 2;
   const int64_t n = int64_t(a.batch) * a.hq * a.sq * a.hd;
   if (idx >= n) return;
   const int64_t c = idx % a.hd, r = idx / a.hd, i = r % a.sq, bh = r / a.sq, h = bh % a.hq, b = bh / a.hq;
-  const float* acc = a.dq_acc + (bh * a.sq_pad + i) * a.hd + c;
+  // Fragment order inside the 64-row tile: columns c, c + 1 (c even) are adjacent floats.
+  const float* acc = a.dq_acc + (bh * a.sq_pad + i / kBM * kBM) * a.hd + dq_frag_index(static_cast<int>(i % kBM), static_cast<int>(c));
   __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(a.dq + b * a.q_batch + i * a.q_row + h * a.hd + c);
   const __nv_bfloat162 old = *dst;
   *dst = __floats2bfloat162_rn(__low2float(old) + a.scale * acc[0], __high2float(old) + a.scale * acc[1]);
@@ -281,17 +319,16 @@ __global__ void bwd_post_kernel(const BwdArgs a) {
 template <int HD>
 struct BwdSmem {
   static constexpr int kPanels = HD / 64;
-  static constexpr int kDqStride = HD + 8;  // fp32 row stride of the dQ partials (bank spread)
   alignas(1024) __nv_bfloat16 k[kPanels][kBN * 64];
   alignas(1024) __nv_bfloat16 v[kPanels][kBN * 64];
   alignas(1024) __nv_bfloat16 q[2][kPanels][kBM * 64];
   alignas(1024) __nv_bfloat16 dout[2][kPanels][kBM * 64];
   alignas(1024) __nv_bfloat16 ds[kBN * 64];  // dS^T [128 keys][64 q], swizzled
-  alignas(16) float dq[2][kBM][kDqStride];   // the two consumers' dQ partials
+  alignas(128) float dq[2][kBM * HD];        // the two consumers' dQ partials, fragment order (dq_frag_index)
   alignas(16) float lse2[2][kBM];
   alignas(16) float delta[2][kBM];
   alignas(8) uint64_t kv_full, full[2], empty[2];
-  uint64_t dq_full[2], dq_empty[2];  // kWs: consumer cw's dQ partial in dq[cw] / taken by the writers
+  uint64_t dq_full[2], dq_empty[2];  // consumer cw's dQ partial in dq[cw] / read by the writer's bulk reduce
 };
 
 // Query tiles a key block is visible to: m in [m_first, m_blocks).
@@ -301,41 +338,29 @@ __device__ __forceinline__ int first_m_block(const BwdArgs& a, int n) {
   return first_row >= a.sq ? a.m_blocks : static_cast<int>(first_row / kBM);
 }
 
-// Named barriers (0 is __syncthreads): 1 = both consumer warpgroups (256 threads, !kWs);
-// 2 + cw = consumer cw alone (128, kWs); 4 = the dQ writer warps (kWs, deterministic).
-constexpr int kBarConsumers = 1, kBarWgBase = 2, kBarWriters = 4;
-constexpr int kWriterThreads = 96;  // kWs: warps 1..3 of the producer warpgroup
+// Named barriers (0 is __syncthreads): 2 + cw = consumer cw alone (128 threads).
+constexpr int kBarWgBase = 2;
 
-// The dQ reduction of one step: sh.dq[0] + sh.dq[1] (the two consumers' partials, fixed order)
-// added to the fp32 accumulator tile `acc` [64 x HD] by `nthreads` threads (index `i`):
-// float4 atomics, or (kDet) plain load-add-store, the caller holding the tile's semaphore.
-template <int HD, bool kDet>
-__device__ __forceinline__ void add_dq_tile(const BwdSmem<HD>& sh, float* acc, int i, int nthreads) {
-#pragma unroll 1
-  for (int e = i; e < kBM * HD / 4; e += nthreads) {
-    const int r = e / (HD / 4), c = (e % (HD / 4)) * 4;
-    const float4 x = *reinterpret_cast<const float4*>(&sh.dq[0][r][c]);
-    const float4 y = *reinterpret_cast<const float4*>(&sh.dq[1][r][c]);
-    float4 z = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-    float4* dst = reinterpret_cast<float4*>(acc + r * HD + c);
-    if constexpr (kDet) {
-      const float4 old = __ldcg(dst);
-      z = make_float4(old.x + z.x, old.y + z.y, old.z + z.z, old.w + z.w);
-      __stcg(dst, z);
-    } else {
-      atomicAdd(dst, z);
-    }
-  }
+// kDet: tile m's semaphore counts the key blocks that have added to it; they add from the last
+// block that sees the tile (n_last) down to 0, so block n's turn is n_last - n. Block n sees tile
+// m iff n <= n_last (first_m_block), n_last = min(sk - 1, last row + diag) / 128 (causal).
+__device__ __forceinline__ int dq_turn(const BwdArgs& a, int n, int m) {
+  int last_key = a.sk - 1;
+  if (a.causal) last_key = min(last_key, min(a.sq - 1, m * kBM + kBM - 1) + a.diag);
+  return last_key / kBN - n;
 }
 
-// kWs = false ("atomic", "deterministic"): the consumers add the dQ partials to global memory
-// themselves, in lockstep (both consumers meet at two barriers per step).
-// kWs = true ("atomic-ws", "deterministic-ws"): warps 1..3 of the producer warpgroup do that
-// (dq_full / dq_empty mbarriers per consumer), so the consumers never wait for global memory
-// or for a deterministic turn, and meet no cross-consumer barrier: each consumer's dS^T rows
-// and dQ partial are its own (barriers 2 + cw), so the two drift and one's exponentials can
-// run under the other's GEMMs.
-template <int HD, bool kDet, bool kWs>
+// dQ: one writer thread (warp 1 of the producer warpgroup) adds each consumer's partial to
+// dq_acc with a TMA bulk reduce-add straight from shared memory (dq_full / dq_empty mbarriers
+// per consumer; FA3's dQ writer), so the consumers never touch global memory or wait for a
+// deterministic turn, and meet no cross-consumer barrier: each consumer's dS^T rows and dQ
+// partial are its own (named barrier 2 + cw), so the two drift and one's exponentials run
+// under the other's GEMMs. kDet: the writer waits for the tile's semaphore, adds consumer 0's
+// partial, waits for it to complete, then consumer 1's, and passes the turn on; the key blocks
+// of a tile take turns from the last one that sees it down to block 0 (dq_turn), and the grid
+// runs the key blocks in that order too, so a CTA waits only for one launched before it, and
+// (causal) the block it waits for started its tiles two steps earlier: no waiting in steady state.
+template <int HD, bool kDet>
 __global__ void __launch_bounds__(384, 1)
     attention_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -343,7 +368,8 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ unsigned char smem_raw[];
   BwdSmem<HD>& sh = aligned_smem<BwdSmem<HD>>(smem_raw);
   constexpr int kPanels = HD / 64;
-  const int n = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
+  // kDet: the key blocks in reverse (their turns on a tile run from the last block down).
+  const int n = kDet ? gridDim.x - 1 - blockIdx.x : blockIdx.x, g = blockIdx.y, b = blockIdx.z;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int m_first = first_m_block(a, n), nm = a.m_blocks - m_first, steps = a.group * nm;
 
@@ -352,10 +378,10 @@ __global__ void __launch_bounds__(384, 1)
     for (int s = 0; s < 2; ++s) {
       mbar_init(smem_u32(&sh.full[s]), 1);
       mbar_init(smem_u32(&sh.empty[s]), 8);  // lane 0 of every consumer warp
-      // Every thread arrives on these (each arrival releases that thread's own shared-memory
-      // accesses): consumer s's 128 threads after writing dq[s], the writers after reading it.
+      // Consumer s's 128 threads arrive on dq_full[s] after writing dq[s] (each arrival releases
+      // that thread's stores); the writer on dq_empty[s] once its bulk reduce has read dq[s].
       mbar_init(smem_u32(&sh.dq_full[s]), 128);
-      mbar_init(smem_u32(&sh.dq_empty[s]), kWriterThreads);
+      mbar_init(smem_u32(&sh.dq_empty[s]), 1);
     }
     mbar_init_fence();
   }
@@ -383,34 +409,34 @@ __global__ void __launch_bounds__(384, 1)
         bulk_load(smem_u32(&sh.lse2[sl][0]), a.lse2 + r0, kBM * 4, bar);
         bulk_load(smem_u32(&sh.delta[sl][0]), a.delta + r0, kBM * 4, bar);
       }
-    } else if (kWs && tid >= 32) {  // ------------------------------------ dQ writers
-      const int wt = tid - 32;
+    } else if (tid == 32) {  // --------------------------------------- dQ writer
       for (int t = 0; t < steps; ++t) {
         const int h = g * a.group + t / nm, m = m_first + t % nm;
-        mbar_wait(smem_u32(&sh.dq_full[0]), t & 1);
-        mbar_wait(smem_u32(&sh.dq_full[1]), t & 1);
         const int64_t bh = static_cast<int64_t>(b) * a.hq + h;
+        float* acc = a.dq_acc + (bh * a.sq_pad + static_cast<int64_t>(m) * kBM) * HD;
         int* sem = a.sem + bh * a.m_blocks + m;
-        if constexpr (kDet) {
-          if (wt == 0) sem_wait(sem, n);  // key blocks 0 .. n-1 have added theirs
-          named_bar_sync(kBarWriters, kWriterThreads);
+        const int turn = kDet ? dq_turn(a, n, m) : 0;
+        if constexpr (kDet) sem_wait(sem, turn);  // the key blocks after this one have added theirs
+        for (int c = 0; c < 2; ++c) {
+          mbar_wait(smem_u32(&sh.dq_full[c]), t & 1);
+          bulk_reduce_add_f32(acc, smem_u32(&sh.dq[c][0]), kBM * HD * 4);
+          bulk_commit();
+          if constexpr (kDet)
+            bulk_wait_all();  // consumer 0's partial is in before consumer 1's (a fixed order)
+          else
+            bulk_wait_read();
+          mbar_arrive(smem_u32(&sh.dq_empty[c]));
         }
-        add_dq_tile<HD, kDet>(sh, a.dq_acc + (bh * a.sq_pad + static_cast<int64_t>(m) * kBM) * HD, wt, kWriterThreads);
-        if constexpr (kDet) {
-          __threadfence();
-          named_bar_sync(kBarWriters, kWriterThreads);  // every writer's part added
-          if (wt == 0) st_release(sem, n + 1);
-        }
-        mbar_arrive(smem_u32(&sh.dq_empty[0]));  // this thread's reads of sh.dq are done
-        mbar_arrive(smem_u32(&sh.dq_empty[1]));
+        if constexpr (kDet) st_release(sem, turn + 1);
       }
+      bulk_wait_all();
     }
     return;
   }
 
   // ------------------------------------------------------------------ consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegsBwd) : "memory");
-  const int cw = wg - 1, warp = tid / 32, lane = tid % 32, ctid = threadIdx.x - 128;
+  const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
   const int colq = 2 * (lane % 4);
   // This thread's two key rows (accumulator halves hf = 0, 1).
   const int key0 = n * kBN + 64 * cw + 16 * warp + lane / 4;
@@ -475,14 +501,10 @@ __global__ void __launch_bounds__(384, 1)
 
     // dS^T to shared memory for the dQ GEMM (while the tensor cores run dV, dK). Rows 64cw..
     // are this consumer's alone (its dQ GEMM reads no others), and every warp of it finished
-    // the previous step's dQ GEMM before the barrier that ended that step (the 256-thread one
-    // ahead of the dQ reduction, or kWs's 128-thread one right after the GEMM).
+    // the previous step's dQ GEMM before the barrier right after that GEMM.
     frag_to_smem_sw128(dsf, reinterpret_cast<unsigned char*>(&sh.ds[0]), 64 * cw, warp, lane);
     fence_proxy_async_smem();
-    if constexpr (kWs)
-      named_bar_sync(kBarWgBase + cw, 128);  // this consumer's dS^T rows written (its dQ GEMM reads only those)
-    else
-      named_bar_sync(kBarConsumers, 256);  // both halves of dS^T written
+    named_bar_sync(kBarWgBase + cw, 128);  // this consumer's dS^T rows written (its dQ GEMM reads only those)
 
     wgmma_wait<0>();
     reg_fence(dk);
@@ -492,43 +514,24 @@ __global__ void __launch_bounds__(384, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_u32(&sh.empty[sl]));  // Q, dO, lse2, delta of this slot are read
 
-    // kWs: the writers' release of the previous partial in sh.dq[cw], waited for before the dQ
-    // GEMM, while no accumulator of it is live (waiting after it spilled 12 bytes at hd 128).
-    if constexpr (kWs) mbar_wait(smem_u32(&sh.dq_empty[cw]), (t & 1) ^ 1);
+    // The writer's release of the previous partial in sh.dq[cw], waited for before the dQ GEMM,
+    // while no accumulator of it is live (waiting after it spilled 12 bytes at hd 128).
+    mbar_wait(smem_u32(&sh.dq_empty[cw]), (t & 1) ^ 1);
     float dqp[HD / 2];
     wgmma_fence();
     gemm_dq<HD>(dqp, smem_u32(&sh.ds[0]), smem_u32(&sh.k[0][0]), cw);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(dqp);
-    // kWs: every warp of this consumer is past its dQ GEMM, so the next step may overwrite its
-    // dS^T rows (the warps of a warpgroup are not otherwise kept together).
-    if constexpr (kWs) named_bar_sync(kBarWgBase + cw, 128);
-    {
-      const int r = 16 * warp + lane / 4;
+    // Every warp of this consumer is past its dQ GEMM, so the next step may overwrite its dS^T
+    // rows (the warps of a warpgroup are not otherwise kept together).
+    named_bar_sync(kBarWgBase + cw, 128);
 #pragma unroll
-      for (int c8 = 0; c8 < HD / 8; ++c8)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          *reinterpret_cast<float2*>(&sh.dq[cw][r + 8 * hf][8 * c8 + colq]) =
-              make_float2(dqp[4 * c8 + 2 * hf], dqp[4 * c8 + 2 * hf + 1]);
-    }
-    if constexpr (kWs) {
-      mbar_arrive(smem_u32(&sh.dq_full[cw]));  // release: this thread's stores above are seen by the writers
-      continue;
-    }
-    const int64_t bh = static_cast<int64_t>(b) * a.hq + h;
-    int* sem = a.sem + bh * a.m_blocks + m;
-    if constexpr (kDet) {
-      if (ctid == 0) sem_wait(sem, n);  // key blocks 0 .. n-1 have added theirs
-    }
-    named_bar_sync(kBarConsumers, 256);  // both partials in shared memory (and, deterministic, our turn)
-    add_dq_tile<HD, kDet>(sh, a.dq_acc + (bh * a.sq_pad + q0) * HD, ctid, 256);
-    if constexpr (kDet) {
-      __threadfence();
-      named_bar_sync(kBarConsumers, 256);  // every thread's part added
-      if (ctid == 0) st_release(sem, n + 1);
-    }
+    for (int v4 = 0; v4 < HD / 8; ++v4)
+      *reinterpret_cast<float4*>(&sh.dq[cw][4 * (128 * v4 + tid)]) =
+          make_float4(dqp[4 * v4], dqp[4 * v4 + 1], dqp[4 * v4 + 2], dqp[4 * v4 + 3]);
+    fence_proxy_async_smem();                // the stores above, for the writer's bulk reduce (async proxy)
+    mbar_arrive(smem_u32(&sh.dq_full[cw]));  // release: this thread's stores above are seen by the writer
   }
 
   // Epilogue: dk += scale dK, dv += dV for this thread's two key rows (< Sk).
@@ -642,7 +645,7 @@ ScratchLayout scratch_layout(const AttentionParams& p) {
   return s;
 }
 
-template <int HD, bool kDet, bool kWs>
+template <int HD, bool kDet>
 void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   const ScratchLayout sl = scratch_layout(p);
   BwdArgs a{};
@@ -683,7 +686,7 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   const CUtensorMap tdo = make_map(p.dout, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBM, "dout");
   const CUtensorMap tk = make_map(p.k, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "k");
   const CUtensorMap tv = make_map(p.v, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "v");
-  auto kernel = attention_bwd_sm90_kernel<HD, kDet, kWs>;
+  auto kernel = attention_bwd_sm90_kernel<HD, kDet>;
   const size_t smem = sizeof(BwdSmem<HD>) + 1024;
   static_assert(sizeof(BwdSmem<HD>) + 1024 <= 227 * 1024, "over the 227 KB of shared memory a CTA may have");
   EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -745,51 +748,20 @@ bool attention_bwd_sm90_supported(const AttentionParams& p, std::string* why) {
 }
 
 const char* sm90_bwd_variant_name(Sm90BwdVariant v) {
-  switch (v) {
-    case Sm90BwdVariant::Atomic:
-      return "atomic";
-    case Sm90BwdVariant::Deterministic:
-      return "deterministic";
-    case Sm90BwdVariant::AtomicWs:
-      return "atomic-ws";
-    case Sm90BwdVariant::DeterministicWs:
-      return "deterministic-ws";
-    case Sm90BwdVariant::Auto:
-      return "auto";
-  }
-  return "?";
+  return v == Sm90BwdVariant::Deterministic ? "deterministic" : "atomic";
 }
 
-std::vector<Sm90BwdVariant> sm90_bwd_variants() {
-  using V = Sm90BwdVariant;
-  return {V::Atomic, V::Deterministic, V::AtomicWs, V::DeterministicWs};
-}
-
-bool sm90_bwd_variant_deterministic(Sm90BwdVariant v) {
-  return v == Sm90BwdVariant::Deterministic || v == Sm90BwdVariant::DeterministicWs || v == Sm90BwdVariant::Auto;
-}
+std::vector<Sm90BwdVariant> sm90_bwd_variants() { return {Sm90BwdVariant::Atomic, Sm90BwdVariant::Deterministic}; }
 
 void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st, Sm90BwdVariant variant) {
   std::string why;
   if (!attention_bwd_sm90_supported(p, &why)) EASYCTX_THROW("attention_bwd_sm90: unsupported call: ", why);
   if (scratch == nullptr || reinterpret_cast<uintptr_t>(scratch) % 256 != 0)
     EASYCTX_THROW("attention_bwd_sm90: scratch must be a 256-byte aligned buffer of attention_bwd_sm90_scratch_bytes()");
-  // Auto: deterministic, as the backend's other backward paths, and the lockstep schedule until
-  // the writer-warp one has run on a GPU (then: whichever measures faster).
-  using V = Sm90BwdVariant;
   const bool h128 = p.hd == 128;
-  switch (variant) {
-    case V::Atomic:
-      return h128 ? sm90::launch_bwd<128, false, false>(p, scratch, st) : sm90::launch_bwd<64, false, false>(p, scratch, st);
-    case V::AtomicWs:
-      return h128 ? sm90::launch_bwd<128, false, true>(p, scratch, st) : sm90::launch_bwd<64, false, true>(p, scratch, st);
-    case V::DeterministicWs:
-      return h128 ? sm90::launch_bwd<128, true, true>(p, scratch, st) : sm90::launch_bwd<64, true, true>(p, scratch, st);
-    case V::Deterministic:
-    case V::Auto:
-      return h128 ? sm90::launch_bwd<128, true, false>(p, scratch, st) : sm90::launch_bwd<64, true, false>(p, scratch, st);
-  }
-  EASYCTX_THROW("attention_bwd_sm90: unknown variant ", static_cast<int>(variant));
+  if (variant == Sm90BwdVariant::Deterministic)
+    return h128 ? sm90::launch_bwd<128, true>(p, scratch, st) : sm90::launch_bwd<64, true>(p, scratch, st);
+  return h128 ? sm90::launch_bwd<128, false>(p, scratch, st) : sm90::launch_bwd<64, false>(p, scratch, st);
 }
 
 std::string sm90_bwd_take_hang_report() {

@@ -97,18 +97,14 @@ void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const
 // batch) loops over the query heads of its GQA group and their 64-row tiles that see its keys
 // (TMA + wgmma, a producer and two consumer warpgroups); dQ goes through an fp32 accumulator in
 // scratch. Design, and what is not done yet: the header comment of attention_bwd_sm90.cu.
-//   Atomic:          dQ partials added with fp32 atomics (summation order varies run to run);
-//   Deterministic:   dQ partials added in key-block order behind a semaphore per query tile,
-//                    so the result is bit-identical run to run (FA3's deterministic mode);
-//   AtomicWs, DeterministicWs: the same, but three warps of the producer warpgroup add the dQ
-//                    partials to global memory (and wait for the deterministic turn) while the
-//                    consumers go on, and the two consumers are not kept in lockstep;
-//   Auto:            Deterministic (the backend's other backward paths are deterministic too;
-//                    the reference schedule until the -ws ones have been measured).
-enum class Sm90BwdVariant { Atomic, Deterministic, AtomicWs, DeterministicWs, Auto };
+//   Atomic:          the consumers' dQ partials added by TMA bulk reduce-adds as they come
+//                    (the order of the fp32 additions varies run to run);
+//   Deterministic:   in a fixed order per query tile (key blocks from the last that sees the
+//                    tile down to the first, behind a semaphore per tile; consumer 0's partial
+//                    before consumer 1's), so the result is bit-identical run to run.
+enum class Sm90BwdVariant { Atomic, Deterministic };
 const char* sm90_bwd_variant_name(Sm90BwdVariant v);
-std::vector<Sm90BwdVariant> sm90_bwd_variants();  // the concrete ones, in bench order
-bool sm90_bwd_variant_deterministic(Sm90BwdVariant v);  // bit-identical run to run (Auto: yes)
+std::vector<Sm90BwdVariant> sm90_bwd_variants();  // both, in bench order
 
 // Bytes of device scratch attention_bwd_sm90 needs for `p` (only batch, hq, sq, hd matter):
 // the fp32 dQ accumulator [B, Hq, Sq_pad, hd] (Sq_pad = Sq rounded up to 64), lse in base 2 and
@@ -122,8 +118,7 @@ bool attention_bwd_sm90_supported(const AttentionParams& p, std::string* why = n
 // The backward on `st`. scratch: attention_bwd_sm90_scratch_bytes(p) bytes of device memory,
 // 256-byte aligned, owned by the caller (contents need not be initialised; in use until the
 // stream passes the call). Throws when !supported(p) or scratch is null / misaligned.
-void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st,
-                        Sm90BwdVariant variant = Sm90BwdVariant::Auto);
+void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st, Sm90BwdVariant variant);
 
 // "" normally; after a wait of the backward kernel gave up (an mbarrier or a deterministic dQ
 // semaphore that never completed: a protocol bug; results then garbage), where. Resets it.

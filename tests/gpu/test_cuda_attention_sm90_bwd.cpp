@@ -4,10 +4,9 @@
 // with a 64-row MN-major B, dQ-style bf16(S^T)^T K through swizzled shared memory with both
 // operands MN-major), so a failure names the layer at fault; then the backward at odd shapes
 // (ragged tiles, Sq != Sk with diagonal offsets incl. negative ones and rows that see no key,
-// non-causal, batch 2, GQA 32/4 x 64 and 8/2 x 128, strided views), each variant (atomic and
-// deterministic dQ, each with the consumers or writer warps adding it; the deterministic ones
-// twice: bit-identical). The gradients start from
-// small random values (the contract is +=): the increments are compared, and writes into the
+// non-causal, batch 2, GQA 32/4 x 64 and 8/2 x 128, strided views, more CTAs than SMs), each
+// variant (atomic and deterministic dQ; the deterministic one twice: bit-identical). The
+// gradients start from small random values (the contract is +=): the increments are compared, and writes into the
 // padding between rows / batches are caught. Every case prints its errors. Skips without an
 // sm_90 device (the kernel is sm_90a code only).
 #include <algorithm>
@@ -137,8 +136,8 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 
 class CudaAttentionSm90BwdShapes : public CudaAttentionSm90Bwd, public ::testing::WithParamInterface<Case> {};
 
-// The variants to run: every one by default; EASYCTX_SM90_BWD_VARIANT=<name> (atomic, deterministic,
-// atomic-ws, deterministic-ws) picks one.
+// The variants to run: both by default; EASYCTX_SM90_BWD_VARIANT=<name> (atomic, deterministic)
+// picks one.
 std::vector<kernels::Sm90BwdVariant> bwd_variants() {
   const char* e = std::getenv("EASYCTX_SM90_BWD_VARIANT");
   const std::string v = e ? e : "";
@@ -234,7 +233,7 @@ TEST_P(CudaAttentionSm90BwdShapes, BackwardMatchesReference) {
   const auto rdq = inc(dq, dq0), rdk = inc(dk, dk0), rdv = inc(dv, dv0);
 
   for (const auto variant : bwd_variants()) {
-    const bool det = kernels::sm90_bwd_variant_deterministic(variant);
+    const bool det = variant == kernels::Sm90BwdVariant::Deterministic;
     tag = (std::ostringstream() << c).str() + " [" + kernels::sm90_bwd_variant_name(variant) + "]";
     SCOPED_TRACE(tag);
     std::vector<uint16_t> first_bits[3];
@@ -296,9 +295,27 @@ TEST_P(CudaAttentionSm90BwdShapes, BackwardMatchesReference) {
       worst("dq", idq, rdq, c.hq);
       worst("dk", idk, rdk, c.hkv);
       worst("dv", idv, rdv, c.hkv);
-      EXPECT_REL(idq, rdq, 3e-2);
-      EXPECT_REL(idk, rdk, 3e-2);
-      EXPECT_REL(idv, rdv, 3e-2);
+      // An increment whose reference is exactly 0 (one visible key: softmax's gradient w.r.t.
+      // the scores vanishes, so dK = 0) has no relative error; there the kernel's increment,
+      // pure rounding noise of dS = P (dP - delta), must stay below the bf16 step of the
+      // starting values (|d0| <= 0.05: 2^-12).
+      auto check_inc = [&](const char* what, const std::vector<float>& got, const std::vector<float>& ref) {
+        double ref_max = 0, got_max = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          ref_max = std::max(ref_max, static_cast<double>(std::abs(ref[i])));
+          got_max = std::max(got_max, static_cast<double>(std::abs(got[i])));
+        }
+        if (ref_max > 0) {
+          EXPECT_REL(got, ref, 3e-2);
+          return;
+        }
+        std::printf("[accuracy] %s %s: reference increment is 0, max |increment| %.3g (tol 2^-12)\n", what, tag.c_str(),
+                    got_max);
+        EXPECT_LE(got_max, std::ldexp(1.0, -12)) << what << ": the reference increment is exactly 0";
+      };
+      check_inc("idq", idq, rdq);
+      check_inc("idk", idk, rdk);
+      check_inc("idv", idv, rdv);
       EXPECT_REL(gdq, dq, 1e-2);
       EXPECT_REL(gdk, dk, 1e-2);
       EXPECT_REL(gdv, dv, 1e-2);
@@ -366,8 +383,8 @@ TEST_F(CudaAttentionSm90Bwd, SupportedRefusesWhatItCannotRun) {
   x = p;
   x.hq = 3;
   refused(x, "hq not a multiple of hkv");
-  EXPECT_THROW(kernels::attention_bwd_sm90(x, nullptr, ops::cuda_stream(*gpu)), Error);
-  EXPECT_THROW(kernels::attention_bwd_sm90(p, nullptr, ops::cuda_stream(*gpu)), Error);  // no scratch
+  EXPECT_THROW(kernels::attention_bwd_sm90(x, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::Atomic), Error);
+  EXPECT_THROW(kernels::attention_bwd_sm90(p, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::Atomic), Error);  // no scratch
 }
 
 }  // namespace
