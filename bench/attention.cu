@@ -10,6 +10,11 @@
 // beside the backend's forward (cuDNN) timed on the same inputs in the same process, with the
 // max abs difference of its o from the backend's at the first causal length (a sanity check).
 // --sm90-only skips the first two tables (the cuDNN column of the third is still timed).
+// A fourth table, on sm_90 only, times the Hopper backward (attention_bwd_sm90, each variant:
+// atomic and deterministic dQ) beside the backend's backward (cuDNN, sm90_attention off) on
+// the same inputs (o and lse from the backend's forward), FLOPs 2.5 x the forward's, with the
+// max abs difference of its dq/dk/dv from the backend's at the first causal length.
+// --sm90-bwd-only prints only that table.
 // Output: markdown tables on stdout (bench/run_attention.sh puts them beside torch's).
 #include <boost/program_options.hpp>
 
@@ -20,6 +25,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/attention_sm90.h"
@@ -77,6 +83,7 @@ int main(int argc, char** argv) try {
   int64_t bwd_tile = 0;
   bool causal_graph = true;
   bool sm90_only = false;
+  bool sm90_bwd_only = false;
   bool hopper = true;
   std::vector<std::string> sm90_variants;
   po::options_description desc("bench_attention: attention fwd/bwd TFLOP/s of the CUDA backend");
@@ -95,6 +102,8 @@ int main(int argc, char** argv) try {
       "(train.hopper_attention; sm_90 only)")(
       "sm90-only", po::bool_switch(&sm90_only),
       "only the sm90 forward kernel's table (skip the backend's fwd/bwd tables; cuDNN's forward is still timed for its column)")(
+      "sm90-bwd-only", po::bool_switch(&sm90_bwd_only),
+      "only the sm90 backward kernel's table (cuDNN's backward is still timed for its column)")(
       "sm90-variant", po::value<std::vector<std::string>>(&sm90_variants)->multitoken(),
       "sm90 variants to time (names as printed; default: every one)");
   po::variables_map vm;
@@ -104,6 +113,7 @@ int main(int argc, char** argv) try {
     return 0;
   }
   po::notify(vm);
+  if (sm90_bwd_only) sm90_only = true;
   if (ops::cuda_device_count() == 0) {
     std::cerr << "bench_attention: no CUDA device\n";
     return 77;
@@ -196,6 +206,7 @@ int main(int argc, char** argv) try {
   std::printf("| shape | S | mask | variant | fwd ms | fwd TFLOP/s | cudnn fwd TFLOP/s | ours / cudnn | max abs diff vs backend |\n"
               "|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
+    if (sm90_bwd_only) break;
     bool first = true;
     for (const bool causal : {true, false}) {
       for (const int64_t S : causal ? seqs : full_seqs) {
@@ -273,6 +284,115 @@ int main(int argc, char** argv) try {
           const double tf = flops(s, S, causal) / ms / 1e9;
           std::printf("| %s | %lld | %s | %s | %.2f | %.0f | %.0f (%s) | %.3f | %s |\n", s.name, static_cast<long long>(S),
                       causal ? "causal" : "none", kernels::sm90_fwd_variant_name(var), ms, tf, cudnn_tf, cudnn_path.c_str(),
+                      tf / cudnn_tf, diff.c_str());
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+
+  // The Hopper backward kernel, called directly, beside the backend's (cuDNN) backward.
+  std::printf("\n# sm90 backward kernel (kernels/attention_sm90.h: attention_bwd_sm90), bf16, batch 1, each variant; FLOPs 2.5 x "
+              "fwd; cudnn = the backend's backward in the same mode (sm90_attention off; atomic: train.deterministic false, one "
+              "call; deterministic: cuDNN's deterministic graph in its tiles; causal squares overwrite the gradients, unmasked "
+              "blocks accumulate, as LocalAttention / a ring step call it) on the same inputs; o and lse from the backend's "
+              "forward; max |d - backend d| over dq, dk, dv at the first causal length\n\n");
+  ops::CudaBackendOptions copts_atomic = copts;
+  copts_atomic.deterministic = false;
+  copts.deterministic = true;
+  auto cud_atomic = ops::make_cuda_backend(copts_atomic), cud_det = ops::make_cuda_backend(copts);
+  std::printf("| shape | S | mask | variant | bwd ms | bwd TFLOP/s | cudnn bwd TFLOP/s | ours / cudnn | max abs diff vs backend |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
+  for (const Shape& s : shapes) {
+    bool first = true;
+    for (const bool causal : {true, false}) {
+      for (const int64_t S : causal ? seqs : full_seqs) {
+        const int64_t nq = S * s.hq * s.hd, nk = S * s.hkv * s.hd;
+        ops::Buffer q = cud->alloc(DType::BF16, nq), k = cud->alloc(DType::BF16, nk), v = cud->alloc(DType::BF16, nk);
+        ops::Buffer o = cud->alloc(DType::BF16, nq), lse = cud->alloc(DType::F32, s.hq * S), dout = cud->alloc(DType::BF16, nq);
+        ops::Buffer dq = cud->alloc(DType::BF16, nq), dk = cud->alloc(DType::BF16, nk), dv = cud->alloc(DType::BF16, nk);
+        ops::Buffer dq2 = cud->alloc(DType::BF16, nq), dk2 = cud->alloc(DType::BF16, nk), dv2 = cud->alloc(DType::BF16, nk);
+        for (const ops::Buffer* b : {&q, &k, &v, &dout}) fill_random(*cud, *b, rng);
+        for (const ops::Buffer* b : {&dq, &dk, &dv, &dq2, &dk2, &dv2}) cud->fill(b->flat(), 0.0);
+        const auto qv = [&](const ops::Buffer& b) { return b.view({1, S, s.hq, s.hd}); };
+        const auto kv = [&](const ops::Buffer& b) { return b.view({1, S, s.hkv, s.hd}); };
+        ops::AttentionBlock blk;
+        blk.scale = 1.0 / std::sqrt(static_cast<double>(s.hd));
+        blk.causal = causal;
+        blk.accumulate = !causal;
+        cud->attention_fwd(qv(q), kv(k), kv(v), blk, qv(o), lse.flat());
+        kernels::AttentionParams p;
+        p.q = static_cast<const __nv_bfloat16*>(q.data());
+        p.k = static_cast<const __nv_bfloat16*>(k.data());
+        p.v = static_cast<const __nv_bfloat16*>(v.data());
+        p.o = static_cast<const __nv_bfloat16*>(o.data());
+        p.dout = static_cast<const __nv_bfloat16*>(dout.data());
+        p.lse = static_cast<const float*>(lse.data());
+        p.dq = static_cast<__nv_bfloat16*>(dq2.data());
+        p.dk = static_cast<__nv_bfloat16*>(dk2.data());
+        p.dv = static_cast<__nv_bfloat16*>(dv2.data());
+        p.batch = 1;
+        p.sq = p.sk = S;
+        p.hq = s.hq;
+        p.hkv = s.hkv;
+        p.hd = s.hd;
+        p.q_row = s.hq * s.hd;
+        p.q_batch = S * p.q_row;
+        p.k_row = s.hkv * s.hd;
+        p.k_batch = S * p.k_row;
+        p.scale = static_cast<float>(blk.scale);
+        p.scale_log2 = static_cast<float>(blk.scale * 1.4426950408889634);
+        p.causal = causal;
+        p.diag = 0;
+        std::string why;
+        if (!kernels::attention_bwd_sm90_supported(p, &why)) {
+          std::printf("| %s | %lld | %s | - | - | unsupported: %s |\n", s.name, static_cast<long long>(S),
+                      causal ? "causal" : "none", why.c_str());
+          continue;
+        }
+        const int64_t scratch_bytes = kernels::attention_bwd_sm90_scratch_bytes(p);
+        ops::Buffer scr = cud->alloc(DType::F32, scratch_bytes / 4 + 64);
+        void* scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scr.data()) + 255) / 256 * 256);
+        cudaStream_t st = ops::cuda_stream(*cud);
+        const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
+        const bool check = first && causal;
+        first = false;
+        const double fl = 2.5 * flops(s, S, causal);
+        for (const auto var : kernels::sm90_bwd_variants()) {
+          ops::Backend& cb = var == kernels::Sm90BwdVariant::Deterministic ? *cud_det : *cud_atomic;
+          const double cudnn_ms = time_ms(cb, warm, r, [&] {
+            cb.attention_bwd(qv(q), kv(k), kv(v), qv(o), lse.flat(), qv(dout), blk, qv(dq), kv(dk), kv(dv));
+          });
+          const std::string cudnn_path = ops::cuda_attention_path(cb);
+          const double cudnn_tf = fl / cudnn_ms / 1e9;
+          std::string diff = "-";
+          if (check) {  // one call onto zeroed gradients, against the backend's (which overwrote them)
+            for (const ops::Buffer* b : {&dq2, &dk2, &dv2}) cud->fill(b->flat(), 0.0);
+            kernels::attention_bwd_sm90(p, scratch, st, var);
+            double e = 0;
+            for (const auto& [a, b, n] : {std::make_tuple(&dq, &dq2, nq), std::make_tuple(&dk, &dk2, nk), std::make_tuple(&dv, &dv2, nk)}) {
+              std::vector<float> h1(static_cast<size_t>(n)), h2(static_cast<size_t>(n));
+              cud->copy(ops::Tensor(h1.data(), DType::F32, {n}), a->flat());
+              cud->copy(ops::Tensor(h2.data(), DType::F32, {n}), b->flat());
+              for (size_t i = 0; i < h1.size(); ++i) {
+                const double d = std::abs(static_cast<double>(h1[i]) - h2[i]);
+                e = std::isnan(d) ? INFINITY : std::max(e, d);
+              }
+            }
+            std::ostringstream os;
+            os << e;
+            diff = os.str();
+          }
+          const double ms = time_ms(*cud, warm, r, [&] { kernels::attention_bwd_sm90(p, scratch, st, var); });
+          const std::string hang = kernels::sm90_bwd_take_hang_report();
+          if (!hang.empty()) {
+            std::printf("| %s | %lld | %s | %s | hung: %s |\n", s.name, static_cast<long long>(S), causal ? "causal" : "none",
+                        kernels::sm90_bwd_variant_name(var), hang.c_str());
+            continue;
+          }
+          const double tf = fl / ms / 1e9;
+          std::printf("| %s | %lld | %s | %s | %.2f | %.0f | %.0f (%s) | %.3f | %s |\n", s.name, static_cast<long long>(S),
+                      causal ? "causal" : "none", kernels::sm90_bwd_variant_name(var), ms, tf, cudnn_tf, cudnn_path.c_str(),
                       tf / cudnn_tf, diff.c_str());
           std::fflush(stdout);
         }

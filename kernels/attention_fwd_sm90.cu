@@ -77,6 +77,7 @@
 #include <vector>
 
 #include "kernels/cuda_check.h"
+#include "kernels/sm90_common.cuh"  // PTX helpers, descriptors, make_map (moved there verbatim)
 #include "kernels/wgmma_sm90.cuh"
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -88,117 +89,10 @@ namespace sm90 {
 namespace {
 
 constexpr int kBlockN = 128;  // keys per K/V tile
-constexpr int kRowBytes = 128;  // one swizzled row: 64 bf16
 constexpr uint32_t kPanelBytesN = kBlockN * kRowBytes;  // one 64-column panel of a K/V tile
 
-// ------------------------------------------------------------------ PTX helpers
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Makes the initialised barriers visible to the async proxy (TMA) and the other threads.
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// One arrival plus `bytes` of expected transaction (the TMA loads complete them).
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits until the phase of parity `parity` has completed (a fresh barrier is in phase 0, so
-// waiting for parity 1 returns at once: the producer's first pass over the ring).
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// A wait that cannot complete (a protocol bug: wrong parity, arrival count or byte count)
-// would hang the process. After ~2^34 cycles (~9 s) the first such wait records where it was
-// (g_hang, read by sm90_take_hang_report()) and every wait, then and after, gives up: the
-// kernel ends quickly with wrong results and the context stays usable, so a test run reports
-// the hang and goes on to the next case instead of timing out. Only the slow path (the first
-// try failed) looks at the clock and, every 16 tries, at the flag.
-__device__ unsigned int g_hang[8];  // [0] flag, then block x, y, z, thread, barrier address, parity
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  if (mbar_try_wait(bar, parity)) return;
-  const long long t0 = clock64();
-  for (uint32_t tries = 1;; ++tries) {
-    if (mbar_try_wait(bar, parity)) return;
-    if ((tries & 15) == 0) {
-      if (*reinterpret_cast<volatile unsigned int*>(&g_hang[0]) != 0) return;
-      if (clock64() - t0 > (1ll << 34)) {
-        if (atomicCAS(&g_hang[0], 0u, 1u) == 0u) {
-          g_hang[1] = blockIdx.x;
-          g_hang[2] = blockIdx.y;
-          g_hang[3] = blockIdx.z;
-          g_hang[4] = threadIdx.x;
-          g_hang[5] = bar;
-          g_hang[6] = parity;
-          __threadfence();
-        }
-        return;
-      }
-    }
-  }
-}
-
-// TMA: box at coordinates (c0 = column, c1 = head, c2 = row, c3 = batch) of `map` into shared
-// memory at `dst`, completion (box bytes, zero-filled parts included) counted on `bar`.
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
-                                            int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}
-
-// The same with an L2 eviction policy (createpolicy below): K/V tiles are read by every CTA
-// of their head (and GQA group), Q tiles once.
-__device__ __forceinline__ void tma_load_4d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
-                                                 int c3, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ uint64_t policy_evict_last() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t policy_evict_first() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-
-// Named barriers (ids 1..15; 0 is __syncthreads): `count` threads take part, a multiple of 32.
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Waits until at most N committed wgmma groups are pending (groups complete in order).
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Pins registers that an in-flight wgmma reads or writes: without it the compiler may move
-// their uses across the wait (it cannot see the asynchrony) or reuse an A register early.
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
+// (The PTX helpers, reg_fence for fp32 arrays, desc_sw128, ex2, pack_bf16, aligned_smem,
+// encode_fn, make_map and aligned16 live in kernels/sm90_common.cuh.)
 __device__ __forceinline__ void reg_fence(uint32_t (&r)[kBlockN / 16][4]) {
 #pragma unroll
   for (int i = 0; i < kBlockN / 16; ++i)
@@ -206,22 +100,6 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[kBlockN / 16][4]) {
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
-// Shared-memory matrix descriptor, 128-byte swizzle (bit layout: see the file header).
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-__device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // ------------------------------------------------------------------ the two GEMMs
 // S[64 x 128] = Q[64 x HD] K[128 x HD]^T. q_base: shared address of this warpgroup's 64 rows in
@@ -383,12 +261,6 @@ struct FwdSmem {
   int tile_id[2];
 };
 
-// Dynamic shared memory is only guaranteed 16-byte aligned: round up to 1024 (1 KiB extra).
-template <typename T>
-__device__ __forceinline__ T& aligned_smem(unsigned char* raw) {
-  const uint32_t a = smem_u32(raw);
-  return *reinterpret_cast<T*>(raw + ((1024 - (a & 1023)) & 1023));
-}
 
 // Registers per thread of the producer / each consumer warpgroup (setmaxnreg): the register
 // file (64K) holds 128 * (producer + NC * consumer). NC = 2: 24 + 2 * 240 = 504 (of 512);
@@ -857,44 +729,6 @@ constexpr unsigned kTileCounters = 64;
 std::atomic<int64_t> g_l2_section_bytes{0};  // sm90_set_l2_section_bytes (0: 32 MiB)
 __device__ int g_tile_counters[kTileCounters];  // the persistent kernels' work counters (launch_fwd)
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  // Through cudart's entry-point query, so no -lcuda link is needed.
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    EASYCTX_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || f == nullptr)
-      EASYCTX_THROW("attention_fwd_sm90: the driver has no cuTensorMapEncodeTiled (query result ", static_cast<int>(q), ")");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// 4-D map over [batch][rows][heads][hd] bf16, dimensions innermost first (dim, head, row,
-// batch) so the byte strides grow (hd*2 <= row stride <= batch stride), as the driver's
-// stride rule describes; boxes of 64 columns (128 bytes, the swizzle span) x 1 head x box_rows
-// rows x 1 batch land in shared memory as box_rows rows of 128 bytes, 128-byte swizzled;
-// out-of-bounds elements (rows past Sq/Sk) read as zeros.
-CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, int64_t batch, int64_t row_stride,
-                     int64_t batch_stride, int box_rows, const char* what) {
-  CUtensorMap m;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(hd), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows),
-                              static_cast<cuuint64_t>(batch)};
-  // A single batch's stride is never used; TMA still wants a multiple of 16 bytes.
-  if (batch == 1) batch_stride = rows * row_stride;
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(hd) * 2, static_cast<cuuint64_t>(row_stride) * 2,
-                                 static_cast<cuuint64_t>(batch_stride) * 2};
-  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1};
-  const cuuint32_t estride[4] = {1, 1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box, estride,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    EASYCTX_THROW("attention_fwd_sm90: cuTensorMapEncodeTiled failed for ", what, " (CUresult ", static_cast<int>(r), ", hd ",
-                  hd, ", rows ", rows, ", heads ", heads, ", batch ", batch, ", row stride ", row_stride, ")");
-  return m;
-}
-
 template <int HD, int NC, int kSched, bool kPersist, int kPoly = 0, int kStages = 2>
 void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   constexpr int kBM = 64 * NC;
@@ -961,8 +795,6 @@ void launch_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __n
   wgmma_tile_check_kernel<HD><<<1, 128, smem, st>>>(tq, tk, tv, s_out, o_out, swap);
   EASYCTX_CUDA_CHECK_LAUNCH("sm90_wgmma_tile_check");
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 }  // namespace sm90

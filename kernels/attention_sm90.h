@@ -89,4 +89,50 @@ std::string sm90_take_hang_report();
 void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int hd,
                            float* s_out, float* o_out, cudaStream_t st, bool swap_v_offsets = false);
 
+// ------------------------------------------------------------------ backward (attention_bwd_sm90.cu)
+// dq += , dk += , dv += the gradients of this block (bf16, the contract of attention_bwd in
+// kernels/attention.h: q, k, v, o (the forward's output), dout, lse (natural log, -inf for rows
+// that see no key), scale, causal / diag as the forward). p.delta is NOT used: delta lives in
+// `scratch` with the other temporaries. FlashAttention-3-style: a CTA per (128 keys, kv head,
+// batch) loops over the query heads of its GQA group and their 64-row tiles that see its keys
+// (TMA + wgmma, a producer and two consumer warpgroups); dQ goes through an fp32 accumulator in
+// scratch. Design, and what is not done yet: the header comment of attention_bwd_sm90.cu.
+//   Atomic:          the consumers' dQ partials added by TMA bulk reduce-adds as they come
+//                    (the order of the fp32 additions varies run to run);
+//   Deterministic:   in a fixed order per query tile (key blocks from the last that sees the
+//                    tile down to the first, behind a semaphore per tile; consumer 0's partial
+//                    before consumer 1's), so the result is bit-identical run to run.
+enum class Sm90BwdVariant { Atomic, Deterministic };
+const char* sm90_bwd_variant_name(Sm90BwdVariant v);
+std::vector<Sm90BwdVariant> sm90_bwd_variants();  // both, in bench order
+
+// Bytes of device scratch attention_bwd_sm90 needs for `p` (only batch, hq, sq, hd matter):
+// the fp32 dQ accumulator [B, Hq, Sq_pad, hd] (Sq_pad = Sq rounded up to 64), lse in base 2 and
+// delta f32 [B, Hq, Sq_pad], the dQ semaphores i32 [B, Hq, Sq_pad / 64]. 0 when p is malformed.
+int64_t attention_bwd_sm90_scratch_bytes(const AttentionParams& p);
+
+// As attention_fwd_sm90_supported, for the backward: also o, dout, dq, dk, dv set and 16-byte
+// aligned (same strides as q / k).
+bool attention_bwd_sm90_supported(const AttentionParams& p, std::string* why = nullptr);
+
+// The backward on `st`. scratch: attention_bwd_sm90_scratch_bytes(p) bytes of device memory,
+// 256-byte aligned, owned by the caller (contents need not be initialised; in use until the
+// stream passes the call). Throws when !supported(p) or scratch is null / misaligned.
+void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st, Sm90BwdVariant variant);
+
+// "" normally; after a wait of the backward kernel gave up (an mbarrier or a deterministic dQ
+// semaphore that never completed: a protocol bug; results then garbage), where. Resets it.
+std::string sm90_bwd_take_hang_report();
+
+// Self-test of the GEMM shapes / layouts the backward adds (two warpgroups, keys 64w.. each),
+// on k [128 x hd] and q [64 x hd] row-major (hd 64 or 128), all outputs fp32 row-major:
+//   st_out[128 x 64] = k q^T                 (m64n64k16, both operands K-major from shared memory)
+//   dk_out[128 x hd] = bf16(st_out) q        (the accumulator as register A, q MN-major, 64-row tile)
+//   dq_out[64 x hd]  = bf16(st_out)^T k      (A = bf16(st)^T written to swizzled shared memory by
+//                                             the threads, both operands MN-major: trans-a, trans-b)
+// If st_out is wrong: the m64n64 K-major path; dk_out alone: the 64-row MN-major B descriptor
+// (LBO 8 KiB); dq_out alone: the swizzled store of dS^T, the proxy fence or the trans-a path.
+void sm90_bwd_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, int hd, float* st_out, float* dk_out,
+                         float* dq_out, cudaStream_t st);
+
 }  // namespace easyctx::kernels
