@@ -7,8 +7,11 @@
 # RUNS: model:tokens pairs (7b = configs/bench/llama2-7b-1gpu.yaml, 1b = the TinyLlama shape
 # through the same file with model.config tinyllama-1b). STEPS (default 3) steps each; the
 # figures are medians over the steps after the first, the whole step's and (fwd_bwd_*) the
-# forward + backward's alone (the 7B comparison: its fp32 optimizer lives in host memory, the
-# peer's bf16 one on the GPU). The 1B runs keep AdamW on the GPU. Prints one JSON line per run
+# forward + backward's alone. The optimizer's place is the plan's (offload_optimizer auto: the
+# fp32 master weights and Adam moments on the GPU when the run fits there with them, the 1B
+# always and the 7B at 32K on an H200, else in host memory; the trainer's "plan:
+# parallel.zero.offload_optimizer auto: ..." line says which); the peer's bf16 AdamW is on the
+# GPU. Prints one JSON line per run
 # (easyctx, then the peer when PEER=1) and appends them to $OUT/train_results.jsonl if OUT
 # is set. PEER_SCRIPT: the peer's path (default ../shared/bench/peer_hf_llama.py, else
 # .deps/peer_hf_llama.py). LAUNCH: a launcher prefix for several GPUs (mpirun ...), with
@@ -38,10 +41,7 @@ for run in $RUNS; do
   model=${run%%:*}
   seq=${run##*:}
   mcfg=llama2-7b
-  mset=()
-  # The 1B model's fp32 master weights and Adam moments fit on the GPU (17.6 GB): AdamW there,
-  # as the peer does. The 7B's (81 GB + 27 GB of fp32 gradients) do not: host AdamW.
-  [ "$model" = 1b ] && { mcfg=tinyllama-1b; mset=(--set parallel.zero.offload_optimizer=false); }
+  [ "$model" = 1b ] && mcfg=tinyllama-1b
   if [ "$PEER_ONLY" = 1 ]; then
     peer "$model" "$seq"
     continue
@@ -52,7 +52,7 @@ for run in $RUNS; do
   start=$(date +%s)
   set +e
   $LAUNCH "$BIN" "$CFG" --set model.config=$mcfg --set data.seq_length=$seq --set train.steps=$STEPS \
-    --set output.dir=$dir "${mset[@]}" "$@" > "$log" 2>&1
+    --set output.dir=$dir "$@" > "$log" 2>&1
   rc=$?
   set -e
   wall=$(( $(date +%s) - start ))

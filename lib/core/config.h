@@ -67,7 +67,13 @@ struct SequenceParallelConfig {
 
 struct ZeroConfig {
   int64_t stage = 0;            // 0 or 3
+  // parallel.zero.offload_optimizer: true (host memory), false (the GPU) or auto (the default):
+  // the memory plan keeps the optimizer on the GPU when the run fits there with it, else moves
+  // it to host memory (plan::plan_memory; the trainer applies the plan's choice before it
+  // allocates). While offload_optimizer_auto is set, offload_optimizer is false until resolved;
+  // code that sets offload_optimizer = true needs no change (auto only ever turns it on).
   bool offload_optimizer = false;
+  bool offload_optimizer_auto = true;
   bool offload_params = false;
   bool offload_grads = false;
   int64_t prefetch = 1;

@@ -152,6 +152,23 @@ class Registry {
                       },
                       [acc](const StageConfig& c) { return std::string(acc(const_cast<StageConfig&>(c)) ? "true" : "false"); }});
   }
+  // A bool that may also be "auto" (acc_auto: whether the value is still to be chosen).
+  template <typename Acc, typename AccAuto>
+  void add_bool_or_auto(const std::string& key, Acc acc, AccAuto acc_auto, const std::string& doc) {
+    fields.push_back({key, "", "bool or auto", "true, false or auto", doc,
+                      [acc, acc_auto](StageConfig& c, const std::string& s) -> std::string {
+                        bool v = false;
+                        const bool is_auto = s == "auto";
+                        if (!is_auto && !parse_bool(s, v)) return "true, false or auto";
+                        acc(c) = v;
+                        acc_auto(c) = is_auto;
+                        return "";
+                      },
+                      [acc, acc_auto](const StageConfig& c) {
+                        StageConfig& m = const_cast<StageConfig&>(c);
+                        return std::string(acc_auto(m) && !acc(m) ? "auto" : acc(m) ? "true" : "false");
+                      }});
+  }
   // check(value) returns "" or what is expected.
   template <typename Acc>
   void add_string(const std::string& key, Acc acc, const std::string& allowed, const std::string& doc,
@@ -343,9 +360,14 @@ const Registry& registry() {
               "state sharded over the ZeRO group by unit (embedding, each layer, head); each layer's parameters are "
               "gathered just before use and its gradient reduce-scattered right after its backward (CPU and CUDA; "
               "docs/training.md). Only 0 and 3 exist.");
-    r.add_bool("parallel.zero.offload_optimizer",
+    r.add_bool_or_auto("parallel.zero.offload_optimizer",
                [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer; },
-               "train.device cuda: keep the fp32 master weights and Adam moments in host memory (stage 3: each "
+               [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer_auto; },
+               "auto (the default): the memory plan chooses, before anything is allocated: the optimizer stays on "
+               "the GPU when the run fits there with it (the fastest place), else it moves to host memory as with "
+               "true (the plan's notes and the trainer's log say which; offload_params or offload_grads imply "
+               "true; on train.device cpu it means false). true, train.device cuda: keep the fp32 master weights "
+               "and Adam moments in host memory (stage 3: each "
                "rank's shards of them) and run AdamW on the host's threads; fp32 gradients stream down and bf16 "
                "weights back up in chunks through pinned staging, overlapped with the host update (saves 12 bytes "
                "per parameter on each GPU, 12/Z with stage 3; docs/memory-model.md). The update runs on a host "
@@ -586,6 +608,12 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
     walk(cfg, root, "", source);
   }
   for (const auto& o : overrides) apply_override(cfg, o);
+  // offload_params and offload_grads need the host AdamW: they decide an auto optimizer placement.
+  auto& z = cfg.parallel.zero;
+  if (z.offload_optimizer_auto && (z.offload_params || z.offload_grads)) {
+    z.offload_optimizer = true;
+    z.offload_optimizer_auto = false;
+  }
   return cfg;
 }
 

@@ -525,6 +525,7 @@ MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vecto
   p.gpu_fits = !r.cuda || p.gpu_peak_bytes <= p.gpu_usable;
   p.host_fits = p.host_peak_bytes <= p.host_usable;
   p.fits = p.gpu_fits && p.host_fits;
+  p.offload_optimizer = r.offload_opt();
   return p;
 }
 
@@ -626,8 +627,32 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
 }  // namespace detail
 
 MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
-  MemoryPlan p = detail::plan_core(cfg, target);
-  if (!p.fits) p.knobs = detail::search_knobs(cfg, target, p.tokens);
+  const auto& z = cfg.parallel.zero;
+  if (!z.offload_optimizer_auto || z.offload_optimizer) {
+    MemoryPlan p = detail::plan_core(cfg, target);
+    if (!p.fits) p.knobs = detail::search_knobs(cfg, target, p.tokens);
+    return p;
+  }
+  // parallel.zero.offload_optimizer auto: the GPU when the run fits there with the optimizer
+  // (its update is then a few ms of GPU time instead of seconds of host memory bandwidth),
+  // else host memory. The knobs, if it fits neither way, are searched from the host placement.
+  StageConfig c = cfg;
+  c.parallel.zero.offload_optimizer_auto = false;
+  MemoryPlan p = detail::plan_core(c, target);
+  if (p.gpu_capacity == 0) return p;  // not a CUDA run: there is no choice (the fits are the same)
+  using detail::gib;
+  if (p.gpu_fits) {
+    p.notes.push_back("parallel.zero.offload_optimizer auto: on the GPU (the run fits with it: " + gib(p.gpu_peak_bytes) +
+                      " of " + gib(p.gpu_usable) + " usable per GPU)");
+    if (!p.fits) p.knobs = detail::search_knobs(c, target, p.tokens);
+    return p;
+  }
+  const int64_t need = p.gpu_peak_bytes, usable = p.gpu_usable;
+  c.parallel.zero.offload_optimizer = true;
+  p = detail::plan_core(c, target);
+  p.notes.push_back("parallel.zero.offload_optimizer auto: in host memory (with it on the GPU the run would need " +
+                    gib(need) + " per GPU, " + gib(usable) + " usable)");
+  if (!p.fits) p.knobs = detail::search_knobs(c, target, p.tokens);
   return p;
 }
 

@@ -115,6 +115,10 @@ struct MemoryPlan {
   int64_t gpu_capacity = 0, gpu_usable = 0;
   int64_t host_capacity = 0, host_usable = 0;
   bool gpu_fits = true, host_fits = true, fits = true;
+  // Where the plan put the fp32 master weights and Adam moments: host memory (true; CUDA only)
+  // or the backend's device. With parallel.zero.offload_optimizer auto this is the plan's
+  // choice (plan_memory), which the trainer applies before it allocates.
+  bool offload_optimizer = false;
   std::vector<KnobFix> knobs;  // when !fits: single changes that fit, else a combination ("together")
   // The config keys that shape the plan, with their values ({"data.seq_length": 65536,
   // "parallel.zero.stage": 3, ...}): what a reader of plan.json needs to know what was planned.

@@ -80,6 +80,12 @@ void Trainer::init(dist::ProcessGroups* groups) {
   plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
   EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
                       " (the whole plan: easyctx_train STAGE.yaml --plan; target.headroom loosens the margin)");
+  // parallel.zero.offload_optimizer auto: the plan chose the optimizer's place; all below
+  // (the parameter store, the checkpoint's config) follows that choice.
+  if (cfg_.parallel.zero.offload_optimizer_auto) {
+    cfg_.parallel.zero.offload_optimizer = plan_->offload_optimizer;
+    cfg_.parallel.zero.offload_optimizer_auto = false;
+  }
   be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile, cfg_.train.hopper_attention});
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
   // trainer too, with the gradients staged through host memory.
@@ -278,6 +284,7 @@ void Trainer::log_startup() const {
   const std::string store = store_->describe();
   if (!store.empty()) log_info(store);
   for (const std::string& route : plan_->attention_routes) log_info("attention ", route);
+  for (const std::string& note : plan_->notes) log_info("plan: ", note);
   if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)
   const data::TokenDataset& ds = loader_->dataset();
   const UnigramStats us = unigram_stats(ds);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <tuple>
 
 #include "core/config.h"
 #include "core/error.h"
@@ -79,6 +80,37 @@ TEST(Config, DumpRoundTrips) {
   EXPECT_EQ(d.train.seed, c.train.seed);
 }
 
+// parallel.zero.offload_optimizer: true, false or auto (the default: the memory plan chooses,
+// tests/plan/test_memory_plan.cpp); offload_params / offload_grads make auto true; the dump
+// writes what was set, and reads back the same.
+TEST(Config, OffloadOptimizerTakesAuto) {
+  const auto parse = [](const std::string& zero) {
+    return parse_stage_config("parallel:\n  zero:\n    stage: 3\n" + zero, "stage.yaml");
+  };
+  const auto& z0 = StageConfig().parallel.zero;
+  EXPECT_TRUE(z0.offload_optimizer_auto);
+  EXPECT_FALSE(z0.offload_optimizer);
+  EXPECT_EQ(config_value(StageConfig(), "parallel.zero.offload_optimizer"), "auto");
+  for (const auto& [text, off, aut] : {std::make_tuple("", false, true), std::make_tuple("    offload_optimizer: auto\n", false, true),
+                                      std::make_tuple("    offload_optimizer: true\n", true, false),
+                                      std::make_tuple("    offload_optimizer: false\n", false, false),
+                                      std::make_tuple("    offload_params: true\n", true, false),
+                                      std::make_tuple("    offload_grads: true\n", true, false)}) {
+    const StageConfig c = parse(text);
+    EXPECT_EQ(c.parallel.zero.offload_optimizer, off) << text;
+    EXPECT_EQ(c.parallel.zero.offload_optimizer_auto, aut) << text;
+    const StageConfig d = parse_stage_config(dump_stage_config(c), "dump");
+    EXPECT_EQ(d.parallel.zero.offload_optimizer, off) << text;
+    EXPECT_EQ(d.parallel.zero.offload_optimizer_auto, aut) << text;
+    EXPECT_EQ(config_value(c, "parallel.zero.offload_optimizer"), aut ? "auto" : off ? "true" : "false") << text;
+  }
+  StageConfig c;
+  apply_override(c, "parallel.zero.offload_optimizer=false");
+  EXPECT_FALSE(c.parallel.zero.offload_optimizer_auto);
+  apply_override(c, "parallel.zero.offload_optimizer=auto");
+  EXPECT_TRUE(c.parallel.zero.offload_optimizer_auto);
+}
+
 struct BadConfig {
   const char* yaml;
   std::vector<std::string> must_contain;
@@ -94,16 +126,16 @@ TEST(Config, BadConfigsNameTheKey) {
       {"train:\n  batch_size: 2.5\n", {"train.batch_size", "'2.5'", "integer"}},
       {"parallel:\n  sequence:\n    mode: ring\n", {"stage.yaml:3:11", "parallel.sequence.mode", "'ring'", "zigzag_ring"}},
       {"parallel:\n  zero:\n    stage: 2\n", {"parallel.zero.stage", "'2'", "0 or 3"}},
-      {"parallel:\n  zero:\n    offload_optimizer: maybe\n", {"parallel.zero.offload_optimizer", "true or false"}},
+      {"parallel:\n  zero:\n    offload_optimizer: maybe\n", {"parallel.zero.offload_optimizer", "true, false or auto"}},
       {"model:\n  init: gs://bucket\n", {"model.init", "'gs://bucket'", "random, hf:DIR or ckpt:DIR"}},
       {"activation:\n  checkpoint: full\n", {"activation.checkpoint", "'full'", "attention_output"}},
       {"parallel:\n  sequence:\n    size: 3\n    mode: zigzag_ring\n", {"parallel.sequence.size", "3", "world size 4"}},
       {"parallel:\n  sequence:\n    size: 2\n    mode: none\n", {"parallel.sequence.size", "mode"}},
       {"parallel:\n  zero:\n    offload_params: true\n", {"parallel.zero.offload_params", "stage = 3"}},
-      {"parallel:\n  zero:\n    stage: 3\n    offload_params: true\n",
+      {"parallel:\n  zero:\n    stage: 3\n    offload_optimizer: false\n    offload_params: true\n",
        {"parallel.zero.offload_params", "offload_optimizer = true"}},
       {"parallel:\n  zero:\n    offload_grads: true\n", {"parallel.zero.offload_grads", "stage = 3"}},
-      {"parallel:\n  zero:\n    stage: 3\n    offload_grads: true\n",
+      {"parallel:\n  zero:\n    stage: 3\n    offload_optimizer: false\n    offload_grads: true\n",
        {"parallel.zero.offload_grads", "offload_optimizer = true"}},
       {"data:\n  seq_length: [1, 2]\n", {"data.seq_length", "expected a single value"}},
       {"trian:\n  steps: 3\n", {"unknown key 'trian'", "did you mean 'train'"}},
