@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -7,6 +8,7 @@
 #include "attention/strategy.h"
 #include "ckpt/convert.h"
 #include "ckpt/hf_model.h"
+#include "ckpt/rank_sync.h"
 #include "ckpt/sharded_checkpoint.h"
 #include "ckpt/tokenizer_files.h"
 #include "core/log.h"
@@ -83,8 +85,24 @@ void Trainer::init(dist::ProcessGroups* groups) {
   // parallel.zero.offload_optimizer auto: the plan chose the optimizer's place; all below
   // (the parameter store, the checkpoint's config) follows that choice.
   if (cfg_.parallel.zero.offload_optimizer_auto) {
-    cfg_.parallel.zero.offload_optimizer = plan_->offload_optimizer;
+    bool host = plan_->offload_optimizer;
+    if (world_.size() > 1 && device_ == DeviceKind::Cuda) {  // (be_ does not exist yet)
+      // One place on every rank (the stores' collectives differ with it): host memory when any
+      // rank's plan needs it there (a node whose GPUs have less memory than the others').
+      ckpt::RankSync sync(world_mpi_, cfg_.parallel.collective_timeout_s, "parallel.zero.offload_optimizer auto");
+      host = sync.reduce(host ? "host" : "gpu", "planning its memory", "choosing the optimizer's place",
+                         [](const std::vector<std::string>& r) {
+                           return std::string(std::count(r.begin(), r.end(), "host") > 0 ? "host" : "gpu");
+                         }) == "host";
+    }
+    cfg_.parallel.zero.offload_optimizer = host;
     cfg_.parallel.zero.offload_optimizer_auto = false;
+    if (host != plan_->offload_optimizer) {  // this rank planned the GPU: its plan as placed
+      plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
+      plan_->notes.push_back("parallel.zero.offload_optimizer auto: in host memory, as another rank's plan needs it");
+      EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with the optimizer in host memory, as another "
+                          "rank's plan needs it; the whole plan: easyctx_train STAGE.yaml --plan)");
+    }
   }
   be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile, cfg_.train.hopper_attention});
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA

@@ -247,7 +247,7 @@ TEST(MemoryPlan, OptimizerAutoPicksTheGpuWhenItFits) {
     StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml",
                                       {"data.seq_length=" + std::to_string(seq)});
     apply_override(c, std::string("parallel.zero.offload_optimizer=") + (auto_or_not == 2 ? "auto" : auto_or_not ? "true" : "false"));
-    plan::PlanTarget t = gpu_target(143771.0 / 1024);  // one H200 (its cudaMemGetInfo total)
+    plan::PlanTarget t = gpu_target(143771.0 / 1024);  // one H200 (nvidia-smi: 143,771 MiB)
     t.gpu_name = "NVIDIA H200";
     t.host_memory_bytes = int64_t{128} << 30;
     return plan::plan_memory(c, t);
