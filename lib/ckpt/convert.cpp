@@ -48,7 +48,7 @@ Weights read_checkpoint(const std::string& dir) {
   }
   const model::ParamLayout layout(w.config);
   for (const auto& u : layout.units()) {
-    const std::string name = "master/" + u.name;
+    const std::string name = array_name(ArrayKind::Master, u.name);
     EASYCTX_CHECK_INPUT(r.numel(name) == u.numel, ref.path, ": ", name, " has ", r.numel(name), " elements, the model in "
                         "its index needs ", u.numel);
     w.units.emplace_back(static_cast<size_t>(u.numel));
@@ -86,7 +86,8 @@ void write_checkpoint(const std::string& dir, Weights& w) {
   wo.run_id = "convert-" + new_run_id();
   CheckpointWriter cw(MPI_COMM_SELF, (fs::path(dir) / "checkpoints").string(), 0, wo);
   for (size_t u = 0; u < layout.units().size(); ++u)
-    cw.add("master/" + layout.units()[u].name, layout.units()[u].numel, 0, w.units[u].data(), layout.units()[u].numel);
+    cw.add(array_name(ArrayKind::Master, layout.units()[u].name), layout.units()[u].numel, 0, w.units[u].data(),
+           layout.units()[u].numel);
   Json meta = Json::object();
   meta.set("next_step", 0);
   meta.set("model", w.config.to_hf_json());

@@ -153,6 +153,22 @@ std::string move_aside(const std::string& dir, const std::string& aside, const s
 
 }  // namespace
 
+namespace {
+// The one spelling of the array kinds (ArrayKind): "<prefix><unit>".
+const char* kind_prefix(ArrayKind kind) {
+  switch (kind) {
+    case ArrayKind::Master: return "master/";
+    case ArrayKind::AdamM: return "adam_m/";
+    case ArrayKind::AdamV: return "adam_v/";
+  }
+  EASYCTX_THROW("unknown checkpoint array kind ", static_cast<int>(kind));
+}
+}  // namespace
+
+std::string array_name(ArrayKind kind, const std::string& unit) { return kind_prefix(kind) + unit; }
+
+bool is_weight_array(const std::string& name) { return starts_with(name, kind_prefix(ArrayKind::Master)); }
+
 std::string step_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));

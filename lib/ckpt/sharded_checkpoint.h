@@ -25,8 +25,8 @@
 // exchanges with rank 0 run under parallel.collective_timeout_s (ckpt/rank_sync.h): a rank that
 // stalls is named and the job aborted.
 //
-// Arrays are flat fp32 named like "master/layer.3"; each rank saves any [offset, offset+len)
-// ranges, and the reader assembles any range from whichever files hold it, so a checkpoint
+// Arrays are flat fp32 named like "master/layer.3" (array_name below); each rank saves any
+// [offset, offset+len) ranges, and the reader assembles any range from whichever files hold it, so a checkpoint
 // written by one rank count / ZeRO group / SP size is read by another (resharding).
 // Every dataset and every file's rank state carries a CRC32, the index's is in COMMITTED:
 // a corrupt, truncated or missing file is named.
@@ -43,6 +43,17 @@
 namespace easyctx::ckpt {
 
 class RankSync;
+
+// The arrays of a training checkpoint, one of each kind per parameter unit, named
+// "<kind>/<unit>" ("master/layer.3", "adam_m/layer.3"): the fp32 master weights (the model: all
+// that evaluation, conversion and model.init without model.carry_optimizer read) and the Adam
+// moments (read only to continue training: resume, model.carry_optimizer). Writers and loaders
+// name arrays through array_name; this is the one place that spells the kinds.
+enum class ArrayKind { Master, AdamM, AdamV };
+std::string array_name(ArrayKind kind, const std::string& unit);
+// Whether array `name` holds model weights (kind Master, "master/..."); anything else (the Adam
+// moments, or an array of another writer) is not.
+bool is_weight_array(const std::string& name);
 
 std::string step_dir_name(int64_t step);  // "step-00000123"
 // The step of a step folder's name ("step-00000123" -> 123), -1 for any other name.

@@ -165,7 +165,7 @@ std::vector<ops::Buffer> load_model_weights(const ModelRef& m, const model::Para
   std::vector<float> chunk(in_place ? 0 : static_cast<size_t>(load_staging_elems(m, layout)));
   for (size_t u = 0; u < layout.num_units(); ++u) {
     const model::ParamUnit& pu = layout.units()[u];
-    const std::string name = "master/" + pu.name;
+    const std::string name = ckpt::array_name(ckpt::ArrayKind::Master, pu.name);
     EASYCTX_CHECK_INPUT(r.numel(name) == pu.numel, m.dir, ": ", name, " has ", r.numel(name),
                         " elements, the model in its index needs ", pu.numel);
     if (in_place) {
