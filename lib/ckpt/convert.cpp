@@ -33,7 +33,8 @@ std::vector<ops::Tensor> views(std::vector<std::vector<float>>& units) {
 
 Weights read_checkpoint(const std::string& dir) {
   std::vector<std::string> warnings;
-  const CheckpointRef ref = resolve_verified(dir, &warnings);  // checksums first: never export a flipped bit
+  // Checksums first: never export a flipped bit (of the weights, all that is read and exported).
+  const CheckpointRef ref = resolve_verified(dir, &warnings, VerifyScope::Weights);
   for (const auto& w : warnings) log_warn(w);
   EASYCTX_CHECK_INPUT(ref.step >= 0, "--from ckpt:", dir, ": no committed checkpoint there");
   CheckpointReader r(ref.path);

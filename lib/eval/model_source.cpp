@@ -62,7 +62,8 @@ ModelRef resolve_model(const std::string& spec, const std::string& flag) {
     const std::string dir = spec.substr(5);
     EASYCTX_CHECK_INPUT(fs::is_directory(dir), flag, " ", spec, ": no such folder");
     std::vector<std::string> warnings;
-    const ckpt::CheckpointRef ref = ckpt::resolve_verified(dir, &warnings);  // (checksums first)
+    // Checksums first: of the weights it loads (the Adam moments are not read).
+    const ckpt::CheckpointRef ref = ckpt::resolve_verified(dir, &warnings, ckpt::VerifyScope::Weights);
     for (const std::string& w : warnings) log_warn(flag, " ", spec, ": ", w);
     return with_checkpoint(m, ref, flag);
   }
@@ -98,7 +99,8 @@ ModelRef resolve_model(const std::string& spec, MPI_Comm comm, double timeout_s,
   const std::string missing = sync.rank() == 0 && !fs::is_directory(dir, ec) ? "missing" : "";
   EASYCTX_CHECK_INPUT(sync.bcast(missing, "looking for " + dir).empty(), flag, " ", spec, ": no such folder");
   std::vector<std::string> warnings;
-  const ckpt::CheckpointRef ref = ckpt::resolve_verified(sync, dir, &warnings);  // (checksums first, shared)
+  // Checksums first, shared: of the weights it loads (the Adam moments are not read).
+  const ckpt::CheckpointRef ref = ckpt::resolve_verified(sync, dir, &warnings, ckpt::VerifyScope::Weights);
   if (sync.rank() == 0)
     for (const std::string& w : warnings) log_warn(flag, " ", spec, ": ", w);
   return with_checkpoint(m, ref, flag);
