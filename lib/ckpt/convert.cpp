@@ -33,7 +33,8 @@ std::vector<ops::Tensor> views(std::vector<std::vector<float>>& units) {
 
 Weights read_checkpoint(const std::string& dir) {
   std::vector<std::string> warnings;
-  const CheckpointRef ref = resolve_verified(dir, &warnings);  // checksums first: never export a flipped bit
+  // Checksums first: never export a flipped bit (of the weights, all that is read and exported).
+  const CheckpointRef ref = resolve_verified(dir, &warnings, VerifyScope::Weights);
   for (const auto& w : warnings) log_warn(w);
   EASYCTX_CHECK_INPUT(ref.step >= 0, "--from ckpt:", dir, ": no committed checkpoint there");
   CheckpointReader r(ref.path);
@@ -48,7 +49,7 @@ Weights read_checkpoint(const std::string& dir) {
   }
   const model::ParamLayout layout(w.config);
   for (const auto& u : layout.units()) {
-    const std::string name = "master/" + u.name;
+    const std::string name = array_name(ArrayKind::Master, u.name);
     EASYCTX_CHECK_INPUT(r.numel(name) == u.numel, ref.path, ": ", name, " has ", r.numel(name), " elements, the model in "
                         "its index needs ", u.numel);
     w.units.emplace_back(static_cast<size_t>(u.numel));
@@ -86,7 +87,8 @@ void write_checkpoint(const std::string& dir, Weights& w) {
   wo.run_id = "convert-" + new_run_id();
   CheckpointWriter cw(MPI_COMM_SELF, (fs::path(dir) / "checkpoints").string(), 0, wo);
   for (size_t u = 0; u < layout.units().size(); ++u)
-    cw.add("master/" + layout.units()[u].name, layout.units()[u].numel, 0, w.units[u].data(), layout.units()[u].numel);
+    cw.add(array_name(ArrayKind::Master, layout.units()[u].name), layout.units()[u].numel, 0, w.units[u].data(),
+           layout.units()[u].numel);
   Json meta = Json::object();
   meta.set("next_step", 0);
   meta.set("model", w.config.to_hf_json());

@@ -165,7 +165,7 @@ std::vector<CheckpointEntry> checkpoint_candidates(const std::string& spec, std:
   return mine;
 }
 
-CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>* warnings) {
+CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>* warnings, VerifyScope scope) {
   std::string note;
   const std::vector<CheckpointEntry> cands = checkpoint_candidates(spec, &note);
   if (!note.empty() && warnings) warnings->push_back(note);
@@ -173,7 +173,7 @@ CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>
   for (const CheckpointEntry& c : cands) {
     try {
       const CheckpointReader r(c.path);
-      r.verify();
+      r.verify(scope);
       return {r.path(), r.step()};
     } catch (const std::exception& e) {
       broken += std::string(broken.empty() ? "" : "; ") + e.what();
@@ -185,7 +185,8 @@ CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>
   return {};
 }
 
-CheckpointRef resolve_verified(RankSync& sync, const std::string& spec, std::vector<std::string>* warnings) {
+CheckpointRef resolve_verified(RankSync& sync, const std::string& spec, std::vector<std::string>* warnings,
+                               VerifyScope scope) {
   // Rank 0's listing, as JSON: {"paths": [...], "note": ...} or {"error": ..., "input": bool}
   // (an error while listing ends every rank alike, as the same exception type).
   std::string listing;
@@ -217,7 +218,7 @@ CheckpointRef resolve_verified(RankSync& sync, const std::string& spec, std::vec
   for (const Json& c : got.at("paths").as_array()) paths.push_back(c.as_string());
   std::vector<std::string> problems;
   CheckpointRef ref;
-  const int chosen = first_verified(sync, paths, &problems, &ref);
+  const int chosen = first_verified(sync, paths, &problems, &ref, scope);
   for (size_t i = 0; warnings && paths.size() > 1 && i < problems.size(); ++i)
     warnings->push_back("checkpoint " + paths[i] + " is broken (" + problems[i] + "); trying the previous one");
   if (chosen < 0 && !paths.empty())
@@ -226,10 +227,10 @@ CheckpointRef resolve_verified(RankSync& sync, const std::string& spec, std::vec
 }
 
 int first_verified(RankSync& sync, const std::vector<std::string>& paths, std::vector<std::string>* problems,
-                   CheckpointRef* ref) {
+                   CheckpointRef* ref, VerifyScope scope) {
   for (size_t i = 0; i < paths.size(); ++i) {
     // The same verdict on every rank: "" or the first problem found (naming file and dataset).
-    const std::string problem = verify_collectively(sync, paths[i], ref);
+    const std::string problem = verify_collectively(sync, paths[i], ref, scope);
     if (problem.empty()) return static_cast<int>(i);
     problems->push_back(problem);
   }

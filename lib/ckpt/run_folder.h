@@ -56,10 +56,12 @@ bool belongs_to(const std::string& ckpt_run_id, const RunInfo& run);
 // it has a run.json, only that run's checkpoints; `note` then names what was left out.
 std::vector<CheckpointEntry> checkpoint_candidates(const std::string& spec, std::string* note);
 
-// Single process (easyctx_convert, tests): the newest candidate of `spec` that verifies, the
-// broken ones skipped with a line each in `warnings`. Step -1 when there is no candidate;
-// InputError naming every broken one when none verifies.
-CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>* warnings);
+// Single process (easyctx_convert, tests): the newest candidate of `spec` that verifies (in
+// `scope`: a consumer that loads only the model passes VerifyScope::Weights), the broken ones
+// skipped with a line each in `warnings`. Step -1 when there is no candidate; InputError naming
+// every broken one when none verifies.
+CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>* warnings,
+                               VerifyScope scope = VerifyScope::Everything);
 
 // The same, collective over sync's ranks (every rank calls it with the same spec), for jobs
 // whose ranks all load the same whole checkpoint (the evaluation programs): rank 0 lists the
@@ -67,16 +69,19 @@ CheckpointRef resolve_verified(const std::string& spec, std::vector<std::string>
 // disagree) and each candidate's files are verified once, each by one rank
 // (verify_collectively), instead of every file by every rank. Every rank returns the same
 // checkpoint and warnings, or throws the same exception (InputError naming the file and
-// dataset when none verifies).
-CheckpointRef resolve_verified(RankSync& sync, const std::string& spec, std::vector<std::string>* warnings);
+// dataset when none verifies). The evaluation programs pass VerifyScope::Weights: they read
+// the master weights only.
+CheckpointRef resolve_verified(RankSync& sync, const std::string& spec, std::vector<std::string>* warnings,
+                               VerifyScope scope = VerifyScope::Everything);
 
 // Collective over sync's ranks (every rank passes the same paths, newest first): verifies them
-// in turn (verify_collectively) up to the first intact one and returns its index, or -1 when
-// none is; *problems gets what is wrong with each broken one before it, in order, and *ref
-// (optional) the intact checkpoint. The same on every rank. The one loop behind the trainer's
-// start (resume, model.init) and resolve_verified above, which word their messages themselves.
+// in turn (verify_collectively, in `scope`) up to the first intact one and returns its index,
+// or -1 when none is; *problems gets what is wrong with each broken one before it, in order,
+// and *ref (optional) the intact checkpoint. The same on every rank. The one loop behind the
+// trainer's start (resume: Everything; model.init: Weights unless model.carry_optimizer) and
+// resolve_verified above, which word their messages themselves.
 int first_verified(RankSync& sync, const std::vector<std::string>& paths, std::vector<std::string>* problems,
-                   CheckpointRef* ref = nullptr);
+                   CheckpointRef* ref = nullptr, VerifyScope scope = VerifyScope::Everything);
 
 // Moves the earlier run's DONE, final/, plan.json and run.json record (info, its run.json) to
 // <run_dir>/previous/<old_id>/, and copies (keep_metrics) or moves its metrics.jsonl there.

@@ -25,8 +25,8 @@
 // exchanges with rank 0 run under parallel.collective_timeout_s (ckpt/rank_sync.h): a rank that
 // stalls is named and the job aborted.
 //
-// Arrays are flat fp32 named like "master/layer.3"; each rank saves any [offset, offset+len)
-// ranges, and the reader assembles any range from whichever files hold it, so a checkpoint
+// Arrays are flat fp32 named like "master/layer.3" (array_name below); each rank saves any
+// [offset, offset+len) ranges, and the reader assembles any range from whichever files hold it, so a checkpoint
 // written by one rank count / ZeRO group / SP size is read by another (resharding).
 // Every dataset and every file's rank state carries a CRC32, the index's is in COMMITTED:
 // a corrupt, truncated or missing file is named.
@@ -43,6 +43,31 @@
 namespace easyctx::ckpt {
 
 class RankSync;
+
+// The arrays of a training checkpoint, one of each kind per parameter unit, named
+// "<kind>/<unit>" ("master/layer.3", "adam_m/layer.3"): the fp32 master weights (the model: all
+// that evaluation, conversion and model.init without model.carry_optimizer read) and the Adam
+// moments (read only to continue training: resume, model.carry_optimizer). Writers and loaders
+// name arrays through array_name; this is the one place that spells the kinds.
+enum class ArrayKind { Master, AdamM, AdamV };
+std::string array_name(ArrayKind kind, const std::string& unit);
+// Whether array `name` holds model weights (kind Master, "master/..."); anything else (the Adam
+// moments, or an array of another writer) is not.
+bool is_weight_array(const std::string& name);
+
+// What a verification reads and checks against the CRC32s of the index. Either way every rank
+// file must be present with its indexed size (CheckpointReader's constructor) and the index
+// must match the checksum in COMMITTED.
+enum class VerifyScope {
+  // Every dataset of every file and each file's rank state: what a resume loads (and what a
+  // save that finds its step committed keeps).
+  Everything,
+  // The weight arrays only (is_weight_array): what a load of the model alone reads (evaluation,
+  // easyctx_convert, model.init without model.carry_optimizer). The Adam moments, two thirds
+  // of a training checkpoint's bytes, and the rank states are neither read nor checked, so
+  // damage there does not make such a consumer skip the checkpoint.
+  Weights,
+};
 
 std::string step_dir_name(int64_t step);  // "step-00000123"
 // The step of a step folder's name ("step-00000123" -> 123), -1 for any other name.
@@ -123,7 +148,8 @@ struct CheckpointEntry {
 std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
 
 // The newest committed checkpoint under root that passes verification (files present, sizes
-// as indexed, every dataset's CRC); broken ones are skipped with a message in `warnings`.
+// as indexed, every dataset's CRC: VerifyScope::Everything); broken ones are skipped with a
+// message in `warnings`.
 // Returns step -1 when there is none.
 CheckpointRef find_latest_checkpoint(const std::string& root, std::vector<std::string>* warnings);
 
@@ -148,10 +174,12 @@ class CheckpointReader {
   uint64_t bytes_read() const { return bytes_read_; }
   // The per-rank state written by rank `rank` of the saving run.
   Json rank_meta(int rank) const;
-  // Reads every dataset of every file and checks its CRC (throws naming file and dataset).
-  void verify() const { verify_files(0, 1); }
+  // Reads the datasets `scope` covers (every one by default; the weight arrays only for
+  // VerifyScope::Weights) of every file and checks their CRCs, and with Everything each file's
+  // rank state; throws InputError naming the file and the dataset (with its array name).
+  void verify(VerifyScope scope = VerifyScope::Everything) const { verify_files(0, 1, scope); }
   // The same for files first, first + stride, ... (a share of a collective verification).
-  void verify_files(int first, int stride) const;
+  void verify_files(int first, int stride, VerifyScope scope = VerifyScope::Everything) const;
 
  private:
   struct FileSlice {
@@ -168,13 +196,18 @@ class CheckpointReader {
 };
 
 // Collective over sync's ranks: every rank verifies a share of the files of the checkpoint at
-// `path` (CheckpointReader + verify_files). Returns "" when it is intact, else what is wrong
-// (naming file and dataset), the same string on every rank. When intact and `ref` is given,
-// *ref is the checkpoint (its path and the step its index records).
-std::string verify_collectively(RankSync& sync, const std::string& path, CheckpointRef* ref = nullptr);
+// `path` (CheckpointReader + verify_files with `scope`). Returns "" when it is intact, else
+// what is wrong (naming file and dataset), the same string on every rank. When intact and
+// `ref` is given, *ref is the checkpoint (its path and the step its index records).
+std::string verify_collectively(RankSync& sync, const std::string& path, CheckpointRef* ref = nullptr,
+                                VerifyScope scope = VerifyScope::Everything);
 
-// Files whose datasets this process has read and checked (CheckpointReader::verify_files), for
-// tests that verification work is shared between ranks rather than repeated on each.
+// What this process's verifications (CheckpointReader::verify_files) have covered so far: the
+// files of its shares, the datasets it read and checked, and their bytes. For tests that the
+// work is shared between ranks rather than repeated on each, and that VerifyScope::Weights
+// reads only the weights.
 uint64_t verified_file_count();
+uint64_t verified_dataset_count();
+uint64_t verified_byte_count();
 
 }  // namespace easyctx::ckpt

@@ -62,7 +62,8 @@ ModelRef resolve_model(const std::string& spec, const std::string& flag) {
     const std::string dir = spec.substr(5);
     EASYCTX_CHECK_INPUT(fs::is_directory(dir), flag, " ", spec, ": no such folder");
     std::vector<std::string> warnings;
-    const ckpt::CheckpointRef ref = ckpt::resolve_verified(dir, &warnings);  // (checksums first)
+    // Checksums first: of the weights it loads (the Adam moments are not read).
+    const ckpt::CheckpointRef ref = ckpt::resolve_verified(dir, &warnings, ckpt::VerifyScope::Weights);
     for (const std::string& w : warnings) log_warn(flag, " ", spec, ": ", w);
     return with_checkpoint(m, ref, flag);
   }
@@ -98,7 +99,8 @@ ModelRef resolve_model(const std::string& spec, MPI_Comm comm, double timeout_s,
   const std::string missing = sync.rank() == 0 && !fs::is_directory(dir, ec) ? "missing" : "";
   EASYCTX_CHECK_INPUT(sync.bcast(missing, "looking for " + dir).empty(), flag, " ", spec, ": no such folder");
   std::vector<std::string> warnings;
-  const ckpt::CheckpointRef ref = ckpt::resolve_verified(sync, dir, &warnings);  // (checksums first, shared)
+  // Checksums first, shared: of the weights it loads (the Adam moments are not read).
+  const ckpt::CheckpointRef ref = ckpt::resolve_verified(sync, dir, &warnings, ckpt::VerifyScope::Weights);
   if (sync.rank() == 0)
     for (const std::string& w : warnings) log_warn(flag, " ", spec, ": ", w);
   return with_checkpoint(m, ref, flag);
@@ -165,7 +167,7 @@ std::vector<ops::Buffer> load_model_weights(const ModelRef& m, const model::Para
   std::vector<float> chunk(in_place ? 0 : static_cast<size_t>(load_staging_elems(m, layout)));
   for (size_t u = 0; u < layout.num_units(); ++u) {
     const model::ParamUnit& pu = layout.units()[u];
-    const std::string name = "master/" + pu.name;
+    const std::string name = ckpt::array_name(ckpt::ArrayKind::Master, pu.name);
     EASYCTX_CHECK_INPUT(r.numel(name) == pu.numel, m.dir, ": ", name, " has ", r.numel(name),
                         " elements, the model in its index needs ", pu.numel);
     if (in_place) {

@@ -36,14 +36,16 @@ struct ModelRef {
 };
 
 // Resolves `spec` (`flag` names it in errors: InputError when the folder or checkpoint is not
-// there); warnings about skipped broken checkpoints are logged.
+// there); warnings about skipped broken checkpoints are logged. A checkpoint is verified in
+// ckpt::VerifyScope::Weights: the master weights load_model_weights reads, not the Adam
+// moments, whose damage does not make it skip a checkpoint.
 ModelRef resolve_model(const std::string& spec, const std::string& flag = "--model");
 // The same, collective over `comm` (every rank calls it with the same spec) for a job whose
-// ranks all load the model: a checkpoint's files are verified once, each by one rank
-// (ckpt::resolve_verified over a RankSync, parallel.collective_timeout_s = timeout_s), and
-// every rank returns the same ModelRef or throws the same InputError (a corrupt file named
-// with its dataset and checksums). Warnings are logged by the comm's rank 0. Other specs have
-// nothing to verify: resolved locally, no exchange.
+// ranks all load the model: a checkpoint's files are verified once (their weights, as above),
+// each by one rank (ckpt::resolve_verified over a RankSync, parallel.collective_timeout_s =
+// timeout_s), and every rank returns the same ModelRef or throws the same InputError (a
+// corrupt file named with its dataset and checksums). Warnings are logged by the comm's rank
+// 0. Other specs have nothing to verify: resolved locally, no exchange.
 ModelRef resolve_model(const std::string& spec, MPI_Comm comm, double timeout_s, const std::string& flag = "--model");
 // The model's shape; rope_theta > 0 overrides the model's.
 model::LlamaConfig model_config(const ModelRef& m, double rope_theta = 0);

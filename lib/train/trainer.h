@@ -38,6 +38,7 @@ struct MemoryPlan;
 
 namespace easyctx::ckpt {
 class RankSync;
+enum class VerifyScope;
 }
 
 namespace easyctx::train {
@@ -121,10 +122,10 @@ class Trainer {
  private:
   void init(dist::ProcessGroups* groups);
   void load_weights();  // model.init, or resume from <output.dir>/checkpoints; records the run
-  // The newest of `candidates` (a JSON array of {path, step, run_id}) that verifies (every rank
-  // checks a share of its files): its index, or -1 when there is none; InputError naming every
-  // broken one (after `what`) when none verifies.
-  int choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what);
+  // The newest of `candidates` (a JSON array of {path, step, run_id}) that verifies in `scope`
+  // (every rank checks a share of its files): its index, or -1 when there is none; InputError
+  // naming every broken one (after `what`) when none verifies.
+  int choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what, ckpt::VerifyScope scope);
   Json plan_start() const;                                        // rank 0 (load_weights)
   Json record_run(const Json& plan, const Json& chosen) const;    // rank 0 (load_weights)
   void write_plan() const;                                        // rank 0 (run): <output.dir>/plan.json

@@ -106,10 +106,11 @@ Json entry_json(const ckpt::CheckpointEntry& e) {
 
 }  // namespace
 
-int Trainer::choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what) {
+int Trainer::choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what,
+                             ckpt::VerifyScope scope) {
   std::vector<std::string> paths, problems;
   for (const Json& c : candidates.as_array()) paths.push_back(c.at("path").as_string());
-  const int chosen = ckpt::first_verified(sync, paths, &problems);
+  const int chosen = ckpt::first_verified(sync, paths, &problems, nullptr, scope);
   const std::string broken = join(problems, "; ");
   if (chosen >= 0 && !broken.empty() && world_.rank() == 0)
     log_warn(what, ": skipped broken checkpoint(s): ", broken, "; using ", paths[static_cast<size_t>(chosen)]);
@@ -277,12 +278,12 @@ void Trainer::load_weights() {
                                "start plan");
   if (rank == 0 && !plan.at("note").as_string().empty()) log_info(plan.at("note").as_string());
 
-  // The newest candidate that verifies; only broken ones is an error, never a silent restart
-  // from model.init.
+  // The newest candidate that verifies (all of it: a resume loads the Adam moments and the
+  // rank states too); only broken ones is an error, never a silent restart from model.init.
   const Json& cands = plan.at("candidates");
   const std::string what = opts_.resume == "auto" ? "--resume auto (the run " + out + "/run.json names)"
                                                   : "--resume " + opts_.resume;
-  const int chosen = choose_verified(sync, cands, what);
+  const int chosen = choose_verified(sync, cands, what, ckpt::VerifyScope::Everything);
   if (chosen < 0 && opts_.resume == "auto" && !plan.at("current").is_null() && rank == 0)
     log_info("run ", plan.at("current").at("run_id").as_string(),
              " has no checkpoint yet: starting it from model.init");
@@ -356,7 +357,10 @@ void Trainer::load_weights() {
     const Json init_cands =
         parse_json(sync.reduce("", "loading", "listing model.init's checkpoints", list), "model.init candidates");
     EASYCTX_CHECK_INPUT(init_cands.size() > 0, "model.init: ", init, ": no committed checkpoint there");
-    const int i = choose_verified(sync, init_cands, "model.init: " + init);
+    // Verified as far as it is read: the weights, and the Adam moments only when carried.
+    const int i =
+        choose_verified(sync, init_cands, "model.init: " + init,
+                        cfg_.model.carry_optimizer ? ckpt::VerifyScope::Everything : ckpt::VerifyScope::Weights);
     const ckpt::CheckpointReader r(init_cands[static_cast<size_t>(i)].at("path").as_string());
     check_same_model(r, model_->config(), "model.init: " + init);
     if (cfg_.model.carry_optimizer)

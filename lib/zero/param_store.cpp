@@ -98,24 +98,24 @@ void ParamStore::load_master(const MasterFill& fill) {
     load_part(u, master_[u], [&](int64_t lo, int64_t n, float* out) { fill(u, lo, n, out); });
 }
 
-void ParamStore::read_units(const ckpt::CheckpointReader& r, const std::string& kind, std::vector<ops::Buffer>& bufs) {
+void ParamStore::read_units(const ckpt::CheckpointReader& r, ckpt::ArrayKind kind, std::vector<ops::Buffer>& bufs) {
   const auto& units = layout_.units();
   for (size_t u = 0; u < units.size(); ++u) {
-    const std::string name = kind + "/" + units[u].name;
+    const std::string name = ckpt::array_name(kind, units[u].name);
     EASYCTX_CHECK_INPUT(r.numel(name) == units[u].numel, r.path(), ": ", name, " has ", r.numel(name),
                         " elements, this model needs ", units[u].numel, " (different model config?)");
   }
   for (size_t u = 0; u < units.size(); ++u) {
-    const std::string name = kind + "/" + units[u].name;
+    const std::string name = ckpt::array_name(kind, units[u].name);
     load_part(u, bufs[u], [&](int64_t lo, int64_t n, float* out) { r.read(name, lo, n, out); });
   }
 }
 
 void ParamStore::read_checkpoint(const ckpt::CheckpointReader& r, bool moments) {
-  read_units(r, "master", master_);
+  read_units(r, ckpt::ArrayKind::Master, master_);
   if (!moments) return;
-  read_units(r, "adam_m", adam_m_);
-  read_units(r, "adam_v", adam_v_);
+  read_units(r, ckpt::ArrayKind::AdamM, adam_m_);
+  read_units(r, ckpt::ArrayKind::AdamV, adam_v_);
 }
 
 void ParamStore::settle() const {

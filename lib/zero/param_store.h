@@ -31,6 +31,7 @@
 namespace easyctx::ckpt {
 class CheckpointReader;
 class CheckpointWriter;
+enum class ArrayKind;
 }  // namespace easyctx::ckpt
 
 namespace easyctx::zero {
@@ -187,7 +188,7 @@ class ParamStore {
   // Unit u's kept part into buffer b: `read(lo, length, out)` writes it to host f32 `out` (b
   // itself when in host memory, else a staging of that part copied to the device).
   void load_part(size_t u, const ops::Buffer& b, const std::function<void(int64_t, int64_t, float*)>& read);
-  void read_units(const ckpt::CheckpointReader& r, const std::string& kind, std::vector<ops::Buffer>& bufs);
+  void read_units(const ckpt::CheckpointReader& r, ckpt::ArrayKind kind, std::vector<ops::Buffer>& bufs);
 };
 
 // torch.nn.utils.clip_grad_norm_ over local gradients: returns their global L2 norm and, when

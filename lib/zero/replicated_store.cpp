@@ -107,7 +107,9 @@ class ReplicatedStore final : public ParamStore {
     const bool direct = host_resident(master_);
     for (size_t u = 0; u < master_.size(); ++u) {
       const int64_t n = master_[u].numel(), lo = n * r / W, hi = n * (r + 1) / W;
-      for (auto [kind, bufs] : {std::pair{"master/", &master_}, {"adam_m/", &adam_m_}, {"adam_v/", &adam_v_}}) {
+      for (auto [kind, bufs] : {std::pair{ckpt::ArrayKind::Master, &master_},
+                                {ckpt::ArrayKind::AdamM, &adam_m_},
+                                {ckpt::ArrayKind::AdamV, &adam_v_}}) {
         const float* p = nullptr;
         if (direct) {
           p = (*bufs)[u].flat().ptr<float>() + lo;
@@ -116,7 +118,7 @@ class ReplicatedStore final : public ParamStore {
           be_.copy(ops::Tensor(stage.back().data(), DType::F32, {hi - lo}), (*bufs)[u].flat().slice_flat(lo, {hi - lo}));
           p = stage.back().data();
         }
-        w.add(kind + layout_.units()[u].name, n, lo, p, hi - lo);
+        w.add(ckpt::array_name(kind, layout_.units()[u].name), n, lo, p, hi - lo);
       }
     }
   }

@@ -108,7 +108,9 @@ class ShardedStore final : public ParamStore {
     const bool direct = host_resident(master_);
     for (size_t u = 0; u < sl_.units(); ++u) {
       const int64_t len = sl_.valid(u);
-      for (auto [kind, bufs] : {std::pair{"master/", &master_}, {"adam_m/", &adam_m_}, {"adam_v/", &adam_v_}}) {
+      for (auto [kind, bufs] : {std::pair{ckpt::ArrayKind::Master, &master_},
+                                {ckpt::ArrayKind::AdamM, &adam_m_},
+                                {ckpt::ArrayKind::AdamV, &adam_v_}}) {
         const float* p = nullptr;
         if (direct || len <= 0) {
           p = (*bufs)[u].flat().ptr<float>();
@@ -117,7 +119,7 @@ class ShardedStore final : public ParamStore {
           be_.copy(ops::Tensor(stage.back().data(), DType::F32, {len}), (*bufs)[u].flat().slice_flat(0, {len}));
           p = stage.back().data();
         }
-        w.add(kind + layout_.units()[u].name, sl_.numel(u), sl_.lo(u), p, std::max<int64_t>(len, 0));
+        w.add(ckpt::array_name(kind, layout_.units()[u].name), sl_.numel(u), sl_.lo(u), p, std::max<int64_t>(len, 0));
       }
     }
   }

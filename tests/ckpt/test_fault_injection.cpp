@@ -476,10 +476,16 @@ TEST_F(Faults, CorruptCheckpoints) {
     EXPECT_EQ(metrics_of(out), metrics_of(straight_));
     EXPECT_EQ(slurp(out + "/final/model.safetensors"), slurp(straight_ + "/final/model.safetensors"));
   }
-  const std::string flipped = path("flip-step");
+  // A flipped bit in an Adam moment (rank 0's slice_1: adam_m of the first unit) and one in a
+  // weight (slice_0: its master weights), each in a copy of step 8.
+  const std::string flipped = path("flip-step"), flipped_w = path("flip-weight");
   fs::copy(base, flipped, fs::copy_options::recursive);
+  fs::copy(base, flipped_w, fs::copy_options::recursive);
+  ASSERT_FALSE(ckpt::is_weight_array(array_of(flipped + s8, 0, 1))) << array_of(flipped + s8, 0, 1);
+  ASSERT_TRUE(ckpt::is_weight_array(array_of(flipped_w + s8, 0, 0))) << array_of(flipped_w + s8, 0, 0);
   flip_bit(flipped + s8 + "/rank-00000.h5", 1);
-  {  // --resume <step folder>: verified like the auto path
+  flip_bit(flipped_w + s8 + "/rank-00000.h5", 0);
+  {  // --resume <step folder>: verified like the auto path (all of it: the moments are loaded)
     const Result r = train(path("resume-flipped"), opts("", "--resume " + flipped + s8));
     EXPECT_EQ(r.rc, 2) << r.out;
     EXPECT_TRUE(has(r.out, "step-00000008/rank-00000.h5: slice_1")) << r.out;
@@ -487,22 +493,38 @@ TEST_F(Faults, CorruptCheckpoints) {
     summary("corrupt checkpoint", "--resume STEP_FOLDER with a flipped bit",
             HasFailure() ? "FAILED" : "clean error naming file and dataset", r.seconds);
   }
-  {  // model.init: ckpt:<step folder>
-    const Result r = train(path("init-flipped"), opts("", "--set model.init=ckpt:" + flipped + s8));
+  {  // model.init: ckpt:<step folder> with model.carry_optimizer: the moments are loaded, and verified
+    const Result r = train(path("carry-flipped"),
+                           opts("", "--set model.init=ckpt:" + flipped + s8 + " --set model.carry_optimizer=true"));
     EXPECT_EQ(r.rc, 2) << r.out;
     EXPECT_TRUE(has(r.out, "step-00000008/rank-00000.h5: slice_1")) << r.out;
-    summary("corrupt checkpoint", "model.init: ckpt:STEP_FOLDER with a flipped bit",
+    summary("corrupt checkpoint", "model.init: ckpt:STEP_FOLDER, carry_optimizer, a flipped bit in a moment",
             HasFailure() ? "FAILED" : "clean error naming file and dataset", r.seconds);
   }
-  {  // easyctx_convert --from ckpt:<step folder>
-    const Result r =
-        run_cmd(bin_dir() + "/easyctx_convert --from ckpt:" + flipped + s8 + " --to hf:" + path("hf-flipped"));
+  {  // model.init: ckpt:<step folder> (the weights only)
+    const Result r = train(path("init-flipped"), opts("", "--set model.init=ckpt:" + flipped_w + s8));
     EXPECT_EQ(r.rc, 2) << r.out;
-    EXPECT_TRUE(has(r.out, "slice_1")) << r.out;
+    EXPECT_TRUE(has(r.out, "step-00000008/rank-00000.h5: slice_0")) << r.out;
+    summary("corrupt checkpoint", "model.init: ckpt:STEP_FOLDER with a flipped bit in a weight",
+            HasFailure() ? "FAILED" : "clean error naming file and dataset", r.seconds);
+  }
+  {  // easyctx_convert --from ckpt:<step folder>: a weight is refused
+    const Result r =
+        run_cmd(bin_dir() + "/easyctx_convert --from ckpt:" + flipped_w + s8 + " --to hf:" + path("hf-flipped"));
+    EXPECT_EQ(r.rc, 2) << r.out;
+    EXPECT_TRUE(has(r.out, "slice_0")) << r.out;
     EXPECT_FALSE(fs::exists(path("hf-flipped"))) << "nothing exported";
     EXPECT_FALSE(has(r.out, "converted")) << r.out;
-    summary("corrupt checkpoint", "easyctx_convert --from ckpt:STEP_FOLDER with a flipped bit",
+    summary("corrupt checkpoint", "easyctx_convert --from ckpt:STEP_FOLDER with a flipped bit in a weight",
             HasFailure() ? "FAILED" : "clean error naming file and dataset", r.seconds);
+  }
+  {  // ... a moment is not: the conversion reads and checks the weights only, which are intact
+    const Result r =
+        run_cmd(bin_dir() + "/easyctx_convert --from ckpt:" + flipped + s8 + " --to hf:" + path("hf-moment"));
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(fs::exists(path("hf-moment") + "/config.json")) << r.out;
+    summary("corrupt checkpoint", "easyctx_convert --from ckpt:STEP_FOLDER with a flipped bit in a moment",
+            HasFailure() ? "FAILED" : "converted (the moments are neither read nor checked)", r.seconds);
   }
 }
 

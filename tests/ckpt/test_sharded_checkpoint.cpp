@@ -1,13 +1,18 @@
 // Sharded checkpoints under mpirun: every rank saves its slices, any rank reads any range
-// back (resharding), keep_last prunes, and corrupt, truncated or missing files are named.
+// back (resharding), keep_last prunes, corrupt, truncated or missing files are named, and a
+// verification of the weights alone ignores damage to the Adam moments only.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <mpi.h>
 
+#include <array>
+#include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 
+#include "ckpt/ckpt_test_util.h"
 #include "ckpt/rank_sync.h"
 #include "ckpt/sharded_checkpoint.h"
 #include "core/error.h"
@@ -225,5 +230,110 @@ TEST(ShardedCheckpoint, RunIdentityPruneSkipAndSetAside) {
     for (int64_t i = 0; i < n_a; ++i) ASSERT_EQ(a[static_cast<size_t>(i)], value(i, 1, 2));
     fs::remove_all(root);
   }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// VerifyScope::Weights (evaluation, easyctx_convert, model.init without carry_optimizer) reads
+// and checks the master weights only: a flipped bit in an Adam moment does not make it refuse
+// the checkpoint, while a full verification (what a resume does) still does; a flipped bit in a
+// weight fails both, naming the file and the dataset; a truncated file fails both.
+TEST(ShardedCheckpoint, WeightsScopeChecksOnlyTheWeights) {
+  const std::string root = shared_tmp();
+  const int W = size_(), r = rank_();
+  uint64_t seed = test::test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  std::mt19937_64 rng(seed);  // (the same draws on every rank)
+  // Two units as a store writes them: master weights, Adam m and v, each split over the ranks.
+  const std::pair<std::string, int64_t> units[] = {{"embed", 2000 + static_cast<int64_t>(rng() % 1000)},
+                                                   {"layer.0", 300 + static_cast<int64_t>(rng() % 100)}};
+  const ckpt::ArrayKind kinds[] = {ckpt::ArrayKind::Master, ckpt::ArrayKind::AdamM, ckpt::ArrayKind::AdamV};
+  std::deque<std::vector<float>> arrays;  // (a deque: the writer keeps pointers into them)
+  int64_t weight_elems = 0;
+  {
+    ckpt::CheckpointWriter w(MPI_COMM_WORLD, root, 3, run("E"));
+    for (const auto& [unit, n] : units) {
+      weight_elems += n;
+      for (ckpt::ArrayKind kind : kinds) {
+        arrays.push_back(test::random_vector(static_cast<size_t>(n), rng));
+        const int64_t lo = n * r / W, hi = n * (r + 1) / W;
+        w.add(ckpt::array_name(kind, unit), n, lo, arrays.back().data() + lo, hi - lo);
+      }
+    }
+    w.commit(Json::object(), 1);
+  }
+  const std::string dir = root + "/" + ckpt::step_dir_name(3);
+  auto rank_file = [&](int f) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/rank-%05d.h5", f);
+    return dir + name;
+  };
+  // Verifies collectively in `scope`: the verdict, and the datasets and bytes the world checked.
+  auto verify = [&](ckpt::VerifyScope scope) {
+    const uint64_t d0 = ckpt::verified_dataset_count(), b0 = ckpt::verified_byte_count();
+    ckpt::RankSync sync(MPI_COMM_WORLD, 60, "test");
+    const std::string problem = ckpt::verify_collectively(sync, dir, nullptr, scope);
+    std::array<uint64_t, 2> mine{ckpt::verified_dataset_count() - d0, ckpt::verified_byte_count() - b0}, all{};
+    MPI_Allreduce(mine.data(), all.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    return std::make_pair(problem, all);
+  };
+
+  // Intact: both pass; the weights' verification reads a third of the datasets and bytes.
+  const auto full = verify(ckpt::VerifyScope::Everything);
+  const auto weights = verify(ckpt::VerifyScope::Weights);
+  EXPECT_EQ(full.first, "");
+  EXPECT_EQ(weights.first, "");
+  EXPECT_EQ(full.second[0], 6u * static_cast<uint64_t>(W));  // (every slice holds elements)
+  EXPECT_EQ(weights.second[0], 2u * static_cast<uint64_t>(W));
+  EXPECT_EQ(full.second[1], 3u * static_cast<uint64_t>(weight_elems) * sizeof(float));
+  EXPECT_EQ(weights.second[1], static_cast<uint64_t>(weight_elems) * sizeof(float));
+
+  // A flipped bit in an Adam moment of the last file: the weights still verify (and read back
+  // as written); the full verification names the file and the dataset, on every rank alike.
+  const std::string moment = ckpt::array_name(ckpt::ArrayKind::AdamM, "layer.0");
+  const int m_slice = test::slice_of(dir, W - 1, moment);
+  ASSERT_GE(m_slice, 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r == 0) test::flip_bit(rank_file(W - 1), m_slice);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string m_msg =
+      rank_file(W - 1) + ": slice_" + std::to_string(m_slice) + " (" + moment + ") fails its checksum";
+  EXPECT_EQ(verify(ckpt::VerifyScope::Weights).first, "");
+  const std::string m_problem = verify(ckpt::VerifyScope::Everything).first;
+  EXPECT_NE(m_problem.find(m_msg), std::string::npos) << m_problem;
+  if (r == 0) {
+    const ckpt::CheckpointReader rd(dir);
+    EXPECT_NO_THROW(rd.verify(ckpt::VerifyScope::Weights));
+    EXPECT_NE(test::input_error_of([&] { rd.verify(); }).find(m_msg), std::string::npos);
+    std::vector<float> got(static_cast<size_t>(units[1].second));
+    rd.read(ckpt::array_name(ckpt::ArrayKind::Master, "layer.0"), 0, units[1].second, got.data());
+    EXPECT_EQ(got, arrays[3]);  // (layer.0's master weights)
+  }
+
+  // A flipped bit in a weight of the first file: both refuse, naming the file and the dataset.
+  const std::string weight = ckpt::array_name(ckpt::ArrayKind::Master, "embed");
+  const int w_slice = test::slice_of(dir, 0, weight);
+  ASSERT_GE(w_slice, 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r == 0) test::flip_bit(rank_file(0), w_slice);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string w_msg =
+      rank_file(0) + ": slice_" + std::to_string(w_slice) + " (" + weight + ") fails its checksum";
+  for (ckpt::VerifyScope scope : {ckpt::VerifyScope::Weights, ckpt::VerifyScope::Everything}) {
+    const std::string problem = verify(scope).first;
+    EXPECT_NE(problem.find(w_msg), std::string::npos) << problem;
+    if (r == 0) {
+      const std::string alone = test::input_error_of([&] { ckpt::CheckpointReader(dir).verify(scope); });
+      EXPECT_NE(alone.find(w_msg), std::string::npos) << alone;
+    }
+  }
+
+  // The files' presence and sizes are checked whatever the scope.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r == 0) fs::resize_file(rank_file(W - 1), 100);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string cut = verify(ckpt::VerifyScope::Weights).first;
+  EXPECT_NE(cut.find(fs::path(rank_file(W - 1)).filename().string() + " has 100 bytes"), std::string::npos) << cut;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r == 0 && !::testing::Test::HasFailure()) fs::remove_all(root);
   MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -5,9 +5,11 @@
 //    the other ranks read nothing (they are handed a folder that does not exist); a bad file
 //    ends every rank with the same message and type.
 //  * Checkpoint verification (ckpt:DIR): each file's datasets are checked by one rank, not by
-//    every rank; a flipped bit in the newest checkpoint makes every rank fall back to the same
-//    older one with the same warning; when none verifies, every rank throws the same
-//    InputError naming the file, the dataset and both checksums.
+//    every rank, and only the weights (the master arrays the evaluation loads): a flipped bit
+//    in an Adam moment of the newest checkpoint leaves it in use (a resume's full verification
+//    refuses it), one in its weights makes every rank fall back to the same older one with the
+//    same warning; when none verifies, every rank throws the same InputError naming the file,
+//    the dataset and both checksums.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -146,14 +148,20 @@ TEST_F(Rank0Haystack, ABadFileEndsEveryRankAlike) {
 
 // ---- checkpoint verification -----------------------------------------------------------
 
-// Files this process verified during fn, summed over the world.
+// What the processes verified during fn, summed over the world: files, datasets, bytes.
+struct Verified {
+  uint64_t files = 0, datasets = 0, bytes = 0;
+};
 template <typename F>
-uint64_t files_verified_by_all(F fn) {
-  const uint64_t before = ckpt::verified_file_count();
+Verified verified_by_all(F fn) {
+  const uint64_t f0 = ckpt::verified_file_count(), d0 = ckpt::verified_dataset_count(),
+                 b0 = ckpt::verified_byte_count();
   fn();
-  uint64_t mine = ckpt::verified_file_count() - before, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  return all;
+  uint64_t mine[3] = {ckpt::verified_file_count() - f0, ckpt::verified_dataset_count() - d0,
+                      ckpt::verified_byte_count() - b0};
+  uint64_t all[3] = {0, 0, 0};
+  MPI_Allreduce(mine, all, 3, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return {all[0], all[1], all[2]};
 }
 
 TEST(Rank0Checkpoint, EachFileVerifiedByOneRankAndTheVerdictShared) {
@@ -165,51 +173,87 @@ TEST(Rank0Checkpoint, EachFileVerifiedByOneRankAndTheVerdictShared) {
   uint64_t seed = 0;
   const std::string dir = shared_dir("rank0-ckpt", seed, nullptr);
   const std::string root = dir + "/run/checkpoints";
-  // Steps 4 and 8, one file per rank: an array of 1234 floats split over the ranks, twice.
+  // Steps 4 and 8, one file per rank, as a store writes them: the master weights and an Adam
+  // moment of a unit of 1234 floats (fresh random values), each split over the ranks.
+  const std::string weight = ckpt::array_name(ckpt::ArrayKind::Master, "w");
+  const std::string moment = ckpt::array_name(ckpt::ArrayKind::AdamM, "w");
+  const int64_t n = 1234;
+  std::mt19937_64 rng(seed);  // (the same draws on every rank)
   for (int64_t step : {4, 8}) {
-    const int64_t n = 1234;
-    std::vector<float> a(n);
-    for (int64_t i = 0; i < n; ++i) a[static_cast<size_t>(i)] = static_cast<float>(std::cos(0.1 * i) + step);
+    const std::vector<float> a = random_vector(static_cast<size_t>(n), rng);
+    const std::vector<float> m = random_vector(static_cast<size_t>(n), rng);
     ckpt::CheckpointWriter w(MPI_COMM_WORLD, root, step);
     const int64_t lo = n * rt.rank() / W, hi = n * (rt.rank() + 1) / W;
-    w.add("w", n, lo, a.data() + lo, hi - lo);
-    w.add("v", n, lo, a.data() + lo, hi - lo);
+    w.add(weight, n, lo, a.data() + lo, hi - lo);
+    w.add(moment, n, lo, m.data() + lo, hi - lo);
     w.commit(Json::object(), 3);
   }
   const std::string spec = "ckpt:" + dir + "/run";
   auto file_of = [&](int64_t step, int r) {
     return root + "/" + ckpt::step_dir_name(step) + "/rank-0000" + std::to_string(r) + ".h5";
   };
+  auto resolve_in = [&](ckpt::VerifyScope scope, std::vector<std::string>* warnings) {
+    ckpt::RankSync sync(MPI_COMM_WORLD, 60, "test");
+    return ckpt::resolve_verified(sync, dir + "/run", warnings, scope);
+  };
 
-  // Intact: every rank gets step 8, and the world verified its W files once, not W times each.
+  // Intact: every rank gets step 8, and the world verified its W files once, not W times each;
+  // their weights only: one dataset of each file, n floats in all.
   eval::ModelRef ref;
-  EXPECT_EQ(files_verified_by_all([&] { ref = eval::resolve_model(spec, MPI_COMM_WORLD, 60); }),
-            static_cast<uint64_t>(W));
+  const Verified shared = verified_by_all([&] { ref = eval::resolve_model(spec, MPI_COMM_WORLD, 60); });
+  EXPECT_EQ(shared.files, static_cast<uint64_t>(W));
+  EXPECT_EQ(shared.datasets, static_cast<uint64_t>(W));
+  EXPECT_EQ(shared.bytes, static_cast<uint64_t>(n) * sizeof(float));
   EXPECT_EQ(ref.step, 8);
   EXPECT_TRUE(ref.checkpoint);
   EXPECT_EQ(rank0s(ref.dir), ref.dir);
+  // (A full verification, what a resume does, reads the moments too: twice the bytes.)
+  const Verified full = verified_by_all([&] { EXPECT_EQ(resolve_in(ckpt::VerifyScope::Everything, nullptr).step, 8); });
+  EXPECT_EQ(full.files, static_cast<uint64_t>(W));
+  EXPECT_EQ(full.datasets, 2u * static_cast<uint64_t>(W));
+  EXPECT_EQ(full.bytes, 2u * static_cast<uint64_t>(n) * sizeof(float));
   // (One process alone verifies every file: what each rank used to do.)
-  EXPECT_EQ(files_verified_by_all([&] { EXPECT_EQ(eval::resolve_model(spec).step, 8); }),
+  EXPECT_EQ(verified_by_all([&] { EXPECT_EQ(eval::resolve_model(spec).step, 8); }).files,
             static_cast<uint64_t>(W) * static_cast<uint64_t>(W));
 
-  // A flipped bit in step 8's last file: every rank falls back to step 4 with the same warning.
+  // A flipped bit in an Adam moment of step 8's last file: the evaluation still loads step 8
+  // (it never reads the moments), with no warning, alone or collectively; a full verification
+  // falls back to step 4, naming the file and the dataset.
   MPI_Barrier(MPI_COMM_WORLD);
-  if (rt.rank() == 0) flip_bit(file_of(8, W - 1), 1);
+  if (rt.rank() == 0) flip_bit(file_of(8, W - 1), slice_of(root + "/" + ckpt::step_dir_name(8), W - 1, moment));
   MPI_Barrier(MPI_COMM_WORLD);
   {
-    ckpt::RankSync sync(MPI_COMM_WORLD, 60, "test");
     std::vector<std::string> warnings;
-    const ckpt::CheckpointRef got = ckpt::resolve_verified(sync, dir + "/run", &warnings);
+    EXPECT_EQ(resolve_in(ckpt::VerifyScope::Weights, &warnings).step, 8);
+    EXPECT_TRUE(warnings.empty()) << warnings[0];
+    EXPECT_EQ(eval::resolve_model(spec, MPI_COMM_WORLD, 60).step, 8);
+    EXPECT_EQ(eval::resolve_model(spec).step, 8);
+    const ckpt::CheckpointRef got = resolve_in(ckpt::VerifyScope::Everything, &warnings);
     EXPECT_EQ(got.step, 4);
     ASSERT_EQ(warnings.size(), 1u);
-    EXPECT_NE(warnings[0].find("rank-0000" + std::to_string(W - 1) + ".h5: slice_1 (v) fails its checksum"),
-              std::string::npos)
-        << warnings[0];
+    const std::string m_msg = "rank-0000" + std::to_string(W - 1) + ".h5: slice_1 (" + moment + ") fails its checksum";
+    EXPECT_NE(warnings[0].find(m_msg), std::string::npos) << warnings[0];
     EXPECT_EQ(rank0s(warnings[0]), warnings[0]);
   }
 
-  // Step 4 broken too: every rank throws the same InputError naming the file, the dataset and
-  // the checksum found against the one expected; so does the step folder named directly.
+  // A flipped bit in step 8's weights (its first file): every rank falls back to step 4 with
+  // the same warning, naming the file and the dataset.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0) flip_bit(file_of(8, 0), slice_of(root + "/" + ckpt::step_dir_name(8), 0, weight));
+  MPI_Barrier(MPI_COMM_WORLD);
+  {
+    std::vector<std::string> warnings;
+    EXPECT_EQ(resolve_in(ckpt::VerifyScope::Weights, &warnings).step, 4);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find("rank-00000.h5: slice_0 (" + weight + ") fails its checksum"), std::string::npos)
+        << warnings[0];
+    EXPECT_EQ(rank0s(warnings[0]), warnings[0]);
+    EXPECT_EQ(eval::resolve_model(spec, MPI_COMM_WORLD, 60).step, 4);
+  }
+
+  // Step 4's weights broken too: every rank throws the same InputError naming the file, the
+  // dataset and the checksum found against the one expected; so does the step folder named
+  // directly.
   MPI_Barrier(MPI_COMM_WORLD);
   if (rt.rank() == 0) flip_bit(file_of(4, 0), 0);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -217,7 +261,8 @@ TEST(Rank0Checkpoint, EachFileVerifiedByOneRankAndTheVerdictShared) {
     const auto got = outcome([&] { eval::resolve_model(s, MPI_COMM_WORLD, 60); });
     EXPECT_EQ(got.first, "input") << s << ": " << got.second;
     EXPECT_NE(got.second.find("no checkpoint there passes verification"), std::string::npos) << got.second;
-    EXPECT_NE(got.second.find(file_of(4, 0) + ": slice_0 (w) fails its checksum (CRC32 "), std::string::npos)
+    EXPECT_NE(got.second.find(file_of(4, 0) + ": slice_0 (" + weight + ") fails its checksum (CRC32 "),
+              std::string::npos)
         << got.second;
     EXPECT_NE(got.second.find(", index.json records "), std::string::npos) << got.second;
     EXPECT_EQ(rank0s(got.second), got.second) << "rank " << rt.rank() << " has another message";

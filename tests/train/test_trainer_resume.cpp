@@ -3,14 +3,18 @@
 //    a new trainer resuming (--resume auto), 3 more steps: identical losses and weights, bit
 //    for bit;
 //  - a 4-rank data-parallel checkpoint resumed on 2 and on 3 ranks (same global batch of 12
-//    sequences) continues with the 4-rank run's losses to fp32 tolerance.
+//    sequences) continues with the 4-rank run's losses to fp32 tolerance;
+//  - stage chaining (model.init ckpt:DIR) with fresh or carried Adam moments, each verifying
+//    what it loads: damage to the moments stops a carry or a resume, not a fresh start.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstring>
 #include <filesystem>
 
+#include "ckpt/ckpt_test_util.h"
 #include "ckpt/convert.h"
+#include "ckpt/sharded_checkpoint.h"
 #include "dist/comm_mpi.h"
 #include "dist/groups.h"
 #include "train/trainer.h"
@@ -193,6 +197,72 @@ TEST(Resume, StageChainingFreshOrCarriedOptimizer) {
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find("weights only"), std::string::npos) << e.what();
     }
+    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+  if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// model.init ckpt:DIR without model.carry_optimizer verifies (as it reads) the weights only: a
+// flipped bit in the source's Adam moments does not stop it, while carrying the moments or
+// resuming that run refuses the checkpoint, naming the file and the dataset; a flipped bit in a
+// weight refuses it for every use.
+TEST(Resume, StageChainingVerifiesWhatItLoads) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("resume-chain-verify", seed);
+  MPI_Comm solo;
+  MPI_Comm_split(MPI_COMM_WORLD, rt.rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  // Rank 0 alone; whatever happens there, every rank meets at the barrier below.
+  if (solo != MPI_COMM_NULL) try {
+    dist::MpiComm comm(solo, "solo", 120);
+    StageConfig a = tiny_stage(path + "/shard.h5", path + "/a");
+    a.train.seed = seed;
+    std::vector<std::vector<float>> w_a;
+    std::string unit;
+    {
+      train::Trainer t(a, comm, comm);
+      for (int64_t s = 0; s < 2; ++s) t.train_step(s);
+      t.save_checkpoint(2);
+      w_a = t.master_host();
+      unit = t.model().layout().units().back().name;
+    }
+    const std::string step_dir = path + "/a/checkpoints/" + ckpt::step_dir_name(2);
+    const std::string file = step_dir + "/rank-00000.h5";
+    auto damage = [&](ckpt::ArrayKind kind) {  // a flipped bit in `unit`'s array of that kind: the message
+      const std::string name = ckpt::array_name(kind, unit);
+      const int slice = slice_of(step_dir, 0, name);
+      EXPECT_GE(slice, 0) << name;
+      flip_bit(file, slice);
+      return file + ": slice_" + std::to_string(slice) + " (" + name + ") fails its checksum";
+    };
+    auto refusal = [&](const StageConfig& c) { return input_error_of([&] { train::Trainer t(c, comm, comm); }); };
+    StageConfig fresh = a, carry = a;
+    fresh.model.init = carry.model.init = "ckpt:" + path + "/a";
+    fresh.output.dir = path + "/fresh";
+    carry.output.dir = path + "/carry";
+    carry.model.carry_optimizer = true;
+
+    const std::string moment = damage(ckpt::ArrayKind::AdamV);
+    {
+      train::Trainer t(fresh, comm, comm);  // (only the weights are read, and they are intact)
+      EXPECT_EQ(t.master_host(), w_a);
+    }
+    const std::string carried = refusal(carry);
+    EXPECT_NE(carried.find(moment), std::string::npos) << carried;
+    const std::string resumed = refusal(a);  // (--resume auto of run a itself)
+    EXPECT_NE(resumed.find("no checkpoint there passes verification"), std::string::npos) << resumed;
+    EXPECT_NE(resumed.find(moment), std::string::npos) << resumed;
+
+    const std::string weight = damage(ckpt::ArrayKind::Master);
+    fresh.output.dir = path + "/fresh-again";
+    const std::string refused = refusal(fresh);
+    EXPECT_NE(refused.find("model.init: ckpt:" + path + "/a"), std::string::npos) << refused;
+    EXPECT_NE(refused.find(weight), std::string::npos) << refused;
     if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
   } catch (const std::exception& e) {
     ADD_FAILURE() << e.what();
