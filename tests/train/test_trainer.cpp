@@ -68,7 +68,11 @@ TEST(Trainer, GradAccumulationEqualsLargerBatch) {
     EXPECT_NEAR(sa.loss, sb.loss, 1e-5 * sa.loss) << "step " << s;
     EXPECT_NEAR(sa.grad_norm, sb.grad_norm, 1e-4 * sa.grad_norm) << "step " << s;
   }
-  EXPECT_LT(rel_error(weights(ta), weights(tb)), 1e-5);
+  // Adam turns a gradient element near 0 whose sign the summation order flips into a full
+  // +-lr step either way, so the weights differ by more than the gradients (over 161 seeds:
+  // up to 2.9e-5, 2 of them above the 1e-5 this test had). A wrong accumulation (a missing
+  // micro-batch, a wrong divisor) already fails the per-step loss and gradient norm above.
+  EXPECT_LT(rel_error(weights(ta), weights(tb)), 1e-4);
 }
 
 TEST(Trainer, CheckpointPolicyDoesNotChangeTheResult) {
