@@ -145,20 +145,34 @@ TEST(Resume, FourRankCheckpointOnTwoAndThreeRanks) {
 namespace easyctx::test {
 namespace {
 
-// Stage chaining: model.init ckpt:DIR starts from another run's weights with fresh Adam
-// moments, or carries them with model.carry_optimizer; a weights-only checkpoint (from
-// easyctx_convert) cannot carry them.
-TEST(Resume, StageChainingFreshOrCarriedOptimizer) {
+// Runs body(comm, path, seed) on rank 0 alone (a communicator of that rank only, a fresh walk
+// shard in `path`); whatever happens there, every rank meets at the barrier at the end, and the
+// folder is removed when the test has not failed.
+template <typename Body>
+void on_rank0_alone(const std::string& name, Body body) {
   int argc = 0;
   char** argv = nullptr;
   dist::Runtime rt(&argc, &argv);
   uint64_t seed = 0;
-  const std::string path = shared_walk_dir("resume-chain", seed);
+  const std::string path = shared_walk_dir(name, seed);
   MPI_Comm solo;
   MPI_Comm_split(MPI_COMM_WORLD, rt.rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
-  // Rank 0 alone; whatever happens there, every rank meets at the barrier below.
   if (solo != MPI_COMM_NULL) try {
     dist::MpiComm comm(solo, "solo", 120);
+    body(comm, path, seed);
+    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+  if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Stage chaining: model.init ckpt:DIR starts from another run's weights with fresh Adam
+// moments, or carries them with model.carry_optimizer; a weights-only checkpoint (from
+// easyctx_convert) cannot carry them.
+TEST(Resume, StageChainingFreshOrCarriedOptimizer) {
+  on_rank0_alone("resume-chain", [](dist::MpiComm& comm, const std::string& path, uint64_t seed) {
     StageConfig a = tiny_stage(path + "/shard.h5", path + "/a");
     a.train.seed = seed;
     {
@@ -197,12 +211,7 @@ TEST(Resume, StageChainingFreshOrCarriedOptimizer) {
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find("weights only"), std::string::npos) << e.what();
     }
-    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << e.what();
-  }
-  if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
-  MPI_Barrier(MPI_COMM_WORLD);
+  });
 }
 
 // model.init ckpt:DIR without model.carry_optimizer verifies (as it reads) the weights only: a
@@ -210,16 +219,7 @@ TEST(Resume, StageChainingFreshOrCarriedOptimizer) {
 // resuming that run refuses the checkpoint, naming the file and the dataset; a flipped bit in a
 // weight refuses it for every use.
 TEST(Resume, StageChainingVerifiesWhatItLoads) {
-  int argc = 0;
-  char** argv = nullptr;
-  dist::Runtime rt(&argc, &argv);
-  uint64_t seed = 0;
-  const std::string path = shared_walk_dir("resume-chain-verify", seed);
-  MPI_Comm solo;
-  MPI_Comm_split(MPI_COMM_WORLD, rt.rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
-  // Rank 0 alone; whatever happens there, every rank meets at the barrier below.
-  if (solo != MPI_COMM_NULL) try {
-    dist::MpiComm comm(solo, "solo", 120);
+  on_rank0_alone("resume-chain-verify", [](dist::MpiComm& comm, const std::string& path, uint64_t seed) {
     StageConfig a = tiny_stage(path + "/shard.h5", path + "/a");
     a.train.seed = seed;
     std::vector<std::vector<float>> w_a;
@@ -263,12 +263,7 @@ TEST(Resume, StageChainingVerifiesWhatItLoads) {
     const std::string refused = refusal(fresh);
     EXPECT_NE(refused.find("model.init: ckpt:" + path + "/a"), std::string::npos) << refused;
     EXPECT_NE(refused.find(weight), std::string::npos) << refused;
-    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << e.what();
-  }
-  if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
-  MPI_Barrier(MPI_COMM_WORLD);
+  });
 }
 
 }  // namespace
