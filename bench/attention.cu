@@ -30,6 +30,7 @@
 
 #include "kernels/attention_sm90.h"
 #include "kernels/cuda_check.h"
+#include "ops/cuda/cuda_attention.h"
 #include "ops/cuda/cuda_backend.h"
 
 namespace po = boost::program_options;
@@ -214,25 +215,13 @@ int main(int argc, char** argv) try {
         ops::Buffer q = cud->alloc(DType::BF16, nq), k = cud->alloc(DType::BF16, nk), v = cud->alloc(DType::BF16, nk);
         ops::Buffer o = cud->alloc(DType::BF16, nq), lse = cud->alloc(DType::F32, s.hq * S);
         for (const ops::Buffer* b : {&q, &k, &v}) fill_random(*cud, *b, rng);
-        kernels::AttentionParams p;
-        p.q = static_cast<const __nv_bfloat16*>(q.data());
-        p.k = static_cast<const __nv_bfloat16*>(k.data());
-        p.v = static_cast<const __nv_bfloat16*>(v.data());
+        ops::AttentionBlock blk;
+        blk.scale = 1.0 / std::sqrt(static_cast<double>(s.hd));
+        blk.causal = causal;
+        kernels::AttentionParams p = ops::cuda::attention_params("bench_attention", q.view({1, S, s.hq, s.hd}),
+                                                                 k.view({1, S, s.hkv, s.hd}), v.view({1, S, s.hkv, s.hd}), blk);
         p.o_out = static_cast<__nv_bfloat16*>(o.data());
         p.lse_out = static_cast<float*>(lse.data());
-        p.batch = 1;
-        p.sq = p.sk = S;
-        p.hq = s.hq;
-        p.hkv = s.hkv;
-        p.hd = s.hd;
-        p.q_row = s.hq * s.hd;
-        p.q_batch = S * p.q_row;
-        p.k_row = s.hkv * s.hd;
-        p.k_batch = S * p.k_row;
-        p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hd)));
-        p.scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hd)) * 1.4426950408889634);
-        p.causal = causal;
-        p.diag = 0;
         std::string why;
         if (!kernels::attention_fwd_sm90_supported(p, &why)) {
           std::printf("| %s | %lld | %s | - | - | unsupported: %s |\n", s.name, static_cast<long long>(S),
@@ -246,9 +235,6 @@ int main(int argc, char** argv) try {
         // The backend's forward on the same inputs: the comparison column (timed here, same
         // process and inputs) and, at the first causal length, the reference o.
         ops::Buffer o2 = cud->alloc(DType::BF16, nq), lse2 = cud->alloc(DType::F32, s.hq * S);
-        ops::AttentionBlock blk;
-        blk.scale = p.scale;
-        blk.causal = causal;
         const double cudnn_ms = time_ms(*cud, warm, r, [&] {
           cud->attention_fwd(q.view({1, S, s.hq, s.hd}), k.view({1, S, s.hkv, s.hd}), v.view({1, S, s.hkv, s.hd}), blk,
                             o2.view({1, S, s.hq, s.hd}), lse2.flat());
@@ -321,29 +307,13 @@ int main(int argc, char** argv) try {
         blk.causal = causal;
         blk.accumulate = !causal;
         cud->attention_fwd(qv(q), kv(k), kv(v), blk, qv(o), lse.flat());
-        kernels::AttentionParams p;
-        p.q = static_cast<const __nv_bfloat16*>(q.data());
-        p.k = static_cast<const __nv_bfloat16*>(k.data());
-        p.v = static_cast<const __nv_bfloat16*>(v.data());
+        kernels::AttentionParams p = ops::cuda::attention_params("bench_attention", qv(q), kv(k), kv(v), blk);
         p.o = static_cast<const __nv_bfloat16*>(o.data());
         p.dout = static_cast<const __nv_bfloat16*>(dout.data());
         p.lse = static_cast<const float*>(lse.data());
         p.dq = static_cast<__nv_bfloat16*>(dq2.data());
         p.dk = static_cast<__nv_bfloat16*>(dk2.data());
         p.dv = static_cast<__nv_bfloat16*>(dv2.data());
-        p.batch = 1;
-        p.sq = p.sk = S;
-        p.hq = s.hq;
-        p.hkv = s.hkv;
-        p.hd = s.hd;
-        p.q_row = s.hq * s.hd;
-        p.q_batch = S * p.q_row;
-        p.k_row = s.hkv * s.hd;
-        p.k_batch = S * p.k_row;
-        p.scale = static_cast<float>(blk.scale);
-        p.scale_log2 = static_cast<float>(blk.scale * 1.4426950408889634);
-        p.causal = causal;
-        p.diag = 0;
         std::string why;
         if (!kernels::attention_bwd_sm90_supported(p, &why)) {
           std::printf("| %s | %lld | %s | - | - | unsupported: %s |\n", s.name, static_cast<long long>(S),

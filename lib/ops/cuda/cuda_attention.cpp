@@ -13,10 +13,9 @@
 #include "ops/cuda/cudnn_attention.h"
 
 namespace easyctx::ops::cuda {
-namespace {
 
-kernels::AttentionParams attn_params(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const AttentionBlock& blk) {
+kernels::AttentionParams attention_params(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const AttentionBlock& blk) {
   for (const Tensor* t : {&q, &k, &v}) check_type(op, "q/k/v", *t, DType::BF16);
   EASYCTX_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, op, ": q, k, v must be [B, S, H, hd], got ",
                 q.describe(), " ", k.describe(), " ", v.describe());
@@ -41,6 +40,8 @@ kernels::AttentionParams attn_params(const char* op, const Tensor& q, const Tens
   p.diag = blk.q_offset - blk.k_offset;
   return p;
 }
+
+namespace {
 
 // The router's view of a checked call.
 AttentionCall call_of(const kernels::AttentionParams& p, const AttentionBlock& blk, bool f32_grads) {
@@ -85,7 +86,7 @@ std::string CudaAttention::path() const {
 // ---------------------------------------------------------------- forward
 void CudaAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionBlock& blk,
                             const Tensor& o, const Tensor& lse) {
-  kernels::AttentionParams p = attn_params("attention_fwd", q, k, v, blk);
+  kernels::AttentionParams p = attention_params("attention_fwd", q, k, v, blk);
   check_type("attention_fwd", "o", o, DType::BF16);
   check_type("attention_fwd", "lse", lse, DType::F32);
   check_numel("attention_fwd", "o", o, q.numel());
@@ -214,7 +215,7 @@ bool CudaAttention::unmasked_cudnn(const kernels::AttentionParams& p) {
 void CudaAttention::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                              const Tensor& dout, const AttentionBlock& blk, const Tensor& dq, const Tensor& dk,
                              const Tensor& dv) {
-  kernels::AttentionParams p = attn_params("attention_bwd", q, k, v, blk);
+  kernels::AttentionParams p = attention_params("attention_bwd", q, k, v, blk);
   const bool f32_grads = dq.dtype == DType::F32 && dk.dtype == DType::F32 && dv.dtype == DType::F32;
   for (const Tensor* t : {&o, &dout}) check_type("attention_bwd", "o/dout", *t, DType::BF16);
   for (const Tensor* t : {&dq, &dk, &dv}) {

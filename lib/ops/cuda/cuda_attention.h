@@ -20,6 +20,13 @@ namespace easyctx::ops::cuda {
 
 class CudnnAttention;
 
+// The kernels' view of a call on contiguous bf16 q, k, v [B, S, H, hd] (shapes, row and batch
+// strides, scale, causal diagonal; the output and gradient pointers left for the caller),
+// checked as the backend checks it (`op` names the call in errors). The backend's routes and
+// bench_attention's direct calls of the Hopper kernels build their parameters here.
+kernels::AttentionParams attention_params(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const AttentionBlock& blk);
+
 class CudaAttention {
  public:
   // backend: the backend that owns this one (its fill, copy and attention_merge run the
