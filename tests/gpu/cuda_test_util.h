@@ -2,6 +2,7 @@
 // backends, host<->device transfers of fp32 vectors in any storage dtype, bf16 rounding of
 // host data (so the reference sees exactly the GPU's inputs), NaN poisoning of outputs.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -107,5 +108,32 @@ class CudaOpsTest : public ::testing::Test {
                 static_cast<double>(tol_));                                                                   \
     EXPECT_LT(e_, tol_);                                                                                      \
   } while (0)
+
+// Strided device layouts for the kernels' odd-stride cases: `batches` batches of `rows` rows
+// of `width` elements, rows `row` elements apart and batches `batch` apart, the gaps NaN (a
+// kernel that reads them shows it in its output). spread_rows lays packed x out so; gather_rows
+// packs it back and counts the gap elements that are no longer NaN (written by the kernel).
+inline std::vector<float> spread_rows(const std::vector<float>& x, int64_t batches, int64_t rows, int64_t width,
+                                      int64_t row, int64_t batch) {
+  std::vector<float> d(static_cast<size_t>(batches * batch), std::numeric_limits<float>::quiet_NaN());
+  for (int64_t b = 0; b < batches; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(x.begin() + (b * rows + r) * width, width, d.begin() + b * batch + r * row);
+  return d;
+}
+inline std::vector<float> gather_rows(const std::vector<float>& d, int64_t batches, int64_t rows, int64_t width,
+                                      int64_t row, int64_t batch, int64_t* pad_written) {
+  std::vector<float> x(static_cast<size_t>(batches * rows * width));
+  std::vector<char> inside(d.size(), 0);
+  for (int64_t b = 0; b < batches; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < width; ++j) {
+        x[(b * rows + r) * width + j] = d[b * batch + r * row + j];
+        inside[b * batch + r * row + j] = 1;
+      }
+  *pad_written = 0;
+  for (size_t i = 0; i < d.size(); ++i) *pad_written += !inside[i] && !std::isnan(d[i]);
+  return x;
+}
 
 }  // namespace easyctx::test

@@ -166,26 +166,10 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   const int64_t q_row = c.hq * c.hd + c.pad, q_batch = c.sq * q_row + 4 * c.pad, k_row = c.hkv * c.hd + c.pad,
                 k_batch = c.sk * k_row + 4 * c.pad;
   const auto spread = [&](const std::vector<float>& x, int64_t rows, int64_t width, int64_t row, int64_t batch) {
-    std::vector<float> d(static_cast<size_t>(c.b * batch), std::numeric_limits<float>::quiet_NaN());
-    for (int64_t b = 0; b < c.b; ++b)
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy_n(x.begin() + (b * rows + r) * width, width, d.begin() + b * batch + r * row);
-    return d;
+    return spread_rows(x, c.b, rows, width, row, batch);
   };
   const auto gather = [&](const std::vector<float>& d, int64_t rows, int64_t width, int64_t row, int64_t batch,
-                          int64_t* pad_written) {
-    std::vector<float> x(static_cast<size_t>(c.b * rows * width));
-    std::vector<char> inside(d.size(), 0);
-    for (int64_t b = 0; b < c.b; ++b)
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < width; ++j) {
-          x[(b * rows + r) * width + j] = d[b * batch + r * row + j];
-          inside[b * batch + r * row + j] = 1;
-        }
-    *pad_written = 0;
-    for (size_t i = 0; i < d.size(); ++i) *pad_written += !inside[i] && !std::isnan(d[i]);
-    return x;
-  };
+                          int64_t* pad_written) { return gather_rows(d, c.b, rows, width, row, batch, pad_written); };
   Buffer bq = upload(spread(q, c.sq, c.hq * c.hd, q_row, q_batch), t), bk = upload(spread(k, c.sk, c.hkv * c.hd, k_row, k_batch), t),
          bv = upload(spread(v, c.sk, c.hkv * c.hd, k_row, k_batch), t), bo = gpu->alloc(t, c.b * q_batch),
          bl = gpu->alloc(DType::F32, nl);
