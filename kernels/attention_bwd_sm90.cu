@@ -27,17 +27,23 @@
 //        dV  += P^T dO          [64 keys x hd]     wgmma rs (P^T from registers, dO MN-major)
 //        dK  += dS^T Q          [64 keys x hd]     wgmma rs (dS^T from registers, Q MN-major)
 //        dS^T -> shared memory (bf16, 128-byte swizzled [128 keys][64 q])
-//        dQ_cw = dS[:, keys_cw] K_cw [64 q x hd]   wgmma ss, both MN-major (trans-a, trans-b)
-//      each consumer's dQ partial goes to shared memory (fp32, in its accumulator's fragment
+//      and then dQ, one of two ways (template kDq):
+//        per consumer (hd 64):  dQ_cw = dS[:, keys_cw] K_cw [64 q x hd]  wgmma ss, both MN-major
+//                               (trans-a, trans-b): a partial over the consumer's 64 keys;
+//        split (hd 128, FA3's): dQ[:, dims 64cw..] = dS K[:, dims 64cw..]  [64 q x 64], over all
+//                               128 keys, after a barrier of both consumers (dS^T double
+//                               buffered): no partials to sum, half the bytes to add, half the
+//                               dQ accumulator registers;
+//      each consumer's dQ part goes to shared memory (fp32, in its accumulator's fragment
 //      order) and a writer thread (warp 1 of the producer warpgroup) adds it to the fp32
 //      accumulator dq_acc [B, Hq, Sq_pad, hd] (64-row tiles in fragment order) with one TMA
 //      bulk reduce-add (cp.reduce.async.bulk .add.f32, FA3's dQ writer), as it comes
 //      ("atomic") or, "deterministic", in a fixed order per tile behind a semaphore per
-//      (b, h, m): key blocks from the last one that sees the tile down to 0, consumer 0's
-//      partial completed before consumer 1's. The consumers never touch global memory, never
-//      wait for the deterministic turn and never for each other. dK, dV stay in registers
-//      across all steps and are added to dk, dv (bf16) at the end: the CTA alone owns its keys
-//      of kv head g (no atomics).
+//      (b, h, m): key blocks from the last one that sees the tile down to 0 (per consumer:
+//      consumer 0's partial completed before consumer 1's). The consumers never touch global
+//      memory and never wait for the deterministic turn. dK, dV stay in registers across all
+//      steps and are added to dk, dv (bf16) at the end: the CTA alone owns its keys of kv
+//      head g (no atomics).
 //   3. post: dq += scale * dq_acc (bf16).
 //
 // Facts used beyond the forward's (sources: PTX ISA 8.x "wgmma.mma_async" (imm-trans-a exists
@@ -56,20 +62,26 @@
 // first, measured 0.82x of the reverse one at 32K). Every wait also gives up after ~2^34
 // cycles and records a hang (sm90_bwd_take_hang_report).
 //
-// Measured (H200, bench_attention --sm90-bwd-only, bench/RESULTS.md session 24): 32 x 128
-// causal 448 / 476 / 480 TFLOP/s atomic at 8K / 32K / 128K (cuDNN's atomic backward in the same
-// process 533 / 541 / 537), deterministic 360 / 400 / 332 (cuDNN's deterministic graph 343 /
-// 409 / 415); GQA 32/4 x 64 causal 214 / 341 / 341 atomic (cuDNN 400 / 416 / 425). Not yet on
-// the attention route: cuDNN wins where it matters. What it lacks against cuDNN / FA3: each
-// step's dQ GEMM is waited for before its partial is stored (no overlap with the next step's
-// S / dP GEMMs: registers), the S^T / dP^T GEMMs are m64n64 (hd 64: every GEMM is), a 2-stage
-// Q / dO ring, no persistent CTAs; deterministic at 128K: the writer waits for each bulk
-// reduce to complete (twice per step) before the next, which then exceeds the step.
+// Measured (H200, bench_attention --sm90-bwd-only, bench/RESULTS.md session 25, TFLOP/s at 8K /
+// 32K / 128K, cuDNN's backward of the same mode in the same process in brackets): 32 x 128
+// causal, split: deterministic 442-447 / 450-485 / 432-454 (cuDNN's deterministic graph 345 /
+// 397-409 / 407-418), atomic 457-461 / 497-506 / 501-512 (cuDNN 528-530 / 526-548 / 524-540);
+// unmasked deterministic 445-461 / 478-483 (412-433 / 402-415). GQA 32/4 x 64, per consumer,
+// deterministic: causal 179 / 220 / 233 (243 / 259 / 261), unmasked 278 / 296 (259 / 261). So
+// the attention route (ops/attention_route.h) takes it first for the deterministic backward at
+// hd 128 and for unmasked blocks at hd 64; cuDNN keeps the rest. Where the time goes (ncu,
+// split atomic at 32K causal): the tensor pipe is busy 57.6% of the cycles, issue slots 36%,
+// 0.48 eligible warps per scheduler; L2 at 52% (the per-consumer variant: 92%, the dQ reduce
+// traffic, which the split halves). What it lacks against cuDNN / FA3: each step's dQ GEMM is
+// waited for before its part is stored (queueing it behind dV / dK measured 2-3% slower), the
+// S^T / dP^T GEMMs are m64n64 (hd 64: every GEMM is), a 2-stage Q / dO ring, no persistent
+// CTAs.
 // Registers (ptxas, CUDA 13.0): 168 at launch, producer 24 / consumers 240 after setmaxnreg
 // (24 + 2 x 240 = 3 x 168: the sum may not exceed the launch allocation, or setmaxnreg.inc
 // waits forever: a first version with a 32-register producer hung on the GPU); the
 // deterministic writer spills 4 bytes at hd 128.
 #include "kernels/attention_sm90.h"
+#include "kernels/attention_sm90_scratch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -221,6 +233,18 @@ __device__ __forceinline__ void gemm_dq(float (&d)[HD / 2], uint32_t ds_base, ui
   }
 }
 
+// kDqSplit: dQ[64 q x dims 64p..64p+63] = dS[64 q x 128 keys] K[128 keys x panel p]: A = all
+// 128 rows of dS^T (MN-major, as in gemm_dq), B = K's 64-dim panel p (MN-major, one panel),
+// slice kk = keys 16kk.. at +16 rows. Overwrites d.
+__device__ __forceinline__ void gemm_dq_split(float (&d)[32], uint32_t ds_base, uint32_t k_panel) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk) {
+    const uint32_t row_off = 16 * kk * kRowBytes;
+    wgmma_m64n64k16_ss_tt(d, desc_sw128(ds_base + row_off, kKPanelBytes, 1024), desc_sw128(k_panel + row_off, kKPanelBytes, 1024),
+                          kk > 0 ? 1 : 0);
+  }
+}
+
 // An fp32 accumulator [64 x 64] (32 per thread) as 4 bf16 A fragments of 16 columns each (the
 // forward's s_to_p identity: a[kk][i] = bf16x2(d[8kk+2i], d[8kk+2i+1])).
 __device__ __forceinline__ void acc_to_frag(const float (&s)[32], uint32_t (&a)[4][4]) {
@@ -316,15 +340,28 @@ __global__ void bwd_post_kernel(const BwdArgs a) {
   *dst = __floats2bfloat162_rn(__low2float(old) + a.scale * acc[0], __high2float(old) + a.scale * acc[1]);
 }
 
-template <int HD>
+// How the two consumers' dQ contributions reach dq_acc (the template parameter kDq):
+//   kDqPer:   each consumer's partial over its 64 keys, all hd columns; two bulk reduces per step;
+//   kDqSplit: consumer cw computes columns 64cw.. of dQ over all 128 keys (FlashAttention-3's
+//             split; hd 128 only): no sum, one 32 KiB tile per step (half the partial bytes),
+//             dQ accumulators of 32 instead of 64 registers; both consumers' dS^T rows must be
+//             written before either dQ GEMM (one 256-thread barrier per step; dS^T double
+//             buffered so that step t+1 may write while the other consumer still reads step t's).
+constexpr int kDqPer = 0, kDqSplit = 1;
+
+template <int HD, int kDq>
 struct BwdSmem {
   static constexpr int kPanels = HD / 64;
+  static constexpr int kDsBufs = kDq == kDqSplit ? 2 : 1;
+  static constexpr int kDqBufs = kDq == kDqSplit ? 1 : 2;
   alignas(1024) __nv_bfloat16 k[kPanels][kBN * 64];
   alignas(1024) __nv_bfloat16 v[kPanels][kBN * 64];
   alignas(1024) __nv_bfloat16 q[2][kPanels][kBM * 64];
   alignas(1024) __nv_bfloat16 dout[2][kPanels][kBM * 64];
-  alignas(1024) __nv_bfloat16 ds[kBN * 64];  // dS^T [128 keys][64 q], swizzled
-  alignas(128) float dq[2][kBM * HD];        // the two consumers' dQ partials, fragment order (dq_frag_index)
+  alignas(1024) __nv_bfloat16 ds[kDsBufs][kBN * 64];  // dS^T [128 keys][64 q], swizzled
+  // The consumers' dQ partials (kDqSplit: one tile, consumer cw's columns in its half), in
+  // fragment order (dq_frag_index).
+  alignas(128) float dq[kDqBufs][kBM * HD];
   alignas(16) float lse2[2][kBM];
   alignas(16) float delta[2][kBM];
   alignas(8) uint64_t kv_full, full[2], empty[2];
@@ -340,6 +377,7 @@ __device__ __forceinline__ int first_m_block(const BwdArgs& a, int n) {
 
 // Named barriers (0 is __syncthreads): 2 + cw = consumer cw alone (128 threads).
 constexpr int kBarWgBase = 2;
+constexpr int kBarConsumers = 4;   // kDqSplit: both consumer warpgroups (256 threads)
 
 // kDet: tile m's semaphore counts the key blocks that have added to it; they add from the last
 // block that sees the tile (n_last) down to 0, so block n's turn is n_last - n. Block n sees tile
@@ -353,21 +391,27 @@ __device__ __forceinline__ int dq_turn(const BwdArgs& a, int n, int m) {
 // dQ: one writer thread (warp 1 of the producer warpgroup) adds each consumer's partial to
 // dq_acc with a TMA bulk reduce-add straight from shared memory (dq_full / dq_empty mbarriers
 // per consumer; FA3's dQ writer), so the consumers never touch global memory or wait for a
-// deterministic turn, and meet no cross-consumer barrier: each consumer's dS^T rows and dQ
-// partial are its own (named barrier 2 + cw), so the two drift and one's exponentials run
-// under the other's GEMMs. kDet: the writer waits for the tile's semaphore, adds consumer 0's
+// deterministic turn; kDqPer: they meet no cross-consumer barrier either (each consumer's dS^T
+// rows and dQ partial are its own, named barrier 2 + cw), so the two drift and one's
+// exponentials run under the other's GEMMs. kDet: the writer waits for the tile's semaphore, adds consumer 0's
 // partial, waits for it to complete, then consumer 1's, and passes the turn on; the key blocks
 // of a tile take turns from the last one that sees it down to block 0 (dq_turn), and the grid
 // runs the key blocks in that order too, so a CTA waits only for one launched before it, and
 // (causal) the block it waits for started its tiles two steps earlier: no waiting in steady state.
-template <int HD, bool kDet>
+// The writer hands a partial's shared memory back as soon as the bulk reduce has read it
+// (its completion is waited for only where the order needs it). kDqSplit: the two halves are
+// disjoint columns, so one bulk reduce adds the whole tile (deterministic) or one per half as
+// it comes (atomic).
+template <int HD, bool kDet, int kDq>
 __global__ void __launch_bounds__(384, 1)
     attention_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                               const BwdArgs a) {
   extern __shared__ unsigned char smem_raw[];
-  BwdSmem<HD>& sh = aligned_smem<BwdSmem<HD>>(smem_raw);
+  BwdSmem<HD, kDq>& sh = aligned_smem<BwdSmem<HD, kDq>>(smem_raw);
   constexpr int kPanels = HD / 64;
+  constexpr bool kSplit = kDq == kDqSplit;
+  static_assert(!kSplit || HD == 128, "the split dQ needs hd 128 (64 columns per consumer)");
   // kDet: the key blocks in reverse (their turns on a tile run from the last block down).
   const int n = kDet ? gridDim.x - 1 - blockIdx.x : blockIdx.x, g = blockIdx.y, b = blockIdx.z;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -409,7 +453,38 @@ __global__ void __launch_bounds__(384, 1)
         bulk_load(smem_u32(&sh.lse2[sl][0]), a.lse2 + r0, kBM * 4, bar);
         bulk_load(smem_u32(&sh.delta[sl][0]), a.delta + r0, kBM * 4, bar);
       }
-    } else if (tid == 32) {  // --------------------------------------- dQ writer
+    } else if (kSplit && tid == 32) {  // ------------------------------ dQ writer, split tile
+      // Consumer cw's half is columns 64cw.. (floats 4096cw.. of the tile in fragment order):
+      // the halves are disjoint, so the order between them does not change any sum.
+      for (int t = 0; t < steps; ++t) {
+        const int h = g * a.group + t / nm, m = m_first + t % nm;
+        const int64_t bh = static_cast<int64_t>(b) * a.hq + h;
+        float* acc = a.dq_acc + (bh * a.sq_pad + static_cast<int64_t>(m) * kBM) * HD;
+        if constexpr (kDet) {
+          int* sem = a.sem + bh * a.m_blocks + m;
+          const int turn = dq_turn(a, n, m);
+          sem_wait(sem, turn);
+          mbar_wait(smem_u32(&sh.dq_full[0]), t & 1);
+          mbar_wait(smem_u32(&sh.dq_full[1]), t & 1);
+          bulk_reduce_add_f32(acc, smem_u32(&sh.dq[0][0]), kBM * HD * 4);
+          bulk_commit();
+          bulk_wait_read();  // the tile is read: the consumers may refill it while the add completes
+          mbar_arrive(smem_u32(&sh.dq_empty[0]));
+          mbar_arrive(smem_u32(&sh.dq_empty[1]));
+          bulk_wait_all();
+          st_release(sem, turn + 1);
+        } else {
+          for (int c = 0; c < 2; ++c) {
+            mbar_wait(smem_u32(&sh.dq_full[c]), t & 1);
+            bulk_reduce_add_f32(acc + c * kBM * 64, smem_u32(&sh.dq[0][c * kBM * 64]), kBM * 64 * 4);
+            bulk_commit();
+            bulk_wait_read();
+            mbar_arrive(smem_u32(&sh.dq_empty[c]));
+          }
+        }
+      }
+      bulk_wait_all();
+    } else if (kDq == kDqPer && tid == 32) {  // ---------------------------------- dQ writer
       for (int t = 0; t < steps; ++t) {
         const int h = g * a.group + t / nm, m = m_first + t % nm;
         const int64_t bh = static_cast<int64_t>(b) * a.hq + h;
@@ -421,11 +496,9 @@ __global__ void __launch_bounds__(384, 1)
           mbar_wait(smem_u32(&sh.dq_full[c]), t & 1);
           bulk_reduce_add_f32(acc, smem_u32(&sh.dq[c][0]), kBM * HD * 4);
           bulk_commit();
-          if constexpr (kDet)
-            bulk_wait_all();  // consumer 0's partial is in before consumer 1's (a fixed order)
-          else
-            bulk_wait_read();
+          bulk_wait_read();  // read: consumer c may refill it while the add completes
           mbar_arrive(smem_u32(&sh.dq_empty[c]));
+          if constexpr (kDet) bulk_wait_all();  // consumer 0's partial is in before consumer 1's (a fixed order)
         }
         if constexpr (kDet) st_release(sem, turn + 1);
       }
@@ -450,7 +523,7 @@ __global__ void __launch_bounds__(384, 1)
 
   mbar_wait(smem_u32(&sh.kv_full), 0);
   for (int t = 0; t < steps; ++t) {
-    const int h = g * a.group + t / nm, m = m_first + t % nm, sl = t & 1;
+    const int m = m_first + t % nm, sl = t & 1;
     const int q0 = m * kBM;
     mbar_wait(smem_u32(&sh.full[sl]), (t >> 1) & 1);
 
@@ -502,9 +575,15 @@ __global__ void __launch_bounds__(384, 1)
     // dS^T to shared memory for the dQ GEMM (while the tensor cores run dV, dK). Rows 64cw..
     // are this consumer's alone (its dQ GEMM reads no others), and every warp of it finished
     // the previous step's dQ GEMM before the barrier right after that GEMM.
-    frag_to_smem_sw128(dsf, reinterpret_cast<unsigned char*>(&sh.ds[0]), 64 * cw, warp, lane);
+    const int dsb = kSplit ? (t & 1) : 0;
+    frag_to_smem_sw128(dsf, reinterpret_cast<unsigned char*>(&sh.ds[dsb][0]), 64 * cw, warp, lane);
     fence_proxy_async_smem();
-    named_bar_sync(kBarWgBase + cw, 128);  // this consumer's dS^T rows written (its dQ GEMM reads only those)
+    if constexpr (kSplit)
+      // Both consumers' dS^T rows of this step written. Passing it also means both finished
+      // step t - 1's dQ GEMM (program order), the last reader of buffer (t + 1) & 1.
+      named_bar_sync(kBarConsumers, 256);
+    else
+      named_bar_sync(kBarWgBase + cw, 128);  // this consumer's dS^T rows written (its dQ GEMM reads only those)
 
     wgmma_wait<0>();
     reg_fence(dk);
@@ -517,19 +596,33 @@ __global__ void __launch_bounds__(384, 1)
     // The writer's release of the previous partial in sh.dq[cw], waited for before the dQ GEMM,
     // while no accumulator of it is live (waiting after it spilled 12 bytes at hd 128).
     mbar_wait(smem_u32(&sh.dq_empty[cw]), (t & 1) ^ 1);
-    float dqp[HD / 2];
-    wgmma_fence();
-    gemm_dq<HD>(dqp, smem_u32(&sh.ds[0]), smem_u32(&sh.k[0][0]), cw);
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(dqp);
-    // Every warp of this consumer is past its dQ GEMM, so the next step may overwrite its dS^T
-    // rows (the warps of a warpgroup are not otherwise kept together).
-    named_bar_sync(kBarWgBase + cw, 128);
+    if constexpr (kSplit) {
+      float dqp[32];
+      wgmma_fence();
+      gemm_dq_split(dqp, smem_u32(&sh.ds[dsb][0]), smem_u32(&sh.k[cw][0]));
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(dqp);
+      // Columns 64cw.. are float4s 8cw.. of the tile's fragment order (dq_frag_index).
 #pragma unroll
-    for (int v4 = 0; v4 < HD / 8; ++v4)
-      *reinterpret_cast<float4*>(&sh.dq[cw][4 * (128 * v4 + tid)]) =
-          make_float4(dqp[4 * v4], dqp[4 * v4 + 1], dqp[4 * v4 + 2], dqp[4 * v4 + 3]);
+      for (int v4 = 0; v4 < 8; ++v4)
+        *reinterpret_cast<float4*>(&sh.dq[0][4 * (128 * (8 * cw + v4) + tid)]) =
+            make_float4(dqp[4 * v4], dqp[4 * v4 + 1], dqp[4 * v4 + 2], dqp[4 * v4 + 3]);
+    } else {
+      float dqp[HD / 2];
+      wgmma_fence();
+      gemm_dq<HD>(dqp, smem_u32(&sh.ds[0][0]), smem_u32(&sh.k[0][0]), cw);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(dqp);
+      // Every warp of this consumer is past its dQ GEMM, so the next step may overwrite its dS^T
+      // rows (the warps of a warpgroup are not otherwise kept together).
+      named_bar_sync(kBarWgBase + cw, 128);
+#pragma unroll
+      for (int v4 = 0; v4 < HD / 8; ++v4)
+        *reinterpret_cast<float4*>(&sh.dq[cw][4 * (128 * v4 + tid)]) =
+            make_float4(dqp[4 * v4], dqp[4 * v4 + 1], dqp[4 * v4 + 2], dqp[4 * v4 + 3]);
+    }
     fence_proxy_async_smem();                // the stores above, for the writer's bulk reduce (async proxy)
     mbar_arrive(smem_u32(&sh.dq_full[cw]));  // release: this thread's stores above are seen by the writer
   }
@@ -628,26 +721,12 @@ __global__ void __launch_bounds__(256) bwd_tile_check_kernel(const __grid_consta
 }
 
 // ------------------------------------------------------------------ host side
-struct ScratchLayout {
-  int64_t sq_pad, m_blocks, acc_bytes, vec_bytes, sem_bytes, total;
-};
-constexpr int64_t kAlign = 256;
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-ScratchLayout scratch_layout(const AttentionParams& p) {
-  ScratchLayout s;
-  s.m_blocks = (p.sq + kBM - 1) / kBM;
-  s.sq_pad = s.m_blocks * kBM;
-  const int64_t bh = p.batch * p.hq;
-  s.acc_bytes = round_up(bh * s.sq_pad * p.hd * 4, kAlign);
-  s.vec_bytes = round_up(bh * s.sq_pad * 4, kAlign);
-  s.sem_bytes = round_up(bh * s.m_blocks * 4, kAlign);
-  s.total = s.acc_bytes + 2 * s.vec_bytes + s.sem_bytes;
-  return s;
-}
+static_assert(kSm90BwdQueryTile == kBM, "the scratch layout's query tile is the kernel's");
+Sm90BwdScratchLayout scratch_layout(const AttentionParams& p) { return sm90_bwd_scratch_layout(p.batch, p.hq, p.sq, p.hd); }
 
-template <int HD, bool kDet>
+template <int HD, bool kDet, int kDq>
 void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
-  const ScratchLayout sl = scratch_layout(p);
+  const Sm90BwdScratchLayout sl = scratch_layout(p);
   BwdArgs a{};
   a.dq = p.dq;
   a.dk = p.dk;
@@ -686,9 +765,9 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   const CUtensorMap tdo = make_map(p.dout, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBM, "dout");
   const CUtensorMap tk = make_map(p.k, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "k");
   const CUtensorMap tv = make_map(p.v, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "v");
-  auto kernel = attention_bwd_sm90_kernel<HD, kDet>;
-  const size_t smem = sizeof(BwdSmem<HD>) + 1024;
-  static_assert(sizeof(BwdSmem<HD>) + 1024 <= 227 * 1024, "over the 227 KB of shared memory a CTA may have");
+  auto kernel = attention_bwd_sm90_kernel<HD, kDet, kDq>;
+  const size_t smem = sizeof(BwdSmem<HD, kDq>) + 1024;
+  static_assert(sizeof(BwdSmem<HD, kDq>) + 1024 <= 227 * 1024, "over the 227 KB of shared memory a CTA may have");
   EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>((p.sk + kBN - 1) / kBN), static_cast<unsigned>(p.hkv), static_cast<unsigned>(p.batch));
   kernel<<<grid, 384, smem, st>>>(tq, tk, tv, tdo, a);
@@ -748,20 +827,54 @@ bool attention_bwd_sm90_supported(const AttentionParams& p, std::string* why) {
 }
 
 const char* sm90_bwd_variant_name(Sm90BwdVariant v) {
-  return v == Sm90BwdVariant::Deterministic ? "deterministic" : "atomic";
+  switch (v) {
+    case Sm90BwdVariant::Deterministic:
+      return "deterministic";
+    case Sm90BwdVariant::AtomicSplit:
+      return "atomic-split";
+    case Sm90BwdVariant::DeterministicSplit:
+      return "deterministic-split";
+
+    default:
+      return "atomic";
+  }
 }
 
-std::vector<Sm90BwdVariant> sm90_bwd_variants() { return {Sm90BwdVariant::Atomic, Sm90BwdVariant::Deterministic}; }
+std::vector<Sm90BwdVariant> sm90_bwd_variants() {
+  using V = Sm90BwdVariant;
+  return {V::Atomic, V::Deterministic, V::AtomicSplit, V::DeterministicSplit};
+}
+
+bool sm90_bwd_variant_deterministic(Sm90BwdVariant v) {
+  return v == Sm90BwdVariant::Deterministic || v == Sm90BwdVariant::DeterministicSplit;
+}
+
+bool sm90_bwd_variant_supported(Sm90BwdVariant v, int64_t hd) {
+  if (hd != 64 && hd != 128) return false;
+  return hd == 128 || v == Sm90BwdVariant::Atomic || v == Sm90BwdVariant::Deterministic;
+}
 
 void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st, Sm90BwdVariant variant) {
   std::string why;
   if (!attention_bwd_sm90_supported(p, &why)) EASYCTX_THROW("attention_bwd_sm90: unsupported call: ", why);
   if (scratch == nullptr || reinterpret_cast<uintptr_t>(scratch) % 256 != 0)
     EASYCTX_THROW("attention_bwd_sm90: scratch must be a 256-byte aligned buffer of attention_bwd_sm90_scratch_bytes()");
+  if (!sm90_bwd_variant_supported(variant, p.hd))
+    EASYCTX_THROW("attention_bwd_sm90: variant ", sm90_bwd_variant_name(variant), " does not support head dim ", p.hd);
   const bool h128 = p.hd == 128;
-  if (variant == Sm90BwdVariant::Deterministic)
-    return h128 ? sm90::launch_bwd<128, true>(p, scratch, st) : sm90::launch_bwd<64, true>(p, scratch, st);
-  return h128 ? sm90::launch_bwd<128, false>(p, scratch, st) : sm90::launch_bwd<64, false>(p, scratch, st);
+  using V = Sm90BwdVariant;
+  using sm90::kDqPer, sm90::kDqSplit;
+  switch (variant) {
+    case V::Deterministic:
+      return h128 ? sm90::launch_bwd<128, true, kDqPer>(p, scratch, st) : sm90::launch_bwd<64, true, kDqPer>(p, scratch, st);
+    case V::AtomicSplit:
+      return sm90::launch_bwd<128, false, kDqSplit>(p, scratch, st);
+    case V::DeterministicSplit:
+      return sm90::launch_bwd<128, true, kDqSplit>(p, scratch, st);
+
+    default:
+      return h128 ? sm90::launch_bwd<128, false, kDqPer>(p, scratch, st) : sm90::launch_bwd<64, false, kDqPer>(p, scratch, st);
+  }
 }
 
 std::string sm90_bwd_take_hang_report() {

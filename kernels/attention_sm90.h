@@ -102,13 +102,17 @@ void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const
 //   Deterministic:   in a fixed order per query tile (key blocks from the last that sees the
 //                    tile down to the first, behind a semaphore per tile; consumer 0's partial
 //                    before consumer 1's), so the result is bit-identical run to run.
-enum class Sm90BwdVariant { Atomic, Deterministic };
+//   AtomicSplit, DeterministicSplit (hd 128 only): each consumer computes half the columns of
+//                    dQ over all 128 keys (FlashAttention-3's split: no partials to sum, half
+//                    the bytes to add per step, a barrier between the consumers per step).
+enum class Sm90BwdVariant { Atomic, Deterministic, AtomicSplit, DeterministicSplit };
 const char* sm90_bwd_variant_name(Sm90BwdVariant v);
-std::vector<Sm90BwdVariant> sm90_bwd_variants();  // both, in bench order
+std::vector<Sm90BwdVariant> sm90_bwd_variants();  // every one, in bench order
+bool sm90_bwd_variant_deterministic(Sm90BwdVariant v);
+bool sm90_bwd_variant_supported(Sm90BwdVariant v, int64_t hd);
 
-// Bytes of device scratch attention_bwd_sm90 needs for `p` (only batch, hq, sq, hd matter):
-// the fp32 dQ accumulator [B, Hq, Sq_pad, hd] (Sq_pad = Sq rounded up to 64), lse in base 2 and
-// delta f32 [B, Hq, Sq_pad], the dQ semaphores i32 [B, Hq, Sq_pad / 64]. 0 when p is malformed.
+// Bytes of device scratch attention_bwd_sm90 needs for `p` (only batch, hq, sq, hd matter; the
+// layout: kernels/attention_sm90_scratch.h). 0 when p is malformed.
 int64_t attention_bwd_sm90_scratch_bytes(const AttentionParams& p);
 
 // As attention_fwd_sm90_supported, for the backward: also o, dout, dq, dk, dv set and 16-byte

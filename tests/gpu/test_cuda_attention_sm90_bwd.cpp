@@ -5,7 +5,8 @@
 // operands MN-major), so a failure names the layer at fault; then the backward at odd shapes
 // (ragged tiles, Sq != Sk with diagonal offsets incl. negative ones and rows that see no key,
 // non-causal, batch 2, GQA 32/4 x 64 and 8/2 x 128, strided views, more CTAs than SMs), each
-// variant (atomic and deterministic dQ; the deterministic one twice: bit-identical). The
+// variant (atomic and deterministic dQ, per consumer and split at hd 128; the deterministic
+// ones twice: bit-identical). The
 // gradients start from small random values (the contract is +=): the increments are compared, and writes into the
 // padding between rows / batches are caught. Every case prints its errors. Skips without an
 // sm_90 device (the kernel is sm_90a code only).
@@ -136,8 +137,8 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 
 class CudaAttentionSm90BwdShapes : public CudaAttentionSm90Bwd, public ::testing::WithParamInterface<Case> {};
 
-// The variants to run: both by default; EASYCTX_SM90_BWD_VARIANT=<name> (atomic, deterministic)
-// picks one.
+// The variants to run: all by default (each where it supports the head dim);
+// EASYCTX_SM90_BWD_VARIANT=<name> (sm90_bwd_variant_name) picks one.
 std::vector<kernels::Sm90BwdVariant> bwd_variants() {
   const char* e = std::getenv("EASYCTX_SM90_BWD_VARIANT");
   const std::string v = e ? e : "";
@@ -217,7 +218,8 @@ TEST_P(CudaAttentionSm90BwdShapes, BackwardMatchesReference) {
   const auto rdq = inc(dq, dq0), rdk = inc(dk, dk0), rdv = inc(dv, dv0);
 
   for (const auto variant : bwd_variants()) {
-    const bool det = variant == kernels::Sm90BwdVariant::Deterministic;
+    if (!kernels::sm90_bwd_variant_supported(variant, c.hd)) continue;
+    const bool det = kernels::sm90_bwd_variant_deterministic(variant);
     tag = (std::ostringstream() << c).str() + " [" + kernels::sm90_bwd_variant_name(variant) + "]";
     SCOPED_TRACE(tag);
     std::vector<uint16_t> first_bits[3];
