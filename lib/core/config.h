@@ -55,7 +55,7 @@ struct TrainConfig {
   double grad_clip = 1.0;
   DeviceKind device = DeviceKind::Auto;
   bool deterministic = false;   // CUDA: true = bit-identical reruns and resumes (slower attention backward)
-  bool hopper_attention = true;  // CUDA on sm_90 (H100/H200): the attention forward's own Hopper kernel
+  bool hopper_attention = true;  // CUDA on sm_90 (H100/H200): easyctx's Hopper attention kernels where routed
   NonFinitePolicy on_nonfinite = NonFinitePolicy::Stop;  // a step whose loss or gradient norm is not finite
 };
 

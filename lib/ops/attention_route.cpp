@@ -1,5 +1,7 @@
 #include "ops/attention_route.h"
 
+#include "kernels/attention_sm90_scratch.h"
+
 namespace easyctx::ops {
 
 AttentionCall attention_call(const Tensor& q, const Tensor& k, const AttentionBlock& blk, bool f32_grads) {
@@ -33,6 +35,7 @@ const char* route_name(AttentionBwdRoute r) {
   switch (r) {
     case AttentionBwdRoute::NoRows: return "no rows";
     case AttentionBwdRoute::CudnnInPlace: return "cudnn one call in place";
+    case AttentionBwdRoute::Sm90Kernel: return "sm90 kernel";
     case AttentionBwdRoute::CudnnOneCall: return "cudnn one call";
     case AttentionBwdRoute::CudnnTiles: return "cudnn tiles";
     case AttentionBwdRoute::Kernel: return "kernel";
@@ -41,6 +44,10 @@ const char* route_name(AttentionBwdRoute r) {
 }
 
 bool sm90_before_cudnn(const AttentionCall& c) { return c.hd == 64 || (c.hd == 128 && !c.unmasked()); }
+
+bool sm90_bwd_before_cudnn(const AttentionCall& c, const AttentionRouteOptions& o) {
+  return o.deterministic && (c.hd == 128 || (c.hd == 64 && c.unmasked()));
+}
 
 std::vector<AttentionFwdRoute> attention_fwd_routes(const AttentionCall& c, const AttentionRouteOptions& o) {
   if (c.sk == 0) return {AttentionFwdRoute::NoKeys};  // every row is empty: o = 0, lse = -inf
@@ -64,14 +71,19 @@ std::vector<AttentionBwdRoute> attention_bwd_routes(const AttentionCall& c, cons
   const bool fits = c.sq <= T && c.sk <= T;
   // cuDNN's composite backward takes blocks without a mask and causal squares.
   const bool cudnn = o.cudnn && (c.unmasked() || c.causal_square());
+  const bool rows = c.sk > 0 && c.sq > 0;
+  // The Hopper kernel before cuDNN where it measured faster; elsewhere in place of the FA2 kernel.
+  const bool sm90_first = o.sm90 && rows && sm90_bwd_before_cudnn(c, o);
   std::vector<AttentionBwdRoute> r;
-  if (cudnn && !c.accumulate && !c.f32_grads && c.sk > 0 && c.sq > 0 && (!o.deterministic || fits))
+  if (!sm90_first && cudnn && !c.accumulate && !c.f32_grads && rows && (!o.deterministic || fits))
     r.push_back(AttentionBwdRoute::CudnnInPlace);
-  if (c.sk == 0 || c.sq == 0) {  // nothing to add (overwritten gradients are zeroed)
+  if (!rows) {  // nothing to add (overwritten gradients are zeroed)
     r.push_back(AttentionBwdRoute::NoRows);
     return r;
   }
+  if (sm90_first) r.push_back(AttentionBwdRoute::Sm90Kernel);
   if (cudnn) r.push_back(fits ? AttentionBwdRoute::CudnnOneCall : AttentionBwdRoute::CudnnTiles);
+  if (o.sm90 && !sm90_first) r.push_back(AttentionBwdRoute::Sm90Kernel);
   r.push_back(AttentionBwdRoute::Kernel);
   return r;
 }
@@ -94,7 +106,8 @@ std::string describe_attention_route(const AttentionCall& c, const AttentionRout
     const int64_t T = o.tile(), nq = (c.sq + T - 1) / T, nk = (c.sk + T - 1) / T;
     s += " (" + std::to_string(T) + " x " + std::to_string(T) + ", " + std::to_string(nq) + " x " +
          std::to_string(nk) + " tiles, " + mode + ")";
-  } else if (b == AttentionBwdRoute::CudnnInPlace || b == AttentionBwdRoute::CudnnOneCall) {
+  } else if (b == AttentionBwdRoute::CudnnInPlace || b == AttentionBwdRoute::CudnnOneCall ||
+             b == AttentionBwdRoute::Sm90Kernel) {
     s += " (" + mode + ")";
   }
   return s;
@@ -168,6 +181,10 @@ AttentionBwdScratch attention_bwd_scratch(AttentionBwdRoute r, const AttentionCa
       s.grads = c.f32_grads ? (qn + 2 * kn) * 2 : 0;
       s.delta = c.batch * c.hq * c.sq * 4;
       break;
+    case AttentionBwdRoute::Sm90Kernel:
+      s.grads = c.f32_grads ? (qn + 2 * kn) * 2 : 0;
+      s.sm90 = kernels::sm90_bwd_scratch_layout(c.batch, c.hq, c.sq, c.hd).total;
+      break;
   }
   return s;
 }
@@ -189,6 +206,11 @@ std::vector<ScratchBuffer> AttentionBwdScratch::list() const {
     case AttentionBwdRoute::Kernel:
       add("bf16 block gradients (kernel, f32 gradients)", grads, "2 x (q + 2 k) block elements");
       add("delta (f32)", delta, "4 x B x Hq x Sq");
+      break;
+    case AttentionBwdRoute::Sm90Kernel:
+      add("bf16 block gradients (sm90 kernel, f32 gradients)", grads, "2 x (q + 2 k) block elements");
+      add("sm90 kernel: dQ accumulator (f32), lse2, delta, semaphores", sm90,
+          "4 x B x Hq x Sq_pad x (hd + 2) + 4 x B x Hq x Sq_pad / 64, Sq_pad = Sq rounded up to 64");
       break;
   }
   if (cudnn_workspace.bytes > 0) v.push_back(cudnn_workspace);

@@ -34,6 +34,11 @@
 //   - cudnn tiles: a larger block in T x T tiles per sequence (a causal square: the tiles on
 //     and below the diagonal), summed in fp32;
 //   - kernel: kernels/attention_bwd.cu (f32 gradients: into bf16 scratch, then added).
+//   - sm90 kernel (AttentionRouteOptions::sm90): the Hopper backward (kernels/attention_bwd_sm90.cu,
+//     FlashAttention-3's structure; split dQ at head dim 128), deterministic or atomic as the
+//     backend; before cuDNN where it beat cuDNN 9.19's backward of the same mode in the same
+//     process (sm90_bwd_before_cudnn), else in place of the FA2 kernel. Any visibility, head
+//     dims 64 and 128; f32 gradients: into bf16 scratch, then added.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -77,11 +82,19 @@ struct AttentionRouteOptions {
 bool sm90_before_cudnn(const AttentionCall& c);
 
 enum class AttentionFwdRoute { NoKeys, Sm90Kernel, CudnnCausalGraph, CudnnCausalChunks, CudnnUnmasked, Kernel };
-enum class AttentionBwdRoute { NoRows, CudnnInPlace, CudnnOneCall, CudnnTiles, Kernel };
+// The same for the Hopper backward kernel, by bench_attention --sm90-bwd-only on an H200
+// (bench/RESULTS.md session 25; ours / cuDNN's backward of the same mode, three runs): the
+// deterministic mode at head dim 128 (32 x 128 causal 1.28-1.30 / 1.14-1.21 / 1.06-1.09 at
+// 8K / 32K / 128K, unmasked 1.04-1.11 / 1.15-1.20 at 8K / 32K) and at head dim 64 for unmasked
+// blocks (GQA 32/4 x 64: 1.08 / 1.13; causal 0.74 / 0.85 / 0.89 stays cuDNN's); not atomic
+// (0.86-0.87 / 0.92-0.94 / 0.95-0.96 causal).
+bool sm90_bwd_before_cudnn(const AttentionCall& c, const AttentionRouteOptions& o);
+
+enum class AttentionBwdRoute { NoRows, CudnnInPlace, Sm90Kernel, CudnnOneCall, CudnnTiles, Kernel };
 // "no keys", "sm90 kernel", "cudnn causal graph", "cudnn causal in query chunks", "cudnn unmasked",
 // "kernel".
 const char* route_name(AttentionFwdRoute r);
-// "no rows", "cudnn one call in place", "cudnn one call", "cudnn tiles", "kernel".
+// "no rows", "cudnn one call in place", "sm90 kernel", "cudnn one call", "cudnn tiles", "kernel".
 const char* route_name(AttentionBwdRoute r);
 
 // The routes the CUDA backend tries for a call, in order (see the top of this file); the
@@ -116,12 +129,15 @@ struct AttentionBwdScratch {
   AttentionBwdRoute route = AttentionBwdRoute::Kernel;
   int64_t tile = 0;       // cudnn tiles: T
   // bf16 gradients written before they are added into dq/dk/dv: one call: the block's
-  // [B (Sq Hq + 2 Sk Hkv) hd]; tiles: one tile's [T (Hq + 2 Hkv) hd]; kernel: the block's,
-  // only with f32 gradients (else the kernel adds into them itself).
+  // [B (Sq Hq + 2 Sk Hkv) hd]; tiles: one tile's [T (Hq + 2 Hkv) hd]; kernel, sm90 kernel: the
+  // block's, only with f32 gradients (else the kernel adds into them itself).
   int64_t grads = 0;
   int64_t dq_acc = 0;     // cudnn tiles: f32 [Sq, Hq, hd], dQ of one sequence (0: f32 gradients)
   int64_t dkv_acc = 0;    // cudnn tiles: f32 [2, T, Hkv, hd], dK and dV of one key tile
   int64_t delta = 0;      // kernel: f32 [B, Hq, Sq], rowsum(dO o)
+  // sm90 kernel: its fp32 dQ accumulator [B, Hq, Sq_pad, hd], lse2, delta and semaphores
+  // (kernels/attention_sm90_scratch.h)
+  int64_t sm90 = 0;
   ScratchBuffer cudnn_workspace;  // cuDNN's workspace for the route's calls (estimate; 0: no cuDNN)
   // The buffers in allocation order (those of 0 bytes left out), then the workspace.
   std::vector<ScratchBuffer> list() const;

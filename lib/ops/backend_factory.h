@@ -11,9 +11,9 @@
 namespace easyctx::ops {
 
 struct BackendOptions {
-  bool deterministic = true;  // train.deterministic (CUDA: the attention backward's graph)
+  bool deterministic = true;  // train.deterministic (CUDA: a fixed-order attention backward)
   bool profile = false;       // logging.profile: wrapped in ops::ProfilingBackend
-  bool hopper_attention = true;  // train.hopper_attention (CUDA on sm_90: the Hopper forward kernel)
+  bool hopper_attention = true;  // train.hopper_attention (CUDA on sm_90: the Hopper attention kernels)
 };
 
 // The device for a requested kind (`key` names the setting in messages, e.g. "train.device"):

@@ -47,7 +47,7 @@ struct Run {
   model::ParamLayout layout;
   dist::GroupLayout groups;
   bool cuda = false;
-  bool sm90 = false;         // the attention forward's Hopper route (train.hopper_attention on an sm_90 target)
+  bool sm90 = false;         // the attention's Hopper routes (train.hopper_attention on an sm_90 target)
   DType dtype = DType::F32;  // activations and working parameters
   int64_t e = 4;             // bytes per activation element
   int64_t P = 0;             // parameters

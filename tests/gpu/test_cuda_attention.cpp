@@ -3,7 +3,8 @@
 // with causal offsets (including rows that see no key: o = 0, lse = -inf), non-causal
 // blocks, GQA 32/4 and head dims 64 and 128, causal squares (forward through cuDNN's causal
 // graph or in query chunks, backward in tiles through cuDNN's composite graph when cuDNN is
-// allowed; on an sm_90 device also the forward the router gives the Hopper kernel). Outputs are
+// allowed; on an sm_90 device also the forward and the backward the router gives the Hopper
+// kernels), and the backward into f32 gradients (a ring's accumulators). Outputs are
 // NaN-poisoned before the forward.
 #include <sstream>
 
@@ -30,7 +31,17 @@ class CudaAttentionTest : public CudaOpsTest, public ::testing::WithParamInterfa
   void run_case(const Case& c);
   bool use_cudnn_ = false;
   bool causal_graph_ = true;
-  bool hopper_ = false;  // CudaBackendOptions::sm90_attention: the forward only (the backward is cuDNN's)
+  bool hopper_ = false;  // CudaBackendOptions::sm90_attention (the Hopper forward and backward where routed)
+  // The router's options of the backend under test (the route each call should take).
+  ops::AttentionRouteOptions route_opts(bool deterministic) const {
+    ops::AttentionRouteOptions ro;
+    ro.cudnn = use_cudnn_;
+    ro.causal_graph = causal_graph_;
+    ro.deterministic = deterministic;
+    ro.sm90 = hopper_;
+    ro.bwd_tile = 1024;
+    return ro;
+  }
 };
 
 bool causal_square(const Case& c) { return c.causal && c.sq == c.sk && c.q_off == c.k_off; }
@@ -39,7 +50,8 @@ bool causal_square(const Case& c) { return c.causal && c.sq == c.sk && c.q_off =
 // squares' forward through the composite causal graph, blocks without a mask through the
 // SDPA node, every backward through the composite graph) and through our kernels otherwise:
 // every case runs both ways; long causal squares also with the graph off (query chunks); on an
-// sm_90 device the forward once more with the Hopper kernel in the router (the default).
+// sm_90 device once more with the Hopper kernels in the router (the default): the forward and
+// the backward where the router puts them first, checked by the path they report.
 TEST_P(CudaAttentionTest, ForwardBackwardMatchReference) {
   struct Mode {
     bool cudnn, graph, hopper;
@@ -47,10 +59,10 @@ TEST_P(CudaAttentionTest, ForwardBackwardMatchReference) {
   };
   for (const Mode m : {Mode{false, false, false, "kernels only"}, Mode{true, true, false, "cudnn allowed"},
                        Mode{true, false, false, "cudnn, causal squares in query chunks"},
-                       Mode{true, true, true, "the default router on sm_90 (Hopper forward)"}}) {
+                       Mode{true, true, true, "the default router on sm_90 (Hopper kernels)"}}) {
     if (m.cudnn && !m.graph && !(causal_square(GetParam()) && GetParam().sq >= 2048)) continue;
     if (m.hopper && !kernels::sm90_device_available()) {
-      std::printf("[path] %s: not an sm_90 device, no Hopper forward to check\n", m.what);
+      std::printf("[path] %s: not an sm_90 device, no Hopper kernel to check\n", m.what);
       continue;
     }
     ops::CudaBackendOptions opts;
@@ -122,8 +134,6 @@ void CudaAttentionTest::run_case(const Case& c) {
               static_cast<long long>(empty));
   EXPECT_LT(lse_err, 2e-3);  // absolute, in nats (fp32 sums of bf16 products)
   if (empty) RecordProperty("empty_rows", static_cast<int>(empty));
-  if (hopper_) return;  // the backward's routes do not depend on the Hopper forward (checked above)
-
   // Backward from the reference's o (rounded) and lse, onto random dq/dk/dv.
   // Small starting values: the bf16 rounding of start + increment stays small next to the
   // increment, so the increment check below stays meaningful.
@@ -134,7 +144,11 @@ void CudaAttentionTest::run_case(const Case& c) {
   gpu->attention_bwd(qv(bq), kv(bk), kv(bv), qv(bo2), bl2.flat(), qv(bdo), blk, qv(bdq), kv(bdk), kv(bdv));
   const std::string bwd_path = ops::cuda_attention_path(*gpu);
   std::printf("[path] backward %s: %s\n", tag.c_str(), bwd_path.c_str());
-  if (use_cudnn_ && c.causal && c.b == 1 && c.sq == c.sk && c.q_off == c.k_off && c.sq >= 2048) {
+  const ops::AttentionCall call{c.b, c.sq, c.sk, c.hq, c.hkv, c.hd, c.causal, c.q_off - c.k_off};
+  const bool sm90_bwd = ops::attention_bwd_route(call, route_opts(true)) == ops::AttentionBwdRoute::Sm90Kernel;
+  if (sm90_bwd) {
+    EXPECT_EQ(bwd_path, c.hd == 128 ? "sm90 kernel (deterministic-split)" : "sm90 kernel (deterministic)");
+  } else if (use_cudnn_ && c.causal && c.b == 1 && c.sq == c.sk && c.q_off == c.k_off && c.sq >= 2048) {
     EXPECT_NE(bwd_path.find("tiles"), std::string::npos) << "a long causal square's backward should run in tiles";
   }
   if (use_cudnn_) {
@@ -167,6 +181,16 @@ void CudaAttentionTest::run_case(const Case& c) {
   EXPECT_EQ(download_bits(cdk), download_bits(bdk));
   EXPECT_EQ(download_bits(cdv), download_bits(bdv));
 
+  // f32 gradients (a ring's accumulators): the same increments, added in fp32.
+  {
+    Buffer fdq = upload(dq0, DType::F32), fdk = upload(dk0, DType::F32), fdv = upload(dv0, DType::F32);
+    gpu->attention_bwd(qv(bq), kv(bk), kv(bv), qv(bo2), bl2.flat(), qv(bdo), blk, qv(fdq), kv(fdk), kv(fdv));
+    std::printf("[path] f32-gradient backward %s: %s\n", tag.c_str(), ops::cuda_attention_path(*gpu).c_str());
+    EXPECT_REL(inc(download(fdq), dq0), inc(dq, dq0), 3e-2);
+    EXPECT_REL(inc(download(fdk), dk0), inc(dk, dk0), 3e-2);
+    EXPECT_REL(inc(download(fdv), dv0), inc(dv, dv0), 3e-2);
+  }
+
   // Overwriting (blk.accumulate false, LocalAttention's call): NaN-poisoned gradients come
   // back as the increments alone (causal squares and full blocks: cuDNN writes them in
   // place in one call), deterministic and atomic.
@@ -176,6 +200,7 @@ void CudaAttentionTest::run_case(const Case& c) {
     o2.cudnn_attention = use_cudnn_;
     o2.cudnn_causal_graph = causal_graph_;
     o2.deterministic = det;
+    o2.sm90_attention = hopper_;
     o2.attention_bwd_tile = 1024;
     auto be2 = ops::make_cuda_backend(o2);
     ops::AttentionBlock ob = blk;
@@ -189,7 +214,13 @@ void CudaAttentionTest::run_case(const Case& c) {
     be2->synchronize();
     const std::string opath = ops::cuda_attention_path(*be2);
     std::printf("[path] overwriting backward %s%s: %s\n", tag.c_str(), det ? "" : " atomic", opath.c_str());
-    if (use_cudnn_ && (causal_square(c) || !c.causal) && (!det || (c.sq <= 1024 && c.sk <= 1024))) {
+    ops::AttentionCall ocall = call;
+    ocall.accumulate = false;
+    const ops::AttentionBwdRoute oroute = ops::attention_bwd_route(ocall, route_opts(det));
+    if (oroute == ops::AttentionBwdRoute::Sm90Kernel) {
+      EXPECT_EQ(opath.rfind("sm90 kernel", 0), 0u) << opath;
+    } else if (use_cudnn_ && (causal_square(c) || !c.causal) && (!det || (c.sq <= 1024 && c.sk <= 1024))) {
+      EXPECT_EQ(oroute, ops::AttentionBwdRoute::CudnnInPlace);
       EXPECT_NE(opath.find("in place"), std::string::npos) << "one block, overwriting: cuDNN in place";
     }
     EXPECT_REL(download(odq), inc(dq, dq0), 3e-2);

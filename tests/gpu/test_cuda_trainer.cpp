@@ -4,9 +4,9 @@
 //     gradient tensor within 3e-2 relative norm error, for each activation policy, tied and
 //     untied. The HF golden fixtures (tests/golden/data) run the same check only when their
 //     head dim is one the CUDA attention supports (theirs is 8 today, so they skip, saying so).
-//  2. CUDA trainer steps against CPU trainer steps on the same data: the first step's
-//     gradients within 3e-2, losses within 2e-2 relative for several steps; checkpoint and
-//     HF export round trips through the host staging.
+//  2. CUDA trainer steps against CPU trainer steps on the same data (head dims 64 and 128): the
+//     first step's gradients within 3e-2, losses within 2e-2 relative for several steps;
+//     checkpoint (resumed bit for bit) and HF export round trips through the host staging.
 //     The offloaded optimizer (host AdamW) against AdamW on the GPU; the tiled MLP on CUDA;
 //     activation offload (checkpoints in pinned host memory) against checkpoints on the GPU.
 //  3. Under mpirun -np 2 with 2 GPUs: NCCL data parallelism equals one rank with gradient
@@ -41,12 +41,14 @@ using ops::Tensor;
 
 bool have_gpu() { return ops::cuda_device_count() > 0; }
 
-// A Llama with head_dim 64 and GQA (4 query heads on 2 KV heads), small enough for the CPU.
-std::string write_hd64_config(const std::string& path, bool tied, int64_t vocab, int layers = 2) {
+// A Llama with head_dim 64 and GQA (4 query heads on 2 KV heads), small enough for the CPU;
+// head_dim 128: 2 query heads on 1 KV head (the head dim of llama2-7b and llama3-8b, which the
+// Hopper attention backward takes first in the deterministic mode).
+std::string write_hd64_config(const std::string& path, bool tied, int64_t vocab, int layers = 2, int head_dim = 64) {
   std::ofstream f(path);
-  f << "hidden_size: 128\nnum_hidden_layers: " << layers
-    << "\nnum_attention_heads: 4\nnum_key_value_heads: 2\nhead_dim: 64\n"
-       "intermediate_size: 200\nvocab_size: "
+  f << "hidden_size: " << (head_dim == 128 ? 256 : 128) << "\nnum_hidden_layers: " << layers
+    << "\nnum_attention_heads: " << (head_dim == 128 ? "2\nnum_key_value_heads: 1" : "4\nnum_key_value_heads: 2")
+    << "\nhead_dim: " << head_dim << "\nintermediate_size: 200\nvocab_size: "
     << vocab << "\nmax_position_embeddings: 1024\nrms_norm_eps: 1.0e-5\nrope_theta: 10000.0\n"
     << "tie_word_embeddings: " << (tied ? "true" : "false") << "\nbos_token_id: 1\neos_token_id: 2\n";
   f.close();
@@ -316,10 +318,10 @@ void expect_resumes_bit_for_bit(train::Trainer& t, const StageConfig& cfg, int64
 
 // The trainer tests' stage: a random-walk shard in `dir`, the head_dim-64 model (which the
 // CUDA attention takes), 2 x 64 tokens per micro-step, lr 3e-3; output in dir/out.
-StageConfig hd64_stage(const TempDir& dir, const std::string& out) {
+StageConfig hd64_stage(const TempDir& dir, const std::string& out, int head_dim = 64) {
   write_walk_shard(dir / "shard.h5", test_seed(), 80, 20, 150, 256);
   StageConfig c = tiny_stage(dir / "shard.h5", dir / out);
-  c.model.config = write_hd64_config(dir / "m.yaml", false, 256);
+  c.model.config = write_hd64_config(dir / "m.yaml", false, 256, 2, head_dim);
   c.model.init_std = 0.05;
   c.data.seq_length = 64;
   c.train.batch_size = 2;
@@ -327,10 +329,15 @@ StageConfig hd64_stage(const TempDir& dir, const std::string& out) {
   return c;
 }
 
-TEST(CudaTrainer, StepsMatchCpuTrainer) {
+// The CUDA trainer against the CPU trainer, resumed bit for bit, exported; at head dims 64 and
+// 128 (on an sm_90 device the two take different attention backward routes: cuDNN's and the
+// Hopper kernel's, ops/attention_route.h).
+class CudaTrainerHeadDim : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaTrainerHeadDim, StepsMatchCpuTrainer) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   TempDir dir("cuda-trainer");
-  StageConfig c = hd64_stage(dir, "cpu");
+  StageConfig c = hd64_stage(dir, "cpu", GetParam());
   c.train.grad_accum = 2;
   c.train.grad_clip = 1.0;
   StageConfig g = c;
@@ -382,6 +389,9 @@ TEST(CudaTrainer, StepsMatchCpuTrainer) {
   for (const Tensor& t : hv) back.emplace_back(t.ptr<float>(), t.ptr<float>() + t.numel());
   EXPECT_EQ(flat(back), flat(tg.master_host()));
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, CudaTrainerHeadDim, ::testing::Values(64, 128),
+                         [](const ::testing::TestParamInfo<int>& i) { return "hd" + std::to_string(i.param); });
 
 // parallel.zero.offload_optimizer: master weights and Adam moments on the host, AdamW on the
 // host's threads, against the same run with AdamW on the GPU. Both apply kernels/adamw_math.h

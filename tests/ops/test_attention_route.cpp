@@ -86,7 +86,7 @@ TEST(AttentionRoute, CausalSquares) {
 
 // An sm_90 device (AttentionRouteOptions::sm90): the Hopper kernel before cuDNN where it
 // measured faster (head dim 64; head dim 128 with a mask), else after cuDNN's routes, before
-// the FA2 kernel; the backward unchanged.
+// the FA2 kernel.
 TEST(AttentionRoute, HopperForward) {
   AttentionRouteOptions h = opts(false);
   h.sm90 = true;
@@ -109,10 +109,53 @@ TEST(AttentionRoute, HopperForward) {
   hn.sm90 = true;
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 1024, 1024, 8, 8, 128, false, 0), hn), (Fwd{kSm90, kFwdKernel}));
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 16, 0, 8, 8, 128), h), (Fwd{AttentionFwdRoute::NoKeys}));
-  // The backward does not change.
-  const AttentionCall c = call(1, 32768, 32768, 32, 32, 128);
-  EXPECT_EQ(ops::attention_bwd_routes(c, h), ops::attention_bwd_routes(c, opts(false)));
   EXPECT_STREQ(ops::route_name(kSm90), "sm90 kernel");
+}
+
+// The Hopper backward: first in the deterministic mode at head dim 128 (faster than cuDNN's
+// deterministic graph in the same process), for every visibility, overwriting or not, bf16 or
+// f32 gradients; elsewhere after cuDNN's routes, in place of the FA2 kernel's first turn.
+TEST(AttentionRoute, HopperBackward) {
+  using B = AttentionBwdRoute;
+  AttentionRouteOptions det = opts(true), atomic = opts(false), bare = opts(true, 0, false);
+  det.sm90 = atomic.sm90 = bare.sm90 = true;
+  const AttentionCall s32k = call(1, 32768, 32768, 32, 32, 128), s1k = call(1, 1024, 1024, 32, 32, 128);
+  EXPECT_EQ(ops::attention_bwd_routes(s32k, det), (Bwd{B::Sm90Kernel, B::CudnnTiles, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(overwriting(s1k), det), (Bwd{B::Sm90Kernel, B::CudnnOneCall, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(f32(call(1, 4096, 4096, 32, 4, 128, true, 4096)), det),
+            (Bwd{B::Sm90Kernel, B::CudnnOneCall, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(call(2, 150, 130, 8, 2, 128, true, 64), det), (Bwd{B::Sm90Kernel, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(call(1, 77, 190, 8, 4, 128, false, 0), bare), (Bwd{B::Sm90Kernel, B::Kernel}));
+  EXPECT_TRUE(ops::sm90_bwd_before_cudnn(s32k, det));
+  // Head dim 64 deterministic: first for blocks without a mask (a ring's off-diagonal steps).
+  EXPECT_EQ(ops::attention_bwd_routes(call(1, 4096, 4096, 32, 4, 64, false, 0), det),
+            (Bwd{B::Sm90Kernel, B::CudnnOneCall, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(f32(call(1, 4096, 4096, 32, 4, 64, true, 4096)), det),
+            (Bwd{B::Sm90Kernel, B::CudnnOneCall, B::Kernel}));
+  // Head dim 64 deterministic with a mask and every atomic call: cuDNN first (in place where it can).
+  EXPECT_FALSE(ops::sm90_bwd_before_cudnn(call(1, 32768, 32768, 32, 4, 64), det));
+  EXPECT_FALSE(ops::sm90_bwd_before_cudnn(s32k, atomic));
+  EXPECT_EQ(ops::attention_bwd_routes(call(1, 32768, 32768, 32, 4, 64), det), (Bwd{B::CudnnTiles, B::Sm90Kernel, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(s32k, atomic), (Bwd{B::CudnnTiles, B::Sm90Kernel, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(overwriting(s32k), atomic),
+            (Bwd{B::CudnnInPlace, B::CudnnTiles, B::Sm90Kernel, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(call(1, 64, 64, 4, 4, 64, true, 10), bare), (Bwd{B::Sm90Kernel, B::Kernel}));
+  // Nothing to add stays nothing to add.
+  EXPECT_EQ(ops::attention_bwd_routes(call(1, 0, 16, 8, 8, 128), det), (Bwd{B::NoRows}));
+  EXPECT_STREQ(ops::route_name(B::Sm90Kernel), "sm90 kernel");
+  EXPECT_EQ(ops::describe_attention_route(s32k, det), "forward: sm90 kernel; backward: sm90 kernel (deterministic)");
+  // Its scratch: the layout of kernels/attention_sm90_scratch.h (Sq padded to 64 rows, each
+  // region 256-byte aligned), plus bf16 gradients for f32 ones.
+  const AttentionCall b2 = call(2, 300, 300, 8, 2, 128);
+  const ops::AttentionBwdScratch s = ops::attention_bwd_scratch(B::Sm90Kernel, b2, det);
+  const int64_t acc = 2 * 8 * 320 * 128 * 4, vec = 2 * 8 * 320 * 4, sem = 512;  // 2 x 8 x 5 semaphores, rounded up
+  EXPECT_EQ(s.sm90, acc + 2 * vec + sem);
+  EXPECT_EQ(s.grads, 0);
+  ASSERT_EQ(s.list().size(), 1u);
+  EXPECT_EQ(s.list()[0].bytes, s.sm90);
+  const ops::AttentionBwdScratch s32 = ops::attention_bwd_scratch(B::Sm90Kernel, f32(b2), det);
+  EXPECT_EQ(s32.grads, (2 * 300 * 8 * 128 + 2 * 2 * 300 * 2 * 128) * 2);
+  EXPECT_EQ(s32.list().size(), 2u);
 }
 
 TEST(AttentionRoute, RingBlocks) {

@@ -242,6 +242,9 @@ void CudaAttention::backward(const Tensor& q, const Tensor& k, const Tensor& v, 
     switch (routes[i]) {
       case AttentionBwdRoute::NoRows: return;
       case AttentionBwdRoute::CudnnInPlace: break;  // (only ever first)
+      case AttentionBwdRoute::Sm90Kernel:
+        if (sm90_bwd(p, c, dq, dk, dv)) return;
+        break;
       case AttentionBwdRoute::CudnnOneCall:
         if (cudnn_bwd_one_call(p, c, dq, dk, dv)) return;
         break;
@@ -390,6 +393,39 @@ void CudaAttention::kernel_bwd(kernels::AttentionParams& p, const AttentionCall&
     add_into(dv, 0, p.dv, kn);
   }
   last_path_ = "kernel";
+}
+
+// The Hopper kernel adds into bf16 gradients itself; f32 gradients (a ring's accumulators): into
+// zeroed bf16 scratch, then added in fp32, as kernel_bwd. Variant: the backend's mode, split dQ
+// at head dim 128 (measured faster in both modes, bench/RESULTS.md session 25).
+bool CudaAttention::sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq,
+                             const Tensor& dk, const Tensor& dv) {
+  const AttentionBwdScratch s = attention_bwd_scratch(AttentionBwdRoute::Sm90Kernel, c, opts_);
+  const int64_t qn = dq.numel(), kn = dk.numel();
+  // Supported? Checked on the call's own pointers (f32 gradients: scratch is 256-byte aligned).
+  p.dq = static_cast<bf16*>(dq.data);
+  p.dk = static_cast<bf16*>(dk.data);
+  p.dv = static_cast<bf16*>(dv.data);
+  if (!kernels::attention_bwd_sm90_supported(p)) return false;
+  using V = kernels::Sm90BwdVariant;
+  const V variant = opts_.deterministic ? (p.hd == 128 ? V::DeterministicSplit : V::Deterministic)
+                                        : (p.hd == 128 ? V::AtomicSplit : V::Atomic);
+  Scratch g(s.grads, stream_, *mem_);
+  Scratch k(s.sm90, stream_, *mem_);
+  if (c.f32_grads) {
+    EASYCTX_CUDA_CHECK(cudaMemsetAsync(g.as<bf16>(), 0, static_cast<size_t>(s.grads), stream_));
+    p.dq = g.as<bf16>();
+    p.dk = p.dq + qn;
+    p.dv = p.dk + kn;
+  }
+  kernels::attention_bwd_sm90(p, k.as<float>(), stream_, variant);
+  if (c.f32_grads) {
+    add_into(dq, 0, p.dq, qn);
+    add_into(dk, 0, p.dk, kn);
+    add_into(dv, 0, p.dv, kn);
+  }
+  last_path_ = std::string("sm90 kernel (") + kernels::sm90_bwd_variant_name(variant) + ")";
+  return true;
 }
 
 // ---------------------------------------------------------------- helpers

@@ -66,6 +66,10 @@ class CudaAttention {
                        const Tensor& dv);
   void kernel_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq, const Tensor& dk,
                   const Tensor& dv);
+  // The Hopper backward kernel; false (nothing written) where it cannot take the call (a layout
+  // TMA cannot load).
+  bool sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq, const Tensor& dk,
+                const Tensor& dv);
 
   // dst[offset .. offset + n) += x (bf16 or f32), dst bf16 or f32 (rounded once, from fp32).
   template <typename TX>

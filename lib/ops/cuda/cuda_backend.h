@@ -29,13 +29,15 @@ struct CudaBackendOptions {
   // chunks (key prefix through cuDNN, diagonal through the kernel, LSE merge), the path
   // taken when cuDNN declines the graph (tests reach it with false).
   bool cudnn_causal_graph = true;
-  // On an sm_90 device (H100/H200): the attention forward through easyctx's Hopper kernel
-  // (kernels/attention_fwd_sm90.cu) where the router puts it (ops/attention_route.h: before
-  // cuDNN where it measured faster, ops::sm90_before_cudnn; in place of the FA2 kernel
-  // otherwise); ignored on other devices. train.hopper_attention.
+  // On an sm_90 device (H100/H200): the attention forward and backward through easyctx's
+  // Hopper kernels (kernels/attention_fwd_sm90.cu, attention_bwd_sm90.cu) where the router
+  // puts them (ops/attention_route.h: before cuDNN where they measured faster,
+  // ops::sm90_before_cudnn / sm90_bwd_before_cudnn; in place of the FA2 kernels otherwise);
+  // ignored on other devices. train.hopper_attention.
   bool sm90_attention = true;
-  // Bit-identical reruns: the cuDNN attention backward uses its deterministic graph (no
-  // atomic dQ accumulation; dP in its workspace, so smaller tiles). false: the faster atomic one.
+  // Bit-identical reruns: the attention backward adds dQ in a fixed order (the Hopper kernel's
+  // deterministic variant, or cuDNN's deterministic graph: dP in its workspace, so smaller
+  // tiles). false: atomic dQ accumulation (cuDNN's atomic backward first), faster.
   bool deterministic = true;
   // Rows/columns of the tiles larger attention backward blocks run in (0: ops::attention_bwd_tile);
   // tests lower it to reach the tiled path with short sequences.
