@@ -818,20 +818,11 @@ bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why) {
     if (why) *why = r;
     return false;
   };
-  if (p.hd != 64 && p.hd != 128) return no("head dim is not 64 or 128");
+  if (const char* r = sm90::layout_refusal(p)) return no(r);
+  if (p.hq > 65535) return no("more than 65535 query heads (the grid)");
   if (!p.q || !p.k || !p.v || !p.o_out || !p.lse_out) return no("a pointer (q, k, v, o_out, lse_out) is null");
-  if (p.batch < 1 || p.batch > 65535) return no("batch not in [1, 65535]");
-  if (p.hq < 1 || p.hkv < 1 || p.hq > 65535 || p.hq % p.hkv != 0) return no("hq not a multiple of hkv (or out of range)");
-  if (p.sq < 1 || p.sk < 1 || p.sq > (int64_t{1} << 30) || p.sk > (int64_t{1} << 30)) return no("sq or sk not in [1, 2^30]");
   if (!sm90::aligned16(p.q) || !sm90::aligned16(p.k) || !sm90::aligned16(p.v) || !sm90::aligned16(p.o_out))
     return no("q, k, v or o_out not 16-byte aligned (TMA)");
-  if (p.q_row % 8 != 0 || p.k_row % 8 != 0 || p.q_row < p.hq * p.hd || p.k_row < p.hkv * p.hd)
-    return no("row strides not multiples of 8 elements or shorter than a row");
-  if (p.batch > 1 && (p.q_batch % 8 != 0 || p.k_batch % 8 != 0 || p.q_batch <= 0 || p.k_batch <= 0))
-    return no("batch strides not positive multiples of 8 elements");
-  constexpr int64_t kMaxStride = (int64_t{1} << 39);  // TMA: global strides < 2^40 bytes
-  if (p.q_row >= kMaxStride || p.k_row >= kMaxStride || p.q_batch >= kMaxStride || p.k_batch >= kMaxStride)
-    return no("strides too large for TMA");
   if (!sm90_device_available()) return no("the current device is not sm_90");
   return true;
 }

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "kernels/attention.h"
 #include "kernels/cuda_check.h"
 
 namespace easyctx::kernels::sm90 {
@@ -56,12 +57,16 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
 // kernel ends quickly with wrong results and the context stays usable, so a test run reports
 // the hang and goes on to the next case instead of timing out. Only the slow path (the first
 // try failed) looks at the clock and, every 16 tries, at the flag.
-__device__ unsigned int g_hang[8];  // [0] flag, then block x, y, z, thread, barrier address, parity
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  if (mbar_try_wait(bar, parity)) return;
+// [0] flag, then block x, y, z, thread, what (a barrier's shared address, a semaphore's low
+// address bits), detail (parity, awaited value), kind (0 mbarrier, 1 semaphore)
+__device__ unsigned int g_hang[8];
+// Spins until ready() holds, giving up as above; `what`, `detail`, `kind` describe the wait.
+template <typename Ready>
+__device__ __forceinline__ void wait_or_give_up(Ready ready, uint32_t what, uint32_t detail, uint32_t kind) {
+  if (ready()) return;
   const long long t0 = clock64();
   for (uint32_t tries = 1;; ++tries) {
-    if (mbar_try_wait(bar, parity)) return;
+    if (ready()) return;
     if ((tries & 15) == 0) {
       if (*reinterpret_cast<volatile unsigned int*>(&g_hang[0]) != 0) return;
       if (clock64() - t0 > (1ll << 34)) {
@@ -70,14 +75,18 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
           g_hang[2] = blockIdx.y;
           g_hang[3] = blockIdx.z;
           g_hang[4] = threadIdx.x;
-          g_hang[5] = bar;
-          g_hang[6] = parity;
+          g_hang[5] = what;
+          g_hang[6] = detail;
+          g_hang[7] = kind;
           __threadfence();
         }
         return;
       }
     }
   }
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  wait_or_give_up([&] { return mbar_try_wait(bar, parity); }, bar, parity, 0);
 }
 
 // TMA: box at coordinates (c0 = column, c1 = head, c2 = row, c3 = batch) of `map` into shared
@@ -191,12 +200,31 @@ CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, i
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    EASYCTX_THROW("attention_fwd_sm90: cuTensorMapEncodeTiled failed for ", what, " (CUresult ", static_cast<int>(r), ", hd ",
+    EASYCTX_THROW("sm90 attention: cuTensorMapEncodeTiled failed for ", what, " (CUresult ", static_cast<int>(r), ", hd ",
                   hd, ", rows ", rows, ", heads ", heads, ", batch ", batch, ", row stride ", row_stride, ")");
   return m;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The layout rules both kernels' TMA loads share (head dim, sizes, head counts, row and batch
+// strides: q's for the query-side tensors, k's for the key side): nullptr where the layout can
+// be loaded, else why not. Pointers, their alignment and the grid bounds that differ between
+// the kernels are the callers' (attention_fwd_sm90_supported, attention_bwd_sm90_supported).
+const char* layout_refusal(const AttentionParams& p) {
+  if (p.hd != 64 && p.hd != 128) return "head dim is not 64 or 128";
+  if (p.batch < 1 || p.batch > 65535) return "batch not in [1, 65535]";
+  if (p.hq < 1 || p.hkv < 1 || p.hq % p.hkv != 0) return "hq not a multiple of hkv";
+  if (p.sq < 1 || p.sk < 1 || p.sq > (int64_t{1} << 30) || p.sk > (int64_t{1} << 30)) return "sq or sk not in [1, 2^30]";
+  if (p.q_row % 8 != 0 || p.k_row % 8 != 0 || p.q_row < p.hq * p.hd || p.k_row < p.hkv * p.hd)
+    return "row strides not multiples of 8 elements or shorter than a row";
+  if (p.batch > 1 && (p.q_batch % 8 != 0 || p.k_batch % 8 != 0 || p.q_batch <= 0 || p.k_batch <= 0))
+    return "batch strides not positive multiples of 8 elements";
+  constexpr int64_t kMaxStride = (int64_t{1} << 39);  // TMA: global strides < 2^40 bytes
+  if (p.q_row >= kMaxStride || p.k_row >= kMaxStride || p.q_batch >= kMaxStride || p.k_batch >= kMaxStride)
+    return "strides too large for TMA";
+  return nullptr;
+}
 
 }  // namespace
 }  // namespace easyctx::kernels::sm90
