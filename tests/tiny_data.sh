@@ -12,12 +12,22 @@
 #                                also leaving DIR/tok/kjv.txt, the verses); prints its path
 # tiny_chapters DIR CHAPTERS     DIR/corpus/, DIR/chapters.jsonl and DIR/train.jsonl
 # tiny_shard BIN TOK INPUT OUT   BIN/h5tokenize of INPUT with tokenizer TOK into the folder OUT
+# tiny_mpirun                    the two-rank launch of the shell tests, as arrays: mpi_args
+#                                (-np 2 --bind-to none, plus --allow-run-as-root --oversubscribe
+#                                as root, which Open MPI otherwise refuses) and mpi (mpirun and
+#                                those arguments)
 #
 # Each returns non-zero after one line on stderr naming the step that failed (and, for
 # h5tokenize, the end of its output), so a test stops at the cause: `tok=$(tiny_data ...)`
 # under `set -e`, or `|| fail ...` without it. Nothing else goes to stdout or stderr.
 
 _tiny_data_src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+tiny_mpirun() {
+  mpi_args=(-np 2 --bind-to none)
+  [ "$(id -u)" -ne 0 ] || mpi_args+=(--allow-run-as-root --oversubscribe)
+  mpi=(mpirun "${mpi_args[@]}")
+}
 
 tiny_tokenizer() {
   local dir=${1:?usage: tiny_tokenizer DIR} tok

@@ -10,11 +10,10 @@ bin=$2
 work=$(mktemp -d /tmp/easyctx-hang.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; tail -20 "$work/out" 2>/dev/null; exit 1; }
-mpi=(mpirun -np 2 --bind-to none)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root --oversubscribe)
 bound=30  # seconds: the 2 s timeout, the roll call, the abort and mpirun on a loaded machine
 
 source "$src/tests/tiny_data.sh"
+tiny_mpirun
 tok=$(tiny_data "$bin" "$work" 60)
 cat > "$work/stage.yaml" <<YAML
 model:

@@ -12,11 +12,10 @@ bin=$2
 work=$(mktemp -d /tmp/easyctx-eval-needle.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; tail -20 "$work"/*.log 2>/dev/null | cut -c1-300; trap - EXIT; exit 1; }
-mpi=(mpirun -np 2 --bind-to none)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root --oversubscribe)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 source "$src/tests/tiny_data.sh"
+tiny_mpirun
 tok=$(tiny_tokenizer "$work") || fail "tokenizer"
 seed=$((RANDOM % 1000))
 common=(--model "random:demo@$seed" --device cpu --min-context-length 100

@@ -12,11 +12,10 @@ bin=$2
 work=$(mktemp -d /tmp/easyctx-eval-ppl.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; tail -20 "$work"/*.log 2>/dev/null | cut -c1-300; trap - EXIT; exit 1; }
-mpi=(mpirun -np 2 --bind-to none)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root --oversubscribe)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 source "$src/tests/tiny_data.sh"
+tiny_mpirun
 tok=$(tiny_data "$bin" "$work" 120) || fail "the training data (tests/tiny_data.sh)"
 sed -n '1000,1040p' "$work/chapters.jsonl" > "$work/eval.jsonl"
 tiny_shard "$bin" "$tok" "$work/eval.jsonl" "$work/evaldata" || fail "h5tokenize eval"

@@ -8,10 +8,9 @@ bin=$2
 work=$(mktemp -d /tmp/easyctx-signal.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; tail -30 "$work"/*.log 2>/dev/null; trap - EXIT; exit 1; }
-mpi=(mpirun -np 2 --bind-to none)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root --oversubscribe)
 
 source "$src/tests/tiny_data.sh"
+tiny_mpirun
 tok=$(tiny_data "$bin" "$work" 200)
 cat > "$work/stage.yaml" <<YAML
 model:

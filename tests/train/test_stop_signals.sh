@@ -21,10 +21,9 @@ fail() {
   [ -n "$last_log" ] && { echo "--- $last_log"; tail -30 "$last_log"; }
   exit 1
 }
-mpi=(-np 2 --bind-to none)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root --oversubscribe)
 
 source "$src/tests/tiny_data.sh"
+tiny_mpirun
 tok=$(tiny_data "$bin" "$work" 100)
 cat > "$work/stage.yaml" <<YAML
 model:
@@ -92,7 +91,7 @@ for c in "TERM 1 0" "INT 0 130" "USR1 1 0" "USR2 mpirun 0"; do
   read -r sig target want <<<"$c"
   out=$work/run-$sig
   log=$work/$sig.log
-  mpirun "${mpi[@]}" "$bin/easyctx_train" "$work/stage.yaml" --set output.dir="$out" --resume none >"$log" 2>&1 &
+  mpirun "${mpi_args[@]}" "$bin/easyctx_train" "$work/stage.yaml" --set output.dir="$out" --resume none >"$log" 2>&1 &
   pid=$!
   pids+=("$pid")
   wait_for_steps "$log"
@@ -110,7 +109,7 @@ for c in "TERM 0" "INT 130"; do
   out=$work/wrap-$sig
   log=$work/wrap-$sig.log
   # (a background job of a script starts with SIGINT ignored: restore it, as in a terminal)
-  env --default-signal=INT bash "$src/scripts/mpirun.sh" "${mpi[@]}" "$bin/easyctx_train" "$work/stage.yaml" \
+  env --default-signal=INT bash "$src/scripts/mpirun.sh" "${mpi_args[@]}" "$bin/easyctx_train" "$work/stage.yaml" \
     --set output.dir="$out" --resume none >"$log" 2>&1 &
   pid=$!
   pids+=("$pid")
@@ -127,7 +126,7 @@ out=$work/timeout
 log=$work/timeout.log
 t0=$(date +%s.%N)
 rc=0
-timeout --preserve-status 12 bash "$src/scripts/mpirun.sh" "${mpi[@]}" "$bin/easyctx_train" "$work/stage.yaml" \
+timeout --preserve-status 12 bash "$src/scripts/mpirun.sh" "${mpi_args[@]}" "$bin/easyctx_train" "$work/stage.yaml" \
   --set output.dir="$out" --resume none >"$log" 2>&1 || rc=$?
 grep -q "^step 3/" "$log" || fail "timeout: the run did not reach step 3 in 12 s"
 check "timeout --preserve-status 12 scripts/mpirun.sh" "$rc" 0 "SIGUSR1 on rank [01]" "$out" 2 "$(awk -v a="$t0" 'BEGIN{printf "%.3f", a + 12}')"
