@@ -32,16 +32,6 @@ class CudaAttentionTest : public CudaOpsTest, public ::testing::WithParamInterfa
   bool use_cudnn_ = false;
   bool causal_graph_ = true;
   bool hopper_ = false;  // CudaBackendOptions::sm90_attention (the Hopper forward and backward where routed)
-  // The router's options of the backend under test (the route each call should take).
-  ops::AttentionRouteOptions route_opts(bool deterministic) const {
-    ops::AttentionRouteOptions ro;
-    ro.cudnn = use_cudnn_;
-    ro.causal_graph = causal_graph_;
-    ro.deterministic = deterministic;
-    ro.sm90 = hopper_;
-    ro.bwd_tile = 1024;
-    return ro;
-  }
 };
 
 bool causal_square(const Case& c) { return c.causal && c.sq == c.sk && c.q_off == c.k_off; }
@@ -102,13 +92,10 @@ void CudaAttentionTest::run_case(const Case& c) {
   gpu->attention_fwd(qv(bq), kv(bk), kv(bv), blk, qv(bo), bl.flat());
   const std::string fwd_path = ops::cuda_attention_path(*gpu);
   std::printf("[path] forward %s: %s\n", tag.c_str(), fwd_path.c_str());
-  if (hopper_) {  // the route the router names for this call (the Hopper kernel first at hd 128)
-    ops::AttentionRouteOptions ro;
-    ro.sm90 = true;
-    const ops::AttentionCall call{c.b, c.sq, c.sk, c.hq, c.hkv, c.hd, c.causal, c.q_off - c.k_off};
-    if (ops::attention_fwd_route(call, ro) == ops::AttentionFwdRoute::Sm90Kernel) {
-      EXPECT_EQ(fwd_path, "sm90 kernel");
-    }
+  // The routes the backend's router names for this call (Backend::attention_route).
+  const ops::AttentionCall call{c.b, c.sq, c.sk, c.hq, c.hkv, c.hd, c.causal, c.q_off - c.k_off};
+  if (gpu->attention_route(call, false) == "sm90 kernel") {
+    EXPECT_EQ(fwd_path, "sm90 kernel");
   } else if (use_cudnn_ && causal_square(c) && causal_graph_) {
     EXPECT_NE(fwd_path.find("causal graph"), std::string::npos) << "a causal square's forward should run cuDNN's causal graph";
   }
@@ -144,9 +131,7 @@ void CudaAttentionTest::run_case(const Case& c) {
   gpu->attention_bwd(qv(bq), kv(bk), kv(bv), qv(bo2), bl2.flat(), qv(bdo), blk, qv(bdq), kv(bdk), kv(bdv));
   const std::string bwd_path = ops::cuda_attention_path(*gpu);
   std::printf("[path] backward %s: %s\n", tag.c_str(), bwd_path.c_str());
-  const ops::AttentionCall call{c.b, c.sq, c.sk, c.hq, c.hkv, c.hd, c.causal, c.q_off - c.k_off};
-  const bool sm90_bwd = ops::attention_bwd_route(call, route_opts(true)) == ops::AttentionBwdRoute::Sm90Kernel;
-  if (sm90_bwd) {
+  if (gpu->attention_route(call, true) == "sm90 kernel") {
     EXPECT_EQ(bwd_path, c.hd == 128 ? "sm90 kernel (deterministic-split)" : "sm90 kernel (deterministic)");
   } else if (use_cudnn_ && c.causal && c.b == 1 && c.sq == c.sk && c.q_off == c.k_off && c.sq >= 2048) {
     EXPECT_NE(bwd_path.find("tiles"), std::string::npos) << "a long causal square's backward should run in tiles";
@@ -216,11 +201,11 @@ void CudaAttentionTest::run_case(const Case& c) {
     std::printf("[path] overwriting backward %s%s: %s\n", tag.c_str(), det ? "" : " atomic", opath.c_str());
     ops::AttentionCall ocall = call;
     ocall.accumulate = false;
-    const ops::AttentionBwdRoute oroute = ops::attention_bwd_route(ocall, route_opts(det));
-    if (oroute == ops::AttentionBwdRoute::Sm90Kernel) {
+    const std::string oroute = be2->attention_route(ocall, true);
+    if (oroute == "sm90 kernel") {
       EXPECT_EQ(opath.rfind("sm90 kernel", 0), 0u) << opath;
     } else if (use_cudnn_ && (causal_square(c) || !c.causal) && (!det || (c.sq <= 1024 && c.sk <= 1024))) {
-      EXPECT_EQ(oroute, ops::AttentionBwdRoute::CudnnInPlace);
+      EXPECT_EQ(oroute, "cudnn one call in place");
       EXPECT_NE(opath.find("in place"), std::string::npos) << "one block, overwriting: cuDNN in place";
     }
     EXPECT_REL(download(odq), inc(dq, dq0), 3e-2);
