@@ -73,7 +73,7 @@
 // split atomic at 32K causal): the tensor pipe is busy 57.6% of the cycles, issue slots 36%,
 // 0.48 eligible warps per scheduler; L2 at 52% (the per-consumer variant: 92%, the dQ reduce
 // traffic, which the split halves). What it lacks against cuDNN / FA3: each step's dQ GEMM is
-// waited for before its part is stored (queueing it behind dV / dK measured 2-3% slower), the
+// waited for before its part is stored (queueing it behind dV / dK measured 1-5% slower), the
 // S^T / dP^T GEMMs are m64n64 (hd 64: every GEMM is), a 2-stage Q / dO ring, no persistent
 // CTAs.
 // Registers (ptxas, CUDA 13.0): 168 at launch, producer 24 / consumers 240 after setmaxnreg
