@@ -56,7 +56,7 @@ for run in $RUNS; do
   rc=$?
   set -e
   wall=$(( $(date +%s) - start ))
-  grep -E "memory|device|plan|error|step [0-9]+/" "$log" | tail -n 8 >&2 || true
+  grep -E "memory|device|plan|error|step [0-9]+/|attention (forward|backward) " "$log" | tail -n 10 >&2 || true
   python3 - "$dir/metrics.jsonl" "$model" "$seq" "$rc" "$wall" "$log" "$*" <<'PY' | tee -a ${results:-/dev/null}
 import json, sys, statistics
 path, model, seq, rc, wall, log, extra = sys.argv[1:]
@@ -79,6 +79,8 @@ else:
 for line in open(log):
     if "memory:" in line or "plan" in line.lower():
         out.setdefault("memory_lines", []).append(line.strip()[-300:])
+    elif "attention forward " in line or "attention backward " in line:  # the routes the trainer logs
+        out.setdefault("attention_routes", []).append(line.strip().split("attention ", 1)[1][:200])
 print(json.dumps(out), flush=True)
 PY
   if [ "$PEER" = 1 ]; then peer "$model" "$seq"; fi
