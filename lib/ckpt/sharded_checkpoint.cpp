@@ -151,9 +151,6 @@ std::string move_aside(const std::string& dir, const std::string& aside, const s
   return dest.string();
 }
 
-}  // namespace
-
-namespace {
 // The one spelling of the array kinds (ArrayKind): "<prefix><unit>".
 const char* kind_prefix(ArrayKind kind) {
   switch (kind) {

@@ -111,11 +111,13 @@ void ParamStore::read_units(const ckpt::CheckpointReader& r, ckpt::ArrayKind kin
   }
 }
 
+std::array<std::pair<ckpt::ArrayKind, std::vector<ops::Buffer>*>, 3> ParamStore::checkpoint_arrays() {
+  return {{{ckpt::ArrayKind::Master, &master_}, {ckpt::ArrayKind::AdamM, &adam_m_}, {ckpt::ArrayKind::AdamV, &adam_v_}}};
+}
+
 void ParamStore::read_checkpoint(const ckpt::CheckpointReader& r, bool moments) {
-  read_units(r, ckpt::ArrayKind::Master, master_);
-  if (!moments) return;
-  read_units(r, ckpt::ArrayKind::AdamM, adam_m_);
-  read_units(r, ckpt::ArrayKind::AdamV, adam_v_);
+  for (auto [kind, bufs] : checkpoint_arrays())
+    if (moments || kind == ckpt::ArrayKind::Master) read_units(r, kind, *bufs);
 }
 
 void ParamStore::settle() const {

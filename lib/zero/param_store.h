@@ -15,11 +15,13 @@
 // in host memory, updated by the host AdamW (zero/host_adamw.h), which may finish inside the
 // next step's forward (zero/deferred_update.h).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"
@@ -181,6 +183,9 @@ class ParamStore {
   StoreComms comms_;
   std::unique_ptr<ops::Backend> host_be_;  // offload_optimizer: owns the fp32 state in host memory
   std::vector<ops::Buffer> master_, adam_m_, adam_v_;  // per unit (stage 3: this rank's shards once loaded)
+  // The checkpoint arrays of each kind (ckpt::array_name) and the buffers that hold them:
+  // master_, adam_m_, adam_v_, the weights first (what writers save and loaders read).
+  std::array<std::pair<ckpt::ArrayKind, std::vector<ops::Buffer>*>, 3> checkpoint_arrays();
   std::unique_ptr<class HostAdamW> host_adamw_;
   std::unique_ptr<class DeferredUpdate> deferred_;
 

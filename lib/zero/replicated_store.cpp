@@ -107,9 +107,7 @@ class ReplicatedStore final : public ParamStore {
     const bool direct = host_resident(master_);
     for (size_t u = 0; u < master_.size(); ++u) {
       const int64_t n = master_[u].numel(), lo = n * r / W, hi = n * (r + 1) / W;
-      for (auto [kind, bufs] : {std::pair{ckpt::ArrayKind::Master, &master_},
-                                {ckpt::ArrayKind::AdamM, &adam_m_},
-                                {ckpt::ArrayKind::AdamV, &adam_v_}}) {
+      for (auto [kind, bufs] : checkpoint_arrays()) {
         const float* p = nullptr;
         if (direct) {
           p = (*bufs)[u].flat().ptr<float>() + lo;

@@ -108,9 +108,7 @@ class ShardedStore final : public ParamStore {
     const bool direct = host_resident(master_);
     for (size_t u = 0; u < sl_.units(); ++u) {
       const int64_t len = sl_.valid(u);
-      for (auto [kind, bufs] : {std::pair{ckpt::ArrayKind::Master, &master_},
-                                {ckpt::ArrayKind::AdamM, &adam_m_},
-                                {ckpt::ArrayKind::AdamV, &adam_v_}}) {
+      for (auto [kind, bufs] : checkpoint_arrays()) {
         const float* p = nullptr;
         if (direct || len <= 0) {
           p = (*bufs)[u].flat().ptr<float>();
