@@ -371,37 +371,41 @@ bool CudaAttention::cudnn_bwd_tiles(const kernels::AttentionParams& p, const Att
   return true;
 }
 
-// Our kernels (delta, dK/dV, dQ). fp32 gradients (a ring's accumulators): this block's bf16
-// contribution is computed into zeroed scratch, then added in fp32, so rounding does not
-// compound across ring steps.
-void CudaAttention::kernel_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq,
-                               const Tensor& dk, const Tensor& dv) {
-  note_decline();
-  const AttentionBwdScratch s = attention_bwd_scratch(AttentionBwdRoute::Kernel, c, opts_);
+template <typename Run>
+void CudaAttention::into_gradients(kernels::AttentionParams& p, const AttentionCall& c, int64_t grads_bytes,
+                                   const Tensor& dq, const Tensor& dk, const Tensor& dv, const Run& run) {
   const int64_t qn = dq.numel(), kn = dk.numel();
-  Scratch g(s.grads, stream_, *mem_);
-  if (c.f32_grads) EASYCTX_CUDA_CHECK(cudaMemsetAsync(g.as<bf16>(), 0, static_cast<size_t>(s.grads), stream_));
-  Scratch delta(s.delta, stream_, *mem_);
+  Scratch g(grads_bytes, stream_, *mem_);
+  if (c.f32_grads) EASYCTX_CUDA_CHECK(cudaMemsetAsync(g.as<bf16>(), 0, static_cast<size_t>(grads_bytes), stream_));
   p.dq = c.f32_grads ? g.as<bf16>() : static_cast<bf16*>(dq.data);
   p.dk = c.f32_grads ? p.dq + qn : static_cast<bf16*>(dk.data);
   p.dv = c.f32_grads ? p.dk + kn : static_cast<bf16*>(dv.data);
-  p.delta = delta.as<float>();
-  kernels::attention_bwd(p, stream_);
+  run();
   if (c.f32_grads) {
     add_into(dq, 0, p.dq, qn);
     add_into(dk, 0, p.dk, kn);
     add_into(dv, 0, p.dv, kn);
   }
+}
+
+// Our kernels (delta, dK/dV, dQ).
+void CudaAttention::kernel_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq,
+                               const Tensor& dk, const Tensor& dv) {
+  note_decline();
+  const AttentionBwdScratch s = attention_bwd_scratch(AttentionBwdRoute::Kernel, c, opts_);
+  into_gradients(p, c, s.grads, dq, dk, dv, [&] {
+    Scratch delta(s.delta, stream_, *mem_);
+    p.delta = delta.as<float>();
+    kernels::attention_bwd(p, stream_);
+  });
   last_path_ = "kernel";
 }
 
-// The Hopper kernel adds into bf16 gradients itself; f32 gradients (a ring's accumulators): into
-// zeroed bf16 scratch, then added in fp32, as kernel_bwd. Variant: the backend's mode, split dQ
-// at head dim 128 (measured faster in both modes, bench/RESULTS.md session 25).
+// The Hopper kernel. Variant: the backend's mode, split dQ at head dim 128 (measured faster in
+// both modes, bench/RESULTS.md session 25).
 bool CudaAttention::sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq,
                              const Tensor& dk, const Tensor& dv) {
   const AttentionBwdScratch s = attention_bwd_scratch(AttentionBwdRoute::Sm90Kernel, c, opts_);
-  const int64_t qn = dq.numel(), kn = dk.numel();
   // Supported? Checked on the call's own pointers (f32 gradients: scratch is 256-byte aligned).
   p.dq = static_cast<bf16*>(dq.data);
   p.dk = static_cast<bf16*>(dk.data);
@@ -410,20 +414,10 @@ bool CudaAttention::sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c
   using V = kernels::Sm90BwdVariant;
   const V variant = opts_.deterministic ? (p.hd == 128 ? V::DeterministicSplit : V::Deterministic)
                                         : (p.hd == 128 ? V::AtomicSplit : V::Atomic);
-  Scratch g(s.grads, stream_, *mem_);
-  Scratch k(s.sm90, stream_, *mem_);
-  if (c.f32_grads) {
-    EASYCTX_CUDA_CHECK(cudaMemsetAsync(g.as<bf16>(), 0, static_cast<size_t>(s.grads), stream_));
-    p.dq = g.as<bf16>();
-    p.dk = p.dq + qn;
-    p.dv = p.dk + kn;
-  }
-  kernels::attention_bwd_sm90(p, k.as<float>(), stream_, variant);
-  if (c.f32_grads) {
-    add_into(dq, 0, p.dq, qn);
-    add_into(dk, 0, p.dk, kn);
-    add_into(dv, 0, p.dv, kn);
-  }
+  into_gradients(p, c, s.grads, dq, dk, dv, [&] {
+    Scratch k(s.sm90, stream_, *mem_);
+    kernels::attention_bwd_sm90(p, k.as<float>(), stream_, variant);
+  });
   last_path_ = std::string("sm90 kernel (") + kernels::sm90_bwd_variant_name(variant) + ")";
   return true;
 }

@@ -71,6 +71,13 @@ class CudaAttention {
   bool sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq, const Tensor& dk,
                 const Tensor& dv);
 
+  // Runs `run`, a kernel that adds into p.dq / p.dk / p.dv in bf16, for the gradients dq, dk, dv:
+  // bf16 ones directly; f32 ones (a ring's accumulators) through zeroed bf16 scratch of
+  // `grads_bytes` (AttentionBwdScratch::grads), then added in fp32, so rounding does not compound
+  // across ring steps. `run` allocates its own scratch after that one, as the plan lists them.
+  template <typename Run>
+  void into_gradients(kernels::AttentionParams& p, const AttentionCall& c, int64_t grads_bytes, const Tensor& dq,
+                      const Tensor& dk, const Tensor& dv, const Run& run);
   // dst[offset .. offset + n) += x (bf16 or f32), dst bf16 or f32 (rounded once, from fp32).
   template <typename TX>
   void add_into(const Tensor& dst, int64_t offset, const TX* x, int64_t n);
