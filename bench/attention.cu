@@ -115,6 +115,10 @@ int main(int argc, char** argv) try {
   }
   po::notify(vm);
   if (sm90_bwd_only) sm90_only = true;
+  // --sm90-variant: the variants asked for by name (all when none is named).
+  const auto wanted = [&](const char* name) {
+    return sm90_variants.empty() || std::find(sm90_variants.begin(), sm90_variants.end(), name) != sm90_variants.end();
+  };
   if (ops::cuda_device_count() == 0) {
     std::cerr << "bench_attention: no CUDA device\n";
     return 77;
@@ -243,9 +247,7 @@ int main(int argc, char** argv) try {
         const double cudnn_tf = flops(s, S, causal) / cudnn_ms / 1e9;
         for (const auto var : kernels::sm90_fwd_variants()) {
           if (!kernels::sm90_fwd_variant_supported(var, s.hd)) continue;
-          if (!sm90_variants.empty() &&
-              std::find(sm90_variants.begin(), sm90_variants.end(), kernels::sm90_fwd_variant_name(var)) == sm90_variants.end())
-            continue;
+          if (!wanted(kernels::sm90_fwd_variant_name(var))) continue;
           const double ms = time_ms(*cud, warm, r, [&] { kernels::attention_fwd_sm90(p, st, var); });
           const std::string hang = kernels::sm90_take_hang_report();
           if (!hang.empty()) {
@@ -331,9 +333,7 @@ int main(int argc, char** argv) try {
         double cudnn_ms_of[2] = {0, 0};  // timed once per mode (atomic, deterministic)
         for (const auto var : kernels::sm90_bwd_variants()) {
           if (!kernels::sm90_bwd_variant_supported(var, s.hd)) continue;
-          if (!sm90_variants.empty() &&
-              std::find(sm90_variants.begin(), sm90_variants.end(), kernels::sm90_bwd_variant_name(var)) == sm90_variants.end())
-            continue;
+          if (!wanted(kernels::sm90_bwd_variant_name(var))) continue;
           const bool det = kernels::sm90_bwd_variant_deterministic(var);
           ops::Backend& cb = det ? *cud_det : *cud_atomic;
           if (cudnn_ms_of[det] == 0 || check)

@@ -5,27 +5,36 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/json.h"
 #include "core/strings.h"
 
 namespace easyctx::test {
 
-// Which dataset (slice_<i>) of rank file `file` (0, 1, ...) of step folder `step_dir` holds
-// array `name` (as index.json lists it); -1 when that file holds none of it.
-inline int slice_of(const std::string& step_dir, int file, const std::string& name) {
+// The arrays rank file `file` (0, 1, ...) of step folder `step_dir` holds, in dataset order
+// (slice_0, slice_1, ...), as index.json lists them.
+inline std::vector<std::string> arrays_of(const std::string& step_dir, int file) {
   const Json index = parse_json(read_file(step_dir + "/index.json"), step_dir + "/index.json");
-  const Json& slices = index.at("files")[static_cast<size_t>(file)].at("slices");
-  for (size_t i = 0; i < slices.size(); ++i)
-    if (slices[i][0].as_string() == name) return static_cast<int>(i);
-  return -1;
+  std::vector<std::string> names;
+  for (const Json& s : index.at("files")[static_cast<size_t>(file)].at("slices").as_array())
+    names.push_back(s[0].as_string());
+  return names;
+}
+
+// Which dataset (slice_<i>) of rank file `file` of step folder `step_dir` holds array `name`;
+// -1 when that file holds none of it.
+inline int slice_of(const std::string& step_dir, int file, const std::string& name) {
+  const std::vector<std::string> names = arrays_of(step_dir, file);
+  const auto it = std::find(names.begin(), names.end(), name);
+  return it == names.end() ? -1 : static_cast<int>(it - names.begin());
 }
 
 // The array that dataset slice_<slice> of rank file `file` of step folder `step_dir` holds.
 inline std::string array_of(const std::string& step_dir, int file, int slice) {
-  const Json index = parse_json(read_file(step_dir + "/index.json"), step_dir + "/index.json");
-  return index.at("files")[static_cast<size_t>(file)].at("slices")[static_cast<size_t>(slice)][0].as_string();
+  return arrays_of(step_dir, file).at(static_cast<size_t>(slice));
 }
 
 // Flips one bit in the middle of dataset slice_<i> of an HDF5 checkpoint file (contiguous
