@@ -9,7 +9,8 @@
 # figures are medians over the steps after the first, the whole step's and (fwd_bwd_*) the
 # forward + backward's alone. The optimizer's place is the plan's (offload_optimizer auto: the
 # fp32 master weights and Adam moments on the GPU when the run fits there with them, the 1B
-# always and the 7B at 32K on an H200, else in host memory; the trainer's "plan:
+# always and the 7B at 32K on an H200, at 64K with 12 layer inputs moved to host memory to make
+# room, else in host memory; the trainer's "plan:
 # parallel.zero.offload_optimizer auto: ..." line says which); the peer's bf16 AdamW is on the
 # GPU. Prints one JSON line per run
 # (easyctx, then the peer when PEER=1) and appends them to $OUT/train_results.jsonl if OUT

@@ -371,9 +371,11 @@ const Registry& registry() {
                [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer; },
                [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer_auto; },
                "auto (the default): the memory plan chooses, before anything is allocated: the optimizer stays on "
-               "the GPU when the run fits there with it (the fastest place), else it moves to host memory as with "
-               "true (the plan's notes and the trainer's log say which; offload_params or offload_grads imply "
-               "true; on train.device cpu it means false). true, train.device cuda: keep the fp32 master weights "
+               "the GPU when the run fits there with it (the fastest place); else, with activation.offload none, "
+               "it stays there if the fewest layer inputs moved to pinned host memory make room (activation.offload "
+               "cpu with that activation.offload_layers: copies that overlap the layers' compute, far cheaper than "
+               "a host update); else it moves to host memory as with true (the plan's notes and the trainer's log "
+               "say which; offload_params or offload_grads imply true; on train.device cpu it means false). true, train.device cuda: keep the fp32 master weights "
                "and Adam moments in host memory (stage 3: each "
                "rank's shards of them) and run AdamW on the host's threads; fp32 gradients stream down and bf16 "
                "weights back up in chunks through pinned staging, overlapped with the host update (saves 12 bytes "

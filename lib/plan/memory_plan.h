@@ -119,6 +119,10 @@ struct MemoryPlan {
   // or the backend's device. With parallel.zero.offload_optimizer auto this is the plan's
   // choice (plan_memory), which the trainer applies before it allocates.
   bool offload_optimizer = false;
+  // > 0: parallel.zero.offload_optimizer auto kept the optimizer on the GPU by moving the inputs
+  // of this many layers to pinned host memory (activation.offload cpu, activation.offload_layers
+  // this; the user's config had no offload); the trainer applies it with the placement.
+  int64_t auto_offload_layers = 0;
   std::vector<KnobFix> knobs;  // when !fits: single changes that fit, else a combination ("together")
   // The config keys that shape the plan, with their values ({"data.seq_length": 65536,
   // "parallel.zero.stage": 3, ...}): what a reader of plan.json needs to know what was planned.
@@ -138,6 +142,16 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target);
 // The hook for the trainer: plan_memory on run_target(cfg, world_size, ranks_per_node).
 MemoryPlan plan_for_run(const StageConfig& cfg, int world_size, int ranks_per_node);
+
+// parallel.zero.offload_optimizer auto on several ranks: each rank's plan chose a placement
+// ("host", or "gpu K": the GPU with K layer inputs in host memory); all ranks take one, since
+// the stores' collectives differ with it: host memory when any rank's plan needs it (a node
+// whose GPUs have less memory than the others'), else the GPU with the most layer inputs any
+// rank's plan moved out. Throws Error on a report that is neither.
+std::string placement_of(const MemoryPlan& p);
+std::string agree_placement(const std::vector<std::string>& reports);
+// The layer inputs a placement moves to host memory (0 for "host" and "gpu 0").
+int64_t placement_offload_layers(const std::string& placement);
 
 // ---- Evaluation (forward only: lib/eval/session.h, `easyctx_eval_* --plan`)
 // The model comes from its own folder (not the stage config); cfg carries what shapes the

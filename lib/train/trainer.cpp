@@ -82,26 +82,32 @@ void Trainer::init(dist::ProcessGroups* groups) {
   plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
   EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
                       " (the whole plan: easyctx_train STAGE.yaml --plan; target.headroom loosens the margin)");
-  // parallel.zero.offload_optimizer auto: the plan chose the optimizer's place; all below
-  // (the parameter store, the checkpoint's config) follows that choice.
+  // parallel.zero.offload_optimizer auto: the plan chose the optimizer's place (and, to keep it
+  // on the GPU, perhaps some layer inputs in host memory); all below (the parameter store, the
+  // activation offload, the checkpoint's config) follows that choice.
   if (cfg_.parallel.zero.offload_optimizer_auto) {
-    bool host = plan_->offload_optimizer;
+    std::string choice = plan::placement_of(*plan_);
     if (world_.size() > 1 && device_ == DeviceKind::Cuda) {  // (be_ does not exist yet)
-      // One place on every rank (the stores' collectives differ with it): host memory when any
-      // rank's plan needs it there (a node whose GPUs have less memory than the others').
+      // One placement on every rank (plan::agree_placement).
       ckpt::RankSync sync(world_mpi_, cfg_.parallel.collective_timeout_s, "parallel.zero.offload_optimizer auto");
-      host = sync.reduce(host ? "host" : "gpu", "planning its memory", "choosing the optimizer's place",
-                         [](const std::vector<std::string>& r) {
-                           return std::string(std::count(r.begin(), r.end(), "host") > 0 ? "host" : "gpu");
-                         }) == "host";
+      choice = sync.reduce(choice, "planning its memory", "choosing the optimizer's place", plan::agree_placement);
     }
+    const bool host = choice == "host";
+    const int64_t layers = plan::placement_offload_layers(choice);
     cfg_.parallel.zero.offload_optimizer = host;
     cfg_.parallel.zero.offload_optimizer_auto = false;
-    if (host != plan_->offload_optimizer) {  // this rank planned the GPU: its plan as placed
+    if (layers > 0) {
+      cfg_.activation.offload = OffloadTarget::Cpu;
+      cfg_.activation.offload_layers = layers;
+    }
+    if (host != plan_->offload_optimizer || layers != plan_->auto_offload_layers) {
+      // This rank's plan differs from the one every rank takes: its plan as placed.
       plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
-      plan_->notes.push_back("parallel.zero.offload_optimizer auto: in host memory, as another rank's plan needs it");
-      EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with the optimizer in host memory, as another "
-                          "rank's plan needs it; the whole plan: easyctx_train STAGE.yaml --plan)");
+      const std::string placed = host ? "in host memory" : "on the GPU with the inputs of the first " +
+                                                               std::to_string(layers) + " layers in host memory";
+      plan_->notes.push_back("parallel.zero.offload_optimizer auto: " + placed + ", as another rank's plan needs it");
+      EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with the optimizer ", placed,
+                          ", as another rank's plan needs it; the whole plan: easyctx_train STAGE.yaml --plan)");
     }
   }
   be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile, cfg_.train.hopper_attention});
