@@ -11,8 +11,12 @@
 
 namespace easyctx::plan {
 
-// GPU models target.gpu knows, with their memory as nvidia-smi reports it (= cudaDeviceProp::
-// totalGlobalMem, the whole card; the CUDA context comes out of it).
+// GPU models target.gpu knows, with their memory as CUDA reports it (cudaDeviceProp::
+// totalGlobalMem, what a run on that GPU plans with; the CUDA context comes out of it). The
+// H200's is measured on one (150,109,880,320 bytes, driver 580): 615 MiB below nvidia-smi's
+// 143,771 MiB total, the driver's reserve. The others are nvidia-smi's totals, which a run on
+// them sees ~0.6 GiB lower the same way: a plan made for them on a login node is that much
+// optimistic (within target.headroom's 2%), and the run's own plan has the last word.
 // host_bytes_per_gpu: the host memory a node of these GPUs has per GPU in NVIDIA's DGX system
 // (what --plan assumes for target.gpu when target.host_memory_gib is not given).
 struct GpuModel {

@@ -171,6 +171,9 @@ StageConfig big_run() {
   return c;
 }
 
+// One H200 as CUDA reports it (totalGlobalMem; nvidia-smi says 143,771 MiB).
+constexpr double kH200Gib = 150109880320.0 / (1 << 30);
+
 plan::PlanTarget gpu_target(double gib, int gpus = 1, int nodes = 1) {
   plan::PlanTarget t;
   t.backend = DeviceKind::Cuda;
@@ -248,7 +251,7 @@ TEST(MemoryPlan, KnobSearchProposesChangesThatFit) {
 // a GPU too small for the optimizer at all, it goes to host memory.
 TEST(MemoryPlan, OptimizerAutoPicksTheGpuWhenItFits) {
   const auto plan_of = [](int64_t seq, const std::string& opt, std::vector<std::string> extra = {},
-                          double gib = 143771.0 / 1024) {  // one H200 (nvidia-smi: 143,771 MiB)
+                          double gib = kH200Gib) {
     extra.push_back("data.seq_length=" + std::to_string(seq));
     extra.push_back("parallel.zero.offload_optimizer=" + opt);
     StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml", extra);
@@ -368,7 +371,7 @@ TEST(MemoryPlan, ZeroThreeKnobKeepsOptimizerOffload) {
 // llama2-7b at 256K tokens on one H200: no single knob that keeps the problem fits, so a
 // combination is searched, each of its knobs relaxed to the least drastic value that fits.
 TEST(MemoryPlan, CombinationWhenNoSingleKnobFits) {
-  const MemoryPlan p = plan::plan_memory(big_run(), gpu_target(143771.0 / 1024));
+  const MemoryPlan p = plan::plan_memory(big_run(), gpu_target(kH200Gib));
   ASSERT_FALSE(p.fits);
   const plan::KnobFix* combo = nullptr;
   for (const plan::KnobFix& k : p.knobs)
@@ -378,7 +381,7 @@ TEST(MemoryPlan, CombinationWhenNoSingleKnobFits) {
   ASSERT_GE(sets.size(), 2u) << combo->assignment;
   StageConfig fixed = big_run();
   for (const std::string& a : sets) apply_override(fixed, a);
-  EXPECT_TRUE(plan::plan_memory(fixed, gpu_target(143771.0 / 1024)).fits) << combo->assignment;
+  EXPECT_TRUE(plan::plan_memory(fixed, gpu_target(kH200Gib)).fits) << combo->assignment;
   // Each knob is needed: without any one of them it does not fit (activation.offload_layers
   // belongs to the activation.offload knob before it).
   std::vector<std::vector<std::string>> knobs;
@@ -391,7 +394,7 @@ TEST(MemoryPlan, CombinationWhenNoSingleKnobFits) {
     for (size_t i = 0; i < knobs.size(); ++i)
       if (i != drop)
         for (const std::string& a : knobs[i]) apply_override(partial, a);
-    EXPECT_FALSE(plan::plan_memory(partial, gpu_target(143771.0 / 1024)).fits) << "without " << knobs[drop][0];
+    EXPECT_FALSE(plan::plan_memory(partial, gpu_target(kH200Gib)).fits) << "without " << knobs[drop][0];
   }
   std::printf("[plan] %s\n", plan::refusal_message(p).c_str());
 }
@@ -739,7 +742,7 @@ TEST(PlanTarget, ResolvesFromKeysLaunchAndMachine) {
   t = plan::resolve_target(c, 1, 1);
   EXPECT_EQ(t.backend, DeviceKind::Cuda);  // a named GPU plans for cuda
   EXPECT_EQ(t.gpu_name, "H200");
-  EXPECT_EQ(t.gpu_memory_bytes, int64_t{143771} << 20);
+  EXPECT_EQ(t.gpu_memory_bytes, int64_t{150109880320});  // totalGlobalMem of an H200
   EXPECT_EQ(t.world(), 16);
   EXPECT_EQ(t.host_memory_bytes, int64_t{1024} << 30);
   c.target.gpu_memory_gib = 80;  // overrides the model's memory

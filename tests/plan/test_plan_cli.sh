@@ -52,7 +52,7 @@ grep -q "fp32 master weights" "$work/out" || fail "the table lists no master wei
 grep -q "GPU   peak allocations .* per GPU; usable .*: fits" "$work/out" || fail "no GPU verdict"
 for check in "j['fits'] is True" "j['target']['nodes'] == 2 and j['target']['gpus_per_node'] == 8" \
              "j['run']['world'] == 16 and j['run']['sequence_parallel'] == 16" \
-             "j['target']['gpu'] == 'H200' and j['gpu']['capacity_bytes'] == 143771 * 2**20" \
+             "j['target']['gpu'] == 'H200' and j['gpu']['capacity_bytes'] == 150109880320" \
              "j['gpu']['device_total_bytes'] == j['gpu']['allocations_peak_bytes'] + j['gpu']['context_bytes']" \
              "len(j['items']) > 10 and len(j['knobs']) == 0"; do
   v=$(json_field "$check")
