@@ -624,10 +624,6 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t) {
   return totals(r, t, it, std::move(routes));
 }
 
-}  // namespace detail
-
-namespace detail {
-
 // The GPU bytes fall as the count rises and the host bytes grow: the least count that fits
 // the GPU is the only candidate.
 int64_t least_offload_layers(const StageConfig& cfg, const PlanTarget& t) {
