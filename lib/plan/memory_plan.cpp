@@ -706,6 +706,16 @@ int64_t placement_offload_layers(const std::string& placement) {
   return std::stoll(placement.substr(4));
 }
 
+void apply_placement(StageConfig& cfg, const std::string& placement) {
+  const int64_t layers = placement_offload_layers(placement);
+  cfg.parallel.zero.offload_optimizer = placement == "host";
+  cfg.parallel.zero.offload_optimizer_auto = false;
+  if (layers > 0) {
+    cfg.activation.offload = OffloadTarget::Cpu;
+    cfg.activation.offload_layers = layers;
+  }
+}
+
 std::string agree_placement(const std::vector<std::string>& reports) {
   int64_t most = 0;
   for (const std::string& r : reports) {

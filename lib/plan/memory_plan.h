@@ -152,6 +152,10 @@ std::string placement_of(const MemoryPlan& p);
 std::string agree_placement(const std::vector<std::string>& reports);
 // The layer inputs a placement moves to host memory (0 for "host" and "gpu 0").
 int64_t placement_offload_layers(const std::string& placement);
+// Writes a placement into `cfg` (what the trainer runs): offload_optimizer resolved (auto off)
+// and, for "gpu K" with K > 0, activation.offload cpu with activation.offload_layers K. Planned
+// again, the config gives the plan that chose the placement.
+void apply_placement(StageConfig& cfg, const std::string& placement);
 
 // ---- Evaluation (forward only: lib/eval/session.h, `easyctx_eval_* --plan`)
 // The model comes from its own folder (not the stage config); cfg carries what shapes the

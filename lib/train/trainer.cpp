@@ -92,19 +92,14 @@ void Trainer::init(dist::ProcessGroups* groups) {
       ckpt::RankSync sync(world_mpi_, cfg_.parallel.collective_timeout_s, "parallel.zero.offload_optimizer auto");
       choice = sync.reduce(choice, "planning its memory", "choosing the optimizer's place", plan::agree_placement);
     }
-    const bool host = choice == "host";
-    const int64_t layers = plan::placement_offload_layers(choice);
-    cfg_.parallel.zero.offload_optimizer = host;
-    cfg_.parallel.zero.offload_optimizer_auto = false;
-    if (layers > 0) {
-      cfg_.activation.offload = OffloadTarget::Cpu;
-      cfg_.activation.offload_layers = layers;
-    }
-    if (host != plan_->offload_optimizer || layers != plan_->auto_offload_layers) {
+    plan::apply_placement(cfg_, choice);
+    if (choice != plan::placement_of(*plan_)) {
       // This rank's plan differs from the one every rank takes: its plan as placed.
       plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
-      const std::string placed = host ? "in host memory" : "on the GPU with the inputs of the first " +
-                                                               std::to_string(layers) + " layers in host memory";
+      const std::string placed = choice == "host" ? "in host memory"
+                                                  : "on the GPU with the inputs of the first " +
+                                                        std::to_string(plan::placement_offload_layers(choice)) +
+                                                        " layers in host memory";
       plan_->notes.push_back("parallel.zero.offload_optimizer auto: " + placed + ", as another rank's plan needs it");
       EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with the optimizer ", placed,
                           ", as another rank's plan needs it; the whole plan: easyctx_train STAGE.yaml --plan)");

@@ -299,6 +299,17 @@ TEST(MemoryPlan, OptimizerAutoPicksTheGpuWhenItFits) {
     EXPECT_TRUE(with_k.fits);
     EXPECT_FALSE(with_fewer.gpu_fits);
     same(a, with_k);
+    // What the trainer runs: the placement written into the config, planned again.
+    StageConfig placed = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml",
+                                           {"data.seq_length=65536"});
+    plan::apply_placement(placed, plan::placement_of(a));
+    EXPECT_EQ(placed.activation.offload, OffloadTarget::Cpu);
+    EXPECT_EQ(placed.activation.offload_layers, k);
+    EXPECT_FALSE(placed.parallel.zero.offload_optimizer_auto);
+    plan::PlanTarget t = gpu_target(kH200Gib);
+    t.host_memory_bytes = int64_t{128} << 30;
+    t.headroom = placed.target.headroom;
+    same(a, plan::plan_memory(placed, t));
     EXPECT_FALSE(a.offload_optimizer);
     EXPECT_NE(note_of(a).find("on the GPU, with the inputs of the first " + std::to_string(k) + " layers"),
               std::string::npos) << note_of(a);
