@@ -17,10 +17,6 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t);
 // shape when one is given, `note` saying so (the run itself still needs the folder and checks
 // that its config.json describes the same model).
 model::LlamaConfig plan_model(const ModelConfig& m, std::string* note);
-// parallel.zero.offload_optimizer auto's middle way: the fewest layer inputs that, moved to
-// pinned host memory (activation.offload cpu), let `cfg` fit `t` with the optimizer where cfg
-// puts it; 0 when none does, or cfg sets an offload already or keeps no checkpoints.
-int64_t least_offload_layers(const StageConfig& cfg, const PlanTarget& t);
 // Single changes that make `cfg` fit `t` (n: tokens per rank, bounds the MLP tile).
 std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n);
 
