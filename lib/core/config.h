@@ -93,6 +93,7 @@ struct ActivationConfig {
   int64_t lm_head_tile = 4096;  // tokens per LM-head/cross-entropy tile
   int64_t offload_layers = 0;   // activation.offload cpu: layer inputs moved to the host (0: all, L - 1)
   int64_t attention_head_groups = 1;  // attention in this many passes over head groups
+  int64_t attention_output_layers = 0;  // checkpoint attention_output: the last this many layers keep o + LSE (0: all)
 };
 
 struct OutputConfig {

@@ -416,7 +416,18 @@ const Registry& registry() {
                                  {{"none", 0}, {"layer", 1}, {"attention_output", 2}},
                                  "`none`: keep every activation. `layer`: keep each layer's input and recompute the "
                                  "layer in backward. `attention_output`: also keep attention output and LSE so "
-                                 "attention is never recomputed (LightSeq's cut).");
+                                 "attention is never recomputed (LightSeq's cut; with "
+                                 "activation.attention_output_layers, only in the last layers).");
+    r.add_int("activation.attention_output_layers",
+              [](StageConfig& c) -> int64_t& { return c.activation.attention_output_layers; }, 0, kMaxI,
+              "With activation.checkpoint attention_output: how many layers keep their attention output and LSE, "
+              "counted from the last layer back (0: every layer; values above the layer count mean every layer). "
+              "The other layers recompute their attention in backward, as with `layer`. Each kept layer skips "
+              "one attention forward (most of a layer's recompute at long context) for tokens x q_dim x 2 bytes "
+              "(+ the LSE) of memory: the knob that spends what a `layer` run leaves free on speed, where every "
+              "layer's would not fit (the --plan refusal of attention_output names the most layers that fit). "
+              "With activation.offload cpu, the kept outputs of layers whose input leaves go to host memory too "
+              "(layers below offload_layers - 1), the rest stay on the device. Bit-identical to `layer`.");
     r.add_enum<OffloadTarget>("activation.offload", [](StageConfig& c) -> OffloadTarget& { return c.activation.offload; },
                               {{"none", 0}, {"cpu", 1}},
                               "Where the checkpoints of activation.checkpoint layer / attention_output live. "

@@ -101,10 +101,13 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
   };
   auto idx = [](const char* base, size_t i) { return std::string(base) + "." + std::to_string(i); };
   const OffloadRing ring{offload ? offloaded_inputs(o, L) : 0};
-  const OffloadRing saved_ring{std::max<int64_t>(0, ring.K - 1)};
+  // Kept attention outputs (layers keep_from..L-1): those of layers below K - 1 leave.
+  const int64_t keep_from = first_kept_output(o, L), kept = L - keep_from;
+  const OffloadRing saved_ring{std::max<int64_t>(0, ring.K - 1 - keep_from)};
   if (ws) {
     ws->ring = ring;
     ws->saved_ring = saved_ring;
+    ws->keep_from = keep_from;
   }
   const size_t n_resid = for_backward ? ring.slots(L) : 2;
   if (ws) ws->resid.resize(n_resid);
@@ -134,8 +137,8 @@ void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DT
   if (for_backward && o.checkpoint == CheckpointPolicy::AttentionOutput) {
     // Streamed (offload with head groups): two group-sized device slots, every layer in host memory.
     const bool streamed = o.streams_attention_output();
-    const size_t n_saved = streamed ? 2 : saved_ring.slots(L - 1);
-    const size_t n_host = streamed ? static_cast<size_t>(L) : static_cast<size_t>(saved_ring.K);
+    const size_t n_saved = streamed ? 2 : saved_ring.slots(kept - 1);
+    const size_t n_host = streamed ? static_cast<size_t>(kept) : static_cast<size_t>(saved_ring.K);
     const int64_t per_dev = streamed ? G : 1;
     if (ws) {
       ws->streamed = streamed;
@@ -351,7 +354,7 @@ void LlamaModel::forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, 
         ws.resid_out[l % 2] = be_.copy_async(ws.host_resid[static_cast<size_t>(l)].flat(),
                                              ws.resid[ws.ring.slot(l)].flat());
     }
-    const bool save = !ws.saved_o.empty();
+    const bool save = ws.keeps_output(l);
     const size_t s = save && !ws.streamed ? ws.saved_slot(l) : 0;
     if (save && ws.offload && !ws.streamed) be_.wait_copy(ws.saved_out[l % 2]);  // layer l-2's copy out of this slot
     // Head groups: each group's o and LSE go to their part of the slot as they are computed
@@ -367,9 +370,9 @@ void LlamaModel::forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, 
         be_.copy(ws.saved_o[s].flat(), a.o.flat());
         be_.copy(ws.saved_lse[s].flat(), a.lse.flat());
       }
-      if (ws.saved_ring.offloaded(l)) {  // (the fence of the second copy covers the first: one stream)
-        be_.copy_async(ws.host_o[static_cast<size_t>(l)].flat(), ws.saved_o[s].flat());
-        ws.saved_out[l % 2] = be_.copy_async(ws.host_lse[static_cast<size_t>(l)].flat(), ws.saved_lse[s].flat());
+      if (ws.saved_offloaded(l)) {  // (the fence of the second copy covers the first: one stream)
+        be_.copy_async(ws.host_o[ws.saved_host(l)].flat(), ws.saved_o[s].flat());
+        ws.saved_out[l % 2] = be_.copy_async(ws.host_lse[ws.saved_host(l)].flat(), ws.saved_lse[s].flat());
       }
     }
   }
@@ -443,9 +446,10 @@ ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, dou
       if (j >= 0 && ws.ring.offloaded(j)) {
         const size_t s = static_cast<size_t>(j % 2);
         ws.fetched[s] = be_.copy_async(ws.resid[s].flat(), ws.host_resid[static_cast<size_t>(j)].flat());
-        if (!ws.saved_o.empty() && !ws.streamed && ws.saved_ring.offloaded(j)) {
-          be_.copy_async(ws.saved_o[s].flat(), ws.host_o[static_cast<size_t>(j)].flat());
-          ws.fetched[s] = be_.copy_async(ws.saved_lse[s].flat(), ws.host_lse[static_cast<size_t>(j)].flat());
+        if (!ws.streamed && ws.saved_offloaded(j)) {
+          const size_t so = ws.saved_slot(j), h = ws.saved_host(j);
+          be_.copy_async(ws.saved_o[so].flat(), ws.host_o[h].flat());
+          ws.fetched[s] = be_.copy_async(ws.saved_lse[so].flat(), ws.host_lse[h].flat());
         }
       }
       if (ws.ring.offloaded(l)) be_.wait_copy(ws.fetched[l % 2]);
@@ -453,7 +457,7 @@ ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, dou
     const Tensor w = checked(src.acquire(ui), ui, dtype_, "parameter");
     const Tensor gw = checked(src.grad(ui), ui, grad_dtype_, "gradient");
     // Head groups with attention_output: each group's o and LSE are read in the slot.
-    const bool restored = !keep && !ws.saved_o.empty();
+    const bool restored = !keep && ws.keeps_output(l);
     const bool in_slot = restored && opts_.head_groups > 1;
     const Tensor so = in_slot ? ws.saved_o_of(l) : Tensor();
     const Tensor sl = in_slot ? ws.saved_lse_of(l) : Tensor();
@@ -530,6 +534,7 @@ ModelOptions options_for(const StageConfig& cfg, bool device) {
   mo.f32_grads = device;
   mo.offload_checkpoints = cfg.activation.offload == OffloadTarget::Cpu;
   mo.offload_layers = cfg.activation.offload_layers;
+  mo.attention_output_layers = cfg.activation.attention_output_layers;
   mo.head_groups = cfg.activation.attention_head_groups;
   return mo;
 }

@@ -99,6 +99,10 @@ struct ModelOptions {
   // L - 1: all, L - 1); the rest stay on the device. The attention outputs of the first
   // offload_layers - 1 layers leave with them.
   int64_t offload_layers = 0;
+  // checkpoint AttentionOutput: how many layers keep their attention output and LSE, the
+  // last ones (0 or more than L: every layer); the others recompute their attention as with
+  // Layer. Offloaded, the kept outputs of layers below offload_layers - 1 leave too.
+  int64_t attention_output_layers = 0;
   // activation.attention_head_groups: G > 1 tiles the attention block over G groups of
   // Hq/G query and Hkv/G key/value heads (contiguous rows of W_Q, W_K, W_V, columns of W_O):
   // per group the Q/K/V projections, RoPE, the attention (the strategy's inner one, on the
@@ -107,7 +111,7 @@ struct ModelOptions {
   // forward_score keeps its full-head buffers (and a HeadGroupedAttention strategy).
   int64_t head_groups = 1;
   // attention_output checkpoints offloaded with head groups stream to host memory group by
-  // group (two group-sized device slots; every layer's in host memory: docs/memory-model.md).
+  // group (two group-sized device slots; every kept layer's in host memory: docs/memory-model.md).
   bool streams_attention_output() const {
     return checkpoint == CheckpointPolicy::AttentionOutput && offload_checkpoints && head_groups > 1;
   }

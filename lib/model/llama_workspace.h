@@ -62,11 +62,18 @@ inline int64_t offloaded_inputs(const ModelOptions& o, int64_t L) {
   return (o.offload_layers <= 0 || o.offload_layers > all) ? all : o.offload_layers;
 }
 
+// The first layer that keeps its attention output (checkpoint AttentionOutput): the last
+// attention_output_layers of L keep theirs (0 or more than L: all, so 0).
+inline int64_t first_kept_output(const ModelOptions& o, int64_t L) {
+  return (o.attention_output_layers <= 0 || o.attention_output_layers >= L) ? 0 : L - o.attention_output_layers;
+}
+
 struct LlamaModel::Workspace {
   int64_t batch = 0, seq = 0;
   bool backward = false;
   bool offload = false;         // backward with offload_checkpoints
-  OffloadRing ring, saved_ring; // layer inputs; attention outputs (one fewer leaves)
+  OffloadRing ring, saved_ring; // layer inputs; kept attention outputs (index l - keep_from;
+                                // those of layers below ring.K - 1 leave)
   std::vector<ops::Buffer> resid;    // [n, D] each: backward keeps L+1 (input of layer l, then the
                                 // last hidden) in ring.slots(L); forward-only ping-pongs 2
   // The residual stream after l layers (l = 0: the embeddings).
@@ -75,13 +82,17 @@ struct LlamaModel::Workspace {
   }
   std::vector<LayerActs> acts;  // L (no checkpoint, backward) or 1 (recomputed / forward only)
   std::vector<ops::Buffer> saved_o;    // [n, Hq*hd]: attention outputs (checkpoint attention_output),
-  std::vector<ops::Buffer> saved_lse;  // [B, Hq, S]: saved_ring.slots(L - 1) of them
-  size_t saved_slot(int64_t l) const { return saved_ring.slot(l); }
+  std::vector<ops::Buffer> saved_lse;  // [B, Hq, S]: saved_ring.slots(L - 1 - keep_from) of them
+  int64_t keep_from = 0;               // layers keep_from..L-1 keep theirs (first_kept_output)
+  bool keeps_output(int64_t l) const { return !saved_o.empty() && l >= keep_from; }
+  size_t saved_slot(int64_t l) const { return saved_ring.slot(l - keep_from); }
+  bool saved_offloaded(int64_t l) const { return keeps_output(l) && saved_ring.offloaded(l - keep_from); }
+  size_t saved_host(int64_t l) const { return static_cast<size_t>(l - keep_from); }  // host_o / host_lse index
   // Offload: the checkpoints that leave the device, in pinned host memory. The backward starts
   // with what the rings still hold after the forward (at least the inputs of layer L-1 and of
   // the head, the attention outputs of layers L-2 and L-1), so those never travel.
   std::vector<ops::Buffer> host_resid;           // ring.K x [n, D]: inputs of layers 0..K-1
-  std::vector<ops::Buffer> host_o, host_lse;     // saved_ring.K x (saved_o, saved_lse)
+  std::vector<ops::Buffer> host_o, host_lse;     // saved_ring.K x (saved_o, saved_lse) (streamed: one per kept layer)
   ops::CopyFence resid_out[2], saved_out[2];  // per ring slot: its last copy out (forward)
   ops::CopyFence fetched[2];                  // per ring slot: its last copy in (backward)
   // Streamed (attention_output + offload with head groups > 1): every layer's o and LSE live in
@@ -100,10 +111,10 @@ struct LlamaModel::Workspace {
   // Layer l's attention-output checkpoint (group-major): its device slot, or, streamed, its
   // host buffers (attention_forward_grouped and _backward_grouped then go through the slots).
   ops::Tensor saved_o_of(int64_t l) const {
-    return (streamed ? host_o[static_cast<size_t>(l)] : saved_o[saved_slot(l)]).flat();
+    return (streamed ? host_o[saved_host(l)] : saved_o[saved_slot(l)]).flat();
   }
   ops::Tensor saved_lse_of(int64_t l) const {
-    return (streamed ? host_lse[static_cast<size_t>(l)] : saved_lse[saved_slot(l)]).flat();
+    return (streamed ? host_lse[saved_host(l)] : saved_lse[saved_slot(l)]).flat();
   }
   ops::Buffer hf, rstd_f;            // [n, max(D, Hq*hd)], [n]: final norm (hf: then dattn in backward)
   ops::Buffer dx, dh;                // [n, D]: residual gradient, projection input gradient

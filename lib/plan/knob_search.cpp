@@ -71,6 +71,14 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
     fams.push_back(f);
   }
   const int64_t layers = m.layers, kv_heads = m.kv_heads;
+  // activation.attention_output_layers: fewer layers keep their attention output, the most first
+  if (cfg.activation.checkpoint == CheckpointPolicy::AttentionOutput && layers > 1) {
+    Family f{"activation.attention_output_layers", true, {}};
+    const int64_t kept = cfg.activation.attention_output_layers;
+    for (int64_t k = (kept <= 0 || kept > layers) ? layers - 1 : kept - 1; k >= 1; --k)
+      f.values.push_back(one("activation.attention_output_layers", num(k)));
+    if (!f.values.empty()) fams.push_back(f);
+  }
   // activation.offload: the checkpoints to pinned host memory (GPUs: on the CPU backend they
   // are in host memory already), the fewest layers first (least host memory and traffic);
   // offloaded already but not all: more layers.
@@ -286,8 +294,8 @@ std::string refusal_message(const MemoryPlan& p) {
                                            : "use nodes with more host memory (the plan assumed " +
                                                  gib(p.target.host_memory_bytes) + " per node, " +
                                                  p.target.host_source + ")";
-    os << " Nothing makes it fit: not activation.checkpoint, activation.mlp_tile, activation.offload (and "
-          "offload_layers), activation.attention_head_groups, activation.lm_head_tile, "
+    os << " Nothing makes it fit: not activation.checkpoint (nor attention_output_layers), activation.mlp_tile, "
+          "activation.offload (and offload_layers), activation.attention_head_groups, activation.lm_head_tile, "
           "parallel.zero.stage, parallel.zero.offload_optimizer, parallel.zero.offload_params, "
           "parallel.zero.offload_grads, "
           "parallel.sequence.size, data.seq_length or train.batch_size alone, nor "

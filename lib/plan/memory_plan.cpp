@@ -465,6 +465,7 @@ Json settings_of(const StageConfig& c) {
   s.set("activation.checkpoint", to_string(c.activation.checkpoint));
   s.set("activation.offload", to_string(c.activation.offload));
   s.set("activation.offload_layers", c.activation.offload_layers);
+  s.set("activation.attention_output_layers", c.activation.attention_output_layers);
   s.set("activation.mlp_tile", c.activation.mlp_tile);
   s.set("activation.attention_head_groups", c.activation.attention_head_groups);
   s.set("activation.lm_head_tile", c.activation.lm_head_tile);

@@ -294,7 +294,13 @@ void Trainer::log_startup() const {
                                        " head groups" +
                                        (streamed ? " (attention outputs streamed to host memory group by group)" : "")
                                  : "";
-  log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint), offloaded,
+  const int64_t M = cfg_.activation.attention_output_layers;
+  const std::string kept = cfg_.activation.checkpoint == CheckpointPolicy::AttentionOutput && M > 0 && M < L
+                               ? " (attention outputs kept in the last " + std::to_string(M) + " of " +
+                                     std::to_string(L) + " layers)"
+                               : "";
+  log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint), kept,
+           offloaded,
            groups, ", backend ",
            be_->name(), on_device() ? " (bf16 parameters, fp32 gradients, master weights and Adam)" : " (f32)", ", ",
            world_.size(), " rank(s): data-parallel ", dp_.size(), " x sequence-parallel ",

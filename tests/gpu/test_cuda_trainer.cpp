@@ -492,6 +492,56 @@ TEST(CudaTrainer, ActivationOffloadMatchesCheckpointsOnTheGpu) {
   }
 }
 
+// activation.attention_output_layers on the GPU: only the last M of 6 layers keep their
+// attention output and LSE, the others recompute their attention. Three steps give losses,
+// gradient norms and weights bit for bit those of checkpoint layer with the same offload and
+// head groups (the attention forward is deterministic), and the device peak grows over
+// layer's by what the plan says: on the device, M = 2; offloaded (every layer input), M = 3
+// (the kept output of layer 3 leaves with its input, 4 and 5 stay); 2 head groups offloaded,
+// M = 4 (streamed: the kept layers' outputs in host memory, two group slots on the device).
+TEST(CudaTrainer, KeptAttentionOutputsMatchLayer) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir("cuda-kept-outputs");
+  StageConfig base = hd64_stage(dir, "layer");
+  base.model.config = write_hd64_config(dir / "m6.yaml", false, 256, 6);
+  base.data.seq_length = 256;
+  base.train.device = DeviceKind::Cuda;
+  auto world = self_comm("world"), dp = self_comm("dp");
+  struct Variant {
+    int64_t kept;
+    bool offload;
+    int64_t head_groups;
+  };
+  for (const Variant v : {Variant{2, false, 1}, Variant{3, true, 1}, Variant{4, true, 2}}) {
+    const std::string tag = "attention_output_layers " + std::to_string(v.kept) + (v.offload ? ", offloaded" : "") +
+                            (v.head_groups > 1 ? ", 2 head groups" : "");
+    SCOPED_TRACE(tag);
+    StageConfig a = base;
+    a.activation.offload = v.offload ? OffloadTarget::Cpu : OffloadTarget::None;
+    a.activation.attention_head_groups = v.head_groups;
+    StageConfig b = a;
+    b.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+    b.activation.attention_output_layers = v.kept;
+    b.output.dir = dir / "kept";
+    train::Trainer ta(a, *world, *dp), tb(b, *world, *dp);
+    for (int64_t s = 0; s < 3; ++s) {
+      const train::StepStats sa = ta.train_step(s), sb = tb.train_step(s);
+      std::printf("[kept-outputs] %s step %lld loss layer %.9f kept %.9f\n", tag.c_str(), static_cast<long long>(s),
+                  sa.loss, sb.loss);
+      EXPECT_EQ(sa.loss, sb.loss) << "step " << s;
+      EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << s;
+    }
+    EXPECT_EQ(flat(ta.master_host()), flat(tb.master_host()));
+    const int64_t pa = ta.memory_stats().peak_bytes, pb = tb.memory_stats().peak_bytes;
+    const int64_t planned = plan::plan_for_run(b, 1, 1).alloc_peak_bytes - plan::plan_for_run(a, 1, 1).alloc_peak_bytes;
+    std::printf("[kept-outputs] %s device peak layer %lld B, kept %lld B: %lld B more (planned %lld B)\n", tag.c_str(),
+                static_cast<long long>(pa), static_cast<long long>(pb), static_cast<long long>(pb - pa),
+                static_cast<long long>(planned));
+    EXPECT_GT(planned, 0);
+    EXPECT_EQ(pb - pa, planned);
+  }
+}
+
 TEST(CudaTrainer, DeviceSelection) {
   EXPECT_EQ(train::trainer_device(DeviceKind::Cpu), DeviceKind::Cpu);
   if (!have_gpu()) {

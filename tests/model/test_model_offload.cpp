@@ -3,7 +3,8 @@
 // checkpoints kept in the workspace, for layer and attention_output, MLP untiled and tiled,
 // over 1, 2, 3 and 5 layers (none, some and all of the copies), every layer input offloaded or
 // only the first 1 or 2 (activation.offload_layers); the workspace is what workspace_specs
-// says (a ring of two of each checkpoint, the rest pinned host buffers or device slots).
+// says (a ring of two of each checkpoint, the rest pinned host buffers or device slots); only
+// the last layers keeping their attention outputs (activation.attention_output_layers).
 #include <cstring>
 #include <random>
 
@@ -87,6 +88,57 @@ INSTANTIATE_TEST_SUITE_P(All, ModelOffload,
                                   std::to_string(std::get<2>(info.param)) + "_off" +
                                   std::to_string(std::get<3>(info.param));
                          });
+
+// activation.attention_output_layers: only the last M layers keep their attention output and
+// LSE, the others recompute their attention as with checkpoint layer. Losses and every
+// gradient bit for bit those of checkpoint layer (same offload, head groups), for M = 1, 2, 4
+// of 5 layers, on the device or offloaded (every layer input or the first 2 or 4: the kept
+// outputs of layers below offload_layers - 1 leave, through the ring), untiled attention or 2
+// head groups (offloaded: streamed, each kept layer's in host memory); the workspace holds M
+// outputs (M = L or more: every layer's, as without the key).
+TEST(ModelKeptOutputs, LastLayersBitIdenticalToLayer) {
+  const int64_t L = 5;
+  const model::LlamaConfig cfg = config(L);
+  for (int64_t G : {1, 2})
+    for (int64_t off_layers : {-1, 0, 2, 4})  // -1: no offload
+      for (int64_t M : {1, 2, 4}) {
+        const std::string tag = "G " + std::to_string(G) + " offload_layers " + std::to_string(off_layers) +
+                                " kept " + std::to_string(M);
+        model::ModelOptions layer{CheckpointPolicy::Layer, 7, 5};
+        layer.head_groups = G;
+        layer.offload_checkpoints = off_layers >= 0;
+        layer.offload_layers = std::max<int64_t>(0, off_layers);
+        model::ModelOptions mixed = layer;
+        mixed.checkpoint = CheckpointPolicy::AttentionOutput;
+        mixed.attention_output_layers = M;
+        const uint64_t seed = test_seed();
+        const Outcome a = run_model(cfg, layer, seed), b = run_model(cfg, mixed, seed);
+        EXPECT_EQ(a.sum_nll, b.sum_nll) << tag;
+        EXPECT_EQ(a.eval_nll, b.eval_nll) << tag;
+        ASSERT_EQ(a.grads.size(), b.grads.size());
+        for (size_t u = 0; u < a.grads.size(); ++u)
+          EXPECT_EQ(std::memcmp(a.grads[u].data(), b.grads[u].data(), a.grads[u].size() * sizeof(float)), 0)
+              << "gradient of unit " << u << ", " << tag;
+        const auto specs = model::LlamaModel::workspace_specs(cfg, mixed, DType::F32, 2, 11, true);
+        EXPECT_EQ(b.workspace_bytes, spec_bytes(specs)) << tag;
+        const bool streamed = G > 1 && off_layers >= 0;
+        const int64_t K = off_layers < 0 ? 0 : off_layers == 0 ? L - 1 : off_layers;
+        const int64_t Ko = std::max<int64_t>(0, K - 1 - (L - M));  // kept outputs that leave
+        const int64_t dev = streamed ? 2 : M - Ko > 2 ? M - Ko : std::min<int64_t>(2, M);
+        EXPECT_EQ(count(specs, "saved_o", false), dev) << tag;
+        EXPECT_EQ(count(specs, "saved_lse", false), dev) << tag;
+        EXPECT_EQ(count(specs, "host.saved_o", true), streamed ? M : Ko) << tag;
+        EXPECT_EQ(count(specs, "host.saved_lse", true), streamed ? M : Ko) << tag;
+      }
+  // M = L and above: every layer keeps its output, the workspace of attention_output itself.
+  model::ModelOptions all{CheckpointPolicy::AttentionOutput, 7, 5};
+  for (int64_t M : {L, L + 3}) {
+    model::ModelOptions m = all;
+    m.attention_output_layers = M;
+    EXPECT_EQ(spec_bytes(model::LlamaModel::workspace_specs(cfg, m, DType::F32, 2, 11, true)),
+              spec_bytes(model::LlamaModel::workspace_specs(cfg, all, DType::F32, 2, 11, true)));
+  }
+}
 
 // MLP tiles (activation.mlp_tile): the MLP's input norm runs per tile into a tile-sized h2 (the
 // norm is row by row), so the workspace has one [n, D] buffer fewer and the losses stay those of

@@ -894,5 +894,56 @@ TEST(MemoryPlan, LongContextKnobsOffloadLayersAndHeadGroups) {
               static_cast<double>(one_pass.gpu_peak_bytes) / (1 << 30), static_cast<double>(four.gpu_peak_bytes) / (1 << 30));
 }
 
+// activation.attention_output_layers at 256K on one H200 with a 128 GiB host (the bench
+// config, 17 layer inputs offloaded): every layer's attention output does not fit, and the
+// refusal names the most layers that do (one more does not). The plan counts the kept outputs
+// exactly: the last 16 layers' (16..31, whose inputs stay) on the GPU, each one more below
+// them (whose input leaves, layer 15 down) in host memory; the key needs attention_output.
+TEST(MemoryPlan, KeptAttentionOutputsFillWhatLayerLeaves) {
+  const auto cfg_of = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> sets{"data.seq_length=262144", "activation.offload=cpu", "activation.offload_layers=17"};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    return load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml", sets);
+  };
+  plan::PlanTarget t = gpu_target(kH200Gib);
+  t.gpu_name = "NVIDIA H200";
+  t.host_memory_bytes = int64_t{128} << 30;
+  t.headroom = 0.02;
+  const auto plan_of = [&](const std::vector<std::string>& extra) { return plan::plan_memory(cfg_of(extra), t); };
+  const MemoryPlan layer = plan_of({});
+  ASSERT_TRUE(layer.fits) << plan::refusal_message(layer);
+  const MemoryPlan all = plan_of({"activation.checkpoint=attention_output"});
+  ASSERT_FALSE(all.fits);
+  int64_t offered = 0;
+  for (const plan::KnobFix& k : all.knobs)
+    if (k.assignment.rfind("activation.attention_output_layers=", 0) == 0)
+      offered = std::stoll(k.assignment.substr(k.assignment.find('=') + 1));
+  ASSERT_GT(offered, 0) << plan::refusal_message(all);
+  const auto kept = [&](int64_t m) {
+    return plan_of({"activation.checkpoint=attention_output", "activation.attention_output_layers=" + std::to_string(m)});
+  };
+  EXPECT_TRUE(kept(offered).fits);
+  EXPECT_FALSE(kept(offered + 1).fits);
+  const int64_t n = 262144, per_layer = n * 4096 * 2 + 32 * n * 4;  // o bf16 [n, 32 x 128], LSE f32 [32, n]
+  const MemoryPlan k16 = kept(16), k20 = kept(20);
+  EXPECT_EQ(k16.alloc_peak_bytes - layer.alloc_peak_bytes, 16 * per_layer);
+  EXPECT_EQ(k20.alloc_peak_bytes, k16.alloc_peak_bytes);
+  EXPECT_EQ(k20.host_peak_bytes - k16.host_peak_bytes, 4 * per_layer);
+  std::printf("[plan] 256K, 17 inputs offloaded: layer %.2f GiB per GPU / %.2f host; attention_output_layers "
+              "16: %.2f / %.2f, 20: %.2f / %.2f; the most that fit: %lld\n",
+              static_cast<double>(layer.gpu_peak_bytes) / (1 << 30), static_cast<double>(layer.host_peak_bytes) / (1 << 30),
+              static_cast<double>(k16.gpu_peak_bytes) / (1 << 30), static_cast<double>(k16.host_peak_bytes) / (1 << 30),
+              static_cast<double>(k20.gpu_peak_bytes) / (1 << 30), static_cast<double>(k20.host_peak_bytes) / (1 << 30),
+              static_cast<long long>(offered));
+  try {
+    plan_of({"activation.attention_output_layers=4"});
+    ADD_FAILURE() << "attention_output_layers with checkpoint layer was planned";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("activation.attention_output_layers: 4 needs activation.checkpoint: attention_output"),
+              std::string::npos) << m;
+  }
+}
+
 }  // namespace
 }  // namespace easyctx::test
