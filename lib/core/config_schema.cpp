@@ -427,7 +427,8 @@ const Registry& registry() {
               "(+ the LSE) of memory: the knob that spends what a `layer` run leaves free on speed, where every "
               "layer's would not fit (the --plan refusal of attention_output names the most layers that fit). "
               "With activation.offload cpu, the kept outputs of layers whose input leaves go to host memory too "
-              "(layers below offload_layers - 1), the rest stay on the device. Bit-identical to `layer`.");
+              "(layers below offload_layers - 1), the rest stay on the device. The same arithmetic as `layer` (bit-identical "
+              "on the CPU and with train.deterministic true).");
     r.add_enum<OffloadTarget>("activation.offload", [](StageConfig& c) -> OffloadTarget& { return c.activation.offload; },
                               {{"none", 0}, {"cpu", 1}},
                               "Where the checkpoints of activation.checkpoint layer / attention_output live. "

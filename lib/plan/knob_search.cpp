@@ -2,6 +2,7 @@
 // combination of the changes that keep the problem) makes a plan fit.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -261,6 +262,39 @@ std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, i
   if (!kept_problem_fits)
     for (const KnobFix& k : combine_knobs(cfg, t, n, m)) out.push_back(k);
   return out;
+}
+
+std::string kept_outputs_hint(const StageConfig& cfg, const PlanTarget& t) {
+  const int64_t layers = model_shape(cfg).layers;
+  if (layers < 1) return "";
+  const auto plan_with = [&](int64_t m) {
+    StageConfig c = cfg;
+    c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+    c.activation.attention_output_layers = m == layers ? 0 : m;
+    MemoryPlan q;
+    return try_plan({"", "", c, t}, q) && q.fits ? std::optional<MemoryPlan>(std::move(q)) : std::nullopt;
+  };
+  // The bytes grow with the layers kept: bisect for the most that fit.
+  std::optional<MemoryPlan> best = plan_with(1);
+  if (!best) return "";
+  int64_t lo = 1, hi = layers;
+  while (lo < hi) {
+    const int64_t mid = hi - (hi - lo) / 2;
+    if (std::optional<MemoryPlan> q = plan_with(mid)) {
+      lo = mid;
+      best = std::move(q);
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const std::string fits = " would fit too (" + gib(best->gpu_peak_bytes) + " of " + gib(best->gpu_usable) +
+                           " usable per GPU, " + gib(best->host_peak_bytes) + " host per node): ";
+  if (lo == layers)
+    return "activation.checkpoint layer: attention_output" + fits +
+           "no layer would recompute its attention in backward (the same arithmetic)";
+  return "activation.checkpoint layer: attention_output with activation.attention_output_layers " + num(lo) + fits +
+         "the last " + num(lo) + " of " + num(layers) +
+         " layers would skip their attention recompute in backward (the same arithmetic)";
 }
 
 }  // namespace detail

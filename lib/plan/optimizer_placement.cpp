@@ -1,6 +1,7 @@
 // parallel.zero.offload_optimizer auto: where the fp32 master weights and Adam moments live,
 // decided by the plan before anything is allocated (plan_memory), and the one placement all
 // ranks of a job take from their plans (placement_of, agree_placement, apply_placement).
+// plan_memory also adds, to a `layer` run that fits on GPUs, the attention-output hint.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -49,9 +50,25 @@ int64_t least_offload_layers(const StageConfig& cfg, const PlanTarget& t, Memory
   return hi;
 }
 
+MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target);
+
 }  // namespace
 
+// The plan with the optimizer placed; a `layer` run that fits on GPUs also gets the note that
+// says how many layers could keep their attention output instead (speed the memory allows).
 MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
+  MemoryPlan p = place_optimizer(cfg, target);
+  if (p.fits && p.gpu_capacity > 0 && cfg.activation.checkpoint == CheckpointPolicy::Layer) {
+    StageConfig placed = cfg;
+    apply_placement(placed, placement_of(p));
+    if (std::string hint = detail::kept_outputs_hint(placed, target); !hint.empty()) p.notes.push_back(std::move(hint));
+  }
+  return p;
+}
+
+namespace {
+
+MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
   const auto& z = cfg.parallel.zero;
   if (!z.offload_optimizer_auto || z.offload_optimizer) {
     MemoryPlan p = detail::plan_core(cfg, target);
@@ -95,6 +112,8 @@ MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
   if (!p.fits) p.knobs = detail::search_knobs(c, target, p.tokens);
   return p;
 }
+
+}  // namespace
 
 std::string placement_of(const MemoryPlan& p) {
   return p.offload_optimizer ? "host" : "gpu " + std::to_string(p.auto_offload_layers);

@@ -19,6 +19,10 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t);
 model::LlamaConfig plan_model(const ModelConfig& m, std::string* note);
 // Single changes that make `cfg` fit `t` (n: tokens per rank, bounds the MLP tile).
 std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n);
+// A `layer` run that fits on GPUs (cfg with its optimizer placement written): the note that
+// names the most layers that could keep their attention output instead (checkpoint
+// attention_output, activation.attention_output_layers), or "" when not even one fits.
+std::string kept_outputs_hint(const StageConfig& cfg, const PlanTarget& t);
 
 inline std::string gib(int64_t b) {
   char buf[32];

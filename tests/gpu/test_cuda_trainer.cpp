@@ -495,7 +495,8 @@ TEST(CudaTrainer, ActivationOffloadMatchesCheckpointsOnTheGpu) {
 // activation.attention_output_layers on the GPU: only the last M of 6 layers keep their
 // attention output and LSE, the others recompute their attention. Three steps give losses,
 // gradient norms and weights bit for bit those of checkpoint layer with the same offload and
-// head groups (the attention forward is deterministic), and the device peak grows over
+// head groups (train.deterministic, as in every test here; the attention forward is
+// deterministic in both modes), and the device peak grows over
 // layer's by what the plan says: on the device, M = 2; offloaded (every layer input), M = 3
 // (the kept output of layer 3 leaves with its input, 4 and 5 stay); 2 head groups offloaded,
 // M = 4 (streamed: the kept layers' outputs in host memory, two group slots on the device).
