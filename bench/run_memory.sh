@@ -6,6 +6,10 @@
 #                                      # and of the whole 7B at 1M tokens on 2 H200s
 #   bash bench/run_memory.sh 256k      # 1 GPU: 256K tokens, 8 of the 31 layer inputs in host memory
 #                                      # (planned against a 128 GiB host)
+#   bash bench/run_memory.sh 256k-kept # 1 GPU: 256K, 17 layer inputs in host memory, attention
+#                                      # outputs kept in the last 21 layers (the default atomic
+#                                      # backward; STEPS=3 for a step between the first and the
+#                                      # last: 45.7% MFU, bench/RESULTS.md session 27)
 #   bash bench/run_memory.sh 512k      # 2 GPUs: 512K, zigzag ring in 4 head groups, 12 inputs
 #                                      # offloaded, atomic dQ
 #   bash bench/run_memory.sh 512k-zero3  # 2 GPUs: 512K, ZeRO-3 with the optimizer shards in host
@@ -45,6 +49,8 @@ CFG=configs/bench/llama2-7b-1gpu.yaml
 # config's offload_optimizer auto would keep a slice's small optimizer on the GPU).
 host_opt=(--set parallel.zero.offload_optimizer=true)
 s256=("${host_opt[@]}" --set activation.offload=cpu --set activation.offload_layers=8 --set target.host_memory_gib=128 --set train.deterministic=true)
+s256k=("${host_opt[@]}" --set activation.offload=cpu --set activation.offload_layers=17 --set target.host_memory_gib=128
+       --set activation.checkpoint=attention_output --set activation.attention_output_layers=21)
 ring=("${host_opt[@]}" --set parallel.sequence.size=2 --set parallel.sequence.mode=zigzag_ring --set activation.attention_head_groups=4
       --set activation.offload=cpu --set train.deterministic=false)
 s512=("${ring[@]}" --set activation.offload_layers=12)
@@ -70,6 +76,7 @@ plan() {  # tokens, GPUs, host GiB, --sets...
 case "$what" in
   plans)
     plan 262144 1 128 "${s256[@]}"
+    plan 262144 1 128 "${s256k[@]}"
     plan 524288 2 251 "${s512[@]}"
     plan 524288 2 251 "${z512[@]}"
     plan 524288 2 251 "${p512[@]}"
@@ -78,6 +85,7 @@ case "$what" in
     plan 1572864 1 128 "${slice15[@]}"
     ;;
   256k) RUNS="7b:262144" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${s256[@]}" ;;
+  256k-kept) RUNS="7b:262144" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${s256k[@]}" ;;
   512k) LAUNCH="$LAUNCH" RUNS="7b:524288" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${s512[@]}" ;;
   512k-zero3) LAUNCH="$LAUNCH" RUNS="7b:524288" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${z512[@]}" ;;
   512k-params) LAUNCH="$LAUNCH" RUNS="7b:524288" STEPS=$STEPS BIN=$BIN bash bench/run_train.sh "${p512[@]}" ;;
