@@ -16,6 +16,7 @@ namespace detail {
 namespace {
 
 std::string num(int64_t v) { return std::to_string(v); }
+std::string plural(int64_t v, const std::string& what) { return num(v) + " " + what + (v == 1 ? "" : "s"); }
 
 // ---------------------------------------------------------------------------------------
 // Knob search: each knob re-plans with one change and reports its least drastic value that
@@ -267,34 +268,70 @@ std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, i
 std::string kept_outputs_hint(const StageConfig& cfg, const PlanTarget& t) {
   const int64_t layers = model_shape(cfg).layers;
   if (layers < 1) return "";
-  const auto plan_with = [&](int64_t m) {
-    StageConfig c = cfg;
-    c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
-    c.activation.attention_output_layers = m == layers ? 0 : m;
-    MemoryPlan q;
-    return try_plan({"", "", c, t}, q) && q.fits ? std::optional<MemoryPlan>(std::move(q)) : std::nullopt;
+  // The most layers that keep their output with `k` layer inputs offloaded (-1: the config's
+  // offload as it is); the bytes grow with the layers kept: a bisection.
+  struct Best {
+    int64_t kept = 0, offload = -1;
+    MemoryPlan plan;
   };
-  // The bytes grow with the layers kept: bisect for the most that fit.
-  std::optional<MemoryPlan> best = plan_with(1);
-  if (!best) return "";
-  int64_t lo = 1, hi = layers;
-  while (lo < hi) {
-    const int64_t mid = hi - (hi - lo) / 2;
-    if (std::optional<MemoryPlan> q = plan_with(mid)) {
-      lo = mid;
-      best = std::move(q);
-    } else {
-      hi = mid - 1;
+  const auto most_kept = [&](int64_t k) {
+    StageConfig base = cfg;
+    base.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+    if (k >= 0) {
+      base.activation.offload = OffloadTarget::Cpu;
+      base.activation.offload_layers = k == layers - 1 ? 0 : k;
     }
+    const auto plan_with = [&](int64_t m) {
+      StageConfig c = base;
+      c.activation.attention_output_layers = m == layers ? 0 : m;
+      MemoryPlan q;
+      return try_plan({"", "", c, t}, q) && q.fits ? std::optional<MemoryPlan>(std::move(q)) : std::nullopt;
+    };
+    Best b{0, k, {}};
+    std::optional<MemoryPlan> at = plan_with(1);
+    if (!at) return b;
+    int64_t lo = 1, hi = layers;
+    while (lo < hi) {
+      const int64_t mid = hi - (hi - lo) / 2;
+      if (std::optional<MemoryPlan> q = plan_with(mid)) {
+        lo = mid;
+        at = std::move(q);
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return Best{lo, k, std::move(*at)};
+  };
+  // As the run is, then (GPUs, more than one layer) with more layer inputs in host memory: each
+  // frees a layer's input on the GPU for an output. The most layers kept win, then the fewest
+  // inputs moved.
+  const Best own = most_kept(-1);
+  Best best = own;
+  const bool offloaded = cfg.activation.offload == OffloadTarget::Cpu;
+  const int64_t k0 = !offloaded ? 0 : (cfg.activation.offload_layers <= 0 ? layers - 1 : cfg.activation.offload_layers);
+  for (int64_t k = k0 + 1; k <= layers - 1 && best.kept < layers; ++k) {
+    Best b = most_kept(k);
+    if (b.kept > best.kept) best = std::move(b);
   }
-  const std::string fits = " would fit too (" + gib(best->gpu_peak_bytes) + " of " + gib(best->gpu_usable) +
-                           " usable per GPU, " + gib(best->host_peak_bytes) + " host per node): ";
-  if (lo == layers)
-    return "activation.checkpoint layer: attention_output" + fits +
-           "no layer would recompute its attention in backward (the same arithmetic)";
-  return "activation.checkpoint layer: attention_output with activation.attention_output_layers " + num(lo) + fits +
-         "the last " + num(lo) + " of " + num(layers) +
-         " layers would skip their attention recompute in backward (the same arithmetic)";
+  if (best.kept == 0) return "";
+  const auto what = [&](const Best& b) {
+    return b.kept == layers ? std::string("attention_output")
+                            : "attention_output with activation.attention_output_layers " + num(b.kept);
+  };
+  std::string s = "activation.checkpoint layer: " + what(best);
+  if (best.offload >= 0)
+    s += ", activation.offload cpu, activation.offload_layers " + num(best.offload) + " (" +
+         plural(best.offload - (offloaded ? k0 : 0), "more layer input") + " in pinned host memory)";
+  s += " would fit too (" + gib(best.plan.gpu_peak_bytes) + " of " + gib(best.plan.gpu_usable) + " usable per GPU, " +
+       gib(best.plan.host_peak_bytes) + " host per node): " +
+       (best.kept == layers ? std::string("no layer would recompute its attention")
+        : best.kept == 1    ? "the last layer would skip its attention recompute"
+                            : "the last " + num(best.kept) + " of " + num(layers) +
+                               " layers would skip their attention recompute") +
+       " in backward (the same arithmetic)";
+  if (best.offload >= 0)
+    s += own.kept > 0 ? "; with the offload as it is, " + what(own) : "; with the offload as it is, none fits";
+  return s;
 }
 
 }  // namespace detail

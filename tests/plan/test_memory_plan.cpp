@@ -947,10 +947,12 @@ TEST(MemoryPlan, KeptAttentionOutputsFillWhatLayerLeaves) {
 }
 
 // A `layer` run that fits on a GPU gets the note naming the most layers that could keep their
-// attention output in the memory left (checkpoint attention_output with
-// attention_output_layers): the bench's 7B at 32K on one H200, 22 (measured 6,968 tok/s
-// against layer's 6,552 in the same call, bench/RESULTS.md session 27); planned with it and
-// the optimizer where the layer run has it (the GPU), 22 fits and 23 does not; at 64K (the GPU full with 12 layer inputs offloaded) there is no note.
+// attention output (checkpoint attention_output, attention_output_layers) with the optimizer
+// where the plan put it: as the run is, and, when that keeps more, with the fewest more layer
+// inputs in pinned host memory. The bench's 7B on one H200: at 32K 22 layers as it is
+// (measured 6,968 tok/s against layer's 6,552 in the same call, bench/RESULTS.md session 27),
+// every layer with 6 inputs offloaded; at 64K (the GPU full with 12 inputs offloaded) none as
+// it is, every layer with 23. Each count is the plan's edge: one more does not fit.
 TEST(MemoryPlan, LayerRunsNameTheAttentionOutputsThatFit) {
   const auto plan_of = [](int64_t seq, const std::vector<std::string>& extra) {
     std::vector<std::string> sets{"data.seq_length=" + std::to_string(seq)};
@@ -967,18 +969,35 @@ TEST(MemoryPlan, LayerRunsNameTheAttentionOutputsThatFit) {
       if (n.rfind("activation.checkpoint layer:", 0) == 0) return n;
     return std::string();
   };
-  const std::string at32 = hint_of(plan_of(32768, {}));
-  EXPECT_NE(at32.find("activation.attention_output_layers 22 would fit too"), std::string::npos) << at32;
-  const auto kept = [&](int64_t m) {
-    return plan_of(32768, {"activation.checkpoint=attention_output", "parallel.zero.offload_optimizer=false",
-                           "activation.attention_output_layers=" + std::to_string(m)});
+  const auto fits = [&](int64_t seq, int64_t kept, int64_t offload) {
+    std::vector<std::string> sets{"activation.checkpoint=attention_output", "parallel.zero.offload_optimizer=false",
+                                  "activation.attention_output_layers=" + std::to_string(kept)};
+    if (offload > 0) {
+      sets.push_back("activation.offload=cpu");
+      sets.push_back("activation.offload_layers=" + std::to_string(offload));
+    }
+    const MemoryPlan p = plan_of(seq, sets);
+    EXPECT_TRUE(hint_of(p).empty());  // (attention_output runs get no hint)
+    return p.fits;
   };
-  const MemoryPlan k22 = kept(22);
-  EXPECT_TRUE(k22.fits);
-  EXPECT_FALSE(kept(23).fits);
-  EXPECT_TRUE(hint_of(k22).empty());  // (attention_output runs get no hint)
-  EXPECT_EQ(hint_of(plan_of(65536, {})), "");
-  std::printf("[plan] %s\n", at32.c_str());
+  const std::string at32 = hint_of(plan_of(32768, {}));
+  EXPECT_EQ(at32.rfind("activation.checkpoint layer: attention_output, activation.offload cpu, "
+                       "activation.offload_layers 6 (6 more layer inputs in pinned host memory) would fit too", 0),
+            0u) << at32;
+  EXPECT_NE(at32.find("with the offload as it is, attention_output with activation.attention_output_layers 22"),
+            std::string::npos) << at32;
+  EXPECT_TRUE(fits(32768, 22, 0));
+  EXPECT_FALSE(fits(32768, 23, 0));
+  EXPECT_TRUE(fits(32768, 0, 6));
+  EXPECT_FALSE(fits(32768, 0, 5));
+  const std::string at64 = hint_of(plan_of(65536, {}));
+  EXPECT_NE(at64.find("activation.offload_layers 23 (11 more layer inputs in pinned host memory) would fit too"),
+            std::string::npos) << at64;
+  EXPECT_NE(at64.find("with the offload as it is, none fits"), std::string::npos) << at64;
+  EXPECT_TRUE(fits(65536, 0, 23));
+  EXPECT_FALSE(fits(65536, 0, 22));
+  EXPECT_FALSE(fits(65536, 1, 12));
+  std::printf("[plan] 32K: %s\n[plan] 64K: %s\n", at32.c_str(), at64.c_str());
 }
 
 }  // namespace
