@@ -428,6 +428,28 @@ TEST(CudaTrainer, OffloadedOptimizerMatchesGpuAdamW) {
   expect_resumes_bit_for_bit(th, h, 5, *world, *dp);
 }
 
+// The checkpoint tests' stage: hd64_stage with 6 layers and 2 x 256 tokens on the GPU.
+StageConfig six_layer_cuda_stage(const TempDir& dir, const std::string& out) {
+  StageConfig c = hd64_stage(dir, out);
+  c.model.config = write_hd64_config(dir / "m6.yaml", false, 256, 6);
+  c.data.seq_length = 256;
+  c.train.device = DeviceKind::Cuda;
+  return c;
+}
+
+// Three steps of two trainers that must agree bit for bit: losses, gradient norms, weights.
+void expect_same_steps(train::Trainer& ta, train::Trainer& tb, const std::string& tag, const char* what_a,
+                       const char* what_b, const char* label) {
+  for (int64_t s = 0; s < 3; ++s) {
+    const train::StepStats sa = ta.train_step(s), sb = tb.train_step(s);
+    std::printf("[%s] %s step %lld loss %s %.9f %s %.9f\n", label, tag.c_str(), static_cast<long long>(s), what_a,
+                sa.loss, what_b, sb.loss);
+    EXPECT_EQ(sa.loss, sb.loss) << "step " << s;
+    EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << s;
+  }
+  EXPECT_EQ(flat(ta.master_host()), flat(tb.master_host()));
+}
+
 // activation.offload: cpu on the GPU: the checkpoints in pinned host memory, copied out on the
 // backend's copy stream while the next layer computes and brought back one layer ahead of
 // the backward. On 6 layers (5 layer inputs and, with attention_output, 4 attention outputs
@@ -439,10 +461,7 @@ TEST(CudaTrainer, OffloadedOptimizerMatchesGpuAdamW) {
 TEST(CudaTrainer, ActivationOffloadMatchesCheckpointsOnTheGpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   TempDir dir("cuda-act-offload");
-  StageConfig base = hd64_stage(dir, "kept");
-  base.model.config = write_hd64_config(dir / "m6.yaml", false, 256, 6);
-  base.data.seq_length = 256;
-  base.train.device = DeviceKind::Cuda;
+  const StageConfig base = six_layer_cuda_stage(dir, "kept");
   auto world = self_comm("world"), dp = self_comm("dp");
   struct Variant {
     CheckpointPolicy policy;
@@ -466,14 +485,7 @@ TEST(CudaTrainer, ActivationOffloadMatchesCheckpointsOnTheGpu) {
     b.activation.offload_layers = v.offload_layers;
     b.output.dir = dir / "offloaded";
     train::Trainer ta(a, *world, *dp), tb(b, *world, *dp);
-    for (int64_t s = 0; s < 3; ++s) {
-      const train::StepStats sa = ta.train_step(s), sb = tb.train_step(s);
-      std::printf("[act-offload] %s step %lld loss on-gpu %.9f offloaded %.9f\n", tag.c_str(),
-                  static_cast<long long>(s), sa.loss, sb.loss);
-      EXPECT_EQ(sa.loss, sb.loss) << "step " << s;
-      EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << s;
-    }
-    EXPECT_EQ(flat(ta.master_host()), flat(tb.master_host()));
+    expect_same_steps(ta, tb, tag, "on-gpu", "offloaded", "act-offload");
     // n = 2 x 256 tokens; layer inputs [n, 128] bf16, attention outputs [n, 4 x 64] bf16, LSE f32 [2, 4, 256].
     const int64_t K = v.offload_layers ? v.offload_layers : 5;  // layer inputs that leave (and K - 1 outputs)
     // Streamed (head groups): all 6 layers' outputs leave and 2 slots of 1/G of one stay.
@@ -503,10 +515,7 @@ TEST(CudaTrainer, ActivationOffloadMatchesCheckpointsOnTheGpu) {
 TEST(CudaTrainer, KeptAttentionOutputsMatchLayer) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   TempDir dir("cuda-kept-outputs");
-  StageConfig base = hd64_stage(dir, "layer");
-  base.model.config = write_hd64_config(dir / "m6.yaml", false, 256, 6);
-  base.data.seq_length = 256;
-  base.train.device = DeviceKind::Cuda;
+  const StageConfig base = six_layer_cuda_stage(dir, "layer");
   auto world = self_comm("world"), dp = self_comm("dp");
   struct Variant {
     int64_t kept;
@@ -525,14 +534,7 @@ TEST(CudaTrainer, KeptAttentionOutputsMatchLayer) {
     b.activation.attention_output_layers = v.kept;
     b.output.dir = dir / "kept";
     train::Trainer ta(a, *world, *dp), tb(b, *world, *dp);
-    for (int64_t s = 0; s < 3; ++s) {
-      const train::StepStats sa = ta.train_step(s), sb = tb.train_step(s);
-      std::printf("[kept-outputs] %s step %lld loss layer %.9f kept %.9f\n", tag.c_str(), static_cast<long long>(s),
-                  sa.loss, sb.loss);
-      EXPECT_EQ(sa.loss, sb.loss) << "step " << s;
-      EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << s;
-    }
-    EXPECT_EQ(flat(ta.master_host()), flat(tb.master_host()));
+    expect_same_steps(ta, tb, tag, "layer", "kept", "kept-outputs");
     const int64_t pa = ta.memory_stats().peak_bytes, pb = tb.memory_stats().peak_bytes;
     const int64_t planned = plan::plan_for_run(b, 1, 1).alloc_peak_bytes - plan::plan_for_run(a, 1, 1).alloc_peak_bytes;
     std::printf("[kept-outputs] %s device peak layer %lld B, kept %lld B: %lld B more (planned %lld B)\n", tag.c_str(),
