@@ -19,6 +19,14 @@ shift
 [ $# -gt 0 ] || { echo "gtest_run.sh: no command" >&2; exit 2; }
 mkdir -p "$(dirname "$xml")"
 rm -f "$xml" "${xml%.xml}".rank*.xml
+# Open MPI keeps its session directories under <tmpdir base>/ompi.<host>.<uid>/jf.<job family>,
+# and every singleton (each GoogleTest binary calls MPI_Init) uses job family 0: one entry's
+# cleanup could remove that directory while another entry's MPI_Init was creating it ("A call
+# to mkdir was unable to create the desired directory: /tmp/ompi.vm.0/jf.0", orte_init failed).
+# Each entry gets a base of its own (mpirun and the programs it starts inherit it).
+ompi_tmp=$(mktemp -d "${TMPDIR:-/tmp}/easyctx-ompi.XXXXXX")
+trap 'rm -rf "$ompi_tmp"' EXIT
+export OMPI_MCA_orte_tmpdir_base=$ompi_tmp
 "$@" "--gtest_output=xml:$xml"
 rc=$?
 
