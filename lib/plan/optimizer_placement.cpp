@@ -50,24 +50,7 @@ int64_t least_offload_layers(const StageConfig& cfg, const PlanTarget& t, Memory
   return hi;
 }
 
-MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target);
-
-}  // namespace
-
-// The plan with the optimizer placed; a `layer` run that fits on GPUs also gets the note that
-// says how many layers could keep their attention output instead (speed the memory allows).
-MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
-  MemoryPlan p = place_optimizer(cfg, target);
-  if (p.fits && p.gpu_capacity > 0 && cfg.activation.checkpoint == CheckpointPolicy::Layer) {
-    StageConfig placed = cfg;
-    apply_placement(placed, placement_of(p));
-    if (std::string hint = detail::kept_outputs_hint(placed, target); !hint.empty()) p.notes.push_back(std::move(hint));
-  }
-  return p;
-}
-
-namespace {
-
+// The plan with the optimizer where parallel.zero.offload_optimizer puts it (auto: decided here).
 MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
   const auto& z = cfg.parallel.zero;
   if (!z.offload_optimizer_auto || z.offload_optimizer) {
@@ -114,6 +97,18 @@ MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
 }
 
 }  // namespace
+
+// The plan with the optimizer placed; a `layer` run that fits on GPUs also gets the note that
+// says how many layers could keep their attention output instead (speed the memory allows).
+MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
+  MemoryPlan p = place_optimizer(cfg, target);
+  if (p.fits && p.gpu_capacity > 0 && cfg.activation.checkpoint == CheckpointPolicy::Layer) {
+    StageConfig placed = cfg;
+    apply_placement(placed, placement_of(p));
+    if (std::string hint = detail::kept_outputs_hint(placed, target); !hint.empty()) p.notes.push_back(std::move(hint));
+  }
+  return p;
+}
 
 std::string placement_of(const MemoryPlan& p) {
   return p.offload_optimizer ? "host" : "gpu " + std::to_string(p.auto_offload_layers);

@@ -2,6 +2,7 @@
 // batches (test_model_offload.cpp, test_model_head_groups.cpp): its losses, its gradients and
 // the workspace it allocated, to compare two ModelOptions of one config.
 #pragma once
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -53,6 +54,17 @@ inline Outcome run_model(const model::LlamaConfig& cfg, model::ModelOptions mo, 
   r.eval_nll = m.forward_loss(p, b).sum_nll;
   for (const ops::Buffer& x : gb) r.grads.emplace_back(x.flat().ptr<float>(), x.flat().ptr<float>() + x.numel());
   return r;
+}
+
+// Two runs the same to the last bit: both losses and every gradient (`tag` names the case).
+// Call through ASSERT_NO_FATAL_FAILURE: unequal gradient counts end the test.
+inline void expect_same_outcome(const Outcome& a, const Outcome& b, const std::string& tag) {
+  EXPECT_EQ(a.sum_nll, b.sum_nll) << tag;
+  EXPECT_EQ(a.eval_nll, b.eval_nll) << tag;
+  ASSERT_EQ(a.grads.size(), b.grads.size()) << tag;
+  for (size_t u = 0; u < a.grads.size(); ++u)
+    EXPECT_EQ(std::memcmp(a.grads[u].data(), b.grads[u].data(), a.grads[u].size() * sizeof(float)), 0)
+        << "gradient of unit " << u << ", " << tag;
 }
 
 inline int64_t spec_bytes(const std::vector<model::BufferSpec>& specs) {

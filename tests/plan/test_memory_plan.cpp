@@ -185,6 +185,17 @@ plan::PlanTarget gpu_target(double gib, int gpus = 1, int nodes = 1) {
   return t;
 }
 
+// configs/bench/llama2-7b-1gpu.yaml with `sets`, planned as its runs on the bench machine plan:
+// one GPU of `gib` GiB (the H200's), a 128 GiB host, the config's headroom (2%).
+MemoryPlan plan_bench(const std::vector<std::string>& sets, double gib = kH200Gib) {
+  const StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml", sets);
+  plan::PlanTarget t = gpu_target(gib);
+  t.gpu_name = "NVIDIA H200";
+  t.host_memory_bytes = int64_t{128} << 30;
+  t.headroom = c.target.headroom;
+  return plan::plan_memory(c, t);
+}
+
 // GPU memory (GiB, for gpu_target) halfway between two plans' GPU peaks, headroom included:
 // the larger plan does not fit such a GPU, the smaller does.
 double gib_between(const MemoryPlan& a, const MemoryPlan& b) {
@@ -254,12 +265,7 @@ TEST(MemoryPlan, OptimizerAutoPicksTheGpuWhenItFits) {
                           double gib = kH200Gib) {
     extra.push_back("data.seq_length=" + std::to_string(seq));
     extra.push_back("parallel.zero.offload_optimizer=" + opt);
-    StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml", extra);
-    plan::PlanTarget t = gpu_target(gib);
-    t.gpu_name = "NVIDIA H200";
-    t.host_memory_bytes = int64_t{128} << 30;
-    t.headroom = c.target.headroom;  // the config's 2%, as the run plans
-    return plan::plan_memory(c, t);
+    return plan_bench(extra, gib);
   };
   const auto note_of = [](const MemoryPlan& p) {
     for (const std::string& n : p.notes)
@@ -901,16 +907,11 @@ TEST(MemoryPlan, LongContextKnobsOffloadLayersAndHeadGroups) {
 // exactly: the last 16 layers' (16..31, whose inputs stay) on the GPU, each one more below
 // them (whose input leaves, layer 15 down) in host memory; the key needs attention_output.
 TEST(MemoryPlan, KeptAttentionOutputsFillWhatLayerLeaves) {
-  const auto cfg_of = [](const std::vector<std::string>& extra) {
+  const auto plan_of = [](const std::vector<std::string>& extra) {
     std::vector<std::string> sets{"data.seq_length=262144", "activation.offload=cpu", "activation.offload_layers=17"};
     sets.insert(sets.end(), extra.begin(), extra.end());
-    return load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml", sets);
+    return plan_bench(sets);
   };
-  plan::PlanTarget t = gpu_target(kH200Gib);
-  t.gpu_name = "NVIDIA H200";
-  t.host_memory_bytes = int64_t{128} << 30;
-  t.headroom = 0.02;
-  const auto plan_of = [&](const std::vector<std::string>& extra) { return plan::plan_memory(cfg_of(extra), t); };
   const MemoryPlan layer = plan_of({});
   ASSERT_TRUE(layer.fits) << plan::refusal_message(layer);
   const MemoryPlan all = plan_of({"activation.checkpoint=attention_output"});
@@ -957,12 +958,7 @@ TEST(MemoryPlan, LayerRunsNameTheAttentionOutputsThatFit) {
   const auto plan_of = [](int64_t seq, const std::vector<std::string>& extra) {
     std::vector<std::string> sets{"data.seq_length=" + std::to_string(seq)};
     sets.insert(sets.end(), extra.begin(), extra.end());
-    StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml", sets);
-    plan::PlanTarget t = gpu_target(kH200Gib);
-    t.gpu_name = "NVIDIA H200";
-    t.host_memory_bytes = int64_t{128} << 30;
-    t.headroom = c.target.headroom;
-    return plan::plan_memory(c, t);
+    return plan_bench(sets);
   };
   const auto hint_of = [](const MemoryPlan& p) {
     for (const std::string& n : p.notes)
