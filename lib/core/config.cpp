@@ -53,6 +53,11 @@ void validate_activation(const StageConfig& c) {
                       ": activation.offload_layers: ", c.activation.offload_layers, " needs activation.offload: cpu "
                       "(it counts the checkpoints that go to host memory); set activation.offload: cpu or "
                       "activation.offload_layers: 0");
+  EASYCTX_CHECK_INPUT(c.activation.attention_output_layers == 0 || !c.activation.checkpoint_auto, src,
+                      ": activation.attention_output_layers: ", c.activation.attention_output_layers,
+                      " with activation.checkpoint: auto (the plan chooses how many layers keep their attention "
+                      "output); set activation.checkpoint: attention_output to fix the count, or "
+                      "activation.attention_output_layers: 0");
   EASYCTX_CHECK_INPUT(c.activation.attention_output_layers == 0 ||
                           c.activation.checkpoint == CheckpointPolicy::AttentionOutput,
                       src, ": activation.attention_output_layers: ", c.activation.attention_output_layers,

@@ -87,7 +87,12 @@ struct ParallelConfig {
 };
 
 struct ActivationConfig {
+  // activation.checkpoint auto: the memory plan chooses (plan::plan_memory; the trainer applies
+  // the choice before it allocates): attention_output in as many of the last layers as fit,
+  // with more layer inputs in pinned host memory where that keeps more (activation.offload none
+  // only), else layer. Until resolved, checkpoint reads `layer`.
   CheckpointPolicy checkpoint = CheckpointPolicy::Layer;
+  bool checkpoint_auto = false;
   OffloadTarget offload = OffloadTarget::None;
   int64_t mlp_tile = 0;         // tokens per MLP tile (0: untiled)
   int64_t lm_head_tile = 4096;  // tokens per LM-head/cross-entropy tile

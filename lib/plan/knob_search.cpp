@@ -265,18 +265,15 @@ std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, i
   return out;
 }
 
-std::string kept_outputs_hint(const StageConfig& cfg, const PlanTarget& t) {
+KeptOutputs most_kept_outputs(const StageConfig& cfg, const PlanTarget& t, bool move_inputs) {
   const int64_t layers = model_shape(cfg).layers;
-  if (layers < 1) return "";
+  if (layers < 1) return {};
   // The most layers that keep their output with `k` layer inputs offloaded (-1: the config's
   // offload as it is); the bytes grow with the layers kept: a bisection.
-  struct Best {
-    int64_t kept = 0, offload = -1;
-    MemoryPlan plan;
-  };
   const auto most_kept = [&](int64_t k) {
     StageConfig base = cfg;
     base.activation.checkpoint = CheckpointPolicy::AttentionOutput;
+    base.activation.checkpoint_auto = false;
     if (k >= 0) {
       base.activation.offload = OffloadTarget::Cpu;
       base.activation.offload_layers = k == layers - 1 ? 0 : k;
@@ -287,7 +284,8 @@ std::string kept_outputs_hint(const StageConfig& cfg, const PlanTarget& t) {
       MemoryPlan q;
       return try_plan({"", "", c, t}, q) && q.fits ? std::optional<MemoryPlan>(std::move(q)) : std::nullopt;
     };
-    Best b{0, k, {}};
+    KeptOutputs b;
+    b.offload = k;
     std::optional<MemoryPlan> at = plan_with(1);
     if (!at) return b;
     int64_t lo = 1, hi = layers;
@@ -300,38 +298,54 @@ std::string kept_outputs_hint(const StageConfig& cfg, const PlanTarget& t) {
         hi = mid - 1;
       }
     }
-    return Best{lo, k, std::move(*at)};
+    b.kept = lo;
+    b.plan = std::move(*at);
+    return b;
   };
-  // As the run is, then (GPUs, more than one layer) with more layer inputs in host memory: each
-  // frees a layer's input on the GPU for an output. The most layers kept win, then the fewest
-  // inputs moved.
-  const Best own = most_kept(-1);
-  Best best = own;
+  // As the run is, then (move_inputs, more than one layer) with more layer inputs in host
+  // memory: each frees a layer's input on the GPU for an output. The most layers kept win, then
+  // the fewest inputs moved.
+  KeptOutputs best = most_kept(-1);
+  best.as_is = best.kept;
+  if (!move_inputs) return best;
   const bool offloaded = cfg.activation.offload == OffloadTarget::Cpu;
   const int64_t k0 = !offloaded ? 0 : (cfg.activation.offload_layers <= 0 ? layers - 1 : cfg.activation.offload_layers);
   for (int64_t k = k0 + 1; k <= layers - 1 && best.kept < layers; ++k) {
-    Best b = most_kept(k);
-    if (b.kept > best.kept) best = std::move(b);
+    KeptOutputs b = most_kept(k);
+    if (b.kept > best.kept) {
+      b.as_is = best.as_is;
+      best = std::move(b);
+    }
   }
-  if (best.kept == 0) return "";
-  const auto what = [&](const Best& b) {
-    return b.kept == layers ? std::string("attention_output")
-                            : "attention_output with activation.attention_output_layers " + num(b.kept);
+  return best;
+}
+
+std::string kept_outputs_text(const StageConfig& cfg, const KeptOutputs& k, bool hint) {
+  const int64_t layers = model_shape(cfg).layers;
+  const auto what = [&](int64_t kept) {
+    return kept == layers ? std::string("attention_output")
+                          : "attention_output with activation.attention_output_layers " + num(kept);
   };
-  std::string s = "activation.checkpoint layer: " + what(best);
-  if (best.offload >= 0)
-    s += ", activation.offload cpu, activation.offload_layers " + num(best.offload) + " (" +
-         plural(best.offload - (offloaded ? k0 : 0), "more layer input") + " in pinned host memory)";
-  s += " would fit too (" + gib(best.plan.gpu_peak_bytes) + " of " + gib(best.plan.gpu_usable) + " usable per GPU, " +
-       gib(best.plan.host_peak_bytes) + " host per node): " +
-       (best.kept == layers ? std::string("no layer would recompute its attention")
-        : best.kept == 1    ? "the last layer would skip its attention recompute"
-                            : "the last " + num(best.kept) + " of " + num(layers) +
-                               " layers would skip their attention recompute") +
+  const bool offloaded = cfg.activation.offload == OffloadTarget::Cpu;
+  const int64_t k0 = !offloaded ? 0 : (cfg.activation.offload_layers <= 0 ? layers - 1 : cfg.activation.offload_layers);
+  std::string s = what(k.kept);
+  if (k.offload >= 0)
+    s += ", activation.offload cpu, activation.offload_layers " + num(k.offload) + " (" +
+         plural(k.offload - (offloaded ? k0 : 0), "more layer input") + " in pinned host memory)";
+  s += std::string(hint ? " would fit too" : "") + " (" + gib(k.plan.gpu_peak_bytes) + " of " +
+       gib(k.plan.gpu_usable) + " usable per GPU, " + gib(k.plan.host_peak_bytes) + " host per node): " +
+       (k.kept == layers ? std::string(hint ? "no layer would recompute" : "no layer recomputes") + " its attention"
+        : k.kept == 1    ? std::string(hint ? "the last layer would skip" : "the last layer skips") + " its attention recompute"
+                         : "the last " + num(k.kept) + " of " + num(layers) + (hint ? " layers would skip" : " layers skip") +
+                               " their attention recompute") +
        " in backward (the same arithmetic)";
-  if (best.offload >= 0)
-    s += own.kept > 0 ? "; with the offload as it is, " + what(own) : "; with the offload as it is, none fits";
+  if (k.offload >= 0) s += k.as_is > 0 ? "; with the offload as it is, " + what(k.as_is) : "; with the offload as it is, none fits";
   return s;
+}
+
+std::string kept_outputs_hint(const StageConfig& cfg, const PlanTarget& t) {
+  const KeptOutputs best = most_kept_outputs(cfg, t, true);
+  return best.kept == 0 ? "" : "activation.checkpoint layer: " + kept_outputs_text(cfg, best, true);
 }
 
 }  // namespace detail

@@ -123,6 +123,10 @@ struct MemoryPlan {
   // of this many layers to pinned host memory (activation.offload cpu, activation.offload_layers
   // this; the user's config had no offload); the trainer applies it with the placement.
   int64_t auto_offload_layers = 0;
+  // activation.checkpoint auto: what the plan chose, "layer" or "attention_output M K" (M:
+  // activation.attention_output_layers, 0 = every layer; K: activation.offload_layers with
+  // activation.offload cpu, -1 = the offload as it was); "" when the config did not say auto.
+  std::string auto_checkpoint;
   std::vector<KnobFix> knobs;  // when !fits: single changes that fit, else a combination ("together")
   // The config keys that shape the plan, with their values ({"data.seq_length": 65536,
   // "parallel.zero.stage": 3, ...}): what a reader of plan.json needs to know what was planned.
@@ -156,6 +160,14 @@ int64_t placement_offload_layers(const std::string& placement);
 // and, for "gpu K" with K > 0, activation.offload cpu with activation.offload_layers K. Planned
 // again, the config gives the plan that chose the placement.
 void apply_placement(StageConfig& cfg, const std::string& placement);
+
+// activation.checkpoint auto: every rank's plan chose (MemoryPlan::auto_checkpoint); all ranks
+// take one (a ring's attention recompute is collective): the common choice, `layer` (which every
+// rank's plan fits, its choice having fit more) when they differ. Throws Error on a bad report.
+std::string agree_checkpoint(const std::vector<std::string>& reports);
+// Writes a choice into `cfg`: checkpoint resolved (auto off), attention_output_layers M and,
+// for K >= 0, activation.offload cpu with offload_layers K.
+void apply_checkpoint(StageConfig& cfg, const std::string& choice);
 
 // ---- Evaluation (forward only: lib/eval/session.h, `easyctx_eval_* --plan`)
 // The model comes from its own folder (not the stage config); cfg carries what shapes the

@@ -1,12 +1,16 @@
 // parallel.zero.offload_optimizer auto: where the fp32 master weights and Adam moments live,
 // decided by the plan before anything is allocated (plan_memory), and the one placement all
-// ranks of a job take from their plans (placement_of, agree_placement, apply_placement).
-// plan_memory also adds, to a `layer` run that fits on GPUs, the attention-output hint.
+// ranks of a job take from their plans (placement_of, agree_placement, apply_placement); then
+// activation.checkpoint auto, chosen the same way (choose_checkpoint, agree_checkpoint,
+// apply_checkpoint). plan_memory also adds, to a `layer` run that fits on GPUs, the
+// attention-output hint.
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "plan/memory_plan.h"
 #include "plan/plan_detail.h"
 
@@ -96,17 +100,87 @@ MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
   return p;
 }
 
+// activation.checkpoint auto on the plan `p` of `placed` (cfg with its optimizer placement
+// written, checkpoint `layer`): the most of the last layers that keep their attention output
+// (more layer inputs in pinned host memory where that keeps more: GPUs, and the user's config
+// moves none), else `layer`. The result is the plan of the chosen config (p's notes first).
+MemoryPlan choose_checkpoint(MemoryPlan p, StageConfig placed, const StageConfig& cfg, const PlanTarget& target) {
+  placed.activation.checkpoint_auto = false;
+  const int64_t layers = detail::plan_model(cfg.model, nullptr).num_layers;
+  detail::KeptOutputs k =
+      detail::most_kept_outputs(placed, target, p.gpu_capacity > 0 && cfg.activation.offload == OffloadTarget::None);
+  if (k.kept == 0) {
+    p.auto_checkpoint = "layer";
+    p.notes.push_back("activation.checkpoint auto: layer (not even the last layer's attention output fits beside it)");
+    return p;
+  }
+  MemoryPlan q = std::move(k.plan);
+  q.notes = std::move(p.notes);
+  q.auto_offload_layers = p.auto_offload_layers;
+  const int64_t offload = k.offload < 0 ? -1 : k.offload == layers - 1 ? 0 : k.offload;
+  q.auto_checkpoint = "attention_output " + std::to_string(k.kept == layers ? 0 : k.kept) + " " + std::to_string(offload);
+  q.notes.push_back("activation.checkpoint auto: " + detail::kept_outputs_text(placed, k, false));
+  return q;
+}
+
+// Layers that keep their attention output under a checkpoint choice (of a model of `layers`).
+int64_t kept_layers(const std::string& choice, int64_t layers) {
+  if (choice.rfind("attention_output ", 0) != 0) return 0;
+  const int64_t m = std::stoll(split(choice, ' ')[1]);
+  return m == 0 || m > layers ? layers : m;
+}
+
+// Both autos: the optimizer's place was chosen first (the GPU when it fits there, perhaps with
+// layer inputs moved out); with it in host memory more layers may keep their attention output.
+// That wins when the attention forwards they no longer recompute outlast the host update, both
+// estimated from measurement on one H200 (bench/RESULTS.md): the causal forward at ~550 TFLOP/s
+// (2 x tokens x seq_length x q_dim FLOPs per layer), the host AdamW's cost net of its overlap
+// with the next forward ~0.18 ns per parameter on the rank (llama2-7b at 64K, 16 host threads:
+// ~1.2 s per step, session 26). llama2-7b at 128K: 31 more layers, ~7.9 s against ~1.2 s.
+MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const PlanTarget& target) {
+  constexpr double kAttentionFlopsPerSecond = 550e12, kHostUpdateSecondsPerParam = 0.18e-9;
+  const model::LlamaConfig m = detail::plan_model(cfg.model, nullptr);
+  const int64_t layers = m.num_layers;
+  if (kept_layers(on_gpu.auto_checkpoint, layers) == layers) return on_gpu;
+  StageConfig h = cfg;
+  h.parallel.zero.offload_optimizer_auto = false;
+  h.parallel.zero.offload_optimizer = true;
+  MemoryPlan ph = detail::plan_core(h, target);
+  if (!ph.fits) return on_gpu;
+  MemoryPlan host = choose_checkpoint(std::move(ph), h, cfg, target);
+  const int64_t more = kept_layers(host.auto_checkpoint, layers) - kept_layers(on_gpu.auto_checkpoint, layers);
+  const double saved_s = static_cast<double>(more) * 2.0 * static_cast<double>(on_gpu.tokens) *
+                         static_cast<double>(cfg.data.seq_length) * static_cast<double>(m.q_dim()) /
+                         kAttentionFlopsPerSecond;
+  const double per_rank = static_cast<double>(on_gpu.parameters) /
+                          static_cast<double>(cfg.parallel.zero.stage == 3 ? on_gpu.zero_group : 1);
+  const double host_s = per_rank * kHostUpdateSecondsPerParam;
+  if (more <= 0 || saved_s <= host_s) return on_gpu;
+  char why[240];
+  std::snprintf(why, sizeof why, "parallel.zero.offload_optimizer auto: in host memory, so that %lld more layers keep "
+                "their attention output (activation.checkpoint auto): ~%.1f s of attention forward saved per step "
+                "against ~%.1f s of host update", static_cast<long long>(more), saved_s, host_s);
+  host.notes.insert(host.notes.begin(), why);
+  return host;
+}
+
 }  // namespace
 
-// The plan with the optimizer placed; a `layer` run that fits on GPUs also gets the note that
-// says how many layers could keep their attention output instead (speed the memory allows).
+// The plan with the optimizer placed and activation.checkpoint auto resolved; a `layer` run
+// that fits on GPUs also gets the note that says how many layers could keep their attention
+// output instead (speed the memory allows).
 MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
   MemoryPlan p = place_optimizer(cfg, target);
-  if (p.fits && p.gpu_capacity > 0 && cfg.activation.checkpoint == CheckpointPolicy::Layer) {
-    StageConfig placed = cfg;
-    apply_placement(placed, placement_of(p));
-    if (std::string hint = detail::kept_outputs_hint(placed, target); !hint.empty()) p.notes.push_back(std::move(hint));
+  if (!p.fits) return p;
+  StageConfig placed = cfg;
+  apply_placement(placed, placement_of(p));
+  if (cfg.activation.checkpoint_auto) {
+    MemoryPlan a = choose_checkpoint(std::move(p), std::move(placed), cfg, target);
+    const bool weigh = cfg.parallel.zero.offload_optimizer_auto && !a.offload_optimizer && a.gpu_capacity > 0;
+    return weigh ? weigh_host_optimizer(std::move(a), cfg, target) : a;
   }
+  if (p.gpu_capacity > 0 && cfg.activation.checkpoint == CheckpointPolicy::Layer)
+    if (std::string hint = detail::kept_outputs_hint(placed, target); !hint.empty()) p.notes.push_back(std::move(hint));
   return p;
 }
 
@@ -137,6 +211,33 @@ std::string agree_placement(const std::vector<std::string>& reports) {
     most = std::max(most, k);
   }
   return "gpu " + std::to_string(most);
+}
+
+void apply_checkpoint(StageConfig& cfg, const std::string& choice) {
+  const auto parse_int64 = [](const std::string& x, int64_t& v) {
+    const size_t digits = !x.empty() && x[0] == '-' ? 1 : 0;
+    if (x.size() <= digits || x.size() > 18 || x.find_first_not_of("0123456789", digits) != std::string::npos) return false;
+    v = std::stoll(x);
+    return true;
+  };
+  const std::vector<std::string> f = split(choice, ' ');
+  int64_t kept = 0, offload = 0;
+  const bool kept_outputs = f.size() == 3 && f[0] == "attention_output" && parse_int64(f[1], kept) && kept >= 0 &&
+                            parse_int64(f[2], offload) && offload >= -1;
+  EASYCTX_CHECK(choice == "layer" || kept_outputs, "checkpoint choice '", choice,
+                "': expected 'layer' or 'attention_output M K' (M >= 0, K >= -1)");
+  cfg.activation.checkpoint_auto = false;
+  cfg.activation.checkpoint = kept_outputs ? CheckpointPolicy::AttentionOutput : CheckpointPolicy::Layer;
+  cfg.activation.attention_output_layers = kept;
+  if (offload >= 0) offload_layer_inputs(cfg, offload);
+}
+
+std::string agree_checkpoint(const std::vector<std::string>& reports) {
+  StageConfig check;
+  for (const std::string& r : reports) apply_checkpoint(check, r);  // (checks every report)
+  for (const std::string& r : reports)
+    if (r != reports.front()) return "layer";
+  return reports.empty() ? "layer" : reports.front();
 }
 
 }  // namespace easyctx::plan

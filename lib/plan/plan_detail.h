@@ -19,9 +19,21 @@ MemoryPlan plan_core(const StageConfig& cfg, const PlanTarget& t);
 model::LlamaConfig plan_model(const ModelConfig& m, std::string* note);
 // Single changes that make `cfg` fit `t` (n: tokens per rank, bounds the MLP tile).
 std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, int64_t n);
+// The most of the last layers of a `layer` run that fit keeping their attention output
+// (checkpoint attention_output, activation.attention_output_layers), with the config's
+// activation offload as it is (offload -1) or, move_inputs, with the fewest more layer inputs
+// in pinned host memory that keep the most (offload = that activation.offload_layers); kept 0
+// when not even one fits. plan: the plan of that config; as_is: the most with the offload as it is.
+struct KeptOutputs {
+  int64_t kept = 0, offload = -1, as_is = 0;
+  MemoryPlan plan;
+};
+KeptOutputs most_kept_outputs(const StageConfig& cfg, const PlanTarget& t, bool move_inputs);
+// "attention_output[ with ... N][, activation.offload cpu, ...] (X of Y GiB ...): ..." for the
+// notes; hint: in the conditional ("would fit too", "would skip").
+std::string kept_outputs_text(const StageConfig& cfg, const KeptOutputs& k, bool hint);
 // A `layer` run that fits on GPUs (cfg with its optimizer placement written): the note that
-// names the most layers that could keep their attention output instead (checkpoint
-// attention_output, activation.attention_output_layers), or "" when not even one fits.
+// names the most layers that could keep their attention output instead, or "" when not even one fits.
 std::string kept_outputs_hint(const StageConfig& cfg, const PlanTarget& t);
 
 inline std::string gib(int64_t b) {

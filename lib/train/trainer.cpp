@@ -105,6 +105,22 @@ void Trainer::init(dist::ProcessGroups* groups) {
                           ", as another rank's plan needs it; the whole plan: easyctx_train STAGE.yaml --plan)");
     }
   }
+  // activation.checkpoint auto: the plan (of the placed optimizer) chose; one choice on every
+  // rank, since a ring's attention recompute is collective (plan::agree_checkpoint).
+  if (cfg_.activation.checkpoint_auto) {
+    std::string choice = plan_->auto_checkpoint;
+    if (world_.size() > 1) {
+      ckpt::RankSync sync(world_mpi_, cfg_.parallel.collective_timeout_s, "activation.checkpoint auto");
+      choice = sync.reduce(choice, "planning its memory", "choosing the activation checkpoints", plan::agree_checkpoint);
+    }
+    plan::apply_checkpoint(cfg_, choice);
+    if (choice != plan_->auto_checkpoint) {
+      plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
+      plan_->notes.push_back("activation.checkpoint auto: layer, as the ranks' plans chose differently");
+      EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with activation.checkpoint layer, as the ranks' "
+                          "plans chose differently; the whole plan: easyctx_train STAGE.yaml --plan)");
+    }
+  }
   be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile, cfg_.train.hopper_attention});
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
   // trainer too, with the gradients staged through host memory.

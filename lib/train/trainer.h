@@ -103,6 +103,9 @@ class Trainer {
   int64_t start_step() const { return start_step_; }
 
   const model::LlamaModel& model() const { return *model_; }
+  // The stage config as it runs: the plan's auto choices (parallel.zero.offload_optimizer,
+  // activation.checkpoint) written in.
+  const StageConfig& config() const { return cfg_; }
   // fp32 master weights, one flat view per ParamLayout unit (device memory on CUDA).
   // ZeRO-3: refused (each rank holds shards; use master_host()).
   std::vector<ops::Tensor> master() const { return store_->master(); }

@@ -111,6 +111,45 @@ TEST(Config, OffloadOptimizerTakesAuto) {
   EXPECT_TRUE(c.parallel.zero.offload_optimizer_auto);
 }
 
+// activation.checkpoint: none, layer, attention_output or auto (the memory plan chooses,
+// tests/plan/test_memory_plan.cpp); until resolved it reads layer; a set value turns auto off;
+// the dump reads back the same; attention_output_layers is the plan's to choose under auto.
+TEST(Config, CheckpointTakesAuto) {
+  EXPECT_FALSE(StageConfig().activation.checkpoint_auto);
+  EXPECT_EQ(config_value(StageConfig(), "activation.checkpoint"), "layer");
+  for (const auto& [text, policy, aut] :
+       {std::make_tuple("auto", CheckpointPolicy::Layer, true), std::make_tuple("layer", CheckpointPolicy::Layer, false),
+        std::make_tuple("attention_output", CheckpointPolicy::AttentionOutput, false),
+        std::make_tuple("none", CheckpointPolicy::None, false)}) {
+    const StageConfig c = parse_stage_config(std::string("activation:\n  checkpoint: ") + text + "\n", "stage.yaml");
+    EXPECT_EQ(c.activation.checkpoint, policy) << text;
+    EXPECT_EQ(c.activation.checkpoint_auto, aut) << text;
+    EXPECT_EQ(config_value(c, "activation.checkpoint"), text);
+    const StageConfig d = parse_stage_config(dump_stage_config(c), "dump");
+    EXPECT_EQ(d.activation.checkpoint, policy) << text;
+    EXPECT_EQ(d.activation.checkpoint_auto, aut) << text;
+  }
+  StageConfig c;
+  apply_override(c, "activation.checkpoint=auto");
+  EXPECT_TRUE(c.activation.checkpoint_auto);
+  apply_override(c, "activation.checkpoint=attention_output");
+  EXPECT_FALSE(c.activation.checkpoint_auto);
+  try {
+    parse_stage_config("activation:\n  checkpoint: sometimes\n", "stage.yaml");
+    ADD_FAILURE() << "checkpoint: sometimes was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("one of none, layer, attention_output or auto"), std::string::npos) << e.what();
+  }
+  StageConfig both = parse_stage_config("activation:\n  checkpoint: auto\n  attention_output_layers: 4\n", "s.yaml");
+  try {
+    validate_activation(both);
+    ADD_FAILURE() << "attention_output_layers with checkpoint auto was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("s.yaml: activation.attention_output_layers: 4 with activation.checkpoint: auto"),
+              std::string::npos) << e.what();
+  }
+}
+
 struct BadConfig {
   const char* yaml;
   std::vector<std::string> must_contain;

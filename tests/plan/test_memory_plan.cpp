@@ -996,5 +996,121 @@ TEST(MemoryPlan, LayerRunsNameTheAttentionOutputsThatFit) {
   std::printf("[plan] 32K: %s\n[plan] 64K: %s\n", at32.c_str(), at64.c_str());
 }
 
+
+// activation.checkpoint auto on the bench's 7B and one H200 (128 GiB host as planned for the
+// bench): the plan of the config the trainer then runs (apply_placement, apply_checkpoint),
+// with the most layers keeping their attention output: at 32K and 64K every layer, with the
+// fewest more layer inputs in host memory that allow it (the hint's counts, the test above;
+// 64K measured 5,237 tok/s against layer's 4,562, bench/RESULTS.md session 28); at 128K the
+// optimizer moves to host memory, since with it on the GPU one layer would keep its output.
+TEST(MemoryPlan, CheckpointAutoKeepsTheMostAttentionOutputs) {
+  const auto plan_of = [](int64_t seq, const std::vector<std::string>& extra) {
+    std::vector<std::string> sets{"data.seq_length=" + std::to_string(seq), "activation.checkpoint=auto"};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    return plan_bench(sets);
+  };
+  const auto note_of = [](const MemoryPlan& p, const std::string& head) {
+    for (const std::string& n : p.notes)
+      if (n.rfind(head, 0) == 0) return n;
+    return std::string();
+  };
+  // What the trainer runs: both choices written into the config, planned again.
+  const auto rerun = [](int64_t seq, const MemoryPlan& a) {
+    StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml",
+                                      {"data.seq_length=" + std::to_string(seq), "activation.checkpoint=auto"});
+    plan::apply_placement(c, plan::placement_of(a));
+    plan::apply_checkpoint(c, a.auto_checkpoint);
+    EXPECT_FALSE(c.activation.checkpoint_auto);
+    plan::PlanTarget t = gpu_target(kH200Gib);
+    t.gpu_name = "NVIDIA H200";
+    t.host_memory_bytes = int64_t{128} << 30;
+    t.headroom = c.target.headroom;
+    const MemoryPlan p = plan::plan_memory(c, t);
+    EXPECT_EQ(p.gpu_peak_bytes, a.gpu_peak_bytes) << seq;
+    EXPECT_EQ(p.host_peak_bytes, a.host_peak_bytes) << seq;
+    EXPECT_EQ(p.settings.dump(), a.settings.dump()) << seq;
+    return c;
+  };
+  const MemoryPlan a32 = plan_of(32768, {}), a64 = plan_of(65536, {}), a128 = plan_of(131072, {});
+  for (const MemoryPlan* p : {&a32, &a64, &a128}) ASSERT_TRUE(p->fits);
+  EXPECT_EQ(a32.auto_checkpoint, "attention_output 0 6");
+  EXPECT_EQ(a64.auto_checkpoint, "attention_output 0 23");
+  EXPECT_EQ(a128.auto_checkpoint, "attention_output 0 -1");
+  EXPECT_EQ(plan::placement_of(a32), "gpu 0");
+  EXPECT_EQ(plan::placement_of(a64), "gpu 12");  // the optimizer's placement stands; 11 more inputs move
+  EXPECT_EQ(plan::placement_of(a128), "host");
+  const StageConfig c64 = rerun(65536, a64);
+  EXPECT_EQ(c64.activation.checkpoint, CheckpointPolicy::AttentionOutput);
+  EXPECT_EQ(c64.activation.attention_output_layers, 0);
+  EXPECT_EQ(c64.activation.offload, OffloadTarget::Cpu);
+  EXPECT_EQ(c64.activation.offload_layers, 23);
+  EXPECT_FALSE(c64.parallel.zero.offload_optimizer);
+  rerun(32768, a32);
+  EXPECT_TRUE(rerun(131072, a128).parallel.zero.offload_optimizer);
+  EXPECT_EQ(note_of(a64, "activation.checkpoint auto: ").rfind(
+                "activation.checkpoint auto: attention_output, activation.offload cpu, activation.offload_layers 23 "
+                "(11 more layer inputs in pinned host memory) (136.56 GiB of 137.00 GiB usable per GPU", 0),
+            0u) << note_of(a64, "activation.checkpoint auto: ");
+  const std::string host = note_of(a128, "parallel.zero.offload_optimizer auto: ");
+  EXPECT_EQ(host.rfind("parallel.zero.offload_optimizer auto: in host memory, so that 31 more layers keep their "
+                       "attention output", 0), 0u) << host;
+  // The same plans as the settings written by hand (attention_output, offload, the optimizer).
+  const MemoryPlan h64 = plan_bench({"data.seq_length=65536", "activation.checkpoint=attention_output",
+                                     "activation.offload=cpu", "activation.offload_layers=23",
+                                     "parallel.zero.offload_optimizer=false"});
+  EXPECT_EQ(h64.gpu_peak_bytes, a64.gpu_peak_bytes);
+  EXPECT_EQ(h64.host_peak_bytes, a64.host_peak_bytes);
+  // A set activation offload is the user's: auto keeps it and counts the layers that fit with it.
+  const MemoryPlan u = plan_of(65536, {"activation.offload=cpu", "activation.offload_layers=20",
+                                       "parallel.zero.offload_optimizer=false"});
+  ASSERT_TRUE(u.fits);
+  EXPECT_EQ(u.auto_checkpoint.rfind("attention_output ", 0), 0u) << u.auto_checkpoint;
+  EXPECT_EQ(split(u.auto_checkpoint, ' ')[2], "-1") << u.auto_checkpoint;
+  const int64_t m = std::stoll(split(u.auto_checkpoint, ' ')[1]);
+  ASSERT_GT(m, 0);
+  ASSERT_LT(m, 32);  // with 20 inputs out, not every layer: the count is the plan's edge
+  const auto kept = [](int64_t k) {
+    return plan_bench({"data.seq_length=65536", "activation.checkpoint=attention_output", "activation.offload=cpu",
+                       "activation.offload_layers=20", "parallel.zero.offload_optimizer=false",
+                       "activation.attention_output_layers=" + std::to_string(k)});
+  };
+  EXPECT_TRUE(kept(m).fits);
+  EXPECT_FALSE(kept(m + 1).fits);
+  std::printf("[auto] 32K: %s\n[auto] 64K: %s\n[auto] 128K: %s; %s\n[auto] 64K, 20 inputs offloaded: %s\n",
+              a32.auto_checkpoint.c_str(), a64.auto_checkpoint.c_str(), a128.auto_checkpoint.c_str(), host.c_str(),
+              u.auto_checkpoint.c_str());
+  // Not a CUDA run: the plan of the host; the tiny model keeps every layer's output.
+  StageConfig c = big_run();
+  c.train.device = DeviceKind::Cpu;
+  c.model.config = "tiny";
+  c.data.seq_length = 256;
+  c.activation.checkpoint_auto = true;
+  const MemoryPlan cpu = plan::plan_memory(c, cpu_target());
+  EXPECT_EQ(cpu.auto_checkpoint, "attention_output 0 -1");
+}
+
+// The choice every rank takes (the trainer's reduce over the ranks): the common one, else layer.
+TEST(MemoryPlan, RanksAgreeOnTheCheckpoints) {
+  EXPECT_EQ(plan::agree_checkpoint({"attention_output 0 23"}), "attention_output 0 23");
+  EXPECT_EQ(plan::agree_checkpoint({"attention_output 0 23", "attention_output 0 23"}), "attention_output 0 23");
+  EXPECT_EQ(plan::agree_checkpoint({"attention_output 0 23", "attention_output 5 -1"}), "layer");
+  EXPECT_EQ(plan::agree_checkpoint({"layer", "layer"}), "layer");
+  for (const std::string bad : {"", "attention_output", "attention_output 1", "attention_output -1 2",
+                                "attention_output 1 -2", "attention_output 1 x", "Layer", "attention_output 1 2 3"})
+    EXPECT_THROW(plan::agree_checkpoint({"layer", bad}), Error) << "'" << bad << "'";
+  StageConfig c;
+  c.activation.checkpoint_auto = true;
+  plan::apply_checkpoint(c, "attention_output 20 -1");
+  EXPECT_EQ(c.activation.checkpoint, CheckpointPolicy::AttentionOutput);
+  EXPECT_EQ(c.activation.attention_output_layers, 20);
+  EXPECT_EQ(c.activation.offload, OffloadTarget::None);
+  EXPECT_FALSE(c.activation.checkpoint_auto);
+  plan::apply_checkpoint(c, "attention_output 0 7");
+  EXPECT_EQ(c.activation.offload, OffloadTarget::Cpu);
+  EXPECT_EQ(c.activation.offload_layers, 7);
+  plan::apply_checkpoint(c, "layer");
+  EXPECT_EQ(c.activation.checkpoint, CheckpointPolicy::Layer);
+  EXPECT_EQ(c.activation.attention_output_layers, 0);
+}
 }  // namespace
 }  // namespace easyctx::test

@@ -133,6 +133,8 @@ void check_same_as_kept(void (*change)(StageConfig&), bool exact = true) {
   dist::ProcessGroups groups(rt, dist::make_group_layout(kept, rt.size(), rt.topology().local_size),
                              dist::CommBackend::Mpi, 120);
   train::Trainer tk(kept, groups), to(off, groups);
+  EXPECT_EQ(to.config().activation.checkpoint, CheckpointPolicy::AttentionOutput);  // (auto: what the plan chose)
+  EXPECT_FALSE(to.config().activation.checkpoint_auto);
   const train::StepStats a = tk.compute_gradients(0), b = to.compute_gradients(0);
   if (exact) EXPECT_EQ(a.loss, b.loss);
   else EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss);
@@ -158,6 +160,14 @@ void check_same_as_kept(void (*change)(StageConfig&), bool exact = true) {
 }
 TEST(TrainerSequenceParallel, ZigzagRingActivationOffload) {
   check_same_as_kept([](StageConfig& c) { c.activation.offload = OffloadTarget::Cpu; });
+}
+// activation.checkpoint auto: every rank's plan (host memory to spare for the tiny model)
+// chooses attention_output in every layer, agreed over the ranks: the kept run, bit for bit.
+TEST(TrainerSequenceParallel, ZigzagRingCheckpointAuto) {
+  check_same_as_kept([](StageConfig& c) {
+    c.activation.checkpoint = CheckpointPolicy::Layer;
+    c.activation.checkpoint_auto = true;
+  });
 }
 TEST(TrainerSequenceParallel, ZigzagRingPartialOffloadAndHeadGroups) {
   check_same_as_kept([](StageConfig& c) {
