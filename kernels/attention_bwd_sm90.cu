@@ -75,7 +75,12 @@
 // traffic, which the split halves). What it lacks against cuDNN / FA3: each step's dQ GEMM is
 // waited for before its part is stored (queueing it behind dV / dK measured 1-5% slower), the
 // S^T / dP^T GEMMs are m64n64 (hd 64: every GEMM is), a 2-stage Q / dO ring, no persistent
-// CTAs.
+// CTAs. Tried and dropped (session 28): S^T and dP^T as two wgmma groups, the exponentials
+// under the dP^T GEMM and dS^T formed under the dV GEMM (bit-identical results): no faster
+// (split 128K 492 = 492, 32K 465 vs 482; hd 64 -1..+2%), so the exposed softmax is not what
+// limits it; ncu (split, 32K causal): tensor 54.9%, L1/shared 60.9%, issue 34.8%, 0.48 eligible
+// warps per scheduler. cuDNN's backward in the same process runs 64 x 64 tiles
+// (`sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1`).
 // Registers (ptxas, CUDA 13.0): 168 at launch, producer 24 / consumers 240 after setmaxnreg
 // (24 + 2 x 240 = 3 x 168: the sum may not exceed the launch allocation, or setmaxnreg.inc
 // waits forever: a first version with a 32-register producer hung on the GPU); the
