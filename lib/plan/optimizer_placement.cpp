@@ -134,7 +134,7 @@ int64_t kept_layers(const std::string& choice, int64_t layers) {
 // layer inputs moved out); with it in host memory more layers may keep their attention output.
 // That wins when the attention forwards they no longer recompute outlast the host update, both
 // estimated from measurement on one H200 (bench/RESULTS.md): the causal forward at ~550 TFLOP/s
-// (2 x tokens x seq_length x q_dim FLOPs per layer), the host AdamW's cost net of its overlap
+// (2 x tokens x seq_length x q_dim FLOPs per layer and micro-batch), the host AdamW's cost net of its overlap
 // with the next forward ~0.18 ns per parameter on the rank (llama2-7b at 64K, 16 host threads:
 // ~1.2 s per step, session 26). llama2-7b at 128K: 31 more layers, ~7.9 s against ~1.2 s.
 MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const PlanTarget& target) {
@@ -150,8 +150,8 @@ MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const
   MemoryPlan host = choose_checkpoint(std::move(ph), h, cfg, target);
   const int64_t more = kept_layers(host.auto_checkpoint, layers) - kept_layers(on_gpu.auto_checkpoint, layers);
   const double saved_s = static_cast<double>(more) * 2.0 * static_cast<double>(on_gpu.tokens) *
-                         static_cast<double>(cfg.data.seq_length) * static_cast<double>(m.q_dim()) /
-                         kAttentionFlopsPerSecond;
+                         static_cast<double>(cfg.train.grad_accum) * static_cast<double>(cfg.data.seq_length) *
+                         static_cast<double>(m.q_dim()) / kAttentionFlopsPerSecond;
   const double per_rank = static_cast<double>(on_gpu.parameters) /
                           static_cast<double>(cfg.parallel.zero.stage == 3 ? on_gpu.zero_group : 1);
   const double host_s = per_rank * kHostUpdateSecondsPerParam;
