@@ -17,6 +17,14 @@
 namespace easyctx::plan {
 namespace {
 
+// A decimal integer of a choice report ("gpu 12", "attention_output 0 -1"): optional '-', digits.
+bool parse_int64(const std::string& x, int64_t& v) {
+  const size_t digits = !x.empty() && x[0] == '-' ? 1 : 0;
+  if (x.size() <= digits || x.size() > 18 || x.find_first_not_of("0123456789", digits) != std::string::npos) return false;
+  v = std::stoll(x);
+  return true;
+}
+
 // `cfg` with the inputs of its first `k` layers in pinned host memory.
 void offload_layer_inputs(StageConfig& cfg, int64_t k) {
   cfg.activation.offload = OffloadTarget::Cpu;
@@ -125,9 +133,10 @@ MemoryPlan choose_checkpoint(MemoryPlan p, StageConfig placed, const StageConfig
 
 // Layers that keep their attention output under a checkpoint choice (of a model of `layers`).
 int64_t kept_layers(const std::string& choice, int64_t layers) {
-  if (choice.rfind("attention_output ", 0) != 0) return 0;
-  const int64_t m = std::stoll(split(choice, ' ')[1]);
-  return m == 0 || m > layers ? layers : m;
+  StageConfig c;
+  apply_checkpoint(c, choice);
+  const int64_t m = c.activation.attention_output_layers;
+  return c.activation.checkpoint != CheckpointPolicy::AttentionOutput ? 0 : m == 0 || m > layers ? layers : m;
 }
 
 // Both autos: the optimizer's place was chosen first (the GPU when it fits there, perhaps with
@@ -190,10 +199,10 @@ std::string placement_of(const MemoryPlan& p) {
 
 int64_t placement_offload_layers(const std::string& placement) {
   if (placement == "host") return 0;
-  EASYCTX_CHECK(placement.rfind("gpu ", 0) == 0 && placement.size() > 4 &&
-                    placement.find_first_not_of("0123456789", 4) == std::string::npos,
+  int64_t k = -1;
+  EASYCTX_CHECK(placement.rfind("gpu ", 0) == 0 && parse_int64(placement.substr(4), k) && k >= 0,
                 "optimizer placement report '", placement, "': expected 'host' or 'gpu K'");
-  return std::stoll(placement.substr(4));
+  return k;
 }
 
 void apply_placement(StageConfig& cfg, const std::string& placement) {
@@ -214,12 +223,6 @@ std::string agree_placement(const std::vector<std::string>& reports) {
 }
 
 void apply_checkpoint(StageConfig& cfg, const std::string& choice) {
-  const auto parse_int64 = [](const std::string& x, int64_t& v) {
-    const size_t digits = !x.empty() && x[0] == '-' ? 1 : 0;
-    if (x.size() <= digits || x.size() > 18 || x.find_first_not_of("0123456789", digits) != std::string::npos) return false;
-    v = std::stoll(x);
-    return true;
-  };
   const std::vector<std::string> f = split(choice, ' ');
   int64_t kept = 0, offload = 0;
   const bool kept_outputs = f.size() == 3 && f[0] == "attention_output" && parse_int64(f[1], kept) && kept >= 0 &&

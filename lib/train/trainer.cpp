@@ -82,20 +82,31 @@ void Trainer::init(dist::ProcessGroups* groups) {
   plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
   EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
                       " (the whole plan: easyctx_train STAGE.yaml --plan; target.headroom loosens the margin)");
+  // One auto choice on every rank: this rank's plan's (`own`), reduced over the ranks with
+  // `agree` when `collective`, written into cfg_ by `apply`. Returns it when it is not `own`
+  // (this rank's plan is then made again for the config as it now is), else "".
+  const auto take_choice = [&](const std::string& own, bool collective, const char* what, const char* choosing,
+                               auto agree, auto apply) {
+    std::string choice = own;
+    if (collective) {
+      ckpt::RankSync sync(world_mpi_, cfg_.parallel.collective_timeout_s, what);
+      choice = sync.reduce(choice, "planning its memory", choosing, agree);
+    }
+    apply(cfg_, choice);
+    if (choice == own) return std::string();
+    plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
+    return choice;
+  };
   // parallel.zero.offload_optimizer auto: the plan chose the optimizer's place (and, to keep it
   // on the GPU, perhaps some layer inputs in host memory); all below (the parameter store, the
-  // activation offload, the checkpoint's config) follows that choice.
+  // activation offload, the checkpoint's config) follows that choice. One placement on every
+  // rank (plan::agree_placement; be_ does not exist yet, so only a CUDA world reduces).
   if (cfg_.parallel.zero.offload_optimizer_auto) {
-    std::string choice = plan::placement_of(*plan_);
-    if (world_.size() > 1 && device_ == DeviceKind::Cuda) {  // (be_ does not exist yet)
-      // One placement on every rank (plan::agree_placement).
-      ckpt::RankSync sync(world_mpi_, cfg_.parallel.collective_timeout_s, "parallel.zero.offload_optimizer auto");
-      choice = sync.reduce(choice, "planning its memory", "choosing the optimizer's place", plan::agree_placement);
-    }
-    plan::apply_placement(cfg_, choice);
-    if (choice != plan::placement_of(*plan_)) {
-      // This rank's plan differs from the one every rank takes: its plan as placed.
-      plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
+    const std::string choice =
+        take_choice(plan::placement_of(*plan_), world_.size() > 1 && device_ == DeviceKind::Cuda,
+                    "parallel.zero.offload_optimizer auto", "choosing the optimizer's place", plan::agree_placement,
+                    plan::apply_placement);
+    if (!choice.empty()) {  // this rank's plan differs from the one every rank takes
       const std::string placed = choice == "host" ? "in host memory"
                                                   : "on the GPU with the inputs of the first " +
                                                         std::to_string(plan::placement_offload_layers(choice)) +
@@ -107,19 +118,13 @@ void Trainer::init(dist::ProcessGroups* groups) {
   }
   // activation.checkpoint auto: the plan (of the placed optimizer) chose; one choice on every
   // rank, since a ring's attention recompute is collective (plan::agree_checkpoint).
-  if (cfg_.activation.checkpoint_auto) {
-    std::string choice = plan_->auto_checkpoint;
-    if (world_.size() > 1) {
-      ckpt::RankSync sync(world_mpi_, cfg_.parallel.collective_timeout_s, "activation.checkpoint auto");
-      choice = sync.reduce(choice, "planning its memory", "choosing the activation checkpoints", plan::agree_checkpoint);
-    }
-    plan::apply_checkpoint(cfg_, choice);
-    if (choice != plan_->auto_checkpoint) {
-      plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
-      plan_->notes.push_back("activation.checkpoint auto: layer, as the ranks' plans chose differently");
-      EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with activation.checkpoint layer, as the ranks' "
-                          "plans chose differently; the whole plan: easyctx_train STAGE.yaml --plan)");
-    }
+  if (cfg_.activation.checkpoint_auto &&
+      !take_choice(plan_->auto_checkpoint, world_.size() > 1, "activation.checkpoint auto",
+                   "choosing the activation checkpoints", plan::agree_checkpoint, plan::apply_checkpoint)
+           .empty()) {
+    plan_->notes.push_back("activation.checkpoint auto: layer, as the ranks' plans chose differently");
+    EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with activation.checkpoint layer, as the ranks' "
+                        "plans chose differently; the whole plan: easyctx_train STAGE.yaml --plan)");
   }
   be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile, cfg_.train.hopper_attention});
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA

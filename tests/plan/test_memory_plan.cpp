@@ -185,15 +185,21 @@ plan::PlanTarget gpu_target(double gib, int gpus = 1, int nodes = 1) {
   return t;
 }
 
-// configs/bench/llama2-7b-1gpu.yaml with `sets`, planned as its runs on the bench machine plan:
-// one GPU of `gib` GiB (the H200's), a 128 GiB host, the config's headroom (2%).
-MemoryPlan plan_bench(const std::vector<std::string>& sets, double gib = kH200Gib) {
-  const StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml", sets);
+// configs/bench/llama2-7b-1gpu.yaml with `sets` (bench_config), planned as its runs on the bench
+// machine plan (plan_bench): one GPU of `gib` GiB (the H200's), a 128 GiB host, the config's
+// headroom (2%); plan_bench of a config takes one changed after loading (an auto choice written in).
+StageConfig bench_config(const std::vector<std::string>& sets) {
+  return load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml", sets);
+}
+MemoryPlan plan_bench(const StageConfig& c, double gib = kH200Gib) {
   plan::PlanTarget t = gpu_target(gib);
   t.gpu_name = "NVIDIA H200";
   t.host_memory_bytes = int64_t{128} << 30;
   t.headroom = c.target.headroom;
   return plan::plan_memory(c, t);
+}
+MemoryPlan plan_bench(const std::vector<std::string>& sets, double gib = kH200Gib) {
+  return plan_bench(bench_config(sets), gib);
 }
 
 // GPU memory (GiB, for gpu_target) halfway between two plans' GPU peaks, headroom included:
@@ -306,16 +312,12 @@ TEST(MemoryPlan, OptimizerAutoPicksTheGpuWhenItFits) {
     EXPECT_FALSE(with_fewer.gpu_fits);
     same(a, with_k);
     // What the trainer runs: the placement written into the config, planned again.
-    StageConfig placed = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml",
-                                           {"data.seq_length=65536"});
+    StageConfig placed = bench_config({"data.seq_length=65536"});
     plan::apply_placement(placed, plan::placement_of(a));
     EXPECT_EQ(placed.activation.offload, OffloadTarget::Cpu);
     EXPECT_EQ(placed.activation.offload_layers, k);
     EXPECT_FALSE(placed.parallel.zero.offload_optimizer_auto);
-    plan::PlanTarget t = gpu_target(kH200Gib);
-    t.host_memory_bytes = int64_t{128} << 30;
-    t.headroom = placed.target.headroom;
-    same(a, plan::plan_memory(placed, t));
+    same(a, plan_bench(placed));
     EXPECT_FALSE(a.offload_optimizer);
     EXPECT_NE(note_of(a).find("on the GPU, with the inputs of the first " + std::to_string(k) + " layers"),
               std::string::npos) << note_of(a);
@@ -996,7 +998,6 @@ TEST(MemoryPlan, LayerRunsNameTheAttentionOutputsThatFit) {
   std::printf("[plan] 32K: %s\n[plan] 64K: %s\n", at32.c_str(), at64.c_str());
 }
 
-
 // activation.checkpoint auto on the bench's 7B and one H200 (128 GiB host as planned for the
 // bench): the plan of the config the trainer then runs (apply_placement, apply_checkpoint),
 // with the most layers keeping their attention output: at 32K and 64K every layer, with the
@@ -1016,16 +1017,11 @@ TEST(MemoryPlan, CheckpointAutoKeepsTheMostAttentionOutputs) {
   };
   // What the trainer runs: both choices written into the config, planned again.
   const auto rerun = [](int64_t seq, const MemoryPlan& a) {
-    StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml",
-                                      {"data.seq_length=" + std::to_string(seq), "activation.checkpoint=auto"});
+    StageConfig c = bench_config({"data.seq_length=" + std::to_string(seq), "activation.checkpoint=auto"});
     plan::apply_placement(c, plan::placement_of(a));
     plan::apply_checkpoint(c, a.auto_checkpoint);
     EXPECT_FALSE(c.activation.checkpoint_auto);
-    plan::PlanTarget t = gpu_target(kH200Gib);
-    t.gpu_name = "NVIDIA H200";
-    t.host_memory_bytes = int64_t{128} << 30;
-    t.headroom = c.target.headroom;
-    const MemoryPlan p = plan::plan_memory(c, t);
+    const MemoryPlan p = plan_bench(c);
     EXPECT_EQ(p.gpu_peak_bytes, a.gpu_peak_bytes) << seq;
     EXPECT_EQ(p.host_peak_bytes, a.host_peak_bytes) << seq;
     EXPECT_EQ(p.settings.dump(), a.settings.dump()) << seq;
