@@ -27,13 +27,17 @@
 //        dV  += P^T dO          [64 keys x hd]     wgmma rs (P^T from registers, dO MN-major)
 //        dK  += dS^T Q          [64 keys x hd]     wgmma rs (dS^T from registers, Q MN-major)
 //        dS^T -> shared memory (bf16, 128-byte swizzled [128 keys][64 q])
-//      and then dQ, one of two ways (template kDq):
-//        per consumer (hd 64):  dQ_cw = dS[:, keys_cw] K_cw [64 q x hd]  wgmma ss, both MN-major
+//      and then dQ, one of three ways (template kDq):
+//        per consumer:          dQ_cw = dS[:, keys_cw] K_cw [64 q x hd]  wgmma ss, both MN-major
 //                               (trans-a, trans-b): a partial over the consumer's 64 keys;
 //        split (hd 128, FA3's): dQ[:, dims 64cw..] = dS K[:, dims 64cw..]  [64 q x 64], over all
 //                               128 keys, after a barrier of both consumers (dS^T double
 //                               buffered): no partials to sum, half the bytes to add, half the
 //                               dQ accumulator registers;
+//        rows (hd 64's split):  steps of 128 query rows (FA3's hd 64 tiles: S^T, dP^T are
+//                               m64n128, dV, dK run 8 K slices), dQ[rows 64cw..] = dS[rows
+//                               64cw.., :] K over all 128 keys, after the same barrier: a whole
+//                               64-row tile of the accumulator per consumer;
 //      each consumer's dQ part goes to shared memory (fp32, in its accumulator's fragment
 //      order) and a writer thread (warp 1 of the producer warpgroup) adds it to the fp32
 //      accumulator dq_acc [B, Hq, Sq_pad, hd] (64-row tiles in fragment order) with one TMA
@@ -62,6 +66,17 @@
 // first, measured 0.82x of the reverse one at 32K). Every wait also gives up after ~2^34
 // cycles and records a hang (sm90_bwd_take_hang_report).
 //
+// hd 64's split (session 29, same bench): GQA 32/4 x 64 causal at 8K / 32K / 128K atomic-split
+// 254-258 / 400 / 405-408 (cuDNN's atomic 401-404 / 415-422 / 423), deterministic-split 224-235 /
+// 331-339 / 355-357 (cuDNN's deterministic graph 242-244 / 258-259 / 261-262), unmasked 32K
+// 405-406 / 384-398: 1.18-1.54x the per-consumer variants; first on the route in the
+// deterministic mode from 16K rows (and for unmasked blocks). At 8K (256 CTAs of up to 512 steps
+// for 132 SMs) its steps take ~1.6x as long as at 32K: not understood yet. Tried and dropped
+// (session 29): each consumer's dQ GEMM a step late, issued with the next step's dV / dK behind
+// mbarriers per consumer and dS^T buffer instead of the per-step barrier (the consumers free to
+// drift by a step; correct, bit-identical deterministic): 10-12% slower (atomic 359 / 364 against
+// 397 / 411 at 32K / 128K), so the lock step is not what limits it, a dQ GEMM queued behind dV /
+// dK costs. The row split's writer spills 4 bytes (atomic) / 8 (deterministic) at hd 64.
 // Measured (H200, bench_attention --sm90-bwd-only, bench/RESULTS.md session 25, TFLOP/s at 8K /
 // 32K / 128K, cuDNN's backward of the same mode in the same process in brackets): 32 x 128
 // causal, split: deterministic 442-447 / 450-485 / 432-454 (cuDNN's deterministic graph 345 /
@@ -69,7 +84,7 @@
 // unmasked deterministic 445-461 / 478-483 (412-433 / 402-415). GQA 32/4 x 64, per consumer,
 // deterministic: causal 179 / 220 / 233 (243 / 259 / 261), unmasked 278 / 296 (259 / 261). So
 // the attention route (ops/attention_route.h) takes it first for the deterministic backward at
-// hd 128 and for unmasked blocks at hd 64; cuDNN keeps the rest. Where the time goes (ncu,
+// hd 128 (and, with hd 64's split, see above, at hd 64); cuDNN keeps the rest. Where the time goes (ncu,
 // split atomic at 32K causal): the tensor pipe is busy 57.6% of the cycles, issue slots 36%,
 // 0.48 eligible warps per scheduler; L2 at 52% (the per-consumer variant: 92%, the dQ reduce
 // traffic, which the split halves). What it lacks against cuDNN / FA3: each step's dQ GEMM is
@@ -109,7 +124,6 @@ namespace {
 constexpr int kBN = 128;  // keys per CTA (two consumers x 64)
 constexpr int kBM = 64;   // query rows per step
 constexpr uint32_t kKPanelBytes = kBN * kRowBytes;  // one 64-column panel of the K / V block: 16 KiB
-constexpr uint32_t kQPanelBytes = kBM * kRowBytes;  // one 64-column panel of a Q / dO tile: 8 KiB
 constexpr float kLog2e = 1.4426950408889634f;
 // Registers per thread (setmaxnreg): 128 * (producer + 2 consumers) <= 64K, i.e. 32 + 2 * 240 =
 // 512. The producer's step loop spilled 4 bytes at 24 (ptxas, hd 128); the consumers hold dK and
@@ -172,28 +186,33 @@ __device__ __forceinline__ void sem_wait(const int* sem, int want) {
 }
 
 // ------------------------------------------------------------------ the GEMMs
-// S^T[64 keys x 64 q] = K_cw[64 x HD] Q[64 x HD]^T (or dP^T = V_cw dO^T): A = 64 rows of the
-// K (V) block, K-major, at a_base in panel 0 (panels kKPanelBytes apart); B = the Q (dO) tile,
-// K-major, panels kQPanelBytes apart. Slice kk (16 dims): panel kk/4, +32 bytes per slice
-// inside the 128-byte row (the forward's gemm_qk addressing, N = 64 instead of 128).
-template <int HD>
-__device__ __forceinline__ void gemm_kq(float (&s)[32], uint32_t a_base, uint32_t b_base) {
+// S^T[64 keys x BM q] = K_cw[64 x HD] Q[BM x HD]^T (or dP^T = V_cw dO^T): A = 64 rows of the
+// K (V) block, K-major, at a_base in panel 0 (panels kKPanelBytes apart); B = the Q (dO) tile of
+// BM rows (64, or 128 for hd 64's split), K-major, panels BM x 128 bytes apart. Slice kk (16
+// dims): panel kk/4, +32 bytes per slice inside the 128-byte row (the forward's gemm_qk
+// addressing; N = BM).
+template <int HD, int BM = kBM>
+__device__ __forceinline__ void gemm_kq(float (&s)[BM / 2], uint32_t a_base, uint32_t b_base) {
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk) {
     const uint32_t panel = kk / 4, off = (kk % 4) * 32;
-    wgmma_m64n64k16_ss(s, desc_sw128(a_base + panel * kKPanelBytes + off, 16, 1024),
-                       desc_sw128(b_base + panel * kQPanelBytes + off, 16, 1024), kk > 0 ? 1 : 0);
+    const uint64_t da = desc_sw128(a_base + panel * kKPanelBytes + off, 16, 1024);
+    const uint64_t db = desc_sw128(b_base + panel * BM * kRowBytes + off, 16, 1024);
+    if constexpr (BM == 128)
+      wgmma_m64n128k16_ss(s, da, db, kk > 0 ? 1 : 0);
+    else
+      wgmma_m64n64k16_ss(s, da, db, kk > 0 ? 1 : 0);
   }
 }
 
-// D[64 keys x HD] += A[64 keys x 64 q] B[64 q x HD]: A from registers (4 K slices of 16 query
-// rows), B = the Q or dO tile as MN-major (the forward's gemm_pv addressing with 64-row tiles:
-// slice kk at +16 rows = 2048 bytes, SBO 1024 = 8 rows, LBO = the next 64-dim panel).
-template <int HD>
-__device__ __forceinline__ void gemm_rs(float (&d)[HD / 2], const uint32_t (&a)[4][4], uint32_t b_base) {
+// D[64 keys x HD] += A[64 keys x BM q] B[BM q x HD]: A from registers (BM/16 K slices of 16
+// query rows), B = the Q or dO tile as MN-major (the forward's gemm_pv addressing: slice kk at
+// +16 rows = 2048 bytes, SBO 1024 = 8 rows, LBO = the next 64-dim panel, BM x 128 bytes on).
+template <int HD, int BM = kBM>
+__device__ __forceinline__ void gemm_rs(float (&d)[HD / 2], const uint32_t (&a)[BM / 16][4], uint32_t b_base) {
 #pragma unroll
-  for (int kk = 0; kk < kBM / 16; ++kk) {
-    const uint64_t desc = desc_sw128(b_base + kk * 16 * kRowBytes, kQPanelBytes, 1024);
+  for (int kk = 0; kk < BM / 16; ++kk) {
+    const uint64_t desc = desc_sw128(b_base + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
     if constexpr (HD == 128)
       wgmma_m64n128k16_rs(d, a[kk], desc, 1);
     else
@@ -221,7 +240,8 @@ __device__ __forceinline__ void gemm_dq(float (&d)[HD / 2], uint32_t ds_base, ui
 
 // kDqSplit: dQ[64 q x dims 64p..64p+63] = dS[64 q x 128 keys] K[128 keys x panel p]: A = all
 // 128 rows of dS^T (MN-major, as in gemm_dq), B = K's 64-dim panel p (MN-major, one panel),
-// slice kk = keys 16kk.. at +16 rows. Overwrites d.
+// slice kk = keys 16kk.. at +16 rows. Overwrites d. kDqRows (hd 64): the same GEMM with A =
+// the dS^T panel of the consumer's 64 query rows and B = all of K (one panel).
 __device__ __forceinline__ void gemm_dq_split(float (&d)[32], uint32_t ds_base, uint32_t k_panel) {
 #pragma unroll
   for (int kk = 0; kk < kBN / 16; ++kk) {
@@ -231,11 +251,12 @@ __device__ __forceinline__ void gemm_dq_split(float (&d)[32], uint32_t ds_base, 
   }
 }
 
-// An fp32 accumulator [64 x 64] (32 per thread) as 4 bf16 A fragments of 16 columns each (the
-// forward's s_to_p identity: a[kk][i] = bf16x2(d[8kk+2i], d[8kk+2i+1])).
-__device__ __forceinline__ void acc_to_frag(const float (&s)[32], uint32_t (&a)[4][4]) {
+// An fp32 accumulator [64 x 16 NS] (8 NS per thread) as NS bf16 A fragments of 16 columns each
+// (the forward's s_to_p identity: a[kk][i] = bf16x2(d[8kk+2i], d[8kk+2i+1])).
+template <int NS>
+__device__ __forceinline__ void acc_to_frag(const float (&s)[8 * NS], uint32_t (&a)[NS][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
+  for (int kk = 0; kk < NS; ++kk)
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[kk][i] = pack_bf16(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
 }
@@ -268,7 +289,9 @@ struct BwdArgs {
   float* delta;      // [B, Hq, sq_pad]
   int* sem;          // [B, Hq, m_blocks] (deterministic)
   int64_t q_batch, q_row, k_batch, k_row;
-  int sq, sk, sq_pad, hq, hkv, group, batch, m_blocks, hd;
+  int sq, sk, sq_pad, hq, hkv, group, batch, hd;
+  int m_blocks;  // 64-row tiles of sq_pad (the dQ accumulator's tiles, the semaphores)
+  int m_tiles;   // query tiles of the main kernel's steps (64 or 128 rows) that cover sq
   int diag;  // clamped to [-(sq+1), sk+1]
   int causal;
   float scale, scale_log2;
@@ -333,44 +356,54 @@ __global__ void bwd_post_kernel(const BwdArgs a) {
 //             dQ accumulators of 32 instead of 64 registers; both consumers' dS^T rows must be
 //             written before either dQ GEMM (one 256-thread barrier per step; dS^T double
 //             buffered so that step t+1 may write while the other consumer still reads step t's).
-constexpr int kDqPer = 0, kDqSplit = 1;
+//   kDqRows:  hd 64 (FlashAttention-3's hd 64 tiles): steps of 128 query rows, so S^T and dP^T
+//             are m64n128 and dV / dK run 8 K slices (twice the work per wait of kDqPer), and
+//             consumer cw computes dQ of query rows 64cw.. over all 128 keys: a whole 64-row
+//             tile of the accumulator each, nothing to sum, half kDqPer's bytes per score;
+//             the same barrier and double-buffered dS^T as kDqSplit.
+constexpr int kDqPer = 0, kDqSplit = 1, kDqRows = 2;
 
 template <int HD, int kDq>
 struct BwdSmem {
   static constexpr int kPanels = HD / 64;
-  static constexpr int kDsBufs = kDq == kDqSplit ? 2 : 1;
+  static constexpr int kBMs = kDq == kDqRows ? 128 : kBM;  // query rows per step
+  static constexpr int kDsBufs = kDq == kDqPer ? 1 : 2;
   static constexpr int kDqBufs = kDq == kDqSplit ? 1 : 2;
   alignas(1024) __nv_bfloat16 k[kPanels][kBN * 64];
   alignas(1024) __nv_bfloat16 v[kPanels][kBN * 64];
-  alignas(1024) __nv_bfloat16 q[2][kPanels][kBM * 64];
-  alignas(1024) __nv_bfloat16 dout[2][kPanels][kBM * 64];
-  alignas(1024) __nv_bfloat16 ds[kDsBufs][kBN * 64];  // dS^T [128 keys][64 q], swizzled
-  // The consumers' dQ partials (kDqSplit: one tile, consumer cw's columns in its half), in
-  // fragment order (dq_frag_index).
+  alignas(1024) __nv_bfloat16 q[2][kPanels][kBMs * 64];
+  alignas(1024) __nv_bfloat16 dout[2][kPanels][kBMs * 64];
+  // dS^T [128 keys][kBMs q] as panels of 64 query columns, swizzled.
+  alignas(1024) __nv_bfloat16 ds[kDsBufs][kBMs / 64][kBN * 64];
+  // The consumers' dQ partials (kDqSplit: one tile, consumer cw's columns in its half; kDqRows:
+  // consumer cw's 64-row tile), in fragment order (dq_frag_index).
   alignas(128) float dq[kDqBufs][kBM * HD];
-  alignas(16) float lse2[2][kBM];
-  alignas(16) float delta[2][kBM];
+  alignas(16) float lse2[2][kBMs];
+  alignas(16) float delta[2][kBMs];
   alignas(8) uint64_t kv_full, full[2], empty[2];
   uint64_t dq_full[2], dq_empty[2];  // consumer cw's dQ partial in dq[cw] / read by the writer's bulk reduce
 };
 
-// Query tiles a key block is visible to: m in [m_first, m_blocks).
+// Query tiles of BM rows a key block is visible to: m in [m_first, m_tiles).
+template <int BM>
 __device__ __forceinline__ int first_m_block(const BwdArgs& a, int n) {
   if (!a.causal) return 0;
   const long long first_row = max(0ll, static_cast<long long>(n) * kBN - a.diag);  // the first row seeing key n*kBN
-  return first_row >= a.sq ? a.m_blocks : static_cast<int>(first_row / kBM);
+  return first_row >= a.sq ? a.m_tiles : static_cast<int>(first_row / BM);
 }
 
 // Named barriers (0 is __syncthreads): 2 + cw = consumer cw alone (128 threads).
 constexpr int kBarWgBase = 2;
 constexpr int kBarConsumers = 4;   // kDqSplit: both consumer warpgroups (256 threads)
 
-// kDet: tile m's semaphore counts the key blocks that have added to it; they add from the last
-// block that sees the tile (n_last) down to 0, so block n's turn is n_last - n. Block n sees tile
-// m iff n <= n_last (first_m_block), n_last = min(sk - 1, last row + diag) / 128 (causal).
+// kDet: the semaphore of query tile m (BM rows) counts the key blocks that have added to it;
+// they add from the last block that sees the tile (n_last) down to 0, so block n's turn is
+// n_last - n. Block n sees tile m iff n <= n_last (first_m_block), n_last = min(sk - 1, last row
+// + diag) / 128 (causal). kDqRows keeps a 128-row step's semaphore at its first 64-row tile's.
+template <int BM = kBM>
 __device__ __forceinline__ int dq_turn(const BwdArgs& a, int n, int m) {
   int last_key = a.sk - 1;
-  if (a.causal) last_key = min(last_key, min(a.sq - 1, m * kBM + kBM - 1) + a.diag);
+  if (a.causal) last_key = min(last_key, min(a.sq - 1, m * BM + BM - 1) + a.diag);
   return last_key / kBN - n;
 }
 
@@ -396,12 +429,15 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ unsigned char smem_raw[];
   BwdSmem<HD, kDq>& sh = aligned_smem<BwdSmem<HD, kDq>>(smem_raw);
   constexpr int kPanels = HD / 64;
-  constexpr bool kSplit = kDq == kDqSplit;
+  constexpr bool kSplit = kDq == kDqSplit, kRows = kDq == kDqRows;
+  constexpr bool kPair = kSplit || kRows;  // each dQ GEMM reads both consumers' dS^T rows
+  constexpr int kBMs = BwdSmem<HD, kDq>::kBMs;
   static_assert(!kSplit || HD == 128, "the split dQ needs hd 128 (64 columns per consumer)");
+  static_assert(!kRows || HD == 64, "the row split is hd 64's");
   // kDet: the key blocks in reverse (their turns on a tile run from the last block down).
   const int n = kDet ? gridDim.x - 1 - blockIdx.x : blockIdx.x, g = blockIdx.y, b = blockIdx.z;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const int m_first = first_m_block(a, n), nm = a.m_blocks - m_first, steps = a.group * nm;
+  const int m_first = first_m_block<kBMs>(a, n), nm = a.m_tiles - m_first, steps = a.group * nm;
 
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&sh.kv_full), 1);
@@ -430,15 +466,43 @@ __global__ void __launch_bounds__(384, 1)
         const int h = g * a.group + t / nm, m = m_first + t % nm, sl = t & 1;
         mbar_wait(smem_u32(&sh.empty[sl]), ((t >> 1) & 1) ^ 1);
         const uint32_t bar = smem_u32(&sh.full[sl]);
-        mbar_expect_tx(bar, 2 * kPanels * kQPanelBytes + 2 * kBM * 4);
+        mbar_expect_tx(bar, 2 * kPanels * kBMs * kRowBytes + 2 * kBMs * 4);
         for (int p = 0; p < kPanels; ++p) {
-          tma_load_4d(smem_u32(&sh.q[sl][p][0]), &tm_q, bar, 64 * p, h, m * kBM, b);
-          tma_load_4d(smem_u32(&sh.dout[sl][p][0]), &tm_do, bar, 64 * p, h, m * kBM, b);
+          tma_load_4d(smem_u32(&sh.q[sl][p][0]), &tm_q, bar, 64 * p, h, m * kBMs, b);
+          tma_load_4d(smem_u32(&sh.dout[sl][p][0]), &tm_do, bar, 64 * p, h, m * kBMs, b);
         }
-        const int64_t r0 = (static_cast<int64_t>(b) * a.hq + h) * a.sq_pad + static_cast<int64_t>(m) * kBM;
-        bulk_load(smem_u32(&sh.lse2[sl][0]), a.lse2 + r0, kBM * 4, bar);
-        bulk_load(smem_u32(&sh.delta[sl][0]), a.delta + r0, kBM * 4, bar);
+        const int64_t r0 = (static_cast<int64_t>(b) * a.hq + h) * a.sq_pad + static_cast<int64_t>(m) * kBMs;
+        bulk_load(smem_u32(&sh.lse2[sl][0]), a.lse2 + r0, kBMs * 4, bar);
+        bulk_load(smem_u32(&sh.delta[sl][0]), a.delta + r0, kBMs * 4, bar);
       }
+    } else if (kRows && tid == 32) {  // ------------------------------- dQ writer, row split
+      // Consumer c's tile is the 64-row tile 2m + c of the accumulator: its own rows, one bulk
+      // reduce each, in either order (disjoint rows). A half none of whose rows sees a key of
+      // this block (causal, its 64-row dq_turn < 0) got exact zeros: not added. kDet: one turn
+      // per 128-row step (the semaphore of tile 2m), both halves added before it passes on.
+      for (int t = 0; t < steps; ++t) {
+        const int h = g * a.group + t / nm, m = m_first + t % nm;
+        const int64_t bh = static_cast<int64_t>(b) * a.hq + h;
+        int* sem = a.sem + bh * a.m_blocks + 2 * m;
+        const int turn = kDet ? dq_turn<2 * kBM>(a, n, m) : 0;
+        if constexpr (kDet) sem_wait(sem, turn);
+        for (int c = 0; c < 2; ++c) {
+          const int mt = 2 * m + c;
+          mbar_wait(smem_u32(&sh.dq_full[c]), t & 1);
+          if (dq_turn(a, n, mt) >= 0) {
+            bulk_reduce_add_f32(a.dq_acc + (bh * a.sq_pad + static_cast<int64_t>(mt) * kBM) * HD, smem_u32(&sh.dq[c][0]),
+                                kBM * HD * 4);
+            bulk_commit();
+            bulk_wait_read();
+          }
+          mbar_arrive(smem_u32(&sh.dq_empty[c]));
+        }
+        if constexpr (kDet) {
+          bulk_wait_all();
+          st_release(sem, turn + 1);
+        }
+      }
+      bulk_wait_all();
     } else if (kSplit && tid == 32) {  // ------------------------------ dQ writer, split tile
       // Consumer cw's half is columns 64cw.. (floats 4096cw.. of the tile in fragment order):
       // the halves are disjoint, so the order between them does not change any sum.
@@ -510,16 +574,16 @@ __global__ void __launch_bounds__(384, 1)
   mbar_wait(smem_u32(&sh.kv_full), 0);
   for (int t = 0; t < steps; ++t) {
     const int m = m_first + t % nm, sl = t & 1;
-    const int q0 = m * kBM;
+    const int q0 = m * kBMs;
     mbar_wait(smem_u32(&sh.full[sl]), (t >> 1) & 1);
 
     // S^T and dP^T.
-    float s[32], dp[32];
+    float s[kBMs / 2], dp[kBMs / 2];
     reg_fence(dk);
     reg_fence(dv);
     wgmma_fence();
-    gemm_kq<HD>(s, k_cw, smem_u32(&sh.q[sl][0][0]));
-    gemm_kq<HD>(dp, v_cw, smem_u32(&sh.dout[sl][0][0]));
+    gemm_kq<HD, kBMs>(s, k_cw, smem_u32(&sh.q[sl][0][0]));
+    gemm_kq<HD, kBMs>(dp, v_cw, smem_u32(&sh.dout[sl][0][0]));
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(s);
@@ -529,7 +593,7 @@ __global__ void __launch_bounds__(384, 1)
     // Element i: key row key0 + 8 ((i/2)%2), query column q0 + 8 (i/4) + colq + (i%2).
     const bool need_mask = tile_needs_key_mask || (a.causal && n * kBN + kBN - 1 > q0 + a.diag);
 #pragma unroll
-    for (int c8 = 0; c8 < 8; ++c8) {
+    for (int c8 = 0; c8 < kBMs / 8; ++c8) {
       const float2 l2 = *reinterpret_cast<const float2*>(&sh.lse2[sl][8 * c8 + colq]);
       const float2 dl = *reinterpret_cast<const float2*>(&sh.delta[sl][8 * c8 + colq]);
 #pragma unroll
@@ -546,7 +610,7 @@ __global__ void __launch_bounds__(384, 1)
           dp[i] = pv * (dp[i] - (j ? dl.y : dl.x));
         }
     }
-    uint32_t pf[4][4], dsf[4][4];
+    uint32_t pf[kBMs / 16][4], dsf[kBMs / 16][4];
     acc_to_frag(s, pf);
     acc_to_frag(dp, dsf);
 
@@ -554,17 +618,20 @@ __global__ void __launch_bounds__(384, 1)
     reg_fence_u(pf);
     reg_fence_u(dsf);
     wgmma_fence();
-    gemm_rs<HD>(dv, pf, smem_u32(&sh.dout[sl][0][0]));
-    gemm_rs<HD>(dk, dsf, smem_u32(&sh.q[sl][0][0]));
+    gemm_rs<HD, kBMs>(dv, pf, smem_u32(&sh.dout[sl][0][0]));
+    gemm_rs<HD, kBMs>(dk, dsf, smem_u32(&sh.q[sl][0][0]));
     wgmma_commit();
 
     // dS^T to shared memory for the dQ GEMM (while the tensor cores run dV, dK). Rows 64cw..
     // are this consumer's alone (its dQ GEMM reads no others), and every warp of it finished
     // the previous step's dQ GEMM before the barrier right after that GEMM.
-    const int dsb = kSplit ? (t & 1) : 0;
-    frag_to_smem_sw128(dsf, reinterpret_cast<unsigned char*>(&sh.ds[dsb][0]), 64 * cw, warp, lane);
+    const int dsb = kPair ? (t & 1) : 0;
+#pragma unroll
+    for (int p = 0; p < kBMs / 64; ++p)  // query panel p: fragments 4p .. 4p + 3
+      frag_to_smem_sw128(*reinterpret_cast<const uint32_t(*)[4][4]>(&dsf[4 * p][0]),
+                         reinterpret_cast<unsigned char*>(&sh.ds[dsb][p][0]), 64 * cw, warp, lane);
     fence_proxy_async_smem();
-    if constexpr (kSplit)
+    if constexpr (kPair)
       // Both consumers' dS^T rows of this step written. Passing it also means both finished
       // step t - 1's dQ GEMM (program order), the last reader of buffer (t + 1) & 1.
       named_bar_sync(kBarConsumers, 256);
@@ -585,7 +652,7 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kSplit) {
       float dqp[32];
       wgmma_fence();
-      gemm_dq_split(dqp, smem_u32(&sh.ds[dsb][0]), smem_u32(&sh.k[cw][0]));
+      gemm_dq_split(dqp, smem_u32(&sh.ds[dsb][0][0]), smem_u32(&sh.k[cw][0]));
       wgmma_commit();
       wgmma_wait<0>();
       reg_fence(dqp);
@@ -594,10 +661,21 @@ __global__ void __launch_bounds__(384, 1)
       for (int v4 = 0; v4 < 8; ++v4)
         *reinterpret_cast<float4*>(&sh.dq[0][4 * (128 * (8 * cw + v4) + tid)]) =
             make_float4(dqp[4 * v4], dqp[4 * v4 + 1], dqp[4 * v4 + 2], dqp[4 * v4 + 3]);
+    } else if constexpr (kRows) {
+      float dqp[32];
+      wgmma_fence();
+      gemm_dq_split(dqp, smem_u32(&sh.ds[dsb][cw][0]), smem_u32(&sh.k[0][0]));
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(dqp);
+#pragma unroll
+      for (int v4 = 0; v4 < 8; ++v4)
+        *reinterpret_cast<float4*>(&sh.dq[cw][4 * (128 * v4 + tid)]) =
+            make_float4(dqp[4 * v4], dqp[4 * v4 + 1], dqp[4 * v4 + 2], dqp[4 * v4 + 3]);
     } else {
       float dqp[HD / 2];
       wgmma_fence();
-      gemm_dq<HD>(dqp, smem_u32(&sh.ds[0][0]), smem_u32(&sh.k[0][0]), cw);
+      gemm_dq<HD>(dqp, smem_u32(&sh.ds[0][0][0]), smem_u32(&sh.k[0][0]), cw);
       wgmma_commit();
       wgmma_wait<0>();
       reg_fence(dqp);
@@ -737,6 +815,8 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   a.group = static_cast<int>(p.hq / p.hkv);
   a.batch = static_cast<int>(p.batch);
   a.m_blocks = static_cast<int>(sl.m_blocks);
+  constexpr int kBMs = BwdSmem<HD, kDq>::kBMs;
+  a.m_tiles = static_cast<int>((p.sq + kBMs - 1) / kBMs);
   a.hd = HD;
   a.diag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag, p.sk + 1)));
   a.causal = p.causal ? 1 : 0;
@@ -747,8 +827,8 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   bwd_prep_kernel<<<static_cast<unsigned>((prep_threads + 255) / 256), 256, 0, st>>>(a);
   EASYCTX_CUDA_CHECK_LAUNCH("attention_bwd_sm90 prep");
 
-  const CUtensorMap tq = make_map(p.q, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBM, "q");
-  const CUtensorMap tdo = make_map(p.dout, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBM, "dout");
+  const CUtensorMap tq = make_map(p.q, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBMs, "q");
+  const CUtensorMap tdo = make_map(p.dout, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBMs, "dout");
   const CUtensorMap tk = make_map(p.k, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "k");
   const CUtensorMap tv = make_map(p.v, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "v");
   auto kernel = attention_bwd_sm90_kernel<HD, kDet, kDq>;
@@ -826,10 +906,7 @@ bool sm90_bwd_variant_deterministic(Sm90BwdVariant v) {
   return v == Sm90BwdVariant::Deterministic || v == Sm90BwdVariant::DeterministicSplit;
 }
 
-bool sm90_bwd_variant_supported(Sm90BwdVariant v, int64_t hd) {
-  if (hd != 64 && hd != 128) return false;
-  return hd == 128 || v == Sm90BwdVariant::Atomic || v == Sm90BwdVariant::Deterministic;
-}
+bool sm90_bwd_variant_supported(Sm90BwdVariant, int64_t hd) { return hd == 64 || hd == 128; }
 
 void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st, Sm90BwdVariant variant) {
   std::string why;
@@ -840,14 +917,14 @@ void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st
     EASYCTX_THROW("attention_bwd_sm90: variant ", sm90_bwd_variant_name(variant), " does not support head dim ", p.hd);
   const bool h128 = p.hd == 128;
   using V = Sm90BwdVariant;
-  using sm90::kDqPer, sm90::kDqSplit;
+  using sm90::kDqPer, sm90::kDqSplit, sm90::kDqRows;
   switch (variant) {
     case V::Deterministic:
       return h128 ? sm90::launch_bwd<128, true, kDqPer>(p, scratch, st) : sm90::launch_bwd<64, true, kDqPer>(p, scratch, st);
     case V::AtomicSplit:
-      return sm90::launch_bwd<128, false, kDqSplit>(p, scratch, st);
+      return h128 ? sm90::launch_bwd<128, false, kDqSplit>(p, scratch, st) : sm90::launch_bwd<64, false, kDqRows>(p, scratch, st);
     case V::DeterministicSplit:
-      return sm90::launch_bwd<128, true, kDqSplit>(p, scratch, st);
+      return h128 ? sm90::launch_bwd<128, true, kDqSplit>(p, scratch, st) : sm90::launch_bwd<64, true, kDqRows>(p, scratch, st);
 
     default:
       return h128 ? sm90::launch_bwd<128, false, kDqPer>(p, scratch, st) : sm90::launch_bwd<64, false, kDqPer>(p, scratch, st);

@@ -94,17 +94,18 @@ void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const
 // kernels/attention.h: q, k, v, o (the forward's output), dout, lse (natural log, -inf for rows
 // that see no key), scale, causal / diag as the forward). p.delta is NOT used: delta lives in
 // `scratch` with the other temporaries. FlashAttention-3-style: a CTA per (128 keys, kv head,
-// batch) loops over the query heads of its GQA group and their 64-row tiles that see its keys
-// (TMA + wgmma, a producer and two consumer warpgroups); dQ goes through an fp32 accumulator in
-// scratch. Design, and what is not done yet: the header comment of attention_bwd_sm90.cu.
+// batch) loops over the query heads of its GQA group and their 64-row (hd 64 split: 128-row)
+// tiles that see its keys (TMA + wgmma, a producer and two consumer warpgroups); dQ goes through
+// an fp32 accumulator in scratch. Design, and what is not done yet: the header comment of attention_bwd_sm90.cu.
 //   Atomic:          the consumers' dQ partials added by TMA bulk reduce-adds as they come
 //                    (the order of the fp32 additions varies run to run);
 //   Deterministic:   in a fixed order per query tile (key blocks from the last that sees the
 //                    tile down to the first, behind a semaphore per tile; consumer 0's partial
 //                    before consumer 1's), so the result is bit-identical run to run.
-//   AtomicSplit, DeterministicSplit (hd 128 only): each consumer computes half the columns of
-//                    dQ over all 128 keys (FlashAttention-3's split: no partials to sum, half
-//                    the bytes to add per step, a barrier between the consumers per step).
+//   AtomicSplit, DeterministicSplit: FlashAttention-3's split: each consumer computes half of
+//                    dQ over all 128 keys (no partials to sum, half the bytes to add per step, a
+//                    barrier between the consumers per step): at hd 128 half the columns, at
+//                    hd 64 half the rows of 128-row steps (FlashAttention-3's hd 64 tiles).
 enum class Sm90BwdVariant { Atomic, Deterministic, AtomicSplit, DeterministicSplit };
 const char* sm90_bwd_variant_name(Sm90BwdVariant v);
 std::vector<Sm90BwdVariant> sm90_bwd_variants();  // every one, in bench order

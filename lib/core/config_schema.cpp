@@ -113,11 +113,12 @@ const Registry& registry() {
                            "is visible, else cpu).");
     r.add_bool("train.deterministic", [](StageConfig& c) -> bool& { return c.train.deterministic; },
                "CUDA: `true` makes reruns and resumed runs bit-identical to an uninterrupted run: the "
-               "attention backward then adds dQ in a fixed order: at head dim 128 on an sm_90 GPU through "
-               "easyctx's Hopper backward (`train.hopper_attention`; ~3% of a llama2-7b step at 32K on "
-               "H200), else through cuDNN's deterministic graph (dP of a 4096 x 4096 tile kept in cuDNN's "
-               "workspace: 1 GiB for 32 heads), which costs 19-22% of a 1B step at 32K-64K tokens on "
-               "H200. `false` (the default, as PyTorch's cuDNN backward) uses cuDNN's atomic dQ accumulation: a "
+               "attention backward then adds dQ in a fixed order: on an sm_90 GPU through easyctx's Hopper "
+               "backward (`train.hopper_attention`) at head dim 128 (~3% of a llama2-7b step at 32K on "
+               "H200) and at head dim 64 for blocks without a mask and from 16K query rows on (~10-11% "
+               "of a 1B step at 32K-64K), else through cuDNN's deterministic graph (dP of a 4096 x 4096 "
+               "tile kept in cuDNN's workspace: 1 GiB for 32 heads), which costs 19-22% of a 1B step at "
+               "32K-64K tokens on H200. `false` (the default, as PyTorch's cuDNN backward) uses cuDNN's atomic dQ accumulation: a "
                "GPU's whole sequence in one call with the gradients written in place (an f32 dQ accumulator "
                "of the sequence in cuDNN's workspace), a ring's blocks in 8192-token tiles; the attention "
                "backward is 1.35x (32 x 128) to 1.6x (GQA 32/4 x 64) faster, and the last bits of dQ vary "
@@ -133,7 +134,8 @@ const Registry& registry() {
                "`train.deterministic` keeps its promise either way. The backward likewise: easyctx's "
                "Hopper backward kernel (kernels/attention_bwd_sm90.cu) where it measured faster than "
                "cuDNN's backward of the same mode, i.e. with `train.deterministic: true` at head dim 128 "
-               "(1.06-1.30x cuDNN's deterministic graph) and for unmasked blocks at head dim 64; in place "
+               "(1.06-1.30x cuDNN's deterministic graph) and at head dim 64 for unmasked blocks and from "
+               "16K query rows on (1.28-1.52x); in place "
                "of the FlashAttention-2 style kernel elsewhere (cuDNN's atomic backward stays first). "
                "`false`: cuDNN's attention as before these kernels, the FlashAttention-2 style kernels as "
                "the fallback. Ignored on other GPUs (A100: sm_80) and the CPU.");

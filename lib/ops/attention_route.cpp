@@ -46,7 +46,7 @@ const char* route_name(AttentionBwdRoute r) {
 bool sm90_before_cudnn(const AttentionCall& c) { return c.hd == 64 || (c.hd == 128 && !c.unmasked()); }
 
 bool sm90_bwd_before_cudnn(const AttentionCall& c, const AttentionRouteOptions& o) {
-  return o.deterministic && (c.hd == 128 || (c.hd == 64 && c.unmasked()));
+  return o.deterministic && (c.hd == 128 || (c.hd == 64 && (c.unmasked() || c.sq >= 16384)));
 }
 
 std::vector<AttentionFwdRoute> attention_fwd_routes(const AttentionCall& c, const AttentionRouteOptions& o) {

@@ -35,7 +35,7 @@
 //     and below the diagonal), summed in fp32;
 //   - kernel: kernels/attention_bwd.cu (f32 gradients: into bf16 scratch, then added).
 //   - sm90 kernel (AttentionRouteOptions::sm90): the Hopper backward (kernels/attention_bwd_sm90.cu,
-//     FlashAttention-3's structure; split dQ at head dim 128), deterministic or atomic as the
+//     FlashAttention-3's structure; split dQ), deterministic or atomic as the
 //     backend; before cuDNN where it beat cuDNN 9.19's backward of the same mode in the same
 //     process (sm90_bwd_before_cudnn), else in place of the FA2 kernel. Any visibility, head
 //     dims 64 and 128; f32 gradients: into bf16 scratch, then added.
@@ -83,11 +83,12 @@ bool sm90_before_cudnn(const AttentionCall& c);
 
 enum class AttentionFwdRoute { NoKeys, Sm90Kernel, CudnnCausalGraph, CudnnCausalChunks, CudnnUnmasked, Kernel };
 // The same for the Hopper backward kernel, by bench_attention --sm90-bwd-only on an H200
-// (bench/RESULTS.md session 25; ours / cuDNN's backward of the same mode, three runs): the
+// (bench/RESULTS.md sessions 25 and 29; ours / cuDNN's backward of the same mode): the
 // deterministic mode at head dim 128 (32 x 128 causal 1.28-1.30 / 1.14-1.21 / 1.06-1.09 at
-// 8K / 32K / 128K, unmasked 1.04-1.11 / 1.15-1.20 at 8K / 32K) and at head dim 64 for unmasked
-// blocks (GQA 32/4 x 64: 1.08 / 1.13; causal 0.74 / 0.85 / 0.89 stays cuDNN's); not atomic
-// (0.86-0.87 / 0.92-0.94 / 0.95-0.96 causal).
+// 8K / 32K / 128K, unmasked 1.04-1.11 / 1.15-1.20 at 8K / 32K) and at head dim 64 (the split's
+// 128-row steps, GQA 32/4 x 64: unmasked 1.47 at 32K; causal 1.32 / 1.37 at 32K / 128K, so from
+// 16K rows on: 0.93 at 8K, where the few long CTAs of a causal square leave SMs idle); not
+// atomic (32 x 128 causal 0.87 / 0.92 / 0.95, GQA 0.64 / 0.96 / 0.96).
 bool sm90_bwd_before_cudnn(const AttentionCall& c, const AttentionRouteOptions& o);
 
 enum class AttentionBwdRoute { NoRows, CudnnInPlace, Sm90Kernel, CudnnOneCall, CudnnTiles, Kernel };

@@ -132,7 +132,7 @@ void CudaAttentionTest::run_case(const Case& c) {
   const std::string bwd_path = ops::cuda_attention_path(*gpu);
   std::printf("[path] backward %s: %s\n", tag.c_str(), bwd_path.c_str());
   if (gpu->attention_route(call, true) == "sm90 kernel") {
-    EXPECT_EQ(bwd_path, c.hd == 128 ? "sm90 kernel (deterministic-split)" : "sm90 kernel (deterministic)");
+    EXPECT_EQ(bwd_path, "sm90 kernel (deterministic-split)");
   } else if (use_cudnn_ && c.causal && c.b == 1 && c.sq == c.sk && c.q_off == c.k_off && c.sq >= 2048) {
     EXPECT_NE(bwd_path.find("tiles"), std::string::npos) << "a long causal square's backward should run in tiles";
   }

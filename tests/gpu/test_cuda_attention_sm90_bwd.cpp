@@ -328,6 +328,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{1, 7, 7, 32, 4, 64, true, 0}, Case{1, 129, 129, 32, 4, 64, true, 0}, Case{1, 1000, 1000, 32, 4, 64, true, 0},
         Case{1, 77, 190, 8, 4, 64, false, 0}, Case{2, 129, 200, 8, 2, 64, true, -30}, Case{1, 3000, 3000, 8, 2, 64, true, 0},
         Case{1, 1, 1, 32, 4, 64, true, 0},
+        // Head dim 64 ring blocks (the split's 128-row steps: halves that see no key of a block).
+        Case{1, 257, 700, 8, 2, 64, true, 0}, Case{1, 200, 333, 4, 2, 64, true, -50}, Case{1, 97, 300, 6, 3, 64, true, 240},
+        Case{1, 130, 70, 4, 4, 64, true, -100}, Case{2, 200, 260, 8, 2, 64, true, 60, 64},
         // Strided views.
         Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24},
         // More CTAs than SMs (132 on an H200): the deterministic key-block chains across waves.
@@ -350,8 +353,8 @@ TEST_F(CudaAttentionSm90Bwd, SupportedRefusesWhatItCannotRun) {
   p.q_batch = p.k_batch = 2048;
   std::string why;
   EXPECT_TRUE(kernels::attention_bwd_sm90_supported(p, &why)) << why;
-  // 1 x 2 heads x 64 padded rows: dq_acc 64 KiB, lse2 and delta 512 B each, semaphores 8 B (each rounded to 256).
-  EXPECT_EQ(kernels::attention_bwd_sm90_scratch_bytes(p), 65536 + 512 + 512 + 256);
+  // 1 x 2 heads x 128 padded rows: dq_acc 128 KiB, lse2 and delta 1 KiB each, semaphores 16 B (each rounded to 256).
+  EXPECT_EQ(kernels::attention_bwd_sm90_scratch_bytes(p), 131072 + 1024 + 1024 + 256);
   auto refused = [&](kernels::AttentionParams x, const char* what) {
     std::string w;
     EXPECT_FALSE(kernels::attention_bwd_sm90_supported(x, &w)) << what;

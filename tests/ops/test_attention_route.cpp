@@ -112,8 +112,8 @@ TEST(AttentionRoute, HopperForward) {
   EXPECT_STREQ(ops::route_name(kSm90), "sm90 kernel");
 }
 
-// The Hopper backward: first in the deterministic mode at head dim 128 (faster than cuDNN's
-// deterministic graph in the same process), for every visibility, overwriting or not, bf16 or
+// The Hopper backward: first in the deterministic mode at head dim 128 and (unmasked, or 16K rows
+// and more) 64 (faster than cuDNN's deterministic graph in the same process), for every visibility, overwriting or not, bf16 or
 // f32 gradients; elsewhere after cuDNN's routes, in place of the FA2 kernel's first turn.
 TEST(AttentionRoute, HopperBackward) {
   using B = AttentionBwdRoute;
@@ -132,10 +132,19 @@ TEST(AttentionRoute, HopperBackward) {
             (Bwd{B::Sm90Kernel, B::CudnnOneCall, B::Kernel}));
   EXPECT_EQ(ops::attention_bwd_routes(f32(call(1, 4096, 4096, 32, 4, 64, true, 4096)), det),
             (Bwd{B::Sm90Kernel, B::CudnnOneCall, B::Kernel}));
-  // Head dim 64 deterministic with a mask and every atomic call: cuDNN first (in place where it can).
-  EXPECT_FALSE(ops::sm90_bwd_before_cudnn(call(1, 32768, 32768, 32, 4, 64), det));
+  // Head dim 64 deterministic with a mask: first from 16K query rows on (a causal square of one
+  // GPU, a ring's diagonal chunk), cuDNN first below; every atomic call: cuDNN first (in place
+  // where it can).
+  EXPECT_TRUE(ops::sm90_bwd_before_cudnn(call(1, 32768, 32768, 32, 4, 64), det));
+  EXPECT_TRUE(ops::sm90_bwd_before_cudnn(call(1, 16384, 16384, 32, 4, 64), det));
+  EXPECT_FALSE(ops::sm90_bwd_before_cudnn(call(1, 16383, 16383, 32, 4, 64), det));
+  EXPECT_FALSE(ops::sm90_bwd_before_cudnn(call(1, 32768, 32768, 32, 4, 64), atomic));
   EXPECT_FALSE(ops::sm90_bwd_before_cudnn(s32k, atomic));
-  EXPECT_EQ(ops::attention_bwd_routes(call(1, 32768, 32768, 32, 4, 64), det), (Bwd{B::CudnnTiles, B::Sm90Kernel, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(call(1, 32768, 32768, 32, 4, 64), det), (Bwd{B::Sm90Kernel, B::CudnnTiles, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(overwriting(call(1, 8192, 8192, 32, 4, 64)), det),
+            (Bwd{B::CudnnTiles, B::Sm90Kernel, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(overwriting(call(1, 4096, 4096, 32, 4, 64)), det),
+            (Bwd{B::CudnnInPlace, B::CudnnOneCall, B::Sm90Kernel, B::Kernel}));
   EXPECT_EQ(ops::attention_bwd_routes(s32k, atomic), (Bwd{B::CudnnTiles, B::Sm90Kernel, B::Kernel}));
   EXPECT_EQ(ops::attention_bwd_routes(overwriting(s32k), atomic),
             (Bwd{B::CudnnInPlace, B::CudnnTiles, B::Sm90Kernel, B::Kernel}));
@@ -144,11 +153,11 @@ TEST(AttentionRoute, HopperBackward) {
   EXPECT_EQ(ops::attention_bwd_routes(call(1, 0, 16, 8, 8, 128), det), (Bwd{B::NoRows}));
   EXPECT_STREQ(ops::route_name(B::Sm90Kernel), "sm90 kernel");
   EXPECT_EQ(ops::describe_attention_route(s32k, det), "forward: sm90 kernel; backward: sm90 kernel (deterministic)");
-  // Its scratch: the layout of kernels/attention_sm90_scratch.h (Sq padded to 64 rows, each
+  // Its scratch: the layout of kernels/attention_sm90_scratch.h (Sq padded to 128 rows, each
   // region 256-byte aligned), plus bf16 gradients for f32 ones.
   const AttentionCall b2 = call(2, 300, 300, 8, 2, 128);
   const ops::AttentionBwdScratch s = ops::attention_bwd_scratch(B::Sm90Kernel, b2, det);
-  const int64_t acc = 2 * 8 * 320 * 128 * 4, vec = 2 * 8 * 320 * 4, sem = 512;  // 2 x 8 x 5 semaphores, rounded up
+  const int64_t acc = 2 * 8 * 384 * 128 * 4, vec = 2 * 8 * 384 * 4, sem = 512;  // 2 x 8 x 6 semaphores, rounded up
   EXPECT_EQ(s.sm90, acc + 2 * vec + sem);
   EXPECT_EQ(s.grads, 0);
   ASSERT_EQ(s.list().size(), 1u);

@@ -401,8 +401,8 @@ void CudaAttention::kernel_bwd(kernels::AttentionParams& p, const AttentionCall&
   last_path_ = "kernel";
 }
 
-// The Hopper kernel. Variant: the backend's mode, split dQ at head dim 128 (measured faster in
-// both modes, bench/RESULTS.md session 25).
+// The Hopper kernel. Variant: the backend's mode, split dQ (measured faster in both modes and at
+// both head dims, bench/RESULTS.md sessions 25 and 29).
 bool CudaAttention::sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq,
                              const Tensor& dk, const Tensor& dv) {
   const AttentionBwdScratch s = attention_bwd_scratch(AttentionBwdRoute::Sm90Kernel, c, opts_);
@@ -412,8 +412,7 @@ bool CudaAttention::sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c
   p.dv = static_cast<bf16*>(dv.data);
   if (!kernels::attention_bwd_sm90_supported(p)) return false;
   using V = kernels::Sm90BwdVariant;
-  const V variant = opts_.deterministic ? (p.hd == 128 ? V::DeterministicSplit : V::Deterministic)
-                                        : (p.hd == 128 ? V::AtomicSplit : V::Atomic);
+  const V variant = opts_.deterministic ? V::DeterministicSplit : V::AtomicSplit;
   into_gradients(p, c, s.grads, dq, dk, dv, [&] {
     Scratch k(s.sm90, stream_, *mem_);
     kernels::attention_bwd_sm90(p, k.as<float>(), stream_, variant);
