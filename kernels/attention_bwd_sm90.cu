@@ -649,28 +649,19 @@ __global__ void __launch_bounds__(384, 1)
     // The writer's release of the previous partial in sh.dq[cw], waited for before the dQ GEMM,
     // while no accumulator of it is live (waiting after it spilled 12 bytes at hd 128).
     mbar_wait(smem_u32(&sh.dq_empty[cw]), (t & 1) ^ 1);
-    if constexpr (kSplit) {
+    if constexpr (kPair) {
+      // kSplit: columns 64cw.. over all keys (K panel cw), float4s 8cw.. of the tile's fragment
+      // order (dq_frag_index); kRows: rows 64cw.. (dS^T panel cw), consumer cw's own tile.
       float dqp[32];
       wgmma_fence();
-      gemm_dq_split(dqp, smem_u32(&sh.ds[dsb][0][0]), smem_u32(&sh.k[cw][0]));
+      gemm_dq_split(dqp, smem_u32(&sh.ds[dsb][kSplit ? 0 : cw][0]), smem_u32(&sh.k[kSplit ? cw : 0][0]));
       wgmma_commit();
       wgmma_wait<0>();
       reg_fence(dqp);
-      // Columns 64cw.. are float4s 8cw.. of the tile's fragment order (dq_frag_index).
+      float* dst = kSplit ? &sh.dq[0][4 * 128 * 8 * cw] : &sh.dq[cw][0];
 #pragma unroll
       for (int v4 = 0; v4 < 8; ++v4)
-        *reinterpret_cast<float4*>(&sh.dq[0][4 * (128 * (8 * cw + v4) + tid)]) =
-            make_float4(dqp[4 * v4], dqp[4 * v4 + 1], dqp[4 * v4 + 2], dqp[4 * v4 + 3]);
-    } else if constexpr (kRows) {
-      float dqp[32];
-      wgmma_fence();
-      gemm_dq_split(dqp, smem_u32(&sh.ds[dsb][cw][0]), smem_u32(&sh.k[0][0]));
-      wgmma_commit();
-      wgmma_wait<0>();
-      reg_fence(dqp);
-#pragma unroll
-      for (int v4 = 0; v4 < 8; ++v4)
-        *reinterpret_cast<float4*>(&sh.dq[cw][4 * (128 * v4 + tid)]) =
+        *reinterpret_cast<float4*>(&dst[4 * (128 * v4 + tid)]) =
             make_float4(dqp[4 * v4], dqp[4 * v4 + 1], dqp[4 * v4 + 2], dqp[4 * v4 + 3]);
     } else {
       float dqp[HD / 2];
