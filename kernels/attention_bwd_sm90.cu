@@ -622,9 +622,10 @@ __global__ void __launch_bounds__(384, 1)
     gemm_rs<HD, kBMs>(dk, dsf, smem_u32(&sh.q[sl][0][0]));
     wgmma_commit();
 
-    // dS^T to shared memory for the dQ GEMM (while the tensor cores run dV, dK). Rows 64cw..
-    // are this consumer's alone (its dQ GEMM reads no others), and every warp of it finished
-    // the previous step's dQ GEMM before the barrier right after that GEMM.
+    // dS^T to shared memory for the dQ GEMM (while the tensor cores run dV, dK): this consumer's
+    // key rows 64cw.. of every query panel. kDqPer: its dQ GEMM reads no others, and every warp
+    // of it finished the previous step's dQ GEMM before the barrier right after that GEMM;
+    // kPair: both consumers' rows are read, behind the barrier below.
     const int dsb = kPair ? (t & 1) : 0;
 #pragma unroll
     for (int p = 0; p < kBMs / 64; ++p)  // query panel p: fragments 4p .. 4p + 3

@@ -112,9 +112,10 @@ TEST(AttentionRoute, HopperForward) {
   EXPECT_STREQ(ops::route_name(kSm90), "sm90 kernel");
 }
 
-// The Hopper backward: first in the deterministic mode at head dim 128 and (unmasked, or 16K rows
-// and more) 64 (faster than cuDNN's deterministic graph in the same process), for every visibility, overwriting or not, bf16 or
-// f32 gradients; elsewhere after cuDNN's routes, in place of the FA2 kernel's first turn.
+// The Hopper backward: first in the deterministic mode at head dim 128 and (unmasked, or 16K
+// rows and more) 64 (faster than cuDNN's deterministic graph in the same process), for every
+// visibility, overwriting or not, bf16 or f32 gradients; elsewhere after cuDNN's routes, in
+// place of the FA2 kernel's first turn.
 TEST(AttentionRoute, HopperBackward) {
   using B = AttentionBwdRoute;
   AttentionRouteOptions det = opts(true), atomic = opts(false), bare = opts(true, 0, false);
