@@ -71,7 +71,8 @@
 // 331-339 / 355-357 (cuDNN's deterministic graph 242-244 / 258-259 / 261-262), unmasked 32K
 // 405-406 / 384-398: 1.18-1.54x the per-consumer variants; first on the route in the
 // deterministic mode from 16K rows (and for unmasked blocks). At 8K (256 CTAs of up to 512 steps
-// for 132 SMs) its steps take ~1.6x as long as at 32K: not understood yet. Tried and dropped
+// for 132 SMs) its steps took ~1.6x as long as at 32K: the head-major order's tail (session 30,
+// the atomic variants' heavy-first order in the kernel below). Tried and dropped
 // (session 29): each consumer's dQ GEMM a step late, issued with the next step's dV / dK behind
 // mbarriers per consumer and dS^T buffer instead of the per-step barrier (the consumers free to
 // drift by a step; correct, bit-identical deterministic): 10-12% slower (atomic 359 / 364 against
@@ -294,6 +295,7 @@ struct BwdArgs {
   int m_tiles;   // query tiles of the main kernel's steps (64 or 128 rows) that cover sq
   int diag;  // clamped to [-(sq+1), sk+1]
   int causal;
+  int heavy_first;  // atomic: key blocks outer, KV heads inner (see the kernel); else head-major
   float scale, scale_log2;
 };
 
@@ -434,8 +436,22 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int kBMs = BwdSmem<HD, kDq>::kBMs;
   static_assert(!kSplit || HD == 128, "the split dQ needs hd 128 (64 columns per consumer)");
   static_assert(!kRows || HD == 64, "the row split is hd 64's");
-  // kDet: the key blocks in reverse (their turns on a tile run from the last block down).
-  const int n = kDet ? gridDim.x - 1 - blockIdx.x : blockIdx.x, g = blockIdx.y, b = blockIdx.z;
+  // The CTA's key block n and KV head g. kDet: the key blocks in reverse per head (their turns
+  // on a tile run from the last block down; deadlock freedom needs each waited-for CTA
+  // dispatched first). Atomic: head-major, key blocks in order, or with a.heavy_first (grids of
+  // at most 4 waves) the heaviest first over all heads (a causal key block's query steps fall
+  // with n: n outer, g inner in dispatch order). Head-major started the heavy blocks of the
+  // later heads last: GQA 32/4 x 64 at 8K (256 CTAs of 8-512 steps for 132 SMs) kept the SMs
+  // busy 64.5% of the kernel's cycles (ncu, session 30; 99% at 32K), and heavy-first took it
+  // from 254-258 to 365 TFLOP/s; on large grids it loses the L2 reuse of the heads' Q / dO
+  // streams (32 x 128 atomic-split at 32K / 128K: 441 / 382 against 482-497 / 492-501).
+  int n = kDet ? gridDim.x - 1 - blockIdx.x : blockIdx.x, g = blockIdx.y;
+  if (!kDet && a.heavy_first) {
+    const int lin = blockIdx.y * gridDim.x + blockIdx.x;
+    n = lin / gridDim.y;
+    g = lin % gridDim.y;
+  }
+  const int b = blockIdx.z;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int m_first = first_m_block<kBMs>(a, n), nm = a.m_tiles - m_first, steps = a.group * nm;
 
@@ -812,6 +828,11 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   a.hd = HD;
   a.diag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag, p.sk + 1)));
   a.causal = p.causal ? 1 : 0;
+  const dim3 grid(static_cast<unsigned>((p.sk + kBN - 1) / kBN), static_cast<unsigned>(p.hkv), static_cast<unsigned>(p.batch));
+  int dev = 0, sms = 0;
+  EASYCTX_CUDA_CHECK(cudaGetDevice(&dev));
+  EASYCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  a.heavy_first = int64_t{grid.x} * grid.y * grid.z <= 4 * int64_t{sms} ? 1 : 0;  // one CTA per SM
   a.scale = p.scale;
   a.scale_log2 = p.scale_log2;
 
@@ -827,7 +848,6 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   const size_t smem = sizeof(BwdSmem<HD, kDq>) + 1024;
   static_assert(sizeof(BwdSmem<HD, kDq>) + 1024 <= 227 * 1024, "over the 227 KB of shared memory a CTA may have");
   EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>((p.sk + kBN - 1) / kBN), static_cast<unsigned>(p.hkv), static_cast<unsigned>(p.batch));
   kernel<<<grid, 384, smem, st>>>(tq, tk, tv, tdo, a);
   EASYCTX_CUDA_CHECK_LAUNCH("attention_bwd_sm90");
 

@@ -87,8 +87,9 @@ enum class AttentionFwdRoute { NoKeys, Sm90Kernel, CudnnCausalGraph, CudnnCausal
 // deterministic mode at head dim 128 (32 x 128 causal 1.28-1.30 / 1.14-1.21 / 1.06-1.09 at
 // 8K / 32K / 128K, unmasked 1.04-1.11 / 1.15-1.20 at 8K / 32K) and at head dim 64 (the split's
 // 128-row steps, GQA 32/4 x 64: unmasked 1.47 at 32K; causal 1.32 / 1.37 at 32K / 128K, so from
-// 16K rows on: 0.93 at 8K, where its steps take ~1.6x as long, cause not yet known); not
-// atomic (32 x 128 causal 0.87 / 0.92 / 0.95, GQA 0.64 / 0.96 / 0.96).
+// 16K rows on: 0.93 at 8K, where its 256 CTAs leave the SMs idle a third of the time, ncu,
+// session 30); not atomic (32 x 128 causal 0.87 / 0.92 / 0.95, GQA 0.91 / 0.95 / 0.94 with
+// session 30's heavy-first order of small grids, 0.64 at 8K before it).
 bool sm90_bwd_before_cudnn(const AttentionCall& c, const AttentionRouteOptions& o);
 
 enum class AttentionBwdRoute { NoRows, CudnnInPlace, Sm90Kernel, CudnnOneCall, CudnnTiles, Kernel };
