@@ -829,10 +829,7 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   a.diag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag, p.sk + 1)));
   a.causal = p.causal ? 1 : 0;
   const dim3 grid(static_cast<unsigned>((p.sk + kBN - 1) / kBN), static_cast<unsigned>(p.hkv), static_cast<unsigned>(p.batch));
-  int dev = 0, sms = 0;
-  EASYCTX_CUDA_CHECK(cudaGetDevice(&dev));
-  EASYCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  a.heavy_first = int64_t{grid.x} * grid.y * grid.z <= 4 * int64_t{sms} ? 1 : 0;  // one CTA per SM
+  a.heavy_first = int64_t{grid.x} * grid.y * grid.z <= 4 * int64_t{current_device_sms()} ? 1 : 0;
   a.scale = p.scale;
   a.scale_log2 = p.scale_log2;
 

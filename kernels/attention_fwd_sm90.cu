@@ -761,10 +761,7 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   if constexpr (kPersist) {
     // One CTA per SM (the shared memory and registers allow no second one), each taking work
     // tiles of the list (tile_of) until it is used up.
-    int dev = 0, sms = 0;
-    EASYCTX_CUDA_CHECK(cudaGetDevice(&dev));
-    EASYCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    grid = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(sms, 1))), 1, 1);
+    grid = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(current_device_sms(), 1))), 1, 1);
     // L2 sections: as many kv heads as fit 32 MB of K + V (at least one), times the GQA group
     // (the q heads that read them); sections never straddle a kv group.
     const int64_t kv_bytes = p.sk * HD * 2 * 2, budget = g_l2_section_bytes.load(std::memory_order_relaxed);

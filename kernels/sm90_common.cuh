@@ -207,6 +207,15 @@ CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, i
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// SMs of the calling thread's current device: both kernels run one CTA per SM, so their grids
+// are sized (forward, persistent) or ordered (backward, atomic) by it.
+int current_device_sms() {
+  int dev = 0, sms = 0;
+  EASYCTX_CUDA_CHECK(cudaGetDevice(&dev));
+  EASYCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
 // The layout rules both kernels' TMA loads share (head dim, sizes, head counts, row and batch
 // strides: q's for the query-side tensors, k's for the key side): nullptr where the layout can
 // be loaded, else why not. Pointers, their alignment and the grid bounds that differ between
