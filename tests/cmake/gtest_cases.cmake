@@ -65,21 +65,18 @@ else()
     endif()
   endif()
   if(_easyctx_whole)
-    set(_easyctx_name "${EASYCTX_T_ENTRY}:all-cases")
-    add_test("${_easyctx_name}" "${EASYCTX_T_BASH}" "${EASYCTX_T_RUN}"
-             "${EASYCTX_T_RESULTS}/${EASYCTX_T_ENTRY}/all-cases.xml" --
-             ${EASYCTX_T_LAUNCH} "${EASYCTX_T_EXE}" ${EASYCTX_T_ARGS})
-    set_tests_properties("${_easyctx_name}" PROPERTIES
-      LABELS "${EASYCTX_T_LABELS}" TIMEOUT "${EASYCTX_T_TIMEOUT}" PROCESSORS "${EASYCTX_T_PROCESSORS}" COST "${EASYCTX_T_COST}"
-      ENVIRONMENT "${EASYCTX_T_ENV}" WORKING_DIRECTORY "${EASYCTX_T_WORKDIR}" SKIP_RETURN_CODE 77)
-    set(_easyctx_cases)
+    set(_easyctx_cases all-cases)  # the one entry, run without a case filter below
   endif()
   foreach(_easyctx_case IN LISTS _easyctx_cases)
     set(_easyctx_name "${EASYCTX_T_ENTRY}:${_easyctx_case}")
     string(REPLACE "/" "_" _easyctx_file "${_easyctx_case}")
+    set(_easyctx_filter "--gtest_filter=${_easyctx_case}")
+    if(_easyctx_whole)
+      set(_easyctx_filter)
+    endif()
     add_test("${_easyctx_name}" "${EASYCTX_T_BASH}" "${EASYCTX_T_RUN}"
              "${EASYCTX_T_RESULTS}/${EASYCTX_T_ENTRY}/${_easyctx_file}.xml" --
-             ${EASYCTX_T_LAUNCH} "${EASYCTX_T_EXE}" ${EASYCTX_T_ARGS} "--gtest_filter=${_easyctx_case}")
+             ${EASYCTX_T_LAUNCH} "${EASYCTX_T_EXE}" ${EASYCTX_T_ARGS} ${_easyctx_filter})
     set_tests_properties("${_easyctx_name}" PROPERTIES
       LABELS "${EASYCTX_T_LABELS}" TIMEOUT "${EASYCTX_T_TIMEOUT}" PROCESSORS "${EASYCTX_T_PROCESSORS}" COST "${EASYCTX_T_COST}"
       ENVIRONMENT "${EASYCTX_T_ENV}" WORKING_DIRECTORY "${EASYCTX_T_WORKDIR}" SKIP_RETURN_CODE 77)
