@@ -295,7 +295,6 @@ struct BwdArgs {
   int m_tiles;   // query tiles of the main kernel's steps (64 or 128 rows) that cover sq
   int diag;  // clamped to [-(sq+1), sk+1]
   int causal;
-  int heavy_first;  // atomic: key blocks outer, KV heads inner (see the kernel); else head-major
   float scale, scale_log2;
 };
 
@@ -423,7 +422,7 @@ __device__ __forceinline__ int dq_turn(const BwdArgs& a, int n, int m) {
 // (its completion is waited for only where the order needs it). kDqSplit: the two halves are
 // disjoint columns, so one bulk reduce adds the whole tile (deterministic) or one per half as
 // it comes (atomic).
-template <int HD, bool kDet, int kDq>
+template <int HD, bool kDet, int kDq, bool kHeavy>
 __global__ void __launch_bounds__(384, 1)
     attention_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -438,20 +437,19 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(!kRows || HD == 64, "the row split is hd 64's");
   // The CTA's key block n and KV head g. kDet: the key blocks in reverse per head (their turns
   // on a tile run from the last block down; deadlock freedom needs each waited-for CTA
-  // dispatched first). Atomic: head-major, key blocks in order, or with a.heavy_first (grids of
-  // at most 4 waves) the heaviest first over all heads (a causal key block's query steps fall
-  // with n: n outer, g inner in dispatch order). Head-major started the heavy blocks of the
-  // later heads last: GQA 32/4 x 64 at 8K (256 CTAs of 8-512 steps for 132 SMs) kept the SMs
-  // busy 64.5% of the kernel's cycles (ncu, session 30; 99% at 32K), and heavy-first took it
-  // from 254-258 to 365 TFLOP/s; on large grids it loses the L2 reuse of the heads' Q / dO
-  // streams (32 x 128 atomic-split at 32K / 128K: 441 / 382 against 482-497 / 492-501).
-  int n = kDet ? gridDim.x - 1 - blockIdx.x : blockIdx.x, g = blockIdx.y;
-  if (!kDet && a.heavy_first) {
-    const int lin = blockIdx.y * gridDim.x + blockIdx.x;
-    n = lin / gridDim.y;
-    g = lin % gridDim.y;
-  }
-  const int b = blockIdx.z;
+  // dispatched first). Atomic: head-major, key blocks in order, or with kHeavy (the launcher's
+  // choice for grids of at most 4 waves) the heaviest first over all heads (a causal key
+  // block's query steps fall with n: n outer, g inner in dispatch order). Head-major started
+  // the heavy blocks of the later heads last: GQA 32/4 x 64 at 8K (256 CTAs of 8-512 steps for
+  // 132 SMs) kept the SMs busy 64.5% of the kernel's cycles (ncu, session 30; 99% at 32K), and
+  // heavy-first took it from 254-258 to 365 TFLOP/s; on large grids it loses the L2 reuse of
+  // the heads' Q / dO streams (32 x 128 atomic-split at 32K / 128K: 441 / 382 against 482-497 /
+  // 492-501). A template parameter, not a runtime flag: the flag in every kernel cost the
+  // head-major 32 x 128 atomic-split 5% at 32K (474-476 against 501, same call, session 31).
+  static_assert(!(kDet && kHeavy), "the deterministic order needs each waited-for key block dispatched first");
+  const int lin = blockIdx.y * gridDim.x + blockIdx.x;
+  const int n = kDet ? gridDim.x - 1 - blockIdx.x : kHeavy ? lin / gridDim.y : blockIdx.x;
+  const int g = kHeavy ? lin % gridDim.y : blockIdx.y, b = blockIdx.z;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int m_first = first_m_block<kBMs>(a, n), nm = a.m_tiles - m_first, steps = a.group * nm;
 
@@ -829,7 +827,6 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   a.diag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag, p.sk + 1)));
   a.causal = p.causal ? 1 : 0;
   const dim3 grid(static_cast<unsigned>((p.sk + kBN - 1) / kBN), static_cast<unsigned>(p.hkv), static_cast<unsigned>(p.batch));
-  a.heavy_first = int64_t{grid.x} * grid.y * grid.z <= 4 * int64_t{current_device_sms()} ? 1 : 0;
   a.scale = p.scale;
   a.scale_log2 = p.scale_log2;
 
@@ -841,7 +838,11 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   const CUtensorMap tdo = make_map(p.dout, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBMs, "dout");
   const CUtensorMap tk = make_map(p.k, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "k");
   const CUtensorMap tv = make_map(p.v, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "v");
-  auto kernel = attention_bwd_sm90_kernel<HD, kDet, kDq>;
+  // Atomic grids of at most 4 waves: heaviest key blocks first (see the kernel).
+  auto kernel = attention_bwd_sm90_kernel<HD, kDet, kDq, false>;
+  if constexpr (!kDet)
+    if (int64_t{grid.x} * grid.y * grid.z <= 4 * int64_t{current_device_sms()})
+      kernel = attention_bwd_sm90_kernel<HD, kDet, kDq, true>;
   const size_t smem = sizeof(BwdSmem<HD, kDq>) + 1024;
   static_assert(sizeof(BwdSmem<HD, kDq>) + 1024 <= 227 * 1024, "over the 227 KB of shared memory a CTA may have");
   EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
