@@ -198,10 +198,11 @@ __device__ __forceinline__ void online_softmax(float (&s)[64], float (&m_run)[2]
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m_run[hf], mx);
     const float base = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-    // Exactly 1 while the max holds (most tiles of a long row); 0 when m_run was -inf (O, l
-    // were 0). Not ex2(m_run * scale_log2 - base): contracted to an FMA, that is the rounding
-    // error of base, the same tiny factor != 1 on every tile, so l and O drifted by ~1 ulp per
-    // key tile: lse 1.5e-3 low after 1M keys (test_cuda_attention_sm90_long, session 31).
+    // Exactly 1 while the max holds (most tiles of a long row; also while no key was seen: O, l
+    // are 0); 0 at the first key (m_run -inf). Not ex2(m_run * scale_log2 - base): contracted
+    // to an FMA, that is the rounding error of base, the same tiny factor != 1 on every tile,
+    // so l and O drifted by ~1 ulp per key tile: lse 1.5e-3 low after 1M keys
+    // (test_cuda_attention_sm90_long, session 31).
     corr[hf] = m_run[hf] == m_new ? 1.f : ex2((m_run[hf] - m_new) * scale_log2);
     m_run[hf] = m_new;
     constexpr int kSums = kTree ? 4 : 1;
