@@ -21,6 +21,7 @@
 
 #include "cuda_test_util.h"
 #include "kernels/attention_sm90.h"
+#include "ops/cuda/cuda_attention.h"
 
 namespace easyctx::test {
 namespace {
@@ -125,26 +126,12 @@ TEST_P(CudaAttentionSm90Long, MillionTokenCallsMatchReference) {
                        d(ro[bi].data(), n, c.hq, c.hd), Tensor(rl[bi].data(), DType::F64, {c.hq * n}));
   }
 
-  kernels::AttentionParams p;
-  p.q = static_cast<const __nv_bfloat16*>(bq.data());
-  p.k = static_cast<const __nv_bfloat16*>(bk.data());
-  p.v = static_cast<const __nv_bfloat16*>(bv.data());
+  // Shapes, strides, scale and diagonal as the backend and bench_attention build them.
+  kernels::AttentionParams p =
+      ops::cuda::attention_params("test_cuda_attention_sm90_long", bq.view({1, c.sq, c.hq, c.hd}),
+                                  bk.view({1, c.sk, c.hkv, c.hd}), bv.view({1, c.sk, c.hkv, c.hd}), blk);
   p.o_out = static_cast<__nv_bfloat16*>(bo.data());
   p.lse_out = static_cast<float*>(bl.data());
-  p.batch = 1;
-  p.sq = c.sq;
-  p.sk = c.sk;
-  p.hq = c.hq;
-  p.hkv = c.hkv;
-  p.hd = c.hd;
-  p.q_row = qw;
-  p.q_batch = c.sq * qw;
-  p.k_row = kw;
-  p.k_batch = c.sk * kw;
-  p.scale = static_cast<float>(blk.scale);
-  p.scale_log2 = static_cast<float>(blk.scale * 1.4426950408889634);
-  p.causal = c.causal;
-  p.diag = 0;
   std::string why;
   ASSERT_TRUE(kernels::attention_fwd_sm90_supported(p, &why)) << why;
 
@@ -186,9 +173,11 @@ TEST_P(CudaAttentionSm90Long, MillionTokenCallsMatchReference) {
   run_fwd(kernels::Sm90FwdVariant::Auto);
   const auto gl_all = download(bl);
   // Reference backward per block from the kernel's o and lse (bf16 o as stored): dq of its
-  // rows and its rows' part of dk, dv over keys [0, key_end), in key chunks on every core.
+  // rows, and its rows' part of dk, dv over keys [0, key_end), in key chunks on every core, of
+  // which the compared keys are kept.
   std::vector<std::vector<double>> rdq(blocks.size());
-  std::vector<double> rdk(static_cast<size_t>(c.sk * kw), 0.0), rdv(rdk.size(), 0.0);
+  const int64_t nkeys = keys.end - keys.begin;
+  std::vector<double> rdk_keys(static_cast<size_t>(nkeys * kw), 0.0), rdv_keys(rdk_keys.size(), 0.0);
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const Rows r = blocks[bi];
     const int64_t n = r.end - r.begin, ke = key_end(r);
@@ -230,16 +219,14 @@ TEST_P(CudaAttentionSm90Long, MillionTokenCallsMatchReference) {
       for (size_t i = 0; i < dq.size(); ++i) rdq[bi][static_cast<size_t>(r0 * qw) + i] += dq[i];
       const auto& dk = pdk[static_cast<size_t>(task)];
       const auto& dv = pdv[static_cast<size_t>(task)];
-      for (size_t i = 0; i < dk.size(); ++i) {
-        rdk[static_cast<size_t>(k0 * kw) + i] += dk[i];
-        rdv[static_cast<size_t>(k0 * kw) + i] += dv[i];
-      }
+      const int64_t j0 = std::max(k0, keys.begin), j1 = std::min(k0 + static_cast<int64_t>(dk.size()) / kw, keys.end);
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t e = 0; e < kw; ++e) {
+          rdk_keys[static_cast<size_t>((j - keys.begin) * kw + e)] += dk[static_cast<size_t>((j - k0) * kw + e)];
+          rdv_keys[static_cast<size_t>((j - keys.begin) * kw + e)] += dv[static_cast<size_t>((j - k0) * kw + e)];
+        }
     }
   }
-  const std::vector<double> rdk_keys(rdk.begin() + keys.begin * kw, rdk.begin() + keys.end * kw),
-      rdv_keys(rdv.begin() + keys.begin * kw, rdv.begin() + keys.end * kw);
-  std::vector<double>().swap(rdk);  // 1 GB each at 1M keys: freed
-  std::vector<double>().swap(rdv);
 
   p.o = static_cast<const __nv_bfloat16*>(bo.data());
   p.lse = static_cast<const float*>(bl.data());
