@@ -1,52 +1,69 @@
 #!/usr/bin/env bash
-# Context extension end to end, with easyctx's own programs only (issue 25, docs/results.md):
-# a short-context base model trained by easyctx, extended in stages with the recipe machinery
-# (stage YAMLs, model.init: ckpt:, rising model.rope_theta), and evaluated before and after.
+# Context extension end to end, with easyctx's own programs only (docs/results.md): a
+# short-context base model trained by easyctx to retrieve, extended in stages on long natural
+# text with the recipe machinery (stage YAMLs, model.init: ckpt:, rising model.rope_theta), and
+# evaluated before and after. One seed per run; bench/extension_seeds.sh collects several.
 #
 #   bash bench/run_extension.sh [cpu|h200] [OUT_DIR]
 #
-#   cpu   configs/recipes/extension-cpu/: a 0.3M-parameter model, 256 -> 1K tokens, a few
-#         minutes on 2 CPU cores (what the e2e test test_extension_cpu runs)
-#   h200  configs/recipes/extension-h200/: a 66M-parameter model, 2K -> 8K -> 32K, about
-#         6 minutes of one H200 (341 s measured: docs/results.md)
+#   cpu   configs/recipes/extension-cpu/: a 0.15M-parameter model, 128 -> 512 tokens, a few
+#         minutes on 2 CPU cores (what the e2e test test_extension_cpu runs, two seeds)
+#   h200  configs/recipes/extension-h200/: a 66M-parameter model, 2K -> 8K -> 32K, one device
+#         call of one H200 per seed (docs/results.md)
 #
-# Phases (each prints its wall time): the tokenizer (scripts/make_demo_tokenizer.sh: 2000-piece
-# BPE on the KJV); the training documents (h5synth: KJV text, needles in KJV text, pass keys,
-# dense key-value recall; one document per window of each stage's length) and held-out
-# documents for perplexity (PPL_MIX, from the last HELDOUT_VERSES verses of the KJV, never
-# trained on); the base model, trained in chunks of BASE_CHUNK steps (easyctx_train resumes its
-# run with a larger train.steps) until a held-out probe (easyctx_eval_needle at the base
-# length, its own seed) retrieves at least PROBE_TARGET PROBE_TIMES times in a row, at most
-# BASE_MAX_STEPS; the extension stages; the evaluation of the base, the control (the base with
-# the last stage's RoPE theta, no training: --rope-theta) and every stage on one grid: the
-# TASKS of easyctx_eval_needle (needle: EasyContext's, KJV haystack; pass key) at prompt
-# lengths S0, 2 S0, ... up to the last stage's length, perplexity of the held-out documents by
-# easyctx_eval_ppl every EVAL_STEP tokens; then the tables and easyctx_report's page.
+# Every training run is deterministic (train.deterministic: true in the stage files): a rerun of
+# a seed gives the same models and the same numbers.
+#
+# Phases (each prints its wall time):
+#   tokenizer  scripts/make_demo_tokenizer.sh (2000-piece BPE on the KJV) unless TOKENIZER; the
+#              KJV split into training verses and the last HELDOUT_VERSES, the held-out text of
+#              the perplexity eval (never trained on); the stages' natural text: the training
+#              verses plus TEXT_DIR's .txt files (default: scripts/make_text_corpus.sh: the
+#              Jargon File and fortune-mod's cookies, from Debian packages)
+#   data       h5synth documents. Base rungs: one whole retrieval prompt per window (needle in
+#              KJV text, pass key). Extension stages: packed windows (h5synth --prompt-max):
+#              a run of the natural text across the whole window with whole retrieval prompts
+#              of at most PROMPT_MAX tokens (default: the base length) put in at random
+#              points, STAGE_MIX giving the token shares; so every needle distance beyond the
+#              base length is one the model never trained on. What each stage saw (tokens and
+#              prompts by kind, prompt lengths) goes into summary.txt and data/<stage>/h5synth.json.
+#   base       BASE_RUNGS, a length curriculum "LENGTH:BATCH:MIX[:LR] ..." (each rung from the
+#              previous rung's checkpoint, fresh Adam), each trained in chunks of BASE_CHUNK steps
+#              (easyctx_train resumes its run with a larger train.steps) until a held-out probe
+#              (easyctx_eval_needle at the rung's length, its own seed) reaches PROBE_TARGET
+#              PROBE_TIMES times in a row, at most BASE_MAX_STEPS steps per rung; the last rung is
+#              the base stage at its length
+#   extension  each later stage from the previous one's last checkpoint, its own length and
+#              RoPE theta (STEPS overrides every stage's train.steps)
+#   evaluation the base, the control (the base with the last stage's RoPE theta, no training:
+#              --rope-theta) and every stage on one grid: the TASKS of easyctx_eval_needle
+#              (needle: EasyContext's, KJV haystack, depths every DEPTH; pass key) at prompt
+#              lengths S0, S0 + GRID_STEP, ... up to the last stage's length, SAMPLES prompts per
+#              cell; perplexity of PPL_DOCS held-out documents by easyctx_eval_ppl every
+#              EVAL_STEP tokens
+#   tables     accuracy tables, the targets of docs/results.md checked (targets.txt), and
+#              easyctx_report's page
 #
 # Outputs in OUT_DIR (default out/extension-<scale>):
 #   accuracy.csv   model,task,length,context,score,samples   (length: prompt tokens, the
 #                  window it fits; context: the haystack's tokens; needle: mean over depths)
 #   accuracy.md    the same as markdown tables, model x length, per task and all together
+#   targets.txt    one line per target: PASS/FAIL, the measured value, the threshold
 #   ppl.csv, ppl.png   perplexity by context length, every model (model column first)
 #   runs/<stage>/  the training runs; runs/<stage>/eval/ holds its needle.csv, synthetic.csv
 #                  (heatmap PNGs beside them) and ppl.csv, the base's also the control's
 #   report.html    easyctx_report of the stages (loss, throughput, plans, heatmaps, curves)
-#   summary.txt    the phase times and the headline numbers
+#   summary.txt    the phase times, what each stage saw, the headline numbers
 #
 # Environment: B (programs, default build/bin; on the GPU host .deps/gpubin), SEED (default 1:
-# every data, probe and eval seed derives from it), TOKENIZER (an existing kjv_bpe2000.model:
-# skips spm_train), KJV (the KJV's verses, one per line, "Ge1:1 " prefixes allowed; default
-# .deps/haystack/kjv.txt when present, else `bible` through make_demo_tokenizer.sh),
-# BASE_CHUNK, BASE_MAX_STEPS, PROBE_TARGET, STEPS (every extension stage's train.steps),
-# SAMPLES (per eval cell), DEPTH (needle depth interval), GRID_STEP (needle grid step, default
-# S0), EVAL_STEP (ppl length step), DEVICE (the evaluations'), TRAIN_SET (more --set flags for
-# every easyctx_train call, e.g. "--set train.batch_size=8"), TASKS,
-# MIX, PROMPT_MIN, PPL_MIX, PPL_DOCS, PROBE_SAMPLES, DIGITS, HELDOUT_VERSES (defaults per scale below),
-# BASE_RUNGS: the base's length curriculum, "LENGTH:BATCH:MIX ..." (each rung trains the base
-# stage at that length, batch and document mix from the previous rung's checkpoint, in chunks
-# until its probe at that length passes, at most BASE_MAX_STEPS; the last rung's length must be
-# the base stage's; empty: one rung, the base stage itself with MIX). The CPU experiments of
-# docs/results.md found a base learns retrieval by content only this way.
+# every data, training, probe and eval seed derives from it), TOKENIZER (an existing
+# kjv_bpe2000.model: skips spm_train), KJV (the KJV's verses, one per line, "Ge1:1 " prefixes
+# allowed; default .deps/haystack/kjv.txt when present, else `bible` through
+# make_demo_tokenizer.sh), TEXT_DIR, BASE_RUNGS, BASE_CHUNK, BASE_MAX_STEPS, PROBE_TARGET,
+# PROBE_TIMES, PROBE_SAMPLES, STEPS, STAGE_MIX, PROMPT_MAX, STAGE_PROMPT_MIN, SAMPLES, DEPTH,
+# GRID_STEP, EVAL_STEP, DEVICE (the evaluations'), TRAIN_SET (more --set flags for every
+# easyctx_train call), TASKS, PPL_MIX, PPL_DOCS, DIGITS, HELDOUT_VERSES (defaults per scale
+# below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scale=${1:-h200}
@@ -58,25 +75,27 @@ case "$scale" in
     recipe=configs/recipes/extension-cpu
     stages=(s0-base-128 s1-512)
     device=${DEVICE:-cpu}
-    # Pass keys only, each prompt one whole window: what the tiny model learns reliably at 128
-    # tokens (test_needle_e2e's recipe; needles and other mixes were not reliable: docs/results.md).
-    : "${BASE_CHUNK:=200}" "${BASE_MAX_STEPS:=2000}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=20}" "${DEPTH:=0.25}"
-    : "${EVAL_STEP:=64}" "${PPL_DOCS:=8}" "${PROBE_SAMPLES:=20}" "${TASKS:=passkey}" "${MIX:=passkey=1}"
-    : "${PROMPT_MIN:=1}" "${PPL_MIX:=passkey=1}" "${PROBE_TIMES:=2}"
+    # The base: pass keys only, each prompt one whole window (what the tiny model learns
+    # reliably at 128 tokens; needles and other mixes were not reliable: docs/results.md). The
+    # stage: natural text with pass-key prompts of at most 128 tokens packed in.
+    : "${BASE_RUNGS=}" "${BASE_CHUNK:=200}" "${BASE_MAX_STEPS:=2000}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=20}"
+    : "${DEPTH:=0.25}" "${EVAL_STEP:=64}" "${PPL_DOCS:=8}" "${PROBE_SAMPLES:=20}" "${TASKS:=passkey}"
+    : "${MIX:=passkey=1}" "${PROMPT_MIN:=1}" "${STAGE_MIX:=text=1,passkey=1}" "${STAGE_PROMPT_MIN:=0.5}"
+    : "${PPL_MIX:=text=1}" "${PROBE_TIMES:=2}"
     ;;
   h200)
     recipe=configs/recipes/extension-h200
     stages=(s0-base-2k s1-8k s2-32k)
     device=${DEVICE:-cuda}
     # The base: a curriculum of whole-window prompts, pass keys at 128 then needles and pass
-    # keys up to 2K (docs/results.md, "Toward a base that retrieves"); the stages: the same
-    # whole-window needle + pass-key documents at 8K and 32K. (Session 21's one-rung base on
-    # needle=1,passkey=1,kv=2,repeat=1,text=1 at 2K never retrieved.)
-    : "${BASE_RUNGS=128:256:passkey=1 256:128:needle=2,passkey=1 512:64:needle=2,passkey=1 1024:32:needle=2,passkey=1 2048:16:needle=2,passkey=1}"
-    : "${BASE_CHUNK:=100}" "${BASE_MAX_STEPS:=400}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=4}" "${DEPTH:=0.25}"
-    : "${EVAL_STEP:=2048}" "${PPL_DOCS:=4}" "${PROBE_SAMPLES:=4}" "${TASKS:=needle,passkey}"
-    : "${MIX:=needle=2,passkey=1}" "${PROMPT_MIN:=1}" "${PPL_MIX:=text=1}"
-    : "${PROBE_TIMES:=2}"
+    # keys up to 2K, at half the first rung's learning rate from 256 on (docs/results.md). The
+    # stages: the natural text with needle and pass-key prompts of at most 2K packed in, half
+    # the tokens.
+    : "${BASE_RUNGS=128:256:passkey=1:1e-3 256:128:needle=2,passkey=1:5e-4 512:64:needle=2,passkey=1:5e-4 1024:32:needle=2,passkey=1:5e-4 2048:16:needle=2,passkey=1:5e-4}"
+    : "${BASE_CHUNK:=150}" "${BASE_MAX_STEPS:=900}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=4}" "${DEPTH:=0.25}"
+    : "${EVAL_STEP:=2048}" "${PPL_DOCS:=4}" "${PROBE_SAMPLES:=8}" "${TASKS:=needle,passkey}"
+    : "${MIX:=needle=2,passkey=1}" "${PROMPT_MIN:=1}" "${STAGE_MIX:=text=2,needle=1,passkey=1}"
+    : "${STAGE_PROMPT_MIN:=0.125}" "${PPL_MIX:=text=1}" "${PROBE_TIMES:=2}"
     ;;
   *) echo "run_extension.sh: unknown scale '$scale' (cpu or h200)" >&2; exit 2 ;;
 esac
@@ -89,6 +108,7 @@ out=$(cd "$out" && pwd)
 summary=$out/summary.txt
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
+say "run_extension.sh $scale: seed $SEED, $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')"
 # phase NAME COMMAND...: runs it, prints its wall time.
 phase() {
   local name=$1 t0=$SECONDS
@@ -134,7 +154,16 @@ text() {
   # Training text: every verse but the last HELDOUT_VERSES; those are the perplexity text.
   head -n "-$HELDOUT_VERSES" "$out/tok/kjv.txt" > "$out/tok/train.txt"
   tail -n "$HELDOUT_VERSES" "$out/tok/kjv.txt" > "$out/tok/heldout.txt"
-  echo "tokenizer $tok; $(wc -l < "$out/tok/train.txt") training verses, $HELDOUT_VERSES held out"
+  # The stages' natural text: the training verses and TEXT_DIR's files (never the held-out verses).
+  local extra=${TEXT_DIR:-}
+  [ -n "$extra" ] || extra=$(bash scripts/make_text_corpus.sh "$out/tok/corpus")
+  ls "$extra"/*.txt > /dev/null 2>&1 || { echo "run_extension.sh: no .txt files in TEXT_DIR $extra" >&2; return 1; }
+  rm -rf "$out/tok/text"
+  mkdir -p "$out/tok/text"
+  cp "$out/tok/train.txt" "$out/tok/text/kjv-train.txt"
+  cp "$extra"/*.txt "$out/tok/text/"
+  echo "tokenizer $tok; $(wc -l < "$out/tok/train.txt") training verses, $HELDOUT_VERSES held out;" \
+    "stage text: $(cd "$out/tok/text" && for f in *.txt; do printf '%s %s bytes, ' "$f" "$(wc -c < "$f")"; done)"
 }
 phase tokenizer text
 hay=$out/tok/train.txt
@@ -147,13 +176,12 @@ data() {
     S=$(seq_of "$s")
     n=$((${STEPS:-$(steps_of "$s")} * $(batch_of "$s")))
     [ $n -gt 40000 ] && n=40000  # the sampler goes round again: a few epochs at most
-    "$B/h5synth" -t "$tok" -o "$out/data/$s" --haystack-dir "$hay" --length "$S" --documents "$n" \
-      --mix "$MIX" --prompt-min "$PROMPT_MIN" --digits "$DIGITS" --seed $((SEED * 100 + i))
+    "$B/h5synth" -t "$tok" -o "$out/data/$s" --haystack-dir "$hay" --text-dir "$out/tok/text" --length "$S" \
+      --documents "$n" --mix "$STAGE_MIX" --prompt-max "${PROMPT_MAX:-$S0}" --prompt-min "$STAGE_PROMPT_MIN" \
+      --digits "$DIGITS" --seed $((SEED * 100 + i)) | grep ' documents of ' | sed "s/^h5synth: /$s data: /" | tee -a "$summary"
     i=$((i + 1))
   done
-  # Held-out documents of S_last tokens for perplexity, from the held-out verses: plain text
-  # (h200), or the training kind with another seed (cpu: pass-key prompts, all the tiny model
-  # ever reads).
+  # Held-out documents of S_last tokens for perplexity, from the held-out verses (PPL_MIX: plain text).
   "$B/h5synth" -t "$tok" -o "$out/data/heldout" --haystack-dir "$out/tok/heldout.txt" --length "$S_last" \
     --documents "$PPL_DOCS" --mix "$PPL_MIX" --prompt-min 1 --digits "$DIGITS" --seed $((SEED * 100 + 99))
 }
@@ -198,17 +226,19 @@ mean_score() {
 }
 
 # 3. The base: rung by rung (BASE_RUNGS), each in chunks until its probe retrieves at its length.
+base_lr=$(yaml_value "$recipe/${stages[0]}.yaml" train.lr)
 read -r -a rungs <<< "${BASE_RUNGS:-}"
 [ ${#rungs[@]} -gt 0 ] || rungs=("$S0:$(batch_of "${stages[0]}"):$MIX")
 [ "${rungs[${#rungs[@]} - 1]%%:*}" = "$S0" ] ||
   { echo "run_extension.sh: BASE_RUNGS must end at the base stage's length $S0: ${rungs[*]}" >&2; exit 2; }
 base() {
-  local s=${stages[0]} r L b mix ptasks dir init=random i=0 steps acc resume passed total=0
+  local s=${stages[0]} r L b mix lr ptasks dir init=random i=0 steps acc resume passed total=0
   rm -rf "$out/runs/$s" "$out/runs/$s".* "$out/data/$s" "$out/data/$s".*
   mkdir -p "$out/runs"
   : > "$out/runs/$s.log"
   for r in "${rungs[@]}"; do
-    IFS=: read -r L b mix <<< "$r"
+    IFS=: read -r L b mix lr <<< "$r"
+    lr=${lr:-$base_lr}
     i=$((i + 1))
     # The last rung is the base stage's run (the later stages start from it); the others beside it.
     if [ $i -eq ${#rungs[@]} ]; then dir=$s; else dir=$s.rung-$L; fi
@@ -224,14 +254,14 @@ base() {
       steps=$((steps + BASE_CHUNK))
       [ $steps -gt "$BASE_MAX_STEPS" ] && steps=$BASE_MAX_STEPS
       train "$s" --set data.path="$out/data/$dir" --set output.dir="$out/runs/$dir" --set data.seq_length="$L" \
-        --set train.batch_size="$b" --set model.init="$init" --set train.steps=$steps --resume $resume \
+        --set train.batch_size="$b" --set train.lr="$lr" --set model.init="$init" --set train.steps=$steps --resume $resume \
         > "$out/runs/$dir.train.log" 2>&1 || { tail -5 "$out/runs/$dir.train.log"; return 1; }
       cat "$out/runs/$dir.train.log" >> "$out/runs/$s.log"
       resume=auto
       TASKS=$ptasks needle_eval "$out/runs/$dir" "$out/runs/$dir.probe" $((SEED * 100 + 77)) "$L" "$L" 1 \
         "$PROBE_SAMPLES" > "$out/runs/$dir.probe.log" 2>&1 || { tail -5 "$out/runs/$dir.probe.log"; return 1; }
       acc=$(mean_score "$out/runs/$dir.probe")
-      say "base: ${L} tokens ($mix), step $steps, probe accuracy $acc ($ptasks) (loss $(grep -o '"loss":[0-9.]*' \
+      say "base: ${L} tokens ($mix, lr $lr), step $steps, probe accuracy $acc ($ptasks) (loss $(grep -o '"loss":[0-9.]*' \
         "$out/runs/$dir/metrics.jsonl" | tail -20 | awk -F: '{ s += $2 } END { printf "%.3f", s / NR }'))"
       if awk -v a="$acc" -v t="$PROBE_TARGET" 'BEGIN { exit !(a >= t) }'; then passed=$((passed + 1)); else passed=0; fi
       [ $passed -ge "$PROBE_TIMES" ] && break  # past the jump, not on its way up
@@ -345,4 +375,7 @@ say ""
 say "perplexity of the held-out documents (ppl.csv: $PPL_MIX), at $S0 and $S_last tokens:"
 awk -F, -v a="$S0" -v b="$S_last" 'NR > 1 && ($2 == a || $2 == b) { printf "  %-12s %6d tokens  %.2f\n", $1, $2, $3 }' \
   "$out/ppl.csv" | tee -a "$summary"
-say "base trained ${base_steps} steps; outputs in $out (accuracy.csv, accuracy.md, ppl.csv, ppl.png, report.html)"
+say "base trained ${base_steps} steps; outputs in $out (accuracy.csv, accuracy.md, targets.txt, ppl.csv, ppl.png, report.html)"
+
+# 7. The targets of docs/results.md, from the CSVs (bench/extension_seeds.sh collects them over seeds).
+bash bench/extension_seeds.sh targets "$out" "${stages[0]}" "$last" "$S0" "$S_last" | tee "$out/targets.txt" | tee -a "$summary"

@@ -2,7 +2,8 @@
 // multi-value, variable tracking, dense key-value recall, plain text) as an h5tokenize-format
 // token shard, every document exactly --length tokens so that the trainer's windows at
 // data.seq_length = --length hold one document each. The prompts are eval::PromptBuilder's:
-// exactly what easyctx_eval_needle scores. See docs/data.md ("h5synth").
+// exactly what easyctx_eval_needle scores. With --prompt-max, every document is a window of
+// natural text (--text-dir) with short prompts packed into it. See docs/data.md ("h5synth").
 #include <omp.h>
 
 #include <boost/program_options.hpp>
@@ -25,10 +26,22 @@ using namespace easyctx;
 
 namespace {
 
+// Runs f, whose errors name --haystack-dir (the haystack loader's flag), as the --text-dir's.
+template <typename F>
+void as_text_dir(F f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    std::string m = e.what();
+    for (size_t at; (at = m.find("--haystack-dir")) != std::string::npos;) m.replace(at, 14, "--text-dir");
+    throw InputError(m);
+  }
+}
+
 int synth_main(int argc, char** argv) {
   eval::SynthOptions o;
-  std::string tokenizer, output, haystack_dir, mix = "needle=1,passkey=1,kv=1,text=1";
-  int64_t documents = 0, haystack_tokens = 4 << 20;
+  std::string tokenizer, output, haystack_dir, text_dir, mix = "needle=1,passkey=1,kv=1,text=1";
+  int64_t documents = 0, haystack_tokens = 4 << 20, text_tokens = 16 << 20;
   int threads = 0;
   po::options_description opts("h5synth --tokenizer MODEL --output DIR --length S --documents N [options]\noptions");
   // clang-format off
@@ -41,12 +54,20 @@ int synth_main(int argc, char** argv) {
        "default: the KJV through `bible`)")
       ("haystack-tokens", po::value(&haystack_tokens)->default_value(haystack_tokens),
        "tokens of haystack text to read (repeated from the start when the text is shorter)")
+      ("text-dir", po::value(&text_dir)->default_value(""),
+       "text of the packed windows (--prompt-max; the same forms as --haystack-dir; default: the haystack)")
+      ("text-tokens", po::value(&text_tokens)->default_value(text_tokens),
+       "tokens of --text-dir to read at most (all of a smaller text, repeated only up to --length)")
       ("length", po::value(&o.length)->required(), "tokens per document (the stage's data.seq_length)")
       ("documents", po::value(&documents)->required(), "documents to write")
       ("mix", po::value(&mix)->default_value(mix),
        "relative weights of the document kinds: text, needle, passkey, multikey, multivalue, vt, kv, repeat")
       ("prompt-min", po::value(&o.prompt_min)->default_value(o.prompt_min, "0.125"),
-       "a prompt's length is drawn in [prompt-min x length, length], the rest is text before it (1: whole documents)")
+       "a prompt's length is drawn in [prompt-min x length, length], the rest is text before it (1: whole documents); "
+       "with --prompt-max in [prompt-min x prompt-max, prompt-max]")
+      ("prompt-max", po::value(&o.prompt_max)->default_value(0),
+       "0: one prompt per document, as above; N >= 64: packed windows: a run of --text-dir text across each "
+       "document with whole prompts of at most N tokens put in at random points, --mix weights as token shares")
       ("digits", po::value(&o.task.digits)->default_value(o.task.digits), "digits of every number")
       ("keys", po::value(&o.task.keys)->default_value(o.task.keys), "multikey: keys per prompt")
       ("values", po::value(&o.task.values)->default_value(o.task.values), "multivalue: values per prompt")
@@ -70,15 +91,23 @@ int synth_main(int argc, char** argv) {
   eval::check_synth_options(o);
   EASYCTX_CHECK_INPUT(documents >= 1, "--documents: ", documents, " (must be >= 1)");
   EASYCTX_CHECK_INPUT(haystack_tokens >= 1, "--haystack-tokens: ", haystack_tokens, " (must be >= 1)");
+  EASYCTX_CHECK_INPUT(text_tokens >= 1, "--text-tokens: ", text_tokens, " (must be >= 1)");
+  EASYCTX_CHECK_INPUT(text_dir.empty() || o.prompt_max > 0, "--text-dir: only packed windows (--prompt-max) read it");
   EASYCTX_CHECK_INPUT(std::filesystem::is_regular_file(tokenizer), "--tokenizer: ", tokenizer, " is not a file");
   eval::check_haystack_source(haystack_dir);
+  if (!text_dir.empty()) as_text_dir([&] { eval::check_haystack_source(text_dir); });
   if (threads > 0) omp_set_num_threads(threads);
 
   const auto t0 = std::chrono::steady_clock::now();
   const auto tok = data::load_tokenizer(tokenizer);
   eval::Haystack hay = eval::load_haystack(haystack_dir, *tok, std::max<int64_t>(haystack_tokens, 2 * o.length));
   log_info("h5synth: haystack ", hay.description);
-  const eval::SynthDocs docs(*tok, o, std::move(hay.tokens));
+  eval::Haystack text;
+  if (!text_dir.empty()) {
+    as_text_dir([&] { text = eval::load_text(text_dir, *tok, text_tokens, o.length); });
+    log_info("h5synth: text ", text.description);
+  }
+  const eval::SynthDocs docs(*tok, o, std::move(hay.tokens), std::move(text.tokens));
 
   namespace fs = std::filesystem;
   fs::create_directories(output);
@@ -101,13 +130,17 @@ int synth_main(int argc, char** argv) {
   const int64_t batch = 256;
   std::vector<std::vector<uint32_t>> buf(static_cast<size_t>(batch));
   std::vector<eval::DocKind> kinds(static_cast<size_t>(batch));
+  std::vector<eval::DocTally> tallies(static_cast<size_t>(batch));
+  eval::DocTally tally;
   for (int64_t first = 0; first < documents; first += batch) {
     const int64_t n = std::min(batch, documents - first);
     std::exception_ptr failed;  // an exception may not leave an OpenMP region: rethrown after it
 #pragma omp parallel for schedule(dynamic)
     for (int64_t j = 0; j < n; ++j) {
       try {
-        buf[static_cast<size_t>(j)] = docs.document(static_cast<uint64_t>(first + j), &kinds[static_cast<size_t>(j)]);
+        tallies[static_cast<size_t>(j)] = eval::DocTally();
+        buf[static_cast<size_t>(j)] =
+            docs.document(static_cast<uint64_t>(first + j), &kinds[static_cast<size_t>(j)], &tallies[static_cast<size_t>(j)]);
       } catch (...) {
 #pragma omp critical
         if (!failed) failed = std::current_exception();
@@ -116,6 +149,7 @@ int synth_main(int argc, char** argv) {
     if (failed) std::rethrow_exception(failed);
     for (int64_t j = 0; j < n; ++j) {
       const eval::DocKind k = kinds[static_cast<size_t>(j)];
+      tally.add(tallies[static_cast<size_t>(j)]);
       if (!source.count(k)) source[k] = w.source_index(eval::doc_kind_name(k));
       ++counts[k];
       w.add_document(buf[static_cast<size_t>(j)].data(), buf[static_cast<size_t>(j)].size(), source[k]);
@@ -129,6 +163,10 @@ int synth_main(int argc, char** argv) {
   settings.set("digits", o.task.digits);
   settings.set("seed", static_cast<int64_t>(o.seed));
   settings.set("haystack", hay.description);
+  if (o.prompt_max > 0) {
+    settings.set("prompt_max", o.prompt_max);
+    settings.set("text", text_dir.empty() ? std::string("the haystack") : text.description);
+  }
   w.set_extra("h5synth", settings.dump());
   w.commit();
 
@@ -137,6 +175,14 @@ int synth_main(int argc, char** argv) {
   Json summary = settings;
   Json by_kind = Json::object(), overhead = Json::object();
   for (const auto& kv : counts) by_kind.set(eval::doc_kind_name(kv.first), kv.second);
+  // What the windows hold, exactly: tokens and whole prompts by kind, the prompts' lengths.
+  Json tokens_by_kind = Json::object(), prompts_by_kind = Json::object();
+  for (const auto& kv : tally.tokens) tokens_by_kind.set(eval::doc_kind_name(kv.first), kv.second);
+  for (const auto& kv : tally.prompts) prompts_by_kind.set(eval::doc_kind_name(kv.first), kv.second);
+  summary.set("tokens_by_kind", tokens_by_kind);
+  summary.set("prompts_by_kind", prompts_by_kind);
+  summary.set("shortest_prompt", tally.shortest_prompt);
+  summary.set("longest_prompt", tally.longest_prompt);
   for (eval::Task t : {eval::Task::Needle, eval::Task::Passkey, eval::Task::MultiKey, eval::Task::MultiValue,
                        eval::Task::VariableTracking})
     overhead.set(eval::task_name(t), docs.overhead(t));
@@ -147,6 +193,14 @@ int synth_main(int argc, char** argv) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string kinds_line;
   for (const auto& kv : counts) kinds_line += std::string(kinds_line.empty() ? "" : ", ") + eval::doc_kind_name(kv.first) + " " + std::to_string(kv.second);
+  if (o.prompt_max > 0) {
+    kinds_line = "packed:";
+    for (const auto& kv : tally.tokens)
+      kinds_line += std::string(" ") + eval::doc_kind_name(kv.first) + " " +
+                    format_count(static_cast<double>(kv.second)) + " tokens" +
+                    (tally.prompts.count(kv.first) ? " in " + std::to_string(tally.prompts.at(kv.first)) + " prompts" : "") + ",";
+    kinds_line += " prompts " + std::to_string(tally.shortest_prompt) + "-" + std::to_string(tally.longest_prompt) + " tokens";
+  }
   std::cout << "h5synth: " << documents << " documents of " << o.length << " tokens (" << kinds_line << "), "
             << format_count(static_cast<double>(w.num_tokens())) << " tokens in " << format_duration(s) << " -> " << output << "/synth.h5\n"
             << "h5synth: eval prompt overhead (tokens beyond the context length): needle "

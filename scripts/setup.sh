@@ -12,7 +12,7 @@ pkgs=(
   libyaml-cpp-dev libboost-program-options-dev
   libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece libpcre2-dev libzstd-dev zstd
-  bible-kjv bible-kjv-text jq python3 python3-sentencepiece
+  bible-kjv bible-kjv-text jargon-text fortunes jq python3 python3-sentencepiece
   slurm-wlm munge
   chromium fonts-dejavu-core
 )

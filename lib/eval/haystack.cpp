@@ -177,8 +177,11 @@ void check_haystack_source(const std::string& spec) {
                       "pass --haystack-dir");
 }
 
-Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens) {
-  Collector c(tok, min_tokens);
+namespace {
+
+// Reads about `want` tokens at most (all of a smaller text), repeated to `min_tokens` at least.
+Haystack load_tokens(const std::string& spec, const data::Tokenizer& tok, int64_t want, int64_t min_tokens) {
+  Collector c(tok, want);
   Haystack h;
   if (spec.empty()) {
     const std::string text = kjv_text();
@@ -206,6 +209,16 @@ Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int6
   }
   h.tokens = std::move(t);
   return h;
+}
+
+}  // namespace
+
+Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens) {
+  return load_tokens(spec, tok, min_tokens, min_tokens);
+}
+
+Haystack load_text(const std::string& spec, const data::Tokenizer& tok, int64_t max_tokens, int64_t min_tokens) {
+  return load_tokens(spec, tok, std::max(max_tokens, min_tokens), min_tokens);
 }
 
 Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens, dist::Comm& comm,
