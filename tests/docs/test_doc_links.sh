@@ -3,7 +3,7 @@
 # has a #anchor into a Markdown file, that file has a heading with that anchor (GitHub's rule:
 # lower case, punctuation dropped, spaces to hyphens, -1, -2, ... for repeats). Links inside
 # code (fenced blocks, `inline`) and to http(s)/mailto are not checked; reference definitions
-# ([name]: target) are.
+# ([name]: target) are, and every [text][name] needs its definition.
 # Usage: test_doc_links.sh [SOURCE_DIR]   (default: the repository this script is in)
 set -euo pipefail
 root=${1:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -72,7 +72,12 @@ for doc in docs:
     path = os.path.join(root, doc)
     with open(path, encoding="utf-8") as f:
         lines = strip_code(f.read())
+    defined = {m.group(1).lower() for line in lines
+               for m in [re.match(r"^\s{0,3}\[([^\]]+)\]:", line)] if m}
     for no, line in enumerate(lines, 1):
+        for m in re.finditer(r"\]\[([^\]]+)\]", line):          # [text][name]
+            if m.group(1).lower() not in defined:
+                bad.append(f"{doc}:{no}: [{m.group(1)}]: reference link without a definition")
         targets = [m.group(1) for m in link_re.finditer(line)]
         ref = re.match(r"^\s{0,3}\[[^\]]+\]:\s*<?([^\s>]+)>?", line)   # [name]: target
         if ref:
