@@ -1,4 +1,4 @@
-// easyctx_eval_needle --model DIR --tokenizer FILE --output-dir DIR [--haystack-dir DIR]
+// easyctx_eval_needle --model DIR --tokenizer FILE --output-dir DIR [--haystack-dir DIR] [--tensorboard DIR]
 //                     [--task needle,passkey,multikey,multivalue,vt] [--device auto|cpu|cuda]
 //                     [--min-context-length N] [--max-context-length N] [--context-interval N]
 //                     [--depth-interval F] [--samples K] [--distractors K] [--digits D]

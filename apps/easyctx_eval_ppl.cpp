@@ -1,12 +1,14 @@
 // easyctx_eval_ppl --model DIR [--model DIR2 ...] --tokenized FILE... --min-tokens A
 //                  --max-tokens B --tokens-step S [--samples K] [--rope-theta T]
 //                  [--device auto|cpu|cuda] [--sp-size N --sp-mode MODE] [--attention-head-groups G]
-//                  --output-file CSV [--plot PNG] [--plan [--set target.KEY=VALUE ...]]
+//                  --output-file CSV [--plot PNG] [--tensorboard DIR]
+//                  [--plan [--set target.KEY=VALUE ...]]
 // Perplexity of Hugging Face Llama folders or training checkpoints (ckpt:DIR) over document
 // lengths A, A+S, ..., B on the first K documents of pre-tokenized shards (docs/eval.md), on
 // the CPU or GPUs, sequence parallel inside groups of --sp-size ranks and data parallel over
 // documents across the groups (mpirun). Several models run one after another on the same
-// documents: a CSV each plus one with a model column, and one plot. --plan prints the memory
+// documents: a CSV each plus one with a model column, one plot, and TensorBoard events
+// (eval_ppl/<model> against the length; by default in <CSV's folder>/tensorboard). --plan prints the memory
 // plan of the longest length and exits (0 fits, 3 does not, 2 bad input). Logic in lib/eval.
 #include <boost/program_options.hpp>
 #include <filesystem>
@@ -45,7 +47,7 @@ int main(int argc, char** argv) {
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) -> int {
     eval::PplOptions o;
     std::vector<std::string> models, sets;
-    std::string out, plot, device = "auto", sp_mode = "zigzag_ring";
+    std::string out, plot, tensorboard, device = "auto", sp_mode = "zigzag_ring";
     double progress_every = 30;
     po::options_description opts("easyctx_eval_ppl [options]");
     opts.add_options()("help,h", "show this help")(
@@ -76,6 +78,9 @@ int main(int argc, char** argv) {
         "each model also gets <stem>.<model>.csv")(
         "plot", po::value(&plot)->default_value(""),
         "PNG of perplexity against context length, every model on one chart (default: <stem>.png; none: no plot)")(
+        "tensorboard", po::value(&tensorboard)->default_value(""),
+        "folder of the TensorBoard event file: eval_ppl/<model> = perplexity with step = the length in tokens "
+        "(default: <folder of --output-file>/tensorboard; none: no event file)")(
         "plan", "print the memory plan of the longest length per model (every buffer per GPU and per host) as a "
         "table, then as one JSON object on the last line, and exit: 0 when it fits, 3 when it does not (the message "
         "names the flags that would fit), 2 on bad input")(
@@ -161,6 +166,11 @@ int main(int argc, char** argv) {
       const std::string png = plot.empty() ? stem + ".png" : plot;
       eval::write_png(png, eval::render_line_chart(eval::ppl_chart(results)));
       log_info("wrote ", png);
+    }
+    if (tensorboard != "none") {
+      const std::string dir =
+          tensorboard.empty() ? (std::filesystem::path(out).parent_path() / "tensorboard").string() : tensorboard;
+      log_info("TensorBoard events: ", eval::write_ppl_events(dir, results));
     }
     for (size_t m = 0; m < results.size(); ++m) {
       const eval::PplResult& r = results[m];

@@ -252,6 +252,18 @@ void archive_run(const std::string& run_dir, const std::string& old_id, const Js
       fs::rename(dir / "metrics.jsonl", dest / "metrics.jsonl");
     }
   }
+  // The TensorBoard folder goes the same way: a new run's curves never merge with the earlier
+  // run's; a fork keeps the history it continues (its first event drops the steps after the
+  // fork in TensorBoard).
+  if (fs::exists(dir / "tensorboard") && !fs::exists(dest / "tensorboard")) {
+    if (keep_metrics) {
+      fs::remove_all(dest / "tensorboard.tmp");
+      fs::copy(dir / "tensorboard", dest / "tensorboard.tmp", fs::copy_options::recursive);
+      fs::rename(dest / "tensorboard.tmp", dest / "tensorboard");
+    } else {
+      fs::rename(dir / "tensorboard", dest / "tensorboard");
+    }
+  }
   fsync_dir(dest.string());
   fsync_dir(run_dir);
 }

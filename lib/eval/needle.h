@@ -37,6 +37,7 @@ struct NeedleOptions {
   std::string tokenizer;      // --tokenizer: SentencePiece .model or tokenizer.json
   std::string haystack_dir;   // --haystack-dir ("": the King James Bible, eval/haystack.h)
   std::string output_dir;     // --output-dir
+  std::string tensorboard;    // --tensorboard: event files' folder ("": <output-dir>/tensorboard; "none": none)
   std::vector<Task> tasks{Task::Needle};  // --task a,b,...
   int64_t min_context = 1000;       // --min-context-length
   int64_t max_context = 100000;     // --max-context-length
@@ -132,7 +133,14 @@ std::string needle_csv(const SweepResult& r);     // header "context,depth,score
 std::string synthetic_csv(const SweepResult& r);  // header "task,context,score,samples"
 HeatmapImage needle_heatmap(const SweepResult& r, const std::string& title);
 HeatmapImage synthetic_heatmap(const SweepResult& r, const std::string& title);
-// Writes the outputs listed above into o.output_dir (created if needed).
+// TensorBoard events of the sweep (docs/eval.md) in a new event file in `dir` (created): per
+// context length one event, step = the length, holding eval_needle/<label>/<task> = the
+// task's accuracy at that length (needle: the mean over its depths, in the CSV's order) and,
+// for the needle task, eval_needle/<label>/needle_depth_<percent> per depth. Returns its path.
+std::string write_needle_events(const std::string& dir, const std::string& label, const SweepResult& r,
+                                const std::vector<Task>& tasks);
+// Writes the outputs listed above into o.output_dir (created if needed), and the TensorBoard
+// events into o.tensorboard's folder.
 void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const std::string& session_description,
                           const std::string& haystack_description);
 

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
+#include "core/tensorboard.h"
 #include "data/dataset.h"
 #include "data/shard.h"
 #include "dist/comm_mpi.h"
@@ -244,6 +245,15 @@ std::string ppl_csv(const std::vector<PplResult>& results) {
     for (const PplRow& r : res.rows)
       os << res.label << "," << r.tokens << "," << r.ppl << "," << r.documents << "," << r.mean_nll << "\n";
   return os.str();
+}
+
+std::string write_ppl_events(const std::string& dir, const std::vector<PplResult>& results) {
+  std::map<int64_t, std::vector<tb::Scalar>> by_length;  // lengths ascending: TensorBoard's steps in order
+  for (const PplResult& res : results)
+    for (const PplRow& r : res.rows) by_length[r.tokens].emplace_back("eval_ppl/" + res.label, static_cast<float>(r.ppl));
+  tb::EventWriter w(dir);
+  for (const auto& [tokens, values] : by_length) w.add_scalars(tokens, values);
+  return w.path();
 }
 
 LineChart ppl_chart(const std::vector<PplResult>& results) {

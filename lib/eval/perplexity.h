@@ -85,6 +85,10 @@ std::string ppl_csv(const std::vector<PplResult>& results);
 // Perplexity against context length, one series per model (a log2 x axis when the lengths
 // are not evenly spaced and span a factor of 8 or more).
 LineChart ppl_chart(const std::vector<PplResult>& results);
+// TensorBoard events of the sweep (docs/eval.md) in a new event file in `dir` (created):
+// per length one event, step = the length in tokens, holding eval_ppl/<label> = the
+// perplexity of each model (float32). Returns the file's path.
+std::string write_ppl_events(const std::string& dir, const std::vector<PplResult>& results);
 // The session options of a sweep (the plan and the sweep use the same).
 SessionOptions session_options(const PplOptions& opts, const std::string& model);
 

@@ -8,6 +8,7 @@
 #include "core/strings.h"
 #include "ops/backend_factory.h"
 #include "ops/profile.h"
+#include "plan/target.h"
 
 namespace easyctx::train {
 namespace fs = std::filesystem;
@@ -17,6 +18,17 @@ std::string format_fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
   return buf;
+}
+
+// The numbers of a metrics record as TensorBoard scalars (metrics.jsonl is the reference).
+std::vector<tb::Scalar> tensorboard_scalars(const Json& record) {
+  std::vector<tb::Scalar> v;
+  for (const auto& [key, value] : record.as_object()) {
+    if (key == "step") continue;
+    if (value.is_number()) v.emplace_back("train/" + key, static_cast<float>(value.as_double()));
+    else if (value.is_bool()) v.emplace_back("train/" + key, value.as_bool() ? 1.0f : 0.0f);
+  }
+  return v;
 }
 
 }  // namespace
@@ -44,9 +56,15 @@ void StepReporter::log_device() const {
 }
 
 void StepReporter::open_metrics(int64_t start_step) {
-  if (!root_ || !cfg_.logging.metrics) return;
-  metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg_.output.dir) / "metrics.jsonl").string(), start_step > 0,
-                                             start_step + 1);
+  if (!root_) return;
+  if (cfg_.logging.metrics)
+    metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg_.output.dir) / "metrics.jsonl").string(),
+                                               start_step > 0, start_step + 1);
+  if (cfg_.logging.tensorboard) {
+    tb_ = std::make_unique<tb::EventWriter>((fs::path(cfg_.output.dir) / "tensorboard").string());
+    if (start_step > 0) tb_->session_start(start_step + 1);
+    log_info("TensorBoard events: ", tb_->path());
+  }
 }
 
 bool StepReporter::profiling() const { return prof_ && prof_->enabled(); }
@@ -85,7 +103,7 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
     // Per GPU: every rank computes its share of the global batch's tokens.
     if (peak_flops_ > 0) st.mfu = tps * flops_per_token_ / (peak_flops_ * static_cast<double>(world_size_));
   }
-  if (metrics_) {
+  if (metrics_ || tb_) {
     Json r = Json::object();
     r.set("step", step + 1);
     r.set("loss", st.loss);
@@ -97,8 +115,10 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
     r.set("elapsed", elapsed);
     if (st.mfu >= 0) r.set("mfu", st.mfu);
     if (st.peak_mem_gib >= 0) r.set("peak_mem_gib", st.peak_mem_gib);
+    r.set("host_peak_gib", static_cast<double>(plan::vm_hwm_bytes()) / (1024.0 * 1024.0 * 1024.0));
     if (st.skipped) r.set("skipped", true);
-    metrics_->write(r);
+    if (metrics_) metrics_->write(r);
+    if (tb_) tb_->add_scalars(step + 1, tensorboard_scalars(r));
   }
   if ((step + 1) % std::max<int64_t>(1, cfg_.logging.every) != 0 && step + 1 != cfg_.train.steps) return;
   const double done = static_cast<double>(step + 1 - start_step);

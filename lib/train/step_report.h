@@ -12,6 +12,7 @@
 
 #include "core/config.h"
 #include "core/metrics.h"
+#include "core/tensorboard.h"
 #include "ops/ops.h"
 
 namespace easyctx::ops {
@@ -44,6 +45,9 @@ class StepReporter {
   // The device and its peak (CUDA), once.
   void log_device() const;
   // metrics.jsonl (rank 0, logging.metrics): a resumed run keeps the records before start_step.
+  // TensorBoard (rank 0, logging.tensorboard): a new event file in <output.dir>/tensorboard/;
+  // a resumed run's starts with a SessionLog START at its first step, so that TensorBoard drops
+  // what an earlier, killed process logged from there on (metrics.jsonl drops those records too).
   void open_metrics(int64_t start_step);
 
   // logging.profile: step `step` is timed unless it is the run's first (cuDNN plans,
@@ -55,7 +59,9 @@ class StepReporter {
   void end_step(const StepStats& st);
 
   // After step `step` (0-based) of a run that started at `start_step`, `elapsed` seconds in:
-  // MFU and memory into st, the metrics record, the log line every logging.every steps.
+  // MFU and memory into st, the metrics record, the log line every logging.every steps. The
+  // TensorBoard event of the step holds every number of the metrics record ("step" is the
+  // event's step) as train/<key>, the float32 of the record's value; skipped as 1.
   void record(int64_t step, int64_t start_step, double elapsed, StepStats& st);
   // The profile of the timed steps (rank 0), also written to <output.dir>/profile.json.
   void report_profile() const;
@@ -72,6 +78,7 @@ class StepReporter {
   double peak_flops_ = 0;     // the device's dense bf16 peak, FLOP/s (0: unknown)
   double peak_mem_bytes_ = -1;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<tb::EventWriter> tb_;
   ops::ProfilingBackend* prof_ = nullptr;  // (null without logging.profile)
   std::vector<std::pair<std::string, double>> phase_ms_;  // per phase, in order: ms summed over profiled steps
   Clock::time_point phase_t_;

@@ -176,8 +176,8 @@ Json Trainer::plan_start() const {
 
 // Rank 0, once loading has succeeded: the run the folder holds from now on. The one run.json
 // names is continued (auto; --resume PATH at that run's newest checkpoint); otherwise a new run
-// is written to run.json before anything of it exists, and the earlier run's DONE, final/ and
-// metrics.jsonl move to previous/<its id>/. Returns {"run_id", "continuing"}.
+// is written to run.json before anything of it exists, and the earlier run's DONE, final/,
+// metrics.jsonl and tensorboard/ move to previous/<its id>/. Returns {"run_id", "continuing"}.
 Json Trainer::record_run(const Json& plan, const Json& chosen) const {
   const std::string& out = cfg_.output.dir;
   const std::string ckpts = (fs::path(out) / "checkpoints").string();
@@ -248,7 +248,7 @@ Json Trainer::record_run(const Json& plan, const Json& chosen) const {
   if (!info.archive_of.empty()) {  // (also an interrupted earlier start's)
     ckpt::archive_run(out, info.archive_of, info.archive_info, info.archive_keeps_metrics);
     ckpt::fault_point("archived", 0);
-    log_info("the earlier run's DONE, final/ and metrics.jsonl are in ", out, "/previous/", info.archive_of);
+    log_info("the earlier run's DONE, final/, metrics.jsonl and tensorboard/ are in ", out, "/previous/", info.archive_of);
     info.archive_of.clear();
     info.archive_info = Json();
     ckpt::write_run_info(out, info);

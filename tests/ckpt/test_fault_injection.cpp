@@ -28,6 +28,7 @@
 #include "ckpt/run_folder.h"
 #include "ckpt/sharded_checkpoint.h"
 #include "core/json.h"
+#include "core/tensorboard.h"
 #include "core/strings.h"
 #include "dist/comm_mpi.h"
 #include "train/trainer.h"
@@ -87,7 +88,7 @@ std::vector<std::string> metrics_of(const std::string& run) {
     const Json j = parse_json(line, run + "/metrics.jsonl");
     Json k = Json::object();
     for (const auto& [key, v] : j.as_object())
-      if (key != "tokens_per_s" && key != "fwd_bwd_s" && key != "elapsed") k.set(key, v);
+      if (key != "tokens_per_s" && key != "fwd_bwd_s" && key != "elapsed" && key != "host_peak_gib") k.set(key, v);
     out.push_back(k.dump());
   }
   return out;
@@ -366,7 +367,7 @@ TEST_F(Faults, FullDisk) {
     const std::string out = path("efbig-metrics");
     Opts o;
     o.wrap = "[ \"$OMPI_COMM_WORLD_RANK\" = 0 ] && ulimit -f 2";
-    o.args = "--set output.save_every=0";
+    o.args = "--set output.save_every=0 --set logging.tensorboard=false";  // (its file is case (b2)'s)
     const Result r = train(out, o);
     EXPECT_NE(r.rc, 0) << r.out;
     EXPECT_TRUE(has(r.out, "metrics.jsonl: cannot write the metrics record of step")) << r.out;
@@ -380,6 +381,27 @@ TEST_F(Faults, FullDisk) {
     finish_and_compare(out, "EFBIG on metrics.jsonl");
     summary("full disk", "file-size limit on metrics.jsonl (EFBIG)",
             HasFailure() ? "FAILED" : "clean error, then nothing lost", r.seconds);
+  }
+  // (b2) The same limit crossed by the TensorBoard event file: an error naming it; the file
+  // holds whole records only, every one of them readable.
+  {
+    const std::string out = path("efbig-tensorboard");
+    Opts o;
+    o.wrap = "[ \"$OMPI_COMM_WORLD_RANK\" = 0 ] && ulimit -f 2";
+    o.args = "--set output.save_every=0 --set logging.metrics=false";
+    const Result r = train(out, o);
+    EXPECT_NE(r.rc, 0) << r.out;
+    EXPECT_TRUE(has(r.out, "cannot write the TensorBoard scalars record: File too large")) << r.out;
+    const std::vector<std::string> files = tb::list_event_files(out + "/tensorboard");
+    ASSERT_EQ(files.size(), 1u) << r.out;
+    EXPECT_TRUE(has(r.out, files[0])) << "the message names the file: " << r.out;
+    const tb::EventFile f = tb::read_event_file(files[0]);
+    EXPECT_EQ(f.partial_tail_bytes, 0u) << "a partial record was left";
+    ASSERT_GE(f.events.size(), 2u);
+    EXPECT_EQ(f.events.back().step, static_cast<int64_t>(f.events.size()) - 1) << "steps 1.. in order, none lost";
+    EXPECT_LE(fs::file_size(files[0]), 2048u);
+    summary("full disk", "file-size limit on the TensorBoard event file (EFBIG)",
+            HasFailure() ? "FAILED" : "clean error naming the file, whole records only", r.seconds);
   }
   // (c) A real full file system: a 2.6 MB tmpfs (one checkpoint is ~1.5 MB) in a user and
   // mount namespace; the second save fails with ENOSPC. Skipped where namespaces are not allowed.

@@ -127,7 +127,7 @@ steps=$(grep -o '"step":[0-9]*' "$pre/s2-64k/metrics.jsonl" | cut -d: -f2 | tr '
 grep -q "initial weights from $pre/s2-64k/checkpoints/step-00000040" "$clone"/slurm-easyctx-s3-256k-"$b3".out ||
   slurm_fail "s3 did not start from s2's last checkpoint"
 # Byte for byte: every stage's exported weights, and the metrics less their wall-clock fields.
-strip() { sed -E 's/,"(tokens_per_s|fwd_bwd_s|elapsed|mfu|peak_mem_gib)":[^,}]*//g' "$1"; }
+strip() { sed -E 's/,"(tokens_per_s|fwd_bwd_s|elapsed|mfu|peak_mem_gib|host_peak_gib)":[^,}]*//g' "$1"; }
 for s in s1-32k s2-64k s3-256k; do
   ha=$(sha256sum < "$straight/$s/final/model.safetensors" | cut -c1-64)
   hb=$(sha256sum < "$pre/$s/final/model.safetensors" | cut -c1-64)

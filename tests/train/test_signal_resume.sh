@@ -52,7 +52,7 @@ echo "stopped within $((t1 - t0)) s of SIGUSR1"
 grep -q "resuming from" "$work/run2.log" || fail "the second run did not resume"
 [ -f "$work/run/DONE" ] || fail "no DONE after the resumed run"
 # Same curve: drop wall-clock fields, compare step/loss/lr/grad_norm/tokens exactly.
-strip() { sed -E 's/,"(tokens_per_s|fwd_bwd_s|elapsed|mfu|peak_mem_gib)":[^,}]*//g' "$1"; }
+strip() { sed -E 's/,"(tokens_per_s|fwd_bwd_s|elapsed|mfu|peak_mem_gib|host_peak_gib)":[^,}]*//g' "$1"; }
 diff <(strip "$work/straight/metrics.jsonl") <(strip "$work/run/metrics.jsonl") > "$work/diff.log" \
   || fail "the resumed loss curve differs from the uninterrupted one: $(head -4 "$work/diff.log")"
 echo "PASS: SIGUSR1 -> checkpoint + exit 0; --resume auto continues the same 40-step curve bit for bit"
