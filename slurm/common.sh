@@ -1,4 +1,4 @@
-# Shared by the sbatch scripts (stage.sbatch, train_1m_16xA100.sh, train_700k_8xA100.sh) and the
+# Shared by the sbatch scripts (stage.sbatch, export.sbatch, train_1m_16xA100.sh, train_700k_8xA100.sh) and the
 # recipe chains (recipe_llama2_7b_1m.sh, recipe_llama3_8b_1m.sh). docs/recipes.md, "Slurm".
 #
 # run_stage STAGE.yaml [--set key=value ...]   (inside an sbatch script)
@@ -19,12 +19,26 @@
 #   A stage that fails says so in the job's log and exits non-zero: jobs submitted after it
 #   with afterok (the chain's later stages) never start.
 #
-# submit_chain RECIPE_DIR [sbatch flags] [-- --set key=value ...]   (on the submit node)
-#   Submits RECIPE_DIR/s*.yaml as a chain of stage.sbatch jobs (afterok), each stage starting
+# submit_chain "RECIPE_DIR ..." [--gpus N] [--recipe DIR] [--final-rope-theta X] [sbatch flags]
+#              [-- --set key=value ...]   (on the submit node)
+#   Picks the recipe folder sized for the chain's world (each folder's recipe.conf: nodes x
+#   gpus_per_node): the world is --gpus N, else EASYCTX_NODES x EASYCTX_TASKS_PER_NODE, else the
+#   Slurm allocation the script runs in, else 2 x 8. --recipe DIR picks one by name instead. A
+#   world no folder is sized for is refused: the stages' tokens per optimizer step assume their
+#   folder's world (only --set flags that size them, data.seq_length, train.batch_size,
+#   train.grad_accum or parallel.sequence.size, let --recipe run on another).
+#   Submits the folder's s*.yaml as a chain of stage.sbatch jobs (afterok), each stage starting
 #   from the previous one's last checkpoint (model.init: ckpt:<its output.dir>). Run again, it
 #   skips the stages that finished (DONE) and those with a job still queued or running (your
 #   jobs whose --comment is easyctx:<the stage's output.dir>, which every chain job carries):
 #   the stages after them wait for that job, so nothing is trained twice.
+#   --final-rope-theta X: EasyContext's last step, one more job after the last stage
+#   (slurm/export.sbatch, export_final): its last checkpoint exported as a Hugging Face model
+#   with rope_theta X in config.json, into <the last stage's output folder>-rope-theta-X.
+#
+# export_final RUN_DIR OUT_DIR THETA   (inside an sbatch script)
+#   easyctx_convert --from ckpt:RUN_DIR --to hf:OUT_DIR --rope-theta THETA, written beside
+#   OUT_DIR first and renamed when config.json reads THETA back; an existing OUT_DIR is kept.
 #
 # Environment (all optional):
 #   EASYCTX_ROOT   the checkout (default: the one this file is in)
@@ -35,7 +49,8 @@
 #   EASYCTX_DEVICE cpu: run on the CPU backend (train.device=cpu, ZeRO's host offloads off: on
 #                  the CPU the optimizer is in host memory already), the scale-down for tests;
 #                  cuda: train.device=cuda. Default: the stage file's (cuda in the recipes).
-#   chains only: EASYCTX_NODES (2), EASYCTX_TASKS_PER_NODE (8: one rank per GPU),
+#   chains only: EASYCTX_NODES (2), EASYCTX_TASKS_PER_NODE (8: one rank per GPU; with --gpus N:
+#   N up to 8, else 8),
 #   EASYCTX_CPUS_PER_TASK (8), EASYCTX_STAGES (all; e.g. s1,s2,s3), EASYCTX_OUT (a folder for
 #   the stages' output folders; default the stage files' output.dir), EASYCTX_INIT (the first
 #   stage's model.init), EASYCTX_LENGTHS (pow2, default; easycontext: 256000 and 512000
@@ -228,30 +243,167 @@ run_stage() {
   return "$rc"
 }
 
+# export_final RUN_DIR OUT_DIR THETA: see the top of this file.
+export_final() {
+  local run=${1:?usage: export_final RUN_DIR OUT_DIR THETA} out=${2:?usage: export_final RUN_DIR OUT_DIR THETA}
+  local theta=${3:?usage: export_final RUN_DIR OUT_DIR THETA}
+  easyctx_find_programs
+  [ -x "$EASYCTX_BIN/easyctx_convert" ] || easyctx_die "$EASYCTX_BIN holds no easyctx_convert: rebuild (scripts/build.sh)"
+  [ -f "$run/DONE" ] || easyctx_die "$run/DONE not found: the last stage has not finished, nothing to export"
+  if [ -e "$out" ]; then
+    [ -f "$out/config.json" ] || easyctx_die "$out exists but holds no config.json: not overwritten (remove it to export again)"
+    echo "easyctx: $out exists already: kept, not exported again"
+    return 0
+  fi
+  # Written beside the output first: an interrupted export leaves no folder that looks finished.
+  local tmp=$out.partial-${SLURM_JOB_ID:-$$}
+  rm -rf "$tmp"
+  echo "easyctx: exporting $run with rope_theta $theta to $out (job ${SLURM_JOB_ID:-none}, programs $EASYCTX_BIN)"
+  "$EASYCTX_BIN/easyctx_convert" --from "ckpt:$run" --to "hf:$tmp" --rope-theta "$theta" ||
+    easyctx_die "easyctx_convert --from ckpt:$run --to hf:$tmp --rope-theta $theta failed (its message is above)"
+  local got
+  got=$(sed -nE 's/.*"rope_theta":[[:space:]]*([0-9.eE+-]+).*/\1/p' "$tmp/config.json" | head -n 1)
+  awk -v a="$got" -v b="$theta" 'BEGIN { exit !(a != "" && a + 0 == b + 0) }' ||
+    easyctx_die "$tmp/config.json: rope_theta is '$got', expected $theta"
+  mv "$tmp" "$out"
+  echo "easyctx: exported: $out (config.json rope_theta $got)"
+}
+
 # The id of your queued or running job for a stage's output folder (its --comment), if any.
 easyctx_queued_job() {
   command -v squeue >/dev/null 2>&1 || return 0
-  squeue --me -h -o '%i|%k' 2>/dev/null | awk -F'|' -v c="easyctx:$1" '$2 == c { print $1; exit }'
+  # (no answer from slurmctld, e.g. a dry run off the cluster: no job, not an error)
+  { squeue --me -h -o '%i|%k' 2>/dev/null || true; } | awk -F'|' -v c="easyctx:$1" '$2 == c { print $1; exit }'
 }
 
-# submit_chain RECIPE_DIR [sbatch flags] [-- --set key=value ...]: see the top of this file.
-submit_chain() {
-  local recipe=${1:?usage: submit_chain RECIPE_DIR [sbatch flags] [-- --set key=value ...]}
-  shift
-  local sb=() user=() a after=0
-  for a in "$@"; do
-    if [ "$after" = 0 ] && [ "$a" = -- ]; then after=1
-    elif [ "$after" = 0 ]; then sb+=("$a")
-    else user+=("$a")
-    fi
-  done
-  cd "$EASYCTX_ROOT"
-  [ -d "$recipe" ] || easyctx_die "recipe folder $recipe not found in $EASYCTX_ROOT"
-  easyctx_device_sets
-  local nodes=${EASYCTX_NODES:-2} tpn=${EASYCTX_TASKS_PER_NODE:-8} cpt=${EASYCTX_CPUS_PER_TASK:-8} v
+# easyctx_conf_value FILE KEY: sets EASYCTX_CONF_VALUE to the positive whole number after "KEY:"
+# in a recipe.conf (not printed: an error must stop the script, not a command substitution).
+easyctx_conf_value() {
+  local v
+  [ -f "$1" ] || easyctx_die "$1 not found: a recipe folder says the world its stages are sized for there" \
+    "(nodes: N and gpus_per_node: G, one per line)"
+  v=$(sed -nE "s/^$2:[[:space:]]*([^[:space:]#]*).*/\1/p" "$1" | head -n 1)
+  [[ $v =~ ^[1-9][0-9]*$ ]] || easyctx_die "$1: $2: expected a positive whole number, got '$v'"
+  EASYCTX_CONF_VALUE=$v
+}
+
+# easyctx_recipe_world DIR: sets EASYCTX_RECIPE_NODES, EASYCTX_RECIPE_GPN from DIR/recipe.conf.
+easyctx_recipe_world() {
+  easyctx_conf_value "$1/recipe.conf" nodes
+  EASYCTX_RECIPE_NODES=$EASYCTX_CONF_VALUE
+  easyctx_conf_value "$1/recipe.conf" gpus_per_node
+  EASYCTX_RECIPE_GPN=$EASYCTX_CONF_VALUE
+}
+
+# easyctx_chain_world GPUS: sets EASYCTX_CHAIN_NODES, EASYCTX_CHAIN_TPN (tasks = GPUs per node)
+# and EASYCTX_CHAIN_FROM (where they came from): --gpus, EASYCTX_NODES x EASYCTX_TASKS_PER_NODE,
+# the allocation this script runs in, or the default 2 x 8.
+easyctx_chain_world() {
+  local gpus=$1 v nodes tpn
   for v in EASYCTX_NODES EASYCTX_TASKS_PER_NODE EASYCTX_CPUS_PER_TASK; do
     [ -z "${!v:-}" ] || [[ ${!v} =~ ^[1-9][0-9]*$ ]] || easyctx_die "$v=${!v}: expected a positive whole number"
   done
+  if [ -n "$gpus" ]; then
+    [[ $gpus =~ ^[1-9][0-9]*$ ]] || easyctx_die "--gpus $gpus: expected the chain's number of GPUs, a positive whole number (8, 16)"
+    tpn=${EASYCTX_TASKS_PER_NODE:-$((gpus < 8 ? gpus : 8))}
+    [ $((gpus % tpn)) -eq 0 ] || easyctx_die "--gpus $gpus: not a whole number of nodes of $tpn GPUs" \
+      "(EASYCTX_TASKS_PER_NODE, default 8): ask for a multiple of $tpn"
+    nodes=$((gpus / tpn))
+    [ -z "${EASYCTX_NODES:-}" ] || [ "$EASYCTX_NODES" = "$nodes" ] ||
+      easyctx_die "--gpus $gpus is $nodes node(s) x $tpn, but EASYCTX_NODES=$EASYCTX_NODES: give one or the other"
+    EASYCTX_CHAIN_FROM="--gpus $gpus"
+  elif [ -n "${EASYCTX_NODES:-}${EASYCTX_TASKS_PER_NODE:-}" ]; then
+    nodes=${EASYCTX_NODES:-2} tpn=${EASYCTX_TASKS_PER_NODE:-8}
+    EASYCTX_CHAIN_FROM="EASYCTX_NODES x EASYCTX_TASKS_PER_NODE"
+  else
+    nodes=2 tpn=8 EASYCTX_CHAIN_FROM="the default 2 nodes x 8"
+    # Inside an allocation (salloc -N1 --ntasks-per-node=8 --gpus-per-node=8 bash slurm/...):
+    # the stages get its shape.
+    if [ -n "${SLURM_JOB_ID:-}" ] && [[ ${SLURM_JOB_NUM_NODES:-} =~ ^[1-9][0-9]*$ ]]; then
+      local per=${SLURM_NTASKS_PER_NODE:-}
+      per=${per%%(*}
+      [[ $per =~ ^[1-9][0-9]*$ ]] || per=${SLURM_GPUS_ON_NODE:-}
+      if [[ $per =~ ^[1-9][0-9]*$ ]]; then
+        nodes=$SLURM_JOB_NUM_NODES tpn=$per
+        EASYCTX_CHAIN_FROM="the allocation of job $SLURM_JOB_ID"
+      fi
+    fi
+  fi
+  EASYCTX_CHAIN_NODES=$nodes EASYCTX_CHAIN_TPN=$tpn
+}
+
+# submit_chain "RECIPE_DIR ..." [--gpus N] [--recipe DIR] [--final-rope-theta X] [sbatch flags]
+#   [-- --set key=value ...]: see the top of this file.
+submit_chain() {
+  local recipes=${1:?usage: submit_chain \"RECIPE_DIR ...\" [--gpus N] [--recipe DIR] [--final-rope-theta X] [sbatch flags] [-- --set key=value ...]}
+  shift
+  local sb=() user=() a after=0 gpus="" pick="" theta=""
+  while [ $# -gt 0 ]; do
+    a=$1
+    shift
+    if [ "$after" = 1 ]; then user+=("$a"); continue; fi
+    case $a in
+      --) after=1 ;;
+      --gpus=*) gpus=${a#*=} ;;
+      --recipe=*) pick=${a#*=} ;;
+      --final-rope-theta=*) theta=${a#*=} ;;
+      --gpus|--recipe|--final-rope-theta)
+        if [ $# -eq 0 ] || [ "$1" = -- ]; then
+          case $a in
+            --gpus) easyctx_die "--gpus: expected the chain's number of GPUs (--gpus 8)" ;;
+            --recipe) easyctx_die "--recipe: expected a recipe folder (--recipe llama2-7b-1m-8gpu)" ;;
+            *) easyctx_die "--final-rope-theta: expected a positive number (--final-rope-theta 1e9)" ;;
+          esac
+        fi
+        case $a in --gpus) gpus=$1 ;; --recipe) pick=$1 ;; *) theta=$1 ;; esac
+        shift ;;
+      *) sb+=("$a") ;;
+    esac
+  done
+  cd "$EASYCTX_ROOT"
+  easyctx_device_sets
+  easyctx_chain_world "$gpus"
+  local nodes=$EASYCTX_CHAIN_NODES tpn=$EASYCTX_CHAIN_TPN cpt=${EASYCTX_CPUS_PER_TASK:-8}
+  local world=$((nodes * tpn))
+  if [ -n "$theta" ]; then
+    [[ $theta =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+]?[0-9]+)?$ ]] && awk -v t="$theta" 'BEGIN { exit !(t + 0 > 0) }' ||
+      easyctx_die "--final-rope-theta $theta: expected a positive number (EasyContext's: 1e9)"
+  fi
+  # The recipe: --recipe, else the folder sized for this world.
+  local cands=() c recipe="" sizes="" rw
+  read -r -a cands <<< "$recipes"
+  for c in "${cands[@]}"; do
+    [ -d "$c" ] || easyctx_die "recipe folder $c not found in $EASYCTX_ROOT"
+    easyctx_recipe_world "$c"
+    rw=$((EASYCTX_RECIPE_NODES * EASYCTX_RECIPE_GPN))
+    sizes+="${sizes:+, }$c for $rw GPUs"
+    if [ -n "$pick" ]; then
+      case $pick in "$c"|"$c/"|"$(basename "$c")"|"$EASYCTX_ROOT/$c"|"$EASYCTX_ROOT/$c/") recipe=$c ;; esac
+    elif [ -z "$recipe" ] && [ "$rw" = "$world" ]; then
+      recipe=$c
+    fi
+  done
+  if [ -n "$pick" ] && [ -z "$recipe" ]; then
+    easyctx_die "--recipe $pick: expected one of this chain's recipe folders: $sizes"
+  fi
+  [ -n "$recipe" ] || easyctx_die "no recipe of this chain is sized for $world GPUs ($nodes node(s) x $tpn, from" \
+    "$EASYCTX_CHAIN_FROM); its recipes: $sizes. On $world GPUs every stage's tokens per optimizer step would change: run on one of those (--gpus N)," \
+    "or pick one with --recipe DIR and size its stages yourself (-- --set train.grad_accum=... or parallel.sequence.size=...)"
+  easyctx_recipe_world "$recipe"
+  local rn=$EASYCTX_RECIPE_NODES rg=$EASYCTX_RECIPE_GPN
+  if [ $((rn * rg)) != "$world" ]; then
+    local resized=""
+    for a in "${user[@]}"; do
+      if [[ $a =~ ^(--set=)?(data\.seq_length|train\.batch_size|train\.grad_accum|parallel\.sequence\.size)= ]]; then
+        resized+=" ${a#--set=}"
+      fi
+    done
+    [ -n "$resized" ] || easyctx_die "$recipe is sized for $((rn * rg)) GPUs ($rn x $rg), this chain has $world" \
+      "($nodes node(s) x $tpn, from $EASYCTX_CHAIN_FROM): every stage's tokens per optimizer step would change." \
+      "Run it on $((rn * rg)) GPUs (--gpus $((rn * rg))), or size its stages for $world yourself (-- --set train.grad_accum=..." \
+      "or parallel.sequence.size=...)"
+    echo "easyctx: $recipe is sized for $((rn * rg)) GPUs; on $world, sized by --set$resized (each stage's tokens per step below)"
+  fi
   case ${EASYCTX_LENGTHS:-pow2} in
     pow2|easycontext) ;;
     *) easyctx_die "EASYCTX_LENGTHS=$EASYCTX_LENGTHS: expected pow2 (262144, 524288) or easycontext (256000, 512000)" ;;
@@ -278,10 +430,14 @@ submit_chain() {
   else
     stages=("${all[@]}")
   fi
+  if [ -n "$theta" ] && [ "${stages[-1]}" != "${all[-1]}" ]; then
+    easyctx_die "--final-rope-theta $theta exports the recipe's last stage, $(basename "${all[-1]}" .yaml), but" \
+      "EASYCTX_STAGES=$EASYCTX_STAGES ends at $(basename "${stages[-1]}" .yaml): add it, or leave --final-rope-theta out"
+  fi
   easyctx_find_programs  # before anything is submitted: jobs must not all build at once
   echo "easyctx: chain of ${#stages[@]} stage(s) from $recipe on $nodes node(s) x $tpn task(s)," \
        "programs $EASYCTX_BIN"
-  local prev="" dep=() id name sets seq first=1 ids=() outs=() kept=()
+  local prev="" dep=() id name sets seq first=1 ids=() outs=() kept=() queued=""
   for s in "${stages[@]}"; do
     name=$(basename "$s" .yaml)
     sets=("${EASYCTX_DEVICE_SETS[@]}")
@@ -312,6 +468,14 @@ submit_chain() {
         524288) seq=512000; sets+=(--set data.seq_length=512000) ;;
       esac
     fi
+    # The tokens per optimizer step as this stage will run (its folder's recipe.conf sized it).
+    local batch accum dp
+    batch=$(easyctx_cfg_value train batch_size <<< "$EASYCTX_STAGE_CFG")
+    accum=$(easyctx_cfg_value train grad_accum <<< "$EASYCTX_STAGE_CFG")
+    dp=$(sed -nE 's/^process groups: world [0-9]+ = ([0-9]+) data-parallel .*/\1/p' <<< "$EASYCTX_STAGE_CFG")
+    [[ $dp =~ ^[0-9]+$ ]] || easyctx_die "$name: no data-parallel size in easyctx_train --print-config's output"
+    echo "easyctx: $name: $((seq * batch * accum * dp)) tokens per optimizer step (seq_length $seq x batch_size" \
+         "$batch x grad_accum $accum x $dp data-parallel)"
     # An absolute output folder: the next stage's model.init names it.
     sets+=(--set output.dir="$EASYCTX_STAGE_OUT")
     first=0
@@ -349,6 +513,29 @@ submit_chain() {
     dep=(--dependency=afterok:"$id")
     prev=$EASYCTX_STAGE_OUT
   done
+  # EasyContext's last step: the final model exported with a larger rope_theta, no training.
+  if [ -n "$theta" ]; then
+    local fin=$prev-rope-theta-$theta
+    if [ -f "$fin/config.json" ]; then
+      echo "easyctx: final rope theta: $fin exists already: not exported again (remove it to export again)"
+    elif queued=$(easyctx_queued_job "$fin") && [ -n "$queued" ]; then
+      echo "easyctx: final rope theta: job $queued is queued or running for $fin already: not submitted again"
+      kept+=("$queued")
+    else
+      local cmd=(sbatch --parsable "${dep[@]}" --kill-on-invalid-dep=yes --nodes=1 --ntasks=1 --cpus-per-task="$cpt"
+                 --job-name=easyctx-final-rope-theta --comment="easyctx:$fin" "${sb[@]}"
+                 "$EASYCTX_ROOT/slurm/export.sbatch" "$prev" "$fin" "$theta")
+      if [ "${EASYCTX_DRY_RUN:-0}" = 1 ]; then
+        echo "easyctx: final rope theta: dry run, rope_theta $theta, output $fin:$(printf ' %q' "${cmd[@]}")"
+      else
+        id=$("${cmd[@]}") ||
+          easyctx_die "sbatch refused the final rope theta export${ids[*]:+ (jobs ${ids[*]} of this chain are submitted: scancel them)}"
+        id=${id%%;*}
+        echo "easyctx: final rope theta: job $id${dep[*]:+ (after ${dep[0]#--dependency=afterok:})}, rope_theta $theta, output $fin"
+        ids+=("$id")
+      fi
+    fi
+  fi
   if [ "${EASYCTX_DRY_RUN:-0}" = 1 ]; then
     echo "easyctx: dry run (EASYCTX_DRY_RUN=1): nothing submitted"
     return 0

@@ -6,8 +6,9 @@
 # requeues and resumes; one that fails stops the chain (the later jobs are cancelled). Run
 # again after a failure: finished stages (DONE), and those with a job still queued or running,
 # are not submitted again. From anywhere:
-#   bash slurm/recipe_llama3_8b_1m.sh [sbatch flags] [-- --set key=value ...]
-# Default allocation per stage: 2 nodes x 8 GPUs, as the stage files are sized. The programs
+#   bash slurm/recipe_llama3_8b_1m.sh [--gpus N] [--final-rope-theta X] [sbatch flags] [-- --set key=value ...]
+# Sized for 16 GPUs (2 nodes x 8, the default; recipe.conf): another world is refused, as it
+# would change every stage's tokens per optimizer step. The programs
 # are found (EASYCTX_BIN, build/bin) or built here first. Environment (EASYCTX_NODES,
 # EASYCTX_STAGES, EASYCTX_LENGTHS=easycontext, EASYCTX_DEVICE=cpu, ...): slurm/common.sh and
 # docs/recipes.md, "Slurm".

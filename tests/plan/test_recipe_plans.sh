@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Every recipe stage (configs/recipes/*/*.yaml) planned with `easyctx_train STAGE --plan` on
-# 2 nodes x 8 A100-80GB and 2 nodes x 8 H200 with 256 GiB of host memory per node
-# (scripts/recipe_plans.sh --check): each fits, no node holds more host memory than one copy of
-# the model state (16 bytes per parameter), and docs/recipes.md shows these plans. Then the
-# check itself must catch what it is for: a stage at ZeRO stage 0 (an optimizer replica per
-# rank) and one without activation checkpoints are refused, naming why.
+# Every recipe stage (configs/recipes/*/*.yaml) planned with `easyctx_train STAGE --plan` on the
+# world its folder is sized for (recipe.conf: 2 nodes x 8 for llama2-7b-1m and llama3-8b-1m,
+# 1 node x 8 for llama2-7b-1m-8gpu) of A100-80GB and of H200 with 256 GiB of host memory per
+# node (scripts/recipe_plans.sh --check): each fits, no node holds more host memory between
+# steps than one copy of the model state (16 bytes per parameter), and docs/recipes.md shows
+# these plans. Then the check itself must catch what it is for: a stage at ZeRO stage 0 (an
+# optimizer replica per rank) and one without activation checkpoints are refused, naming why;
+# a folder's recipe.conf is the world planned (an 8-way sequence-parallel stage in a folder
+# sized for 1 x 4 is refused), and a folder without one is refused.
 set -uo pipefail
 src=$1
 bin=$2
@@ -17,6 +20,7 @@ rc=$?
 [ $rc -eq 0 ] || fail "scripts/recipe_plans.sh --check exited $rc (the PROBLEM lines above say why)"
 
 mkdir -p "$work/recipes/broken"
+cp "$src/configs/recipes/llama2-7b-1m/recipe.conf" "$work/recipes/broken/"
 stage=$src/configs/recipes/llama2-7b-1m/s3-256k.yaml
 sed 's/^    stage: 3 .*/    stage: 0/' "$stage" > "$work/recipes/broken/zero0.yaml"
 sed 's/^  checkpoint: .*/  checkpoint: none/' "$stage" > "$work/recipes/broken/nockpt.yaml"
@@ -29,4 +33,20 @@ grep -q "zero0.yaml on A100-80GB: host per node .* is more than one copy of the 
   { cat "$work/err"; fail "a stage-0 stage was not refused for its host memory"; }
 grep -q "nockpt.yaml on 2 x 8 A100-80GB: does not fit: predicted .* per GPU" "$work/err" ||
   { cat "$work/err"; fail "a stage without checkpoints was not refused for its GPU memory"; }
-echo "PASS: every recipe stage fits 2 x 8 A100-80GB and 2 x 8 H200 (256 GiB host per node) with at most one copy of the model state per node; broken stages are refused"
+
+# recipe.conf is the world the stages are planned on: s3 of the 8-GPU recipe (8-way sequence
+# parallel) in a folder that says 1 x 4 GPUs cannot be laid out.
+mkdir -p "$work/small/four"
+cp "$src/configs/recipes/llama2-7b-1m-8gpu/s3-256k.yaml" "$work/small/four/"
+printf 'nodes: 1\ngpus_per_node: 4\n' > "$work/small/four/recipe.conf"
+BIN=$bin RECIPES=$work/small bash "$src/scripts/recipe_plans.sh" --check > "$work/out" 2> "$work/err"
+rc=$?
+[ $rc -eq 1 ] && grep -q "s3-256k.yaml on A100-80GB: easyctx_train --plan exited 2: .*target world 1 node(s) x 4 = 4 rank(s)" "$work/err" ||
+  { cat "$work/err"; fail "a stage planned on its folder's recipe.conf (1 x 4) was not refused (exit $rc)"; }
+grep -q "sized for 1 node(s) x 4 GPUs" "$work/out" || fail "the table does not say the folder's world (1 x 4)"
+rm "$work/small/four/recipe.conf"
+BIN=$bin RECIPES=$work/small bash "$src/scripts/recipe_plans.sh" --check > "$work/out" 2> "$work/err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "four/recipe.conf not found" "$work/err" ||
+  { cat "$work/err"; fail "a recipe folder without recipe.conf was not refused (exit $rc)"; }
+echo "PASS: every recipe stage fits its folder's world (2 x 8 or 1 x 8) of A100-80GB and of H200 (256 GiB host per node) with at most one copy of the model state per node between steps; broken stages and a missing recipe.conf are refused"

@@ -2,8 +2,9 @@
 # The recipe chain as a user submits it, on a private one-node Slurm cluster: from a copy of
 # the checkout laid out as a fresh clone (build/ = this build; no EASYCTX_ROOT or EASYCTX_BIN),
 # `bash slurm/recipe_llama2_7b_1m.sh`, scaled down only through its documented environment
-# variables and --set flags (docs/recipes.md, "Slurm"): stages s1, s2, s3 of the Llama-2-7B
-# recipe with the demo model on the CPU, 2 tasks, sequence parallel 2, 40 steps each.
+# variables, flags and --set flags (docs/recipes.md, "Slurm"): stages s1, s2, s3 of the 16-GPU
+# Llama-2-7B recipe with the demo model on the CPU, 2 tasks, sequence parallel 2, 40 steps each
+# (--recipe llama2-7b-1m: 2 tasks is no recipe's world).
 #   1. The whole chain on the recipe's layout (2 x 8 tasks) as a dry run (EASYCTX_DRY_RUN=1):
 #      a GPU recipe refused on a CPU-only build (or planned with GPUs on a CUDA build);
 #      EASYCTX_LENGTHS=easycontext gives 256000/512000; s8's sequence parallel 16 is accepted
@@ -15,6 +16,11 @@
 #   4. easyctx_report on the preempted chain, rendered by headless Chromium: the page's data
 #      names every stage, s2 with its restart; a screenshot.
 #   5. A chain whose first stage fails: its log says so, the second stage never starts.
+#   6. The 8-GPU recipe (EasyContext's own stages): picked by the world (1 x 8 tasks) as a dry
+#      run, each stage at EasyContext's tokens per optimizer step, then --final-rope-theta 1e9
+#      after s7; worlds no recipe is sized for are refused, nothing submitted; scaled down,
+#      its last two stages and the final-theta export run, and the exported config.json reads
+#      rope_theta 1e9 back (s7's own export keeps its 2.5e8); run again, nothing is redone.
 set -euo pipefail
 src=$1
 bin=$2
@@ -33,6 +39,7 @@ cd "$clone"
 export EASYCTX_DEVICE=cpu EASYCTX_NODES=1 EASYCTX_TASKS_PER_NODE=2 EASYCTX_CPUS_PER_TASK=1
 small=(--set model.config=demo --set data.path="$work/data" --set data.seq_length=128 --set train.steps=40
        --set parallel.sequence.size=2 --set train.lr=2e-3 --set train.warmup_steps=5)
+chain16=(--recipe llama2-7b-1m)
 jobs_of() { sed -nE 's/^easyctx: (s[0-9]+)-[^:]*: job ([0-9]+).*/\1 \2/p' "$1"; }
 job_of() { jobs_of "$1" | awk -v s="$2" '$1 == s { print $2 }'; }
 
@@ -74,7 +81,7 @@ grep -q "dry run (EASYCTX_DRY_RUN=1): nothing submitted" "$work/dry.log" || slur
 echo "ok: dry run of all 8 stages on 2 x 8 tasks: EasyContext's 256000/512000, s8 at sequence parallel 16, afterok chain"
 
 # 2. The uninterrupted chain.
-EASYCTX_STAGES=s1,s2,s3 EASYCTX_INIT=random bash slurm/recipe_llama2_7b_1m.sh -- "${small[@]}" > "$work/a.log" 2>&1 ||
+EASYCTX_STAGES=s1,s2,s3 EASYCTX_INIT=random bash slurm/recipe_llama2_7b_1m.sh "${chain16[@]}" -- "${small[@]}" > "$work/a.log" 2>&1 ||
   { cat "$work/a.log"; slurm_fail "the chain was not submitted"; }
 cat "$work/a.log"
 a3=$(job_of "$work/a.log" s3)
@@ -88,13 +95,13 @@ echo "ok: uninterrupted chain finished ($(( $(date +%s) - t0 )) s since start)"
 
 # 3. The preempted chain.
 pre=$work/preempted
-EASYCTX_STAGES=s1,s2,s3 EASYCTX_INIT=random EASYCTX_OUT=$pre bash slurm/recipe_llama2_7b_1m.sh -- "${small[@]}" \
+EASYCTX_STAGES=s1,s2,s3 EASYCTX_INIT=random EASYCTX_OUT=$pre bash slurm/recipe_llama2_7b_1m.sh "${chain16[@]}" -- "${small[@]}" \
   > "$work/b.log" 2>&1 || { cat "$work/b.log"; slurm_fail "the second chain was not submitted"; }
 b2=$(job_of "$work/b.log" s2) b3=$(job_of "$work/b.log" s3)
 # The same command again while the chain's jobs are queued or running: nothing new is submitted
 # (each stage is finished, or kept with its job), and the queue holds the same jobs.
 queue_before=$(squeue -h -o %i | sort | tr '\n' ' ')
-EASYCTX_STAGES=s1,s2,s3 EASYCTX_INIT=random EASYCTX_OUT=$pre bash slurm/recipe_llama2_7b_1m.sh -- "${small[@]}" \
+EASYCTX_STAGES=s1,s2,s3 EASYCTX_INIT=random EASYCTX_OUT=$pre bash slurm/recipe_llama2_7b_1m.sh "${chain16[@]}" -- "${small[@]}" \
   > "$work/b-again.log" 2>&1 || { cat "$work/b-again.log"; slurm_fail "running the chain again failed"; }
 cat "$work/b-again.log"
 grep -q "^easyctx: submitted 0 job(s)" "$work/b-again.log" || slurm_fail "running the chain again submitted jobs"
@@ -175,7 +182,7 @@ echo "report page and screenshot: $art/report.html, $art/report.png"
 
 # 5. A failing stage stops the chain (a data folder without shards: the trainer refuses it).
 mkdir -p "$work/no-shards"
-EASYCTX_STAGES=s1,s2 EASYCTX_INIT=random EASYCTX_OUT=$work/failing bash slurm/recipe_llama2_7b_1m.sh -- "${small[@]}" \
+EASYCTX_STAGES=s1,s2 EASYCTX_INIT=random EASYCTX_OUT=$work/failing bash slurm/recipe_llama2_7b_1m.sh "${chain16[@]}" -- "${small[@]}" \
   --set data.path="$work/no-shards" > "$work/c.log" 2>&1 || { cat "$work/c.log"; slurm_fail "the failing chain was not submitted"; }
 c1=$(job_of "$work/c.log" s1) c2=$(job_of "$work/c.log" s2)
 slurm_wait_state "$c1" "FAILED" 120
@@ -185,4 +192,101 @@ grep -q "easyctx: error: stage .*s1-32k.yaml failed" "$clone/slurm-easyctx-s1-32
 grep -q "no-shards" "$clone/slurm-easyctx-s1-32k-$c1.out" || slurm_fail "the failed stage's log does not name the missing data"
 [ ! -e "$clone/slurm-easyctx-s2-64k-$c2.out" ] || slurm_fail "s2 ran after s1 failed"
 echo "ok: a failing s1 (job $c1) stops the chain: s2 (job $c2) $(slurm_job_field "$c2" JobState), reason $(slurm_job_field "$c2" Reason)"
-echo "PASS: recipe chain from a fresh clone: submission, preemption + resume, equal weights, report, failure ($(( $(date +%s) - t0 )) s)"
+# 6. The 8-GPU recipe. A dry run on one node x 8 tasks (EASYCTX_NODES x EASYCTX_TASKS_PER_NODE,
+#    no --recipe): the world picks configs/recipes/llama2-7b-1m-8gpu, EasyContext's 7 stages at
+#    its lengths and tokens per optimizer step, afterok, each from the previous output, and the
+#    final-theta export after s7.
+t6=$(date +%s)
+EASYCTX_NODES=1 EASYCTX_TASKS_PER_NODE=8 EASYCTX_LENGTHS=easycontext EASYCTX_DRY_RUN=1 EASYCTX_OUT=$work/dry8 EASYCTX_INIT=random \
+  bash slurm/recipe_llama2_7b_1m.sh --final-rope-theta 1e9 -- --set data.path="$work/data" > "$work/dry8.log" 2>&1 ||
+  { cat "$work/dry8.log"; slurm_fail "the 8-GPU dry run failed"; }
+grep -q "^easyctx: chain of 7 stage(s) from configs/recipes/llama2-7b-1m-8gpu on 1 node(s) x 8 task(s)" "$work/dry8.log" ||
+  { cat "$work/dry8.log"; slurm_fail "1 x 8 tasks did not pick the 8-GPU recipe"; }
+prev=""
+for s in "s1-32k 32768 1048576 4 8" "s2-64k 65536 1048576 2 8" "s3-256k 256000 1024000 4 1" "s4-256k 256000 1024000 4 1" \
+         "s5-256k 256000 1024000 4 1" "s6-512k 512000 1024000 2 1" "s7-512k 512000 1024000 2 1"; do
+  set -- $s
+  grep -q "^easyctx: $1: $3 tokens per optimizer step (seq_length $2 x batch_size 1 x grad_accum $4 x $5 data-parallel)$" "$work/dry8.log" ||
+    { cat "$work/dry8.log"; slurm_fail "8 GPUs: $1 is not EasyContext's $3 tokens per step ($2 x grad_accum $4 x $5)"; }
+  line=$(grep "^easyctx: $1: dry run, seq_length $2, output $work/dry8/$1: sbatch " "$work/dry8.log") ||
+    slurm_fail "8 GPUs: $1 not planned with seq_length $2"
+  case $line in *"--nodes=1 --ntasks-per-node=8 "*"/configs/recipes/llama2-7b-1m-8gpu/$1.yaml "*) ;;
+    *) slurm_fail "8 GPUs: $1 not on 1 node x 8 tasks from the 8-GPU recipe: $line" ;; esac
+  if [ -n "$prev" ]; then
+    case $line in *"afterok:\<job\ of\ $prev\>"*"model.init=ckpt:$work/dry8/$prev "*) ;;
+      *) slurm_fail "8 GPUs: $1: no afterok on $prev or model.init from its output: $line" ;; esac
+  fi
+  prev=$1
+done
+line=$(grep "^easyctx: final rope theta: dry run, rope_theta 1e9, output $work/dry8/s7-512k-rope-theta-1e9: sbatch " "$work/dry8.log") ||
+  { cat "$work/dry8.log"; slurm_fail "8 GPUs: no final-theta export in the dry run"; }
+case $line in *"afterok:\<job\ of\ s7-512k\>"*"slurm/export.sbatch $work/dry8/s7-512k $work/dry8/s7-512k-rope-theta-1e9 1e9") ;;
+  *) slurm_fail "8 GPUs: the final-theta export does not follow s7 or export its output: $line" ;; esac
+echo "ok: 1 x 8 tasks pick the 8-GPU recipe: 7 stages at EasyContext's tokens per step (1,048,576; 1,024,000 at 256000/512000), afterok, final rope theta 1e9 after s7"
+
+# Worlds no recipe is sized for: refused on the submit node with one message, nothing submitted.
+refused() {  # LOG MESSAGE-REGEX COMMAND...: exit 2, the message, no job
+  local log=$1 re=$2 rc=0
+  shift 2
+  "$@" > "$log" 2>&1 || rc=$?
+  [ "$rc" = 2 ] && grep -q "^easyctx: error: $re" "$log" || { cat "$log"; slurm_fail "expected a refusal ($re), got exit $rc"; }
+  [ -z "$(squeue -h)" ] || slurm_fail "a refused chain submitted jobs: $(squeue -h)"
+  echo "ok: refused: $(grep -o "^easyctx: error: .\{0,150\}" "$log")..."
+}
+refused "$work/w4.log" "no recipe of this chain is sized for 4 GPUs (1 node(s) x 4, from --gpus 4); its recipes: configs/recipes/llama2-7b-1m for 16 GPUs, configs/recipes/llama2-7b-1m-8gpu for 8 GPUs. On 4 GPUs every stage's tokens per optimizer step would change" \
+  env -u EASYCTX_NODES -u EASYCTX_TASKS_PER_NODE EASYCTX_DRY_RUN=1 EASYCTX_INIT=random bash slurm/recipe_llama2_7b_1m.sh --gpus 4 -- --set data.path="$work/data"
+refused "$work/l3.log" "no recipe of this chain is sized for 8 GPUs .*configs/recipes/llama3-8b-1m for 16 GPUs" \
+  env EASYCTX_NODES=1 EASYCTX_TASKS_PER_NODE=8 EASYCTX_INIT=random bash slurm/recipe_llama3_8b_1m.sh -- --set data.path="$work/data"
+refused "$work/r16.log" "configs/recipes/llama2-7b-1m is sized for 16 GPUs (2 x 8), this chain has 8 .*tokens per optimizer step would change" \
+  env -u EASYCTX_NODES -u EASYCTX_TASKS_PER_NODE EASYCTX_INIT=random bash slurm/recipe_llama2_7b_1m.sh --recipe llama2-7b-1m --gpus 8 -- --set data.path="$work/data"
+refused "$work/theta.log" "--final-rope-theta 1e9 exports the recipe's last stage, s7-512k, but EASYCTX_STAGES=s5 ends at s5-256k" \
+  env -u EASYCTX_NODES -u EASYCTX_TASKS_PER_NODE EASYCTX_STAGES=s5 EASYCTX_INIT=random bash slurm/recipe_llama2_7b_1m.sh --gpus 8 --final-rope-theta 1e9 -- --set data.path="$work/data"
+
+# Scaled down: its last two stages on 2 tasks (sized by --set, so --recipe may run them on 2),
+# then the final-theta export, which reads the exported config.json back.
+eight=$work/eight
+small8=("${small[@]}" --set train.steps=10)
+EASYCTX_STAGES=s6,s7 EASYCTX_INIT=random EASYCTX_OUT=$eight bash slurm/recipe_llama2_7b_1m.sh --recipe llama2-7b-1m-8gpu \
+  --final-rope-theta 1e9 -- "${small8[@]}" > "$work/e.log" 2>&1 || { cat "$work/e.log"; slurm_fail "the 8-GPU chain was not submitted"; }
+cat "$work/e.log"
+grep -q "^easyctx: configs/recipes/llama2-7b-1m-8gpu is sized for 8 GPUs; on 2, sized by --set .*parallel.sequence.size=2" "$work/e.log" ||
+  slurm_fail "the scaled-down 8-GPU chain did not say it runs on 2 sized by --set"
+grep -q "^easyctx: s7-512k: 256 tokens per optimizer step (seq_length 128 x batch_size 1 x grad_accum 2 x 1 data-parallel)$" "$work/e.log" ||
+  slurm_fail "the scaled-down s7 does not print its tokens per step"
+e7=$(job_of "$work/e.log" s7)
+ef=$(sed -nE 's/^easyctx: final rope theta: job ([0-9]+) \(after ([0-9]+)\), rope_theta 1e9, output (.*)$/\1 \2 \3/p' "$work/e.log")
+set -- $ef
+[ "${2:-}" = "$e7" ] && [ "${3:-}" = "$eight/s7-512k-rope-theta-1e9" ] || slurm_fail "no final-theta job after s7 (job $e7): '$ef'"
+efj=$1
+slurm_wait_state "$efj" "COMPLETED FAILED CANCELLED" 240
+[ "$(slurm_job_field "$efj" JobState)" = COMPLETED ] || slurm_fail "the final-theta export (job $efj) ended $(slurm_job_field "$efj" JobState)"
+flog=$clone/slurm-easyctx-final-rope-theta-$efj.out
+grep -q "^easyctx: exported: $eight/s7-512k-rope-theta-1e9 (config.json rope_theta " "$flog" || slurm_fail "the export's log does not say it exported"
+grep -q "^converted .*$eight/s7-512k/checkpoints/step-00000010" "$flog" || { cat "$flog"; slurm_fail "the export is not s7's last checkpoint (step 10)"; }
+python3 - "$eight/s7-512k-rope-theta-1e9" "$eight/s7-512k/final" <<'PY' || slurm_fail "the final-theta export is not s7's model with rope_theta 1e9"
+import json, os, struct, sys
+fin, s7 = sys.argv[1], sys.argv[2]
+c, c7 = json.load(open(os.path.join(fin, "config.json"))), json.load(open(os.path.join(s7, "config.json")))
+assert c["rope_theta"] == 1e9, c["rope_theta"]
+assert c7["rope_theta"] == 2.5e8, ("s7's own export", c7["rope_theta"])
+for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+    assert c[k] == c7[k], (k, c[k], c7[k])
+def tensors(d):
+    out = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            b = open(os.path.join(d, f), "rb").read()
+            n = struct.unpack("<Q", b[:8])[0]
+            out.update({k: v["shape"] for k, v in json.loads(b[8:8 + n]).items() if k != "__metadata__"})
+    return out
+t, t7 = tensors(fin), tensors(s7)
+assert t and t == t7, "tensors differ from s7's export"
+print("ok: final-theta export: config.json rope_theta", c["rope_theta"], "(s7's own:", c7["rope_theta"], "),", len(t), "tensors as s7's")
+PY
+# Run again: the stages are DONE and the export exists, so nothing is submitted or overwritten.
+EASYCTX_STAGES=s6,s7 EASYCTX_INIT=random EASYCTX_OUT=$eight bash slurm/recipe_llama2_7b_1m.sh --recipe llama2-7b-1m-8gpu \
+  --final-rope-theta 1e9 -- "${small8[@]}" > "$work/e-again.log" 2>&1 || { cat "$work/e-again.log"; slurm_fail "running the 8-GPU chain again failed"; }
+grep -q "^easyctx: final rope theta: $eight/s7-512k-rope-theta-1e9 exists already: not exported again" "$work/e-again.log" &&
+  grep -q "^easyctx: submitted 0 job(s)" "$work/e-again.log" || { cat "$work/e-again.log"; slurm_fail "the finished 8-GPU chain run again submitted jobs"; }
+echo "ok: the finished 8-GPU chain and its export, run again, submit nothing (the 8-GPU part: $(( $(date +%s) - t6 )) s)"
+echo "PASS: recipe chain from a fresh clone: submission, preemption + resume, equal weights, report, failure; the 8-GPU recipe by world size, refusals, final rope theta ($(( $(date +%s) - t0 )) s)"
