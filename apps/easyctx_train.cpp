@@ -84,15 +84,38 @@ std::vector<std::string> easycontext_overrides(const po::variables_map& vm, bool
       EASYCTX_CHECK_INPUT(vm.count(f), "--", f, ": required without STAGE.yaml (EasyContext's train.py command "
                           "line; docs/easycontext.md)");
   }
+  // Each flag's value is checked on its own first, so that a bad one is reported under the
+  // flag the user typed rather than the --set it becomes.
+  auto check = [](const std::string& flag, const std::string& value, const std::string& set) {
+    try {
+      parse_stage_config("", "", {set});
+    } catch (const InputError& e) {
+      std::string m = e.what();
+      const std::string inner = "--set " + set + ": ";
+      if (starts_with(m, inner)) m = m.substr(inner.size());
+      EASYCTX_THROW_INPUT("--", flag, " ", value, ": ", m);
+    }
+  };
   for (const EasyContextFlag& f : kEasyContextFlags) {
     if (!vm.count(f.flag) || !*f.key) continue;
     const std::string v = vm[f.flag].as<std::string>();
-    const bool text = std::string(f.key) == "output.dir" || std::string(f.key) == "data.path";
-    o.push_back(std::string(f.key) + "=" + (text ? yaml_string(v) : v));
+    const std::string key = f.key;
+    const bool text = key == "output.dir" || key == "data.path";
+    const std::string set = key + "=" + (text ? yaml_string(v) : v);
+    if (key == "parallel.sequence.ring_degree") {
+      // Checked with the mode and the size, which may come later; here only its form.
+      const bool ok = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 19 &&
+                      std::stoll(v) >= 1;
+      EASYCTX_CHECK_INPUT(ok, "--ring_degree ", v, ": expected an integer >= 1");
+    } else {
+      check(f.flag, v, set);
+    }
+    o.push_back(set);
   }
   if (vm.count("model")) o.push_back("model.init=" + yaml_string(model_init_of(vm["model"].as<std::string>())));
   if (vm.count("parallel_mode")) {
     const std::string mode = vm["parallel_mode"].as<std::string>();
+    check("parallel_mode", mode, "parallel.sequence.mode=" + mode);
     o.push_back("parallel.sequence.mode=" + mode);  // EasyContext's names are the config's aliases
     // EasyContext's sequence-parallel group is the whole world; data_parallel has none.
     o.push_back("parallel.sequence.size=" +

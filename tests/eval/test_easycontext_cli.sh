@@ -149,6 +149,15 @@ train)
     [ $rc -eq 2 ] && [ "$(grep -c . bad.log)" -eq 1 ] && grep -q -- "$flag" bad.log \
       || fail "$bad: exit $rc, expected 2 and one line naming $flag: $(cat bad.log)"
   done
+  # A bad value: one line naming the flag as typed.
+  for fv in "--batch-size abc" "--parallel_mode zigzag" "--seq-length 1"; do
+    # shellcheck disable=SC2086
+    with_values stage1 $fv
+    "$bin/easyctx_train" "${changed[@]}" --print-config > bad.log 2>&1
+    rc=$?
+    [ $rc -eq 2 ] && [ "$(grep -c . bad.log)" -eq 1 ] && grep -q -- "^error: $fv: " bad.log \
+      || fail "$fv: exit $rc, expected 2 and one line naming it: $(cat bad.log)"
+  done
   "$bin/easyctx_train" --batch-size 1 --output-dir x --model "$work/base/final" --dataset "$work/data" \
     > bad.log 2>&1
   rc=$?
