@@ -179,7 +179,19 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
     const Task k = parse_task(trim(t));
     if (std::find(o.tasks.begin(), o.tasks.end(), k) == o.tasks.end()) o.tasks.push_back(k);
   }
-  check_needle_options(o);
+  // A bad value of a flag given in EasyContext's spelling says so, as the message names
+  // easyctx's (boost's messages on the rewritten command line too).
+  try {
+    check_needle_options(o);
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    for (int i = 1; i < argc; ++i)
+      for (const FlagAlias& f : needle_aliases())
+        if ((argv[i] == std::string(f.alias) || std::string(argv[i]).rfind(std::string(f.alias) + "=", 0) == 0) &&
+            m.rfind(std::string(f.canonical) + ":", 0) == 0)
+          EASYCTX_THROW_INPUT(m, " (given as ", f.alias, ")");
+    throw;
+  }
   return true;
 }
 

@@ -281,6 +281,12 @@ needle)
   "$bin/easyctx_eval_needle" --model "$work/base" --print-sweep > runfolder.log 2>&1 || fail "run folder"
   grep -qxF "tokenizer: $work/base/final/tokenizer.model" runfolder.log || fail "run folder: $(cat runfolder.log)"
   grep -qxF "output-dir: data/needle_base" runfolder.log || fail "run folder: $(cat runfolder.log)"
+  # A bad value in EasyContext's spelling: one line naming both spellings.
+  with_values readme --rnd_number_digits 0
+  "$bin/easyctx_eval_needle" "${changed[@]}" --print-sweep > bad.log 2>&1
+  rc=$?
+  [ $rc -eq 2 ] && [ "$(grep -c . bad.log)" -eq 1 ] && grep -q -- "^error: --digits: .*(given as --rnd_number_digits)$" bad.log \
+    || fail "--rnd_number_digits 0: exit $rc $(cat bad.log)"
   # Both spellings at once are refused.
   "$bin/easyctx_eval_needle" "${readme[@]}" --samples 3 --print-sweep > bad.log 2>&1
   rc=$?
