@@ -79,9 +79,9 @@ int main(int argc, char** argv) {
         "EasyContext's stride without --truncate: windows of up to L - 1 tokens every W tokens, each scoring the "
         "tokens the previous did not (selects EasyContext's documents; with --dataset-min-tokens alone W = 256, "
         "EasyContext's default)")(
-        "aggressive-memory", "EasyContext's (gc and torch.cuda.empty_cache after every window): accepted and has "
-        "no effect here, where the session's buffers are sized once by the memory plan and reused, so there is "
-        "no cache to empty")(
+        "aggressive-memory", "EasyContext's gc.collect() and torch.cuda.empty_cache() after every window: "
+        "accepted so that its command runs, with no effect here (what a run needs is planned before it starts: "
+        "--plan)")(
         "hide-progress", "no progress lines (EasyContext: no tqdm bars)")(
         "csv-format", po::value(&csv_format)->default_value("auto"),
         "auto | long | wide. long: tokens,ppl,documents,nll rows (with several models a model column first, and "
