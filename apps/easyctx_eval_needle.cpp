@@ -1,9 +1,11 @@
-// easyctx_eval_needle --model DIR --tokenizer FILE --output-dir DIR [--haystack-dir DIR] [--tensorboard DIR]
+// easyctx_eval_needle --model DIR [--tokenizer FILE] [--output-dir DIR] [--haystack-dir DIR] [--tensorboard DIR]
 //                     [--task needle,passkey,multikey,multivalue,vt] [--device auto|cpu|cuda]
 //                     [--min-context-length N] [--max-context-length N] [--context-interval N]
 //                     [--depth-interval F] [--samples K] [--distractors K] [--digits D]
 //                     [--seed S] [--rope-theta T] [--sp-size N] [--sp-mode MODE]
-//                     [--plan [--set target.KEY=VALUE ...]]
+//                     [--print-sweep] [--plan [--set target.KEY=VALUE ...]]
+// EasyContext's eval_needle.py spellings (--num_samples, --haystack_dir, ...) are accepted too
+// (docs/easycontext.md).
 // EasyContext's needle-in-a-haystack sweep (and RULER-style synthetic retrieval tasks) over
 // a model, scored by teacher forcing through an eval::Session: CSV, heatmap PNG, summary
 // (docs/eval.md). Under mpirun: sequence parallel over --sp-size ranks, data parallel over
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
       run = eval::parse_needle_flags(argc, argv, o, &help);
       if (!run) return;
       eval::validate_session_options(o.session, rt.size());
+      if (o.print_sweep) return;  // prints the options alone: no file is read
       tok = data::load_tokenizer(o.tokenizer);
       needle = std::find(o.tasks.begin(), o.tasks.end(), eval::Task::Needle) != o.tasks.end();
       // Rank 0 alone reads the haystack (below), so rank 0 alone needs to see it.
@@ -46,6 +49,10 @@ int main(int argc, char** argv) {
       if (rt.rank() == 0)
         std::cout << help << "\nDocs: docs/eval.md. Exit codes: 0 done (--plan: fits), 1 failure, 2 bad input, "
                              "3 --plan: does not fit.\n";
+      return 0;
+    }
+    if (o.print_sweep) {
+      if (rt.rank() == 0) std::cout << eval::describe_needle_options(o);
       return 0;
     }
     // The model in a phase of its own: a checkpoint is verified collectively (each file by one

@@ -1,15 +1,19 @@
-// easyctx_eval_ppl --model DIR [--model DIR2 ...] --tokenized FILE... --min-tokens A
-//                  --max-tokens B --tokens-step S [--samples K] [--rope-theta T]
+// easyctx_eval_ppl --model DIR [--model DIR2 ...] --tokenized FILE... [--min-tokens A]
+//                  [--max-tokens B] [--tokens-step S] [--samples K] [--rope-theta T]
+//                  [--dataset-min-tokens N] [--truncate | --sliding-window W] [--csv-format F]
 //                  [--device auto|cpu|cuda] [--sp-size N --sp-mode MODE] [--attention-head-groups G]
-//                  --output-file CSV [--plot PNG] [--tensorboard DIR]
+//                  [--output-file CSV] [--plot PNG] [--tensorboard DIR]
 //                  [--plan [--set target.KEY=VALUE ...]]
 // Perplexity of Hugging Face Llama folders or training checkpoints (ckpt:DIR) over document
-// lengths A, A+S, ..., B on the first K documents of pre-tokenized shards (docs/eval.md), on
+// lengths A, A+S, ..., B (without S: A, 2A, 4A, ...) on pre-tokenized shards (docs/eval.md), on
 // the CPU or GPUs, sequence parallel inside groups of --sp-size ranks and data parallel over
 // documents across the groups (mpirun). Several models run one after another on the same
 // documents: a CSV each plus one with a model column, one plot, and TensorBoard events
-// (eval_ppl/<model> against the length; by default in <CSV's folder>/tensorboard). --plan prints the memory
-// plan of the longest length and exits (0 fits, 3 does not, 2 bad input). Logic in lib/eval.
+// (eval_ppl/<model> against the length; by default in <CSV's folder>/tensorboard).
+// EasyContext's eval_ppl.py command line runs as written (docs/easycontext.md):
+// --dataset-min-tokens, --truncate or --sliding-window select its fixed documents and windows
+// and its wide CSV. --plan prints the memory plan of the longest length and exits (0 fits, 3
+// does not, 2 bad input). Logic in lib/eval.
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <iostream>
@@ -47,7 +51,8 @@ int main(int argc, char** argv) {
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) -> int {
     eval::PplOptions o;
     std::vector<std::string> models, sets;
-    std::string out, plot, tensorboard, device = "auto", sp_mode = "zigzag_ring";
+    std::string out, plot, tensorboard, device = "auto", sp_mode = "zigzag_ring", csv_format = "auto";
+    std::string hf_dataset, hf_subset, hf_feature, hf_split, save_tokenized;
     double progress_every = 30;
     po::options_description opts("easyctx_eval_ppl [options]");
     opts.add_options()("help,h", "show this help")(
@@ -56,16 +61,50 @@ int main(int argc, char** argv) {
         "step folder, checkpoints folder or run output.dir; any ZeRO stage or rank count), or a training run's "
         "output.dir (its final/ export). Several (repeat the flag "
         "or list them) run one after another on the same documents")(
-        "tokenized", po::value(&o.tokenized)->multitoken()->required(), "h5tokenize shards: files, folders or globs")(
-        "min-tokens", po::value(&o.min_tokens)->required(), "first length L")(
-        "max-tokens", po::value(&o.max_tokens)->required(), "last length L")(
-        "tokens-step", po::value(&o.tokens_step)->required(), "step between lengths")(
-        "samples", po::value(&o.samples)->default_value(-1), "documents per length (first K with >= L tokens; -1: all)")(
+        "tokenized", po::value(&o.tokenized)->multitoken()->required(),
+        "h5tokenize shards: files, folders or globs (EasyContext: a datasets folder or hub id; tokenize it with "
+        "h5tokenize, docs/data.md)")(
+        "min-tokens", po::value(&o.min_tokens)->default_value(256), "first length L (EasyContext's default)")(
+        "max-tokens", po::value(&o.max_tokens)->default_value(8192), "last length L (EasyContext's default)")(
+        "tokens-step", po::value(&o.tokens_step)->default_value(0),
+        "step between lengths (0, not given: min, 2 min, 4 min, ... <= max, as EasyContext)")(
+        "samples", po::value(&o.samples)->default_value(-1),
+        "number of documents (-1: all). EasyContext's set (with --dataset-min-tokens, --truncate or "
+        "--sliding-window): the first K documents with at least --dataset-min-tokens tokens, the same at every "
+        "length, as EasyContext. Otherwise per length the first K documents that have L tokens")(
+        "dataset-min-tokens", po::value(&o.dataset_min_tokens)->default_value(-1),
+        "EasyContext's: keep only documents of at least N tokens (a fixed set for every length; selects "
+        "EasyContext's documents and windows)")(
+        "truncate", po::bool_switch(&o.truncate),
+        "EasyContext's: one window per document, BOS + its first L - 1 tokens (all of them when shorter; selects "
+        "EasyContext's documents)")(
+        "sliding-window", po::value(&o.sliding_window)->default_value(0),
+        "EasyContext's stride without --truncate: windows of up to L - 1 tokens every W tokens, each scoring the "
+        "tokens the previous did not (selects EasyContext's documents; with --dataset-min-tokens alone W = 256, "
+        "EasyContext's default)")(
+        "aggressive-memory", "EasyContext's gc.collect() and torch.cuda.empty_cache() after every window: "
+        "accepted so that its command runs, with no effect here (what a run needs is planned before it starts: "
+        "--plan)")(
+        "hide-progress", "no progress lines (EasyContext: no tqdm bars)")(
+        "csv-format", po::value(&csv_format)->default_value("auto"),
+        "auto | long | wide. long: tokens,ppl,documents,nll rows (with several models a model column first, and "
+        "a CSV per model); wide: EasyContext's \",L1,L2,...\" header and a row per model that its plot.py and "
+        "YaRN's read. auto: wide with EasyContext's documents (--dataset-min-tokens, --truncate, "
+        "--sliding-window), long otherwise")(
+        "dataset,d", po::value(&hf_dataset), "EasyContext's Hugging Face dataset: not read here (an error); "
+        "tokenize with h5tokenize and pass --tokenized")(
+        "subset,s", po::value(&hf_subset), "EasyContext's dataset subset: not read here (an error), as --dataset")(
+        "feature,f", po::value(&hf_feature), "EasyContext's text column: not read here (an error), as --dataset")(
+        "split", po::value(&hf_split), "EasyContext's dataset split: not read here (an error), as --dataset")(
+        "save-tokenized", po::value(&save_tokenized),
+        "EasyContext's tokenize-and-save: not done here (an error); h5tokenize writes the shards")(
         "rope-theta", po::value(&o.rope_theta)->default_value(0), "override the model's rope_theta (0: keep)")(
         "device", po::value(&device)->default_value("auto"), "auto | cpu | cuda (auto: a GPU when one is visible)")(
         "sp-size", po::value(&o.sp_size)->default_value(1),
         "ranks per sequence (sequence parallelism); the job's ranks are data-parallel groups x sp-size")(
-        "sp-mode", po::value(&sp_mode)->default_value("zigzag_ring"), "zigzag_ring | ulysses | dist_flash | usp")(
+        "sp-mode", po::value(&sp_mode)->default_value("zigzag_ring"),
+        "zigzag_ring | ulysses | dist_flash | usp (EasyContext's zigzag_ring_attn, ulysses_attn, dist_flash_attn, "
+        "usp_attn too)")(
         "ulysses-size", po::value(&o.ulysses_size)->default_value(0),
         "usp: the Ulysses degree inside a sequence-parallel group (0: the ranks per node)")(
         "attention-head-groups", po::value(&o.attention_head_groups)->default_value(1),
@@ -73,14 +112,16 @@ int main(int argc, char** argv) {
         "lm-head-tile", po::value(&o.lm_head_tile)->default_value(4096), "tokens per LM-head tile")(
         "mlp-tile", po::value(&o.mlp_tile)->default_value(16384),
         "tokens per MLP tile (0: untiled); bounds the MLP activations of long sequences")(
-        "output-file", po::value(&out)->required(),
-        "CSV to write (tokens,ppl,documents,nll); with several models the CSV has a model column first, and "
-        "each model also gets <stem>.<model>.csv")(
+        "output-file", po::value(&out)->default_value(""),
+        "CSV to write (--csv-format; not given: none, the results are logged, as EasyContext)")(
         "plot", po::value(&plot)->default_value(""),
-        "PNG of perplexity against context length, every model on one chart (default: <stem>.png; none: no plot)")(
+        "PNG of perplexity against context length, every model on one chart (default: <stem>.png with "
+        "--output-file; none: no plot)")(
+        "print-sweep", "print the lengths, the documents chosen, the windows and the CSV format, then exit "
+        "without loading any weights (what a command of EasyContext's would do here)")(
         "tensorboard", po::value(&tensorboard)->default_value(""),
         "folder of the TensorBoard event file: eval_ppl/<model> = perplexity with step = the length in tokens "
-        "(default: <folder of --output-file>/tensorboard; none: no event file)")(
+        "(default: <folder of --output-file>/tensorboard, none without --output-file; none: no event file)")(
         "plan", "print the memory plan of the longest length per model (every buffer per GPU and per host) as a "
         "table, then as one JSON object on the last line, and exit: 0 when it fits, 3 when it does not (the message "
         "names the flags that would fit), 2 on bad input")(
@@ -101,6 +142,15 @@ int main(int argc, char** argv) {
       }
       o.device = eval::parse_device(device);
       o.sp_mode = eval::parse_sp_mode(sp_mode);
+      // EasyContext reads Hugging Face datasets itself; here the documents come as shards.
+      for (const char* f : {"dataset", "subset", "feature", "split", "save-tokenized"})
+        EASYCTX_CHECK_INPUT(!vm.count(f), "--", f, ": Hugging Face datasets are not read here; tokenize the "
+                            "documents with h5tokenize (docs/data.md) and pass the shards to --tokenized");
+      EASYCTX_CHECK_INPUT(csv_format == "auto" || csv_format == "long" || csv_format == "wide",
+                          "--csv-format: bad value '", csv_format, "': expected auto, long or wide");
+      if (csv_format == "auto") csv_format = eval::easycontext_documents(o) ? "wide" : "long";
+      EASYCTX_CHECK_INPUT(!out.empty() || plot.empty() || plot == "none",
+                          "--plot: needs --output-file (the CSV it plots is written first)");
     });
     if (vm.count("help")) {
       if (rt.rank() == 0)
@@ -129,6 +179,14 @@ int main(int argc, char** argv) {
         plans[m] = eval::plan_session(eval::session_options(o, models[m]), o.max_tokens, sets, rt.size(),
                                       rt.topology().local_size);
     });
+    if (vm.count("print-sweep")) {
+      std::string text;
+      dist::run_collectively(rt, [&] { text = eval::describe_ppl_sweep(o, models, nullptr); });
+      if (rt.rank() == 0)
+        std::cout << text << "csv-format: " << csv_format << "\noutput-file: " << (out.empty() ? "(none)" : out)
+                  << "\n";
+      return 0;
+    }
     if (plan_only) {
       bool fits = true;
       for (size_t m = 0; m < models.size(); ++m) {
@@ -145,13 +203,17 @@ int main(int argc, char** argv) {
         log_warn("memory plan of ", models[m], " unavailable: ", e.what());
       }
     }
-    o.progress = eval::log_progress("eval ppl", rt.rank(), progress_every);
+    if (!vm.count("hide-progress")) o.progress = eval::log_progress("eval ppl", rt.rank(), progress_every);
     auto comm = dist::make_comm(MPI_COMM_WORLD, "world", dist::CommBackend::Mpi, o.collective_timeout_s);
     o.require_every_length = true;  // a length no document reaches is an error, never a nan row
     const std::vector<eval::PplResult> results = eval::evaluate_perplexity_models(o, models, comm.get());
     if (rt.rank() != 0) return 0;
     const std::string stem = stem_of(out);
-    if (results.size() == 1) {
+    if (out.empty()) {
+      // EasyContext without --output-file: the lines below are the results.
+    } else if (csv_format == "wide") {
+      write_file_atomic(out, eval::ppl_csv_wide(results));
+    } else if (results.size() == 1) {
       write_file_atomic(out, eval::ppl_csv(results[0].rows));
     } else {
       write_file_atomic(out, eval::ppl_csv(results));
@@ -161,13 +223,13 @@ int main(int argc, char** argv) {
         log_info("wrote ", f);
       }
     }
-    log_info("wrote ", out);
-    if (plot != "none") {
+    if (!out.empty()) log_info("wrote ", out);
+    if (!out.empty() && plot != "none") {
       const std::string png = plot.empty() ? stem + ".png" : plot;
       eval::write_png(png, eval::render_line_chart(eval::ppl_chart(results)));
       log_info("wrote ", png);
     }
-    if (tensorboard != "none") {
+    if (tensorboard != "none" && !(tensorboard.empty() && out.empty())) {  // no --output-file: no files at all
       const std::string dir =
           tensorboard.empty() ? (std::filesystem::path(out).parent_path() / "tensorboard").string() : tensorboard;
       log_info("TensorBoard events: ", eval::write_ppl_events(dir, results));

@@ -63,6 +63,9 @@ struct SequenceParallelConfig {
   SeqParallelMode mode = SeqParallelMode::ZigzagRing;  // with size 1: no sequence parallelism
   int64_t size = 1;             // ranks per sequence-parallel group
   int64_t ulysses_size = 0;     // usp: Ulysses degree inside the group (0: ranks per node)
+  // EasyContext's --ring_degree (0: not given): usp's ring degree; parsing sets ulysses_size =
+  // size / ring_degree from it (the inverse quantity), so the rest of easyctx reads ulysses_size.
+  int64_t ring_degree = 0;
 };
 
 struct ZeroConfig {

@@ -186,13 +186,18 @@ class Registry {
                       },
                       [acc](const StageConfig& c) { return quote_if_needed(acc(const_cast<StageConfig&>(c))); }});
   }
+  // `aliases`: other names accepted for a value (EasyContext's spellings); `allowed`, the dump
+  // and the docs show the canonical names of `choices` only.
   template <typename E, typename Acc>
-  void add_enum(const std::string& key, Acc acc, std::vector<EnumChoice> choices, const std::string& doc) {
+  void add_enum(const std::string& key, Acc acc, std::vector<EnumChoice> choices, const std::string& doc,
+                std::vector<EnumChoice> aliases = {}) {
     std::string allowed = "one of ";
     for (size_t i = 0; i < choices.size(); ++i) allowed += (i ? ", " : "") + std::string(choices[i].name);
+    std::vector<EnumChoice> accepted = choices;
+    accepted.insert(accepted.end(), aliases.begin(), aliases.end());
     fields.push_back({key, "", "enum", allowed, doc,
-                      [acc, choices, allowed](StageConfig& c, const std::string& s) -> std::string {
-                        for (const auto& ch : choices)
+                      [acc, accepted, allowed](StageConfig& c, const std::string& s) -> std::string {
+                        for (const auto& ch : accepted)
                           if (s == ch.name) {
                             acc(c) = static_cast<E>(ch.value);
                             return "";

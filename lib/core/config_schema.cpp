@@ -145,13 +145,21 @@ const Registry& registry() {
         {{"none", 0}, {"zigzag_ring", 1}, {"ulysses", 2}, {"dist_flash", 3}, {"usp", 4}},
         "How one sequence is split across a sequence-parallel group: `none` (data parallel only; size must be "
         "1), `zigzag_ring` (2W chunks, ring attention; the default, and with size 1 the same as none), `ulysses` (all-to-all to heads), `dist_flash` (LightSeq's load-balanced "
-        "schedule), `usp` (Ulysses inside x ring across).");
+        "schedule), `usp` (Ulysses inside x ring across). EasyContext's names are accepted too: "
+        "`zigzag_ring_attn`, `ulysses_attn`, `dist_flash_attn`, `usp_attn`, `data_parallel` (= none); "
+        "--print-config shows easyctx's.",
+        {{"data_parallel", 0}, {"zigzag_ring_attn", 1}, {"ulysses_attn", 2}, {"dist_flash_attn", 3}, {"usp_attn", 4}});
     r.add_int("parallel.sequence.size", [](StageConfig& c) -> int64_t& { return c.parallel.sequence.size; }, 1, kMaxI,
               "Ranks per sequence-parallel group (contiguous ranks). World = data-parallel x this.");
     r.add_int("parallel.sequence.ulysses_size",
               [](StageConfig& c) -> int64_t& { return c.parallel.sequence.ulysses_size; }, 0, kMaxI,
               "usp only: Ulysses degree inside each sequence-parallel group (contiguous ranks); the ring degree is "
               "size / ulysses_size. 0 picks the ranks per node (capped at size).");
+    r.add_int("parallel.sequence.ring_degree",
+              [](StageConfig& c) -> int64_t& { return c.parallel.sequence.ring_degree; }, 0, kMaxI,
+              "usp only, EasyContext's --ring_degree: ranks in each ring of a sequence-parallel group; sets "
+              "ulysses_size = size / ring_degree (it must divide size; a ulysses_size given as well must equal "
+              "that). 0: not given (ulysses_size decides).");
     r.add_int("parallel.zero.stage", [](StageConfig& c) -> int64_t& { return c.parallel.zero.stage; }, 0, 3,
               "0: replicated weights and optimizer, gradients all-reduced. 3: master weights, gradients and Adam "
               "state sharded over the ZeRO group by unit (embedding, each layer, head); each layer's parameters are "
@@ -295,7 +303,8 @@ const Registry& registry() {
                "Write TensorBoard event files to <output.dir>/tensorboard/ (rank 0): per step the numbers of "
                "metrics.jsonl as scalars train/<name>, readable while the run goes (`tensorboard --logdir "
                "<output.dir>/tensorboard`) and uploadable with `wandb sync --sync-tensorboard` (docs/training.md, "
-               "\"Live tracking\"). A resumed run adds a file; steps continue.");
+               "\"Live tracking\"). A resumed run adds a file; steps continue. easyctx_train's --wandb NAME "
+               "(EasyContext's flag) sets it.");
     r.add_string("logging.level", [](StageConfig& c) -> std::string& { return c.logging.level; },
                  "debug, info, warn, error", "Log verbosity.", check_level);
     r.add_bool("logging.profile", [](StageConfig& c) -> bool& { return c.logging.profile; },
@@ -381,6 +390,24 @@ void walk(StageConfig& cfg, const YAML::Node& node, const std::string& prefix, c
   }
 }
 
+// EasyContext's ring degree is the inverse of easyctx's Ulysses degree inside a group of
+// `size` ranks (usp: size = ulysses_size x ring degree); resolved once the whole file and the
+// overrides are read, as the keys may come in any order.
+void resolve_ring_degree(StageConfig& cfg) {
+  auto& sp = cfg.parallel.sequence;
+  if (sp.ring_degree == 0) return;
+  const std::string& src = cfg.source.empty() ? std::string("config") : cfg.source;
+  EASYCTX_CHECK_INPUT(sp.mode == SeqParallelMode::Usp, src, ": parallel.sequence.ring_degree = ", sp.ring_degree,
+                      " is only used with mode usp (usp_attn); mode is ", to_string(sp.mode));
+  EASYCTX_CHECK_INPUT(sp.size % sp.ring_degree == 0, src, ": parallel.sequence.ring_degree = ", sp.ring_degree,
+                      " must divide parallel.sequence.size = ", sp.size);
+  const int64_t u = sp.size / sp.ring_degree;
+  EASYCTX_CHECK_INPUT(sp.ulysses_size == 0 || sp.ulysses_size == u, src, ": parallel.sequence.ring_degree = ",
+                      sp.ring_degree, " means ulysses_size = size / ring_degree = ", u, ", but ulysses_size = ",
+                      sp.ulysses_size, " is set too; give one of them");
+  sp.ulysses_size = u;
+}
+
 }  // namespace
 
 std::vector<std::string> config_keys() {
@@ -430,6 +457,7 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
     walk(cfg, root, "", source);
   }
   for (const auto& o : overrides) apply_override(cfg, o);
+  resolve_ring_degree(cfg);
   // offload_params and offload_grads need the host AdamW: they decide an auto optimizer placement.
   auto& z = cfg.parallel.zero;
   if (z.offload_optimizer_auto && (z.offload_params || z.offload_grads)) {
@@ -481,7 +509,9 @@ std::string config_reference_markdown() {
      << "A stage is one YAML file (`easyctx_train STAGE.yaml`). Every key below can also be set on the\n"
      << "command line with `--set key=value` (same validation). Unknown keys, wrong types and values\n"
      << "out of range are errors naming the file, line, key, the bad value and what is allowed.\n"
-     << "`--print-config` prints the resolved configuration and the process-group layout.\n";
+     << "`--print-config` prints the resolved configuration and the process-group layout.\n\n"
+     << "Coming from EasyContext: its train.py flags (`easyctx_train --batch-size 1 --parallel_mode ...`) set\n"
+     << "these keys, and its mode names are accepted as values; the table is in docs/easycontext.md.\n";
   std::string section;
   for (const auto& f : registry().fields) {
     auto parts = split(f.key, '.');

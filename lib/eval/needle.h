@@ -38,6 +38,8 @@ struct NeedleOptions {
   std::string haystack_dir;   // --haystack-dir ("": the King James Bible, eval/haystack.h)
   std::string output_dir;     // --output-dir
   std::string tensorboard;    // --tensorboard: event files' folder ("": <output-dir>/tensorboard; "none": none)
+  // EasyContext's eval_needle.py spellings are accepted too (--num_samples, --haystack_dir, ...;
+  // parse_needle_flags rewrites them).
   std::vector<Task> tasks{Task::Needle};  // --task a,b,...
   int64_t min_context = 1000;       // --min-context-length
   int64_t max_context = 100000;     // --max-context-length
@@ -48,6 +50,7 @@ struct NeedleOptions {
   TaskOptions task;                 // --digits, --distractors, --keys, --values, --hops
   double progress_every = 30;       // --progress-every: seconds between progress lines
   bool plan = false;                // --plan: print the memory plan of the longest prompt, exit
+  bool print_sweep = false;         // --print-sweep: print the resolved options (describe_needle_options), exit
   std::vector<std::string> plan_sets;  // --set target.KEY=VALUE: the machine --plan plans for
 };
 
@@ -55,6 +58,14 @@ struct NeedleOptions {
 // *help when --help is given. Throws InputError naming the flag.
 bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std::string* help);
 void check_needle_options(const NeedleOptions& o);  // InputError naming the flag
+// --tokenizer's default: tokenizer.model, else tokenizer.json, in the model's folder (a run's
+// output.dir: its final/); InputError naming --tokenizer for ckpt:DIR or a folder with neither.
+std::string default_needle_tokenizer(const std::string& model_spec);
+// --output-dir's default: data/needle_<the model folder's name>.
+std::string default_needle_output_dir(const std::string& model_spec);
+
+// The resolved options, a "name: value" line each (--print-sweep; nothing is loaded).
+std::string describe_needle_options(const NeedleOptions& o);
 
 std::vector<int64_t> context_lengths(const NeedleOptions& o);
 // Tokens of the longest prompt the sweep can build: the last context length plus the largest

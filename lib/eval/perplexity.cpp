@@ -33,13 +33,17 @@ void check_options(const PplOptions& o) {
   EASYCTX_CHECK_INPUT(o.min_tokens >= 2, "--min-tokens: ", o.min_tokens, " (must be >= 2: one prediction needs 2 tokens)");
   EASYCTX_CHECK_INPUT(o.max_tokens >= o.min_tokens, "--max-tokens: ", o.max_tokens, " is below --min-tokens ",
                       o.min_tokens);
-  EASYCTX_CHECK_INPUT(o.tokens_step > 0, "--tokens-step: ", o.tokens_step, " (must be > 0)");
+  EASYCTX_CHECK_INPUT(o.tokens_step >= 0, "--tokens-step: ", o.tokens_step, " (must be > 0; not given: doubling)");
+  EASYCTX_CHECK_INPUT(o.dataset_min_tokens >= -1, "--dataset-min-tokens: ", o.dataset_min_tokens, " (must be >= 0)");
+  EASYCTX_CHECK_INPUT(o.sliding_window >= 0, "--sliding-window: ", o.sliding_window, " (must be > 0)");
+  EASYCTX_CHECK_INPUT(!(o.truncate && o.sliding_window > 0), "--sliding-window: ", o.sliding_window,
+                      " with --truncate (one window per document; EasyContext ignores the stride then): give one");
   EASYCTX_CHECK_INPUT(o.samples == -1 || o.samples > 0, "--samples: ", o.samples, " (must be > 0)");
   EASYCTX_CHECK_INPUT(o.mlp_tile >= 0, "--mlp-tile: ", o.mlp_tile, " (must be >= 0; 0: untiled)");
   EASYCTX_CHECK_INPUT(o.lm_head_tile > 0, "--lm-head-tile: ", o.lm_head_tile, " (must be > 0)");
   EASYCTX_CHECK_INPUT(o.max_tokens <= kMaxLength, "--max-tokens: ", o.max_tokens, " is above ", kMaxLength,
                       " (positions are int32)");
-  const int64_t count = (o.max_tokens - o.min_tokens) / o.tokens_step + 1;
+  const int64_t count = o.tokens_step > 0 ? (o.max_tokens - o.min_tokens) / o.tokens_step + 1 : 1;
   EASYCTX_CHECK_INPUT(count <= kMaxLengths, "--tokens-step: ", o.tokens_step, " gives ", count, " lengths from ",
                       o.min_tokens, " to ", o.max_tokens, ", more than ", kMaxLengths, "; take a larger step");
 }
@@ -57,13 +61,113 @@ std::vector<std::string> shard_files(const std::vector<std::string>& specs) {
 struct Sweep {
   std::vector<int64_t> lengths;
   std::vector<ScoreRequest> requests;
-  std::vector<std::vector<size_t>> at;  // per request: the indices of its lengths (ascending)
+  std::vector<std::vector<size_t>> at;  // per request: the length index of each of its spans
   std::vector<std::string> what;        // per request: "document D of FILE", for messages
+  std::vector<int64_t> documents;       // per length: documents scored
+  std::string summary;                  // which documents and windows ("name: value" lines)
+  int64_t tokens = 0;                   // tokens of all requests
 };
 
-Sweep build_sweep(const PplOptions& o, int64_t vocab, const std::string& first_model) {
+// EasyContext's fixed documents and their windows (perplexity.h).
+Sweep build_easycontext_sweep(const PplOptions& o, int64_t vocab, int64_t bos, const std::string& first_model,
+                              const std::vector<std::string>& files, std::vector<data::TokenShardReader>& shards,
+                              const std::vector<DocRef>& docs, Sweep s) {
+  const int64_t min_len = std::max<int64_t>(o.dataset_min_tokens, 0);
+  std::vector<size_t> chosen;
+  int64_t qualifying = 0;
+  for (size_t d = 0; d < docs.size(); ++d)
+    if (static_cast<int64_t>(docs[d].length) >= min_len) {
+      ++qualifying;
+      if (o.samples < 0 || static_cast<int64_t>(chosen.size()) < o.samples) chosen.push_back(d);
+    }
+  EASYCTX_CHECK_INPUT(!chosen.empty(), "--dataset-min-tokens: no document of ", o.tokenized.front(),
+                      o.tokenized.size() > 1 ? " (or the other --tokenized inputs)" : "", " has ", min_len,
+                      " tokens");
+  std::vector<size_t> first_doc(files.size(), 0);
+  for (size_t d = docs.size(); d-- > 0;) first_doc[docs[d].file] = d;
+  const int64_t stride = o.sliding_window > 0 ? o.sliding_window : 256;  // EasyContext's default
+  constexpr int64_t kMaxWindowTokens = int64_t{1} << 31;  // every window is held until scored
+  int64_t tokens = 0, shorter = 0;
+  s.documents.assign(s.lengths.size(), static_cast<int64_t>(chosen.size()));
+  for (size_t d : chosen) {
+    const std::vector<uint32_t> raw = shards[docs[d].file].read(docs[d].offset, docs[d].length);
+    std::vector<int32_t> text;  // the document after its BOS: what EasyContext's windows slice
+    text.reserve(raw.size());
+    for (size_t i = 0; i < raw.size(); ++i) {
+      EASYCTX_CHECK_INPUT(raw[i] < static_cast<uint64_t>(vocab), files[docs[d].file], ": token id ", raw[i],
+                          " >= the model's vocab_size ", vocab, " (", first_model, ")");
+      if (i == 0 && static_cast<int64_t>(raw[i]) == bos) continue;
+      text.push_back(static_cast<int32_t>(raw[i]));
+    }
+    const int64_t n = static_cast<int64_t>(text.size());
+    const std::string what = "document " + std::to_string(d - first_doc[docs[d].file]) + " of " + files[docs[d].file];
+    EASYCTX_CHECK_INPUT(n >= 1, what, ": no token after its BOS; nothing to score");
+    auto window = [&](int64_t begin, int64_t end) {
+      ScoreRequest r;
+      r.tokens.reserve(static_cast<size_t>(end - begin + 1));
+      r.tokens.push_back(static_cast<int32_t>(bos));
+      r.tokens.insert(r.tokens.end(), text.begin() + begin, text.begin() + end);
+      tokens += end - begin + 1;
+      EASYCTX_CHECK_INPUT(tokens <= kMaxWindowTokens, "--sliding-window: ", stride, " gives more than ",
+                          kMaxWindowTokens, " tokens of windows over the documents and lengths; take --truncate, "
+                          "a larger --sliding-window or fewer --samples");
+      return r;
+    };
+    if (o.truncate) {
+      // One request per document: its window at the largest length; every length a prefix span.
+      const int64_t longest = std::min(s.lengths.back() - 1, n);
+      ScoreRequest r = window(0, longest);
+      std::vector<size_t> at;
+      for (size_t i = 0; i < s.lengths.size(); ++i) {
+        r.spans.push_back({0, std::min(s.lengths[i] - 1, n)});
+        at.push_back(i);
+      }
+      if (n < s.lengths.back() - 1) ++shorter;
+      s.requests.push_back(std::move(r));
+      s.at.push_back(std::move(at));
+      s.what.push_back(what);
+      continue;
+    }
+    if (n < s.lengths.back() - 1) ++shorter;
+    for (size_t i = 0; i < s.lengths.size(); ++i) {
+      const int64_t max_len = s.lengths[i] - 1;
+      int64_t prev_end = 0;
+      for (int64_t begin = 0; begin < n; begin += stride) {
+        const int64_t end = std::min(begin + max_len, n);
+        // The tokens this window adds; a stride longer than the window scores all of it.
+        const int64_t trg = std::min(end - prev_end, end - begin);
+        ScoreRequest r = window(begin, end);
+        r.spans.push_back({end - begin - trg, trg});
+        s.requests.push_back(std::move(r));
+        s.at.push_back({i});
+        s.what.push_back(what + " (window at token " + std::to_string(begin) + ")");
+        prev_end = end;
+        if (end == n) break;
+      }
+    }
+  }
+  if (shorter)
+    log_warn("eval ppl: ", shorter, " of the ", chosen.size(), " documents have fewer than ", s.lengths.back() - 1,
+             " tokens after BOS; at the longer lengths they are scored over all their tokens (as EasyContext "
+             "does)");
+  s.tokens = tokens;
+  s.summary = detail::concat(
+      "documents: ", chosen.size(), " (EasyContext's: the first ",
+      o.samples < 0 ? std::string("all") : std::to_string(o.samples), " of the ", qualifying, " with >= ", min_len,
+      " tokens, of ", docs.size(), ")\nwindows: ",
+      o.truncate ? std::string("one per document (--truncate)")
+                 : "every " + std::to_string(stride) + " tokens (sliding window)",
+      "\nrequests: ", s.requests.size(), "\ntokens: ", tokens, "\n");
+  log_info("eval ppl: EasyContext's documents: ", chosen.size(), " of the ", qualifying, " with >= ", min_len,
+           " tokens (of ", docs.size(), "), ",
+           o.truncate ? std::string("one window per document") : "windows every " + std::to_string(stride) + " tokens",
+           ", ", s.requests.size(), " request(s), ", format_count(static_cast<double>(tokens)), " tokens");
+  return s;
+}
+
+Sweep build_sweep(const PplOptions& o, int64_t vocab, int64_t bos, const std::string& first_model) {
   Sweep s;
-  for (int64_t L = o.min_tokens; L <= o.max_tokens; L += o.tokens_step) s.lengths.push_back(L);
+  s.lengths = ppl_lengths(o);
   const std::vector<std::string> files = shard_files(o.tokenized);
   std::vector<data::TokenShardReader> shards;
   std::vector<DocRef> docs;
@@ -72,6 +176,8 @@ Sweep build_sweep(const PplOptions& o, int64_t vocab, const std::string& first_m
     const auto& off = shards.back().doc_offsets();
     for (size_t d = 0; d + 1 < off.size(); ++d) docs.push_back({f, off[d], off[d + 1] - off[d]});
   }
+  if (easycontext_documents(o)) return build_easycontext_sweep(o, vocab, bos, first_model, files, shards, docs, s);
+  s.documents.assign(s.lengths.size(), 0);
   std::map<size_t, std::vector<size_t>> selected;  // doc index -> indices of the lengths it is scored at
   for (size_t i = 0; i < s.lengths.size(); ++i) {
     int64_t taken = 0;
@@ -80,6 +186,7 @@ Sweep build_sweep(const PplOptions& o, int64_t vocab, const std::string& first_m
         selected[d].push_back(i);
         ++taken;
       }
+    s.documents[i] = taken;
     if (taken == 0 && o.require_every_length) {
       uint64_t longest = 0;
       for (const DocRef& doc : docs) longest = std::max(longest, doc.length);
@@ -108,6 +215,11 @@ Sweep build_sweep(const PplOptions& o, int64_t vocab, const std::string& first_m
     s.at.push_back(at);
     s.what.push_back("document " + std::to_string(d - first_doc[docs[d].file]) + " of " + files[docs[d].file]);
   }
+  s.tokens = tokens;
+  s.summary = detail::concat("documents: ", selected.size(), " (per length the first ",
+                             o.samples < 0 ? std::string("all") : std::to_string(o.samples),
+                             " that have L tokens, of ", docs.size(), ")\nwindows: one per document and length\n"
+                             "requests: ", s.requests.size(), "\ntokens: ", tokens, "\n");
   log_info("eval ppl: ", docs.size(), " documents in ", files.size(), " file(s), ", selected.size(),
            " scored (", format_count(static_cast<double>(tokens)), " tokens), lengths ", o.min_tokens, "..",
            o.max_tokens, " step ", o.tokens_step);
@@ -116,7 +228,8 @@ Sweep build_sweep(const PplOptions& o, int64_t vocab, const std::string& first_m
 
 std::vector<PplRow> rows_of(const Sweep& s, const std::vector<std::vector<SpanScore>>& scores,
                             const std::string& model) {
-  // sums[i] = sum over scored documents of their mean NLL at lengths[i]; counts[i] documents.
+  // sums[i] = sum over the spans at lengths[i] (a document each, or EasyContext's windows) of
+  // their mean NLL; counts[i] spans.
   std::vector<double> sums(s.lengths.size(), 0.0), counts(s.lengths.size(), 0.0);
   for (size_t r = 0; r < s.requests.size(); ++r)
     for (size_t k = 0; k < s.at[r].size(); ++k) {
@@ -131,8 +244,8 @@ std::vector<PplRow> rows_of(const Sweep& s, const std::vector<std::vector<SpanSc
   for (size_t i = 0; i < s.lengths.size(); ++i) {
     PplRow r;
     r.tokens = s.lengths[i];
-    r.documents = static_cast<int64_t>(counts[i]);
-    r.mean_nll = r.documents ? sums[i] / counts[i] : std::numeric_limits<double>::quiet_NaN();
+    r.documents = s.documents[i];
+    r.mean_nll = counts[i] > 0 ? sums[i] / counts[i] : std::numeric_limits<double>::quiet_NaN();
     r.ppl = std::exp(r.mean_nll);
     rows.push_back(r);
   }
@@ -158,7 +271,34 @@ std::vector<std::string> labels_of(const std::vector<ModelRef>& refs) {
   return a;
 }
 
+// Python's str(float): the shortest text that reads back as the same double.
+std::string shortest(double v) {
+  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+  for (int p = 1; p <= 17; ++p) {
+    std::ostringstream os;
+    os.precision(p);
+    os << v;
+    if (std::stod(os.str()) == v) return os.str();
+  }
+  return std::to_string(v);
+}
+
 }  // namespace
+
+bool easycontext_documents(const PplOptions& o) {
+  return o.dataset_min_tokens >= 0 || o.truncate || o.sliding_window > 0;
+}
+
+std::vector<int64_t> ppl_lengths(const PplOptions& o) {
+  std::vector<int64_t> v;
+  if (o.tokens_step > 0) {
+    for (int64_t L = o.min_tokens; L <= o.max_tokens; L += o.tokens_step) v.push_back(L);
+  } else {
+    v.push_back(o.min_tokens);
+    while (v.back() <= o.max_tokens / 2) v.push_back(v.back() * 2);
+  }
+  return v;
+}
 
 SessionOptions session_options(const PplOptions& o, const std::string& model) {
   SessionOptions so;
@@ -200,7 +340,7 @@ std::vector<PplResult> evaluate_perplexity_models(const PplOptions& o, const std
     refs.push_back(*with.resolved.at(m));
   }
   const model::LlamaConfig first = model_config(refs[0], o.rope_theta);
-  const Sweep sweep = build_sweep(o, first.vocab_size, models[0]);
+  const Sweep sweep = build_sweep(o, first.vocab_size, first.bos_token_id, models[0]);
   const std::vector<std::string> labels = labels_of(refs);
   std::vector<PplResult> out;
   for (size_t m = 0; m < models.size(); ++m) {
@@ -221,6 +361,27 @@ std::vector<PplResult> evaluate_perplexity_models(const PplOptions& o, const std
     out.push_back(std::move(res));
   }
   return out;
+}
+
+std::string describe_ppl_sweep(const PplOptions& o, const std::vector<std::string>& models, dist::Comm* comm) {
+  check_options(o);
+  EASYCTX_CHECK_INPUT(!models.empty(), "--model: required (a Hugging Face folder or ckpt:DIR)");
+  std::shared_ptr<const ModelRef> ref;
+  if (const auto it = o.resolved.find(models[0]); it != o.resolved.end()) ref = it->second;
+  if (!ref) {
+    auto* mpi = comm ? dynamic_cast<dist::MpiComm*>(comm) : nullptr;
+    ref = std::make_shared<const ModelRef>(
+        resolve_model(models[0], mpi ? mpi->mpi_comm() : MPI_COMM_SELF, o.collective_timeout_s));
+  }
+  const model::LlamaConfig first = model_config(*ref, o.rope_theta);
+  const Sweep sweep = build_sweep(o, first.vocab_size, first.bos_token_id, models[0]);
+  std::ostringstream os;
+  os << "models:";
+  for (const std::string& m : models) os << " " << m;
+  os << "\nlengths:";
+  for (const int64_t L : sweep.lengths) os << " " << L;
+  os << "\n" << sweep.summary;
+  return os.str();
 }
 
 std::vector<PplRow> evaluate_perplexity(const PplOptions& o, dist::Comm* comm) {
@@ -254,6 +415,19 @@ std::string write_ppl_events(const std::string& dir, const std::vector<PplResult
   tb::EventWriter w(dir);
   for (const auto& [tokens, values] : by_length) w.add_scalars(tokens, values);
   return w.path();
+}
+
+std::string ppl_csv_wide(const std::vector<PplResult>& results) {
+  std::ostringstream os;
+  if (results.empty()) return "";
+  for (const PplRow& r : results.front().rows) os << "," << r.tokens;
+  os << "\n";
+  for (const PplResult& res : results) {
+    os << res.model;
+    for (const PplRow& r : res.rows) os << "," << shortest(r.ppl);
+    os << "\n";
+  }
+  return os.str();
 }
 
 LineChart ppl_chart(const std::vector<PplResult>& results) {

@@ -21,6 +21,8 @@
 //     contributes, exact again), so every rank returns every score.
 #include "eval/session.h"
 
+#include "core/cli_alias.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -71,10 +73,13 @@ DeviceKind parse_device(const std::string& v, const std::string& flag) {
 }
 
 SeqParallelMode parse_sp_mode(const std::string& v, const std::string& flag) {
-  for (SeqParallelMode m :
-       {SeqParallelMode::ZigzagRing, SeqParallelMode::Ulysses, SeqParallelMode::DistFlash, SeqParallelMode::Usp})
-    if (v == to_string(m)) return m;
-  EASYCTX_THROW_INPUT(flag, ": bad value '", v, "': expected zigzag_ring, ulysses, dist_flash or usp");
+  // EasyContext's names (zigzag_ring_attn, ...) as well as easyctx's.
+  const std::string name = canonical_sp_mode_name(v);
+  for (SeqParallelMode m : {SeqParallelMode::ZigzagRing, SeqParallelMode::Ulysses, SeqParallelMode::DistFlash,
+                            SeqParallelMode::Usp, SeqParallelMode::None})
+    if (name == to_string(m)) return m;
+  EASYCTX_THROW_INPUT(flag, ": bad value '", v, "': expected zigzag_ring, ulysses, dist_flash, usp or none "
+                      "(EasyContext's zigzag_ring_attn, ulysses_attn, dist_flash_attn, usp_attn, data_parallel)");
 }
 
 StageConfig session_stage(const SessionOptions& o) {
