@@ -3,6 +3,9 @@
 // mix's proportions, determinism in (seed, i), and --mix parsing.
 #include "eval/synth_docs.h"
 
+#include <algorithm>
+#include <set>
+
 #include "needle_test_util.h"
 
 namespace easyctx::test {
@@ -84,6 +87,79 @@ TEST(SynthDocs, WholePromptsAndTheEvalOverhead) {
     const std::string text = tok->decode(d);
     EXPECT_EQ(text.find("There is a pass key hidden"), 0u) << text.substr(0, 80);  // the prompt starts the document
   }
+}
+
+// Packed windows (--prompt-max): S tokens of one run of the text source with whole prompts of
+// at most prompt_max tokens put in, each city's needle and the pass key at most once, the
+// tally exact, the mix's weights as token shares, and a function of (seed, i).
+TEST(SynthDocs, PackedWindowsHoldShortPromptsInText) {
+  const uint64_t seed = test_seed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const auto tok = data::load_tokenizer(demo_tokenizer());
+  eval::Rng rng(seed);
+  eval::SynthOptions o;
+  o.length = 4096 + static_cast<int64_t>(rng.below(4096));
+  o.prompt_max = 256 + static_cast<int64_t>(rng.below(256));
+  o.prompt_min = 0.5;
+  o.seed = seed;
+  o.task.digits = 4;
+  o.mix = eval::parse_mix("text=2,needle=1,passkey=1");
+  const std::vector<uint32_t> text = tok->encode(haystack_text(seed + 1, 20000));
+  const eval::SynthDocs docs(*tok, o, text_haystack(*tok, seed), text);
+  eval::DocTally all;
+  const std::string needle_q = "Question: What is the special magic ", pk_q = "What is the pass key? The pass key is";
+  for (uint64_t i = 0; i < 40; ++i) {
+    eval::DocTally t;
+    eval::DocKind k;
+    const std::vector<uint32_t> d = docs.document(i, &k, &t);
+    ASSERT_EQ(static_cast<int64_t>(d.size()), o.length) << "window " << i;
+    EXPECT_EQ(k, eval::DocKind::Text);
+    EXPECT_EQ(d, docs.document(i)) << "window " << i << " is not a function of (seed, i)";
+    int64_t sum = 0;
+    for (const auto& kv : t.tokens) sum += kv.second;
+    EXPECT_EQ(sum, o.length) << "the tally covers every token of window " << i;
+    EXPECT_LE(t.longest_prompt, o.prompt_max);
+    EXPECT_LE(t.prompts[eval::DocKind::Passkey], 1) << "one pass key per window";
+    EXPECT_LE(t.prompts[eval::DocKind::Needle], 7) << "each city once per window";
+    // The questions in the window's text: as many as the tally's prompts, each city's once.
+    const std::string s = tok->decode(d);
+    int64_t needles = 0, keys = 0;
+    std::set<std::string> cities;
+    for (size_t at = s.find(needle_q); at != std::string::npos; at = s.find(needle_q, at + 1)) {
+      ++needles;
+      const size_t end = s.find(" number", at + needle_q.size());
+      ASSERT_NE(end, std::string::npos);
+      EXPECT_TRUE(cities.insert(s.substr(at + needle_q.size(), end - at - needle_q.size())).second)
+          << "a city twice in window " << i;
+    }
+    for (size_t at = s.find(pk_q); at != std::string::npos; at = s.find(pk_q, at + 1)) ++keys;
+    EXPECT_EQ(needles, t.prompts[eval::DocKind::Needle]) << "window " << i;
+    EXPECT_EQ(keys, t.prompts[eval::DocKind::Passkey]) << "window " << i;
+    all.add(t);
+  }
+  // Token shares: text at least the mix's 1/2 (more where the once-per-window limits leave the
+  // prompts' share unfilled), prompts within [prompt_min x prompt_max, prompt_max].
+  const double total = 40.0 * static_cast<double>(o.length);
+  const double text_share = static_cast<double>(all.tokens[eval::DocKind::Text]) / total;
+  EXPECT_GT(text_share, 0.45);
+  EXPECT_LT(text_share, 0.8);
+  EXPECT_GE(all.shortest_prompt, (o.prompt_max + 1) / 2);
+  EXPECT_GT(all.prompts[eval::DocKind::Needle], 40);
+  EXPECT_GT(all.prompts[eval::DocKind::Passkey], 30);
+  // The text is the source's, read on: in most windows (not those that open with a prompt or a
+  // short piece) the first 64 tokens after BOS stand in the text source in that order.
+  int runs = 0;
+  for (uint64_t i = 0; i < 40; ++i) {
+    const std::vector<uint32_t> d = docs.document(i);
+    runs += std::search(text.begin(), text.end(), d.begin() + 1, d.begin() + 65) != text.end();
+  }
+  EXPECT_GE(runs, 20) << "windows do not start with a run of the text source";
+  // Flag checks: prompt_max out of range.
+  eval::SynthOptions bad = o;
+  bad.prompt_max = 32;
+  EXPECT_THROW(eval::check_synth_options(bad), InputError);
+  bad.prompt_max = o.length + 1;
+  EXPECT_THROW(eval::check_synth_options(bad), InputError);
 }
 
 TEST(SynthDocs, MixFlag) {
