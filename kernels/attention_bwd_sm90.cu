@@ -66,19 +66,19 @@
 // first, measured 0.82x of the reverse one at 32K). Every wait also gives up after ~2^34
 // cycles and records a hang (sm90_bwd_take_hang_report).
 //
-// hd 64's split (session 29, same bench): GQA 32/4 x 64 causal at 8K / 32K / 128K atomic-split
+// hd 64's split (bench/RESULTS.md, 2026-12-02, same bench): GQA 32/4 x 64 causal at 8K / 32K / 128K atomic-split
 // 254-258 / 400 / 405-408 (cuDNN's atomic 401-404 / 415-422 / 423), deterministic-split 224-235 /
 // 331-339 / 355-357 (cuDNN's deterministic graph 242-244 / 258-259 / 261-262), unmasked 32K
 // 405-406 / 384-398: 1.18-1.54x the per-consumer variants; first on the route in the
 // deterministic mode from 16K rows (and for unmasked blocks). At 8K (256 CTAs of up to 512 steps
-// for 132 SMs) its steps took ~1.6x as long as at 32K: the head-major order's tail (session 30,
+// for 132 SMs) its steps took ~1.6x as long as at 32K: the head-major order's tail (bench/RESULTS.md, 2026-12-03,
 // the atomic variants' heavy-first order in the kernel below). Tried and dropped
-// (session 29): each consumer's dQ GEMM a step late, issued with the next step's dV / dK behind
+// (bench/RESULTS.md, 2026-12-02): each consumer's dQ GEMM a step late, issued with the next step's dV / dK behind
 // mbarriers per consumer and dS^T buffer instead of the per-step barrier (the consumers free to
 // drift by a step; correct, bit-identical deterministic): 10-12% slower (atomic 359 / 364 against
 // 397 / 411 at 32K / 128K), so the lock step is not what limits it, a dQ GEMM queued behind dV /
 // dK costs. The row split's writer spills 4 bytes (atomic) / 8 (deterministic) at hd 64.
-// Measured (H200, bench_attention --sm90-bwd-only, bench/RESULTS.md session 25, TFLOP/s at 8K /
+// Measured (H200, bench_attention --sm90-bwd-only, bench/RESULTS.md, 2026-12-02, TFLOP/s at 8K /
 // 32K / 128K, cuDNN's backward of the same mode in the same process in brackets): 32 x 128
 // causal, split: deterministic 442-447 / 450-485 / 432-454 (cuDNN's deterministic graph 345 /
 // 397-409 / 407-418), atomic 457-461 / 497-506 / 501-512 (cuDNN 528-530 / 526-548 / 524-540);
@@ -91,7 +91,7 @@
 // traffic, which the split halves). What it lacks against cuDNN / FA3: each step's dQ GEMM is
 // waited for before its part is stored (queueing it behind dV / dK measured 1-5% slower), the
 // S^T / dP^T GEMMs are m64n64 (hd 64: every GEMM is), a 2-stage Q / dO ring, no persistent
-// CTAs. Tried and dropped (session 28): S^T and dP^T as two wgmma groups, the exponentials
+// CTAs. Tried and dropped (bench/RESULTS.md, 2026-12-02): S^T and dP^T as two wgmma groups, the exponentials
 // under the dP^T GEMM and dS^T formed under the dV GEMM (bit-identical results): no faster
 // (split 128K 492 = 492, 32K 465 vs 482; hd 64 -1..+2%), so the exposed softmax is not what
 // limits it; ncu (split, 32K causal): tensor 54.9%, L1/shared 60.9%, issue 34.8%, 0.48 eligible
@@ -441,11 +441,11 @@ __global__ void __launch_bounds__(384, 1)
   // choice for grids of at most 4 waves) the heaviest first over all heads (a causal key
   // block's query steps fall with n: n outer, g inner in dispatch order). Head-major started
   // the heavy blocks of the later heads last: GQA 32/4 x 64 at 8K (256 CTAs of 8-512 steps for
-  // 132 SMs) kept the SMs busy 64.5% of the kernel's cycles (ncu, session 30; 99% at 32K), and
+  // 132 SMs) kept the SMs busy 64.5% of the kernel's cycles (ncu, bench/RESULTS.md, 2026-12-03; 99% at 32K), and
   // heavy-first took it from 254-258 to 365 TFLOP/s; on large grids it loses the L2 reuse of
   // the heads' Q / dO streams (32 x 128 atomic-split at 32K / 128K: 441 / 382 against 482-497 /
   // 492-501). A template parameter, not a runtime flag: the flag in every kernel cost the
-  // head-major 32 x 128 atomic-split 5% at 32K (474-476 against 501, same call, session 31).
+  // head-major 32 x 128 atomic-split 5% at 32K (474-476 against 501, same call, bench/RESULTS.md, 2026-12-03).
   static_assert(!(kDet && kHeavy), "the deterministic order needs each waited-for key block dispatched first");
   const int lin = blockIdx.y * gridDim.x + blockIdx.x;
   const int n = kDet ? gridDim.x - 1 - blockIdx.x : kHeavy ? lin / gridDim.y : blockIdx.x;

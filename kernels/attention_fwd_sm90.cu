@@ -202,7 +202,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[64], float (&m_run)[2]
     // are 0); 0 at the first key (m_run -inf). Not ex2(m_run * scale_log2 - base): contracted
     // to an FMA, that is the rounding error of base, the same tiny factor != 1 on every tile,
     // so l and O drifted by ~1 ulp per key tile: lse 1.5e-3 low after 1M keys
-    // (test_cuda_attention_sm90_long, session 31).
+    // (test_cuda_attention_sm90_long, bench/RESULTS.md, 2026-12-03).
     corr[hf] = m_run[hf] == m_new ? 1.f : ex2((m_run[hf] - m_new) * scale_log2);
     m_run[hf] = m_new;
     constexpr int kSums = kTree ? 4 : 1;
@@ -848,7 +848,7 @@ Sm90FwdVariant sm90_fwd_resolve(Sm90FwdVariant v, int64_t hd) {
   if (!env.empty())
     for (const V x : sm90_fwd_variants())
       if (env == sm90_fwd_variant_name(x) && sm90_fwd_variant_supported(x, hd)) return x;
-  // The fastest measured (H200, bench_attention --sm90-only, bench/RESULTS.md session 23): hd 128
+  // The fastest measured (H200, bench_attention --sm90-only, bench/RESULTS.md, 2026-12-02): hd 128
   // the persistent ping-pong (620 TFLOP/s causal at 32K and 128K, 655 at 8K), hd 64 the
   // 3-consumer 192-row tile (495-501 causal at 32K-128K, 498-499 unmasked; wide-persistent
   // wins only at 8K causal, 464 vs 446).

@@ -220,7 +220,7 @@ const Registry& registry() {
         "they all do), with activation.offload none moving the fewest more layer inputs to pinned host memory "
         "that keep the most, else `layer` (the same arithmetic either way; the plan's notes and the trainer's log "
         "say what it chose; docs/memory-model.md). llama2-7b at 64K on one H200: 5,237 tok/s against 4,562 "
-        "with `layer` (bench/RESULTS.md, session 28).");
+        "with `layer` (measured 2026-12-02, bench/RESULTS.md \"activation.checkpoint: auto\").");
     r.add_int("activation.attention_output_layers",
               [](StageConfig& c) -> int64_t& { return c.activation.attention_output_layers; }, 0, kMaxI,
               "With activation.checkpoint attention_output: how many layers keep their attention output and LSE, "
@@ -288,7 +288,7 @@ const Registry& registry() {
                "HF export.");
     r.add_bool("output.export_hf", [](StageConfig& c) -> bool& { return c.output.export_hf; },
                "At the end of the stage, export the weights as a Hugging Face folder <output.dir>/final "
-               "(config.json with the stage's rope_theta, model.safetensors) that transformers and vLLM load.");
+               "(config.json with the stage's rope_theta, model.safetensors) that transformers loads (tests/golden/check_export.py, run where transformers is installed).");
     r.add_string("output.hf_dtype", [](StageConfig& c) -> std::string& { return c.output.hf_dtype; }, "f32, bf16",
                  "Tensor type of the Hugging Face export: f32 (exact master weights) or bf16 (half the size).",
                  [](const std::string& s) { return (s == "f32" || s == "bf16") ? "" : "f32 or bf16"; });

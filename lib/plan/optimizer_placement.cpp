@@ -90,7 +90,7 @@ MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
   // user's). Their copies overlap the layers' compute (a layer's input is tokens x hidden x 2
   // bytes; its compute is ~24 x hidden^2 FLOPs per token), so they cost far less than a host
   // AdamW: llama2-7b at 64K on one H200, 4,602 tok/s this way against ~4,250 with the optimizer
-  // in host memory (bench/RESULTS.md, session 26).
+  // in host memory (bench/RESULTS.md, 2026-12-02).
   if (const int64_t k = least_offload_layers(c, target, p); k > 0) {
     p.auto_offload_layers = k;
     p.notes.push_back("parallel.zero.offload_optimizer auto: on the GPU, with the inputs of the first " +
@@ -145,7 +145,7 @@ int64_t kept_layers(const std::string& choice, int64_t layers) {
 // estimated from measurement on one H200 (bench/RESULTS.md): the causal forward at ~550 TFLOP/s
 // (2 x tokens x seq_length x q_dim FLOPs per layer and micro-batch), the host AdamW's cost net of its overlap
 // with the next forward ~0.18 ns per parameter on the rank (llama2-7b at 64K, 16 host threads:
-// ~1.2 s per step, session 26). llama2-7b at 128K: 31 more layers, ~7.9 s against ~1.2 s.
+// ~1.2 s per step, bench/RESULTS.md, 2026-12-02). llama2-7b at 128K: 31 more layers, ~7.9 s against ~1.2 s.
 MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const PlanTarget& target) {
   constexpr double kAttentionFlopsPerSecond = 550e12, kHostUpdateSecondsPerParam = 0.18e-9;
   const model::LlamaConfig m = detail::plan_model(cfg.model, nullptr);

@@ -127,7 +127,7 @@ const std::vector<GpuModel>& known_gpus() {
       {"A100-40GB", 40960 * kMiB, 128 * 1024 * kMiB},
       {"A100-80GB", 81920 * kMiB, 256 * 1024 * kMiB},
       {"H100-80GB", 81559 * kMiB, 256 * 1024 * kMiB},
-      {"H200", int64_t{150109880320}, 256 * 1024 * kMiB},  // measured (session 26); nvidia-smi: 143,771 MiB
+      {"H200", int64_t{150109880320}, 256 * 1024 * kMiB},  // measured (bench/RESULTS.md, 2026-12-02); nvidia-smi: 143,771 MiB
   };
   return g;
 }
