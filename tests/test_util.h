@@ -3,9 +3,12 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <random>
@@ -66,6 +69,18 @@ inline std::string source_dir() {
 inline std::string bin_dir() {
   const char* s = std::getenv("EASYCTX_BIN_DIR");
   return s ? s : "build/bin";
+}
+// Runs `cmd` through the shell with stderr joined to stdout into `out`; its exit status, or -1
+// when it did not exit normally.
+inline int run_shell(const std::string& cmd, std::string& out) {
+  out.clear();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 // ../shared/fixtures/... relative to the source tree.
 inline std::string shared_fixture(const std::string& rel) { return source_dir() + "/../shared/fixtures/" + rel; }

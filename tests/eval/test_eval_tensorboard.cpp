@@ -19,17 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int run(const std::string& cmd, std::string& out) {
-  out.clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 TEST(EvalTensorBoard, PplEventsMatchTheCsv) {
   const std::string evalp = bin_dir() + "/easyctx_eval_ppl";
   ASSERT_TRUE(fs::exists(evalp)) << evalp << " not built";
@@ -46,7 +35,7 @@ TEST(EvalTensorBoard, PplEventsMatchTheCsv) {
                           " --tokens-step " + std::to_string(step) + " --samples 3 --plot none";
   const double t0 = unix_now();
   std::string out;
-  ASSERT_EQ(run(cmd + " --output-file " + dir / "out/ppl.csv", out), 0) << out;
+  ASSERT_EQ(run_shell(cmd + " --output-file " + dir / "out/ppl.csv", out), 0) << out;
   // The CSV: model,tokens,ppl,documents,nll.
   std::map<int64_t, std::map<std::string, double>> csv;
   const std::vector<std::string> lines = split(trim(read_file(dir / "out/ppl.csv")), '\n');
@@ -72,10 +61,10 @@ TEST(EvalTensorBoard, PplEventsMatchTheCsv) {
     }
   }
   // --tensorboard DIR; none.
-  ASSERT_EQ(run(cmd + " --output-file " + dir / "b/ppl.csv --tensorboard " + dir / "custom", out), 0) << out;
+  ASSERT_EQ(run_shell(cmd + " --output-file " + dir / "b/ppl.csv --tensorboard " + dir / "custom", out), 0) << out;
   EXPECT_EQ(read_tb_folder(dir / "custom", t0).by_step.size(), 3u);
   EXPECT_FALSE(fs::exists(dir / "b/tensorboard"));
-  ASSERT_EQ(run(cmd + " --output-file " + dir / "c/ppl.csv --tensorboard none", out), 0) << out;
+  ASSERT_EQ(run_shell(cmd + " --output-file " + dir / "c/ppl.csv --tensorboard none", out), 0) << out;
   EXPECT_TRUE(fs::exists(dir / "c/ppl.csv"));
   EXPECT_FALSE(fs::exists(dir / "c/tensorboard"));
 }

@@ -23,17 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using Expected = std::map<int64_t, std::map<std::string, float>>;
 
-int run(const std::string& cmd, std::string& out) {
-  out.clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 std::string percent(double depth) {
   std::ostringstream os;
   os << std::round(depth * 1000) / 10;
@@ -115,7 +104,7 @@ TEST(NeedleTensorBoard, ProgramWritesEventsBesideItsOutputs) {
   ASSERT_TRUE(fs::exists(evaln)) << evaln << " not built";
   TempDir dir("needle-tb-cli");
   std::string out;
-  ASSERT_EQ(run("bash " + source_dir() + "/scripts/make_demo_tokenizer.sh " + dir / "tok", out), 0) << out;
+  ASSERT_EQ(run_shell("bash " + source_dir() + "/scripts/make_demo_tokenizer.sh " + dir / "tok", out), 0) << out;
   const std::string tok = split(trim(out), '\n').back();  // the script prints the path last
   const uint64_t seed = test_seed() % 1000;
   const std::string cmd = evaln + " --model random:demo@" + std::to_string(seed) + " --tokenizer " + tok +
@@ -123,7 +112,7 @@ TEST(NeedleTensorBoard, ProgramWritesEventsBesideItsOutputs) {
                           "--depth-interval 0.5 --samples 2 --digits 5 --task needle,passkey --progress-every 0 --seed " +
                           std::to_string(seed);
   const double t0 = unix_now();
-  ASSERT_EQ(run(cmd + " --output-dir " + dir / "a", out), 0) << out;
+  ASSERT_EQ(run_shell(cmd + " --output-dir " + dir / "a", out), 0) << out;
   const std::string label = "demo";  // random:SPEC's label is its shape
   const TbScalars tb = read_tb_folder(dir / "a/tensorboard", t0);
   EXPECT_EQ(tb.files, 1u);
@@ -131,7 +120,7 @@ TEST(NeedleTensorBoard, ProgramWritesEventsBesideItsOutputs) {
   const Expected want = expected_from_csvs(read_file(dir / "a/needle.csv"), read_file(dir / "a/synthetic.csv"), label);
   EXPECT_EQ(want.at(100).size(), 5u);  // needle, 3 depths, passkey
   expect_events(tb, want);
-  ASSERT_EQ(run(cmd + " --output-dir " + dir / "b --tensorboard " + dir / "elsewhere", out), 0) << out;
+  ASSERT_EQ(run_shell(cmd + " --output-dir " + dir / "b --tensorboard " + dir / "elsewhere", out), 0) << out;
   EXPECT_FALSE(fs::exists(dir / "b/tensorboard"));
   EXPECT_EQ(read_tb_folder(dir / "elsewhere", t0).by_step.size(), 2u);
 }

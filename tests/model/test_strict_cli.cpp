@@ -21,17 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int run(const std::string& cmd, std::string& out) {
-  out.clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 std::string bin(const char* name) { return bin_dir() + "/" + name; }
 
 #define REQUIRE_PROGRAMS()                                                                               \
@@ -53,13 +42,13 @@ TEST(StrictCli, AbsurdModelSizesAndFolderStage) {
   write(dir / "big_i.yaml", base + "head_dim: 16\nintermediate_size: 144115188075855872\n");
   write(dir / "big_hd.yaml", base + "head_dim: 4611686018427387904\nintermediate_size: 172\n");
   std::string out;
-  EXPECT_EQ(run(bin("easyctx_train") + " " + demo + " --set model.config=" + dir / "big_i.yaml" + " --plan", out), 2);
+  EXPECT_EQ(run_shell(bin("easyctx_train") + " " + demo + " --set model.config=" + dir / "big_i.yaml" + " --plan", out), 2);
   EXPECT_NE(out.find(dir / "big_i.yaml: intermediate_size = 144115188075855872 is above the limit"), std::string::npos)
       << out;
-  EXPECT_EQ(run(bin("easyctx_train") + " " + demo + " --set model.config=" + dir / "big_hd.yaml" + " --plan", out), 2);
+  EXPECT_EQ(run_shell(bin("easyctx_train") + " " + demo + " --set model.config=" + dir / "big_hd.yaml" + " --plan", out), 2);
   EXPECT_NE(out.find(dir / "big_hd.yaml: head_dim = 4611686018427387904 is above the limit"), std::string::npos) << out;
   EXPECT_EQ(out.find("max_size"), std::string::npos) << out;
-  EXPECT_EQ(run(bin("easyctx_train") + " " + dir.path() + " --print-config", out), 2);
+  EXPECT_EQ(run_shell(bin("easyctx_train") + " " + dir.path() + " --print-config", out), 2);
   EXPECT_NE(out.find(dir.path() + ": is a folder; the stage config is one YAML file (this folder holds big_hd.yaml"),
             std::string::npos)
       << out;
@@ -104,13 +93,13 @@ TEST(StrictCli, NanWeightsAreRefusedEverywhere) {
   REQUIRE_PROGRAMS();
   NanModel m;
   std::string out;
-  EXPECT_EQ(run(bin("easyctx_train") + " " + m.stage("hf:" + m.dir / "nan"), out), 2) << out;
+  EXPECT_EQ(run_shell(bin("easyctx_train") + " " + m.stage("hf:" + m.dir / "nan"), out), 2) << out;
   EXPECT_NE(out.find("tensor '" + m.bad_tensor + "'"), std::string::npos) << out;
   EXPECT_NE(out.find("non-finite"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(m.dir / "run1/final")) << out;
-  EXPECT_EQ(run(bin("easyctx_convert") + " --from hf:" + m.dir / "nan" + " --to ckpt:" + m.dir / "ck", out), 2) << out;
+  EXPECT_EQ(run_shell(bin("easyctx_convert") + " --from hf:" + m.dir / "nan" + " --to ckpt:" + m.dir / "ck", out), 2) << out;
   EXPECT_NE(out.find("tensor '" + m.bad_tensor + "'"), std::string::npos) << out;
-  EXPECT_EQ(run(bin("easyctx_eval_ppl") + " --model " + m.dir / "nan" + " --tokenized " + m.dir / "shard.h5" +
+  EXPECT_EQ(run_shell(bin("easyctx_eval_ppl") + " --model " + m.dir / "nan" + " --tokenized " + m.dir / "shard.h5" +
                     " --min-tokens 4 --max-tokens 16 --tokens-step 4 --output-file " + m.dir / "ppl.csv",
                 out),
             2)
@@ -118,7 +107,7 @@ TEST(StrictCli, NanWeightsAreRefusedEverywhere) {
   EXPECT_NE(out.find("tensor '" + m.bad_tensor + "'"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(m.dir / "ppl.csv"));
   // A length no document reaches: an error, never a nan row.
-  EXPECT_EQ(run(bin("easyctx_eval_ppl") + " --model " + m.dir / "good" + " --tokenized " + m.dir / "shard.h5" +
+  EXPECT_EQ(run_shell(bin("easyctx_eval_ppl") + " --model " + m.dir / "good" + " --tokenized " + m.dir / "shard.h5" +
                     " --min-tokens 4 --max-tokens 64 --tokens-step 30 --output-file " + m.dir / "ppl.csv",
                 out),
             2)
@@ -126,7 +115,7 @@ TEST(StrictCli, NanWeightsAreRefusedEverywhere) {
   EXPECT_NE(out.find("--max-tokens: no document of " + m.dir / "shard.h5" + " has 64 tokens"), std::string::npos)
       << out;
   EXPECT_FALSE(fs::exists(m.dir / "ppl.csv"));
-  ASSERT_EQ(run(bin("easyctx_eval_ppl") + " --model " + m.dir / "good" + " --tokenized " + m.dir / "shard.h5" +
+  ASSERT_EQ(run_shell(bin("easyctx_eval_ppl") + " --model " + m.dir / "good" + " --tokenized " + m.dir / "shard.h5" +
                     " --min-tokens 4 --max-tokens 20 --tokens-step 8 --output-file " + m.dir / "ppl.csv",
                 out),
             0)
@@ -139,17 +128,17 @@ TEST(StrictCli, HfInitTakesTheFoldersShape) {
   NanModel m;
   std::string out;
   // model.config unset: the folder's 3-layer config.json, not the default preset.
-  ASSERT_EQ(run(bin("easyctx_train") + " " + m.stage("hf:" + m.dir / "good"), out), 0) << out;
+  ASSERT_EQ(run_shell(bin("easyctx_train") + " " + m.stage("hf:" + m.dir / "good"), out), 0) << out;
   EXPECT_TRUE(fs::exists(m.dir / "run1/final/model.safetensors")) << out;
   EXPECT_NE(out.find("layers 3"), std::string::npos) << out;
   // model.config naming another model: both named, with what differs.
-  EXPECT_EQ(run(bin("easyctx_train") + " " + m.stage("hf:" + m.dir / "good", ", config: demo"), out), 2) << out;
+  EXPECT_EQ(run_shell(bin("easyctx_train") + " " + m.stage("hf:" + m.dir / "good", ", config: demo"), out), 2) << out;
   EXPECT_NE(out.find("model.config 'demo' and model.init hf:" + m.dir / "good" + " describe different models"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("num_hidden_layers 4 vs 3"), std::string::npos) << out;
   // model.config naming the same model (the folder itself): accepted.
-  ASSERT_EQ(run(bin("easyctx_train") + " " + m.stage("hf:" + m.dir / "good", ", config: \"" + m.dir / "good" + "\""),
+  ASSERT_EQ(run_shell(bin("easyctx_train") + " " + m.stage("hf:" + m.dir / "good", ", config: \"" + m.dir / "good" + "\""),
                 out),
             0)
       << out;

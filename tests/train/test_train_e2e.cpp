@@ -12,17 +12,6 @@
 namespace easyctx::test {
 namespace {
 
-int run(const std::string& cmd, std::string& out) {
-  out.clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 TEST(TrainE2E, TrainThenEvalPpl) {
   const std::string train = bin_dir() + "/easyctx_train", evalp = bin_dir() + "/easyctx_eval_ppl";
   if (!std::filesystem::exists(train) || !std::filesystem::exists(evalp)) GTEST_SKIP() << "programs not built";
@@ -39,13 +28,13 @@ TEST(TrainE2E, TrainThenEvalPpl) {
     << "logging: {every: 5}\n";
   write_file_atomic(dir / "stage.yaml", y.str());
   std::string out;
-  ASSERT_EQ(run(train + " " + dir / "stage.yaml", out), 0) << out;
+  ASSERT_EQ(run_shell(train + " " + dir / "stage.yaml", out), 0) << out;
   EXPECT_NE(out.find("step 25/25"), std::string::npos) << out;
   EXPECT_NE(out.find("unigram entropy"), std::string::npos) << out;
   const std::string metrics = read_file(dir / "run/metrics.jsonl");
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 25);
   ASSERT_TRUE(std::filesystem::exists(dir / "run/final/model.safetensors"));
-  ASSERT_EQ(run(evalp + " --model " + dir / "run/final" + " --tokenized " + dir / "data" +
+  ASSERT_EQ(run_shell(evalp + " --model " + dir / "run/final" + " --tokenized " + dir / "data" +
                     " --min-tokens 16 --max-tokens 64 --tokens-step 16 --samples 4 --output-file " + dir / "ppl.csv",
                 out),
             0)

@@ -21,17 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int run(const std::string& cmd, std::string& out) {
-  out.clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 // metrics.jsonl as step -> ("train/" + key) -> float32 of the number (true: 1).
 std::map<int64_t, std::map<std::string, float>> metrics_scalars(const std::string& path) {
   std::map<int64_t, std::map<std::string, float>> out;
@@ -83,7 +72,7 @@ TEST(TrainTensorBoard, KilledThenResumedRunMatchesMetricsExactly) {
   write_file_atomic(dir / "stage.yaml", y.str());
   const double t0 = unix_now();
   std::string out;
-  EXPECT_NE(run("EASYCTX_FAULT=recorded@" + std::to_string(kill_after) + ":0 " + train + " " + dir / "stage.yaml", out),
+  EXPECT_NE(run_shell("EASYCTX_FAULT=recorded@" + std::to_string(kill_after) + ":0 " + train + " " + dir / "stage.yaml", out),
             0)
       << out;
   const std::string tbdir = dir / "run/tensorboard";
@@ -94,7 +83,7 @@ TEST(TrainTensorBoard, KilledThenResumedRunMatchesMetricsExactly) {
     expect_same(killed.by_step, metrics_scalars(dir / "run/metrics.jsonl"), "killed run");
     EXPECT_EQ(killed.by_step.rbegin()->first, kill_after) << out;
   }
-  ASSERT_EQ(run(train + " " + dir / "stage.yaml", out), 0) << out;
+  ASSERT_EQ(run_shell(train + " " + dir / "stage.yaml", out), 0) << out;
   EXPECT_NE(out.find("TensorBoard events: " + tbdir + "/events.out.tfevents."), std::string::npos) << out;
   const TbScalars all = read_tb_folder(tbdir, t0);
   EXPECT_EQ(all.files, 2u);
@@ -110,7 +99,7 @@ TEST(TrainTensorBoard, KilledThenResumedRunMatchesMetricsExactly) {
     EXPECT_EQ(metrics.at(1).count(k), 1u) << k;
   expect_same(all.by_step, metrics, "after the resume");
   // logging.tensorboard: false writes no folder.
-  ASSERT_EQ(run(train + " " + dir / "stage.yaml" + " --set output.dir=" + dir / "off" +
+  ASSERT_EQ(run_shell(train + " " + dir / "stage.yaml" + " --set output.dir=" + dir / "off" +
                     " --set train.steps=2 --set logging.tensorboard=false",
                 out),
             0)
