@@ -128,6 +128,10 @@ SynthDocs::SynthDocs(const data::Tokenizer& tok, SynthOptions o, std::vector<uin
     if (kv.first != DocKind::Text && kv.second > 0) prompt_cdf_.push_back({kv.first, (acc += kv.second) / prompt_total});
   if (!prompt_cdf_.empty()) prompt_cdf_.back().second = 1.0;
   for (int t = 0; t < 5; ++t) overhead_.push_back(overhead(static_cast<Task>(t)));
+  if (o_.prompt_max > 0)
+    for (const auto& c : prompt_cdf_)
+      EASYCTX_CHECK_INPUT(min_prompt(c.first) <= o_.prompt_max, "--prompt-max ", o_.prompt_max, ": too short for ",
+                          doc_kind_name(c.first), " prompts (at least ", min_prompt(c.first), " tokens)");
 }
 
 int64_t SynthDocs::overhead(Task t) const {

@@ -160,6 +160,10 @@ TEST(SynthDocs, PackedWindowsHoldShortPromptsInText) {
   EXPECT_THROW(eval::check_synth_options(bad), InputError);
   bad.prompt_max = o.length + 1;
   EXPECT_THROW(eval::check_synth_options(bad), InputError);
+  // A prompt_max shorter than a kind's smallest prompt: an error naming the flag, not a bad document.
+  bad.prompt_max = 100;
+  const std::string why = input_error_of([&] { eval::SynthDocs(*tok, bad, text_haystack(*tok, seed), text); });
+  EXPECT_NE(why.find("--prompt-max 100: too short for"), std::string::npos) << why;
 }
 
 TEST(SynthDocs, MixFlag) {
