@@ -108,7 +108,7 @@ out=$(cd "$out" && pwd)
 summary=$out/summary.txt
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
-say "run_extension.sh $scale: seed $SEED, $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')"
+say "run_extension.sh $scale: seed $SEED, $(date -u +%Y-%m-%dT%H:%MZ)"
 # phase NAME COMMAND...: runs it, prints its wall time.
 phase() {
   local name=$1 t0=$SECONDS
