@@ -1,4 +1,4 @@
-// What a training run tells its user (DESIGN.md step 6): the startup lines, one log line and
+// What a training run tells its user (docs/design.md step 6): the startup lines, one log line and
 // one metrics.jsonl record per step (loss, lr, grad norm, tokens/s, MFU, memory, ETA), the
 // per-op profile of logging.profile with the step's phases, and the memory plan beside the
 // measured peaks at the end. Rank 0 writes; every rank computes its MFU and memory.

@@ -1,4 +1,4 @@
-// The training loop of one stage (DESIGN.md "one training step, as data"):
+// The training loop of one stage (docs/design.md "one training step, as data"):
 //   1. data: this rank's slices of the step's windows (data::DataLoader);
 //   2-4. forward and backward per micro-batch through the model, the parameters and their
 //      gradients reached through the parameter store (zero::ParamStore: replicated, or ZeRO-3
@@ -119,7 +119,7 @@ class Trainer {
   // disk at start: model.init hf:DIR or ckpt:DIR, or the checkpoint resumed (0 for random
   // init). Stage 0 reads every unit whole; ZeRO-3 only this rank's shard of each unit.
   uint64_t weights_bytes_read() const { return weights_bytes_read_; }
-  // Model FLOPs per token (causal counting, DESIGN.md "Performance model").
+  // Model FLOPs per token (causal counting, docs/design.md "Performance model").
   double flops_per_token() const;
 
  private:

@@ -1,5 +1,5 @@
 // Where the parameters and their optimizer state live between steps, and how a step reaches
-// them (DESIGN.md "one training step, as data", steps 2-5). The trainer holds one ParamStore:
+// them (docs/design.md "one training step, as data", steps 2-5). The trainer holds one ParamStore:
 //
 //   ReplicatedStore (parallel.zero.stage 0): every rank holds every unit's fp32 master weights,
 //     gradients and Adam moments (on CUDA also a bf16 working copy); gradients are summed over
