@@ -43,20 +43,11 @@ void MetricsWriter::write(const Json& record) {
   if (fd_ < 0) return;
   std::string line = record.dump();
   line.push_back('\n');
-  const off_t before = ::lseek(fd_, 0, SEEK_END);
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = n < 0 ? errno : ENOSPC;
-      if (before >= 0) (void)::ftruncate(fd_, before);  // no partial line for the next reader
-      EASYCTX_THROW(path_, ": cannot write the metrics record of step ",
-                    record.find("step") ? record.at("step").dump() : std::string("?"), ": ", std::strerror(e),
-                    " (the run stops rather than lose records; free space and resume)");
-    }
-    done += static_cast<size_t>(n);
-  }
+  // No partial line for the next reader: append_whole cuts the file back on failure.
+  if (const int e = append_whole(fd_, line))
+    EASYCTX_THROW(path_, ": cannot write the metrics record of step ",
+                  record.find("step") ? record.at("step").dump() : std::string("?"), ": ", std::strerror(e),
+                  " (the run stops rather than lose records; free space and resume)");
 }
 
 }  // namespace easyctx

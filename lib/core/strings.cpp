@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "core/error.h"
 
 namespace easyctx {
@@ -152,6 +154,22 @@ void write_file_atomic(const std::string& path, std::string_view content) {
   }
   EASYCTX_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path, ": ",
                 std::strerror(errno));
+}
+
+int append_whole(int fd, std::string_view bytes) {
+  const off_t before = ::lseek(fd, 0, SEEK_END);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = n < 0 ? errno : ENOSPC;
+      if (before >= 0) (void)::ftruncate(fd, before);
+      return e;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return 0;
 }
 
 }  // namespace easyctx

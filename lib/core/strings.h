@@ -25,5 +25,9 @@ void append_utf8(std::string& out, uint32_t cp);
 std::string read_file(const std::string& path);  // throws InputError naming the path (also for a folder)
 // Writes via `path.tmp` + rename so readers never see a partial file.
 void write_file_atomic(const std::string& path, std::string_view content);
+// Appends `bytes` whole to the end of the file open as `fd`, retrying short writes and EINTR.
+// On failure the file is cut back to its size before, so a reader never meets a partial record,
+// and the errno is returned (ENOSPC for a write of nothing); 0 when all was written.
+int append_whole(int fd, std::string_view bytes);
 
 }  // namespace easyctx

@@ -14,6 +14,7 @@
 #include <iterator>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace easyctx::tb {
 namespace fs = std::filesystem;
@@ -257,19 +258,10 @@ void EventWriter::session_start(int64_t step) {
 
 void EventWriter::write_record(const std::string& event, const char* what) {
   const std::string rec = frame_record(event);
-  const off_t before = ::lseek(fd_, 0, SEEK_END);
-  size_t done = 0;
-  while (done < rec.size()) {
-    const ssize_t n = ::write(fd_, rec.data() + done, rec.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = n < 0 ? errno : ENOSPC;
-      if (before >= 0) (void)::ftruncate(fd_, before);  // whole records only, for the next reader
-      EASYCTX_THROW(path_, ": cannot write the TensorBoard ", what, " record: ", std::strerror(e),
-                    " (free space and resume, or set logging.tensorboard: false)");
-    }
-    done += static_cast<size_t>(n);
-  }
+  // Whole records only, for the next reader: append_whole cuts the file back on failure.
+  if (const int e = append_whole(fd_, rec))
+    EASYCTX_THROW(path_, ": cannot write the TensorBoard ", what, " record: ", std::strerror(e),
+                  " (free space and resume, or set logging.tensorboard: false)");
 }
 
 Event decode_event(const std::string& data, const std::string& where) {
