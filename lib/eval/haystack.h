@@ -28,9 +28,11 @@ struct Haystack {
 // Throws InputError naming --haystack-dir, the file or the missing program.
 Haystack load_haystack(const std::string& spec, const data::Tokenizer& tok, int64_t min_tokens);
 
-// Training text (h5synth's --text-dir, the same forms): all of it up to about `max_tokens`
-// (a larger text is cut there), repeated from the start only when shorter than `min_tokens`.
+// Training text (h5synth's --text-dir, a folder or file of the same forms): all of it up to about
+// `max_tokens` (a larger text is cut there), repeated from the start only when shorter than
+// `min_tokens`. Errors name --text-dir; check_text_source makes its checks before reading.
 Haystack load_text(const std::string& spec, const data::Tokenizer& tok, int64_t max_tokens, int64_t min_tokens);
+void check_text_source(const std::string& spec);
 
 // The same as load_haystack, collective over `comm` (a host communicator; every rank calls it with the same
 // arguments): rank `root` alone reads and tokenizes (the KJV through `bible`, or the folder),
