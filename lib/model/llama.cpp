@@ -4,16 +4,16 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/checked.h"
 #include "attention/head_grouped.h"
+#include "core/checked.h"
 #include "core/error.h"
+#include "model/activation_store.h"
 #include "model/llama_workspace.h"
 
 namespace easyctx::model {
 
 using ops::Buffer;
 using ops::Tensor;
-
 
 LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, ModelOptions opts,
                        std::shared_ptr<attention::SequenceAttention> attn)
@@ -69,107 +69,70 @@ Tensor LlamaModel::head_matrix(const std::vector<Tensor>& units) const {
   return tensor_view(units[layout_.head_unit()], layout_.head_unit(), 1);
 }
 
-// Every buffer of the workspace for (batch, seq), in allocation order: visit(name, dtype,
-// numel, slot, pinned_host), slot null when only planning (workspace_specs). The single
-// source of truth for both the allocation and the memory plan.
-template <class Visit>
-void LlamaModel::visit_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t batch, int64_t seq,
-                                 bool for_backward, Workspace* ws, Visit&& visit) {
-  // Every product below is at most tokens x max(hidden, q, intermediate, heads) or a head
-  // tile of logits: checked once here (InputError naming the sizes), plain afterwards.
-  const std::string what = "the model's workspace for a micro-batch of " + std::to_string(batch) + " x " +
-                           std::to_string(seq) + " tokens";
-  const int64_t n = checked_elements({batch, seq}, what);
-  c.check_tokens(n, o.lm_head_tile, what);
-  const int64_t d = c.hidden_size, ff = c.intermediate_size;
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), L = c.num_layers;
-  const DType st = stat_dtype(dt);
-  const bool keep_all = for_backward && o.checkpoint == CheckpointPolicy::None;
-  const bool offload = for_backward && o.offload_checkpoints;
-  EASYCTX_CHECK(!(offload && keep_all), "LlamaModel: offload_checkpoints needs checkpoint policy Layer or "
-                "AttentionOutput (activation.checkpoint layer or attention_output)");
+// The model's own buffers for `dims`, in allocation order: visit(spec, slot), slot null when
+// only planning (workspace_specs). The single source of truth for both the allocation and the
+// memory plan (with ActivationStore::visit_inputs / visit_outputs for the checkpoints).
+void LlamaModel::visit_workspace(const WorkspaceDims& dims, Workspace* ws, const BufferVisit& visit) {
+  const LlamaConfig& c = dims.cfg;
+  const ModelOptions& o = dims.opts;
+  const int64_t n = dims.tokens(), d = c.hidden_size, ff = c.intermediate_size;
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), G = o.head_groups, L = c.num_layers;
+  const DType dt = dims.dtype, st = stat_dtype(dt);
+  const bool keep_all = dims.backward && o.checkpoint == CheckpointPolicy::None;
   const int64_t mt = mlp_rows(o, n, keep_all);
   // Head groups: q, k, v, o, lse and the gradients for one group (checkpoint none: the layer's
   // activations for every group, group-major); the attention-output checkpoints stay whole.
-  const int64_t G = o.head_groups;
-  EASYCTX_CHECK_INPUT(G >= 1 && c.num_kv_heads % G == 0, "activation.attention_head_groups: ", G,
-                      " does not divide the model's key/value heads (", c.num_kv_heads, ")");
   const int64_t per = keep_all ? 1 : G;  // acts hold 1/per of the heads
-  const int64_t lse_n = batch * c.num_heads * seq;
-  auto put = [&](const std::string& name, DType t, int64_t numel, Buffer* slot, bool pinned = false) {
-    visit(name, t, numel, slot, pinned);
-  };
-  auto idx = [](const char* base, size_t i) { return std::string(base) + "." + std::to_string(i); };
-  const OffloadRing ring{offload ? offloaded_inputs(o, L) : 0};
-  // Kept attention outputs (layers keep_from..L-1): those of layers below K - 1 leave.
-  const int64_t keep_from = first_kept_output(o, L), kept = L - keep_from;
-  const OffloadRing saved_ring{std::max<int64_t>(0, ring.K - 1 - keep_from)};
-  if (ws) {
-    ws->ring = ring;
-    ws->saved_ring = saved_ring;
-    ws->keep_from = keep_from;
-  }
-  const size_t n_resid = for_backward ? ring.slots(L) : 2;
-  if (ws) ws->resid.resize(n_resid);
-  for (size_t l = 0; l < n_resid; ++l) put(idx("resid", l), dt, n * d, ws ? &ws->resid[l] : nullptr);
-  const size_t n_host_resid = static_cast<size_t>(ring.K);
-  if (ws) ws->host_resid.resize(n_host_resid);
-  for (size_t l = 0; l < n_host_resid; ++l)
-    put(idx("host.resid", l), dt, n * d, ws ? &ws->host_resid[l] : nullptr, true);
+  const int64_t lse_n = dims.batch * c.num_heads * dims.seq;
+  const bool part = per > 1, dpart = G > 1;
+  const char* q_shape = part ? "n x Hq/G x hd" : "n x Hq x hd";
+  const char* kv_shape = part ? "n x Hkv/G x hd" : "n x Hkv x hd";
+  const char* mlp_shape = mt == n ? "n x I" : "mlp_tile x I";
   const size_t n_acts = keep_all ? static_cast<size_t>(L) : 1;
   if (ws) ws->acts.resize(n_acts);
   for (size_t i = 0; i < n_acts; ++i) {
     LayerActs* a = ws ? &ws->acts[i] : nullptr;
-    put(idx("acts", i) + ".h1", dt, n * d, a ? &a->h1 : nullptr);
-    put(idx("acts", i) + ".rstd1", st, n, a ? &a->rstd1 : nullptr);
-    put(idx("acts", i) + ".q", dt, n * qd / per, a ? &a->q : nullptr);
-    put(idx("acts", i) + ".k", dt, n * kvd / per, a ? &a->k : nullptr);
-    put(idx("acts", i) + ".v", dt, n * kvd / per, a ? &a->v : nullptr);
-    put(idx("acts", i) + ".o", dt, n * qd / per, a ? &a->o : nullptr);
-    put(idx("acts", i) + ".lse", st, lse_n / per, a ? &a->lse : nullptr);
-    put(idx("acts", i) + ".x_mid", dt, n * d, a ? &a->x_mid : nullptr);
-    put(idx("acts", i) + ".h2", dt, mt * d, a ? &a->h2 : nullptr);  // (MLP tiles: one tile's, see layer_forward)
-    put(idx("acts", i) + ".rstd2", st, n, a ? &a->rstd2 : nullptr);
-    put(idx("acts", i) + ".g", dt, mt * ff, a ? &a->g : nullptr);
-    put(idx("acts", i) + ".u", dt, mt * ff, a ? &a->u : nullptr);
-    put(idx("acts", i) + ".m", dt, mt * ff, a ? &a->m : nullptr);
+    const std::string p = "acts." + std::to_string(i) + ".";
+    visit({p + "h1", dt, n * d, false, "n x D", "input norm output"}, a ? &a->h1 : nullptr);
+    visit({p + "rstd1", st, n, false, "n", "input norm rstd"}, a ? &a->rstd1 : nullptr);
+    visit({p + "q", dt, n * qd / per, false, q_shape, "queries after RoPE"}, a ? &a->q : nullptr);
+    visit({p + "k", dt, n * kvd / per, false, kv_shape, "keys after RoPE"}, a ? &a->k : nullptr);
+    visit({p + "v", dt, n * kvd / per, false, kv_shape, "values"}, a ? &a->v : nullptr);
+    visit({p + "o", dt, n * qd / per, false, q_shape, "attention output"}, a ? &a->o : nullptr);
+    visit({p + "lse", st, lse_n / per, false, part ? "B x Hq/G x S" : "B x Hq x S", "attention LSE"},
+          a ? &a->lse : nullptr);
+    visit({p + "x_mid", dt, n * d, false, "n x D", "residual after attention"}, a ? &a->x_mid : nullptr);
+    visit({p + "h2", dt, mt * d, false, mt == n ? "n x D" : "mlp_tile x D",
+           mt == n ? "MLP norm output" : "MLP norm output (one tile's rows)"},
+          a ? &a->h2 : nullptr);
+    visit({p + "rstd2", st, n, false, "n", "MLP norm rstd"}, a ? &a->rstd2 : nullptr);
+    visit({p + "g", dt, mt * ff, false, mlp_shape, "gate projection"}, a ? &a->g : nullptr);
+    visit({p + "u", dt, mt * ff, false, mlp_shape, "up projection"}, a ? &a->u : nullptr);
+    visit({p + "m", dt, mt * ff, false, mlp_shape, "silu(gate) x up"}, a ? &a->m : nullptr);
   }
-  if (for_backward && o.checkpoint == CheckpointPolicy::AttentionOutput) {
-    // Streamed (offload with head groups): two group-sized device slots, every layer in host memory.
-    const bool streamed = o.streams_attention_output();
-    const size_t n_saved = streamed ? 2 : saved_ring.slots(kept - 1);
-    const size_t n_host = streamed ? static_cast<size_t>(kept) : static_cast<size_t>(saved_ring.K);
-    const int64_t per_dev = streamed ? G : 1;
-    if (ws) {
-      ws->streamed = streamed;
-      ws->saved_o.resize(n_saved);
-      ws->saved_lse.resize(n_saved);
-      ws->host_o.resize(n_host);
-      ws->host_lse.resize(n_host);
-    }
-    for (size_t l = 0; l < n_saved; ++l) {
-      put(idx("saved_o", l), dt, n * qd / per_dev, ws ? &ws->saved_o[l] : nullptr);
-      put(idx("saved_lse", l), st, lse_n / per_dev, ws ? &ws->saved_lse[l] : nullptr);
-    }
-    for (size_t l = 0; l < n_host; ++l) {
-      put(idx("host.saved_o", l), dt, n * qd, ws ? &ws->host_o[l] : nullptr, true);
-      put(idx("host.saved_lse", l), st, lse_n, ws ? &ws->host_lse[l] : nullptr, true);
-    }
-  }
-  // hf (final norm output) is dead once the head's backward has run: it doubles as dattn.
-  put("hf", dt, n * (for_backward ? std::max(d, qd / G) : d), ws ? &ws->hf : nullptr);
-  put("rstd_f", st, n, ws ? &ws->rstd_f : nullptr);
-  if (G > 1) put("wo_g", dt, d * qd / G, ws ? &ws->wo : nullptr);
-  if (!for_backward) return;
-  if (G > 1) put("dwo_g", o.f32_grads ? DType::F32 : dt, d * qd / G, ws ? &ws->dwo : nullptr);
-  put("dx", dt, n * d, ws ? &ws->dx : nullptr);
-  put("dh", dt, n * d, ws ? &ws->dh : nullptr);
-  put("dm", dt, mt * ff, ws ? &ws->dm : nullptr);
-  put("dg", dt, mt * ff, ws ? &ws->dg : nullptr);
-  put("du", dt, mt * ff, ws ? &ws->du : nullptr);
-  put("dq", dt, n * qd / G, ws ? &ws->dq : nullptr);
-  put("dk", dt, n * kvd / G, ws ? &ws->dk : nullptr);
-  put("dv", dt, n * kvd / G, ws ? &ws->dv : nullptr);
+  // head_in (the final norm's output) is dead once the head's backward has run: it doubles as
+  // the attention-output gradient.
+  const int64_t head_w = dims.backward ? std::max(d, qd / G) : d;
+  visit({"head_in", dt, n * head_w, false,
+         !dims.backward ? "n x D" : dpart ? "n x max(D, Hq/G x hd)" : "n x max(D, Hq x hd)",
+         dims.backward ? "final norm output, then the attention-output gradient" : "final norm output"},
+        ws ? &ws->head_in : nullptr);
+  visit({"rstd_f", st, n, false, "n", "final norm rstd"}, ws ? &ws->rstd_f : nullptr);
+  if (G > 1) visit({"wo_g", dt, d * qd / G, false, "D x Hq/G x hd", "one group's W_O columns"}, ws ? &ws->wo : nullptr);
+  if (!dims.backward) return;
+  const DType gt = o.f32_grads ? DType::F32 : dt;
+  const char* dq_shape = dpart ? "n x Hq/G x hd" : "n x Hq x hd";
+  const char* dkv_shape = dpart ? "n x Hkv/G x hd" : "n x Hkv x hd";
+  if (G > 1)
+    visit({"dwo_g", gt, d * qd / G, false, "D x Hq/G x hd", "one group's W_O gradient"}, ws ? &ws->dwo : nullptr);
+  visit({"dx", dt, n * d, false, "n x D", "residual gradient"}, ws ? &ws->dx : nullptr);
+  visit({"dh", dt, n * d, false, "n x D", "projection input gradient"}, ws ? &ws->dh : nullptr);
+  visit({"dm", dt, mt * ff, false, mlp_shape, "MLP gradient"}, ws ? &ws->dm : nullptr);
+  visit({"dg", dt, mt * ff, false, mlp_shape, "gate gradient"}, ws ? &ws->dg : nullptr);
+  visit({"du", dt, mt * ff, false, mlp_shape, "up gradient"}, ws ? &ws->du : nullptr);
+  visit({"dq", dt, n * qd / G, false, dq_shape, "query gradient"}, ws ? &ws->dq : nullptr);
+  visit({"dk", dt, n * kvd / G, false, dkv_shape, "key gradient"}, ws ? &ws->dk : nullptr);
+  visit({"dv", dt, n * kvd / G, false, dkv_shape, "value gradient"}, ws ? &ws->dv : nullptr);
 }
 
 // Rows per MLP tile: activation.mlp_tile when it splits the tokens and the layer is
@@ -178,17 +141,39 @@ int64_t LlamaModel::mlp_rows(const ModelOptions& o, int64_t n, bool keep_all) {
   return (!keep_all && o.mlp_tile > 0 && o.mlp_tile < n) ? o.mlp_tile : n;
 }
 
+namespace {
+
+// Every product the workspace takes is at most tokens x max(hidden, q, intermediate, heads)
+// or a head tile of logits: checked once here (InputError naming the sizes), plain afterwards.
+void check_workspace(const WorkspaceDims& dims) {
+  const std::string what = "the model's workspace for a micro-batch of " + std::to_string(dims.batch) + " x " +
+                           std::to_string(dims.seq) + " tokens";
+  dims.cfg.check_tokens(checked_elements({dims.batch, dims.seq}, what), dims.opts.lm_head_tile, what);
+  EASYCTX_CHECK(!(dims.backward && dims.opts.offload_checkpoints && dims.opts.checkpoint == CheckpointPolicy::None),
+                "LlamaModel: offload_checkpoints needs checkpoint policy Layer or AttentionOutput "
+                "(activation.checkpoint layer or attention_output)");
+  EASYCTX_CHECK_INPUT(dims.opts.head_groups >= 1 && dims.cfg.num_kv_heads % dims.opts.head_groups == 0,
+                      "activation.attention_head_groups: ", dims.opts.head_groups,
+                      " does not divide the model's key/value heads (", dims.cfg.num_kv_heads, ")");
+}
+
+}  // namespace
+
 std::vector<BufferSpec> LlamaModel::workspace_specs(const LlamaConfig& c, const ModelOptions& o, DType dtype,
                                                     int64_t batch, int64_t seq, bool backward) {
+  const WorkspaceDims dims{c, o, dtype, batch, seq, backward};
+  check_workspace(dims);
   std::vector<BufferSpec> v;
-  visit_workspace(c, o, dtype, batch, seq, backward, nullptr,
-                  [&](const std::string& name, DType t, int64_t numel, Buffer*, bool pinned) {
-                    v.push_back({name, t, numel, pinned});
-                  });
+  const BufferVisit add = [&](const BufferSpec& s, Buffer*) { v.push_back(s); };
+  ActivationStore::visit_inputs(dims, nullptr, add);
+  visit_workspace(dims, nullptr, add);
+  ActivationStore::visit_outputs(dims, nullptr, add);
   const DType gt = o.f32_grads ? DType::F32 : dtype;
   if (backward && gt != dtype) {  // the embedding backward's scratch (kept across steps)
-    v.push_back({"embed_grad_scratch", dtype, c.vocab_size * c.hidden_size});
-    v.push_back({"embed_grad_f32", DType::F32, c.vocab_size * c.hidden_size});
+    v.push_back({"embed_grad_scratch", dtype, c.vocab_size * c.hidden_size, false, "V x D",
+                 "embedding-gradient scratch (bf16, f32_grads)"});
+    v.push_back({"embed_grad_f32", DType::F32, c.vocab_size * c.hidden_size, false, "V x D",
+                 "embedding-gradient scratch (f32 copy)"});
   }
   return v;
 }
@@ -200,15 +185,15 @@ LlamaModel::Workspace& LlamaModel::workspace(const Batch& b, bool for_backward) 
                   b.tokens_count(), "], got ", t->describe());
   if (ws_ && ws_->batch == b.batch && ws_->seq == b.seq && ws_->backward == for_backward) return *ws_;
   ws_.reset();  // free first: peak memory is one workspace
+  store_.reset();
+  const WorkspaceDims dims{cfg_, opts_, dtype_, b.batch, b.seq, for_backward};
+  check_workspace(dims);
   auto ws = std::make_unique<Workspace>();
   ws->batch = b.batch;
   ws->seq = b.seq;
   ws->backward = for_backward;
-  ws->offload = for_backward && opts_.offload_checkpoints;
-  visit_workspace(cfg_, opts_, dtype_, b.batch, b.seq, for_backward, ws.get(),
-                  [&](const std::string&, DType t, int64_t numel, Buffer* slot, bool pinned) {
-                    *slot = pinned ? be_.alloc_host_pinned(t, numel) : be_.alloc(t, numel);
-                  });
+  store_ = std::make_unique<ActivationStore>(be_, dims);
+  visit_workspace(dims, ws.get(), [&](const BufferSpec& s, Buffer* slot) { *slot = be_.alloc(s.dtype, s.numel); });
   ws_ = std::move(ws);
   return *ws_;
 }
@@ -224,14 +209,12 @@ Tensor LlamaModel::mlp_norm_tile(const Tensor& w, LayerActs& a, const Tensor& x_
   return h2t;
 }
 
-// attention_done: a.o and a.lse already hold this layer's attention (restored from the
-// attention_output checkpoint), so the recompute skips the attention itself. with_mlp false
-// (the backward's recompute) stops at h2: the MLP is recomputed tile by tile in
-// layer_backward, and the layer output is not needed there.
-// Head groups > 1: attention_forward_grouped (attention_done: o comes from saved_o).
-void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch& b, LayerActs& a, Workspace& ws,
-                               const Tensor& x_out, bool attention_done, bool with_mlp, const Tensor& saved_o,
-                               const Tensor& saved_lse) {
+// saved.restored: a.o and a.lse (or, head groups, saved's checkpoint) already hold this
+// layer's attention (the attention_output checkpoint), so the recompute skips the attention
+// itself. x_out empty (the backward's recompute) stops at h2: the MLP is recomputed tile by
+// tile in layer_backward, and the layer output is not needed there.
+void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Tensor& x_out, const Batch& b, LayerActs& a,
+                               Workspace& ws, const SavedAttention& saved) {
   const size_t ui = layout_.layer_unit(0);  // offsets are the same in every layer unit
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
@@ -239,7 +222,7 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch&
   const Tensor h1 = a.h1.view({n, d}), x_mid = a.x_mid.view({n, d});
   be_.rmsnorm_fwd(x_in, W(kAttnNorm), cfg_.rms_norm_eps, h1, a.rstd1.view({n}));
   if (opts_.head_groups > 1) {
-    attention_forward_grouped(w, h1, b, a, ws, x_mid, attention_done, saved_o, saved_lse);
+    attention_forward_grouped(w, h1, b, a, ws, x_mid, saved);
   } else {
     const Tensor q = a.q.view({n, hq * hd}), k = a.k.view({n, hkv * hd});
     const Tensor v = a.v.view({n, hkv * hd}), o = a.o.view({n, hq * hd});
@@ -248,7 +231,7 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch&
     be_.matmul(h1, false, W(kV), true, v);
     be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
     be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
-    if (!attention_done)
+    if (!saved.restored)
       attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                       v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
                       a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd))});
@@ -261,7 +244,7 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch&
   const int64_t mt = a.g.numel() / ff;
   const bool tiled = mt < n;
   if (!tiled) be_.rmsnorm_fwd(x_mid, W(kMlpNorm), cfg_.rms_norm_eps, a.h2.view({n, d}), a.rstd2.view({n}));
-  if (!with_mlp) return;
+  if (x_out.empty()) return;
   for (int64_t r0 = 0; r0 < n; r0 += mt) {
     const int64_t rows = std::min(mt, n - r0);
     const Tensor h2t = tiled ? mlp_norm_tile(w, a, x_mid, r0, rows) : a.h2.view({n, d}).rows(r0, rows);
@@ -274,12 +257,11 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Batch&
   be_.axpy(x_out, x_mid, 1.0);
 }
 
-// dx: gradient w.r.t. the layer output on entry, w.r.t. the layer input on return.
-// recompute_mlp: a.g/u/m do not hold this layer's MLP activations (the layer was
-// recomputed without its MLP): recompute them tile by tile here.
+// dx: gradient w.r.t. the layer output on entry, w.r.t. the layer input on return. With a
+// recomputing checkpoint policy a.g/u/m do not hold this layer's MLP activations (the layer
+// was recomputed without its MLP): they are recomputed tile by tile here.
 void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor& x_in, const Batch& b, LayerActs& a,
-                                Workspace& ws, const Tensor& dx, bool recompute_mlp, const Tensor& saved_o,
-                                const Tensor& saved_lse) {
+                                Workspace& ws, const Tensor& dx, const SavedAttention& saved) {
   const size_t ui = layout_.layer_unit(0);
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   auto G = [&](LayerTensor t) { return tensor_view(gw, ui, t); };
@@ -289,7 +271,7 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   // and rstd2 normed again per tile, as in layer_forward).
   const Tensor dh = ws.dh.view({n, d}), x_mid = a.x_mid.view({n, d});
   const int64_t mt = a.g.numel() / ff;
-  const bool tiled = mt < n;
+  const bool tiled = mt < n, recompute_mlp = opts_.checkpoint != CheckpointPolicy::None;
   for (int64_t r0 = 0; r0 < n; r0 += mt) {
     const int64_t rows = std::min(mt, n - r0);
     const Tensor g = a.g.view({rows, ff}), u = a.u.view({rows, ff}), m = a.m.view({rows, ff});
@@ -311,12 +293,12 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   }
   be_.rmsnorm_bwd(a.x_mid.view({n, d}), W(kMlpNorm), a.rstd2.view({n}), dh, dx, G(kMlpNorm));
   if (opts_.head_groups > 1) {
-    attention_backward_grouped(w, gw, b, a, ws, dx, saved_o, saved_lse);
+    attention_backward_grouped(w, gw, b, a, ws, dx, saved);
     be_.rmsnorm_bwd(x_in, W(kAttnNorm), a.rstd1.view({n}), dh, dx, G(kAttnNorm));
     return;
   }
   // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v))
-  const Tensor dattn = ws.hf.view({n, hq * hd}), dq = ws.dq.view({n, hq * hd});
+  const Tensor dattn = ws.head_in.view({n, hq * hd}), dq = ws.dq.view({n, hq * hd});
   const Tensor dk = ws.dk.view({n, hkv * hd}), dv = ws.dv.view({n, hkv * hd}), h1 = a.h1.view({n, d});
   be_.matmul(dx, false, W(kO), false, dattn);
   be_.matmul(dx, true, a.o.view({n, hq * hd}), false, G(kO), 1.0, 1.0);
@@ -336,48 +318,27 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   be_.rmsnorm_bwd(x_in, W(kAttnNorm), a.rstd1.view({n}), dh, dx, G(kAttnNorm));
 }
 
-// Embedding and every layer; fills the residual stream (and every layer's acts when kept).
-// Offload: each checkpoint leaves its ring slot while the next layer computes, and the slot
-// is written again only once its copy is done.
+// Embedding and every layer; fills the residual stream (and every layer's acts when kept),
+// the store keeping each layer's checkpoints on the way.
 void LlamaModel::forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, bool keep) {
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, L = cfg_.num_layers;
   const size_t eu = layout_.embed_unit(), hu = layout_.head_unit();
-  for (ops::CopyFence* f : {ws.resid_out, ws.saved_out, ws.fetched, ws.stream_fence}) f[0] = f[1] = {};  // the last call waited all
+  ActivationStore& store = *store_;
+  store.begin();
   be_.embedding_fwd(b.tokens, checked(src.acquire(eu), eu, dtype_, "parameter").reshape({cfg_.vocab_size, d}),
-                    ws.stream(0, n, d));
+                    store.input(0));
   src.release(eu);
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
-    if (ws.offload) {  // layer l writes over layer l-1's input, and sends its own out meanwhile
-      be_.wait_copy(ws.resid_out[(l + 1) % 2]);
-      if (ws.ring.offloaded(l))
-        ws.resid_out[l % 2] = be_.copy_async(ws.host_resid[static_cast<size_t>(l)].flat(),
-                                             ws.resid[ws.ring.slot(l)].flat());
-    }
-    const bool save = ws.keeps_output(l);
-    const size_t s = save && !ws.streamed ? ws.saved_slot(l) : 0;
-    if (save && ws.offload && !ws.streamed) be_.wait_copy(ws.saved_out[l % 2]);  // layer l-2's copy out of this slot
-    // Head groups: each group's o and LSE go to their part of the slot as they are computed
-    // (streamed: to their part of the layer's host buffers, through the group slots).
-    const bool grouped_save = save && opts_.head_groups > 1;
     const size_t ui = layout_.layer_unit(l);
-    layer_forward(checked(src.acquire(ui), ui, dtype_, "parameter"), ws.stream(l, n, d), b, a, ws,
-                  ws.stream(l + 1, n, d), false, true, grouped_save ? ws.saved_o_of(l) : Tensor(),
-                  grouped_save ? ws.saved_lse_of(l) : Tensor());
+    store.make_room(l);
+    layer_forward(checked(src.acquire(ui), ui, dtype_, "parameter"), store.input(l), store.input(l + 1), b, a, ws,
+                  store.output_target(l));
     src.release(ui);
-    if (save && !ws.streamed) {
-      if (!grouped_save) {
-        be_.copy(ws.saved_o[s].flat(), a.o.flat());
-        be_.copy(ws.saved_lse[s].flat(), a.lse.flat());
-      }
-      if (ws.saved_offloaded(l)) {  // (the fence of the second copy covers the first: one stream)
-        be_.copy_async(ws.host_o[ws.saved_host(l)].flat(), ws.saved_o[s].flat());
-        ws.saved_out[l % 2] = be_.copy_async(ws.host_lse[ws.saved_host(l)].flat(), ws.saved_lse[s].flat());
-      }
-    }
+    store.save(l, a.o.flat(), a.lse.flat());
   }
   const Tensor head = checked(src.acquire(hu), hu, dtype_, "parameter");
-  be_.rmsnorm_fwd(ws.stream(cfg_.num_layers, n, d), tensor_view(head, hu, 0), cfg_.rms_norm_eps, ws.hf.view({n, d}),
+  be_.rmsnorm_fwd(store.input(L), tensor_view(head, hu, 0), cfg_.rms_norm_eps, ws.head_in.view({n, d}),
                   ws.rstd_f.view({n}));
   src.release(hu);
 }
@@ -415,63 +376,54 @@ ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, co
 
 ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, double grad_scale) {
   Workspace& ws = workspace(b, true);
+  ActivationStore& store = *store_;
   const bool keep = opts_.checkpoint == CheckpointPolicy::None;
   src.begin(acquire_order());
   forward_trunk(src, b, ws, keep);
-  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, vocab = cfg_.vocab_size;
+  Tensor embed_grad;  // (the embedding's gradient is fetched once, with the head's: ParamSource order)
+  const ops::LossSums loss = head_backward(src, b, ws, grad_scale, embed_grad);
+  const Tensor dx = ws.dx.view({b.tokens_count(), cfg_.hidden_size});
+  for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
+    store.prefetch(l);  // ready: layer l's checkpoints on the device
+    const size_t ui = layout_.layer_unit(l);
+    const Tensor w = checked(src.acquire(ui), ui, dtype_, "parameter");
+    const Tensor gw = checked(src.grad(ui), ui, grad_dtype_, "gradient");
+    LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
+    const SavedAttention saved = keep ? SavedAttention{} : store.attention_output(l, a.o.flat(), a.lse.flat());
+    if (!keep) layer_forward(w, store.input(l), Tensor(), b, a, ws, saved);  // recompute from the checkpoint
+    layer_backward(w, gw, store.input(l), b, a, ws, dx, saved);
+    src.release(ui);
+    src.grad_done(ui);
+  }
+  embedding_backward(src, b, ws, embed_grad);
+  return loss;
+}
+
+ops::LossSums LlamaModel::head_backward(ParamSource& src, const Batch& b, Workspace& ws, double grad_scale,
+                                        Tensor& embed_grad) {
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size;
   const size_t hu = layout_.head_unit(), eu = layout_.embed_unit();
   const Tensor dx = ws.dx.view({n, d}), dhf = ws.dh.view({n, d});
   const Tensor hp = checked(src.acquire(hu), hu, dtype_, "parameter");
   const Tensor ep = cfg_.tie_word_embeddings ? checked(src.acquire(eu), eu, dtype_, "parameter") : Tensor();
   const Tensor hg = checked(src.grad(hu), hu, grad_dtype_, "gradient");
   const Tensor eg = checked(src.grad(eu), eu, grad_dtype_, "gradient");
-  const ops::LossSums loss = be_.lm_head_loss(ws.hf.view({n, d}), head_matrix(ep, hp), b.labels, opts_.lm_head_tile,
-                                              grad_scale, dhf, head_matrix(eg, hg));
+  const ops::LossSums loss = be_.lm_head_loss(ws.head_in.view({n, d}), head_matrix(ep, hp), b.labels,
+                                              opts_.lm_head_tile, grad_scale, dhf, head_matrix(eg, hg));
   be_.fill(dx, 0.0);
-  be_.rmsnorm_bwd(ws.stream(cfg_.num_layers, n, d), tensor_view(hp, hu, 0), ws.rstd_f.view({n}), dhf, dx,
+  be_.rmsnorm_bwd(store_->input(cfg_.num_layers), tensor_view(hp, hu, 0), ws.rstd_f.view({n}), dhf, dx,
                   tensor_view(hg, hu, 0));
   if (cfg_.tie_word_embeddings) src.release(eu);
   src.release(hu);
   src.grad_done(hu);
-  const int64_t L = cfg_.num_layers;
-  for (int64_t l = L - 1; l >= 0; --l) {
-    const size_t ui = layout_.layer_unit(l);
-    const Tensor x_in = ws.stream(l, n, d);
-    LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
-    if (ws.offload) {
-      // Layer l-1's checkpoint comes back while layer l computes, into the ring slots that
-      // layer l+1 (or the head) used last; layer l's came back during layer l+1, unless it
-      // never left.
-      const int64_t j = l - 1;
-      if (j >= 0 && ws.ring.offloaded(j)) {
-        const size_t s = static_cast<size_t>(j % 2);
-        ws.fetched[s] = be_.copy_async(ws.resid[s].flat(), ws.host_resid[static_cast<size_t>(j)].flat());
-        if (!ws.streamed && ws.saved_offloaded(j)) {
-          const size_t so = ws.saved_slot(j), h = ws.saved_host(j);
-          be_.copy_async(ws.saved_o[so].flat(), ws.host_o[h].flat());
-          ws.fetched[s] = be_.copy_async(ws.saved_lse[so].flat(), ws.host_lse[h].flat());
-        }
-      }
-      if (ws.ring.offloaded(l)) be_.wait_copy(ws.fetched[l % 2]);
-    }
-    const Tensor w = checked(src.acquire(ui), ui, dtype_, "parameter");
-    const Tensor gw = checked(src.grad(ui), ui, grad_dtype_, "gradient");
-    // Head groups with attention_output: each group's o and LSE are read in the slot.
-    const bool restored = !keep && ws.keeps_output(l);
-    const bool in_slot = restored && opts_.head_groups > 1;
-    const Tensor so = in_slot ? ws.saved_o_of(l) : Tensor();
-    const Tensor sl = in_slot ? ws.saved_lse_of(l) : Tensor();
-    if (!keep) {  // recompute from the checkpoint (layer input, plus o/lse for attention_output)
-      if (restored && !in_slot) {
-        be_.copy(a.o.flat(), ws.saved_o[ws.saved_slot(l)].flat());
-        be_.copy(a.lse.flat(), ws.saved_lse[ws.saved_slot(l)].flat());
-      }
-      layer_forward(w, x_in, b, a, ws, Tensor(), restored, false, so, sl);
-    }
-    layer_backward(w, gw, x_in, b, a, ws, dx, !keep, so, sl);
-    src.release(ui);
-    src.grad_done(ui);
-  }
+  embed_grad = eg;
+  return loss;
+}
+
+void LlamaModel::embedding_backward(ParamSource& src, const Batch& b, Workspace& ws, const Tensor& eg) {
+  const int64_t n = b.tokens_count(), d = cfg_.hidden_size, vocab = cfg_.vocab_size;
+  const size_t eu = layout_.embed_unit();
+  const Tensor dx = ws.dx.view({n, d});
   const Tensor dembed = eg.reshape({vocab, d});
   if (grad_dtype_ == dtype_) {
     be_.embedding_bwd(b.tokens, dx, dembed);
@@ -486,7 +438,6 @@ ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, dou
     be_.axpy(dembed.reshape({vocab * d}), embed_grad_f32_.flat(), 1.0);
   }
   src.grad_done(eu);
-  return loss;
 }
 
 ops::LossSums LlamaModel::forward_loss(const std::vector<Tensor>& params, const Batch& b) {
@@ -495,7 +446,7 @@ ops::LossSums LlamaModel::forward_loss(const std::vector<Tensor>& params, const 
   VectorParamSource src(params, params);
   forward_trunk(src, b, ws, false);
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size;
-  return be_.lm_head_loss(ws.hf.view({n, d}), head_matrix(params), b.labels, opts_.lm_head_tile, 0.0, Tensor(),
+  return be_.lm_head_loss(ws.head_in.view({n, d}), head_matrix(params), b.labels, opts_.lm_head_tile, 0.0, Tensor(),
                           Tensor());
 }
 
@@ -504,7 +455,7 @@ ops::Tensor LlamaModel::forward_hidden(const std::vector<Tensor>& params, const 
   Workspace& ws = workspace(b, false);
   VectorParamSource src(params, params);
   forward_trunk(src, b, ws, false);
-  return ws.hf.view({b.tokens_count(), cfg_.hidden_size});
+  return ws.head_in.view({b.tokens_count(), cfg_.hidden_size});
 }
 
 ops::LossSums LlamaModel::head_loss(const std::vector<Tensor>& params, const Tensor& hidden, const Tensor& labels) {
@@ -518,11 +469,12 @@ void LlamaModel::forward_logits(const std::vector<Tensor>& params, const Batch& 
   VectorParamSource src(params, params);
   forward_trunk(src, b, ws, false);
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, vocab = cfg_.vocab_size;
-  be_.matmul(ws.hf.view({n, d}), false, head_matrix(params), true, logits.reshape({n, vocab}));
+  be_.matmul(ws.head_in.view({n, d}), false, head_matrix(params), true, logits.reshape({n, vocab}));
 }
 
 void LlamaModel::release_workspace() {
   ws_.reset();
+  store_.reset();
   score_ws_.reset();
 }
 

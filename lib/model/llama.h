@@ -16,8 +16,10 @@
 // the summation order of the MLP weight gradients. ModelOptions::offload_checkpoints keeps the
 // checkpoints of Layer/AttentionOutput in pinned host memory (activation.offload: cpu): the
 // device holds a ring of two of each, copied out while the next layer computes and brought
-// back one layer ahead of the backward (Backend::copy_async), bit-identical again.
+// back one layer ahead of the backward (Backend::copy_async), bit-identical again. Where the
+// checkpoints live is the ActivationStore's business (model/activation_store.h).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,12 +45,14 @@ struct Batch {
 };
 
 // One buffer of the model's workspace (LlamaModel::workspace_specs): the memory plan's
-// view of exactly what forward_backward allocates.
+// view of exactly what forward_backward allocates, described where it is allocated.
 struct BufferSpec {
-  std::string name;
+  std::string name;  // unique in the workspace; indices name the copies ("acts.3.q", "resid.0")
   DType dtype;
   int64_t numel;
   bool pinned_host = false;  // Backend::alloc_host_pinned (offloaded checkpoints), else alloc
+  std::string shape;         // symbolic: n tokens, D hidden, Hq/Hkv heads of hd, I intermediate, ...
+  std::string label;         // what it holds (the plan's table)
 };
 
 // Where forward_backward finds each unit's parameters and gradients (ZeRO-3 gathers a layer
@@ -121,6 +125,10 @@ struct ModelOptions {
 // fp32 gradients (train.device cuda). The trainer, the memory plan and the evaluations use it.
 ModelOptions options_for(const StageConfig& cfg, bool device);
 
+class ActivationStore;
+struct SavedAttention;
+struct WorkspaceDims;
+
 class LlamaModel {
  public:
   // `attn` may be null: local (single-rank) causal attention.
@@ -191,35 +199,31 @@ class LlamaModel {
   void check_params(const std::vector<ops::Tensor>& params, const char* what) const;
   void check_params(const std::vector<ops::Tensor>& params, const char* what, DType want) const;
   Workspace& workspace(const Batch& b, bool for_backward);
-  template <class Visit>
-  static void visit_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t batch, int64_t seq,
-                              bool for_backward, Workspace* ws, Visit&& visit);
+  static void visit_workspace(const WorkspaceDims& dims, Workspace* ws,
+                              const std::function<void(const BufferSpec&, ops::Buffer*)>& visit);
   static int64_t mlp_rows(const ModelOptions& o, int64_t n, bool keep_all);
   void forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, bool keep);
+  // The LM head and the final norm, forward (the loss) and backward (ws.dx: the gradient of the
+  // last hidden states; embed_grad: the embedding's gradient unit, which a tied head adds to);
+  // then the embedding's backward from ws.dx into embed_grad.
+  ops::LossSums head_backward(ParamSource& src, const Batch& b, Workspace& ws, double grad_scale,
+                              ops::Tensor& embed_grad);
+  void embedding_backward(ParamSource& src, const Batch& b, Workspace& ws, const ops::Tensor& embed_grad);
   ops::Tensor checked(const ops::Tensor& t, size_t unit, DType want, const char* what) const;
   ops::Tensor mlp_norm_tile(const ops::Tensor& w, LayerActs& a, const ops::Tensor& x_mid, int64_t r0, int64_t rows);
-  // saved_o, saved_lse: head groups > 1 with checkpoint attention_output, the layer's
-  // checkpoint slot (group-major: [G][n][Hq/G hd], [G][B][Hq/G][S]); empty otherwise.
-  void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const Batch& b, LayerActs& a, Workspace& ws,
-                     const ops::Tensor& x_out, bool attention_done, bool with_mlp,
-                     const ops::Tensor& saved_o = {}, const ops::Tensor& saved_lse = {});
+  // One layer from x_in; x_out empty (the backward's recompute) stops before the MLP. saved:
+  // the layer's attention output (ActivationStore::output_target in the forward,
+  // attention_output in the recompute).
+  void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const ops::Tensor& x_out, const Batch& b,
+                     LayerActs& a, Workspace& ws, const SavedAttention& saved);
   void layer_backward(const ops::Tensor& w, const ops::Tensor& gw, const ops::Tensor& x_in, const Batch& b,
-                      LayerActs& a, Workspace& ws, const ops::Tensor& dx, bool recompute_mlp,
-                      const ops::Tensor& saved_o = {}, const ops::Tensor& saved_lse = {});
+                      LayerActs& a, Workspace& ws, const ops::Tensor& dx, const SavedAttention& saved);
   // The attention block tiled over head groups (head_groups > 1): x_mid = sum_g o_g W_O,g^T,
   // and its backward (dh = the input norm's output gradient, weight gradients accumulated).
   void attention_forward_grouped(const ops::Tensor& w, const ops::Tensor& h1, const Batch& b, LayerActs& a,
-                                 Workspace& ws, const ops::Tensor& x_mid, bool attention_done,
-                                 const ops::Tensor& saved_o, const ops::Tensor& saved_lse);
+                                 Workspace& ws, const ops::Tensor& x_mid, const SavedAttention& saved);
   void attention_backward_grouped(const ops::Tensor& w, const ops::Tensor& gw, const Batch& b, LayerActs& a,
-                                  Workspace& ws, const ops::Tensor& dx, const ops::Tensor& saved_o,
-                                  const ops::Tensor& saved_lse);
-  // Streamed attention_output (Workspace::streamed): group g's o and LSE back on the device.
-  struct GroupSlots {
-    ops::Tensor o, lse;
-  };
-  GroupSlots fetch_group(Workspace& ws, const ops::Tensor& host_o, const ops::Tensor& host_lse, int64_t g,
-                         int64_t groups, bool with_lse);
+                                  Workspace& ws, const ops::Tensor& dx, const SavedAttention& saved);
   ops::Tensor head_matrix(const std::vector<ops::Tensor>& units) const;
   ops::Tensor head_matrix(const ops::Tensor& embed, const ops::Tensor& head) const;
 
@@ -235,6 +239,7 @@ class LlamaModel {
   std::shared_ptr<attention::SequenceAttention> group_attn_;
   ops::Buffer inv_freq_;  // f32[head_dim / 2]
   std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<ActivationStore> store_;  // the checkpoints of ws_'s batch
   std::unique_ptr<ScoreWorkspace> score_ws_;
   ops::Buffer embed_grad_scratch_, embed_grad_f32_;  // [V, D] (f32_grads with a non-f32 dtype)
 };

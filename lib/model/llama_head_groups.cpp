@@ -4,6 +4,7 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "model/activation_store.h"
 #include "model/llama.h"
 #include "model/llama_workspace.h"
 
@@ -23,26 +24,6 @@ Tensor group_part(const Buffer& b, int64_t g, int64_t groups, int64_t per) {
 Tensor group_part(const Tensor& t, int64_t g, int64_t per) { return t.reshape({t.numel()}).slice_flat(g * per, {per}); }
 }  // namespace
 
-// Streamed attention outputs (Workspace::streamed): group g's o (and LSE) copied back from the
-// layer's host buffers (host_o, host_lse: saved_o/saved_lse of the callers) into the next
-// device slot. The fetch of group g + 1 is issued before group g computes: it lands in the
-// other slot, whose last reader (group g - 1) is already queued, and copy_async runs after
-// everything queued so far. Returns group g's device o and LSE, its copy waited for.
-LlamaModel::GroupSlots LlamaModel::fetch_group(Workspace& ws, const Tensor& host_o, const Tensor& host_lse, int64_t g,
-                                               int64_t groups, bool with_lse) {
-  const int64_t per_o = ws.saved_o[0].numel(), per_lse = ws.saved_lse[0].numel();
-  auto issue = [&](int64_t j) {
-    const size_t s = ws.take_stream_slot();
-    ws.stream_fence[s] = be_.copy_async(ws.saved_o[s].flat(), group_part(host_o, j, per_o));
-    if (with_lse) ws.stream_fence[s] = be_.copy_async(ws.saved_lse[s].flat(), group_part(host_lse, j, per_lse));
-  };
-  if (g == 0) issue(0);
-  const size_t s = ws.stream_next ^ 1;  // the slot of the last fetch issued: group g's
-  be_.wait_copy(ws.stream_fence[s]);
-  if (g + 1 < groups) issue(g + 1);
-  return {ws.saved_o[s].flat(), ws.saved_lse[s].flat()};
-}
-
 // The attention block in G head groups: group g's query heads [g Hq/G, (g+1) Hq/G) read only
 // its key/value heads [g Hkv/G, (g+1) Hkv/G) (query head h uses kv head h / (Hq/Hkv)), so each
 // group is a self-contained attention over rows of W_Q, W_K, W_V (contiguous) and the matching
@@ -50,12 +31,12 @@ LlamaModel::GroupSlots LlamaModel::fetch_group(Workspace& ws, const Tensor& host
 // groups' partial sums into x_mid in group order (beta = 1 after the first): on the CPU GEMM,
 // which adds its kKC = 256 deep blocks into C in order, that is the untiled sum bit for bit
 // whenever Hq/G x hd is a multiple of 256 (else within rounding).
-// attention_done (attention_output's recompute): o comes from saved_o and q, k, v are not
-// recomputed (the backward recomputes each group's). saved_o non-empty in the training
-// forward: each group's o and LSE are copied to their place in the checkpoint slot.
+// saved.restored (attention_output's recompute): o comes from the checkpoint and q, k, v are
+// not recomputed (the backward recomputes each group's). A checkpoint that is not restored
+// (the training forward): each group's o and LSE are copied to their place in it (streamed:
+// through a device slot of the store on to the layer's host buffers).
 void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, const Batch& b, LayerActs& a,
-                                           Workspace& ws, const Tensor& x_mid, bool attention_done,
-                                           const Tensor& saved_o, const Tensor& saved_lse) {
+                                           Workspace& ws, const Tensor& x_mid, const SavedAttention& saved) {
   const size_t ui = layout_.layer_unit(0);
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, hd = cfg_.head_dim, G = opts_.head_groups;
@@ -63,22 +44,23 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
   const int64_t lse_n = b.batch * hq * b.seq;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   const Tensor wo = ws.wo.view({d, qd}), Wo = W(kO).reshape({d * G * qd});
-  const bool streamed = ws.streamed && !saved_o.empty();
+  const Tensor &saved_o = saved.o, &saved_lse = saved.lse;
+  ActivationStore& store = *store_;
+  const bool streamed = store.streams_outputs() && !saved_o.empty();
   for (int64_t g = 0; g < G; ++g) {
     Tensor o = group_part(a.o, g, G, n * qd);
-    if (attention_done) {
-      o = streamed ? fetch_group(ws, saved_o, saved_lse, g, G, false).o : group_part(saved_o, g, n * qd);
+    if (saved.restored) {
+      o = streamed ? store.fetch_group(saved_o, saved_lse, g, G, false).o : group_part(saved_o, g, n * qd);
     } else {
       const Tensor q = group_part(a.q, g, G, n * qd).reshape({n, qd});
       const Tensor k = group_part(a.k, g, G, n * kvd).reshape({n, kvd});
       const Tensor v = group_part(a.v, g, G, n * kvd).reshape({n, kvd});
       Tensor lse = group_part(a.lse, g, G, lse_n);
-      size_t slot = 0;
+      ActivationStore::GroupSlot slot;
       if (streamed) {  // o and LSE straight into a device slot, which then leaves for the host
-        slot = ws.take_stream_slot();
-        be_.wait_copy(ws.stream_fence[slot]);  // its last copy (two groups ago) is done
-        o = ws.saved_o[slot].flat();
-        lse = ws.saved_lse[slot].flat();
+        slot = store.next_group_slot();
+        o = slot.o;
+        lse = slot.lse;
       }
       be_.matmul(h1, false, W(kQ).slice_flat(g * qd * d, {qd, d}), true, q);
       be_.matmul(h1, false, W(kK).slice_flat(g * kvd * d, {kvd, d}), true, k);
@@ -88,9 +70,8 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
       group_attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                             v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
                             lse.reshape({b.batch, hq, b.seq}), scale});
-      if (streamed) {  // (one copy stream: the second fence covers the first)
-        be_.copy_async(group_part(saved_o, g, n * qd), o);
-        ws.stream_fence[slot] = be_.copy_async(group_part(saved_lse, g, lse_n), lse);
+      if (streamed) {
+        store.send_group(slot, group_part(saved_o, g, n * qd), group_part(saved_lse, g, lse_n));
       } else if (!saved_o.empty()) {
         be_.copy(group_part(saved_o, g, n * qd), o);
         be_.copy(group_part(saved_lse, g, lse_n), lse);
@@ -110,8 +91,7 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
 // saved_o/saved_lse (attention_output), the kept activations (none), or a recomputed
 // attention forward (layer: the price of never holding every head's o).
 void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, const Batch& b, LayerActs& a,
-                                            Workspace& ws, const Tensor& dx, const Tensor& saved_o,
-                                            const Tensor& saved_lse) {
+                                            Workspace& ws, const Tensor& dx, const SavedAttention& saved) {
   const size_t ui = layout_.layer_unit(0);
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   auto Gr = [&](LayerTensor t) { return tensor_view(gw, ui, t); };
@@ -120,10 +100,11 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
   const int64_t lse_n = b.batch * hq * b.seq;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   const bool kept = a.q.numel() == G * n * qd;  // checkpoint none: every group's activations
-  const bool restored = !saved_o.empty(), streamed = restored && ws.streamed;
+  const Tensor &saved_o = saved.o, &saved_lse = saved.lse;
+  const bool restored = !saved_o.empty(), streamed = restored && store_->streams_outputs();
   const Tensor wo = ws.wo.view({d, qd}), dwo = ws.dwo.view({d, qd});
   const Tensor Wo = W(kO).reshape({d * G * qd}), dWo = Gr(kO).reshape({d * G * qd});
-  const Tensor dattn = ws.hf.view({n, qd}), dq = ws.dq.view({n, qd}), dk = ws.dk.view({n, kvd});
+  const Tensor dattn = ws.head_in.view({n, qd}), dq = ws.dq.view({n, qd}), dk = ws.dk.view({n, kvd});
   const Tensor dv = ws.dv.view({n, kvd}), dh = ws.dh.view({n, d}), h1 = a.h1.view({n, d});
   for (int64_t g = 0; g < G; ++g) {
     const Tensor q = group_part(a.q, g, G, n * qd).reshape({n, qd});
@@ -132,7 +113,7 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
     Tensor o = restored ? group_part(saved_o, g, n * qd) : group_part(a.o, g, G, n * qd);
     Tensor lse = restored ? group_part(saved_lse, g, lse_n) : group_part(a.lse, g, G, lse_n);
     if (streamed) {
-      const GroupSlots f = fetch_group(ws, saved_o, saved_lse, g, G, true);
+      const ActivationStore::GroupSlot f = store_->fetch_group(saved_o, saved_lse, g, G, true);
       o = f.o;
       lse = f.lse;
     }

@@ -17,25 +17,27 @@ void LlamaModel::visit_score_workspace(const LlamaConfig& c, const ModelOptions&
                                        ScoreWorkspace* ws, Visit&& visit) {
   const int64_t n = tokens, d = c.hidden_size, ff = c.intermediate_size, mt = mlp_rows(o, n, false);
   const DType st = stat_dtype(dt);
-  visit("fwd.resid", dt, n * d, ws ? &ws->x : nullptr);
-  visit("fwd.h", dt, n * d, ws ? &ws->h : nullptr);
-  visit("fwd.q", dt, n * c.q_dim(), ws ? &ws->q : nullptr);
-  visit("fwd.k", dt, n * c.kv_dim(), ws ? &ws->k : nullptr);
-  visit("fwd.v", dt, n * c.kv_dim(), ws ? &ws->v : nullptr);
-  visit("fwd.o", dt, n * c.q_dim(), ws ? &ws->o : nullptr);
-  visit("fwd.lse", st, n * c.num_heads, ws ? &ws->lse : nullptr);
-  visit("fwd.rstd", st, n, ws ? &ws->rstd : nullptr);
-  visit("fwd.g", dt, mt * ff, ws ? &ws->g : nullptr);
-  visit("fwd.u", dt, mt * ff, ws ? &ws->u : nullptr);
-  visit("fwd.m", dt, mt * ff, ws ? &ws->m : nullptr);
-  visit("fwd.down", dt, mt * d, ws ? &ws->down : nullptr);
+  const char* mlp = mt == n ? "n x I" : "mlp_tile x I";
+  visit(BufferSpec{"fwd.resid", dt, n * d, false, "n x D", "residual stream (in place)"}, ws ? &ws->x : nullptr);
+  visit(BufferSpec{"fwd.h", dt, n * d, false, "n x D", "norm output / O projection"}, ws ? &ws->h : nullptr);
+  visit(BufferSpec{"fwd.q", dt, n * c.q_dim(), false, "n x Hq x hd", "queries"}, ws ? &ws->q : nullptr);
+  visit(BufferSpec{"fwd.k", dt, n * c.kv_dim(), false, "n x Hkv x hd", "keys"}, ws ? &ws->k : nullptr);
+  visit(BufferSpec{"fwd.v", dt, n * c.kv_dim(), false, "n x Hkv x hd", "values"}, ws ? &ws->v : nullptr);
+  visit(BufferSpec{"fwd.o", dt, n * c.q_dim(), false, "n x Hq x hd", "attention output"}, ws ? &ws->o : nullptr);
+  visit(BufferSpec{"fwd.lse", st, n * c.num_heads, false, "B x Hq x S", "attention LSE"}, ws ? &ws->lse : nullptr);
+  visit(BufferSpec{"fwd.rstd", st, n, false, "n", "norm rstd"}, ws ? &ws->rstd : nullptr);
+  visit(BufferSpec{"fwd.g", dt, mt * ff, false, mlp, "gate projection"}, ws ? &ws->g : nullptr);
+  visit(BufferSpec{"fwd.u", dt, mt * ff, false, mlp, "up projection"}, ws ? &ws->u : nullptr);
+  visit(BufferSpec{"fwd.m", dt, mt * ff, false, mlp, "silu(gate) x up"}, ws ? &ws->m : nullptr);
+  visit(BufferSpec{"fwd.down", dt, mt * d, false, mt == n ? "n x D" : "mlp_tile x D", "MLP output of one tile"},
+        ws ? &ws->down : nullptr);
 }
 
 std::vector<BufferSpec> LlamaModel::score_workspace_specs(const LlamaConfig& c, const ModelOptions& o, DType dtype,
                                                           int64_t batch, int64_t seq) {
   std::vector<BufferSpec> v;
   visit_score_workspace(c, o, dtype, batch * seq, nullptr,
-                        [&](const char* name, DType t, int64_t numel, Buffer*) { v.push_back({name, t, numel}); });
+                        [&](const BufferSpec& s, Buffer*) { v.push_back(s); });
   return v;
 }
 
@@ -89,8 +91,8 @@ void LlamaModel::forward_score(const std::vector<Tensor>& params, const Batch& b
     score_ws_.reset();  // free first: peak memory is one workspace
     auto ws = std::make_unique<ScoreWorkspace>();
     ws->tokens = n;
-    visit_score_workspace(cfg_, opts_, dtype_, n, ws.get(), [&](const char* name, DType t, int64_t numel, Buffer* slot) {
-      *slot = be_.alloc(t, numel, name);
+    visit_score_workspace(cfg_, opts_, dtype_, n, ws.get(), [&](const BufferSpec& s, Buffer* slot) {
+      *slot = be_.alloc(s.dtype, s.numel, s.name.c_str());
     });
     score_ws_ = std::move(ws);
   }

@@ -49,18 +49,20 @@ struct Run {
   bool cuda = false;
   bool sm90 = false;         // the attention's Hopper routes (train.hopper_attention on an sm_90 target)
   DType dtype = DType::F32;  // activations and working parameters
-  int64_t e = 4;             // bytes per activation element
-  int64_t P = 0;             // parameters
-  int64_t B = 1, S = 0, n = 0;  // sequences per micro-batch, local tokens per sequence, tokens
-  int64_t Z = 1;             // ZeRO-3 shard group size (1: stage 0)
+  int64_t elem_bytes = 4;    // bytes per activation element
+  int64_t params = 0;        // parameters
+  int64_t batch = 1;         // sequences per micro-batch
+  int64_t seq = 0;           // local tokens per sequence (this rank's part of the sequence)
+  int64_t tokens = 0;        // batch x seq
+  int64_t zero_group = 1;    // ZeRO-3 shard group size (1: no sharding)
   std::string dev;           // where the backend allocates: "gpu" (CUDA) or "host" (CPU)
 
   explicit Run(const StageConfig& c) : cfg(c), mc(detail::plan_model(c.model, &note)), layout(mc) {}
   Run(const StageConfig& c, const model::LlamaConfig& m) : cfg(c), mc(m), layout(mc) {}
   bool zero3() const { return cfg.parallel.zero.stage == 3; }
   bool offload_opt() const { return cfg.parallel.zero.offload_optimizer && cuda; }
-  // ZeRO-3's cut of the units over Z ranks (every rank's shards have the same lengths).
-  zero::ShardLayout shards() const { return zero::ShardLayout(layout, static_cast<int>(Z), 0); }
+  // ZeRO-3's cut of the units over zero_group ranks (every rank's shards have the same lengths).
+  zero::ShardLayout shards() const { return zero::ShardLayout(layout, static_cast<int>(zero_group), 0); }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -127,7 +129,7 @@ void attention_items(const Run& r, bool backward, Items& it, std::vector<std::st
   if (tiled) cfg.activation.attention_head_groups = 1;
   const std::shared_ptr<attention::SequenceAttention> attn =
       attention::make_sequence_attention(cfg, g, {*sp, *rg, *ul}, *be);
-  const int64_t B = r.B, S = r.S, hq = r.mc.num_heads / G, hkv = r.mc.num_kv_heads / G, hd = r.mc.head_dim;
+  const int64_t B = r.batch, S = r.seq, hq = r.mc.num_heads / G, hkv = r.mc.num_kv_heads / G, hd = r.mc.head_dim;
   const DType lse_t = DType::F32;
   std::vector<ops::Buffer> bufs;
   auto tensor = [&](DType t, std::initializer_list<int64_t> dims) {
@@ -155,82 +157,43 @@ void attention_items(const Run& r, bool backward, Items& it, std::vector<std::st
 // The model's workspace, grouped for the table ("acts.3.h1" -> "acts.*.h1").
 // ---------------------------------------------------------------------------------------
 struct Group {
-  std::string key, base;
+  std::string key;
   DType dtype;
   int64_t numel = 0;  // per buffer
   int64_t count = 0;
   bool pinned_host = false;  // offloaded checkpoints (BufferSpec::pinned_host)
+  std::string shape, label;  // BufferSpec's, from where the model allocates the buffer
 };
 
 std::vector<Group> group_specs(const std::vector<BufferSpec>& specs) {
   std::vector<Group> out;
   for (const BufferSpec& s : specs) {
-    std::string key, base;
+    std::string key;
     for (const std::string& part : split(s.name, '.')) {
       const bool digits = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
       key += (key.empty() ? "" : ".") + (digits ? std::string("*") : part);
-      if (!digits) base = part;
     }
     auto it = std::find_if(out.begin(), out.end(), [&](const Group& g) { return g.key == key && g.numel == s.numel; });
-    if (it == out.end()) out.push_back({key, base, s.dtype, s.numel, 1, s.pinned_host});
+    if (it == out.end()) out.push_back({key, s.dtype, s.numel, 1, s.pinned_host, s.shape, s.label});
     else ++it->count;
   }
   return out;
 }
 
-// Symbolic shape of a workspace buffer by its name (informational; numbers are exact).
-std::string shape_of(const Group& g, const Run& r) {
-  static const std::map<std::string, std::string> shapes = {
-      {"resid", "n x D"}, {"h1", "n x D"}, {"x_mid", "n x D"}, {"h2", "n x D"}, {"hf", "n x max(D, Hq x hd) (doubles as dattn)"},
-      {"dx", "n x D"}, {"dh", "n x D"}, {"rstd1", "n"}, {"rstd2", "n"}, {"rstd_f", "n"}, {"q", "n x Hq x hd"},
-      {"o", "n x Hq x hd"}, {"dattn", "n x Hq x hd"}, {"dq", "n x Hq x hd"}, {"saved_o", "n x Hq x hd"},
-      {"k", "n x Hkv x hd"}, {"v", "n x Hkv x hd"}, {"dk", "n x Hkv x hd"}, {"dv", "n x Hkv x hd"},
-      {"lse", "B x Hq x S"}, {"saved_lse", "B x Hq x S"}, {"embed_grad_scratch", "V x D"},
-      {"wo_g", "D x Hq/G x hd"}, {"dwo_g", "D x Hq/G x hd"},
-      {"embed_grad_f32", "V x D"}, {"h", "n x D"}, {"rstd", "n"}, {"down", "mlp_tile x D"}};
-  static const char* mlp[] = {"g", "u", "m", "dm", "dg", "du"};
-  for (const char* m : mlp)
-    if (g.base == m) return g.numel == r.n * r.mc.intermediate_size ? "n x I" : "mlp_tile x I";
-  if (g.base == "h2") return g.numel == r.n * r.mc.hidden_size ? "n x D" : "mlp_tile x D";  // (MLP tiles: one tile's)
-  auto it = shapes.find(g.base);
-  if (it == shapes.end()) return num(g.numel);
-  // Head groups (activation.attention_head_groups): the layer's q, k, v, o, LSE and their
-  // gradients hold one group's heads (with checkpoint none the kept acts hold every group's),
-  // and so do the device slots of streamed attention-output checkpoints (offload).
-  static const std::map<std::string, std::string> grouped = {
-      {"q", "n x Hq/G x hd"}, {"o", "n x Hq/G x hd"}, {"dq", "n x Hq/G x hd"}, {"k", "n x Hkv/G x hd"},
-      {"v", "n x Hkv/G x hd"}, {"dk", "n x Hkv/G x hd"}, {"dv", "n x Hkv/G x hd"}, {"lse", "B x Hq/G x S"},
-      {"hf", "n x max(D, Hq/G x hd) (doubles as dattn)"}, {"saved_o", "n x Hq/G x hd"}, {"saved_lse", "B x Hq/G x S"}};
-  const int64_t G = r.cfg.activation.attention_head_groups, hd = r.mc.head_dim;
-  const int64_t full = (g.base == "lse" || g.base == "saved_lse") ? r.n * r.mc.num_heads
-                       : it->second.find("Hkv") != std::string::npos ? r.n * r.mc.num_kv_heads * hd
-                       : g.base == "hf" ? r.n * std::max(r.mc.hidden_size, r.mc.num_heads * hd)
-                                        : r.n * r.mc.num_heads * hd;
-  if (auto gr = grouped.find(g.base); G > 1 && gr != grouped.end() && g.numel != full)
-    return gr->second;
-  return it->second;
-}
-
 std::string workspace_label(const Group& g) {
-  static const std::map<std::string, std::string> what = {
-      {"resid", "residual stream (layer inputs kept for backward)"},
-      {"fwd.resid", "residual stream (in place)"},
-      {"fwd.h", "norm output / O projection"},
-      {"saved_o", "attention-output checkpoints"},
-      {"saved_lse", "attention-LSE checkpoints"},
-      {"embed_grad_scratch", "embedding-gradient scratch (bf16, f32_grads)"},
-      {"embed_grad_f32", "embedding-gradient scratch (f32 copy)"},
-  };
-  auto it = what.find(g.key);
-  if (it == what.end()) it = what.find(g.base);
-  std::string name = "workspace " + g.key + (it != what.end() ? ": " + it->second : "");
+  std::string name = "workspace " + g.key + (g.label.empty() ? "" : ": " + g.label);
   if (g.count > 1) name += " x" + num(g.count);
   return name;
 }
 
+std::string workspace_formula(const Group& g) {
+  return (g.count > 1 ? num(g.count) + " x " : "") + (g.shape.empty() ? num(g.numel) : g.shape) + " x " +
+         num(static_cast<int64_t>(ops::element_size(g.dtype)));
+}
+
 // LlamaModel::workspace_specs for the run (the trainer's model options).
 std::vector<BufferSpec> model_buffers(const Run& r) {
-  return model::LlamaModel::workspace_specs(r.mc, model::options_for(r.cfg, r.cuda), r.dtype, r.B, r.S, true);
+  return model::LlamaModel::workspace_specs(r.mc, model::options_for(r.cfg, r.cuda), r.dtype, r.batch, r.seq, true);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -250,9 +213,9 @@ void parameter_items(const Run& r, const PlanTarget& t, Items& it) {
   zero::StoreOptions so = zero::store_options(r.cfg);
   so.host_backend = [&host] { return make_recording_backend(host, {}); };
   const MemSpace cs = r.cuda ? MemSpace::Device : MemSpace::Host;  // NCCL with CUDA, else MPI
-  const int W = t.world(), G = r.groups.sp_size > 1 ? W : r.groups.dp_size, R = W / static_cast<int>(r.Z);
+  const int W = t.world(), G = r.groups.sp_size > 1 ? W : r.groups.dp_size, R = W / static_cast<int>(r.zero_group);
   const auto world = make_recording_comm("world", W, 0, cs), grads = make_recording_comm("grads", G, 0, cs);
-  const auto zero = make_recording_comm("zero", static_cast<int>(r.Z), 0, cs);
+  const auto zero = make_recording_comm("zero", static_cast<int>(r.zero_group), 0, cs);
   const auto replica = make_recording_comm("zero_replica", R, 0, cs);
   {
     const model::LlamaModel model(r.mc, *be, r.dtype, model::options_for(r.cfg, r.cuda));
@@ -279,19 +242,19 @@ Run run_of(const StageConfig& cfg, const PlanTarget& t, const model::LlamaConfig
   r.cuda = t.backend == DeviceKind::Cuda;
   r.sm90 = r.cuda && cfg.train.hopper_attention && is_hopper_gpu(t.gpu_name);
   r.dtype = r.cuda ? DType::BF16 : DType::F32;
-  r.e = r.cuda ? 2 : 4;
+  r.elem_bytes = r.cuda ? 2 : 4;
   r.dev = r.cuda ? "gpu" : "host";
-  r.P = r.layout.total_numel();
+  r.params = r.layout.total_numel();
   try {
     r.groups = dist::make_group_layout(cfg, t.world(), t.gpus_per_node);
   } catch (const InputError& e) {
     EASYCTX_THROW_INPUT("target world ", t.nodes, " node(s) x ", t.gpus_per_node, " = ", t.world(),
                         " rank(s) (target.nodes x target.gpus_per_node, or the launch): ", e.what());
   }
-  r.Z = r.zero3() ? (cfg.parallel.zero.group == ZeroGroupScope::Node ? r.groups.ranks_per_node : t.world()) : 1;
-  r.B = cfg.train.batch_size;
-  r.S = attention::sequence_split(r.groups).local_length(cfg.data.seq_length);
-  r.n = checked_mul(r.B, r.S, "the plan: tokens per micro-batch, train.batch_size x local sequence length");
+  r.zero_group = r.zero3() ? (cfg.parallel.zero.group == ZeroGroupScope::Node ? r.groups.ranks_per_node : t.world()) : 1;
+  r.batch = cfg.train.batch_size;
+  r.seq = attention::sequence_split(r.groups).local_length(cfg.data.seq_length);
+  r.tokens = checked_mul(r.batch, r.seq, "the plan: tokens per micro-batch, train.batch_size x local sequence length");
   // (The strategies check their shapes when the plan replays them; this one is the config's.)
   const int64_t G = cfg.activation.attention_head_groups;
   EASYCTX_CHECK_INPUT(r.mc.num_kv_heads % G == 0, "activation.attention_head_groups: ", G,
@@ -348,18 +311,17 @@ void process_items(const Run& r, const PlanTarget& t, Items& it) {
 
 // From the first step on: the micro-batch and the model's workspace.
 void step_items(const Run& r, Items& it) {
-  const int64_t n = r.n;
+  const int64_t n = r.tokens;
   if (r.cuda)
     it.persistent("step", "micro-batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
-  const int64_t mb = checked_mul<int64_t>(r.cfg.train.grad_accum, 3 * 4 * n + 8 * r.B,
+  const int64_t mb = checked_mul<int64_t>(r.cfg.train.grad_accum, 3 * 4 * n + 8 * r.batch,
                                           "the plan: loader micro-batch bytes, train.grad_accum x (12 n + 8 B)");
   it.persistent("step", "loader micro-batches (int32 tokens, positions, labels)", "host", mb,
                 "grad_accum x (3 x 4 x n + 8 B)", false);
   for (const Group& g : group_specs(model_buffers(r))) {
-    const int64_t each = checked_mul(g.numel, static_cast<int64_t>(ops::element_size(g.dtype)), "the plan: " + g.base);
-    const int64_t all = checked_mul(g.count, each, "the plan: " + g.base);
-    const std::string f = (g.count > 1 ? num(g.count) + " x " : "") + shape_of(g, r) + " x " +
-                          num(static_cast<int64_t>(ops::element_size(g.dtype)));
+    const int64_t each = checked_mul(g.numel, static_cast<int64_t>(ops::element_size(g.dtype)), "the plan: " + g.key);
+    const int64_t all = checked_mul(g.count, each, "the plan: " + g.key);
+    const std::string f = workspace_formula(g);
     if (g.pinned_host) {  // activation.offload cpu: Backend::alloc_host_pinned (a backend buffer on the CPU)
       it.persistent("step", workspace_label(g) + (r.cuda ? " (offloaded, pinned)" : " (offloaded)"), "host",
                     all, f, !r.cuda);
@@ -374,7 +336,7 @@ void op_scratch_items(const Run& r, Items& it) {
   auto scratch = [&](const std::string& phase, const std::vector<ops::ScratchBuffer>& bufs, bool tracked) {
     for (const ops::ScratchBuffer& b : bufs) it.transient(phase, b.name, r.dev, b.bytes, b.formula, tracked);
   };
-  const int64_t n = r.n, V = r.mc.vocab_size, tile = r.cfg.activation.lm_head_tile;
+  const int64_t n = r.tokens, V = r.mc.vocab_size, tile = r.cfg.activation.lm_head_tile;
   if (!r.cuda) {  // cpu::lm_head_loss keeps its tile and the per-token NLL on the heap (not backend buffers)
     scratch("LM head + loss", ops::cpu_lm_head_scratch(n, V, tile, 4).list(), false);
     return;
@@ -397,10 +359,10 @@ void reduction_items(const Run& r, const PlanTarget& t, Items& it) {
     const int64_t block = (count + ranks - 1) / ranks;
     return 4 * (2 * block * ranks + block);
   };
-  const int64_t G = r.groups.sp_size > 1 ? t.world() : r.groups.dp_size, R = t.world() / r.Z;
+  const int64_t G = r.groups.sp_size > 1 ? t.world() : r.groups.dp_size, R = t.world() / r.zero_group;
   int64_t bytes = 0;
   if (!r.zero3() && G > 1) bytes = all_reduce(unit, G);
-  if (r.zero3() && r.Z > 1) bytes = 4 * len * r.Z;
+  if (r.zero3() && r.zero_group > 1) bytes = 4 * len * r.zero_group;
   if (r.zero3() && R > 1) bytes = std::max(bytes, all_reduce(len, R));
   it.transient("gradient reduce", "MPI rank-ordered sum buffers (heap, largest unit)", "host", bytes,
                r.zero3() ? "4 x Z x ceil(unit / Z)" : "4 x (2 G + 1) x ceil(unit / G), G = ranks summing", false);
@@ -411,7 +373,7 @@ void save_items(const Run& r, const PlanTarget& t, Items& it) {
   const OutputConfig& out = r.cfg.output;
   if (r.cuda && !r.offload_opt() && (out.save_final || out.save_every > 0)) {
     const int64_t W = t.world();
-    const int64_t state = r.zero3() ? r.shards().total_len() : (r.P + W - 1) / W;
+    const int64_t state = r.zero3() ? r.shards().total_len() : (r.params + W - 1) / W;
     const std::string f = r.zero3() ? "3 x 4 x sum ceil(unit / Z)" : "3 x 4 x P / W (the slices this rank writes)";
     it.transient("checkpoint save", "host staging of master, m, v (f32)", "host", 12 * state, f, false);
   }
@@ -420,20 +382,20 @@ void save_items(const Run& r, const PlanTarget& t, Items& it) {
   // master_host_at_root) and writes it one safetensors file of at most 5 GB at a time, each
   // built in memory (ckpt::write_safetensors_sharded).
   const int64_t disk = r.cfg.output.hf_dtype == "bf16" ? 2 : 4;
-  const int64_t file = std::min<int64_t>(disk * r.P, int64_t{5} << 30);
+  const int64_t file = std::min<int64_t>(disk * r.params, int64_t{5} << 30);
   const std::string phase = r.zero3() ? "HF export (gather)" : "HF export (rank 0)";
   if (!r.zero3()) {
-    it.transient(phase, "the whole master weights copied for the export (f32, heap)", "host", 4 * r.P, "4 P", false,
+    it.transient(phase, "the whole master weights copied for the export (f32, heap)", "host", 4 * r.params, "4 P", false,
                  Ranks::Root);
   } else {  // every unit gathered in turn; rank 0 keeps each, the others one at a time
-    const int64_t Z = r.Z;
+    const int64_t Z = r.zero_group;
     it.transient(phase, "the whole master weights gathered on rank 0 (f32, heap)", "host",
                  4 * Z * r.shards().total_len(), "4 x Z x sum ceil(unit / Z)", false, Ranks::Root);
     if (t.world() > 1)
       it.transient(phase, "one unit gathered (f32, heap; rank 0 keeps them all)", "host", 4 * Z * r.shards().max_len(),
                    "4 x Z x max ceil(unit / Z)", false, Ranks::Others);
     if (r.cuda)
-      it.transient(phase, "one unit gathered on the device (f32)", "gpu", 4 * r.Z * r.shards().max_len(),
+      it.transient(phase, "one unit gathered on the device (f32)", "gpu", 4 * r.zero_group * r.shards().max_len(),
                    "4 x Z x max ceil(unit / Z)");
   }
   it.transient(phase, "a safetensors file being written (in memory)", "host", file,
@@ -480,13 +442,13 @@ MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vecto
   p.attention_routes = std::move(routes);
   p.target = t;
   p.model_name = r.mc.name;
-  p.parameters = r.P;
+  p.parameters = r.params;
   p.world = t.world();
   p.dp = r.groups.dp_size;
   p.sp = r.groups.sp_size;
-  p.zero_group = static_cast<int>(r.Z);
-  p.local_len = r.S;
-  p.tokens = r.n;
+  p.zero_group = static_cast<int>(r.zero_group);
+  p.local_len = r.seq;
+  p.tokens = r.tokens;
   p.items = it.list;
   const int64_t rpn = t.gpus_per_node;
   for (const std::string& ph : it.phase_order) {
@@ -568,16 +530,15 @@ MemoryPlan plan_inference_core(const InferencePlanInput& in, const PlanTarget& t
     it.transient("init", "device f32 staging of the conversion to bf16", "gpu", stage,
                  "4 x the same elements (Backend::copy)");
   // From the first item on: the batch and the forward workspace (kept, sized for the longest).
-  const int64_t n = r.n, L = cfg.data.seq_length;
+  const int64_t n = r.tokens, L = cfg.data.seq_length;
   if (r.cuda) it.persistent("step", "batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
   else it.persistent("step", "batch (tokens, positions, labels)", "host", 3 * 4 * n, "3 x 4 x n");
   it.persistent("step", "host: slice, per-row NLL and argmax, scored-position map", "host",
                 3 * 4 * n + 12 * n + 12 * L, "3 x 4 x n + 12 n + 12 L (L: the whole sequence)", false);
   const model::ModelOptions mo = model::options_for(cfg, false);
-  for (const Group& g : group_specs(model::LlamaModel::score_workspace_specs(r.mc, mo, r.dtype, r.B, r.S))) {
+  for (const Group& g : group_specs(model::LlamaModel::score_workspace_specs(r.mc, mo, r.dtype, r.batch, r.seq))) {
     const int64_t each = g.numel * static_cast<int64_t>(ops::element_size(g.dtype));
-    it.persistent("step", workspace_label(g), r.dev, g.count * each,
-                  shape_of(g, r) + " x " + num(static_cast<int64_t>(ops::element_size(g.dtype))));
+    it.persistent("step", workspace_label(g), r.dev, g.count * each, workspace_formula(g));
   }
   std::vector<std::string> routes;
   attention_items(r, false, it, routes, false);
