@@ -23,6 +23,8 @@ variants=(
   "offload:--set parallel.zero.offload_optimizer=true"
   "zero3-offload-params:--set parallel.zero.stage=3 --set parallel.zero.offload_optimizer=true --set parallel.zero.offload_params=true"
   "act-offload-groups:--set activation.checkpoint=attention_output --set activation.offload=cpu --set activation.attention_head_groups=1 --set activation.mlp_tile=512"
+  "act-partial:--set activation.checkpoint=attention_output --set activation.offload=cpu --set activation.offload_layers=2 --set activation.attention_output_layers=2"
+  "act-none:--set activation.checkpoint=none"
 )
 run() {  # run BIN NAME ARGS...: prints the metrics path
   local bin=$1 name=$2

@@ -90,7 +90,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 void ZigzagRingAttention::exchange_begin(const Buffer* send, Buffer* recv, int first, int last) {
   const int W = ring_.size(), dst = (ring_.rank() + 1) % W, from = (ring_.rank() - 1 + W) % W;
   // The exchange starts after the compute that wrote `send` and last read `recv`: on the
-  // device (fences); with comm timing, the host waits for that compute first, as before.
+  // device (fences); with comm timing, the host waits for that compute first, so the time
+  // measured below is the exchange alone.
   if (comm_timing_) be_.synchronize();
   else ring_.wait(be_.record());
   const auto t0 = std::chrono::steady_clock::now();
