@@ -102,8 +102,12 @@ TEST(DataShardWeights, RoundTripAndVersion) {
   TokenShardReader rp(dir / "p.h5");
   EXPECT_FALSE(rp.meta().has_loss_weights);
   {
+    // Exactly what the writer wrote before weights existed: version 1, no /loss_weights.
     h5::Handle f = h5::open_file(dir / "p.h5", false);
     EXPECT_EQ(h5::read_attr_int(f, "format_version", dir / "p.h5"), kShardFormatVersion);
+    EXPECT_EQ(H5Lexists(f, "loss_weights", H5P_DEFAULT), 0);
+    h5::Handle g = h5::open_file(dir / "w.h5", false);
+    EXPECT_GT(H5Lexists(g, "loss_weights", H5P_DEFAULT), 0);
   }
   std::vector<uint8_t> ones(p.stream.size());
   rp.read_weights(0, ones.size(), ones.data());
@@ -257,6 +261,39 @@ TEST(DataPacking, BestFitPlacesEveryDocumentOnceAndPads) {
     DataLoader again(o);
     EXPECT_EQ(again.sequence_pieces(N / 2), l.sequence_pieces(N / 2));
   }
+}
+
+// Best-fit decreasing by hand: L = 10, documents of 6, 5, 4, 3, 2 tokens in one pool. Longest
+// first: 6 opens A (4 free), 5 opens B (5 free), 4 fits A exactly, 3 goes to B (the only
+// room), 2 fills B. So A = {6, 4}, B = {5, 3, 2}, whatever the shuffle.
+TEST(DataPacking, BestFitDecreasingByHand) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("bfd");
+  ShardMeta m;
+  m.tokenizer_sha256 = std::string(64, 'c');
+  m.vocab_size = 100;
+  m.has_loss_weights = true;
+  TokenShardWriter wr(dir / "s.h5", m);
+  const std::vector<int> lens{3, 6, 2, 5, 4};  // stream order
+  std::vector<uint64_t> start;
+  uint64_t at = 0;
+  for (int n : lens) {
+    std::vector<uint32_t> ids(n, 7);
+    std::vector<uint8_t> w(n, 1);
+    wr.add_document(ids.data(), ids.size(), wr.source_index("x"), w.data());
+    start.push_back(at);
+    at += n;
+  }
+  wr.commit();
+  LoaderOptions o = opts(dir / "s.h5", 10, rng(), DataPacking::BestFit);
+  DataLoader l(o);
+  ASSERT_EQ(l.sequences_per_epoch(), 2u);
+  using P = std::vector<std::pair<uint64_t, int64_t>>;
+  EXPECT_EQ(l.sequence_pieces(0), (P{{start[1], 6}, {start[4], 4}}));
+  EXPECT_EQ(l.sequence_pieces(1), (P{{start[3], 5}, {start[0], 3}, {start[2], 2}}));
+  // Pools of 2 pieces pack each pool alone: never fewer sequences.
+  o.pack_pool = 2;
+  EXPECT_GE(DataLoader(o).sequences_per_epoch(), 2u);
 }
 
 TEST(DataPacking, OnePerWindowAndLongDocuments) {
