@@ -31,6 +31,21 @@ void describe(const data::TokenShardReader& r, bool scan) {
     p.second += r.doc_offsets()[d + 1] - r.doc_offsets()[d];
   }
   for (const auto& [s, p] : per) std::cout << "  source " << s << ": " << p.first << " docs, " << p.second << " tokens\n";
+  if (m.has_loss_weights) {
+    // Chat shards (format_version 2): how many tokens are training targets.
+    uint64_t ones = 0;
+    const uint64_t block = 1 << 20;
+    std::vector<uint8_t> w;
+    for (uint64_t off = 0; off < r.num_tokens(); off += block) {
+      w.resize(std::min(block, r.num_tokens() - off));
+      r.read_weights(off, w.size(), w.data());
+      for (uint8_t x : w) ones += x;
+    }
+    std::cout << "  loss weights: " << ones << " of " << r.num_tokens() << " tokens weighted 1 ("
+              << (r.num_tokens() ? 100.0 * double(ones) / double(r.num_tokens()) : 0.0) << "%)\n";
+  } else {
+    std::cout << "  loss weights: none (every token is a target)\n";
+  }
   if (!scan) return;
   // Full scan: every id < vocab_size and, when BOS was added, every document starts with it.
   uint64_t bad = 0, max_id = 0, bos_missing = 0;
@@ -62,7 +77,7 @@ int inspect_main(dist::Runtime& rt, int argc, char** argv) {
       ("doc", po::value<int64_t>(), "decode document N of the first file instead")
       ("tokenizer,t", po::value(&tokenizer), "tokenizer for decoding (checked against the shard's sha256)")
       ("scan", "read every token: ids < vocab_size, BOS at each document start")
-      ("ids", "also print the ids of the decoded window")
+      ("ids", "also print the ids of the decoded window (and their loss weights, when the shards have them)")
       ("file", po::value(&files)->composing(), "shard files");
   po::positional_options_description pos;
   pos.add("file", -1);
@@ -120,6 +135,24 @@ int inspect_main(dist::Runtime& rt, int argc, char** argv) {
     std::cout << "\n";
   }
   std::cout << tok->decode(ids) << "\n";
+  if (ds.has_loss_weights()) {
+    std::vector<uint8_t> w(len);
+    ds.read_weights(start, len, w.data());
+    if (vm.count("ids")) {
+      std::cout << "loss weights: ";
+      for (uint8_t x : w) std::cout << int(x) << ' ';
+      std::cout << "\n";
+    }
+    // The trained text: runs of weight-1 tokens, decoded, one per line.
+    std::cout << "weighted spans:\n";
+    for (uint64_t i = 0; i < len;) {
+      if (!w[i]) { ++i; continue; }
+      uint64_t j = i;
+      while (j < len && w[j]) ++j;
+      std::cout << "  [" << i << ", " << j << ") " << tok->decode(ids.data() + i, j - i) << "\n";
+      i = j;
+    }
+  }
   return 0;
 }
 }  // namespace

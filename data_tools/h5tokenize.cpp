@@ -83,7 +83,8 @@ void write_tokenizer_folder(const data::TokenizeOptions& o) {
 
 int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
   data::TokenizeOptions o;
-  std::string text_field = "text", source_field = "meta.redpajama_set_name", upsample = "none";
+  std::string text_field = "text", source_field = "meta.redpajama_set_name", upsample = "none",
+              loss_on = "assistant";
   double total_tokens = 0;
   po::options_description opts("h5tokenize --tokenizer MODEL --output DIR [options] INPUT...\noptions");
   opts.add_options()
@@ -113,6 +114,13 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
       ("max-doc-bytes", po::value(&o.max_doc_bytes)->default_value(o.max_doc_bytes),
        "a record (JSON line or .txt file) longer than this is an error naming the file and line; a document "
        "takes about 7x its size in memory (the tokenizer works on 256 KiB pieces)")
+      ("format", po::value(&o.format)->default_value(o.format),
+       "text | chat | auto: chat records are {\"messages\": [{\"role\", \"content\"}]} or prompt/response, "
+       "rendered with --chat-template and stored with loss weights; auto: chat when the first record is one")
+      ("chat-template", po::value(&o.chat_template)->default_value(o.chat_template),
+       "llama2 | llama3 | chatml | auto (the chat_template of tokenizer_config.json next to the tokenizer)")
+      ("loss-on", po::value(&loss_on)->default_value(loss_on),
+       "chat: assistant (loss weight 1 on assistant turns and their end token, 0 elsewhere) | all")
       ("strict", "malformed records are fatal instead of skipped")
       ("overwrite", "delete existing shards in the output folder first")
       ("progress", po::value(&o.progress)->default_value(-1), "progress: 0 off; otherwise rank 0 rewrites one line twice a second on a terminal, or prints a line every 30 s to a log file")
@@ -137,6 +145,8 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
   o.add_eos = vm.count("eos") > 0;
   o.strict = vm.count("strict") > 0;
   o.overwrite = vm.count("overwrite") > 0;
+  EASYCTX_CHECK_INPUT(loss_on == "assistant" || loss_on == "all", "--loss-on ", loss_on, ": expected assistant or all");
+  o.loss_on_all = loss_on == "all";
   o.upsample.mode = data::parse_upsample_mode(upsample);
   o.upsample.total_tokens = total_tokens;
   EASYCTX_CHECK_INPUT(o.deflate >= 0 && o.deflate <= 9, "--deflate must be 0..9");

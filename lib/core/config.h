@@ -16,6 +16,8 @@ enum class OffloadTarget { None, Cpu };
 enum class DeviceKind { Auto, Cpu, Cuda };
 enum class ZeroGroupScope { World, Node };
 enum class NonFinitePolicy { Stop, SkipStep };
+enum class DataPacking { Window, BestFit, OnePerWindow };
+enum class LongDocuments { Split, Refuse };
 
 const char* to_string(SeqParallelMode m);
 const char* to_string(LrSchedule s);
@@ -37,6 +39,9 @@ struct DataConfig {
   std::string path;             // shard file, folder of shards, or glob
   int64_t seq_length = 2048;    // tokens per training sequence (window of seq_length + 1)
   bool check_tokens = true;     // scan every window for ids >= vocab
+  DataPacking packing = DataPacking::Window;       // how documents fill the windows (docs/data.md)
+  LongDocuments long_documents = LongDocuments::Split;  // packed modes: a document longer than seq_length
+  bool document_mask = false;   // positions restart per document; micro-batches carry document starts
 };
 
 struct TrainConfig {

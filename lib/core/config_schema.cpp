@@ -37,6 +37,30 @@ std::string check_level(const std::string& s) {
   return (s == "debug" || s == "info" || s == "warn" || s == "error") ? "" : "one of debug, info, warn, error";
 }
 
+// Packing and masking of document data (h5tokenize chat shards and any shards with documents);
+// docs/data.md, "Packing", has the rules these keys select.
+void add_data_packing_keys(Registry& r) {
+  r.add_enum<DataPacking>(
+      "data.packing", [](StageConfig& c) -> DataPacking& { return c.data.packing; },
+      {{"window", static_cast<int>(DataPacking::Window)},
+       {"best_fit", static_cast<int>(DataPacking::BestFit)},
+       {"one_per_window", static_cast<int>(DataPacking::OnePerWindow)}},
+      "How documents fill the seq_length-token sequences. `window`: the token stream cut into windows that cross "
+      "document boundaries (pre-training). `best_fit`: whole documents placed by best-fit decreasing within "
+      "shuffled pools of 4096, the rest of a sequence padded (label -1). `one_per_window`: one document per "
+      "sequence, padded. Packed once from train.seed; each epoch visits the sequences in a new order.");
+  r.add_enum<LongDocuments>(
+      "data.long_documents", [](StageConfig& c) -> LongDocuments& { return c.data.long_documents; },
+      {{"split", static_cast<int>(LongDocuments::Split)}, {"refuse", static_cast<int>(LongDocuments::Refuse)}},
+      "data.packing best_fit or one_per_window: a document longer than seq_length is cut into seq_length-token "
+      "pieces packed as documents (`split`), or is an error naming its file and index (`refuse`).");
+  r.add_bool("data.document_mask", [](StageConfig& c) -> bool& { return c.data.document_mask; },
+             "Positions restart at 0 at each document start inside a sequence (as Hugging Face's position_ids "
+             "for packed batches), the label that would predict the next document's first token is dropped, and "
+             "micro-batches carry each sequence's document starts for block-diagonal attention. false: one "
+             "document per sequence, positions 0..seq_length-1 (pre-training behaviour).");
+}
+
 const Registry& registry() {
   static const Registry reg = [] {
     Registry r;
@@ -67,6 +91,7 @@ const Registry& registry() {
               "2^30 works (positions are int32): sequence-parallel modes pad and mask as they need.");
     r.add_bool("data.check_tokens", [](StageConfig& c) -> bool& { return c.data.check_tokens; },
                "Check every token id of every window against the model's vocabulary before use.");
+    add_data_packing_keys(r);
     // ---- train
     r.add_int("train.steps", [](StageConfig& c) -> int64_t& { return c.train.steps; }, 0, kMaxI,
               "Optimizer steps in this stage.");

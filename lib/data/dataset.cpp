@@ -57,6 +57,7 @@ TokenDataset::TokenDataset(const std::string& spec, size_t max_open_files)
       EASYCTX_CHECK_INPUT(m.bos_id == meta_.bos_id && m.eos_id == meta_.eos_id, files_[i],
                           ": BOS/EOS ids differ from ", files_[0]);
     }
+    has_weights_ = has_weights_ || m.has_loss_weights;
     starts_.push_back(checked_add(starts_.back(), r.num_tokens(), "tokens of the dataset " + spec_));
     num_docs_ = checked_add(num_docs_, r.num_docs(), "documents of the dataset " + spec_);
   }
@@ -95,6 +96,44 @@ void TokenDataset::read(uint64_t offset, uint64_t count, uint32_t* out) const {
     offset += take;
     count -= take;
   }
+}
+
+void TokenDataset::read_weights(uint64_t offset, uint64_t count, uint8_t* out) const {
+  EASYCTX_CHECK(offset <= num_tokens() && count <= num_tokens() - offset, "dataset weight read [", offset, ", ",
+                offset + count, ") outside [0, ", num_tokens(), ") of ", spec_);
+  while (count > 0) {
+    size_t f = file_of(offset);
+    uint64_t local = offset - starts_[f];
+    uint64_t take = std::min(count, file_tokens(f) - local);
+    reader(f).read_weights(local, take, out);
+    out += take;
+    offset += take;
+    count -= take;
+  }
+}
+
+const std::vector<uint64_t>& TokenDataset::doc_starts() const {
+  if (!doc_starts_.empty()) return doc_starts_;
+  std::vector<uint64_t> v, first;
+  v.reserve(num_docs_ + 1);
+  for (size_t i = 0; i < files_.size(); ++i) {
+    first.push_back(v.size());
+    const std::vector<uint64_t>& off = reader(i).doc_offsets();
+    for (size_t d = 0; d + 1 < off.size(); ++d) v.push_back(starts_[i] + off[d]);
+  }
+  first.push_back(v.size());
+  v.push_back(num_tokens());
+  doc_starts_ = std::move(v);
+  file_first_doc_ = std::move(first);
+  return doc_starts_;
+}
+
+std::string TokenDataset::describe_doc(uint64_t d) const {
+  doc_starts();
+  auto it = std::upper_bound(file_first_doc_.begin(), file_first_doc_.end(), d);
+  size_t f = static_cast<size_t>(it - file_first_doc_.begin()) - 1;
+  f = std::min(f, files_.size() - 1);
+  return files_[f] + " document " + std::to_string(d - file_first_doc_[f]);
 }
 
 void TokenDataset::check_ids(const uint32_t* ids, uint64_t count, uint64_t offset, int64_t vocab) const {

@@ -40,6 +40,16 @@ class TokenDataset {
 
   // Copies stream tokens [offset, offset + count) into out (may span files).
   void read(uint64_t offset, uint64_t count, uint32_t* out) const;
+  // Loss weights of stream tokens [offset, offset + count): 1 where a shard has none.
+  void read_weights(uint64_t offset, uint64_t count, uint8_t* out) const;
+  // Whether any shard stores loss weights (format_version 2).
+  bool has_loss_weights() const { return has_weights_; }
+  // Stream offsets of every document start, then num_tokens(): document d is stream tokens
+  // [doc_starts()[d], doc_starts()[d+1]). Read from the shards on first use (8 bytes per
+  // document), so runs that never ask pay nothing.
+  const std::vector<uint64_t>& doc_starts() const;
+  // File and shard-local document index of stream document d (for error messages).
+  std::string describe_doc(uint64_t d) const;
   // Throws InputError naming the file and the stream offset of the first id >= vocab in
   // ids[0..count), which were read from stream offset `offset`.
   void check_ids(const uint32_t* ids, uint64_t count, uint64_t offset, int64_t vocab) const;
@@ -52,6 +62,9 @@ class TokenDataset {
   std::vector<std::string> files_;
   std::vector<uint64_t> starts_;  // starts_[i] = stream offset of file i; back() = total
   uint64_t num_docs_ = 0;
+  bool has_weights_ = false;
+  mutable std::vector<uint64_t> doc_starts_;  // lazily filled
+  mutable std::vector<uint64_t> file_first_doc_;  // [files + 1], with doc_starts_
   ShardMeta meta_;
   size_t max_open_;
   mutable std::list<std::pair<size_t, std::unique_ptr<TokenShardReader>>> open_;  // LRU, front = newest

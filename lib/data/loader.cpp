@@ -1,5 +1,8 @@
 #include "data/loader.h"
 
+#include <algorithm>
+#include <map>
+
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/json.h"
@@ -14,6 +17,7 @@ std::string LoaderState::to_json() const {
   j.set("dataset_tokens", std::to_string(dataset_tokens));
   j.set("next_step", next_step);
   j.set("next_micro", next_micro);
+  if (packing != "window") j.set("packing", packing);  // window cursors stay as they were
   return j.dump();
 }
 
@@ -30,16 +34,27 @@ LoaderState LoaderState::from_json(const std::string& text) {
   s.global_batch = j.at("global_batch").as_int();
   s.next_step = j.at("next_step").as_int();
   s.next_micro = j.at("next_micro").as_int();
+  if (const Json* p = j.find("packing")) s.packing = p->as_string();
   return s;
 }
 
 bool LoaderState::operator==(const LoaderState& o) const {
   return seed == o.seed && seq_length == o.seq_length && global_batch == o.global_batch &&
-         dataset_tokens == o.dataset_tokens && next_step == o.next_step && next_micro == o.next_micro;
+         dataset_tokens == o.dataset_tokens && next_step == o.next_step && next_micro == o.next_micro &&
+         packing == o.packing;
 }
 
+namespace {
+// Packed modes never cut stream windows: their sampler only has to exist, so a dataset
+// shorter than one window (a small SFT set) is not refused for it.
+uint64_t sampler_tokens(const LoaderOptions& o, const TokenDataset& d) {
+  if (o.packing == DataPacking::Window) return d.num_tokens();
+  return std::max<uint64_t>(d.num_tokens(), static_cast<uint64_t>(std::max<int64_t>(o.seq_length, 0)) + 1);
+}
+}  // namespace
+
 DataLoader::DataLoader(const LoaderOptions& opts)
-    : opts_(opts), dataset_(opts.path), sampler_(dataset_.num_tokens(), opts.seq_length, opts.seed),
+    : opts_(opts), dataset_(opts.path), sampler_(sampler_tokens(opts, dataset_), opts.seq_length, opts.seed),
       vocab_limit_(dataset_.meta().vocab_size) {
   EASYCTX_CHECK_INPUT(opts_.seq_length > 0 && opts_.seq_length < (int64_t{1} << 31) - 1, "data loader: seq_length ",
                       opts_.seq_length, " outside [1, 2^31 - 2] (positions are int32)");
@@ -50,6 +65,111 @@ DataLoader::DataLoader(const LoaderOptions& opts)
                       " outside [0, ", s.dp_size, ")");
   EASYCTX_CHECK_INPUT(opts_.sp_size > 0 && opts_.sp_rank >= 0 && opts_.sp_rank < opts_.sp_size,
                       "data loader: sp_rank ", opts_.sp_rank, " outside [0, ", opts_.sp_size, ")");
+  EASYCTX_CHECK_INPUT(opts_.pack_pool > 0, "data loader: pack_pool ", opts_.pack_pool, " must be > 0");
+  if (opts_.packing != DataPacking::Window) build_packing();
+}
+
+std::string DataLoader::packing_name() const {
+  switch (opts_.packing) {
+    case DataPacking::Window: return "window";
+    case DataPacking::BestFit:
+      return "best_fit pool " + std::to_string(opts_.pack_pool) +
+             (opts_.long_documents == LongDocuments::Split ? " split" : " refuse");
+    case DataPacking::OnePerWindow:
+      return std::string("one_per_window") + (opts_.long_documents == LongDocuments::Split ? " split" : " refuse");
+  }
+  return "?";
+}
+
+// Pieces: every non-empty document in stream order; one longer than L is cut into L-token
+// pieces (split) or refused. best_fit: the pieces in a seed-keyed shuffled order, taken in
+// pools of pack_pool; inside a pool, longest first (ties: earlier piece first), each piece goes
+// to the open sequence with the least free room that still holds it, or opens a new one; a
+// pool's sequences are closed when the pool ends. one_per_window: one piece per sequence.
+void DataLoader::build_packing() {
+  const std::vector<uint64_t>& ds = dataset_.doc_starts();
+  const int64_t L = opts_.seq_length;
+  for (uint64_t d = 0; d + 1 < ds.size(); ++d) {
+    const uint64_t n = ds[d + 1] - ds[d];
+    if (n == 0) continue;
+    if (n > static_cast<uint64_t>(L) && opts_.long_documents == LongDocuments::Refuse)
+      EASYCTX_THROW_INPUT(dataset_.describe_doc(d), " has ", n, " tokens, more than data.seq_length ", L,
+                          " (data.long_documents: refuse; use split to cut it into pieces)");
+    for (uint64_t off = 0; off < n; off += static_cast<uint64_t>(L)) {
+      const uint64_t len = std::min<uint64_t>(n - off, static_cast<uint64_t>(L));
+      piece_start_.push_back(ds[d] + off);
+      piece_len_.push_back(static_cast<int64_t>(len));
+      piece_next_.push_back(off + len < n ? 1 : 0);
+    }
+  }
+  const uint64_t P = piece_start_.size();
+  EASYCTX_CHECK_INPUT(P > 0, dataset_.spec(), ": no non-empty documents to pack");
+  seq_begin_.push_back(0);
+  if (opts_.packing == DataPacking::OnePerWindow) {
+    for (uint64_t p = 0; p < P; ++p) {
+      seq_pieces_.push_back(p);
+      seq_begin_.push_back(seq_pieces_.size());
+    }
+    return;
+  }
+  const Permutation shuffle(P, mix64(opts_.seed ^ 0xb357f1770ac4ull));
+  const uint64_t pool = static_cast<uint64_t>(opts_.pack_pool);
+  std::vector<uint64_t> items;
+  std::vector<std::vector<uint64_t>> seqs;
+  std::multimap<int64_t, size_t> room;  // free room -> open sequence of this pool
+  for (uint64_t b = 0; b < P; b += pool) {
+    items.clear();
+    for (uint64_t k = b; k < std::min(P, b + pool); ++k) items.push_back(shuffle(k));
+    std::sort(items.begin(), items.end(), [&](uint64_t x, uint64_t y) {
+      return piece_len_[x] != piece_len_[y] ? piece_len_[x] > piece_len_[y] : x < y;
+    });
+    seqs.clear();
+    room.clear();
+    for (uint64_t p : items) {
+      auto it = room.lower_bound(piece_len_[p]);
+      size_t s;
+      int64_t free;
+      if (it == room.end()) {
+        s = seqs.size();
+        seqs.emplace_back();
+        free = L;
+      } else {
+        // Among equal free room the multimap keeps insertion order; take the first.
+        s = it->second;
+        free = it->first;
+        room.erase(it);
+      }
+      seqs[s].push_back(p);
+      free -= piece_len_[p];
+      if (free > 0) room.emplace(free, s);
+    }
+    for (const auto& q : seqs) {
+      seq_pieces_.insert(seq_pieces_.end(), q.begin(), q.end());
+      seq_begin_.push_back(seq_pieces_.size());
+    }
+  }
+}
+
+uint64_t DataLoader::sequences_per_epoch() const {
+  return opts_.packing == DataPacking::Window ? sampler_.windows_per_epoch() : seq_begin_.size() - 1;
+}
+
+std::vector<std::pair<uint64_t, int64_t>> DataLoader::sequence_pieces(uint64_t k) const {
+  std::vector<std::pair<uint64_t, int64_t>> v;
+  if (opts_.packing == DataPacking::Window) return v;
+  EASYCTX_CHECK(k + 1 < seq_begin_.size(), "sequence_pieces: ", k, " outside [0, ", seq_begin_.size() - 1, ")");
+  for (uint64_t i = seq_begin_[k]; i < seq_begin_[k + 1]; ++i)
+    v.emplace_back(piece_start_[seq_pieces_[i]], piece_len_[seq_pieces_[i]]);
+  return v;
+}
+
+// Sample i of a packed run: epoch e = i / N visits the N sequences in the order of a
+// permutation keyed by (seed, e), the same rule as the window sampler.
+uint64_t DataLoader::epoch_index(uint64_t sample) const {
+  const uint64_t n = sequences_per_epoch();
+  const uint64_t epoch = sample / n;
+  Permutation perm(n, mix64(opts_.seed ^ mix64(epoch + 0x5eed)));
+  return perm(sample % n);
 }
 
 void DataLoader::validate(int64_t model_vocab, const std::string& expected_sha256, bool full_scan) {
@@ -58,12 +178,97 @@ void DataLoader::validate(int64_t model_vocab, const std::string& expected_sha25
 }
 
 std::vector<uint32_t> DataLoader::window(uint64_t sample) const {
+  EASYCTX_CHECK(opts_.packing == DataPacking::Window, "DataLoader::window: data.packing is ", packing_name(),
+                "; use sequence()");
   const uint64_t n = static_cast<uint64_t>(opts_.seq_length) + 1;
   uint64_t start = sampler_.window_start(sample);
   std::vector<uint32_t> w(n);
   dataset_.read(start, n, w.data());
   if (opts_.check_tokens) dataset_.check_ids(w.data(), n, start, vocab_limit_);
   return w;
+}
+
+// Window mode with loss weights or document masking: today's window, labels -1 where the
+// target's weight is 0, and (document_mask) positions restarting at every document start.
+SpSequence DataLoader::window_sequence(uint64_t start) const {
+  const int64_t L = opts_.seq_length;
+  const int64_t Lp = sp_padded_length(L, opts_.sp_layout, opts_.sp_size, opts_.sp_inner);
+  const uint64_t n = static_cast<uint64_t>(L) + 1;
+  std::vector<uint32_t> w(n);
+  std::vector<uint8_t> wt(n);
+  dataset_.read(start, n, w.data());
+  if (opts_.check_tokens) dataset_.check_ids(w.data(), n, start, vocab_limit_);
+  dataset_.read_weights(start, n, wt.data());
+  SpSequence q;
+  q.tokens.assign(static_cast<size_t>(Lp), opts_.pad_id);
+  q.labels.assign(static_cast<size_t>(Lp), -1);
+  q.positions.resize(static_cast<size_t>(Lp));
+  for (int64_t p = 0; p < L; ++p) {
+    q.tokens[p] = static_cast<int32_t>(w[p]);
+    q.labels[p] = wt[p + 1] ? static_cast<int32_t>(w[p + 1]) : -1;
+  }
+  q.doc_starts.push_back(0);
+  if (opts_.document_mask) {
+    const std::vector<uint64_t>& ds = dataset_.doc_starts();
+    // Document starts in (start, start + L]: the one at start + L only drops the last label.
+    for (auto it = std::upper_bound(ds.begin(), ds.end(), start); it != ds.end() && *it <= start + L; ++it) {
+      const int64_t off = static_cast<int64_t>(*it - start);
+      q.labels[off - 1] = -1;
+      if (off < L && off != q.doc_starts.back()) q.doc_starts.push_back(off);
+    }
+    if (Lp > L) q.doc_starts.push_back(L);
+  }
+  size_t d = 0;
+  for (int64_t p = 0; p < Lp; ++p) {
+    if (d + 1 < q.doc_starts.size() && q.doc_starts[d + 1] == p) ++d;
+    q.positions[p] = static_cast<int32_t>(opts_.document_mask ? p - q.doc_starts[d] : p);
+  }
+  return q;
+}
+
+// Packed sequence k: its pieces back to back, then padding (pad_id, label -1) to Lp.
+SpSequence DataLoader::packed_sequence(uint64_t k) const {
+  const int64_t L = opts_.seq_length;
+  const int64_t Lp = sp_padded_length(L, opts_.sp_layout, opts_.sp_size, opts_.sp_inner);
+  SpSequence q;
+  q.tokens.assign(static_cast<size_t>(Lp), opts_.pad_id);
+  q.labels.assign(static_cast<size_t>(Lp), -1);
+  q.positions.resize(static_cast<size_t>(Lp));
+  q.doc_starts.push_back(0);
+  int64_t at = 0;
+  std::vector<uint32_t> w;
+  std::vector<uint8_t> wt;
+  for (uint64_t i = seq_begin_[k]; i < seq_begin_[k + 1]; ++i) {
+    const uint64_t p = seq_pieces_[i];
+    const uint64_t start = piece_start_[p];
+    const int64_t len = piece_len_[p];
+    const uint64_t n = static_cast<uint64_t>(len) + (piece_next_[p] ? 1 : 0);
+    w.resize(n);
+    wt.resize(n);
+    dataset_.read(start, n, w.data());
+    if (opts_.check_tokens) dataset_.check_ids(w.data(), n, start, vocab_limit_);
+    dataset_.read_weights(start, n, wt.data());
+    if (opts_.document_mask && at > 0) q.doc_starts.push_back(at);
+    for (int64_t j = 0; j < len; ++j) {
+      q.tokens[at + j] = static_cast<int32_t>(w[j]);
+      const bool has_target = static_cast<uint64_t>(j) + 1 < n;
+      q.labels[at + j] = has_target && wt[j + 1] ? static_cast<int32_t>(w[j + 1]) : -1;
+    }
+    at += len;
+  }
+  EASYCTX_CHECK(at <= L, "packed sequence ", k, " holds ", at, " tokens, more than seq_length ", L);
+  if (opts_.document_mask && at < Lp && at > 0) q.doc_starts.push_back(at);
+  size_t d = 0;
+  for (int64_t p = 0; p < Lp; ++p) {
+    if (d + 1 < q.doc_starts.size() && q.doc_starts[d + 1] == p) ++d;
+    q.positions[p] = static_cast<int32_t>(opts_.document_mask ? p - q.doc_starts[d] : p);
+  }
+  return q;
+}
+
+SpSequence DataLoader::sequence(uint64_t sample) const {
+  if (opts_.packing == DataPacking::Window) return window_sequence(sampler_.window_start(sample));
+  return packed_sequence(epoch_index(sample));
 }
 
 MicroBatch DataLoader::micro_batch(int64_t step, int64_t micro) const {
@@ -78,17 +283,26 @@ MicroBatch DataLoader::micro_batch(int64_t step, int64_t micro) const {
   acc.tokens.reserve(total);
   acc.labels.reserve(total);
   acc.positions.reserve(total);
+  // Pre-training windows without weights or masking take today's path unchanged.
+  const bool plain =
+      opts_.packing == DataPacking::Window && !opts_.document_mask && !dataset_.has_loss_weights();
   for (int64_t b = 0; b < mb.batch; ++b) {
     uint64_t i = sample_index(opts_.shape, step, micro, opts_.dp_rank, b);
-    std::vector<uint32_t> w = window(i);
-    sp_slice_append(w.data(), opts_.seq_length, opts_.sp_layout, opts_.sp_size, opts_.sp_rank, opts_.pad_id, acc,
-                    opts_.sp_inner);
+    if (plain) {
+      std::vector<uint32_t> w = window(i);
+      sp_slice_append(w.data(), opts_.seq_length, opts_.sp_layout, opts_.sp_size, opts_.sp_rank, opts_.pad_id, acc,
+                      opts_.sp_inner);
+    } else {
+      sp_slice_sequence_append(sequence(i), opts_.seq_length, opts_.sp_layout, opts_.sp_size, opts_.sp_rank, acc,
+                               opts_.sp_inner);
+    }
     mb.sample_ids.push_back(i);
   }
   mb.tokens = std::move(acc.tokens);
   mb.labels = std::move(acc.labels);
   mb.positions = std::move(acc.positions);
   mb.real_labels = acc.real_labels;
+  mb.doc_starts = std::move(acc.doc_starts);
   return mb;
 }
 
@@ -109,6 +323,7 @@ LoaderState DataLoader::state() const {
   s.dataset_tokens = dataset_.num_tokens();
   s.next_step = next_step_;
   s.next_micro = next_micro_;
+  s.packing = packing_name();
   return s;
 }
 
@@ -121,6 +336,7 @@ void DataLoader::restore(const LoaderState& s) {
   if (s.seq_length != opts_.seq_length) mismatch("seq_length", s.seq_length, opts_.seq_length);
   if (s.dataset_tokens != dataset_.num_tokens()) mismatch("dataset token count", s.dataset_tokens, dataset_.num_tokens());
   if (s.global_batch != opts_.shape.global()) mismatch("global batch (B*accum*dp)", s.global_batch, opts_.shape.global());
+  if (s.packing != packing_name()) mismatch("data packing", s.packing, packing_name());
   EASYCTX_CHECK_INPUT(s.next_step >= 0 && s.next_micro >= 0 && s.next_micro < opts_.shape.grad_accum,
                       "cannot resume the data cursor: micro-batch ", s.next_micro, " does not exist with grad_accum ",
                       opts_.shape.grad_accum);

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "data/sp_slice.h"
@@ -39,6 +40,15 @@ struct LoaderOptions {
   int sp_inner = 1;        // usp: the Ulysses degree (sp_rank = ring_rank * sp_inner + ulysses_rank)
   int32_t pad_id = 0;      // input id of padding positions (their labels are -1)
   bool check_tokens = true;  // check every window's ids < vocab when drawn (data.check_tokens)
+  // Packing (docs/data.md, "Packing"): Window = the stream cut into windows (sampler.h);
+  // BestFit / OnePerWindow = whole documents (or seq_length pieces of longer ones) per
+  // sequence, padded with pad_id and label -1.
+  DataPacking packing = DataPacking::Window;
+  LongDocuments long_documents = LongDocuments::Split;
+  // Positions restart at each document start; the label whose target starts a document is -1;
+  // MicroBatch::doc_starts lists the starts (otherwise {0}: one document per sequence).
+  bool document_mask = false;
+  int64_t pack_pool = 4096;  // best_fit: documents per best-fit pool
 };
 
 struct MicroBatch {
@@ -49,6 +59,12 @@ struct MicroBatch {
   std::vector<int32_t> tokens, labels, positions;
   int64_t real_labels = 0;             // labels != -1 in this rank's slice (loss denominator part)
   std::vector<uint64_t> sample_ids;    // [batch] global sample indices
+  // [batch]: where each sequence's documents start, as offsets into the whole padded sequence
+  // (sp_padded_length positions, not this rank's slice), first entry 0, increasing; the same
+  // on every SP rank (see SpSlice::doc_starts). With document_mask false: {0} for every
+  // sequence. With document_mask, padding at the end (packing's and the SP layout's) is one
+  // more document. Attention may restrict each query to keys of its own document.
+  std::vector<std::vector<int64_t>> doc_starts;
 };
 
 // The data cursor saved in checkpoints. Resuming needs the same seed, seq_length, dataset
@@ -61,6 +77,9 @@ struct LoaderState {
   uint64_t dataset_tokens = 0;
   int64_t next_step = 0;
   int64_t next_micro = 0;
+  // The packing that fixes the sequences ("window", or e.g. "best_fit pool 4096 split"); a
+  // cursor saved before packing existed reads as "window".
+  std::string packing = "window";
   std::string to_json() const;
   static LoaderState from_json(const std::string& text);  // throws InputError on bad text
   bool operator==(const LoaderState& o) const;
@@ -79,8 +98,15 @@ class DataLoader {
   // Cursor-driven: returns micro_batch(next_step, next_micro) and advances the cursor.
   MicroBatch next();
 
-  // The L + 1 tokens of global sample i.
+  // The L + 1 tokens of global sample i (packing window only).
   std::vector<uint32_t> window(uint64_t sample) const;
+  // Global sample i built in full (padded length, every SP rank's part; any packing).
+  SpSequence sequence(uint64_t sample) const;
+  // Packed modes: sequences per epoch and the documents (pieces) of each, as (stream start,
+  // tokens) pairs. Window mode: sampler().windows_per_epoch(), no pieces.
+  uint64_t sequences_per_epoch() const;
+  std::vector<std::pair<uint64_t, int64_t>> sequence_pieces(uint64_t index_in_epoch) const;
+  std::string packing_name() const;
 
   LoaderState state() const;
   // Continues exactly where `s` left off; throws InputError when s does not fit this run.
@@ -98,6 +124,17 @@ class DataLoader {
   TokenDataset dataset_;
   WindowSampler sampler_;
   int64_t vocab_limit_;
+  // Packed modes: piece p is stream tokens [piece_start_[p], + piece_len_[p]); its last token's
+  // label is the next stream token when piece_next_[p] (a split document goes on), else -1.
+  // Sequence k holds pieces seq_pieces_[seq_begin_[k] .. seq_begin_[k+1]).
+  std::vector<uint64_t> piece_start_;
+  std::vector<int64_t> piece_len_;
+  std::vector<uint8_t> piece_next_;
+  std::vector<uint64_t> seq_pieces_, seq_begin_;
+  void build_packing();
+  uint64_t epoch_index(uint64_t sample) const;
+  SpSequence window_sequence(uint64_t start) const;
+  SpSequence packed_sequence(uint64_t k) const;
   int64_t next_step_ = 0, next_micro_ = 0;
 };
 

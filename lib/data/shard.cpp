@@ -18,7 +18,7 @@ const char* kStdAttrs[] = {"format", "format_version", "tokenizer_sha256", "toke
 
 void write_meta(const Handle& f, const ShardMeta& m, const std::string& path) {
   h5::write_attr_string(f, "format", kShardFormat, path);
-  h5::write_attr_int(f, "format_version", kShardFormatVersion, path);
+  h5::write_attr_int(f, "format_version", m.has_loss_weights ? kShardFormatVersionWeights : kShardFormatVersion, path);
   h5::write_attr_string(f, "tokenizer_sha256", m.tokenizer_sha256, path);
   h5::write_attr_string(f, "tokenizer_name", m.tokenizer_name, path);
   h5::write_attr_int(f, "vocab_size", m.vocab_size, path);
@@ -42,9 +42,11 @@ ShardMeta load_meta(const Handle& f, const std::string& path) {
   EASYCTX_CHECK_INPUT(h5::has_attr(f, "format", path) && h5::read_attr_string(f, "format", path) == kShardFormat,
                       path, ": not an easyctx token shard (root attribute format != \"", kShardFormat, "\")");
   int64_t ver = h5::read_attr_int(f, "format_version", path);
-  EASYCTX_CHECK_INPUT(ver == kShardFormatVersion, path, ": shard format_version ", ver, ", this build reads ",
-                      kShardFormatVersion);
+  EASYCTX_CHECK_INPUT(ver == kShardFormatVersion || ver == kShardFormatVersionWeights, path,
+                      ": shard format_version ", ver, ", this build reads ", kShardFormatVersion, " and ",
+                      kShardFormatVersionWeights);
   ShardMeta m;
+  m.has_loss_weights = ver == kShardFormatVersionWeights;
   m.tokenizer_sha256 = h5::read_attr_string(f, "tokenizer_sha256", path);
   m.tokenizer_name = h5::read_attr_string(f, "tokenizer_name", path);
   m.vocab_size = h5::read_attr_int(f, "vocab_size", path);
@@ -68,7 +70,7 @@ ShardMeta load_meta(const Handle& f, const std::string& path) {
 
 // ---- writer ---------------------------------------------------------------------------
 struct TokenShardWriter::Impl {
-  Handle file, tokens;
+  Handle file, tokens, weights;
 };
 
 TokenShardWriter::TokenShardWriter(std::string final_path, ShardMeta meta, uint64_t chunk_tokens, int deflate_level)
@@ -79,6 +81,10 @@ TokenShardWriter::TokenShardWriter(std::string final_path, ShardMeta meta, uint6
   fs::remove(tmp_path_, ec);
   impl_->file = h5::create_file(tmp_path_);
   impl_->tokens = h5::create_extendible(impl_->file, "tokens", H5T_STD_U32LE, chunk_, deflate_level, tmp_path_);
+  if (meta_.has_loss_weights) {
+    impl_->weights = h5::create_extendible(impl_->file, "loss_weights", H5T_STD_U8LE, chunk_, deflate_level, tmp_path_);
+    pending_w_.reserve(chunk_);
+  }
   pending_.reserve(chunk_);
 }
 
@@ -97,8 +103,13 @@ uint16_t TokenShardWriter::source_index(const std::string& name) {
   return static_cast<uint16_t>(sources_.size() - 1);
 }
 
-void TokenShardWriter::add_document(const uint32_t* ids, uint64_t n, uint16_t source) {
+void TokenShardWriter::add_document(const uint32_t* ids, uint64_t n, uint16_t source, const uint8_t* weights) {
   EASYCTX_CHECK(!committed_, "add_document after commit on ", final_path_);
+  const bool w = meta_.has_loss_weights;
+  EASYCTX_CHECK(!w || weights || n == 0, "add_document: ", final_path_, " stores loss weights but none were given");
+  if (w)
+    for (uint64_t i = 0; i < n; ++i)
+      EASYCTX_CHECK(weights[i] <= 1, "loss weight ", int(weights[i]), " is not 0 or 1 while writing ", final_path_);
   EASYCTX_CHECK(source < sources_.size(), "add_document: source index ", source, " not registered");
   const uint64_t vocab = static_cast<uint64_t>(meta_.vocab_size);
   for (uint64_t i = 0; i < n; ++i)
@@ -106,6 +117,7 @@ void TokenShardWriter::add_document(const uint32_t* ids, uint64_t n, uint16_t so
   for (uint64_t i = 0; i < n;) {
     uint64_t take = std::min<uint64_t>(n - i, chunk_ - pending_.size());
     pending_.insert(pending_.end(), ids + i, ids + i + take);
+    if (w) pending_w_.insert(pending_w_.end(), weights + i, weights + i + take);
     i += take;
     if (pending_.size() == chunk_) flush_tokens();
   }
@@ -116,6 +128,11 @@ void TokenShardWriter::add_document(const uint32_t* ids, uint64_t n, uint16_t so
 
 void TokenShardWriter::flush_tokens() {
   h5::append_1d(impl_->tokens, H5T_NATIVE_UINT32, written_, pending_.size(), pending_.data(), "tokens", tmp_path_);
+  if (meta_.has_loss_weights) {
+    h5::append_1d(impl_->weights, H5T_NATIVE_UINT8, written_, pending_w_.size(), pending_w_.data(), "loss_weights",
+                  tmp_path_);
+    pending_w_.clear();
+  }
   written_ += pending_.size();
   pending_.clear();
 }
@@ -135,6 +152,7 @@ void TokenShardWriter::commit() {
   src.reset();
   h5::check(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "H5Fflush", p);
   impl_->tokens.reset();
+  impl_->weights.reset();
   impl_->file.reset();
   std::error_code ec;
   fs::rename(tmp_path_, final_path_, ec);
@@ -144,7 +162,7 @@ void TokenShardWriter::commit() {
 
 // ---- reader ---------------------------------------------------------------------------
 struct TokenShardReader::Impl {
-  Handle file, tokens;
+  Handle file, tokens, weights;
 };
 
 TokenShardReader::TokenShardReader(const std::string& path) : path_(path), impl_(std::make_unique<Impl>()) {
@@ -153,6 +171,12 @@ TokenShardReader::TokenShardReader(const std::string& path) : path_(path), impl_
   impl_->tokens = h5::open_dataset(impl_->file, "tokens", path);
   h5::expect_unsigned(impl_->tokens, "tokens", sizeof(uint32_t), path);
   num_tokens_ = h5::dataset_length(impl_->tokens, "tokens", path);
+  if (meta_.has_loss_weights) {
+    impl_->weights = h5::open_dataset(impl_->file, "loss_weights", path);
+    h5::expect_unsigned(impl_->weights, "loss_weights", sizeof(uint8_t), path);
+    uint64_t nw = h5::dataset_length(impl_->weights, "loss_weights", path);
+    EASYCTX_CHECK_INPUT(nw == num_tokens_, path, ": /loss_weights has ", nw, " entries but /tokens has ", num_tokens_);
+  }
   Handle off = h5::open_dataset(impl_->file, "doc_offsets", path);
   h5::expect_unsigned(off, "doc_offsets", sizeof(uint64_t), path);
   uint64_t n_off = h5::dataset_length(off, "doc_offsets", path);
@@ -184,6 +208,16 @@ void TokenShardReader::read(uint64_t offset, uint64_t count, uint32_t* out) cons
   EASYCTX_CHECK(offset <= num_tokens_ && count <= num_tokens_ - offset, path_, ": read of tokens [", offset, ", ",
                 offset + count, ") is outside [0, ", num_tokens_, ")");
   h5::read_1d(impl_->tokens, H5T_NATIVE_UINT32, offset, count, out, "tokens", path_);
+}
+
+void TokenShardReader::read_weights(uint64_t offset, uint64_t count, uint8_t* out) const {
+  EASYCTX_CHECK(offset <= num_tokens_ && count <= num_tokens_ - offset, path_, ": read of loss weights [", offset,
+                ", ", offset + count, ") is outside [0, ", num_tokens_, ")");
+  if (!meta_.has_loss_weights) {
+    std::fill(out, out + count, uint8_t{1});
+    return;
+  }
+  h5::read_1d(impl_->weights, H5T_NATIVE_UINT8, offset, count, out, "loss_weights", path_);
 }
 
 std::vector<uint32_t> TokenShardReader::read(uint64_t offset, uint64_t count) const {

@@ -6,6 +6,9 @@
 //                               doc_offsets[0] = 0, doc_offsets[D] = T, non-decreasing
 //   /doc_source   uint16 [D]    index into /sources
 //   /sources      vlen UTF-8 string [S]  source names ("RedPajamaBook", ...)
+//   /loss_weights uint8 [T]     optional (format_version 2 only): 1 = the token is a training
+//                               target, 0 = context only (chat prompts, template tokens). 0/1
+//                               is all SFT needs, and a byte per token keeps the file small.
 //   root attributes: format = "easyctx-token-shard", format_version, tokenizer_sha256,
 //   tokenizer_name, vocab_size, bos_id, eos_id (-1 = none), add_bos, add_eos,
 //   easyctx_version, plus free-form string attributes from the producer (h5tokenize
@@ -22,7 +25,11 @@
 namespace easyctx::data {
 
 inline constexpr const char* kShardFormat = "easyctx-token-shard";
+// format_version 1: tokens and document index only. 2: also /loss_weights. A writer writes 1
+// unless it stores loss weights, so plain shards stay readable by older builds, and an older
+// build refuses a shard whose weights it would silently ignore.
 inline constexpr int64_t kShardFormatVersion = 1;
+inline constexpr int64_t kShardFormatVersionWeights = 2;
 
 struct ShardMeta {
   std::string tokenizer_sha256;  // 64 hex chars of the tokenizer file
@@ -32,6 +39,7 @@ struct ShardMeta {
   int64_t eos_id = -1;
   bool add_bos = true;           // BOS was prepended to every document
   bool add_eos = false;          // EOS was appended to every document
+  bool has_loss_weights = false; // /loss_weights present (format_version 2)
   std::string easyctx_version;   // filled by the writer (EASYCTX_VERSION)
   std::map<std::string, std::string> extra;  // producer attributes (string-valued)
 };
@@ -48,8 +56,9 @@ class TokenShardWriter {
 
   // Index of a source name in /sources (added on first use; at most 65535 sources).
   uint16_t source_index(const std::string& name);
-  // Appends one document. Ids must be < meta.vocab_size (checked).
-  void add_document(const uint32_t* ids, uint64_t n, uint16_t source);
+  // Appends one document. Ids must be < meta.vocab_size (checked). weights: n bytes of 0/1,
+  // required when meta.has_loss_weights, ignored otherwise.
+  void add_document(const uint32_t* ids, uint64_t n, uint16_t source, const uint8_t* weights = nullptr);
   void set_extra(const std::string& key, const std::string& value) { meta_.extra[key] = value; }
 
   uint64_t num_tokens() const { return total_tokens_; }
@@ -66,6 +75,7 @@ class TokenShardWriter {
   ShardMeta meta_;
   std::unique_ptr<Impl> impl_;
   std::vector<uint32_t> pending_;
+  std::vector<uint8_t> pending_w_;
   uint64_t chunk_ = 0, written_ = 0, total_tokens_ = 0;
   std::vector<uint64_t> offsets_{0};
   std::vector<uint16_t> doc_source_;
@@ -95,6 +105,9 @@ class TokenShardReader {
   // Copies tokens[offset, offset + count) into out; throws when out of range.
   void read(uint64_t offset, uint64_t count, uint32_t* out) const;
   std::vector<uint32_t> read(uint64_t offset, uint64_t count) const;
+  // Copies loss_weights[offset, offset + count) into out; all 1 for a shard without them
+  // (every token is a target, as before weights existed).
+  void read_weights(uint64_t offset, uint64_t count, uint8_t* out) const;
 
  private:
   struct Impl;

@@ -11,7 +11,10 @@
 #include "core/json.h"
 #include "core/strings.h"
 #include "data/dataset.h"
+#include "data/loader.h"
 #include "data/shard.h"
+#include "data/tokenize/chat.h"
+#include "data/tokenize/tokenizer.h"
 #include "data_test_util.h"
 #include "test_util.h"
 
@@ -326,4 +329,182 @@ TEST(DataH5tokenize, Llama3TokenizerThroughThePipeline) {
   CommandResult ins = run_command(bin("h5inspect") + " " + (dir / "out") + " --doc 1 -t " + llama3());
   ASSERT_EQ(ins.status, 0) << ins.output;
   EXPECT_NE(ins.output.find("<|begin_of_text|>" + docs[1] + "<|end_of_text|>"), std::string::npos) << ins.output;
+}
+
+namespace {
+// n generated arithmetic conversations (some with a system prompt, some prompt/response).
+std::string chat_lines(std::mt19937_64& rng, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    const int a = static_cast<int>(rng() % 100), b = static_cast<int>(rng() % 100);
+    std::string q = "What is " + std::to_string(a) + " plus " + std::to_string(b) + "?";
+    std::string r = "It is " + std::to_string(a + b) + ".";
+    std::string line;
+    if (i % 3 == 2) {
+      line = "{\"prompt\": ";
+      json_escape(line, q);
+      line += ", \"response\": ";
+      json_escape(line, r);
+      line += "}";
+    } else {
+      line = "{\"messages\": [";
+      if (i % 3 == 1) line += "{\"role\": \"system\", \"content\": \"Answer in words.\"}, ";
+      line += "{\"role\": \"user\", \"content\": ";
+      json_escape(line, q);
+      line += "}, {\"role\": \"assistant\", \"content\": ";
+      json_escape(line, r);
+      line += "}]}";
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+// The CI tokenizer in a folder of its own with a tokenizer_config.json naming the Llama-2
+// template, as a Hugging Face model folder has.
+std::string chat_tokenizer_folder(const std::string& tok, const ScratchDir& dir) {
+  fs::create_directories(dir / "tok");
+  fs::copy_file(tok, dir / "tok/tokenizer.model", fs::copy_options::overwrite_existing);
+  easyctx::test::write_text(dir / "tok/tokenizer_config.json",
+                            R"({"chat_template": "{{ bos_token + '[INST] ' + '<<SYS>>\\n' + c + ' [/INST]' }}"})");
+  return dir / "tok/tokenizer.model";
+}
+}  // namespace
+
+// Chat input is detected, rendered with the template tokenizer_config.json names, stored with
+// its loss weights, and the loader trains only on the answers.
+TEST(DataH5tokenize, ChatRecordsRenderedWithWeightsAndPacked) {
+  REQUIRE_CI_TOKENIZER(tok0);
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("e2e-chat");
+  const std::string tok = chat_tokenizer_folder(tok0, dir);
+  const int n = 300;
+  const std::string text = chat_lines(rng, n);
+  easyctx::test::write_text(dir / "chat.jsonl", text);
+  CommandResult r = run_command(bin("h5tokenize") + " -t " + tok + " -o " + (dir / "out") + " --shard-tokens 3000 " +
+                                (dir / "chat.jsonl"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("template llama2"), std::string::npos) << r.output;
+  TokenDataset ds(dir / "out");
+  ASSERT_EQ(ds.num_docs(), static_cast<uint64_t>(n));
+  EXPECT_TRUE(ds.has_loss_weights());
+  EXPECT_GT(ds.num_files(), 1u);
+  // Every document is the in-process rendering of its record, ids and weights.
+  auto t = load_tokenizer(tok);
+  ChatRenderer render(*t, ChatTemplate::Llama2, false);
+  const std::vector<uint64_t>& starts = ds.doc_starts();
+  std::istringstream in(text);
+  std::string line, file = "chat.jsonl";
+  uint64_t weighted_targets = 0;
+  for (int d = 0; d < n; ++d) {
+    ASSERT_TRUE(std::getline(in, line));
+    RawRecord rec;
+    rec.data = line;
+    rec.file = &file;
+    rec.line = d + 1;
+    std::vector<ChatMessage> m;
+    Document doc;
+    ASSERT_EQ(parse_chat_record(rec, FieldOptions{}, ChatTemplate::Llama2, m, doc), "");
+    std::vector<uint32_t> ids;
+    std::vector<uint8_t> w;
+    render.render(m, ids, w);
+    const uint64_t len = starts[d + 1] - starts[d];
+    ASSERT_EQ(len, ids.size());
+    std::vector<uint32_t> got(len);
+    std::vector<uint8_t> gw(len);
+    ds.read(starts[d], len, got.data());
+    ds.read_weights(starts[d], len, gw.data());
+    ASSERT_EQ(got, ids) << "document " << d;
+    ASSERT_EQ(gw, w) << "document " << d;
+    ASSERT_EQ(got.back(), 2u);  // </s>, trained
+    ASSERT_EQ(gw.back(), 1);
+    ASSERT_EQ(gw.front(), 0);   // <s>
+    for (uint64_t j = 1; j < len; ++j) weighted_targets += gw[j];
+  }
+  // h5inspect reports them.
+  CommandResult insp = run_command(bin("h5inspect") + " --scan " + (dir / "out"));
+  EXPECT_EQ(insp.status, 0) << insp.output;
+  EXPECT_NE(insp.output.find("loss weights: "), std::string::npos) << insp.output;
+  // One epoch of best-fit packed, document-masked sequences has exactly the weighted targets
+  // as labels, and every label is the next token of its own document.
+  LoaderOptions o;
+  o.path = dir / "out";
+  o.seq_length = 128;
+  o.seed = rng();
+  o.packing = DataPacking::BestFit;
+  o.document_mask = true;
+  o.shape = {1, 1, 1};
+  DataLoader loader(o);
+  uint64_t labels = 0;
+  for (uint64_t i = 0; i < loader.sequences_per_epoch(); ++i) {
+    MicroBatch mb = loader.next();
+    labels += static_cast<uint64_t>(mb.real_labels);
+    for (size_t p = 0; p < mb.labels.size(); ++p)
+      if (mb.labels[p] != -1) ASSERT_EQ(mb.positions[p] + 1 < 128, true);
+  }
+  EXPECT_EQ(labels, weighted_targets);
+}
+
+// Bad chat records: warnings naming file and line (skipped), or with --strict an error that
+// leaves finished shards in place for the rerun to resume from.
+TEST(DataH5tokenize, ChatErrorsNameFileAndLineAndKeepFinishedShards) {
+  REQUIRE_CI_TOKENIZER(tok0);
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("e2e-chat-bad");
+  const std::string tok = chat_tokenizer_folder(tok0, dir);
+  easyctx::test::write_text(dir / "a_good.jsonl", chat_lines(rng, 200));
+  const std::string ok = chat_lines(rng, 1);
+  std::string bad = ok;                                                                     // 1
+  bad += ok;                                                                                // 2
+  bad += R"({"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]})" "\n";  // 3
+  bad += ok;                                                                                // 4
+  bad += "[1, 2, 3]\n";                                                                     // 5
+  bad += R"({"messages": [{"role": "user", "content": "no answer"}]})" "\n";                // 6
+  bad += R"({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "b"}]})" "\n";  // 7
+  bad += ok;                                                                                // 8
+  easyctx::test::write_text(dir / "b_bad.jsonl", bad);
+  // --split-bytes = the first file's size: each file is a work unit of its own.
+  const std::string args = " -t " + tok + " --split-bytes " + std::to_string(fs::file_size(dir / "a_good.jsonl")) +
+                           " " + (dir / "a_good.jsonl") + " " + (dir / "b_bad.jsonl");
+  CommandResult r = run_command(bin("h5tokenize") + " -o " + (dir / "lax") + args);
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* want : {"b_bad.jsonl:3: message 1: unknown role 'bot'", "b_bad.jsonl:5: chat record is array",
+                           "b_bad.jsonl:6: conversation has no assistant turn", "b_bad.jsonl:7: message 0 (user) has empty content"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  EXPECT_EQ(summary(dir / "lax").at("malformed").as_int(), 4);
+  EXPECT_EQ(summary(dir / "lax").at("docs").as_int(), 204);
+
+  CommandResult strict = run_command(bin("h5tokenize") + " --strict -o " + (dir / "strict") + args);
+  EXPECT_NE(strict.status, 0) << strict.output;
+  EXPECT_NE(strict.output.find("b_bad.jsonl:3: message 1: unknown role 'bot'"), std::string::npos) << strict.output;
+  EXPECT_NE(strict.output.find("(--strict)"), std::string::npos) << strict.output;
+  // The first file's unit finished before the error: its shard stays, nothing half-written does.
+  TokenShardReader first(dir / "strict/shard-000000-0000.h5");
+  EXPECT_EQ(first.num_docs(), 200u);
+  EXPECT_TRUE(first.meta().has_loss_weights);
+  for (const auto& e : fs::directory_iterator(dir / "strict"))
+    EXPECT_FALSE(ends_with(e.path().string(), ".tmp")) << e.path() << " left behind";
+  EXPECT_FALSE(fs::exists(dir / "strict/shard-000001-0000.h5"));
+  // Fixed input (bad lines blanked, same size: the unit plan stays): the rerun keeps the
+  // finished unit and matches a fresh run.
+  std::string fixed;
+  std::istringstream lines(bad);
+  for (std::string l; std::getline(lines, l);)
+    fixed += (l.find("bot") != std::string::npos || l[0] == '[' || l.find("no answer") != std::string::npos ||
+                      l.find("\"\"") != std::string::npos
+                  ? std::string(l.size(), ' ')
+                  : l) +
+             "\n";
+  ASSERT_EQ(fixed.size(), bad.size());
+  easyctx::test::write_text(dir / "b_bad.jsonl", fixed);
+  CommandResult again = run_command(bin("h5tokenize") + " --strict -o " + (dir / "strict") + args);
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_EQ(summary(dir / "strict").at("units_skipped").as_int(), 1);
+  CommandResult fresh = run_command(bin("h5tokenize") + " --strict -o " + (dir / "fresh") + args);
+  ASSERT_EQ(fresh.status, 0) << fresh.output;
+  EXPECT_EQ(shard_contents(dir / "strict"), shard_contents(dir / "fresh"));
+  // --format text reads the same file as text records: no text field, nothing written.
+  CommandResult as_text = run_command(bin("h5tokenize") + " --format text -o " + (dir / "text") + args);
+  EXPECT_EQ(as_text.status, 0) << as_text.output;
+  EXPECT_EQ(summary(dir / "text").at("docs").as_int(), 0);
 }

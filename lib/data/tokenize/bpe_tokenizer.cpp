@@ -52,6 +52,11 @@ class HfBpeTokenizer : public Tokenizer {
   int64_t bos_id() const override { return bos_; }
   int64_t eos_id() const override { return eos_; }
   std::string kind() const override { return "hf-bpe"; }
+  int64_t special_id(std::string_view text) const override {
+    for (const auto& a : added_)
+      if (a.first == text) return a.second;
+    return -1;
+  }
 
  private:
   void load_model(const Json& model);

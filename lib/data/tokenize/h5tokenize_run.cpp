@@ -14,6 +14,7 @@
 #include "core/strings.h"
 #include "data/sha256.h"
 #include "data/shard.h"
+#include "data/tokenize/chat.h"
 #include "data/tokenize/tokenizer.h"
 #include "data/tokenize/utf8.h"
 #include "dist/watchdog.h"
@@ -75,8 +76,14 @@ int hist_bucket(uint64_t n) {
 
 // Everything that determines a unit's shards, hashed: a finished shard is reused only when
 // the fingerprint matches.
-std::string unit_fingerprint(const TokenizeOptions& o, const Tokenizer& tok, const WorkUnit& u, double share) {
+std::string unit_fingerprint(const TokenizeOptions& o, const Tokenizer& tok, const WorkUnit& u, double share,
+                             const ChatRenderer* chat) {
   Json j = Json::object();
+  if (chat) {  // text runs keep their fingerprints, so their resume cursors stay valid
+    j.set("format", "chat");
+    j.set("chat_template", chat_template_name(chat->chat_template()));
+    j.set("loss_on_all", o.loss_on_all);
+  }
   j.set("tokenizer", tok.sha256());
   j.set("bos", o.add_bos);
   j.set("eos", o.add_eos);
@@ -100,6 +107,8 @@ std::string unit_fingerprint(const TokenizeOptions& o, const Tokenizer& tok, con
 
 struct Pending {
   Document doc;
+  std::vector<ChatMessage> chat;
+  std::vector<uint8_t> weights;  // chat: one per id
   uint64_t record;  // index of the record in the unit
   double est;       // estimated tokens (upsampling)
   std::vector<uint32_t> ids;
@@ -108,9 +117,9 @@ struct Pending {
 class UnitJob {
  public:
   UnitJob(const TokenizeOptions& o, const Tokenizer& tok, const WorkUnit& u, double share, TokenizeStats& st,
-          int& warnings, const std::function<void(uint64_t)>& progress)
-      : o_(o), tok_(tok), u_(u), st_(st), warnings_(warnings), progress_(progress),
-        fp_(unit_fingerprint(o, tok, u, share)), read_ups_(o.upsample, u.index, share),
+          int& warnings, const std::function<void(uint64_t)>& progress, const ChatRenderer* chat)
+      : o_(o), tok_(tok), u_(u), st_(st), warnings_(warnings), progress_(progress), chat_(chat),
+        fp_(unit_fingerprint(o, tok, u, share, chat)), read_ups_(o.upsample, u.index, share),
         commit_ups_(o.upsample, u.index, share) {}
   void run();
 
@@ -129,6 +138,7 @@ class UnitJob {
   TokenizeStats& st_;
   int& warnings_;
   const std::function<void(uint64_t)>& progress_;
+  const ChatRenderer* chat_;  // null: text records
   std::string fp_;
   Upsampler read_ups_, commit_ups_;
   std::unique_ptr<TokenShardWriter> writer_;
@@ -175,7 +185,8 @@ void UnitJob::read_batch(UnitReader& rd, std::vector<Pending>& batch, bool& at_e
     ++st_.records;
     if (!r.is_text_file && trim(r.data).empty()) { ++st_.empty; continue; }
     Pending p;
-    std::string why = parse_record(r, o_.fields, p.doc);
+    std::string why = chat_ ? parse_chat_record(r, o_.fields, chat_->chat_template(), p.chat, p.doc)
+                            : parse_record(r, o_.fields, p.doc);
     if (!why.empty()) { ++st_.malformed; warn(r, why); continue; }
     if (p.doc.text.empty()) { ++st_.empty; continue; }
     uint64_t cps = utf8_length(p.doc.text);
@@ -199,6 +210,12 @@ void UnitJob::tokenize(std::vector<Pending>& batch) {
   for (int64_t i = 0; i < n; ++i) {
     try {
       Pending& p = batch[i];
+      if (chat_) {
+        chat_->render(p.chat, p.ids, p.weights);
+        std::vector<ChatMessage>().swap(p.chat);
+        std::string().swap(p.doc.text);
+        continue;
+      }
       if (o_.add_bos) p.ids.push_back(static_cast<uint32_t>(tok_.bos_id()));
       tok_.encode_pieces(p.doc.text, p.ids, o_.piece_bytes);
       if (o_.add_eos) p.ids.push_back(static_cast<uint32_t>(tok_.eos_id()));
@@ -218,8 +235,9 @@ void UnitJob::open_writer(uint64_t chunk) {
   m.vocab_size = tok_.vocab_size();
   m.bos_id = tok_.bos_id();
   m.eos_id = tok_.eos_id();
-  m.add_bos = o_.add_bos;
-  m.add_eos = o_.add_eos;
+  m.add_bos = chat_ ? chat_->adds_bos() : o_.add_bos;
+  m.add_eos = chat_ ? false : o_.add_eos;
+  m.has_loss_weights = chat_ != nullptr;
   writer_ = std::make_unique<TokenShardWriter>((fs::path(o_.output) / shard_name(u_.index, part_)).string(), m,
                                                chunk, o_.deflate);
 }
@@ -244,7 +262,8 @@ void UnitJob::commit(bool done) {
 void UnitJob::write(Pending& p) {
   if (writer_ && writer_->num_tokens() >= o_.shard_tokens) commit(false);
   if (!writer_) open_writer(std::min(o_.chunk_tokens, std::max<uint64_t>(o_.shard_tokens, 1024)));
-  writer_->add_document(p.ids.data(), p.ids.size(), writer_->source_index(p.doc.source));
+  writer_->add_document(p.ids.data(), p.ids.size(), writer_->source_index(p.doc.source),
+                        chat_ ? p.weights.data() : nullptr);
   commit_ups_.count(p.doc.source, p.est);
   last_written_ = p.record;
   auto& s = st_.sources[p.doc.source];
@@ -321,6 +340,29 @@ class Progress {
   const TokenizeStats& st_;
   Clock::time_point start_ = Clock::now(), last_ = Clock::now();
 };
+
+// The chat renderer when the input is chat (--format chat, or auto and the first record of
+// the first unit is a chat record: the same answer on every rank), else null.
+std::unique_ptr<ChatRenderer> make_chat_renderer(const TokenizeOptions& o, const Tokenizer& tok,
+                                                 const std::vector<WorkUnit>& units) {
+  EASYCTX_CHECK_INPUT(o.format == "text" || o.format == "chat" || o.format == "auto", "--format ", o.format,
+                      ": expected text, chat or auto");
+  bool chat = o.format == "chat";
+  if (o.format == "auto" && !units.empty()) {
+    UnitReader rd(units[0], o.max_doc_bytes);
+    RawRecord r;
+    while (rd.next(r)) {
+      if (r.is_text_file) break;
+      if (trim(r.data).empty()) continue;
+      chat = looks_like_chat(r.data);
+      break;
+    }
+  }
+  if (!chat) return nullptr;
+  const ChatTemplate t =
+      o.chat_template == "auto" ? detect_chat_template(o.tokenizer) : parse_chat_template(o.chat_template);
+  return std::make_unique<ChatRenderer>(tok, t, o.loss_on_all);
+}
 
 TokenizeStats gather(const TokenizeStats& local, MPI_Comm comm) {
   int rank = 0, size = 1;
@@ -446,6 +488,7 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
   EASYCTX_CHECK_INPUT(!o.add_bos || tok->bos_id() >= 0, o.tokenizer, " has no BOS token; use --no-bos");
   EASYCTX_CHECK_INPUT(!o.add_eos || tok->eos_id() >= 0, o.tokenizer, " has no EOS token; drop --eos");
   std::vector<WorkUnit> units = plan_units(expand_inputs(o.inputs), o.split_bytes);
+  std::unique_ptr<ChatRenderer> chat = make_chat_renderer(o, *tok, units);
   uint64_t total_bytes = 0;
   for (const auto& u : units) total_bytes += u.bytes;
 
@@ -459,6 +502,9 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
     log_info("h5tokenize: ", units.size(), " work unit(s), ", format_bytes(double(total_bytes)), " of input, ", size,
              " rank(s) x ", o.threads, " thread(s), tokenizer ", o.tokenizer, " (", tok->kind(), ", vocab ",
              tok->vocab_size(), ")");
+    if (chat)
+      log_info("h5tokenize: chat records, template ", chat_template_name(chat->chat_template()), ", loss on ",
+               o.loss_on_all ? "every token" : "assistant turns");
   }
   relaxed_barrier(comm, "start barrier", dist::default_collective_timeout_s());
 
@@ -473,7 +519,7 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
   for (const auto& u : units) {
     if (static_cast<int>(u.index % size) != rank) continue;
     double share = total_bytes ? double(u.bytes) / double(total_bytes) : 0.0;
-    UnitJob(o, *tok, u, share, st, warnings, on_bytes).run();
+    UnitJob(o, *tok, u, share, st, warnings, on_bytes, chat.get()).run();
   }
   progress.finish();
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -48,6 +48,12 @@ struct TokenizeOptions {
   bool overwrite = false;
   int progress = -1;                          // 0: none; else a line every 0.5 s (terminal) or 30 s (log)
   int max_warnings = 20;                      // per rank; the rest are only counted
+  // Input records: "text" (a text field per record), "chat" (chat.h: messages or
+  // prompt/response, rendered with a chat template, loss weights stored), or "auto" (chat when
+  // the first record of the first input looks like one).
+  std::string format = "auto";
+  std::string chat_template = "auto";  // llama2 | llama3 | chatml | auto (tokenizer_config.json)
+  bool loss_on_all = false;            // chat: weight 1 on every token, not only assistant turns
 };
 
 // Length histogram edges (tokens per document, after BOS/EOS).

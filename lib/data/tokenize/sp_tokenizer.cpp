@@ -38,6 +38,17 @@ class SentencePieceTokenizer : public Tokenizer {
   int64_t bos_id() const override { return sp_.bos_id(); }
   int64_t eos_id() const override { return sp_.eos_id(); }
   std::string kind() const override { return "sentencepiece"; }
+  int64_t special_id(std::string_view text) const override {
+    const int id = sp_.PieceToId(text);
+    if (id < 0 || id >= sp_.GetPieceSize() || sp_.IdToPiece(id) != text) return -1;
+    if (sp_.IsControl(id)) return id;
+    // A user-defined symbol (libsentencepiece here has no IsUserDefined) is always one piece.
+    std::vector<int> ids;
+    if (!sp_.Encode(text, &ids).ok()) return -1;
+    return (!ids.empty() && ids.back() == id && (ids.size() == 1 || (ids.size() == 2 && sp_.IdToPiece(ids[0]) == "\xe2\x96\x81")))
+               ? id
+               : -1;
+  }
 
  private:
   sentencepiece::SentencePieceProcessor sp_;

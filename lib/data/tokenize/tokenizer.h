@@ -22,6 +22,9 @@ class Tokenizer {
   virtual int64_t bos_id() const = 0;      // -1: none
   virtual int64_t eos_id() const = 0;
   virtual std::string kind() const = 0;    // "sentencepiece" | "hf-bpe"
+  // Id of a special token given by its text ("<|eot_id|>", "<|im_start|>"): an added token of
+  // a tokenizer.json, a control or user-defined piece of a SentencePiece model; -1 if none.
+  virtual int64_t special_id(std::string_view text) const = 0;
 
   // How a text cut at a space continues (probe_cut): the piece after the cut is encoded
   // without that space (SentencePiece adds its dummy-prefix "▁" back) or with it (byte-level
