@@ -58,7 +58,8 @@ void add_data_packing_keys(Registry& r) {
              "Positions restart at 0 at each document start inside a sequence (as Hugging Face's position_ids "
              "for packed batches), the label that would predict the next document's first token is dropped, and "
              "micro-batches carry each sequence's document starts for block-diagonal attention. false: one "
-             "document per sequence, positions 0..seq_length-1 (pre-training behaviour).");
+             "document per sequence, positions 0..seq_length-1 (pre-training behaviour). easyctx_train refuses "
+             "true until its attention reads the document starts (the loader, h5inspect and the tests take it).");
 }
 
 const Registry& registry() {

@@ -314,10 +314,12 @@ void step_items(const Run& r, Items& it) {
   const int64_t n = r.tokens;
   if (r.cuda)
     it.persistent("step", "micro-batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
-  const int64_t mb = checked_mul<int64_t>(r.cfg.train.grad_accum, 3 * 4 * n + 8 * r.batch,
-                                          "the plan: loader micro-batch bytes, train.grad_accum x (12 n + 8 B)");
-  it.persistent("step", "loader micro-batches (int32 tokens, positions, labels)", "host", mb,
-                "grad_accum x (3 x 4 x n + 8 B)", false);
+  // Per sequence: its sample id and its document starts (a vector of one start, 32 bytes with
+  // its header; data.document_mask is refused by the trainer until attention reads them).
+  const int64_t mb = checked_mul<int64_t>(r.cfg.train.grad_accum, 3 * 4 * n + 40 * r.batch,
+                                          "the plan: loader micro-batch bytes, train.grad_accum x (12 n + 40 B)");
+  it.persistent("step", "loader micro-batches (int32 tokens, positions, labels; document starts)", "host", mb,
+                "grad_accum x (3 x 4 x n + 40 B)", false);
   for (const Group& g : group_specs(model_buffers(r))) {
     const int64_t each = checked_mul(g.numel, static_cast<int64_t>(ops::element_size(g.dtype)), "the plan: " + g.key);
     const int64_t all = checked_mul(g.count, each, "the plan: " + g.key);

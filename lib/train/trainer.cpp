@@ -149,6 +149,14 @@ void Trainer::init(dist::ProcessGroups* groups) {
   lo.path = cfg_.data.path;
   lo.seq_length = cfg_.data.seq_length;
   lo.seed = cfg_.train.seed;
+  lo.packing = cfg_.data.packing;
+  lo.long_documents = cfg_.data.long_documents;
+  // Restarted positions with attention across documents would train a model that neither
+  // packed nor unpacked inference reproduces: refused until the attention reads doc_starts.
+  EASYCTX_CHECK_INPUT(!cfg_.data.document_mask, "data.document_mask: true is not trained yet: the attention does not "
+                      "read document starts, so documents in one sequence would still see each other; use "
+                      "data.packing one_per_window (one document per sequence) or document_mask false");
+  lo.document_mask = cfg_.data.document_mask;
   lo.shape = {cfg_.train.batch_size, cfg_.train.grad_accum, dp_.size()};
   lo.dp_rank = dp_.rank();
   if (groups) {  // this rank's slice of every window, in the layout of the strategy
