@@ -5,14 +5,15 @@
 // Timing: CUDA events on the backend's stream, warm-up first, median of the repeats.
 // A second table times blocks without a mask (a ring's off-diagonal steps, FLOPs 4 S^2 hd H)
 // on both paths: our kernels and cuDNN's fused SDPA (ops::CudaBackendOptions::cudnn_attention).
-// A third table, on sm_90 devices only, times the Hopper forward kernel (kernels/attention_sm90.h,
-// not yet on the backend's route), every variant, on the same shapes, causal and unmasked,
-// beside the backend's forward (cuDNN) timed on the same inputs in the same process, with the
-// max abs difference of its o from the backend's at the first causal length (a sanity check).
+// A third table, on sm_90 devices only, times the Hopper forward kernel (attention_fwd_sm90,
+// which the backend's route runs on sm_90: lib/ops/attention_route.h), each variant, on the same
+// shapes, causal and unmasked, beside cuDNN's forward (the backend with sm90_attention off)
+// timed on the same inputs in the same process, with the max abs difference of its o from the
+// backend's at the first causal length (a sanity check).
 // --sm90-only skips the first two tables (the cuDNN column of the third is still timed).
 // A fourth table, on sm_90 only, times the Hopper backward (attention_bwd_sm90, each variant:
-// atomic and deterministic dQ) beside the backend's backward (cuDNN, sm90_attention off) on
-// the same inputs (o and lse from the backend's forward), FLOPs 2.5 x the forward's, with the
+// atomic and deterministic split dQ) beside the backend's backward (cuDNN, sm90_attention off)
+// on the same inputs (o and lse from the backend's forward), FLOPs 2.5 x the forward's, with the
 // max abs difference of its dq/dk/dv from the backend's at the first causal length.
 // --sm90-bwd-only prints only that table.
 // Output: markdown tables on stdout (bench/run_attention.sh puts them beside torch's).

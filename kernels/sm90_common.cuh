@@ -1,10 +1,32 @@
 // Building blocks shared by the Hopper attention kernels (attention_fwd_sm90.cu,
 // attention_bwd_sm90.cu): PTX wrappers for mbarriers, TMA, named barriers, wgmma fences and
-// shared-memory descriptors, and the host-side TMA tensor-map helper. Moved verbatim out of
-// attention_fwd_sm90.cu (where they were verified on an H200: its tile self-test and every
-// forward case passed), so both kernels use the very same code. The hardware facts they rely
-// on (descriptor bits, swizzle, fragment layouts) are listed with sources in the header
-// comment of attention_fwd_sm90.cu.
+// shared-memory descriptors, and the host-side TMA tensor-map helper, so both kernels use the
+// very same code (verified by the tile self-tests, sm90_wgmma_tile_check and sm90_bwd_tile_check).
+//
+// Facts this file relies on (sources: PTX ISA 8.x "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate" sections, CUTLASS include/cute/arch/mma_sm90_desc.hpp; cross-checked
+// against public FA3 / hand-written wgmma GEMM kernels):
+//  * wgmma shared-memory matrix descriptor (64 bits): [0,14) start address >> 4, [16,30) leading
+//    byte offset (LBO) >> 4, [32,46) stride byte offset (SBO) >> 4, [49,52) base offset (0 here:
+//    every swizzle atom is 1024-byte aligned), [62,64) layout type (1 = 128-byte swizzle).
+//  * 128-byte swizzle (TMA CU_TENSOR_MAP_SWIZZLE_128B and wgmma layout type 1 agree, both act on
+//    the shared-memory address bits): rows of 128 bytes (64 bf16), 8 rows = one 1024-byte atom,
+//    16-byte chunk c of row r stored at chunk c ^ (r % 8).
+//  * K-major SW128 canonical layout ((8,m),(T,2k)):((8T,SBO),(1,T)) (T = 8 bf16 = 16 bytes):
+//    SBO = 1024 bytes between 8-row groups, LBO unused ("assumed 1"); the k-th 16-element K slice
+//    inside a 128-byte row is addressed by adding 32*k bytes to the start address.
+//  * MN-major SW128 canonical layout ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): 64 contiguous MN
+//    elements per 128-byte row, SBO = bytes between 8-row groups along K (1024 here), LBO =
+//    bytes between 64-wide MN panels (one TMA panel = 128 keys x 128 bytes = 16384 here).
+//  * fp32 accumulator of m64nNk16 (PTX figure "WGMMA .m64nNk16 register fragment layout for
+//    accumulator matrix D"): thread t = 32*w + l of the warpgroup holds d[i], i < N/2, at
+//    row 16*w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + (i%2).
+//  * register A of m64nNk16 (bf16, 4 x 32-bit registers, same as mma.m16n8k16's A per warp):
+//    a[0] = row 16w+l/4, cols 2(l%4)+{0,1}; a[1] = row +8, same cols; a[2] = row 16w+l/4,
+//    cols 8+2(l%4)+{0,1}; a[3] = row +8, cols 8+...; the lower column in the low 16 bits.
+//    Hence the accumulator of S for keys 16k..16k+15 (d[8k..8k+7]) becomes the A fragment of
+//    P for that K slice with no data movement: a[i] = bf16x2(d[8k+2i], d[8k+2i+1]).
+//
 // Everything is in an anonymous namespace on purpose: each .cu that includes this gets its own
 // copy, g_hang included (no relocatable device code: a __device__ variable shared by two
 // translation units would be two host shadows of one name), so each file reports its own hangs.

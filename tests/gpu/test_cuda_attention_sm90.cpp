@@ -3,7 +3,7 @@
 // (so a failure says which layer is wrong), then attention at odd shapes: ragged last tiles,
 // Sq != Sk with diagonal offsets (ring blocks: every key visible, diag 0 with Sq < Sk, negative
 // diag with empty rows, no row seeing any key), non-causal blocks, batch 2, GQA 32/4 x 64,
-// small MHA heads x 128, and more work tiles than SMs (the persistent variants); every
+// small MHA heads x 128, and more work tiles than SMs (the persistent variant); every
 // variant (kernels::sm90_fwd_variants()) that supports the head dim. Outputs are NaN-poisoned before each call; every case prints its
 // errors. Skips without an sm_90 device (the kernel is sm_90a code only).
 #include <algorithm>
@@ -141,9 +141,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 class CudaAttentionSm90Shapes : public CudaAttentionSm90, public ::testing::WithParamInterface<Case> {};
 
 // The variants to run at head dim hd: every one that supports it by default;
-// EASYCTX_SM90_VARIANT=<name> (sm90_fwd_variant_name: simple, overlap, pingpong, pingpong2,
-// persistent, persistent3, wide, wide-persistent, wide-poly) runs that one (e.g. to rerun the
-// reference schedule alone after another failed).
+// EASYCTX_SM90_VARIANT=<name> (sm90_fwd_variant_name: persistent, wide) runs that one.
 std::vector<kernels::Sm90FwdVariant> variants(int64_t hd) {
   const char* e = std::getenv("EASYCTX_SM90_VARIANT");
   const std::string v = e ? e : "";
@@ -212,8 +210,7 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   std::vector<std::pair<kernels::Sm90FwdVariant, int64_t>> runs;
   for (const auto variant : variants(c.hd)) {
     runs.push_back({variant, 0});
-    if (variant == kernels::Sm90FwdVariant::Persistent || variant == kernels::Sm90FwdVariant::Persistent3 ||
-        variant == kernels::Sm90FwdVariant::WidePersistent || variant == kernels::Sm90FwdVariant::WidePoly)
+    if (variant == kernels::Sm90FwdVariant::Persistent)
       runs.push_back({variant, 5 * c.sk * c.hd * 4});
   }
   for (const auto& [variant, l2_bytes] : runs) {
@@ -376,9 +373,7 @@ TEST_F(CudaAttentionSm90, SupportedRefusesWhatTmaCannotLoad) {
   // The 3-consumer variants hold hd 64 only: hd 128 is refused, not run.
   using V = kernels::Sm90FwdVariant;
   EXPECT_FALSE(kernels::sm90_fwd_variant_supported(V::Wide, 128));
-  EXPECT_FALSE(kernels::sm90_fwd_variant_supported(V::WidePersistent, 128));
-  EXPECT_FALSE(kernels::sm90_fwd_variant_supported(V::WidePoly, 128));
-  EXPECT_TRUE(kernels::sm90_fwd_variant_supported(V::WidePersistent, 64));
+  EXPECT_TRUE(kernels::sm90_fwd_variant_supported(V::Wide, 64));
   EXPECT_THROW(kernels::attention_fwd_sm90(p, ops::cuda_stream(*gpu), V::Wide), Error);
   EXPECT_NE(kernels::sm90_fwd_resolve(V::Auto, 128), V::Auto);
   EXPECT_TRUE(kernels::sm90_fwd_variant_supported(kernels::sm90_fwd_resolve(V::Auto, 64), 64));

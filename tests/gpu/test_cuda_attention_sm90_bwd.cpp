@@ -5,8 +5,7 @@
 // operands MN-major), so a failure names the layer at fault; then the backward at odd shapes
 // (ragged tiles, Sq != Sk with diagonal offsets incl. negative ones and rows that see no key,
 // non-causal, batch 2, GQA 32/4 x 64 and 8/2 x 128, strided views, more CTAs than SMs), each
-// variant (atomic and deterministic dQ, per consumer and split at hd 128; the deterministic
-// ones twice: bit-identical). The
+// variant (atomic and deterministic split dQ; the deterministic one twice: bit-identical). The
 // gradients start from small random values (the contract is +=): the increments are compared, and writes into the
 // padding between rows / batches are caught. Every case prints its errors. Skips without an
 // sm_90 device (the kernel is sm_90a code only).
@@ -372,8 +371,8 @@ TEST_F(CudaAttentionSm90Bwd, SupportedRefusesWhatItCannotRun) {
   x = p;
   x.hq = 3;
   refused(x, "hq not a multiple of hkv");
-  EXPECT_THROW(kernels::attention_bwd_sm90(x, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::Atomic), Error);
-  EXPECT_THROW(kernels::attention_bwd_sm90(p, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::Atomic), Error);  // no scratch
+  EXPECT_THROW(kernels::attention_bwd_sm90(x, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::AtomicSplit), Error);
+  EXPECT_THROW(kernels::attention_bwd_sm90(p, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::AtomicSplit), Error);  // no scratch
 }
 
 }  // namespace
