@@ -230,36 +230,28 @@ __device__ __forceinline__ Tile grid_tile() {
               static_cast<int>(blockIdx.z)};
 }
 
-// Producer side of work tile r: false when the CTA has no more work. Persistent: the CTA's own
-// tile first, then the next unclaimed one of the list (claimed when this thread has issued the
-// previous tile's last load, about two K/V tiles before the consumers finish it), published in
-// ring slot r % 2; the index past the list ends the consumers too.
-template <bool kPersist, class Smem>
-__device__ __forceinline__ bool producer_next_tile(Smem& sh, const FwdArgs& a, int r, Tile& t) {
+// Work tile r of the CTA into t; false when the CTA has no more work. One tile per CTA, or
+// (persistent) the producer's thread claims tile r: the CTA's own first, then the next unclaimed
+// one of the list (claimed when it has issued the previous tile's last load, about two K/V
+// tiles before the consumers finish it), and publishes it in ring slot r % 2, where every
+// consumer warp reads it; the index past the list ends the consumers too.
+template <bool kPersist, bool kProducer, class Smem>
+__device__ __forceinline__ bool next_tile(Smem& sh, const FwdArgs& a, int r, int lane, Tile& t) {
   if constexpr (kPersist) {
-    const int idx = r == 0 ? static_cast<int>(blockIdx.x) : static_cast<int>(gridDim.x) + atomicAdd(a.tile_ctr, 1);
-    const int sl = r & 1;
-    mbar_wait(smem_u32(&sh.t_empty[sl]), ((r >> 1) & 1) ^ 1);
-    sh.tile_id[sl] = idx;
-    mbar_arrive(smem_u32(&sh.t_full[sl]));  // release: the store above is seen after the wait
-    if (idx >= a.tiles) return false;
-    t = tile_of(a, idx);
-  } else {
-    if (r > 0) return false;
-    t = grid_tile();
-  }
-  return true;
-}
-
-// Consumer side of work tile r: the tile the producer published (persistent) or the grid's.
-template <bool kPersist, class Smem>
-__device__ __forceinline__ bool consumer_next_tile(Smem& sh, const FwdArgs& a, int r, int lane, Tile& t) {
-  if constexpr (kPersist) {
-    const int sl = r & 1;
-    mbar_wait(smem_u32(&sh.t_full[sl]), (r >> 1) & 1);
-    const int idx = *reinterpret_cast<volatile int*>(&sh.tile_id[sl]);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_u32(&sh.t_empty[sl]));  // the slot may take tile r + 2
+    int idx, sl;
+    if constexpr (kProducer) {
+      idx = r == 0 ? static_cast<int>(blockIdx.x) : static_cast<int>(gridDim.x) + atomicAdd(a.tile_ctr, 1);
+      sl = r & 1;
+      mbar_wait(smem_u32(&sh.t_empty[sl]), ((r >> 1) & 1) ^ 1);
+      sh.tile_id[sl] = idx;
+      mbar_arrive(smem_u32(&sh.t_full[sl]));  // release: the store above is seen after the wait
+    } else {
+      sl = r & 1;
+      mbar_wait(smem_u32(&sh.t_full[sl]), (r >> 1) & 1);
+      idx = *reinterpret_cast<volatile int*>(&sh.tile_id[sl]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(smem_u32(&sh.t_empty[sl]));  // the slot may take tile r + 2
+    }
     if (idx >= a.tiles) return false;
     t = tile_of(a, idx);
   } else {
@@ -334,7 +326,7 @@ __device__ __forceinline__ void producer(FwdSmem<HD, NC>& sh, const CUtensorMap*
   int g0 = 0, qi = 0;
   for (int r = 0;; ++r) {
     Tile t;
-    if (!producer_next_tile<kPersist>(sh, a, r, t)) break;
+    if (!next_tile<kPersist, true>(sh, a, r, 0, t)) break;
     const int n_end = key_tiles<NC>(a, t.m_block);
     if (n_end == 0) continue;
     const int hk = t.h / a.group;
@@ -538,7 +530,7 @@ __device__ __forceinline__ void consumer(FwdSmem<HD, NC>& sh, const FwdArgs& a, 
   int g0 = 0, qi = 0;
   for (int r = 0;; ++r) {
     Tile t;
-    if (!consumer_next_tile<kPersist>(sh, a, r, lane, t)) break;
+    if (!next_tile<kPersist, false>(sh, a, r, lane, t)) break;
     const int m0 = t.m_block * kBM;
     const int n_end = key_tiles<NC>(a, t.m_block);
     const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 (half 0), row0 + 8 (half 1)
