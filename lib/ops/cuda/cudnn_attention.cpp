@@ -2,6 +2,7 @@
 
 #include <cudnn.h>
 
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -75,6 +76,24 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV, kSo
 // ---- the composite backward graph (cuDNN's fused flash-attention backward pattern, as
 // cudnn-frontend's sdpa_backward lowers it on Ampere/Hopper): pointwise, reduction,
 // matmul and reshape operations that cuDNN's runtime fusion recognises as one kernel.
+
+// One descriptor attribute of an operation (skipped when desc is null: an optional operand).
+struct DescAttr {
+  cudnnBackendAttributeName_t name;
+  cudnnBackendDescriptor_t desc;
+  const char* what;
+};
+
+// An operation descriptor of `type` with `attrs` set in order, finalized (`what` on failure).
+cudnnBackendDescriptor_t operation(Descs& ds, cudnnBackendDescriptorType_t type, std::initializer_list<DescAttr> attrs,
+                                   const char* what) {
+  auto op = ds.make(type);
+  for (const DescAttr& a : attrs)
+    if (a.desc) set_desc(op, a.name, a.desc, a.what);
+  ok(cudnnBackendFinalize(op), what);
+  return op;
+}
+
 cudnnBackendDescriptor_t pointwise(Descs& ds, cudnnPointwiseMode_t mode, cudnnDataType_t prec,
                                    cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y,
                                    cudnnBackendDescriptor_t t = nullptr, int64_t axis = -1) {
@@ -83,14 +102,13 @@ cudnnBackendDescriptor_t pointwise(Descs& ds, cudnnPointwiseMode_t mode, cudnnDa
   set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise precision");
   if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise axis");
   ok(cudnnBackendFinalize(pw), "finalize pointwise descriptor");
-  auto op = ds.make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw, "pointwise op descriptor");
-  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x");
-  if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pointwise b");
-  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
-  if (t) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t");
-  ok(cudnnBackendFinalize(op), "finalize pointwise operation");
-  return op;
+  return operation(ds, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+                   {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw, "pointwise op descriptor"},
+                    {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x"},
+                    {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pointwise b"},
+                    {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y"},
+                    {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t"}},
+                   "finalize pointwise operation");
 }
 
 cudnnBackendDescriptor_t matmul(Descs& ds, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
@@ -99,13 +117,12 @@ cudnnBackendDescriptor_t matmul(Descs& ds, cudnnBackendDescriptor_t a, cudnnBack
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "matmul compute type");
   ok(cudnnBackendFinalize(mm), "finalize matmul descriptor");
-  auto op = ds.make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a");
-  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "matmul b");
-  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c");
-  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm, "matmul descriptor");
-  ok(cudnnBackendFinalize(op), "finalize matmul operation");
-  return op;
+  return operation(ds, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+                   {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a"},
+                    {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "matmul b"},
+                    {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c"},
+                    {CUDNN_ATTR_OPERATION_MATMUL_DESC, mm, "matmul descriptor"}},
+                   "finalize matmul operation");
 }
 
 // y = reduce(x) over the axes where y has extent 1 (ADD or MAX, f32 compute).
@@ -116,20 +133,17 @@ cudnnBackendDescriptor_t reduce(Descs& ds, cudnnReduceTensorOp_t mode, cudnnBack
   set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction operator");
   set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction compute type");
   ok(cudnnBackendFinalize(rd), "finalize reduction descriptor");
-  auto op = ds.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
-  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
-  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction descriptor");
-  ok(cudnnBackendFinalize(op), "finalize reduction operation");
-  return op;
+  return operation(ds, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+                   {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x"},
+                    {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y"},
+                    {CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction descriptor"}},
+                   "finalize reduction operation");
 }
 
 cudnnBackendDescriptor_t reshape(Descs& ds, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-  auto op = ds.make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-  set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x");
-  set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y");
-  ok(cudnnBackendFinalize(op), "finalize reshape operation");
-  return op;
+  return operation(ds, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+                   {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x"}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y"}},
+                   "finalize reshape operation");
 }
 
 // The top-left causal mask on the f32 scores x (dims sd, strides sst, [b, h, sq, sk]):
