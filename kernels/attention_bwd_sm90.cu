@@ -663,11 +663,7 @@ __global__ void __launch_bounds__(256) bwd_tile_check_kernel(const __grid_consta
   constexpr int kPanels = HD / 64;
   const int cw = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const uint32_t bar = smem_u32(&sh.bar);
-  if (threadIdx.x == 0) {
-    mbar_init(bar, 1);
-    mbar_init_fence();
-  }
-  __syncthreads();
+  init_one_barrier(bar);
   if (threadIdx.x == 0) {
     mbar_expect_tx(bar, kPanels * (kBN + kBM) * kRowBytes);
     for (int p = 0; p < kPanels; ++p) {
@@ -683,8 +679,7 @@ __global__ void __launch_bounds__(256) bwd_tile_check_kernel(const __grid_consta
   wgmma_commit();
   wgmma_wait<0>();
   reg_fence(s);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) st_out[(r0 + 8 * ((i / 2) % 2)) * kBM + 8 * (i / 4) + colq + (i % 2)] = s[i];
+  store_acc(st_out, s, r0, colq, kBM);
   uint32_t f[4][4];
   acc_to_frag(s, f);
   float d[HD / 2];
@@ -698,8 +693,7 @@ __global__ void __launch_bounds__(256) bwd_tile_check_kernel(const __grid_consta
   wgmma_wait<0>();
   reg_fence(d);
   reg_fence_u(f);
-#pragma unroll
-  for (int i = 0; i < HD / 2; ++i) dk_out[(r0 + 8 * ((i / 2) % 2)) * HD + 8 * (i / 4) + colq + (i % 2)] = d[i];
+  store_acc(dk_out, d, r0, colq, HD);
   frag_to_smem_sw128(f, reinterpret_cast<unsigned char*>(&sh.ds[0]), 64 * cw, warp, lane);
   fence_proxy_async_smem();
   __syncthreads();
@@ -832,18 +826,7 @@ void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st
               : sm90::launch_bwd<64, false, DqSplit::Rows>(p, scratch, st);
 }
 
-std::string sm90_bwd_take_hang_report() {
-  unsigned int h[8] = {};
-  EASYCTX_CUDA_CHECK(cudaMemcpyFromSymbol(h, sm90::g_hang, sizeof(h)));
-  if (h[0] == 0) return "";
-  const unsigned int zero[8] = {};
-  EASYCTX_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_hang, zero, sizeof(zero)));
-  char b[256];
-  std::snprintf(b, sizeof(b), "a %s wait gave up after ~2^34 cycles: block (%u,%u,%u) thread %u (warpgroup %u) %s 0x%x %s %u",
-                h[7] ? "dQ semaphore" : "mbarrier", h[1], h[2], h[3], h[4], h[4] / 128, h[7] ? "semaphore at" : "barrier at shared",
-                h[5], h[7] ? "waiting for key block" : "parity", h[6]);
-  return b;
-}
+std::string sm90_bwd_take_hang_report() { return sm90::take_hang_report(); }
 
 void sm90_bwd_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, int hd, float* st_out, float* dk_out, float* dq_out,
                          cudaStream_t st) {

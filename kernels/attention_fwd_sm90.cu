@@ -597,11 +597,7 @@ __global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_cons
   constexpr int kPanels = HD / 64;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const uint32_t bar = smem_u32(&sh.bar);
-  if (tid == 0) {
-    mbar_init(bar, 1);
-    mbar_init_fence();
-  }
-  __syncthreads();
+  init_one_barrier(bar);
   if (tid == 0) {
     mbar_expect_tx(bar, kPanels * (64 + 2 * kBlockN) * kRowBytes);
     for (int p = 0; p < kPanels; ++p) {
@@ -619,8 +615,7 @@ __global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_cons
   wgmma_wait<0>();
   reg_fence(s);
   const int row0 = warp * 16 + lane / 4, colq = 2 * (lane % 4);
-#pragma unroll
-  for (int i = 0; i < 64; ++i) s_out[(row0 + 8 * ((i / 2) % 2)) * kBlockN + 8 * (i / 4) + colq + (i % 2)] = s[i];
+  store_acc(s_out, s, row0, colq, kBlockN);
 
   uint32_t p[kBlockN / 16][4];
   s_to_p(s, p);
@@ -638,8 +633,7 @@ __global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_cons
   wgmma_wait<0>();
   reg_fence(o);
   reg_fence(p);
-#pragma unroll
-  for (int i = 0; i < HD / 2; ++i) o_out[(row0 + 8 * ((i / 2) % 2)) * HD + 8 * (i / 4) + colq + (i % 2)] = o[i];
+  store_acc(o_out, o, row0, colq, HD);
 }
 
 // ------------------------------------------------------------------ host side
@@ -761,20 +755,7 @@ void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVarian
 
 void sm90_set_l2_section_bytes(int64_t bytes) { sm90::g_l2_section_bytes.store(bytes, std::memory_order_relaxed); }
 
-std::string sm90_take_hang_report() {
-  unsigned int h[8] = {};
-  EASYCTX_CUDA_CHECK(cudaMemcpyFromSymbol(h, sm90::g_hang, sizeof(h)));
-  if (h[0] == 0) return "";
-  const unsigned int zero[8] = {};
-  EASYCTX_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_hang, zero, sizeof(zero)));
-  return "an mbarrier wait gave up after ~2^34 cycles: block (" + std::to_string(h[1]) + "," + std::to_string(h[2]) + "," +
-         std::to_string(h[3]) + ") thread " + std::to_string(h[4]) + " (warpgroup " + std::to_string(h[4] / 128) +
-         ") barrier at shared 0x" + [&] {
-           char b[16];
-           std::snprintf(b, sizeof(b), "%x", h[5]);
-           return std::string(b);
-         }() + " parity " + std::to_string(h[6]);
-}
+std::string sm90_take_hang_report() { return sm90::take_hang_report(); }
 
 void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int hd, float* s_out,
                            float* o_out, cudaStream_t st, bool swap_v_offsets) {

@@ -38,6 +38,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 #include "kernels/attention.h"
 #include "kernels/cuda_check.h"
@@ -170,6 +172,24 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo_byte
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+// The self-test kernels: one mbarrier at `bar`, initialised by thread 0 and visible to all.
+__device__ __forceinline__ void init_one_barrier(uint32_t bar) {
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+}
+
+// The self-test kernels: a wgmma fp32 accumulator fragment (N values per thread; layout: the
+// file header) into row-major out of leading dimension ld. row0: the thread's first row, colq
+// its first column of each 8-column chunk.
+template <int N>
+__device__ __forceinline__ void store_acc(float* out, const float (&d)[N], int row0, int colq, int ld) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[(row0 + 8 * ((i / 2) % 2)) * ld + 8 * (i / 4) + colq + (i % 2)] = d[i];
+}
+
 __device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = +0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -189,6 +209,21 @@ __device__ __forceinline__ T& aligned_smem(unsigned char* raw) {
 }
 
 // ------------------------------------------------------------------ host side
+// "" normally; after a wait of this translation unit's kernels gave up (g_hang: an mbarrier, or
+// with h[7] set a semaphore), where it happened. Resets the record.
+std::string take_hang_report() {
+  unsigned int h[8] = {};
+  EASYCTX_CUDA_CHECK(cudaMemcpyFromSymbol(h, g_hang, sizeof(h)));
+  if (h[0] == 0) return "";
+  const unsigned int zero[8] = {};
+  EASYCTX_CUDA_CHECK(cudaMemcpyToSymbol(g_hang, zero, sizeof(zero)));
+  char b[256];
+  std::snprintf(b, sizeof(b), "%s wait gave up after ~2^34 cycles: block (%u,%u,%u) thread %u (warpgroup %u) %s 0x%x %s %u",
+                h[7] ? "a dQ semaphore" : "an mbarrier", h[1], h[2], h[3], h[4], h[4] / 128,
+                h[7] ? "semaphore at" : "barrier at shared", h[5], h[7] ? "waiting for key block" : "parity", h[6]);
+  return b;
+}
+
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   // Through cudart's entry-point query, so no -lcuda link is needed.
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
