@@ -1,5 +1,6 @@
 // Hopper (sm_90a) attention forward: a FlashAttention-3-style kernel (TMA loads into a shared
-// memory ring, wgmma tensor-core GEMMs, a producer warpgroup and two consumer warpgroups).
+// memory ring, wgmma tensor-core GEMMs, a producer warpgroup and two consumer warpgroups, three
+// at head dim 64).
 // Same parameters, layouts and visibility rule as kernels/attention.h (AttentionParams):
 //   q, o [B, Sq, Hq, hd] (strides q_batch, q_row), k, v [B, Sk, Hkv, hd] (strides k_batch,
 //   k_row), lse f32[B, Hq, Sq] (natural log), key j visible to query i iff !causal or
