@@ -82,20 +82,12 @@ inline std::ostream& operator<<(std::ostream& os, const Case& c) {
 inline kernels::AttentionParams case_params(const Case& c, double scale, int64_t q_row, int64_t q_batch, int64_t k_row,
                                             int64_t k_batch) {
   kernels::AttentionParams p;
-  p.batch = c.b;
-  p.sq = c.sq;
-  p.sk = c.sk;
-  p.hq = c.hq;
-  p.hkv = c.hkv;
-  p.hd = c.hd;
-  p.q_row = q_row;
-  p.q_batch = q_batch;
-  p.k_row = k_row;
-  p.k_batch = k_batch;
+  p.batch = c.b, p.sq = c.sq, p.sk = c.sk;
+  p.hq = c.hq, p.hkv = c.hkv, p.hd = c.hd;
+  p.q_row = q_row, p.q_batch = q_batch, p.k_row = k_row, p.k_batch = k_batch;
   p.scale = static_cast<float>(scale);
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  p.causal = c.causal;
-  p.diag = c.diag;
+  p.causal = c.causal, p.diag = c.diag;
   return p;
 }
 
