@@ -5,14 +5,15 @@
 // Timing: CUDA events on the backend's stream, warm-up first, median of the repeats.
 // A second table times blocks without a mask (a ring's off-diagonal steps, FLOPs 4 S^2 hd H)
 // on both paths: our kernels and cuDNN's fused SDPA (ops::CudaBackendOptions::cudnn_attention).
-// A third table, on sm_90 devices only, times the Hopper forward kernel (kernels/attention_sm90.h,
-// not yet on the backend's route), every variant, on the same shapes, causal and unmasked,
-// beside the backend's forward (cuDNN) timed on the same inputs in the same process, with the
-// max abs difference of its o from the backend's at the first causal length (a sanity check).
+// A third table, on sm_90 devices only, times the Hopper forward kernel (attention_fwd_sm90,
+// which the backend's route runs on sm_90: lib/ops/attention_route.h), each variant, on the same
+// shapes, causal and unmasked, beside cuDNN's forward (the backend with sm90_attention off)
+// timed on the same inputs in the same process, with the max abs difference of its o from the
+// backend's at the first causal length (a sanity check).
 // --sm90-only skips the first two tables (the cuDNN column of the third is still timed).
 // A fourth table, on sm_90 only, times the Hopper backward (attention_bwd_sm90, each variant:
-// atomic and deterministic dQ) beside the backend's backward (cuDNN, sm90_attention off) on
-// the same inputs (o and lse from the backend's forward), FLOPs 2.5 x the forward's, with the
+// atomic and deterministic split dQ) beside the backend's backward (cuDNN, sm90_attention off)
+// on the same inputs (o and lse from the backend's forward), FLOPs 2.5 x the forward's, with the
 // max abs difference of its dq/dk/dv from the backend's at the first causal length.
 // --sm90-bwd-only prints only that table.
 // Output: markdown tables on stdout (bench/run_attention.sh puts them beside torch's).
@@ -25,7 +26,7 @@
 #include <random>
 #include <sstream>
 #include <string>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention_sm90.h"
@@ -43,6 +44,33 @@ struct Shape {
   const char* name;
   int64_t hq, hkv, hd;
 };
+
+// max |a - b| over the first n elements of two device buffers (infinity where either is NaN).
+double max_abs_diff(ops::Backend& be, const ops::Buffer& a, const ops::Buffer& b, int64_t n) {
+  std::vector<float> h1(static_cast<size_t>(n)), h2(static_cast<size_t>(n));
+  be.copy(ops::Tensor(h1.data(), DType::F32, {n}), a.flat());
+  be.copy(ops::Tensor(h2.data(), DType::F32, {n}), b.flat());
+  double e = 0;
+  for (size_t i = 0; i < h1.size(); ++i) {
+    const double d = std::abs(static_cast<double>(h1[i]) - h2[i]);
+    e = std::isnan(d) ? INFINITY : std::max(e, d);
+  }
+  return e;
+}
+
+// Prints the table row of a shape the kernel does not run (`supported` false, `why` the
+// reason); returns whether it was refused.
+bool refused(bool supported, const Shape& s, int64_t S, bool causal, const std::string& why) {
+  if (supported) return false;
+  std::printf("| %s | %lld | %s | - | - | unsupported: %s |\n", s.name, static_cast<long long>(S), causal ? "causal" : "none",
+              why.c_str());
+  return true;
+}
+
+// Untimed and timed runs at sequence length S: fewer from 128K on, where one call takes long.
+std::pair<int, int> runs_at(int64_t S, int reps) {
+  return S >= 131072 ? std::pair<int, int>{1, std::max(3, reps / 2)} : std::pair<int, int>{3, reps};
+}
 
 // Median of `reps` timings (ms) of f, after `warm` untimed runs.
 template <typename F>
@@ -155,7 +183,7 @@ int main(int argc, char** argv) try {
     blk.scale = 1.0 / std::sqrt(static_cast<double>(s.hd));
     blk.causal = causal;
     blk.accumulate = !causal;  // a causal square: one GPU's sequence (LocalAttention overwrites); full: a ring step
-    const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
+    const auto [warm, r] = runs_at(S, reps);
     Row row;
     row.fwd_ms = time_ms(be, warm, r, [&] { be.attention_fwd(qv(q), kv(k), kv(v), blk, qv(o), lse.flat()); });
     row.fwd_path = ops::cuda_attention_path(be);
@@ -227,13 +255,9 @@ int main(int argc, char** argv) try {
         p.o_out = static_cast<__nv_bfloat16*>(o.data());
         p.lse_out = static_cast<float*>(lse.data());
         std::string why;
-        if (!kernels::attention_fwd_sm90_supported(p, &why)) {
-          std::printf("| %s | %lld | %s | - | - | unsupported: %s |\n", s.name, static_cast<long long>(S),
-                      causal ? "causal" : "none", why.c_str());
-          continue;
-        }
+        if (refused(kernels::attention_fwd_sm90_supported(p, &why), s, S, causal, why)) continue;
         cudaStream_t st = ops::cuda_stream(*cud);
-        const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
+        const auto [warm, r] = runs_at(S, reps);
         const bool check = first && causal;
         first = false;
         // The backend's forward on the same inputs: the comparison column (timed here, same
@@ -257,16 +281,8 @@ int main(int argc, char** argv) try {
           }
           std::string diff = "-";
           if (check) {
-            std::vector<float> h1(static_cast<size_t>(nq)), h2(static_cast<size_t>(nq));
-            cud->copy(ops::Tensor(h1.data(), DType::F32, {nq}), o.flat());
-            cud->copy(ops::Tensor(h2.data(), DType::F32, {nq}), o2.flat());
-            double e = 0;
-            for (size_t i = 0; i < h1.size(); ++i) {
-              const double d = std::abs(static_cast<double>(h1[i]) - h2[i]);
-              e = std::isnan(d) ? INFINITY : std::max(e, d);
-            }
             std::ostringstream os;
-            os << e;
+            os << max_abs_diff(*cud, o, o2, nq);
             diff = os.str();
           }
           const double tf = flops(s, S, causal) / ms / 1e9;
@@ -317,16 +333,12 @@ int main(int argc, char** argv) try {
         p.dk = static_cast<__nv_bfloat16*>(dk2.data());
         p.dv = static_cast<__nv_bfloat16*>(dv2.data());
         std::string why;
-        if (!kernels::attention_bwd_sm90_supported(p, &why)) {
-          std::printf("| %s | %lld | %s | - | - | unsupported: %s |\n", s.name, static_cast<long long>(S),
-                      causal ? "causal" : "none", why.c_str());
-          continue;
-        }
+        if (refused(kernels::attention_bwd_sm90_supported(p, &why), s, S, causal, why)) continue;
         const int64_t scratch_bytes = kernels::attention_bwd_sm90_scratch_bytes(p);
         ops::Buffer scr = cud->alloc(DType::F32, scratch_bytes / 4 + 64);
         void* scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scr.data()) + 255) / 256 * 256);
         cudaStream_t st = ops::cuda_stream(*cud);
-        const int warm = S >= 131072 ? 1 : 3, r = S >= 131072 ? std::max(3, reps / 2) : reps;
+        const auto [warm, r] = runs_at(S, reps);
         const bool check = first && causal;
         first = false;
         const double fl = 2.5 * flops(s, S, causal);
@@ -347,16 +359,8 @@ int main(int argc, char** argv) try {
           if (check) {  // one call onto zeroed gradients, against the backend's (which overwrote them)
             for (const ops::Buffer* b : {&dq2, &dk2, &dv2}) cud->fill(b->flat(), 0.0);
             kernels::attention_bwd_sm90(p, scratch, st, var);
-            double e = 0;
-            for (const auto& [a, b, n] : {std::make_tuple(&dq, &dq2, nq), std::make_tuple(&dk, &dk2, nk), std::make_tuple(&dv, &dv2, nk)}) {
-              std::vector<float> h1(static_cast<size_t>(n)), h2(static_cast<size_t>(n));
-              cud->copy(ops::Tensor(h1.data(), DType::F32, {n}), a->flat());
-              cud->copy(ops::Tensor(h2.data(), DType::F32, {n}), b->flat());
-              for (size_t i = 0; i < h1.size(); ++i) {
-                const double d = std::abs(static_cast<double>(h1[i]) - h2[i]);
-                e = std::isnan(d) ? INFINITY : std::max(e, d);
-              }
-            }
+            const double e = std::max({max_abs_diff(*cud, dq, dq2, nq), max_abs_diff(*cud, dk, dk2, nk),
+                                        max_abs_diff(*cud, dv, dv2, nk)});
             std::ostringstream os;
             os << e;
             diff = os.str();

@@ -10,7 +10,7 @@
 //
 // Layout as lt_matmul.cpp: row-major C[m, n] = op(A) op(B) (A: [m, k] or, transposed, [k, m]).
 //
-// Read with care (bench/RESULTS.md, session 30): on H200 this bench put the fastest of 16
+// Read with care (bench/RESULTS.md): on H200 this bench put the fastest of 16
 // candidates 1.06-1.10x ahead of the first heuristic over a step's GEMMs, but the same choice
 // made inside training (timed there, on the step's own operands) took 0.7% off the 7B step's
 // matmul time: there the first heuristic already ran e.g. the MLP's 16384 x 11008 x 4096 GEMM

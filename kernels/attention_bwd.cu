@@ -108,26 +108,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_dkdv_kernel(const Atte
 
     // S^T = K Q^T and dP^T = V dO^T: this warp's 16 keys x 32 query rows.
     float st[kKvBM / 8][4], dpt[kKvBM / 8][4];
-#pragma unroll
-    for (int n = 0; n < kKvBM / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < HD / 16; ++ks) {
-      uint32_t ak[4], av[4];
-      ldmatrix_x4(ak, frag_a<HD>(sK, warp * 16, ks * 16, lane));
-      ldmatrix_x4(av, frag_a<HD>(sV, warp * 16, ks * 16, lane));
-#pragma unroll
-      for (int np = 0; np < kKvBM / 16; ++np) {
-        uint32_t bq[4], bo[4];
-        ldmatrix_x4(bq, frag_b_nk<HD>(cQ, np * 16, ks * 16, lane));
-        ldmatrix_x4(bo, frag_b_nk<HD>(cdO, np * 16, ks * 16, lane));
-        mma_bf16(st[2 * np], ak, bq[0], bq[1]);
-        mma_bf16(st[2 * np + 1], ak, bq[2], bq[3]);
-        mma_bf16(dpt[2 * np], av, bo[0], bo[1]);
-        mma_bf16(dpt[2 * np + 1], av, bo[2], bo[3]);
-      }
-    }
+    mma_pair_nt<HD, kKvBM>(st, dpt, sK, sV, cQ, cdO, warp * 16, lane);
     // P^T and dS^T in place (element e: key row lane/4 (+8), query column 2*(lane%4) (+1)).
     const bool need_mask = (j0 + kKvBN > p.sk) || (p.causal && j0 + kKvBN - 1 > qi0 + p.diag);
 #pragma unroll
@@ -148,24 +129,10 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_dkdv_kernel(const Atte
 #pragma unroll
     for (int ks = 0; ks < kKvBM / 16; ++ks) {
       uint32_t ap[4], as[4];
-      ap[0] = pack_bf16(st[2 * ks][0], st[2 * ks][1]);
-      ap[1] = pack_bf16(st[2 * ks][2], st[2 * ks][3]);
-      ap[2] = pack_bf16(st[2 * ks + 1][0], st[2 * ks + 1][1]);
-      ap[3] = pack_bf16(st[2 * ks + 1][2], st[2 * ks + 1][3]);
-      as[0] = pack_bf16(dpt[2 * ks][0], dpt[2 * ks][1]);
-      as[1] = pack_bf16(dpt[2 * ks][2], dpt[2 * ks][3]);
-      as[2] = pack_bf16(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1]);
-      as[3] = pack_bf16(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3]);
-#pragma unroll
-      for (int np = 0; np < HD / 16; ++np) {
-        uint32_t bo[4], bq[4];
-        ldmatrix_x4_trans(bo, frag_b_kn<HD>(cdO, ks * 16, np * 16, lane));
-        ldmatrix_x4_trans(bq, frag_b_kn<HD>(cQ, ks * 16, np * 16, lane));
-        mma_bf16(dv[2 * np], ap, bo[0], bo[1]);
-        mma_bf16(dv[2 * np + 1], ap, bo[2], bo[3]);
-        mma_bf16(dk[2 * np], as, bq[0], bq[1]);
-        mma_bf16(dk[2 * np + 1], as, bq[2], bq[3]);
-      }
+      acc_to_a(st, ks, ap);
+      acc_to_a(dpt, ks, as);
+      mma_a_bkn<HD>(dv, ap, cdO, ks * 16, lane);
+      mma_a_bkn<HD>(dk, as, cQ, ks * 16, lane);
     }
     __syncthreads();
   }
@@ -237,38 +204,12 @@ __global__ void __launch_bounds__(kDqThreads) attention_bwd_dq_kernel(const Atte
   for (int d = 0; d < HD / 8; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.f;
 
   for (int t = 0; t < ntiles; ++t) {
-    if (t + 1 < ntiles) {
-      const int nb = (t + 1) & 1;
-      load_tile<kQBN, HD, kDqThreads>(sK + nb * kQBN * HD, kb, p.k_row, int64_t(t + 1) * kQBN, p.sk);
-      load_tile<kQBN, HD, kDqThreads>(sV + nb * kQBN * HD, vb, p.k_row, int64_t(t + 1) * kQBN, p.sk);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    kv_stream_step<kQBN, HD, kDqThreads>(sK, sV, kb, vb, p.k_row, p.sk, t, ntiles);
     const __nv_bfloat16* cK = sK + (t & 1) * kQBN * HD;
     const __nv_bfloat16* cV = sV + (t & 1) * kQBN * HD;
 
     float s[kQBN / 8][4], dp[kQBN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kQBN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < HD / 16; ++ks) {
-      uint32_t aq[4], ao[4];
-      ldmatrix_x4(aq, frag_a<HD>(sQ, warp * 16, ks * 16, lane));
-      ldmatrix_x4(ao, frag_a<HD>(sdO, warp * 16, ks * 16, lane));
-#pragma unroll
-      for (int np = 0; np < kQBN / 16; ++np) {
-        uint32_t bk[4], bv[4];
-        ldmatrix_x4(bk, frag_b_nk<HD>(cK, np * 16, ks * 16, lane));
-        ldmatrix_x4(bv, frag_b_nk<HD>(cV, np * 16, ks * 16, lane));
-        mma_bf16(s[2 * np], aq, bk[0], bk[1]);
-        mma_bf16(s[2 * np + 1], aq, bk[2], bk[3]);
-        mma_bf16(dp[2 * np], ao, bv[0], bv[1]);
-        mma_bf16(dp[2 * np + 1], ao, bv[2], bv[3]);
-      }
-    }
+    mma_pair_nt<HD, kQBN>(s, dp, sQ, sdO, cK, cV, warp * 16, lane);
     const int64_t j0 = int64_t(t) * kQBN;
     const bool need_mask = (j0 + kQBN > p.sk) || (p.causal && j0 + kQBN - 1 > i0 + p.diag);
 #pragma unroll
@@ -289,17 +230,8 @@ __global__ void __launch_bounds__(kDqThreads) attention_bwd_dq_kernel(const Atte
 #pragma unroll
     for (int ks = 0; ks < kQBN / 16; ++ks) {
       uint32_t a[4];
-      a[0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
-      a[1] = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
-      a[2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      a[3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-#pragma unroll
-      for (int np = 0; np < HD / 16; ++np) {
-        uint32_t bk[4];
-        ldmatrix_x4_trans(bk, frag_b_kn<HD>(cK, ks * 16, np * 16, lane));
-        mma_bf16(dq[2 * np], a, bk[0], bk[1]);
-        mma_bf16(dq[2 * np + 1], a, bk[2], bk[3]);
-      }
+      acc_to_a(s, ks, a);
+      mma_a_bkn<HD>(dq, a, cK, ks * 16, lane);
     }
     __syncthreads();
   }

@@ -27,13 +27,10 @@
 //        dV  += P^T dO          [64 keys x hd]     wgmma rs (P^T from registers, dO MN-major)
 //        dK  += dS^T Q          [64 keys x hd]     wgmma rs (dS^T from registers, Q MN-major)
 //        dS^T -> shared memory (bf16, 128-byte swizzled [128 keys][64 q])
-//      and then dQ, one of three ways (template kDq):
-//        per consumer:          dQ_cw = dS[:, keys_cw] K_cw [64 q x hd]  wgmma ss, both MN-major
-//                               (trans-a, trans-b): a partial over the consumer's 64 keys;
-//        split (hd 128, FA3's): dQ[:, dims 64cw..] = dS K[:, dims 64cw..]  [64 q x 64], over all
+//      and then dQ, split between the consumers (template DqSplit; no partials to sum):
+//        columns (hd 128, FA3's): dQ[:, dims 64cw..] = dS K[:, dims 64cw..]  [64 q x 64], over all
 //                               128 keys, after a barrier of both consumers (dS^T double
-//                               buffered): no partials to sum, half the bytes to add, half the
-//                               dQ accumulator registers;
+//                               buffered), wgmma ss, both MN-major (trans-a, trans-b);
 //        rows (hd 64's split):  steps of 128 query rows (FA3's hd 64 tiles: S^T, dP^T are
 //                               m64n128, dV, dK run 8 K slices), dQ[rows 64cw..] = dS[rows
 //                               64cw.., :] K over all 128 keys, after the same barrier: a whole
@@ -43,8 +40,7 @@
 //      accumulator dq_acc [B, Hq, Sq_pad, hd] (64-row tiles in fragment order) with one TMA
 //      bulk reduce-add (cp.reduce.async.bulk .add.f32, FA3's dQ writer), as it comes
 //      ("atomic") or, "deterministic", in a fixed order per tile behind a semaphore per
-//      (b, h, m): key blocks from the last one that sees the tile down to 0 (per consumer:
-//      consumer 0's partial completed before consumer 1's). The consumers never touch global
+//      (b, h, m): key blocks from the last one that sees the tile down to 0. The consumers never touch global
 //      memory and never wait for the deterministic turn. dK, dV stay in registers across all
 //      steps and are added to dk, dv (bf16) at the end: the CTA alone owns its keys of kv
 //      head g (no atomics).
@@ -66,37 +62,10 @@
 // first, measured 0.82x of the reverse one at 32K). Every wait also gives up after ~2^34
 // cycles and records a hang (sm90_bwd_take_hang_report).
 //
-// hd 64's split (bench/RESULTS.md, 2026-12-02, same bench): GQA 32/4 x 64 causal at 8K / 32K / 128K atomic-split
-// 254-258 / 400 / 405-408 (cuDNN's atomic 401-404 / 415-422 / 423), deterministic-split 224-235 /
-// 331-339 / 355-357 (cuDNN's deterministic graph 242-244 / 258-259 / 261-262), unmasked 32K
-// 405-406 / 384-398: 1.18-1.54x the per-consumer variants; first on the route in the
-// deterministic mode from 16K rows (and for unmasked blocks). At 8K (256 CTAs of up to 512 steps
-// for 132 SMs) its steps took ~1.6x as long as at 32K: the head-major order's tail (bench/RESULTS.md, 2026-12-03,
-// the atomic variants' heavy-first order in the kernel below). Tried and dropped
-// (bench/RESULTS.md, 2026-12-02): each consumer's dQ GEMM a step late, issued with the next step's dV / dK behind
-// mbarriers per consumer and dS^T buffer instead of the per-step barrier (the consumers free to
-// drift by a step; correct, bit-identical deterministic): 10-12% slower (atomic 359 / 364 against
-// 397 / 411 at 32K / 128K), so the lock step is not what limits it, a dQ GEMM queued behind dV /
-// dK costs. The row split's writer spills 4 bytes (atomic) / 8 (deterministic) at hd 64.
-// Measured (H200, bench_attention --sm90-bwd-only, bench/RESULTS.md, 2026-12-02, TFLOP/s at 8K /
-// 32K / 128K, cuDNN's backward of the same mode in the same process in brackets): 32 x 128
-// causal, split: deterministic 442-447 / 450-485 / 432-454 (cuDNN's deterministic graph 345 /
-// 397-409 / 407-418), atomic 457-461 / 497-506 / 501-512 (cuDNN 528-530 / 526-548 / 524-540);
-// unmasked deterministic 445-461 / 478-483 (412-433 / 402-415). GQA 32/4 x 64, per consumer,
-// deterministic: causal 179 / 220 / 233 (243 / 259 / 261), unmasked 278 / 296 (259 / 261). So
-// the attention route (ops/attention_route.h) takes it first for the deterministic backward at
-// hd 128 (and, with hd 64's split, see above, at hd 64); cuDNN keeps the rest. Where the time goes (ncu,
-// split atomic at 32K causal): the tensor pipe is busy 57.6% of the cycles, issue slots 36%,
-// 0.48 eligible warps per scheduler; L2 at 52% (the per-consumer variant: 92%, the dQ reduce
-// traffic, which the split halves). What it lacks against cuDNN / FA3: each step's dQ GEMM is
-// waited for before its part is stored (queueing it behind dV / dK measured 1-5% slower), the
-// S^T / dP^T GEMMs are m64n64 (hd 64: every GEMM is), a 2-stage Q / dO ring, no persistent
-// CTAs. Tried and dropped (bench/RESULTS.md, 2026-12-02): S^T and dP^T as two wgmma groups, the exponentials
-// under the dP^T GEMM and dS^T formed under the dV GEMM (bit-identical results): no faster
-// (split 128K 492 = 492, 32K 465 vs 482; hd 64 -1..+2%), so the exposed softmax is not what
-// limits it; ncu (split, 32K causal): tensor 54.9%, L1/shared 60.9%, issue 34.8%, 0.48 eligible
-// warps per scheduler. cuDNN's backward in the same process runs 64 x 64 tiles
-// (`sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1`).
+// What it lacks against cuDNN / FA3: each step's dQ GEMM is waited for before its part is
+// stored, the S^T / dP^T GEMMs are m64n64 (hd 64: every GEMM is), a 2-stage Q / dO ring, no
+// persistent CTAs. Measurements, and the schedules tried and dropped: docs/performance.md,
+// "Hopper attention".
 // Registers (ptxas, CUDA 13.0): 168 at launch, producer 24 / consumers 240 after setmaxnreg
 // (24 + 2 x 240 = 3 x 168: the sum may not exceed the launch allocation, or setmaxnreg.inc
 // waits forever: a first version with a 32-register producer hung on the GPU); the
@@ -239,9 +208,9 @@ __device__ __forceinline__ void gemm_dq(float (&d)[HD / 2], uint32_t ds_base, ui
   }
 }
 
-// kDqSplit: dQ[64 q x dims 64p..64p+63] = dS[64 q x 128 keys] K[128 keys x panel p]: A = all
+// DqSplit::Columns: dQ[64 q x dims 64p..64p+63] = dS[64 q x 128 keys] K[128 keys x panel p]: A = all
 // 128 rows of dS^T (MN-major, as in gemm_dq), B = K's 64-dim panel p (MN-major, one panel),
-// slice kk = keys 16kk.. at +16 rows. Overwrites d. kDqRows (hd 64): the same GEMM with A =
+// slice kk = keys 16kk.. at +16 rows. Overwrites d. DqSplit::Rows (hd 64): the same GEMM with A =
 // the dS^T panel of the consumer's 64 query rows and B = all of K (one panel).
 __device__ __forceinline__ void gemm_dq_split(float (&d)[32], uint32_t ds_base, uint32_t k_panel) {
 #pragma unroll
@@ -350,33 +319,29 @@ __global__ void bwd_post_kernel(const BwdArgs a) {
   *dst = __floats2bfloat162_rn(__low2float(old) + a.scale * acc[0], __high2float(old) + a.scale * acc[1]);
 }
 
-// How the two consumers' dQ contributions reach dq_acc (the template parameter kDq):
-//   kDqPer:   each consumer's partial over its 64 keys, all hd columns; two bulk reduces per step;
-//   kDqSplit: consumer cw computes columns 64cw.. of dQ over all 128 keys (FlashAttention-3's
-//             split; hd 128 only): no sum, one 32 KiB tile per step (half the partial bytes),
-//             dQ accumulators of 32 instead of 64 registers; both consumers' dS^T rows must be
-//             written before either dQ GEMM (one 256-thread barrier per step; dS^T double
-//             buffered so that step t+1 may write while the other consumer still reads step t's).
-//   kDqRows:  hd 64 (FlashAttention-3's hd 64 tiles): steps of 128 query rows, so S^T and dP^T
-//             are m64n128 and dV / dK run 8 K slices (twice the work per wait of kDqPer), and
-//             consumer cw computes dQ of query rows 64cw.. over all 128 keys: a whole 64-row
-//             tile of the accumulator each, nothing to sum, half kDqPer's bytes per score;
-//             the same barrier and double-buffered dS^T as kDqSplit.
-constexpr int kDqPer = 0, kDqSplit = 1, kDqRows = 2;
+// How the two consumers split dQ (FlashAttention-3's split; no partials to sum): both
+// consumers' dS^T rows must be written before either dQ GEMM (one 256-thread barrier per step;
+// dS^T double buffered so that step t+1 may write while the other consumer still reads step t's).
+//   Columns: hd 128: consumer cw computes columns 64cw.. of dQ over all 128 keys: one 32 KiB
+//            tile per step, dQ accumulators of 32 registers;
+//   Rows:    hd 64 (FlashAttention-3's hd 64 tiles): steps of 128 query rows, so S^T and dP^T
+//            are m64n128 and dV / dK run 8 K slices, and consumer cw computes dQ of query rows
+//            64cw.. over all 128 keys: a whole 64-row tile of the accumulator each.
+enum class DqSplit { Columns, Rows };
 
-template <int HD, int kDq>
+template <int HD, DqSplit kDq>
 struct BwdSmem {
   static constexpr int kPanels = HD / 64;
-  static constexpr int kBMs = kDq == kDqRows ? 128 : kBM;  // query rows per step
-  static constexpr int kDsBufs = kDq == kDqPer ? 1 : 2;
-  static constexpr int kDqBufs = kDq == kDqSplit ? 1 : 2;
+  static constexpr int kBMs = kDq == DqSplit::Rows ? 128 : kBM;  // query rows per step
+  static constexpr int kDsBufs = 2;
+  static constexpr int kDqBufs = kDq == DqSplit::Columns ? 1 : 2;
   alignas(1024) __nv_bfloat16 k[kPanels][kBN * 64];
   alignas(1024) __nv_bfloat16 v[kPanels][kBN * 64];
   alignas(1024) __nv_bfloat16 q[2][kPanels][kBMs * 64];
   alignas(1024) __nv_bfloat16 dout[2][kPanels][kBMs * 64];
   // dS^T [128 keys][kBMs q] as panels of 64 query columns, swizzled.
   alignas(1024) __nv_bfloat16 ds[kDsBufs][kBMs / 64][kBN * 64];
-  // The consumers' dQ partials (kDqSplit: one tile, consumer cw's columns in its half; kDqRows:
+  // The consumers' dQ parts (Columns: one tile, consumer cw's columns in its half; Rows:
   // consumer cw's 64-row tile), in fragment order (dq_frag_index).
   alignas(128) float dq[kDqBufs][kBM * HD];
   alignas(16) float lse2[2][kBMs];
@@ -393,14 +358,13 @@ __device__ __forceinline__ int first_m_block(const BwdArgs& a, int n) {
   return first_row >= a.sq ? a.m_tiles : static_cast<int>(first_row / BM);
 }
 
-// Named barriers (0 is __syncthreads): 2 + cw = consumer cw alone (128 threads).
-constexpr int kBarWgBase = 2;
-constexpr int kBarConsumers = 4;   // kDqSplit: both consumer warpgroups (256 threads)
+// Named barrier of both consumer warpgroups (256 threads; 0 is __syncthreads).
+constexpr int kBarConsumers = 4;
 
 // kDet: the semaphore of query tile m (BM rows) counts the key blocks that have added to it;
 // they add from the last block that sees the tile (n_last) down to 0, so block n's turn is
 // n_last - n. Block n sees tile m iff n <= n_last (first_m_block), n_last = min(sk - 1, last row
-// + diag) / 128 (causal). kDqRows keeps a 128-row step's semaphore at its first 64-row tile's.
+// + diag) / 128 (causal). DqSplit::Rows keeps a 128-row step's semaphore at its first 64-row tile's.
 template <int BM = kBM>
 __device__ __forceinline__ int dq_turn(const BwdArgs& a, int n, int m) {
   int last_key = a.sk - 1;
@@ -411,18 +375,16 @@ __device__ __forceinline__ int dq_turn(const BwdArgs& a, int n, int m) {
 // dQ: one writer thread (warp 1 of the producer warpgroup) adds each consumer's partial to
 // dq_acc with a TMA bulk reduce-add straight from shared memory (dq_full / dq_empty mbarriers
 // per consumer; FA3's dQ writer), so the consumers never touch global memory or wait for a
-// deterministic turn; kDqPer: they meet no cross-consumer barrier either (each consumer's dS^T
-// rows and dQ partial are its own, named barrier 2 + cw), so the two drift and one's
-// exponentials run under the other's GEMMs. kDet: the writer waits for the tile's semaphore, adds consumer 0's
-// partial, waits for it to complete, then consumer 1's, and passes the turn on; the key blocks
+// deterministic turn. kDet: the writer waits for the tile's semaphore, adds the consumers'
+// parts, waits for them to complete and passes the turn on; the key blocks
 // of a tile take turns from the last one that sees it down to block 0 (dq_turn), and the grid
 // runs the key blocks in that order too, so a CTA waits only for one launched before it, and
 // (causal) the block it waits for started its tiles two steps earlier: no waiting in steady state.
 // The writer hands a partial's shared memory back as soon as the bulk reduce has read it
-// (its completion is waited for only where the order needs it). kDqSplit: the two halves are
+// (its completion is waited for only where the order needs it). Columns: the two halves are
 // disjoint columns, so one bulk reduce adds the whole tile (deterministic) or one per half as
 // it comes (atomic).
-template <int HD, bool kDet, int kDq, bool kHeavy>
+template <int HD, bool kDet, DqSplit kDq, bool kHeavy>
 __global__ void __launch_bounds__(384, 1)
     attention_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -430,8 +392,7 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ unsigned char smem_raw[];
   BwdSmem<HD, kDq>& sh = aligned_smem<BwdSmem<HD, kDq>>(smem_raw);
   constexpr int kPanels = HD / 64;
-  constexpr bool kSplit = kDq == kDqSplit, kRows = kDq == kDqRows;
-  constexpr bool kPair = kSplit || kRows;  // each dQ GEMM reads both consumers' dS^T rows
+  constexpr bool kSplit = kDq == DqSplit::Columns, kRows = kDq == DqSplit::Rows;
   constexpr int kBMs = BwdSmem<HD, kDq>::kBMs;
   static_assert(!kSplit || HD == 128, "the split dQ needs hd 128 (64 columns per consumer)");
   static_assert(!kRows || HD == 64, "the row split is hd 64's");
@@ -548,25 +509,6 @@ __global__ void __launch_bounds__(384, 1)
         }
       }
       bulk_wait_all();
-    } else if (kDq == kDqPer && tid == 32) {  // ---------------------------------- dQ writer
-      for (int t = 0; t < steps; ++t) {
-        const int h = g * a.group + t / nm, m = m_first + t % nm;
-        const int64_t bh = static_cast<int64_t>(b) * a.hq + h;
-        float* acc = a.dq_acc + (bh * a.sq_pad + static_cast<int64_t>(m) * kBM) * HD;
-        int* sem = a.sem + bh * a.m_blocks + m;
-        const int turn = kDet ? dq_turn(a, n, m) : 0;
-        if constexpr (kDet) sem_wait(sem, turn);  // the key blocks after this one have added theirs
-        for (int c = 0; c < 2; ++c) {
-          mbar_wait(smem_u32(&sh.dq_full[c]), t & 1);
-          bulk_reduce_add_f32(acc, smem_u32(&sh.dq[c][0]), kBM * HD * 4);
-          bulk_commit();
-          bulk_wait_read();  // read: consumer c may refill it while the add completes
-          mbar_arrive(smem_u32(&sh.dq_empty[c]));
-          if constexpr (kDet) bulk_wait_all();  // consumer 0's partial is in before consumer 1's (a fixed order)
-        }
-        if constexpr (kDet) st_release(sem, turn + 1);
-      }
-      bulk_wait_all();
     }
     return;
   }
@@ -637,21 +579,16 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_commit();
 
     // dS^T to shared memory for the dQ GEMM (while the tensor cores run dV, dK): this consumer's
-    // key rows 64cw.. of every query panel. kDqPer: its dQ GEMM reads no others, and every warp
-    // of it finished the previous step's dQ GEMM before the barrier right after that GEMM;
-    // kPair: both consumers' rows are read, behind the barrier below.
-    const int dsb = kPair ? (t & 1) : 0;
+    // key rows 64cw.. of every query panel; both consumers' rows are read, behind the barrier below.
+    const int dsb = t & 1;
 #pragma unroll
     for (int p = 0; p < kBMs / 64; ++p)  // query panel p: fragments 4p .. 4p + 3
       frag_to_smem_sw128(*reinterpret_cast<const uint32_t(*)[4][4]>(&dsf[4 * p][0]),
                          reinterpret_cast<unsigned char*>(&sh.ds[dsb][p][0]), 64 * cw, warp, lane);
     fence_proxy_async_smem();
-    if constexpr (kPair)
-      // Both consumers' dS^T rows of this step written. Passing it also means both finished
-      // step t - 1's dQ GEMM (program order), the last reader of buffer (t + 1) & 1.
-      named_bar_sync(kBarConsumers, 256);
-    else
-      named_bar_sync(kBarWgBase + cw, 128);  // this consumer's dS^T rows written (its dQ GEMM reads only those)
+    // Both consumers' dS^T rows of this step written. Passing it also means both finished
+    // step t - 1's dQ GEMM (program order), the last reader of buffer (t + 1) & 1.
+    named_bar_sync(kBarConsumers, 256);
 
     wgmma_wait<0>();
     reg_fence(dk);
@@ -664,7 +601,7 @@ __global__ void __launch_bounds__(384, 1)
     // The writer's release of the previous partial in sh.dq[cw], waited for before the dQ GEMM,
     // while no accumulator of it is live (waiting after it spilled 12 bytes at hd 128).
     mbar_wait(smem_u32(&sh.dq_empty[cw]), (t & 1) ^ 1);
-    if constexpr (kPair) {
+    {
       // kSplit: columns 64cw.. over all keys (K panel cw), float4s 8cw.. of the tile's fragment
       // order (dq_frag_index); kRows: rows 64cw.. (dS^T panel cw), consumer cw's own tile.
       float dqp[32];
@@ -677,20 +614,6 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int v4 = 0; v4 < 8; ++v4)
         *reinterpret_cast<float4*>(&dst[4 * (128 * v4 + tid)]) =
-            make_float4(dqp[4 * v4], dqp[4 * v4 + 1], dqp[4 * v4 + 2], dqp[4 * v4 + 3]);
-    } else {
-      float dqp[HD / 2];
-      wgmma_fence();
-      gemm_dq<HD>(dqp, smem_u32(&sh.ds[0][0][0]), smem_u32(&sh.k[0][0]), cw);
-      wgmma_commit();
-      wgmma_wait<0>();
-      reg_fence(dqp);
-      // Every warp of this consumer is past its dQ GEMM, so the next step may overwrite its dS^T
-      // rows (the warps of a warpgroup are not otherwise kept together).
-      named_bar_sync(kBarWgBase + cw, 128);
-#pragma unroll
-      for (int v4 = 0; v4 < HD / 8; ++v4)
-        *reinterpret_cast<float4*>(&sh.dq[cw][4 * (128 * v4 + tid)]) =
             make_float4(dqp[4 * v4], dqp[4 * v4 + 1], dqp[4 * v4 + 2], dqp[4 * v4 + 3]);
     }
     fence_proxy_async_smem();                // the stores above, for the writer's bulk reduce (async proxy)
@@ -740,11 +663,7 @@ __global__ void __launch_bounds__(256) bwd_tile_check_kernel(const __grid_consta
   constexpr int kPanels = HD / 64;
   const int cw = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const uint32_t bar = smem_u32(&sh.bar);
-  if (threadIdx.x == 0) {
-    mbar_init(bar, 1);
-    mbar_init_fence();
-  }
-  __syncthreads();
+  init_one_barrier(bar);
   if (threadIdx.x == 0) {
     mbar_expect_tx(bar, kPanels * (kBN + kBM) * kRowBytes);
     for (int p = 0; p < kPanels; ++p) {
@@ -760,8 +679,7 @@ __global__ void __launch_bounds__(256) bwd_tile_check_kernel(const __grid_consta
   wgmma_commit();
   wgmma_wait<0>();
   reg_fence(s);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) st_out[(r0 + 8 * ((i / 2) % 2)) * kBM + 8 * (i / 4) + colq + (i % 2)] = s[i];
+  store_acc(st_out, s, r0, colq, kBM);
   uint32_t f[4][4];
   acc_to_frag(s, f);
   float d[HD / 2];
@@ -775,8 +693,7 @@ __global__ void __launch_bounds__(256) bwd_tile_check_kernel(const __grid_consta
   wgmma_wait<0>();
   reg_fence(d);
   reg_fence_u(f);
-#pragma unroll
-  for (int i = 0; i < HD / 2; ++i) dk_out[(r0 + 8 * ((i / 2) % 2)) * HD + 8 * (i / 4) + colq + (i % 2)] = d[i];
+  store_acc(dk_out, d, r0, colq, HD);
   frag_to_smem_sw128(f, reinterpret_cast<unsigned char*>(&sh.ds[0]), 64 * cw, warp, lane);
   fence_proxy_async_smem();
   __syncthreads();
@@ -794,7 +711,7 @@ __global__ void __launch_bounds__(256) bwd_tile_check_kernel(const __grid_consta
 static_assert(kSm90BwdQueryTile == kBM, "the scratch layout's query tile is the kernel's");
 Sm90BwdScratchLayout scratch_layout(const AttentionParams& p) { return sm90_bwd_scratch_layout(p.batch, p.hq, p.sq, p.hd); }
 
-template <int HD, bool kDet, int kDq>
+template <int HD, bool kDet, DqSplit kDq>
 void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   const Sm90BwdScratchLayout sl = scratch_layout(p);
   BwdArgs a{};
@@ -893,31 +810,6 @@ bool attention_bwd_sm90_supported(const AttentionParams& p, std::string* why) {
   return true;
 }
 
-const char* sm90_bwd_variant_name(Sm90BwdVariant v) {
-  switch (v) {
-    case Sm90BwdVariant::Deterministic:
-      return "deterministic";
-    case Sm90BwdVariant::AtomicSplit:
-      return "atomic-split";
-    case Sm90BwdVariant::DeterministicSplit:
-      return "deterministic-split";
-
-    default:
-      return "atomic";
-  }
-}
-
-std::vector<Sm90BwdVariant> sm90_bwd_variants() {
-  using V = Sm90BwdVariant;
-  return {V::Atomic, V::Deterministic, V::AtomicSplit, V::DeterministicSplit};
-}
-
-bool sm90_bwd_variant_deterministic(Sm90BwdVariant v) {
-  return v == Sm90BwdVariant::Deterministic || v == Sm90BwdVariant::DeterministicSplit;
-}
-
-bool sm90_bwd_variant_supported(Sm90BwdVariant, int64_t hd) { return hd == 64 || hd == 128; }
-
 void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st, Sm90BwdVariant variant) {
   std::string why;
   if (!attention_bwd_sm90_supported(p, &why)) EASYCTX_THROW("attention_bwd_sm90: unsupported call: ", why);
@@ -926,33 +818,15 @@ void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st
   if (!sm90_bwd_variant_supported(variant, p.hd))
     EASYCTX_THROW("attention_bwd_sm90: variant ", sm90_bwd_variant_name(variant), " does not support head dim ", p.hd);
   const bool h128 = p.hd == 128;
-  using V = Sm90BwdVariant;
-  using sm90::kDqPer, sm90::kDqSplit, sm90::kDqRows;
-  switch (variant) {
-    case V::Deterministic:
-      return h128 ? sm90::launch_bwd<128, true, kDqPer>(p, scratch, st) : sm90::launch_bwd<64, true, kDqPer>(p, scratch, st);
-    case V::AtomicSplit:
-      return h128 ? sm90::launch_bwd<128, false, kDqSplit>(p, scratch, st) : sm90::launch_bwd<64, false, kDqRows>(p, scratch, st);
-    case V::DeterministicSplit:
-      return h128 ? sm90::launch_bwd<128, true, kDqSplit>(p, scratch, st) : sm90::launch_bwd<64, true, kDqRows>(p, scratch, st);
-
-    default:
-      return h128 ? sm90::launch_bwd<128, false, kDqPer>(p, scratch, st) : sm90::launch_bwd<64, false, kDqPer>(p, scratch, st);
-  }
+  using sm90::DqSplit;
+  if (sm90_bwd_variant_deterministic(variant))
+    return h128 ? sm90::launch_bwd<128, true, DqSplit::Columns>(p, scratch, st)
+                : sm90::launch_bwd<64, true, DqSplit::Rows>(p, scratch, st);
+  return h128 ? sm90::launch_bwd<128, false, DqSplit::Columns>(p, scratch, st)
+              : sm90::launch_bwd<64, false, DqSplit::Rows>(p, scratch, st);
 }
 
-std::string sm90_bwd_take_hang_report() {
-  unsigned int h[8] = {};
-  EASYCTX_CUDA_CHECK(cudaMemcpyFromSymbol(h, sm90::g_hang, sizeof(h)));
-  if (h[0] == 0) return "";
-  const unsigned int zero[8] = {};
-  EASYCTX_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_hang, zero, sizeof(zero)));
-  char b[256];
-  std::snprintf(b, sizeof(b), "a %s wait gave up after ~2^34 cycles: block (%u,%u,%u) thread %u (warpgroup %u) %s 0x%x %s %u",
-                h[7] ? "dQ semaphore" : "mbarrier", h[1], h[2], h[3], h[4], h[4] / 128, h[7] ? "semaphore at" : "barrier at shared",
-                h[5], h[7] ? "waiting for key block" : "parity", h[6]);
-  return b;
-}
+std::string sm90_bwd_take_hang_report() { return sm90::take_hang_report(); }
 
 void sm90_bwd_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, int hd, float* st_out, float* dk_out, float* dq_out,
                          cudaStream_t st) {

@@ -58,14 +58,7 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const AttentionP
   uint32_t qf[HD / 16][4];
 
   for (int t = 0; t < ntiles; ++t) {
-    if (t + 1 < ntiles) {
-      const int nb = (t + 1) & 1;
-      load_tile<kBN, HD, kThreads>(sK + nb * kBN * HD, kb, p.k_row, int64_t(t + 1) * kBN, p.sk);
-      load_tile<kBN, HD, kThreads>(sV + nb * kBN * HD, vb, p.k_row, int64_t(t + 1) * kBN, p.sk);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    kv_stream_step<kBN, HD, kThreads>(sK, sV, kb, vb, p.k_row, p.sk, t, ntiles);
     if (t == 0) {
 #pragma unroll
       for (int ks = 0; ks < HD / 16; ++ks) ldmatrix_x4(qf[ks], frag_a<HD>(sQ, warp * 16, ks * 16, lane));
@@ -132,17 +125,8 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const AttentionP
 #pragma unroll
     for (int ks = 0; ks < kBN / 16; ++ks) {
       uint32_t a[4];
-      a[0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
-      a[1] = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
-      a[2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      a[3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-#pragma unroll
-      for (int np = 0; np < HD / 16; ++np) {
-        uint32_t bfr[4];
-        ldmatrix_x4_trans(bfr, frag_b_kn<HD>(cV, ks * 16, np * 16, lane));
-        mma_bf16(acc[2 * np], a, bfr[0], bfr[1]);
-        mma_bf16(acc[2 * np + 1], a, bfr[2], bfr[3]);
-      }
+      acc_to_a(s, ks, a);
+      mma_a_bkn<HD>(acc, a, cV, ks * 16, lane);
     }
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }

@@ -1,5 +1,6 @@
 // Hopper (sm_90a) attention forward: a FlashAttention-3-style kernel (TMA loads into a shared
-// memory ring, wgmma tensor-core GEMMs, a producer warpgroup and two consumer warpgroups).
+// memory ring, wgmma tensor-core GEMMs, a producer warpgroup and two consumer warpgroups, three
+// at head dim 64).
 // Same parameters, layouts and visibility rule as kernels/attention.h (AttentionParams):
 //   q, o [B, Sq, Hq, hd] (strides q_batch, q_row), k, v [B, Sk, Hkv, hd] (strides k_batch,
 //   k_row), lse f32[B, Hq, Sq] (natural log), key j visible to query i iff !causal or
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/attention_sm90_variants.h"  // the variants and which one a call takes
 
 namespace easyctx::kernels {
 
@@ -25,49 +27,11 @@ bool sm90_device_available();
 // 16-byte global strides), lse_out and o_out set. `why` (optional) gets the first reason not.
 bool attention_fwd_sm90_supported(const AttentionParams& p, std::string* why = nullptr);
 
-// Consumer schedules (same results up to fp32 summation order, all tested):
-//   Simple:   one tile at a time (S GEMM, wait, softmax, P V GEMM, wait): the reference schedule;
-//   Overlap:  the softmax of key tile n runs while the tensor cores do P_{n-1} V_{n-1} (FA3's
-//             intra-warpgroup overlap);
-//   PingPong: Overlap plus the two consumer warpgroups taking turns to issue their GEMMs (named
-//             barriers), so one's softmax hides behind the other's GEMMs;
-//   PingPong2: PingPong with O rescaled while the S GEMM runs (FA3's order) and the turn token
-//             in one ring over the CTA's work (what a persistent CTA needs);
-//   Persistent: PingPong2 in persistent CTAs (one per SM) walking a longest-first tile list, so
-//             a CTA's next Q / K / V loads overlap its epilogue and no launch tail is left;
-//   Persistent3: Persistent with a 3-stage K/V ring (2 otherwise; 3 x 64 KB + Q fit hd 128);
-//   Wide:     hd 64 only: three consumer warpgroups (192-row query tiles, 160 registers each),
-//             PingPong2's schedule: a K/V tile feeds 1.5x the rows (FA3's hd-64 shape);
-//   WidePersistent: Wide in persistent CTAs;
-//   WidePoly: WidePersistent with a quarter of the softmax exponentials on the FMA pipe (a
-//             polynomial, relative error 7.5e-5) instead of MUFU.EX2, which bounds hd 64;
-//   Auto:     sm90_fwd_resolve(): EASYCTX_SM90_VARIANT if set (a name below), else the expected
-//             best per head dim.
-enum class Sm90FwdVariant {
-  Overlap,
-  Simple,
-  PingPong,
-  PingPong2,
-  Persistent,
-  Persistent3,
-  Wide,
-  WidePersistent,
-  WidePoly,
-  Auto
-};
-const char* sm90_fwd_variant_name(Sm90FwdVariant v);
-// Every concrete variant (not Auto), in the order the bench prints them.
-std::vector<Sm90FwdVariant> sm90_fwd_variants();
-// Whether `v` runs head dim `hd` (Wide* need hd 64; Auto resolves first).
-bool sm90_fwd_variant_supported(Sm90FwdVariant v, int64_t hd);
-// The concrete variant Auto stands for at head dim `hd` (others: themselves).
-Sm90FwdVariant sm90_fwd_resolve(Sm90FwdVariant v, int64_t hd);
-
-// o_out, lse_out = attention(q, k, v) forward on `st`. Throws when !supported(p) or the
-// variant does not support p.hd.
+// o_out, lse_out = attention(q, k, v) forward on `st` (Auto: sm90_fwd_variant_for(p.hd)).
+// Throws when !supported(p) or the variant does not support p.hd.
 void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVariant variant = Sm90FwdVariant::Auto);
 
-// Test hook: the K + V bytes per L2 section of the persistent variants' work list (0, the
+// Test hook: the K + V bytes per L2 section of the persistent variant's work list (0, the
 // default: 32 MiB), so small shapes can reach several sections, a partial last one included.
 void sm90_set_l2_section_bytes(int64_t bytes);
 
@@ -96,21 +60,7 @@ void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const
 // `scratch` with the other temporaries. FlashAttention-3-style: a CTA per (128 keys, kv head,
 // batch) loops over the query heads of its GQA group and their 64-row (hd 64 split: 128-row)
 // tiles that see its keys (TMA + wgmma, a producer and two consumer warpgroups); dQ goes through
-// an fp32 accumulator in scratch. Design, and what is not done yet: the header comment of attention_bwd_sm90.cu.
-//   Atomic:          the consumers' dQ partials added by TMA bulk reduce-adds as they come
-//                    (the order of the fp32 additions varies run to run);
-//   Deterministic:   in a fixed order per query tile (key blocks from the last that sees the
-//                    tile down to the first, behind a semaphore per tile; consumer 0's partial
-//                    before consumer 1's), so the result is bit-identical run to run.
-//   AtomicSplit, DeterministicSplit: FlashAttention-3's split: each consumer computes half of
-//                    dQ over all 128 keys (no partials to sum, half the bytes to add per step, a
-//                    barrier between the consumers per step): at hd 128 half the columns, at
-//                    hd 64 half the rows of 128-row steps (FlashAttention-3's hd 64 tiles).
-enum class Sm90BwdVariant { Atomic, Deterministic, AtomicSplit, DeterministicSplit };
-const char* sm90_bwd_variant_name(Sm90BwdVariant v);
-std::vector<Sm90BwdVariant> sm90_bwd_variants();  // every one, in bench order
-bool sm90_bwd_variant_deterministic(Sm90BwdVariant v);
-bool sm90_bwd_variant_supported(Sm90BwdVariant v, int64_t hd);
+// an fp32 accumulator in scratch. Variants: Sm90BwdVariant (kernels/attention_sm90_variants.h).
 
 // Bytes of device scratch attention_bwd_sm90 needs for `p` (only batch, hq, sq, hd matter; the
 // layout: kernels/attention_sm90_scratch.h). 0 when p is malformed.

@@ -85,4 +85,71 @@ __device__ __forceinline__ const __nv_bfloat16* frag_b_kn(const __nv_bfloat16* t
   return t + swz<HD>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), n0 + ((lane >> 4) << 3));
 }
 
+// The fp32 accumulators of n8 tiles 2ks and 2ks + 1 as one bf16 A fragment (k = their 16
+// columns): FlashAttention-2's S -> P with no data movement.
+template <int N>
+__device__ __forceinline__ void acc_to_a(const float (&c)[N][4], int ks, uint32_t (&a)[4]) {
+  a[0] = pack_bf16(c[2 * ks][0], c[2 * ks][1]);
+  a[1] = pack_bf16(c[2 * ks][2], c[2 * ks][3]);
+  a[2] = pack_bf16(c[2 * ks + 1][0], c[2 * ks + 1][1]);
+  a[3] = pack_bf16(c[2 * ks + 1][2], c[2 * ks + 1][3]);
+}
+
+// acc += a B[k0..k0+15][0..HD) for one warp's 16 rows, B stored [k][HD] (ldmatrix.trans).
+template <int HD>
+__device__ __forceinline__ void mma_a_bkn(float (&acc)[HD / 8][4], const uint32_t (&a)[4], const __nv_bfloat16* b,
+                                          int k0, int lane) {
+#pragma unroll
+  for (int np = 0; np < HD / 16; ++np) {
+    uint32_t bfr[4];
+    ldmatrix_x4_trans(bfr, frag_b_kn<HD>(b, k0, np * 16, lane));
+    mma_bf16(acc[2 * np], a, bfr[0], bfr[1]);
+    mma_bf16(acc[2 * np + 1], a, bfr[2], bfr[3]);
+  }
+}
+
+// c1 = A1 B1^T and c2 = A2 B2^T for one warp's 16 rows (row0.. of A1, A2, stored [rows][HD])
+// and N columns (B1, B2 stored [N][HD]), the two GEMMs interleaved.
+template <int HD, int N>
+__device__ __forceinline__ void mma_pair_nt(float (&c1)[N / 8][4], float (&c2)[N / 8][4], const __nv_bfloat16* a1,
+                                            const __nv_bfloat16* a2, const __nv_bfloat16* b1, const __nv_bfloat16* b2,
+                                            int row0, int lane) {
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c1[n][e] = c2[n][e] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < HD / 16; ++ks) {
+    uint32_t x1[4], x2[4];
+    ldmatrix_x4(x1, frag_a<HD>(a1, row0, ks * 16, lane));
+    ldmatrix_x4(x2, frag_a<HD>(a2, row0, ks * 16, lane));
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t y1[4], y2[4];
+      ldmatrix_x4(y1, frag_b_nk<HD>(b1, np * 16, ks * 16, lane));
+      ldmatrix_x4(y2, frag_b_nk<HD>(b2, np * 16, ks * 16, lane));
+      mma_bf16(c1[2 * np], x1, y1[0], y1[1]);
+      mma_bf16(c1[2 * np + 1], x1, y1[2], y1[3]);
+      mma_bf16(c2[2 * np], x2, y2[0], y2[1]);
+      mma_bf16(c2[2 * np + 1], x2, y2[2], y2[3]);
+    }
+  }
+}
+
+// One step over the key tiles of a double-buffered K/V stream: starts loading tile t + 1 (BN
+// rows) into buffer (t + 1) & 1 of sK, sV, then waits until tile t (buffer t & 1) has arrived
+// and every thread is past the barrier.
+template <int BN, int HD, int kThreads>
+__device__ __forceinline__ void kv_stream_step(__nv_bfloat16* sK, __nv_bfloat16* sV, const __nv_bfloat16* kb,
+                                               const __nv_bfloat16* vb, int64_t k_row, int64_t sk, int t, int ntiles) {
+  if (t + 1 < ntiles) {
+    const int nb = (t + 1) & 1;
+    load_tile<BN, HD, kThreads>(sK + nb * BN * HD, kb, k_row, int64_t(t + 1) * BN, sk);
+    load_tile<BN, HD, kThreads>(sV + nb * BN * HD, vb, k_row, int64_t(t + 1) * BN, sk);
+  }
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+}
+
 }  // namespace easyctx::kernels::mma

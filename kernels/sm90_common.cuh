@@ -1,10 +1,32 @@
 // Building blocks shared by the Hopper attention kernels (attention_fwd_sm90.cu,
 // attention_bwd_sm90.cu): PTX wrappers for mbarriers, TMA, named barriers, wgmma fences and
-// shared-memory descriptors, and the host-side TMA tensor-map helper. Moved verbatim out of
-// attention_fwd_sm90.cu (where they were verified on an H200: its tile self-test and every
-// forward case passed), so both kernels use the very same code. The hardware facts they rely
-// on (descriptor bits, swizzle, fragment layouts) are listed with sources in the header
-// comment of attention_fwd_sm90.cu.
+// shared-memory descriptors, and the host-side TMA tensor-map helper, so both kernels use the
+// very same code (verified by the tile self-tests, sm90_wgmma_tile_check and sm90_bwd_tile_check).
+//
+// Facts this file relies on (sources: PTX ISA 8.x "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate" sections, CUTLASS include/cute/arch/mma_sm90_desc.hpp; cross-checked
+// against public FA3 / hand-written wgmma GEMM kernels):
+//  * wgmma shared-memory matrix descriptor (64 bits): [0,14) start address >> 4, [16,30) leading
+//    byte offset (LBO) >> 4, [32,46) stride byte offset (SBO) >> 4, [49,52) base offset (0 here:
+//    every swizzle atom is 1024-byte aligned), [62,64) layout type (1 = 128-byte swizzle).
+//  * 128-byte swizzle (TMA CU_TENSOR_MAP_SWIZZLE_128B and wgmma layout type 1 agree, both act on
+//    the shared-memory address bits): rows of 128 bytes (64 bf16), 8 rows = one 1024-byte atom,
+//    16-byte chunk c of row r stored at chunk c ^ (r % 8).
+//  * K-major SW128 canonical layout ((8,m),(T,2k)):((8T,SBO),(1,T)) (T = 8 bf16 = 16 bytes):
+//    SBO = 1024 bytes between 8-row groups, LBO unused ("assumed 1"); the k-th 16-element K slice
+//    inside a 128-byte row is addressed by adding 32*k bytes to the start address.
+//  * MN-major SW128 canonical layout ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): 64 contiguous MN
+//    elements per 128-byte row, SBO = bytes between 8-row groups along K (1024 here), LBO =
+//    bytes between 64-wide MN panels (one TMA panel = 128 keys x 128 bytes = 16384 here).
+//  * fp32 accumulator of m64nNk16 (PTX figure "WGMMA .m64nNk16 register fragment layout for
+//    accumulator matrix D"): thread t = 32*w + l of the warpgroup holds d[i], i < N/2, at
+//    row 16*w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + (i%2).
+//  * register A of m64nNk16 (bf16, 4 x 32-bit registers, same as mma.m16n8k16's A per warp):
+//    a[0] = row 16w+l/4, cols 2(l%4)+{0,1}; a[1] = row +8, same cols; a[2] = row 16w+l/4,
+//    cols 8+2(l%4)+{0,1}; a[3] = row +8, cols 8+...; the lower column in the low 16 bits.
+//    Hence the accumulator of S for keys 16k..16k+15 (d[8k..8k+7]) becomes the A fragment of
+//    P for that K slice with no data movement: a[i] = bf16x2(d[8k+2i], d[8k+2i+1]).
+//
 // Everything is in an anonymous namespace on purpose: each .cu that includes this gets its own
 // copy, g_hang included (no relocatable device code: a __device__ variable shared by two
 // translation units would be two host shadows of one name), so each file reports its own hangs.
@@ -16,6 +38,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 #include "kernels/attention.h"
 #include "kernels/cuda_check.h"
@@ -148,6 +172,24 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo_byte
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+// The self-test kernels: one mbarrier at `bar`, initialised by thread 0 and visible to all.
+__device__ __forceinline__ void init_one_barrier(uint32_t bar) {
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+}
+
+// The self-test kernels: a wgmma fp32 accumulator fragment (N values per thread; layout: the
+// file header) into row-major out of leading dimension ld. row0: the thread's first row, colq
+// its first column of each 8-column chunk.
+template <int N>
+__device__ __forceinline__ void store_acc(float* out, const float (&d)[N], int row0, int colq, int ld) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[(row0 + 8 * ((i / 2) % 2)) * ld + 8 * (i / 4) + colq + (i % 2)] = d[i];
+}
+
 __device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = +0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -167,6 +209,21 @@ __device__ __forceinline__ T& aligned_smem(unsigned char* raw) {
 }
 
 // ------------------------------------------------------------------ host side
+// "" normally; after a wait of this translation unit's kernels gave up (g_hang: an mbarrier, or
+// with h[7] set a semaphore), where it happened. Resets the record.
+std::string take_hang_report() {
+  unsigned int h[8] = {};
+  EASYCTX_CUDA_CHECK(cudaMemcpyFromSymbol(h, g_hang, sizeof(h)));
+  if (h[0] == 0) return "";
+  const unsigned int zero[8] = {};
+  EASYCTX_CUDA_CHECK(cudaMemcpyToSymbol(g_hang, zero, sizeof(zero)));
+  char b[256];
+  std::snprintf(b, sizeof(b), "%s wait gave up after ~2^34 cycles: block (%u,%u,%u) thread %u (warpgroup %u) %s 0x%x %s %u",
+                h[7] ? "a dQ semaphore" : "an mbarrier", h[1], h[2], h[3], h[4], h[4] / 128,
+                h[7] ? "semaphore at" : "barrier at shared", h[5], h[7] ? "waiting for key block" : "parity", h[6]);
+  return b;
+}
+
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   // Through cudart's entry-point query, so no -lcuda link is needed.
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {

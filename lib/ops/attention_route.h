@@ -75,21 +75,12 @@ struct AttentionRouteOptions {
   int64_t tile() const { return attention_bwd_tile(deterministic, bwd_tile); }
 };
 
-// Whether the Hopper forward kernel goes before cuDNN's routes for a call, by what the bench
-// measured on an H200 in one process (bench_attention --sm90-only, bench/RESULTS.md, 2026-12-02;
-// ours / cuDNN at 8K, 32K, 128K): head dim 64 always (causal 1.09 / 1.03 / 1.08, unmasked
-// 1.08 / 1.07); head dim 128 with a mask (causal 1.06 / 0.99 / 1.10), not unmasked (0.98 / 0.99).
+// Whether the Hopper forward kernel goes before cuDNN's routes for a call: where it measured
+// faster than cuDNN's forward (figures: docs/performance.md, "Hopper attention").
 bool sm90_before_cudnn(const AttentionCall& c);
 
 enum class AttentionFwdRoute { NoKeys, Sm90Kernel, CudnnCausalGraph, CudnnCausalChunks, CudnnUnmasked, Kernel };
-// The same for the Hopper backward kernel, by bench_attention --sm90-bwd-only on an H200
-// (bench/RESULTS.md sessions 25 and 29; ours / cuDNN's backward of the same mode): the
-// deterministic mode at head dim 128 (32 x 128 causal 1.28-1.30 / 1.14-1.21 / 1.06-1.09 at
-// 8K / 32K / 128K, unmasked 1.04-1.11 / 1.15-1.20 at 8K / 32K) and at head dim 64 (the split's
-// 128-row steps, GQA 32/4 x 64: unmasked 1.47 at 32K; causal 1.32 / 1.37 at 32K / 128K, so from
-// 16K rows on: 0.93 at 8K, where its 256 CTAs leave the SMs idle a third of the time, ncu,
-// bench/RESULTS.md, 2026-12-03); not atomic (32 x 128 causal 0.87 / 0.92 / 0.95, GQA 0.91 / 0.95 / 0.94 with
-// the heavy-first order of small grids, 0.64 at 8K before it).
+// The same for the Hopper backward kernel (same figures).
 bool sm90_bwd_before_cudnn(const AttentionCall& c, const AttentionRouteOptions& o);
 
 enum class AttentionBwdRoute { NoRows, CudnnInPlace, Sm90Kernel, CudnnOneCall, CudnnTiles, Kernel };

@@ -3,7 +3,7 @@
 // (so a failure says which layer is wrong), then attention at odd shapes: ragged last tiles,
 // Sq != Sk with diagonal offsets (ring blocks: every key visible, diag 0 with Sq < Sk, negative
 // diag with empty rows, no row seeing any key), non-causal blocks, batch 2, GQA 32/4 x 64,
-// small MHA heads x 128, and more work tiles than SMs (the persistent variants); every
+// small MHA heads x 128, and more work tiles than SMs (the persistent variant); every
 // variant (kernels::sm90_fwd_variants()) that supports the head dim. Outputs are NaN-poisoned before each call; every case prints its
 // errors. Skips without an sm_90 device (the kernel is sm_90a code only).
 #include <algorithm>
@@ -13,8 +13,7 @@
 #include <sstream>
 #include <utility>
 
-#include "cuda_test_util.h"
-#include "kernels/attention_sm90.h"
+#include "sm90_test_util.h"
 
 namespace easyctx::test {
 namespace {
@@ -23,53 +22,7 @@ namespace {
 // before it (the tile check, the earlier cases' errors) still reaches the log.
 const bool kLineBuffered = [] { return std::setvbuf(stdout, nullptr, _IOLBF, 0) == 0; }();
 
-class CudaAttentionSm90 : public CudaOpsTest {
- protected:
-  void SetUp() override {
-    CudaOpsTest::SetUp();
-    if (IsSkipped()) return;
-    if (!kernels::sm90_device_available()) GTEST_SKIP() << "needs an sm_90 device (H100/H200): the kernel is sm_90a code";
-  }
-  const __nv_bfloat16* bf(const Buffer& b) { return static_cast<const __nv_bfloat16*>(b.data()); }
-};
-
-// Prints up to `n` entries where |got - ref| > atol + rtol |ref|, with their (row, col) in a
-// [rows x cols] matrix and where in ref the got value does sit (the closest entry: a wrong
-// fragment or swizzle mapping shows up as a consistent permutation of rows / columns);
-// returns how many entries are off.
-int64_t report_mismatches(const char* what, const std::vector<float>& got, const std::vector<float>& ref, int64_t cols,
-                          double atol, double rtol, int n = 8) {
-  int64_t bad = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = std::abs(static_cast<double>(got[i]) - ref[i]);
-    if (!(d <= atol + rtol * std::abs(ref[i]))) {
-      if (bad < n) {
-        size_t best = 0;
-        double bd = INFINITY;
-        for (size_t j = 0; j < ref.size(); ++j) {
-          const double e = std::abs(static_cast<double>(got[i]) - ref[j]);
-          if (e < bd) bd = e, best = j;
-        }
-        std::printf("  [mismatch] %s row %lld col %lld: got %.6g want %.6g; got is closest to ref row %lld col %lld "
-                    "(%.6g, off by %.3g)\n",
-                    what, static_cast<long long>(i / cols), static_cast<long long>(i % cols), got[i], ref[i],
-                    static_cast<long long>(best / cols), static_cast<long long>(best % cols), ref[best], bd);
-      }
-      ++bad;
-    }
-  }
-  if (bad) std::printf("  [mismatch] %s: %lld of %zu entries off\n", what, static_cast<long long>(bad), ref.size());
-  return bad;
-}
-
-double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
-  double e = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
-    e = std::isnan(d) ? INFINITY : std::max(e, d);
-  }
-  return e;
-}
+using CudaAttentionSm90 = CudaAttentionSm90Test;
 
 // One 64 x 128 x hd tile: S = Q K^T (both operands K-major from TMA'd, 128B-swizzled shared
 // memory; the fp32 accumulator layout), then O = bf16(S) V (the accumulator reused as the
@@ -125,25 +78,10 @@ TEST_F(CudaAttentionSm90, WgmmaTileMatchesHostGemm) {
   }
 }
 
-struct Case {
-  int64_t b, sq, sk, hq, hkv, hd;
-  bool causal;
-  int64_t diag;     // key j visible to query i iff j <= i + diag
-  int64_t pad = 0;  // extra elements (NaN) after each row and each batch: strided views
-};
-
-std::ostream& operator<<(std::ostream& os, const Case& c) {
-  return os << "B" << c.b << " Sq" << c.sq << " Sk" << c.sk << " Hq" << c.hq << " Hkv" << c.hkv << " hd" << c.hd
-            << (c.causal ? " causal diag " + std::to_string(c.diag) : std::string(" full"))
-            << (c.pad ? " row pad " + std::to_string(c.pad) : std::string());
-}
-
 class CudaAttentionSm90Shapes : public CudaAttentionSm90, public ::testing::WithParamInterface<Case> {};
 
 // The variants to run at head dim hd: every one that supports it by default;
-// EASYCTX_SM90_VARIANT=<name> (sm90_fwd_variant_name: simple, overlap, pingpong, pingpong2,
-// persistent, persistent3, wide, wide-persistent, wide-poly) runs that one (e.g. to rerun the
-// reference schedule alone after another failed).
+// EASYCTX_SM90_VARIANT=<name> (sm90_fwd_variant_name: persistent, wide) runs that one.
 std::vector<kernels::Sm90FwdVariant> variants(int64_t hd) {
   const char* e = std::getenv("EASYCTX_SM90_VARIANT");
   const std::string v = e ? e : "";
@@ -183,26 +121,12 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   cpu->attention_fwd(host(q, {c.b, c.sq, c.hq, c.hd}), host(k, {c.b, c.sk, c.hkv, c.hd}), host(v, {c.b, c.sk, c.hkv, c.hd}),
                      blk, host(o, {c.b, c.sq, c.hq, c.hd}), host(l, {nl}));
 
-  kernels::AttentionParams p;
+  kernels::AttentionParams p = case_params(c, blk.scale, q_row, q_batch, k_row, k_batch);
   p.q = bf(bq);
   p.k = bf(bk);
   p.v = bf(bv);
   p.o_out = static_cast<__nv_bfloat16*>(bo.data());
   p.lse_out = static_cast<float*>(bl.data());
-  p.batch = c.b;
-  p.sq = c.sq;
-  p.sk = c.sk;
-  p.hq = c.hq;
-  p.hkv = c.hkv;
-  p.hd = c.hd;
-  p.q_row = q_row;
-  p.q_batch = q_batch;
-  p.k_row = k_row;
-  p.k_batch = k_batch;
-  p.scale = static_cast<float>(blk.scale);
-  p.scale_log2 = static_cast<float>(blk.scale * 1.4426950408889634);
-  p.causal = c.causal;
-  p.diag = c.diag;
   std::string why;
   ASSERT_TRUE(kernels::attention_fwd_sm90_supported(p, &why)) << why;
 
@@ -212,8 +136,7 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   std::vector<std::pair<kernels::Sm90FwdVariant, int64_t>> runs;
   for (const auto variant : variants(c.hd)) {
     runs.push_back({variant, 0});
-    if (variant == kernels::Sm90FwdVariant::Persistent || variant == kernels::Sm90FwdVariant::Persistent3 ||
-        variant == kernels::Sm90FwdVariant::WidePersistent || variant == kernels::Sm90FwdVariant::WidePoly)
+    if (variant == kernels::Sm90FwdVariant::Persistent)
       runs.push_back({variant, 5 * c.sk * c.hd * 4});
   }
   for (const auto& [variant, l2_bytes] : runs) {
@@ -376,9 +299,7 @@ TEST_F(CudaAttentionSm90, SupportedRefusesWhatTmaCannotLoad) {
   // The 3-consumer variants hold hd 64 only: hd 128 is refused, not run.
   using V = kernels::Sm90FwdVariant;
   EXPECT_FALSE(kernels::sm90_fwd_variant_supported(V::Wide, 128));
-  EXPECT_FALSE(kernels::sm90_fwd_variant_supported(V::WidePersistent, 128));
-  EXPECT_FALSE(kernels::sm90_fwd_variant_supported(V::WidePoly, 128));
-  EXPECT_TRUE(kernels::sm90_fwd_variant_supported(V::WidePersistent, 64));
+  EXPECT_TRUE(kernels::sm90_fwd_variant_supported(V::Wide, 64));
   EXPECT_THROW(kernels::attention_fwd_sm90(p, ops::cuda_stream(*gpu), V::Wide), Error);
   EXPECT_NE(kernels::sm90_fwd_resolve(V::Auto, 128), V::Auto);
   EXPECT_TRUE(kernels::sm90_fwd_variant_supported(kernels::sm90_fwd_resolve(V::Auto, 64), 64));

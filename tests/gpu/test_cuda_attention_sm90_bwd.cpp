@@ -5,8 +5,7 @@
 // operands MN-major), so a failure names the layer at fault; then the backward at odd shapes
 // (ragged tiles, Sq != Sk with diagonal offsets incl. negative ones and rows that see no key,
 // non-causal, batch 2, GQA 32/4 x 64 and 8/2 x 128, strided views, more CTAs than SMs), each
-// variant (atomic and deterministic dQ, per consumer and split at hd 128; the deterministic
-// ones twice: bit-identical). The
+// variant (atomic and deterministic split dQ; the deterministic one twice: bit-identical). The
 // gradients start from small random values (the contract is +=): the increments are compared, and writes into the
 // padding between rows / batches are caught. Every case prints its errors. Skips without an
 // sm_90 device (the kernel is sm_90a code only).
@@ -15,8 +14,7 @@
 #include <limits>
 #include <sstream>
 
-#include "cuda_test_util.h"
-#include "kernels/attention_sm90.h"
+#include "sm90_test_util.h"
 
 namespace easyctx::test {
 namespace {
@@ -24,52 +22,7 @@ namespace {
 // Line-buffered stdout: if a case hangs and the run is killed, the earlier lines reach the log.
 const bool kLineBuffered = [] { return std::setvbuf(stdout, nullptr, _IOLBF, 0) == 0; }();
 
-class CudaAttentionSm90Bwd : public CudaOpsTest {
- protected:
-  void SetUp() override {
-    CudaOpsTest::SetUp();
-    if (IsSkipped()) return;
-    if (!kernels::sm90_device_available()) GTEST_SKIP() << "needs an sm_90 device (H100/H200): the kernel is sm_90a code";
-  }
-  const __nv_bfloat16* bf(const Buffer& b) { return static_cast<const __nv_bfloat16*>(b.data()); }
-  __nv_bfloat16* bfm(const Buffer& b) { return static_cast<__nv_bfloat16*>(const_cast<void*>(b.data())); }
-};
-
-double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
-  double e = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
-    e = std::isnan(d) ? INFINITY : std::max(e, d);
-  }
-  return e;
-}
-
-// Entries where |got - ref| > atol + rtol |ref| (up to n printed, with (row, col) in a [rows x
-// cols] matrix and the ref entry the got value is closest to: a fragment / swizzle mapping bug
-// shows up as a consistent permutation); returns how many.
-int64_t report_mismatches(const char* what, const std::vector<float>& got, const std::vector<float>& ref, int64_t cols,
-                          double atol, double rtol, int n = 8) {
-  int64_t bad = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = std::abs(static_cast<double>(got[i]) - ref[i]);
-    if (!(d <= atol + rtol * std::abs(ref[i]))) {
-      if (bad < n) {
-        size_t best = 0;
-        double bd = INFINITY;
-        for (size_t j = 0; j < ref.size(); ++j) {
-          const double e = std::abs(static_cast<double>(got[i]) - ref[j]);
-          if (e < bd) bd = e, best = j;
-        }
-        std::printf("  [mismatch] %s row %lld col %lld: got %.6g want %.6g; closest ref row %lld col %lld (%.6g)\n", what,
-                    static_cast<long long>(i / cols), static_cast<long long>(i % cols), got[i], ref[i],
-                    static_cast<long long>(best / cols), static_cast<long long>(best % cols), ref[best]);
-      }
-      ++bad;
-    }
-  }
-  if (bad) std::printf("  [mismatch] %s: %lld of %zu entries off\n", what, static_cast<long long>(bad), ref.size());
-  return bad;
-}
+using CudaAttentionSm90Bwd = CudaAttentionSm90Test;
 
 // One block through the backward's new GEMM layer (see sm90_bwd_tile_check in attention_sm90.h).
 // dk and dq are checked against bf16(S^T as the GPU computed it), so an error in S^T alone does
@@ -122,19 +75,6 @@ TEST_F(CudaAttentionSm90Bwd, GemmTileMatchesHostGemm) {
   }
 }
 
-struct Case {
-  int64_t b, sq, sk, hq, hkv, hd;
-  bool causal;
-  int64_t diag;     // key j visible to query i iff j <= i + diag
-  int64_t pad = 0;  // extra (NaN) elements after each row and 4x after each batch: strided views
-};
-
-std::ostream& operator<<(std::ostream& os, const Case& c) {
-  return os << "B" << c.b << " Sq" << c.sq << " Sk" << c.sk << " Hq" << c.hq << " Hkv" << c.hkv << " hd" << c.hd
-            << (c.causal ? " causal diag " + std::to_string(c.diag) : std::string(" full"))
-            << (c.pad ? " row pad " + std::to_string(c.pad) : std::string());
-}
-
 class CudaAttentionSm90BwdShapes : public CudaAttentionSm90Bwd, public ::testing::WithParamInterface<Case> {};
 
 // The variants to run: all by default (each where it supports the head dim);
@@ -181,27 +121,13 @@ TEST_P(CudaAttentionSm90BwdShapes, BackwardMatchesReference) {
   auto sk_ = [&](const std::vector<float>& x) { return upload(spread(x, c.sk, c.hkv * c.hd, k_row, k_batch), t); };
   Buffer bq = sq_(q), bk = sk_(k), bv = sk_(v), bo = sq_(orr), bdo = sq_(dout), bl = upload(l, DType::F32);
 
-  kernels::AttentionParams p;
+  kernels::AttentionParams p = case_params(c, blk.scale, q_row, q_batch, k_row, k_batch);
   p.q = bf(bq);
   p.k = bf(bk);
   p.v = bf(bv);
   p.o = bf(bo);
   p.dout = bf(bdo);
   p.lse = static_cast<const float*>(bl.data());
-  p.batch = c.b;
-  p.sq = c.sq;
-  p.sk = c.sk;
-  p.hq = c.hq;
-  p.hkv = c.hkv;
-  p.hd = c.hd;
-  p.q_row = q_row;
-  p.q_batch = q_batch;
-  p.k_row = k_row;
-  p.k_batch = k_batch;
-  p.scale = static_cast<float>(blk.scale);
-  p.scale_log2 = static_cast<float>(blk.scale * 1.4426950408889634);
-  p.causal = c.causal;
-  p.diag = c.diag;
   // Scratch from the caller, 256-byte aligned; poisoned (NaN bytes) so nothing may rely on it.
   const int64_t scratch_bytes = kernels::attention_bwd_sm90_scratch_bytes(p);
   ASSERT_GT(scratch_bytes, 0);
@@ -372,8 +298,8 @@ TEST_F(CudaAttentionSm90Bwd, SupportedRefusesWhatItCannotRun) {
   x = p;
   x.hq = 3;
   refused(x, "hq not a multiple of hkv");
-  EXPECT_THROW(kernels::attention_bwd_sm90(x, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::Atomic), Error);
-  EXPECT_THROW(kernels::attention_bwd_sm90(p, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::Atomic), Error);  // no scratch
+  EXPECT_THROW(kernels::attention_bwd_sm90(x, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::AtomicSplit), Error);
+  EXPECT_THROW(kernels::attention_bwd_sm90(p, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::AtomicSplit), Error);  // no scratch
 }
 
 }  // namespace

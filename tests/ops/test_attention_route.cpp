@@ -2,9 +2,11 @@
 // (ops/scratch.h), on the CPU: the routes chosen for representative calls (causal squares
 // short and long, batch > 1, a ring's off-diagonal and partial blocks, f32 gradients,
 // deterministic and atomic, tile sizes), the bytes each route allocates, and the route in
-// the per-op profile's keys of a backend that reports one.
+// the per-op profile's keys of a backend that reports one; which Hopper kernel variant a call
+// takes (kernels/attention_sm90_variants.h).
 #include <map>
 
+#include "kernels/attention_sm90_variants.h"
 #include "ops/attention_route.h"
 #include "ops/profile.h"
 #include "ops/scratch.h"
@@ -110,6 +112,38 @@ TEST(AttentionRoute, HopperForward) {
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 1024, 1024, 8, 8, 128, false, 0), hn), (Fwd{kSm90, kFwdKernel}));
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 16, 0, 8, 8, 128), h), (Fwd{AttentionFwdRoute::NoKeys}));
   EXPECT_STREQ(ops::route_name(kSm90), "sm90 kernel");
+}
+
+// The Hopper kernels a call takes: forward by head dim (wide at 64, persistent at 128; no
+// other head dim), backward by the backend's mode; Auto resolves to the same.
+TEST(AttentionRoute, HopperVariants) {
+  using kernels::Sm90BwdVariant;
+  using kernels::Sm90FwdVariant;
+  EXPECT_EQ(kernels::sm90_fwd_variant_for(64), Sm90FwdVariant::Wide);
+  EXPECT_EQ(kernels::sm90_fwd_variant_for(128), Sm90FwdVariant::Persistent);
+  EXPECT_EQ(kernels::sm90_fwd_resolve(Sm90FwdVariant::Auto, 64), Sm90FwdVariant::Wide);
+  EXPECT_EQ(kernels::sm90_fwd_resolve(Sm90FwdVariant::Auto, 128), Sm90FwdVariant::Persistent);
+  EXPECT_EQ(kernels::sm90_fwd_resolve(Sm90FwdVariant::Wide, 128), Sm90FwdVariant::Wide);
+  EXPECT_TRUE(kernels::sm90_fwd_variant_supported(Sm90FwdVariant::Wide, 64));
+  EXPECT_FALSE(kernels::sm90_fwd_variant_supported(Sm90FwdVariant::Wide, 128));
+  EXPECT_TRUE(kernels::sm90_fwd_variant_supported(Sm90FwdVariant::Persistent, 128));
+  EXPECT_FALSE(kernels::sm90_fwd_variant_supported(Sm90FwdVariant::Persistent, 64));
+  EXPECT_TRUE(kernels::sm90_fwd_variant_supported(Sm90FwdVariant::Auto, 64));
+  EXPECT_FALSE(kernels::sm90_fwd_variant_supported(Sm90FwdVariant::Auto, 96));
+  EXPECT_EQ(kernels::sm90_fwd_variants(), (std::vector<Sm90FwdVariant>{Sm90FwdVariant::Persistent, Sm90FwdVariant::Wide}));
+  EXPECT_STREQ(kernels::sm90_fwd_variant_name(Sm90FwdVariant::Persistent), "persistent");
+  EXPECT_STREQ(kernels::sm90_fwd_variant_name(Sm90FwdVariant::Wide), "wide");
+  EXPECT_STREQ(kernels::sm90_fwd_variant_name(Sm90FwdVariant::Auto), "auto");
+
+  EXPECT_EQ(kernels::sm90_bwd_variant_for(true), Sm90BwdVariant::DeterministicSplit);
+  EXPECT_EQ(kernels::sm90_bwd_variant_for(false), Sm90BwdVariant::AtomicSplit);
+  EXPECT_TRUE(kernels::sm90_bwd_variant_deterministic(Sm90BwdVariant::DeterministicSplit));
+  EXPECT_FALSE(kernels::sm90_bwd_variant_deterministic(Sm90BwdVariant::AtomicSplit));
+  EXPECT_TRUE(kernels::sm90_bwd_variant_supported(Sm90BwdVariant::AtomicSplit, 64));
+  EXPECT_TRUE(kernels::sm90_bwd_variant_supported(Sm90BwdVariant::DeterministicSplit, 128));
+  EXPECT_FALSE(kernels::sm90_bwd_variant_supported(Sm90BwdVariant::DeterministicSplit, 96));
+  EXPECT_STREQ(kernels::sm90_bwd_variant_name(Sm90BwdVariant::AtomicSplit), "atomic-split");
+  EXPECT_STREQ(kernels::sm90_bwd_variant_name(Sm90BwdVariant::DeterministicSplit), "deterministic-split");
 }
 
 // The Hopper backward: first in the deterministic mode at head dim 128 and (unmasked, or 16K

@@ -401,8 +401,7 @@ void CudaAttention::kernel_bwd(kernels::AttentionParams& p, const AttentionCall&
   last_path_ = "kernel";
 }
 
-// The Hopper kernel. Variant: the backend's mode, split dQ (measured faster in both modes and at
-// both head dims, bench/RESULTS.md sessions 25 and 29).
+// The Hopper kernel in the backend's mode (kernels::sm90_bwd_variant_for).
 bool CudaAttention::sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq,
                              const Tensor& dk, const Tensor& dv) {
   const AttentionBwdScratch s = attention_bwd_scratch(AttentionBwdRoute::Sm90Kernel, c, opts_);
@@ -411,8 +410,7 @@ bool CudaAttention::sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c
   p.dk = static_cast<bf16*>(dk.data);
   p.dv = static_cast<bf16*>(dv.data);
   if (!kernels::attention_bwd_sm90_supported(p)) return false;
-  using V = kernels::Sm90BwdVariant;
-  const V variant = opts_.deterministic ? V::DeterministicSplit : V::AtomicSplit;
+  const kernels::Sm90BwdVariant variant = kernels::sm90_bwd_variant_for(opts_.deterministic);
   into_gradients(p, c, s.grads, dq, dk, dv, [&] {
     Scratch k(s.sm90, stream_, *mem_);
     kernels::attention_bwd_sm90(p, k.as<float>(), stream_, variant);

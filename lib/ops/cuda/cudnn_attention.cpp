@@ -2,6 +2,7 @@
 
 #include <cudnn.h>
 
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -75,6 +76,24 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV, kSo
 // ---- the composite backward graph (cuDNN's fused flash-attention backward pattern, as
 // cudnn-frontend's sdpa_backward lowers it on Ampere/Hopper): pointwise, reduction,
 // matmul and reshape operations that cuDNN's runtime fusion recognises as one kernel.
+
+// One descriptor attribute of an operation (skipped when desc is null: an optional operand).
+struct DescAttr {
+  cudnnBackendAttributeName_t name;
+  cudnnBackendDescriptor_t desc;
+  const char* what;
+};
+
+// An operation descriptor of `type` with `attrs` set in order, finalized (`what` on failure).
+cudnnBackendDescriptor_t operation(Descs& ds, cudnnBackendDescriptorType_t type, std::initializer_list<DescAttr> attrs,
+                                   const char* what) {
+  auto op = ds.make(type);
+  for (const DescAttr& a : attrs)
+    if (a.desc) set_desc(op, a.name, a.desc, a.what);
+  ok(cudnnBackendFinalize(op), what);
+  return op;
+}
+
 cudnnBackendDescriptor_t pointwise(Descs& ds, cudnnPointwiseMode_t mode, cudnnDataType_t prec,
                                    cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y,
                                    cudnnBackendDescriptor_t t = nullptr, int64_t axis = -1) {
@@ -83,14 +102,13 @@ cudnnBackendDescriptor_t pointwise(Descs& ds, cudnnPointwiseMode_t mode, cudnnDa
   set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise precision");
   if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise axis");
   ok(cudnnBackendFinalize(pw), "finalize pointwise descriptor");
-  auto op = ds.make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw, "pointwise op descriptor");
-  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x");
-  if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pointwise b");
-  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
-  if (t) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t");
-  ok(cudnnBackendFinalize(op), "finalize pointwise operation");
-  return op;
+  return operation(ds, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+                   {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw, "pointwise op descriptor"},
+                    {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x"},
+                    {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pointwise b"},
+                    {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y"},
+                    {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t"}},
+                   "finalize pointwise operation");
 }
 
 cudnnBackendDescriptor_t matmul(Descs& ds, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
@@ -99,13 +117,12 @@ cudnnBackendDescriptor_t matmul(Descs& ds, cudnnBackendDescriptor_t a, cudnnBack
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "matmul compute type");
   ok(cudnnBackendFinalize(mm), "finalize matmul descriptor");
-  auto op = ds.make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a");
-  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "matmul b");
-  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c");
-  set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm, "matmul descriptor");
-  ok(cudnnBackendFinalize(op), "finalize matmul operation");
-  return op;
+  return operation(ds, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+                   {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a"},
+                    {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "matmul b"},
+                    {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c"},
+                    {CUDNN_ATTR_OPERATION_MATMUL_DESC, mm, "matmul descriptor"}},
+                   "finalize matmul operation");
 }
 
 // y = reduce(x) over the axes where y has extent 1 (ADD or MAX, f32 compute).
@@ -116,20 +133,17 @@ cudnnBackendDescriptor_t reduce(Descs& ds, cudnnReduceTensorOp_t mode, cudnnBack
   set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction operator");
   set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction compute type");
   ok(cudnnBackendFinalize(rd), "finalize reduction descriptor");
-  auto op = ds.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
-  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
-  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction descriptor");
-  ok(cudnnBackendFinalize(op), "finalize reduction operation");
-  return op;
+  return operation(ds, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+                   {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x"},
+                    {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y"},
+                    {CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction descriptor"}},
+                   "finalize reduction operation");
 }
 
 cudnnBackendDescriptor_t reshape(Descs& ds, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-  auto op = ds.make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-  set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x");
-  set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y");
-  ok(cudnnBackendFinalize(op), "finalize reshape operation");
-  return op;
+  return operation(ds, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+                   {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x"}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y"}},
+                   "finalize reshape operation");
 }
 
 // The top-left causal mask on the f32 scores x (dims sd, strides sst, [b, h, sq, sk]):
@@ -149,45 +163,81 @@ cudnnBackendDescriptor_t causal_mask(Descs& ds, std::vector<cudnnBackendDescript
   return y;
 }
 
+// Makes the virtual tensors of one graph, uids from 100 in the order asked for.
+struct Virtuals {
+  Descs& ds;
+  int64_t uid = 100;
+  cudnnBackendDescriptor_t operator()(const int64_t (&dims)[4], const int64_t (&strides)[4],
+                                      cudnnDataType_t t = CUDNN_DATA_FLOAT) {
+    return tensor(ds, uid++, dims, strides, t, Kind::Virtual);
+  }
+};
+
+// Dims and strides of the composite graphs' [b, h, s, d] views of the caller's tensors.
+struct CompositeDims {
+  int64_t qd[4], qst[4];                // Q, O, dO, dQ
+  int64_t ktd[4], ktst[4];              // K^T, V^T views
+  int64_t kd[4], kst[4];                // K, V, dK, dV
+  int64_t rowd[4], rowst[4], lsest[4];  // per-row vectors; the caller's LSE
+  int64_t sd[4], sst[4];                // scores
+  explicit CompositeDims(const SdpaShape& s) {
+    const int64_t b = s.b, hq = s.hq, hk = s.hkv, sq = s.sq, sk = s.sk, d = s.hd;
+    const int64_t ls = s.lse_stride > 0 ? s.lse_stride : s.sq;
+    auto put = [](int64_t (&x)[4], int64_t x0, int64_t x1, int64_t x2, int64_t x3) {
+      x[0] = x0, x[1] = x1, x[2] = x2, x[3] = x3;
+    };
+    put(qd, b, hq, sq, d), put(qst, sq * hq * d, d, hq * d, 1);
+    put(ktd, b, hk, d, sk), put(ktst, sk * hk * d, d, 1, hk * d);
+    put(kd, b, hk, sk, d), put(kst, sk * hk * d, d, hk * d, 1);
+    put(rowd, b, hq, sq, 1), put(rowst, hq * sq, sq, 1, 1), put(lsest, hq * ls, ls, 1, 1);
+    put(sd, b, hq, sq, sk), put(sst, hq * sq * sk, sq * sk, sk, 1);
+  }
+};
+
 // The operations of the forward of a causal square (cudnn-frontend's composite sdpa with a
 // top-left causal mask and a composite softmax emitting Stats, as it lowers them for cuDNN
 // before the unified softmax node):
 //   S = select(row >= col, scale * Q K^T, lowest);  M = rowmax(S);  E = exp(S - M);
 //   Z = rowsum(E);  Stats = M + log Z (the caller's LSE);  O = bf16(E / Z) V.
 std::vector<cudnnBackendDescriptor_t> composite_fwd_ops(Descs& ds, const SdpaShape& s) {
-  const int64_t b = s.b, hq = s.hq, hk = s.hkv, sq = s.sq, sk = s.sk, d = s.hd;
-  const int64_t ls = s.lse_stride > 0 ? s.lse_stride : s.sq;
   const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
-  int64_t vuid = 100;
-  auto virt = [&](const int64_t (&dims)[4], const int64_t (&strides)[4], cudnnDataType_t t = CUDNN_DATA_FLOAT) {
-    return tensor(ds, vuid++, dims, strides, t, Kind::Virtual);
-  };
+  Virtuals virt{ds};
+  const CompositeDims g(s);
   const int64_t one4[4] = {1, 1, 1, 1};
-  const int64_t qd[4] = {b, hq, sq, d}, qst[4] = {sq * hq * d, d, hq * d, 1};
-  const int64_t ktd[4] = {b, hk, d, sk}, ktst[4] = {sk * hk * d, d, 1, hk * d};  // K^T view
-  const int64_t kd[4] = {b, hk, sk, d}, kst[4] = {sk * hk * d, d, hk * d, 1};
-  const int64_t rowd[4] = {b, hq, sq, 1}, rowst[4] = {hq * sq, sq, 1, 1}, lsest[4] = {hq * ls, ls, 1, 1};
-  const int64_t sd[4] = {b, hq, sq, sk}, sst[4] = {hq * sq * sk, sq * sk, sk, 1};
-
-  auto q = tensor(ds, kQ, qd, qst, bf), kt = tensor(ds, kK, ktd, ktst, bf), v = tensor(ds, kV, kd, kst, bf);
-  auto o = tensor(ds, kO, qd, qst, bf), stats = tensor(ds, kStats, rowd, lsest, f32);
+  auto q = tensor(ds, kQ, g.qd, g.qst, bf), kt = tensor(ds, kK, g.ktd, g.ktst, bf), v = tensor(ds, kV, g.kd, g.kst, bf);
+  auto o = tensor(ds, kO, g.qd, g.qst, bf), stats = tensor(ds, kStats, g.rowd, g.lsest, f32);
   auto scale = tensor(ds, kScale, one4, one4, f32, Kind::ByValue);
   std::vector<cudnnBackendDescriptor_t> ops;
-  auto s0 = virt(sd, sst), s1 = virt(sd, sst);
+  auto s0 = virt(g.sd, g.sst), s1 = virt(g.sd, g.sst);
   ops.push_back(matmul(ds, q, kt, s0));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, s0, scale, s1));
-  if (s.causal) s1 = causal_mask(ds, ops, virt, s1, sd, sst);
-  auto mx = virt(rowd, rowst), sub = virt(sd, sst), e = virt(sd, sst), z = virt(rowd, rowst), lz = virt(rowd, rowst);
+  if (s.causal) s1 = causal_mask(ds, ops, virt, s1, g.sd, g.sst);
+  auto mx = virt(g.rowd, g.rowst), sub = virt(g.sd, g.sst), e = virt(g.sd, g.sst), z = virt(g.rowd, g.rowst),
+       lz = virt(g.rowd, g.rowst);
   ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_MAX, s1, mx));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_SUB, f32, s1, mx, sub));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_EXP, f32, sub, nullptr, e));
   ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_ADD, e, z));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_LOG, f32, z, nullptr, lz));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_ADD, f32, mx, lz, stats));
-  auto p = virt(sd, sst, bf);  // the second matmul takes P in the I/O type
+  auto p = virt(g.sd, g.sst, bf);  // the second matmul takes P in the I/O type
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_DIV, f32, e, z, p));
   ops.push_back(matmul(ds, p, v, o));
   return ops;
+}
+
+// out = a b for dK / dV: with GQA per query head into a virtual bf16 [b, hq, sk, d], then summed
+// over each kv head's group.
+void grouped_matmul(Descs& ds, std::vector<cudnnBackendDescriptor_t>& ops, Virtuals& virt, const SdpaShape& s,
+                    cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t out) {
+  if (s.hq == s.hkv) {
+    ops.push_back(matmul(ds, a, b, out));
+    return;
+  }
+  const int64_t fd[4] = {s.b, s.hq, s.sk, s.hd}, fst[4] = {s.hq * s.sk * s.hd, s.sk * s.hd, s.hd, 1};
+  auto per_head = virt(fd, fst, CUDNN_DATA_BFLOAT16);
+  ops.push_back(matmul(ds, a, b, per_head));
+  ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_ADD, per_head, out));
 }
 
 // The operations of the backward of one block (dims as the caller's [b, h, s, d] views):
@@ -196,59 +246,44 @@ std::vector<cudnnBackendDescriptor_t> composite_fwd_ops(Descs& ds, const SdpaSha
 //   dV = P^T dO;  dS = P * (dO V^T - D) * scale;  dK = dS^T Q;  dQ = dS K (f32 dQ_accum -> dQ)
 // GQA: dK/dV per query head (virtual bf16), then summed over each kv head's group.
 std::vector<cudnnBackendDescriptor_t> composite_bwd_ops(Descs& ds, const SdpaShape& s) {
-  const int64_t b = s.b, hq = s.hq, hk = s.hkv, sq = s.sq, sk = s.sk, d = s.hd;
-  const int64_t ls = s.lse_stride > 0 ? s.lse_stride : s.sq;
+  const int64_t b = s.b, hq = s.hq, sq = s.sq, sk = s.sk, d = s.hd;
   const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
-  int64_t vuid = 100;
-  auto virt = [&](const int64_t (&dims)[4], const int64_t (&strides)[4], cudnnDataType_t t = CUDNN_DATA_FLOAT) {
-    return tensor(ds, vuid++, dims, strides, t, Kind::Virtual);
-  };
+  Virtuals virt{ds};
+  const CompositeDims g(s);
   const int64_t one4[4] = {1, 1, 1, 1};
-  const int64_t qd[4] = {b, hq, sq, d}, qst[4] = {sq * hq * d, d, hq * d, 1};
-  const int64_t ktd[4] = {b, hk, d, sk}, ktst[4] = {sk * hk * d, d, 1, hk * d};  // K^T, V^T views
-  const int64_t kd[4] = {b, hk, sk, d}, kst[4] = {sk * hk * d, d, hk * d, 1};
-  const int64_t rowd[4] = {b, hq, sq, 1}, rowst[4] = {hq * sq, sq, 1, 1}, lsest[4] = {hq * ls, ls, 1, 1};
-  const int64_t sd[4] = {b, hq, sq, sk}, sst[4] = {hq * sq * sk, sq * sk, sk, 1};
   const int64_t td[4] = {b, hq, sk, sq}, tst[4] = {hq * sq * sk, sq * sk, 1, sk};  // transposed scores
-  const int64_t fd[4] = {b, hq, sk, d}, fst[4] = {hq * sk * d, sk * d, d, 1};      // per-query-head dK/dV
   const int64_t accst[4] = {hq * sq * d, sq * d, d, 1};
   const int64_t dood[4] = {b, hq, sq, d}, doost[4] = {hq * sq * d, sq * d, hq * d, 1};
 
-  auto q = tensor(ds, kQ, qd, qst, bf), kt = tensor(ds, kK, ktd, ktst, bf), vt = tensor(ds, kV, ktd, ktst, bf);
-  auto o = tensor(ds, kO, qd, qst, bf), dout = tensor(ds, kDO, qd, qst, bf);
-  auto stats = tensor(ds, kStats, rowd, lsest, f32);
-  auto dq = tensor(ds, kDQ, qd, qst, bf), dk = tensor(ds, kDK, kd, kst, bf), dv = tensor(ds, kDV, kd, kst, bf);
+  auto q = tensor(ds, kQ, g.qd, g.qst, bf), kt = tensor(ds, kK, g.ktd, g.ktst, bf), vt = tensor(ds, kV, g.ktd, g.ktst, bf);
+  auto o = tensor(ds, kO, g.qd, g.qst, bf), dout = tensor(ds, kDO, g.qd, g.qst, bf);
+  auto stats = tensor(ds, kStats, g.rowd, g.lsest, f32);
+  auto dq = tensor(ds, kDQ, g.qd, g.qst, bf), dk = tensor(ds, kDK, g.kd, g.kst, bf), dv = tensor(ds, kDV, g.kd, g.kst, bf);
   auto scale = tensor(ds, kScale, one4, one4, f32, Kind::ByValue);
   auto one = tensor(ds, kOne, one4, one4, f32, Kind::ByValue);
-  auto sum = tensor(ds, kSoftmaxSum, rowd, rowst, f32);
+  auto sum = tensor(ds, kSoftmaxSum, g.rowd, g.rowst, f32);
 
   std::vector<cudnnBackendDescriptor_t> ops;
   // D = rowsum(dO * O)
   auto doo = virt(dood, doost);
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, dout, o, doo));
-  auto red = virt(rowd, rowst);
+  auto red = virt(g.rowd, g.rowst);
   ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_ADD, doo, red));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, red, one, sum));
   // P = exp(scale * Q K^T - LSE), causal: select(row >= col, ., lowest)
-  auto s0 = virt(sd, sst), s1 = virt(sd, sst), s2 = virt(sd, sst);
+  auto s0 = virt(g.sd, g.sst), s1 = virt(g.sd, g.sst), s2 = virt(g.sd, g.sst);
   ops.push_back(matmul(ds, q, kt, s0));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, s0, scale, s1));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_SUB, f32, s1, stats, s2));
-  if (s.causal) s2 = causal_mask(ds, ops, virt, s2, sd, sst);
-  auto p = virt(sd, sst);
+  if (s.causal) s2 = causal_mask(ds, ops, virt, s2, g.sd, g.sst);
+  auto p = virt(g.sd, g.sst);
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_EXP, f32, s2, nullptr, p));
   // dV = P^T dO (summed over each group of query heads with GQA)
   auto pt = virt(td, tst, bf);
   ops.push_back(reshape(ds, p, pt));
-  if (hq == hk) {
-    ops.push_back(matmul(ds, pt, dout, dv));
-  } else {
-    auto dvf = virt(fd, fst, bf);
-    ops.push_back(matmul(ds, pt, dout, dvf));
-    ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_ADD, dvf, dv));
-  }
+  grouped_matmul(ds, ops, virt, s, pt, dout, dv);
   // dS = P * (dO V^T - D) * scale
-  auto dp = virt(sd, sst), dp1 = virt(sd, sst), ds0 = virt(sd, sst), dsc = virt(sd, sst);
+  auto dp = virt(g.sd, g.sst), dp1 = virt(g.sd, g.sst), ds0 = virt(g.sd, g.sst), dsc = virt(g.sd, g.sst);
   ops.push_back(matmul(ds, dout, vt, dp));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_SUB, f32, dp, sum, dp1));
   ops.push_back(pointwise(ds, CUDNN_POINTWISE_MUL, f32, dp1, p, ds0));
@@ -256,21 +291,15 @@ std::vector<cudnnBackendDescriptor_t> composite_bwd_ops(Descs& ds, const SdpaSha
   // dK = dS^T Q
   auto dst = virt(td, tst, bf);
   ops.push_back(reshape(ds, dsc, dst));
-  if (hq == hk) {
-    ops.push_back(matmul(ds, dst, q, dk));
-  } else {
-    auto dkf = virt(fd, fst, bf);
-    ops.push_back(matmul(ds, dst, q, dkf));
-    ops.push_back(reduce(ds, CUDNN_REDUCE_TENSOR_ADD, dkf, dk));
-  }
+  grouped_matmul(ds, ops, virt, s, dst, q, dk);
   // dQ = dS K: deterministic straight into dQ (cuDNN keeps dP in its workspace), else
   // accumulated atomically by cuDNN in f32 over key tiles, then cast
-  auto k = virt(kd, kst, bf);
+  auto k = virt(g.kd, g.kst, bf);
   ops.push_back(reshape(ds, kt, k));
   if (s.deterministic) {
     ops.push_back(matmul(ds, dsc, k, dq));
   } else {
-    auto acc = tensor(ds, kDqAccum, qd, accst, f32);
+    auto acc = tensor(ds, kDqAccum, g.qd, accst, f32);
     ops.push_back(matmul(ds, dsc, k, acc));
     ops.push_back(pointwise(ds, CUDNN_POINTWISE_IDENTITY, f32, acc, nullptr, dq));
   }
