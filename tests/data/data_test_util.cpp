@@ -82,4 +82,37 @@ void write_text(const std::string& path, const std::string& text) {
   EASYCTX_CHECK(f.good(), "cannot write ", path);
 }
 
+std::string byte_level_bpe_json(const Json& vocab, const Json& merges, bool ignore_merges, const std::string& regex,
+                                const Json& added_tokens) {
+  Json model = Json::object();
+  model.set("type", "BPE");
+  model.set("ignore_merges", ignore_merges);
+  model.set("byte_fallback", false);
+  model.set("vocab", vocab);
+  model.set("merges", merges);
+  Json pat = Json::object();
+  pat.set("Regex", regex);
+  Json split = Json::object();
+  split.set("type", "Split");
+  split.set("pattern", pat);
+  split.set("behavior", "Isolated");
+  split.set("invert", false);
+  Json bl = Json::object();
+  bl.set("type", "ByteLevel");
+  bl.set("add_prefix_space", false);
+  bl.set("use_regex", false);
+  Json pts = Json::array();
+  pts.push_back(split);
+  pts.push_back(bl);
+  Json seq = Json::object();
+  seq.set("type", "Sequence");
+  seq.set("pretokenizers", pts);
+  Json j = Json::object();
+  j.set("added_tokens", added_tokens);
+  j.set("normalizer", nullptr);
+  j.set("pre_tokenizer", seq);
+  j.set("model", model);
+  return j.dump();
+}
+
 }  // namespace easyctx::test

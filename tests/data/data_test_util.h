@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/json.h"
 #include "data/shard.h"
 
 namespace easyctx::test {
@@ -33,6 +34,11 @@ struct CommandResult {
 CommandResult run_command(const std::string& cmd);
 bool have_program(const std::string& name);
 std::string read_text(const std::string& path);
+// A Hugging Face tokenizer.json of a byte-level BPE: `vocab` and `merges` as the model's,
+// pre-tokenized by a Split on `regex` (isolated) then ByteLevel without a prefix space, with
+// `added_tokens` (an array of {id, content, ...}) and no normalizer.
+std::string byte_level_bpe_json(const Json& vocab, const Json& merges, bool ignore_merges, const std::string& regex,
+                                const Json& added_tokens);
 void write_text(const std::string& path, const std::string& text);
 
 }  // namespace easyctx::test

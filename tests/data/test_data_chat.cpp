@@ -42,29 +42,6 @@ std::string chatml_bpe_json() {
     append_utf8(s, cp);
     vocab.set(s, b);
   }
-  Json model = Json::object();
-  model.set("type", "BPE");
-  model.set("ignore_merges", false);
-  model.set("byte_fallback", false);
-  model.set("vocab", vocab);
-  model.set("merges", Json::array());
-  Json split = Json::object();
-  split.set("type", "Split");
-  Json pat = Json::object();
-  pat.set("Regex", " ?\\p{L}+|\\s+|[^\\s\\p{L}]+");
-  split.set("pattern", pat);
-  split.set("behavior", "Isolated");
-  split.set("invert", false);
-  Json bl = Json::object();
-  bl.set("type", "ByteLevel");
-  bl.set("add_prefix_space", false);
-  bl.set("use_regex", false);
-  Json seq = Json::object();
-  seq.set("type", "Sequence");
-  Json pts = Json::array();
-  pts.push_back(split);
-  pts.push_back(bl);
-  seq.set("pretokenizers", pts);
   Json added = Json::array();
   for (auto [text, id] : {std::pair<const char*, int>{"<|im_start|>", 256}, {"<|im_end|>", 257}}) {
     Json t = Json::object();
@@ -73,12 +50,7 @@ std::string chatml_bpe_json() {
     t.set("special", true);
     added.push_back(t);
   }
-  Json j = Json::object();
-  j.set("added_tokens", added);
-  j.set("normalizer", nullptr);
-  j.set("pre_tokenizer", seq);
-  j.set("model", model);
-  return j.dump();
+  return test::byte_level_bpe_json(vocab, Json::array(), false, " ?\\p{L}+|\\s+|[^\\s\\p{L}]+", added);
 }
 
 // Ids of text in the byte tokenizer above.

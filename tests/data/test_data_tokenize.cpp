@@ -192,35 +192,7 @@ static std::string tiny_bpe_json(bool ignore_merges, const std::vector<std::stri
     vocab.set(mg.substr(0, sp) + mg.substr(sp + 1), id++);
     m.push_back(mg);
   }
-  Json model = Json::object();
-  model.set("type", "BPE");
-  model.set("ignore_merges", ignore_merges);
-  model.set("byte_fallback", false);
-  model.set("vocab", vocab);
-  model.set("merges", m);
-  Json split = Json::object();
-  split.set("type", "Split");
-  Json pat = Json::object();
-  pat.set("Regex", " ?\\p{L}+|\\s+");
-  split.set("pattern", pat);
-  split.set("behavior", "Isolated");
-  split.set("invert", false);
-  Json bl = Json::object();
-  bl.set("type", "ByteLevel");
-  bl.set("add_prefix_space", false);
-  bl.set("use_regex", false);
-  Json seq = Json::object();
-  seq.set("type", "Sequence");
-  Json pts = Json::array();
-  pts.push_back(split);
-  pts.push_back(bl);
-  seq.set("pretokenizers", pts);
-  Json j = Json::object();
-  j.set("added_tokens", Json::array());
-  j.set("normalizer", nullptr);
-  j.set("pre_tokenizer", seq);
-  j.set("model", model);
-  return j.dump();
+  return easyctx::test::byte_level_bpe_json(vocab, m, ignore_merges, " ?\\p{L}+|\\s+", Json::array());
 }
 
 TEST(DataTokenizer, BpeMergeOrder) {

@@ -58,42 +58,16 @@ std::string llama_regex_bpe_json() {
     vocab.set(mg.substr(0, sp) + mg.substr(sp + 1), id++);
     merges.push_back(mg);
   }
-  Json model = Json::object();
-  model.set("type", "BPE");
-  model.set("ignore_merges", true);
-  model.set("byte_fallback", false);
-  model.set("vocab", vocab);
-  model.set("merges", merges);
-  Json pat = Json::object();
-  pat.set("Regex",
-          "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-          "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+");
-  Json split = Json::object();
-  split.set("type", "Split");
-  split.set("pattern", pat);
-  split.set("behavior", "Isolated");
-  split.set("invert", false);
-  Json bl = Json::object();
-  bl.set("type", "ByteLevel");
-  bl.set("add_prefix_space", false);
-  bl.set("use_regex", false);
-  Json pts = Json::array();
-  pts.push_back(split);
-  pts.push_back(bl);
-  Json seq = Json::object();
-  seq.set("type", "Sequence");
-  seq.set("pretokenizers", pts);
   Json added = Json::array();
   Json special = Json::object();
   special.set("id", id);
   special.set("content", "<|end_of_text|>");
   added.push_back(special);
-  Json j = Json::object();
-  j.set("added_tokens", added);
-  j.set("normalizer", nullptr);
-  j.set("pre_tokenizer", seq);
-  j.set("model", model);
-  return j.dump();
+  return easyctx::test::byte_level_bpe_json(
+      vocab, merges, true,
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+      added);
 }
 
 // Every tokenizer this machine has: a byte-level BPE written here (always), the demo's
