@@ -64,6 +64,12 @@ const Json* Json::find(std::string_view key) const {
     if (kv.first == key) return &kv.second;
   return nullptr;
 }
+const Json* Json::find_path(const std::vector<std::string>& path) const {
+  const Json* j = this;
+  for (const std::string& k : path)
+    if (!(j = j->find(k))) return nullptr;
+  return j;
+}
 const Json& Json::at(std::string_view key) const {
   const Json* j = find(key);
   EASYCTX_CHECK(j != nullptr, "JSON: missing key \"", key, "\"");

@@ -52,6 +52,8 @@ class Json {
 
   // Object access.
   const Json* find(std::string_view key) const;  // nullptr if absent (or not an object)
+  // Nested objects: path[0], then path[1] inside it, ...; nullptr where one is absent.
+  const Json* find_path(const std::vector<std::string>& path) const;
   const Json& at(std::string_view key) const;    // throws naming the key
   bool contains(std::string_view key) const { return find(key) != nullptr; }
   Json& set(std::string key, Json value);        // insert or replace

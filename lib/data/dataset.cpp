@@ -84,32 +84,31 @@ const TokenShardReader& TokenDataset::reader(size_t i) const {
   return *open_.front().second;
 }
 
-void TokenDataset::read(uint64_t offset, uint64_t count, uint32_t* out) const {
-  EASYCTX_CHECK(offset <= num_tokens() && count <= num_tokens() - offset, "dataset read [", offset, ", ",
+// [offset, offset + count) of the concatenated files, a file's part at a time through
+// read_part(reader, local offset, count, out).
+template <class T, class ReadPart>
+void TokenDataset::read_span(uint64_t offset, uint64_t count, T* out, const char* what, ReadPart&& read_part) const {
+  EASYCTX_CHECK(offset <= num_tokens() && count <= num_tokens() - offset, "dataset ", what, " [", offset, ", ",
                 offset + count, ") outside [0, ", num_tokens(), ") of ", spec_);
   while (count > 0) {
     size_t f = file_of(offset);
     uint64_t local = offset - starts_[f];
     uint64_t take = std::min(count, file_tokens(f) - local);
-    reader(f).read(local, take, out);
+    read_part(reader(f), local, take, out);
     out += take;
     offset += take;
     count -= take;
   }
 }
 
+void TokenDataset::read(uint64_t offset, uint64_t count, uint32_t* out) const {
+  read_span(offset, count, out, "read",
+            [](const TokenShardReader& r, uint64_t at, uint64_t n, uint32_t* o) { r.read(at, n, o); });
+}
+
 void TokenDataset::read_weights(uint64_t offset, uint64_t count, uint8_t* out) const {
-  EASYCTX_CHECK(offset <= num_tokens() && count <= num_tokens() - offset, "dataset weight read [", offset, ", ",
-                offset + count, ") outside [0, ", num_tokens(), ") of ", spec_);
-  while (count > 0) {
-    size_t f = file_of(offset);
-    uint64_t local = offset - starts_[f];
-    uint64_t take = std::min(count, file_tokens(f) - local);
-    reader(f).read_weights(local, take, out);
-    out += take;
-    offset += take;
-    count -= take;
-  }
+  read_span(offset, count, out, "weight read",
+            [](const TokenShardReader& r, uint64_t at, uint64_t n, uint8_t* o) { r.read_weights(at, n, o); });
 }
 
 const std::vector<uint64_t>& TokenDataset::doc_starts() const {

@@ -58,6 +58,8 @@ class TokenDataset {
 
  private:
   const TokenShardReader& reader(size_t i) const;
+  template <class T, class ReadPart>
+  void read_span(uint64_t offset, uint64_t count, T* out, const char* what, ReadPart&& read_part) const;
   std::string spec_;
   std::vector<std::string> files_;
   std::vector<uint64_t> starts_;  // starts_[i] = stream offset of file i; back() = total

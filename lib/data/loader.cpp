@@ -188,6 +188,17 @@ std::vector<uint32_t> DataLoader::window(uint64_t sample) const {
   return w;
 }
 
+namespace {
+// Positions 0..Lp-1, or, with document masking, restarting at 0 at each of q.doc_starts.
+void set_positions(SpSequence& q, int64_t Lp, bool document_mask) {
+  size_t d = 0;
+  for (int64_t p = 0; p < Lp; ++p) {
+    if (d + 1 < q.doc_starts.size() && q.doc_starts[d + 1] == p) ++d;
+    q.positions[p] = static_cast<int32_t>(document_mask ? p - q.doc_starts[d] : p);
+  }
+}
+}  // namespace
+
 // Window mode with loss weights or document masking: today's window, labels -1 where the
 // target's weight is 0, and (document_mask) positions restarting at every document start.
 SpSequence DataLoader::window_sequence(uint64_t start) const {
@@ -218,11 +229,7 @@ SpSequence DataLoader::window_sequence(uint64_t start) const {
     }
     if (Lp > L) q.doc_starts.push_back(L);
   }
-  size_t d = 0;
-  for (int64_t p = 0; p < Lp; ++p) {
-    if (d + 1 < q.doc_starts.size() && q.doc_starts[d + 1] == p) ++d;
-    q.positions[p] = static_cast<int32_t>(opts_.document_mask ? p - q.doc_starts[d] : p);
-  }
+  set_positions(q, Lp, opts_.document_mask);
   return q;
 }
 
@@ -258,11 +265,7 @@ SpSequence DataLoader::packed_sequence(uint64_t k) const {
   }
   EASYCTX_CHECK(at <= L, "packed sequence ", k, " holds ", at, " tokens, more than seq_length ", L);
   if (opts_.document_mask && at < Lp && at > 0) q.doc_starts.push_back(at);
-  size_t d = 0;
-  for (int64_t p = 0; p < Lp; ++p) {
-    if (d + 1 < q.doc_starts.size() && q.doc_starts[d + 1] == p) ++d;
-    q.positions[p] = static_cast<int32_t>(opts_.document_mask ? p - q.doc_starts[d] : p);
-  }
+  set_positions(q, Lp, opts_.document_mask);
   return q;
 }
 

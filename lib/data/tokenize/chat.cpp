@@ -63,15 +63,6 @@ std::string strip(std::string_view s) {
   return std::string(s.substr(b, e - b));
 }
 
-const Json* walk(const Json& root, const std::vector<std::string>& path) {
-  const Json* j = &root;
-  for (const auto& k : path) {
-    if (!j->is_object()) return nullptr;
-    j = j->find(k);
-    if (!j) return nullptr;
-  }
-  return j;
-}
 }  // namespace
 
 bool looks_like_chat(std::string_view line) {
@@ -145,7 +136,7 @@ std::string parse_chat_record(const RawRecord& r, const FieldOptions& fields, Ch
                "[system] then user/assistant turns alternating from user";
     }
   }
-  const Json* s = walk(j, fields.source_path);
+  const Json* s = j.find_path(fields.source_path);
   doc.source = (s && s->is_string() && !s->as_string().empty()) ? s->as_string() : fields.default_source;
   return "";
 }

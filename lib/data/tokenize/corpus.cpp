@@ -304,15 +304,6 @@ bool next_line(UnitReader::Source& s, std::string_view& line, uint64_t max_bytes
 
 // ---- records ----------------------------------------------------------------------------
 namespace {
-const Json* walk(const Json& root, const std::vector<std::string>& path) {
-  const Json* j = &root;
-  for (const auto& k : path) {
-    if (!j->is_object()) return nullptr;
-    j = j->find(k);
-    if (!j) return nullptr;
-  }
-  return j;
-}
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -332,10 +323,10 @@ std::string parse_record(const RawRecord& r, const FieldOptions& opts, Document&
     } catch (const Error& e) {
       return std::string("bad JSON: ") + e.what();
     }
-    const Json* t = walk(j, opts.text_path);
+    const Json* t = j.find_path(opts.text_path);
     if (!t) return "missing text field '" + join(opts.text_path) + "'";
     if (!t->is_string()) return "text field '" + join(opts.text_path) + "' is " + t->type_name() + ", expected string";
-    const Json* s = walk(j, opts.source_path);
+    const Json* s = j.find_path(opts.source_path);
     doc.source = (s && s->is_string() && !s->as_string().empty()) ? s->as_string() : opts.default_source;
     // Moved out of the parsed record `j` (ours, dropped on return): no second copy of a long text.
     doc.text = std::move(const_cast<std::string&>(t->as_string()));
