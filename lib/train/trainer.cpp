@@ -75,10 +75,10 @@ Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunO
   init(&groups);
 }
 
-// Model, weights, optimizer state and data; without process groups, local attention.
-void Trainer::init(dist::ProcessGroups* groups) {
-  // The memory plan first (docs/memory-model.md): a run that would not fit is refused
-  // before anything is allocated, naming the knobs that would make it fit.
+// The memory plan first (docs/memory-model.md): a run that would not fit is refused before
+// anything is allocated, naming the knobs that would make it fit. The auto choices it makes are
+// written into cfg_, the same on every rank.
+void Trainer::plan_memory() {
   plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
   EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
                       " (the whole plan: easyctx_train STAGE.yaml --plan; target.headroom loosens the margin)");
@@ -126,6 +126,38 @@ void Trainer::init(dist::ProcessGroups* groups) {
     EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with activation.checkpoint layer, as the ranks' "
                         "plans chose differently; the whole plan: easyctx_train STAGE.yaml --plan)");
   }
+}
+
+// The data loader: this rank's share of every batch, checked against the vocabulary, and
+// restored to the cursor of the checkpoint resumed.
+void Trainer::make_loader(dist::ProcessGroups* groups, int64_t vocab_size) {
+  data::LoaderOptions lo;
+  lo.path = cfg_.data.path;
+  lo.seq_length = cfg_.data.seq_length;
+  lo.seed = cfg_.train.seed;
+  lo.shape = {cfg_.train.batch_size, cfg_.train.grad_accum, dp_.size()};
+  lo.dp_rank = dp_.rank();
+  if (groups) {  // this rank's slice of every window, in the layout of the strategy
+    const attention::SequenceSplit split = attention::sequence_split(groups->layout());
+    lo.sp_layout = split.layout;
+    lo.sp_size = split.size;
+    lo.sp_rank = groups->sp().rank();
+    lo.sp_inner = split.inner;
+  }
+  loader_ = std::make_unique<data::DataLoader>(lo);
+  loader_->validate(vocab_size, "", cfg_.data.check_tokens);
+  if (!resumed_data_state_.empty()) {
+    // Same data, seed, sequence length and global batch as the run that saved, or a clear refusal.
+    const data::LoaderState s = data::LoaderState::from_json(resumed_data_state_);
+    loader_->restore(s);
+    EASYCTX_CHECK_INPUT(s.next_step == start_step_, "checkpoint data cursor at step ", s.next_step,
+                        " but its index says step ", start_step_);
+  }
+}
+
+// Model, weights, optimizer state and data; without process groups, local attention.
+void Trainer::init(dist::ProcessGroups* groups) {
+  plan_memory();
   be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile, cfg_.train.hopper_attention});
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
   // trainer too, with the gradients staged through host memory.
@@ -144,29 +176,7 @@ void Trainer::init(dist::ProcessGroups* groups) {
   store_->finish_loading();
   report_ = std::make_unique<StepReporter>(cfg_, *be_, world_.size(), world_.rank() == 0, flops_per_token());
   report_->log_device();
-
-  data::LoaderOptions lo;
-  lo.path = cfg_.data.path;
-  lo.seq_length = cfg_.data.seq_length;
-  lo.seed = cfg_.train.seed;
-  lo.shape = {cfg_.train.batch_size, cfg_.train.grad_accum, dp_.size()};
-  lo.dp_rank = dp_.rank();
-  if (groups) {  // this rank's slice of every window, in the layout of the strategy
-    const attention::SequenceSplit split = attention::sequence_split(groups->layout());
-    lo.sp_layout = split.layout;
-    lo.sp_size = split.size;
-    lo.sp_rank = groups->sp().rank();
-    lo.sp_inner = split.inner;
-  }
-  loader_ = std::make_unique<data::DataLoader>(lo);
-  loader_->validate(mc.vocab_size, "", cfg_.data.check_tokens);
-  if (!resumed_data_state_.empty()) {
-    // Same data, seed, sequence length and global batch as the run that saved, or a clear refusal.
-    const data::LoaderState s = data::LoaderState::from_json(resumed_data_state_);
-    loader_->restore(s);
-    EASYCTX_CHECK_INPUT(s.next_step == start_step_, "checkpoint data cursor at step ", s.next_step,
-                        " but its index says step ", start_step_);
-  }
+  make_loader(groups, mc.vocab_size);
 }
 
 Trainer::~Trainer() = default;
