@@ -623,11 +623,8 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
     write_file_atomic(o.output_dir + "/synthetic.csv", synthetic_csv(r));
     write_png(o.output_dir + "/synthetic.png", draw_heatmap(synthetic_heatmap(r, t)));
   }
-  Json j = Json::object();
-  j.set("model", o.session.model);
-  j.set("session", session_description);
-  j.set("tokenizer", o.tokenizer);
-  j.set("haystack", haystack_description);
+  Json j = Json::object({{"model", o.session.model}, {"session", session_description},
+                          {"tokenizer", o.tokenizer}, {"haystack", haystack_description}});
   Json tasks = Json::object();
   for (Task k : o.tasks) {
     Json t = Json::object();
@@ -647,20 +644,12 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
   j.set("tokens", r.tokens);
   j.set("seconds", r.seconds);
   j.set("tokens_per_s", r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0);
-  Json opt = Json::object();
-  opt.set("min_context_length", o.min_context);
-  opt.set("max_context_length", o.max_context);
-  opt.set("context_interval", o.context_interval);
-  opt.set("depth_interval", o.depth_interval);
-  opt.set("samples", o.samples);
-  opt.set("seed", o.seed);
-  opt.set("digits", o.task.digits);
-  opt.set("distractors", o.task.distractors);
-  opt.set("keys", o.task.keys);
-  opt.set("values", o.task.values);
-  opt.set("hops", o.task.hops);
-  opt.set("rope_theta", o.session.rope_theta);
-  j.set("options", opt);
+  j.set("options", Json::object({{"min_context_length", o.min_context}, {"max_context_length", o.max_context},
+                                  {"context_interval", o.context_interval}, {"depth_interval", o.depth_interval},
+                                  {"samples", o.samples}, {"seed", o.seed}, {"digits", o.task.digits},
+                                  {"distractors", o.task.distractors}, {"keys", o.task.keys},
+                                  {"values", o.task.values}, {"hops", o.task.hops},
+                                  {"rope_theta", o.session.rope_theta}}));
   write_file_atomic(o.output_dir + "/summary.json", j.dump(2) + "\n");
   if (o.tensorboard != "none") {
     const std::string dir = o.tensorboard.empty() ? o.output_dir + "/tensorboard" : o.tensorboard;
