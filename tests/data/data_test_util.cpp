@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
+#include "core/strings.h"
 
 namespace easyctx::test {
 namespace fs = std::filesystem;
@@ -80,6 +82,40 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
   f << text;
   EASYCTX_CHECK(f.good(), "cannot write ", path);
+}
+
+std::string byte_level_bpe_json(const std::vector<std::string>& merges, bool ignore_merges, const std::string& regex,
+                                const std::string& end_token) {
+  // bytes_to_unicode: printable bytes map to themselves, the rest to 256+n in byte order.
+  std::vector<std::string> byte_tok(256);
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    append_utf8(byte_tok[b], direct ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++));
+  }
+  Json vocab = Json::object();
+  int id = 0;
+  for (int b = 0; b < 256; ++b) vocab.set(byte_tok[b], id++);
+  Json m = Json::array();
+  for (const std::string& mg : merges) {
+    const size_t sp = mg.find(' ');
+    vocab.set(mg.substr(0, sp) + mg.substr(sp + 1), id++);
+    m.push_back(mg);
+  }
+  Json model = Json::object({{"type", "BPE"}, {"ignore_merges", ignore_merges}, {"byte_fallback", false},
+                             {"vocab", vocab}, {"merges", m}});
+  Json split = Json::object({{"type", "Split"}, {"pattern", Json::object({{"Regex", regex}})},
+                             {"behavior", "Isolated"}, {"invert", false}});
+  Json bl = Json::object({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}});
+  Json pts = Json::array();
+  pts.push_back(split);
+  pts.push_back(bl);
+  Json added = Json::array();
+  if (!end_token.empty()) added.push_back(Json::object({{"id", id}, {"content", end_token}}));
+  Json j = Json::object({{"added_tokens", added}, {"normalizer", nullptr},
+                         {"pre_tokenizer", Json::object({{"type", "Sequence"}, {"pretokenizers", pts}})},
+                         {"model", model}});
+  return j.dump();
 }
 
 }  // namespace easyctx::test

@@ -173,54 +173,7 @@ TEST(DataTokenizer, Llama3RoundTripsRandomUnicode) {
 
 // A tiny tokenizer.json written here: exercises merge ranks and ignore_merges=false.
 static std::string tiny_bpe_json(bool ignore_merges, const std::vector<std::string>& merges) {
-  // bytes_to_unicode: printable bytes map to themselves, the rest to 256+n in byte order.
-  std::vector<std::string> byte_tok(256);
-  int n = 0;
-  for (int b = 0; b < 256; ++b) {
-    bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    uint32_t cp = direct ? b : 256 + n++;
-    std::string s;
-    append_utf8(s, cp);
-    byte_tok[b] = s;
-  }
-  Json vocab = Json::object();
-  int id = 0;
-  for (int b = 0; b < 256; ++b) vocab.set(byte_tok[b], id++);
-  Json m = Json::array();
-  for (const auto& mg : merges) {
-    auto sp = mg.find(' ');
-    vocab.set(mg.substr(0, sp) + mg.substr(sp + 1), id++);
-    m.push_back(mg);
-  }
-  Json model = Json::object();
-  model.set("type", "BPE");
-  model.set("ignore_merges", ignore_merges);
-  model.set("byte_fallback", false);
-  model.set("vocab", vocab);
-  model.set("merges", m);
-  Json split = Json::object();
-  split.set("type", "Split");
-  Json pat = Json::object();
-  pat.set("Regex", " ?\\p{L}+|\\s+");
-  split.set("pattern", pat);
-  split.set("behavior", "Isolated");
-  split.set("invert", false);
-  Json bl = Json::object();
-  bl.set("type", "ByteLevel");
-  bl.set("add_prefix_space", false);
-  bl.set("use_regex", false);
-  Json seq = Json::object();
-  seq.set("type", "Sequence");
-  Json pts = Json::array();
-  pts.push_back(split);
-  pts.push_back(bl);
-  seq.set("pretokenizers", pts);
-  Json j = Json::object();
-  j.set("added_tokens", Json::array());
-  j.set("normalizer", nullptr);
-  j.set("pre_tokenizer", seq);
-  j.set("model", model);
-  return j.dump();
+  return easyctx::test::byte_level_bpe_json(merges, ignore_merges, " ?\\p{L}+|\\s+");
 }
 
 TEST(DataTokenizer, BpeMergeOrder) {
