@@ -202,8 +202,8 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   wo.aside_dir = (fs::path(cfg_.output.dir) / "previous").string();
   wo.timeout_s = cfg_.parallel.collective_timeout_s;
   ckpt::CheckpointWriter w(world_mpi_, (fs::path(cfg_.output.dir) / "checkpoints").string(), steps_done, wo);
-  zero::ParamStore::CheckpointStage stage;  // (alive until the commit)
-  store_->write_checkpoint(w, stage);
+  zero::ParamStore::CheckpointStaging staging;  // (alive until the commit)
+  store_->write_checkpoint(w, staging);
   // Per rank: the data cursor (sampling is a pure function of seed and step, so it is the
   // step plus what must not change) and the RNG state (none is drawn after initialisation).
   data::LoaderState ls = loader_->state();
