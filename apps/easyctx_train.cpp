@@ -125,71 +125,148 @@ std::vector<std::string> easycontext_overrides(const po::variables_map& vm, bool
   return o;
 }
 
+// The program's own flags.
+void add_flags(po::options_description& opts) {
+  opts.add_options()("help,h", "show this help")(
+      "set", po::value<std::vector<std::string>>()->composing(), "override a config key: --set key=value (repeatable)")(
+      "print-config", "print the resolved config and the process-group layout, then exit")(
+      "resume", po::value<std::string>()->default_value("auto"),
+      "auto: continue from the newest committed checkpoint in <output.dir>/checkpoints if any; none: start "
+      "from model.init; PATH: resume from that checkpoint")(
+      "config-doc", "print the Markdown reference of every config key (docs/config.md), then exit")(
+      "plan", "print the memory plan (every buffer per GPU and per host; docs/memory-model.md) as a table, then "
+      "as one JSON object on the last line, and exit without allocating: 0 when the run fits, 3 when it does "
+      "not (the message names the --set changes that would fit), 2 on bad input. Plans for target.* (GPU "
+      "model and memory, GPUs per node, nodes, host memory), else the launch and this machine, so it runs on "
+      "a login node without GPUs");
+}
+
+// EasyContext's train.py flags (kEasyContextFlags, and the refused ones).
+void add_easycontext_flags(po::options_description& ec) {
+  ec.add_options()("batch-size", po::value<std::string>(), "train.batch_size (EasyContext default 1)")(
+      "gradient-accumulate-every", po::value<std::string>(), "train.grad_accum (default 8)")(
+      "output-dir", po::value<std::string>(), "output.dir (required without STAGE.yaml)")(
+      "seed", po::value<std::string>(), "train.seed (default 42)")(
+      "max-train-steps", po::value<std::string>(), "train.steps (default 400)")(
+      "learning-rate", po::value<std::string>(), "train.lr (default 2e-5)")(
+      "rope-theta", po::value<std::string>(), "model.rope_theta (default 100000)")(
+      "model", po::value<std::string>(),
+      "model.init hf:DIR (a Hugging Face folder; an earlier stage's output.dir: its final/)")(
+      "dataset", po::value<std::string>(), "data.path (h5tokenize shards; required without STAGE.yaml)")(
+      "seq-length", po::value<std::string>(), "data.seq_length (default 16384)")(
+      "parallel_mode", po::value<std::string>(),
+      "parallel.sequence.mode (zigzag_ring_attn, dist_flash_attn, ulysses_attn, usp_attn, data_parallel or "
+      "easyctx's names) and parallel.sequence.size = the launch's ranks (1 for data_parallel), as "
+      "EasyContext's group is the whole world; required without STAGE.yaml")(
+      "ring_degree", po::value<std::string>(),
+      "parallel.sequence.ring_degree (usp: ulysses_size = size / ring_degree)")(
+      "wandb", po::value<std::string>(),
+      "logging.tensorboard: true (event files under <output.dir>/tensorboard; prints the `wandb sync "
+      "--sync-tensorboard` command that uploads them to this project)")(
+      "warmup-steps", po::value<std::string>(), "train.warmup_steps (EasyContext before 2024-04-26)")(
+      "lr-schedule", po::value<std::string>(), "train.schedule (EasyContext before 2024-04-26: linear or constant)")(
+      "lora", "EasyContext before 2024-04-26: refused (full fine-tuning only)")(
+      "ring_attention", "EasyContext's first train.py: refused (use --parallel_mode zigzag_ring_attn)");
+}
+
+// Parses the command line (collectively: bad flags end every rank alike). Returns whether
+// EasyContext's train.py flags were given.
+bool parse_flags(dist::Runtime& rt, int argc, char** argv, const po::options_description& opts,
+                 po::variables_map& vm) {
+  po::options_description hidden;
+  hidden.add_options()("stage", po::value<std::string>(), "stage YAML");
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("stage", 1);
+  bool easycontext = false;
+  dist::run_collectively(rt, [&] {
+    try {
+      po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+      po::notify(vm);
+    } catch (const po::error& e) {
+      EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
+    }
+    EASYCTX_CHECK_INPUT(!vm.count("lora"), "--lora: not supported (easyctx trains every weight, as EasyContext's "
+                        "train.py does since 2024-04-26)");
+    EASYCTX_CHECK_INPUT(!vm.count("ring_attention"), "--ring_attention: EasyContext's first train.py flag; use "
+                        "--parallel_mode zigzag_ring_attn");
+    for (const EasyContextFlag& f : kEasyContextFlags) easycontext = easycontext || vm.count(f.flag) > 0;
+  });
+  return easycontext;
+}
+
+// The stage config and what it runs on, on every rank.
+struct Resolved {
+  StageConfig cfg;
+  dist::GroupLayout layout;
+  plan::MemoryPlan mem_plan;  // --plan
+  plan::LayoutWorld shown;    // --print-config
+};
+
+// Loads the stage config (STAGE.yaml and/or EasyContext's flags, then --set) and makes the
+// process-group layout, or with --plan the memory plan of the target's world.
+Resolved load_config(dist::Runtime& rt, const po::variables_map& vm, bool easycontext, bool plan_only,
+                     bool print_only) {
+  Resolved r;
+  dist::run_collectively(rt, [&] {
+    EASYCTX_CHECK_INPUT(vm.count("stage") || easycontext,
+                        "command line: missing STAGE.yaml (or EasyContext's train.py flags; see --help)");
+    std::vector<std::string> sets;
+    if (easycontext) sets = easycontext_overrides(vm, vm.count("stage") > 0, rt.size());
+    if (vm.count("set"))
+      for (const std::string& s : vm["set"].as<std::vector<std::string>>()) sets.push_back(s);
+    r.cfg = vm.count("stage") ? load_stage_config(vm["stage"].as<std::string>(), sets)
+                              : parse_stage_config("", "EasyContext command line", sets);
+    // --plan checks the config against the target's world, not this launch's.
+    if (plan_only) {
+      r.mem_plan = plan::plan_memory(r.cfg, plan::resolve_target(r.cfg, rt.size(), rt.topology().local_size));
+    } else if (print_only) {  // also on one process for any layout (a login node, slurm/common.sh)
+      r.shown = plan::print_config_world(r.cfg, rt.size(), rt.topology().local_size);
+      r.layout = dist::make_group_layout(r.cfg, r.shown.world, r.shown.ranks_per_node);
+    } else {
+      r.layout = dist::make_group_layout(r.cfg, rt.size(), rt.topology().local_size);
+    }
+  });
+  return r;
+}
+
+// --plan: the plan as a table, the refusal when it does not fit, then as JSON; 0 fits, else 3.
+int print_plan(dist::Runtime& rt, const plan::MemoryPlan& mem_plan) {
+  if (rt.rank() == 0) {
+    std::cout << plan::format_plan_table(mem_plan);
+    if (!mem_plan.fits) std::cout << "\n" << plan::refusal_message(mem_plan) << "\n";
+    std::cout << "\n" << plan::plan_to_json(mem_plan).dump() << std::endl;
+  }
+  return mem_plan.fits ? 0 : 3;
+}
+
+// --print-config: the resolved config, the layout and what this build can run.
+int print_config(dist::Runtime& rt, const Resolved& r) {
+  if (rt.rank() == 0) {
+    std::cout << "# resolved configuration (" << r.cfg.source << ")\n" << dump_stage_config(r.cfg) << "\n# layout for "
+              << r.shown.world << " rank(s): " << r.shown.note << "\n" << r.layout.describe();
+    // What this build can run (slurm/common.sh refuses a GPU stage on a CPU-only build).
+    if (ops::cuda_backend_built())
+      std::cout << "# this build: CUDA backend, " << ops::visible_cuda_devices() << " CUDA device(s) visible here\n";
+    else
+      std::cout << "# this build: CPU only (no CUDA backend: configured without the CUDA toolkit, cuDNN or NCCL)\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) -> int {
     po::options_description opts("easyctx_train STAGE.yaml [options]");
-    opts.add_options()("help,h", "show this help")(
-        "set", po::value<std::vector<std::string>>()->composing(), "override a config key: --set key=value (repeatable)")(
-        "print-config", "print the resolved config and the process-group layout, then exit")(
-        "resume", po::value<std::string>()->default_value("auto"),
-        "auto: continue from the newest committed checkpoint in <output.dir>/checkpoints if any; none: start "
-        "from model.init; PATH: resume from that checkpoint")(
-        "config-doc", "print the Markdown reference of every config key (docs/config.md), then exit")(
-        "plan", "print the memory plan (every buffer per GPU and per host; docs/memory-model.md) as a table, then "
-        "as one JSON object on the last line, and exit without allocating: 0 when the run fits, 3 when it does "
-        "not (the message names the --set changes that would fit), 2 on bad input. Plans for target.* (GPU "
-        "model and memory, GPUs per node, nodes, host memory), else the launch and this machine, so it runs on "
-        "a login node without GPUs");
+    add_flags(opts);
     po::options_description ec("EasyContext's train.py flags (docs/easycontext.md); each sets a config key, "
                                "over STAGE.yaml's and under --set");
-    ec.add_options()("batch-size", po::value<std::string>(), "train.batch_size (EasyContext default 1)")(
-        "gradient-accumulate-every", po::value<std::string>(), "train.grad_accum (default 8)")(
-        "output-dir", po::value<std::string>(), "output.dir (required without STAGE.yaml)")(
-        "seed", po::value<std::string>(), "train.seed (default 42)")(
-        "max-train-steps", po::value<std::string>(), "train.steps (default 400)")(
-        "learning-rate", po::value<std::string>(), "train.lr (default 2e-5)")(
-        "rope-theta", po::value<std::string>(), "model.rope_theta (default 100000)")(
-        "model", po::value<std::string>(),
-        "model.init hf:DIR (a Hugging Face folder; an earlier stage's output.dir: its final/)")(
-        "dataset", po::value<std::string>(), "data.path (h5tokenize shards; required without STAGE.yaml)")(
-        "seq-length", po::value<std::string>(), "data.seq_length (default 16384)")(
-        "parallel_mode", po::value<std::string>(),
-        "parallel.sequence.mode (zigzag_ring_attn, dist_flash_attn, ulysses_attn, usp_attn, data_parallel or "
-        "easyctx's names) and parallel.sequence.size = the launch's ranks (1 for data_parallel), as "
-        "EasyContext's group is the whole world; required without STAGE.yaml")(
-        "ring_degree", po::value<std::string>(),
-        "parallel.sequence.ring_degree (usp: ulysses_size = size / ring_degree)")(
-        "wandb", po::value<std::string>(),
-        "logging.tensorboard: true (event files under <output.dir>/tensorboard; prints the `wandb sync "
-        "--sync-tensorboard` command that uploads them to this project)")(
-        "warmup-steps", po::value<std::string>(), "train.warmup_steps (EasyContext before 2024-04-26)")(
-        "lr-schedule", po::value<std::string>(), "train.schedule (EasyContext before 2024-04-26: linear or constant)")(
-        "lora", "EasyContext before 2024-04-26: refused (full fine-tuning only)")(
-        "ring_attention", "EasyContext's first train.py: refused (use --parallel_mode zigzag_ring_attn)");
+    add_easycontext_flags(ec);
     opts.add(ec);
-    po::options_description hidden;
-    hidden.add_options()("stage", po::value<std::string>(), "stage YAML");
-    po::options_description all;
-    all.add(opts).add(hidden);
-    po::positional_options_description pos;
-    pos.add("stage", 1);
     po::variables_map vm;
-    bool easycontext = false;
-    dist::run_collectively(rt, [&] {
-      try {
-        po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
-        po::notify(vm);
-      } catch (const po::error& e) {
-        EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
-      }
-      EASYCTX_CHECK_INPUT(!vm.count("lora"), "--lora: not supported (easyctx trains every weight, as EasyContext's "
-                          "train.py does since 2024-04-26)");
-      EASYCTX_CHECK_INPUT(!vm.count("ring_attention"), "--ring_attention: EasyContext's first train.py flag; use "
-                          "--parallel_mode zigzag_ring_attn");
-      for (const EasyContextFlag& f : kEasyContextFlags) easycontext = easycontext || vm.count(f.flag) > 0;
-    });
+    const bool easycontext = parse_flags(rt, argc, argv, opts, vm);
     if (vm.count("help")) {
       if (rt.rank() == 0)
         std::cout << opts << "\nConfig keys: docs/config.md (or --config-doc). Memory plan: docs/memory-model.md.\n"
@@ -201,63 +278,24 @@ int main(int argc, char** argv) {
       if (rt.rank() == 0) std::cout << config_reference_markdown();
       return 0;
     }
-    StageConfig cfg;
-    dist::GroupLayout layout;
-    plan::MemoryPlan mem_plan;
     const bool plan_only = vm.count("plan") > 0, print_only = vm.count("print-config") > 0;
-    plan::LayoutWorld shown;
-    dist::run_collectively(rt, [&] {
-      EASYCTX_CHECK_INPUT(vm.count("stage") || easycontext,
-                          "command line: missing STAGE.yaml (or EasyContext's train.py flags; see --help)");
-      std::vector<std::string> sets;
-      if (easycontext) sets = easycontext_overrides(vm, vm.count("stage") > 0, rt.size());
-      if (vm.count("set"))
-        for (const std::string& s : vm["set"].as<std::vector<std::string>>()) sets.push_back(s);
-      cfg = vm.count("stage") ? load_stage_config(vm["stage"].as<std::string>(), sets)
-                              : parse_stage_config("", "EasyContext command line", sets);
-      // --plan checks the config against the target's world, not this launch's.
-      if (plan_only) {
-        mem_plan = plan::plan_memory(cfg, plan::resolve_target(cfg, rt.size(), rt.topology().local_size));
-      } else if (print_only) {  // also on one process for any layout (a login node, slurm/common.sh)
-        shown = plan::print_config_world(cfg, rt.size(), rt.topology().local_size);
-        layout = dist::make_group_layout(cfg, shown.world, shown.ranks_per_node);
-      } else {
-        layout = dist::make_group_layout(cfg, rt.size(), rt.topology().local_size);
-      }
-    });
+    const Resolved r = load_config(rt, vm, easycontext, plan_only, print_only);
+    const StageConfig& cfg = r.cfg;
     if (vm.count("wandb") && rt.rank() == 0)
       std::cout << "--wandb " << vm["wandb"].as<std::string>() << ": logging.tensorboard is on; upload the run with: "
                 << "wandb sync --sync-tensorboard --project " << vm["wandb"].as<std::string>() << " "
                 << cfg.output.dir << "/tensorboard" << std::endl;
     // From here on collectives wait as long as the config says (start-up used the default).
     dist::set_default_collective_timeout_s(cfg.parallel.collective_timeout_s);
-    if (plan_only) {
-      if (rt.rank() == 0) {
-        std::cout << plan::format_plan_table(mem_plan);
-        if (!mem_plan.fits) std::cout << "\n" << plan::refusal_message(mem_plan) << "\n";
-        std::cout << "\n" << plan::plan_to_json(mem_plan).dump() << std::endl;
-      }
-      return mem_plan.fits ? 0 : 3;
-    }
-    if (print_only) {
-      if (rt.rank() == 0) {
-        std::cout << "# resolved configuration (" << cfg.source << ")\n" << dump_stage_config(cfg) << "\n# layout for "
-                  << shown.world << " rank(s): " << shown.note << "\n" << layout.describe();
-        // What this build can run (slurm/common.sh refuses a GPU stage on a CPU-only build).
-        if (ops::cuda_backend_built())
-          std::cout << "# this build: CUDA backend, " << ops::visible_cuda_devices() << " CUDA device(s) visible here\n";
-        else
-          std::cout << "# this build: CPU only (no CUDA backend: configured without the CUDA toolkit, cuDNN or NCCL)\n";
-      }
-      return 0;
-    }
+    if (plan_only) return print_plan(rt, r.mem_plan);
+    if (print_only) return print_config(rt, r);
     // A stop signal from now on is honoured at the first step boundary (dist/signals.h).
     dist::install_stop_signals();
     train::RunOptions run_opts;
     run_opts.resume = vm["resume"].as<std::string>();
     dist::CommBackend backend{};
     dist::run_collectively(rt, [&] { backend = dist::choose_backend(train::trainer_device(cfg.train.device)); });
-    dist::ProcessGroups groups(rt, layout, backend, cfg.parallel.collective_timeout_s);
+    dist::ProcessGroups groups(rt, r.layout, backend, cfg.parallel.collective_timeout_s);
     return train::run_stage(rt, cfg, groups, run_opts);
   });
 }

@@ -12,6 +12,7 @@
 #include "data/shard.h"
 #include "data/tokenize/tokenizer.h"
 #include "dist/runtime.h"
+#include "tool_flags.h"
 
 namespace po = boost::program_options;
 using namespace easyctx;
@@ -79,19 +80,8 @@ int inspect_main(dist::Runtime& rt, int argc, char** argv) {
       ("scan", "read every token: ids < vocab_size, BOS at each document start")
       ("ids", "also print the ids of the decoded window (and their loss weights, when the shards have them)")
       ("file", po::value(&files)->composing(), "shard files");
-  po::positional_options_description pos;
-  pos.add("file", -1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
-    if (vm.count("help")) {
-      if (rt.rank() == 0) std::cout << opts << "\n";
-      return 0;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    EASYCTX_THROW_INPUT(e.what(), " (see h5inspect --help)");
-  }
+  if (!data_tools::parse_tool_flags(rt, argc, argv, opts, "file", "h5inspect", vm)) return 0;
   EASYCTX_CHECK_INPUT(!files.empty(), "no shard files given (see h5inspect --help)");
   std::vector<std::string> paths;
   for (const auto& f : files)

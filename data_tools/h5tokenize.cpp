@@ -14,6 +14,7 @@
 #include "data/tokenize/h5tokenize_run.h"
 #include "data/tokenize/tokenizer.h"
 #include "dist/runtime.h"
+#include "tool_flags.h"
 
 namespace po = boost::program_options;
 using namespace easyctx;
@@ -126,19 +127,8 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
       ("progress", po::value(&o.progress)->default_value(-1), "progress: 0 off; otherwise rank 0 rewrites one line twice a second on a terminal, or prints a line every 30 s to a log file")
       ("max-warnings", po::value(&o.max_warnings)->default_value(o.max_warnings), "malformed-record warnings printed per rank")
       ("input", po::value(&o.inputs)->composing(), "input files, folders or globs");
-  po::positional_options_description pos;
-  pos.add("input", -1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
-    if (vm.count("help")) {
-      if (rt.rank() == 0) std::cout << opts << "\n";
-      return 0;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    EASYCTX_THROW_INPUT(e.what(), " (see h5tokenize --help)");
-  }
+  if (!data_tools::parse_tool_flags(rt, argc, argv, opts, "input", "h5tokenize", vm)) return 0;
   o.fields.text_path = dotted(text_field);
   o.fields.source_path = dotted(source_field);
   o.add_bos = !vm.count("no-bos");

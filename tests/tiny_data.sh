@@ -12,6 +12,9 @@
 #                                also leaving DIR/tok/kjv.txt, the verses); prints its path
 # tiny_chapters DIR CHAPTERS     DIR/corpus/, DIR/chapters.jsonl and DIR/train.jsonl
 # tiny_shard BIN TOK INPUT OUT   BIN/h5tokenize of INPUT with tokenizer TOK into the folder OUT
+# tiny_stage DATA SEQ STEPS      the start of a stage YAML: the demo model trained on the shards
+#                                in DATA, SEQ-token windows, STEPS steps; it ends inside train:,
+#                                so a test goes on with more train keys or its own sections
 # tiny_mpirun                    the two-rank launch of the shell tests, as arrays: mpi_args
 #                                (-np 2 --bind-to none, plus --allow-run-as-root --oversubscribe
 #                                as root, which Open MPI otherwise refuses) and mpi (mpirun and
@@ -22,6 +25,18 @@
 # under `set -e`, or `|| fail ...` without it. Nothing else goes to stdout or stderr.
 
 _tiny_data_src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+tiny_stage() {
+  cat <<YAML
+model:
+  config: demo
+data:
+  path: $1
+  seq_length: $2
+train:
+  steps: $3
+YAML
+}
 
 tiny_mpirun() {
   mpi_args=(-np 2 --bind-to none)

@@ -30,6 +30,19 @@ class Json {
   Json(std::string_view s) : type_(Type::String), str_(s) {}
   static Json array() { Json j; j.type_ = Type::Array; return j; }
   static Json object() { Json j; j.type_ = Type::Object; return j; }
+  // An object of these members in this order (set() of each: a key given twice keeps its last value).
+  static Json object(std::initializer_list<std::pair<std::string, Json>> members) {
+    Json j = object();
+    for (const auto& [key, value] : members) j.set(key, value);
+    return j;
+  }
+  // An array of the values of a range (each converted to Json).
+  template <class Range>
+  static Json array_of(const Range& values) {
+    Json j = array();
+    for (const auto& v : values) j.push_back(Json(v));
+    return j;
+  }
 
   Type type() const { return type_; }
   bool is_null() const { return type_ == Type::Null; }

@@ -32,7 +32,7 @@ std::string gib(int64_t b) {
 plan::MemoryPlan plan_session(const SessionOptions& o, int64_t max_tokens, const std::vector<std::string>& sets,
                               int world_size, int ranks_per_node) {
   EASYCTX_CHECK_INPUT(max_tokens >= 1, "--plan: the longest sequence is ", max_tokens, " tokens");
-  StageConfig cfg = session_stage(o);
+  StageConfig cfg = session_config(o);
   cfg.train.device = o.device;
   cfg.data.seq_length = max_tokens;
   for (const std::string& s : sets) {

@@ -90,9 +90,12 @@ std::string default_needle_output_dir(const std::string& model_spec) {
   return "data/needle_" + base;
 }
 
-bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std::string* help) {
-  std::string device = "auto", sp_mode = "zigzag_ring", tasks = "needle";
-  po::options_description opts("easyctx_eval_needle [options]");
+namespace {
+
+// The flags, their defaults and help texts; the ones not read into `o` directly are read
+// into `device`, `sp_mode` and `tasks`.
+void add_needle_flags(po::options_description& opts, NeedleOptions& o, std::string& device, std::string& sp_mode,
+                      std::string& tasks) {
   opts.add_options()("help,h", "show this help")(
       "model", po::value(&o.session.model)->required(),
       "Hugging Face folder (config.json + safetensors), a training run's output.dir (its final/ export) or "
@@ -155,6 +158,30 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
       "collective-timeout-s", po::value(&o.session.collective_timeout_s)->default_value(3600),
       "with mpirun: a rank that waits this long for the others (longer than the forward of one prompt at "
       "--max-context-length) ends the job, naming the rank that never arrived");
+}
+
+// check_needle_options, where a bad value of a flag given in EasyContext's spelling says so, as
+// the message names easyctx's (boost's messages on the rewritten command line too).
+void check_needle_options_as_given(const NeedleOptions& o, int argc, const char* const* argv) {
+  try {
+    check_needle_options(o);
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    for (int i = 1; i < argc; ++i)
+      for (const FlagAlias& f : needle_aliases())
+        if ((argv[i] == std::string(f.alias) || std::string(argv[i]).rfind(std::string(f.alias) + "=", 0) == 0) &&
+            m.rfind(std::string(f.canonical) + ":", 0) == 0)
+          EASYCTX_THROW_INPUT(m, " (given as ", f.alias, ")");
+    throw;
+  }
+}
+
+}  // namespace
+
+bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std::string* help) {
+  std::string device = "auto", sp_mode = "zigzag_ring", tasks = "needle";
+  po::options_description opts("easyctx_eval_needle [options]");
+  add_needle_flags(opts, o, device, sp_mode, tasks);
   po::variables_map vm;
   const ArgvCopy args(rewrite_flag_aliases(argc, argv, needle_aliases()));
   try {
@@ -181,19 +208,7 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
     const Task k = parse_task(trim(t));
     if (std::find(o.tasks.begin(), o.tasks.end(), k) == o.tasks.end()) o.tasks.push_back(k);
   }
-  // A bad value of a flag given in EasyContext's spelling says so, as the message names
-  // easyctx's (boost's messages on the rewritten command line too).
-  try {
-    check_needle_options(o);
-  } catch (const InputError& e) {
-    const std::string m = e.what();
-    for (int i = 1; i < argc; ++i)
-      for (const FlagAlias& f : needle_aliases())
-        if ((argv[i] == std::string(f.alias) || std::string(argv[i]).rfind(std::string(f.alias) + "=", 0) == 0) &&
-            m.rfind(std::string(f.canonical) + ":", 0) == 0)
-          EASYCTX_THROW_INPUT(m, " (given as ", f.alias, ")");
-    throw;
-  }
+  check_needle_options_as_given(o, argc, argv);
   return true;
 }
 
@@ -341,6 +356,114 @@ std::vector<Prompt> cell_prompts(const NeedleOptions& o, const PromptBuilder& b,
   return out;
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
+
+// A cell of one context length: a task, and for the needle a depth.
+struct PlannedCell {
+  Task task;
+  size_t depth_index;
+};
+
+// The cells of one length, in --task order (depths in order for the needle).
+std::vector<PlannedCell> cells_per_length(const NeedleOptions& o, const std::vector<double>& depths) {
+  std::vector<PlannedCell> per_length;
+  for (Task t : o.tasks) {
+    if (t == Task::Needle) {
+      for (size_t d = 0; d < depths.size(); ++d) per_length.push_back({t, d});
+    } else {
+      per_length.push_back({t, 0});
+    }
+  }
+  return per_length;
+}
+
+// What one call of the session scores: its cells (not yet scored) and their prompts, in order.
+struct SweepCall {
+  std::vector<CellResult> cells;
+  std::vector<ScoreRequest> reqs;
+};
+
+// The next call's cells of length L, from per_length[next] on (advancing `next`): at least one,
+// then as many as keep the call's prompts to about kCallTokens tokens (on every rank); a
+// length's cells take several calls beyond it.
+SweepCall next_call(const NeedleOptions& o, const PromptBuilder& b, const std::vector<uint32_t>& haystack,
+                    const std::vector<uint32_t>& noise, const std::vector<double>& depths,
+                    const std::vector<PlannedCell>& per_length, int64_t L, size_t& next) {
+  constexpr int64_t kCallTokens = int64_t{1} << 26;
+  SweepCall call;
+  int64_t call_tokens = 0;
+  while (next < per_length.size() && (call.cells.empty() || call_tokens + L * o.samples <= kCallTokens)) {
+    const PlannedCell& p = per_length[next++];
+    CellResult c;
+    c.task = p.task;
+    c.context = L;
+    c.depth = p.task == Task::Needle ? depths[p.depth_index] : kNaN;
+    for (Prompt& pr : cell_prompts(o, b, haystack, noise, p.task, L, p.depth_index)) {
+      c.tokens += static_cast<int64_t>(pr.tokens.size());
+      ScoreRequest q;
+      q.spans.push_back({pr.answer_begin - 1, pr.answer_length});
+      q.tokens = std::move(pr.tokens);
+      call.reqs.push_back(std::move(q));
+    }
+    call_tokens += c.tokens;
+    call.cells.push_back(c);
+  }
+  return call;
+}
+
+// Scores a call's prompts; with a relay, the session's rounds reach `progress` as sweep progress
+// on from `before` (the call being `call_work` of the sweep's work).
+std::vector<std::vector<SpanScore>> score_call(Session& s, const std::vector<ScoreRequest>& reqs,
+                                               const SweepProgressFn& progress, const SweepRelay* relay,
+                                               const SweepProgress& before, double call_work, Clock::time_point t0) {
+  if (relay && progress)
+    *relay->target = [&](const ScoreProgress& sp) {
+      SweepProgress now = before;
+      now.prompts_done += sp.items_done;
+      now.tokens += sp.tokens_done;
+      if (sp.tokens_total > 0)
+        now.work_done += call_work * static_cast<double>(sp.tokens_done) / static_cast<double>(sp.tokens_total);
+      now.seconds = seconds_since(t0);
+      if (sp.items_done < sp.items_total) progress(now, {});
+    };
+  std::vector<std::vector<SpanScore>> scores;
+  try {
+    scores = s.score_spans(reqs);
+  } catch (...) {
+    if (relay) *relay->target = nullptr;
+    throw;
+  }
+  if (relay) *relay->target = nullptr;
+  EASYCTX_CHECK(scores.size() == reqs.size(), "needle sweep: the session returned ", scores.size(),
+                " results for ", reqs.size(), " prompts");
+  return scores;
+}
+
+// Each cell's share of `scores` (o.samples prompts a cell, in order) added to it; the cells go to r.
+void tally_call(std::vector<CellResult>& cells, const std::vector<std::vector<SpanScore>>& scores, int samples,
+                SweepResult& r) {
+  size_t q = 0;
+  for (CellResult& c : cells) {
+    for (int k = 0; k < samples; ++k, ++q) {
+      EASYCTX_CHECK(scores[q].size() == 1, "needle sweep: the session returned ", scores[q].size(),
+                    " span scores for one span");
+      const SpanScore& sc = scores[q][0];
+      c.correct += sc.all_argmax ? 1 : 0;
+      c.answer_nll += sc.sum_nll;
+      c.answer_tokens += sc.count;
+      ++c.samples;
+    }
+    r.tokens += c.tokens;
+    r.cells.push_back(c);
+  }
+}
+
+}  // namespace
+
 SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std::vector<uint32_t>& haystack,
                       Session& s, const SweepProgressFn& progress, const SweepRelay* relay) {
   check_needle_options(o);
@@ -352,97 +475,28 @@ SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std:
   if (needle)
     EASYCTX_CHECK(static_cast<int64_t>(haystack.size()) >= o.max_context, "needle sweep: a haystack of ",
                   haystack.size(), " tokens for --max-context-length ", o.max_context);
-  // The cells of one length, in --task order (depths in order for the needle).
-  struct Planned {
-    Task task;
-    size_t depth_index;
-  };
-  std::vector<Planned> per_length;
-  for (Task t : o.tasks) {
-    if (t == Task::Needle) {
-      for (size_t d = 0; d < depths.size(); ++d) per_length.push_back({t, d});
-    } else {
-      per_length.push_back({t, 0});
-    }
-  }
+  const std::vector<PlannedCell> per_length = cells_per_length(o, depths);
   SweepProgress prog;
   prog.cells_total = static_cast<int64_t>(per_length.size() * lengths.size());
   prog.prompts_total = prog.cells_total * o.samples;
   for (int64_t L : lengths) prog.work_total += static_cast<double>(L) * static_cast<double>(per_length.size() * o.samples);
 
   SweepResult r;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto since = [](std::chrono::steady_clock::time_point a) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-  };
-  // A call's prompts are kept to about this many tokens (on every rank); a length's cells
-  // take several calls beyond it.
-  constexpr int64_t kCallTokens = int64_t{1} << 26;
+  const auto t0 = Clock::now();
   for (int64_t L : lengths) {
     size_t next = 0;
     while (next < per_length.size()) {
-      std::vector<CellResult> cells;
-      std::vector<ScoreRequest> reqs;
-      int64_t call_tokens = 0;
-      while (next < per_length.size() && (cells.empty() || call_tokens + L * o.samples <= kCallTokens)) {
-        const Planned& p = per_length[next++];
-        CellResult c;
-        c.task = p.task;
-        c.context = L;
-        c.depth = p.task == Task::Needle ? depths[p.depth_index] : kNaN;
-        for (Prompt& pr : cell_prompts(o, b, haystack, noise, p.task, L, p.depth_index)) {
-          c.tokens += static_cast<int64_t>(pr.tokens.size());
-          ScoreRequest q;
-          q.spans.push_back({pr.answer_begin - 1, pr.answer_length});
-          q.tokens = std::move(pr.tokens);
-          reqs.push_back(std::move(q));
-        }
-        call_tokens += c.tokens;
-        cells.push_back(c);
-      }
-      // The session's rounds, as sweep progress.
-      const SweepProgress before = prog;
-      const double call_work = static_cast<double>(L) * static_cast<double>(reqs.size());
-      if (relay && progress)
-        *relay->target = [&](const ScoreProgress& sp) {
-          SweepProgress now = before;
-          now.prompts_done += sp.items_done;
-          now.tokens += sp.tokens_done;
-          if (sp.tokens_total > 0)
-            now.work_done += call_work * static_cast<double>(sp.tokens_done) / static_cast<double>(sp.tokens_total);
-          now.seconds = since(t0);
-          if (sp.items_done < sp.items_total) progress(now, {});
-        };
-      std::vector<std::vector<SpanScore>> scores;
-      try {
-        scores = s.score_spans(reqs);
-      } catch (...) {
-        if (relay) *relay->target = nullptr;
-        throw;
-      }
-      if (relay) *relay->target = nullptr;
-      EASYCTX_CHECK(scores.size() == reqs.size(), "needle sweep: the session returned ", scores.size(),
-                    " results for ", reqs.size(), " prompts");
-      size_t q = 0;
-      for (CellResult& c : cells) {
-        for (int k = 0; k < o.samples; ++k, ++q) {
-          EASYCTX_CHECK(scores[q].size() == 1, "needle sweep: the session returned ", scores[q].size(),
-                        " span scores for one span");
-          const SpanScore& sc = scores[q][0];
-          c.correct += sc.all_argmax ? 1 : 0;
-          c.answer_nll += sc.sum_nll;
-          c.answer_tokens += sc.count;
-          ++c.samples;
-        }
-        r.tokens += c.tokens;
-        r.cells.push_back(c);
-      }
-      prog.cells_done += static_cast<int64_t>(cells.size());
-      prog.prompts_done += static_cast<int64_t>(reqs.size());
+      SweepCall call = next_call(o, b, haystack, noise, depths, per_length, L, next);
+      const double call_work = static_cast<double>(L) * static_cast<double>(call.reqs.size());
+      const std::vector<std::vector<SpanScore>> scores =
+          score_call(s, call.reqs, progress, relay, prog, call_work, t0);
+      tally_call(call.cells, scores, o.samples, r);
+      prog.cells_done += static_cast<int64_t>(call.cells.size());
+      prog.prompts_done += static_cast<int64_t>(call.reqs.size());
       prog.tokens = r.tokens;
       prog.work_done += call_work;
-      prog.seconds = since(t0);
-      if (progress) progress(prog, cells);
+      prog.seconds = seconds_since(t0);
+      if (progress) progress(prog, call.cells);
     }
   }
   // By task (in --task order), then context, then depth.
@@ -450,7 +504,7 @@ SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std:
   std::stable_sort(r.cells.begin(), r.cells.end(), [&](const CellResult& a, const CellResult& c) {
     return task_rank(a.task) < task_rank(c.task);
   });
-  r.seconds = since(t0);
+  r.seconds = seconds_since(t0);
   return r;
 }
 
@@ -569,11 +623,8 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
     write_file_atomic(o.output_dir + "/synthetic.csv", synthetic_csv(r));
     write_png(o.output_dir + "/synthetic.png", draw_heatmap(synthetic_heatmap(r, t)));
   }
-  Json j = Json::object();
-  j.set("model", o.session.model);
-  j.set("session", session_description);
-  j.set("tokenizer", o.tokenizer);
-  j.set("haystack", haystack_description);
+  Json j = Json::object({{"model", o.session.model}, {"session", session_description},
+                          {"tokenizer", o.tokenizer}, {"haystack", haystack_description}});
   Json tasks = Json::object();
   for (Task k : o.tasks) {
     Json t = Json::object();
@@ -593,20 +644,12 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
   j.set("tokens", r.tokens);
   j.set("seconds", r.seconds);
   j.set("tokens_per_s", r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0);
-  Json opt = Json::object();
-  opt.set("min_context_length", o.min_context);
-  opt.set("max_context_length", o.max_context);
-  opt.set("context_interval", o.context_interval);
-  opt.set("depth_interval", o.depth_interval);
-  opt.set("samples", o.samples);
-  opt.set("seed", o.seed);
-  opt.set("digits", o.task.digits);
-  opt.set("distractors", o.task.distractors);
-  opt.set("keys", o.task.keys);
-  opt.set("values", o.task.values);
-  opt.set("hops", o.task.hops);
-  opt.set("rope_theta", o.session.rope_theta);
-  j.set("options", opt);
+  j.set("options", Json::object({{"min_context_length", o.min_context}, {"max_context_length", o.max_context},
+                                  {"context_interval", o.context_interval}, {"depth_interval", o.depth_interval},
+                                  {"samples", o.samples}, {"seed", o.seed}, {"digits", o.task.digits},
+                                  {"distractors", o.task.distractors}, {"keys", o.task.keys},
+                                  {"values", o.task.values}, {"hops", o.task.hops},
+                                  {"rope_theta", o.session.rope_theta}}));
   write_file_atomic(o.output_dir + "/summary.json", j.dump(2) + "\n");
   if (o.tensorboard != "none") {
     const std::string dir = o.tensorboard.empty() ? o.output_dir + "/tensorboard" : o.tensorboard;

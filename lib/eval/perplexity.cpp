@@ -68,13 +68,12 @@ struct Sweep {
   int64_t tokens = 0;                   // tokens of all requests
 };
 
-// EasyContext's fixed documents and their windows (perplexity.h).
-Sweep build_easycontext_sweep(const PplOptions& o, int64_t vocab, int64_t bos, const std::string& first_model,
-                              const std::vector<std::string>& files, std::vector<data::TokenShardReader>& shards,
-                              const std::vector<DocRef>& docs, Sweep s) {
-  const int64_t min_len = std::max<int64_t>(o.dataset_min_tokens, 0);
+// The documents of at least --dataset-min-tokens tokens (`qualifying` counts them), the first
+// --samples of them taken.
+std::vector<size_t> choose_documents(const PplOptions& o, const std::vector<DocRef>& docs, int64_t min_len,
+                                     int64_t& qualifying) {
   std::vector<size_t> chosen;
-  int64_t qualifying = 0;
+  qualifying = 0;
   for (size_t d = 0; d < docs.size(); ++d)
     if (static_cast<int64_t>(docs[d].length) >= min_len) {
       ++qualifying;
@@ -83,69 +82,105 @@ Sweep build_easycontext_sweep(const PplOptions& o, int64_t vocab, int64_t bos, c
   EASYCTX_CHECK_INPUT(!chosen.empty(), "--dataset-min-tokens: no document of ", o.tokenized.front(),
                       o.tokenized.size() > 1 ? " (or the other --tokenized inputs)" : "", " has ", min_len,
                       " tokens");
+  return chosen;
+}
+
+// A document after its BOS: what EasyContext's windows slice; every id checked against the vocabulary.
+std::vector<int32_t> document_text(const std::vector<uint32_t>& raw, int64_t vocab, int64_t bos,
+                                   const std::string& file, const std::string& first_model) {
+  std::vector<int32_t> text;
+  text.reserve(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) {
+    EASYCTX_CHECK_INPUT(raw[i] < static_cast<uint64_t>(vocab), file, ": token id ", raw[i],
+                        " >= the model's vocab_size ", vocab, " (", first_model, ")");
+    if (i == 0 && static_cast<int64_t>(raw[i]) == bos) continue;
+    text.push_back(static_cast<int32_t>(raw[i]));
+  }
+  return text;
+}
+
+// Makes a window of a document into a request (BOS first), counting the tokens of all of them:
+// every window is held until scored.
+struct WindowMaker {
+  static constexpr int64_t kMaxWindowTokens = int64_t{1} << 31;
+  int64_t bos = 0, stride = 0;
+  int64_t tokens = 0;
+  ScoreRequest operator()(const std::vector<int32_t>& text, int64_t begin, int64_t end) {
+    ScoreRequest r;
+    r.tokens.reserve(static_cast<size_t>(end - begin + 1));
+    r.tokens.push_back(static_cast<int32_t>(bos));
+    r.tokens.insert(r.tokens.end(), text.begin() + begin, text.begin() + end);
+    tokens += end - begin + 1;
+    EASYCTX_CHECK_INPUT(tokens <= kMaxWindowTokens, "--sliding-window: ", stride, " gives more than ",
+                        kMaxWindowTokens, " tokens of windows over the documents and lengths; take --truncate, "
+                        "a larger --sliding-window or fewer --samples");
+    return r;
+  }
+};
+
+// --truncate: one request per document, its window at the largest length; every length a prefix span.
+void add_truncated_window(Sweep& s, const std::vector<int32_t>& text, const std::string& what, WindowMaker& window) {
+  const int64_t n = static_cast<int64_t>(text.size());
+  const int64_t longest = std::min(s.lengths.back() - 1, n);
+  ScoreRequest r = window(text, 0, longest);
+  std::vector<size_t> at;
+  for (size_t i = 0; i < s.lengths.size(); ++i) {
+    r.spans.push_back({0, std::min(s.lengths[i] - 1, n)});
+    at.push_back(i);
+  }
+  s.requests.push_back(std::move(r));
+  s.at.push_back(std::move(at));
+  s.what.push_back(what);
+}
+
+// Sliding windows: at every length, a window every `stride` tokens, scoring the tokens it adds.
+void add_sliding_windows(Sweep& s, const std::vector<int32_t>& text, const std::string& what, WindowMaker& window) {
+  const int64_t n = static_cast<int64_t>(text.size());
+  for (size_t i = 0; i < s.lengths.size(); ++i) {
+    const int64_t max_len = s.lengths[i] - 1;
+    int64_t prev_end = 0;
+    for (int64_t begin = 0; begin < n; begin += window.stride) {
+      const int64_t end = std::min(begin + max_len, n);
+      // The tokens this window adds; a stride longer than the window scores all of it.
+      const int64_t trg = std::min(end - prev_end, end - begin);
+      ScoreRequest r = window(text, begin, end);
+      r.spans.push_back({end - begin - trg, trg});
+      s.requests.push_back(std::move(r));
+      s.at.push_back({i});
+      s.what.push_back(what + " (window at token " + std::to_string(begin) + ")");
+      prev_end = end;
+      if (end == n) break;
+    }
+  }
+}
+
+// EasyContext's fixed documents and their windows (perplexity.h).
+Sweep build_easycontext_sweep(const PplOptions& o, int64_t vocab, int64_t bos, const std::string& first_model,
+                              const std::vector<std::string>& files, std::vector<data::TokenShardReader>& shards,
+                              const std::vector<DocRef>& docs, Sweep s) {
+  const int64_t min_len = std::max<int64_t>(o.dataset_min_tokens, 0);
+  int64_t qualifying = 0;
+  const std::vector<size_t> chosen = choose_documents(o, docs, min_len, qualifying);
   std::vector<size_t> first_doc(files.size(), 0);
   for (size_t d = docs.size(); d-- > 0;) first_doc[docs[d].file] = d;
   const int64_t stride = o.sliding_window > 0 ? o.sliding_window : 256;  // EasyContext's default
-  constexpr int64_t kMaxWindowTokens = int64_t{1} << 31;  // every window is held until scored
-  int64_t tokens = 0, shorter = 0;
+  WindowMaker window{bos, stride};
+  int64_t shorter = 0;
   s.documents.assign(s.lengths.size(), static_cast<int64_t>(chosen.size()));
   for (size_t d : chosen) {
-    const std::vector<uint32_t> raw = shards[docs[d].file].read(docs[d].offset, docs[d].length);
-    std::vector<int32_t> text;  // the document after its BOS: what EasyContext's windows slice
-    text.reserve(raw.size());
-    for (size_t i = 0; i < raw.size(); ++i) {
-      EASYCTX_CHECK_INPUT(raw[i] < static_cast<uint64_t>(vocab), files[docs[d].file], ": token id ", raw[i],
-                          " >= the model's vocab_size ", vocab, " (", first_model, ")");
-      if (i == 0 && static_cast<int64_t>(raw[i]) == bos) continue;
-      text.push_back(static_cast<int32_t>(raw[i]));
-    }
+    const std::string& file = files[docs[d].file];
+    const std::vector<int32_t> text =
+        document_text(shards[docs[d].file].read(docs[d].offset, docs[d].length), vocab, bos, file, first_model);
     const int64_t n = static_cast<int64_t>(text.size());
-    const std::string what = "document " + std::to_string(d - first_doc[docs[d].file]) + " of " + files[docs[d].file];
+    const std::string what = "document " + std::to_string(d - first_doc[docs[d].file]) + " of " + file;
     EASYCTX_CHECK_INPUT(n >= 1, what, ": no token after its BOS; nothing to score");
-    auto window = [&](int64_t begin, int64_t end) {
-      ScoreRequest r;
-      r.tokens.reserve(static_cast<size_t>(end - begin + 1));
-      r.tokens.push_back(static_cast<int32_t>(bos));
-      r.tokens.insert(r.tokens.end(), text.begin() + begin, text.begin() + end);
-      tokens += end - begin + 1;
-      EASYCTX_CHECK_INPUT(tokens <= kMaxWindowTokens, "--sliding-window: ", stride, " gives more than ",
-                          kMaxWindowTokens, " tokens of windows over the documents and lengths; take --truncate, "
-                          "a larger --sliding-window or fewer --samples");
-      return r;
-    };
-    if (o.truncate) {
-      // One request per document: its window at the largest length; every length a prefix span.
-      const int64_t longest = std::min(s.lengths.back() - 1, n);
-      ScoreRequest r = window(0, longest);
-      std::vector<size_t> at;
-      for (size_t i = 0; i < s.lengths.size(); ++i) {
-        r.spans.push_back({0, std::min(s.lengths[i] - 1, n)});
-        at.push_back(i);
-      }
-      if (n < s.lengths.back() - 1) ++shorter;
-      s.requests.push_back(std::move(r));
-      s.at.push_back(std::move(at));
-      s.what.push_back(what);
-      continue;
-    }
+    if (o.truncate)
+      add_truncated_window(s, text, what, window);
+    else
+      add_sliding_windows(s, text, what, window);
     if (n < s.lengths.back() - 1) ++shorter;
-    for (size_t i = 0; i < s.lengths.size(); ++i) {
-      const int64_t max_len = s.lengths[i] - 1;
-      int64_t prev_end = 0;
-      for (int64_t begin = 0; begin < n; begin += stride) {
-        const int64_t end = std::min(begin + max_len, n);
-        // The tokens this window adds; a stride longer than the window scores all of it.
-        const int64_t trg = std::min(end - prev_end, end - begin);
-        ScoreRequest r = window(begin, end);
-        r.spans.push_back({end - begin - trg, trg});
-        s.requests.push_back(std::move(r));
-        s.at.push_back({i});
-        s.what.push_back(what + " (window at token " + std::to_string(begin) + ")");
-        prev_end = end;
-        if (end == n) break;
-      }
-    }
   }
+  const int64_t tokens = window.tokens;
   if (shorter)
     log_warn("eval ppl: ", shorter, " of the ", chosen.size(), " documents have fewer than ", s.lengths.back() - 1,
              " tokens after BOS; at the longer lengths they are scored over all their tokens (as EasyContext "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "core/error.h"
@@ -212,90 +213,123 @@ Prompt PromptBuilder::needle(const std::vector<uint32_t>& haystack, int64_t L, d
   return assemble(needle_prefix(), haystack, L, pieces, needle_question(opts_.city), std::to_string(number));
 }
 
+namespace {
+
+using Piece = PromptBuilder::Piece;
+
+// A synthetic task's prompt before assembly: the pieces hidden in the noise, and the text
+// around them.
+struct TaskText {
+  std::vector<Piece> pieces;
+  std::string prefix, question, answer;
+};
+
+// One point of the haystack at a uniform depth (one draw of the prompt's Rng).
+using PointFn = std::function<int64_t()>;
+
+std::vector<int64_t> sorted_points(const PointFn& point, size_t n) {
+  std::vector<int64_t> pts;
+  for (size_t i = 0; i < n; ++i) pts.push_back(point());
+  std::sort(pts.begin(), pts.end());
+  return pts;
+}
+
+// passkey: one number, asked back.
+TaskText passkey_text(const TaskOptions& o, Rng& rng, const PointFn& point) {
+  TaskText t;
+  const int64_t n = random_number(rng, o.digits);
+  const std::string k = std::to_string(n);
+  t.pieces.push_back({"\nThe pass key is " + k + ". Remember it. " + k + " is the pass key.\n",
+                      point(), true});
+  t.prefix = "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
+             "I will quiz you about the pass key afterwards.\n";
+  t.question = "\nWhat is the pass key? The pass key is";
+  t.answer = k;
+  return t;
+}
+
+// multikey: a number for each of several keys; one key is asked.
+TaskText multikey_text(const TaskOptions& o, Rng& rng, const PointFn& point) {
+  TaskText t;
+  std::set<std::string> seen;
+  std::vector<std::string> keys;
+  while (keys.size() < static_cast<size_t>(o.keys)) {
+    const std::string k = std::string(kAdjectives[rng.below(kNumAdjectives)]) + "-" + kNouns[rng.below(kNumNouns)];
+    if (seen.insert(k).second) keys.push_back(k);
+  }
+  const std::vector<int64_t> nums = distinct_numbers(rng, o.digits, keys.size(), {});
+  const size_t asked = rng.below(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i)
+    t.pieces.push_back({"\nOne of the special magic numbers for " + keys[i] + " is: " + std::to_string(nums[i]) + ".\n",
+                        point(), i == asked});
+  t.prefix = "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
+             "I will quiz you about the numbers afterwards.\n";
+  t.question = "\nWhat is the special magic number for " + keys[asked] +
+               " mentioned in the provided text? The special magic number for " + keys[asked] +
+               " mentioned in the provided text is:";
+  t.answer = std::to_string(nums[asked]);
+  return t;
+}
+
+// multivalue: several numbers of one key, asked in order.
+TaskText multivalue_text(const TaskOptions& o, Rng& rng, const PointFn& point) {
+  TaskText t;
+  const std::string key =
+      std::string(kAdjectives[rng.below(kNumAdjectives)]) + "-" + kNouns[rng.below(kNumNouns)];
+  const std::vector<int64_t> nums = distinct_numbers(rng, o.digits, static_cast<size_t>(o.values), {});
+  const std::vector<int64_t> pts = sorted_points(point, nums.size());
+  std::vector<std::string> vals;
+  for (size_t i = 0; i < nums.size(); ++i) {
+    vals.push_back(std::to_string(nums[i]));
+    t.pieces.push_back({"\nOne of the special magic numbers for " + key + " is: " + vals.back() + ".\n", pts[i], true});
+  }
+  t.prefix = "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
+             "I will quiz you about the numbers afterwards.\n";
+  t.question = "\nWhat are all the special magic numbers for " + key +
+               " mentioned in the provided text? The special magic numbers for " + key +
+               " mentioned in the provided text, in order, are:";
+  t.answer = join(vals, ", ");
+  return t;
+}
+
+// vt: a chain of variable assignments; the variables holding the value are asked.
+TaskText variable_tracking_text(const TaskOptions& o, Rng& rng, const PointFn& point) {
+  TaskText t;
+  std::set<std::string> seen;
+  std::vector<std::string> names;
+  while (names.size() < static_cast<size_t>(o.hops) + 1) {
+    std::string s;
+    for (int i = 0; i < 5; ++i) s.push_back(static_cast<char>('A' + rng.below(26)));
+    if (seen.insert(s).second) names.push_back(s);
+  }
+  const std::string n = std::to_string(random_number(rng, o.digits));
+  const std::vector<int64_t> pts = sorted_points(point, names.size());
+  for (size_t i = 0; i < names.size(); ++i)
+    t.pieces.push_back({"\nVAR " + names[i] + " = " + (i ? "VAR " + names[i - 1] : n) + ".\n", pts[i], true});
+  t.prefix = "Memorize and track the chain of variable assignments hidden in the following text.\n";
+  t.question = "\nFind all variables that are assigned the value " + n +
+               " in the text above. Answer: According to the chain of variable assignments in the text above, " +
+               std::to_string(names.size()) + " variables are assigned the value " + n + ", they are:";
+  t.answer = join(names, " ");
+  return t;
+}
+
+}  // namespace
+
 Prompt PromptBuilder::synthetic(Task t, const std::vector<uint32_t>& noise, int64_t L, Rng& rng) const {
   EASYCTX_CHECK(is_synthetic(t), "synthetic prompt: ", task_name(t), " is not a synthetic task");
   EASYCTX_CHECK(L >= 1 && static_cast<int64_t>(noise.size()) >= L, "synthetic prompt: a haystack of ", noise.size(),
                 " tokens cut to ", L);
-  auto sorted_points = [&](size_t n) {
-    std::vector<int64_t> pts;
-    for (size_t i = 0; i < n; ++i) pts.push_back(depth_point(noise, L, rng.uniform()));
-    std::sort(pts.begin(), pts.end());
-    return pts;
-  };
-  std::vector<Piece> pieces;
-  std::string prefix, question, answer;
+  const PointFn point = [&] { return depth_point(noise, L, rng.uniform()); };
+  TaskText text;
   switch (t) {
-    case Task::Passkey: {
-      const int64_t n = random_number(rng, opts_.digits);
-      const std::string k = std::to_string(n);
-      pieces.push_back({"\nThe pass key is " + k + ". Remember it. " + k + " is the pass key.\n",
-                        depth_point(noise, L, rng.uniform()), true});
-      prefix = "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
-               "I will quiz you about the pass key afterwards.\n";
-      question = "\nWhat is the pass key? The pass key is";
-      answer = k;
-      break;
-    }
-    case Task::MultiKey: {
-      std::set<std::string> seen;
-      std::vector<std::string> keys;
-      while (keys.size() < static_cast<size_t>(opts_.keys)) {
-        const std::string k = std::string(kAdjectives[rng.below(kNumAdjectives)]) + "-" + kNouns[rng.below(kNumNouns)];
-        if (seen.insert(k).second) keys.push_back(k);
-      }
-      const std::vector<int64_t> nums = distinct_numbers(rng, opts_.digits, keys.size(), {});
-      const size_t asked = rng.below(keys.size());
-      for (size_t i = 0; i < keys.size(); ++i)
-        pieces.push_back({"\nOne of the special magic numbers for " + keys[i] + " is: " + std::to_string(nums[i]) + ".\n",
-                          depth_point(noise, L, rng.uniform()), i == asked});
-      prefix = "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
-               "I will quiz you about the numbers afterwards.\n";
-      question = "\nWhat is the special magic number for " + keys[asked] +
-                 " mentioned in the provided text? The special magic number for " + keys[asked] +
-                 " mentioned in the provided text is:";
-      answer = std::to_string(nums[asked]);
-      break;
-    }
-    case Task::MultiValue: {
-      const std::string key =
-          std::string(kAdjectives[rng.below(kNumAdjectives)]) + "-" + kNouns[rng.below(kNumNouns)];
-      const std::vector<int64_t> nums = distinct_numbers(rng, opts_.digits, static_cast<size_t>(opts_.values), {});
-      const std::vector<int64_t> pts = sorted_points(nums.size());
-      std::vector<std::string> vals;
-      for (size_t i = 0; i < nums.size(); ++i) {
-        vals.push_back(std::to_string(nums[i]));
-        pieces.push_back({"\nOne of the special magic numbers for " + key + " is: " + vals.back() + ".\n", pts[i], true});
-      }
-      prefix = "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
-               "I will quiz you about the numbers afterwards.\n";
-      question = "\nWhat are all the special magic numbers for " + key +
-                 " mentioned in the provided text? The special magic numbers for " + key +
-                 " mentioned in the provided text, in order, are:";
-      answer = join(vals, ", ");
-      break;
-    }
-    case Task::VariableTracking: {
-      std::set<std::string> seen;
-      std::vector<std::string> names;
-      while (names.size() < static_cast<size_t>(opts_.hops) + 1) {
-        std::string s;
-        for (int i = 0; i < 5; ++i) s.push_back(static_cast<char>('A' + rng.below(26)));
-        if (seen.insert(s).second) names.push_back(s);
-      }
-      const std::string n = std::to_string(random_number(rng, opts_.digits));
-      const std::vector<int64_t> pts = sorted_points(names.size());
-      for (size_t i = 0; i < names.size(); ++i)
-        pieces.push_back({"\nVAR " + names[i] + " = " + (i ? "VAR " + names[i - 1] : n) + ".\n", pts[i], true});
-      prefix = "Memorize and track the chain of variable assignments hidden in the following text.\n";
-      question = "\nFind all variables that are assigned the value " + n +
-                 " in the text above. Answer: According to the chain of variable assignments in the text above, " +
-                 std::to_string(names.size()) + " variables are assigned the value " + n + ", they are:";
-      answer = join(names, " ");
-      break;
-    }
+    case Task::Passkey: text = passkey_text(opts_, rng, point); break;
+    case Task::MultiKey: text = multikey_text(opts_, rng, point); break;
+    case Task::MultiValue: text = multivalue_text(opts_, rng, point); break;
+    case Task::VariableTracking: text = variable_tracking_text(opts_, rng, point); break;
     case Task::Needle: break;
   }
-  return assemble(prefix, noise, L, pieces, question, answer);
+  return assemble(text.prefix, noise, L, text.pieces, text.question, text.answer);
 }
 
 std::vector<uint32_t> PromptBuilder::noise_haystack(int64_t min_tokens) const {

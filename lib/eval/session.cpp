@@ -82,7 +82,7 @@ SeqParallelMode parse_sp_mode(const std::string& v, const std::string& flag) {
                       "(EasyContext's zigzag_ring_attn, ulysses_attn, dist_flash_attn, usp_attn, data_parallel)");
 }
 
-StageConfig session_stage(const SessionOptions& o) {
+StageConfig session_config(const SessionOptions& o) {
   StageConfig c;
   c.source = "evaluation flags (--sp-size, --sp-mode, --ulysses-size)";
   c.parallel.sequence.mode = o.sp_size > 1 ? o.sp_mode : SeqParallelMode::ZigzagRing;
@@ -116,7 +116,7 @@ class EvalSession final : public Session {
     }
     device_ = ops::resolve_device(o.device, "--device");
     cfg_ = model_config(ref_, o.rope_theta);
-    stage_ = session_stage(o);
+    session_cfg_ = session_config(o);
     // Ranks per node among the world's ranks (usp's default Ulysses degree).
     MPI_Comm node;
     dist::check_mpi(MPI_Comm_split_type(mpi->mpi_comm(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node),
@@ -124,7 +124,7 @@ class EvalSession final : public Session {
     int local_size = 1;
     MPI_Comm_size(node, &local_size);
     MPI_Comm_free(&node);
-    layout_ = dist::make_group_layout(stage_, world.size(), local_size);
+    layout_ = dist::make_group_layout(session_cfg_, world.size(), local_size);
     split_ = attention::sequence_split(layout_);
     if (o.sp_size > 1 && (o.sp_mode == SeqParallelMode::Ulysses || o.sp_mode == SeqParallelMode::Usp)) {
       const int u = layout_.ulysses_size;
@@ -148,7 +148,7 @@ class EvalSession final : public Session {
     mo.mlp_tile = o.mlp_tile;
     mo.lm_head_tile = o.lm_head_tile;
     model_ = std::make_unique<model::LlamaModel>(cfg_, *be_, dtype_, mo,
-                                                 attention::make_sequence_attention(stage_, *groups_, *be_));
+                                                 attention::make_sequence_attention(session_cfg_, *groups_, *be_));
     weights_ = load_model_weights(ref_, model_->layout(), *be_, dtype_);
     for (const ops::Buffer& b : weights_) {
       params_.push_back(b.flat());
@@ -333,7 +333,7 @@ class EvalSession final : public Session {
   DeviceKind device_ = DeviceKind::Cpu;
   ModelRef ref_;
   model::LlamaConfig cfg_;
-  StageConfig stage_;
+  StageConfig session_cfg_;  // session_config(): parallelism and memory knobs
   dist::GroupLayout layout_;
   attention::SequenceSplit split_;
   std::unique_ptr<dist::ProcessGroups> groups_;

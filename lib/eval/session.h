@@ -111,7 +111,7 @@ void validate_session_options(const SessionOptions& o, int world_size);
 // The stage config a session's strategies and process groups are made from
 // (parallel.sequence.*, activation.attention_head_groups, mlp_tile, lm_head_tile, the
 // collective timeout); the memory plan plans the same.
-StageConfig session_stage(const SessionOptions& o);
+StageConfig session_config(const SessionOptions& o);
 
 // A progress callback that logs format_progress(p) after `what` on the world's rank `rank` == 0,
 // at most every `every_s` seconds, and always the last round.

@@ -50,37 +50,51 @@ ModelShape model_shape(const StageConfig& cfg) {
   }
 }
 
-std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, int64_t n, const ModelShape& m) {
-  std::vector<Family> fams;
-  auto one = [&](const std::string& key, const std::string& value, const std::string& note = "") {
+// Makes a family's candidates: each the searched config and target with one change.
+struct KnobMaker {
+  const StageConfig& cfg;
+  const PlanTarget& t;
+  bool cuda;
+  Candidate one(const std::string& key, const std::string& value, const std::string& note = "") const {
     Candidate c{key + "=" + value, note, cfg, t};
     apply_override(c.cfg, key + "=" + value);
     return c;
-  };
-  const bool cuda = t.backend == DeviceKind::Cuda;
-  const std::string unit = cuda ? " GPUs" : " ranks";
+  }
+};
+
+// The recomputation knobs, with the optimizer offload (as cheap) among them: activation.checkpoint,
+// parallel.zero.offload_optimizer, activation.mlp_tile, activation.attention_output_layers.
+void add_checkpoint_families(const KnobMaker& kn, int64_t n, const ModelShape& m, std::vector<Family>& fams) {
+  const StageConfig& cfg = kn.cfg;
+  const bool cuda = kn.cuda;
   // activation.checkpoint: layer keeps the least
   if (cfg.activation.checkpoint != CheckpointPolicy::Layer)
-    fams.push_back({"activation.checkpoint", true, {one("activation.checkpoint", "layer")}});
+    fams.push_back({"activation.checkpoint", true, {kn.one("activation.checkpoint", "layer")}});
   if (cuda && !cfg.parallel.zero.offload_optimizer)
-    fams.push_back({"parallel.zero.offload_optimizer", true, {one("parallel.zero.offload_optimizer", "true")}});
+    fams.push_back({"parallel.zero.offload_optimizer", true, {kn.one("parallel.zero.offload_optimizer", "true")}});
   // activation.mlp_tile: powers of two below n, largest first (checkpointed runs only)
   if (cfg.activation.checkpoint != CheckpointPolicy::None) {
     Family f{"activation.mlp_tile", true, {}};
     const int64_t cur = cfg.activation.mlp_tile > 0 ? cfg.activation.mlp_tile : n;
     for (int64_t tile = int64_t{1} << 40; tile >= 256; tile /= 2)
-      if (tile < cur) f.values.push_back(one("activation.mlp_tile", num(tile)));
+      if (tile < cur) f.values.push_back(kn.one("activation.mlp_tile", num(tile)));
     fams.push_back(f);
   }
-  const int64_t layers = m.layers, kv_heads = m.kv_heads;
+  const int64_t layers = m.layers;
   // activation.attention_output_layers: fewer layers keep their attention output, the most first
   if (cfg.activation.checkpoint == CheckpointPolicy::AttentionOutput && layers > 1) {
     Family f{"activation.attention_output_layers", true, {}};
     const int64_t kept = cfg.activation.attention_output_layers;
     for (int64_t k = (kept <= 0 || kept > layers) ? layers - 1 : kept - 1; k >= 1; --k)
-      f.values.push_back(one("activation.attention_output_layers", num(k)));
+      f.values.push_back(kn.one("activation.attention_output_layers", num(k)));
     if (!f.values.empty()) fams.push_back(f);
   }
+}
+
+void add_activation_offload_family(const KnobMaker& kn, const ModelShape& m, std::vector<Family>& fams) {
+  const StageConfig& cfg = kn.cfg;
+  const bool cuda = kn.cuda;
+  const int64_t layers = m.layers;
   // activation.offload: the checkpoints to pinned host memory (GPUs: on the CPU backend they
   // are in host memory already), the fewest layers first (least host memory and traffic);
   // offloaded already but not all: more layers.
@@ -90,7 +104,7 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
     Family f{"activation.offload", true, {}, {"activation.offload_layers"}};
     const int64_t from = cfg.activation.offload == OffloadTarget::Cpu ? cfg.activation.offload_layers + 1 : 1;
     for (int64_t k = from; k <= layers - 1; ++k) {
-      Candidate c = one("activation.offload", "cpu");
+      Candidate c = kn.one("activation.offload", "cpu");
       const std::string kl = k == layers - 1 ? "0" : num(k);
       apply_override(c.cfg, "activation.offload_layers=" + kl);
       if (kl != "0") c.assignment += " activation.offload_layers=" + kl;
@@ -98,26 +112,37 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
     }
     fams.push_back(f);
   }
+}
+
+void add_tile_families(const KnobMaker& kn, const ModelShape& m, std::vector<Family>& fams) {
+  const StageConfig& cfg = kn.cfg;
+  const int64_t kv_heads = m.kv_heads;
   // activation.attention_head_groups: divisors of the key/value heads above the current one.
   {
     Family f{"activation.attention_head_groups", true, {}};
     for (int64_t g = cfg.activation.attention_head_groups + 1; g <= kv_heads; ++g)
-      if (kv_heads % g == 0) f.values.push_back(one("activation.attention_head_groups", num(g)));
+      if (kv_heads % g == 0) f.values.push_back(kn.one("activation.attention_head_groups", num(g)));
     if (!f.values.empty()) fams.push_back(f);
   }
   {
     Family f{"activation.lm_head_tile", true, {}};
     for (int64_t tile = cfg.activation.lm_head_tile / 2; tile >= 64; tile /= 2)
-      f.values.push_back(one("activation.lm_head_tile", num(tile)));
+      f.values.push_back(kn.one("activation.lm_head_tile", num(tile)));
     fams.push_back(f);
   }
+}
+
+void add_sequence_parallel_family(const KnobMaker& kn, std::vector<Family>& fams) {
+  const StageConfig& cfg = kn.cfg;
+  const PlanTarget& t = kn.t;
+  const std::string unit = kn.cuda ? " GPUs" : " ranks";
   // parallel.sequence.size: doubling; on the same ranks while it divides the world, else on
   // more (filling a node up to 8 GPUs first, then adding nodes).
   {
     Family f{"parallel.sequence.size", false, {}, {"parallel.sequence.mode"}};
     const int dp = t.world() / static_cast<int>(std::max<int64_t>(1, cfg.parallel.sequence.size));
     for (int64_t sp = cfg.parallel.sequence.size * 2; sp <= 4096; sp *= 2) {
-      Candidate c = one("parallel.sequence.size", num(sp));
+      Candidate c = kn.one("parallel.sequence.size", num(sp));
       if (cfg.parallel.sequence.mode == SeqParallelMode::None) {
         apply_override(c.cfg, "parallel.sequence.mode=zigzag_ring");
         c.assignment += " parallel.sequence.mode=zigzag_ring";
@@ -140,35 +165,46 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
     }
     fams.push_back(f);
   }
+}
+
+// Shorter sequences and smaller batches: they fit by training something else.
+void add_problem_families(const KnobMaker& kn, std::vector<Family>& fams) {
+  const StageConfig& cfg = kn.cfg;
   {
     Family f{"data.seq_length", false, {}};
     for (int64_t len = cfg.data.seq_length / 2; len >= 128; len /= 2)
-      f.values.push_back(one("data.seq_length", num(len)));
+      f.values.push_back(kn.one("data.seq_length", num(len)));
     fams.push_back(f);
   }
   {
     Family f{"train.batch_size", false, {}};
     for (int64_t b = cfg.train.batch_size / 2; b >= 1; b /= 2)
-      f.values.push_back(one("train.batch_size", num(b), "raise train.grad_accum to keep the global batch"));
+      f.values.push_back(kn.one("train.batch_size", num(b), "raise train.grad_accum to keep the global batch"));
     fams.push_back(f);
   }
+}
+
+void add_zero_families(const KnobMaker& kn, std::vector<Family>& fams) {
+  const StageConfig& cfg = kn.cfg;
+  const PlanTarget& t = kn.t;
+  const bool cuda = kn.cuda;
   // ZeRO-3: shards the weights and optimizer state over the ranks (gathers per layer); with
   // offload_optimizer the optimizer shards stay in host memory (each rank's host holds 1/Z).
   if (cuda && cfg.parallel.zero.stage == 0 && t.world() > 1)
-    fams.push_back({"parallel.zero.stage", true, {one("parallel.zero.stage", "3")}});
+    fams.push_back({"parallel.zero.stage", true, {kn.one("parallel.zero.stage", "3")}});
   // ZeRO-3 with the optimizer shards in host memory: the bf16 parameter shards may follow them.
   if (cuda && cfg.parallel.zero.stage == 3 && cfg.parallel.zero.offload_optimizer && !cfg.parallel.zero.offload_params)
-    fams.push_back({"parallel.zero.offload_params", true, {one("parallel.zero.offload_params", "true")}});
+    fams.push_back({"parallel.zero.offload_params", true, {kn.one("parallel.zero.offload_params", "true")}});
   // ... and the layers' fp32 gradient shards.
   if (cuda && cfg.parallel.zero.stage == 3 && cfg.parallel.zero.offload_optimizer && !cfg.parallel.zero.offload_grads)
-    fams.push_back({"parallel.zero.offload_grads", true, {one("parallel.zero.offload_grads", "true")}});
+    fams.push_back({"parallel.zero.offload_grads", true, {kn.one("parallel.zero.offload_grads", "true")}});
   // One GPU, the optimizer in host memory already: ZeRO-3 over a group of one shards nothing,
   // but streams the layers through its gather pool, so their gradients and then their bf16
   // weights can live in host memory too; offered with those offloads (stage 3 alone only adds
   // the pool).
   if (cuda && cfg.parallel.zero.stage == 0 && t.world() == 1 && cfg.parallel.zero.offload_optimizer) {
     Family f{"parallel.zero.stage", true, {}, {"parallel.zero.offload_grads", "parallel.zero.offload_params"}};
-    Candidate c = one("parallel.zero.stage", "3");
+    Candidate c = kn.one("parallel.zero.stage", "3");
     for (const std::string s : {"parallel.zero.offload_grads=true", "parallel.zero.offload_params=true"}) {
       apply_override(c.cfg, s);
       c.assignment += " " + s;
@@ -176,6 +212,18 @@ std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, i
     }
     fams.push_back(f);
   }
+}
+
+// The families in the order the search tries them.
+std::vector<Family> knob_families(const StageConfig& cfg, const PlanTarget& t, int64_t n, const ModelShape& m) {
+  const KnobMaker kn{cfg, t, t.backend == DeviceKind::Cuda};
+  std::vector<Family> fams;
+  add_checkpoint_families(kn, n, m, fams);
+  add_activation_offload_family(kn, m, fams);
+  add_tile_families(kn, m, fams);
+  add_sequence_parallel_family(kn, fams);
+  add_problem_families(kn, fams);
+  add_zero_families(kn, fams);
   return fams;
 }
 

@@ -1,6 +1,7 @@
 // The plan as a table, as JSON, and next to what a run measured.
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <sstream>
 
 #include "core/strings.h"
@@ -20,16 +21,9 @@ std::string pct(double a, double b) {
 }
 
 Json item_json(const PlanItem& i) {
-  Json j = Json::object();
-  j.set("name", i.name);
-  j.set("where", i.where);
-  j.set("bytes", i.bytes);
-  j.set("formula", i.formula);
-  j.set("transient", i.transient);
-  j.set("phase", i.phase);
-  j.set("tracked", i.tracked);
-  j.set("ranks", to_string(i.ranks));
-  return j;
+  return Json::object({{"name", i.name}, {"where", i.where}, {"bytes", i.bytes}, {"formula", i.formula},
+                       {"transient", i.transient}, {"phase", i.phase}, {"tracked", i.tracked},
+                       {"ranks", to_string(i.ranks)}});
 }
 
 // Whether item i is live in the phase a PhaseTotal of that name sums (memory_plan.cpp, totals).
@@ -134,91 +128,83 @@ std::string format_plan_table(const MemoryPlan& p) {
   return os.str();
 }
 
-Json plan_to_json(const MemoryPlan& p) {
+namespace {
+
+// What was planned for: the backend and the machine.
+Json target_json(const PlanTarget& t) {
+  return Json::object({{"backend", to_string(t.backend)}, {"gpu", t.gpu_name}, {"gpu_memory_bytes", t.gpu_memory_bytes},
+                       {"gpu_source", t.gpu_source}, {"gpus_per_node", t.gpus_per_node}, {"nodes", t.nodes},
+                       {"host_memory_bytes", t.host_memory_bytes}, {"host_source", t.host_source},
+                       {"headroom", t.headroom}});
+}
+
+// The run's shape: model, layout, tokens.
+Json run_json(const MemoryPlan& p) {
+  return Json::object({{"model", p.model_name}, {"parameters", p.parameters}, {"world", p.world},
+                       {"data_parallel", p.dp}, {"sequence_parallel", p.sp}, {"zero_group", p.zero_group},
+                       {"local_len", p.local_len}, {"tokens_per_rank", p.tokens}});
+}
+
+// One GPU's peak and capacity (a CPU plan's allocations are the host's).
+Json gpu_json(const MemoryPlan& p) {
   const bool cuda = p.target.backend == DeviceKind::Cuda;
+  Json g = Json::object({{"allocations_peak_bytes", cuda ? p.alloc_peak_bytes : 0},
+                         {"context_bytes", p.context_bytes}, {"device_total_bytes", p.gpu_peak_bytes},
+                         {"peak_phase", p.gpu_peak_phase}, {"capacity_bytes", p.gpu_capacity},
+                         {"usable_bytes", p.gpu_usable}, {"fits", p.gpu_fits}});
+  if (cuda) g.set("by_category", by_category(p, "gpu", p.gpu_peak_phase));
+  return g;
+}
+
+// A rank's and a node's host peak and the node's capacity.
+Json host_json(const MemoryPlan& p) {
+  const bool cuda = p.target.backend == DeviceKind::Cuda;
+  return Json::object({{"backend_allocations_peak_bytes", cuda ? 0 : p.alloc_peak_bytes},
+                       {"per_rank_peak_bytes", p.host_rank_peak_bytes},
+                       {"per_rank_peak_phase", p.host_rank_peak_phase}, {"rank0_peak_bytes", root_host_peak(p)},
+                       {"peak_phase", p.host_peak_phase}, {"shared_bytes", p.host_shared_bytes},
+                       {"per_node_peak_bytes", p.host_peak_bytes}, {"ranks_per_node", p.target.gpus_per_node},
+                       {"by_category", by_category(p, "host", p.host_peak_phase)},
+                       {"capacity_bytes", p.host_capacity}, {"usable_bytes", p.host_usable},
+                       {"fits", p.host_fits}});
+}
+
+Json phases_json(const std::vector<PhaseTotal>& phases) {
+  Json a = Json::array();
+  for (const PhaseTotal& ph : phases)
+    a.push_back(Json::object({{"name", ph.name}, {"allocations_bytes", ph.alloc_bytes}, {"gpu_bytes", ph.gpu_bytes},
+                              {"host_bytes", ph.host_bytes}, {"host_other_bytes", ph.host_other_bytes},
+                              {"host_node_bytes", ph.host_node_bytes}}));
+  return a;
+}
+
+Json knobs_json(const std::vector<KnobFix>& knobs) {
+  Json a = Json::array();
+  for (const KnobFix& k : knobs)
+    a.push_back(Json::object({{"set", k.assignment}, {"note", k.note}, {"gpu_bytes", k.gpu_bytes},
+                              {"host_bytes", k.host_bytes}, {"nodes", k.nodes}, {"gpus_per_node", k.gpus_per_node}}));
+  return a;
+}
+
+}  // namespace
+
+Json plan_to_json(const MemoryPlan& p) {
   Json j = Json::object();
   j.set("fits", p.fits);
-  Json t = Json::object();
-  t.set("backend", to_string(p.target.backend));
-  t.set("gpu", p.target.gpu_name);
-  t.set("gpu_memory_bytes", p.target.gpu_memory_bytes);
-  t.set("gpu_source", p.target.gpu_source);
-  t.set("gpus_per_node", p.target.gpus_per_node);
-  t.set("nodes", p.target.nodes);
-  t.set("host_memory_bytes", p.target.host_memory_bytes);
-  t.set("host_source", p.target.host_source);
-  t.set("headroom", p.target.headroom);
-  j.set("target", t);
-  Json run = Json::object();
-  run.set("model", p.model_name);
-  run.set("parameters", p.parameters);
-  run.set("world", p.world);
-  run.set("data_parallel", p.dp);
-  run.set("sequence_parallel", p.sp);
-  run.set("zero_group", p.zero_group);
-  run.set("local_len", p.local_len);
-  run.set("tokens_per_rank", p.tokens);
-  j.set("run", run);
+  j.set("target", target_json(p.target));
+  j.set("run", run_json(p));
   j.set("settings", p.settings.is_null() ? Json::object() : p.settings);
-  Json g = Json::object();
-  g.set("allocations_peak_bytes", cuda ? p.alloc_peak_bytes : 0);
-  g.set("context_bytes", p.context_bytes);
-  g.set("device_total_bytes", p.gpu_peak_bytes);
-  g.set("peak_phase", p.gpu_peak_phase);
-  g.set("capacity_bytes", p.gpu_capacity);
-  g.set("usable_bytes", p.gpu_usable);
-  g.set("fits", p.gpu_fits);
-  if (cuda) g.set("by_category", by_category(p, "gpu", p.gpu_peak_phase));
-  j.set("gpu", g);
-  Json h = Json::object();
-  h.set("backend_allocations_peak_bytes", cuda ? 0 : p.alloc_peak_bytes);
-  h.set("per_rank_peak_bytes", p.host_rank_peak_bytes);
-  h.set("per_rank_peak_phase", p.host_rank_peak_phase);
-  h.set("rank0_peak_bytes", root_host_peak(p));
-  h.set("peak_phase", p.host_peak_phase);
-  h.set("shared_bytes", p.host_shared_bytes);
-  h.set("per_node_peak_bytes", p.host_peak_bytes);
-  h.set("ranks_per_node", p.target.gpus_per_node);
-  h.set("by_category", by_category(p, "host", p.host_peak_phase));
-  h.set("capacity_bytes", p.host_capacity);
-  h.set("usable_bytes", p.host_usable);
-  h.set("fits", p.host_fits);
-  j.set("host", h);
+  j.set("gpu", gpu_json(p));
+  j.set("host", host_json(p));
   j.set("allocations_peak_bytes", p.alloc_peak_bytes);
   j.set("allocations_peak_phase", p.alloc_peak_phase);
   Json items = Json::array();
   for (const PlanItem& i : p.items) items.push_back(item_json(i));
   j.set("items", items);
-  Json routes = Json::array();
-  for (const std::string& r : p.attention_routes) routes.push_back(r);
-  j.set("attention_routes", routes);
-  Json phases = Json::array();
-  for (const PhaseTotal& ph : p.phases) {
-    Json o = Json::object();
-    o.set("name", ph.name);
-    o.set("allocations_bytes", ph.alloc_bytes);
-    o.set("gpu_bytes", ph.gpu_bytes);
-    o.set("host_bytes", ph.host_bytes);
-    o.set("host_other_bytes", ph.host_other_bytes);
-    o.set("host_node_bytes", ph.host_node_bytes);
-    phases.push_back(o);
-  }
-  j.set("phases", phases);
-  Json knobs = Json::array();
-  for (const KnobFix& k : p.knobs) {
-    Json o = Json::object();
-    o.set("set", k.assignment);
-    o.set("note", k.note);
-    o.set("gpu_bytes", k.gpu_bytes);
-    o.set("host_bytes", k.host_bytes);
-    o.set("nodes", k.nodes);
-    o.set("gpus_per_node", k.gpus_per_node);
-    knobs.push_back(o);
-  }
-  j.set("knobs", knobs);
-  Json notes = Json::array();
-  for (const std::string& n : p.notes) notes.push_back(n);
-  j.set("notes", notes);
+  j.set("attention_routes", Json::array_of(p.attention_routes));
+  j.set("phases", phases_json(p.phases));
+  j.set("knobs", knobs_json(p.knobs));
+  j.set("notes", Json::array_of(p.notes));
   if (!p.fits) j.set("message", refusal_message(p));
   return j;
 }

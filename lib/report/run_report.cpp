@@ -256,8 +256,10 @@ Json report_data(const std::vector<StageRun>& stages) {
   return out;
 }
 
-std::string render_report(const std::vector<StageRun>& stages, const std::string& title) {
-  std::ostringstream o;
+namespace {
+
+// The page head: title and style sheet.
+void write_head(std::ostream& o, const std::string& title) {
   o << "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << html_escape(title)
     << "</title>\n<style>\n"
        "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}\n"
@@ -269,7 +271,10 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
        ".note{color:#666;font-size:12px}svg{display:block;margin:12px 0}\n"
        "</style></head><body>\n";
   o << "<h1>" << html_escape(title) << "</h1>\n";
-  // The stages.
+}
+
+// One row a stage: steps, restarts, last loss, throughput, memory, plan, status.
+void write_stage_table(std::ostream& o, const std::vector<StageRun>& stages) {
   o << "<h2>Stages</h2>\n<table><tr><th class=\"l\">stage</th><th>steps</th><th>restarts</th><th>last loss</th>"
        "<th>median tokens/s</th><th>median MFU</th><th>peak memory (GiB)</th><th>plan peak per GPU (GiB)</th>"
        "<th>plan host per node (GiB)</th><th class=\"l\">status</th></tr>\n";
@@ -299,7 +304,10 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
       << (s.done ? "done" : "not finished") << "</td></tr>\n";
   }
   o << "</table>\n";
-  // Per-step charts over the chain.
+}
+
+// Per-step charts over the chain.
+void write_training_charts(std::ostream& o, const std::vector<StageRun>& stages) {
   struct Metric {
     const char* key;
     const char* title;
@@ -340,7 +348,10 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
     }
     if (any) o << svg_line_chart(c) << "\n";
   }
-  // The memory plans (no heading when no stage has one).
+}
+
+// The memory plans (no heading when no stage has one).
+void write_memory_plans(std::ostream& o, const std::vector<StageRun>& stages) {
   bool plans = false;
   for (const StageRun& s : stages) plans |= !s.plan.is_null();
   if (plans) o << "<h2>Memory plans</h2>\n";
@@ -373,7 +384,10 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
           << "</td><td>" << fixed(gib(num(p, "host_node_bytes")), 2) << "</td></tr>\n";
     o << "</table>\n";
   }
-  // Evaluations.
+}
+
+// Evaluations: perplexity curves and retrieval heatmaps (no heading when there are none).
+void write_evaluations(std::ostream& o, const std::vector<StageRun>& stages) {
   bool evals = false;
   for (const StageRun& s : stages) evals |= !s.ppl.empty() || !s.needle.empty() || !s.synthetic.empty();
   if (evals) {
@@ -408,9 +422,25 @@ std::string render_report(const std::vector<StageRun>& stages, const std::string
       for (const SyntheticGrid& g : s.synthetic)
         heatmap(s.name + ": " + g.name + " (synthetic retrieval)", "task", g.tasks, g.contexts, g.score);
   }
+}
+
+// The data behind the page, as JSON that a script can read back.
+void write_report_data(std::ostream& o, const std::vector<StageRun>& stages) {
   std::string data = report_data(stages).dump();
   for (size_t i = data.find("</"); i != std::string::npos; i = data.find("</", i + 3)) data.replace(i, 2, "<\\/");
   o << "<script type=\"application/json\" id=\"easyctx-report-data\">" << data << "</script>\n</body></html>\n";
+}
+
+}  // namespace
+
+std::string render_report(const std::vector<StageRun>& stages, const std::string& title) {
+  std::ostringstream o;
+  write_head(o, title);
+  write_stage_table(o, stages);
+  write_training_charts(o, stages);
+  write_memory_plans(o, stages);
+  write_evaluations(o, stages);
+  write_report_data(o, stages);
   return o.str();
 }
 

@@ -123,38 +123,53 @@ std::string html_escape(const std::string& s) {
   return o;
 }
 
-std::string svg_line_chart(const LineChart& c) {
-  const double left = 70, right = 150, top = 28, bottom = 42;
-  const double w = c.width - left - right, h = c.height - top - bottom;
+namespace {
+
+// A line chart's plot area and data range; maps data to pixels. y0 and y1 are in axis units (log10 of the
+// data on a log axis).
+struct Frame {
+  double left = 70, right = 150, top = 28, bottom = 42;
+  double w = 0, h = 0;
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
-  auto yv = [&](double y) { return c.log_y ? std::log10(y) : y; };
+  bool log_y = false;
+  double yv(double y) const { return log_y ? std::log10(y) : y; }
+  double px(double x) const { return left + (x - x0) / (x1 - x0) * w; }
+  double py(double y) const { return top + h - (yv(y) - y0) / (y1 - y0) * h; }
+  bool empty() const { return !std::isfinite(x0); }
+};
+
+// The frame of `c` around the extent of its plottable points (finite, and positive on a log axis).
+Frame data_frame(const LineChart& c) {
+  Frame f;
+  f.w = c.width - f.left - f.right, f.h = c.height - f.top - f.bottom;
+  f.log_y = c.log_y;
   for (const Series& s : c.series)
     for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
       if (!std::isfinite(s.y[i]) || (c.log_y && s.y[i] <= 0)) continue;
-      x0 = std::min(x0, s.x[i]), x1 = std::max(x1, s.x[i]);
-      y0 = std::min(y0, yv(s.y[i])), y1 = std::max(y1, yv(s.y[i]));
+      f.x0 = std::min(f.x0, s.x[i]), f.x1 = std::max(f.x1, s.x[i]);
+      f.y0 = std::min(f.y0, f.yv(s.y[i])), f.y1 = std::max(f.y1, f.yv(s.y[i]));
     }
-  std::string o = "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(c.width) +
-                  "\" height=\"" + std::to_string(c.height) + "\" role=\"img\" aria-label=\"" +
-                  html_escape(c.title) + "\">";
-  o += "<text x=\"" + fmt("%.0f", left) + "\" y=\"18\" class=\"title\">" + html_escape(c.title) + "</text>";
-  if (!std::isfinite(x0)) {
-    o += "<text x=\"" + fmt("%.0f", left) + "\" y=\"" + fmt("%.0f", top + h / 2) + "\">no data</text></svg>";
-    return o;
+  return f;
+}
+
+// Widens a non-empty range so that no point sits on the frame and a single value still has a scale.
+void pad_range(Frame& f) {
+  if (f.x1 == f.x0) f.x1 = f.x0 + 1;
+  if (f.y1 == f.y0) {  // a constant: a band around it of its own scale
+    const double band = f.y0 != 0 ? 0.1 * std::fabs(f.y0) : 1.0;
+    f.y0 -= band, f.y1 += band;
   }
-  if (x1 == x0) x1 = x0 + 1;
-  if (y1 == y0) {  // a constant: a band around it of its own scale
-    const double band = y0 != 0 ? 0.1 * std::fabs(y0) : 1.0;
-    y0 -= band, y1 += band;
-  }
-  const double pad = 0.05 * (y1 - y0);
-  y0 -= pad, y1 += pad;
-  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * w; };
-  auto py = [&](double y) { return top + h - (yv(y) - y0) / (y1 - y0) * h; };
-  o += "<rect x=\"" + fmt("%.1f", left) + "\" y=\"" + fmt("%.1f", top) + "\" width=\"" + fmt("%.1f", w) +
-       "\" height=\"" + fmt("%.1f", h) + "\" class=\"frame\"/>";
-  for (double t : nice_ticks(x0, x1, 6, c.integer_x))
-    o += "<text x=\"" + fmt("%.1f", px(t)) + "\" y=\"" + fmt("%.1f", top + h + 16) +
+  const double pad = 0.05 * (f.y1 - f.y0);
+  f.y0 -= pad, f.y1 += pad;
+}
+
+// The frame, the ticks and grid lines of both axes, and the axis labels.
+std::string axes_svg(const LineChart& c, const Frame& f) {
+  const double left = f.left, top = f.top, w = f.w, h = f.h, y0 = f.y0, y1 = f.y1;
+  std::string o = "<rect x=\"" + fmt("%.1f", left) + "\" y=\"" + fmt("%.1f", top) + "\" width=\"" + fmt("%.1f", w) +
+                  "\" height=\"" + fmt("%.1f", h) + "\" class=\"frame\"/>";
+  for (double t : nice_ticks(f.x0, f.x1, 6, c.integer_x))
+    o += "<text x=\"" + fmt("%.1f", f.px(t)) + "\" y=\"" + fmt("%.1f", top + h + 16) +
          "\" text-anchor=\"middle\" class=\"tick\">" + tick(t) + "</text>";
   // y ticks: (position on the axis, label); a log axis at its data values' logarithms.
   std::vector<std::pair<double, std::string>> yt;
@@ -174,12 +189,19 @@ std::string svg_line_chart(const LineChart& c) {
        "\" text-anchor=\"middle\" class=\"axis\">" + html_escape(c.x_label) + "</text>";
   o += "<text transform=\"translate(14," + fmt("%.1f", top + h / 2) + ") rotate(-90)\" text-anchor=\"middle\" "
        "class=\"axis\">" + html_escape(c.y_label) + "</text>";
+  return o;
+}
+
+// The dashed marker lines inside the x range, labelled where there is room (else a tooltip names them).
+std::string markers_svg(const LineChart& c, const Frame& f) {
+  const double top = f.top, h = f.h;
   std::vector<const Marker*> shown;
   std::vector<double> mx;
   std::vector<std::string> ml;
   for (const Marker& m : c.markers)
-    if (m.x >= x0 && m.x <= x1) shown.push_back(&m), mx.push_back(px(m.x)), ml.push_back(m.label);
-  const std::vector<LabelPlace> place = place_marker_labels(mx, ml, left, left + w);
+    if (m.x >= f.x0 && m.x <= f.x1) shown.push_back(&m), mx.push_back(f.px(m.x)), ml.push_back(m.label);
+  const std::vector<LabelPlace> place = place_marker_labels(mx, ml, f.left, f.left + f.w);
+  std::string o;
   for (size_t i = 0; i < shown.size(); ++i) {
     const Marker& m = *shown[i];
     const LabelPlace& p = place[i];
@@ -191,31 +213,54 @@ std::string svg_line_chart(const LineChart& c) {
            "\"" + (p.end_anchor ? " text-anchor=\"end\"" : "") + " class=\"marker\" fill=\"" + m.colour + "\">" +
            html_escape(m.label) + "</text>";
   }
-  for (size_t k = 0; k < c.series.size(); ++k) {
-    const Series& s = c.series[k];
-    const std::string colour = s.colour.empty() ? kPalette[k % 8] : s.colour;
-    std::string path;
-    bool pen = false;
-    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
-      if (!std::isfinite(s.y[i]) || (c.log_y && s.y[i] <= 0)) {
-        pen = false;
-        continue;
-      }
-      path += (pen ? " L" : " M") + fmt("%.1f", px(s.x[i])) + " " + fmt("%.1f", py(s.y[i]));
-      pen = true;
+  return o;
+}
+
+// Series k: its line (broken at points it cannot plot), its dots when it has few points, its legend entry.
+std::string series_svg(const LineChart& c, const Frame& f, size_t k) {
+  const double left = f.left, top = f.top, w = f.w;
+  const Series& s = c.series[k];
+  const std::string colour = s.colour.empty() ? kPalette[k % 8] : s.colour;
+  std::string path;
+  bool pen = false;
+  for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+    if (!std::isfinite(s.y[i]) || (c.log_y && s.y[i] <= 0)) {
+      pen = false;
+      continue;
     }
-    o += "<path d=\"" + path + "\" fill=\"none\" stroke=\"" + colour + "\" stroke-width=\"1.6\"/>";
-    if (s.x.size() <= 40)
-      for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i)
-        if (std::isfinite(s.y[i]) && (!c.log_y || s.y[i] > 0))
-          o += "<circle cx=\"" + fmt("%.1f", px(s.x[i])) + "\" cy=\"" + fmt("%.1f", py(s.y[i])) + "\" r=\"2.5\" fill=\"" +
-               colour + "\"/>";
-    const double ly = top + 14 + 16.0 * static_cast<double>(k);
-    o += "<line x1=\"" + fmt("%.1f", left + w + 10) + "\" x2=\"" + fmt("%.1f", left + w + 26) + "\" y1=\"" +
-         fmt("%.1f", ly - 4) + "\" y2=\"" + fmt("%.1f", ly - 4) + "\" stroke=\"" + colour + "\" stroke-width=\"2\"/>";
-    o += "<text x=\"" + fmt("%.1f", left + w + 30) + "\" y=\"" + fmt("%.1f", ly) + "\" class=\"legend\">" +
-         html_escape(s.name) + "</text>";
+    path += (pen ? " L" : " M") + fmt("%.1f", f.px(s.x[i])) + " " + fmt("%.1f", f.py(s.y[i]));
+    pen = true;
   }
+  std::string o = "<path d=\"" + path + "\" fill=\"none\" stroke=\"" + colour + "\" stroke-width=\"1.6\"/>";
+  if (s.x.size() <= 40)
+    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i)
+      if (std::isfinite(s.y[i]) && (!c.log_y || s.y[i] > 0))
+        o += "<circle cx=\"" + fmt("%.1f", f.px(s.x[i])) + "\" cy=\"" + fmt("%.1f", f.py(s.y[i])) + "\" r=\"2.5\" fill=\"" +
+             colour + "\"/>";
+  const double ly = top + 14 + 16.0 * static_cast<double>(k);
+  o += "<line x1=\"" + fmt("%.1f", left + w + 10) + "\" x2=\"" + fmt("%.1f", left + w + 26) + "\" y1=\"" +
+       fmt("%.1f", ly - 4) + "\" y2=\"" + fmt("%.1f", ly - 4) + "\" stroke=\"" + colour + "\" stroke-width=\"2\"/>";
+  o += "<text x=\"" + fmt("%.1f", left + w + 30) + "\" y=\"" + fmt("%.1f", ly) + "\" class=\"legend\">" +
+       html_escape(s.name) + "</text>";
+  return o;
+}
+
+}  // namespace
+
+std::string svg_line_chart(const LineChart& c) {
+  Frame f = data_frame(c);
+  std::string o = "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(c.width) +
+                  "\" height=\"" + std::to_string(c.height) + "\" role=\"img\" aria-label=\"" +
+                  html_escape(c.title) + "\">";
+  o += "<text x=\"" + fmt("%.0f", f.left) + "\" y=\"18\" class=\"title\">" + html_escape(c.title) + "</text>";
+  if (f.empty()) {
+    o += "<text x=\"" + fmt("%.0f", f.left) + "\" y=\"" + fmt("%.0f", f.top + f.h / 2) + "\">no data</text></svg>";
+    return o;
+  }
+  pad_range(f);
+  o += axes_svg(c, f);
+  o += markers_svg(c, f);
+  for (size_t k = 0; k < c.series.size(); ++k) o += series_svg(c, f, k);
   return o + "</svg>";
 }
 

@@ -75,10 +75,10 @@ Trainer::Trainer(const StageConfig& cfg, dist::ProcessGroups& groups, const RunO
   init(&groups);
 }
 
-// Model, weights, optimizer state and data; without process groups, local attention.
-void Trainer::init(dist::ProcessGroups* groups) {
-  // The memory plan first (docs/memory-model.md): a run that would not fit is refused
-  // before anything is allocated, naming the knobs that would make it fit.
+// The memory plan first (docs/memory-model.md): a run that would not fit is refused before
+// anything is allocated, naming the knobs that would make it fit. The auto choices it makes are
+// written into cfg_, the same on every rank.
+void Trainer::plan_memory() {
   plan_ = std::make_shared<plan::MemoryPlan>(plan::plan_for_run(cfg_, world_.size(), ranks_per_node_));
   EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
                       " (the whole plan: easyctx_train STAGE.yaml --plan; target.headroom loosens the margin)");
@@ -126,25 +126,11 @@ void Trainer::init(dist::ProcessGroups* groups) {
     EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with activation.checkpoint layer, as the ranks' "
                         "plans chose differently; the whole plan: easyctx_train STAGE.yaml --plan)");
   }
-  be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile, cfg_.train.hopper_attention});
-  // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
-  // trainer too, with the gradients staged through host memory.
-  for (const dist::Comm* c : {&world_, &dp_, &grad_comm_})
-    EASYCTX_CHECK_INPUT(c->memspace() == MemSpace::Host || on_device(), "train.device: ",
-                        to_string(cfg_.train.device), " chose ", c->backend(), " communicators, but the trainer runs "
-                        "the ", be_->name(), " backend; set train.device: cuda (or run with MPI communicators)");
-  std::shared_ptr<attention::SequenceAttention> attn =
-      groups ? attention::make_sequence_attention(cfg_, *groups, *be_) : attention::make_local_attention(cfg_, *be_);
-  const model::LlamaConfig mc = model::resolve_llama_config(cfg_.model);
-  model_ = std::make_unique<model::LlamaModel>(mc, *be_, on_device() ? DType::BF16 : DType::F32,
-                                               model::options_for(cfg_, on_device()), std::move(attn));
-  store_ = zero::make_param_store(model_->layout(), *be_, model_->dtype(), zero::store_options(cfg_),
-                                  {&world_, &grad_comm_, zero_, zero_replica_});
-  load_weights();
-  store_->finish_loading();
-  report_ = std::make_unique<StepReporter>(cfg_, *be_, world_.size(), world_.rank() == 0, flops_per_token());
-  report_->log_device();
+}
 
+// The data loader: this rank's share of every batch, checked against the vocabulary, and
+// restored to the cursor of the checkpoint resumed.
+void Trainer::make_loader(dist::ProcessGroups* groups, int64_t vocab_size) {
   data::LoaderOptions lo;
   lo.path = cfg_.data.path;
   lo.seq_length = cfg_.data.seq_length;
@@ -167,7 +153,7 @@ void Trainer::init(dist::ProcessGroups* groups) {
     lo.sp_inner = split.inner;
   }
   loader_ = std::make_unique<data::DataLoader>(lo);
-  loader_->validate(mc.vocab_size, "", cfg_.data.check_tokens);
+  loader_->validate(vocab_size, "", cfg_.data.check_tokens);
   if (!resumed_data_state_.empty()) {
     // Same data, seed, sequence length and global batch as the run that saved, or a clear refusal.
     const data::LoaderState s = data::LoaderState::from_json(resumed_data_state_);
@@ -175,6 +161,30 @@ void Trainer::init(dist::ProcessGroups* groups) {
     EASYCTX_CHECK_INPUT(s.next_step == start_step_, "checkpoint data cursor at step ", s.next_step,
                         " but its index says step ", start_step_);
   }
+}
+
+// Model, weights, optimizer state and data; without process groups, local attention.
+void Trainer::init(dist::ProcessGroups* groups) {
+  plan_memory();
+  be_ = ops::make_backend(device_, {cfg_.train.deterministic, cfg_.logging.profile, cfg_.train.hopper_attention});
+  // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
+  // trainer too, with the gradients staged through host memory.
+  for (const dist::Comm* c : {&world_, &dp_, &grad_comm_})
+    EASYCTX_CHECK_INPUT(c->memspace() == MemSpace::Host || on_device(), "train.device: ",
+                        to_string(cfg_.train.device), " chose ", c->backend(), " communicators, but the trainer runs "
+                        "the ", be_->name(), " backend; set train.device: cuda (or run with MPI communicators)");
+  std::shared_ptr<attention::SequenceAttention> attn =
+      groups ? attention::make_sequence_attention(cfg_, *groups, *be_) : attention::make_local_attention(cfg_, *be_);
+  const model::LlamaConfig mc = model::resolve_llama_config(cfg_.model);
+  model_ = std::make_unique<model::LlamaModel>(mc, *be_, on_device() ? DType::BF16 : DType::F32,
+                                               model::options_for(cfg_, on_device()), std::move(attn));
+  store_ = zero::make_param_store(model_->layout(), *be_, model_->dtype(), zero::store_options(cfg_),
+                                  {&world_, &grad_comm_, zero_, zero_replica_});
+  load_weights();
+  store_->finish_loading();
+  report_ = std::make_unique<StepReporter>(cfg_, *be_, world_.size(), world_.rank() == 0, flops_per_token());
+  report_->log_device();
+  make_loader(groups, mc.vocab_size);
 }
 
 Trainer::~Trainer() = default;
@@ -200,8 +210,8 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   wo.aside_dir = (fs::path(cfg_.output.dir) / "previous").string();
   wo.timeout_s = cfg_.parallel.collective_timeout_s;
   ckpt::CheckpointWriter w(world_mpi_, (fs::path(cfg_.output.dir) / "checkpoints").string(), steps_done, wo);
-  zero::ParamStore::CheckpointStage stage;  // (alive until the commit)
-  store_->write_checkpoint(w, stage);
+  zero::ParamStore::CheckpointStaging staging;  // (alive until the commit)
+  store_->write_checkpoint(w, staging);
   // Per rank: the data cursor (sampling is a pure function of seed and step, so it is the
   // step plus what must not change) and the RNG state (none is drawn after initialisation).
   data::LoaderState ls = loader_->state();

@@ -124,7 +124,14 @@ class Trainer {
 
  private:
   void init(dist::ProcessGroups* groups);
+  void plan_memory();  // init: plan_, the auto choices written into cfg_
+  void make_loader(dist::ProcessGroups* groups, int64_t vocab_size);  // init: loader_
   void load_weights();  // model.init, or resume from <output.dir>/checkpoints; records the run
+  // load_weights' ways to the first weights (trainer_start.cpp).
+  std::string resume_weights(ckpt::RankSync& sync, const Json& entry, const std::string& what);
+  void load_hf_weights(ckpt::RankSync& sync);
+  void load_ckpt_weights(ckpt::RankSync& sync);
+  void init_random_weights();
   // The newest of `candidates` (a JSON array of {path, step, run_id}) that verifies in `scope`
   // (every rank checks a share of its files): its index, or -1 when there is none; InputError
   // naming every broken one (after `what`) when none verifies.

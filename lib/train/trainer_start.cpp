@@ -104,6 +104,40 @@ Json entry_json(const ckpt::CheckpointEntry& e) {
   return j;
 }
 
+// Each rank reads only the part of the model it keeps (ZeRO-3: its shards), so a problem in
+// the data (a non-finite weight, a short file) may show on some ranks only: every rank's
+// outcome is gathered and any failure ends the start on every rank, naming what each saw.
+// Returns the bytes this rank read.
+uint64_t read_agreed(ckpt::RankSync& sync, const std::string& what_read, const std::function<uint64_t()>& read) {
+  std::string failure;
+  uint64_t bytes = 0;
+  try {
+    bytes = read();
+  } catch (const InputError& e) {
+    failure = std::string("I") + e.what();
+  } catch (const std::exception& e) {
+    failure = std::string("E") + e.what();
+  }
+  sync.reduce(failure, "reading " + what_read, "checking what every rank read",
+              [&](const std::vector<std::string>& reports) -> std::string {
+                std::string msg;
+                bool input = true, all_same = true;
+                for (size_t r = 0; r < reports.size(); ++r) {
+                  all_same = all_same && reports[r] == reports[0];
+                  if (reports[r].empty()) continue;
+                  input = input && reports[r][0] == 'I';
+                  msg += (msg.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
+                         reports[r].substr(1);
+                }
+                if (msg.empty()) return "";
+                if (all_same) msg = reports[0].substr(1);  // (every rank read the same and saw the same)
+                if (input) throw InputError(msg);
+                EASYCTX_THROW(msg);
+              });
+  return bytes;
+}
+
+
 }  // namespace
 
 int Trainer::choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what,
@@ -174,6 +208,76 @@ Json Trainer::plan_start() const {
   return p;
 }
 
+namespace {
+
+// With --resume auto the run run.json names (or, with no run.json, the checkpoint's run, adopted);
+// with another --resume, that run when `chosen` is its newest checkpoint: the run to continue, or
+// none (a new run starts).
+std::optional<ckpt::RunInfo> run_to_continue(const std::string& resume, const std::optional<ckpt::RunInfo>& current,
+                                             const Json& chosen, const std::string& ckpts,
+                                             const std::string& config_hash) {
+  const bool resumed = !chosen.is_null();
+  if (resume == "auto") {
+    if (current) return current;
+    if (!resumed) return std::nullopt;
+    ckpt::RunInfo info;  // no run.json (a folder from before run ids): the checkpoint's run
+    info.run_id = chosen.at("run_id").as_string();
+    info.adopts_unlabelled = info.run_id.empty();
+    if (info.run_id.empty()) info.run_id = ckpt::new_run_id();
+    info.started = ckpt::utc_now();
+    info.config_hash = config_hash;
+    info.origin = Json::object();
+    info.origin.set("from", "adopted: " + chosen.at("path").as_string());
+    return info;
+  }
+  if (resumed && current && chosen.at("run_id").as_string() == current->run_id &&
+      fs::path(chosen.at("path").as_string()).parent_path() == fs::path(ckpts)) {
+    int64_t newest = -1;
+    for (const ckpt::CheckpointEntry& e : ckpt::list_checkpoints(ckpts))
+      if (e.problem.empty() && ckpt::belongs_to(e.run_id, *current)) newest = std::max(newest, e.step);
+    if (chosen.at("step").as_int() == newest) return current;
+  }
+  return std::nullopt;
+}
+
+// A new run (fresh, --resume none, or a fork of another checkpoint): where it comes from, and
+// the earlier run of the folder (`cur`: run.json's, or one from before run ids) it archives.
+ckpt::RunInfo new_run_info(const std::optional<ckpt::RunInfo>& current, const Json& cur, const Json& chosen,
+                           const std::string& out, const std::string& config_hash, const std::string& init) {
+  const bool resumed = !chosen.is_null();
+  ckpt::RunInfo info;
+  info.run_id = ckpt::new_run_id();
+  info.config_hash = config_hash;
+  info.started = ckpt::utc_now();
+  info.origin = Json::object();
+  if (resumed) {
+    info.origin.set("from", chosen.at("path").as_string());
+    info.origin.set("step", chosen.at("step").as_int());
+    info.origin.set("run_id", chosen.at("run_id").as_string());
+  } else {
+    info.origin.set("from", "model.init");
+    info.origin.set("init", init);
+  }
+  std::string earlier;
+  if (current) {
+    info.earlier_runs = current->earlier_runs;
+    info.earlier_runs.push_back(current->run_id);
+    earlier = current->run_id;
+  } else if (fs::exists(fs::path(out) / "DONE") || fs::exists(fs::path(out) / "final") ||
+             fs::exists(fs::path(out) / "metrics.jsonl")) {
+    earlier = "unlabelled-" + ckpt::utc_now();  // a run from before run ids
+  }
+  if (!earlier.empty()) {
+    info.archive_of = earlier;
+    info.archive_info = cur;
+    // A fork of that run continues its metrics history up to the fork's step.
+    info.archive_keeps_metrics = current && resumed && chosen.at("run_id").as_string() == current->run_id;
+  }
+  return info;
+}
+
+}  // namespace
+
 // Rank 0, once loading has succeeded: the run the folder holds from now on. The one run.json
 // names is continued (auto; --resume PATH at that run's newest checkpoint); otherwise a new run
 // is written to run.json before anything of it exists, and the earlier run's DONE, final/,
@@ -185,65 +289,16 @@ Json Trainer::record_run(const Json& plan, const Json& chosen) const {
   std::optional<ckpt::RunInfo> current;
   if (!cur.is_null()) current = ckpt::run_info_from_json(cur, out + "/run.json");
   const bool resumed = !chosen.is_null();
+  const std::optional<ckpt::RunInfo> continued = run_to_continue(opts_.resume, current, chosen, ckpts, config_hash_);
+  const bool continuing = continued.has_value();
   ckpt::RunInfo info;
-  bool continuing = false;
-  if (opts_.resume == "auto") {
-    if (current) {
-      info = *current;
-      continuing = true;
-    } else if (resumed) {  // no run.json (a folder from before run ids): the checkpoint's run
-      info.run_id = chosen.at("run_id").as_string();
-      info.adopts_unlabelled = info.run_id.empty();
-      if (info.run_id.empty()) info.run_id = ckpt::new_run_id();
-      info.started = ckpt::utc_now();
-      info.config_hash = config_hash_;
-      info.origin = Json::object();
-      info.origin.set("from", "adopted: " + chosen.at("path").as_string());
-      continuing = true;
-    }
-  } else if (resumed && current && chosen.at("run_id").as_string() == current->run_id &&
-             fs::path(chosen.at("path").as_string()).parent_path() == fs::path(ckpts)) {
-    int64_t newest = -1;
-    for (const ckpt::CheckpointEntry& e : ckpt::list_checkpoints(ckpts))
-      if (e.problem.empty() && ckpt::belongs_to(e.run_id, *current)) newest = std::max(newest, e.step);
-    if (chosen.at("step").as_int() == newest) {
-      info = *current;
-      continuing = true;
-    }
-  }
-  if (!continuing) {  // fresh, --resume none, or a fork of another checkpoint
-    info = ckpt::RunInfo{};
-    info.run_id = ckpt::new_run_id();
-    info.config_hash = config_hash_;
-    info.started = ckpt::utc_now();
-    info.origin = Json::object();
-    if (resumed) {
-      info.origin.set("from", chosen.at("path").as_string());
-      info.origin.set("step", chosen.at("step").as_int());
-      info.origin.set("run_id", chosen.at("run_id").as_string());
-    } else {
-      info.origin.set("from", "model.init");
-      info.origin.set("init", cfg_.model.init);
-    }
-    std::string earlier;
-    if (current) {
-      info.earlier_runs = current->earlier_runs;
-      info.earlier_runs.push_back(current->run_id);
-      earlier = current->run_id;
-    } else if (fs::exists(fs::path(out) / "DONE") || fs::exists(fs::path(out) / "final") ||
-               fs::exists(fs::path(out) / "metrics.jsonl")) {
-      earlier = "unlabelled-" + ckpt::utc_now();  // a run from before run ids
-    }
-    if (!earlier.empty()) {
-      info.archive_of = earlier;
-      info.archive_info = cur;
-      // A fork of that run continues its metrics history up to the fork's step.
-      info.archive_keeps_metrics = current && resumed && chosen.at("run_id").as_string() == current->run_id;
-    }
+  if (!continuing) {
+    info = new_run_info(current, cur, chosen, out, config_hash_, cfg_.model.init);
     ckpt::write_run_info(out, info);
     ckpt::fault_point("run_json", 0);
-  } else if (!current) {
-    ckpt::write_run_info(out, info);
+  } else {
+    info = *continued;
+    if (!current) ckpt::write_run_info(out, info);
   }
   if (!info.archive_of.empty()) {  // (also an interrupted earlier start's)
     ckpt::archive_run(out, info.archive_of, info.archive_info, info.archive_keeps_metrics);
@@ -262,6 +317,77 @@ Json Trainer::record_run(const Json& plan, const Json& chosen) const {
   return a;
 }
 
+// Resumes from the checkpoint `entry` (verified): its weights, Adam moments, step and data
+// cursor. Returns the training settings that changed since it was written ("" when none).
+std::string Trainer::resume_weights(ckpt::RankSync& sync, const Json& entry, const std::string& what) {
+  const ckpt::CheckpointReader r(entry.at("path").as_string());
+  EASYCTX_CHECK_INPUT(!(r.meta().find("weights_only") && r.meta().at("weights_only").as_bool()), r.path(),
+                      " holds weights only (made by easyctx_convert): start a run from it with model.init: ckpt:",
+                      r.path(), ", not --resume");
+  check_same_model(r, model_->config(), what);
+  weights_bytes_read_ += read_agreed(sync, r.path(), [&] {
+    store_->read_checkpoint(r, true);
+    return r.bytes_read();
+  });
+  start_step_ = r.meta().at("next_step").as_int();
+  const Json rank0 = r.rank_meta(0);
+  if (const Json* d = rank0.find("data")) resumed_data_state_ = d->dump();
+  std::string changes;
+  if (!r.config_hash().empty() && r.config_hash() != config_hash_)
+    changes = identity_changes(r, training_identity(cfg_, dp_.size()));
+  log_info("resuming from ", r.path(), " at step ", start_step_);
+  return changes;
+}
+
+// model.init hf:DIR: the weights of a Hugging Face folder.
+void Trainer::load_hf_weights(ckpt::RankSync& sync) {
+  const std::string dir = cfg_.model.init.substr(3);
+  weights_bytes_read_ += read_agreed(sync, cfg_.model.init, [&] {
+    ckpt::HfUnitReader hf(dir, model_->layout());
+    store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) { hf.read(u, lo, n, out); });
+    hf.check_finite();
+    return hf.bytes_read();
+  });
+}
+
+// model.init ckpt:DIR: the newest checkpoint there that verifies (with its Adam moments when
+// model.carry_optimizer).
+void Trainer::load_ckpt_weights(ckpt::RankSync& sync) {
+  const std::string init = cfg_.model.init;
+  auto list = [&](const std::vector<std::string>&) {
+    Json c = Json::array();
+    std::string note;
+    for (const ckpt::CheckpointEntry& e : ckpt::checkpoint_candidates(init.substr(5), &note))
+      c.push_back(entry_json(e));
+    if (!note.empty()) log_info("model.init: ", note);
+    return c.dump();
+  };
+  const Json init_cands =
+      parse_json(sync.reduce("", "loading", "listing model.init's checkpoints", list), "model.init candidates");
+  EASYCTX_CHECK_INPUT(init_cands.size() > 0, "model.init: ", init, ": no committed checkpoint there");
+  // Verified as far as it is read: the weights, and the Adam moments only when carried.
+  const int i =
+      choose_verified(sync, init_cands, "model.init: " + init,
+                      cfg_.model.carry_optimizer ? ckpt::VerifyScope::Everything : ckpt::VerifyScope::Weights);
+  const ckpt::CheckpointReader r(init_cands[static_cast<size_t>(i)].at("path").as_string());
+  check_same_model(r, model_->config(), "model.init: " + init);
+  if (cfg_.model.carry_optimizer)
+    EASYCTX_CHECK_INPUT(!(r.meta().find("weights_only") && r.meta().at("weights_only").as_bool()),
+                        "model.carry_optimizer: ", r.path(), " holds weights only (made by easyctx_convert)");
+  weights_bytes_read_ += read_agreed(sync, r.path(), [&] {
+    store_->read_checkpoint(r, cfg_.model.carry_optimizer);
+    return r.bytes_read();
+  });
+  log_info("initial weights", cfg_.model.carry_optimizer ? " and Adam moments" : "", " from ", r.path());
+}
+
+// model.init random.
+void Trainer::init_random_weights() {
+  store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) {
+    model::init_random_range(model_->layout(), u, lo, ops::Tensor(out, DType::F32, {n}), cfg_.model.init_std, cfg_.train.seed);
+  });
+}
+
 // Where the run starts (RunOptions), every checkpoint verified before it is loaded; the run is
 // recorded in output.dir only once loading has succeeded, so a refused start changes nothing
 // there. Rank 0 reads and writes the folder, the others follow its answers (ckpt::RankSync,
@@ -271,8 +397,7 @@ void Trainer::load_weights() {
   const std::string& out = cfg_.output.dir;
   ckpt::fault_point("startup", rank);
   ckpt::RankSync sync(world_mpi_, cfg_.parallel.collective_timeout_s, "start of the run in " + out);
-  const auto identity = training_identity(cfg_, dp_.size());
-  config_hash_ = identity_hash(identity);
+  config_hash_ = identity_hash(training_identity(cfg_, dp_.size()));
   const Json plan = parse_json(sync.reduce("", "starting", "listing the checkpoints",
                                            [&](const std::vector<std::string>&) { return plan_start().dump(); }),
                                "start plan");
@@ -288,93 +413,17 @@ void Trainer::load_weights() {
     log_info("run ", plan.at("current").at("run_id").as_string(),
              " has no checkpoint yet: starting it from model.init");
 
-  const model::ParamLayout& layout = model_->layout();
-  // Each rank reads only the part of the model it keeps (ZeRO-3: its shards), so a problem in
-  // the data (a non-finite weight, a short file) may show on some ranks only: every rank's
-  // outcome is gathered and any failure ends the start on every rank, naming what each saw.
-  auto read_agreed = [&](const std::string& what_read, const std::function<uint64_t()>& read) {
-    std::string failure;
-    try {
-      weights_bytes_read_ += read();
-    } catch (const InputError& e) {
-      failure = std::string("I") + e.what();
-    } catch (const std::exception& e) {
-      failure = std::string("E") + e.what();
-    }
-    sync.reduce(failure, "reading " + what_read, "checking what every rank read",
-                [&](const std::vector<std::string>& reports) -> std::string {
-                  std::string msg;
-                  bool input = true, all_same = true;
-                  for (size_t r = 0; r < reports.size(); ++r) {
-                    all_same = all_same && reports[r] == reports[0];
-                    if (reports[r].empty()) continue;
-                    input = input && reports[r][0] == 'I';
-                    msg += (msg.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
-                           reports[r].substr(1);
-                  }
-                  if (msg.empty()) return "";
-                  if (all_same) msg = reports[0].substr(1);  // (every rank read the same and saw the same)
-                  if (input) throw InputError(msg);
-                  EASYCTX_THROW(msg);
-                });
-  };
   Json chosen_entry;
   std::string changes;
   if (chosen >= 0) {
     chosen_entry = cands[static_cast<size_t>(chosen)];
-    const ckpt::CheckpointReader r(chosen_entry.at("path").as_string());
-    EASYCTX_CHECK_INPUT(!(r.meta().find("weights_only") && r.meta().at("weights_only").as_bool()), r.path(),
-                        " holds weights only (made by easyctx_convert): start a run from it with model.init: ckpt:",
-                        r.path(), ", not --resume");
-    check_same_model(r, model_->config(), what);
-    read_agreed(r.path(), [&] {
-      store_->read_checkpoint(r, true);
-      return r.bytes_read();
-    });
-    start_step_ = r.meta().at("next_step").as_int();
-    const Json rank0 = r.rank_meta(0);
-    if (const Json* d = rank0.find("data")) resumed_data_state_ = d->dump();
-    if (!r.config_hash().empty() && r.config_hash() != config_hash_) changes = identity_changes(r, identity);
-    log_info("resuming from ", r.path(), " at step ", start_step_);
+    changes = resume_weights(sync, chosen_entry, what);
   } else if (starts_with(cfg_.model.init, "hf:")) {
-    const std::string dir = cfg_.model.init.substr(3);
-    read_agreed(cfg_.model.init, [&] {
-      ckpt::HfUnitReader hf(dir, layout);
-      store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) { hf.read(u, lo, n, out); });
-      hf.check_finite();
-      return hf.bytes_read();
-    });
+    load_hf_weights(sync);
   } else if (starts_with(cfg_.model.init, "ckpt:")) {
-    const std::string init = cfg_.model.init;
-    auto list = [&](const std::vector<std::string>&) {
-      Json c = Json::array();
-      std::string note;
-      for (const ckpt::CheckpointEntry& e : ckpt::checkpoint_candidates(init.substr(5), &note))
-        c.push_back(entry_json(e));
-      if (!note.empty()) log_info("model.init: ", note);
-      return c.dump();
-    };
-    const Json init_cands =
-        parse_json(sync.reduce("", "loading", "listing model.init's checkpoints", list), "model.init candidates");
-    EASYCTX_CHECK_INPUT(init_cands.size() > 0, "model.init: ", init, ": no committed checkpoint there");
-    // Verified as far as it is read: the weights, and the Adam moments only when carried.
-    const int i =
-        choose_verified(sync, init_cands, "model.init: " + init,
-                        cfg_.model.carry_optimizer ? ckpt::VerifyScope::Everything : ckpt::VerifyScope::Weights);
-    const ckpt::CheckpointReader r(init_cands[static_cast<size_t>(i)].at("path").as_string());
-    check_same_model(r, model_->config(), "model.init: " + init);
-    if (cfg_.model.carry_optimizer)
-      EASYCTX_CHECK_INPUT(!(r.meta().find("weights_only") && r.meta().at("weights_only").as_bool()),
-                          "model.carry_optimizer: ", r.path(), " holds weights only (made by easyctx_convert)");
-    read_agreed(r.path(), [&] {
-      store_->read_checkpoint(r, cfg_.model.carry_optimizer);
-      return r.bytes_read();
-    });
-    log_info("initial weights", cfg_.model.carry_optimizer ? " and Adam moments" : "", " from ", r.path());
+    load_ckpt_weights(sync);
   } else {
-    store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) {
-      model::init_random_range(layout, u, lo, ops::Tensor(out, DType::F32, {n}), cfg_.model.init_std, cfg_.train.seed);
-    });
+    init_random_weights();
   }
   if (weights_bytes_read_ > 0 && rank == 0)
     log_info("weights: rank 0 read ", format_bytes(static_cast<double>(weights_bytes_read_)),

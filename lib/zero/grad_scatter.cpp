@@ -51,11 +51,11 @@ void GradScatter::add_into_shard(size_t k, size_t u, const Fence& after) {
     be_.axpy(shard, part, 1.0);
     return;
   }
-  const ops::Tensor stage = staging_[k].flat().slice_flat(0, {len});
+  const ops::Tensor staged = staging_[k].flat().slice_flat(0, {len});
   down_->wait(after);
-  be_.copy_on(*down_, stage, part);
+  be_.copy_on(*down_, staged, part);
   down_->record().host_wait();  // (the compute queue runs on meanwhile: the layers after this one)
-  host_->axpy(shard, stage, 1.0);
+  host_->axpy(shard, staged, 1.0);
 }
 
 ops::Tensor GradScatter::grad(size_t u, int64_t numel) {

@@ -24,11 +24,11 @@ ParamStore::ParamStore(const model::ParamLayout& layout, ops::Backend& be, DType
     host_be_ = make_host_backend();  // master weights and Adam moments in host memory
     host_adamw_ = std::make_unique<HostAdamW>(be_, kOffloadChunkElems);
   }
-  EASYCTX_CHECK_INPUT(!o.offload_params || (o.stage == 3 && host_be_),
+  EASYCTX_CHECK_INPUT(!o.offload_params || (o.zero_stage == 3 && host_be_),
                       "parallel.zero.offload_params: true needs parallel.zero.stage 3 and "
                       "parallel.zero.offload_optimizer: true on train.device cuda (the host AdamW writes the bf16 "
                       "shards it keeps in host memory)");
-  EASYCTX_CHECK_INPUT(!o.offload_grads || (o.stage == 3 && host_be_),
+  EASYCTX_CHECK_INPUT(!o.offload_grads || (o.zero_stage == 3 && host_be_),
                       "parallel.zero.offload_grads: true needs parallel.zero.stage 3 and "
                       "parallel.zero.offload_optimizer: true on train.device cuda (the host AdamW reads the gradient "
                       "shards it keeps in host memory)");
@@ -53,26 +53,26 @@ bool ParamStore::host_resident(const std::vector<ops::Buffer>& bufs) {
 }
 
 std::vector<ops::Tensor> ParamStore::host_views(const std::vector<ops::Buffer>& bufs,
-                                                std::vector<std::vector<float>>& stage, bool fetch) const {
+                                                std::vector<std::vector<float>>& staging, bool fetch) const {
   std::vector<ops::Tensor> v;
   if (host_resident(bufs)) {
     for (const ops::Buffer& b : bufs) v.push_back(b.flat());
     return v;
   }
-  stage.assign(bufs.size(), {});
+  staging.assign(bufs.size(), {});
   for (size_t u = 0; u < bufs.size(); ++u) {
-    stage[u].resize(static_cast<size_t>(bufs[u].numel()));
-    v.emplace_back(stage[u].data(), DType::F32, std::initializer_list<int64_t>{bufs[u].numel()});
+    staging[u].resize(static_cast<size_t>(bufs[u].numel()));
+    v.emplace_back(staging[u].data(), DType::F32, std::initializer_list<int64_t>{bufs[u].numel()});
     if (fetch) be_.copy(v.back(), bufs[u].flat());
   }
   return v;
 }
 
-void ParamStore::upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& stage) {
+void ParamStore::upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& staging) {
   if (host_resident(bufs)) return;
-  EASYCTX_CHECK(stage.size() == bufs.size(), "ParamStore::upload: ", stage.size(), " staged units for ", bufs.size());
+  EASYCTX_CHECK(staging.size() == bufs.size(), "ParamStore::upload: ", staging.size(), " staged units for ", bufs.size());
   for (size_t u = 0; u < bufs.size(); ++u) {
-    const ops::Tensor src(const_cast<float*>(stage[u].data()), DType::F32, {bufs[u].numel()});
+    const ops::Tensor src(const_cast<float*>(staging[u].data()), DType::F32, {bufs[u].numel()});
     be_.copy(bufs[u].flat(), src);
   }
   be_.synchronize();  // the staged host memory goes away after this
@@ -201,7 +201,7 @@ namespace easyctx::zero {
 
 StoreOptions store_options(const StageConfig& cfg) {
   StoreOptions o;
-  o.stage = static_cast<int>(cfg.parallel.zero.stage);
+  o.zero_stage = static_cast<int>(cfg.parallel.zero.stage);
   o.prefetch = static_cast<int>(cfg.parallel.zero.prefetch);
   o.offload_optimizer = cfg.parallel.zero.offload_optimizer;
   o.offload_params = cfg.parallel.zero.offload_params;
@@ -221,8 +221,8 @@ double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& gra
 
 std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, ops::Backend& be, DType dtype,
                                              const StoreOptions& o, const StoreComms& c) {
-  EASYCTX_CHECK(o.stage == 0 || o.stage == 3, "parallel.zero.stage ", o.stage, ": 0 or 3");
-  return o.stage == 3 ? make_sharded_store(layout, be, dtype, o, c) : make_replicated_store(layout, be, dtype, o, c);
+  EASYCTX_CHECK(o.zero_stage == 0 || o.zero_stage == 3, "parallel.zero.stage ", o.zero_stage, ": 0 or 3");
+  return o.zero_stage == 3 ? make_sharded_store(layout, be, dtype, o, c) : make_replicated_store(layout, be, dtype, o, c);
 }
 
 }  // namespace easyctx::zero

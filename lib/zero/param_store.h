@@ -43,7 +43,7 @@ namespace easyctx::zero {
 constexpr int64_t kOffloadChunkElems = int64_t{1} << 24;
 
 struct StoreOptions {
-  int stage = 0;                    // parallel.zero.stage: 0 or 3
+  int zero_stage = 0;               // parallel.zero.stage: 0 or 3
   int prefetch = 1;                 // parallel.zero.prefetch (stage 3)
   bool offload_optimizer = false;   // parallel.zero.offload_optimizer (device backends)
   bool offload_params = false;      // parallel.zero.offload_params (stage 3 + offload_optimizer)
@@ -117,9 +117,9 @@ class ParamStore {
 
   // ---- state
   // This rank's slices into a checkpoint (master weights, Adam moments); device state is
-  // staged in `stage`, which must live until the writer has committed.
-  using CheckpointStage = std::deque<std::vector<float>>;  // (a deque: staged slices never move)
-  virtual void write_checkpoint(ckpt::CheckpointWriter& w, CheckpointStage& stage) = 0;
+  // staged in `staging`, which must live until the writer has committed.
+  using CheckpointStaging = std::deque<std::vector<float>>;  // (a deque: staged slices never move)
+  virtual void write_checkpoint(ckpt::CheckpointWriter& w, CheckpointStaging& staging) = 0;
   // Every unit's whole fp32 master weights in host memory. Stage 3: gathered from the shards,
   // collective over the shard group.
   virtual std::vector<std::vector<float>> master_host() = 0;
@@ -148,10 +148,10 @@ class ParamStore {
   void settle_before_destruction() noexcept;
   static bool host_resident(const std::vector<ops::Buffer>& bufs);
   // Host fp32 views of whole-unit buffers: the buffers themselves when in host memory, else
-  // copies in `stage` (downloaded when `fetch`); upload() writes the copies back.
-  std::vector<ops::Tensor> host_views(const std::vector<ops::Buffer>& bufs, std::vector<std::vector<float>>& stage,
+  // copies in `staging` (downloaded when `fetch`); upload() writes the copies back.
+  std::vector<ops::Tensor> host_views(const std::vector<ops::Buffer>& bufs, std::vector<std::vector<float>>& staging,
                                       bool fetch) const;
-  void upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& stage);
+  void upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& staging);
   // The part [a, e) of tensor t of unit u this rank updates, at offset a - base of its buffers.
   struct Part {
     int64_t a, e, base;

@@ -91,17 +91,17 @@ class ReplicatedStore final : public ParamStore {
       c.synchronize();
       return;
     }
-    std::vector<std::vector<float>> stage;  // device gradients over a host communicator
-    const std::vector<ops::Tensor> hv = host_views(grads_, stage, true);
+    std::vector<std::vector<float>> staging;  // device gradients over a host communicator
+    const std::vector<ops::Tensor> hv = host_views(grads_, staging, true);
     for (const ops::Tensor& g : hv) c.all_reduce(g.ptr<float>(), static_cast<size_t>(g.numel()));
-    upload(grads_, stage);
+    upload(grads_, staging);
   }
 
   double clip(double max_norm) override { return clip_by_global_norm(be_, views(grads_), max_norm); }
 
   // Every rank holds everything; each writes its 1/W of every unit, in parallel. Device
   // state is staged on the host, only the slices this rank writes (alive until commit).
-  void write_checkpoint(ckpt::CheckpointWriter& w, CheckpointStage& stage) override {
+  void write_checkpoint(ckpt::CheckpointWriter& w, CheckpointStaging& staging) override {
     settle();
     const int64_t W = comms_.world->size(), r = comms_.world->rank();
     const bool direct = host_resident(master_);
@@ -112,9 +112,9 @@ class ReplicatedStore final : public ParamStore {
         if (direct) {
           p = (*bufs)[u].flat().ptr<float>() + lo;
         } else {
-          stage.emplace_back(static_cast<size_t>(hi - lo));
-          be_.copy(ops::Tensor(stage.back().data(), DType::F32, {hi - lo}), (*bufs)[u].flat().slice_flat(lo, {hi - lo}));
-          p = stage.back().data();
+          staging.emplace_back(static_cast<size_t>(hi - lo));
+          be_.copy(ops::Tensor(staging.back().data(), DType::F32, {hi - lo}), (*bufs)[u].flat().slice_flat(lo, {hi - lo}));
+          p = staging.back().data();
         }
         w.add(ckpt::array_name(kind, layout_.units()[u].name), n, lo, p, hi - lo);
       }

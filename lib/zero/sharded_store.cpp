@@ -102,7 +102,7 @@ class ShardedStore final : public ParamStore {
   }
 
   // Each shard once: the first replica of it writes.
-  void write_checkpoint(ckpt::CheckpointWriter& w, CheckpointStage& stage) override {
+  void write_checkpoint(ckpt::CheckpointWriter& w, CheckpointStaging& staging) override {
     settle();
     if (comms_.zero_replica && comms_.zero_replica->rank() != 0) return;
     const bool direct = host_resident(master_);
@@ -113,9 +113,9 @@ class ShardedStore final : public ParamStore {
         if (direct || len <= 0) {
           p = (*bufs)[u].flat().ptr<float>();
         } else {
-          stage.emplace_back(static_cast<size_t>(len));
-          be_.copy(ops::Tensor(stage.back().data(), DType::F32, {len}), (*bufs)[u].flat().slice_flat(0, {len}));
-          p = stage.back().data();
+          staging.emplace_back(static_cast<size_t>(len));
+          be_.copy(ops::Tensor(staging.back().data(), DType::F32, {len}), (*bufs)[u].flat().slice_flat(0, {len}));
+          p = staging.back().data();
         }
         w.add(ckpt::array_name(kind, layout_.units()[u].name), sl_.numel(u), sl_.lo(u), p, std::max<int64_t>(len, 0));
       }

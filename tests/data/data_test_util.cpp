@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
+#include "core/strings.h"
 
 namespace easyctx::test {
 namespace fs = std::filesystem;
@@ -113,6 +115,29 @@ std::string byte_level_bpe_json(const Json& vocab, const Json& merges, bool igno
   j.set("pre_tokenizer", seq);
   j.set("model", model);
   return j.dump();
+}
+
+std::string byte_level_bpe_json(const std::vector<std::string>& merges, bool ignore_merges, const std::string& regex,
+                                const std::string& end_token) {
+  // bytes_to_unicode: printable bytes map to themselves, the rest to 256+n in byte order.
+  std::vector<std::string> byte_tok(256);
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    append_utf8(byte_tok[b], direct ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++));
+  }
+  Json vocab = Json::object();
+  int id = 0;
+  for (int b = 0; b < 256; ++b) vocab.set(byte_tok[b], id++);
+  Json m = Json::array();
+  for (const std::string& mg : merges) {
+    const size_t sp = mg.find(' ');
+    vocab.set(mg.substr(0, sp) + mg.substr(sp + 1), id++);
+    m.push_back(mg);
+  }
+  Json added = Json::array();
+  if (!end_token.empty()) added.push_back(Json::object({{"id", id}, {"content", end_token}}));
+  return byte_level_bpe_json(vocab, m, ignore_merges, regex, added);
 }
 
 }  // namespace easyctx::test

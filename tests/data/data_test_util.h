@@ -27,6 +27,13 @@ class ScratchDir {
 std::vector<uint32_t> write_random_shard(const std::string& path, std::mt19937_64& rng, uint64_t docs,
                                          uint64_t max_doc, int64_t vocab, const std::string& sha = "");
 
+// A byte-level BPE tokenizer.json as Hugging Face writes one: GPT-2's byte alphabet (ids 0..255
+// by byte value), then one id per merge ("left right") in order; text is split by `regex`
+// (Split, Isolated) before the byte-level step. `end_token`, when given, is an added special
+// token with the next id.
+std::string byte_level_bpe_json(const std::vector<std::string>& merges, bool ignore_merges, const std::string& regex,
+                                const std::string& end_token = "");
+
 struct CommandResult {
   int status = -1;  // exit code
   std::string output;  // stdout + stderr

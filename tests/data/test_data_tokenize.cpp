@@ -173,26 +173,7 @@ TEST(DataTokenizer, Llama3RoundTripsRandomUnicode) {
 
 // A tiny tokenizer.json written here: exercises merge ranks and ignore_merges=false.
 static std::string tiny_bpe_json(bool ignore_merges, const std::vector<std::string>& merges) {
-  // bytes_to_unicode: printable bytes map to themselves, the rest to 256+n in byte order.
-  std::vector<std::string> byte_tok(256);
-  int n = 0;
-  for (int b = 0; b < 256; ++b) {
-    bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    uint32_t cp = direct ? b : 256 + n++;
-    std::string s;
-    append_utf8(s, cp);
-    byte_tok[b] = s;
-  }
-  Json vocab = Json::object();
-  int id = 0;
-  for (int b = 0; b < 256; ++b) vocab.set(byte_tok[b], id++);
-  Json m = Json::array();
-  for (const auto& mg : merges) {
-    auto sp = mg.find(' ');
-    vocab.set(mg.substr(0, sp) + mg.substr(sp + 1), id++);
-    m.push_back(mg);
-  }
-  return easyctx::test::byte_level_bpe_json(vocab, m, ignore_merges, " ?\\p{L}+|\\s+", Json::array());
+  return easyctx::test::byte_level_bpe_json(merges, ignore_merges, " ?\\p{L}+|\\s+");
 }
 
 TEST(DataTokenizer, BpeMergeOrder) {

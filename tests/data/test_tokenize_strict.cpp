@@ -41,33 +41,13 @@ std::string random_text(std::mt19937_64& rng, size_t bytes) {
 }
 
 std::string llama_regex_bpe_json() {
-  std::vector<std::string> byte_tok(256);
-  int n = 0;
-  for (int b = 0; b < 256; ++b) {
-    const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    append_utf8(byte_tok[b], direct ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++));
-  }
-  Json vocab = Json::object();
-  int id = 0;
-  for (int b = 0; b < 256; ++b) vocab.set(byte_tok[b], id++);
-  Json merges = Json::array();
-  for (const char* m : {"Ġ t", "t h", "Ġt h", "h e", "Ġth e", "Ġ a", "a n", "Ġa n", "Ġan d", "Ġ w", "o r", "Ġw or",
-                        "l d", "Ġwor ld", "e l", "l o", "el lo", "h ello", "1 2", "Ġ Ġ", "ĠĠ Ġ", "Ċ Ċ"}) {
-    const std::string mg = m;
-    const size_t sp = mg.find(' ');
-    vocab.set(mg.substr(0, sp) + mg.substr(sp + 1), id++);
-    merges.push_back(mg);
-  }
-  Json added = Json::array();
-  Json special = Json::object();
-  special.set("id", id);
-  special.set("content", "<|end_of_text|>");
-  added.push_back(special);
   return easyctx::test::byte_level_bpe_json(
-      vocab, merges, true,
+      {"Ġ t", "t h", "Ġt h", "h e", "Ġth e", "Ġ a", "a n", "Ġa n", "Ġan d", "Ġ w", "o r", "Ġw or",
+       "l d", "Ġwor ld", "e l", "l o", "el lo", "h ello", "1 2", "Ġ Ġ", "ĠĠ Ġ", "Ċ Ċ"},
+      true,
       "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
       "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-      added);
+      "<|end_of_text|>");
 }
 
 // Every tokenizer this machine has: a byte-level BPE written here (always), the demo's

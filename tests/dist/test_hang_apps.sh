@@ -15,18 +15,14 @@ bound=30  # seconds: the 2 s timeout, the roll call, the abort and mpirun on a l
 source "$src/tests/tiny_data.sh"
 tiny_mpirun
 tok=$(tiny_data "$bin" "$work" 60)
-cat > "$work/stage.yaml" <<YAML
-model:
-  config: demo
-data:
-  path: $work/data
-  seq_length: 64
-train:
-  steps: 4
+{
+  tiny_stage "$work/data" 64 4
+  cat <<YAML
   batch_size: 1
 parallel:
   collective_timeout_s: 2
 YAML
+} > "$work/stage.yaml"
 
 # expect NAME FAULT PATTERN... -- COMMAND...: runs COMMAND with EASYCTX_FAULT=FAULT and a 2 s
 # start-up timeout; it must fail within $bound s with every PATTERN in its output.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ckpt/hf_model.h"
+#include "llama_test_util.h"
 #include "model/llama.h"
 #include "train/train_test_util.h"
 
@@ -16,15 +17,7 @@ namespace easyctx::test {
 
 // GQA (4 query heads over 2 key/value heads), untied, two layers.
 inline model::LlamaConfig eval_test_config() {
-  model::LlamaConfig c;
-  c.name = "eval-test";
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.intermediate_size = 48;
-  c.vocab_size = 101;
+  model::LlamaConfig c = llama_config("eval-test", {32, 2, 4, 2, 8, 48, 101});
   c.rope_theta = 1000.0;
   c.max_position_embeddings = 4096;
   return c;
@@ -62,23 +55,5 @@ struct HostModel {
     return prompt;
   }
 };
-
-// A folder shared by every rank of MPI_COMM_WORLD (fresh; seed drawn on rank 0 and
-// broadcast), with rank 0's `write(dir)` done before anyone returns.
-inline std::string shared_dir(const std::string& tag, uint64_t& seed,
-                              const std::function<void(const std::string&)>& write) {
-  seed = test_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  const std::string path = "/tmp/easyctx-" + tag + "-" + std::to_string(seed % 1000003);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-    if (write) write(path);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return path;
-}
 
 }  // namespace easyctx::test

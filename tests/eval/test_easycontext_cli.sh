@@ -35,20 +35,16 @@ has_key() {  # file key value
 # weights of a fresh seed, exported as a Hugging Face folder with the data's tokenizer.
 base_model() {
   tok=$(tiny_data "$bin" "$work" 60) || fail "tiny data (tests/tiny_data.sh)"
-  cat > "$work/base.yaml" <<YAML
-model:
-  config: demo
-data:
-  path: $work/data
-  seq_length: 64
-train:
-  steps: 1
+  {
+    tiny_stage "$work/data" 64 1
+    cat <<YAML
   seed: $seed
   device: cpu
 output:
   dir: $work/base
   save_final: false
 YAML
+  } > "$work/base.yaml"
   "$bin/easyctx_train" "$work/base.yaml" > "$work/base.log" 2>&1 || fail "the base model"
   [ -f "$work/base/final/config.json" ] || fail "no base/final/config.json"
 }

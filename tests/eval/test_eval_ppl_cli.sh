@@ -19,14 +19,9 @@ tiny_mpirun
 tok=$(tiny_data "$bin" "$work" 120) || fail "the training data (tests/tiny_data.sh)"
 sed -n '1000,1040p' "$work/chapters.jsonl" > "$work/eval.jsonl"
 tiny_shard "$bin" "$tok" "$work/eval.jsonl" "$work/evaldata" || fail "h5tokenize eval"
-cat > "$work/stage.yaml" <<YAML
-model:
-  config: demo
-data:
-  path: $work/data
-  seq_length: 96
-train:
-  steps: 12
+{
+  tiny_stage "$work/data" 96 12
+  cat <<YAML
   batch_size: 2
   lr: 3e-3
   device: cpu
@@ -34,6 +29,7 @@ output:
   dir: $work/run
   hf_dtype: f32
 YAML
+} > "$work/stage.yaml"
 "$bin/easyctx_train" "$work/stage.yaml" > "$work/train.log" 2>&1 || fail "training the model"
 [ -f "$work/run/final/config.json" ] || fail "no HF export in run/final"
 

@@ -26,15 +26,7 @@ using ops::DType;
 using ops::Tensor;
 
 model::LlamaConfig hd64_config() {
-  model::LlamaConfig c;
-  c.name = "eval-hd64";
-  c.hidden_size = 128;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.intermediate_size = 200;
-  c.vocab_size = 300;
+  model::LlamaConfig c = llama_config("eval-hd64", {128, 2, 4, 2, 64, 200, 300});
   c.rope_theta = 10000.0;
   c.max_position_embeddings = 4096;
   return c;

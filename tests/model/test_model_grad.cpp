@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "llama_test_util.h"
 #include "model/llama.h"
 #include "test_util.h"
 
@@ -13,15 +14,7 @@ namespace {
 using ops::DType;
 
 model::LlamaConfig odd_config(bool tied) {
-  model::LlamaConfig c;
-  c.name = "odd";
-  c.hidden_size = 12;
-  c.num_layers = 2;
-  c.num_heads = 3;
-  c.num_kv_heads = 1;
-  c.head_dim = 6;
-  c.intermediate_size = 10;
-  c.vocab_size = 11;
+  model::LlamaConfig c = llama_config("odd", {12, 2, 3, 1, 6, 10, 11});
   c.rope_theta = 100.0;
   c.tie_word_embeddings = tied;
   return c;

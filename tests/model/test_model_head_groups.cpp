@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <random>
 
+#include "llama_test_util.h"
 #include "model/llama.h"
 #include "model_run_util.h"
 #include "test_util.h"
@@ -25,15 +26,7 @@ using ops::Tensor;
 
 // 8 query heads over 4 key/value heads (GQA), so G = 2 and 4 divide both.
 model::LlamaConfig config(int64_t layers, int64_t head_dim) {
-  model::LlamaConfig c;
-  c.name = "head-groups";
-  c.hidden_size = 24;
-  c.num_layers = layers;
-  c.num_heads = 8;
-  c.num_kv_heads = 4;
-  c.head_dim = head_dim;
-  c.intermediate_size = 40;
-  c.vocab_size = 31;
+  model::LlamaConfig c = llama_config("head-groups", {24, layers, 8, 4, head_dim, 40, 31});
   c.rope_theta = 1000.0;
   return c;
 }

@@ -7,6 +7,7 @@
 // the last layers keeping their attention outputs (activation.attention_output_layers).
 #include <random>
 
+#include "llama_test_util.h"
 #include "model/llama.h"
 #include "model_run_util.h"
 #include "test_util.h"
@@ -19,15 +20,7 @@ using ops::DType;
 using ops::Tensor;
 
 model::LlamaConfig config(int64_t layers) {
-  model::LlamaConfig c;
-  c.name = "offload";
-  c.hidden_size = 16;
-  c.num_layers = layers;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 4;
-  c.intermediate_size = 24;
-  c.vocab_size = 29;
+  model::LlamaConfig c = llama_config("offload", {16, layers, 4, 2, 4, 24, 29});
   c.rope_theta = 1000.0;
   return c;
 }

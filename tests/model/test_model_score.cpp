@@ -8,6 +8,7 @@
 
 #include "ckpt/hf_model.h"
 #include "ckpt/safetensors.h"
+#include "llama_test_util.h"
 #include "model/llama.h"
 #include "test_util.h"
 
@@ -18,15 +19,7 @@ using ops::DType;
 using ops::Tensor;
 
 model::LlamaConfig small_config(bool tied) {
-  model::LlamaConfig c;
-  c.name = "small";
-  c.hidden_size = 32;
-  c.num_layers = 3;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.intermediate_size = 40;
-  c.vocab_size = 97;
+  model::LlamaConfig c = llama_config("small", {32, 3, 4, 2, 8, 40, 97});
   c.rope_theta = 500.0;
   c.tie_word_embeddings = tied;
   return c;

@@ -42,18 +42,14 @@ grep -q '"tokenizer_class": "LlamaTokenizer"' "$work/data/tokenizer/tokenizer_co
 grep -q '"bos_token": "<s>"' "$work/data/tokenizer/special_tokens_map.json" || fail "special_tokens_map.json: no <s>"
 pass "h5tokenize keeps its tokenizer in <output>/tokenizer/"
 
-cat > "$work/stage.yaml" <<YAML
-model:
-  config: demo
-data:
-  path: $work/data
-  seq_length: 64
-train:
-  steps: 3
+{
+  tiny_stage "$work/data" 64 3
+  cat <<YAML
   batch_size: 1
 output:
   dir: $work/run
 YAML
+} > "$work/stage.yaml"
 
 # The README: build/bin/easyctx_train stage.yaml --set parallel.sequence.size=2 --print-config
 "$bin/easyctx_train" "$work/stage.yaml" --set parallel.sequence.size=2 --print-config >"$work/out" 2>&1 \

@@ -12,14 +12,9 @@ fail() { echo "FAIL: $*"; tail -30 "$work"/*.log 2>/dev/null; trap - EXIT; exit 
 source "$src/tests/tiny_data.sh"
 tiny_mpirun
 tok=$(tiny_data "$bin" "$work" 200)
-cat > "$work/stage.yaml" <<YAML
-model:
-  config: demo
-data:
-  path: $work/data
-  seq_length: 96
-train:
-  steps: 40
+{
+  tiny_stage "$work/data" 96 40
+  cat <<YAML
   batch_size: 2
   lr: 3e-3
   warmup_steps: 4
@@ -27,6 +22,7 @@ train:
 logging:
   every: 1
 YAML
+} > "$work/stage.yaml"
 # Uninterrupted reference.
 "${mpi[@]}" "$bin/easyctx_train" "$work/stage.yaml" --set output.dir="$work/straight" > "$work/straight.log" 2>&1 \
   || fail "the reference run failed"

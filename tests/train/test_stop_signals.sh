@@ -25,14 +25,9 @@ fail() {
 source "$src/tests/tiny_data.sh"
 tiny_mpirun
 tok=$(tiny_data "$bin" "$work" 100)
-cat > "$work/stage.yaml" <<YAML
-model:
-  config: demo
-data:
-  path: $work/data
-  seq_length: 64
-train:
-  steps: 100000
+{
+  tiny_stage "$work/data" 64 100000
+  cat <<YAML
   batch_size: 1
 logging:
   every: 1
@@ -40,6 +35,7 @@ logging:
 output:
   save_every: 0
 YAML
+} > "$work/stage.yaml"
 
 # Waits until the run logged step 3, so the signal arrives mid-training.
 wait_for_steps() {

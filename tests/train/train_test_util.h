@@ -100,11 +100,10 @@ struct WalkShape {
   int docs = 120, min_len = 10, max_len = 90, vocab = 256;
 };
 
-// Under mpirun: a fresh /tmp/easyctx-<tag>-<seed> folder shared by every rank, holding a
-// walk shard written by rank 0 (by default 120 documents of 10..90 tokens, vocab 256) and
-// whatever `rank0_also` writes there; the seed is drawn on rank 0 and broadcast.
-inline std::string shared_walk_dir(const std::string& tag, uint64_t& seed, const WalkShape& shape = {},
-                                   const std::function<void(const std::string&)>& rank0_also = nullptr) {
+// A folder shared by every rank of MPI_COMM_WORLD (fresh; seed drawn on rank 0 and
+// broadcast), with rank 0's `write(dir)` done before anyone returns.
+inline std::string shared_dir(const std::string& tag, uint64_t& seed,
+                              const std::function<void(const std::string&)>& write) {
   seed = test_seed();
   MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   const std::string path = "/tmp/easyctx-" + tag + "-" + std::to_string(seed % 1000003);
@@ -113,11 +112,21 @@ inline std::string shared_walk_dir(const std::string& tag, uint64_t& seed, const
   if (rank == 0) {
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
-    write_walk_shard(path + "/shard.h5", seed, shape.docs, shape.min_len, shape.max_len, shape.vocab);
-    if (rank0_also) rank0_also(path);
+    if (write) write(path);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return path;
+}
+
+// Under mpirun: a fresh /tmp/easyctx-<tag>-<seed> folder shared by every rank (shared_dir), holding a
+// walk shard written by rank 0 (by default 120 documents of 10..90 tokens, vocab 256) and
+// whatever `rank0_also` writes there.
+inline std::string shared_walk_dir(const std::string& tag, uint64_t& seed, const WalkShape& shape = {},
+                                   const std::function<void(const std::string&)>& rank0_also = nullptr) {
+  return shared_dir(tag, seed, [&](const std::string& path) {
+    write_walk_shard(path + "/shard.h5", seed, shape.docs, shape.min_len, shape.max_len, shape.vocab);
+    if (rank0_also) rank0_also(path);
+  });
 }
 
 }  // namespace easyctx::test

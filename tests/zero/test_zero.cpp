@@ -12,6 +12,7 @@
 #include "dist/comm_mpi.h"
 #include "ops/half.h"
 #include "ops/ops.h"
+#include "llama_test_util.h"
 #include "test_util.h"
 #include "kernels/adamw_math.h"
 #include "zero/comm_lane.h"
@@ -53,15 +54,7 @@ std::vector<float> grad_values(uint64_t seed, int r, size_t u, int64_t numel, in
 }
 
 model::LlamaConfig tiny_config(int64_t layers) {
-  model::LlamaConfig c;
-  c.vocab_size = 37;
-  c.hidden_size = 12;
-  c.intermediate_size = 20;
-  c.num_layers = layers;
-  c.num_heads = 3;
-  c.num_kv_heads = 1;
-  c.head_dim = 4;
-  return c;
+  return test::llama_config("", {12, layers, 3, 1, 4, 20, 37});
 }
 
 }  // namespace
