@@ -17,8 +17,9 @@ int main(int argc, char** argv) {
     std::string dtype;
     double shard_gb = 5;
     ckpt::ConvertOptions o;
-    opts.add_options()("help,h", "show this help")("from", po::value(&o.from), "ckpt:DIR (checkpoint step folder, "
-                                                    "checkpoints folder or run folder) or hf:DIR")(
+    opts.add_options()("help,h", "show this help")("from", po::value(&o.from),
+                                                   "ckpt:DIR (checkpoint step folder, "
+                                                   "checkpoints folder or run folder) or hf:DIR")(
         "to", po::value(&o.to), "hf:DIR or ckpt:DIR")("dtype", po::value(&dtype)->default_value("bf16"),
                                                       "tensor type of an HF output: bf16 or f32")(
         "shard-size", po::value(&shard_gb)->default_value(5), "HF output shard size in GB (10^9 bytes)")(
@@ -29,9 +30,7 @@ int main(int argc, char** argv) {
     try {
       po::store(po::parse_command_line(argc, argv, opts), vm);
       po::notify(vm);
-    } catch (const po::error& e) {
-      EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
-    }
+    } catch (const po::error& e) { EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)"); }
     if (vm.count("help")) {
       if (rt.rank() == 0) std::cout << opts;
       return 0;

@@ -47,8 +47,9 @@ int main(int argc, char** argv) {
     });
     if (!run) {
       if (rt.rank() == 0)
-        std::cout << help << "\nDocs: docs/eval.md. Exit codes: 0 done (--plan: fits), 1 failure, 2 bad input, "
-                             "3 --plan: does not fit.\n";
+        std::cout << help
+                  << "\nDocs: docs/eval.md. Exit codes: 0 done (--plan: fits), 1 failure, 2 bad input, "
+                     "3 --plan: does not fit.\n";
       return 0;
     }
     if (o.print_sweep) {
@@ -82,9 +83,7 @@ int main(int argc, char** argv) {
     // be read or tokenized ends every rank alike, before the weights are loaded.
     eval::Haystack hay;
     if (needle)
-      dist::run_collectively(rt, [&] {
-        hay = eval::load_haystack(o.haystack_dir, *tok, o.max_context, *world);
-      });
+      dist::run_collectively(rt, [&] { hay = eval::load_haystack(o.haystack_dir, *tok, o.max_context, *world); });
     eval::run_needle(o, *world, needle ? &hay : nullptr);
     return 0;
   });

@@ -65,8 +65,8 @@ void add_document_flags(po::options_description& opts, Cli& c) {
       "or list them) run one after another on the same documents")(
       "tokenized", po::value(&c.o.tokenized)->multitoken()->required(),
       "h5tokenize shards: files, folders or globs (EasyContext: a datasets folder or hub id; tokenize it with "
-      "h5tokenize, docs/data.md)")(
-      "min-tokens", po::value(&c.o.min_tokens)->default_value(256), "first length L (EasyContext's default)")(
+      "h5tokenize, docs/data.md)")("min-tokens", po::value(&c.o.min_tokens)->default_value(256),
+                                   "first length L (EasyContext's default)")(
       "max-tokens", po::value(&c.o.max_tokens)->default_value(8192), "last length L (EasyContext's default)")(
       "tokens-step", po::value(&c.o.tokens_step)->default_value(0),
       "step between lengths (0, not given: min, 2 min, 4 min, ... <= max, as EasyContext)")(
@@ -84,17 +84,17 @@ void add_document_flags(po::options_description& opts, Cli& c) {
       "EasyContext's stride without --truncate: windows of up to L - 1 tokens every W tokens, each scoring the "
       "tokens the previous did not (selects EasyContext's documents; with --dataset-min-tokens alone W = 256, "
       "EasyContext's default)")(
-      "aggressive-memory", "EasyContext's gc.collect() and torch.cuda.empty_cache() after every window: "
+      "aggressive-memory",
+      "EasyContext's gc.collect() and torch.cuda.empty_cache() after every window: "
       "accepted so that its command runs, with no effect here (what a run needs is planned before it starts: "
-      "--plan)")(
-      "hide-progress", "no progress lines (EasyContext: no tqdm bars)")(
+      "--plan)")("hide-progress", "no progress lines (EasyContext: no tqdm bars)")(
       "csv-format", po::value(&c.csv_format)->default_value("auto"),
       "auto | long | wide. long: tokens,ppl,documents,nll rows (with several models a model column first, and "
       "a CSV per model); wide: EasyContext's \",L1,L2,...\" header and a row per model that its plot.py and "
       "YaRN's read. auto: wide with EasyContext's documents (--dataset-min-tokens, --truncate, "
-      "--sliding-window), long otherwise")(
-      "dataset,d", po::value(&c.hf_dataset), "EasyContext's Hugging Face dataset: not read here (an error); "
-      "tokenize with h5tokenize and pass --tokenized")(
+      "--sliding-window), long otherwise")("dataset,d", po::value(&c.hf_dataset),
+                                           "EasyContext's Hugging Face dataset: not read here (an error); "
+                                           "tokenize with h5tokenize and pass --tokenized")(
       "subset,s", po::value(&c.hf_subset), "EasyContext's dataset subset: not read here (an error), as --dataset")(
       "feature,f", po::value(&c.hf_feature), "EasyContext's text column: not read here (an error), as --dataset")(
       "split", po::value(&c.hf_split), "EasyContext's dataset split: not read here (an error), as --dataset")(
@@ -104,16 +104,15 @@ void add_document_flags(po::options_description& opts, Cli& c) {
 
 // The flags of the run: model overrides, device and parallelism, outputs, --plan.
 void add_run_flags(po::options_description& opts, Cli& c) {
-  opts.add_options()(
-      "rope-theta", po::value(&c.o.rope_theta)->default_value(0), "override the model's rope_theta (0: keep)")(
+  opts.add_options()("rope-theta", po::value(&c.o.rope_theta)->default_value(0),
+                     "override the model's rope_theta (0: keep)")(
       "device", po::value(&c.device)->default_value("auto"), "auto | cpu | cuda (auto: a GPU when one is visible)")(
       "sp-size", po::value(&c.o.sp_size)->default_value(1),
       "ranks per sequence (sequence parallelism); the job's ranks are data-parallel groups x sp-size")(
       "sp-mode", po::value(&c.sp_mode)->default_value("zigzag_ring"),
       "zigzag_ring | ulysses | dist_flash | usp (EasyContext's zigzag_ring_attn, ulysses_attn, dist_flash_attn, "
-      "usp_attn too)")(
-      "ulysses-size", po::value(&c.o.ulysses_size)->default_value(0),
-      "usp: the Ulysses degree inside a sequence-parallel group (0: the ranks per node)")(
+      "usp_attn too)")("ulysses-size", po::value(&c.o.ulysses_size)->default_value(0),
+                       "usp: the Ulysses degree inside a sequence-parallel group (0: the ranks per node)")(
       "attention-head-groups", po::value(&c.o.attention_head_groups)->default_value(1),
       "attention in this many passes over head groups (divides the key/value heads): less attention memory")(
       "lm-head-tile", po::value(&c.o.lm_head_tile)->default_value(4096), "tokens per LM-head tile")(
@@ -124,15 +123,18 @@ void add_run_flags(po::options_description& opts, Cli& c) {
       "plot", po::value(&c.plot)->default_value(""),
       "PNG of perplexity against context length, every model on one chart (default: <stem>.png with "
       "--output-file; none: no plot)")(
-      "print-sweep", "print the lengths, the documents chosen, the windows and the CSV format, then exit "
+      "print-sweep",
+      "print the lengths, the documents chosen, the windows and the CSV format, then exit "
       "without loading any weights (what a command of EasyContext's would do here)")(
       "tensorboard", po::value(&c.tensorboard)->default_value(""),
       "folder of the TensorBoard event file: eval_ppl/<model> = perplexity with step = the length in tokens "
       "(default: <folder of --output-file>/tensorboard, none without --output-file; none: no event file)")(
-      "plan", "print the memory plan of the longest length per model (every buffer per GPU and per host) as a "
+      "plan",
+      "print the memory plan of the longest length per model (every buffer per GPU and per host) as a "
       "table, then as one JSON object on the last line, and exit: 0 when it fits, 3 when it does not (the message "
       "names the flags that would fit), 2 on bad input")(
-      "set", po::value(&c.sets)->composing(), "--plan's target: --set target.gpu=H200, target.gpu_memory_gib=..., "
+      "set", po::value(&c.sets)->composing(),
+      "--plan's target: --set target.gpu=H200, target.gpu_memory_gib=..., "
       "target.gpus_per_node=..., target.nodes=... (repeatable)")(
       "progress-every", po::value(&c.progress_every)->default_value(30), "seconds between progress lines")(
       "collective-timeout-s", po::value(&c.o.collective_timeout_s)->default_value(3600),
@@ -147,14 +149,13 @@ void parse_flags(dist::Runtime& rt, int argc, char** argv, const po::options_des
       po::store(po::parse_command_line(argc, argv, opts), c.vm);
       if (c.vm.count("help")) return;
       po::notify(c.vm);
-    } catch (const po::error& e) {
-      EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
-    }
+    } catch (const po::error& e) { EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)"); }
     c.o.device = eval::parse_device(c.device);
     c.o.sp_mode = eval::parse_sp_mode(c.sp_mode);
     // EasyContext reads Hugging Face datasets itself; here the documents come as shards.
     for (const char* f : {"dataset", "subset", "feature", "split", "save-tokenized"})
-      EASYCTX_CHECK_INPUT(!c.vm.count(f), "--", f, ": Hugging Face datasets are not read here; tokenize the "
+      EASYCTX_CHECK_INPUT(!c.vm.count(f), "--", f,
+                          ": Hugging Face datasets are not read here; tokenize the "
                           "documents with h5tokenize (docs/data.md) and pass the shards to --tokenized");
     EASYCTX_CHECK_INPUT(c.csv_format == "auto" || c.csv_format == "long" || c.csv_format == "wide",
                         "--csv-format: bad value '", c.csv_format, "': expected auto, long or wide");
@@ -175,8 +176,8 @@ void resolve_models(dist::Runtime& rt, Cli& c, bool plan_only, std::vector<plan:
   // Missing or corrupt models too, in a phase every rank enters.
   dist::run_collectively(rt, [&] {
     for (const std::string& m : c.models)
-      o.resolved[m] = std::make_shared<const eval::ModelRef>(
-          eval::resolve_model(m, MPI_COMM_WORLD, o.collective_timeout_s));
+      o.resolved[m] =
+          std::make_shared<const eval::ModelRef>(eval::resolve_model(m, MPI_COMM_WORLD, o.collective_timeout_s));
     if (!plan_only) return;
     for (size_t m = 0; m < c.models.size(); ++m)
       plans[m] = eval::plan_session(eval::session_options(o, c.models[m]), o.max_tokens, c.sets, rt.size(),
@@ -200,9 +201,7 @@ void plan_runs(dist::Runtime& rt, const Cli& c, std::vector<plan::MemoryPlan>& p
     try {
       plans[m] = eval::plan_session(eval::session_options(c.o, c.models[m]), c.o.max_tokens, {}, rt.size(),
                                     rt.topology().local_size);
-    } catch (const Error& e) {
-      log_warn("memory plan of ", c.models[m], " unavailable: ", e.what());
-    }
+    } catch (const Error& e) { log_warn("memory plan of ", c.models[m], " unavailable: ", e.what()); }
   }
 }
 
@@ -244,12 +243,13 @@ void log_results(const std::vector<eval::PplResult>& results, const std::vector<
     for (const eval::PplRow& row : r.rows)
       log_info(r.label, ": tokens ", row.tokens, ": ppl ", row.ppl, " over ", row.documents, " document(s)");
     const eval::SessionStats& s = r.stats;
-    log_info("eval ppl summary: ", r.label, ": ", s.items, " document(s), ", format_count(static_cast<double>(s.tokens)),
-             " tokens in ", format_duration(s.seconds), " (", format_count(s.seconds > 0 ? s.tokens / s.seconds : 0),
-             " tok/s) on ", r.describe);
+    log_info("eval ppl summary: ", r.label, ": ", s.items, " document(s), ",
+             format_count(static_cast<double>(s.tokens)), " tokens in ", format_duration(s.seconds), " (",
+             format_count(s.seconds > 0 ? s.tokens / s.seconds : 0), " tok/s) on ", r.describe);
     if (plans[m].parameters > 0)
-      log_info(r.label, ": ", plan::compare_line(plans[m], {0, s.alloc_peak_bytes, 0},
-                                                 static_cast<double>(plan::vm_hwm_bytes()), s.device_used_bytes));
+      log_info(r.label, ": ",
+               plan::compare_line(plans[m], {0, s.alloc_peak_bytes, 0}, static_cast<double>(plan::vm_hwm_bytes()),
+                                  s.device_used_bytes));
   }
 }
 
@@ -264,8 +264,9 @@ int main(int argc, char** argv) {
     parse_flags(rt, argc, argv, opts, c);
     if (c.vm.count("help")) {
       if (rt.rank() == 0)
-        std::cout << opts << "\nDocs: docs/eval.md. Exit codes: 0 done (--plan: fits), 1 failure, 2 bad input, "
-                             "3 --plan: does not fit.\n";
+        std::cout << opts
+                  << "\nDocs: docs/eval.md. Exit codes: 0 done (--plan: fits), 1 failure, 2 bad input, "
+                     "3 --plan: does not fit.\n";
       return 0;
     }
     LogOptions lo;

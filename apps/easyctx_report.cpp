@@ -19,8 +19,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> dirs;
     std::string out, title;
     po::options_description opts("easyctx_report RUN_DIR... [options]");
-    opts.add_options()("help,h", "show this help")(
-        "runs", po::value(&dirs)->multitoken()->required(), "output folders of the stages, in chain order")(
+    opts.add_options()("help,h", "show this help")("runs", po::value(&dirs)->multitoken()->required(),
+                                                   "output folders of the stages, in chain order")(
         "output", po::value(&out)->default_value("report.html"), "the HTML file to write")(
         "title", po::value(&title)->default_value(""), "the page's title (default: the runs' names)");
     po::positional_options_description pos;
@@ -33,9 +33,7 @@ int main(int argc, char** argv) {
         return 0;
       }
       po::notify(vm);
-    } catch (const po::error& e) {
-      EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
-    }
+    } catch (const po::error& e) { EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)"); }
     if (rt.rank() != 0) return 0;
     std::vector<report::StageRun> stages;
     for (const std::string& d : dirs) stages.push_back(report::read_stage(d));

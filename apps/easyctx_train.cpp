@@ -44,23 +44,29 @@ struct EasyContextFlag {
   const char* flag;
   const char* key;  // "" where the value needs more than a copy (model, mode, wandb)
 };
-constexpr EasyContextFlag kEasyContextFlags[] = {
-    {"batch-size", "train.batch_size"},     {"gradient-accumulate-every", "train.grad_accum"},
-    {"output-dir", "output.dir"},           {"seed", "train.seed"},
-    {"max-train-steps", "train.steps"},     {"learning-rate", "train.lr"},
-    {"rope-theta", "model.rope_theta"},     {"dataset", "data.path"},
-    {"seq-length", "data.seq_length"},      {"warmup-steps", "train.warmup_steps"},
-    {"lr-schedule", "train.schedule"},      {"ring_degree", "parallel.sequence.ring_degree"},
-    {"model", ""},                          {"parallel_mode", ""},
-    {"wandb", ""}};
+constexpr EasyContextFlag kEasyContextFlags[] = {{"batch-size", "train.batch_size"},
+                                                 {"gradient-accumulate-every", "train.grad_accum"},
+                                                 {"output-dir", "output.dir"},
+                                                 {"seed", "train.seed"},
+                                                 {"max-train-steps", "train.steps"},
+                                                 {"learning-rate", "train.lr"},
+                                                 {"rope-theta", "model.rope_theta"},
+                                                 {"dataset", "data.path"},
+                                                 {"seq-length", "data.seq_length"},
+                                                 {"warmup-steps", "train.warmup_steps"},
+                                                 {"lr-schedule", "train.schedule"},
+                                                 {"ring_degree", "parallel.sequence.ring_degree"},
+                                                 {"model", ""},
+                                                 {"parallel_mode", ""},
+                                                 {"wandb", ""}};
 
 // Without a stage YAML, the keys EasyContext's train.py and its DeepSpeed config
 // (accelerate_configs/zero3_offload.json) fix when a flag is absent.
 const std::vector<std::string> kEasyContextDefaults = {
-    "train.batch_size=1", "train.grad_accum=8", "train.seed=42", "train.steps=400", "train.lr=2e-5",
-    "model.rope_theta=100000", "data.seq_length=16384", "train.schedule=constant", "train.warmup_steps=0",
-    "train.beta1=0.9", "train.beta2=0.95", "train.eps=1e-8", "train.weight_decay=0.1", "train.grad_clip=1.0",
-    "parallel.zero.stage=3"};
+    "train.batch_size=1",     "train.grad_accum=8",      "train.seed=42",         "train.steps=400",
+    "train.lr=2e-5",          "model.rope_theta=100000", "data.seq_length=16384", "train.schedule=constant",
+    "train.warmup_steps=0",   "train.beta1=0.9",         "train.beta2=0.95",      "train.eps=1e-8",
+    "train.weight_decay=0.1", "train.grad_clip=1.0",     "parallel.zero.stage=3"};
 
 // model.init of EasyContext's --model: a Hugging Face folder, or the output of an earlier
 // stage (a run's output.dir: its final/ export, what EasyContext's next stage loads).
@@ -70,9 +76,11 @@ std::string model_init_of(const std::string& m) {
   std::error_code ec;
   if (fs::is_regular_file(fs::path(m) / "config.json", ec)) return "hf:" + m;
   if (fs::is_regular_file(fs::path(m) / "final" / "config.json", ec)) return "hf:" + (fs::path(m) / "final").string();
-  EASYCTX_THROW_INPUT("--model: ", m, " is not a Hugging Face folder (config.json + safetensors) or a run's "
+  EASYCTX_THROW_INPUT("--model: ", m,
+                      " is not a Hugging Face folder (config.json + safetensors) or a run's "
                       "output.dir with final/ (EasyContext downloads hub ids; here download it first, e.g. "
-                      "huggingface-cli download ", m, " --local-dir DIR, and pass --model DIR)");
+                      "huggingface-cli download ",
+                      m, " --local-dir DIR, and pass --model DIR)");
 }
 
 // The --set overrides EasyContext's flags stand for (before the user's --set).
@@ -81,7 +89,8 @@ std::vector<std::string> easycontext_overrides(const po::variables_map& vm, bool
   if (!have_yaml) {
     o = kEasyContextDefaults;
     for (const char* f : {"output-dir", "model", "dataset", "parallel_mode"})
-      EASYCTX_CHECK_INPUT(vm.count(f), "--", f, ": required without STAGE.yaml (EasyContext's train.py command "
+      EASYCTX_CHECK_INPUT(vm.count(f), "--", f,
+                          ": required without STAGE.yaml (EasyContext's train.py command "
                           "line; docs/easycontext.md)");
   }
   // Each flag's value is checked on its own first, so that a bad one is reported under the
@@ -104,8 +113,8 @@ std::vector<std::string> easycontext_overrides(const po::variables_map& vm, bool
     const std::string set = key + "=" + (text ? yaml_string(v) : v);
     if (key == "parallel.sequence.ring_degree") {
       // Checked with the mode and the size, which may come later; here only its form.
-      const bool ok = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 19 &&
-                      std::stoll(v) >= 1;
+      const bool ok =
+          !v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 19 && std::stoll(v) >= 1;
       EASYCTX_CHECK_INPUT(ok, "--ring_degree ", v, ": expected an integer >= 1");
     } else {
       check(f.flag, v, set);
@@ -118,8 +127,7 @@ std::vector<std::string> easycontext_overrides(const po::variables_map& vm, bool
     check("parallel_mode", mode, "parallel.sequence.mode=" + mode);
     o.push_back("parallel.sequence.mode=" + mode);  // EasyContext's names are the config's aliases
     // EasyContext's sequence-parallel group is the whole world; data_parallel has none.
-    o.push_back("parallel.sequence.size=" +
-                std::to_string(canonical_sp_mode_name(mode) == "none" ? 1 : world_size));
+    o.push_back("parallel.sequence.size=" + std::to_string(canonical_sp_mode_name(mode) == "none" ? 1 : world_size));
   }
   if (vm.count("wandb")) o.push_back("logging.tensorboard=true");
   return o;
@@ -127,14 +135,15 @@ std::vector<std::string> easycontext_overrides(const po::variables_map& vm, bool
 
 // The program's own flags.
 void add_flags(po::options_description& opts) {
-  opts.add_options()("help,h", "show this help")(
-      "set", po::value<std::vector<std::string>>()->composing(), "override a config key: --set key=value (repeatable)")(
+  opts.add_options()("help,h", "show this help")("set", po::value<std::vector<std::string>>()->composing(),
+                                                 "override a config key: --set key=value (repeatable)")(
       "print-config", "print the resolved config and the process-group layout, then exit")(
       "resume", po::value<std::string>()->default_value("auto"),
       "auto: continue from the newest committed checkpoint in <output.dir>/checkpoints if any; none: start "
       "from model.init; PATH: resume from that checkpoint")(
       "config-doc", "print the Markdown reference of every config key (docs/config.md), then exit")(
-      "plan", "print the memory plan (every buffer per GPU and per host; docs/memory-model.md) as a table, then "
+      "plan",
+      "print the memory plan (every buffer per GPU and per host; docs/memory-model.md) as a table, then "
       "as one JSON object on the last line, and exit without allocating: 0 when the run fits, 3 when it does "
       "not (the message names the --set changes that would fit), 2 on bad input. Plans for target.* (GPU "
       "model and memory, GPUs per node, nodes, host memory), else the launch and this machine, so it runs on "
@@ -146,10 +155,10 @@ void add_easycontext_flags(po::options_description& ec) {
   ec.add_options()("batch-size", po::value<std::string>(), "train.batch_size (EasyContext default 1)")(
       "gradient-accumulate-every", po::value<std::string>(), "train.grad_accum (default 8)")(
       "output-dir", po::value<std::string>(), "output.dir (required without STAGE.yaml)")(
-      "seed", po::value<std::string>(), "train.seed (default 42)")(
-      "max-train-steps", po::value<std::string>(), "train.steps (default 400)")(
-      "learning-rate", po::value<std::string>(), "train.lr (default 2e-5)")(
-      "rope-theta", po::value<std::string>(), "model.rope_theta (default 100000)")(
+      "seed", po::value<std::string>(), "train.seed (default 42)")("max-train-steps", po::value<std::string>(),
+                                                                   "train.steps (default 400)")(
+      "learning-rate", po::value<std::string>(), "train.lr (default 2e-5)")("rope-theta", po::value<std::string>(),
+                                                                            "model.rope_theta (default 100000)")(
       "model", po::value<std::string>(),
       "model.init hf:DIR (a Hugging Face folder; an earlier stage's output.dir: its final/)")(
       "dataset", po::value<std::string>(), "data.path (h5tokenize shards; required without STAGE.yaml)")(
@@ -171,8 +180,7 @@ void add_easycontext_flags(po::options_description& ec) {
 
 // Parses the command line (collectively: bad flags end every rank alike). Returns whether
 // EasyContext's train.py flags were given.
-bool parse_flags(dist::Runtime& rt, int argc, char** argv, const po::options_description& opts,
-                 po::variables_map& vm) {
+bool parse_flags(dist::Runtime& rt, int argc, char** argv, const po::options_description& opts, po::variables_map& vm) {
   po::options_description hidden;
   hidden.add_options()("stage", po::value<std::string>(), "stage YAML");
   po::options_description all;
@@ -184,12 +192,12 @@ bool parse_flags(dist::Runtime& rt, int argc, char** argv, const po::options_des
     try {
       po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
       po::notify(vm);
-    } catch (const po::error& e) {
-      EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
-    }
-    EASYCTX_CHECK_INPUT(!vm.count("lora"), "--lora: not supported (easyctx trains every weight, as EasyContext's "
+    } catch (const po::error& e) { EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)"); }
+    EASYCTX_CHECK_INPUT(!vm.count("lora"),
+                        "--lora: not supported (easyctx trains every weight, as EasyContext's "
                         "train.py does since 2024-04-26)");
-    EASYCTX_CHECK_INPUT(!vm.count("ring_attention"), "--ring_attention: EasyContext's first train.py flag; use "
+    EASYCTX_CHECK_INPUT(!vm.count("ring_attention"),
+                        "--ring_attention: EasyContext's first train.py flag; use "
                         "--parallel_mode zigzag_ring_attn");
     for (const EasyContextFlag& f : kEasyContextFlags) easycontext = easycontext || vm.count(f.flag) > 0;
   });
@@ -244,13 +252,13 @@ int print_plan(dist::Runtime& rt, const plan::MemoryPlan& mem_plan) {
 // --print-config: the resolved config, the layout and what this build can run.
 int print_config(dist::Runtime& rt, const Resolved& r) {
   if (rt.rank() == 0) {
-    std::cout << "# resolved configuration (" << r.cfg.source << ")\n" << dump_stage_config(r.cfg) << "\n# layout for "
-              << r.shown.world << " rank(s): " << r.shown.note << "\n" << r.layout.describe();
+    std::cout << "# resolved configuration (" << r.cfg.source << ")\n"
+              << dump_stage_config(r.cfg) << "\n# layout for " << r.shown.world << " rank(s): " << r.shown.note << "\n"
+              << r.layout.describe();
     // What this build can run (slurm/common.sh refuses a GPU stage on a CPU-only build).
     if (ops::cuda_backend_built())
       std::cout << "# this build: CUDA backend, " << ops::visible_cuda_devices() << " CUDA device(s) visible here\n";
-    else
-      std::cout << "# this build: CPU only (no CUDA backend: configured without the CUDA toolkit, cuDNN or NCCL)\n";
+    else std::cout << "# this build: CPU only (no CUDA backend: configured without the CUDA toolkit, cuDNN or NCCL)\n";
   }
   return 0;
 }
@@ -261,8 +269,9 @@ int main(int argc, char** argv) {
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) -> int {
     po::options_description opts("easyctx_train STAGE.yaml [options]");
     add_flags(opts);
-    po::options_description ec("EasyContext's train.py flags (docs/easycontext.md); each sets a config key, "
-                               "over STAGE.yaml's and under --set");
+    po::options_description ec(
+        "EasyContext's train.py flags (docs/easycontext.md); each sets a config key, "
+        "over STAGE.yaml's and under --set");
     add_easycontext_flags(ec);
     opts.add(ec);
     po::variables_map vm;
@@ -283,8 +292,8 @@ int main(int argc, char** argv) {
     const StageConfig& cfg = r.cfg;
     if (vm.count("wandb") && rt.rank() == 0)
       std::cout << "--wandb " << vm["wandb"].as<std::string>() << ": logging.tensorboard is on; upload the run with: "
-                << "wandb sync --sync-tensorboard --project " << vm["wandb"].as<std::string>() << " "
-                << cfg.output.dir << "/tensorboard" << std::endl;
+                << "wandb sync --sync-tensorboard --project " << vm["wandb"].as<std::string>() << " " << cfg.output.dir
+                << "/tensorboard" << std::endl;
     // From here on collectives wait as long as the config says (start-up used the default).
     dist::set_default_collective_timeout_s(cfg.parallel.collective_timeout_s);
     if (plan_only) return print_plan(rt, r.mem_plan);

@@ -62,8 +62,8 @@ double max_abs_diff(ops::Backend& be, const ops::Buffer& a, const ops::Buffer& b
 // reason); returns whether it was refused.
 bool refused(bool supported, const Shape& s, int64_t S, bool causal, const std::string& why) {
   if (supported) return false;
-  std::printf("| %s | %lld | %s | - | - | unsupported: %s |\n", s.name, static_cast<long long>(S), causal ? "causal" : "none",
-              why.c_str());
+  std::printf("| %s | %lld | %s | - | - | unsupported: %s |\n", s.name, static_cast<long long>(S),
+              causal ? "causal" : "none", why.c_str());
   return true;
 }
 
@@ -117,10 +117,12 @@ int main(int argc, char** argv) try {
   std::vector<std::string> sm90_variants;
   po::options_description desc("bench_attention: attention fwd/bwd TFLOP/s of the CUDA backend");
   desc.add_options()("help", "this help")(
-      "seq", po::value<std::vector<int64_t>>(&seqs)->multitoken()->default_value({8192, 32768, 131072}, "8192 32768 131072"),
+      "seq",
+      po::value<std::vector<int64_t>>(&seqs)->multitoken()->default_value({8192, 32768, 131072}, "8192 32768 131072"),
       "sequence lengths (causal)")(
       "full-seq", po::value<std::vector<int64_t>>(&full_seqs)->multitoken()->default_value({8192, 32768}, "8192 32768"),
-      "sequence lengths of the blocks without a mask")("reps", po::value<int>(&reps)->default_value(5), "timed repeats (median)")(
+      "sequence lengths of the blocks without a mask")("reps", po::value<int>(&reps)->default_value(5),
+                                                       "timed repeats (median)")(
       "deterministic", po::value<bool>(&deterministic)->default_value(true),
       "cuDNN backward: deterministic graph (train.deterministic) or atomic dQ")(
       "bwd-tile", po::value<int64_t>(&bwd_tile)->default_value(0), "backward tile (0: the backend's default)")(
@@ -128,9 +130,9 @@ int main(int argc, char** argv) try {
       "causal squares' forward through cuDNN's causal graph (false: query chunks)")(
       "hopper", po::value<bool>(&hopper)->default_value(true),
       "the first two tables' backend routes the forward through the Hopper kernel where the router does "
-      "(train.hopper_attention; sm_90 only)")(
-      "sm90-only", po::bool_switch(&sm90_only),
-      "only the sm90 forward kernel's table (skip the backend's fwd/bwd tables; cuDNN's forward is still timed for its column)")(
+      "(train.hopper_attention; sm_90 only)")("sm90-only", po::bool_switch(&sm90_only),
+                                              "only the sm90 forward kernel's table (skip the backend's fwd/bwd "
+                                              "tables; cuDNN's forward is still timed for its column)")(
       "sm90-bwd-only", po::bool_switch(&sm90_bwd_only),
       "only the sm90 backward kernel's table (cuDNN's backward is still timed for its column)")(
       "sm90-variant", po::value<std::vector<std::string>>(&sm90_variants)->multitoken(),
@@ -162,9 +164,11 @@ int main(int argc, char** argv) try {
   std::mt19937_64 rng(1234);
   const Shape shapes[] = {{"32x128 MHA", 32, 32, 128}, {"GQA 32/4 x64", 32, 4, 64}};
   std::printf("# easyctx attention (%s), bf16, causal, batch 1, backward %s, tile %lld\n\n", prop.name,
-              deterministic ? "deterministic" : "atomic dQ", static_cast<long long>(ops::attention_bwd_tile(deterministic, bwd_tile)));
-  std::printf("| shape | seq | fwd ms | fwd TFLOP/s | fwd path | bwd ms | bwd TFLOP/s | bwd path |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+              deterministic ? "deterministic" : "atomic dQ",
+              static_cast<long long>(ops::attention_bwd_tile(deterministic, bwd_tile)));
+  std::printf(
+      "| shape | seq | fwd ms | fwd TFLOP/s | fwd path | bwd ms | bwd TFLOP/s | bwd path |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   struct Row {
     double fwd_ms, bwd_ms;
     std::string fwd_path, path;
@@ -233,11 +237,16 @@ int main(int argc, char** argv) try {
   ops::CudaBackendOptions copts = bopts;
   copts.sm90_attention = false;
   auto cud = ops::make_cuda_backend(copts);
-  std::printf("\n# sm90 forward kernel (kernels/attention_sm90.h), bf16, batch 1, every variant; cudnn = the backend's forward on the "
-              "same inputs in this process (causal: cuDNN's causal graph, none: cuDNN SDPA; its path in brackets); max |o - backend o| "
-              "at the first causal length\n\n");
-  std::printf("| shape | S | mask | variant | fwd ms | fwd TFLOP/s | cudnn fwd TFLOP/s | ours / cudnn | max abs diff vs backend |\n"
-              "|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n# sm90 forward kernel (kernels/attention_sm90.h), bf16, batch 1, every variant; cudnn = the backend's forward "
+      "on the "
+      "same inputs in this process (causal: cuDNN's causal graph, none: cuDNN SDPA; its path in brackets); max |o - "
+      "backend o| "
+      "at the first causal length\n\n");
+  std::printf(
+      "| shape | S | mask | variant | fwd ms | fwd TFLOP/s | cudnn fwd TFLOP/s | ours / cudnn | max abs diff vs "
+      "backend |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
     if (sm90_bwd_only) break;
     bool first = true;
@@ -250,8 +259,9 @@ int main(int argc, char** argv) try {
         ops::AttentionBlock blk;
         blk.scale = 1.0 / std::sqrt(static_cast<double>(s.hd));
         blk.causal = causal;
-        kernels::AttentionParams p = ops::cuda::attention_params("bench_attention", q.view({1, S, s.hq, s.hd}),
-                                                                 k.view({1, S, s.hkv, s.hd}), v.view({1, S, s.hkv, s.hd}), blk);
+        kernels::AttentionParams p =
+            ops::cuda::attention_params("bench_attention", q.view({1, S, s.hq, s.hd}), k.view({1, S, s.hkv, s.hd}),
+                                        v.view({1, S, s.hkv, s.hd}), blk);
         p.o_out = static_cast<__nv_bfloat16*>(o.data());
         p.lse_out = static_cast<float*>(lse.data());
         std::string why;
@@ -265,7 +275,7 @@ int main(int argc, char** argv) try {
         ops::Buffer o2 = cud->alloc(DType::BF16, nq), lse2 = cud->alloc(DType::F32, s.hq * S);
         const double cudnn_ms = time_ms(*cud, warm, r, [&] {
           cud->attention_fwd(q.view({1, S, s.hq, s.hd}), k.view({1, S, s.hkv, s.hd}), v.view({1, S, s.hkv, s.hd}), blk,
-                            o2.view({1, S, s.hq, s.hd}), lse2.flat());
+                             o2.view({1, S, s.hq, s.hd}), lse2.flat());
         });
         const std::string cudnn_path = ops::cuda_attention_path(*cud);
         const double cudnn_tf = flops(s, S, causal) / cudnn_ms / 1e9;
@@ -275,8 +285,8 @@ int main(int argc, char** argv) try {
           const double ms = time_ms(*cud, warm, r, [&] { kernels::attention_fwd_sm90(p, st, var); });
           const std::string hang = kernels::sm90_take_hang_report();
           if (!hang.empty()) {
-            std::printf("| %s | %lld | %s | %s | hung: %s |\n", s.name, static_cast<long long>(S), causal ? "causal" : "none",
-                        kernels::sm90_fwd_variant_name(var), hang.c_str());
+            std::printf("| %s | %lld | %s | %s | hung: %s |\n", s.name, static_cast<long long>(S),
+                        causal ? "causal" : "none", kernels::sm90_fwd_variant_name(var), hang.c_str());
             continue;
           }
           std::string diff = "-";
@@ -286,9 +296,9 @@ int main(int argc, char** argv) try {
             diff = os.str();
           }
           const double tf = flops(s, S, causal) / ms / 1e9;
-          std::printf("| %s | %lld | %s | %s | %.2f | %.0f | %.0f (%s) | %.3f | %s |\n", s.name, static_cast<long long>(S),
-                      causal ? "causal" : "none", kernels::sm90_fwd_variant_name(var), ms, tf, cudnn_tf, cudnn_path.c_str(),
-                      tf / cudnn_tf, diff.c_str());
+          std::printf("| %s | %lld | %s | %s | %.2f | %.0f | %.0f (%s) | %.3f | %s |\n", s.name,
+                      static_cast<long long>(S), causal ? "causal" : "none", kernels::sm90_fwd_variant_name(var), ms,
+                      tf, cudnn_tf, cudnn_path.c_str(), tf / cudnn_tf, diff.c_str());
           std::fflush(stdout);
         }
       }
@@ -296,26 +306,34 @@ int main(int argc, char** argv) try {
   }
 
   // The Hopper backward kernel, called directly, beside the backend's (cuDNN) backward.
-  std::printf("\n# sm90 backward kernel (kernels/attention_sm90.h: attention_bwd_sm90), bf16, batch 1, each variant; FLOPs 2.5 x "
-              "fwd; cudnn = the backend's backward in the same mode (sm90_attention off; atomic: train.deterministic false, one "
-              "call; deterministic: cuDNN's deterministic graph in its tiles; causal squares overwrite the gradients, unmasked "
-              "blocks accumulate, as LocalAttention / a ring step call it) on the same inputs; o and lse from the backend's "
-              "forward; max |d - backend d| over dq, dk, dv at the first causal length\n\n");
+  std::printf(
+      "\n# sm90 backward kernel (kernels/attention_sm90.h: attention_bwd_sm90), bf16, batch 1, each variant; FLOPs 2.5 "
+      "x "
+      "fwd; cudnn = the backend's backward in the same mode (sm90_attention off; atomic: train.deterministic false, "
+      "one "
+      "call; deterministic: cuDNN's deterministic graph in its tiles; causal squares overwrite the gradients, unmasked "
+      "blocks accumulate, as LocalAttention / a ring step call it) on the same inputs; o and lse from the backend's "
+      "forward; max |d - backend d| over dq, dk, dv at the first causal length\n\n");
   ops::CudaBackendOptions copts_atomic = copts;
   copts_atomic.deterministic = false;
   copts.deterministic = true;
   auto cud_atomic = ops::make_cuda_backend(copts_atomic), cud_det = ops::make_cuda_backend(copts);
-  std::printf("| shape | S | mask | variant | bwd ms | bwd TFLOP/s | cudnn bwd TFLOP/s | ours / cudnn | max abs diff vs backend |\n"
-              "|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| shape | S | mask | variant | bwd ms | bwd TFLOP/s | cudnn bwd TFLOP/s | ours / cudnn | max abs diff vs "
+      "backend |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
     bool first = true;
     for (const bool causal : {true, false}) {
       for (const int64_t S : causal ? seqs : full_seqs) {
         const int64_t nq = S * s.hq * s.hd, nk = S * s.hkv * s.hd;
         ops::Buffer q = cud->alloc(DType::BF16, nq), k = cud->alloc(DType::BF16, nk), v = cud->alloc(DType::BF16, nk);
-        ops::Buffer o = cud->alloc(DType::BF16, nq), lse = cud->alloc(DType::F32, s.hq * S), dout = cud->alloc(DType::BF16, nq);
-        ops::Buffer dq = cud->alloc(DType::BF16, nq), dk = cud->alloc(DType::BF16, nk), dv = cud->alloc(DType::BF16, nk);
-        ops::Buffer dq2 = cud->alloc(DType::BF16, nq), dk2 = cud->alloc(DType::BF16, nk), dv2 = cud->alloc(DType::BF16, nk);
+        ops::Buffer o = cud->alloc(DType::BF16, nq), lse = cud->alloc(DType::F32, s.hq * S),
+                    dout = cud->alloc(DType::BF16, nq);
+        ops::Buffer dq = cud->alloc(DType::BF16, nq), dk = cud->alloc(DType::BF16, nk),
+                    dv = cud->alloc(DType::BF16, nk);
+        ops::Buffer dq2 = cud->alloc(DType::BF16, nq), dk2 = cud->alloc(DType::BF16, nk),
+                    dv2 = cud->alloc(DType::BF16, nk);
         for (const ops::Buffer* b : {&q, &k, &v, &dout}) fill_random(*cud, *b, rng);
         for (const ops::Buffer* b : {&dq, &dk, &dv, &dq2, &dk2, &dv2}) cud->fill(b->flat(), 0.0);
         const auto qv = [&](const ops::Buffer& b) { return b.view({1, S, s.hq, s.hd}); };
@@ -359,8 +377,8 @@ int main(int argc, char** argv) try {
           if (check) {  // one call onto zeroed gradients, against the backend's (which overwrote them)
             for (const ops::Buffer* b : {&dq2, &dk2, &dv2}) cud->fill(b->flat(), 0.0);
             kernels::attention_bwd_sm90(p, scratch, st, var);
-            const double e = std::max({max_abs_diff(*cud, dq, dq2, nq), max_abs_diff(*cud, dk, dk2, nk),
-                                        max_abs_diff(*cud, dv, dv2, nk)});
+            const double e = std::max(
+                {max_abs_diff(*cud, dq, dq2, nq), max_abs_diff(*cud, dk, dk2, nk), max_abs_diff(*cud, dv, dv2, nk)});
             std::ostringstream os;
             os << e;
             diff = os.str();
@@ -368,14 +386,14 @@ int main(int argc, char** argv) try {
           const double ms = time_ms(*cud, warm, r, [&] { kernels::attention_bwd_sm90(p, scratch, st, var); });
           const std::string hang = kernels::sm90_bwd_take_hang_report();
           if (!hang.empty()) {
-            std::printf("| %s | %lld | %s | %s | hung: %s |\n", s.name, static_cast<long long>(S), causal ? "causal" : "none",
-                        kernels::sm90_bwd_variant_name(var), hang.c_str());
+            std::printf("| %s | %lld | %s | %s | hung: %s |\n", s.name, static_cast<long long>(S),
+                        causal ? "causal" : "none", kernels::sm90_bwd_variant_name(var), hang.c_str());
             continue;
           }
           const double tf = fl / ms / 1e9;
-          std::printf("| %s | %lld | %s | %s | %.2f | %.0f | %.0f (%s) | %.3f | %s |\n", s.name, static_cast<long long>(S),
-                      causal ? "causal" : "none", kernels::sm90_bwd_variant_name(var), ms, tf, cudnn_tf, cudnn_path.c_str(),
-                      tf / cudnn_tf, diff.c_str());
+          std::printf("| %s | %lld | %s | %s | %.2f | %.0f | %.0f (%s) | %.3f | %s |\n", s.name,
+                      static_cast<long long>(S), causal ? "causal" : "none", kernels::sm90_bwd_variant_name(var), ms,
+                      tf, cudnn_tf, cudnn_path.c_str(), tf / cudnn_tf, diff.c_str());
           std::fflush(stdout);
         }
       }

@@ -34,10 +34,11 @@ int main(int argc, char** argv) {
     std::string device = "auto", sp_mode = "zigzag_ring", tokens = "32768,131072", score = "all";
     int reps = 2;
     po::options_description opts("bench_forward [options]");
-    opts.add_options()("help,h", "show this help")(
-        "model", po::value(&o.model)->default_value("random:llama2-7b"), "HF folder, ckpt:DIR or random:SPEC")(
+    opts.add_options()("help,h", "show this help")("model", po::value(&o.model)->default_value("random:llama2-7b"),
+                                                   "HF folder, ckpt:DIR or random:SPEC")(
         "tokens", po::value(&tokens)->default_value(tokens), "sequence lengths, comma-separated (ascending)")(
-        "reps", po::value(&reps)->default_value(2), "timed passes per length (after one warm-up); the median is reported")(
+        "reps", po::value(&reps)->default_value(2),
+        "timed passes per length (after one warm-up); the median is reported")(
         "device", po::value(&device)->default_value("auto"), "auto | cpu | cuda")(
         "sp-size", po::value(&o.sp_size)->default_value(1), "ranks per sequence")(
         "sp-mode", po::value(&sp_mode)->default_value("zigzag_ring"), "zigzag_ring | ulysses | dist_flash | usp")(
@@ -52,14 +53,12 @@ int main(int argc, char** argv) {
       try {
         po::store(po::parse_command_line(argc, argv, opts), vm);
         po::notify(vm);
-      } catch (const po::error& e) {
-        EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
-      }
+      } catch (const po::error& e) { EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)"); }
       o.device = eval::parse_device(device);
       o.sp_mode = eval::parse_sp_mode(sp_mode);
       EASYCTX_CHECK_INPUT(score == "all" || score == "last", "--score: expected all or last, got ", score);
-      EASYCTX_CHECK_INPUT(rt.size() == o.sp_size, "bench_forward: run it on --sp-size ranks (", o.sp_size,
-                          "), got ", rt.size());
+      EASYCTX_CHECK_INPUT(rt.size() == o.sp_size, "bench_forward: run it on --sp-size ranks (", o.sp_size, "), got ",
+                          rt.size());
     });
     if (vm.count("help")) {
       if (rt.rank() == 0) std::cout << opts;
@@ -97,15 +96,17 @@ int main(int argc, char** argv) {
       const eval::SessionStats st = s->stats();
       const double gib = 1024.0 * 1024.0 * 1024.0;
       if (rt.rank() == 0) {
-        std::printf("{\"system\":\"easyctx_forward\",\"model\":\"%s\",\"seq\":%lld,\"sp\":%d,\"score\":\"%s\",\"s\":%.3f,"
-                    "\"tokens_per_s\":%.0f,\"mean_nll\":%.4f,\"peak_gib\":%.1f,\"plan_peak_gib\":%.1f,"
-                    "\"plan_device_gib\":%.1f,\"device_used_gib\":%.1f,\"warmup_s\":%.3f}\n",
-                    o.model.c_str(), static_cast<long long>(n), o.sp_size, score.c_str(), t, n / t, nll,
-                    st.alloc_peak_bytes / gib, p.alloc_peak_bytes / gib, p.gpu_peak_bytes / gib,
-                    st.device_used_bytes / gib, secs[0]);
+        std::printf(
+            "{\"system\":\"easyctx_forward\",\"model\":\"%s\",\"seq\":%lld,\"sp\":%d,\"score\":\"%s\",\"s\":%.3f,"
+            "\"tokens_per_s\":%.0f,\"mean_nll\":%.4f,\"peak_gib\":%.1f,\"plan_peak_gib\":%.1f,"
+            "\"plan_device_gib\":%.1f,\"device_used_gib\":%.1f,\"warmup_s\":%.3f}\n",
+            o.model.c_str(), static_cast<long long>(n), o.sp_size, score.c_str(), t, n / t, nll,
+            st.alloc_peak_bytes / gib, p.alloc_peak_bytes / gib, p.gpu_peak_bytes / gib, st.device_used_bytes / gib,
+            secs[0]);
         std::fflush(stdout);
-        log_info("seq ", n, ": ", plan::compare_line(p, {0, st.alloc_peak_bytes, 0},
-                                                     static_cast<double>(plan::vm_hwm_bytes()), st.device_used_bytes));
+        log_info("seq ", n, ": ",
+                 plan::compare_line(p, {0, st.alloc_peak_bytes, 0}, static_cast<double>(plan::vm_hwm_bytes()),
+                                    st.device_used_bytes));
       }
     }
     return 0;

@@ -133,11 +133,12 @@ int main(int argc, char** argv) {
   check(cudaEventCreate(&e1), "event");
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "device properties");
-  std::printf("device %s; tokens %lld hidden %lld q %lld kv %lld inter %lld layers %lld mlp_tile %lld vocab %lld "
-              "lm_tile %lld, gradients %s, workspace %zu MiB, %d candidates, %d reps\n",
-              prop.name, (long long)tokens, (long long)hidden, (long long)qd, (long long)kvd, (long long)inter,
-              (long long)layers, (long long)tile, (long long)vocab, (long long)lm_tile, grad_f32 ? "f32" : "bf16",
-              ws_bytes >> 20, candidates, reps);
+  std::printf(
+      "device %s; tokens %lld hidden %lld q %lld kv %lld inter %lld layers %lld mlp_tile %lld vocab %lld "
+      "lm_tile %lld, gradients %s, workspace %zu MiB, %d candidates, %d reps\n",
+      prop.name, (long long)tokens, (long long)hidden, (long long)qd, (long long)kvd, (long long)inter,
+      (long long)layers, (long long)tile, (long long)vocab, (long long)lm_tile, grad_f32 ? "f32" : "bf16",
+      ws_bytes >> 20, candidates, reps);
   std::printf("%-18s %8s %7s %7s %5s %9s %9s %5s %10s %10s\n", "gemm", "m", "n", "k", "C", "heur0", "best", "idx",
               "step heur0", "step best");
   double step0 = 0, step_best = 0;

@@ -84,12 +84,14 @@ int main(int argc, char** argv) {
     auto be = ops::make_cuda_backend();
     const int W = rt.size();
     cudaDeviceProp prop;
-    EASYCTX_CUDA_CHECK(cudaGetDeviceProperties(&prop, rt.topology().local_rank % std::max(1, ops::cuda_device_count())));
+    EASYCTX_CUDA_CHECK(
+        cudaGetDeviceProperties(&prop, rt.topology().local_rank % std::max(1, ops::cuda_device_count())));
     if (rt.rank() == 0) {
       std::printf("# bench_ring: %d x %s, zigzag ring (NCCL) vs 1 GPU, bf16, causal, fwd+bwd, median of %d\n", W,
                   prop.name, reps);
-      std::printf("| heads | tokens/GPU | 1 GPU TFLOP/s | ring TFLOP/s per GPU | efficiency | ring wait on comm |\n"
-                  "|---|---|---|---|---|---|\n");
+      std::printf(
+          "| heads | tokens/GPU | 1 GPU TFLOP/s | ring TFLOP/s per GPU | efficiency | ring wait on comm |\n"
+          "|---|---|---|---|---|---|\n");
     }
     std::mt19937_64 rng(1234 + static_cast<uint64_t>(rt.rank()));
     for (const Shape sh : {Shape{"32 x 128", 32, 32, 128}, Shape{"GQA 32/4 x 64", 32, 4, 64}}) {

@@ -31,7 +31,8 @@ void describe(const data::TokenShardReader& r, bool scan) {
     ++p.first;
     p.second += r.doc_offsets()[d + 1] - r.doc_offsets()[d];
   }
-  for (const auto& [s, p] : per) std::cout << "  source " << s << ": " << p.first << " docs, " << p.second << " tokens\n";
+  for (const auto& [s, p] : per)
+    std::cout << "  source " << s << ": " << p.first << " docs, " << p.second << " tokens\n";
   if (m.has_loss_weights) {
     // Chat shards (format_version 2): how many tokens are training targets.
     uint64_t ones = 0;
@@ -68,18 +69,68 @@ void describe(const data::TokenShardReader& r, bool scan) {
   EASYCTX_CHECK_INPUT(bad == 0 && bos_missing == 0, r.path(), ": shard check failed");
 }
 
+// The stream tokens --doc N or --decode-window START:LEN name: [start, start + len).
+std::pair<uint64_t, uint64_t> decode_range(const data::TokenDataset& ds, const po::variables_map& vm,
+                                           const std::string& window) {
+  uint64_t start = 0, len = 0;
+  if (vm.count("doc")) {
+    data::TokenShardReader r(ds.file(0));
+    int64_t d = vm["doc"].as<int64_t>();
+    EASYCTX_CHECK_INPUT(d >= 0 && static_cast<uint64_t>(d) < r.num_docs(), "--doc ", d, " outside [0, ", r.num_docs(),
+                        ")");
+    start = r.doc_offsets()[d];
+    len = r.doc_offsets()[d + 1] - start;
+  } else {
+    auto parts = split(window, ':');
+    EASYCTX_CHECK_INPUT(parts.size() == 2, "--decode-window ", window, ": expected START:LEN");
+    for (const std::string& part : parts)
+      EASYCTX_CHECK_INPUT(
+          !part.empty() && part.size() <= 19 && part.find_first_not_of("0123456789") == std::string::npos,
+          "--decode-window ", window, ": expected START:LEN, two non-negative integers");
+    start = std::stoull(parts[0]);
+    len = std::stoull(parts[1]);
+    EASYCTX_CHECK_INPUT(start < ds.num_tokens(), "--decode-window start ", start, " >= ", ds.num_tokens(), " tokens");
+    len = std::min(len, ds.num_tokens() - start);
+  }
+  return {start, len};
+}
+
+// The loss weights of the decoded tokens (with --ids) and the trained text: runs of weight-1
+// tokens, decoded, one per line.
+void print_weights(const data::TokenDataset& ds, const data::Tokenizer& tok, const std::vector<uint32_t>& ids,
+                   uint64_t start, bool with_ids) {
+  const uint64_t len = ids.size();
+  std::vector<uint8_t> w(len);
+  ds.read_weights(start, len, w.data());
+  if (with_ids) {
+    std::cout << "loss weights: ";
+    for (uint8_t x : w) std::cout << int(x) << ' ';
+    std::cout << "\n";
+  }
+  std::cout << "weighted spans:\n";
+  for (uint64_t i = 0; i < len;) {
+    if (!w[i]) {
+      ++i;
+      continue;
+    }
+    uint64_t j = i;
+    while (j < len && w[j]) ++j;
+    std::cout << "  [" << i << ", " << j << ") " << tok.decode(ids.data() + i, j - i) << "\n";
+    i = j;
+  }
+}
+
 int inspect_main(dist::Runtime& rt, int argc, char** argv) {
   std::vector<std::string> files;
   std::string window, tokenizer;
   po::options_description opts("h5inspect FILE|DIR|GLOB... [--decode-window START:LEN --tokenizer MODEL]\noptions");
-  opts.add_options()
-      ("help,h", "show this help")
-      ("decode-window", po::value(&window), "decode stream tokens [START, START+LEN) of the dataset")
-      ("doc", po::value<int64_t>(), "decode document N of the first file instead")
-      ("tokenizer,t", po::value(&tokenizer), "tokenizer for decoding (checked against the shard's sha256)")
-      ("scan", "read every token: ids < vocab_size, BOS at each document start")
-      ("ids", "also print the ids of the decoded window (and their loss weights, when the shards have them)")
-      ("file", po::value(&files)->composing(), "shard files");
+  opts.add_options()("help,h", "show this help")("decode-window", po::value(&window),
+                                                 "decode stream tokens [START, START+LEN) of the dataset")(
+      "doc", po::value<int64_t>(), "decode document N of the first file instead")(
+      "tokenizer,t", po::value(&tokenizer), "tokenizer for decoding (checked against the shard's sha256)")(
+      "scan", "read every token: ids < vocab_size, BOS at each document start")(
+      "ids", "also print the ids of the decoded window (and their loss weights, when the shards have them)")(
+      "file", po::value(&files)->composing(), "shard files");
   po::variables_map vm;
   if (!data_tools::parse_tool_flags(rt, argc, argv, opts, "file", "h5inspect", vm)) return 0;
   EASYCTX_CHECK_INPUT(!files.empty(), "no shard files given (see h5inspect --help)");
@@ -100,24 +151,7 @@ int inspect_main(dist::Runtime& rt, int argc, char** argv) {
   data::TokenDataset ds(files.size() == 1 ? files[0] : paths[0]);
   EASYCTX_CHECK_INPUT(tok->sha256() == ds.meta().tokenizer_sha256, tokenizer, " has sha256 ", tok->sha256(),
                       " but the shards were made with ", ds.meta().tokenizer_sha256);
-  uint64_t start = 0, len = 0;
-  if (vm.count("doc")) {
-    data::TokenShardReader r(ds.file(0));
-    int64_t d = vm["doc"].as<int64_t>();
-    EASYCTX_CHECK_INPUT(d >= 0 && static_cast<uint64_t>(d) < r.num_docs(), "--doc ", d, " outside [0, ", r.num_docs(), ")");
-    start = r.doc_offsets()[d];
-    len = r.doc_offsets()[d + 1] - start;
-  } else {
-    auto parts = split(window, ':');
-    EASYCTX_CHECK_INPUT(parts.size() == 2, "--decode-window ", window, ": expected START:LEN");
-    for (const std::string& part : parts)
-      EASYCTX_CHECK_INPUT(!part.empty() && part.size() <= 19 && part.find_first_not_of("0123456789") == std::string::npos,
-                          "--decode-window ", window, ": expected START:LEN, two non-negative integers");
-    start = std::stoull(parts[0]);
-    len = std::stoull(parts[1]);
-    EASYCTX_CHECK_INPUT(start < ds.num_tokens(), "--decode-window start ", start, " >= ", ds.num_tokens(), " tokens");
-    len = std::min(len, ds.num_tokens() - start);
-  }
+  const auto [start, len] = decode_range(ds, vm, window);
   std::vector<uint32_t> ids(len);
   ds.read(start, len, ids.data());
   if (vm.count("ids")) {
@@ -125,24 +159,7 @@ int inspect_main(dist::Runtime& rt, int argc, char** argv) {
     std::cout << "\n";
   }
   std::cout << tok->decode(ids) << "\n";
-  if (ds.has_loss_weights()) {
-    std::vector<uint8_t> w(len);
-    ds.read_weights(start, len, w.data());
-    if (vm.count("ids")) {
-      std::cout << "loss weights: ";
-      for (uint8_t x : w) std::cout << int(x) << ' ';
-      std::cout << "\n";
-    }
-    // The trained text: runs of weight-1 tokens, decoded, one per line.
-    std::cout << "weighted spans:\n";
-    for (uint64_t i = 0; i < len;) {
-      if (!w[i]) { ++i; continue; }
-      uint64_t j = i;
-      while (j < len && w[j]) ++j;
-      std::cout << "  [" << i << ", " << j << ") " << tok->decode(ids.data() + i, j - i) << "\n";
-      i = j;
-    }
-  }
+  if (ds.has_loss_weights()) print_weights(ds, *tok, ids, start, vm.count("ids") > 0);
   return 0;
 }
 }  // namespace

@@ -81,15 +81,14 @@ bool parse_synth_flags(int argc, char** argv, SynthCli& c) {
       return false;
     }
     po::notify(vm);
-  } catch (const po::error& e) {
-    EASYCTX_THROW_INPUT(e.what(), " (see h5synth --help)");
-  }
+  } catch (const po::error& e) { EASYCTX_THROW_INPUT(e.what(), " (see h5synth --help)"); }
   c.o.mix = eval::parse_mix(c.mix);
   eval::check_synth_options(c.o);
   EASYCTX_CHECK_INPUT(c.documents >= 1, "--documents: ", c.documents, " (must be >= 1)");
   EASYCTX_CHECK_INPUT(c.haystack_tokens >= 1, "--haystack-tokens: ", c.haystack_tokens, " (must be >= 1)");
   EASYCTX_CHECK_INPUT(c.text_tokens >= 1, "--text-tokens: ", c.text_tokens, " (must be >= 1)");
-  EASYCTX_CHECK_INPUT(c.text_dir.empty() || c.o.prompt_max > 0, "--text-dir: only packed windows (--prompt-max) read it");
+  EASYCTX_CHECK_INPUT(c.text_dir.empty() || c.o.prompt_max > 0,
+                      "--text-dir: only packed windows (--prompt-max) read it");
   EASYCTX_CHECK_INPUT(std::filesystem::is_regular_file(c.tokenizer), "--tokenizer: ", c.tokenizer, " is not a file");
   eval::check_haystack_source(c.haystack_dir);
   if (!c.text_dir.empty()) eval::check_text_source(c.text_dir);
@@ -140,8 +139,8 @@ Written write_documents(const eval::SynthDocs& docs, int64_t documents, data::To
     for (int64_t j = 0; j < n; ++j) {
       try {
         tallies[static_cast<size_t>(j)] = eval::DocTally();
-        buf[static_cast<size_t>(j)] =
-            docs.document(static_cast<uint64_t>(first + j), &kinds[static_cast<size_t>(j)], &tallies[static_cast<size_t>(j)]);
+        buf[static_cast<size_t>(j)] = docs.document(static_cast<uint64_t>(first + j), &kinds[static_cast<size_t>(j)],
+                                                    &tallies[static_cast<size_t>(j)]);
       } catch (...) {
 #pragma omp critical
         if (!failed) failed = std::current_exception();
@@ -190,14 +189,17 @@ std::string kinds_line(const Written& wr, bool packed) {
   const std::map<eval::DocKind, int64_t>& counts = wr.counts;
   const eval::DocTally& tally = wr.tally;
   std::string line;
-  for (const auto& kv : counts) line += std::string(line.empty() ? "" : ", ") + eval::doc_kind_name(kv.first) + " " + std::to_string(kv.second);
+  for (const auto& kv : counts)
+    line += std::string(line.empty() ? "" : ", ") + eval::doc_kind_name(kv.first) + " " + std::to_string(kv.second);
   if (packed) {
     line = "packed:";
     for (const auto& kv : tally.tokens)
-      line += std::string(" ") + eval::doc_kind_name(kv.first) + " " +
-                    format_count(static_cast<double>(kv.second)) + " tokens" +
-                    (tally.prompts.count(kv.first) ? " in " + std::to_string(tally.prompts.at(kv.first)) + " prompts" : "") + ",";
-    line += " prompts " + std::to_string(tally.shortest_prompt) + "-" + std::to_string(tally.longest_prompt) + " tokens";
+      line += std::string(" ") + eval::doc_kind_name(kv.first) + " " + format_count(static_cast<double>(kv.second)) +
+              " tokens" +
+              (tally.prompts.count(kv.first) ? " in " + std::to_string(tally.prompts.at(kv.first)) + " prompts" : "") +
+              ",";
+    line +=
+        " prompts " + std::to_string(tally.shortest_prompt) + "-" + std::to_string(tally.longest_prompt) + " tokens";
   }
   return line;
 }
@@ -242,7 +244,8 @@ int synth_main(int argc, char** argv) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string kinds = kinds_line(wr, o.prompt_max > 0);
   std::cout << "h5synth: " << documents << " documents of " << o.length << " tokens (" << kinds << "), "
-            << format_count(static_cast<double>(w.num_tokens())) << " tokens in " << format_duration(s) << " -> " << output << "/synth.h5\n"
+            << format_count(static_cast<double>(w.num_tokens())) << " tokens in " << format_duration(s) << " -> "
+            << output << "/synth.h5\n"
             << "h5synth: eval prompt overhead (tokens beyond the context length): needle "
             << docs.overhead(eval::Task::Needle) << ", passkey " << docs.overhead(eval::Task::Passkey) << "\n";
   return 0;

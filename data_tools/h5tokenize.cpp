@@ -84,49 +84,51 @@ void write_tokenizer_folder(const data::TokenizeOptions& o) {
 
 int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
   data::TokenizeOptions o;
-  std::string text_field = "text", source_field = "meta.redpajama_set_name", upsample = "none",
-              loss_on = "assistant";
+  std::string text_field = "text", source_field = "meta.redpajama_set_name", upsample = "none", loss_on = "assistant";
   double total_tokens = 0;
   po::options_description opts("h5tokenize --tokenizer MODEL --output DIR [options] INPUT...\noptions");
-  opts.add_options()
-      ("help,h", "show this help")
-      ("tokenizer,t", po::value(&o.tokenizer)->required(), "SentencePiece .model or Hugging Face tokenizer.json")
-      ("output,o", po::value(&o.output)->required(), "output folder for shard-<unit>-<part>.h5")
-      ("text-field", po::value(&text_field)->default_value(text_field), "JSON field of the text (dotted path)")
-      ("source-field", po::value(&source_field)->default_value(source_field), "JSON field of the source name (dotted path)")
-      ("default-source", po::value(&o.fields.default_source)->default_value(o.fields.default_source),
-       "source name for .txt inputs and records without a source field")
-      ("no-bos", "do not prepend BOS to each document")
-      ("eos", "append EOS to each document")
-      ("upsample", po::value(&upsample)->default_value(upsample),
-       "none | per_source | global | upsample_code_arxiv_book (Fu et al. length upsampling)")
-      ("total-tokens", po::value(&total_tokens)->default_value(0), "token budget for upsampling (estimated tokens)")
-      ("short-threshold", po::value(&o.upsample.threshold)->default_value(o.upsample.threshold),
-       "estimated tokens below which a document is short")
-      ("keep-prob", po::value(&o.upsample.keep_prob)->default_value(o.upsample.keep_prob, "0.1"), "keep probability of short documents")
-      ("chars-per-token", po::value(&o.upsample.chars_per_token)->default_value(o.upsample.chars_per_token, "3.68"),
-       "length estimate: characters per token")
-      ("seed", po::value(&o.upsample.seed)->default_value(o.upsample.seed), "seed of the upsampling draws")
-      ("shard-tokens", po::value(&o.shard_tokens)->default_value(o.shard_tokens), "close a shard once it holds this many tokens")
-      ("chunk-tokens", po::value(&o.chunk_tokens)->default_value(o.chunk_tokens), "HDF5 chunk size of /tokens")
-      ("deflate", po::value(&o.deflate)->default_value(0), "gzip level 0-9 for /tokens (0: none)")
-      ("split-bytes", po::value(&o.split_bytes)->default_value(o.split_bytes), "work unit size in input bytes")
-      ("threads", po::value(&o.threads)->default_value(1), "tokenizer threads per rank")
-      ("max-doc-bytes", po::value(&o.max_doc_bytes)->default_value(o.max_doc_bytes),
-       "a record (JSON line or .txt file) longer than this is an error naming the file and line; a document "
-       "takes about 7x its size in memory (the tokenizer works on 256 KiB pieces)")
-      ("format", po::value(&o.format)->default_value(o.format),
-       "text | chat | auto: chat records are {\"messages\": [{\"role\", \"content\"}]} or prompt/response, "
-       "rendered with --chat-template and stored with loss weights; auto: chat when the first record is one")
-      ("chat-template", po::value(&o.chat_template)->default_value(o.chat_template),
-       "llama2 | llama3 | chatml | auto (the chat_template of tokenizer_config.json next to the tokenizer)")
-      ("loss-on", po::value(&loss_on)->default_value(loss_on),
-       "chat: assistant (loss weight 1 on assistant turns and their end token, 0 elsewhere) | all")
-      ("strict", "malformed records are fatal instead of skipped")
-      ("overwrite", "delete existing shards in the output folder first")
-      ("progress", po::value(&o.progress)->default_value(-1), "progress: 0 off; otherwise rank 0 rewrites one line twice a second on a terminal, or prints a line every 30 s to a log file")
-      ("max-warnings", po::value(&o.max_warnings)->default_value(o.max_warnings), "malformed-record warnings printed per rank")
-      ("input", po::value(&o.inputs)->composing(), "input files, folders or globs");
+  opts.add_options()("help,h", "show this help")("tokenizer,t", po::value(&o.tokenizer)->required(),
+                                                 "SentencePiece .model or Hugging Face tokenizer.json")(
+      "output,o", po::value(&o.output)->required(), "output folder for shard-<unit>-<part>.h5")(
+      "text-field", po::value(&text_field)->default_value(text_field), "JSON field of the text (dotted path)")(
+      "source-field", po::value(&source_field)->default_value(source_field),
+      "JSON field of the source name (dotted path)")(
+      "default-source", po::value(&o.fields.default_source)->default_value(o.fields.default_source),
+      "source name for .txt inputs and records without a source field")(
+      "no-bos", "do not prepend BOS to each document")("eos", "append EOS to each document")(
+      "upsample", po::value(&upsample)->default_value(upsample),
+      "none | per_source | global | upsample_code_arxiv_book (Fu et al. length upsampling)")(
+      "total-tokens", po::value(&total_tokens)->default_value(0), "token budget for upsampling (estimated tokens)")(
+      "short-threshold", po::value(&o.upsample.threshold)->default_value(o.upsample.threshold),
+      "estimated tokens below which a document is short")(
+      "keep-prob", po::value(&o.upsample.keep_prob)->default_value(o.upsample.keep_prob, "0.1"),
+      "keep probability of short documents")(
+      "chars-per-token", po::value(&o.upsample.chars_per_token)->default_value(o.upsample.chars_per_token, "3.68"),
+      "length estimate: characters per token")("seed", po::value(&o.upsample.seed)->default_value(o.upsample.seed),
+                                               "seed of the upsampling draws")(
+      "shard-tokens", po::value(&o.shard_tokens)->default_value(o.shard_tokens),
+      "close a shard once it holds this many tokens")(
+      "chunk-tokens", po::value(&o.chunk_tokens)->default_value(o.chunk_tokens), "HDF5 chunk size of /tokens")(
+      "deflate", po::value(&o.deflate)->default_value(0), "gzip level 0-9 for /tokens (0: none)")(
+      "split-bytes", po::value(&o.split_bytes)->default_value(o.split_bytes), "work unit size in input bytes")(
+      "threads", po::value(&o.threads)->default_value(1), "tokenizer threads per rank")(
+      "max-doc-bytes", po::value(&o.max_doc_bytes)->default_value(o.max_doc_bytes),
+      "a record (JSON line or .txt file) longer than this is an error naming the file and line; a document "
+      "takes about 7x its size in memory (the tokenizer works on 256 KiB pieces)")(
+      "format", po::value(&o.format)->default_value(o.format),
+      "text | chat | auto: chat records are {\"messages\": [{\"role\", \"content\"}]} or prompt/response, "
+      "rendered with --chat-template and stored with loss weights; auto: chat when the first record is one")(
+      "chat-template", po::value(&o.chat_template)->default_value(o.chat_template),
+      "llama2 | llama3 | chatml | auto (the chat_template of tokenizer_config.json next to the tokenizer)")(
+      "loss-on", po::value(&loss_on)->default_value(loss_on),
+      "chat: assistant (loss weight 1 on assistant turns and their end token, 0 elsewhere) | all")(
+      "strict", "malformed records are fatal instead of skipped")("overwrite",
+                                                                  "delete existing shards in the output folder first")(
+      "progress", po::value(&o.progress)->default_value(-1),
+      "progress: 0 off; otherwise rank 0 rewrites one line twice a second on a terminal, or prints a line every 30 s "
+      "to a log file")("max-warnings", po::value(&o.max_warnings)->default_value(o.max_warnings),
+                       "malformed-record warnings printed per rank")("input", po::value(&o.inputs)->composing(),
+                                                                     "input files, folders or globs");
   po::variables_map vm;
   if (!data_tools::parse_tool_flags(rt, argc, argv, opts, "input", "h5tokenize", vm)) return 0;
   o.fields.text_path = dotted(text_field);

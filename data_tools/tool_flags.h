@@ -27,9 +27,7 @@ inline bool parse_tool_flags(dist::Runtime& rt, int argc, char** argv,
       return false;
     }
     po::notify(vm);
-  } catch (const po::error& e) {
-    EASYCTX_THROW_INPUT(e.what(), " (see ", tool, " --help)");
-  }
+  } catch (const po::error& e) { EASYCTX_THROW_INPUT(e.what(), " (see ", tool, " --help)"); }
   return true;
 }
 

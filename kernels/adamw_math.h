@@ -22,8 +22,7 @@ struct AdamWConsts {
 };
 
 // lr, betas, eps, weight decay and the 1-based step as the optimizer holds them (double).
-inline AdamWConsts adamw_consts(double lr, double beta1, double beta2, double eps, double weight_decay,
-                                int64_t step) {
+inline AdamWConsts adamw_consts(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
   AdamWConsts c;
   c.lr = static_cast<float>(lr);
   c.beta1 = static_cast<float>(beta1);

@@ -34,7 +34,7 @@ struct AttentionParams {
   float scale = 0;       // softmax scale
   float scale_log2 = 0;  // scale * log2(e): the kernels work in base 2
   bool causal = true;
-  int64_t diag = 0;      // q_offset - k_offset
+  int64_t diag = 0;  // q_offset - k_offset
 };
 
 // o_out, lse_out = attention(q, k, v). Throws for head dims other than 64 and 128.

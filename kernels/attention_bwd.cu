@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_dkdv_kernel(const Atte
       const int64_t c = j * p.k_row + d * 8 + ((lane & 3) << 1);
       __nv_bfloat162 ok = *reinterpret_cast<__nv_bfloat162*>(dkb + c);
       __nv_bfloat162 ov = *reinterpret_cast<__nv_bfloat162*>(dvb + c);
-      *reinterpret_cast<uint32_t*>(dkb + c) = pack_bf16(__low2float(ok) + p.scale * dk[d][2 * r],
-                                                        __high2float(ok) + p.scale * dk[d][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dkb + c) =
+          pack_bf16(__low2float(ok) + p.scale * dk[d][2 * r], __high2float(ok) + p.scale * dk[d][2 * r + 1]);
       *reinterpret_cast<uint32_t*>(dvb + c) =
           pack_bf16(__low2float(ov) + dv[d][2 * r], __high2float(ov) + dv[d][2 * r + 1]);
     }
@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(kDqThreads) attention_bwd_dq_kernel(const Atte
     for (int d = 0; d < HD / 8; ++d) {
       const int64_t c = i * p.q_row + d * 8 + ((lane & 3) << 1);
       __nv_bfloat162 old = *reinterpret_cast<__nv_bfloat162*>(dqb + c);
-      *reinterpret_cast<uint32_t*>(dqb + c) = pack_bf16(__low2float(old) + p.scale * dq[d][2 * r],
-                                                        __high2float(old) + p.scale * dq[d][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dqb + c) =
+          pack_bf16(__low2float(old) + p.scale * dq[d][2 * r], __high2float(old) + p.scale * dq[d][2 * r + 1]);
     }
   }
 }

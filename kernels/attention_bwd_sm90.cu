@@ -91,8 +91,8 @@ namespace easyctx::kernels {
 namespace sm90 {
 namespace {
 
-constexpr int kBN = 128;  // keys per CTA (two consumers x 64)
-constexpr int kBM = 64;   // query rows per step
+constexpr int kBN = 128;                            // keys per CTA (two consumers x 64)
+constexpr int kBM = 64;                             // query rows per step
 constexpr uint32_t kKPanelBytes = kBN * kRowBytes;  // one 64-column panel of the K / V block: 16 KiB
 constexpr float kLog2e = 1.4426950408889634f;
 // Registers per thread (setmaxnreg): 128 * (producer + 2 consumers) <= 64K, i.e. 32 + 2 * 240 =
@@ -120,12 +120,15 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 
 // Generic-proxy writes to shared memory (st.shared) made visible to the async proxy (wgmma
 // operand reads): required between writing dS^T and the dQ GEMM (PTX memory model, proxies).
-__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 
 // TMA bulk reduce-add (PTX "cp.reduce.async.bulk", .add.f32): global[dst .. +bytes) += shared[src ..),
 // issued by one thread, grouped per thread (bulk_group); `bytes` a multiple of 16.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
                "r"(src), "r"(bytes)
                : "memory");
 }
@@ -168,10 +171,8 @@ __device__ __forceinline__ void gemm_kq(float (&s)[BM / 2], uint32_t a_base, uin
     const uint32_t panel = kk / 4, off = (kk % 4) * 32;
     const uint64_t da = desc_sw128(a_base + panel * kKPanelBytes + off, 16, 1024);
     const uint64_t db = desc_sw128(b_base + panel * BM * kRowBytes + off, 16, 1024);
-    if constexpr (BM == 128)
-      wgmma_m64n128k16_ss(s, da, db, kk > 0 ? 1 : 0);
-    else
-      wgmma_m64n64k16_ss(s, da, db, kk > 0 ? 1 : 0);
+    if constexpr (BM == 128) wgmma_m64n128k16_ss(s, da, db, kk > 0 ? 1 : 0);
+    else wgmma_m64n64k16_ss(s, da, db, kk > 0 ? 1 : 0);
   }
 }
 
@@ -183,10 +184,8 @@ __device__ __forceinline__ void gemm_rs(float (&d)[HD / 2], const uint32_t (&a)[
 #pragma unroll
   for (int kk = 0; kk < BM / 16; ++kk) {
     const uint64_t desc = desc_sw128(b_base + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
-    if constexpr (HD == 128)
-      wgmma_m64n128k16_rs(d, a[kk], desc, 1);
-    else
-      wgmma_m64n64k16_rs(d, a[kk], desc, 1);
+    if constexpr (HD == 128) wgmma_m64n128k16_rs(d, a[kk], desc, 1);
+    else wgmma_m64n64k16_rs(d, a[kk], desc, 1);
   }
 }
 
@@ -201,10 +200,8 @@ __device__ __forceinline__ void gemm_dq(float (&d)[HD / 2], uint32_t ds_base, ui
     const uint32_t row_off = (64 * cw + 16 * kk) * kRowBytes;
     const uint64_t da = desc_sw128(ds_base + row_off, kKPanelBytes, 1024);
     const uint64_t db = desc_sw128(k_base + row_off, kKPanelBytes, 1024);
-    if constexpr (HD == 128)
-      wgmma_m64n128k16_ss_tt(d, da, db, kk > 0 ? 1 : 0);
-    else
-      wgmma_m64n64k16_ss_tt(d, da, db, kk > 0 ? 1 : 0);
+    if constexpr (HD == 128) wgmma_m64n128k16_ss_tt(d, da, db, kk > 0 ? 1 : 0);
+    else wgmma_m64n64k16_ss_tt(d, da, db, kk > 0 ? 1 : 0);
   }
 }
 
@@ -216,8 +213,8 @@ __device__ __forceinline__ void gemm_dq_split(float (&d)[32], uint32_t ds_base, 
 #pragma unroll
   for (int kk = 0; kk < kBN / 16; ++kk) {
     const uint32_t row_off = 16 * kk * kRowBytes;
-    wgmma_m64n64k16_ss_tt(d, desc_sw128(ds_base + row_off, kKPanelBytes, 1024), desc_sw128(k_panel + row_off, kKPanelBytes, 1024),
-                          kk > 0 ? 1 : 0);
+    wgmma_m64n64k16_ss_tt(d, desc_sw128(ds_base + row_off, kKPanelBytes, 1024),
+                          desc_sw128(k_panel + row_off, kKPanelBytes, 1024), kk > 0 ? 1 : 0);
   }
 }
 
@@ -234,8 +231,8 @@ __device__ __forceinline__ void acc_to_frag(const float (&s)[8 * NS], uint32_t (
 // Stores this thread's part of a [64 rows x 64 cols] bf16 tile held as A fragments (row r0 =
 // 16 warp + lane/4 (+8), cols 8 c8 + 2 (lane%4) + {0,1}) into a 128-byte-swizzled [rows][64]
 // buffer (1024-byte aligned) at row offset row_base: 16-byte chunk c8 of row r at c8 ^ (r % 8).
-__device__ __forceinline__ void frag_to_smem_sw128(const uint32_t (&a)[4][4], unsigned char* buf, int row_base, int warp,
-                                                   int lane) {
+__device__ __forceinline__ void frag_to_smem_sw128(const uint32_t (&a)[4][4], unsigned char* buf, int row_base,
+                                                   int warp, int lane) {
 #pragma unroll
   for (int c8 = 0; c8 < 8; ++c8)
 #pragma unroll
@@ -262,7 +259,7 @@ struct BwdArgs {
   int sq, sk, sq_pad, hq, hkv, group, batch, hd;
   int m_blocks;  // 64-row tiles of sq_pad (the dQ accumulator's tiles, the semaphores)
   int m_tiles;   // query tiles of the main kernel's steps (64 or 128 rows) that cover sq
-  int diag;  // clamped to [-(sq+1), sk+1]
+  int diag;      // clamped to [-(sq+1), sk+1]
   int causal;
   float scale, scale_log2;
 };
@@ -313,7 +310,8 @@ __global__ void bwd_post_kernel(const BwdArgs a) {
   if (idx >= n) return;
   const int64_t c = idx % a.hd, r = idx / a.hd, i = r % a.sq, bh = r / a.sq, h = bh % a.hq, b = bh / a.hq;
   // Fragment order inside the 64-row tile: columns c, c + 1 (c even) are adjacent floats.
-  const float* acc = a.dq_acc + (bh * a.sq_pad + i / kBM * kBM) * a.hd + dq_frag_index(static_cast<int>(i % kBM), static_cast<int>(c));
+  const float* acc =
+      a.dq_acc + (bh * a.sq_pad + i / kBM * kBM) * a.hd + dq_frag_index(static_cast<int>(i % kBM), static_cast<int>(c));
   __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(a.dq + b * a.q_batch + i * a.q_row + h * a.hd + c);
   const __nv_bfloat162 old = *dst;
   *dst = __floats2bfloat162_rn(__low2float(old) + a.scale * acc[0], __high2float(old) + a.scale * acc[1]);
@@ -465,8 +463,8 @@ __global__ void __launch_bounds__(384, 1)
           const int mt = 2 * m + c;
           mbar_wait(smem_u32(&sh.dq_full[c]), t & 1);
           if (dq_turn(a, n, mt) >= 0) {
-            bulk_reduce_add_f32(a.dq_acc + (bh * a.sq_pad + static_cast<int64_t>(mt) * kBM) * HD, smem_u32(&sh.dq[c][0]),
-                                kBM * HD * 4);
+            bulk_reduce_add_f32(a.dq_acc + (bh * a.sq_pad + static_cast<int64_t>(mt) * kBM) * HD,
+                                smem_u32(&sh.dq[c][0]), kBM * HD * 4);
             bulk_commit();
             bulk_wait_read();
           }
@@ -625,8 +623,8 @@ __global__ void __launch_bounds__(384, 1)
   for (int hf = 0; hf < 2; ++hf) {
     const int key = key0 + 8 * hf;
     if (key >= a.sk) continue;
-    const int64_t off = static_cast<int64_t>(b) * a.k_batch + static_cast<int64_t>(key) * a.k_row +
-                        static_cast<int64_t>(g) * HD + colq;
+    const int64_t off =
+        static_cast<int64_t>(b) * a.k_batch + static_cast<int64_t>(key) * a.k_row + static_cast<int64_t>(g) * HD + colq;
 #pragma unroll
     for (int c8 = 0; c8 < HD / 8; ++c8) {
       __nv_bfloat162* pk = reinterpret_cast<__nv_bfloat162*>(a.dk + off + 8 * c8);
@@ -655,9 +653,9 @@ struct BwdTileSmem {
 //   dq_out [64 x hd]   = bf16(st_out)^T K           (frag_to_smem_sw128 + gemm_dq: A and B MN-major,
 //                                                    the two consumers' partials summed)
 template <int HD>
-__global__ void __launch_bounds__(256) bwd_tile_check_kernel(const __grid_constant__ CUtensorMap tm_q,
-                                                             const __grid_constant__ CUtensorMap tm_k, float* st_out,
-                                                             float* dk_out, float* dq_out) {
+__global__ void __launch_bounds__(256)
+    bwd_tile_check_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                          float* st_out, float* dk_out, float* dq_out) {
   extern __shared__ unsigned char smem_raw[];
   BwdTileSmem<HD>& sh = aligned_smem<BwdTileSmem<HD>>(smem_raw);
   constexpr int kPanels = HD / 64;
@@ -704,12 +702,15 @@ __global__ void __launch_bounds__(256) bwd_tile_check_kernel(const __grid_consta
   reg_fence(d);
   const int qr = 16 * warp + lane / 4;
 #pragma unroll
-  for (int i = 0; i < HD / 2; ++i) atomicAdd(&dq_out[(qr + 8 * ((i / 2) % 2)) * HD + 8 * (i / 4) + colq + (i % 2)], d[i]);
+  for (int i = 0; i < HD / 2; ++i)
+    atomicAdd(&dq_out[(qr + 8 * ((i / 2) % 2)) * HD + 8 * (i / 4) + colq + (i % 2)], d[i]);
 }
 
 // ------------------------------------------------------------------ host side
 static_assert(kSm90BwdQueryTile == kBM, "the scratch layout's query tile is the kernel's");
-Sm90BwdScratchLayout scratch_layout(const AttentionParams& p) { return sm90_bwd_scratch_layout(p.batch, p.hq, p.sq, p.hd); }
+Sm90BwdScratchLayout scratch_layout(const AttentionParams& p) {
+  return sm90_bwd_scratch_layout(p.batch, p.hq, p.sq, p.hd);
+}
 
 template <int HD, bool kDet, DqSplit kDq>
 void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
@@ -743,7 +744,8 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   a.hd = HD;
   a.diag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag, p.sk + 1)));
   a.causal = p.causal ? 1 : 0;
-  const dim3 grid(static_cast<unsigned>((p.sk + kBN - 1) / kBN), static_cast<unsigned>(p.hkv), static_cast<unsigned>(p.batch));
+  const dim3 grid(static_cast<unsigned>((p.sk + kBN - 1) / kBN), static_cast<unsigned>(p.hkv),
+                  static_cast<unsigned>(p.batch));
   a.scale = p.scale;
   a.scale_log2 = p.scale_log2;
 
@@ -777,8 +779,8 @@ void launch_bwd_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, float
   const CUtensorMap tq = make_map(q, HD, kBM, 1, 1, HD, kBM * HD, kBM, "q");
   const CUtensorMap tk = make_map(k, HD, kBN, 1, 1, HD, kBN * HD, kBN, "k");
   const size_t smem = sizeof(BwdTileSmem<HD>) + 1024;
-  EASYCTX_CUDA_CHECK(
-      cudaFuncSetAttribute(bwd_tile_check_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(bwd_tile_check_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
   EASYCTX_CUDA_CHECK(cudaMemsetAsync(dq_out, 0, sizeof(float) * kBM * HD, st));
   bwd_tile_check_kernel<HD><<<1, 256, smem, st>>>(tq, tk, st_out, dk_out, dq_out);
   EASYCTX_CUDA_CHECK_LAUNCH("sm90_bwd_tile_check");
@@ -814,7 +816,8 @@ void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st
   std::string why;
   if (!attention_bwd_sm90_supported(p, &why)) EASYCTX_THROW("attention_bwd_sm90: unsupported call: ", why);
   if (scratch == nullptr || reinterpret_cast<uintptr_t>(scratch) % 256 != 0)
-    EASYCTX_THROW("attention_bwd_sm90: scratch must be a 256-byte aligned buffer of attention_bwd_sm90_scratch_bytes()");
+    EASYCTX_THROW(
+        "attention_bwd_sm90: scratch must be a 256-byte aligned buffer of attention_bwd_sm90_scratch_bytes()");
   if (!sm90_bwd_variant_supported(variant, p.hd))
     EASYCTX_THROW("attention_bwd_sm90: variant ", sm90_bwd_variant_name(variant), " does not support head dim ", p.hd);
   const bool h128 = p.hd == 128;
@@ -828,15 +831,13 @@ void attention_bwd_sm90(const AttentionParams& p, void* scratch, cudaStream_t st
 
 std::string sm90_bwd_take_hang_report() { return sm90::take_hang_report(); }
 
-void sm90_bwd_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, int hd, float* st_out, float* dk_out, float* dq_out,
-                         cudaStream_t st) {
+void sm90_bwd_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, int hd, float* st_out, float* dk_out,
+                         float* dq_out, cudaStream_t st) {
   if (!sm90_device_available()) EASYCTX_THROW("sm90_bwd_tile_check: the current device is not sm_90");
   if (hd != 64 && hd != 128) EASYCTX_THROW("sm90_bwd_tile_check: hd must be 64 or 128, got ", hd);
   if (!sm90::aligned16(q) || !sm90::aligned16(k)) EASYCTX_THROW("sm90_bwd_tile_check: q, k must be 16-byte aligned");
-  if (hd == 128)
-    sm90::launch_bwd_tile_check<128>(q, k, st_out, dk_out, dq_out, st);
-  else
-    sm90::launch_bwd_tile_check<64>(q, k, st_out, dk_out, dq_out, st);
+  if (hd == 128) sm90::launch_bwd_tile_check<128>(q, k, st_out, dk_out, dq_out, st);
+  else sm90::launch_bwd_tile_check<64>(q, k, st_out, dk_out, dq_out, st);
 }
 
 }  // namespace easyctx::kernels

@@ -37,7 +37,7 @@ namespace easyctx::kernels {
 namespace sm90 {
 namespace {
 
-constexpr int kBlockN = 128;  // keys per K/V tile
+constexpr int kBlockN = 128;                            // keys per K/V tile
 constexpr uint32_t kPanelBytesN = kBlockN * kRowBytes;  // one 64-column panel of a K/V tile
 
 // (The PTX helpers, reg_fence for fp32 arrays, desc_sw128, ex2, pack_bf16, aligned_smem,
@@ -48,7 +48,6 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[kBlockN / 16][4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
-
 
 // ------------------------------------------------------------------ the two GEMMs
 // S[64 x 128] = Q[64 x HD] K[128 x HD]^T. q_base: shared address of this warpgroup's 64 rows in
@@ -73,10 +72,8 @@ __device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&p)[
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     const uint64_t d = desc_sw128(v_base + kk * 16 * kRowBytes, lbo, sbo);
-    if constexpr (HD == 128)
-      sm90::wgmma_m64n128k16_rs(o, p[kk], d, 1);
-    else
-      sm90::wgmma_m64n64k16_rs(o, p[kk], d, 1);
+    if constexpr (HD == 128) sm90::wgmma_m64n128k16_rs(o, p[kk], d, 1);
+    else sm90::wgmma_m64n64k16_rs(o, p[kk], d, 1);
   }
 }
 
@@ -313,7 +310,8 @@ __device__ __forceinline__ void load_kv(FwdSmem<HD, NC>& sh, __nv_bfloat16 (&buf
   const int g = g0 + n, st = g % kStages;
   mbar_wait(smem_u32(&empty[st]), ((g / kStages) & 1) ^ 1);
   mbar_expect_tx(smem_u32(&full[st]), kKVBytes);
-  for (int p = 0; p < kPanels; ++p) load_tile(smem_u32(&buf[st][p][0]), map, smem_u32(&full[st]), 64 * p, hk, n * kBlockN, b, true);
+  for (int p = 0; p < kPanels; ++p)
+    load_tile(smem_u32(&buf[st][p][0]), map, smem_u32(&full[st]), 64 * p, hk, n * kBlockN, b, true);
 }
 
 // One thread: the Q tile and the n_end K/V tiles of every work tile of the CTA.
@@ -458,7 +456,7 @@ __device__ __forceinline__ void consumer_mainloop(const KvRing<HD, NC>& ring, Pi
     wgmma_fence();
     gemm_qk<HD>(s, q_base, kPanelBytesQ, ring.k_addr(n));
     wgmma_commit();
-    reg_fence(o);  // the FMULs below stay after the S issue
+    reg_fence(o);          // the FMULs below stay after the S issue
     rescale<HD>(o, corr);  // tile n-1's correction: O (tiles < n-1) to m_{n-1}
     reg_fence(o);
     wgmma_fence();  // O was written by ordinary instructions since the last wgmma
@@ -588,10 +586,9 @@ struct TileSmem {
 
 // One warpgroup: the attention kernel's GEMM path on one tile (see attention_sm90.h).
 template <int HD>
-__global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_constant__ CUtensorMap tm_q,
-                                                               const __grid_constant__ CUtensorMap tm_k,
-                                                               const __grid_constant__ CUtensorMap tm_v, float* s_out,
-                                                               float* o_out, int swap_v_offsets) {
+__global__ void __launch_bounds__(128)
+    wgmma_tile_check_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                            const __grid_constant__ CUtensorMap tm_v, float* s_out, float* o_out, int swap_v_offsets) {
   extern __shared__ unsigned char smem_raw[];
   TileSmem<HD>& sh = aligned_smem<TileSmem<HD>>(smem_raw);
   constexpr int kPanels = HD / 64;
@@ -627,8 +624,7 @@ __global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_cons
   wgmma_fence();
   if (swap_v_offsets)  // diagnostic only: LBO and SBO of the MN-major V descriptor exchanged
     gemm_pv<HD>(o, p, smem_u32(&sh.v[0][0]), 1024, kPanelBytesN);
-  else
-    gemm_pv<HD>(o, p, smem_u32(&sh.v[0][0]));
+  else gemm_pv<HD>(o, p, smem_u32(&sh.v[0][0]));
   wgmma_commit();
   wgmma_wait<0>();
   reg_fence(o);
@@ -638,7 +634,7 @@ __global__ void __launch_bounds__(128) wgmma_tile_check_kernel(const __grid_cons
 
 // ------------------------------------------------------------------ host side
 constexpr unsigned kTileCounters = 64;
-std::atomic<int64_t> g_l2_section_bytes{0};  // sm90_set_l2_section_bytes (0: 32 MiB)
+std::atomic<int64_t> g_l2_section_bytes{0};     // sm90_set_l2_section_bytes (0: 32 MiB)
 __device__ int g_tile_counters[kTileCounters];  // the persistent kernel's work counters (launch_fwd)
 
 template <int HD, int NC, bool kPersist>
@@ -677,7 +673,8 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
     // L2 sections: as many kv heads as fit 32 MB of K + V (at least one), times the GQA group
     // (the q heads that read them); sections never straddle a kv group.
     const int64_t kv_bytes = p.sk * HD * 2 * 2, budget = g_l2_section_bytes.load(std::memory_order_relaxed);
-    const int64_t kv_heads = std::max<int64_t>(1, (budget > 0 ? budget : int64_t{32} << 20) / std::max<int64_t>(kv_bytes, 1));
+    const int64_t kv_heads =
+        std::max<int64_t>(1, (budget > 0 ? budget : int64_t{32} << 20) / std::max<int64_t>(kv_bytes, 1));
     a.sec_heads = static_cast<int>(std::min<int64_t>(kv_heads * a.group, p.hq * p.batch));
     // The tile counter: one of kTileCounters device ints, a different one for each launch in
     // turn (so launches that overlap on different streams do not share one unless
@@ -693,14 +690,14 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
 }
 
 template <int HD>
-void launch_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* s_out, float* o_out, int swap,
-                       cudaStream_t st) {
+void launch_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* s_out,
+                       float* o_out, int swap, cudaStream_t st) {
   const CUtensorMap tq = make_map(q, HD, 64, 1, 1, HD, 64 * HD, 64, "q");
   const CUtensorMap tk = make_map(k, HD, kBlockN, 1, 1, HD, kBlockN * HD, kBlockN, "k");
   const CUtensorMap tv = make_map(v, HD, kBlockN, 1, 1, HD, kBlockN * HD, kBlockN, "v");
   const size_t smem = sizeof(TileSmem<HD>) + 1024;
-  EASYCTX_CUDA_CHECK(
-      cudaFuncSetAttribute(wgmma_tile_check_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(wgmma_tile_check_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
   wgmma_tile_check_kernel<HD><<<1, 128, smem, st>>>(tq, tk, tv, s_out, o_out, swap);
   EASYCTX_CUDA_CHECK_LAUNCH("sm90_wgmma_tile_check");
 }
@@ -743,12 +740,9 @@ void attention_fwd_sm90(const AttentionParams& p, cudaStream_t st, Sm90FwdVarian
   if (!sm90_fwd_variant_supported(variant, p.hd))
     EASYCTX_THROW("attention_fwd_sm90: variant ", sm90_fwd_variant_name(variant), " does not support head dim ", p.hd);
   switch (variant) {
-    case Sm90FwdVariant::Persistent:
-      return sm90::launch_fwd<128, 2, true>(p, st);
-    case Sm90FwdVariant::Wide:
-      return sm90::launch_fwd<64, 3, false>(p, st);
-    case Sm90FwdVariant::Auto:
-      break;
+    case Sm90FwdVariant::Persistent: return sm90::launch_fwd<128, 2, true>(p, st);
+    case Sm90FwdVariant::Wide: return sm90::launch_fwd<64, 3, false>(p, st);
+    case Sm90FwdVariant::Auto: break;
   }
   EASYCTX_THROW("attention_fwd_sm90: unknown variant ", static_cast<int>(variant));
 }
@@ -763,10 +757,8 @@ void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const
   if (hd != 64 && hd != 128) EASYCTX_THROW("sm90_wgmma_tile_check: hd must be 64 or 128, got ", hd);
   if (!sm90::aligned16(q) || !sm90::aligned16(k) || !sm90::aligned16(v))
     EASYCTX_THROW("sm90_wgmma_tile_check: q, k, v must be 16-byte aligned");
-  if (hd == 128)
-    sm90::launch_tile_check<128>(q, k, v, s_out, o_out, swap_v_offsets ? 1 : 0, st);
-  else
-    sm90::launch_tile_check<64>(q, k, v, s_out, o_out, swap_v_offsets ? 1 : 0, st);
+  if (hd == 128) sm90::launch_tile_check<128>(q, k, v, s_out, o_out, swap_v_offsets ? 1 : 0, st);
+  else sm90::launch_tile_check<64>(q, k, v, s_out, o_out, swap_v_offsets ? 1 : 0, st);
 }
 
 }  // namespace easyctx::kernels

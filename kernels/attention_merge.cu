@@ -36,8 +36,8 @@ void attention_merge(TO* o, float* lse, const TB* o_blk, const float* lse_blk, i
                      int64_t hd, cudaStream_t st) {
   const int64_t threads = batch * sq * hq * 32;
   if (threads == 0) return;
-  attention_merge_kernel<<<static_cast<unsigned>(CEIL_DIV(threads, 256)), 256, 0, st>>>(o, lse, o_blk, lse_blk,
-                                                                                        batch, sq, hq, hd);
+  attention_merge_kernel<<<static_cast<unsigned>(CEIL_DIV(threads, 256)), 256, 0, st>>>(o, lse, o_blk, lse_blk, batch,
+                                                                                        sq, hq, hd);
   EASYCTX_CUDA_CHECK_LAUNCH("attention_merge_kernel");
 }
 

@@ -50,8 +50,8 @@ std::string sm90_take_hang_report();
 // descriptor or the accumulator -> A-fragment conversion is. swap_v_offsets (a diagnostic,
 // never what the attention kernel does) exchanges the V descriptor's leading and stride byte
 // offsets: if that o_out is right instead, the kernel's reading of LBO/SBO is the bug.
-void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int hd,
-                           float* s_out, float* o_out, cudaStream_t st, bool swap_v_offsets = false);
+void sm90_wgmma_tile_check(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int hd, float* s_out,
+                           float* o_out, cudaStream_t st, bool swap_v_offsets = false);
 
 // ------------------------------------------------------------------ backward (attention_bwd_sm90.cu)
 // dq += , dk += , dv += the gradients of this block (bf16, the contract of attention_bwd in

@@ -17,8 +17,8 @@ struct Sm90BwdScratchLayout {
   int64_t total = 0;  // acc + lse2 + delta + semaphores
 };
 
-constexpr int64_t kSm90BwdQueryTile = 64;   // the dQ accumulator's tile (and a semaphore's rows)
-constexpr int64_t kSm90BwdRowPad = 128;     // rows are padded to the widest step
+constexpr int64_t kSm90BwdQueryTile = 64;  // the dQ accumulator's tile (and a semaphore's rows)
+constexpr int64_t kSm90BwdRowPad = 128;    // rows are padded to the widest step
 
 inline Sm90BwdScratchLayout sm90_bwd_scratch_layout(int64_t batch, int64_t hq, int64_t sq, int64_t hd) {
   auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };

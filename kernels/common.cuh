@@ -18,9 +18,13 @@ __device__ __forceinline__ double to_double(__nv_bfloat16 x) { return __bfloat16
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -115,6 +119,8 @@ inline unsigned elementwise_grid(int64_t n, int threads) {
   return static_cast<unsigned>(b);
 }
 // The grid of a for_each_by8 loop: one thread per group of 8 with vec, per element without.
-inline unsigned vec_grid(int64_t n, bool vec, int threads) { return elementwise_grid(vec ? CEIL_DIV(n, 8) : n, threads); }
+inline unsigned vec_grid(int64_t n, bool vec, int threads) {
+  return elementwise_grid(vec ? CEIL_DIV(n, 8) : n, threads);
+}
 
 }  // namespace easyctx::kernels

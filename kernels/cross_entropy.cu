@@ -101,8 +101,8 @@ template <typename T>
 void cross_entropy_tile(const float* logits, const int32_t* labels, int64_t rows, int64_t vocab, float grad_scale,
                         double* nll, T* grad, int* bad_label, cudaStream_t st) {
   if (rows == 0) return;
-  cross_entropy_kernel<T><<<static_cast<unsigned>(rows), 512, 0, st>>>(logits, labels, vocab, grad_scale, nll, grad,
-                                                                       bad_label);
+  cross_entropy_kernel<T>
+      <<<static_cast<unsigned>(rows), 512, 0, st>>>(logits, labels, vocab, grad_scale, nll, grad, bad_label);
   EASYCTX_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
 }
 

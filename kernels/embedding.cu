@@ -18,7 +18,7 @@ __global__ void embedding_fwd_kernel(const int32_t* ids, int64_t n, const T* tab
   const int64_t i = blockIdx.x;
   const int32_t id = ids[i];
   T* o = out + i * d;
-  if (id < 0 || id >= vocab) {  // flag it and write zeros so nothing reads garbage
+  if (id < 0 || id >= vocab) {                    // flag it and write zeros so nothing reads garbage
     if (threadIdx.x == 0) atomicExch(bad_id, 1);  // a flag, not a reduction: order is irrelevant
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) o[c] = from_float<T>(0.f);
     return;
@@ -84,7 +84,7 @@ template void embedding_fwd<float>(const int32_t*, int64_t, const float*, int64_
 template void embedding_fwd<bf16>(const int32_t*, int64_t, const bf16*, int64_t, int64_t, bf16*, int*, cudaStream_t);
 template void embedding_bwd_sorted<float>(const int32_t*, const int32_t*, int64_t, const float*, int64_t, int64_t,
                                           float*, cudaStream_t);
-template void embedding_bwd_sorted<bf16>(const int32_t*, const int32_t*, int64_t, const bf16*, int64_t, int64_t,
-                                         bf16*, cudaStream_t);
+template void embedding_bwd_sorted<bf16>(const int32_t*, const int32_t*, int64_t, const bf16*, int64_t, int64_t, bf16*,
+                                         cudaStream_t);
 
 }  // namespace easyctx::kernels

@@ -18,14 +18,14 @@ using bf16 = __nv_bfloat16;
 
 // ---- elementwise.cu
 template <typename TD, typename TS>
-void convert(TD* dst, const TS* src, int64_t n, cudaStream_t st);        // dst = (TD) src
+void convert(TD* dst, const TS* src, int64_t n, cudaStream_t st);  // dst = (TD) src
 template <typename T>
-void fill(T* x, float value, int64_t n, cudaStream_t st);                // x = value
+void fill(T* x, float value, int64_t n, cudaStream_t st);  // x = value
 // y += alpha x in fp32, rounded once to TY; (TY, TX) in (f32, f32), (bf16, bf16), (f32, bf16), (bf16, f32)
 template <typename TY, typename TX>
 void axpy(TY* y, const TX* x, float alpha, int64_t n, cudaStream_t st);
 template <typename T>
-void scale(T* x, float alpha, int64_t n, cudaStream_t st);               // x *= alpha
+void scale(T* x, float alpha, int64_t n, cudaStream_t st);  // x *= alpha
 // Sum of squares in fp64, fixed reduction order: partial[kSumSquaresBlocks] then one block
 // (ops::sum_squares_scratch).
 constexpr int kSumSquaresBlocks = static_cast<int>(ops::kSumSquaresBlocks);
@@ -53,8 +53,8 @@ void rmsnorm_fwd(const T* x, const T* w, int64_t n, int64_t d, float eps, T* y, 
 // dx += ...; partial_dw f32[ops::rmsnorm_dw_chunks(n), D] gets per-chunk dw sums (fixed
 // order; chunks of ops::kRmsnormDwRows rows, ops::rmsnorm_bwd_scratch).
 template <typename T>
-void rmsnorm_bwd(const T* x, const T* w, const float* rstd, const T* dy, int64_t n, int64_t d, T* dx,
-                 float* partial_dw, cudaStream_t st);
+void rmsnorm_bwd(const T* x, const T* w, const float* rstd, const T* dy, int64_t n, int64_t d, T* dx, float* partial_dw,
+                 cudaStream_t st);
 // dw[D] += sum over chunks of partial[chunks, D], chunk order fixed.
 template <typename T>
 void reduce_columns_add(const float* partial, int64_t chunks, int64_t d, T* dw, cudaStream_t st);

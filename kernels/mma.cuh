@@ -26,13 +26,15 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 // Tile rows [row0, row0 + ROWS) of a strided global matrix into swizzled smem; rows >= limit
 // are zero-filled. All NT threads of the block take part.
 template <int ROWS, int HD, int NT>
-__device__ __forceinline__ void load_tile(__nv_bfloat16* smem, const __nv_bfloat16* g, int64_t row_stride,
-                                          int64_t row0, int64_t limit) {
+__device__ __forceinline__ void load_tile(__nv_bfloat16* smem, const __nv_bfloat16* g, int64_t row_stride, int64_t row0,
+                                          int64_t limit) {
   constexpr int CH = HD / 8;
   for (int c = threadIdx.x; c < ROWS * CH; c += NT) {
     const int r = c / CH, ch = c % CH;

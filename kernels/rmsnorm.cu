@@ -56,8 +56,8 @@ constexpr int64_t kVecMaxD = 4 * 8 * kVecThreads;  // up to 4 groups of 8 per th
 
 // G = groups of 8 per thread (ceil(D / 8 / 256)).
 template <typename T, int G>
-__global__ void __launch_bounds__(kVecThreads) rmsnorm_fwd_vec_kernel(const T* x, const T* w, int64_t d, float eps,
-                                                                      T* y, float* rstd) {
+__global__ void __launch_bounds__(kVecThreads)
+    rmsnorm_fwd_vec_kernel(const T* x, const T* w, int64_t d, float eps, T* y, float* rstd) {
   const int64_t row = blockIdx.x;
   const int groups = static_cast<int>(d / 8);
   const T* xr = x + row * d;
@@ -92,9 +92,9 @@ __global__ void __launch_bounds__(kVecThreads) rmsnorm_fwd_vec_kernel(const T* x
 // One block per chunk of kDwRows rows: per row dot (block sum), dx += ..., and the chunk's
 // column sums of dy x rstd kept in registers, written to partial[chunk] (when partial).
 template <typename T, int G>
-__global__ void __launch_bounds__(kVecThreads) rmsnorm_bwd_vec_kernel(const T* x, const T* w, const float* rstd,
-                                                                      const T* dy, int64_t n, int64_t d, T* dx,
-                                                                      float* partial) {
+__global__ void __launch_bounds__(kVecThreads)
+    rmsnorm_bwd_vec_kernel(const T* x, const T* w, const float* rstd, const T* dy, int64_t n, int64_t d, T* dx,
+                           float* partial) {
   const int groups = static_cast<int>(d / 8);
   float wv[G][8], acc[G][8];
 #pragma unroll
@@ -179,17 +179,23 @@ template <typename T>
 void rmsnorm_fwd(const T* x, const T* w, int64_t n, int64_t d, float eps, T* y, float* rstd, cudaStream_t st) {
   if (n == 0) return;
   switch (vec_groups(d, {x, w, y})) {
-    case 1: rmsnorm_fwd_vec_kernel<T, 1><<<static_cast<unsigned>(n), kVecThreads, 0, st>>>(x, w, d, eps, y, rstd); break;
-    case 2: rmsnorm_fwd_vec_kernel<T, 2><<<static_cast<unsigned>(n), kVecThreads, 0, st>>>(x, w, d, eps, y, rstd); break;
-    case 4: rmsnorm_fwd_vec_kernel<T, 4><<<static_cast<unsigned>(n), kVecThreads, 0, st>>>(x, w, d, eps, y, rstd); break;
+    case 1:
+      rmsnorm_fwd_vec_kernel<T, 1><<<static_cast<unsigned>(n), kVecThreads, 0, st>>>(x, w, d, eps, y, rstd);
+      break;
+    case 2:
+      rmsnorm_fwd_vec_kernel<T, 2><<<static_cast<unsigned>(n), kVecThreads, 0, st>>>(x, w, d, eps, y, rstd);
+      break;
+    case 4:
+      rmsnorm_fwd_vec_kernel<T, 4><<<static_cast<unsigned>(n), kVecThreads, 0, st>>>(x, w, d, eps, y, rstd);
+      break;
     default: rmsnorm_fwd_kernel<<<static_cast<unsigned>(n), 256, 0, st>>>(x, w, d, eps, y, rstd);
   }
   EASYCTX_CUDA_CHECK_LAUNCH("rmsnorm_fwd_kernel");
 }
 
 template <typename T>
-void rmsnorm_bwd(const T* x, const T* w, const float* rstd, const T* dy, int64_t n, int64_t d, T* dx,
-                 float* partial_dw, cudaStream_t st) {
+void rmsnorm_bwd(const T* x, const T* w, const float* rstd, const T* dy, int64_t n, int64_t d, T* dx, float* partial_dw,
+                 cudaStream_t st) {
   if (n == 0) return;
   const unsigned chunks = static_cast<unsigned>(ops::rmsnorm_dw_chunks(n));
   switch (vec_groups(d, {x, w, dy, dx, partial_dw})) {
@@ -215,10 +221,10 @@ void reduce_columns_add(const float* partial, int64_t chunks, int64_t d, T* dw, 
   EASYCTX_CUDA_CHECK_LAUNCH("reduce_columns_add_kernel");
 }
 
-#define INST(T)                                                                                                   \
-  template void rmsnorm_fwd<T>(const T*, const T*, int64_t, int64_t, float, T*, float*, cudaStream_t);            \
-  template void rmsnorm_bwd<T>(const T*, const T*, const float*, const T*, int64_t, int64_t, T*, float*,          \
-                               cudaStream_t);                                                                     \
+#define INST(T)                                                                                          \
+  template void rmsnorm_fwd<T>(const T*, const T*, int64_t, int64_t, float, T*, float*, cudaStream_t);   \
+  template void rmsnorm_bwd<T>(const T*, const T*, const float*, const T*, int64_t, int64_t, T*, float*, \
+                               cudaStream_t);                                                            \
   template void reduce_columns_add<T>(const float*, int64_t, int64_t, T*, cudaStream_t);
 INST(float)
 INST(bf16)

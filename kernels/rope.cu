@@ -32,8 +32,8 @@ __global__ void rope_kernel(T* x, int64_t n, int64_t heads, int64_t hd, const in
 }
 
 template <typename T>
-__global__ void rope_vec_kernel(T* x, int64_t n, int64_t heads, int64_t hd, const int32_t* pos,
-                                const float* inv_freq, bool inverse) {
+__global__ void rope_vec_kernel(T* x, int64_t n, int64_t heads, int64_t hd, const int32_t* pos, const float* inv_freq,
+                                bool inverse) {
   const int64_t half = hd / 2, per_token = half / 8;
   const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= n * per_token) return;

@@ -50,13 +50,17 @@ namespace {
 constexpr int kRowBytes = 128;  // one swizzled row: 64 bf16
 
 // ------------------------------------------------------------------ PTX helpers
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 // Makes the initialised barriers visible to the async proxy (TMA) and the other threads.
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 // One arrival plus `bytes` of expected transaction (the TMA loads complete them).
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -68,11 +72,10 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // waiting for parity 1 returns at once: the producer's first pass over the ring).
 __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done)
+               : "r"(bar), "r"(parity)
+               : "memory");
   return done != 0;
 }
 // A wait that cannot complete (a protocol bug: wrong parity, arrival count or byte count)
@@ -118,17 +121,19 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
                                             int c3) {
   asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
 
 // The same with an L2 eviction policy (createpolicy below): K/V tiles are read by every CTA
 // of their head (and GQA group), Q tiles once.
-__device__ __forceinline__ void tma_load_4d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
-                                                 int c3, uint64_t policy) {
+__device__ __forceinline__ void tma_load_4d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                                 int c2, int c3, uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, "
+      "%4, %5}], [%6], %7;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "l"(policy)
       : "memory");
 }
@@ -218,7 +223,8 @@ std::string take_hang_report() {
   const unsigned int zero[8] = {};
   EASYCTX_CUDA_CHECK(cudaMemcpyToSymbol(g_hang, zero, sizeof(zero)));
   char b[256];
-  std::snprintf(b, sizeof(b), "%s wait gave up after ~2^34 cycles: block (%u,%u,%u) thread %u (warpgroup %u) %s 0x%x %s %u",
+  std::snprintf(b, sizeof(b),
+                "%s wait gave up after ~2^34 cycles: block (%u,%u,%u) thread %u (warpgroup %u) %s 0x%x %s %u",
                 h[7] ? "a dQ semaphore" : "an mbarrier", h[1], h[2], h[3], h[4], h[4] / 128,
                 h[7] ? "semaphore at" : "barrier at shared", h[5], h[7] ? "waiting for key block" : "parity", h[6]);
   return b;
@@ -231,7 +237,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
     cudaDriverEntryPointQueryResult q{};
     EASYCTX_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
     if (q != cudaDriverEntryPointSuccess || f == nullptr)
-      EASYCTX_THROW("attention_fwd_sm90: the driver has no cuTensorMapEncodeTiled (query result ", static_cast<int>(q), ")");
+      EASYCTX_THROW("attention_fwd_sm90: the driver has no cuTensorMapEncodeTiled (query result ", static_cast<int>(q),
+                    ")");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   }();
   return fn;
@@ -245,20 +252,20 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 CUtensorMap make_map(const void* ptr, int64_t hd, int64_t rows, int64_t heads, int64_t batch, int64_t row_stride,
                      int64_t batch_stride, int box_rows, const char* what) {
   CUtensorMap m;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(hd), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows),
-                              static_cast<cuuint64_t>(batch)};
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(hd), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(batch)};
   // A single batch's stride is never used; TMA still wants a multiple of 16 bytes.
   if (batch == 1) batch_stride = rows * row_stride;
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(hd) * 2, static_cast<cuuint64_t>(row_stride) * 2,
                                  static_cast<cuuint64_t>(batch_stride) * 2};
   const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t estride[4] = {1, 1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box, estride,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box,
+                                 estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    EASYCTX_THROW("sm90 attention: cuTensorMapEncodeTiled failed for ", what, " (CUresult ", static_cast<int>(r), ", hd ",
-                  hd, ", rows ", rows, ", heads ", heads, ", batch ", batch, ", row stride ", row_stride, ")");
+    EASYCTX_THROW("sm90 attention: cuTensorMapEncodeTiled failed for ", what, " (CUresult ", static_cast<int>(r),
+                  ", hd ", hd, ", rows ", rows, ", heads ", heads, ", batch ", batch, ", row stride ", row_stride, ")");
   return m;
 }
 
@@ -281,7 +288,8 @@ const char* layout_refusal(const AttentionParams& p) {
   if (p.hd != 64 && p.hd != 128) return "head dim is not 64 or 128";
   if (p.batch < 1 || p.batch > 65535) return "batch not in [1, 65535]";
   if (p.hq < 1 || p.hkv < 1 || p.hq % p.hkv != 0) return "hq not a multiple of hkv";
-  if (p.sq < 1 || p.sk < 1 || p.sq > (int64_t{1} << 30) || p.sk > (int64_t{1} << 30)) return "sq or sk not in [1, 2^30]";
+  if (p.sq < 1 || p.sk < 1 || p.sq > (int64_t{1} << 30) || p.sk > (int64_t{1} << 30))
+    return "sq or sk not in [1, 2^30]";
   if (p.q_row % 8 != 0 || p.k_row % 8 != 0 || p.q_row < p.hq * p.hd || p.k_row < p.hkv * p.hd)
     return "row strides not multiples of 8 elements or shorter than a row";
   if (p.batch > 1 && (p.q_batch % 8 != 0 || p.k_batch % 8 != 0 || p.q_batch <= 0 || p.k_batch <= 0))

@@ -17,7 +17,7 @@ namespace easyctx::test {
 
 struct TbScalars {
   std::map<int64_t, std::map<std::string, float>> by_step;  // step -> tag -> value
-  std::vector<int64_t> steps_in_order;                        // every scalar event's step, as written
+  std::vector<int64_t> steps_in_order;                      // every scalar event's step, as written
   size_t files = 0;
   int64_t starts = 0;  // SessionLog START events
 };

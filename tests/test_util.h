@@ -24,9 +24,7 @@ namespace easyctx::test {
 inline std::string input_error_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
+  } catch (const InputError& e) { return e.what(); }
   return "";
 }
 

@@ -75,7 +75,8 @@ void DistFlashAttention::forward(const AttentionTensors& all) {
       Buffer l_in = be_.alloc(lse.dtype, Hq * c, "dist_flash returned LSE");
       exchange(ob, peer(r, t, W), o_in.view({1, c, Hq, hd}), peer(r, -t, W));
       exchange(lb, peer(r, t, W), l_in.view({1, Hq, c}), peer(r, -t, W));
-      if (peer(r, -t, W) != dist::kNoPeer) be_.attention_merge(ao, lse, o_in.view({1, c, Hq, hd}), l_in.view({1, Hq, c}));
+      if (peer(r, -t, W) != dist::kNoPeer)
+        be_.attention_merge(ao, lse, o_in.view({1, c, Hq, hd}), l_in.view({1, Hq, c}));
     }
     be_.copy(o, ao);
   }
@@ -88,14 +89,15 @@ void DistFlashAttention::backward(const AttentionTensors& all, const AttentionGr
   for (int64_t b = 0; b < all.q.dim(0); ++b) {
     const AttentionTensors one = seq(all, b);
     const AttentionGrads g = seq(gall, b);
-    const Tensor &q = one.q, &k = one.k, &v = one.v, &o = one.o, &lse = one.lse, &dout = g.dout, &dq = g.dq,
-                 &dk = g.dk, &dv = g.dv;
+    const Tensor &q = one.q, &k = one.k, &v = one.v, &o = one.o, &lse = one.lse, &dout = g.dout, &dq = g.dq, &dk = g.dk,
+                 &dv = g.dv;
     // Gradients accumulate in fp32 (for fp32 and bf16 data); partials travel in fp32 too.
     const DType acc = acc_type(lse);
     const char* accs = "dist_flash dQ/dK/dV accumulators (f32)";
     Buffer dq_acc = be_.alloc(acc, q.numel(), accs), dk_acc = be_.alloc(acc, k.numel(), accs),
            dv_acc = be_.alloc(acc, v.numel(), accs);
-    const Tensor dqa = dq_acc.view({1, c, Hq, hd}), dka = dk_acc.view({1, c, Hkv, hd}), dva = dv_acc.view({1, c, Hkv, hd});
+    const Tensor dqa = dq_acc.view({1, c, Hq, hd}), dka = dk_acc.view({1, c, Hkv, hd}),
+                 dva = dv_acc.view({1, c, Hkv, hd});
     ops::AttentionBlock blk;
     blk.scale = all.scale;
     blk.causal = true;

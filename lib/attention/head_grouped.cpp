@@ -10,8 +10,8 @@ using ops::Tensor;
 
 HeadGroupedAttention::HeadGroupedAttention(ops::Backend& be, std::shared_ptr<SequenceAttention> inner, int64_t groups)
     : be_(be), inner_(std::move(inner)), groups_(groups) {
-  EASYCTX_CHECK(inner_ != nullptr && groups_ >= 1, "HeadGroupedAttention: needs an inner strategy and groups >= 1, got ",
-                groups_);
+  EASYCTX_CHECK(inner_ != nullptr && groups_ >= 1,
+                "HeadGroupedAttention: needs an inner strategy and groups >= 1, got ", groups_);
 }
 
 namespace {
@@ -57,9 +57,9 @@ void HeadGroupedAttention::forward(const AttentionTensors& t) {
   Buffer qg = be_.alloc(t.q.dtype, qn, kPackQO), kg = be_.alloc(t.k.dtype, kn, kPackKV);
   Buffer vg = be_.alloc(t.v.dtype, kn, kPackKV), og = be_.alloc(t.o.dtype, qn, kPackQO);
   Buffer lg = be_.alloc(t.lse.dtype, h.B * h.hq * h.S, kPackLSE);
-  const AttentionTensors p{qg.view({h.B, h.S, h.hq, h.hd}), kg.view({h.B, h.S, h.hkv, h.hd}),
+  const AttentionTensors p{qg.view({h.B, h.S, h.hq, h.hd}),  kg.view({h.B, h.S, h.hkv, h.hd}),
                            vg.view({h.B, h.S, h.hkv, h.hd}), og.view({h.B, h.S, h.hq, h.hd}),
-                           lg.view({h.B, h.hq, h.S}), t.scale};
+                           lg.view({h.B, h.hq, h.S}),        t.scale};
   for (int64_t g = 0; g < groups_; ++g) {
     move_heads(be_, t.q, g * h.hq, p.q, true);
     move_heads(be_, t.k, g * h.hkv, p.k, true);

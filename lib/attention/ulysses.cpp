@@ -17,30 +17,15 @@ namespace {
 struct UlyssesLabels {
   const char *send, *q, *k, *v, *o, *dout, *lse, *grads, *recv, *kv_sum, *lse_send, *lse_recv;
 };
-constexpr UlyssesLabels kUlyssesLabels{"ulysses all-to-all send",
-                                       "ulysses q (head-sharded)",
-                                       "ulysses k (head-sharded)",
-                                       "ulysses v (head-sharded)",
-                                       "ulysses o (head-sharded)",
-                                       "ulysses dout (head-sharded)",
-                                       "ulysses LSE (head-sharded)",
-                                       "ulysses dq, dk, dv (head-sharded)",
-                                       "ulysses all-to-all receive",
-                                       "ulysses shared kv head sum",
-                                       "ulysses LSE all-to-all send",
-                                       "ulysses LSE all-to-all receive"};
-constexpr UlyssesLabels kUspLabels{"usp all-to-all send",
-                                   "usp q (head-sharded)",
-                                   "usp k (head-sharded)",
-                                   "usp v (head-sharded)",
-                                   "usp o (head-sharded)",
-                                   "usp dout (head-sharded)",
-                                   "usp LSE (head-sharded)",
-                                   "usp dq, dk, dv (head-sharded)",
-                                   "usp all-to-all receive",
-                                   "usp shared kv head sum",
-                                   "usp LSE all-to-all send",
-                                   "usp LSE all-to-all receive"};
+constexpr UlyssesLabels kUlyssesLabels{
+    "ulysses all-to-all send",    "ulysses q (head-sharded)",          "ulysses k (head-sharded)",
+    "ulysses v (head-sharded)",   "ulysses o (head-sharded)",          "ulysses dout (head-sharded)",
+    "ulysses LSE (head-sharded)", "ulysses dq, dk, dv (head-sharded)", "ulysses all-to-all receive",
+    "ulysses shared kv head sum", "ulysses LSE all-to-all send",       "ulysses LSE all-to-all receive"};
+constexpr UlyssesLabels kUspLabels{
+    "usp all-to-all send",    "usp q (head-sharded)",    "usp k (head-sharded)",    "usp v (head-sharded)",
+    "usp o (head-sharded)",   "usp dout (head-sharded)", "usp LSE (head-sharded)",  "usp dq, dk, dv (head-sharded)",
+    "usp all-to-all receive", "usp shared kv head sum",  "usp LSE all-to-all send", "usp LSE all-to-all receive"};
 const UlyssesLabels& labels(bool usp) { return usp ? kUspLabels : kUlyssesLabels; }
 }  // namespace
 

@@ -65,22 +65,16 @@ Zigzag zigzag_of(const dist::Comm& ring, const Tensor& q) {
 struct RingLabels {
   const char *running_output, *running_lse, *block_output, *block_lse, *kv, *lse_chunks, *dq, *dkv;
 };
-constexpr RingLabels kRingLabels{"zigzag_ring running output (f32)",
-                                 "zigzag_ring running LSE",
-                                 "zigzag_ring block output",
-                                 "zigzag_ring block LSE",
-                                 "zigzag_ring K/V double buffer",
-                                 "zigzag_ring LSE chunks",
-                                 "zigzag_ring dQ accumulator (f32)",
-                                 "zigzag_ring dK/dV accumulators (f32, travel with K/V)"};
-constexpr RingLabels kUspRingLabels{"usp ring running output (f32)",
-                                    "usp ring running LSE",
-                                    "usp ring block output",
-                                    "usp ring block LSE",
-                                    "usp ring K/V double buffer",
-                                    "usp ring LSE chunks",
-                                    "usp ring dQ accumulator (f32)",
-                                    "usp ring dK/dV accumulators (f32, travel with K/V)"};
+constexpr RingLabels kRingLabels{
+    "zigzag_ring running output (f32)", "zigzag_ring running LSE",
+    "zigzag_ring block output",         "zigzag_ring block LSE",
+    "zigzag_ring K/V double buffer",    "zigzag_ring LSE chunks",
+    "zigzag_ring dQ accumulator (f32)", "zigzag_ring dK/dV accumulators (f32, travel with K/V)"};
+constexpr RingLabels kUspRingLabels{
+    "usp ring running output (f32)", "usp ring running LSE",
+    "usp ring block output",         "usp ring block LSE",
+    "usp ring K/V double buffer",    "usp ring LSE chunks",
+    "usp ring dQ accumulator (f32)", "usp ring dK/dV accumulators (f32, travel with K/V)"};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

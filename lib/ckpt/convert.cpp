@@ -27,7 +27,8 @@ struct Weights {
 
 std::vector<ops::Tensor> views(std::vector<std::vector<float>>& units) {
   std::vector<ops::Tensor> v;
-  for (auto& u : units) v.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+  for (auto& u : units)
+    v.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
   return v;
 }
 
@@ -50,8 +51,10 @@ Weights read_checkpoint(const std::string& dir) {
   const model::ParamLayout layout(w.config);
   for (const auto& u : layout.units()) {
     const std::string name = array_name(ArrayKind::Master, u.name);
-    EASYCTX_CHECK_INPUT(r.numel(name) == u.numel, ref.path, ": ", name, " has ", r.numel(name), " elements, the model in "
-                        "its index needs ", u.numel);
+    EASYCTX_CHECK_INPUT(r.numel(name) == u.numel, ref.path, ": ", name, " has ", r.numel(name),
+                        " elements, the model in "
+                        "its index needs ",
+                        u.numel);
     w.units.emplace_back(static_cast<size_t>(u.numel));
     r.read(name, 0, u.numel, w.units.back().data());
   }
@@ -72,7 +75,8 @@ Weights read_hf(const std::string& dir) {
 // anything of a run (its output would otherwise sit among the run's checkpoints).
 void check_empty_target(const std::string& dir) {
   const fs::path ck = fs::path(dir) / "checkpoints";
-  EASYCTX_CHECK_INPUT(!fs::exists(fs::path(dir) / "run.json"), "--to ckpt:", dir, ": the folder holds a training run "
+  EASYCTX_CHECK_INPUT(!fs::exists(fs::path(dir) / "run.json"), "--to ckpt:", dir,
+                      ": the folder holds a training run "
                       "(run.json); write the converted checkpoint into a new or empty folder");
   if (fs::is_directory(ck))
     for (const auto& e : fs::directory_iterator(ck))

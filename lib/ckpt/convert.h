@@ -22,12 +22,12 @@
 namespace easyctx::ckpt {
 
 struct ConvertOptions {
-  std::string from;                    // ckpt:DIR or hf:DIR
-  std::string to;                      // hf:DIR or ckpt:DIR
-  StDType dtype = StDType::BF16;       // HF output tensors: BF16 or F32
+  std::string from;               // ckpt:DIR or hf:DIR
+  std::string to;                 // hf:DIR or ckpt:DIR
+  StDType dtype = StDType::BF16;  // HF output tensors: BF16 or F32
   uint64_t max_shard_bytes = 5ull << 30;
-  double rope_theta = 0;               // > 0: override in the output config
-  int64_t max_position_embeddings = 0; // > 0: override
+  double rope_theta = 0;                // > 0: override in the output config
+  int64_t max_position_embeddings = 0;  // > 0: override
 };
 
 // Returns a one-line summary. Throws InputError naming the bad argument or file.

@@ -89,8 +89,7 @@ void check_against_layout(const SafetensorsReader& r, const std::string& dir, co
         bad.push_back(pt.hf_name + " has shape " + shape_str(t->shape) + ", the config needs " + shape_str(pt.shape));
         continue;
       }
-      if (t->dtype != StDType::F32 && t->dtype != StDType::BF16 && t->dtype != StDType::F16 &&
-          t->dtype != StDType::F64)
+      if (t->dtype != StDType::F32 && t->dtype != StDType::BF16 && t->dtype != StDType::F16 && t->dtype != StDType::F64)
         bad.push_back(pt.hf_name + " has dtype " + st_dtype_name(t->dtype) + " (F32, BF16, F16 or F64 needed)");
     }
   std::vector<std::string> unexpected;
@@ -118,8 +117,8 @@ void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, c
     const ops::Tensor& dst = units[u];
     EASYCTX_CHECK(dst.space == ops::MemSpace::Host && (dst.dtype == ops::DType::F32 || dst.dtype == ops::DType::F64) &&
                       dst.numel() == layout.units()[u].numel,
-                  "load_hf_weights: unit ", layout.units()[u].name, " must be host f32/f64[",
-                  layout.units()[u].numel, "], got ", dst.describe());
+                  "load_hf_weights: unit ", layout.units()[u].name, " must be host f32/f64[", layout.units()[u].numel,
+                  "], got ", dst.describe());
   }
   SafetensorsReader r(dir);
   check_against_layout(r, dir, layout);
@@ -131,8 +130,9 @@ void load_hf_weights(const std::string& dir, const model::ParamLayout& layout, c
       const StTensor& t = *r.find(pt.hf_name);
       void* out = static_cast<char*>(dst.data) + static_cast<size_t>(pt.offset) * es;
       r.read(t, dst.dtype, out);
-      const std::string nf = dst.dtype == ops::DType::F32 ? non_finite(static_cast<const float*>(out), pt.shape, pt.numel)
-                                                          : non_finite(static_cast<const double*>(out), pt.shape, pt.numel);
+      const std::string nf = dst.dtype == ops::DType::F32
+                                 ? non_finite(static_cast<const float*>(out), pt.shape, pt.numel)
+                                 : non_finite(static_cast<const double*>(out), pt.shape, pt.numel);
       if (!nf.empty()) not_finite.push_back(where_bad(r, t, nf));
     }
   }

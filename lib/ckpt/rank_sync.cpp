@@ -149,9 +149,7 @@ std::string RankSync::reduce(const std::string& mine, const std::string& doing, 
   std::string answer;
   if (rank_ == 0) try {
       answer = decide(all);
-    } catch (const InputError& e) {
-      answer = std::string("\x02") + e.what();
-    } catch (const std::exception& e) {
+    } catch (const InputError& e) { answer = std::string("\x02") + e.what(); } catch (const std::exception& e) {
       answer = std::string("\x01") + e.what();
     }
   answer = bcast(answer, deciding);

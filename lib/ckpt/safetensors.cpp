@@ -58,9 +58,13 @@ const char* st_dtype_name(StDType t) {
 
 size_t st_dtype_size(StDType t) {
   switch (t) {
-    case StDType::F64: case StDType::I64: return 8;
-    case StDType::F32: case StDType::I32: return 4;
-    case StDType::F16: case StDType::BF16: case StDType::I16: return 2;
+    case StDType::F64:
+    case StDType::I64: return 8;
+    case StDType::F32:
+    case StDType::I32: return 4;
+    case StDType::F16:
+    case StDType::BF16:
+    case StDType::I16: return 2;
     default: return 1;
   }
 }
@@ -94,9 +98,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) {
       const StTensor* t = find(kv.first);
       EASYCTX_CHECK_INPUT(t, index.string(), ": tensor '", kv.first, "' is listed in weight_map (file ",
                           kv.second.as_string(), ") but not stored there");
-      EASYCTX_CHECK_INPUT(fs::path(files_[t->file]).filename() == kv.second.as_string(), index.string(),
-                          ": tensor '", kv.first, "' is in ", files_[t->file], ", weight_map says ",
-                          kv.second.as_string());
+      EASYCTX_CHECK_INPUT(fs::path(files_[t->file]).filename() == kv.second.as_string(), index.string(), ": tensor '",
+                          kv.first, "' is in ", files_[t->file], ", weight_map says ", kv.second.as_string());
     }
     return;
   }
@@ -124,9 +127,7 @@ void SafetensorsReader::parse_file(const std::string& path) {
   Json j;
   try {
     j = parse_json(header, path + " header");
-  } catch (const Error& e) {
-    EASYCTX_THROW_INPUT(path, ": header is not valid JSON: ", e.what());
-  }
+  } catch (const Error& e) { EASYCTX_THROW_INPUT(path, ": header is not valid JSON: ", e.what()); }
   EASYCTX_CHECK_INPUT(j.is_object(), path, ": header is not a JSON object");
   const size_t file = files_.size();
   files_.push_back(path);
@@ -166,8 +167,8 @@ void SafetensorsReader::parse_file(const std::string& path) {
     for (int64_t d : t.shape) numel = checked_elements({numel, d}, where + ": shape");
     const uint64_t want = static_cast<uint64_t>(numel) * st_dtype_size(t.dtype);
     EASYCTX_CHECK_INPUT(t.end - t.begin == want, where, ": ", t.end - t.begin, " bytes stored but shape ",
-                        Json(static_cast<int64_t>(t.shape.size())).dump(), "-d ", st_dtype_name(t.dtype),
-                        " needs ", want);
+                        Json(static_cast<int64_t>(t.shape.size())).dump(), "-d ", st_dtype_name(t.dtype), " needs ",
+                        want);
     EASYCTX_CHECK_INPUT(t.end <= data_len, where, ": data_offsets [", t.begin, ", ", t.end,
                         "] run past the end of the data section (", data_len, " bytes; file truncated?)");
     EASYCTX_CHECK_INPUT(index_.count(t.name) == 0, where, ": stored twice (also in ",
@@ -180,8 +181,8 @@ void SafetensorsReader::parse_file(const std::string& path) {
   for (size_t i = 1; i < mine.size(); ++i) {
     const StTensor& a = tensors_[mine[i - 1]];
     const StTensor& b = tensors_[mine[i]];
-    EASYCTX_CHECK_INPUT(b.begin >= a.end || a.begin == a.end || b.begin == b.end, path, ": tensors '", a.name,
-                        "' [", a.begin, ", ", a.end, ") and '", b.name, "' [", b.begin, ", ", b.end, ") overlap");
+    EASYCTX_CHECK_INPUT(b.begin >= a.end || a.begin == a.end || b.begin == b.end, path, ": tensors '", a.name, "' [",
+                        a.begin, ", ", a.end, ") and '", b.name, "' [", b.begin, ", ", b.end, ") overlap");
   }
 }
 
@@ -204,13 +205,13 @@ std::vector<char> SafetensorsReader::read_raw(const StTensor& t) const {
 void SafetensorsReader::read_range(const StTensor& t, int64_t first, int64_t count, ops::DType out_type,
                                    void* out) const {
   EASYCTX_CHECK(out_type == ops::DType::F32 || out_type == ops::DType::F64, "safetensors read: f32 or f64 output");
-  EASYCTX_CHECK_INPUT(t.dtype == StDType::F32 || t.dtype == StDType::F64 || t.dtype == StDType::F16 ||
-                          t.dtype == StDType::BF16,
-                      files_[t.file], ": tensor '", t.name, "' has dtype ", st_dtype_name(t.dtype),
-                      "; only F32, F64, F16 and BF16 can be loaded as weights");
+  EASYCTX_CHECK_INPUT(
+      t.dtype == StDType::F32 || t.dtype == StDType::F64 || t.dtype == StDType::F16 || t.dtype == StDType::BF16,
+      files_[t.file], ": tensor '", t.name, "' has dtype ", st_dtype_name(t.dtype),
+      "; only F32, F64, F16 and BF16 can be loaded as weights");
   const int64_t n = t.numel();
-  EASYCTX_CHECK(first >= 0 && count >= 0 && first <= n && count <= n - first, "safetensors read_range: [", first,
-                ", ", first + count, ") of tensor '", t.name, "' (", n, " elements)");
+  EASYCTX_CHECK(first >= 0 && count >= 0 && first <= n && count <= n - first, "safetensors read_range: [", first, ", ",
+                first + count, ") of tensor '", t.name, "' (", n, " elements)");
   if (count == 0) return;
   std::ifstream in(files_.at(t.file), std::ios::binary);
   EASYCTX_CHECK_INPUT(in, "safetensors: cannot open '", files_[t.file], "'");
@@ -227,10 +228,25 @@ void SafetensorsReader::read_range(const StTensor& t, int64_t first, int64_t cou
     for (int64_t i = 0; i < m; ++i) {
       double x = 0;
       switch (t.dtype) {
-        case StDType::F32: { float f; std::memcpy(&f, raw.data() + 4 * i, 4); x = f; break; }
+        case StDType::F32: {
+          float f;
+          std::memcpy(&f, raw.data() + 4 * i, 4);
+          x = f;
+          break;
+        }
         case StDType::F64: std::memcpy(&x, raw.data() + 8 * i, 8); break;
-        case StDType::F16: { uint16_t h; std::memcpy(&h, raw.data() + 2 * i, 2); x = ops::f16_to_float(h); break; }
-        case StDType::BF16: { uint16_t h; std::memcpy(&h, raw.data() + 2 * i, 2); x = ops::bf16_to_float(h); break; }
+        case StDType::F16: {
+          uint16_t h;
+          std::memcpy(&h, raw.data() + 2 * i, 2);
+          x = ops::f16_to_float(h);
+          break;
+        }
+        case StDType::BF16: {
+          uint16_t h;
+          std::memcpy(&h, raw.data() + 2 * i, 2);
+          x = ops::bf16_to_float(h);
+          break;
+        }
         default: break;
       }
       if (out_type == ops::DType::F32) static_cast<float*>(out)[done + i] = static_cast<float>(x);
@@ -249,13 +265,25 @@ void encode(const StWriteTensor& t, int64_t n, std::string& out) {
   out.resize(base + static_cast<size_t>(n) * es);
   char* dst = out.data() + base;
   for (int64_t i = 0; i < n; ++i) {
-    const double x = t.src_type == ops::DType::F64 ? static_cast<const double*>(t.data)[i]
-                                                   : static_cast<const float*>(t.data)[i];
+    const double x =
+        t.src_type == ops::DType::F64 ? static_cast<const double*>(t.data)[i] : static_cast<const float*>(t.data)[i];
     switch (t.disk_type) {
-      case StDType::F32: { float f = static_cast<float>(x); std::memcpy(dst + 4 * i, &f, 4); break; }
+      case StDType::F32: {
+        float f = static_cast<float>(x);
+        std::memcpy(dst + 4 * i, &f, 4);
+        break;
+      }
       case StDType::F64: std::memcpy(dst + 8 * i, &x, 8); break;
-      case StDType::BF16: { uint16_t h = ops::float_to_bf16(static_cast<float>(x)); std::memcpy(dst + 2 * i, &h, 2); break; }
-      case StDType::F16: { uint16_t h = ops::float_to_f16(static_cast<float>(x)); std::memcpy(dst + 2 * i, &h, 2); break; }
+      case StDType::BF16: {
+        uint16_t h = ops::float_to_bf16(static_cast<float>(x));
+        std::memcpy(dst + 2 * i, &h, 2);
+        break;
+      }
+      case StDType::F16: {
+        uint16_t h = ops::float_to_f16(static_cast<float>(x));
+        std::memcpy(dst + 2 * i, &h, 2);
+        break;
+      }
       default: EASYCTX_THROW("write_safetensors: unsupported disk dtype ", st_dtype_name(t.disk_type));
     }
   }
@@ -281,8 +309,8 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
   }
   uint64_t data_bytes = 0;
   for (const StWriteTensor& t : tensors) {
-    EASYCTX_CHECK(t.src_type == ops::DType::F32 || t.src_type == ops::DType::F64, "write_safetensors: tensor '",
-                  t.name, "' source must be f32 or f64");
+    EASYCTX_CHECK(t.src_type == ops::DType::F32 || t.src_type == ops::DType::F64, "write_safetensors: tensor '", t.name,
+                  "' source must be f32 or f64");
     const uint64_t begin = data_bytes;
     data_bytes += static_cast<uint64_t>(numel_of(t.shape)) * st_dtype_size(t.disk_type);
     Json e = Json::object();

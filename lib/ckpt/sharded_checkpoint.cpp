@@ -208,8 +208,8 @@ CheckpointWriter::~CheckpointWriter() = default;
 
 void CheckpointWriter::add(const std::string& name, int64_t global_numel, int64_t offset, const float* data,
                            int64_t length) {
-  EASYCTX_CHECK(offset >= 0 && length >= 0 && offset + length <= global_numel, "checkpoint slice ", name, " [",
-                offset, ", ", offset + length, ") outside [0, ", global_numel, ")");
+  EASYCTX_CHECK(offset >= 0 && length >= 0 && offset + length <= global_numel, "checkpoint slice ", name, " [", offset,
+                ", ", offset + length, ") outside [0, ", global_numel, ")");
   if (length > 0) slices_.push_back({name, global_numel, offset, length, data});
 }
 
@@ -229,8 +229,7 @@ std::string CheckpointWriter::prepare() {
       state = "other";
       try {
         if (index_run_id(final_dir) == opts_.run_id) state = "ours";
-      } catch (const std::exception&) {
-      }
+      } catch (const std::exception&) {}
     }
   }
   fs::create_directories(tmp);
@@ -295,8 +294,7 @@ std::string CheckpointWriter::commit_on_root(const std::vector<std::string>& rep
     if (const Json* e = rep.find("error"); e && !e->as_string().empty())
       failed += (failed.empty() ? "" : "; ") + (reports.size() > 1 ? "rank " + std::to_string(r) + ": " : "") +
                 e->as_string();
-    else
-      listings.push_back(rep.at("listing"));
+    else listings.push_back(rep.at("listing"));
   }
   try {
     if (!failed.empty()) EASYCTX_THROW(failed);
@@ -322,9 +320,7 @@ std::string CheckpointWriter::commit_on_root(const std::vector<std::string>& rep
       std::string label;
       try {
         label = index_run_id(final_dir);
-      } catch (const std::exception&) {
-        label = "unreadable";
-      }
+      } catch (const std::exception&) { label = "unreadable"; }
       if (state == "ours") label += (label.empty() ? "" : "-") + std::string("broken");
       const std::string dest = move_aside(final_dir, opts_.aside_dir, label);
       log_warn("checkpoint ", final_dir,
@@ -373,9 +369,7 @@ std::string CheckpointWriter::commit(const Json& meta, int64_t keep_last) {
       sync_->reduce("", "starting the save", "preparing the step folder", [&](const std::vector<std::string>&) {
         try {
           return prepare();
-        } catch (const std::exception& e) {
-          EASYCTX_THROW(what, ": cannot prepare ", root_, ": ", e.what());
-        }
+        } catch (const std::exception& e) { EASYCTX_THROW(what, ": cannot prepare ", root_, ": ", e.what()); }
       });
   if (state == "ours") {
     // Re-saving a step of this run (a stop request right after a periodic save, or at the
@@ -552,9 +546,7 @@ std::string verify_collectively(RankSync& sync, const std::string& path, Checkpo
     const CheckpointReader r(path);
     r.verify_files(sync.rank(), sync.size(), scope);
     if (ref) *ref = {r.path(), r.step()};
-  } catch (const std::exception& e) {
-    err = e.what();
-  }
+  } catch (const std::exception& e) { err = e.what(); }
   return sync.reduce(err, "verifying its share of " + path, "collecting the verification",
                      [](const std::vector<std::string>& all) {
                        for (const std::string& e : all)
@@ -575,9 +567,7 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
     c.step = step;
     try {
       c.run_id = index_run_id(c.path);
-    } catch (const std::exception& x) {
-      c.problem = x.what();
-    }
+    } catch (const std::exception& x) { c.problem = x.what(); }
     out.push_back(c);
   }
   std::sort(out.begin(), out.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.step > b.step; });

@@ -39,15 +39,18 @@ std::string export_tokenizer_files(const std::string& data_path, const std::stri
   for (const char* name : {"tokenizer.model", "tokenizer.json"})
     if (fs::is_regular_file(folder / name)) file = (folder / name).string();
   if (file.empty()) {
-    log_warn("no tokenizer files in ", dir, ": ", folder.string(), " does not exist (shards written by an older "
-             "h5tokenize); copy the tokenizer (tokenizer.model or tokenizer.json) into ", dir,
-             " for AutoTokenizer.from_pretrained");
+    log_warn("no tokenizer files in ", dir, ": ", folder.string(),
+             " does not exist (shards written by an older "
+             "h5tokenize); copy the tokenizer (tokenizer.model or tokenizer.json) into ",
+             dir, " for AutoTokenizer.from_pretrained");
     return "";
   }
   const std::string got = data::sha256_file(file);
   if (!expected.empty() && got != expected) {
-    log_warn("no tokenizer files in ", dir, ": ", file, " (sha256 ", got.substr(0, 12), "...) is not the tokenizer "
-             "the shards were made with (", expected.substr(0, 12), "...)");
+    log_warn("no tokenizer files in ", dir, ": ", file, " (sha256 ", got.substr(0, 12),
+             "...) is not the tokenizer "
+             "the shards were made with (",
+             expected.substr(0, 12), "...)");
     return "";
   }
   const int n = copy_tokenizer_files(folder.string(), dir);

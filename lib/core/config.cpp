@@ -46,11 +46,13 @@ const char* to_string(NonFinitePolicy p) { return p == NonFinitePolicy::SkipStep
 void validate_activation(const StageConfig& c) {
   const std::string& src = c.source.empty() ? std::string("config") : c.source;
   EASYCTX_CHECK_INPUT(c.activation.offload == OffloadTarget::None || c.activation.checkpoint != CheckpointPolicy::None,
-                      src, ": activation.offload: cpu needs activation.checkpoint layer or attention_output (it "
+                      src,
+                      ": activation.offload: cpu needs activation.checkpoint layer or attention_output (it "
                       "moves the checkpoints those keep to host memory; with activation.checkpoint none every "
                       "activation stays on the device); set activation.checkpoint: layer or activation.offload: none");
   EASYCTX_CHECK_INPUT(c.activation.offload_layers == 0 || c.activation.offload == OffloadTarget::Cpu, src,
-                      ": activation.offload_layers: ", c.activation.offload_layers, " needs activation.offload: cpu "
+                      ": activation.offload_layers: ", c.activation.offload_layers,
+                      " needs activation.offload: cpu "
                       "(it counts the checkpoints that go to host memory); set activation.offload: cpu or "
                       "activation.offload_layers: 0");
   EASYCTX_CHECK_INPUT(c.activation.attention_output_layers == 0 || !c.activation.checkpoint_auto, src,
@@ -58,12 +60,12 @@ void validate_activation(const StageConfig& c) {
                       " with activation.checkpoint: auto (the plan chooses how many layers keep their attention "
                       "output); set activation.checkpoint: attention_output to fix the count, or "
                       "activation.attention_output_layers: 0");
-  EASYCTX_CHECK_INPUT(c.activation.attention_output_layers == 0 ||
-                          c.activation.checkpoint == CheckpointPolicy::AttentionOutput,
-                      src, ": activation.attention_output_layers: ", c.activation.attention_output_layers,
-                      " needs activation.checkpoint: attention_output (it counts the layers that keep their "
-                      "attention output); set activation.checkpoint: attention_output or "
-                      "activation.attention_output_layers: 0");
+  EASYCTX_CHECK_INPUT(
+      c.activation.attention_output_layers == 0 || c.activation.checkpoint == CheckpointPolicy::AttentionOutput, src,
+      ": activation.attention_output_layers: ", c.activation.attention_output_layers,
+      " needs activation.checkpoint: attention_output (it counts the layers that keep their "
+      "attention output); set activation.checkpoint: attention_output or "
+      "activation.attention_output_layers: 0");
 }
 
 void validate_for_world(const StageConfig& c, int world_size) {
@@ -80,8 +82,10 @@ void validate_for_world(const StageConfig& c, int world_size) {
     EASYCTX_CHECK_INPUT(sp.size % sp.ulysses_size == 0, src, ": parallel.sequence.ulysses_size = ", sp.ulysses_size,
                         " must divide parallel.sequence.size = ", sp.size);
   if (sp.mode != SeqParallelMode::Usp)
-    EASYCTX_CHECK_INPUT(sp.ulysses_size == 0, src, ": parallel.sequence.ulysses_size is only used with mode usp "
-                        "(mode is ", to_string(sp.mode), ")");
+    EASYCTX_CHECK_INPUT(sp.ulysses_size == 0, src,
+                        ": parallel.sequence.ulysses_size is only used with mode usp "
+                        "(mode is ",
+                        to_string(sp.mode), ")");
   const auto& z = c.parallel.zero;
   EASYCTX_CHECK_INPUT(z.stage == 0 || z.stage == 3, src, ": parallel.zero.stage: bad value '", z.stage,
                       "': expected 0 or 3");
@@ -94,8 +98,8 @@ void validate_for_world(const StageConfig& c, int world_size) {
                       ": parallel.zero.offload_grads needs parallel.zero.stage = 3 and "
                       "parallel.zero.offload_optimizer = true (the host AdamW reads the gradient shards it keeps in "
                       "host memory)");
-  EASYCTX_CHECK_INPUT(c.train.warmup_steps <= c.train.steps || c.train.steps == 0, src, ": train.warmup_steps = ",
-                      c.train.warmup_steps, " exceeds train.steps = ", c.train.steps);
+  EASYCTX_CHECK_INPUT(c.train.warmup_steps <= c.train.steps || c.train.steps == 0, src,
+                      ": train.warmup_steps = ", c.train.warmup_steps, " exceeds train.steps = ", c.train.steps);
   EASYCTX_CHECK_INPUT(c.train.min_lr <= c.train.lr, src, ": train.min_lr = ", c.train.min_lr,
                       " exceeds train.lr = ", c.train.lr);
   check_derived_sizes(c, world_size);
@@ -111,8 +115,9 @@ void check_derived_sizes(const StageConfig& c, int world_size) {
   checked_elements({c.train.batch_size, c.data.seq_length + 1},
                    src + ": tokens per micro-batch, train.batch_size x (data.seq_length + 1)");
   const int64_t global = checked_product({c.train.batch_size, c.train.grad_accum, dp},
-                                         src + ": global batch, train.batch_size x train.grad_accum x data-parallel "
-                                         "size (world / parallel.sequence.size)");
+                                         src +
+                                             ": global batch, train.batch_size x train.grad_accum x data-parallel "
+                                             "size (world / parallel.sequence.size)");
   // Sample indices (step x global batch + k) and the run's token count stay inside int64.
   checked_product({checked_add<int64_t>(c.train.steps, 1, src + ": train.steps + 1"), global, c.data.seq_length + 1},
                   src + ": tokens of the run, (train.steps + 1) x global batch x (data.seq_length + 1)");

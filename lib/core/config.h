@@ -32,22 +32,22 @@ struct ModelConfig {
   std::string init = "random";  // random | hf:DIR | ckpt:DIR
   double rope_theta = 0;        // 0: keep the model's
   double init_std = 0.02;
-  bool carry_optimizer = false; // with init ckpt:DIR, also take its Adam moments
+  bool carry_optimizer = false;  // with init ckpt:DIR, also take its Adam moments
 };
 
 struct DataConfig {
-  std::string path;             // shard file, folder of shards, or glob
-  int64_t seq_length = 2048;    // tokens per training sequence (window of seq_length + 1)
-  bool check_tokens = true;     // scan every window for ids >= vocab
-  DataPacking packing = DataPacking::Window;       // how documents fill the windows (docs/data.md)
+  std::string path;                                     // shard file, folder of shards, or glob
+  int64_t seq_length = 2048;                            // tokens per training sequence (window of seq_length + 1)
+  bool check_tokens = true;                             // scan every window for ids >= vocab
+  DataPacking packing = DataPacking::Window;            // how documents fill the windows (docs/data.md)
   LongDocuments long_documents = LongDocuments::Split;  // packed modes: a document longer than seq_length
-  bool document_mask = false;   // positions restart per document; micro-batches carry document starts
+  bool document_mask = false;  // positions restart per document; micro-batches carry document starts
 };
 
 struct TrainConfig {
   int64_t steps = 100;
   uint64_t seed = 42;
-  int64_t batch_size = 1;       // sequences per data-parallel rank per micro-step
+  int64_t batch_size = 1;  // sequences per data-parallel rank per micro-step
   int64_t grad_accum = 1;
   double lr = 2e-5;
   double min_lr = 0;
@@ -59,22 +59,22 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;
   DeviceKind device = DeviceKind::Auto;
-  bool deterministic = false;   // CUDA: true = bit-identical reruns and resumes (slower attention backward)
+  bool deterministic = false;    // CUDA: true = bit-identical reruns and resumes (slower attention backward)
   bool hopper_attention = true;  // CUDA on sm_90 (H100/H200): easyctx's Hopper attention kernels where routed
   NonFinitePolicy on_nonfinite = NonFinitePolicy::Stop;  // a step whose loss or gradient norm is not finite
 };
 
 struct SequenceParallelConfig {
   SeqParallelMode mode = SeqParallelMode::ZigzagRing;  // with size 1: no sequence parallelism
-  int64_t size = 1;             // ranks per sequence-parallel group
-  int64_t ulysses_size = 0;     // usp: Ulysses degree inside the group (0: ranks per node)
+  int64_t size = 1;                                    // ranks per sequence-parallel group
+  int64_t ulysses_size = 0;                            // usp: Ulysses degree inside the group (0: ranks per node)
   // EasyContext's --ring_degree (0: not given): usp's ring degree; parsing sets ulysses_size =
   // size / ring_degree from it (the inverse quantity), so the rest of easyctx reads ulysses_size.
   int64_t ring_degree = 0;
 };
 
 struct ZeroConfig {
-  int64_t stage = 0;            // 0 or 3
+  int64_t stage = 0;  // 0 or 3
   // parallel.zero.offload_optimizer: true (host memory), false (the GPU) or auto (the default):
   // the memory plan keeps the optimizer on the GPU when the run fits there with it, else moves
   // it to host memory (plan::plan_memory; the trainer applies the plan's choice before it
@@ -102,10 +102,10 @@ struct ActivationConfig {
   CheckpointPolicy checkpoint = CheckpointPolicy::Layer;
   bool checkpoint_auto = false;
   OffloadTarget offload = OffloadTarget::None;
-  int64_t mlp_tile = 0;         // tokens per MLP tile (0: untiled)
-  int64_t lm_head_tile = 4096;  // tokens per LM-head/cross-entropy tile
-  int64_t offload_layers = 0;   // activation.offload cpu: layer inputs moved to the host (0: all, L - 1)
-  int64_t attention_head_groups = 1;  // attention in this many passes over head groups
+  int64_t mlp_tile = 0;                 // tokens per MLP tile (0: untiled)
+  int64_t lm_head_tile = 4096;          // tokens per LM-head/cross-entropy tile
+  int64_t offload_layers = 0;           // activation.offload cpu: layer inputs moved to the host (0: all, L - 1)
+  int64_t attention_head_groups = 1;    // attention in this many passes over head groups
   int64_t attention_output_layers = 0;  // checkpoint attention_output: the last this many layers keep o + LSE (0: all)
 };
 
@@ -130,12 +130,12 @@ struct LoggingConfig {
 // The machine a run is sized for (lib/plan: `easyctx_train STAGE.yaml --plan`, and the check
 // before a run allocates). 0 and "" take the value from the launch and the visible device.
 struct TargetConfig {
-  std::string gpu;              // "" (the visible device), a known model (plan::known_gpus()) or any name
-  double gpu_memory_gib = 0;    // 0: from gpu's name or the device
-  int64_t gpus_per_node = 0;    // ranks per node (GPUs, or processes on the CPU backend); 0: the launch's
-  int64_t nodes = 0;            // 0: the launch's
-  double host_memory_gib = 0;   // per node; 0: MemTotal of this machine (/proc/meminfo)
-  double headroom = 0.02;       // share of each GPU's (and host's) memory kept free
+  std::string gpu;             // "" (the visible device), a known model (plan::known_gpus()) or any name
+  double gpu_memory_gib = 0;   // 0: from gpu's name or the device
+  int64_t gpus_per_node = 0;   // ranks per node (GPUs, or processes on the CPU backend); 0: the launch's
+  int64_t nodes = 0;           // 0: the launch's
+  double host_memory_gib = 0;  // per node; 0: MemTotal of this machine (/proc/meminfo)
+  double headroom = 0.02;      // share of each GPU's (and host's) memory kept free
 };
 
 struct StageConfig {

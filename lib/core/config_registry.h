@@ -99,7 +99,8 @@ class Registry {
 
   template <typename Acc>
   void add_int(const std::string& key, Acc acc, int64_t lo, int64_t hi, const std::string& doc) {
-    std::string allowed = range_text(std::to_string(lo), hi == std::numeric_limits<int64_t>::max() ? "" : std::to_string(hi));
+    std::string allowed =
+        range_text(std::to_string(lo), hi == std::numeric_limits<int64_t>::max() ? "" : std::to_string(hi));
     fields.push_back({key, "", "int", allowed, doc,
                       [acc, lo, hi, allowed](StageConfig& c, const std::string& s) -> std::string {
                         int64_t v;
@@ -131,13 +132,16 @@ class Registry {
                  const std::string& doc) {
     std::string allowed;
     bool has_hi = hi < std::numeric_limits<double>::max();
-    if (has_hi) allowed = std::string("in ") + (lo_open ? "(" : "[") + fmt_double(lo) + ", " + fmt_double(hi) + (hi_open ? ")" : "]");
+    if (has_hi)
+      allowed =
+          std::string("in ") + (lo_open ? "(" : "[") + fmt_double(lo) + ", " + fmt_double(hi) + (hi_open ? ")" : "]");
     else allowed = std::string(lo_open ? "> " : ">= ") + fmt_double(lo);
     fields.push_back({key, "", "float", allowed, doc,
                       [acc, lo, lo_open, hi, hi_open, allowed](StageConfig& c, const std::string& s) -> std::string {
                         double v;
                         if (!parse_float(s, v)) return "a number " + allowed;
-                        if (v < lo || (lo_open && v == lo) || v > hi || (hi_open && v == hi)) return "a number " + allowed;
+                        if (v < lo || (lo_open && v == lo) || v > hi || (hi_open && v == hi))
+                          return "a number " + allowed;
                         acc(c) = v;
                         return "";
                       },
@@ -145,14 +149,15 @@ class Registry {
   }
   template <typename Acc>
   void add_bool(const std::string& key, Acc acc, const std::string& doc) {
-    fields.push_back({key, "", "bool", "true or false", doc,
-                      [acc](StageConfig& c, const std::string& s) -> std::string {
-                        bool v;
-                        if (!parse_bool(s, v)) return "true or false";
-                        acc(c) = v;
-                        return "";
-                      },
-                      [acc](const StageConfig& c) { return std::string(acc(const_cast<StageConfig&>(c)) ? "true" : "false"); }});
+    fields.push_back(
+        {key, "", "bool", "true or false", doc,
+         [acc](StageConfig& c, const std::string& s) -> std::string {
+           bool v;
+           if (!parse_bool(s, v)) return "true or false";
+           acc(c) = v;
+           return "";
+         },
+         [acc](const StageConfig& c) { return std::string(acc(const_cast<StageConfig&>(c)) ? "true" : "false"); }});
   }
   // A bool that may also be "auto" (acc_auto: whether the value is still to be chosen).
   template <typename Acc, typename AccAuto>

@@ -20,8 +20,8 @@ namespace {
 
 using config_registry::EnumChoice;
 using config_registry::Field;
-using config_registry::Registry;
 using config_registry::quote_if_needed;
+using config_registry::Registry;
 
 constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
 constexpr double kMaxF = std::numeric_limits<double>::max();
@@ -54,120 +54,147 @@ void add_data_packing_keys(Registry& r) {
       {{"split", static_cast<int>(LongDocuments::Split)}, {"refuse", static_cast<int>(LongDocuments::Refuse)}},
       "data.packing best_fit or one_per_window: a document longer than seq_length is cut into seq_length-token "
       "pieces packed as documents (`split`), or is an error naming its file and index (`refuse`).");
-  r.add_bool("data.document_mask", [](StageConfig& c) -> bool& { return c.data.document_mask; },
-             "Positions restart at 0 at each document start inside a sequence (as Hugging Face's position_ids "
-             "for packed batches), the label that would predict the next document's first token is dropped, and "
-             "micro-batches carry each sequence's document starts for block-diagonal attention. false: one "
-             "document per sequence, positions 0..seq_length-1 (pre-training behaviour). easyctx_train refuses "
-             "true until its attention reads the document starts (the loader, h5inspect and the tests take it).");
+  r.add_bool(
+      "data.document_mask", [](StageConfig& c) -> bool& { return c.data.document_mask; },
+      "Positions restart at 0 at each document start inside a sequence (as Hugging Face's position_ids "
+      "for packed batches), the label that would predict the next document's first token is dropped, and "
+      "micro-batches carry each sequence's document starts for block-diagonal attention. false: one "
+      "document per sequence, positions 0..seq_length-1 (pre-training behaviour). easyctx_train refuses "
+      "true until its attention reads the document starts (the loader, h5inspect and the tests take it).");
 }
 
 // ---- model
 void add_model_keys(Registry& r) {
-  r.add_string("model.config", [](StageConfig& c) -> std::string& { return c.model.config; },
-               "preset name, .yaml or config.json path",
-               "Model shape: a preset name from configs/models/ (tiny, tinyllama-1b, llama2-7b, llama2-13b, "
-               "llama3-8b, ...), a model YAML file, or a Hugging Face config.json (or the folder holding it). "
-               "With model.init hf:DIR the folder's config.json gives the model: leave this at its default, or give a "
-               "config of the same model (a different one is an error naming both).",
-               check_nonempty);
-  r.add_string("model.init", [](StageConfig& c) -> std::string& { return c.model.init; }, "random, hf:DIR, ckpt:DIR",
-               "Initial weights: `random` (normal with model.init_std), `hf:DIR` (Hugging Face safetensors), or "
-               "`ckpt:DIR` (an easyctx checkpoint, e.g. the previous stage's output).",
-               check_init);
-  r.add_float("model.rope_theta", [](StageConfig& c) -> double& { return c.model.rope_theta; }, 0, false, kMaxF,
-              false, "RoPE base for this stage; 0 keeps the model's. Progressive recipes raise it every stage.");
-  r.add_bool("model.carry_optimizer", [](StageConfig& c) -> bool& { return c.model.carry_optimizer; },
-             "With model.init ckpt:DIR (stage chaining), also start from that checkpoint's Adam moments instead of "
-             "fresh ones (the step count and schedule restart at 0).");
-  r.add_float("model.init_std", [](StageConfig& c) -> double& { return c.model.init_std; }, 0, true, kMaxF, false,
-              "Standard deviation of random initialisation (model.init: random).");
+  r.add_string(
+      "model.config", [](StageConfig& c) -> std::string& { return c.model.config; },
+      "preset name, .yaml or config.json path",
+      "Model shape: a preset name from configs/models/ (tiny, tinyllama-1b, llama2-7b, llama2-13b, "
+      "llama3-8b, ...), a model YAML file, or a Hugging Face config.json (or the folder holding it). "
+      "With model.init hf:DIR the folder's config.json gives the model: leave this at its default, or give a "
+      "config of the same model (a different one is an error naming both).",
+      check_nonempty);
+  r.add_string(
+      "model.init", [](StageConfig& c) -> std::string& { return c.model.init; }, "random, hf:DIR, ckpt:DIR",
+      "Initial weights: `random` (normal with model.init_std), `hf:DIR` (Hugging Face safetensors), or "
+      "`ckpt:DIR` (an easyctx checkpoint, e.g. the previous stage's output).",
+      check_init);
+  r.add_float(
+      "model.rope_theta", [](StageConfig& c) -> double& { return c.model.rope_theta; }, 0, false, kMaxF, false,
+      "RoPE base for this stage; 0 keeps the model's. Progressive recipes raise it every stage.");
+  r.add_bool(
+      "model.carry_optimizer", [](StageConfig& c) -> bool& { return c.model.carry_optimizer; },
+      "With model.init ckpt:DIR (stage chaining), also start from that checkpoint's Adam moments instead of "
+      "fresh ones (the step count and schedule restart at 0).");
+  r.add_float(
+      "model.init_std", [](StageConfig& c) -> double& { return c.model.init_std; }, 0, true, kMaxF, false,
+      "Standard deviation of random initialisation (model.init: random).");
 }
 
 // ---- data
 void add_data_keys(Registry& r) {
-  r.add_string("data.path", [](StageConfig& c) -> std::string& { return c.data.path; }, "file, folder or glob",
-               "Pre-tokenized HDF5 shards written by h5tokenize: one .h5 file, a folder of them, or a glob.");
-  r.add_int("data.seq_length", [](StageConfig& c) -> int64_t& { return c.data.seq_length; }, 2, kMaxSeqLength,
-            "Tokens per training sequence; each sample is a window of seq_length + 1 tokens. Any length up to "
-            "2^30 works (positions are int32): sequence-parallel modes pad and mask as they need.");
-  r.add_bool("data.check_tokens", [](StageConfig& c) -> bool& { return c.data.check_tokens; },
-             "Check every token id of every window against the model's vocabulary before use.");
+  r.add_string(
+      "data.path", [](StageConfig& c) -> std::string& { return c.data.path; }, "file, folder or glob",
+      "Pre-tokenized HDF5 shards written by h5tokenize: one .h5 file, a folder of them, or a glob.");
+  r.add_int(
+      "data.seq_length", [](StageConfig& c) -> int64_t& { return c.data.seq_length; }, 2, kMaxSeqLength,
+      "Tokens per training sequence; each sample is a window of seq_length + 1 tokens. Any length up to "
+      "2^30 works (positions are int32): sequence-parallel modes pad and mask as they need.");
+  r.add_bool(
+      "data.check_tokens", [](StageConfig& c) -> bool& { return c.data.check_tokens; },
+      "Check every token id of every window against the model's vocabulary before use.");
 }
 
 // ---- train
 void add_train_keys(Registry& r) {
-  r.add_int("train.steps", [](StageConfig& c) -> int64_t& { return c.train.steps; }, 0, kMaxI,
-            "Optimizer steps in this stage.");
-  r.add_uint("train.seed", [](StageConfig& c) -> uint64_t& { return c.train.seed; },
-             "Seed of initialisation and data order; sample i of the run is a pure function of (seed, i).");
-  r.add_int("train.batch_size", [](StageConfig& c) -> int64_t& { return c.train.batch_size; }, 1, kMaxI,
-            "Sequences per data-parallel rank per micro-step. Global batch = batch_size x grad_accum x "
-            "data-parallel size sequences.");
-  r.add_int("train.grad_accum", [](StageConfig& c) -> int64_t& { return c.train.grad_accum; }, 1, kMaxI,
-            "Micro-steps accumulated per optimizer step.");
-  r.add_float("train.lr", [](StageConfig& c) -> double& { return c.train.lr; }, 0, true, 1, false,
-              "Peak learning rate (AdamW).");
-  r.add_float("train.min_lr", [](StageConfig& c) -> double& { return c.train.min_lr; }, 0, false, 1, false,
-              "Final learning rate of the linear and cosine schedules.");
-  r.add_enum<LrSchedule>("train.schedule", [](StageConfig& c) -> LrSchedule& { return c.train.schedule; },
-                         {{"constant", 0}, {"linear", 1}, {"cosine", 2}},
-                         "Learning-rate schedule after warmup: constant at lr, or linear/cosine decay from lr to "
-                         "min_lr at the last step.");
-  r.add_int("train.warmup_steps", [](StageConfig& c) -> int64_t& { return c.train.warmup_steps; }, 0, kMaxI,
-            "Linear warmup from 0 to lr over this many steps.");
-  r.add_float("train.beta1", [](StageConfig& c) -> double& { return c.train.beta1; }, 0, false, 1, true,
-              "AdamW beta1.");
-  r.add_float("train.beta2", [](StageConfig& c) -> double& { return c.train.beta2; }, 0, false, 1, true,
-              "AdamW beta2.");
-  r.add_float("train.eps", [](StageConfig& c) -> double& { return c.train.eps; }, 0, true, kMaxF, false,
-              "AdamW epsilon.");
-  r.add_float("train.weight_decay", [](StageConfig& c) -> double& { return c.train.weight_decay; }, 0, false, 1,
-              false, "Decoupled weight decay (applied to matrices, not to norms).");
-  r.add_float("train.grad_clip", [](StageConfig& c) -> double& { return c.train.grad_clip; }, 0, false, kMaxF,
-              false, "Clip the global gradient norm to this value; 0 disables clipping.");
-  r.add_enum<NonFinitePolicy>("train.on_nonfinite",
-                              [](StageConfig& c) -> NonFinitePolicy& { return c.train.on_nonfinite; },
-                              {{"stop", 0}, {"skip_step", 1}},
-                              "A step whose loss or global gradient norm is NaN or infinite: `stop` ends the run "
-                              "with an error naming the step, before the update (nothing with those gradients is "
-                              "applied or checkpointed; the last checkpoint is intact); `skip_step` leaves the "
-                              "weights and Adam moments as they are for that step, logs a warning and records "
-                              "the step in metrics.jsonl with \"skipped\": true.");
-  r.add_enum<DeviceKind>("train.device", [](StageConfig& c) -> DeviceKind& { return c.train.device; },
-                         {{"auto", 0}, {"cpu", 1}, {"cuda", 2}},
-                         "Backend: `cpu` (fp32 reference, MPI), `cuda` (bf16 parameters and activations, fp32 "
-                         "gradients, master weights and Adam moments on the GPU, NCCL; refused when the build has "
-                         "no CUDA or no device is visible), or `auto` (cuda when the build has CUDA and a device "
-                         "is visible, else cpu).");
-  r.add_bool("train.deterministic", [](StageConfig& c) -> bool& { return c.train.deterministic; },
-             "CUDA: `true` makes reruns and resumed runs bit-identical to an uninterrupted run: the "
-             "attention backward then adds dQ in a fixed order: on an sm_90 GPU through easyctx's Hopper "
-             "backward (`train.hopper_attention`) at head dim 128 (~3% of a llama2-7b step at 32K on "
-             "H200) and at head dim 64 for blocks without a mask and from 16K query rows on (~10-11% "
-             "of a 1B step at 32K-64K), else through cuDNN's deterministic graph (dP of a 4096 x 4096 "
-             "tile kept in cuDNN's workspace: 1 GiB for 32 heads), which costs 19-22% of a 1B step at "
-             "32K-64K tokens on H200. `false` (the default, as PyTorch's cuDNN backward) uses cuDNN's atomic dQ accumulation: a "
-             "GPU's whole sequence in one call with the gradients written in place (an f32 dQ accumulator "
-             "of the sequence in cuDNN's workspace), a ring's blocks in 8192-token tiles; the attention "
-             "backward is 1.35x (32 x 128) to 1.6x (GQA 32/4 x 64) faster, and the last bits of dQ vary "
-             "between runs, so a rerun or a resumed run matches within rounding, not bit for bit. The "
-             "CPU backend is always deterministic.");
-  r.add_bool("train.hopper_attention", [](StageConfig& c) -> bool& { return c.train.hopper_attention; },
-             "CUDA on an sm_90 GPU (H100, H200): `true` (the default) runs the attention forward on "
-             "easyctx's own Hopper kernel (kernels/attention_fwd_sm90.cu: TMA, wgmma, warp-specialised) "
-             "where it measured faster than cuDNN 9.19's in the same process (bench/RESULTS.md): head "
-             "dim 64 always, head dim 128 for causal and partially masked blocks (cuDNN keeps the "
-             "unmasked ones); elsewhere it replaces the slower FlashAttention-2 style kernel as the "
-             "fallback (ring blocks with the diagonal inside). The kernel is deterministic, so "
-             "`train.deterministic` keeps its promise either way. The backward likewise: easyctx's "
-             "Hopper backward kernel (kernels/attention_bwd_sm90.cu) where it measured faster than "
-             "cuDNN's backward of the same mode, i.e. with `train.deterministic: true` at head dim 128 "
-             "(1.06-1.30x cuDNN's deterministic graph) and at head dim 64 for unmasked blocks and from "
-             "16K query rows on (1.28-1.52x); in place "
-             "of the FlashAttention-2 style kernel elsewhere (cuDNN's atomic backward stays first). "
-             "`false`: cuDNN's attention as before these kernels, the FlashAttention-2 style kernels as "
-             "the fallback. Ignored on other GPUs (A100: sm_80) and the CPU.");
+  r.add_int(
+      "train.steps", [](StageConfig& c) -> int64_t& { return c.train.steps; }, 0, kMaxI,
+      "Optimizer steps in this stage.");
+  r.add_uint(
+      "train.seed", [](StageConfig& c) -> uint64_t& { return c.train.seed; },
+      "Seed of initialisation and data order; sample i of the run is a pure function of (seed, i).");
+  r.add_int(
+      "train.batch_size", [](StageConfig& c) -> int64_t& { return c.train.batch_size; }, 1, kMaxI,
+      "Sequences per data-parallel rank per micro-step. Global batch = batch_size x grad_accum x "
+      "data-parallel size sequences.");
+  r.add_int(
+      "train.grad_accum", [](StageConfig& c) -> int64_t& { return c.train.grad_accum; }, 1, kMaxI,
+      "Micro-steps accumulated per optimizer step.");
+  r.add_float(
+      "train.lr", [](StageConfig& c) -> double& { return c.train.lr; }, 0, true, 1, false,
+      "Peak learning rate (AdamW).");
+  r.add_float(
+      "train.min_lr", [](StageConfig& c) -> double& { return c.train.min_lr; }, 0, false, 1, false,
+      "Final learning rate of the linear and cosine schedules.");
+  r.add_enum<LrSchedule>(
+      "train.schedule", [](StageConfig& c) -> LrSchedule& { return c.train.schedule; },
+      {{"constant", 0}, {"linear", 1}, {"cosine", 2}},
+      "Learning-rate schedule after warmup: constant at lr, or linear/cosine decay from lr to "
+      "min_lr at the last step.");
+  r.add_int(
+      "train.warmup_steps", [](StageConfig& c) -> int64_t& { return c.train.warmup_steps; }, 0, kMaxI,
+      "Linear warmup from 0 to lr over this many steps.");
+  r.add_float(
+      "train.beta1", [](StageConfig& c) -> double& { return c.train.beta1; }, 0, false, 1, true, "AdamW beta1.");
+  r.add_float(
+      "train.beta2", [](StageConfig& c) -> double& { return c.train.beta2; }, 0, false, 1, true, "AdamW beta2.");
+  r.add_float(
+      "train.eps", [](StageConfig& c) -> double& { return c.train.eps; }, 0, true, kMaxF, false, "AdamW epsilon.");
+  r.add_float(
+      "train.weight_decay", [](StageConfig& c) -> double& { return c.train.weight_decay; }, 0, false, 1, false,
+      "Decoupled weight decay (applied to matrices, not to norms).");
+  r.add_float(
+      "train.grad_clip", [](StageConfig& c) -> double& { return c.train.grad_clip; }, 0, false, kMaxF, false,
+      "Clip the global gradient norm to this value; 0 disables clipping.");
+  r.add_enum<NonFinitePolicy>(
+      "train.on_nonfinite", [](StageConfig& c) -> NonFinitePolicy& { return c.train.on_nonfinite; },
+      {{"stop", 0}, {"skip_step", 1}},
+      "A step whose loss or global gradient norm is NaN or infinite: `stop` ends the run "
+      "with an error naming the step, before the update (nothing with those gradients is "
+      "applied or checkpointed; the last checkpoint is intact); `skip_step` leaves the "
+      "weights and Adam moments as they are for that step, logs a warning and records "
+      "the step in metrics.jsonl with \"skipped\": true.");
+}
+
+// ---- train: where and how exactly the step runs
+void add_train_device_keys(Registry& r) {
+  r.add_enum<DeviceKind>(
+      "train.device", [](StageConfig& c) -> DeviceKind& { return c.train.device; },
+      {{"auto", 0}, {"cpu", 1}, {"cuda", 2}},
+      "Backend: `cpu` (fp32 reference, MPI), `cuda` (bf16 parameters and activations, fp32 "
+      "gradients, master weights and Adam moments on the GPU, NCCL; refused when the build has "
+      "no CUDA or no device is visible), or `auto` (cuda when the build has CUDA and a device "
+      "is visible, else cpu).");
+  r.add_bool(
+      "train.deterministic", [](StageConfig& c) -> bool& { return c.train.deterministic; },
+      "CUDA: `true` makes reruns and resumed runs bit-identical to an uninterrupted run: the "
+      "attention backward then adds dQ in a fixed order: on an sm_90 GPU through easyctx's Hopper "
+      "backward (`train.hopper_attention`) at head dim 128 (~3% of a llama2-7b step at 32K on "
+      "H200) and at head dim 64 for blocks without a mask and from 16K query rows on (~10-11% "
+      "of a 1B step at 32K-64K), else through cuDNN's deterministic graph (dP of a 4096 x 4096 "
+      "tile kept in cuDNN's workspace: 1 GiB for 32 heads), which costs 19-22% of a 1B step at "
+      "32K-64K tokens on H200. `false` (the default, as PyTorch's cuDNN backward) uses cuDNN's atomic dQ accumulation: "
+      "a "
+      "GPU's whole sequence in one call with the gradients written in place (an f32 dQ accumulator "
+      "of the sequence in cuDNN's workspace), a ring's blocks in 8192-token tiles; the attention "
+      "backward is 1.35x (32 x 128) to 1.6x (GQA 32/4 x 64) faster, and the last bits of dQ vary "
+      "between runs, so a rerun or a resumed run matches within rounding, not bit for bit. The "
+      "CPU backend is always deterministic.");
+  r.add_bool(
+      "train.hopper_attention", [](StageConfig& c) -> bool& { return c.train.hopper_attention; },
+      "CUDA on an sm_90 GPU (H100, H200): `true` (the default) runs the attention forward on "
+      "easyctx's own Hopper kernel (kernels/attention_fwd_sm90.cu: TMA, wgmma, warp-specialised) "
+      "where it measured faster than cuDNN 9.19's in the same process (bench/RESULTS.md): head "
+      "dim 64 always, head dim 128 for causal and partially masked blocks (cuDNN keeps the "
+      "unmasked ones); elsewhere it replaces the slower FlashAttention-2 style kernel as the "
+      "fallback (ring blocks with the diagonal inside). The kernel is deterministic, so "
+      "`train.deterministic` keeps its promise either way. The backward likewise: easyctx's "
+      "Hopper backward kernel (kernels/attention_bwd_sm90.cu) where it measured faster than "
+      "cuDNN's backward of the same mode, i.e. with `train.deterministic: true` at head dim 128 "
+      "(1.06-1.30x cuDNN's deterministic graph) and at head dim 64 for unmasked blocks and from "
+      "16K query rows on (1.28-1.52x); in place "
+      "of the FlashAttention-2 style kernel elsewhere (cuDNN's atomic backward stays first). "
+      "`false`: cuDNN's attention as before these kernels, the FlashAttention-2 style kernels as "
+      "the fallback. Ignored on other GPUs (A100: sm_80) and the CPU.");
 }
 
 // ---- parallel
@@ -176,70 +203,80 @@ void add_parallel_keys(Registry& r) {
       "parallel.sequence.mode", [](StageConfig& c) -> SeqParallelMode& { return c.parallel.sequence.mode; },
       {{"none", 0}, {"zigzag_ring", 1}, {"ulysses", 2}, {"dist_flash", 3}, {"usp", 4}},
       "How one sequence is split across a sequence-parallel group: `none` (data parallel only; size must be "
-      "1), `zigzag_ring` (2W chunks, ring attention; the default, and with size 1 the same as none), `ulysses` (all-to-all to heads), `dist_flash` (LightSeq's load-balanced "
+      "1), `zigzag_ring` (2W chunks, ring attention; the default, and with size 1 the same as none), `ulysses` "
+      "(all-to-all to heads), `dist_flash` (LightSeq's load-balanced "
       "schedule), `usp` (Ulysses inside x ring across). EasyContext's names are accepted too: "
       "`zigzag_ring_attn`, `ulysses_attn`, `dist_flash_attn`, `usp_attn`, `data_parallel` (= none); "
       "--print-config shows easyctx's.",
       {{"data_parallel", 0}, {"zigzag_ring_attn", 1}, {"ulysses_attn", 2}, {"dist_flash_attn", 3}, {"usp_attn", 4}});
-  r.add_int("parallel.sequence.size", [](StageConfig& c) -> int64_t& { return c.parallel.sequence.size; }, 1, kMaxI,
-            "Ranks per sequence-parallel group (contiguous ranks). World = data-parallel x this.");
-  r.add_int("parallel.sequence.ulysses_size",
-            [](StageConfig& c) -> int64_t& { return c.parallel.sequence.ulysses_size; }, 0, kMaxI,
-            "usp only: Ulysses degree inside each sequence-parallel group (contiguous ranks); the ring degree is "
-            "size / ulysses_size. 0 picks the ranks per node (capped at size).");
-  r.add_int("parallel.sequence.ring_degree",
-            [](StageConfig& c) -> int64_t& { return c.parallel.sequence.ring_degree; }, 0, kMaxI,
-            "usp only, EasyContext's --ring_degree: ranks in each ring of a sequence-parallel group; sets "
-            "ulysses_size = size / ring_degree (it must divide size; a ulysses_size given as well must equal "
-            "that). 0: not given (ulysses_size decides).");
-  r.add_int("parallel.zero.stage", [](StageConfig& c) -> int64_t& { return c.parallel.zero.stage; }, 0, 3,
-            "0: replicated weights and optimizer, gradients all-reduced. 3: master weights, gradients and Adam "
-            "state sharded over the ZeRO group by unit (embedding, each layer, head); each layer's parameters are "
-            "gathered just before use and its gradient reduce-scattered right after its backward (CPU and CUDA; "
-            "docs/training.md). Only 0 and 3 exist.");
-  r.add_bool_or_auto("parallel.zero.offload_optimizer",
-             [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer; },
-             [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer_auto; },
-             "auto (the default): the memory plan chooses, before anything is allocated: the optimizer stays on "
-             "the GPU when the run fits there with it (the fastest place); else, with activation.offload none, "
-             "it stays there if the fewest layer inputs moved to pinned host memory make room (activation.offload "
-             "cpu with that activation.offload_layers: copies that overlap the layers' compute, far cheaper than "
-             "a host update; set true or false to keep the layer inputs where activation.offload says); else it "
-             "moves to host memory as with true (the plan's notes and the trainer's log say which; "
-             "offload_params or offload_grads imply true; on train.device cpu it means false). true, "
-             "train.device cuda: keep the fp32 master weights and Adam moments in host memory (stage 3: each "
-             "rank's shards of them) and run AdamW on the host's threads; fp32 gradients stream down and bf16 "
-             "weights back up in chunks through pinned staging, overlapped with the host update (saves 12 bytes "
-             "per parameter on each GPU, 12/Z with stage 3; docs/memory-model.md). The update runs on a host "
-             "thread while the next step's forward starts, each unit waited for only when the forward reaches it "
-             "(same weights, bit for bit). Bound by host memory bandwidth: it pays for long steps (long context).");
-  r.add_bool("parallel.zero.offload_params", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_params; },
-             "Stage 3 with offload_optimizer on train.device cuda: keep each rank's bf16 parameter shards in "
-             "pinned host memory too (the host AdamW writes them in place, no upload) and copy a unit's shard to "
-             "the GPU just before its all-gather (on the gather stream, so prefetch overlaps it too). Saves 2/Z "
-             "bytes per parameter on each GPU, for models whose shards do not fit beside the activations; the "
-             "fp32 gradient shard (4/Z) stays on the GPU unless offload_grads (docs/memory-model.md).");
-  r.add_bool("parallel.zero.offload_grads", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_grads; },
-             "Stage 3 with offload_optimizer on train.device cuda: keep each rank's fp32 gradient shards of the "
-             "layers in pinned host memory, so the gradients never sit whole on the GPU. Right after a layer's "
-             "reduce-scatter its shard result is copied down (on its own stream) and added into the host shard; "
-             "the host AdamW reads it there. Saves 4/Z bytes per layer parameter on each GPU (on one GPU, Z = 1: "
-             "the whole fp32 gradient, 32 GB for an 8B model); costs one layer shard of pinned staging per "
-             "reduce-scatter buffer and a host add per layer and micro-batch (docs/memory-model.md). The "
-             "embedding's and head's gradients stay on the GPU (every token adds into them).");
-  r.add_int("parallel.zero.prefetch", [](StageConfig& c) -> int64_t& { return c.parallel.zero.prefetch; }, 0, 8,
-            "Stage 3: layers gathered ahead of the one in use (the pool holds 1 + prefetch gathered layers). "
-            "On CUDA with NCCL the gathers (and the layers' gradient reduce-scatters) run on their own "
-            "stream, so a layer gathered ahead overlaps the compute of the ones before it (1 is enough on "
-            "NVLink; each adds one gathered layer of memory).");
-  r.add_enum<ZeroGroupScope>("parallel.zero.group", [](StageConfig& c) -> ZeroGroupScope& { return c.parallel.zero.group; },
-                             {{"world", 0}, {"node", 1}},
-                             "Ranks that shard one copy of the model: the whole world, or the ranks of one node "
-                             "(replicated across nodes, gradients all-reduced between the copies).");
-  r.add_float("parallel.collective_timeout_s", [](StageConfig& c) -> double& { return c.parallel.collective_timeout_s; },
-              0, true, kMaxF, false,
-              "A collective that has not completed after this many seconds aborts every rank with a message "
-              "naming the collective and the group (a peer died or hangs).");
+  r.add_int(
+      "parallel.sequence.size", [](StageConfig& c) -> int64_t& { return c.parallel.sequence.size; }, 1, kMaxI,
+      "Ranks per sequence-parallel group (contiguous ranks). World = data-parallel x this.");
+  r.add_int(
+      "parallel.sequence.ulysses_size", [](StageConfig& c) -> int64_t& { return c.parallel.sequence.ulysses_size; }, 0,
+      kMaxI,
+      "usp only: Ulysses degree inside each sequence-parallel group (contiguous ranks); the ring degree is "
+      "size / ulysses_size. 0 picks the ranks per node (capped at size).");
+  r.add_int(
+      "parallel.sequence.ring_degree", [](StageConfig& c) -> int64_t& { return c.parallel.sequence.ring_degree; }, 0,
+      kMaxI,
+      "usp only, EasyContext's --ring_degree: ranks in each ring of a sequence-parallel group; sets "
+      "ulysses_size = size / ring_degree (it must divide size; a ulysses_size given as well must equal "
+      "that). 0: not given (ulysses_size decides).");
+  r.add_int(
+      "parallel.zero.stage", [](StageConfig& c) -> int64_t& { return c.parallel.zero.stage; }, 0, 3,
+      "0: replicated weights and optimizer, gradients all-reduced. 3: master weights, gradients and Adam "
+      "state sharded over the ZeRO group by unit (embedding, each layer, head); each layer's parameters are "
+      "gathered just before use and its gradient reduce-scattered right after its backward (CPU and CUDA; "
+      "docs/training.md). Only 0 and 3 exist.");
+  r.add_bool_or_auto(
+      "parallel.zero.offload_optimizer", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer; },
+      [](StageConfig& c) -> bool& { return c.parallel.zero.offload_optimizer_auto; },
+      "auto (the default): the memory plan chooses, before anything is allocated: the optimizer stays on "
+      "the GPU when the run fits there with it (the fastest place); else, with activation.offload none, "
+      "it stays there if the fewest layer inputs moved to pinned host memory make room (activation.offload "
+      "cpu with that activation.offload_layers: copies that overlap the layers' compute, far cheaper than "
+      "a host update; set true or false to keep the layer inputs where activation.offload says); else it "
+      "moves to host memory as with true (the plan's notes and the trainer's log say which; "
+      "offload_params or offload_grads imply true; on train.device cpu it means false). true, "
+      "train.device cuda: keep the fp32 master weights and Adam moments in host memory (stage 3: each "
+      "rank's shards of them) and run AdamW on the host's threads; fp32 gradients stream down and bf16 "
+      "weights back up in chunks through pinned staging, overlapped with the host update (saves 12 bytes "
+      "per parameter on each GPU, 12/Z with stage 3; docs/memory-model.md). The update runs on a host "
+      "thread while the next step's forward starts, each unit waited for only when the forward reaches it "
+      "(same weights, bit for bit). Bound by host memory bandwidth: it pays for long steps (long context).");
+  r.add_bool(
+      "parallel.zero.offload_params", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_params; },
+      "Stage 3 with offload_optimizer on train.device cuda: keep each rank's bf16 parameter shards in "
+      "pinned host memory too (the host AdamW writes them in place, no upload) and copy a unit's shard to "
+      "the GPU just before its all-gather (on the gather stream, so prefetch overlaps it too). Saves 2/Z "
+      "bytes per parameter on each GPU, for models whose shards do not fit beside the activations; the "
+      "fp32 gradient shard (4/Z) stays on the GPU unless offload_grads (docs/memory-model.md).");
+  r.add_bool(
+      "parallel.zero.offload_grads", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_grads; },
+      "Stage 3 with offload_optimizer on train.device cuda: keep each rank's fp32 gradient shards of the "
+      "layers in pinned host memory, so the gradients never sit whole on the GPU. Right after a layer's "
+      "reduce-scatter its shard result is copied down (on its own stream) and added into the host shard; "
+      "the host AdamW reads it there. Saves 4/Z bytes per layer parameter on each GPU (on one GPU, Z = 1: "
+      "the whole fp32 gradient, 32 GB for an 8B model); costs one layer shard of pinned staging per "
+      "reduce-scatter buffer and a host add per layer and micro-batch (docs/memory-model.md). The "
+      "embedding's and head's gradients stay on the GPU (every token adds into them).");
+  r.add_int(
+      "parallel.zero.prefetch", [](StageConfig& c) -> int64_t& { return c.parallel.zero.prefetch; }, 0, 8,
+      "Stage 3: layers gathered ahead of the one in use (the pool holds 1 + prefetch gathered layers). "
+      "On CUDA with NCCL the gathers (and the layers' gradient reduce-scatters) run on their own "
+      "stream, so a layer gathered ahead overlaps the compute of the ones before it (1 is enough on "
+      "NVLink; each adds one gathered layer of memory).");
+  r.add_enum<ZeroGroupScope>(
+      "parallel.zero.group", [](StageConfig& c) -> ZeroGroupScope& { return c.parallel.zero.group; },
+      {{"world", 0}, {"node", 1}},
+      "Ranks that shard one copy of the model: the whole world, or the ranks of one node "
+      "(replicated across nodes, gradients all-reduced between the copies).");
+  r.add_float(
+      "parallel.collective_timeout_s", [](StageConfig& c) -> double& { return c.parallel.collective_timeout_s; }, 0,
+      true, kMaxF, false,
+      "A collective that has not completed after this many seconds aborts every rank with a message "
+      "naming the collective and the group (a peer died or hangs).");
 }
 
 // ---- activation
@@ -256,127 +293,150 @@ void add_activation_keys(Registry& r) {
       "that keep the most, else `layer` (the same arithmetic either way; the plan's notes and the trainer's log "
       "say what it chose; docs/memory-model.md). llama2-7b at 64K on one H200: 5,237 tok/s against 4,562 "
       "with `layer` (measured 2026-12-02, bench/RESULTS.md \"activation.checkpoint: auto\").");
-  r.add_int("activation.attention_output_layers",
-            [](StageConfig& c) -> int64_t& { return c.activation.attention_output_layers; }, 0, kMaxI,
-            "With activation.checkpoint attention_output: how many layers keep their attention output and LSE, "
-            "counted from the last layer back (0: every layer; values above the layer count mean every layer). "
-            "The other layers recompute their attention in backward, as with `layer`. Each kept layer skips "
-            "one attention forward (most of a layer's recompute at long context) for tokens x q_dim x 2 bytes "
-            "(+ the LSE) of memory: the knob that spends what a `layer` run leaves free on speed, where every "
-            "layer's would not fit (the --plan refusal of attention_output names the most layers that fit). "
-            "With activation.offload cpu, the kept outputs of layers whose input leaves go to host memory too "
-            "(layers below offload_layers - 1), the rest stay on the device. The same arithmetic as `layer` (bit-identical "
-            "on the CPU and with train.deterministic true).");
-  r.add_enum<OffloadTarget>("activation.offload", [](StageConfig& c) -> OffloadTarget& { return c.activation.offload; },
-                            {{"none", 0}, {"cpu", 1}},
-                            "Where the checkpoints of activation.checkpoint layer / attention_output live. "
-                            "`none`: on the device. `cpu`: in pinned host memory; the device keeps a ring of two "
-                            "of each, copies each layer's checkpoint out while the next layer computes and brings "
-                            "it back one layer ahead of the backward (on the CPU backend the same path copies "
-                            "between host buffers). Saves (L - 1) x tokens x hidden x 2 bytes per GPU at bf16, "
-                            "plus the attention outputs with attention_output; bit-identical results; needs "
-                            "checkpoint layer or attention_output (docs/memory-model.md). With attention_output "
-                            "and attention_head_groups > 1 the attention outputs stream per head group: every "
-                            "layer's in host memory, two group-sized slots on the device.");
-  r.add_int("activation.offload_layers", [](StageConfig& c) -> int64_t& { return c.activation.offload_layers; }, 0,
-            kMaxI,
-            "With activation.offload cpu: how many layer inputs go to host memory, from the first layer on (0: "
-            "all that can, L - 1). The rest stay on the device, so a run takes only the host memory and PCIe "
-            "traffic it needs to fit (the --plan refusal names the smallest count that fits); values above L - 1 "
-            "mean L - 1. With attention_output, one attention output fewer than layer inputs leaves.");
-  r.add_int("activation.attention_head_groups",
-            [](StageConfig& c) -> int64_t& { return c.activation.attention_head_groups; }, 1, kMaxI,
-            "Tile each layer's attention block over G head groups of num_heads / G query and "
-            "num_kv_heads / G key/value heads: per group the Q/K/V projections, RoPE, the attention and the "
-            "output projection's partial sum, forward and backward, so q, k, v, o and dq, dk, dv (and every "
-            "buffer the attention keeps per call: the zigzag ring's K/V double buffer and fp32 accumulators, "
-            "Ulysses' all-to-all buffers, cuDNN's workspace) hold one group: G-fold smaller. checkpoint layer "
-            "recomputes each group's attention forward once more in backward (attention_output reads it from "
-            "the checkpoint); checkpoint none keeps every group's activations. Within fp32 rounding of G = 1 "
-            "(the forward bit for bit on the CPU when num_heads / G x head_dim is a multiple of 256). Must "
-            "divide num_kv_heads (and, with ulysses/usp, leave heads divisible by the Ulysses size). Pays off "
-            "at long context (docs/memory-model.md). Evaluations (--attention-head-groups) split only the "
-            "attention call.");
-  r.add_int("activation.mlp_tile", [](StageConfig& c) -> int64_t& { return c.activation.mlp_tile; }, 0, kMaxI,
-            "Tokens per MLP tile along the sequence (0: one tile). With checkpoint layer or attention_output the "
-            "[tokens, intermediate] MLP activations and their gradients shrink to [mlp_tile, intermediate], "
-            "recomputed tile by tile in backward (refused with checkpoint none).");
-  r.add_int("activation.lm_head_tile", [](StageConfig& c) -> int64_t& { return c.activation.lm_head_tile; }, 1,
-            kMaxI, "Tokens per LM-head + cross-entropy tile; full logits never exist.");
+  r.add_int(
+      "activation.attention_output_layers",
+      [](StageConfig& c) -> int64_t& { return c.activation.attention_output_layers; }, 0, kMaxI,
+      "With activation.checkpoint attention_output: how many layers keep their attention output and LSE, "
+      "counted from the last layer back (0: every layer; values above the layer count mean every layer). "
+      "The other layers recompute their attention in backward, as with `layer`. Each kept layer skips "
+      "one attention forward (most of a layer's recompute at long context) for tokens x q_dim x 2 bytes "
+      "(+ the LSE) of memory: the knob that spends what a `layer` run leaves free on speed, where every "
+      "layer's would not fit (the --plan refusal of attention_output names the most layers that fit). "
+      "With activation.offload cpu, the kept outputs of layers whose input leaves go to host memory too "
+      "(layers below offload_layers - 1), the rest stay on the device. The same arithmetic as `layer` (bit-identical "
+      "on the CPU and with train.deterministic true).");
+  r.add_enum<OffloadTarget>(
+      "activation.offload", [](StageConfig& c) -> OffloadTarget& { return c.activation.offload; },
+      {{"none", 0}, {"cpu", 1}},
+      "Where the checkpoints of activation.checkpoint layer / attention_output live. "
+      "`none`: on the device. `cpu`: in pinned host memory; the device keeps a ring of two "
+      "of each, copies each layer's checkpoint out while the next layer computes and brings "
+      "it back one layer ahead of the backward (on the CPU backend the same path copies "
+      "between host buffers). Saves (L - 1) x tokens x hidden x 2 bytes per GPU at bf16, "
+      "plus the attention outputs with attention_output; bit-identical results; needs "
+      "checkpoint layer or attention_output (docs/memory-model.md). With attention_output "
+      "and attention_head_groups > 1 the attention outputs stream per head group: every "
+      "layer's in host memory, two group-sized slots on the device.");
+  r.add_int(
+      "activation.offload_layers", [](StageConfig& c) -> int64_t& { return c.activation.offload_layers; }, 0, kMaxI,
+      "With activation.offload cpu: how many layer inputs go to host memory, from the first layer on (0: "
+      "all that can, L - 1). The rest stay on the device, so a run takes only the host memory and PCIe "
+      "traffic it needs to fit (the --plan refusal names the smallest count that fits); values above L - 1 "
+      "mean L - 1. With attention_output, one attention output fewer than layer inputs leaves.");
+  r.add_int(
+      "activation.attention_head_groups", [](StageConfig& c) -> int64_t& { return c.activation.attention_head_groups; },
+      1, kMaxI,
+      "Tile each layer's attention block over G head groups of num_heads / G query and "
+      "num_kv_heads / G key/value heads: per group the Q/K/V projections, RoPE, the attention and the "
+      "output projection's partial sum, forward and backward, so q, k, v, o and dq, dk, dv (and every "
+      "buffer the attention keeps per call: the zigzag ring's K/V double buffer and fp32 accumulators, "
+      "Ulysses' all-to-all buffers, cuDNN's workspace) hold one group: G-fold smaller. checkpoint layer "
+      "recomputes each group's attention forward once more in backward (attention_output reads it from "
+      "the checkpoint); checkpoint none keeps every group's activations. Within fp32 rounding of G = 1 "
+      "(the forward bit for bit on the CPU when num_heads / G x head_dim is a multiple of 256). Must "
+      "divide num_kv_heads (and, with ulysses/usp, leave heads divisible by the Ulysses size). Pays off "
+      "at long context (docs/memory-model.md). Evaluations (--attention-head-groups) split only the "
+      "attention call.");
+  r.add_int(
+      "activation.mlp_tile", [](StageConfig& c) -> int64_t& { return c.activation.mlp_tile; }, 0, kMaxI,
+      "Tokens per MLP tile along the sequence (0: one tile). With checkpoint layer or attention_output the "
+      "[tokens, intermediate] MLP activations and their gradients shrink to [mlp_tile, intermediate], "
+      "recomputed tile by tile in backward (refused with checkpoint none).");
+  r.add_int(
+      "activation.lm_head_tile", [](StageConfig& c) -> int64_t& { return c.activation.lm_head_tile; }, 1, kMaxI,
+      "Tokens per LM-head + cross-entropy tile; full logits never exist.");
 }
 
 // ---- output
 void add_output_keys(Registry& r) {
-  r.add_string("output.dir", [](StageConfig& c) -> std::string& { return c.output.dir; }, "path",
-               "Run folder: run.json (the run it holds), plan.json (its memory plan, as --plan computes it), "
-               "metrics.jsonl, logs/, checkpoints/, final/ (the HF export), DONE, previous/ (earlier runs' DONE, "
-               "final/, plan.json and metrics, set-aside checkpoints).",
-               check_nonempty);
-  r.add_int("output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
-            "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1, SIGUSR2, SIGTERM or SIGINT "
-            "on any rank also saves one (unless this run has just saved that step) and stops the run with exit "
-            "code 0 (130 for SIGINT; docs/training.md, \"Stopping a run\"; Slurm: --signal=B:USR1@300).");
-  r.add_int("output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,
-            "Checkpoints of this run to keep (the run <output.dir>/run.json names). Older ones of this run are "
-            "pruned only after a newer one has committed and verified; checkpoints of other runs in the folder "
-            "are never pruned (docs/training.md, \"Checkpoint safety\").");
-  r.add_bool("output.save_final", [](StageConfig& c) -> bool& { return c.output.save_final; },
-             "Save a checkpoint after the last step (the next stage's model.init ckpt:DIR, and --resume). "
-             "false only for benchmarks and throw-away runs: nothing of the run is kept but metrics and the "
-             "HF export.");
-  r.add_bool("output.export_hf", [](StageConfig& c) -> bool& { return c.output.export_hf; },
-             "At the end of the stage, export the weights as a Hugging Face folder <output.dir>/final "
-             "(config.json with the stage's rope_theta, model.safetensors) that transformers loads (tests/golden/check_export.py, run where transformers is installed).");
-  r.add_string("output.hf_dtype", [](StageConfig& c) -> std::string& { return c.output.hf_dtype; }, "f32, bf16",
-               "Tensor type of the Hugging Face export: f32 (exact master weights) or bf16 (half the size).",
-               [](const std::string& s) { return (s == "f32" || s == "bf16") ? "" : "f32 or bf16"; });
+  r.add_string(
+      "output.dir", [](StageConfig& c) -> std::string& { return c.output.dir; }, "path",
+      "Run folder: run.json (the run it holds), plan.json (its memory plan, as --plan computes it), "
+      "metrics.jsonl, logs/, checkpoints/, final/ (the HF export), DONE, previous/ (earlier runs' DONE, "
+      "final/, plan.json and metrics, set-aside checkpoints).",
+      check_nonempty);
+  r.add_int(
+      "output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
+      "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1, SIGUSR2, SIGTERM or SIGINT "
+      "on any rank also saves one (unless this run has just saved that step) and stops the run with exit "
+      "code 0 (130 for SIGINT; docs/training.md, \"Stopping a run\"; Slurm: --signal=B:USR1@300).");
+  r.add_int(
+      "output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,
+      "Checkpoints of this run to keep (the run <output.dir>/run.json names). Older ones of this run are "
+      "pruned only after a newer one has committed and verified; checkpoints of other runs in the folder "
+      "are never pruned (docs/training.md, \"Checkpoint safety\").");
+  r.add_bool(
+      "output.save_final", [](StageConfig& c) -> bool& { return c.output.save_final; },
+      "Save a checkpoint after the last step (the next stage's model.init ckpt:DIR, and --resume). "
+      "false only for benchmarks and throw-away runs: nothing of the run is kept but metrics and the "
+      "HF export.");
+  r.add_bool(
+      "output.export_hf", [](StageConfig& c) -> bool& { return c.output.export_hf; },
+      "At the end of the stage, export the weights as a Hugging Face folder <output.dir>/final "
+      "(config.json with the stage's rope_theta, model.safetensors) that transformers loads "
+      "(tests/golden/check_export.py, run where transformers is installed).");
+  r.add_string(
+      "output.hf_dtype", [](StageConfig& c) -> std::string& { return c.output.hf_dtype; }, "f32, bf16",
+      "Tensor type of the Hugging Face export: f32 (exact master weights) or bf16 (half the size).",
+      [](const std::string& s) { return (s == "f32" || s == "bf16") ? "" : "f32 or bf16"; });
 }
 
 // ---- logging
 void add_logging_keys(Registry& r) {
-  r.add_int("logging.every", [](StageConfig& c) -> int64_t& { return c.logging.every; }, 1, kMaxI,
-            "Print the step line every N steps (metrics.jsonl gets every step).");
-  r.add_bool("logging.per_rank", [](StageConfig& c) -> bool& { return c.logging.per_rank; },
-             "Also write every rank's log to <output.dir>/logs/rank<R>.log.");
-  r.add_bool("logging.metrics", [](StageConfig& c) -> bool& { return c.logging.metrics; },
-             "Write <output.dir>/metrics.jsonl (one JSON object per step).");
-  r.add_bool("logging.tensorboard", [](StageConfig& c) -> bool& { return c.logging.tensorboard; },
-             "Write TensorBoard event files to <output.dir>/tensorboard/ (rank 0): per step the numbers of "
-             "metrics.jsonl as scalars train/<name>, readable while the run goes (`tensorboard --logdir "
-             "<output.dir>/tensorboard`) and uploadable with `wandb sync --sync-tensorboard` (docs/training.md, "
-             "\"Live tracking\"). A resumed run adds a file; steps continue. easyctx_train's --wandb NAME "
-             "(EasyContext's flag) sets it.");
-  r.add_string("logging.level", [](StageConfig& c) -> std::string& { return c.logging.level; },
-               "debug, info, warn, error", "Log verbosity.", check_level);
-  r.add_bool("logging.profile", [](StageConfig& c) -> bool& { return c.logging.profile; },
-             "Time every op of the backend (CUDA: events on its stream) and the step's phases (data, "
-             "forward+backward, gradient reduction, clip, optimizer; the backend is synchronized between "
-             "them) over every step but the first; at the end print the time per step by op and by op and "
-             "shape with achieved TFLOP/s, and write <output.dir>/profile.json (docs/performance.md). Adds a "
-             "synchronization per phase: leave it off for the tokens/s you report.");
+  r.add_int(
+      "logging.every", [](StageConfig& c) -> int64_t& { return c.logging.every; }, 1, kMaxI,
+      "Print the step line every N steps (metrics.jsonl gets every step).");
+  r.add_bool(
+      "logging.per_rank", [](StageConfig& c) -> bool& { return c.logging.per_rank; },
+      "Also write every rank's log to <output.dir>/logs/rank<R>.log.");
+  r.add_bool(
+      "logging.metrics", [](StageConfig& c) -> bool& { return c.logging.metrics; },
+      "Write <output.dir>/metrics.jsonl (one JSON object per step).");
+  r.add_bool(
+      "logging.tensorboard", [](StageConfig& c) -> bool& { return c.logging.tensorboard; },
+      "Write TensorBoard event files to <output.dir>/tensorboard/ (rank 0): per step the numbers of "
+      "metrics.jsonl as scalars train/<name>, readable while the run goes (`tensorboard --logdir "
+      "<output.dir>/tensorboard`) and uploadable with `wandb sync --sync-tensorboard` (docs/training.md, "
+      "\"Live tracking\"). A resumed run adds a file; steps continue. easyctx_train's --wandb NAME "
+      "(EasyContext's flag) sets it.");
+  r.add_string(
+      "logging.level", [](StageConfig& c) -> std::string& { return c.logging.level; }, "debug, info, warn, error",
+      "Log verbosity.", check_level);
+  r.add_bool(
+      "logging.profile", [](StageConfig& c) -> bool& { return c.logging.profile; },
+      "Time every op of the backend (CUDA: events on its stream) and the step's phases (data, "
+      "forward+backward, gradient reduction, clip, optimizer; the backend is synchronized between "
+      "them) over every step but the first; at the end print the time per step by op and by op and "
+      "shape with achieved TFLOP/s, and write <output.dir>/profile.json (docs/performance.md). Adds a "
+      "synchronization per phase: leave it off for the tokens/s you report.");
 }
 
 // ---- target (the memory plan, lib/plan; docs/memory-model.md)
 void add_target_keys(Registry& r) {
-  r.add_string("target.gpu", [](StageConfig& c) -> std::string& { return c.target.gpu; },
-               "\"\", A100-40GB, A100-80GB, H100-80GB, H200, or any name with target.gpu_memory_gib",
-               "GPU model the memory plan sizes the run for. Empty: the visible device (its name and memory). A "
-               "known model gives the memory (as nvidia-smi reports it); any other name needs "
-               "target.gpu_memory_gib. With train.device auto and no visible GPU, setting it plans for cuda.");
-  r.add_float("target.gpu_memory_gib", [](StageConfig& c) -> double& { return c.target.gpu_memory_gib; }, 0, false,
-              kMaxF, false,
-              "Memory of one GPU in GiB (overrides the model's). 0: from target.gpu or the visible device.");
-  r.add_int("target.gpus_per_node", [](StageConfig& c) -> int64_t& { return c.target.gpus_per_node; }, 0, 1 << 20,
-            "Ranks per node the plan assumes (one per GPU; processes per node on the CPU backend). 0: the "
-            "launch's (mpirun), 1 for a plain `easyctx_train STAGE.yaml --plan`.");
-  r.add_int("target.nodes", [](StageConfig& c) -> int64_t& { return c.target.nodes; }, 0, 1 << 20,
-            "Nodes the plan assumes; the world is target.nodes x target.gpus_per_node, and "
-            "parallel.sequence.size must divide it. 0: the launch's.");
-  r.add_float("target.host_memory_gib", [](StageConfig& c) -> double& { return c.target.host_memory_gib; }, 0, false,
-              kMaxF, false, "Host memory of one node in GiB. 0: MemTotal of the machine running the plan.");
-  r.add_float("target.headroom", [](StageConfig& c) -> double& { return c.target.headroom; }, 0, false, 1, true,
-              "Share of each GPU's and each node's memory the plan keeps free (allocator fragmentation, "
-              "other processes): a run fits when its predicted peak is at most (1 - headroom) x capacity.");
+  r.add_string(
+      "target.gpu", [](StageConfig& c) -> std::string& { return c.target.gpu; },
+      "\"\", A100-40GB, A100-80GB, H100-80GB, H200, or any name with target.gpu_memory_gib",
+      "GPU model the memory plan sizes the run for. Empty: the visible device (its name and memory). A "
+      "known model gives the memory (as nvidia-smi reports it); any other name needs "
+      "target.gpu_memory_gib. With train.device auto and no visible GPU, setting it plans for cuda.");
+  r.add_float(
+      "target.gpu_memory_gib", [](StageConfig& c) -> double& { return c.target.gpu_memory_gib; }, 0, false, kMaxF,
+      false, "Memory of one GPU in GiB (overrides the model's). 0: from target.gpu or the visible device.");
+  r.add_int(
+      "target.gpus_per_node", [](StageConfig& c) -> int64_t& { return c.target.gpus_per_node; }, 0, 1 << 20,
+      "Ranks per node the plan assumes (one per GPU; processes per node on the CPU backend). 0: the "
+      "launch's (mpirun), 1 for a plain `easyctx_train STAGE.yaml --plan`.");
+  r.add_int(
+      "target.nodes", [](StageConfig& c) -> int64_t& { return c.target.nodes; }, 0, 1 << 20,
+      "Nodes the plan assumes; the world is target.nodes x target.gpus_per_node, and "
+      "parallel.sequence.size must divide it. 0: the launch's.");
+  r.add_float(
+      "target.host_memory_gib", [](StageConfig& c) -> double& { return c.target.host_memory_gib; }, 0, false, kMaxF,
+      false, "Host memory of one node in GiB. 0: MemTotal of the machine running the plan.");
+  r.add_float(
+      "target.headroom", [](StageConfig& c) -> double& { return c.target.headroom; }, 0, false, 1, true,
+      "Share of each GPU's and each node's memory the plan keeps free (allocator fragmentation, "
+      "other processes): a run fits when its predicted peak is at most (1 - headroom) x capacity.");
 }
 
 const Registry& registry() {
@@ -386,6 +446,7 @@ const Registry& registry() {
     add_data_keys(r);
     add_data_packing_keys(r);
     add_train_keys(r);
+    add_train_device_keys(r);
     add_parallel_keys(r);
     add_activation_keys(r);
     add_output_keys(r);
@@ -415,8 +476,7 @@ void set_field(StageConfig& cfg, const std::string& key, const std::string& scal
                         "; see docs/config.md");
   }
   std::string expected = f->set(cfg, scalar);
-  if (!expected.empty())
-    EASYCTX_THROW_INPUT(loc, ": ", key, ": bad value '", scalar, "': expected ", expected);
+  if (!expected.empty()) EASYCTX_THROW_INPUT(loc, ": ", key, ": bad value '", scalar, "': expected ", expected);
 }
 
 void walk(StageConfig& cfg, const YAML::Node& node, const std::string& prefix, const std::string& source) {
@@ -428,8 +488,7 @@ void walk(StageConfig& cfg, const YAML::Node& node, const std::string& prefix, c
     std::string loc = where(source, kn.Mark());
     EASYCTX_CHECK_INPUT(kn.IsScalar(), loc, ": keys must be plain names");
     std::string key = prefix.empty() ? kn.Scalar() : prefix + "." + kn.Scalar();
-    for (const auto& k : seen)
-      EASYCTX_CHECK_INPUT(k != key, loc, ": duplicate key '", key, "'");
+    for (const auto& k : seen) EASYCTX_CHECK_INPUT(k != key, loc, ": duplicate key '", key, "'");
     seen.push_back(key);
     if (vn.IsMap()) {
       if (r.find(key)) EASYCTX_THROW_INPUT(loc, ": ", key, ": expected a single value, got a mapping");
@@ -460,9 +519,10 @@ void resolve_ring_degree(StageConfig& cfg) {
   EASYCTX_CHECK_INPUT(sp.size % sp.ring_degree == 0, src, ": parallel.sequence.ring_degree = ", sp.ring_degree,
                       " must divide parallel.sequence.size = ", sp.size);
   const int64_t u = sp.size / sp.ring_degree;
-  EASYCTX_CHECK_INPUT(sp.ulysses_size == 0 || sp.ulysses_size == u, src, ": parallel.sequence.ring_degree = ",
-                      sp.ring_degree, " means ulysses_size = size / ring_degree = ", u, ", but ulysses_size = ",
-                      sp.ulysses_size, " is set too; give one of them");
+  EASYCTX_CHECK_INPUT(sp.ulysses_size == 0 || sp.ulysses_size == u, src,
+                      ": parallel.sequence.ring_degree = ", sp.ring_degree,
+                      " means ulysses_size = size / ring_degree = ", u, ", but ulysses_size = ", sp.ulysses_size,
+                      " is set too; give one of them");
   sp.ulysses_size = u;
 }
 
@@ -507,11 +567,10 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    EASYCTX_THROW_INPUT(where(source, e.mark), ": invalid YAML: ", e.msg);
-  }
+  } catch (const YAML::Exception& e) { EASYCTX_THROW_INPUT(where(source, e.mark), ": invalid YAML: ", e.msg); }
   if (!root.IsNull()) {
-    EASYCTX_CHECK_INPUT(root.IsMap(), source, ": the top level must be a mapping of sections (model:, data:, train:, ...)");
+    EASYCTX_CHECK_INPUT(root.IsMap(), source,
+                        ": the top level must be a mapping of sections (model:, data:, train:, ...)");
     walk(cfg, root, "", source);
   }
   for (const auto& o : overrides) apply_override(cfg, o);

@@ -16,8 +16,8 @@
 namespace easyctx::cuda_queue {
 
 inline void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) EASYCTX_THROW(process_label(), " CUDA error ", cudaGetErrorName(rc), " (",
-                                       cudaGetErrorString(rc), ") in ", what);
+  if (rc != cudaSuccess)
+    EASYCTX_THROW(process_label(), " CUDA error ", cudaGetErrorName(rc), " (", cudaGetErrorString(rc), ") in ", what);
 }
 
 class EventPool {

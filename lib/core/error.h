@@ -38,11 +38,11 @@ std::string concat(Args&&... args) {
 // EASYCTX_CHECK(cond, "what", value, "...") throws easyctx::Error with the pieces streamed.
 #define EASYCTX_THROW(...) throw ::easyctx::Error(::easyctx::detail::concat(__VA_ARGS__))
 #define EASYCTX_THROW_INPUT(...) throw ::easyctx::InputError(::easyctx::detail::concat(__VA_ARGS__))
-#define EASYCTX_CHECK(cond, ...)          \
-  do {                                    \
+#define EASYCTX_CHECK(cond, ...)             \
+  do {                                       \
     if (!(cond)) EASYCTX_THROW(__VA_ARGS__); \
   } while (0)
-#define EASYCTX_CHECK_INPUT(cond, ...)          \
-  do {                                          \
+#define EASYCTX_CHECK_INPUT(cond, ...)             \
+  do {                                             \
     if (!(cond)) EASYCTX_THROW_INPUT(__VA_ARGS__); \
   } while (0)

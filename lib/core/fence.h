@@ -20,9 +20,9 @@ class Fence {
   class Impl {
    public:
     virtual ~Impl() = default;
-    virtual bool done() const = 0;        // without blocking
-    virtual void host_wait() const = 0;   // blocks until done
-    virtual void* native() const = 0;     // the device event (cudaEvent_t), or nullptr
+    virtual bool done() const = 0;       // without blocking
+    virtual void host_wait() const = 0;  // blocks until done
+    virtual void* native() const = 0;    // the device event (cudaEvent_t), or nullptr
   };
   Fence() = default;  // complete
   explicit Fence(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}

@@ -38,7 +38,8 @@ double Json::as_double() const {
   return num_;
 }
 int64_t Json::as_int() const {
-  EASYCTX_CHECK(is_integer(), "JSON: expected an integer, got ", type_ == Type::Number ? "a fractional number" : type_name());
+  EASYCTX_CHECK(is_integer(), "JSON: expected an integer, got ",
+                type_ == Type::Number ? "a fractional number" : type_name());
   return is_int_ ? int_ : static_cast<int64_t>(num_);
 }
 const std::string& Json::as_string() const {
@@ -391,8 +392,6 @@ class JsonParser {
   size_t p_ = 0;
 };
 
-Json parse_json(std::string_view text, const std::string& source) {
-  return JsonParser(text, source).parse_document();
-}
+Json parse_json(std::string_view text, const std::string& source) { return JsonParser(text, source).parse_document(); }
 
 }  // namespace easyctx

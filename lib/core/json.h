@@ -28,8 +28,16 @@ class Json {
   Json(const char* s) : type_(Type::String), str_(s) {}
   Json(std::string s) : type_(Type::String), str_(std::move(s)) {}
   Json(std::string_view s) : type_(Type::String), str_(s) {}
-  static Json array() { Json j; j.type_ = Type::Array; return j; }
-  static Json object() { Json j; j.type_ = Type::Object; return j; }
+  static Json array() {
+    Json j;
+    j.type_ = Type::Array;
+    return j;
+  }
+  static Json object() {
+    Json j;
+    j.type_ = Type::Object;
+    return j;
+  }
   // An object of these members in this order (set() of each: a key given twice keeps its last value).
   static Json object(std::initializer_list<std::pair<std::string, Json>> members) {
     Json j = object();
@@ -67,9 +75,9 @@ class Json {
   const Json* find(std::string_view key) const;  // nullptr if absent (or not an object)
   // Nested objects: path[0], then path[1] inside it, ...; nullptr where one is absent.
   const Json* find_path(const std::vector<std::string>& path) const;
-  const Json& at(std::string_view key) const;    // throws naming the key
+  const Json& at(std::string_view key) const;  // throws naming the key
   bool contains(std::string_view key) const { return find(key) != nullptr; }
-  Json& set(std::string key, Json value);        // insert or replace
+  Json& set(std::string key, Json value);  // insert or replace
   // Array access.
   void push_back(Json v);
   size_t size() const;

@@ -48,7 +48,8 @@ void log_write(LogLevel level, const std::string& msg) {
   const char* tag = level == LogLevel::Warn ? "warning: " : level == LogLevel::Error ? "error: " : "";
   if (level >= LogLevel::Warn) {
     const std::string& who = process_label();
-    std::fprintf(stderr, "%s%s%s%s\n", who.empty() ? "" : "[", who.c_str(), who.empty() ? "" : "] ", (tag + msg).c_str());
+    std::fprintf(stderr, "%s%s%s%s\n", who.empty() ? "" : "[", who.c_str(), who.empty() ? "" : "] ",
+                 (tag + msg).c_str());
     std::fflush(stderr);
   } else if (s.opts.rank == 0 && level >= s.opts.level) {
     std::fprintf(stdout, "%s\n", msg.c_str());

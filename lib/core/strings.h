@@ -17,8 +17,8 @@ size_t edit_distance(std::string_view a, std::string_view b);
 // The candidate closest to `word` by edit distance, or "" when nothing is close enough
 // (distance > max(2, |word|/3)).
 std::string nearest(std::string_view word, const std::vector<std::string>& candidates);
-std::string format_bytes(double bytes);  // "1.50 GiB"
-std::string format_count(double n);      // "12.3K", "4.10M"
+std::string format_bytes(double bytes);       // "1.50 GiB"
+std::string format_count(double n);           // "12.3K", "4.10M"
 std::string format_duration(double seconds);  // "1h02m", "3m05s", "12.3s"
 // Appends code point cp (<= 0x10FFFF) encoded as UTF-8.
 void append_utf8(std::string& out, uint32_t cp);

@@ -324,7 +324,8 @@ std::vector<std::string> list_event_files(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file() && e.path().filename().string().rfind(kFilePrefix, 0) == 0) out.push_back(e.path().string());
+    if (e.is_regular_file() && e.path().filename().string().rfind(kFilePrefix, 0) == 0)
+      out.push_back(e.path().string());
   EASYCTX_CHECK_INPUT(!ec, dir, ": cannot list the TensorBoard folder: ", ec.message());
   std::sort(out.begin(), out.end());
   return out;

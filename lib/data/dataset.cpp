@@ -29,7 +29,8 @@ std::vector<std::string> TokenDataset::resolve(const std::string& spec) {
     globfree(&g);
     EASYCTX_CHECK_INPUT(rc == 0 || rc == GLOB_NOMATCH, "glob ", spec, " failed (read error)");
   } else {
-    EASYCTX_CHECK_INPUT(fs::exists(spec, ec), "data path ", spec, " does not exist (expected a shard file, folder or glob)");
+    EASYCTX_CHECK_INPUT(fs::exists(spec, ec), "data path ", spec,
+                        " does not exist (expected a shard file, folder or glob)");
     files.push_back(spec);
   }
   std::sort(files.begin(), files.end(), [](const std::string& a, const std::string& b) {
@@ -52,10 +53,10 @@ TokenDataset::TokenDataset(const std::string& spec, size_t max_open_files)
       EASYCTX_CHECK_INPUT(m.tokenizer_sha256 == meta_.tokenizer_sha256, files_[i], ": tokenizer_sha256 ",
                           m.tokenizer_sha256, " differs from ", files_[0], " (", meta_.tokenizer_sha256,
                           "); shards of one dataset must share a tokenizer");
-      EASYCTX_CHECK_INPUT(m.vocab_size == meta_.vocab_size, files_[i], ": vocab_size ", m.vocab_size,
-                          " differs from ", files_[0], " (", meta_.vocab_size, ")");
-      EASYCTX_CHECK_INPUT(m.bos_id == meta_.bos_id && m.eos_id == meta_.eos_id, files_[i],
-                          ": BOS/EOS ids differ from ", files_[0]);
+      EASYCTX_CHECK_INPUT(m.vocab_size == meta_.vocab_size, files_[i], ": vocab_size ", m.vocab_size, " differs from ",
+                          files_[0], " (", meta_.vocab_size, ")");
+      EASYCTX_CHECK_INPUT(m.bos_id == meta_.bos_id && m.eos_id == meta_.eos_id, files_[i], ": BOS/EOS ids differ from ",
+                          files_[0]);
     }
     has_weights_ = has_weights_ || m.has_loss_weights;
     starts_.push_back(checked_add(starts_.back(), r.num_tokens(), "tokens of the dataset " + spec_));

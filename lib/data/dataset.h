@@ -65,7 +65,7 @@ class TokenDataset {
   std::vector<uint64_t> starts_;  // starts_[i] = stream offset of file i; back() = total
   uint64_t num_docs_ = 0;
   bool has_weights_ = false;
-  mutable std::vector<uint64_t> doc_starts_;  // lazily filled
+  mutable std::vector<uint64_t> doc_starts_;      // lazily filled
   mutable std::vector<uint64_t> file_first_doc_;  // [files + 1], with doc_starts_
   ShardMeta meta_;
   size_t max_open_;

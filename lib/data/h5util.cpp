@@ -57,8 +57,8 @@ Handle open_file(const std::string& path, bool writable) {
 
 Handle create_file(const std::string& path) {
   quiet_errors();
-  return Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), Handle::Kind::File,
-                "H5Fcreate", path);
+  return Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), Handle::Kind::File, "H5Fcreate",
+                path);
 }
 
 Handle open_dataset(const Handle& file, const char* name, const std::string& path) {
@@ -113,8 +113,8 @@ uint64_t dataset_length(const Handle& ds, const char* name, const std::string& p
   return static_cast<uint64_t>(dims[0]);
 }
 
-void read_1d(const Handle& ds, hid_t mem_type, uint64_t offset, uint64_t count, void* out,
-             const char* name, const std::string& path) {
+void read_1d(const Handle& ds, hid_t mem_type, uint64_t offset, uint64_t count, void* out, const char* name,
+             const std::string& path) {
   if (count == 0) return;
   Handle fspace(H5Dget_space(ds), Handle::Kind::Dataspace, "H5Dget_space", path);
   hsize_t start[1] = {offset}, cnt[1] = {count};
@@ -124,8 +124,8 @@ void read_1d(const Handle& ds, hid_t mem_type, uint64_t offset, uint64_t count, 
     EASYCTX_THROW("HDF5 read of ", name, "[", offset, ":", offset + count, "] failed for ", path);
 }
 
-Handle create_extendible(const Handle& file, const char* name, hid_t type, uint64_t chunk,
-                         int deflate_level, const std::string& path) {
+Handle create_extendible(const Handle& file, const char* name, hid_t type, uint64_t chunk, int deflate_level,
+                         const std::string& path) {
   hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk_dims[1] = {chunk};
   Handle space(H5Screate_simple(1, dims, maxdims), Handle::Kind::Dataspace, "H5Screate_simple", path);
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), Handle::Kind::Plist, "H5Pcreate", path);
@@ -134,12 +134,11 @@ Handle create_extendible(const Handle& file, const char* name, hid_t type, uint6
     check(H5Pset_shuffle(dcpl), "H5Pset_shuffle", path);
     check(H5Pset_deflate(dcpl, static_cast<unsigned>(deflate_level)), "H5Pset_deflate", path);
   }
-  return Handle(H5Dcreate2(file, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), Handle::Kind::Dataset,
-                name, path);
+  return Handle(H5Dcreate2(file, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), Handle::Kind::Dataset, name, path);
 }
 
-void append_1d(const Handle& ds, hid_t mem_type, uint64_t len, uint64_t count, const void* data,
-               const char* name, const std::string& path) {
+void append_1d(const Handle& ds, hid_t mem_type, uint64_t len, uint64_t count, const void* data, const char* name,
+               const std::string& path) {
   if (count == 0) return;
   hsize_t new_dims[1] = {len + count};
   check(H5Dset_extent(ds, new_dims), "H5Dset_extent", path);
@@ -175,8 +174,7 @@ void write_attr_string(const Handle& obj, const char* name, const std::string& v
 
 void write_attr_int(const Handle& obj, const char* name, int64_t value, const std::string& path) {
   Handle space = scalar_space(path);
-  Handle a(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), Handle::Kind::Attribute, name,
-           path);
+  Handle a(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), Handle::Kind::Attribute, name, path);
   check(H5Awrite(a, H5T_NATIVE_INT64, &value), "H5Awrite", path);
 }
 
@@ -189,8 +187,8 @@ std::string read_attr_string(const Handle& obj, const char* name, const std::str
   Handle a(H5Aopen(obj, name, H5P_DEFAULT), Handle::Kind::Attribute, name, path);
   Handle ft(H5Aget_type(a), Handle::Kind::Datatype, "H5Aget_type", path);
   EASYCTX_CHECK_INPUT(H5Tget_class(ft) == H5T_STRING, path, ": attribute ", name, " is not a string");
-  EASYCTX_CHECK_INPUT(check(H5Tis_variable_str(ft), "H5Tis_variable_str", path) == 0, path, ": attribute ",
-                      name, " is a variable-length string; expected fixed-length");
+  EASYCTX_CHECK_INPUT(check(H5Tis_variable_str(ft), "H5Tis_variable_str", path) == 0, path, ": attribute ", name,
+                      " is a variable-length string; expected fixed-length");
   size_t size = H5Tget_size(ft);
   EASYCTX_CHECK(size > 0, "H5Tget_size failed for ", path);
   // One more byte than stored: HDF5 converts to a null-terminated string, which would
@@ -220,8 +218,7 @@ void write_strings(const Handle& file, const char* name, const std::vector<std::
   Handle t = string_type(H5T_VARIABLE, path);
   hsize_t dims[1] = {v.size()};
   Handle space(H5Screate_simple(1, dims, nullptr), Handle::Kind::Dataspace, "H5Screate_simple", path);
-  Handle ds(H5Dcreate2(file, name, t, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), Handle::Kind::Dataset,
-            name, path);
+  Handle ds(H5Dcreate2(file, name, t, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), Handle::Kind::Dataset, name, path);
   std::vector<const char*> ptrs;
   for (const auto& s : v) ptrs.push_back(s.c_str());
   if (!v.empty()) check(H5Dwrite(ds, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()), "H5Dwrite", path);

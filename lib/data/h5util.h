@@ -52,14 +52,14 @@ void expect_unsigned(const Handle& ds, const char* name, size_t bytes, const std
 // Number of elements of a 1-D dataset (throws when it is not 1-D).
 uint64_t dataset_length(const Handle& ds, const char* name, const std::string& path);
 // Reads [offset, offset+count) of a 1-D dataset into out with the given memory type.
-void read_1d(const Handle& ds, hid_t mem_type, uint64_t offset, uint64_t count, void* out,
-             const char* name, const std::string& path);
+void read_1d(const Handle& ds, hid_t mem_type, uint64_t offset, uint64_t count, void* out, const char* name,
+             const std::string& path);
 // Creates a chunked, extendible 1-D dataset of `type`, initially empty.
-Handle create_extendible(const Handle& file, const char* name, hid_t type, uint64_t chunk,
-                         int deflate_level, const std::string& path);
+Handle create_extendible(const Handle& file, const char* name, hid_t type, uint64_t chunk, int deflate_level,
+                         const std::string& path);
 // Appends count elements to an extendible 1-D dataset whose current length is `len`.
-void append_1d(const Handle& ds, hid_t mem_type, uint64_t len, uint64_t count, const void* data,
-               const char* name, const std::string& path);
+void append_1d(const Handle& ds, hid_t mem_type, uint64_t len, uint64_t count, const void* data, const char* name,
+               const std::string& path);
 
 // Attributes on the file root (scalar).
 void write_attr_string(const Handle& obj, const char* name, const std::string& value, const std::string& path);

@@ -54,17 +54,19 @@ uint64_t sampler_tokens(const LoaderOptions& o, const TokenDataset& d) {
 }  // namespace
 
 DataLoader::DataLoader(const LoaderOptions& opts)
-    : opts_(opts), dataset_(opts.path), sampler_(sampler_tokens(opts, dataset_), opts.seq_length, opts.seed),
+    : opts_(opts),
+      dataset_(opts.path),
+      sampler_(sampler_tokens(opts, dataset_), opts.seq_length, opts.seed),
       vocab_limit_(dataset_.meta().vocab_size) {
   EASYCTX_CHECK_INPUT(opts_.seq_length > 0 && opts_.seq_length < (int64_t{1} << 31) - 1, "data loader: seq_length ",
                       opts_.seq_length, " outside [1, 2^31 - 2] (positions are int32)");
   const BatchShape& s = opts_.shape;
-  EASYCTX_CHECK_INPUT(s.batch_size > 0 && s.grad_accum > 0 && s.dp_size > 0, "data loader: batch_size ",
-                      s.batch_size, ", grad_accum ", s.grad_accum, ", dp_size ", s.dp_size, " must all be > 0");
+  EASYCTX_CHECK_INPUT(s.batch_size > 0 && s.grad_accum > 0 && s.dp_size > 0, "data loader: batch_size ", s.batch_size,
+                      ", grad_accum ", s.grad_accum, ", dp_size ", s.dp_size, " must all be > 0");
   EASYCTX_CHECK_INPUT(opts_.dp_rank >= 0 && opts_.dp_rank < s.dp_size, "data loader: dp_rank ", opts_.dp_rank,
                       " outside [0, ", s.dp_size, ")");
-  EASYCTX_CHECK_INPUT(opts_.sp_size > 0 && opts_.sp_rank >= 0 && opts_.sp_rank < opts_.sp_size,
-                      "data loader: sp_rank ", opts_.sp_rank, " outside [0, ", opts_.sp_size, ")");
+  EASYCTX_CHECK_INPUT(opts_.sp_size > 0 && opts_.sp_rank >= 0 && opts_.sp_rank < opts_.sp_size, "data loader: sp_rank ",
+                      opts_.sp_rank, " outside [0, ", opts_.sp_size, ")");
   EASYCTX_CHECK_INPUT(opts_.pack_pool > 0, "data loader: pack_pool ", opts_.pack_pool, " must be > 0");
   if (opts_.packing != DataPacking::Window) build_packing();
 }
@@ -287,8 +289,7 @@ MicroBatch DataLoader::micro_batch(int64_t step, int64_t micro) const {
   acc.labels.reserve(total);
   acc.positions.reserve(total);
   // Pre-training windows without weights or masking take today's path unchanged.
-  const bool plain =
-      opts_.packing == DataPacking::Window && !opts_.document_mask && !dataset_.has_loss_weights();
+  const bool plain = opts_.packing == DataPacking::Window && !opts_.document_mask && !dataset_.has_loss_weights();
   for (int64_t b = 0; b < mb.batch; ++b) {
     uint64_t i = sample_index(opts_.shape, step, micro, opts_.dp_rank, b);
     if (plain) {
@@ -332,13 +333,15 @@ LoaderState DataLoader::state() const {
 
 void DataLoader::restore(const LoaderState& s) {
   auto mismatch = [&](const char* what, auto saved, auto now) {
-    EASYCTX_THROW_INPUT("cannot resume the data cursor: ", what, " was ", saved, " in the checkpoint, ", now,
-                        " now (", dataset_.spec(), ")");
+    EASYCTX_THROW_INPUT("cannot resume the data cursor: ", what, " was ", saved, " in the checkpoint, ", now, " now (",
+                        dataset_.spec(), ")");
   };
   if (s.seed != opts_.seed) mismatch("seed", s.seed, opts_.seed);
   if (s.seq_length != opts_.seq_length) mismatch("seq_length", s.seq_length, opts_.seq_length);
-  if (s.dataset_tokens != dataset_.num_tokens()) mismatch("dataset token count", s.dataset_tokens, dataset_.num_tokens());
-  if (s.global_batch != opts_.shape.global()) mismatch("global batch (B*accum*dp)", s.global_batch, opts_.shape.global());
+  if (s.dataset_tokens != dataset_.num_tokens())
+    mismatch("dataset token count", s.dataset_tokens, dataset_.num_tokens());
+  if (s.global_batch != opts_.shape.global())
+    mismatch("global batch (B*accum*dp)", s.global_batch, opts_.shape.global());
   if (s.packing != packing_name()) mismatch("data packing", s.packing, packing_name());
   EASYCTX_CHECK_INPUT(s.next_step >= 0 && s.next_micro >= 0 && s.next_micro < opts_.shape.grad_accum,
                       "cannot resume the data cursor: micro-batch ", s.next_micro, " does not exist with grad_accum ",

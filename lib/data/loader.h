@@ -32,13 +32,13 @@ struct LoaderOptions {
   std::string path;        // shard file, folder or glob (TokenDataset)
   int64_t seq_length = 0;  // L: inputs per sequence (a window has L + 1 tokens)
   uint64_t seed = 0;
-  BatchShape shape;        // batch_size, grad_accum, dp_size
+  BatchShape shape;  // batch_size, grad_accum, dp_size
   int64_t dp_rank = 0;
   SpLayout sp_layout = SpLayout::None;
   int sp_size = 1;
   int sp_rank = 0;
-  int sp_inner = 1;        // usp: the Ulysses degree (sp_rank = ring_rank * sp_inner + ulysses_rank)
-  int32_t pad_id = 0;      // input id of padding positions (their labels are -1)
+  int sp_inner = 1;          // usp: the Ulysses degree (sp_rank = ring_rank * sp_inner + ulysses_rank)
+  int32_t pad_id = 0;        // input id of padding positions (their labels are -1)
   bool check_tokens = true;  // check every window's ids < vocab when drawn (data.check_tokens)
   // Packing (docs/data.md, "Packing"): Window = the stream cut into windows (sampler.h);
   // BestFit / OnePerWindow = whole documents (or seq_length pieces of longer ones) per
@@ -57,8 +57,8 @@ struct MicroBatch {
   int64_t local_len = 0;  // tokens per sequence on this SP rank (sp_local_length)
   // Row-major [batch, local_len]:
   std::vector<int32_t> tokens, labels, positions;
-  int64_t real_labels = 0;             // labels != -1 in this rank's slice (loss denominator part)
-  std::vector<uint64_t> sample_ids;    // [batch] global sample indices
+  int64_t real_labels = 0;           // labels != -1 in this rank's slice (loss denominator part)
+  std::vector<uint64_t> sample_ids;  // [batch] global sample indices
   // [batch]: where each sequence's documents start, as offsets into the whole padded sequence
   // (sp_padded_length positions, not this rank's slice), first entry 0, increasing; the same
   // on every SP rank (see SpSlice::doc_starts). With document_mask false: {0} for every

@@ -38,9 +38,7 @@ uint64_t Permutation::operator()(uint64_t x) const {
   EASYCTX_CHECK(x < n_, "Permutation: ", x, " outside [0, ", n_, ")");
   // Cycle walking: a permutation of the power-of-4 domain restricted to [0, n) stays a
   // bijection when we re-apply it until the value lands inside.
-  do {
-    x = feistel(x);
-  } while (x >= n_);
+  do { x = feistel(x); } while (x >= n_);
   return x;
 }
 
@@ -61,8 +59,9 @@ WindowSampler::WindowSampler(uint64_t num_tokens, int64_t seq_length, uint64_t s
     : seq_length_(seq_length), seed_(seed) {
   EASYCTX_CHECK_INPUT(seq_length > 0, "seq_length must be > 0, got ", seq_length);
   const uint64_t L = static_cast<uint64_t>(seq_length);
-  EASYCTX_CHECK_INPUT(num_tokens >= L + 1, "the dataset has ", num_tokens, " tokens, fewer than seq_length + 1 = ",
-                      L + 1, "; tokenize more text or lower the sequence length");
+  EASYCTX_CHECK_INPUT(num_tokens >= L + 1, "the dataset has ", num_tokens,
+                      " tokens, fewer than seq_length + 1 = ", L + 1,
+                      "; tokenize more text or lower the sequence length");
   windows_ = (num_tokens - 1) / L;
 }
 

@@ -14,7 +14,7 @@ using h5::Handle;
 
 namespace {
 const char* kStdAttrs[] = {"format", "format_version", "tokenizer_sha256", "tokenizer_name", "vocab_size",
-                           "bos_id", "eos_id", "add_bos", "add_eos", "easyctx_version"};
+                           "bos_id", "eos_id",         "add_bos",          "add_eos",        "easyctx_version"};
 
 void write_meta(const Handle& f, const ShardMeta& m, const std::string& path) {
   h5::write_attr_string(f, "format", kShardFormat, path);
@@ -39,12 +39,11 @@ herr_t collect_attr_name(hid_t, const char* name, const H5A_info_t*, void* op) {
 }
 
 ShardMeta load_meta(const Handle& f, const std::string& path) {
-  EASYCTX_CHECK_INPUT(h5::has_attr(f, "format", path) && h5::read_attr_string(f, "format", path) == kShardFormat,
-                      path, ": not an easyctx token shard (root attribute format != \"", kShardFormat, "\")");
+  EASYCTX_CHECK_INPUT(h5::has_attr(f, "format", path) && h5::read_attr_string(f, "format", path) == kShardFormat, path,
+                      ": not an easyctx token shard (root attribute format != \"", kShardFormat, "\")");
   int64_t ver = h5::read_attr_int(f, "format_version", path);
-  EASYCTX_CHECK_INPUT(ver == kShardFormatVersion || ver == kShardFormatVersionWeights, path,
-                      ": shard format_version ", ver, ", this build reads ", kShardFormatVersion, " and ",
-                      kShardFormatVersionWeights);
+  EASYCTX_CHECK_INPUT(ver == kShardFormatVersion || ver == kShardFormatVersionWeights, path, ": shard format_version ",
+                      ver, ", this build reads ", kShardFormatVersion, " and ", kShardFormatVersionWeights);
   ShardMeta m;
   m.has_loss_weights = ver == kShardFormatVersionWeights;
   m.tokenizer_sha256 = h5::read_attr_string(f, "tokenizer_sha256", path);
@@ -74,8 +73,11 @@ struct TokenShardWriter::Impl {
 };
 
 TokenShardWriter::TokenShardWriter(std::string final_path, ShardMeta meta, uint64_t chunk_tokens, int deflate_level)
-    : final_path_(std::move(final_path)), tmp_path_(final_path_ + ".tmp"), meta_(std::move(meta)),
-      impl_(std::make_unique<Impl>()), chunk_(std::max<uint64_t>(1, chunk_tokens)) {
+    : final_path_(std::move(final_path)),
+      tmp_path_(final_path_ + ".tmp"),
+      meta_(std::move(meta)),
+      impl_(std::make_unique<Impl>()),
+      chunk_(std::max<uint64_t>(1, chunk_tokens)) {
   EASYCTX_CHECK(meta_.vocab_size > 0, "TokenShardWriter: vocab_size must be > 0 for ", final_path_);
   std::error_code ec;
   fs::remove(tmp_path_, ec);
@@ -211,8 +213,8 @@ void TokenShardReader::read(uint64_t offset, uint64_t count, uint32_t* out) cons
 }
 
 void TokenShardReader::read_weights(uint64_t offset, uint64_t count, uint8_t* out) const {
-  EASYCTX_CHECK(offset <= num_tokens_ && count <= num_tokens_ - offset, path_, ": read of loss weights [", offset,
-                ", ", offset + count, ") is outside [0, ", num_tokens_, ")");
+  EASYCTX_CHECK(offset <= num_tokens_ && count <= num_tokens_ - offset, path_, ": read of loss weights [", offset, ", ",
+                offset + count, ") is outside [0, ", num_tokens_, ")");
   if (!meta_.has_loss_weights) {
     std::fill(out, out + count, uint8_t{1});
     return;

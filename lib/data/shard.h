@@ -37,10 +37,10 @@ struct ShardMeta {
   int64_t vocab_size = 0;        // every id is < vocab_size
   int64_t bos_id = -1;           // -1: the tokenizer has none
   int64_t eos_id = -1;
-  bool add_bos = true;           // BOS was prepended to every document
-  bool add_eos = false;          // EOS was appended to every document
-  bool has_loss_weights = false; // /loss_weights present (format_version 2)
-  std::string easyctx_version;   // filled by the writer (EASYCTX_VERSION)
+  bool add_bos = true;                       // BOS was prepended to every document
+  bool add_eos = false;                      // EOS was appended to every document
+  bool has_loss_weights = false;             // /loss_weights present (format_version 2)
+  std::string easyctx_version;               // filled by the writer (EASYCTX_VERSION)
   std::map<std::string, std::string> extra;  // producer attributes (string-valued)
 };
 
@@ -48,8 +48,7 @@ class TokenShardWriter {
  public:
   // Creates `final_path + ".tmp"` (replacing a stale one). chunk_tokens: HDF5 chunk of
   // /tokens; deflate_level 0 = uncompressed (fastest random access).
-  TokenShardWriter(std::string final_path, ShardMeta meta, uint64_t chunk_tokens = 1 << 20,
-                   int deflate_level = 0);
+  TokenShardWriter(std::string final_path, ShardMeta meta, uint64_t chunk_tokens = 1 << 20, int deflate_level = 0);
   ~TokenShardWriter();  // without commit(): closes and deletes the temporary file
   TokenShardWriter(const TokenShardWriter&) = delete;
   TokenShardWriter& operator=(const TokenShardWriter&) = delete;

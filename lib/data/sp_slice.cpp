@@ -19,16 +19,13 @@ void append_range(const uint32_t* w, int64_t L, int64_t begin, int64_t end, int3
 }
 }  // namespace
 
-std::vector<std::pair<int64_t, int64_t>> sp_rank_ranges(int64_t L, SpLayout layout, int world, int rank,
-                                                        int inner) {
+std::vector<std::pair<int64_t, int64_t>> sp_rank_ranges(int64_t L, SpLayout layout, int world, int rank, int inner) {
   EASYCTX_CHECK(world > 0 && rank >= 0 && rank < world, "sp_slice: rank ", rank, " outside world ", world);
   EASYCTX_CHECK(L < (int64_t(1) << 31), "sp_slice: sequence length ", L, " does not fit int32 positions");
   const int64_t Lp = sp_padded_length(L, layout, world, inner);
   std::vector<std::pair<int64_t, int64_t>> r;
   switch (layout) {
-    case SpLayout::None:
-      r.emplace_back(0, L);
-      break;
+    case SpLayout::None: r.emplace_back(0, L); break;
     case SpLayout::Contiguous: {
       int64_t c = Lp / world;
       r.emplace_back(rank * c, (rank + 1) * c);
@@ -79,8 +76,7 @@ void sp_slice_sequence_append(const SpSequence& seq, int64_t L, SpLayout layout,
   out.doc_starts.push_back(seq.doc_starts);
 }
 
-SpSlice sp_slice(const uint32_t* window, int64_t L, SpLayout layout, int world, int rank, int32_t pad_id,
-                 int inner) {
+SpSlice sp_slice(const uint32_t* window, int64_t L, SpLayout layout, int world, int rank, int32_t pad_id, int inner) {
   SpSlice s;
   sp_slice_append(window, L, layout, world, rank, pad_id, s, inner);
   return s;

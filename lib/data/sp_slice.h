@@ -17,9 +17,9 @@ namespace easyctx::data {
 
 using easyctx::parse_sp_layout;
 using easyctx::sp_layout_name;
-using easyctx::SpLayout;
 using easyctx::sp_local_length;
 using easyctx::sp_padded_length;
+using easyctx::SpLayout;
 
 struct SpSlice {
   std::vector<int32_t> tokens;     // [local_len]
@@ -36,8 +36,7 @@ struct SpSlice {
 
 // The half-open ranges of padded positions [0, Lp) that `rank` holds, in the order its slice
 // lists them (Lp = sp_padded_length(L, ...)).
-std::vector<std::pair<int64_t, int64_t>> sp_rank_ranges(int64_t L, SpLayout layout, int world, int rank,
-                                                        int inner = 1);
+std::vector<std::pair<int64_t, int64_t>> sp_rank_ranges(int64_t L, SpLayout layout, int world, int rank, int inner = 1);
 
 // One sequence built in full before slicing (packed documents, loss weights, per-document
 // positions): tokens, labels and positions have Lp = sp_padded_length(L, ...) entries,

@@ -28,9 +28,9 @@ class Comm {
   virtual ~Comm() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual const std::string& name() const = 0;   // group name for messages: "world", "dp", "sp", ...
-  virtual MemSpace memspace() const = 0;         // where buffers must live
-  virtual const char* backend() const = 0;       // "mpi" or "nccl"
+  virtual const std::string& name() const = 0;  // group name for messages: "world", "dp", "sp", ...
+  virtual MemSpace memspace() const = 0;        // where buffers must live
+  virtual const char* backend() const = 0;      // "mpi" or "nccl"
 
   // In-place is allowed where send == recv (all_reduce; all_gather/reduce_scatter with the
   // rank's own slice of recv/send).

@@ -193,8 +193,7 @@ void MpiComm::broadcast(void* buf, size_t count, DType t, int root) {
   }
 }
 
-void MpiComm::send_recv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src,
-                        DType t) {
+void MpiComm::send_recv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src, DType t) {
   const Watch w = begin("send_recv", send_count);
   MPI_Datatype mt = mpi_type(t, false);
   if (dst == kNoPeer) dst = MPI_PROC_NULL;

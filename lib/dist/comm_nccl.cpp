@@ -76,8 +76,8 @@ void NcclComm::all_reduce(const void* send, void* recv, size_t count, DType t, R
 void NcclComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
   fault_point("reduce_scatter", name_);
   issued("ncclReduceScatter", recv_count);
-  check_nccl(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, stream_),
-             "ncclReduceScatter", name_);
+  check_nccl(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, stream_), "ncclReduceScatter",
+             name_);
 }
 void NcclComm::all_gather(const void* send, void* recv, size_t send_count, DType t) {
   fault_point("all_gather", name_);
@@ -108,9 +108,9 @@ void NcclComm::all_to_all(const void* send, void* recv, size_t count, DType t) {
     check_nccl(ncclSend(static_cast<const char*>(send) + static_cast<size_t>(p) * bytes, count, nccl_type(t), p, comm_,
                         stream_),
                "ncclSend", name_);
-    check_nccl(ncclRecv(static_cast<char*>(recv) + static_cast<size_t>(p) * bytes, count, nccl_type(t), p, comm_,
-                        stream_),
-               "ncclRecv", name_);
+    check_nccl(
+        ncclRecv(static_cast<char*>(recv) + static_cast<size_t>(p) * bytes, count, nccl_type(t), p, comm_, stream_),
+        "ncclRecv", name_);
   }
   check_nccl(ncclGroupEnd(), "ncclGroupEnd", name_);
 }
@@ -136,10 +136,10 @@ void NcclComm::synchronize() {
     if (el > timeout_s_) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
-      abort_all(timeout_message(std::string(last_op_) + " (the last NCCL operation issued)", name_, last_count_,
-                                timeout_s_) +
-                    ": a peer rank has failed or is stuck; aborting all ranks",
-                3);
+      abort_all(
+          timeout_message(std::string(last_op_) + " (the last NCCL operation issued)", name_, last_count_, timeout_s_) +
+              ": a peer rank has failed or is stuck; aborting all ranks",
+          3);
     }
     if (spin % 256 == 255) answer_roll_calls();  // ranks stuck in MPI ask what this one waits in
     std::this_thread::sleep_for(std::chrono::microseconds(50));

@@ -38,8 +38,10 @@ GroupLayout make_group_layout(const StageConfig& cfg, int world_size, int ranks_
   }
   if (L.zero_scope == ZeroGroupScope::Node) {
     const std::string& src = cfg.source.empty() ? std::string("config") : cfg.source;
-    EASYCTX_CHECK_INPUT(world_size % L.ranks_per_node == 0, src, ": parallel.zero.group = node needs the same "
-                        "number of ranks on every node (world ", world_size, ", ", L.ranks_per_node, " per node)");
+    EASYCTX_CHECK_INPUT(world_size % L.ranks_per_node == 0, src,
+                        ": parallel.zero.group = node needs the same "
+                        "number of ranks on every node (world ",
+                        world_size, ", ", L.ranks_per_node, " per node)");
   }
   return L;
 }
@@ -165,8 +167,8 @@ ProcessGroups::ProcessGroups(MPI_Comm parent, const GroupLayout& layout, CommBac
   int rank = 0, size = 1, local_rank = 0;
   check_mpi(MPI_Comm_rank(parent, &rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(parent, &size), "MPI_Comm_size");
-  EASYCTX_CHECK(layout.world_size == size, "group layout is for ", layout.world_size, " ranks but the communicator has ",
-                size);
+  EASYCTX_CHECK(layout.world_size == size, "group layout is for ", layout.world_size,
+                " ranks but the communicator has ", size);
   MPI_Comm node;
   check_mpi(MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   check_mpi(MPI_Comm_rank(node, &local_rank), "MPI_Comm_rank");

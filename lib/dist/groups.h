@@ -23,8 +23,8 @@ struct GroupLayout {
   int ranks_per_node = 1;  // layout assumes block placement: node = rank / ranks_per_node
   int dp_size = 1;
   int sp_size = 1;
-  int ulysses_size = 1;    // usp: inner (contiguous) degree; else 1 (ulysses mode: = sp_size)
-  int ring_size = 1;       // usp: outer degree; zigzag_ring/dist_flash: = sp_size
+  int ulysses_size = 1;  // usp: inner (contiguous) degree; else 1 (ulysses mode: = sp_size)
+  int ring_size = 1;     // usp: outer degree; zigzag_ring/dist_flash: = sp_size
   ZeroGroupScope zero_scope = ZeroGroupScope::World;
   SeqParallelMode mode = SeqParallelMode::None;
 

@@ -20,8 +20,8 @@ void check_mpi(int rc, const char* what) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, buf, &len);
-  EASYCTX_THROW(process_label().empty() ? "" : "[" + process_label() + "] ", what, " failed: ",
-                std::string(buf, static_cast<size_t>(len)));
+  EASYCTX_THROW(process_label().empty() ? "" : "[" + process_label() + "] ", what,
+                " failed: ", std::string(buf, static_cast<size_t>(len)));
 }
 
 namespace {
@@ -107,7 +107,8 @@ Runtime::Runtime(int* argc, char*** argv) {
   });
   std::vector<std::string> hosts;
   for (int r = 0; r < topo_.world_size; ++r)
-    hosts.emplace_back(names.data() + static_cast<size_t>(r) * kHost, strnlen(names.data() + static_cast<size_t>(r) * kHost, kHost));
+    hosts.emplace_back(names.data() + static_cast<size_t>(r) * kHost,
+                       strnlen(names.data() + static_cast<size_t>(r) * kHost, kHost));
   set_roll_call_comm(roll_call_comm_, std::move(hosts));
 
   int leader = topo_.world_rank;
@@ -138,7 +139,8 @@ Runtime::~Runtime() {
 void abort_all(const std::string& msg, int code) {
   if (!msg.empty()) {
     const std::string& who = process_label();
-    std::fprintf(stderr, "%s%s%serror: %s\n", who.empty() ? "" : "[", who.c_str(), who.empty() ? "" : "] ", msg.c_str());
+    std::fprintf(stderr, "%s%s%serror: %s\n", who.empty() ? "" : "[", who.c_str(), who.empty() ? "" : "] ",
+                 msg.c_str());
     std::fflush(stderr);
   }
   int initialized = 0, finalized = 0;
@@ -180,9 +182,7 @@ void run_collectively(const Runtime& rt, const std::function<void()>& fn) {
   int code = 0;
   try {
     fn();
-  } catch (const AgreedFailure&) {
-    throw;
-  } catch (const InputError& e) {
+  } catch (const AgreedFailure&) { throw; } catch (const InputError& e) {
     msg = e.what();
     code = 2;
   } catch (const std::exception& e) {
@@ -193,14 +193,12 @@ void run_collectively(const Runtime& rt, const std::function<void()>& fn) {
   // within the collective timeout, named by the roll call.
   int mine = code ? rt.rank() : rt.size();
   int first = mine;
-  world_watched("run_collectively", 1, [&](MPI_Request* q) {
-    return MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, q);
-  });
+  world_watched("run_collectively", 1,
+                [&](MPI_Request* q) { return MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, q); });
   if (first == rt.size()) return;
   int worst = code;
-  world_watched("run_collectively(failure code)", 1, [&](MPI_Request* q) {
-    return MPI_Iallreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, q);
-  });
+  world_watched("run_collectively(failure code)", 1,
+                [&](MPI_Request* q) { return MPI_Iallreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, q); });
   if (rt.rank() == first) {
     std::string where = rt.size() > 1 && first != 0 ? "rank " + std::to_string(first) + ": " : "";
     throw AgreedFailure(where + msg, worst, true);

@@ -14,9 +14,9 @@ namespace easyctx::dist {
 struct Topology {
   int world_rank = 0;
   int world_size = 1;
-  int local_rank = 0;   // rank among the processes of this node (MPI_Comm_split_type shared)
+  int local_rank = 0;  // rank among the processes of this node (MPI_Comm_split_type shared)
   int local_size = 1;
-  int node_index = 0;   // 0 .. num_nodes-1, ordered by the lowest world rank on each node
+  int node_index = 0;  // 0 .. num_nodes-1, ordered by the lowest world rank on each node
   int num_nodes = 1;
   std::string hostname;
 };

@@ -102,14 +102,12 @@ void copy_text(char* dst, size_t n, const std::string& s) {
 std::string roll_call(const Watch& w, double grace) {
   RollCall& r = rc();
   const int me = world_rank();
-  if (r.comm == MPI_COMM_NULL || !w.members || w.members->size() < 2)
-    return "a peer rank has failed or is stuck";
+  if (r.comm == MPI_COMM_NULL || !w.members || w.members->size() < 2) return "a peer rank has failed or is stuck";
   std::vector<int> others;
   for (int m : *w.members)
     if (m != me) others.push_back(m);
   std::vector<MPI_Request> qs(others.size(), MPI_REQUEST_NULL);
-  for (size_t i = 0; i < others.size(); ++i)
-    MPI_Isend(&r.query, 1, MPI_INT, others[i], kQueryTag, r.comm, &qs[i]);
+  for (size_t i = 0; i < others.size(); ++i) MPI_Isend(&r.query, 1, MPI_INT, others[i], kQueryTag, r.comm, &qs[i]);
   std::map<int, Reply> got;
   const auto start = Clock::now();
   while (got.size() < others.size() && seconds_since(start) < grace) {

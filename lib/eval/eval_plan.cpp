@@ -36,7 +36,8 @@ plan::MemoryPlan plan_session(const SessionOptions& o, int64_t max_tokens, const
   cfg.train.device = o.device;
   cfg.data.seq_length = max_tokens;
   for (const std::string& s : sets) {
-    EASYCTX_CHECK_INPUT(starts_with(s, "target."), "--set ", s, ": only target.* keys (the machine the plan is for: "
+    EASYCTX_CHECK_INPUT(starts_with(s, "target."), "--set ", s,
+                        ": only target.* keys (the machine the plan is for: "
                         "target.gpu, target.gpu_memory_gib, target.gpus_per_node, target.nodes, "
                         "target.host_memory_gib, target.headroom); the run's shape has its own flags");
     apply_override(cfg, s);
@@ -47,9 +48,9 @@ plan::MemoryPlan plan_session(const SessionOptions& o, int64_t max_tokens, const
   in.model = model_config(ref, o.rope_theta);
   in.cfg = cfg;
   in.load_staging_elems = load_staging_elems(ref, model::ParamLayout(in.model));
-  EASYCTX_CHECK_INPUT(in.model.num_kv_heads % o.attention_head_groups == 0, "--attention-head-groups: ",
-                      o.attention_head_groups, " does not divide the model's key/value heads (", in.model.num_kv_heads,
-                      ")");
+  EASYCTX_CHECK_INPUT(in.model.num_kv_heads % o.attention_head_groups == 0,
+                      "--attention-head-groups: ", o.attention_head_groups,
+                      " does not divide the model's key/value heads (", in.model.num_kv_heads, ")");
   return plan::plan_inference(in, plan::resolve_target(cfg, world_size, ranks_per_node));
 }
 
@@ -59,8 +60,10 @@ std::string session_refusal(const plan::MemoryPlan& p) {
   const size_t cut = msg.find(" Would fit:");
   const size_t none = msg.find(" Nothing makes it fit");
   msg = msg.substr(0, std::min(cut, none));
-  if (p.knobs.empty()) return msg + " Nothing makes it fit alone: not --attention-head-groups, --mlp-tile, "
-                                    "--lm-head-tile nor --sp-size; use GPUs with more memory.";
+  if (p.knobs.empty())
+    return msg +
+           " Nothing makes it fit alone: not --attention-head-groups, --mlp-tile, "
+           "--lm-head-tile nor --sp-size; use GPUs with more memory.";
   std::ostringstream os;
   os << msg << " Would fit:";
   for (size_t i = 0; i < p.knobs.size(); ++i) {

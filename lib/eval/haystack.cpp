@@ -197,10 +197,12 @@ Haystack load_tokens(const std::string& spec, const data::Tokenizer& tok, int64_
   } else {
     const std::vector<std::string> files = haystack_files(spec, flag);
     const int64_t docs = read_files(files, tok, c, flag);
-    h.description = spec + " (" + std::to_string(docs) + " document(s) from " + std::to_string(files.size()) + " file(s))";
+    h.description =
+        spec + " (" + std::to_string(docs) + " document(s) from " + std::to_string(files.size()) + " file(s))";
   }
   std::vector<uint32_t>& t = c.tokens();
-  EASYCTX_CHECK_INPUT(!t.empty(), flag, " ", spec.empty() ? std::string("(default)") : spec, ": the text has no tokens");
+  EASYCTX_CHECK_INPUT(!t.empty(), flag, " ", spec.empty() ? std::string("(default)") : spec,
+                      ": the text has no tokens");
   const size_t once = t.size();
   h.description += ", " + std::to_string(once) + " tokens";
   if (static_cast<int64_t>(once) < min_tokens) {

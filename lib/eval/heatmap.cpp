@@ -77,8 +77,8 @@ Canvas draw_heatmap(const HeatmapImage& h) {
            g.top + plot_h + 4, kAxis);
     c.text_up(x, g.top + plot_h + 8 + text_width(s), s, kInk, kScale);
   }
-  c.text(g.left + std::max(0, (plot_w - text_width(h.x_label)) / 2), g.top + plot_h + 8 + tick_w + 12,
-         h.x_label, kInk, kScale);
+  c.text(g.left + std::max(0, (plot_w - text_width(h.x_label)) / 2), g.top + plot_h + 8 + tick_w + 12, h.x_label, kInk,
+         kScale);
   c.text_up(16, g.top + (plot_h + text_width(h.y_label)) / 2, h.y_label, kInk, kScale);
   // Colour bar: 1 at the top, 0 at the bottom.
   const int bx = g.left + plot_w + 20;

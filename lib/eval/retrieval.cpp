@@ -14,13 +14,13 @@ namespace {
 const char* const kTaskNames[] = {"needle", "passkey", "multikey", "multivalue", "vt"};
 
 // Keys of the multi-key task: "adjective-noun", as RULER's (word lists of this file).
-const char* const kAdjectives[] = {"amber",  "brave",  "calm",   "daring", "eager",  "famous", "gentle", "hollow",
-                                   "icy",    "jolly",  "kind",   "lively", "mellow", "noble",  "odd",    "proud",
-                                   "quiet",  "rapid",  "silent", "tidy",   "upbeat", "vivid",  "witty",  "young",
-                                   "zesty",  "bold",   "crisp",  "dusty",  "fierce", "grand",  "humble", "keen"};
-const char* const kNouns[] = {"anchor", "badger", "candle", "desert", "engine", "falcon", "garden", "harbor",
-                              "island", "jacket", "kettle", "ladder", "meadow", "needle", "orchid", "pepper",
-                              "quartz", "river",  "saddle", "tunnel", "violin", "walnut", "yarrow", "zebra",
+const char* const kAdjectives[] = {"amber", "brave", "calm",   "daring", "eager",  "famous", "gentle", "hollow",
+                                   "icy",   "jolly", "kind",   "lively", "mellow", "noble",  "odd",    "proud",
+                                   "quiet", "rapid", "silent", "tidy",   "upbeat", "vivid",  "witty",  "young",
+                                   "zesty", "bold",  "crisp",  "dusty",  "fierce", "grand",  "humble", "keen"};
+const char* const kNouns[] = {"anchor", "badger", "candle", "desert",  "engine",  "falcon", "garden",  "harbor",
+                              "island", "jacket", "kettle", "ladder",  "meadow",  "needle", "orchid",  "pepper",
+                              "quartz", "river",  "saddle", "tunnel",  "violin",  "walnut", "yarrow",  "zebra",
                               "bridge", "canyon", "dragon", "feather", "glacier", "hammer", "lantern", "mirror"};
 constexpr size_t kNumAdjectives = sizeof(kAdjectives) / sizeof(kAdjectives[0]);
 constexpr size_t kNumNouns = sizeof(kNouns) / sizeof(kNouns[0]);
@@ -105,18 +105,14 @@ PromptBuilder::PromptBuilder(const data::Tokenizer& tok, TaskOptions opts) : tok
     const std::string s = tok_.decode(&u, 1);
     bool any = false, only = true;
     for (char c : s) {
-      if (c == '.' || c == '!' || c == '?')
-        any = true;
-      else if (!std::isspace(static_cast<unsigned char>(c)))
-        only = false;
+      if (c == '.' || c == '!' || c == '?') any = true;
+      else if (!std::isspace(static_cast<unsigned char>(c))) only = false;
     }
     sentence_end_[static_cast<size_t>(id)] = any && only;
   }
 }
 
-bool PromptBuilder::is_sentence_end(uint32_t id) const {
-  return id < sentence_end_.size() && sentence_end_[id];
-}
+bool PromptBuilder::is_sentence_end(uint32_t id) const { return id < sentence_end_.size() && sentence_end_[id]; }
 
 int64_t PromptBuilder::after_sentence_end(const std::vector<uint32_t>& hay, int64_t end, int64_t from) const {
   for (int64_t i = std::max<int64_t>(from, 0); i < end; ++i)
@@ -197,8 +193,8 @@ Prompt PromptBuilder::assemble(const std::string& prefix, const std::vector<uint
 
 Prompt PromptBuilder::needle(const std::vector<uint32_t>& haystack, int64_t L, double depth, int64_t number,
                              Rng& rng) const {
-  EASYCTX_CHECK(L >= 1 && static_cast<int64_t>(haystack.size()) >= L, "needle prompt: a haystack of ",
-                haystack.size(), " tokens cut to ", L);
+  EASYCTX_CHECK(L >= 1 && static_cast<int64_t>(haystack.size()) >= L, "needle prompt: a haystack of ", haystack.size(),
+                " tokens cut to ", L);
   std::vector<Piece> pieces;
   pieces.push_back({needle_text(opts_.city, number), depth_point(haystack, L, depth), true});
   const std::vector<int64_t> others =
@@ -239,10 +235,10 @@ TaskText passkey_text(const TaskOptions& o, Rng& rng, const PointFn& point) {
   TaskText t;
   const int64_t n = random_number(rng, o.digits);
   const std::string k = std::to_string(n);
-  t.pieces.push_back({"\nThe pass key is " + k + ". Remember it. " + k + " is the pass key.\n",
-                      point(), true});
-  t.prefix = "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
-             "I will quiz you about the pass key afterwards.\n";
+  t.pieces.push_back({"\nThe pass key is " + k + ". Remember it. " + k + " is the pass key.\n", point(), true});
+  t.prefix =
+      "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
+      "I will quiz you about the pass key afterwards.\n";
   t.question = "\nWhat is the pass key? The pass key is";
   t.answer = k;
   return t;
@@ -262,8 +258,9 @@ TaskText multikey_text(const TaskOptions& o, Rng& rng, const PointFn& point) {
   for (size_t i = 0; i < keys.size(); ++i)
     t.pieces.push_back({"\nOne of the special magic numbers for " + keys[i] + " is: " + std::to_string(nums[i]) + ".\n",
                         point(), i == asked});
-  t.prefix = "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
-             "I will quiz you about the numbers afterwards.\n";
+  t.prefix =
+      "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
+      "I will quiz you about the numbers afterwards.\n";
   t.question = "\nWhat is the special magic number for " + keys[asked] +
                " mentioned in the provided text? The special magic number for " + keys[asked] +
                " mentioned in the provided text is:";
@@ -274,8 +271,7 @@ TaskText multikey_text(const TaskOptions& o, Rng& rng, const PointFn& point) {
 // multivalue: several numbers of one key, asked in order.
 TaskText multivalue_text(const TaskOptions& o, Rng& rng, const PointFn& point) {
   TaskText t;
-  const std::string key =
-      std::string(kAdjectives[rng.below(kNumAdjectives)]) + "-" + kNouns[rng.below(kNumNouns)];
+  const std::string key = std::string(kAdjectives[rng.below(kNumAdjectives)]) + "-" + kNouns[rng.below(kNumNouns)];
   const std::vector<int64_t> nums = distinct_numbers(rng, o.digits, static_cast<size_t>(o.values), {});
   const std::vector<int64_t> pts = sorted_points(point, nums.size());
   std::vector<std::string> vals;
@@ -283,8 +279,9 @@ TaskText multivalue_text(const TaskOptions& o, Rng& rng, const PointFn& point) {
     vals.push_back(std::to_string(nums[i]));
     t.pieces.push_back({"\nOne of the special magic numbers for " + key + " is: " + vals.back() + ".\n", pts[i], true});
   }
-  t.prefix = "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
-             "I will quiz you about the numbers afterwards.\n";
+  t.prefix =
+      "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
+      "I will quiz you about the numbers afterwards.\n";
   t.question = "\nWhat are all the special magic numbers for " + key +
                " mentioned in the provided text? The special magic numbers for " + key +
                " mentioned in the provided text, in order, are:";

@@ -35,35 +35,35 @@
 namespace easyctx::eval {
 
 enum class Task { Needle, Passkey, MultiKey, MultiValue, VariableTracking };
-const char* task_name(Task t);               // "needle", "passkey", "multikey", "multivalue", "vt"
-Task parse_task(std::string_view name);      // InputError naming --task and the choices
-bool is_synthetic(Task t);                   // every task but the needle
+const char* task_name(Task t);           // "needle", "passkey", "multikey", "multivalue", "vt"
+Task parse_task(std::string_view name);  // InputError naming --task and the choices
+bool is_synthetic(Task t);               // every task but the needle
 
 struct TaskOptions {
-  int digits = 7;        // of every number (needle, pass key, values)
-  int distractors = 0;   // needle: other cities' needles
-  int keys = 4;          // multikey
-  int values = 4;        // multivalue
-  int hops = 4;          // vt: assignments after the first
+  int digits = 7;       // of every number (needle, pass key, values)
+  int distractors = 0;  // needle: other cities' needles
+  int keys = 4;         // multikey
+  int values = 4;       // multivalue
+  int hops = 4;         // vt: assignments after the first
   std::string city = "Singapore";
 };
 void check_task_options(const TaskOptions& o);  // InputError naming the flag
 
 // One inserted piece of text (needle, distractor, key, assignment) in Prompt::tokens.
 struct Insert {
-  int64_t at = 0;       // index of its first token in Prompt::tokens
-  int64_t length = 0;   // tokens
+  int64_t at = 0;              // index of its first token in Prompt::tokens
+  int64_t length = 0;          // tokens
   int64_t haystack_point = 0;  // where in the haystack (0..L) it went
   std::string text;
   bool target = false;  // carries (part of) the answer
 };
 
 struct Prompt {
-  std::vector<int32_t> tokens;   // BOS, prefix, context (haystack + inserts), question, answer
-  int64_t context_begin = 0, context_end = 0;  // [begin, end) of the context in tokens
-  int64_t answer_begin = 0, answer_length = 0; // the answer's tokens: [begin, begin + length)
-  std::string answer;            // its text
-  std::vector<Insert> inserts;   // in order of position
+  std::vector<int32_t> tokens;                  // BOS, prefix, context (haystack + inserts), question, answer
+  int64_t context_begin = 0, context_end = 0;   // [begin, end) of the context in tokens
+  int64_t answer_begin = 0, answer_length = 0;  // the answer's tokens: [begin, begin + length)
+  std::string answer;                           // its text
+  std::vector<Insert> inserts;                  // in order of position
   // The tokens and one span: the predictions at positions answer_begin - 1 ... of the
   // answer's tokens.
   ScoreRequest request() const;
@@ -111,7 +111,7 @@ class PromptBuilder {
   std::vector<uint32_t> noise_haystack(int64_t min_tokens) const;
 
   // The texts of the pieces, for tests and docs.
-  static const char* needle_prefix();           // "This is a very long story book: <book>"
+  static const char* needle_prefix();  // "This is a very long story book: <book>"
   std::string needle_text(const std::string& city, int64_t number) const;
   std::string needle_question(const std::string& city) const;  // with Llama-3's trailing space
   static const std::vector<std::string>& distractor_cities();

@@ -78,7 +78,8 @@ SeqParallelMode parse_sp_mode(const std::string& v, const std::string& flag) {
   for (SeqParallelMode m : {SeqParallelMode::ZigzagRing, SeqParallelMode::Ulysses, SeqParallelMode::DistFlash,
                             SeqParallelMode::Usp, SeqParallelMode::None})
     if (name == to_string(m)) return m;
-  EASYCTX_THROW_INPUT(flag, ": bad value '", v, "': expected zigzag_ring, ulysses, dist_flash, usp or none "
+  EASYCTX_THROW_INPUT(flag, ": bad value '", v,
+                      "': expected zigzag_ring, ulysses, dist_flash, usp or none "
                       "(EasyContext's zigzag_ring_attn, ulysses_attn, dist_flash_attn, usp_attn, data_parallel)");
 }
 
@@ -131,9 +132,9 @@ class EvalSession final : public Session {
       EASYCTX_CHECK_INPUT(cfg_.num_heads % u == 0, "--sp-size/--sp-mode: the Ulysses degree ", u,
                           " must divide the model's attention heads (", cfg_.num_heads, ")");
     }
-    EASYCTX_CHECK_INPUT(cfg_.num_kv_heads % o.attention_head_groups == 0, "--attention-head-groups: ",
-                        o.attention_head_groups, " does not divide the model's key/value heads (", cfg_.num_kv_heads,
-                        ")");
+    EASYCTX_CHECK_INPUT(cfg_.num_kv_heads % o.attention_head_groups == 0,
+                        "--attention-head-groups: ", o.attention_head_groups,
+                        " does not divide the model's key/value heads (", cfg_.num_kv_heads, ")");
     groups_ = std::make_unique<dist::ProcessGroups>(mpi->mpi_comm(), layout_, dist::choose_backend(device_),
                                                     o.collective_timeout_s);
     // Results travel over host MPI whatever the compute communicators are.
@@ -173,7 +174,8 @@ class EvalSession final : public Session {
                     std::to_string(layout_.world_size) + " rank(s) = " + std::to_string(layout_.dp_size) +
                     " data-parallel x " + std::to_string(layout_.sp_size) + " sequence-parallel";
     if (layout_.sp_size > 1) s += std::string(" (") + to_string(layout_.mode) + ")";
-    if (o_.attention_head_groups > 1) s += ", attention in " + std::to_string(o_.attention_head_groups) + " head groups";
+    if (o_.attention_head_groups > 1)
+      s += ", attention in " + std::to_string(o_.attention_head_groups) + " head groups";
     return s + "; " + ref_.spec + ": " + cfg_.describe();
   }
 
@@ -209,7 +211,8 @@ class EvalSession final : public Session {
       std::vector<int64_t> base(static_cast<size_t>(r1 - r0) + 1, 0);
       for (int64_t j = r0; j < r1; ++j)
         base[static_cast<size_t>(j - r0 + 1)] =
-            base[static_cast<size_t>(j - r0)] + static_cast<int64_t>(requests[static_cast<size_t>(order[j])].spans.size());
+            base[static_cast<size_t>(j - r0)] +
+            static_cast<int64_t>(requests[static_cast<size_t>(order[j])].spans.size());
       std::vector<double> vals(static_cast<size_t>(3 * base.back()), 0.0);
       if (r0 + me < r1) {
         const int64_t item = order[static_cast<size_t>(r0 + me)];
@@ -256,8 +259,8 @@ class EvalSession final : public Session {
       const ScoreRequest::Span& sp = r.spans[s];
       EASYCTX_CHECK_INPUT(sp.length == 0 || (sp.begin >= 0 && sp.length > 0 && sp.begin + sp.length <= L - 1),
                           "score_spans: request ", i, " span ", s, ": [", sp.begin, ", ", sp.begin + sp.length,
-                          ") must lie in [0, ", L - 1, ") (the prediction at p is scored against token p + 1 of ",
-                          L, ")");
+                          ") must lie in [0, ", L - 1, ") (the prediction at p is scored against token p + 1 of ", L,
+                          ")");
     }
   }
 
@@ -277,7 +280,8 @@ class EvalSession final : public Session {
 
     const int sp = layout_.sp_size, sp_rank = layout_.sp_rank(world_.rank());
     std::vector<uint32_t> window(static_cast<size_t>(L) + 1, 0);
-    for (int64_t t = 0; t < L; ++t) window[static_cast<size_t>(t)] = static_cast<uint32_t>(r.tokens[static_cast<size_t>(t)]);
+    for (int64_t t = 0; t < L; ++t)
+      window[static_cast<size_t>(t)] = static_cast<uint32_t>(r.tokens[static_cast<size_t>(t)]);
     data::SpSlice slice = data::sp_slice(window.data(), L, split_.layout, sp, sp_rank, 0, split_.inner);
     const int64_t n = static_cast<int64_t>(slice.tokens.size());
     for (int64_t i = 0; i < n; ++i) {  // labels: only the scored positions
@@ -354,12 +358,11 @@ class EvalSession final : public Session {
 std::string format_progress(const ScoreProgress& p) {
   const double rate = p.elapsed_s > 0 ? static_cast<double>(p.tokens_done) / p.elapsed_s : 0;
   const double eta = rate > 0 ? static_cast<double>(p.tokens_total - p.tokens_done) / rate : -1;
-  return detail::concat("items ", p.items_done, "/", p.items_total, ", ",
-                        format_count(static_cast<double>(p.tokens_done)), "/",
-                        format_count(static_cast<double>(p.tokens_total)), " tokens, ", format_count(rate),
-                        " tok/s, elapsed ", format_duration(p.elapsed_s),
-                        p.items_done < p.items_total ? ", ETA " + (eta >= 0 ? format_duration(eta) : std::string("?"))
-                                                     : std::string());
+  return detail::concat(
+      "items ", p.items_done, "/", p.items_total, ", ", format_count(static_cast<double>(p.tokens_done)), "/",
+      format_count(static_cast<double>(p.tokens_total)), " tokens, ", format_count(rate), " tok/s, elapsed ",
+      format_duration(p.elapsed_s),
+      p.items_done < p.items_total ? ", ETA " + (eta >= 0 ? format_duration(eta) : std::string("?")) : std::string());
 }
 
 std::function<void(const ScoreProgress&)> log_progress(const std::string& what, int rank, double every_s) {

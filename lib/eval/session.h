@@ -69,10 +69,10 @@ struct ScoreRequest {
 };
 
 struct SpanScore {
-  double sum_nll = 0;        // sum over the span's predictions of -log p(next token)
-  int64_t count = 0;         // predictions in the span
-  bool all_argmax = false;   // every next token of the span is the model's argmax
-                             // (a span of length 0: count 0, sum 0, all_argmax true)
+  double sum_nll = 0;       // sum over the span's predictions of -log p(next token)
+  int64_t count = 0;        // predictions in the span
+  bool all_argmax = false;  // every next token of the span is the model's argmax
+                            // (a span of length 0: count 0, sum 0, all_argmax true)
 };
 
 // What a session has used and done, this rank (for --plan's comparison and summaries).

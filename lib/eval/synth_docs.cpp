@@ -15,8 +15,8 @@ constexpr int kNumKinds = 8;
 
 // Keys of the kv documents: adjective-noun pairs, as the multi-key task's (distinct words, so
 // a key's tokens do not overlap another's by construction).
-const char* const kKvAdjectives[] = {"amber", "brave", "calm",  "daring", "eager", "famous", "gentle", "hollow",
-                                     "icy",   "jolly", "kind",  "lively", "noble", "odd",    "proud",  "quiet",
+const char* const kKvAdjectives[] = {"amber", "brave",  "calm", "daring", "eager", "famous", "gentle", "hollow",
+                                     "icy",   "jolly",  "kind", "lively", "noble", "odd",    "proud",  "quiet",
                                      "rapid", "silent", "tidy", "vivid",  "witty", "young",  "bold",   "crisp"};
 const char* const kKvNouns[] = {"anchor", "badger", "candle", "desert", "engine", "falcon", "garden", "harbor",
                                 "island", "jacket", "kettle", "ladder", "meadow", "needle", "orchid", "pepper",
@@ -69,8 +69,8 @@ std::map<DocKind, double> parse_mix(const std::string& s) {
 void check_synth_options(const SynthOptions& o) {
   EASYCTX_CHECK_INPUT(o.length >= 64, "--length: ", o.length, " (must be >= 64 tokens)");
   EASYCTX_CHECK_INPUT(o.prompt_min > 0 && o.prompt_min <= 1, "--prompt-min: ", o.prompt_min, " (must be in (0, 1])");
-  EASYCTX_CHECK_INPUT(o.prompt_max == 0 || (o.prompt_max >= 64 && o.prompt_max <= o.length), "--prompt-max: ",
-                      o.prompt_max, " (must be 0, or 64..--length ", o.length, ")");
+  EASYCTX_CHECK_INPUT(o.prompt_max == 0 || (o.prompt_max >= 64 && o.prompt_max <= o.length),
+                      "--prompt-max: ", o.prompt_max, " (must be 0, or 64..--length ", o.length, ")");
   EASYCTX_CHECK_INPUT(o.kv_pairs >= 0 && static_cast<size_t>(o.kv_pairs) <= kKvA * kKvN, "--kv-pairs: ", o.kv_pairs,
                       " (must be 0..", kKvA * kKvN, ")");
   check_task_options(o.task);
@@ -86,7 +86,8 @@ void DocTally::add_prompt(DocKind kind, int64_t n) {
 void DocTally::add(const DocTally& o) {
   for (const auto& kv : o.tokens) tokens[kv.first] += kv.second;
   for (const auto& kv : o.prompts) prompts[kv.first] += kv.second;
-  if (o.shortest_prompt > 0) shortest_prompt = shortest_prompt == 0 ? o.shortest_prompt : std::min(shortest_prompt, o.shortest_prompt);
+  if (o.shortest_prompt > 0)
+    shortest_prompt = shortest_prompt == 0 ? o.shortest_prompt : std::min(shortest_prompt, o.shortest_prompt);
   longest_prompt = std::max(longest_prompt, o.longest_prompt);
 }
 
@@ -125,7 +126,8 @@ SynthDocs::SynthDocs(const data::Tokenizer& tok, SynthOptions o, std::vector<uin
   prompt_share_ = prompt_total / total;
   acc = 0;
   for (const auto& kv : o_.mix)
-    if (kv.first != DocKind::Text && kv.second > 0) prompt_cdf_.push_back({kv.first, (acc += kv.second) / prompt_total});
+    if (kv.first != DocKind::Text && kv.second > 0)
+      prompt_cdf_.push_back({kv.first, (acc += kv.second) / prompt_total});
   if (!prompt_cdf_.empty()) prompt_cdf_.back().second = 1.0;
   for (int t = 0; t < 5; ++t) overhead_.push_back(overhead(static_cast<Task>(t)));
   if (o_.prompt_max > 0)
@@ -144,8 +146,8 @@ int64_t SynthDocs::overhead(Task t) const {
 
 std::vector<uint32_t> SynthDocs::key_value(uint64_t seed, int64_t n) const {
   Rng rng(seed);
-  const size_t want = o_.kv_pairs > 0 ? static_cast<size_t>(o_.kv_pairs)
-                                      : std::min<size_t>(kKvA * kKvN, std::max<int64_t>(4, n / 48));
+  const size_t want =
+      o_.kv_pairs > 0 ? static_cast<size_t>(o_.kv_pairs) : std::min<size_t>(kKvA * kKvN, std::max<int64_t>(4, n / 48));
   std::set<size_t> seen;
   std::vector<std::string> keys, values;
   while (keys.size() < want) {
@@ -179,7 +181,8 @@ std::vector<uint32_t> SynthDocs::key_value(uint64_t seed, int64_t n) const {
 
 int64_t SynthDocs::min_prompt(DocKind kind) const {
   // At least the task's overhead and 16 tokens of context.
-  return kind == DocKind::KeyValue || kind == DocKind::Repeat ? 32 : overhead_.at(static_cast<size_t>(task_of(kind))) + 16;
+  return kind == DocKind::KeyValue || kind == DocKind::Repeat ? 32
+                                                              : overhead_.at(static_cast<size_t>(task_of(kind))) + 16;
 }
 
 DocKind SynthDocs::draw_kind(Rng& rng, const std::vector<std::pair<DocKind, double>>& cdf) {
@@ -197,7 +200,8 @@ std::vector<uint32_t> SynthDocs::prompt(DocKind kind, int64_t P, Rng& rng, int64
     const uint64_t off = rng.below(hay_.size() - static_cast<uint64_t>(m + 1) + 1);
     if (bos_n) prompt.push_back(static_cast<uint32_t>(tok_.bos_id()));
     for (int copy = 0; copy < 2; ++copy)
-      prompt.insert(prompt.end(), hay_.begin() + static_cast<int64_t>(off), hay_.begin() + static_cast<int64_t>(off) + m);
+      prompt.insert(prompt.end(), hay_.begin() + static_cast<int64_t>(off),
+                    hay_.begin() + static_cast<int64_t>(off) + m);
     if (static_cast<int64_t>(prompt.size()) < P) prompt.push_back(hay_[off + static_cast<uint64_t>(m)]);
     return prompt;
   }
@@ -205,8 +209,8 @@ std::vector<uint32_t> SynthDocs::prompt(DocKind kind, int64_t P, Rng& rng, int64
   // tokens, the city): build, measure, rebuild with the same draws at the L that fits.
   const uint64_t draw = rng.g();
   const size_t city = kind != DocKind::Needle ? 0
-                      : city_index >= 0 ? static_cast<size_t>(city_index)
-                                        : static_cast<size_t>(rng.below(cities_.size()));
+                      : city_index >= 0       ? static_cast<size_t>(city_index)
+                                              : static_cast<size_t>(rng.below(cities_.size()));
   const double depth = rng.uniform();
   const uint64_t hay_off = rng.below(hay_.size() - static_cast<uint64_t>(P) + 1);
   const std::vector<uint32_t> hay(hay_.begin() + static_cast<int64_t>(hay_off),
@@ -226,8 +230,8 @@ std::vector<uint32_t> SynthDocs::prompt(DocKind kind, int64_t P, Rng& rng, int64
     }
     L += P - got;
   }
-  EASYCTX_CHECK(static_cast<int64_t>(prompt.size()) == P, "h5synth: a ", doc_kind_name(kind), " prompt did not come out at ",
-                P, " tokens");
+  EASYCTX_CHECK(static_cast<int64_t>(prompt.size()) == P, "h5synth: a ", doc_kind_name(kind),
+                " prompt did not come out at ", P, " tokens");
   return prompt;
 }
 
@@ -256,7 +260,8 @@ std::vector<uint32_t> SynthDocs::document(uint64_t i, DocKind* kind_out, DocTall
   } else {
     // The prompt's length P in [prompt_min * S, S]; never a filler of BOS alone.
     const int64_t fixed = min_prompt(kind);
-    const int64_t lo = std::max<int64_t>(fixed, static_cast<int64_t>(std::ceil(o_.prompt_min * static_cast<double>(S))));
+    const int64_t lo =
+        std::max<int64_t>(fixed, static_cast<int64_t>(std::ceil(o_.prompt_min * static_cast<double>(S))));
     EASYCTX_CHECK_INPUT(lo <= S, "--length ", S, ": too short for ", doc_kind_name(kind), " prompts (at least ", fixed,
                         " tokens)");
     int64_t P = lo >= S ? S : lo + static_cast<int64_t>(rng.below(static_cast<uint64_t>(S - lo + 1)));
@@ -299,8 +304,11 @@ std::vector<uint32_t> SynthDocs::packed_document(uint64_t i, DocTally* tally) co
     } else if (kind != DocKind::KeyValue && kind != DocKind::Repeat && tasks_used.count(kind)) {
       continue;
     }
-    const int64_t lo = std::max<int64_t>(min_prompt(kind), static_cast<int64_t>(std::ceil(o_.prompt_min * static_cast<double>(o_.prompt_max))));
-    const int64_t P = lo >= o_.prompt_max ? o_.prompt_max : lo + static_cast<int64_t>(rng.below(static_cast<uint64_t>(o_.prompt_max - lo + 1)));
+    const int64_t lo = std::max<int64_t>(
+        min_prompt(kind), static_cast<int64_t>(std::ceil(o_.prompt_min * static_cast<double>(o_.prompt_max))));
+    const int64_t P = lo >= o_.prompt_max
+                          ? o_.prompt_max
+                          : lo + static_cast<int64_t>(rng.below(static_cast<uint64_t>(o_.prompt_max - lo + 1)));
     const double room = budget - static_cast<double>(used);
     if (static_cast<double>(P) > room && rng.uniform() * static_cast<double>(P) >= room) break;
     if (used + P > S) break;
@@ -314,7 +322,8 @@ std::vector<uint32_t> SynthDocs::packed_document(uint64_t i, DocTally* tally) co
   // non-empty piece starts with BOS (a document boundary, as packed pretraining marks it).
   const int64_t T = S - used;
   std::vector<int64_t> cuts{0, T};
-  for (size_t k = 0; k < prompts.size(); ++k) cuts.push_back(static_cast<int64_t>(rng.below(static_cast<uint64_t>(T + 1))));
+  for (size_t k = 0; k < prompts.size(); ++k)
+    cuts.push_back(static_cast<int64_t>(rng.below(static_cast<uint64_t>(T + 1))));
   std::sort(cuts.begin(), cuts.end());
   const std::vector<uint32_t>& src = text_.empty() ? hay_ : text_;
   uint64_t off = rng.below(src.size() - static_cast<uint64_t>(T) + 1);

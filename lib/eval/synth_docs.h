@@ -45,14 +45,14 @@ enum class DocKind { Text, Needle, Passkey, MultiKey, MultiValue, VariableTracki
 const char* doc_kind_name(DocKind k);  // "text", "needle", "passkey", "multikey", "multivalue", "vt", "kv", "repeat"
 
 struct SynthOptions {
-  int64_t length = 2048;         // tokens per document (= the stage's data.seq_length)
-  double prompt_min = 0.125;     // a prompt's length is drawn in [prompt_min * length, length]
-  std::map<DocKind, double> mix{{DocKind::Needle, 1}, {DocKind::Passkey, 1}, {DocKind::KeyValue, 1},
-                                {DocKind::Text, 1}};  // relative weights
-  int kv_pairs = 0;              // kv: pairs per document (0: about length / 48)
-  int64_t prompt_max = 0;        // > 0: packed windows (above), no prompt longer than this
+  int64_t length = 2048;      // tokens per document (= the stage's data.seq_length)
+  double prompt_min = 0.125;  // a prompt's length is drawn in [prompt_min * length, length]
+  std::map<DocKind, double> mix{
+      {DocKind::Needle, 1}, {DocKind::Passkey, 1}, {DocKind::KeyValue, 1}, {DocKind::Text, 1}};  // relative weights
+  int kv_pairs = 0;        // kv: pairs per document (0: about length / 48)
+  int64_t prompt_max = 0;  // > 0: packed windows (above), no prompt longer than this
   uint64_t seed = 1;
-  TaskOptions task;              // digits, keys, values, hops (the eval's flags)
+  TaskOptions task;  // digits, keys, values, hops (the eval's flags)
 };
 // Parses "needle=1,passkey=1,kv=2,text=0.5": InputError naming --mix.
 std::map<DocKind, double> parse_mix(const std::string& s);
@@ -92,10 +92,10 @@ class SynthDocs {
   const data::Tokenizer& tok_;
   SynthOptions o_;
   std::vector<uint32_t> hay_, text_, noise_;
-  std::vector<std::unique_ptr<PromptBuilder>> cities_;  // [0]: Singapore (the eval's)
+  std::vector<std::unique_ptr<PromptBuilder>> cities_;        // [0]: Singapore (the eval's)
   std::vector<std::pair<DocKind, double>> cdf_, prompt_cdf_;  // document kinds; packed: prompt kinds
   double prompt_share_ = 0;                                   // packed: the prompts' token share
-  std::vector<int64_t> overhead_;  // by Task
+  std::vector<int64_t> overhead_;                             // by Task
 };
 
 }  // namespace easyctx::eval

@@ -118,14 +118,14 @@ class ActivationStore {
   ops::Backend& be_;
   int64_t n_ = 0, d_ = 0;
   bool backward_ = false;
-  bool offload_ = false;         // backward with offload_checkpoints
-  bool grouped_ = false;         // head groups > 1: outputs written and read group by group
+  bool offload_ = false;  // backward with offload_checkpoints
+  bool grouped_ = false;  // head groups > 1: outputs written and read group by group
   bool streamed_ = false;
-  OffloadRing ring_;             // layer inputs
-  OffloadRing saved_ring_;       // kept attention outputs (index l - keep_from_)
-  int64_t keep_from_ = 0;        // layers keep_from_..L-1 keep theirs
-  std::vector<ops::Buffer> resid_;          // [n, D]: backward ring_.slots(L), forward-only 2
-  std::vector<ops::Buffer> host_resid_;     // ring_.K x [n, D]: inputs of layers 0..K-1 (pinned)
+  OffloadRing ring_;                              // layer inputs
+  OffloadRing saved_ring_;                        // kept attention outputs (index l - keep_from_)
+  int64_t keep_from_ = 0;                         // layers keep_from_..L-1 keep theirs
+  std::vector<ops::Buffer> resid_;                // [n, D]: backward ring_.slots(L), forward-only 2
+  std::vector<ops::Buffer> host_resid_;           // ring_.K x [n, D]: inputs of layers 0..K-1 (pinned)
   std::vector<ops::Buffer> saved_o_, saved_lse_;  // device slots ([n, Hq hd], [B, Hq, S]; streamed: 2 groups')
   std::vector<ops::Buffer> host_o_, host_lse_;    // saved_ring_.K of them (streamed: every kept layer's)
   ops::CopyFence resid_out_[2], saved_out_[2];    // per ring slot: its last copy out (forward)

@@ -57,8 +57,8 @@ void LlamaModel::check_params(const std::vector<Tensor>& params, const char* wha
                 " units expected, got ", params.size());
   for (size_t u = 0; u < params.size(); ++u) {
     EASYCTX_CHECK(params[u].numel() == layout_.units()[u].numel && params[u].dtype == want, "LlamaModel: ", what,
-                  " unit ", layout_.units()[u].name, " is ", params[u].describe(), ", expected ",
-                  ops::type_name(want), "[", layout_.units()[u].numel, "]");
+                  " unit ", layout_.units()[u].name, " is ", params[u].describe(), ", expected ", ops::type_name(want),
+                  "[", layout_.units()[u].numel, "]");
   }
 }
 
@@ -114,7 +114,9 @@ void LlamaModel::visit_workspace(const WorkspaceDims& dims, Workspace* ws, const
   // the attention-output gradient.
   const int64_t head_w = dims.backward ? std::max(d, qd / G) : d;
   visit({"head_in", dt, n * head_w, false,
-         !dims.backward ? "n x D" : dpart ? "n x max(D, Hq/G x hd)" : "n x max(D, Hq x hd)",
+         !dims.backward ? "n x D"
+         : dpart        ? "n x max(D, Hq/G x hd)"
+                        : "n x max(D, Hq x hd)",
          dims.backward ? "final norm output, then the attention-output gradient" : "final norm output"},
         ws ? &ws->head_in : nullptr);
   visit({"rstd_f", st, n, false, "n", "final norm rstd"}, ws ? &ws->rstd_f : nullptr);
@@ -302,11 +304,11 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   const Tensor dk = ws.dk.view({n, hkv * hd}), dv = ws.dv.view({n, hkv * hd}), h1 = a.h1.view({n, d});
   be_.matmul(dx, false, W(kO), false, dattn);
   be_.matmul(dx, true, a.o.view({n, hq * hd}), false, G(kO), 1.0, 1.0);
-  attn_->backward({a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}),
-                   a.v.view({b.batch, b.seq, hkv, hd}), a.o.view({b.batch, b.seq, hq, hd}),
-                   a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd))},
-                  {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
-                   dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
+  attn_->backward(
+      {a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}), a.v.view({b.batch, b.seq, hkv, hd}),
+       a.o.view({b.batch, b.seq, hq, hd}), a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd))},
+      {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
+       dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
   be_.rope(dq.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), true);
   be_.rope(dk.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), true);
   be_.matmul(dq, false, W(kQ), false, dh);

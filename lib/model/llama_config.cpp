@@ -72,33 +72,93 @@ void parse_rope(const Json& j, const std::string& src, LlamaConfig& c) {
 }
 
 // The config.json keys easyctx reads: a model YAML takes exactly these (docs/model.md).
-const std::vector<std::string> kModelKeys = {
-    "hidden_size",      "num_hidden_layers",  "num_attention_heads",     "num_key_value_heads",
-    "head_dim",         "intermediate_size",  "vocab_size",              "rms_norm_eps",
-    "rope_theta",       "rope_scaling",       "rope_parameters",         "tie_word_embeddings",
-    "max_position_embeddings", "bos_token_id", "eos_token_id",          "model_type",
-    "hidden_act",       "attention_bias",     "mlp_bias"};
+const std::vector<std::string> kModelKeys = {"hidden_size",
+                                             "num_hidden_layers",
+                                             "num_attention_heads",
+                                             "num_key_value_heads",
+                                             "head_dim",
+                                             "intermediate_size",
+                                             "vocab_size",
+                                             "rms_norm_eps",
+                                             "rope_theta",
+                                             "rope_scaling",
+                                             "rope_parameters",
+                                             "tie_word_embeddings",
+                                             "max_position_embeddings",
+                                             "bos_token_id",
+                                             "eos_token_id",
+                                             "model_type",
+                                             "hidden_act",
+                                             "attention_bias",
+                                             "mlp_bias"};
 // Inside rope_scaling / rope_parameters.
-const std::vector<std::string> kRopeKeys = {"rope_type",       "type",
-                                            "factor",          "low_freq_factor",
-                                            "high_freq_factor", "original_max_position_embeddings",
-                                            "rope_theta"};
+const std::vector<std::string> kRopeKeys = {
+    "rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+    "rope_theta"};
 // Keys a Hugging Face config.json carries that do not change the model easyctx trains:
 // metadata, inference and generation settings, and pretraining_tp (the same matmuls split
 // in slices). Ignored silently in a config.json; refused, as any other, in a model YAML.
-const std::vector<std::string> kHfIgnoredKeys = {
-    "architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "use_cache",
-    "pad_token_id", "initializer_range", "pretraining_tp", "auto_map", "return_dict", "output_attentions",
-    "output_hidden_states", "torchscript", "use_bfloat16", "is_encoder_decoder", "is_decoder",
-    "add_cross_attention", "tie_encoder_decoder", "chunk_size_feed_forward", "id2label", "label2id",
-    "problem_type", "tokenizer_class", "prefix", "sep_token_id", "decoder_start_token_id",
-    "task_specific_params", "finetuning_task", "max_length", "min_length", "do_sample", "early_stopping",
-    "num_beams", "num_beam_groups", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-    "num_return_sequences", "diversity_penalty", "forced_bos_token_id", "forced_eos_token_id",
-    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
-    "output_scores", "return_dict_in_generate", "cross_attention_hidden_size", "tf_legacy_loss",
-    "pruned_heads", "attention_dropout", "sliding_window", "partial_rotary_factor", "quantization_config"};
+const std::vector<std::string> kHfIgnoredKeys = {"architectures",
+                                                 "torch_dtype",
+                                                 "dtype",
+                                                 "transformers_version",
+                                                 "_name_or_path",
+                                                 "use_cache",
+                                                 "pad_token_id",
+                                                 "initializer_range",
+                                                 "pretraining_tp",
+                                                 "auto_map",
+                                                 "return_dict",
+                                                 "output_attentions",
+                                                 "output_hidden_states",
+                                                 "torchscript",
+                                                 "use_bfloat16",
+                                                 "is_encoder_decoder",
+                                                 "is_decoder",
+                                                 "add_cross_attention",
+                                                 "tie_encoder_decoder",
+                                                 "chunk_size_feed_forward",
+                                                 "id2label",
+                                                 "label2id",
+                                                 "problem_type",
+                                                 "tokenizer_class",
+                                                 "prefix",
+                                                 "sep_token_id",
+                                                 "decoder_start_token_id",
+                                                 "task_specific_params",
+                                                 "finetuning_task",
+                                                 "max_length",
+                                                 "min_length",
+                                                 "do_sample",
+                                                 "early_stopping",
+                                                 "num_beams",
+                                                 "num_beam_groups",
+                                                 "temperature",
+                                                 "top_k",
+                                                 "top_p",
+                                                 "typical_p",
+                                                 "repetition_penalty",
+                                                 "length_penalty",
+                                                 "no_repeat_ngram_size",
+                                                 "encoder_no_repeat_ngram_size",
+                                                 "bad_words_ids",
+                                                 "num_return_sequences",
+                                                 "diversity_penalty",
+                                                 "forced_bos_token_id",
+                                                 "forced_eos_token_id",
+                                                 "remove_invalid_values",
+                                                 "exponential_decay_length_penalty",
+                                                 "suppress_tokens",
+                                                 "begin_suppress_tokens",
+                                                 "output_scores",
+                                                 "return_dict_in_generate",
+                                                 "cross_attention_hidden_size",
+                                                 "tf_legacy_loss",
+                                                 "pruned_heads",
+                                                 "attention_dropout",
+                                                 "sliding_window",
+                                                 "partial_rotary_factor",
+                                                 "quantization_config"};
 
 bool contains(const std::vector<std::string>& v, const std::string& k) {
   return std::find(v.begin(), v.end(), k) != v.end();
@@ -150,7 +210,8 @@ void check_neutral_keys(const Json& j, const std::string& src) {
     EASYCTX_CHECK_INPUT(v->is_number() && v->as_double() == 1, src, ": partial_rotary_factor = ", v->dump(),
                         " is not supported (RoPE rotates the whole head); expected 1");
   if (const Json* v = j.find("quantization_config"); v && !v->is_null())
-    EASYCTX_THROW_INPUT(src, ": quantization_config is set: quantized checkpoints are not supported (give the "
+    EASYCTX_THROW_INPUT(src,
+                        ": quantization_config is set: quantized checkpoints are not supported (give the "
                         "bf16/f16/f32 weights)");
 }
 
@@ -215,8 +276,8 @@ void LlamaConfig::validate() const {
   EASYCTX_CHECK_INPUT(num_heads % num_kv_heads == 0, name, ": num_attention_heads ", num_heads,
                       " is not a multiple of num_key_value_heads ", num_kv_heads);
   EASYCTX_CHECK_INPUT(head_dim % 2 == 0, name, ": head_dim ", head_dim, " must be even for RoPE");
-  EASYCTX_CHECK_INPUT(q_dim() <= LlamaLimits::projection, name, ": num_attention_heads x head_dim = ", num_heads,
-                      " x ", head_dim, " = ", q_dim(), " is above the limit of ", LlamaLimits::projection);
+  EASYCTX_CHECK_INPUT(q_dim() <= LlamaLimits::projection, name, ": num_attention_heads x head_dim = ", num_heads, " x ",
+                      head_dim, " = ", q_dim(), " is above the limit of ", LlamaLimits::projection);
   auto finite_pos = [&](const char* k, double v) {
     EASYCTX_CHECK_INPUT(std::isfinite(v) && v > 0, name, ": ", k, " must be a finite number > 0, got ", v);
   };
@@ -388,9 +449,10 @@ LlamaConfig load_llama_config(const std::string& spec) {
   if (fs::is_directory(p)) {
     p /= "config.json";
     const bool run = fs::is_regular_file(fs::path(spec) / "final" / "config.json");
-    EASYCTX_CHECK_INPUT(fs::exists(p), "model config: the folder '", spec, "' has no config.json",
-                        run ? " (a training run's folder? its Hugging Face export is " + (fs::path(spec) / "final").string() + ")"
-                            : " (expected a Hugging Face model folder, a preset name, a model YAML or a config.json)");
+    EASYCTX_CHECK_INPUT(
+        fs::exists(p), "model config: the folder '", spec, "' has no config.json",
+        run ? " (a training run's folder? its Hugging Face export is " + (fs::path(spec) / "final").string() + ")"
+            : " (expected a Hugging Face model folder, a preset name, a model YAML or a config.json)");
   }
   if (fs::is_regular_file(p)) {
     const std::string path = p.string();
@@ -398,9 +460,7 @@ LlamaConfig load_llama_config(const std::string& spec) {
       YAML::Node n;
       try {
         n = YAML::LoadFile(path);
-      } catch (const YAML::Exception& e) {
-        EASYCTX_THROW_INPUT(path, ": ", e.what());
-      }
+      } catch (const YAML::Exception& e) { EASYCTX_THROW_INPUT(path, ": ", e.what()); }
       EASYCTX_CHECK_INPUT(n.IsMap(), path, ": a model YAML must be a mapping of config.json keys (hidden_size: ...)");
       check_yaml_keys(n, path, kModelKeys, "");
       return llama_config_from_json(yaml_to_json(n), path);
@@ -426,7 +486,8 @@ LlamaConfig load_llama_config(const std::string& spec) {
   }
   std::string hint = nearest(spec, names);
   EASYCTX_THROW_INPUT("model.config: no preset '", spec, "' in configs/models/",
-                      hint.empty() ? "" : " (did you mean '" + hint + "'?)", "; give a preset, a .yaml or a config.json");
+                      hint.empty() ? "" : " (did you mean '" + hint + "'?)",
+                      "; give a preset, a .yaml or a config.json");
 }
 
 namespace {

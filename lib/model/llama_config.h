@@ -17,8 +17,8 @@ enum class RopeScalingKind { None, Linear, Llama3 };
 struct RopeScaling {
   RopeScalingKind kind = RopeScalingKind::None;
   double factor = 1.0;
-  double low_freq_factor = 1.0;    // llama3
-  double high_freq_factor = 4.0;   // llama3
+  double low_freq_factor = 1.0;                     // llama3
+  double high_freq_factor = 4.0;                    // llama3
   int64_t original_max_position_embeddings = 8192;  // llama3
 };
 

@@ -120,9 +120,9 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
     o = o.reshape({n, qd});
     const Tensor wq = W(kQ).slice_flat(g * qd * d, {qd, d}), wk = W(kK).slice_flat(g * kvd * d, {kvd, d});
     const Tensor wv = W(kV).slice_flat(g * kvd * d, {kvd, d});
-    const attention::AttentionTensors t{q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
+    const attention::AttentionTensors t{q.reshape({b.batch, b.seq, hq, hd}),  k.reshape({b.batch, b.seq, hkv, hd}),
                                         v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                                        lse.reshape({b.batch, hq, b.seq}), scale};
+                                        lse.reshape({b.batch, hq, b.seq}),    scale};
     if (!kept) {
       be_.matmul(h1, false, wq, true, q);
       be_.matmul(h1, false, wk, true, k);

@@ -57,7 +57,8 @@ void init_random(const ParamLayout& layout, const std::vector<Tensor>& units, do
     for (const ParamTensor& t : pu.tensors) {
 #pragma omp parallel for schedule(static) if (t.numel > (1 << 16))
       for (int64_t i = 0; i < t.numel; ++i)
-        p[t.offset + i] = t.is_norm ? 1.0f : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(t.offset + i)));
+        p[t.offset + i] =
+            t.is_norm ? 1.0f : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(t.offset + i)));
     }
   }
 }

@@ -36,8 +36,7 @@ void LlamaModel::visit_score_workspace(const LlamaConfig& c, const ModelOptions&
 std::vector<BufferSpec> LlamaModel::score_workspace_specs(const LlamaConfig& c, const ModelOptions& o, DType dtype,
                                                           int64_t batch, int64_t seq) {
   std::vector<BufferSpec> v;
-  visit_score_workspace(c, o, dtype, batch * seq, nullptr,
-                        [&](const BufferSpec& s, Buffer*) { v.push_back(s); });
+  visit_score_workspace(c, o, dtype, batch * seq, nullptr, [&](const BufferSpec& s, Buffer*) { v.push_back(s); });
   return v;
 }
 

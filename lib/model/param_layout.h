@@ -13,16 +13,16 @@
 namespace easyctx::model {
 
 struct ParamTensor {
-  std::string hf_name;           // "model.layers.3.self_attn.q_proj.weight"
-  std::vector<int64_t> shape;    // HF shape, e.g. [out, in] for a Linear weight
-  int64_t offset = 0;            // elements from the start of its unit
+  std::string hf_name;         // "model.layers.3.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // HF shape, e.g. [out, in] for a Linear weight
+  int64_t offset = 0;          // elements from the start of its unit
   int64_t numel = 0;
-  bool decay = true;             // AdamW weight decay (matrices yes, norm gains no)
-  bool is_norm = false;          // initialised to 1
+  bool decay = true;     // AdamW weight decay (matrices yes, norm gains no)
+  bool is_norm = false;  // initialised to 1
 };
 
 struct ParamUnit {
-  std::string name;              // "embed", "layer.3", "head"
+  std::string name;  // "embed", "layer.3", "head"
   int64_t numel = 0;
   std::vector<ParamTensor> tensors;
 };

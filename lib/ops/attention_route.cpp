@@ -111,8 +111,8 @@ std::string describe_attention_route(const AttentionCall& c, const AttentionRout
   const std::string mode = o.deterministic ? "deterministic" : "atomic dQ";
   if (b == AttentionBwdRoute::CudnnTiles) {
     const int64_t T = o.tile(), nq = (c.sq + T - 1) / T, nk = (c.sk + T - 1) / T;
-    s += " (" + std::to_string(T) + " x " + std::to_string(T) + ", " + std::to_string(nq) + " x " +
-         std::to_string(nk) + " tiles, " + mode + ")";
+    s += " (" + std::to_string(T) + " x " + std::to_string(T) + ", " + std::to_string(nq) + " x " + std::to_string(nk) +
+         " tiles, " + mode + ")";
   } else if (b == AttentionBwdRoute::CudnnInPlace || b == AttentionBwdRoute::CudnnOneCall ||
              b == AttentionBwdRoute::Sm90Kernel) {
     s += " (" + mode + ")";
@@ -162,8 +162,8 @@ AttentionBwdScratch attention_bwd_scratch(AttentionBwdRoute r, const AttentionCa
   const bool det = o.deterministic;
   const int64_t T = o.tile(), qrow = c.hq * c.hd, krow = c.hkv * c.hd;
   const int64_t qn = c.batch * c.sq * qrow, kn = c.batch * c.sk * krow;
-  const std::string ws_name = std::string("attention bwd: cuDNN workspace (softmax sum, ") +
-                              (det ? "dP tile)" : "dQ accumulator)");
+  const std::string ws_name =
+      std::string("attention bwd: cuDNN workspace (softmax sum, ") + (det ? "dP tile)" : "dQ accumulator)");
   const std::string gqa_f = c.hq != c.hkv ? " + 4 x cols x Hq x hd (GQA)" : "";
   const std::string ws_f =
       (det ? "4 x Hq x rows + 2 x Hq x rows x cols" : "4 x Hq x rows + 4 x rows x Hq x hd") + gqa_f;

@@ -53,9 +53,9 @@ namespace easyctx::ops {
 struct AttentionCall {
   int64_t batch = 1, sq = 0, sk = 0, hq = 0, hkv = 0, hd = 0;
   bool causal = true;
-  int64_t diag = 0;         // q_offset - k_offset: key j is visible to query i iff j <= i + diag
-  bool f32_grads = false;   // attention_bwd: dq/dk/dv are f32 (a ring's accumulators), else bf16
-  bool accumulate = true;   // attention_bwd: AttentionBlock::accumulate (false: overwrite)
+  int64_t diag = 0;        // q_offset - k_offset: key j is visible to query i iff j <= i + diag
+  bool f32_grads = false;  // attention_bwd: dq/dk/dv are f32 (a ring's accumulators), else bf16
+  bool accumulate = true;  // attention_bwd: AttentionBlock::accumulate (false: overwrite)
   // Every query sees every key (not causal, or the diagonal past the last key).
   bool unmasked() const { return !causal || diag >= sk - 1; }
   // A whole causal square: queries and keys at the same positions (top-left mask).
@@ -120,14 +120,14 @@ std::vector<ScratchBuffer> attention_fwd_scratch(AttentionFwdRoute r, const Atte
 
 struct AttentionBwdScratch {
   AttentionBwdRoute route = AttentionBwdRoute::Kernel;
-  int64_t tile = 0;       // cudnn tiles: T
+  int64_t tile = 0;  // cudnn tiles: T
   // bf16 gradients written before they are added into dq/dk/dv: one call: the block's
   // [B (Sq Hq + 2 Sk Hkv) hd]; tiles: one tile's [T (Hq + 2 Hkv) hd]; kernel, sm90 kernel: the
   // block's, only with f32 gradients (else the kernel adds into them itself).
   int64_t grads = 0;
-  int64_t dq_acc = 0;     // cudnn tiles: f32 [Sq, Hq, hd], dQ of one sequence (0: f32 gradients)
-  int64_t dkv_acc = 0;    // cudnn tiles: f32 [2, T, Hkv, hd], dK and dV of one key tile
-  int64_t delta = 0;      // kernel: f32 [B, Hq, Sq], rowsum(dO o)
+  int64_t dq_acc = 0;   // cudnn tiles: f32 [Sq, Hq, hd], dQ of one sequence (0: f32 gradients)
+  int64_t dkv_acc = 0;  // cudnn tiles: f32 [2, T, Hkv, hd], dK and dV of one key tile
+  int64_t delta = 0;    // kernel: f32 [B, Hq, Sq], rowsum(dO o)
   // sm90 kernel: its fp32 dQ accumulator [B, Hq, Sq_pad, hd], lse2, delta and semaphores
   // (kernels/attention_sm90_scratch.h)
   int64_t sm90 = 0;

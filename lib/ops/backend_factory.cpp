@@ -32,17 +32,16 @@ bool cuda_backend_built() {
 
 DeviceKind resolve_device(DeviceKind requested, const std::string& key) {
   switch (requested) {
-    case DeviceKind::Cpu:
-      return DeviceKind::Cpu;
+    case DeviceKind::Cpu: return DeviceKind::Cpu;
     case DeviceKind::Cuda:
 #ifndef EASYCTX_HAVE_CUDA
-      EASYCTX_THROW_INPUT(key, ": cuda: this build has no CUDA backend (rebuild with -DEASYCTX_CUDA=ON); use cpu or "
+      EASYCTX_THROW_INPUT(key,
+                          ": cuda: this build has no CUDA backend (rebuild with -DEASYCTX_CUDA=ON); use cpu or "
                           "auto");
 #endif
       EASYCTX_CHECK_INPUT(visible_cuda_devices() > 0, key, ": cuda: no CUDA device is visible; use cpu or auto");
       return DeviceKind::Cuda;
-    case DeviceKind::Auto:
-      return visible_cuda_devices() > 0 ? DeviceKind::Cuda : DeviceKind::Cpu;
+    case DeviceKind::Auto: return visible_cuda_devices() > 0 ? DeviceKind::Cuda : DeviceKind::Cpu;
   }
   return DeviceKind::Cpu;
 }

@@ -11,8 +11,8 @@
 namespace easyctx::ops {
 
 struct BackendOptions {
-  bool deterministic = true;  // train.deterministic (CUDA: a fixed-order attention backward)
-  bool profile = false;       // logging.profile: wrapped in ops::ProfilingBackend
+  bool deterministic = true;     // train.deterministic (CUDA: a fixed-order attention backward)
+  bool profile = false;          // logging.profile: wrapped in ops::ProfilingBackend
   bool hopper_attention = true;  // train.hopper_attention (CUDA on sm_90: the Hopper attention kernels)
 };
 

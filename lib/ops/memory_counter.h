@@ -11,8 +11,7 @@ class MemoryCounter {
   void add(int64_t bytes) {
     const int64_t now = live_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     int64_t p = peak_.load(std::memory_order_relaxed);
-    while (now > p && !peak_.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
-    }
+    while (now > p && !peak_.compare_exchange_weak(p, now, std::memory_order_relaxed)) {}
   }
   void sub(int64_t bytes) { live_.fetch_sub(bytes, std::memory_order_relaxed); }
   int64_t live() const { return live_.load(std::memory_order_relaxed); }

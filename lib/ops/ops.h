@@ -27,7 +27,7 @@ namespace easyctx::ops {
 // j at k_offset + j; with `causal`, key j is visible to query i iff k_pos <= q_pos. A block
 // where a query sees no key at all gets o = 0 and lse = -inf (the merge handles it).
 struct AttentionBlock {
-  double scale = 0;       // softmax scale, usually 1/sqrt(head_dim)
+  double scale = 0;  // softmax scale, usually 1/sqrt(head_dim)
   bool causal = true;
   int64_t q_offset = 0;
   int64_t k_offset = 0;
@@ -169,8 +169,8 @@ class Backend {
                            const Tensor& dw) = 0;
 
   // ---- C = alpha * op(A) op(B) + beta * C, 2-D views; op(X) = X^T when trans_x.
-  virtual void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                      double alpha = 1.0, double beta = 0.0) = 0;
+  virtual void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha = 1.0,
+                      double beta = 0.0) = 0;
 
   // ---- RoPE in HF's half-split layout, in place: x [n, H, hd], positions i32[n],
   // inv_freq f32[hd/2] (the model's frequencies after rope_scaling). Pair (i, i + hd/2) of
@@ -219,8 +219,7 @@ class Backend {
                              const Tensor& nll, const Tensor& top);
 
   // ---- optimizer on fp32 master weights: param, grad, m, v same shape.
-  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                     const AdamWStep& s) = 0;
+  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s) = 0;
 };
 
 // The CPU reference backend: host memory, fp32 and fp64, OpenMP across rows.

@@ -68,9 +68,9 @@ double attention_pairs(int64_t sq, int64_t sk, const AttentionBlock& blk) {
   // Row i sees min(max(i + d + 1, 0), sk) keys, d = q_offset - k_offset.
   const double d = static_cast<double>(blk.q_offset - blk.k_offset), Sq = static_cast<double>(sq),
                Sk = static_cast<double>(sk);
-  const double lo = std::max(0.0, -d);                   // first row that sees a key
-  const double full = std::max(0.0, Sk - d - 1);         // first row that sees every key
-  const double hi = std::min(Sq, full);                  // rows [lo, hi) see i + d + 1 keys
+  const double lo = std::max(0.0, -d);            // first row that sees a key
+  const double full = std::max(0.0, Sk - d - 1);  // first row that sees every key
+  const double hi = std::min(Sq, full);           // rows [lo, hi) see i + d + 1 keys
   double pairs = 0;
   if (hi > lo) pairs += (hi - lo) * (d + 1) + (lo + hi - 1) * (hi - lo) / 2;
   if (Sq > full) pairs += (Sq - std::max(full, 0.0)) * Sk;
@@ -132,8 +132,8 @@ void ProfilingBackend::copy(const Tensor& dst, const Tensor& src) {
   timed("copy", std::string(dname(src.dtype)) + "->" + dname(dst.dtype) + " " + dir + fmt(" %lld", dst.numel()), 0,
         [&] { inner_->copy(dst, src); });
 }
-void ProfilingBackend::copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch,
-                               int64_t rows, int64_t width) {
+void ProfilingBackend::copy_2d(const Tensor& dst, int64_t dst_pitch, const Tensor& src, int64_t src_pitch, int64_t rows,
+                               int64_t width) {
   timed("copy_2d", std::string(dname(dst.dtype)) + fmt(" %lld", rows) + fmt("x%lld", width), 0,
         [&] { inner_->copy_2d(dst, dst_pitch, src, src_pitch, rows, width); });
 }
@@ -181,15 +181,14 @@ void ProfilingBackend::attention_fwd(const Tensor& q, const Tensor& k, const Ten
         [&] { inner_->attention_fwd(q, k, v, blk, o, lse); });
 }
 void ProfilingBackend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                                     const Tensor& lse, const Tensor& dout, const AttentionBlock& blk,
-                                     const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                                     const Tensor& lse, const Tensor& dout, const AttentionBlock& blk, const Tensor& dq,
+                                     const Tensor& dk, const Tensor& dv) {
   const bool f32_grads = dq.dtype == DType::F32 && dk.dtype == DType::F32 && dv.dtype == DType::F32;
   const std::string route = enabled_ ? inner_->attention_route(attention_call(q, k, blk, f32_grads), true) : "";
   timed("attention_bwd", attn_detail(q, k, blk) + route_tag(route), 2.5 * attn_flops(q, k, blk),
         [&] { inner_->attention_bwd(q, k, v, o, lse, dout, blk, dq, dk, dv); });
 }
-void ProfilingBackend::attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o_blk,
-                                       const Tensor& lse_blk) {
+void ProfilingBackend::attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o_blk, const Tensor& lse_blk) {
   timed("attention_merge", rows_cols(o), 0, [&] { inner_->attention_merge(o, lse, o_blk, lse_blk); });
 }
 void ProfilingBackend::swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h) {
@@ -204,7 +203,9 @@ LossSums ProfilingBackend::lm_head_loss(const Tensor& x, const Tensor& w, const 
   const double one = 2.0 * static_cast<double>(x.numel()) * static_cast<double>(w.dim(0));  // 2 n V D
   const double flops = one * (1 + (dx.empty() ? 0 : 1) + (dw.empty() ? 0 : 1));
   std::string d = rows_cols(x) + fmt(" V=%lld tile %lld", w.dim(0), tile_tokens) +
-                  (dx.empty() ? "" : dw.empty() ? " +dx" : " +dx +dw");
+                  (dx.empty()   ? ""
+                   : dw.empty() ? " +dx"
+                                : " +dx +dw");
   return timed("lm_head_loss", d, flops,
                [&] { return inner_->lm_head_loss(x, w, labels, tile_tokens, grad_scale, dx, dw); });
 }

@@ -89,12 +89,11 @@ class ProfilingBackend final : public Backend {
   void attention_merge(const Tensor& o, const Tensor& lse, const Tensor& o_blk, const Tensor& lse_blk) override;
   void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h) override;
   void swiglu_bwd(const Tensor& g, const Tensor& u, const Tensor& dh, const Tensor& dg, const Tensor& du) override;
-  LossSums lm_head_loss(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens,
-                        double grad_scale, const Tensor& dx, const Tensor& dw) override;
+  LossSums lm_head_loss(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens, double grad_scale,
+                        const Tensor& dx, const Tensor& dw) override;
   void lm_head_score(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens, const Tensor& nll,
                      const Tensor& top) override;
-  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-             const AdamWStep& s) override;
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s) override;
 
  private:
   // Runs f between the timer's marks under `key` when enabled.

@@ -4,9 +4,7 @@
 
 namespace easyctx::ops {
 
-CudaOwnBytes cuda_own_bytes(int64_t cublas_workspace) {
-  return {cublas_workspace, static_cast<int64_t>(sizeof(int))};
-}
+CudaOwnBytes cuda_own_bytes(int64_t cublas_workspace) { return {cublas_workspace, static_cast<int64_t>(sizeof(int))}; }
 
 std::vector<ScratchBuffer> CudaOwnBytes::list() const {
   return {{"cuBLASLt workspace", cublas_workspace, "CudaBackendOptions::cublas_workspace (default 32 MiB)"},
@@ -71,9 +69,7 @@ std::vector<ScratchBuffer> RmsnormBwdScratch::list() const {
   return {{"dw partials f32", dw_partials, "4 x ceil(n / 64) x D"}};
 }
 
-EmbeddingBwdScratch embedding_bwd_scratch(int64_t n) {
-  return {3 * n * 4, 8 * n + (int64_t{1} << 20)};
-}
+EmbeddingBwdScratch embedding_bwd_scratch(int64_t n) { return {3 * n * 4, 8 * n + (int64_t{1} << 20)}; }
 
 std::vector<ScratchBuffer> EmbeddingBwdScratch::list() const {
   return {{"sorted ids, order, iota", ids, "3 x 4 x n"},
@@ -82,8 +78,6 @@ std::vector<ScratchBuffer> EmbeddingBwdScratch::list() const {
 
 SumSquaresScratch sum_squares_scratch() { return {kSumSquaresBlocks, (kSumSquaresBlocks + 1) * 8}; }
 
-std::vector<ScratchBuffer> SumSquaresScratch::list() const {
-  return {{"sum-of-squares partials", bytes, "8 x 1025"}};
-}
+std::vector<ScratchBuffer> SumSquaresScratch::list() const { return {{"sum-of-squares partials", bytes, "8 x 1025"}}; }
 
 }  // namespace easyctx::ops

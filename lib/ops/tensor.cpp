@@ -50,8 +50,8 @@ Tensor Tensor::rows(int64_t begin, int64_t count) const {
 
 Tensor Tensor::slice_flat(int64_t offset, std::initializer_list<int64_t> dims) const {
   Tensor t(static_cast<char*>(data) + static_cast<size_t>(offset) * element_size(dtype), dtype, dims, space);
-  EASYCTX_CHECK(offset >= 0 && offset + t.numel() <= numel(), "Tensor::slice_flat: [", offset, ", ",
-                offset + t.numel(), ") outside ", describe());
+  EASYCTX_CHECK(offset >= 0 && offset + t.numel() <= numel(), "Tensor::slice_flat: [", offset, ", ", offset + t.numel(),
+                ") outside ", describe());
   return t;
 }
 

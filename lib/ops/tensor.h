@@ -41,7 +41,9 @@ struct Tensor {
   size_t bytes() const { return static_cast<size_t>(numel()) * element_size(dtype); }
   bool empty() const { return data == nullptr; }
   template <typename T>
-  T* ptr() const { return static_cast<T*>(data); }
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
   // Same memory, new shape with the same element count.
   Tensor reshape(std::initializer_list<int64_t> dims) const;
   Tensor reshape(const std::vector<int64_t>& dims) const;
@@ -57,7 +59,8 @@ class Buffer {
  public:
   using Deleter = std::function<void(void*)>;
   Buffer() = default;
-  Buffer(void* p, size_t bytes, DType t, MemSpace s, Deleter del) : p_(p), bytes_(bytes), dtype_(t), space_(s), del_(std::move(del)) {}
+  Buffer(void* p, size_t bytes, DType t, MemSpace s, Deleter del)
+      : p_(p), bytes_(bytes), dtype_(t), space_(s), del_(std::move(del)) {}
   ~Buffer() { reset(); }
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept;

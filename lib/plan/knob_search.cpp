@@ -31,8 +31,8 @@ struct Candidate {
 
 struct Family {
   std::string key;
-  bool keeps_problem = true;       // false: changes what is trained or needs more GPUs
-  std::vector<Candidate> values;   // least drastic first
+  bool keeps_problem = true;           // false: changes what is trained or needs more GPUs
+  std::vector<Candidate> values;       // least drastic first
   std::vector<std::string> also = {};  // other keys its values may set (reset and reported with it)
 };
 
@@ -45,9 +45,7 @@ ModelShape model_shape(const StageConfig& cfg) {
   try {
     const model::LlamaConfig mc = plan_model(cfg.model, nullptr);
     return {mc.num_layers, mc.num_kv_heads};
-  } catch (const Error&) {
-    return {};
-  }
+  } catch (const Error&) { return {}; }
 }
 
 // Makes a family's candidates: each the searched config and target with one change.
@@ -304,7 +302,8 @@ std::vector<KnobFix> search_knobs(const StageConfig& cfg, const PlanTarget& t, i
     for (const Candidate& c : f.values) {
       MemoryPlan q;
       if (!try_plan(c, q) || !q.fits) continue;
-      out.push_back({c.assignment, c.note, q.gpu_peak_bytes, q.host_peak_bytes, c.target.nodes, c.target.gpus_per_node});
+      out.push_back(
+          {c.assignment, c.note, q.gpu_peak_bytes, q.host_peak_bytes, c.target.nodes, c.target.gpus_per_node});
       kept_problem_fits |= f.keeps_problem;
       break;
     }
@@ -380,14 +379,16 @@ std::string kept_outputs_text(const StageConfig& cfg, const KeptOutputs& k, bool
   if (k.offload >= 0)
     s += ", activation.offload cpu, activation.offload_layers " + num(k.offload) + " (" +
          plural(k.offload - (offloaded ? k0 : 0), "more layer input") + " in pinned host memory)";
-  s += std::string(hint ? " would fit too" : "") + " (" + gib(k.plan.gpu_peak_bytes) + " of " +
-       gib(k.plan.gpu_usable) + " usable per GPU, " + gib(k.plan.host_peak_bytes) + " host per node): " +
+  s += std::string(hint ? " would fit too" : "") + " (" + gib(k.plan.gpu_peak_bytes) + " of " + gib(k.plan.gpu_usable) +
+       " usable per GPU, " + gib(k.plan.host_peak_bytes) + " host per node): " +
        (k.kept == layers ? std::string(hint ? "no layer would recompute" : "no layer recomputes") + " its attention"
-        : k.kept == 1    ? std::string(hint ? "the last layer would skip" : "the last layer skips") + " its attention recompute"
-                         : "the last " + num(k.kept) + " of " + num(layers) + (hint ? " layers would skip" : " layers skip") +
-                               " their attention recompute") +
+        : k.kept == 1
+            ? std::string(hint ? "the last layer would skip" : "the last layer skips") + " its attention recompute"
+            : "the last " + num(k.kept) + " of " + num(layers) + (hint ? " layers would skip" : " layers skip") +
+                  " their attention recompute") +
        " in backward (the same arithmetic)";
-  if (k.offload >= 0) s += k.as_is > 0 ? "; with the offload as it is, " + what(k.as_is) : "; with the offload as it is, none fits";
+  if (k.offload >= 0)
+    s += k.as_is > 0 ? "; with the offload as it is, " + what(k.as_is) : "; with the offload as it is, none fits";
   return s;
 }
 
@@ -417,16 +418,15 @@ std::string refusal_message(const MemoryPlan& p) {
        << " usable of " << gib(p.gpu_capacity) << " (" << p.target.gpu_name << ", headroom "
        << std::lround(100 * p.target.headroom) << "%)" << (p.host_fits ? "." : ";");
   if (!p.host_fits)
-    os << " predicted host " << gib(p.host_peak_bytes) << " per node (" << p.target.gpus_per_node
-       << " rank(s), " << p.host_peak_phase << ") > " << gib(p.host_usable) << " usable of " << gib(p.host_capacity)
-       << ".";
+    os << " predicted host " << gib(p.host_peak_bytes) << " per node (" << p.target.gpus_per_node << " rank(s), "
+       << p.host_peak_phase << ") > " << gib(p.host_usable) << " usable of " << gib(p.host_capacity) << ".";
   if (p.knobs.empty()) {
     // Name the memory that is short: GPU memory, the nodes' host memory, or both.
     const std::string more = !p.gpu_fits && !p.host_fits ? "use GPUs with more memory and nodes with more host memory"
-                             : !p.gpu_fits ? "use GPUs with more memory"
-                                           : "use nodes with more host memory (the plan assumed " +
-                                                 gib(p.target.host_memory_bytes) + " per node, " +
-                                                 p.target.host_source + ")";
+                             : !p.gpu_fits
+                                 ? "use GPUs with more memory"
+                                 : "use nodes with more host memory (the plan assumed " +
+                                       gib(p.target.host_memory_bytes) + " per node, " + p.target.host_source + ")";
     os << " Nothing makes it fit: not activation.checkpoint (nor attention_output_layers), activation.mlp_tile, "
           "activation.offload (and offload_layers), activation.attention_head_groups, activation.lm_head_tile, "
           "parallel.zero.stage, parallel.zero.offload_optimizer, parallel.zero.offload_params, "

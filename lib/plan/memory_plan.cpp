@@ -42,7 +42,7 @@ std::string num(int64_t v) { return std::to_string(v); }
 // ---------------------------------------------------------------------------------------
 struct Run {
   const StageConfig& cfg;
-  std::string note;          // how the model was resolved, when the reader should know (plan_model)
+  std::string note;  // how the model was resolved, when the reader should know (plan_model)
   model::LlamaConfig mc;
   model::ParamLayout layout;
   dist::GroupLayout groups;
@@ -138,9 +138,9 @@ void attention_items(const Run& r, bool backward, Items& it, std::vector<std::st
     bufs.push_back(in->alloc(t, n));
     return bufs.back().view(dims);
   };
-  const attention::AttentionTensors t{tensor(r.dtype, {B, S, hq, hd}), tensor(r.dtype, {B, S, hkv, hd}),
+  const attention::AttentionTensors t{tensor(r.dtype, {B, S, hq, hd}),  tensor(r.dtype, {B, S, hkv, hd}),
                                       tensor(r.dtype, {B, S, hkv, hd}), tensor(r.dtype, {B, S, hq, hd}),
-                                      tensor(lse_t, {B, hq, S}), 1.0 / std::sqrt(static_cast<double>(hd))};
+                                      tensor(lse_t, {B, hq, S}),        1.0 / std::sqrt(static_cast<double>(hd))};
   rec.begin_phase();
   if (backward) {
     const attention::AttentionGrads gr{tensor(r.dtype, {B, S, hq, hd}), tensor(r.dtype, {B, S, hq, hd}),
@@ -251,7 +251,8 @@ Run run_of(const StageConfig& cfg, const PlanTarget& t, const model::LlamaConfig
     EASYCTX_THROW_INPUT("target world ", t.nodes, " node(s) x ", t.gpus_per_node, " = ", t.world(),
                         " rank(s) (target.nodes x target.gpus_per_node, or the launch): ", e.what());
   }
-  r.zero_group = r.zero3() ? (cfg.parallel.zero.group == ZeroGroupScope::Node ? r.groups.ranks_per_node : t.world()) : 1;
+  r.zero_group =
+      r.zero3() ? (cfg.parallel.zero.group == ZeroGroupScope::Node ? r.groups.ranks_per_node : t.world()) : 1;
   r.batch = cfg.train.batch_size;
   r.seq = attention::sequence_split(r.groups).local_length(cfg.data.seq_length);
   r.tokens = checked_mul(r.batch, r.seq, "the plan: tokens per micro-batch, train.batch_size x local sequence length");
@@ -280,7 +281,8 @@ void process_and_backend_items(const Run& r, const PlanTarget& t, Items& it) {
   it.persistent("init", "process baseline (program, libraries, MPI" + std::string(r.cuda ? ", CUDA host side)" : ")"),
                 "host", measured ? t.process_bytes : fixed,
                 measured ? "VmRSS of this process before allocating (measured)"
-                         : r.cuda ? "kHostBaselineCudaBytes (calibrated)" : "kHostBaselineCpuBytes (calibrated)",
+                : r.cuda ? "kHostBaselineCudaBytes (calibrated)"
+                         : "kHostBaselineCpuBytes (calibrated)",
                 false);
 }
 
@@ -325,8 +327,8 @@ void step_items(const Run& r, Items& it) {
     const int64_t all = checked_mul(g.count, each, "the plan: " + g.key);
     const std::string f = workspace_formula(g);
     if (g.pinned_host) {  // activation.offload cpu: Backend::alloc_host_pinned (a backend buffer on the CPU)
-      it.persistent("step", workspace_label(g) + (r.cuda ? " (offloaded, pinned)" : " (offloaded)"), "host",
-                    all, f, !r.cuda);
+      it.persistent("step", workspace_label(g) + (r.cuda ? " (offloaded, pinned)" : " (offloaded)"), "host", all, f,
+                    !r.cuda);
       continue;
     }
     it.persistent("step", workspace_label(g), r.dev, all, f);
@@ -387,8 +389,8 @@ void save_items(const Run& r, const PlanTarget& t, Items& it) {
   const int64_t file = std::min<int64_t>(disk * r.params, int64_t{5} << 30);
   const std::string phase = r.zero3() ? "HF export (gather)" : "HF export (rank 0)";
   if (!r.zero3()) {
-    it.transient(phase, "the whole master weights copied for the export (f32, heap)", "host", 4 * r.params, "4 P", false,
-                 Ranks::Root);
+    it.transient(phase, "the whole master weights copied for the export (f32, heap)", "host", 4 * r.params, "4 P",
+                 false, Ranks::Root);
   } else {  // every unit gathered in turn; rank 0 keeps each, the others one at a time
     const int64_t Z = r.zero_group;
     it.transient(phase, "the whole master weights gathered on rank 0 (f32, heap)", "host",
@@ -471,7 +473,8 @@ MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vecto
     const int64_t others = checked_mul(rpn - 1, pt.host_other_bytes, "the plan: host memory per node");
     pt.host_node_bytes = checked_add(pt.host_bytes, others, "the plan: host memory per node");
     if (t.nodes > 1)
-      pt.host_node_bytes = std::max(pt.host_node_bytes, checked_mul(rpn, pt.host_other_bytes, "the plan: host memory per node"));
+      pt.host_node_bytes =
+          std::max(pt.host_node_bytes, checked_mul(rpn, pt.host_other_bytes, "the plan: host memory per node"));
     p.phases.push_back(pt);
   }
   for (const PhaseTotal& pt : p.phases) {
@@ -535,8 +538,8 @@ MemoryPlan plan_inference_core(const InferencePlanInput& in, const PlanTarget& t
   const int64_t n = r.tokens, L = cfg.data.seq_length;
   if (r.cuda) it.persistent("step", "batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
   else it.persistent("step", "batch (tokens, positions, labels)", "host", 3 * 4 * n, "3 x 4 x n");
-  it.persistent("step", "host: slice, per-row NLL and argmax, scored-position map", "host",
-                3 * 4 * n + 12 * n + 12 * L, "3 x 4 x n + 12 n + 12 L (L: the whole sequence)", false);
+  it.persistent("step", "host: slice, per-row NLL and argmax, scored-position map", "host", 3 * 4 * n + 12 * n + 12 * L,
+                "3 x 4 x n + 12 n + 12 L (L: the whole sequence)", false);
   const model::ModelOptions mo = model::options_for(cfg, false);
   for (const Group& g : group_specs(model::LlamaModel::score_workspace_specs(r.mc, mo, r.dtype, r.batch, r.seq))) {
     const int64_t each = g.numel * static_cast<int64_t>(ops::element_size(g.dtype));
@@ -545,8 +548,8 @@ MemoryPlan plan_inference_core(const InferencePlanInput& in, const PlanTarget& t
   std::vector<std::string> routes;
   attention_items(r, false, it, routes, false);
   const int64_t V = r.mc.vocab_size, tile = cfg.activation.lm_head_tile;
-  const std::vector<ops::ScratchBuffer> head = r.cuda ? ops::cuda_lm_head_score_scratch(n, V, tile).list()
-                                                      : ops::cpu_lm_head_scratch(n, V, tile, 4).list();
+  const std::vector<ops::ScratchBuffer> head =
+      r.cuda ? ops::cuda_lm_head_score_scratch(n, V, tile).list() : ops::cpu_lm_head_scratch(n, V, tile, 4).list();
   for (const ops::ScratchBuffer& b : head) {
     if (!r.cuda && b.name.find("NLL") != std::string::npos) continue;  // lm_head_score writes the caller's arrays
     it.transient("LM-head scoring", b.name, r.dev, b.bytes, b.formula, r.cuda);
@@ -558,7 +561,8 @@ MemoryPlan plan_inference_core(const InferencePlanInput& in, const PlanTarget& t
 namespace detail {
 
 model::LlamaConfig plan_model(const ModelConfig& m, std::string* note) {
-  if (starts_with(m.init, "hf:") && !std::filesystem::is_directory(m.init.substr(3)) && m.config != ModelConfig{}.config) {
+  if (starts_with(m.init, "hf:") && !std::filesystem::is_directory(m.init.substr(3)) &&
+      m.config != ModelConfig{}.config) {
     ModelConfig shape = m;
     shape.init = "random";
     const model::LlamaConfig c = model::resolve_llama_config(shape);
@@ -601,12 +605,11 @@ MemoryPlan plan_inference(const InferencePlanInput& in, const PlanTarget& target
     try {
       const MemoryPlan q = plan_inference_core(c, t);
       if (!q.fits) return false;
-      p.knobs.push_back({key + "=" + std::to_string(value), note, q.target.backend == DeviceKind::Cuda ? q.gpu_peak_bytes : 0,
-                         q.host_peak_bytes, t.nodes, t.gpus_per_node});
+      p.knobs.push_back({key + "=" + std::to_string(value), note,
+                         q.target.backend == DeviceKind::Cuda ? q.gpu_peak_bytes : 0, q.host_peak_bytes, t.nodes,
+                         t.gpus_per_node});
       return true;
-    } catch (const InputError&) {
-      return false;
-    }
+    } catch (const InputError&) { return false; }
   };
   for (int64_t g = cfg.activation.attention_head_groups + 1; g <= in.model.num_kv_heads; ++g)
     if (in.model.num_kv_heads % g == 0 && try_one("activation.attention_head_groups", g, "", target)) break;

@@ -51,13 +51,13 @@ const char* to_string(Ranks r);  // "every rank", "rank 0", "ranks but 0"
 
 struct PlanItem {
   std::string name;
-  std::string where;         // "gpu" or "host"
-  int64_t bytes = 0;         // per rank
+  std::string where;  // "gpu" or "host"
+  int64_t bytes = 0;  // per rank
   std::string formula;
-  bool transient = false;    // alive only during `phase`; else from its allocation to the end
-  std::string phase;         // transient: the phase; persistent: "init" (allocated before the
-                             // first step) or "step" (at the first step: workspace, ...)
-  bool tracked = true;       // counted by ops::Backend::memory_stats (the backend's allocations)
+  bool transient = false;  // alive only during `phase`; else from its allocation to the end
+  std::string phase;       // transient: the phase; persistent: "init" (allocated before the
+                           // first step) or "step" (at the first step: workspace, ...)
+  bool tracked = true;     // counted by ops::Backend::memory_stats (the backend's allocations)
   Ranks ranks = Ranks::Every;
 };
 
@@ -77,22 +77,22 @@ struct PhaseTotal {
 // A config change (one key, or a combination: assignments separated by spaces) that makes a
 // plan that does not fit fit.
 struct KnobFix {
-  std::string assignment;  // "activation.mlp_tile=8192"
-  std::string note;        // "needs 4 GPUs: target.nodes=1, target.gpus_per_node=4", ...
-  int64_t gpu_bytes = 0;   // the fixed plan's device total per GPU (0 on the CPU backend)
-  int64_t host_bytes = 0;  // its host peak per node
+  std::string assignment;            // "activation.mlp_tile=8192"
+  std::string note;                  // "needs 4 GPUs: target.nodes=1, target.gpus_per_node=4", ...
+  int64_t gpu_bytes = 0;             // the fixed plan's device total per GPU (0 on the CPU backend)
+  int64_t host_bytes = 0;            // its host peak per node
   int nodes = 0, gpus_per_node = 0;  // the target it assumes (parallel.sequence.size may need more GPUs)
-  std::string to_string() const;  // "--set activation.mlp_tile=8192 (131.00 GiB per GPU)"
+  std::string to_string() const;     // "--set activation.mlp_tile=8192 (131.00 GiB per GPU)"
 };
 
 struct MemoryPlan {
   PlanTarget target;
   // The run: model, layout, shapes.
   std::string model_name;
-  int64_t parameters = 0;      // P
+  int64_t parameters = 0;  // P
   int world = 1, dp = 1, sp = 1, zero_group = 1;
-  int64_t local_len = 0;       // tokens of one sequence on one rank (padded for the SP layout)
-  int64_t tokens = 0;          // n = batch x local_len per rank per micro-step
+  int64_t local_len = 0;  // tokens of one sequence on one rank (padded for the SP layout)
+  int64_t tokens = 0;     // n = batch x local_len per rank per micro-step
   std::vector<PlanItem> items;
   std::vector<PhaseTotal> phases;
   // Per rank: the backend-tracked peak (what memory_stats().peak_bytes reads after a step).

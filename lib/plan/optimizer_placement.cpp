@@ -20,7 +20,8 @@ namespace {
 // A decimal integer of a choice report ("gpu 12", "attention_output 0 -1"): optional '-', digits.
 bool parse_int64(const std::string& x, int64_t& v) {
   const size_t digits = !x.empty() && x[0] == '-' ? 1 : 0;
-  if (x.size() <= digits || x.size() > 18 || x.find_first_not_of("0123456789", digits) != std::string::npos) return false;
+  if (x.size() <= digits || x.size() > 18 || x.find_first_not_of("0123456789", digits) != std::string::npos)
+    return false;
   v = std::stoll(x);
   return true;
 }
@@ -79,8 +80,8 @@ MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
   if (p.gpu_capacity == 0) return p;  // not a CUDA run: there is no choice (the fits are the same)
   using detail::gib;
   if (p.gpu_fits) {
-    p.notes.push_back("parallel.zero.offload_optimizer auto: on the GPU (the run fits with it: " + gib(p.gpu_peak_bytes) +
-                      " of " + gib(p.gpu_usable) + " usable per GPU)");
+    p.notes.push_back("parallel.zero.offload_optimizer auto: on the GPU (the run fits with it: " +
+                      gib(p.gpu_peak_bytes) + " of " + gib(p.gpu_usable) + " usable per GPU)");
     if (!p.fits) p.knobs = detail::search_knobs(c, target, p.tokens);
     return p;
   }
@@ -126,7 +127,8 @@ MemoryPlan choose_checkpoint(MemoryPlan p, StageConfig placed, const StageConfig
   q.notes = std::move(p.notes);
   q.auto_offload_layers = p.auto_offload_layers;
   const int64_t offload = k.offload < 0 ? -1 : k.offload == layers - 1 ? 0 : k.offload;
-  q.auto_checkpoint = "attention_output " + std::to_string(k.kept == layers ? 0 : k.kept) + " " + std::to_string(offload);
+  q.auto_checkpoint =
+      "attention_output " + std::to_string(k.kept == layers ? 0 : k.kept) + " " + std::to_string(offload);
   q.notes.push_back("activation.checkpoint auto: " + detail::kept_outputs_text(placed, k, false));
   return q;
 }
@@ -166,9 +168,11 @@ MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const
   const double host_s = per_rank * kHostUpdateSecondsPerParam;
   if (more <= 0 || saved_s <= host_s) return on_gpu;
   char why[240];
-  std::snprintf(why, sizeof why, "parallel.zero.offload_optimizer auto: in host memory, so that %lld more layers keep "
+  std::snprintf(why, sizeof why,
+                "parallel.zero.offload_optimizer auto: in host memory, so that %lld more layers keep "
                 "their attention output (activation.checkpoint auto): ~%.1f s of attention forward saved per step "
-                "against ~%.1f s of host update", static_cast<long long>(more), saved_s, host_s);
+                "against ~%.1f s of host update",
+                static_cast<long long>(more), saved_s, host_s);
   host.notes.insert(host.notes.begin(), why);
   return host;
 }

@@ -21,8 +21,13 @@ std::string pct(double a, double b) {
 }
 
 Json item_json(const PlanItem& i) {
-  return Json::object({{"name", i.name}, {"where", i.where}, {"bytes", i.bytes}, {"formula", i.formula},
-                       {"transient", i.transient}, {"phase", i.phase}, {"tracked", i.tracked},
+  return Json::object({{"name", i.name},
+                       {"where", i.where},
+                       {"bytes", i.bytes},
+                       {"formula", i.formula},
+                       {"transient", i.transient},
+                       {"phase", i.phase},
+                       {"tracked", i.tracked},
                        {"ranks", to_string(i.ranks)}});
 }
 
@@ -65,14 +70,15 @@ std::string format_plan_table(const MemoryPlan& p) {
   std::ostringstream os;
   char line[512];
   os << "memory plan (docs/memory-model.md), per rank unless stated\n";
-  os << "  model   " << p.model_name << ": " << format_count(static_cast<double>(p.parameters)) << " parameters (P = "
-     << p.parameters << ")\n";
-  os << "  run     " << (cuda ? "cuda (bf16 activations)" : "cpu (f32)") << ", world " << p.world << " = "
-     << p.dp << " data-parallel x " << p.sp << " sequence-parallel, ZeRO group " << p.zero_group << "; n = "
-     << p.tokens << " tokens per rank per micro-step (S = " << p.local_len << " per sequence)\n";
+  os << "  model   " << p.model_name << ": " << format_count(static_cast<double>(p.parameters))
+     << " parameters (P = " << p.parameters << ")\n";
+  os << "  run     " << (cuda ? "cuda (bf16 activations)" : "cpu (f32)") << ", world " << p.world << " = " << p.dp
+     << " data-parallel x " << p.sp << " sequence-parallel, ZeRO group " << p.zero_group << "; n = " << p.tokens
+     << " tokens per rank per micro-step (S = " << p.local_len << " per sequence)\n";
   os << "  target  " << p.target.nodes << " node(s) x " << p.target.gpus_per_node
-     << (cuda ? " GPU(s): " + p.target.gpu_name + " " + gib(p.target.gpu_memory_bytes) + " (" + p.target.gpu_source + ")"
-              : " rank(s)")
+     << (cuda
+             ? " GPU(s): " + p.target.gpu_name + " " + gib(p.target.gpu_memory_bytes) + " (" + p.target.gpu_source + ")"
+             : " rank(s)")
      << ", host " << gib(p.target.host_memory_bytes) << " per node (" << p.target.host_source << "), headroom "
      << std::lround(100 * p.target.headroom) << "%\n\n";
   std::snprintf(line, sizeof line, "  %-5s %-34s %12s  %s\n", "where", "phase", "bytes", "buffer [formula]");
@@ -90,8 +96,8 @@ std::string format_plan_table(const MemoryPlan& p) {
     for (const std::string& r : p.attention_routes) os << "    " << r << "\n";
     os << "\n";
   }
-  std::snprintf(line, sizeof line, "  %-34s %14s %14s %14s %14s\n", "phase totals",
-                cuda ? "gpu allocs" : "allocations", cuda ? "gpu total" : "", "host/rank 0", "host/node");
+  std::snprintf(line, sizeof line, "  %-34s %14s %14s %14s %14s\n", "phase totals", cuda ? "gpu allocs" : "allocations",
+                cuda ? "gpu total" : "", "host/rank 0", "host/node");
   os << line;
   for (const PhaseTotal& ph : p.phases) {
     std::snprintf(line, sizeof line, "  %-34s %14s %14s %14s %14s\n", ph.name.c_str(),
@@ -106,8 +112,7 @@ std::string format_plan_table(const MemoryPlan& p) {
     os << "  GPU   peak allocations " << gib(p.alloc_peak_bytes) << " (" << p.alloc_peak_phase << ") + context "
        << gib(p.context_bytes) << " = " << gib(p.gpu_peak_bytes) << " per GPU; usable " << gib(p.gpu_usable) << " of "
        << gib(p.gpu_capacity) << ": " << (p.gpu_fits ? "fits" : "DOES NOT FIT") << "\n";
-  else
-    os << "  backend allocations peak " << gib(p.alloc_peak_bytes) << " per rank (" << p.alloc_peak_phase << ")\n";
+  else os << "  backend allocations peak " << gib(p.alloc_peak_bytes) << " per rank (" << p.alloc_peak_phase << ")\n";
   const int64_t rpn = p.target.gpus_per_node;
   if (p.host_peak_bytes == rpn * p.host_rank_peak_bytes + p.host_shared_bytes) {  // every rank alike at the peak
     os << "  host  peak " << gib(p.host_rank_peak_bytes) << " per rank (" << p.host_peak_phase << ") x " << rpn
@@ -132,26 +137,39 @@ namespace {
 
 // What was planned for: the backend and the machine.
 Json target_json(const PlanTarget& t) {
-  return Json::object({{"backend", to_string(t.backend)}, {"gpu", t.gpu_name}, {"gpu_memory_bytes", t.gpu_memory_bytes},
-                       {"gpu_source", t.gpu_source}, {"gpus_per_node", t.gpus_per_node}, {"nodes", t.nodes},
-                       {"host_memory_bytes", t.host_memory_bytes}, {"host_source", t.host_source},
+  return Json::object({{"backend", to_string(t.backend)},
+                       {"gpu", t.gpu_name},
+                       {"gpu_memory_bytes", t.gpu_memory_bytes},
+                       {"gpu_source", t.gpu_source},
+                       {"gpus_per_node", t.gpus_per_node},
+                       {"nodes", t.nodes},
+                       {"host_memory_bytes", t.host_memory_bytes},
+                       {"host_source", t.host_source},
                        {"headroom", t.headroom}});
 }
 
 // The run's shape: model, layout, tokens.
 Json run_json(const MemoryPlan& p) {
-  return Json::object({{"model", p.model_name}, {"parameters", p.parameters}, {"world", p.world},
-                       {"data_parallel", p.dp}, {"sequence_parallel", p.sp}, {"zero_group", p.zero_group},
-                       {"local_len", p.local_len}, {"tokens_per_rank", p.tokens}});
+  return Json::object({{"model", p.model_name},
+                       {"parameters", p.parameters},
+                       {"world", p.world},
+                       {"data_parallel", p.dp},
+                       {"sequence_parallel", p.sp},
+                       {"zero_group", p.zero_group},
+                       {"local_len", p.local_len},
+                       {"tokens_per_rank", p.tokens}});
 }
 
 // One GPU's peak and capacity (a CPU plan's allocations are the host's).
 Json gpu_json(const MemoryPlan& p) {
   const bool cuda = p.target.backend == DeviceKind::Cuda;
   Json g = Json::object({{"allocations_peak_bytes", cuda ? p.alloc_peak_bytes : 0},
-                         {"context_bytes", p.context_bytes}, {"device_total_bytes", p.gpu_peak_bytes},
-                         {"peak_phase", p.gpu_peak_phase}, {"capacity_bytes", p.gpu_capacity},
-                         {"usable_bytes", p.gpu_usable}, {"fits", p.gpu_fits}});
+                         {"context_bytes", p.context_bytes},
+                         {"device_total_bytes", p.gpu_peak_bytes},
+                         {"peak_phase", p.gpu_peak_phase},
+                         {"capacity_bytes", p.gpu_capacity},
+                         {"usable_bytes", p.gpu_usable},
+                         {"fits", p.gpu_fits}});
   if (cuda) g.set("by_category", by_category(p, "gpu", p.gpu_peak_phase));
   return g;
 }
@@ -161,19 +179,26 @@ Json host_json(const MemoryPlan& p) {
   const bool cuda = p.target.backend == DeviceKind::Cuda;
   return Json::object({{"backend_allocations_peak_bytes", cuda ? 0 : p.alloc_peak_bytes},
                        {"per_rank_peak_bytes", p.host_rank_peak_bytes},
-                       {"per_rank_peak_phase", p.host_rank_peak_phase}, {"rank0_peak_bytes", root_host_peak(p)},
-                       {"peak_phase", p.host_peak_phase}, {"shared_bytes", p.host_shared_bytes},
-                       {"per_node_peak_bytes", p.host_peak_bytes}, {"ranks_per_node", p.target.gpus_per_node},
+                       {"per_rank_peak_phase", p.host_rank_peak_phase},
+                       {"rank0_peak_bytes", root_host_peak(p)},
+                       {"peak_phase", p.host_peak_phase},
+                       {"shared_bytes", p.host_shared_bytes},
+                       {"per_node_peak_bytes", p.host_peak_bytes},
+                       {"ranks_per_node", p.target.gpus_per_node},
                        {"by_category", by_category(p, "host", p.host_peak_phase)},
-                       {"capacity_bytes", p.host_capacity}, {"usable_bytes", p.host_usable},
+                       {"capacity_bytes", p.host_capacity},
+                       {"usable_bytes", p.host_usable},
                        {"fits", p.host_fits}});
 }
 
 Json phases_json(const std::vector<PhaseTotal>& phases) {
   Json a = Json::array();
   for (const PhaseTotal& ph : phases)
-    a.push_back(Json::object({{"name", ph.name}, {"allocations_bytes", ph.alloc_bytes}, {"gpu_bytes", ph.gpu_bytes},
-                              {"host_bytes", ph.host_bytes}, {"host_other_bytes", ph.host_other_bytes},
+    a.push_back(Json::object({{"name", ph.name},
+                              {"allocations_bytes", ph.alloc_bytes},
+                              {"gpu_bytes", ph.gpu_bytes},
+                              {"host_bytes", ph.host_bytes},
+                              {"host_other_bytes", ph.host_other_bytes},
                               {"host_node_bytes", ph.host_node_bytes}}));
   return a;
 }
@@ -181,8 +206,12 @@ Json phases_json(const std::vector<PhaseTotal>& phases) {
 Json knobs_json(const std::vector<KnobFix>& knobs) {
   Json a = Json::array();
   for (const KnobFix& k : knobs)
-    a.push_back(Json::object({{"set", k.assignment}, {"note", k.note}, {"gpu_bytes", k.gpu_bytes},
-                              {"host_bytes", k.host_bytes}, {"nodes", k.nodes}, {"gpus_per_node", k.gpus_per_node}}));
+    a.push_back(Json::object({{"set", k.assignment},
+                              {"note", k.note},
+                              {"gpu_bytes", k.gpu_bytes},
+                              {"host_bytes", k.host_bytes},
+                              {"nodes", k.nodes},
+                              {"gpus_per_node", k.gpus_per_node}}));
   return a;
 }
 
@@ -214,8 +243,8 @@ std::string compare_line(const MemoryPlan& p, const ops::MemoryStats& m, double 
   const bool cuda = p.target.backend == DeviceKind::Cuda;
   std::ostringstream os;
   const double measured = static_cast<double>(m.peak_bytes);
-  os << "memory: predicted peak " << gib(p.alloc_peak_bytes) << (cuda ? " per GPU" : " per rank")
-     << " (allocations, " << p.alloc_peak_phase << "), measured " << gib(m.peak_bytes) << " (plan "
+  os << "memory: predicted peak " << gib(p.alloc_peak_bytes) << (cuda ? " per GPU" : " per rank") << " (allocations, "
+     << p.alloc_peak_phase << "), measured " << gib(m.peak_bytes) << " (plan "
      << pct(static_cast<double>(p.alloc_peak_bytes), measured) << ")";
   if (cuda) {
     os << "; device total predicted " << gib(p.gpu_peak_bytes) << " incl. " << gib(p.context_bytes) << " context";

@@ -83,8 +83,10 @@ void resolve_gpu(const StageConfig& cfg, const DeviceInfo& dev, bool prefer_devi
     if (t.gpu_name.empty()) t.gpu_name = "GPU";
     return;
   }
-  EASYCTX_CHECK_INPUT(!tc.gpu.empty(), src, ": target.gpu: no GPU is visible here to plan for; name the GPU "
-                      "(target.gpu: one of ", known_names(), ") or give its memory (target.gpu_memory_gib)");
+  EASYCTX_CHECK_INPUT(!tc.gpu.empty(), src,
+                      ": target.gpu: no GPU is visible here to plan for; name the GPU "
+                      "(target.gpu: one of ",
+                      known_names(), ") or give its memory (target.gpu_memory_gib)");
   for (const GpuModel& g : known_gpus())
     if (upper(g.name) == upper(tc.gpu)) {
       t.gpu_name = g.name;
@@ -127,7 +129,8 @@ const std::vector<GpuModel>& known_gpus() {
       {"A100-40GB", 40960 * kMiB, 128 * 1024 * kMiB},
       {"A100-80GB", 81920 * kMiB, 256 * 1024 * kMiB},
       {"H100-80GB", 81559 * kMiB, 256 * 1024 * kMiB},
-      {"H200", int64_t{150109880320}, 256 * 1024 * kMiB},  // measured (bench/RESULTS.md, 2026-12-02); nvidia-smi: 143,771 MiB
+      {"H200", int64_t{150109880320},
+       256 * 1024 * kMiB},  // measured (bench/RESULTS.md, 2026-12-02); nvidia-smi: 143,771 MiB
   };
   return g;
 }
@@ -141,8 +144,9 @@ PlanTarget resolve_target(const StageConfig& cfg, int world_size, int ranks_per_
   t.gpus_per_node = static_cast<int>(tc.gpus_per_node > 0 ? tc.gpus_per_node : ranks_per_node);
   t.nodes = static_cast<int>(tc.nodes > 0 ? tc.nodes : (world_size + ranks_per_node - 1) / ranks_per_node);
   // Query the device only when the keys leave the GPU open (a login node has none).
-  const bool need_device = cfg.train.device == DeviceKind::Auto ? tc.gpu.empty() && tc.gpu_memory_gib <= 0
-                                                                : cfg.train.device == DeviceKind::Cuda && tc.gpu.empty();
+  const bool need_device = cfg.train.device == DeviceKind::Auto
+                               ? tc.gpu.empty() && tc.gpu_memory_gib <= 0
+                               : cfg.train.device == DeviceKind::Cuda && tc.gpu.empty();
   const DeviceInfo dev = need_device ? query_device() : DeviceInfo{};
   t.backend = plan_backend(cfg, dev);
   // The CPU backend runs this very program: its footprint is the process baseline.
@@ -155,13 +159,13 @@ PlanTarget resolve_target(const StageConfig& cfg, int world_size, int ranks_per_
       if (g.name == t.gpu_name) known = &g;
     if (!known) {  // a GPU given by its memory only: no default; say where the number came from
       t.host_memory_bytes = host_memory_total();
-      t.host_source = "/proc/meminfo of this machine, not a node of GPU '" + t.gpu_name +
-                      "': set target.host_memory_gib";
+      t.host_source =
+          "/proc/meminfo of this machine, not a node of GPU '" + t.gpu_name + "': set target.host_memory_gib";
       return t;
     }
     t.host_memory_bytes = known->host_bytes_per_gpu * t.gpus_per_node;
-    t.host_source = "default for " + std::string(known->name) + " nodes: " +
-                    std::to_string(known->host_bytes_per_gpu / (1024 * kMiB)) +
+    t.host_source = "default for " + std::string(known->name) +
+                    " nodes: " + std::to_string(known->host_bytes_per_gpu / (1024 * kMiB)) +
                     " GiB per GPU as in NVIDIA's DGX; set target.host_memory_gib for yours";
     return t;
   }
@@ -177,8 +181,8 @@ PlanTarget run_target(const StageConfig& cfg, int world_size, int ranks_per_node
   t.gpus_per_node = ranks_per_node;
   t.nodes = (world_size + ranks_per_node - 1) / ranks_per_node;
   const DeviceInfo dev = cfg.train.device == DeviceKind::Cpu ? DeviceInfo{} : query_device();
-  t.backend = cfg.train.device == DeviceKind::Auto ? (dev.visible ? DeviceKind::Cuda : DeviceKind::Cpu)
-                                                   : cfg.train.device;
+  t.backend =
+      cfg.train.device == DeviceKind::Auto ? (dev.visible ? DeviceKind::Cuda : DeviceKind::Cpu) : cfg.train.device;
   if (t.backend == DeviceKind::Cuda) resolve_gpu(cfg, dev, true, t);
   t.host_memory_bytes = host_memory(cfg, false, t.host_source);
   t.process_bytes = std::max<int64_t>(0, vm_rss_bytes());  // the running program, before it allocates

@@ -32,11 +32,11 @@ struct PlanTarget {
   int64_t gpu_memory_bytes = 0;          // one GPU (0 on the CPU backend)
   int gpus_per_node = 1;                 // ranks per node (processes per node on the CPU backend)
   int nodes = 1;
-  int64_t host_memory_bytes = 0;         // one node
-  double headroom = 0.03;                // share of each GPU's and node's memory kept free
-  int64_t process_bytes = 0;             // this process's VmRSS when the target was resolved, for a
-                                         // plan made in the program it plans for (0: not)
-  std::string gpu_source, host_source;   // where the numbers came from (for the printout)
+  int64_t host_memory_bytes = 0;        // one node
+  double headroom = 0.03;               // share of each GPU's and node's memory kept free
+  int64_t process_bytes = 0;            // this process's VmRSS when the target was resolved, for a
+                                        // plan made in the program it plans for (0: not)
+  std::string gpu_source, host_source;  // where the numbers came from (for the printout)
   int world() const { return gpus_per_node * nodes; }
 };
 

@@ -193,14 +193,16 @@ StageRun read_stage(const std::string& dir) {
   }
   for (size_t i = 1; i < s.metrics.size(); ++i)
     if (num(s.metrics[i], "elapsed") < num(s.metrics[i - 1], "elapsed")) s.restarts.push_back(i);
-  if (fs::exists(d / "plan.json")) s.plan = parse_json(read_file((d / "plan.json").string()), (d / "plan.json").string());
+  if (fs::exists(d / "plan.json"))
+    s.plan = parse_json(read_file((d / "plan.json").string()), (d / "plan.json").string());
   if (fs::exists(d / "run.json")) s.run = parse_json(read_file((d / "run.json").string()), (d / "run.json").string());
   s.done = fs::exists(d / "DONE");
   read_evals(d, s);
-  EASYCTX_CHECK_INPUT(!s.metrics.empty() || !s.plan.is_null() || !s.ppl.empty() || !s.needle.empty() ||
-                          !s.synthetic.empty(),
-                      "easyctx_report: ", dir, " holds no metrics.jsonl, plan.json or evaluation CSV (a run's "
-                      "output.dir is expected)");
+  EASYCTX_CHECK_INPUT(
+      !s.metrics.empty() || !s.plan.is_null() || !s.ppl.empty() || !s.needle.empty() || !s.synthetic.empty(),
+      "easyctx_report: ", dir,
+      " holds no metrics.jsonl, plan.json or evaluation CSV (a run's "
+      "output.dir is expected)");
   return s;
 }
 
@@ -284,24 +286,24 @@ void write_stage_table(std::ostream& o, const std::vector<StageRun>& stages) {
     for (const Json& r : s.metrics) {
       if (std::isfinite(num(r, "tokens_per_s"))) tps.push_back(num(r, "tokens_per_s"));
       if (std::isfinite(num(r, "mfu"))) mfu.push_back(num(r, "mfu"));
-      if (std::isfinite(num(r, "peak_mem_gib"))) mem = std::isfinite(mem) ? std::max(mem, num(r, "peak_mem_gib")) : num(r, "peak_mem_gib");
+      if (std::isfinite(num(r, "peak_mem_gib")))
+        mem = std::isfinite(mem) ? std::max(mem, num(r, "peak_mem_gib")) : num(r, "peak_mem_gib");
     }
     auto median = [](std::vector<double> v) {
       if (v.empty()) return kNaN;
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    const std::string plan_gpu = s.plan.is_null() ? "-"
+    const std::string plan_gpu = s.plan.is_null()   ? "-"
                                  : cpu_plan(s.plan) ? "n/a (CPU run)"
                                                     : fixed(gib(plan_bytes(s.plan, "gpu", "device_total_bytes")), 2);
     const double plan_host = gib(plan_bytes(s.plan, "host", "per_node_peak_bytes"));
     o << "<tr><td class=\"l\">" << html_escape(s.name) << "</td><td>"
       << (s.metrics.empty() ? std::string("0") : fixed(num(s.metrics.back(), "step"), 0)) << "</td><td>"
       << s.restarts.size() << "</td><td>" << (s.metrics.empty() ? "-" : fixed(num(s.metrics.back(), "loss"), 4))
-      << "</td><td>" << fixed(median(tps), 0) << "</td><td>"
-      << (mfu.empty() ? "-" : fixed(100 * median(mfu), 1) + "%") << "</td><td>" << fixed(mem, 2) << "</td><td>"
-      << plan_gpu << "</td><td>" << fixed(plan_host, 2) << "</td><td class=\"l\">"
-      << (s.done ? "done" : "not finished") << "</td></tr>\n";
+      << "</td><td>" << fixed(median(tps), 0) << "</td><td>" << (mfu.empty() ? "-" : fixed(100 * median(mfu), 1) + "%")
+      << "</td><td>" << fixed(mem, 2) << "</td><td>" << plan_gpu << "</td><td>" << fixed(plan_host, 2)
+      << "</td><td class=\"l\">" << (s.done ? "done" : "not finished") << "</td></tr>\n";
   }
   o << "</table>\n";
 }
@@ -361,20 +363,20 @@ void write_memory_plans(std::ostream& o, const std::vector<StageRun>& stages) {
     const std::string gpu = plan_str(pl, "target", "gpu");
     const bool cpu = cpu_plan(pl);
     const double gpus = plan_bytes(pl, "target", "gpus_per_node"), nodes = plan_bytes(pl, "target", "nodes");
-    o << "<p><b>" << html_escape(s.name) << "</b>: " << (pl.find("fits") && pl.at("fits").as_bool() ? "fits" : "does not fit")
-      << " on " << fixed(nodes, 0) << " x " << fixed(gpus, 0) << " "
-      << html_escape(cpu || gpu.empty() ? "CPU rank(s)" : gpu)
-      << " (host " << fixed(gib(plan_bytes(pl, "target", "host_memory_bytes")), 0) << " GiB per node)";
+    o << "<p><b>" << html_escape(s.name)
+      << "</b>: " << (pl.find("fits") && pl.at("fits").as_bool() ? "fits" : "does not fit") << " on " << fixed(nodes, 0)
+      << " x " << fixed(gpus, 0) << " " << html_escape(cpu || gpu.empty() ? "CPU rank(s)" : gpu) << " (host "
+      << fixed(gib(plan_bytes(pl, "target", "host_memory_bytes")), 0) << " GiB per node)";
     if (!cpu)
       o << "; per GPU " << fixed(gib(plan_bytes(pl, "gpu", "device_total_bytes")), 2) << " GiB at "
         << html_escape(plan_str(pl, "gpu", "peak_phase")) << " (" << html_escape(categories(pl, "gpu")) << ")";
     o << "; host per node " << fixed(gib(plan_bytes(pl, "host", "per_node_peak_bytes")), 2) << " GiB at "
-      << html_escape(plan_str(pl, "host", "peak_phase")) << " (rank 0: " << html_escape(categories(pl, "host")) << ")</p>\n";
+      << html_escape(plan_str(pl, "host", "peak_phase")) << " (rank 0: " << html_escape(categories(pl, "host"))
+      << ")</p>\n";
     const std::string knobs = plan_settings(pl);
     if (!knobs.empty()) o << "<p class=\"note\">" << html_escape(knobs) << "</p>\n";
     // (a CPU run's allocations are host memory, counted in its host columns; it has no device)
-    o << "<table><tr><th class=\"l\">phase</th><th>allocations (GiB)</th>"
-      << (cpu ? "" : "<th>device total (GiB)</th>")
+    o << "<table><tr><th class=\"l\">phase</th><th>allocations (GiB)</th>" << (cpu ? "" : "<th>device total (GiB)</th>")
       << "<th>host per rank (GiB)</th><th>host per node (GiB)</th></tr>\n";
     if (const Json* ph = pl.find("phases"))
       for (const Json& p : ph->as_array())

@@ -31,16 +31,16 @@ struct PplCurve {
 
 struct NeedleGrid {
   std::string name;
-  std::vector<int64_t> contexts;                 // columns
-  std::vector<double> depths;                    // rows
-  std::vector<std::vector<double>> score;        // [depth][context], NaN where absent
+  std::vector<int64_t> contexts;           // columns
+  std::vector<double> depths;              // rows
+  std::vector<std::vector<double>> score;  // [depth][context], NaN where absent
 };
 
 struct SyntheticGrid {
   std::string name;
-  std::vector<std::string> tasks;                // rows, in the CSV's order
-  std::vector<int64_t> contexts;                 // columns
-  std::vector<std::vector<double>> score;        // [task][context], NaN where absent
+  std::vector<std::string> tasks;          // rows, in the CSV's order
+  std::vector<int64_t> contexts;           // columns
+  std::vector<std::vector<double>> score;  // [task][context], NaN where absent
 };
 
 struct StageRun {

@@ -182,13 +182,15 @@ std::string axes_svg(const LineChart& c, const Frame& f) {
     const double y = top + h - (t - y0) / (y1 - y0) * h;
     o += "<line x1=\"" + fmt("%.1f", left) + "\" x2=\"" + fmt("%.1f", left + w) + "\" y1=\"" + fmt("%.1f", y) +
          "\" y2=\"" + fmt("%.1f", y) + "\" class=\"grid\"/>";
-    o += "<text x=\"" + fmt("%.1f", left - 6) + "\" y=\"" + fmt("%.1f", y + 4) + "\" text-anchor=\"end\" class=\"tick\">" +
-         label + "</text>";
+    o += "<text x=\"" + fmt("%.1f", left - 6) + "\" y=\"" + fmt("%.1f", y + 4) +
+         "\" text-anchor=\"end\" class=\"tick\">" + label + "</text>";
   }
   o += "<text x=\"" + fmt("%.1f", left + w / 2) + "\" y=\"" + fmt("%.1f", top + h + 34) +
        "\" text-anchor=\"middle\" class=\"axis\">" + html_escape(c.x_label) + "</text>";
-  o += "<text transform=\"translate(14," + fmt("%.1f", top + h / 2) + ") rotate(-90)\" text-anchor=\"middle\" "
-       "class=\"axis\">" + html_escape(c.y_label) + "</text>";
+  o += "<text transform=\"translate(14," + fmt("%.1f", top + h / 2) +
+       ") rotate(-90)\" text-anchor=\"middle\" "
+       "class=\"axis\">" +
+       html_escape(c.y_label) + "</text>";
   return o;
 }
 
@@ -235,8 +237,8 @@ std::string series_svg(const LineChart& c, const Frame& f, size_t k) {
   if (s.x.size() <= 40)
     for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i)
       if (std::isfinite(s.y[i]) && (!c.log_y || s.y[i] > 0))
-        o += "<circle cx=\"" + fmt("%.1f", f.px(s.x[i])) + "\" cy=\"" + fmt("%.1f", f.py(s.y[i])) + "\" r=\"2.5\" fill=\"" +
-             colour + "\"/>";
+        o += "<circle cx=\"" + fmt("%.1f", f.px(s.x[i])) + "\" cy=\"" + fmt("%.1f", f.py(s.y[i])) +
+             "\" r=\"2.5\" fill=\"" + colour + "\"/>";
   const double ly = top + 14 + 16.0 * static_cast<double>(k);
   o += "<line x1=\"" + fmt("%.1f", left + w + 10) + "\" x2=\"" + fmt("%.1f", left + w + 26) + "\" y1=\"" +
        fmt("%.1f", ly - 4) + "\" y2=\"" + fmt("%.1f", ly - 4) + "\" stroke=\"" + colour + "\" stroke-width=\"2\"/>";
@@ -250,8 +252,8 @@ std::string series_svg(const LineChart& c, const Frame& f, size_t k) {
 std::string svg_line_chart(const LineChart& c) {
   Frame f = data_frame(c);
   std::string o = "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(c.width) +
-                  "\" height=\"" + std::to_string(c.height) + "\" role=\"img\" aria-label=\"" +
-                  html_escape(c.title) + "\">";
+                  "\" height=\"" + std::to_string(c.height) + "\" role=\"img\" aria-label=\"" + html_escape(c.title) +
+                  "\">";
   o += "<text x=\"" + fmt("%.0f", f.left) + "\" y=\"18\" class=\"title\">" + html_escape(c.title) + "</text>";
   if (f.empty()) {
     o += "<text x=\"" + fmt("%.0f", f.left) + "\" y=\"" + fmt("%.0f", f.top + f.h / 2) + "\">no data</text></svg>";
@@ -285,8 +287,8 @@ std::string svg_heatmap(const Heatmap& hm) {
   const int width = std::max(left + cols * c + 20, 8 * static_cast<int>(hm.title.size()) + left),
             height = top + rows * c + 60;
   std::string o = "<svg class=\"heatmap\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(width) +
-                  "\" height=\"" + std::to_string(height) + "\" role=\"img\" aria-label=\"" +
-                  html_escape(hm.title) + "\">";
+                  "\" height=\"" + std::to_string(height) + "\" role=\"img\" aria-label=\"" + html_escape(hm.title) +
+                  "\">";
   o += "<text x=\"" + std::to_string(left) + "\" y=\"18\" class=\"title\">" + html_escape(hm.title) + "</text>";
   for (int r = 0; r < rows; ++r) {
     o += "<text x=\"" + std::to_string(left - 6) + "\" y=\"" + std::to_string(top + r * c + c / 2 + 4) +
@@ -296,8 +298,8 @@ std::string svg_heatmap(const Heatmap& hm) {
                            ? hm.value[static_cast<size_t>(r)][static_cast<size_t>(k)]
                            : std::numeric_limits<double>::quiet_NaN();
       o += "<rect x=\"" + std::to_string(left + k * c) + "\" y=\"" + std::to_string(top + r * c) + "\" width=\"" +
-           std::to_string(c) + "\" height=\"" + std::to_string(c) + "\" fill=\"" + heat_colour(v) +
-           "\" data-row=\"" + std::to_string(r) + "\" data-col=\"" + std::to_string(k) + "\" data-score=\"" +
+           std::to_string(c) + "\" height=\"" + std::to_string(c) + "\" fill=\"" + heat_colour(v) + "\" data-row=\"" +
+           std::to_string(r) + "\" data-col=\"" + std::to_string(k) + "\" data-score=\"" +
            (std::isfinite(v) ? fmt("%.4f", v) : std::string("nan")) + "\"><title>" +
            html_escape(hm.y_label + " " + hm.y_ticks[static_cast<size_t>(r)] + ", " + hm.x_label + " " +
                        hm.x_ticks[static_cast<size_t>(k)]) +

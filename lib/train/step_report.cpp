@@ -33,8 +33,7 @@ std::vector<tb::Scalar> tensorboard_scalars(const Json& record) {
 
 }  // namespace
 
-StepReporter::StepReporter(const StageConfig& cfg, ops::Backend& be, int world_size, bool root,
-                           double flops_per_token)
+StepReporter::StepReporter(const StageConfig& cfg, ops::Backend& be, int world_size, bool root, double flops_per_token)
     : cfg_(cfg),
       be_(be),
       world_size_(world_size),
@@ -58,8 +57,8 @@ void StepReporter::log_device() const {
 void StepReporter::open_metrics(int64_t start_step) {
   if (!root_) return;
   if (cfg_.logging.metrics)
-    metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg_.output.dir) / "metrics.jsonl").string(),
-                                               start_step > 0, start_step + 1);
+    metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg_.output.dir) / "metrics.jsonl").string(), start_step > 0,
+                                               start_step + 1);
   if (cfg_.logging.tensorboard) {
     tb_ = std::make_unique<tb::EventWriter>((fs::path(cfg_.output.dir) / "tensorboard").string());
     if (start_step > 0) tb_->session_start(start_step + 1);
@@ -146,8 +145,10 @@ void StepReporter::report_profile() const {
   const double n = static_cast<double>(profiled_steps_);
   std::string ph;
   for (const auto& [name, ms] : phase_ms_) ph += " | " + name + " " + format_fixed(ms / n, 1);
-  log_info("profile over ", profiled_steps_, " step(s) (the first left out unless it was the only one; ms per "
-           "step, the backend synchronized between phases): step ", format_fixed(profiled_ms_ / n, 1), ph);
+  log_info("profile over ", profiled_steps_,
+           " step(s) (the first left out unless it was the only one; ms per "
+           "step, the backend synchronized between phases): step ",
+           format_fixed(profiled_ms_ / n, 1), ph);
   const std::vector<ops::OpProfileRow> rows = prof_->rows();
   const double ops_ms = prof_->total_ms();
   log_info("profile: ops of the backend ", format_fixed(ops_ms / n, 1), " ms per step (",

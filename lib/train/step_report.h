@@ -22,17 +22,17 @@ class ProfilingBackend;
 namespace easyctx::train {
 
 struct StepStats {
-  int64_t step = 0;        // 0-based step index
-  double loss = 0;         // mean NLL over the global batch's labelled tokens
+  int64_t step = 0;  // 0-based step index
+  double loss = 0;   // mean NLL over the global batch's labelled tokens
   double lr = 0;
-  double grad_norm = 0;    // global L2 norm before clipping
-  int64_t tokens = 0;      // input tokens of the global batch
-  int64_t labels = 0;      // labelled tokens of the global batch
-  double seconds = 0;      // wall time of the step
+  double grad_norm = 0;        // global L2 norm before clipping
+  int64_t tokens = 0;          // input tokens of the global batch
+  int64_t labels = 0;          // labelled tokens of the global batch
+  double seconds = 0;          // wall time of the step
   double fwd_bwd_seconds = 0;  // of it: data, forward and backward (gradients final), before clip and optimizer
-  double mfu = -1;         // model FLOP utilisation (CUDA with a known peak; else -1), set by run()
-  double peak_mem_gib = -1;  // device memory high-water mark so far (CUDA; else -1), set by run()
-  bool skipped = false;    // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
+  double mfu = -1;             // model FLOP utilisation (CUDA with a known peak; else -1), set by run()
+  double peak_mem_gib = -1;    // device memory high-water mark so far (CUDA; else -1), set by run()
+  bool skipped = false;        // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
 };
 
 class StepReporter {
@@ -75,11 +75,11 @@ class StepReporter {
   int world_size_;
   bool root_;
   double flops_per_token_;
-  double peak_flops_ = 0;     // the device's dense bf16 peak, FLOP/s (0: unknown)
+  double peak_flops_ = 0;  // the device's dense bf16 peak, FLOP/s (0: unknown)
   double peak_mem_bytes_ = -1;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<tb::EventWriter> tb_;
-  ops::ProfilingBackend* prof_ = nullptr;  // (null without logging.profile)
+  ops::ProfilingBackend* prof_ = nullptr;                 // (null without logging.profile)
   std::vector<std::pair<std::string, double>> phase_ms_;  // per phase, in order: ms summed over profiled steps
   Clock::time_point phase_t_;
   int64_t profiled_steps_ = 0;

@@ -31,7 +31,8 @@ using Clock = std::chrono::steady_clock;
 
 void check_supported(const StageConfig& cfg) {
   EASYCTX_CHECK_INPUT(cfg.activation.mlp_tile == 0 || cfg.activation.checkpoint != CheckpointPolicy::None,
-                      "activation.mlp_tile: ", cfg.activation.mlp_tile, " needs activation.checkpoint layer or "
+                      "activation.mlp_tile: ", cfg.activation.mlp_tile,
+                      " needs activation.checkpoint layer or "
                       "attention_output (with none every layer keeps its whole MLP activations); set it to 0");
   validate_activation(cfg);
   EASYCTX_CHECK_INPUT(!cfg.data.path.empty(), "data.path: empty; give the h5tokenize output (file, folder or glob)");
@@ -102,10 +103,9 @@ void Trainer::plan_memory() {
   // activation offload, the checkpoint's config) follows that choice. One placement on every
   // rank (plan::agree_placement; be_ does not exist yet, so only a CUDA world reduces).
   if (cfg_.parallel.zero.offload_optimizer_auto) {
-    const std::string choice =
-        take_choice(plan::placement_of(*plan_), world_.size() > 1 && device_ == DeviceKind::Cuda,
-                    "parallel.zero.offload_optimizer auto", "choosing the optimizer's place", plan::agree_placement,
-                    plan::apply_placement);
+    const std::string choice = take_choice(plan::placement_of(*plan_), world_.size() > 1 && device_ == DeviceKind::Cuda,
+                                           "parallel.zero.offload_optimizer auto", "choosing the optimizer's place",
+                                           plan::agree_placement, plan::apply_placement);
     if (!choice.empty()) {  // this rank's plan differs from the one every rank takes
       const std::string placed = choice == "host" ? "in host memory"
                                                   : "on the GPU with the inputs of the first " +
@@ -123,7 +123,8 @@ void Trainer::plan_memory() {
                    "choosing the activation checkpoints", plan::agree_checkpoint, plan::apply_checkpoint)
            .empty()) {
     plan_->notes.push_back("activation.checkpoint auto: layer, as the ranks' plans chose differently");
-    EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with activation.checkpoint layer, as the ranks' "
+    EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_),
+                        " (with activation.checkpoint layer, as the ranks' "
                         "plans chose differently; the whole plan: easyctx_train STAGE.yaml --plan)");
   }
 }
@@ -139,7 +140,8 @@ void Trainer::make_loader(dist::ProcessGroups* groups, int64_t vocab_size) {
   lo.long_documents = cfg_.data.long_documents;
   // Restarted positions with attention across documents would train a model that neither
   // packed nor unpacked inference reproduces: refused until the attention reads doc_starts.
-  EASYCTX_CHECK_INPUT(!cfg_.data.document_mask, "data.document_mask: true is not trained yet: the attention does not "
+  EASYCTX_CHECK_INPUT(!cfg_.data.document_mask,
+                      "data.document_mask: true is not trained yet: the attention does not "
                       "read document starts, so documents in one sequence would still see each other; use "
                       "data.packing one_per_window (one document per sequence) or document_mask false");
   lo.document_mask = cfg_.data.document_mask;
@@ -170,9 +172,11 @@ void Trainer::init(dist::ProcessGroups* groups) {
   // Device communicators (NCCL) need device buffers; host communicators (MPI) serve a CUDA
   // trainer too, with the gradients staged through host memory.
   for (const dist::Comm* c : {&world_, &dp_, &grad_comm_})
-    EASYCTX_CHECK_INPUT(c->memspace() == MemSpace::Host || on_device(), "train.device: ",
-                        to_string(cfg_.train.device), " chose ", c->backend(), " communicators, but the trainer runs "
-                        "the ", be_->name(), " backend; set train.device: cuda (or run with MPI communicators)");
+    EASYCTX_CHECK_INPUT(c->memspace() == MemSpace::Host || on_device(), "train.device: ", to_string(cfg_.train.device),
+                        " chose ", c->backend(),
+                        " communicators, but the trainer runs "
+                        "the ",
+                        be_->name(), " backend; set train.device: cuda (or run with MPI communicators)");
   std::shared_ptr<attention::SequenceAttention> attn =
       groups ? attention::make_sequence_attention(cfg_, *groups, *be_) : attention::make_local_attention(cfg_, *be_);
   const model::LlamaConfig mc = model::resolve_llama_config(cfg_.model);
@@ -192,8 +196,8 @@ Trainer::~Trainer() = default;
 double Trainer::flops_per_token() const {
   const model::LlamaConfig& c = model_->config();
   const double d = static_cast<double>(c.hidden_size), L = static_cast<double>(c.num_layers);
-  const double per_layer = d * static_cast<double>(2 * c.q_dim() + 2 * c.kv_dim()) +
-                           3.0 * d * static_cast<double>(c.intermediate_size);
+  const double per_layer =
+      d * static_cast<double>(2 * c.q_dim() + 2 * c.kv_dim()) + 3.0 * d * static_cast<double>(c.intermediate_size);
   const double n_matmul = L * per_layer + static_cast<double>(c.vocab_size) * d;  // + LM head
   return 6.0 * n_matmul + 6.0 * L * d * static_cast<double>(cfg_.data.seq_length);
 }
@@ -323,10 +327,11 @@ void Trainer::log_startup() const {
   log_info("model ", mc.describe());
   const int64_t L = mc.num_layers, K = cfg_.activation.offload_layers;
   const std::string offloaded = cfg_.activation.offload != OffloadTarget::Cpu ? ""
-                                : (K > 0 && K < L - 1) ? " (the first " + std::to_string(K) + " of " +
-                                                             std::to_string(L - 1) + " offloadable layer inputs "
-                                                             "in pinned host memory)"
-                                                       : " (offloaded to pinned host memory)";
+                                : (K > 0 && K < L - 1)
+                                    ? " (the first " + std::to_string(K) + " of " + std::to_string(L - 1) +
+                                          " offloadable layer inputs "
+                                          "in pinned host memory)"
+                                    : " (offloaded to pinned host memory)";
   const bool streamed = model::options_for(cfg_, on_device()).streams_attention_output();
   const std::string groups = cfg_.activation.attention_head_groups > 1
                                  ? ", attention in " + std::to_string(cfg_.activation.attention_head_groups) +
@@ -334,16 +339,14 @@ void Trainer::log_startup() const {
                                        (streamed ? " (attention outputs streamed to host memory group by group)" : "")
                                  : "";
   const int64_t M = cfg_.activation.attention_output_layers;
-  const std::string kept = cfg_.activation.checkpoint == CheckpointPolicy::AttentionOutput && M > 0 && M < L
-                               ? " (attention outputs kept in the last " + std::to_string(M) + " of " +
-                                     std::to_string(L) + " layers)"
-                               : "";
-  log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint), kept,
-           offloaded,
-           groups, ", backend ",
-           be_->name(), on_device() ? " (bf16 parameters, fp32 gradients, master weights and Adam)" : " (f32)", ", ",
-           world_.size(), " rank(s): data-parallel ", dp_.size(), " x sequence-parallel ",
-           world_.size() / dp_.size(),
+  const std::string kept =
+      cfg_.activation.checkpoint == CheckpointPolicy::AttentionOutput && M > 0 && M < L
+          ? " (attention outputs kept in the last " + std::to_string(M) + " of " + std::to_string(L) + " layers)"
+          : "";
+  log_info("init ", cfg_.model.init, ", activation.checkpoint ", to_string(cfg_.activation.checkpoint), kept, offloaded,
+           groups, ", backend ", be_->name(),
+           on_device() ? " (bf16 parameters, fp32 gradients, master weights and Adam)" : " (f32)", ", ", world_.size(),
+           " rank(s): data-parallel ", dp_.size(), " x sequence-parallel ", world_.size() / dp_.size(),
            world_.size() > dp_.size() ? std::string(" (") + to_string(cfg_.parallel.sequence.mode) + ")" : "");
   const std::string store = store_->describe();
   if (!store.empty()) log_info(store);
@@ -352,14 +355,14 @@ void Trainer::log_startup() const {
   if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)
   const data::TokenDataset& ds = loader_->dataset();
   const UnigramStats us = unigram_stats(ds);
-  log_info("data ", ds.spec(), ": ", format_count(static_cast<double>(ds.num_tokens())), " tokens, ",
-           ds.num_docs(), " documents; unigram entropy ", us.entropy_nats, " nats (ppl ",
-           std::exp(us.entropy_nats), ") over ", format_count(static_cast<double>(us.tokens)), " tokens, ",
-           us.distinct, " distinct ids: a loss below it means the model uses context");
+  log_info("data ", ds.spec(), ": ", format_count(static_cast<double>(ds.num_tokens())), " tokens, ", ds.num_docs(),
+           " documents; unigram entropy ", us.entropy_nats, " nats (ppl ", std::exp(us.entropy_nats), ") over ",
+           format_count(static_cast<double>(us.tokens)), " tokens, ", us.distinct,
+           " distinct ids: a loss below it means the model uses context");
   log_info("global batch ", cfg_.train.batch_size, " x ", cfg_.train.grad_accum, " x ", dp_.size(), " x ",
            cfg_.data.seq_length, " = ",
-           format_count(static_cast<double>(cfg_.train.batch_size * cfg_.train.grad_accum * dp_.size() *
-                                            cfg_.data.seq_length)),
+           format_count(
+               static_cast<double>(cfg_.train.batch_size * cfg_.train.grad_accum * dp_.size() * cfg_.data.seq_length)),
            " tokens/step, ", cfg_.train.steps, " steps, lr ", cfg_.train.lr, " (", to_string(cfg_.train.schedule),
            ", warmup ", cfg_.train.warmup_steps, ", min ", cfg_.train.min_lr, ")");
 }
@@ -392,8 +395,9 @@ StepStats Trainer::run() {
   }
   if (cfg_.train.steps > start_step_ && cfg_.output.save_final) save_checkpoint(cfg_.train.steps);
   report_->report_profile();
-  if (root) log_info(plan::compare_line(*plan_, be_->memory_stats(), static_cast<double>(plan::vm_hwm_bytes()),
-                                        report_->peak_device_bytes()));
+  if (root)
+    log_info(plan::compare_line(*plan_, be_->memory_stats(), static_cast<double>(plan::vm_hwm_bytes()),
+                                report_->peak_device_bytes()));
   // (ZeRO-3: every rank takes part in the gather)
   if (cfg_.output.export_hf && (root || cfg_.parallel.zero.stage == 3)) {
     const std::string dir = (fs::path(cfg_.output.dir) / "final").string();
@@ -424,8 +428,10 @@ int run_stage(dist::Runtime& rt, const StageConfig& cfg, dist::ProcessGroups& gr
   LogOptions lo;
   lo.rank = rt.rank();
   const std::string& lv = cfg.logging.level;
-  lo.level = lv == "debug" ? LogLevel::Debug : lv == "warn" ? LogLevel::Warn : lv == "error" ? LogLevel::Error
-                                                                                            : LogLevel::Info;
+  lo.level = lv == "debug"   ? LogLevel::Debug
+             : lv == "warn"  ? LogLevel::Warn
+             : lv == "error" ? LogLevel::Error
+                             : LogLevel::Info;
   if (cfg.logging.per_rank) {
     fs::create_directories(fs::path(cfg.output.dir) / "logs");
     lo.per_rank_file = (fs::path(cfg.output.dir) / "logs" / ("rank" + std::to_string(rt.rank()) + ".log")).string();

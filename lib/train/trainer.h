@@ -39,7 +39,7 @@ struct MemoryPlan;
 namespace easyctx::ckpt {
 class RankSync;
 enum class VerifyScope;
-}
+}  // namespace easyctx::ckpt
 
 namespace easyctx::train {
 
@@ -124,7 +124,7 @@ class Trainer {
 
  private:
   void init(dist::ProcessGroups* groups);
-  void plan_memory();  // init: plan_, the auto choices written into cfg_
+  void plan_memory();                                                 // init: plan_, the auto choices written into cfg_
   void make_loader(dist::ProcessGroups* groups, int64_t vocab_size);  // init: loader_
   void load_weights();  // model.init, or resume from <output.dir>/checkpoints; records the run
   // load_weights' ways to the first weights (trainer_start.cpp).
@@ -136,9 +136,9 @@ class Trainer {
   // (every rank checks a share of its files): its index, or -1 when there is none; InputError
   // naming every broken one (after `what`) when none verifies.
   int choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what, ckpt::VerifyScope scope);
-  Json plan_start() const;                                        // rank 0 (load_weights)
-  Json record_run(const Json& plan, const Json& chosen) const;    // rank 0 (load_weights)
-  void write_plan() const;                                        // rank 0 (run): <output.dir>/plan.json
+  Json plan_start() const;                                      // rank 0 (load_weights)
+  Json record_run(const Json& plan, const Json& chosen) const;  // rank 0 (load_weights)
+  void write_plan() const;                                      // rank 0 (run): <output.dir>/plan.json
   void log_startup() const;
   bool stop_requested();  // collective: did any rank get a stop signal (dist/signals.h)?
   bool on_device() const { return be_->memspace() == MemSpace::Device; }
@@ -147,7 +147,7 @@ class Trainer {
   DeviceKind device_;
   dist::Comm& world_;
   dist::Comm& dp_;
-  dist::Comm& grad_comm_;  // gradients are summed over it: dp, or world with sequence parallelism
+  dist::Comm& grad_comm_;               // gradients are summed over it: dp, or world with sequence parallelism
   dist::Comm* zero_ = nullptr;          // ZeRO-3 shard group (world by default)
   dist::Comm* zero_replica_ = nullptr;  // ranks holding the same shard (per-node sharding), or null
   MPI_Comm world_mpi_;                  // the same ranks as world_, for the checkpoint writer
@@ -155,7 +155,7 @@ class Trainer {
   RunOptions opts_;
   int64_t start_step_ = 0;
   std::string run_id_, config_hash_;
-  int64_t last_saved_step_ = -1;  // committed by this run and verified: never written again
+  int64_t last_saved_step_ = -1;    // committed by this run and verified: never written again
   std::string resumed_data_state_;  // the checkpoint's data cursor, checked once the loader exists
   bool stopped_ = false;
   uint64_t weights_bytes_read_ = 0;
@@ -164,7 +164,7 @@ class Trainer {
   std::unique_ptr<zero::ParamStore> store_;
   std::unique_ptr<data::DataLoader> loader_;
   std::unique_ptr<StepReporter> report_;
-  std::shared_ptr<plan::MemoryPlan> plan_;  // the memory plan of this run (checked before allocating)
+  std::shared_ptr<plan::MemoryPlan> plan_;               // the memory plan of this run (checked before allocating)
   ops::Buffer tokens_dev_, positions_dev_, labels_dev_;  // CUDA: the micro-batch on the device
 };
 

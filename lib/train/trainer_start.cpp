@@ -71,9 +71,7 @@ std::string identity_changes(const ckpt::CheckpointReader& r,
       if (old[i].second != now[i].second)
         out += (out.empty() ? "" : "; ") + now[i].first + " " + old[i].second + " -> " + now[i].second;
     return out;
-  } catch (const std::exception&) {
-    return "";
-  }
+  } catch (const std::exception&) { return ""; }
 }
 
 // A checkpoint of another model shape is refused, naming the first field that differs (the
@@ -113,9 +111,7 @@ uint64_t read_agreed(ckpt::RankSync& sync, const std::string& what_read, const s
   uint64_t bytes = 0;
   try {
     bytes = read();
-  } catch (const InputError& e) {
-    failure = std::string("I") + e.what();
-  } catch (const std::exception& e) {
+  } catch (const InputError& e) { failure = std::string("I") + e.what(); } catch (const std::exception& e) {
     failure = std::string("E") + e.what();
   }
   sync.reduce(failure, "reading " + what_read, "checking what every rank read",
@@ -137,7 +133,6 @@ uint64_t read_agreed(ckpt::RankSync& sync, const std::string& what_read, const s
   return bytes;
 }
 
-
 }  // namespace
 
 int Trainer::choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what,
@@ -148,8 +143,10 @@ int Trainer::choose_verified(ckpt::RankSync& sync, const Json& candidates, const
   const std::string broken = join(problems, "; ");
   if (chosen >= 0 && !broken.empty() && world_.rank() == 0)
     log_warn(what, ": skipped broken checkpoint(s): ", broken, "; using ", paths[static_cast<size_t>(chosen)]);
-  EASYCTX_CHECK_INPUT(chosen >= 0 || broken.empty(), what, ": no checkpoint there passes verification, so nothing "
-                      "was loaded and nothing in ", cfg_.output.dir, " was changed: ", broken);
+  EASYCTX_CHECK_INPUT(chosen >= 0 || broken.empty(), what,
+                      ": no checkpoint there passes verification, so nothing "
+                      "was loaded and nothing in ",
+                      cfg_.output.dir, " was changed: ", broken);
   return chosen;
 }
 
@@ -164,9 +161,7 @@ Json Trainer::plan_start() const {
   if (opts_.resume == "none") {
     try {
       current = ckpt::read_run_info(out);
-    } catch (const std::exception& e) {
-      log_warn("--resume none: ", e.what(), "; replacing it");
-    }
+    } catch (const std::exception& e) { log_warn("--resume none: ", e.what(), "; replacing it"); }
   } else {
     current = ckpt::read_run_info(out);
   }
@@ -192,7 +187,8 @@ Json Trainer::plan_start() const {
       if (fs::exists(fs::path(from) / "COMMITTED")) there = from;
       else if (fs::exists(aside / "COMMITTED")) there = aside.string();
       EASYCTX_CHECK_INPUT(!there.empty(), "--resume auto: run ", current->run_id, " (", out, "/run.json) started from ",
-                          from, ", which is gone, and has no checkpoint of its own; resume another checkpoint "
+                          from,
+                          ", which is gone, and has no checkpoint of its own; resume another checkpoint "
                           "(--resume PATH) or start over (--resume none)");
       for (const ckpt::CheckpointEntry& e : ckpt::checkpoint_candidates(there, nullptr)) cands.push_back(entry_json(e));
     }
@@ -303,7 +299,8 @@ Json Trainer::record_run(const Json& plan, const Json& chosen) const {
   if (!info.archive_of.empty()) {  // (also an interrupted earlier start's)
     ckpt::archive_run(out, info.archive_of, info.archive_info, info.archive_keeps_metrics);
     ckpt::fault_point("archived", 0);
-    log_info("the earlier run's DONE, final/, metrics.jsonl and tensorboard/ are in ", out, "/previous/", info.archive_of);
+    log_info("the earlier run's DONE, final/, metrics.jsonl and tensorboard/ are in ", out, "/previous/",
+             info.archive_of);
     info.archive_of.clear();
     info.archive_info = Json();
     ckpt::write_run_info(out, info);
@@ -384,7 +381,8 @@ void Trainer::load_ckpt_weights(ckpt::RankSync& sync) {
 // model.init random.
 void Trainer::init_random_weights() {
   store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) {
-    model::init_random_range(model_->layout(), u, lo, ops::Tensor(out, DType::F32, {n}), cfg_.model.init_std, cfg_.train.seed);
+    model::init_random_range(model_->layout(), u, lo, ops::Tensor(out, DType::F32, {n}), cfg_.model.init_std,
+                             cfg_.train.seed);
   });
 }
 
@@ -406,8 +404,8 @@ void Trainer::load_weights() {
   // The newest candidate that verifies (all of it: a resume loads the Adam moments and the
   // rank states too); only broken ones is an error, never a silent restart from model.init.
   const Json& cands = plan.at("candidates");
-  const std::string what = opts_.resume == "auto" ? "--resume auto (the run " + out + "/run.json names)"
-                                                  : "--resume " + opts_.resume;
+  const std::string what =
+      opts_.resume == "auto" ? "--resume auto (the run " + out + "/run.json names)" : "--resume " + opts_.resume;
   const int chosen = choose_verified(sync, cands, what, ckpt::VerifyScope::Everything);
   if (chosen < 0 && opts_.resume == "auto" && !plan.at("current").is_null() && rank == 0)
     log_info("run ", plan.at("current").at("run_id").as_string(),
@@ -434,7 +432,8 @@ void Trainer::load_weights() {
   run_id_ = started.at("run_id").as_string();
   const bool continuing = started.at("continuing").as_bool();
   if (continuing && rank == 0 && !changes.empty())
-    log_warn("continuing run ", run_id_, " with changed training settings (", changes, "): the continuation is not "
+    log_warn("continuing run ", run_id_, " with changed training settings (", changes,
+             "): the continuation is not "
              "the training its earlier steps were");
   // This run's own checkpoint, just verified: a save of the same step keeps it.
   if (continuing && chosen >= 0 && chosen_entry.at("run_id").as_string() == run_id_) last_saved_step_ = start_step_;

@@ -14,7 +14,7 @@ CommLane::CommLane(ops::Backend& be, std::initializer_list<dist::Comm*> comms, b
 CommLane::~CommLane() {
   try {
     if (queue_) queue_->synchronize();  // what it issued reads buffers about to go
-  } catch (...) {  // (a destructor: nothing to report to)
+  } catch (...) {                       // (a destructor: nothing to report to)
   }
   for (dist::Comm* c : comms_) c->set_queue(nullptr);
 }

@@ -57,8 +57,8 @@ class GatherPool {
   std::function<void(size_t)> before_gather_;
   std::vector<size_t> order_;
   size_t pos_ = 0;
-  std::vector<size_t> unit_;  // per slot: the unit it holds (kNone: none)
-  std::vector<bool> busy_;    // per slot: acquired and not released
+  std::vector<size_t> unit_;         // per slot: the unit it holds (kNone: none)
+  std::vector<bool> busy_;           // per slot: acquired and not released
   std::vector<Fence> ready_, free_;  // per slot: its last gather done; its last use done
   Fence shards_;                     // the latest shards written
   int64_t gathers_ = 0;

@@ -37,8 +37,7 @@ class GradScatter {
   // shard-sized buffers, one per buffer; else nullptr and none.
   GradScatter(ops::Backend& be, CommLane& lane, dist::Comm& zero, dist::Comm* replica, std::vector<ops::Buffer> grads,
               std::vector<ops::Buffer> parts, std::function<ops::Tensor(size_t)> shard,
-              std::function<int64_t(size_t)> len, ops::Backend* host = nullptr,
-              std::vector<ops::Buffer> staging = {});
+              std::function<int64_t(size_t)> len, ops::Backend* host = nullptr, std::vector<ops::Buffer> staging = {});
 
   // The buffer layer unit u's gradient accumulates in (numel elements, zeroed on first use).
   ops::Tensor grad(size_t u, int64_t numel);
@@ -63,7 +62,7 @@ class GradScatter {
   std::function<int64_t(size_t)> len_;
   ops::Backend* host_;
   std::vector<ops::Buffer> staging_;
-  std::unique_ptr<Queue> down_;  // host shards: the copies of the results into the staging
+  std::unique_ptr<Queue> down_;    // host shards: the copies of the results into the staging
   std::vector<size_t> in_flight_;  // per buffer: the unit whose reduce-scatter is in flight
   std::vector<Fence> scattered_;   // per buffer: that reduce-scatter's end
   size_t unit_ = kNone;            // the layer whose gradient grads_[buf_] accumulates

@@ -22,7 +22,8 @@ constexpr int64_t kSpan = 16384;  // elements per OpenMP work item of the update
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   const int64_t blocks = (n + kSpan - 1) / kSpan;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t b = 0; b < blocks; ++b) f32_to_bf16_span(src + b * kSpan, dst + b * kSpan, std::min(kSpan, n - b * kSpan));
+  for (int64_t b = 0; b < blocks; ++b)
+    f32_to_bf16_span(src + b * kSpan, dst + b * kSpan, std::min(kSpan, n - b * kSpan));
 }
 
 struct HostAdamW::Impl {
@@ -36,7 +37,7 @@ struct HostAdamW::Impl {
   std::mutex mu;
   std::condition_variable cv;
   enum UnitState : char { kWaiting, kQueued, kEmpty };  // kQueued: its update and upload are issued
-  std::vector<char> unit_state;                        // per unit
+  std::vector<char> unit_state;                         // per unit
   std::vector<Fence> unit_fence;
   std::exception_ptr error;
   bool failed = false;  // (error reported once; waiters released)

@@ -24,13 +24,13 @@
 namespace easyctx::zero {
 
 struct OffloadPiece {
-  float* master = nullptr;          // host f32[n]
-  float* m = nullptr;               // host f32[n]
-  float* v = nullptr;               // host f32[n]
-  const float* grad_dev = nullptr;  // backend f32[n], streamed down through the staging, or
-  const float* grad_host = nullptr; // host f32[n] instead (parallel.zero.offload_grads): read in place
-  void* work_dev = nullptr;         // backend bf16[n]: receives the updated weights (uploaded), or
-  uint16_t* work_host = nullptr;    // host bf16[n] instead (parallel.zero.offload_params): written in place
+  float* master = nullptr;           // host f32[n]
+  float* m = nullptr;                // host f32[n]
+  float* v = nullptr;                // host f32[n]
+  const float* grad_dev = nullptr;   // backend f32[n], streamed down through the staging, or
+  const float* grad_host = nullptr;  // host f32[n] instead (parallel.zero.offload_grads): read in place
+  void* work_dev = nullptr;          // backend bf16[n]: receives the updated weights (uploaded), or
+  uint16_t* work_host = nullptr;     // host bf16[n] instead (parallel.zero.offload_params): written in place
   int64_t n = 0;
   double weight_decay = 0;
   size_t unit = 0;  // the parameter unit it belongs to (wait_unit); pieces come unit by unit

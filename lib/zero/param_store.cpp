@@ -39,9 +39,7 @@ ParamStore::~ParamStore() { settle_before_destruction(); }
 void ParamStore::settle_before_destruction() noexcept {
   try {
     settle();
-  } catch (const std::exception& e) {
-    log_warn("the last optimizer step failed: ", e.what());
-  }
+  } catch (const std::exception& e) { log_warn("the last optimizer step failed: ", e.what()); }
 }
 
 std::unique_ptr<ops::Backend> ParamStore::make_host_backend() const {
@@ -70,7 +68,8 @@ std::vector<ops::Tensor> ParamStore::host_views(const std::vector<ops::Buffer>& 
 
 void ParamStore::upload(std::vector<ops::Buffer>& bufs, const std::vector<std::vector<float>>& staging) {
   if (host_resident(bufs)) return;
-  EASYCTX_CHECK(staging.size() == bufs.size(), "ParamStore::upload: ", staging.size(), " staged units for ", bufs.size());
+  EASYCTX_CHECK(staging.size() == bufs.size(), "ParamStore::upload: ", staging.size(), " staged units for ",
+                bufs.size());
   for (size_t u = 0; u < bufs.size(); ++u) {
     const ops::Tensor src(const_cast<float*>(staging[u].data()), DType::F32, {bufs[u].numel()});
     be_.copy(bufs[u].flat(), src);
@@ -81,8 +80,8 @@ void ParamStore::upload(std::vector<ops::Buffer>& bufs, const std::vector<std::v
 void ParamStore::load_part(size_t u, const ops::Buffer& b, const std::function<void(int64_t, int64_t, float*)>& read) {
   const Kept k = kept(u);
   if (k.length <= 0) return;
-  EASYCTX_CHECK(b.dtype() == DType::F32 && b.numel() >= k.length, "ParamStore: unit ", layout_.units()[u].name,
-                ": ", k.length, " elements kept, buffer of ", b.numel());
+  EASYCTX_CHECK(b.dtype() == DType::F32 && b.numel() >= k.length, "ParamStore: unit ", layout_.units()[u].name, ": ",
+                k.length, " elements kept, buffer of ", b.numel());
   if (b.flat().space == MemSpace::Host) {  // (the CPU backend, or offload_optimizer's host state)
     read(k.lo, k.length, b.flat().ptr<float>());
     return;
@@ -112,7 +111,8 @@ void ParamStore::read_units(const ckpt::CheckpointReader& r, ckpt::ArrayKind kin
 }
 
 std::array<std::pair<ckpt::ArrayKind, std::vector<ops::Buffer>*>, 3> ParamStore::checkpoint_arrays() {
-  return {{{ckpt::ArrayKind::Master, &master_}, {ckpt::ArrayKind::AdamM, &adam_m_}, {ckpt::ArrayKind::AdamV, &adam_v_}}};
+  return {
+      {{ckpt::ArrayKind::Master, &master_}, {ckpt::ArrayKind::AdamM, &adam_m_}, {ckpt::ArrayKind::AdamV, &adam_v_}}};
 }
 
 void ParamStore::read_checkpoint(const ckpt::CheckpointReader& r, bool moments) {
@@ -154,12 +154,9 @@ void ParamStore::optimizer_step(const ops::AdamWStep& step, double weight_decay,
       p.v = adam_v_[u].flat().ptr<float>() + off;
       if (g[u].flat().space == MemSpace::Host)  // offload_grads: the layers' shards in pinned host memory
         p.grad_host = g[u].flat().ptr<float>() + off;
-      else
-        p.grad_dev = g[u].flat().ptr<float>() + off;
-      if (working_in_host())
-        p.work_host = static_cast<uint16_t*>(work[u].data()) + off;
-      else
-        p.work_dev = static_cast<uint16_t*>(work[u].data()) + off;
+      else p.grad_dev = g[u].flat().ptr<float>() + off;
+      if (working_in_host()) p.work_host = static_cast<uint16_t*>(work[u].data()) + off;
+      else p.work_dev = static_cast<uint16_t*>(work[u].data()) + off;
       p.n = q.e - q.a;
       p.weight_decay = t.decay ? weight_decay : 0.0;
       p.unit = u;
@@ -222,7 +219,8 @@ double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& gra
 std::unique_ptr<ParamStore> make_param_store(const model::ParamLayout& layout, ops::Backend& be, DType dtype,
                                              const StoreOptions& o, const StoreComms& c) {
   EASYCTX_CHECK(o.zero_stage == 0 || o.zero_stage == 3, "parallel.zero.stage ", o.zero_stage, ": 0 or 3");
-  return o.zero_stage == 3 ? make_sharded_store(layout, be, dtype, o, c) : make_replicated_store(layout, be, dtype, o, c);
+  return o.zero_stage == 3 ? make_sharded_store(layout, be, dtype, o, c)
+                           : make_replicated_store(layout, be, dtype, o, c);
 }
 
 }  // namespace easyctx::zero

@@ -43,11 +43,11 @@ namespace easyctx::zero {
 constexpr int64_t kOffloadChunkElems = int64_t{1} << 24;
 
 struct StoreOptions {
-  int zero_stage = 0;               // parallel.zero.stage: 0 or 3
-  int prefetch = 1;                 // parallel.zero.prefetch (stage 3)
-  bool offload_optimizer = false;   // parallel.zero.offload_optimizer (device backends)
-  bool offload_params = false;      // parallel.zero.offload_params (stage 3 + offload_optimizer)
-  bool offload_grads = false;       // parallel.zero.offload_grads (stage 3 + offload_optimizer)
+  int zero_stage = 0;              // parallel.zero.stage: 0 or 3
+  int prefetch = 1;                // parallel.zero.prefetch (stage 3)
+  bool offload_optimizer = false;  // parallel.zero.offload_optimizer (device backends)
+  bool offload_params = false;     // parallel.zero.offload_params (stage 3 + offload_optimizer)
+  bool offload_grads = false;      // parallel.zero.offload_grads (stage 3 + offload_optimizer)
   // The backend of the state kept in host memory (offload_optimizer). Default:
   // ops::make_cpu_backend. The memory plan passes recording backends and replays the store's
   // allocations.
@@ -140,9 +140,7 @@ class ParamStore {
   bool on_device() const { return be_.memspace() == MemSpace::Device; }
   std::unique_ptr<ops::Backend> make_host_backend() const;
   // The name of a buffer of the fp32 state for the memory plan: marked when in host memory.
-  std::string state_label(const std::string& what) const {
-    return host_be_ ? what + " (offloaded, pageable)" : what;
-  }
+  std::string state_label(const std::string& what) const { return host_be_ ? what + " (offloaded, pageable)" : what; }
   // A store's destructor first: the host AdamW's thread writes buffers about to go (an error
   // of that last step is logged: a destructor cannot report it).
   void settle_before_destruction() noexcept;
@@ -181,7 +179,7 @@ class ParamStore {
   DType dtype_;  // what the model computes with: bf16 on CUDA, f32 on the CPU
   StoreOptions opts_;
   StoreComms comms_;
-  std::unique_ptr<ops::Backend> host_be_;  // offload_optimizer: owns the fp32 state in host memory
+  std::unique_ptr<ops::Backend> host_be_;              // offload_optimizer: owns the fp32 state in host memory
   std::vector<ops::Buffer> master_, adam_m_, adam_v_;  // per unit (stage 3: this rank's shards once loaded)
   // The checkpoint arrays of each kind (ckpt::array_name) and the buffers that hold them:
   // master_, adam_m_, adam_v_, the weights first (what writers save and loaders read).

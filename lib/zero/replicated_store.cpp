@@ -53,8 +53,8 @@ class ReplicatedStore final : public ParamStore {
       if (on_device()) work_.push_back(be_.alloc(DType::BF16, u.numel, "bf16 working parameters"));
     }
     if (host_adamw_)
-      deferred_ = std::make_unique<DeferredUpdate>(*host_adamw_, be_,
-                                                   [this](size_t u) { be_.fill(grads_[u].flat(), 0.0); });
+      deferred_ =
+          std::make_unique<DeferredUpdate>(*host_adamw_, be_, [this](size_t u) { be_.fill(grads_[u].flat(), 0.0); });
   }
 
   ~ReplicatedStore() override { settle_before_destruction(); }
@@ -86,7 +86,7 @@ class ReplicatedStore final : public ParamStore {
       return;
     }
     if (c.memspace() == MemSpace::Device) {  // NCCL on the device buffers
-      be_.synchronize();  // the backward is queued on the backend's stream, NCCL runs on its own
+      be_.synchronize();                     // the backward is queued on the backend's stream, NCCL runs on its own
       for (ops::Buffer& g : grads_) c.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
       c.synchronize();
       return;
@@ -113,7 +113,8 @@ class ReplicatedStore final : public ParamStore {
           p = (*bufs)[u].flat().ptr<float>() + lo;
         } else {
           staging.emplace_back(static_cast<size_t>(hi - lo));
-          be_.copy(ops::Tensor(staging.back().data(), DType::F32, {hi - lo}), (*bufs)[u].flat().slice_flat(lo, {hi - lo}));
+          be_.copy(ops::Tensor(staging.back().data(), DType::F32, {hi - lo}),
+                   (*bufs)[u].flat().slice_flat(lo, {hi - lo}));
           p = staging.back().data();
         }
         w.add(ckpt::array_name(kind, layout_.units()[u].name), n, lo, p, hi - lo);

@@ -40,9 +40,7 @@ class ShardedStore final : public ParamStore {
  public:
   ShardedStore(const model::ParamLayout& layout, ops::Backend& be, DType dtype, const StoreOptions& o,
                const StoreComms& c)
-      : ParamStore(layout, be, dtype, o, c),
-        sl_(layout, c.zero->size(), c.zero->rank()),
-        source_(*this) {
+      : ParamStore(layout, be, dtype, o, c), sl_(layout, c.zero->size(), c.zero->rank()), source_(*this) {
     for (dist::Comm* g : {comms_.zero, comms_.zero_replica}) {
       if (!g) continue;
       EASYCTX_CHECK_INPUT(g->memspace() == MemSpace::Host || on_device(), "parallel.zero.stage: 3: the ", g->name(),
@@ -88,7 +86,8 @@ class ShardedStore final : public ParamStore {
   // over every micro-batch and are reduced now.
   void finish_reduction() override {
     for (size_t u = 0; u < sl_.units(); ++u)
-      if (!layer(u)) reduce_into_shard(*comms_.zero, comms_.zero_replica, be_, grads_[u], gshard_[u].flat(), sl_.len(u));
+      if (!layer(u))
+        reduce_into_shard(*comms_.zero, comms_.zero_replica, be_, grads_[u], gshard_[u].flat(), sl_.len(u));
   }
 
   double clip(double max_norm) override {  // the global norm over all shards (padding is zero)
@@ -213,9 +212,10 @@ class ShardedStore final : public ParamStore {
                             ? be_.alloc_host_pinned(DType::F32, len, "fp32 reduced gradient shard (offloaded, pinned)")
                             : be_.alloc(DType::F32, len, "fp32 reduced gradient shard"));
       if (on_device())  // (offload_params: pinned host memory, written by the host AdamW)
-        wshard_.push_back(opts_.offload_params
-                              ? be_.alloc_host_pinned(DType::BF16, len, "bf16 working parameter shard (offloaded, pinned)")
-                              : be_.alloc(DType::BF16, len, "bf16 working parameter shard"));
+        wshard_.push_back(
+            opts_.offload_params
+                ? be_.alloc_host_pinned(DType::BF16, len, "bf16 working parameter shard (offloaded, pinned)")
+                : be_.alloc(DType::BF16, len, "bf16 working parameter shard"));
       if (layer(u)) {
         full_.emplace_back();
         grads_.emplace_back();

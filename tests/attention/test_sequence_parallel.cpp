@@ -86,8 +86,12 @@ void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<in
       dv(c.v.size());
   attention::LocalAttention local(*be);
   auto T4 = [&](std::vector<T>& x, int64_t S, int64_t H) { return Tensor(x.data(), dt, {sh.B, S, H, sh.hd}); };
-  const attention::AttentionTensors whole{T4(c.q, sh.S, sh.Hq), T4(c.k, sh.S, sh.Hkv), T4(c.v, sh.S, sh.Hkv),
-                                          T4(o, sh.S, sh.Hq), Tensor(lse.data(), dt, {sh.B, sh.Hq, sh.S}), scale};
+  const attention::AttentionTensors whole{T4(c.q, sh.S, sh.Hq),
+                                          T4(c.k, sh.S, sh.Hkv),
+                                          T4(c.v, sh.S, sh.Hkv),
+                                          T4(o, sh.S, sh.Hq),
+                                          Tensor(lse.data(), dt, {sh.B, sh.Hq, sh.S}),
+                                          scale};
   local.forward(whole);
   local.backward(whole, {T4(c.dout, sh.S, sh.Hq), T4(dq, sh.S, sh.Hq), T4(dk, sh.S, sh.Hkv), T4(dv, sh.S, sh.Hkv)});
   // This rank's tokens.
@@ -96,8 +100,12 @@ void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<in
        dout = take(c.dout, sh, sh.Hq, rows);
   std::vector<T> lo(q.size(), T(-7)), ll(static_cast<size_t>(sh.B * sh.Hq * Sl), T(-7)), ldq(q.size(), T(-7)),
       ldk(k.size(), T(-7)), ldv(v.size(), T(-7));  // poisoned
-  const attention::AttentionTensors mine{T4(q, Sl, sh.Hq), T4(k, Sl, sh.Hkv), T4(v, Sl, sh.Hkv), T4(lo, Sl, sh.Hq),
-                                         Tensor(ll.data(), dt, {sh.B, sh.Hq, Sl}), scale};
+  const attention::AttentionTensors mine{T4(q, Sl, sh.Hq),
+                                         T4(k, Sl, sh.Hkv),
+                                         T4(v, Sl, sh.Hkv),
+                                         T4(lo, Sl, sh.Hq),
+                                         Tensor(ll.data(), dt, {sh.B, sh.Hq, Sl}),
+                                         scale};
   sp.forward(mine);
   EXPECT_LT(test::rel_error(lo, take(o, sh, sh.Hq, rows)), tol) << sp.name() << " o";
   EXPECT_LT(test::rel_error(ll, take_lse(lse, sh, rows)), tol) << sp.name() << " lse";
@@ -228,7 +236,8 @@ TEST(SequenceParallel, HeadGroupsMatchLocalRingAndLocal) {
     FAIL() << "2 head groups of 3 kv heads were accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("activation.attention_head_groups: 2 does not divide the key/value heads (3)"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -90,16 +90,16 @@ const std::set<std::string>& known_labels() {
       for (const char* n : {"running output (f32)", "running LSE", "block output", "block LSE", "K/V double buffer",
                             "LSE chunks", "dQ accumulator (f32)", "dK/dV accumulators (f32, travel with K/V)"})
         l.insert(std::string(tag) + n);
-    for (const char* n : {"output accumulator (f32)", "block output", "block LSE", "received K, V", "received query",
-                          "returned output", "returned LSE", "dQ/dK/dV accumulators (f32)",
-                          "dK/dV partials and received (f32)", "received q, o, dout", "received LSE",
-                          "dQ partial and received (f32)"})
+    for (const char* n :
+         {"output accumulator (f32)", "block output", "block LSE", "received K, V", "received query", "returned output",
+          "returned LSE", "dQ/dK/dV accumulators (f32)", "dK/dV partials and received (f32)", "received q, o, dout",
+          "received LSE", "dQ partial and received (f32)"})
       l.insert(std::string("dist_flash ") + n);
     for (const char* tag : {"ulysses ", "usp "})
-      for (const char* n : {"all-to-all send", "q (head-sharded)", "k (head-sharded)", "v (head-sharded)",
-                            "o (head-sharded)", "dout (head-sharded)", "LSE (head-sharded)",
-                            "dq, dk, dv (head-sharded)", "all-to-all receive", "shared kv head sum",
-                            "LSE all-to-all send", "LSE all-to-all receive"})
+      for (const char* n :
+           {"all-to-all send", "q (head-sharded)", "k (head-sharded)", "v (head-sharded)", "o (head-sharded)",
+            "dout (head-sharded)", "LSE (head-sharded)", "dq, dk, dv (head-sharded)", "all-to-all receive",
+            "shared kv head sum", "LSE all-to-all send", "LSE all-to-all receive"})
         l.insert(std::string(tag) + n);
     for (const char* n : {"q, o", "q, o, dout", "k, v", "LSE", "dq, dk, dv"})
       l.insert(std::string("head group packs: ") + n);
@@ -161,8 +161,8 @@ TEST(SequenceSplit, LayoutMultipleAndLocalLengthPerMode) {
     std::vector<uint32_t> window(38);
     for (size_t i = 0; i < window.size(); ++i) window[i] = static_cast<uint32_t>(i);
     for (int r = 0; r < k.sp; ++r)
-      EXPECT_EQ(static_cast<int64_t>(data::sp_slice(window.data(), 37, split.layout, split.size, r, 0, split.inner)
-                                         .tokens.size()),
+      EXPECT_EQ(static_cast<int64_t>(
+                    data::sp_slice(window.data(), 37, split.layout, split.size, r, 0, split.inner).tokens.size()),
                 split.local_length(37));
   }
   dist::GroupLayout none;
@@ -176,7 +176,8 @@ TEST(SequenceStrategy, LocalWithOneRankPerSequence) {
   auto be = ops::make_cpu_backend();
   const auto one = plan::make_recording_comm("sp", 1, 0, MemSpace::Host);
   const auto groups = dist::make_group_layout(sp_config(SeqParallelMode::ZigzagRing, 1), 4, 4);
-  auto a = attention::make_sequence_attention(sp_config(SeqParallelMode::ZigzagRing, 1), groups, {*one, *one, *one}, *be);
+  auto a =
+      attention::make_sequence_attention(sp_config(SeqParallelMode::ZigzagRing, 1), groups, {*one, *one, *one}, *be);
   EXPECT_STREQ(a->name(), "local");
   EXPECT_NE(dynamic_cast<attention::LocalAttention*>(a.get()), nullptr);
   auto g = attention::make_local_attention(sp_config(SeqParallelMode::ZigzagRing, 1, 0, 3), *be);

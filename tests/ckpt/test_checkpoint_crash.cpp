@@ -33,7 +33,8 @@ void expect_intact(const std::string& root, int64_t step) {
 }  // namespace
 
 TEST(CheckpointCrash, KillDuringSaveKeepsPrevious) {
-  std::string root = fs::temp_directory_path().string() + "/easyctx_crash_" + std::to_string(test::test_seed() % 1000003);
+  std::string root =
+      fs::temp_directory_path().string() + "/easyctx_crash_" + std::to_string(test::test_seed() % 1000003);
   fs::remove_all(root);
   ASSERT_EQ(run_probe(root, 1, ""), 0);
   expect_intact(root, 1);

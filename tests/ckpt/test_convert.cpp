@@ -28,7 +28,8 @@ struct Units {
   std::vector<std::vector<float>> data;
   std::vector<ops::Tensor> views() {
     std::vector<ops::Tensor> v;
-    for (auto& u : data) v.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+    for (auto& u : data)
+      v.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
     return v;
   }
 };
@@ -100,9 +101,7 @@ TEST(Convert, BadArgumentsAreNamed) {
     o.to = to;
     try {
       ckpt::convert_model(o);
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
+    } catch (const InputError& e) { return std::string(e.what()); }
     return std::string();
   };
   EXPECT_NE(msg("gs://x", "hf:/tmp/y").find("--from gs://x: expected ckpt:DIR or hf:DIR"), std::string::npos);

@@ -331,9 +331,7 @@ TEST_F(Faults, StalledRankEndsTheJob) {
     EXPECT_GT(r.after_fault, 0) << c.spec;
     // The timeout, the grace of the ranks that wait for rank 0 (max(1 s, 10%)), and MPI_Abort.
     EXPECT_LT(r.after_fault, timeout + 1 + 10) << c.spec;
-    if (has(std::string(c.spec), "@8")) {
-      EXPECT_EQ(run_steps(out), std::vector<int64_t>{4}) << c.spec;
-    }
+    if (has(std::string(c.spec), "@8")) { EXPECT_EQ(run_steps(out), std::vector<int64_t>{4}) << c.spec; }
     finish_and_compare(out, std::string("stall at ") + c.spec);
     summary("stalled rank", c.spec, HasFailure() ? "FAILED" : "clean error, then nothing lost", r.after_fault);
   }

@@ -35,7 +35,8 @@ int size_() {
 // A shared temporary folder (rank 0 creates it).
 std::string shared_tmp() {
   std::string dir;
-  if (rank_() == 0) dir = fs::temp_directory_path().string() + "/easyctx_ckpt_" + std::to_string(test::test_seed() % 1000000007);
+  if (rank_() == 0)
+    dir = fs::temp_directory_path().string() + "/easyctx_ckpt_" + std::to_string(test::test_seed() % 1000000007);
   int len = static_cast<int>(dir.size());
   MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
   dir.resize(static_cast<size_t>(len));
@@ -125,7 +126,8 @@ TEST(ShardedCheckpoint, SaveReadReshardPrune) {
   // Corrupt a value inside step 7's last rank file: verification names the file and falls
   // back to step 6.
   if (rank_() == 0) {
-    std::string f = root + "/step-00000007/rank-" + std::string(5 - std::to_string(W - 1).size(), '0') + std::to_string(W - 1) + ".h5";
+    std::string f = root + "/step-00000007/rank-" + std::string(5 - std::to_string(W - 1).size(), '0') +
+                    std::to_string(W - 1) + ".h5";
     hid_t h = H5Fopen(f.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     ASSERT_GE(h, 0);
     hid_t ds = H5Dopen2(h, "slice_0", H5P_DEFAULT);

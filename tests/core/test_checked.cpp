@@ -52,8 +52,8 @@ TEST(Checked, MulAndAddAgreeWith128BitArithmetic) {
 TEST(Checked, ProductsAndElementCounts) {
   std::mt19937_64 rng(test::test_seed());
   for (int i = 0; i < 2000; ++i) {
-    const int64_t a = static_cast<int64_t>(rng() % (int64_t{1} << 26)), b = static_cast<int64_t>(rng() % (int64_t{1} << 26)),
-                  c = static_cast<int64_t>(rng() % 64);
+    const int64_t a = static_cast<int64_t>(rng() % (int64_t{1} << 26)),
+                  b = static_cast<int64_t>(rng() % (int64_t{1} << 26)), c = static_cast<int64_t>(rng() % 64);
     const __int128 p = static_cast<__int128>(a) * b * c;
     if (p <= kMaxElements) {
       EXPECT_EQ(checked_elements({a, b, c}, "e"), static_cast<int64_t>(p));

@@ -18,9 +18,7 @@ std::string error_of(const std::string& yaml, const std::vector<std::string>& se
   try {
     StageConfig c = parse_stage_config(yaml, "stage.yaml", sets);
     validate_for_world(c, 4);
-  } catch (const InputError& e) {
-    return e.what();
-  }
+  } catch (const InputError& e) { return e.what(); }
   return "";
 }
 }  // namespace
@@ -91,11 +89,12 @@ TEST(Config, OffloadOptimizerTakesAuto) {
   EXPECT_TRUE(z0.offload_optimizer_auto);
   EXPECT_FALSE(z0.offload_optimizer);
   EXPECT_EQ(config_value(StageConfig(), "parallel.zero.offload_optimizer"), "auto");
-  for (const auto& [text, off, aut] : {std::make_tuple("", false, true), std::make_tuple("    offload_optimizer: auto\n", false, true),
-                                      std::make_tuple("    offload_optimizer: true\n", true, false),
-                                      std::make_tuple("    offload_optimizer: false\n", false, false),
-                                      std::make_tuple("    offload_params: true\n", true, false),
-                                      std::make_tuple("    offload_grads: true\n", true, false)}) {
+  for (const auto& [text, off, aut] :
+       {std::make_tuple("", false, true), std::make_tuple("    offload_optimizer: auto\n", false, true),
+        std::make_tuple("    offload_optimizer: true\n", true, false),
+        std::make_tuple("    offload_optimizer: false\n", false, false),
+        std::make_tuple("    offload_params: true\n", true, false),
+        std::make_tuple("    offload_grads: true\n", true, false)}) {
     const StageConfig c = parse(text);
     EXPECT_EQ(c.parallel.zero.offload_optimizer, off) << text;
     EXPECT_EQ(c.parallel.zero.offload_optimizer_auto, aut) << text;
@@ -117,10 +116,10 @@ TEST(Config, OffloadOptimizerTakesAuto) {
 TEST(Config, CheckpointTakesAuto) {
   EXPECT_FALSE(StageConfig().activation.checkpoint_auto);
   EXPECT_EQ(config_value(StageConfig(), "activation.checkpoint"), "layer");
-  for (const auto& [text, policy, aut] :
-       {std::make_tuple("auto", CheckpointPolicy::Layer, true), std::make_tuple("layer", CheckpointPolicy::Layer, false),
-        std::make_tuple("attention_output", CheckpointPolicy::AttentionOutput, false),
-        std::make_tuple("none", CheckpointPolicy::None, false)}) {
+  for (const auto& [text, policy, aut] : {std::make_tuple("auto", CheckpointPolicy::Layer, true),
+                                          std::make_tuple("layer", CheckpointPolicy::Layer, false),
+                                          std::make_tuple("attention_output", CheckpointPolicy::AttentionOutput, false),
+                                          std::make_tuple("none", CheckpointPolicy::None, false)}) {
     const StageConfig c = parse_stage_config(std::string("activation:\n  checkpoint: ") + text + "\n", "stage.yaml");
     EXPECT_EQ(c.activation.checkpoint, policy) << text;
     EXPECT_EQ(c.activation.checkpoint_auto, aut) << text;
@@ -138,15 +137,18 @@ TEST(Config, CheckpointTakesAuto) {
     parse_stage_config("activation:\n  checkpoint: sometimes\n", "stage.yaml");
     ADD_FAILURE() << "checkpoint: sometimes was accepted";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("one of none, layer, attention_output or auto"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("one of none, layer, attention_output or auto"), std::string::npos)
+        << e.what();
   }
   StageConfig both = parse_stage_config("activation:\n  checkpoint: auto\n  attention_output_layers: 4\n", "s.yaml");
   try {
     validate_activation(both);
     ADD_FAILURE() << "attention_output_layers with checkpoint auto was accepted";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("s.yaml: activation.attention_output_layers: 4 with activation.checkpoint: auto"),
-              std::string::npos) << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find("s.yaml: activation.attention_output_layers: 4 with activation.checkpoint: auto"),
+        std::string::npos)
+        << e.what();
   }
 }
 
@@ -163,9 +165,11 @@ TEST(Config, BadConfigsNameTheKey) {
       {"train:\n  lr: 0\n", {"train.lr", "'0'", "in (0.0, 1.0]"}},
       {"train:\n  beta2: 1.0\n", {"train.beta2", "'1.0'", "in [0.0, 1.0)"}},
       {"train:\n  batch_size: 2.5\n", {"train.batch_size", "'2.5'", "integer"}},
-      {"parallel:\n  sequence:\n    mode: ring\n", {"stage.yaml:3:11", "parallel.sequence.mode", "'ring'", "zigzag_ring"}},
+      {"parallel:\n  sequence:\n    mode: ring\n",
+       {"stage.yaml:3:11", "parallel.sequence.mode", "'ring'", "zigzag_ring"}},
       {"parallel:\n  zero:\n    stage: 2\n", {"parallel.zero.stage", "'2'", "0 or 3"}},
-      {"parallel:\n  zero:\n    offload_optimizer: maybe\n", {"parallel.zero.offload_optimizer", "true, false or auto"}},
+      {"parallel:\n  zero:\n    offload_optimizer: maybe\n",
+       {"parallel.zero.offload_optimizer", "true, false or auto"}},
       {"model:\n  init: gs://bucket\n", {"model.init", "'gs://bucket'", "random, hf:DIR or ckpt:DIR"}},
       {"activation:\n  checkpoint: full\n", {"activation.checkpoint", "'full'", "attention_output"}},
       {"parallel:\n  sequence:\n    size: 3\n    mode: zigzag_ring\n", {"parallel.sequence.size", "3", "world size 4"}},
@@ -186,7 +190,8 @@ TEST(Config, BadConfigsNameTheKey) {
   for (const auto& bc : cases) {
     std::string e = error_of(bc.yaml);
     ASSERT_FALSE(e.empty()) << "expected an error for:\n" << bc.yaml;
-    for (const auto& m : bc.must_contain) EXPECT_NE(e.find(m), std::string::npos) << "message: " << e << "\nmissing: " << m;
+    for (const auto& m : bc.must_contain)
+      EXPECT_NE(e.find(m), std::string::npos) << "message: " << e << "\nmissing: " << m;
   }
 }
 
@@ -201,9 +206,7 @@ TEST(Config, MissingFileNamesPath) {
   try {
     load_stage_config("/nonexistent/stage.yaml");
     FAIL() << "no error";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/stage.yaml"), std::string::npos);
-  }
+  } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find("/nonexistent/stage.yaml"), std::string::npos); }
 }
 
 TEST(Config, InvalidYamlGivesLine) {

@@ -32,9 +32,7 @@ TEST(Json, ErrorsGiveLineAndColumn) {
   try {
     parse_json("{\n  \"a\": [1,\n  2,, 3]}", "g.json");
     FAIL();
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("line 3"), std::string::npos) << e.what();
-  }
+  } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find("line 3"), std::string::npos) << e.what(); }
 }
 
 // join is split's inverse (the messages that list several problems, "a; b", are built with it).

@@ -38,7 +38,8 @@ std::string hex(const std::string& s) {
 }
 
 std::string scratch(const std::string& tag) {
-  const std::string p = "/tmp/easyctx-tb-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(test_seed() % 100000);
+  const std::string p =
+      "/tmp/easyctx-tb-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(test_seed() % 100000);
   fs::remove_all(p);
   return p;
 }
@@ -80,17 +81,21 @@ TEST(TensorBoardEncoding, VarintsAndKeys) {
 TEST(TensorBoardEncoding, ScalarEventBytesByHand) {
   // wall_time 1.5 (09 + fixed64), step 300 (10 + varint ac 02), summary (2a 0a) holding one
   // Value (0a 08) of tag "a" (0a 01 61) and simple_value 1.0f (15 + fixed32 0000803f).
-  const std::string want = bytes({0x09, 0, 0, 0, 0, 0, 0, 0xf8, 0x3f, 0x10, 0xac, 0x02, 0x2a, 0x0a, 0x0a, 0x08,
-                                  0x0a, 0x01, 0x61, 0x15, 0, 0, 0x80, 0x3f});
+  const std::string want = bytes({0x09, 0,    0,    0,    0,    0,    0,    0xf8, 0x3f, 0x10, 0xac, 0x02,
+                                  0x2a, 0x0a, 0x0a, 0x08, 0x0a, 0x01, 0x61, 0x15, 0,    0,    0x80, 0x3f});
   EXPECT_EQ(hex(tb::encode_scalars_event(1.5, 300, {{"a", 1.0f}})), hex(want));
   EXPECT_EQ(hex(tb::encode_file_version_event(2.0)), "0900000000000000401a0d627261696e2e4576656e743a32");
   // SessionLog START at step 7: field 7 (3a), length 2, status (08) = 1.
-  EXPECT_EQ(hex(tb::encode_session_start_event(2.0, 7)), "0900000000000000401007" "3a020801");
+  EXPECT_EQ(hex(tb::encode_session_start_event(2.0, 7)),
+            "0900000000000000401007"
+            "3a020801");
   // The framing: length 24 (u64 LE), masked CRCs of the length bytes and of the data
   // (computed for these bytes with an independent bitwise CRC-32C).
   const std::string rec = tb::frame_record(want);
   ASSERT_EQ(rec.size(), want.size() + 16);
-  EXPECT_EQ(hex(rec.substr(0, 12)), "1800000000000000" "a37f4b22");
+  EXPECT_EQ(hex(rec.substr(0, 12)),
+            "1800000000000000"
+            "a37f4b22");
   EXPECT_EQ(rec.substr(12, want.size()), want);
   EXPECT_EQ(hex(rec.substr(12 + want.size())), "e3d5970b");
   const tb::Event e = tb::decode_event(want, "hand");

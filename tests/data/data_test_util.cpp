@@ -34,8 +34,8 @@ ScratchDir::~ScratchDir() {
   fs::remove_all(path_, ec);
 }
 
-std::vector<uint32_t> write_random_shard(const std::string& path, std::mt19937_64& rng, uint64_t docs,
-                                         uint64_t max_doc, int64_t vocab, const std::string& sha) {
+std::vector<uint32_t> write_random_shard(const std::string& path, std::mt19937_64& rng, uint64_t docs, uint64_t max_doc,
+                                         int64_t vocab, const std::string& sha) {
   data::ShardMeta m;
   m.tokenizer_sha256 = sha.empty() ? std::string(64, 'a') : sha;
   m.tokenizer_name = "random";

@@ -24,8 +24,8 @@ class ScratchDir {
 
 // Writes a shard of random documents (lengths in [1, max_doc]) with ids in [0, vocab);
 // returns the concatenated tokens.
-std::vector<uint32_t> write_random_shard(const std::string& path, std::mt19937_64& rng, uint64_t docs,
-                                         uint64_t max_doc, int64_t vocab, const std::string& sha = "");
+std::vector<uint32_t> write_random_shard(const std::string& path, std::mt19937_64& rng, uint64_t docs, uint64_t max_doc,
+                                         int64_t vocab, const std::string& sha = "");
 
 // A byte-level BPE tokenizer.json as Hugging Face writes one: GPT-2's byte alphabet (ids 0..255
 // by byte value), then one id per merge ("left right") in order; text is split by `regex`
@@ -35,7 +35,7 @@ std::string byte_level_bpe_json(const std::vector<std::string>& merges, bool ign
                                 const std::string& end_token = "");
 
 struct CommandResult {
-  int status = -1;  // exit code
+  int status = -1;     // exit code
   std::string output;  // stdout + stderr
 };
 CommandResult run_command(const std::string& cmd);

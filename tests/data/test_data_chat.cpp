@@ -22,8 +22,8 @@ namespace {
 std::string llama2_path() { return easyctx::test::shared_fixture("tokenizers/llama2/tokenizer.model"); }
 std::string llama3_path() { return easyctx::test::shared_fixture("tokenizers/llama3/tokenizer.json"); }
 
-#define REQUIRE_FIXTURE(path)                                                                      \
-  do {                                                                                             \
+#define REQUIRE_FIXTURE(path)                                                                       \
+  do {                                                                                              \
     if (!fs::exists(path)) GTEST_SKIP() << "tokenizer fixture " << (path) << " is absent; skipped"; \
   } while (0)
 
@@ -72,8 +72,8 @@ std::vector<ChatMessage> sys_user_assistant() {
 }
 
 std::string random_words(std::mt19937_64& rng) {
-  static const char* words[] = {"the", "cat", "Hello", "world", "42", "x", "!", "?", "é", "日本", "a b", "  ", "\n",
-                                "don't", "<", "[INST]", "|", "tab\t", "end.", "Zebra"};
+  static const char* words[] = {"the", "cat", "Hello", "world", "42", "x",      "!", "?",     "é",    "日本",
+                                "a b", "  ",  "\n",    "don't", "<",  "[INST]", "|", "tab\t", "end.", "Zebra"};
   std::string s;
   int n = 1 + static_cast<int>(rng() % 12);
   for (int i = 0; i < n; ++i) s += std::string(words[rng() % 20]) + (rng() % 2 ? " " : "");
@@ -96,15 +96,15 @@ TEST(DataChat, Llama2HandCheckedIdsAndWeights) {
   r.render(sys_user_assistant(), ids, w);
   Ids ei;
   Weights ew;
-  tok(ei, ew, {1}, 0);                                    // <s>
-  tok(ei, ew, {518, 25580, 29962}, 0);                    // ▁[ INST ]
-  tok(ei, ew, {3532, 14816, 29903, 6778, 13}, 0);         // ▁<< SY S >> \n
-  tok(ei, ew, {3629, 11473, 29889, 13}, 0);               // Be ▁brief . \n
+  tok(ei, ew, {1}, 0);                                       // <s>
+  tok(ei, ew, {518, 25580, 29962}, 0);                       // ▁[ INST ]
+  tok(ei, ew, {3532, 14816, 29903, 6778, 13}, 0);            // ▁<< SY S >> \n
+  tok(ei, ew, {3629, 11473, 29889, 13}, 0);                  // Be ▁brief . \n
   tok(ei, ew, {29966, 829, 14816, 29903, 6778, 13, 13}, 0);  // < </ SY S >> \n \n
-  tok(ei, ew, {18567}, 0);                                // Hi (after \n: no ▁)
-  tok(ei, ew, {518, 29914, 25580, 29962}, 0);             // ▁[ / INST ]
-  tok(ei, ew, {15043, 29991, 29871}, 1);                  // ▁Hello ! ▁   (" Hello! ")
-  tok(ei, ew, {2}, 1);                                    // </s>
+  tok(ei, ew, {18567}, 0);                                   // Hi (after \n: no ▁)
+  tok(ei, ew, {518, 29914, 25580, 29962}, 0);                // ▁[ / INST ]
+  tok(ei, ew, {15043, 29991, 29871}, 1);                     // ▁Hello ! ▁   (" Hello! ")
+  tok(ei, ew, {2}, 1);                                       // </s>
   EXPECT_EQ(ids, ei);
   EXPECT_EQ(w, ew);
   // A second exchange starts again with <s>[INST]; "▁Hi" is 6324; both answers carry loss.
@@ -139,13 +139,13 @@ TEST(DataChat, Llama3HandCheckedIdsAndWeights) {
   r.render(msgs, ids, w);
   Ids ei;
   Weights ew;
-  tok(ei, ew, {128000}, 0);                         // <|begin_of_text|>
-  tok(ei, ew, {128006, 9125, 128007, 271}, 0);      // <|start_header_id|> system <|end_header_id|> \n\n
-  tok(ei, ew, {3513, 10015, 13, 128009}, 0);        // Be Ġbrief . <|eot_id|>
-  tok(ei, ew, {128006, 882, 128007, 271}, 0);       // user
-  tok(ei, ew, {13347, 128009}, 0);                  // Hi <|eot_id|>
-  tok(ei, ew, {128006, 78191, 128007, 271}, 0);     // assistant
-  tok(ei, ew, {9906, 0, 128009}, 1);                // Hello ! <|eot_id|>
+  tok(ei, ew, {128000}, 0);                      // <|begin_of_text|>
+  tok(ei, ew, {128006, 9125, 128007, 271}, 0);   // <|start_header_id|> system <|end_header_id|> \n\n
+  tok(ei, ew, {3513, 10015, 13, 128009}, 0);     // Be Ġbrief . <|eot_id|>
+  tok(ei, ew, {128006, 882, 128007, 271}, 0);    // user
+  tok(ei, ew, {13347, 128009}, 0);               // Hi <|eot_id|>
+  tok(ei, ew, {128006, 78191, 128007, 271}, 0);  // assistant
+  tok(ei, ew, {9906, 0, 128009}, 1);             // Hello ! <|eot_id|>
   EXPECT_EQ(ids, ei);
   EXPECT_EQ(w, ew);
 }
@@ -196,7 +196,10 @@ TEST(DataChat, RenderEqualsEncodingOfTheTemplateString) {
   std::mt19937_64 rng(easyctx::test::test_seed());
   ScratchDir dir("chat-rand");
   easyctx::test::write_text(dir / "tokenizer.json", chatml_bpe_json());
-  struct Case { ChatTemplate t; std::string path; };
+  struct Case {
+    ChatTemplate t;
+    std::string path;
+  };
   std::vector<Case> cases{{ChatTemplate::ChatML, dir / "tokenizer.json"}};
   if (fs::exists(llama3_path())) cases.push_back({ChatTemplate::Llama3, llama3_path()});
   if (fs::exists(llama2_path())) cases.push_back({ChatTemplate::Llama2, llama2_path()});
@@ -221,7 +224,8 @@ TEST(DataChat, RenderEqualsEncodingOfTheTemplateString) {
         // Meta's reference: each exchange is BOS + encode("[INST] user [/INST] answer ") + EOS.
         size_t first = m[0].role == "system" ? 1 : 0;
         for (size_t k = first; k < m.size(); k += 2) {
-          std::string u = k == first && first ? "<<SYS>>\n" + m[0].content + "\n<</SYS>>\n\n" + m[k].content : m[k].content;
+          std::string u =
+              k == first && first ? "<<SYS>>\n" + m[0].content + "\n<</SYS>>\n\n" + m[k].content : m[k].content;
           expect.push_back(1);
           t->encode("[INST] " + strip(u) + " [/INST] " + strip(m[k + 1].content) + " ", expect);
           expect.push_back(2);
@@ -232,8 +236,7 @@ TEST(DataChat, RenderEqualsEncodingOfTheTemplateString) {
         for (const auto& x : m) {
           if (c.t == ChatTemplate::Llama3)
             s += "<|start_header_id|>" + x.role + "<|end_header_id|>\n\n" + strip(x.content) + "<|eot_id|>";
-          else
-            s += "<|im_start|>" + x.role + "\n" + x.content + "<|im_end|>\n";
+          else s += "<|im_start|>" + x.role + "\n" + x.content + "<|im_end|>\n";
           if (x.role == "assistant") answers += c.t == ChatTemplate::Llama3 ? strip(x.content) : x.content;
         }
         t->encode(s, expect);  // the HF tokenizers cut special tokens out of the text first
@@ -330,7 +333,8 @@ TEST(DataChat, TemplateFromTokenizerConfig) {
   }
   // A list of named templates: the default one.
   Json list = Json::array();
-  for (auto [name, t] : {std::pair<const char*, const char*>{"tool_use", "<|im_start|>"}, {"default", "<|start_header_id|>"}}) {
+  for (auto [name, t] :
+       {std::pair<const char*, const char*>{"tool_use", "<|im_start|>"}, {"default", "<|start_header_id|>"}}) {
     Json e = Json::object();
     e.set("name", name);
     e.set("template", t);

@@ -80,18 +80,18 @@ std::string ci_tokenizer(std::string& why) {
   return path;
 }
 
-#define REQUIRE_CI_TOKENIZER(var)                                    \
-  std::string var##_why;                                             \
-  std::string var = ci_tokenizer(var##_why);                         \
-  if (var.empty() || !fs::exists(var))                               \
-  GTEST_SKIP() << "cannot make the CI tokenizer (" << var##_why << ")"
+#define REQUIRE_CI_TOKENIZER(var)            \
+  std::string var##_why;                     \
+  std::string var = ci_tokenizer(var##_why); \
+  if (var.empty() || !fs::exists(var)) GTEST_SKIP() << "cannot make the CI tokenizer (" << var##_why << ")"
 
 Json summary(const std::string& outdir) {
   return parse_json(easyctx::test::read_text(outdir + "/h5tokenize_summary.json"), "summary");
 }
 
 // Every shard of a folder as (name, tokens, doc_offsets).
-std::vector<std::tuple<std::string, std::vector<uint32_t>, std::vector<uint64_t>>> shard_contents(const std::string& dir) {
+std::vector<std::tuple<std::string, std::vector<uint32_t>, std::vector<uint64_t>>> shard_contents(
+    const std::string& dir) {
   std::vector<std::tuple<std::string, std::vector<uint32_t>, std::vector<uint64_t>>> out;
   for (const auto& f : TokenDataset::resolve(dir)) {
     TokenShardReader r(f);
@@ -109,8 +109,8 @@ TEST(DataH5tokenize, KjvIdsEqualSpmEncodePlusBos) {
   std::vector<std::string> docs = kjv_verses(rng, 0.03);
   if (docs.empty()) GTEST_SKIP() << "bible (bible-kjv) not installed; skipped";
   // Non-ASCII documents too.
-  const char* extra[] = {"Über café naïve — 日本語のテキスト 😀 Привет мир", "ἐν ἀρχῇ ἦν ὁ λόγος", "emoji 👍🏽🎉 and tabs\tend",
-                         "数字 12345 and € 3,50"};
+  const char* extra[] = {"Über café naïve — 日本語のテキスト 😀 Привет мир", "ἐν ἀρχῇ ἦν ὁ λόγος",
+                         "emoji 👍🏽🎉 and tabs\tend", "数字 12345 and € 3,50"};
   for (const char* e : extra) docs.insert(docs.begin() + rng() % docs.size(), e);
   std::string jsonl, plain;
   for (const auto& d : docs) {
@@ -164,7 +164,8 @@ TEST(DataH5tokenize, MalformedLinesSkippedStrictFails) {
   CommandResult r = run_command(bin("h5tokenize") + " -t " + tok + " -o " + (dir / "out") + " " + (dir / "bad.jsonl"));
   ASSERT_EQ(r.status, 0) << r.output;
   for (int line : {2, 4, 5, 7})
-    EXPECT_NE(r.output.find("bad.jsonl:" + std::to_string(line) + ":"), std::string::npos) << "line " << line << "\n" << r.output;
+    EXPECT_NE(r.output.find("bad.jsonl:" + std::to_string(line) + ":"), std::string::npos) << "line " << line << "\n"
+                                                                                           << r.output;
   EXPECT_EQ(r.output.find("bad.jsonl:8"), std::string::npos) << r.output;
   Json s = summary(dir / "out");
   EXPECT_EQ(s.at("malformed").as_int(), 4);
@@ -173,8 +174,8 @@ TEST(DataH5tokenize, MalformedLinesSkippedStrictFails) {
   TokenDataset ds(dir / "out");
   EXPECT_EQ(ds.num_docs(), 4u);
 
-  CommandResult strict = run_command(bin("h5tokenize") + " --strict -t " + tok + " -o " + (dir / "out2") + " " +
-                                     (dir / "bad.jsonl"));
+  CommandResult strict =
+      run_command(bin("h5tokenize") + " --strict -t " + tok + " -o " + (dir / "out2") + " " + (dir / "bad.jsonl"));
   EXPECT_NE(strict.status, 0) << strict.output;
   EXPECT_NE(strict.output.find("bad.jsonl:2"), std::string::npos) << strict.output;
   EXPECT_NE(strict.output.find("--strict"), std::string::npos) << strict.output;
@@ -205,7 +206,8 @@ TEST(DataH5tokenize, TruncatedZstFailsCleanlyAndFinishedShardsStay) {
     EXPECT_FALSE(ends_with(e.path().string(), ".tmp")) << e.path() << " left behind";
   EXPECT_FALSE(fs::exists(dir / "out/shard-000001-0000.h5"));
   // An unreadable input is a clear error naming it.
-  CommandResult missing = run_command(bin("h5tokenize") + " -t " + tok + " -o " + (dir / "out3") + " " + (dir / "nope.jsonl"));
+  CommandResult missing =
+      run_command(bin("h5tokenize") + " -t " + tok + " -o " + (dir / "out3") + " " + (dir / "nope.jsonl"));
   EXPECT_NE(missing.status, 0);
   EXPECT_NE(missing.output.find("nope.jsonl"), std::string::npos) << missing.output;
 }
@@ -225,8 +227,8 @@ TEST(DataH5tokenize, ShardsReadableByH5dump) {
   EXPECT_NE(d.output.find("2000"), std::string::npos) << d.output;         // vocab of the CI tokenizer
   TokenShardReader sh(dir / "out/shard-000000-0000.h5");
   ASSERT_EQ(sh.num_docs(), 2u);
-  EXPECT_EQ(sh.read(0, 1)[0], 1u);                               // BOS
-  EXPECT_EQ(sh.read(sh.doc_offsets()[1] - 1, 1)[0], 2u);         // EOS
+  EXPECT_EQ(sh.read(0, 1)[0], 1u);                        // BOS
+  EXPECT_EQ(sh.read(sh.doc_offsets()[1] - 1, 1)[0], 2u);  // EOS
   EXPECT_TRUE(sh.meta().add_eos);
   EXPECT_NE(d.output.find(sh.meta().tokenizer_sha256), std::string::npos);
 }
@@ -238,7 +240,8 @@ TEST(DataH5tokenize, ResumeAndRankCountGiveIdenticalShards) {
   std::vector<std::string> verses = kjv_verses(rng, 0.25);
   if (verses.empty()) GTEST_SKIP() << "bible not installed; skipped";
   std::string a, b;
-  for (size_t i = 0; i < verses.size(); ++i) (i % 3 ? a : b) += jsonl_line(verses[i], i % 2 ? "RedPajamaC4" : "RedPajamaBook");
+  for (size_t i = 0; i < verses.size(); ++i)
+    (i % 3 ? a : b) += jsonl_line(verses[i], i % 2 ? "RedPajamaC4" : "RedPajamaBook");
   easyctx::test::write_text(dir / "a.jsonl", a);
   easyctx::test::write_text(dir / "b.jsonl", b);
   // ~800 KB of input in units of 150 KB, shards of 20K tokens: many units, several parts each.
@@ -318,7 +321,8 @@ TEST(DataH5tokenize, Llama3TokenizerThroughThePipeline) {
   for (const auto& d : docs) text += jsonl_line(d, "RedPajamaGithub");
   easyctx::test::write_text(dir / "in.jsonl.tmp", text);
   fs::rename(dir / "in.jsonl.tmp", dir / "in.jsonl");
-  CommandResult r = run_command(bin("h5tokenize") + " -t " + llama3() + " -o " + (dir / "out") + " --eos " + (dir / "in.jsonl"));
+  CommandResult r =
+      run_command(bin("h5tokenize") + " -t " + llama3() + " -o " + (dir / "out") + " --eos " + (dir / "in.jsonl"));
   ASSERT_EQ(r.status, 0) << r.output;
   TokenShardReader sh(TokenDataset::resolve(dir / "out").at(0));
   EXPECT_EQ(sh.meta().vocab_size, 128256);
@@ -418,7 +422,7 @@ TEST(DataH5tokenize, ChatRecordsRenderedWithWeightsAndPacked) {
     ASSERT_EQ(gw, w) << "document " << d;
     ASSERT_EQ(got.back(), 2u);  // </s>, trained
     ASSERT_EQ(gw.back(), 1);
-    ASSERT_EQ(gw.front(), 0);   // <s>
+    ASSERT_EQ(gw.front(), 0);  // <s>
     for (uint64_t j = 1; j < len; ++j) weighted_targets += gw[j];
   }
   // h5inspect reports them.
@@ -454,22 +458,26 @@ TEST(DataH5tokenize, ChatErrorsNameFileAndLineAndKeepFinishedShards) {
   const std::string tok = chat_tokenizer_folder(tok0, dir);
   easyctx::test::write_text(dir / "a_good.jsonl", chat_lines(rng, 200));
   const std::string ok = chat_lines(rng, 1);
-  std::string bad = ok;                                                                     // 1
-  bad += ok;                                                                                // 2
-  bad += R"({"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]})" "\n";  // 3
-  bad += ok;                                                                                // 4
-  bad += "[1, 2, 3]\n";                                                                     // 5
-  bad += R"({"messages": [{"role": "user", "content": "no answer"}]})" "\n";                // 6
-  bad += R"({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "b"}]})" "\n";  // 7
-  bad += ok;                                                                                // 8
+  std::string bad = ok;  // 1
+  bad += ok;             // 2
+  bad += R"({"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]})"
+         "\n";           // 3
+  bad += ok;             // 4
+  bad += "[1, 2, 3]\n";  // 5
+  bad += R"({"messages": [{"role": "user", "content": "no answer"}]})"
+         "\n";  // 6
+  bad += R"({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "b"}]})"
+         "\n";  // 7
+  bad += ok;    // 8
   easyctx::test::write_text(dir / "b_bad.jsonl", bad);
   // --split-bytes = the first file's size: each file is a work unit of its own.
   const std::string args = " -t " + tok + " --split-bytes " + std::to_string(fs::file_size(dir / "a_good.jsonl")) +
                            " " + (dir / "a_good.jsonl") + " " + (dir / "b_bad.jsonl");
   CommandResult r = run_command(bin("h5tokenize") + " -o " + (dir / "lax") + args);
   ASSERT_EQ(r.status, 0) << r.output;
-  for (const char* want : {"b_bad.jsonl:3: message 1: unknown role 'bot'", "b_bad.jsonl:5: chat record is array",
-                           "b_bad.jsonl:6: conversation has no assistant turn", "b_bad.jsonl:7: message 0 (user) has empty content"})
+  for (const char* want :
+       {"b_bad.jsonl:3: message 1: unknown role 'bot'", "b_bad.jsonl:5: chat record is array",
+        "b_bad.jsonl:6: conversation has no assistant turn", "b_bad.jsonl:7: message 0 (user) has empty content"})
     EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
   EXPECT_EQ(summary(dir / "lax").at("malformed").as_int(), 4);
   EXPECT_EQ(summary(dir / "lax").at("docs").as_int(), 204);

@@ -77,9 +77,7 @@ TEST(DataShard, RejectsNonShardFiles) {
   try {
     TokenShardReader r(dir / "text.h5");
     FAIL() << "expected an error";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("text.h5"), std::string::npos) << e.what();
-  }
+  } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find("text.h5"), std::string::npos) << e.what(); }
   hid_t f = H5Fcreate((dir / "empty.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   ASSERT_GE(f, 0);
   H5Fclose(f);
@@ -123,9 +121,7 @@ TEST(DataDataset, ValidateAgainstModel) {
   try {
     ds.validate(999);
     FAIL();
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("1000"), std::string::npos) << e.what();
-  }
+  } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find("1000"), std::string::npos) << e.what(); }
   try {
     ds.validate(1000, std::string(64, 'f'));
     FAIL();

@@ -15,8 +15,16 @@ using namespace easyctx;
 using namespace easyctx::data;
 
 namespace {
-int world_rank() { int r; MPI_Comm_rank(MPI_COMM_WORLD, &r); return r; }
-int world_size() { int s; MPI_Comm_size(MPI_COMM_WORLD, &s); return s; }
+int world_rank() {
+  int r;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int s;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
 
 // Rank 0 writes a random shard; every rank gets its path and the seed.
 struct SharedShard {
@@ -45,8 +53,8 @@ SharedShard make_shared_shard() {
 
 std::vector<int32_t> allgather(const std::vector<int32_t>& v) {
   std::vector<int32_t> out(v.size() * world_size());
-  MPI_Allgather(v.data(), static_cast<int>(v.size()), MPI_INT32_T, out.data(), static_cast<int>(v.size()),
-                MPI_INT32_T, MPI_COMM_WORLD);
+  MPI_Allgather(v.data(), static_cast<int>(v.size()), MPI_INT32_T, out.data(), static_cast<int>(v.size()), MPI_INT32_T,
+                MPI_COMM_WORLD);
   return out;
 }
 }  // namespace

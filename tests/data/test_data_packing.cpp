@@ -239,7 +239,8 @@ TEST(DataPacking, BestFitPlacesEveryDocumentOnceAndPads) {
           if (mask && at > 0) starts.push_back(at);
           for (int64_t j = 0; j < len; ++j) {
             expect_tok[at + j] = static_cast<int32_t>(d.stream[start + j]);
-            if (j + 1 < len && d.wstream[start + j + 1]) expect_lab[at + j] = static_cast<int32_t>(d.stream[start + j + 1]);
+            if (j + 1 < len && d.wstream[start + j + 1])
+              expect_lab[at + j] = static_cast<int32_t>(d.stream[start + j + 1]);
           }
           at += len;
         }
@@ -378,7 +379,10 @@ TEST(DataPacking, SpSliceOfPackedSequences) {
   std::mt19937_64 rng(easyctx::test::test_seed());
   ScratchDir dir("spslice");
   write_docs(dir / "w.h5", rng, 100, 1, 25, true);
-  struct Case { SpLayout layout; int world, inner; };
+  struct Case {
+    SpLayout layout;
+    int world, inner;
+  };
   for (Case c : {Case{SpLayout::Zigzag, 2, 1}, Case{SpLayout::Zigzag, 3, 1}, Case{SpLayout::Contiguous, 4, 1},
                  Case{SpLayout::Usp, 4, 2}}) {
     const int64_t L = 30 + rng() % 20;  // often not a multiple of 2W: padding

@@ -36,9 +36,7 @@ void retype_dataset(const std::string& path, const char* name, hid_t type, const
   hid_t space = H5Screate_simple(1, dims, nullptr);
   hid_t ds = H5Dcreate2(f, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   ASSERT_GE(ds, 0);
-  if (!values.empty()) {
-    ASSERT_GE(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
-  }
+  if (!values.empty()) { ASSERT_GE(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0); }
   H5Dclose(ds);
   H5Sclose(space);
   H5Fclose(f);
@@ -66,7 +64,7 @@ TEST(DataStrict, TokenDtypeIsChecked) {
   std::mt19937_64 rng(easyctx::test::test_seed());
   ScratchDir dir("dtype");
   const std::vector<std::pair<hid_t, std::string>> refused = {
-      {H5T_IEEE_F32LE, "float32"}, {H5T_IEEE_F64LE, "float64"}, {H5T_STD_I8LE, "int8"},   {H5T_STD_I16LE, "int16"},
+      {H5T_IEEE_F32LE, "float32"}, {H5T_IEEE_F64LE, "float64"}, {H5T_STD_I8LE, "int8"},  {H5T_STD_I16LE, "int16"},
       {H5T_STD_I32LE, "int32"},    {H5T_STD_I64LE, "int64"},    {H5T_STD_U8LE, "uint8"}, {H5T_STD_U16LE, "uint16"},
       {H5T_STD_U64LE, "uint64"},   {H5T_STD_I32BE, "int32"}};
   int cases = 0;
@@ -78,14 +76,14 @@ TEST(DataStrict, TokenDtypeIsChecked) {
     if (is_signed)
       for (int k = 0; k < 5; ++k) values[rng() % values.size()] = -1 - static_cast<int64_t>(rng() % 100);
     retype_dataset(path, "tokens", type, values);
-    for (const auto& open : std::vector<std::function<void()>>{
-             [&] { TokenShardReader r(path); }, [&] { TokenDataset ds(path); },
-             [&] {
-               LoaderOptions o;
-               o.path = path;
-               o.seq_length = 8;
-               DataLoader l(o);
-             }}) {
+    for (const auto& open :
+         std::vector<std::function<void()>>{[&] { TokenShardReader r(path); }, [&] { TokenDataset ds(path); },
+                                            [&] {
+                                              LoaderOptions o;
+                                              o.path = path;
+                                              o.seq_length = 8;
+                                              DataLoader l(o);
+                                            }}) {
       const std::string e = input_error_of(open);
       EXPECT_NE(e.find(path + ": dataset /tokens holds " + name + ", expected uint32"), std::string::npos) << e;
     }
@@ -122,7 +120,9 @@ TEST(DataStrict, TokenDtypeIsChecked) {
   const std::string attr = dir / "attr.h5";
   easyctx::test::write_random_shard(attr, rng, 5, 40, 100);
   retype_attr(attr, "vocab_size", 100.7);
-  EXPECT_NE(input_error_of([&] { TokenShardReader x(attr); }).find(attr + ": attribute vocab_size holds float64, expected an integer"),
+  EXPECT_NE(input_error_of([&] {
+              TokenShardReader x(attr);
+            }).find(attr + ": attribute vocab_size holds float64, expected an integer"),
             std::string::npos);
 }
 
@@ -134,4 +134,3 @@ TEST(DataStrict, SampleIndexOverflowIsAnError) {
   const std::string e = input_error_of([&] { sample_index({int64_t{1} << 40, 1, 1}, int64_t{1} << 40, 0, 0, 0); });
   EXPECT_NE(e.find("sample index, step x global batch"), std::string::npos) << e;
 }
-

@@ -24,8 +24,8 @@ namespace {
 std::string llama2_path() { return easyctx::test::shared_fixture("tokenizers/llama2/tokenizer.model"); }
 std::string llama3_path() { return easyctx::test::shared_fixture("tokenizers/llama3/tokenizer.json"); }
 
-#define REQUIRE_FIXTURE(path)                                                                      \
-  do {                                                                                             \
+#define REQUIRE_FIXTURE(path)                                                                       \
+  do {                                                                                              \
     if (!fs::exists(path)) GTEST_SKIP() << "tokenizer fixture " << (path) << " is absent; skipped"; \
   } while (0)
 
@@ -33,9 +33,10 @@ std::vector<uint32_t> ids(std::initializer_list<uint32_t> v) { return v; }
 
 // Random text mixing scripts, digits, whitespace runs and emoji (valid UTF-8).
 std::string random_unicode(std::mt19937_64& rng, size_t n) {
-  static const char* pieces[] = {"a", "Z", "the", " ", "  ", "\n", "\t", "é", "ß", "naïve", "Ω", "Привет", "мир",
-                                 "日本語", "の", "你好", "😀", "🎉", "👍🏽", "ا", "עברית", "1", "42", "2024", "'s",
-                                 "'LL", ".", ",", "!", "?", "—", "€", "\r\n", "<", "|", ">", "0x1F"};
+  static const char* pieces[] = {"a",     "Z",      "the",  " ",      "  ", "\n",   "\t",  "é", "ß",        "naïve",
+                                 "Ω",     "Привет", "мир",  "日本語", "の", "你好", "😀",   "🎉", "👍🏽", "ا",
+                                 "עברית", "1",      "42",   "2024",   "'s", "'LL",  ".",   ",", "!",        "?",
+                                 "—",     "€",      "\r\n", "<",      "|",  ">",    "0x1F"};
   std::string s;
   for (size_t i = 0; i < n; ++i) s += pieces[rng() % (sizeof pieces / sizeof *pieces)];
   return s;
@@ -62,10 +63,10 @@ TEST(DataUtf8, ValidatesAndCounts) {
   EXPECT_EQ(utf8_invalid_offset("plain ascii"), kUtf8Valid);
   EXPECT_EQ(utf8_invalid_offset("é日😀"), kUtf8Valid);
   EXPECT_EQ(utf8_invalid_offset("ab\xff"), 2u);
-  EXPECT_EQ(utf8_invalid_offset("a\xc0\x80"), 1u);          // overlong NUL
-  EXPECT_EQ(utf8_invalid_offset("\xed\xa0\x80z"), 0u);       // surrogate
-  EXPECT_EQ(utf8_invalid_offset("ok\xe6\x97"), 2u);          // truncated
-  EXPECT_EQ(utf8_invalid_offset("\xf4\x90\x80\x80"), 0u);    // > U+10FFFF
+  EXPECT_EQ(utf8_invalid_offset("a\xc0\x80"), 1u);         // overlong NUL
+  EXPECT_EQ(utf8_invalid_offset("\xed\xa0\x80z"), 0u);     // surrogate
+  EXPECT_EQ(utf8_invalid_offset("ok\xe6\x97"), 2u);        // truncated
+  EXPECT_EQ(utf8_invalid_offset("\xf4\x90\x80\x80"), 0u);  // > U+10FFFF
   EXPECT_EQ(utf8_length("é日😀a"), 4u);
 }
 
@@ -77,9 +78,9 @@ TEST(DataTokenizer, Llama2KnownIds) {
   EXPECT_EQ(tok->bos_id(), 1);
   EXPECT_EQ(tok->eos_id(), 2);
   EXPECT_EQ(tok->sha256(), "9e556afd44213b6bd1be2b850ebbbd98f5481437a8021afaf58ee7fb1818d347");
-  EXPECT_EQ(tok->encode("The special magic Singapore number is: 1234567."),
-            ids({450, 4266, 15709, 25960, 1353, 338, 29901, 29871, 29896, 29906, 29941, 29946, 29945, 29953, 29955,
-                 29889}));
+  EXPECT_EQ(
+      tok->encode("The special magic Singapore number is: 1234567."),
+      ids({450, 4266, 15709, 25960, 1353, 338, 29901, 29871, 29896, 29906, 29941, 29946, 29945, 29953, 29955, 29889}));
   EXPECT_EQ(tok->decode(tok->encode("The best thing to do in San Francisco is eat a sandwich.")),
             "The best thing to do in San Francisco is eat a sandwich.");
 }
@@ -180,8 +181,7 @@ TEST(DataTokenizer, BpeMergeOrder) {
   ScratchDir dir("tinybpe");
   // ids: bytes 0..255 by byte value, then merges in order: 256 "bc", 257 "ab", 258 "abc",
   // 259 "aa", 260 "Ġa".
-  easyctx::test::write_text(dir / "tokenizer.json",
-                            tiny_bpe_json(false, {"b c", "a b", "a bc", "a a", "Ġ a"}));
+  easyctx::test::write_text(dir / "tokenizer.json", tiny_bpe_json(false, {"b c", "a b", "a bc", "a a", "Ġ a"}));
   auto tok = load_tokenizer(dir / "tokenizer.json");
   EXPECT_EQ(tok->vocab_size(), 261);
   // "abc": "b c" has rank 0, so a + bc, then "a bc" -> abc (the "a b" merge never applies).

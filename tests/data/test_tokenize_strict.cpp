@@ -27,11 +27,59 @@ namespace {
 // Text with every feature the cut rule must respect: words, runs of spaces, tabs, newlines,
 // digits, contractions, punctuation, multi-byte UTF-8 and special-token text.
 std::string random_text(std::mt19937_64& rng, size_t bytes) {
-  static const std::vector<std::string> parts = {
-      "the", "The", "and", "of", "to", "in", "that", "is", "it's", "don't", "I'm", "hello", "world", "a", "b",
-      "x9", "2024", "1", "42", "3.14", "e.g.", ",", ".", "!", "?", "(", ")", "\"", "'", "-", "--", "\n", "\n\n",
-      "\t", "  ", "   ", " ", "é", "über", "naïve", "中文", "日本語", "🙂", "Привет", "λ", "<s>", "</s>",
-      "<|begin_of_text|>", "<|end_of_text|>", "www.example.com", "foo_bar", "CamelCase", "ALLCAPS"};
+  static const std::vector<std::string> parts = {"the",
+                                                 "The",
+                                                 "and",
+                                                 "of",
+                                                 "to",
+                                                 "in",
+                                                 "that",
+                                                 "is",
+                                                 "it's",
+                                                 "don't",
+                                                 "I'm",
+                                                 "hello",
+                                                 "world",
+                                                 "a",
+                                                 "b",
+                                                 "x9",
+                                                 "2024",
+                                                 "1",
+                                                 "42",
+                                                 "3.14",
+                                                 "e.g.",
+                                                 ",",
+                                                 ".",
+                                                 "!",
+                                                 "?",
+                                                 "(",
+                                                 ")",
+                                                 "\"",
+                                                 "'",
+                                                 "-",
+                                                 "--",
+                                                 "\n",
+                                                 "\n\n",
+                                                 "\t",
+                                                 "  ",
+                                                 "   ",
+                                                 " ",
+                                                 "é",
+                                                 "über",
+                                                 "naïve",
+                                                 "中文",
+                                                 "日本語",
+                                                 "🙂",
+                                                 "Привет",
+                                                 "λ",
+                                                 "<s>",
+                                                 "</s>",
+                                                 "<|begin_of_text|>",
+                                                 "<|end_of_text|>",
+                                                 "www.example.com",
+                                                 "foo_bar",
+                                                 "CamelCase",
+                                                 "ALLCAPS"};
   std::string s;
   while (s.size() < bytes) {
     s += parts[rng() % parts.size()];
@@ -42,8 +90,8 @@ std::string random_text(std::mt19937_64& rng, size_t bytes) {
 
 std::string llama_regex_bpe_json() {
   return easyctx::test::byte_level_bpe_json(
-      {"Ġ t", "t h", "Ġt h", "h e", "Ġth e", "Ġ a", "a n", "Ġa n", "Ġan d", "Ġ w", "o r", "Ġw or",
-       "l d", "Ġwor ld", "e l", "l o", "el lo", "h ello", "1 2", "Ġ Ġ", "ĠĠ Ġ", "Ċ Ċ"},
+      {"Ġ t",   "t h", "Ġt h",    "h e", "Ġth e", "Ġ a",   "a n",    "Ġa n", "Ġan d", "Ġ w",  "o r",
+       "Ġw or", "l d", "Ġwor ld", "e l", "l o",   "el lo", "h ello", "1 2",  "Ġ Ġ",   "ĠĠ Ġ", "Ċ Ċ"},
       true,
       "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
       "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
@@ -59,7 +107,8 @@ std::vector<std::pair<std::string, std::string>> tokenizers(const ScratchDir& di
   out.push_back({"bpe (Llama 3 regex)", dir / "tokenizer.json"});
   const auto r = easyctx::test::run_command(easyctx::test::source_dir() + "/scripts/make_demo_tokenizer.sh " +
                                             dir.path() + "/demo 2>/dev/null");
-  if (r.status == 0 && fs::exists(dir / "demo/kjv_bpe2000.model")) out.push_back({"demo spm", dir / "demo/kjv_bpe2000.model"});
+  if (r.status == 0 && fs::exists(dir / "demo/kjv_bpe2000.model"))
+    out.push_back({"demo spm", dir / "demo/kjv_bpe2000.model"});
   for (const char* f : {"tokenizers/llama2/tokenizer.model", "tokenizers/llama3/tokenizer.json"})
     if (fs::exists(easyctx::test::shared_fixture(f))) out.push_back({f, easyctx::test::shared_fixture(f)});
   return out;
@@ -106,8 +155,7 @@ TEST(DataStrict, RecordsAboveTheLimitNameFileAndLine) {
   UnitReader rd(units[0], limit);
   RawRecord r;
   std::string e = input_error_of([&] {
-    while (rd.next(r)) {
-    }
+    while (rd.next(r)) {}
   });
   EXPECT_NE(e.find(dir / "c.jsonl:" + std::to_string(long_line) + ": a line longer than --max-doc-bytes " +
                    std::to_string(limit)),

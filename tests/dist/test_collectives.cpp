@@ -26,7 +26,8 @@ uint64_t g_salt = 0;
 
 // The value rank `r` contributes at index i, in [-64, 64) step 1/8.
 double value(int r, size_t i, int variant) {
-  uint64_t h = (static_cast<uint64_t>(r) * 1000003ull + i * 7919ull + static_cast<uint64_t>(variant) * 104729ull) ^ g_salt;
+  uint64_t h =
+      (static_cast<uint64_t>(r) * 1000003ull + i * 7919ull + static_cast<uint64_t>(variant) * 104729ull) ^ g_salt;
   h ^= h >> 29;
   h *= 0xbf58476d1ce4e5b9ull;
   h ^= h >> 32;
@@ -48,9 +49,7 @@ struct Buf {
   bool device;
   Buf(size_t n, bool on_device) : host(n), device(on_device) {
 #ifdef EASYCTX_TEST_NCCL
-    if (device) {
-      EXPECT_EQ(cudaMalloc(&dev, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-    }
+    if (device) { EXPECT_EQ(cudaMalloc(&dev, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess); }
 #endif
   }
   ~Buf() {
@@ -150,7 +149,8 @@ void check_group(Comm& c, const std::vector<int>& members, size_t n, int variant
     r.download(c);
     for (int j = 0; j < P; ++j)
       for (size_t i = 0; i < n; ++i)
-        ASSERT_EQ(static_cast<double>(r.host[static_cast<size_t>(j) * n + i]), val<T>(members[static_cast<size_t>(j)], i, variant + 7))
+        ASSERT_EQ(static_cast<double>(r.host[static_cast<size_t>(j) * n + i]),
+                  val<T>(members[static_cast<size_t>(j)], i, variant + 7))
             << c.name() << " all_gather block " << j << " i=" << i << " in_place=" << in_place;
   }
   // broadcast from every root.
@@ -205,9 +205,7 @@ void check_layout(const StageConfig& cfg) {
   dist::GroupLayout L;
   try {
     L = dist::make_group_layout(cfg, world, rt.topology().local_size);
-  } catch (const InputError&) {
-    GTEST_SKIP() << "layout does not fit " << world << " ranks";
-  }
+  } catch (const InputError&) { GTEST_SKIP() << "layout does not fit " << world << " ranks"; }
 #ifdef EASYCTX_TEST_NCCL
   auto backend = dist::CommBackend::Nccl;
 #else
@@ -230,9 +228,12 @@ void check_layout(const StageConfig& cfg) {
     Comm* c;
     std::vector<int> m;
   };
-  std::vector<G> groups = {{&pg.world(), world_members}, {&pg.dp(), find(L.dp_groups())},
-                           {&pg.sp(), find(L.sp_groups())}, {&pg.ulysses(), find(L.ulysses_groups())},
-                           {&pg.ring(), find(L.ring_groups())}, {&pg.zero(), find(L.zero_groups())},
+  std::vector<G> groups = {{&pg.world(), world_members},
+                           {&pg.dp(), find(L.dp_groups())},
+                           {&pg.sp(), find(L.sp_groups())},
+                           {&pg.ulysses(), find(L.ulysses_groups())},
+                           {&pg.ring(), find(L.ring_groups())},
+                           {&pg.zero(), find(L.zero_groups())},
                            {&pg.zero_replica(), find(L.zero_replica_groups())}};
   int variant = 0;
   for (auto& g : groups)
@@ -314,7 +315,5 @@ TEST_F(Collectives, BFloat16MovesAsRawWords) {
   for (int j = 0; j < c.size(); ++j)
     for (size_t i = 0; i < n; ++i)
       ASSERT_EQ(r.host[static_cast<size_t>(j) * n + i], static_cast<uint16_t>((j * 977 + i * 31) & 0xFFFF));
-  if (!dev) {
-    EXPECT_THROW(c.all_reduce(s.ptr(), s.ptr(), n, DType::BF16, ReduceOp::Sum), Error);
-  }
+  if (!dev) { EXPECT_THROW(c.all_reduce(s.ptr(), s.ptr(), n, DType::BF16, ReduceOp::Sum), Error); }
 }

@@ -86,10 +86,10 @@ TEST(Hangs, PeerInAnotherCollectiveIsNamed) {
   Result r = run("mismatch", "");
   expect_clean_abort(r);
   EXPECT_NE(r.out.find("the ranks call collectives in a different order"), std::string::npos) << r.out;
-  const bool named = r.out.find("rank 1 (") != std::string::npos && r.out.find("waits in barrier on group 'world'") !=
-                                                                          std::string::npos;
-  const bool named0 = r.out.find("rank 0 (") != std::string::npos && r.out.find("waits in all_reduce on group 'dp'") !=
-                                                                           std::string::npos;
+  const bool named = r.out.find("rank 1 (") != std::string::npos &&
+                     r.out.find("waits in barrier on group 'world'") != std::string::npos;
+  const bool named0 = r.out.find("rank 0 (") != std::string::npos &&
+                      r.out.find("waits in all_reduce on group 'dp'") != std::string::npos;
   EXPECT_TRUE(named || named0) << r.out;
 }
 

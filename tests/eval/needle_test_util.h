@@ -55,15 +55,16 @@ inline std::string llama3_tokenizer() { return shared_fixture("tokenizers/llama3
 
 // The Llama tokenizer files are third-party fixtures beside the clone (ci_allowed_skips.txt:
 // `fixtures`).
-#define REQUIRE_FIXTURE_TOKENIZER(path, what)                                                         \
-  if (!std::filesystem::exists(path))                                                               \
+#define REQUIRE_FIXTURE_TOKENIZER(path, what) \
+  if (!std::filesystem::exists(path))         \
   GTEST_SKIP() << what << " tokenizer " << (path) << " is not available (a clone without ../shared/fixtures)"
 
 // Sentences of words with . ? ! ends and commas, some paragraphs: a haystack text.
 inline std::string haystack_text(uint64_t seed, size_t sentences) {
-  static const char* words[] = {"river", "stone", "light", "morning", "garden", "winter", "silver", "harvest",
-                                "mountain", "quiet", "road", "window", "lantern", "forest", "letter", "bridge",
-                                "the", "a", "and", "of", "over", "under", "with", "without", "slowly", "brightly"};
+  static const char* words[] = {"river",   "stone",    "light",   "morning", "garden",  "winter",  "silver",
+                                "harvest", "mountain", "quiet",   "road",    "window",  "lantern", "forest",
+                                "letter",  "bridge",   "the",     "a",       "and",     "of",      "over",
+                                "under",   "with",     "without", "slowly",  "brightly"};
   eval::Rng rng(seed);
   std::string s;
   for (size_t i = 0; i < sentences; ++i) {

@@ -56,9 +56,7 @@ template <typename F>
 std::pair<std::string, std::string> outcome(F fn) {
   try {
     fn();
-  } catch (const InputError& e) {
-    return {"input", e.what()};
-  } catch (const std::exception& e) {
+  } catch (const InputError& e) { return {"input", e.what()}; } catch (const std::exception& e) {
     return {"error", e.what()};
   }
   return {"none", ""};
@@ -101,9 +99,7 @@ TEST_F(Rank0Haystack, BroadcastEqualsALocalLoadOnEveryRank) {
       EXPECT_TRUE(shared.tokens == local.tokens) << "rank " << world_.rank() << ": the ids differ";
       EXPECT_EQ(shared.description, local.description);
       EXPECT_GE(static_cast<int64_t>(shared.tokens.size()), want);
-      if (want == 20000) {
-        EXPECT_NE(shared.description.find("repeated to"), std::string::npos) << shared.description;
-      }
+      if (want == 20000) { EXPECT_NE(shared.description.find("repeated to"), std::string::npos) << shared.description; }
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);

@@ -156,8 +156,8 @@ TEST_P(EvalSp, NeedleSweepEqualsOneRank) {
   double worst = 0;
   for (size_t i = 0; i < one.cells.size(); ++i) {
     const eval::CellResult &a = one.cells[i], &g = got.cells[i];
-    const std::string where = std::string(eval::task_name(a.task)) + " L=" + std::to_string(a.context) + " depth " +
-                              std::to_string(a.depth);
+    const std::string where =
+        std::string(eval::task_name(a.task)) + " L=" + std::to_string(a.context) + " depth " + std::to_string(a.depth);
     EXPECT_EQ(g.task, a.task) << where;
     EXPECT_EQ(g.context, a.context) << where;
     EXPECT_EQ(std::isnan(g.depth) ? -1.0 : g.depth, std::isnan(a.depth) ? -1.0 : a.depth) << where;
@@ -177,12 +177,13 @@ TEST_P(EvalSp, NeedleSweepEqualsOneRank) {
   cleanup(f);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, EvalSp,
-    ::testing::Values(Layout{SeqParallelMode::ZigzagRing, 4, 0}, Layout{SeqParallelMode::Ulysses, 4, 0},
-                      Layout{SeqParallelMode::DistFlash, 4, 0}, Layout{SeqParallelMode::Usp, 4, 2},
-                      Layout{SeqParallelMode::ZigzagRing, 2, 0}, Layout{SeqParallelMode::ZigzagRing, 1, 0}),
-    layout_name);
+INSTANTIATE_TEST_SUITE_P(All, EvalSp,
+                         ::testing::Values(Layout{SeqParallelMode::ZigzagRing, 4, 0},
+                                           Layout{SeqParallelMode::Ulysses, 4, 0},
+                                           Layout{SeqParallelMode::DistFlash, 4, 0}, Layout{SeqParallelMode::Usp, 4, 2},
+                                           Layout{SeqParallelMode::ZigzagRing, 2, 0},
+                                           Layout{SeqParallelMode::ZigzagRing, 1, 0}),
+                         layout_name);
 
 }  // namespace
 }  // namespace easyctx::test

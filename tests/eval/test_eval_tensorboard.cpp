@@ -31,8 +31,8 @@ TEST(EvalTensorBoard, PplEventsMatchTheCsv) {
   const std::string models = " --model random:tiny@" + std::to_string(rng() % 1000) + " --model random:tiny@" +
                              std::to_string(1000 + rng() % 1000);
   const std::string cmd = evalp + models + " --device cpu --tokenized " + dir / "data" + " --min-tokens " +
-                          std::to_string(min) + " --max-tokens " + std::to_string(min + 2 * step) +
-                          " --tokens-step " + std::to_string(step) + " --samples 3 --plot none";
+                          std::to_string(min) + " --max-tokens " + std::to_string(min + 2 * step) + " --tokens-step " +
+                          std::to_string(step) + " --samples 3 --plot none";
   const double t0 = unix_now();
   std::string out;
   ASSERT_EQ(run_shell(cmd + " --output-file " + dir / "out/ppl.csv", out), 0) << out;

@@ -158,13 +158,14 @@ TEST(NeedleE2E, TrainedTinyModelRetrievesThePassKeyAtItsTrainingLength) {
   ASSERT_EQ(trained.cells.size(), 3u);
   ASSERT_EQ(untrained.cells.size(), 3u);
   const double at_l = trained.cells[1].score();
-  std::printf("passkey accuracy at L = %lld (%lld-token prompts): trained %.2f (at L-4 %.2f, L+4 %.2f), "
-              "untrained %.2f (%.2f, %.2f); answer NLL %.3f vs %.3f nats/token; trained %lld steps in %.0f s; "
-              "whole test %.0f s\n",
-              static_cast<long long>(L), static_cast<long long>(S), at_l, trained.cells[0].score(),
-              trained.cells[2].score(), untrained.cells[1].score(), untrained.cells[0].score(),
-              untrained.cells[2].score(), trained.cells[1].mean_answer_nll(), untrained.cells[1].mean_answer_nll(),
-              static_cast<long long>(steps), train_s, seconds_since(t_start));
+  std::printf(
+      "passkey accuracy at L = %lld (%lld-token prompts): trained %.2f (at L-4 %.2f, L+4 %.2f), "
+      "untrained %.2f (%.2f, %.2f); answer NLL %.3f vs %.3f nats/token; trained %lld steps in %.0f s; "
+      "whole test %.0f s\n",
+      static_cast<long long>(L), static_cast<long long>(S), at_l, trained.cells[0].score(), trained.cells[2].score(),
+      untrained.cells[1].score(), untrained.cells[0].score(), untrained.cells[2].score(),
+      trained.cells[1].mean_answer_nll(), untrained.cells[1].mean_answer_nll(), static_cast<long long>(steps), train_s,
+      seconds_since(t_start));
   // Chance is 1e-4 (four digits). The trained model learned to copy the key at its training
   // length (measured 0.90-1.00 on these 50 fresh prompts); the untrained one guesses.
   EXPECT_EQ(trained.cells[1].context, L);
@@ -186,11 +187,13 @@ TEST(NeedleE2E, TrainedTinyModelRetrievesThePassKeyAtItsTrainingLength) {
         ASSERT_EQ(img.pixel(x, y), want) << "column " << k << " at " << x << "," << y;
   }
   const std::string csv = read_file(dir / "eval-trained/synthetic.csv");
-  EXPECT_NE(csv.find("passkey," + std::to_string(L) + "," + [&] {
-              char buf[16];
-              std::snprintf(buf, sizeof buf, "%.4f", at_l);
-              return std::string(buf);
-            }() + ",50\n"),
+  EXPECT_NE(csv.find("passkey," + std::to_string(L) + "," +
+                     [&] {
+                       char buf[16];
+                       std::snprintf(buf, sizeof buf, "%.4f", at_l);
+                       return std::string(buf);
+                     }() +
+                     ",50\n"),
             std::string::npos)
       << csv;
 }

@@ -27,10 +27,8 @@ bool decodes_to_sentence_end(const data::Tokenizer& tok, uint32_t id) {
   const std::string s = tok.decode(&id, 1);
   bool any = false;
   for (char c : s) {
-    if (c == '.' || c == '!' || c == '?')
-      any = true;
-    else if (!std::isspace(static_cast<unsigned char>(c)))
-      return false;
+    if (c == '.' || c == '!' || c == '?') any = true;
+    else if (!std::isspace(static_cast<unsigned char>(c))) return false;
   }
   return any;
 }
@@ -105,7 +103,8 @@ void check_structure(const data::Tokenizer& tok, const PromptBuilder& b, const P
 void check_answer_continues_like_the_needle(const Prompt& p) {
   const Ids whole = slice(p, 0, static_cast<int64_t>(p.tokens.size()));
   Ids cont{whole[static_cast<size_t>(p.answer_begin - 1)]};
-  for (int64_t i = p.answer_begin; i < p.answer_begin + p.answer_length; ++i) cont.push_back(whole[static_cast<size_t>(i)]);
+  for (int64_t i = p.answer_begin; i < p.answer_begin + p.answer_length; ++i)
+    cont.push_back(whole[static_cast<size_t>(i)]);
   bool found = false;
   for (const eval::Insert& in : p.inserts)
     if (in.target) found |= contains(slice(p, in.at, in.at + in.length), cont);
@@ -137,9 +136,10 @@ void needle_cases(const std::string& path) {
   const std::string question = b.needle_question("Singapore");
   const std::string prefix = "This is a very long story book: <book>";
   EXPECT_EQ(PromptBuilder::needle_prefix(), prefix);
-  EXPECT_EQ(question,
-            "</book>.\n Based on the content of the book, Question: What is the special magic Singapore number? Answer: "
-            "The special magic Singapore number is:");
+  EXPECT_EQ(
+      question,
+      "</book>.\n Based on the content of the book, Question: What is the special magic Singapore number? Answer: "
+      "The special magic Singapore number is:");
   // Depth 0: the needle opens the context.
   {
     eval::Rng rng(1);
@@ -224,7 +224,8 @@ void needle_cases(const std::string& path) {
     o2.distractors = 3;
     const PromptBuilder bd(tok, o2);
     eval::Rng r1(11), r2(11), r3(12);
-    const Prompt a = bd.needle(f.hay, L, 0.4, 42424242 % 10000000, r1), c = bd.needle(f.hay, L, 0.4, 42424242 % 10000000, r2),
+    const Prompt a = bd.needle(f.hay, L, 0.4, 42424242 % 10000000, r1),
+                 c = bd.needle(f.hay, L, 0.4, 42424242 % 10000000, r2),
                  d = bd.needle(f.hay, L, 0.4, 42424242 % 10000000, r3);
     EXPECT_EQ(a.tokens, c.tokens);
     EXPECT_NE(a.tokens, d.tokens);
@@ -266,8 +267,9 @@ void synthetic_cases(const std::string& path) {
           EXPECT_EQ(p.inserts[0].text,
                     "\nThe pass key is " + p.answer + ". Remember it. " + p.answer + " is the pass key.\n");
           EXPECT_NE(q_text.find("What is the pass key?"), std::string::npos) << q_text;
-          prefix = "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you "
-                   "about the pass key afterwards.\n";
+          prefix =
+              "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you "
+              "about the pass key afterwards.\n";
           check_structure(tok, b, p, noise, L, prefix, "\nWhat is the pass key? The pass key is");
           check_answer_continues_like_the_needle(p);
           break;
@@ -292,8 +294,9 @@ void synthetic_cases(const std::string& path) {
           EXPECT_EQ(values.size(), 5u) << "values not distinct";
           ASSERT_FALSE(asked.empty());
           EXPECT_NE(q_text.find("special magic number for " + asked + " mentioned"), std::string::npos) << q_text;
-          prefix = "Some special magic numbers are hidden within the following text. Make sure to memorize them. I "
-                   "will quiz you about the numbers afterwards.\n";
+          prefix =
+              "Some special magic numbers are hidden within the following text. Make sure to memorize them. I "
+              "will quiz you about the numbers afterwards.\n";
           check_structure(tok, b, p, noise, L, prefix,
                           "\nWhat is the special magic number for " + asked +
                               " mentioned in the provided text? The special magic number for " + asked +
@@ -315,8 +318,9 @@ void synthetic_cases(const std::string& path) {
           }
           EXPECT_EQ(p.answer, vals[0] + ", " + vals[1] + ", " + vals[2]) << "in order of appearance";
           EXPECT_EQ(std::set<std::string>(vals.begin(), vals.end()).size(), 3u);
-          prefix = "Some special magic numbers are hidden within the following text. Make sure to memorize them. I "
-                   "will quiz you about the numbers afterwards.\n";
+          prefix =
+              "Some special magic numbers are hidden within the following text. Make sure to memorize them. I "
+              "will quiz you about the numbers afterwards.\n";
           check_structure(tok, b, p, noise, L, prefix,
                           "\nWhat are all the special magic numbers for " + key +
                               " mentioned in the provided text? The special magic numbers for " + key +
@@ -333,10 +337,8 @@ void synthetic_cases(const std::string& path) {
             const size_t eq = s.find(" = ");
             names.push_back(s.substr(5, eq - 5));
             const std::string rhs = s.substr(eq + 3, s.size() - eq - 5);
-            if (i == 0)
-              value = rhs;
-            else
-              EXPECT_EQ(rhs, "VAR " + names[i - 1]) << "the chain is out of order";
+            if (i == 0) value = rhs;
+            else EXPECT_EQ(rhs, "VAR " + names[i - 1]) << "the chain is out of order";
           }
           EXPECT_EQ(value.size(), 6u);
           EXPECT_EQ(p.answer, names[0] + " " + names[1] + " " + names[2] + " " + names[3]);
@@ -370,9 +372,9 @@ TEST(NeedlePrompt, Llama2) {
   EXPECT_TRUE(b.is_sentence_end(869));
   EXPECT_FALSE(b.is_sentence_end(29901));  // ':'
   EXPECT_EQ(tok->encode("1234567"), (Ids{29871, 29896, 29906, 29941, 29946, 29945, 29953, 29955}));
-  EXPECT_TRUE(contains(tok->encode(b.needle_text("Singapore", 1234567)),
-                       Ids{4266, 15709, 25960, 1353, 338, 29901, 29871, 29896, 29906, 29941, 29946, 29945, 29953, 29955,
-                           29889}));
+  EXPECT_TRUE(contains(
+      tok->encode(b.needle_text("Singapore", 1234567)),
+      Ids{4266, 15709, 25960, 1353, 338, 29901, 29871, 29896, 29906, 29941, 29946, 29945, 29953, 29955, 29889}));
   eval::Rng rng(5);
   const Ids hay = tok->encode(haystack_text(9, 100));
   const Prompt p = b.needle(hay, 300, 0.5, 1234567, rng);
@@ -421,9 +423,7 @@ TEST(NeedlePrompt, OptionsNameTheFlag) {
     try {
       PromptBuilder b(tok, o);
       ADD_FAILURE() << "no error for " << flag;
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
-    }
+    } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what(); }
   };
   eval::TaskOptions o;
   o.digits = 0;
@@ -510,7 +510,8 @@ TEST(NeedleHaystack, FoldersFilesShardsAndRepetition) {
   {
     data::TokenShardWriter w(dir / "s.h5", meta, 64);
     const uint16_t src = w.source_index("x");
-    const std::vector<uint32_t> a = cat({{static_cast<uint32_t>(tok.bos_id())}, d1, {static_cast<uint32_t>(tok.eos_id())}});
+    const std::vector<uint32_t> a =
+        cat({{static_cast<uint32_t>(tok.bos_id())}, d1, {static_cast<uint32_t>(tok.eos_id())}});
     const std::vector<uint32_t> b = cat({{static_cast<uint32_t>(tok.bos_id())}, d2});
     w.add_document(a.data(), a.size(), src);
     w.add_document(b.data(), b.size(), src);

@@ -69,8 +69,8 @@ void check_heatmap_png(const std::string& path, const eval::HeatmapImage& h) {
       const eval::Rgb want = eval::rgb(report::heat_colour(v));
       for (int y = g.top + r * g.cell_h; y < g.top + (r + 1) * g.cell_h; ++y)
         for (int x = g.left + c * g.cell_w; x < g.left + (c + 1) * g.cell_w; ++x)
-          ASSERT_EQ(img.pixel(x, y), want) << path << " cell " << r << "," << c << " score " << v << " at " << x << ","
-                                           << y;
+          ASSERT_EQ(img.pixel(x, y), want)
+              << path << " cell " << r << "," << c << " score " << v << " at " << x << "," << y;
     }
 }
 
@@ -94,7 +94,8 @@ void expect_cells_score_alone(const eval::NeedleOptions& o, const eval::PromptBu
   const std::vector<double> depths = eval::needle_depths(o);
   for (const eval::CellResult& c : r.cells) {
     size_t d = 0;
-    if (c.task == Task::Needle) d = static_cast<size_t>(std::find(depths.begin(), depths.end(), c.depth) - depths.begin());
+    if (c.task == Task::Needle)
+      d = static_cast<size_t>(std::find(depths.begin(), depths.end(), c.depth) - depths.begin());
     const std::vector<eval::Prompt> ps = eval::cell_prompts(o, b, hay, noise, c.task, c.context, d);
     ASSERT_EQ(ps.size(), static_cast<size_t>(o.samples));
     std::vector<eval::ScoreRequest> reqs;
@@ -108,8 +109,8 @@ void expect_cells_score_alone(const eval::NeedleOptions& o, const eval::PromptBu
     int64_t correct = 0;
     double nll = 0;
     for (const auto& x : sc) correct += x.at(0).all_argmax, nll += x.at(0).sum_nll;
-    const std::string where = std::string(eval::task_name(c.task)) + " L=" + std::to_string(c.context) +
-                              " depth " + std::to_string(c.depth);
+    const std::string where =
+        std::string(eval::task_name(c.task)) + " L=" + std::to_string(c.context) + " depth " + std::to_string(c.depth);
     EXPECT_EQ(c.samples, o.samples) << where;
     EXPECT_EQ(c.correct, correct) << where;
     EXPECT_EQ(c.answer_nll, nll) << where;
@@ -338,7 +339,8 @@ TEST(NeedleHeatmap, PngEncodesTheScores) {
   EXPECT_GT(g.cell_h, 1);
   for (const eval::CellResult& c : r.cells) {
     const int row = static_cast<int>(std::find(std::begin(depths), std::end(depths), c.depth) - std::begin(depths));
-    const int col = static_cast<int>(std::find(std::begin(lengths), std::end(lengths), c.context) - std::begin(lengths));
+    const int col =
+        static_cast<int>(std::find(std::begin(lengths), std::end(lengths), c.context) - std::begin(lengths));
     const eval::Rgb px = img.pixel(g.left + col * g.cell_w + g.cell_w / 2, g.top + row * g.cell_h + g.cell_h / 2);
     EXPECT_NEAR(score_of(px), c.score(), 0.011) << "L " << c.context << " depth " << c.depth;
   }
@@ -391,12 +393,45 @@ TEST(NeedleProgress, LinesNameCellsRateAndEta) {
 }
 
 TEST(NeedleFlags, EasyContextsFlagsDashed) {
-  const char* argv[] = {"easyctx_eval_needle", "--model", "m", "--tokenizer", "t.model", "--output-dir", "o",
-                        "--min-context-length", "1000", "--max-context-length", "8000", "--context-interval", "1000",
-                        "--depth-interval", "0.2", "--samples", "3", "--distractors", "2", "--digits", "6",
-                        "--seed", "7", "--rope-theta", "500000", "--device", "cpu", "--sp-size", "2",
-                        "--sp-mode", "ulysses", "--task", "needle,passkey,vt", "--ulysses-size", "2",
-                        "--progress-every", "5", "--collective-timeout-s", "99"};
+  const char* argv[] = {"easyctx_eval_needle",
+                        "--model",
+                        "m",
+                        "--tokenizer",
+                        "t.model",
+                        "--output-dir",
+                        "o",
+                        "--min-context-length",
+                        "1000",
+                        "--max-context-length",
+                        "8000",
+                        "--context-interval",
+                        "1000",
+                        "--depth-interval",
+                        "0.2",
+                        "--samples",
+                        "3",
+                        "--distractors",
+                        "2",
+                        "--digits",
+                        "6",
+                        "--seed",
+                        "7",
+                        "--rope-theta",
+                        "500000",
+                        "--device",
+                        "cpu",
+                        "--sp-size",
+                        "2",
+                        "--sp-mode",
+                        "ulysses",
+                        "--task",
+                        "needle,passkey,vt",
+                        "--ulysses-size",
+                        "2",
+                        "--progress-every",
+                        "5",
+                        "--collective-timeout-s",
+                        "99"};
   eval::NeedleOptions o;
   ASSERT_TRUE(eval::parse_needle_flags(static_cast<int>(std::size(argv)), argv, o, nullptr));
   EXPECT_EQ(o.session.model, "m");
@@ -447,9 +482,7 @@ TEST(NeedleFlags, BadValuesNameTheFlag) {
     try {
       eval::parse_needle_flags(static_cast<int>(argv.size()), argv.data(), o, nullptr);
       ADD_FAILURE() << "no error for " << flag;
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
-    }
+    } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what(); }
   };
   expect_flag({"--depth-interval", "0"}, "--depth-interval");
   expect_flag({"--depth-interval", "1.5"}, "--depth-interval");
@@ -469,9 +502,7 @@ TEST(NeedleFlags, BadValuesNameTheFlag) {
   try {
     eval::parse_needle_flags(static_cast<int>(argv.size()), argv.data(), o, nullptr);
     ADD_FAILURE();
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what();
-  }
+  } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what(); }
 }
 
 // The whole program after the flags (the session, the tokenizer file, the haystack, the

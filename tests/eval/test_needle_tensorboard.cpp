@@ -44,7 +44,8 @@ Expected expected_from_csvs(const std::string& needle_csv, const std::string& sy
     needle_sum[ctx].first += score;
     ++needle_sum[ctx].second;
   }
-  for (const auto& [ctx, s] : needle_sum) e[ctx]["eval_needle/" + label + "/needle"] = static_cast<float>(s.first / s.second);
+  for (const auto& [ctx, s] : needle_sum)
+    e[ctx]["eval_needle/" + label + "/needle"] = static_cast<float>(s.first / s.second);
   for (const std::string& line : split(trim(synthetic_csv), '\n')) {
     const std::vector<std::string> f = split(line, ',');
     if (f[0] == "task") continue;
@@ -107,10 +108,11 @@ TEST(NeedleTensorBoard, ProgramWritesEventsBesideItsOutputs) {
   ASSERT_EQ(run_shell("bash " + source_dir() + "/scripts/make_demo_tokenizer.sh " + dir / "tok", out), 0) << out;
   const std::string tok = split(trim(out), '\n').back();  // the script prints the path last
   const uint64_t seed = test_seed() % 1000;
-  const std::string cmd = evaln + " --model random:demo@" + std::to_string(seed) + " --tokenizer " + tok +
-                          " --device cpu --min-context-length 100 --max-context-length 200 --context-interval 100 "
-                          "--depth-interval 0.5 --samples 2 --digits 5 --task needle,passkey --progress-every 0 --seed " +
-                          std::to_string(seed);
+  const std::string cmd =
+      evaln + " --model random:demo@" + std::to_string(seed) + " --tokenizer " + tok +
+      " --device cpu --min-context-length 100 --max-context-length 200 --context-interval 100 "
+      "--depth-interval 0.5 --samples 2 --digits 5 --task needle,passkey --progress-every 0 --seed " +
+      std::to_string(seed);
   const double t0 = unix_now();
   ASSERT_EQ(run_shell(cmd + " --output-dir " + dir / "a", out), 0) << out;
   const std::string label = "demo";  // random:SPEC's label is its shape

@@ -196,7 +196,8 @@ TEST(Png, EveryGlyphHasInk) {
   for (int ch = 33; ch < 127; ++ch) {
     Canvas g(6, 8);
     g.text(0, 0, std::string(1, static_cast<char>(ch)), eval::kBlack);
-    EXPECT_NE(std::count(g.rgb_bytes().begin(), g.rgb_bytes().end(), 0), 0) << "no ink for '" << static_cast<char>(ch) << "'";
+    EXPECT_NE(std::count(g.rgb_bytes().begin(), g.rgb_bytes().end(), 0), 0)
+        << "no ink for '" << static_cast<char>(ch) << "'";
   }
   Canvas q(6, 8), u(6, 8);
   q.text(0, 0, "?", eval::kBlack);

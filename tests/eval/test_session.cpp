@@ -53,7 +53,7 @@ Fixture make_fixture(const std::string& tag) {
   req(hm.greedy(rand_tokens(19), 4), {{18, 4}, {0, 10}});  // positions 18..21 predict the greedy tokens
   f.greedy_spans.push_back({2, 0});
   req(rand_tokens(5), {{0, 4}});
-  req(rand_tokens(50), {});                                  // nothing to score
+  req(rand_tokens(50), {});  // nothing to score
   req(hm.greedy(rand_tokens(40), 3), {{39, 3}, {41, 1}});
   f.greedy_spans.push_back({5, 0});
   f.greedy_spans.push_back({5, 1});
@@ -83,8 +83,8 @@ void expect_same(const std::vector<std::vector<SpanScore>>& got, const std::vect
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i)
     for (size_t s = 0; s < want[i].size() && s < got[i].size(); ++s)
-      worst = std::max(worst, std::abs(got[i][s].sum_nll - want[i][s].sum_nll) /
-                                  std::max(1.0, std::abs(want[i][s].sum_nll)));
+      worst = std::max(worst,
+                       std::abs(got[i][s].sum_nll - want[i][s].sum_nll) / std::max(1.0, std::abs(want[i][s].sum_nll)));
   std::printf("[accuracy] %s: worst span NLL rel err %.3g (tol %.0e)\n",
               ::testing::UnitTest::GetInstance()->current_test_info()->name(), worst, tol);
   for (size_t i = 0; i < want.size(); ++i) {
@@ -211,12 +211,15 @@ TEST_P(EvalSessionModes, EqualOneRank) {
   if (rank == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(f.dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, EvalSessionModes,
-    ::testing::Values(std::make_tuple(SeqParallelMode::ZigzagRing, 4, 0), std::make_tuple(SeqParallelMode::Ulysses, 4, 0),
-                      std::make_tuple(SeqParallelMode::DistFlash, 4, 0), std::make_tuple(SeqParallelMode::Usp, 4, 2),
-                      std::make_tuple(SeqParallelMode::ZigzagRing, 2, 0), std::make_tuple(SeqParallelMode::DistFlash, 2, 0),
-                      std::make_tuple(SeqParallelMode::Ulysses, 2, 0), std::make_tuple(SeqParallelMode::ZigzagRing, 1, 0)));
+INSTANTIATE_TEST_SUITE_P(All, EvalSessionModes,
+                         ::testing::Values(std::make_tuple(SeqParallelMode::ZigzagRing, 4, 0),
+                                           std::make_tuple(SeqParallelMode::Ulysses, 4, 0),
+                                           std::make_tuple(SeqParallelMode::DistFlash, 4, 0),
+                                           std::make_tuple(SeqParallelMode::Usp, 4, 2),
+                                           std::make_tuple(SeqParallelMode::ZigzagRing, 2, 0),
+                                           std::make_tuple(SeqParallelMode::DistFlash, 2, 0),
+                                           std::make_tuple(SeqParallelMode::Ulysses, 2, 0),
+                                           std::make_tuple(SeqParallelMode::ZigzagRing, 1, 0)));
 
 // The memory plan of a session (CPU: every backend allocation is planned) equals what the
 // session allocated at its peak on the rank that scores the longest item, and bounds the
@@ -240,7 +243,7 @@ TEST(EvalSession, PlanEqualsTheMeasuredPeak) {
     // Rank 0 scores the longest item (data parallel: the others may see shorter ones only).
     if (rank == 0) {
       EXPECT_EQ(s->stats().alloc_peak_bytes, p.alloc_peak_bytes) << "sp " << sp << ", head groups " << groups << "\n"
-                                                                << plan::format_plan_table(p);
+                                                                 << plan::format_plan_table(p);
     }
     EXPECT_LE(s->stats().alloc_peak_bytes, p.alloc_peak_bytes) << "sp " << sp << ", head groups " << groups;
     EXPECT_TRUE(p.fits);

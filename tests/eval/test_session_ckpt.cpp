@@ -60,7 +60,8 @@ TEST(EvalSessionCkpt, Zero3CheckpointOfFourRanksReadByOneAndByTwo) {
   mo.mlp_tile = 16384;
   model::LlamaModel m(cfg, *be, ops::DType::F32, mo);
   std::vector<ops::Tensor> params;
-  for (auto& u : master) params.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+  for (auto& u : master)
+    params.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
   std::vector<std::vector<double>> want(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
     const int64_t n = static_cast<int64_t>(reqs[i].tokens.size());

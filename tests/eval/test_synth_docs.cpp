@@ -44,8 +44,8 @@ TEST(SynthDocs, EveryDocumentIsOneWindowEndingInItsPrompt) {
       ASSERT_GT(colon, q);
       const std::string answer = trim(text.substr(colon + 10));
       EXPECT_EQ(static_cast<int>(answer.size()), o.task.digits) << text.substr(q);
-      EXPECT_NE(text.substr(0, q).find(" number is: " + answer + "."), std::string::npos) << "the needle holds "
-                                                                                        << answer;
+      EXPECT_NE(text.substr(0, q).find(" number is: " + answer + "."), std::string::npos)
+          << "the needle holds " << answer;
     } else if (k == eval::DocKind::Passkey) {
       const size_t q = text.rfind("What is the pass key? The pass key is");
       ASSERT_NE(q, std::string::npos) << text;
@@ -172,8 +172,9 @@ TEST(SynthDocs, MixFlag) {
   EXPECT_EQ(m.at(eval::DocKind::Needle), 2.0);
   EXPECT_EQ(m.at(eval::DocKind::KeyValue), 0.5);
   EXPECT_EQ(m.at(eval::DocKind::Text), 1.0);
-  EXPECT_NE(input_error_of([] { eval::parse_mix("needle=1,haystack=2"); }).find("--mix: unknown document kind 'haystack'"),
-            std::string::npos);
+  EXPECT_NE(
+      input_error_of([] { eval::parse_mix("needle=1,haystack=2"); }).find("--mix: unknown document kind 'haystack'"),
+      std::string::npos);
   EXPECT_NE(input_error_of([] { eval::parse_mix("needle=-1"); }).find("--mix: weight '-1'"), std::string::npos);
   EXPECT_NE(input_error_of([] { eval::parse_mix("needle=0"); }).find("no kind a positive weight"), std::string::npos);
 }

@@ -74,9 +74,9 @@ TEST_P(GoldenTest, MatchesTransformers) {
   ops::Buffer l64 = be->alloc(DType::F64, logits.numel());
   be->copy(l64.flat(), logits.flat());
   const std::vector<double> want_logits = g.get("logits");
-  EXPECT_LT(rel_error(std::vector<double>(l64.flat().ptr<double>(), l64.flat().ptr<double>() + l64.numel()),
-                      want_logits),
-            tol_logits);
+  EXPECT_LT(
+      rel_error(std::vector<double>(l64.flat().ptr<double>(), l64.flat().ptr<double>() + l64.numel()), want_logits),
+      tol_logits);
 
   int64_t count = 0;
   for (int32_t y : lab) count += y >= 0;
@@ -90,18 +90,17 @@ TEST_P(GoldenTest, MatchesTransformers) {
       const std::vector<double> want = g.get("grad." + t.hf_name);
       std::vector<double> got(static_cast<size_t>(t.numel));
       for (int64_t i = 0; i < t.numel; ++i)
-        got[static_cast<size_t>(i)] = dtype == DType::F64 ? grads[u].ptr<double>()[t.offset + i]
-                                                          : grads[u].ptr<float>()[t.offset + i];
+        got[static_cast<size_t>(i)] =
+            dtype == DType::F64 ? grads[u].ptr<double>()[t.offset + i] : grads[u].ptr<float>()[t.offset + i];
       EXPECT_LT(rel_error(got, want), 1e-4) << t.hf_name;
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, GoldenTest,
-    ::testing::Combine(::testing::Values("gqa", "tied_llama3", "gqa_hd64"),
-                       ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
-                                         CheckpointPolicy::AttentionOutput),
-                       ::testing::Values(DType::F64, DType::F32)));
+INSTANTIATE_TEST_SUITE_P(All, GoldenTest,
+                         ::testing::Combine(::testing::Values("gqa", "tied_llama3", "gqa_hd64"),
+                                            ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
+                                                              CheckpointPolicy::AttentionOutput),
+                                            ::testing::Values(DType::F64, DType::F32)));
 
 }  // namespace
 }  // namespace easyctx::test

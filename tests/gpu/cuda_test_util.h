@@ -100,13 +100,13 @@ class CudaOpsTest : public ::testing::Test {
 
 // EXPECT_LT(rel_error(got, ref), tol) that also prints the measured error, so a GPU run's
 // log records the accuracy of every op.
-#define EXPECT_REL(got, ref, tol_)                                                                            \
-  do {                                                                                                        \
-    const double e_ = ::easyctx::test::rel_error(got, ref);                                                  \
-    std::printf("[accuracy] %-28s %-34s %-22s rel err %.3g (tol %.0e)\n",                                  \
-                ::testing::UnitTest::GetInstance()->current_test_info()->name(), tag.c_str(), #got, e_,       \
-                static_cast<double>(tol_));                                                                   \
-    EXPECT_LT(e_, tol_);                                                                                      \
+#define EXPECT_REL(got, ref, tol_)                                                                      \
+  do {                                                                                                  \
+    const double e_ = ::easyctx::test::rel_error(got, ref);                                             \
+    std::printf("[accuracy] %-28s %-34s %-22s rel err %.3g (tol %.0e)\n",                               \
+                ::testing::UnitTest::GetInstance()->current_test_info()->name(), tag.c_str(), #got, e_, \
+                static_cast<double>(tol_));                                                             \
+    EXPECT_LT(e_, tol_);                                                                                \
   } while (0)
 
 // Strided device layouts for the kernels' odd-stride cases: `batches` batches of `rows` rows

@@ -19,7 +19,8 @@ class CudaAttentionSm90Test : public CudaOpsTest {
   void SetUp() override {
     CudaOpsTest::SetUp();
     if (IsSkipped()) return;
-    if (!kernels::sm90_device_available()) GTEST_SKIP() << "needs an sm_90 device (H100/H200): the kernel is sm_90a code";
+    if (!kernels::sm90_device_available())
+      GTEST_SKIP() << "needs an sm_90 device (H100/H200): the kernel is sm_90a code";
   }
   const __nv_bfloat16* bf(const Buffer& b) { return static_cast<const __nv_bfloat16*>(b.data()); }
   __nv_bfloat16* bfm(const Buffer& b) { return static_cast<__nv_bfloat16*>(const_cast<void*>(b.data())); }
@@ -42,10 +43,11 @@ inline int64_t report_mismatches(const char* what, const std::vector<float>& got
           const double e = std::abs(static_cast<double>(got[i]) - ref[j]);
           if (e < bd) bd = e, best = j;
         }
-        std::printf("  [mismatch] %s row %lld col %lld: got %.6g want %.6g; got is closest to ref row %lld col %lld "
-                    "(%.6g, off by %.3g)\n",
-                    what, static_cast<long long>(i / cols), static_cast<long long>(i % cols), got[i], ref[i],
-                    static_cast<long long>(best / cols), static_cast<long long>(best % cols), ref[best], bd);
+        std::printf(
+            "  [mismatch] %s row %lld col %lld: got %.6g want %.6g; got is closest to ref row %lld col %lld "
+            "(%.6g, off by %.3g)\n",
+            what, static_cast<long long>(i / cols), static_cast<long long>(i % cols), got[i], ref[i],
+            static_cast<long long>(best / cols), static_cast<long long>(best % cols), ref[best], bd);
       }
       ++bad;
     }

@@ -71,8 +71,9 @@ TEST_P(CudaAttentionTest, ForwardBackwardMatchReference) {
 }
 
 void CudaAttentionTest::run_case(const Case& c) {
-  tag = (std::ostringstream() << c).str() +
-        (hopper_ ? " [hopper]" : use_cudnn_ ? (causal_graph_ ? " [cudnn ok]" : " [cudnn, chunks]") : " [kernels]");
+  tag = (std::ostringstream() << c).str() + (hopper_      ? " [hopper]"
+                                             : use_cudnn_ ? (causal_graph_ ? " [cudnn ok]" : " [cudnn, chunks]")
+                                                          : " [kernels]");
   const DType t = DType::BF16;
   const int64_t nq = c.b * c.sq * c.hq * c.hd, nk = c.b * c.sk * c.hkv * c.hd, nl = c.b * c.hq * c.sq;
   ops::AttentionBlock blk;
@@ -97,10 +98,12 @@ void CudaAttentionTest::run_case(const Case& c) {
   if (gpu->attention_route(call, false) == "sm90 kernel") {
     EXPECT_EQ(fwd_path, "sm90 kernel");
   } else if (use_cudnn_ && causal_square(c) && causal_graph_) {
-    EXPECT_NE(fwd_path.find("causal graph"), std::string::npos) << "a causal square's forward should run cuDNN's causal graph";
+    EXPECT_NE(fwd_path.find("causal graph"), std::string::npos)
+        << "a causal square's forward should run cuDNN's causal graph";
   }
   if (use_cudnn_ && causal_square(c) && !causal_graph_ && c.b == 1 && c.sq >= 2048) {
-    EXPECT_NE(fwd_path.find("chunks"), std::string::npos) << "with the graph off, a long causal square runs in query chunks";
+    EXPECT_NE(fwd_path.find("chunks"), std::string::npos)
+        << "with the graph off, a long causal square runs in query chunks";
   }
   std::vector<float> o(static_cast<size_t>(nq)), l(static_cast<size_t>(nl));
   cpu->attention_fwd(host(q, {c.b, c.sq, c.hq, c.hd}), host(k, {c.b, c.sk, c.hkv, c.hd}),
@@ -136,9 +139,7 @@ void CudaAttentionTest::run_case(const Case& c) {
   } else if (use_cudnn_ && c.causal && c.b == 1 && c.sq == c.sk && c.q_off == c.k_off && c.sq >= 2048) {
     EXPECT_NE(bwd_path.find("tiles"), std::string::npos) << "a long causal square's backward should run in tiles";
   }
-  if (use_cudnn_) {
-    EXPECT_EQ(bwd_path.find("atomic"), std::string::npos) << "deterministic by default: " << bwd_path;
-  }
+  if (use_cudnn_) { EXPECT_EQ(bwd_path.find("atomic"), std::string::npos) << "deterministic by default: " << bwd_path; }
   // The reference accumulates onto the same start; compare the increments' effect overall
   // and the increments alone (stricter when the increment is small next to the start).
   auto dq0 = dq, dk0 = dk, dv0 = dv;
@@ -216,23 +217,22 @@ void CudaAttentionTest::run_case(const Case& c) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaAttentionTest,
-    ::testing::Values(Case{1, 200, 200, 4, 4, 64, true, 0, 0},        // plain causal, ragged tiles
-                      Case{2, 150, 130, 8, 2, 128, true, 64, 0},      // queries later than keys
-                      Case{1, 128, 128, 4, 1, 64, true, 0, 100},      // rows 0..99 see no key
-                      Case{1, 97, 300, 6, 3, 128, true, 250, 10},     // Sq != Sk, diagonal inside
-                      Case{1, 77, 190, 8, 4, 64, false, 0, 0},        // full (off-diagonal ring block)
-                      Case{1, 256, 256, 32, 4, 128, true, 0, 0},      // GQA 32/4, hd 128
-                      Case{1, 256, 256, 32, 4, 64, true, 0, 0},       // GQA 32/4, hd 64
-                      Case{1, 64, 64, 2, 2, 128, true, 0, 1000},      // no row sees any key
-                      Case{1, 256, 384, 32, 4, 128, false, 0, 0},     // full, GQA 32/4, hd 128
-                      Case{2, 128, 200, 8, 2, 64, true, 300, 0},      // causal, every key visible
-                      Case{2, 300, 300, 8, 2, 128, true, 0, 0},       // causal squares, batch 2
+    ::testing::Values(Case{1, 200, 200, 4, 4, 64, true, 0, 0},     // plain causal, ragged tiles
+                      Case{2, 150, 130, 8, 2, 128, true, 64, 0},   // queries later than keys
+                      Case{1, 128, 128, 4, 1, 64, true, 0, 100},   // rows 0..99 see no key
+                      Case{1, 97, 300, 6, 3, 128, true, 250, 10},  // Sq != Sk, diagonal inside
+                      Case{1, 77, 190, 8, 4, 64, false, 0, 0},     // full (off-diagonal ring block)
+                      Case{1, 256, 256, 32, 4, 128, true, 0, 0},   // GQA 32/4, hd 128
+                      Case{1, 256, 256, 32, 4, 64, true, 0, 0},    // GQA 32/4, hd 64
+                      Case{1, 64, 64, 2, 2, 128, true, 0, 1000},   // no row sees any key
+                      Case{1, 256, 384, 32, 4, 128, false, 0, 0},  // full, GQA 32/4, hd 128
+                      Case{2, 128, 200, 8, 2, 64, true, 300, 0},   // causal, every key visible
+                      Case{2, 300, 300, 8, 2, 128, true, 0, 0},    // causal squares, batch 2
                       // Long causal squares: with cuDNN the forward runs the causal graph (or, with
                       // it off, query chunks of 1024 rows: prefix through cuDNN, diagonal through
                       // the kernel, LSE merge), the backward 1024 x 1024 tiles (causal diagonal
                       // tiles); the last is short.
-                      Case{1, 2304, 2304, 4, 2, 64, true, 0, 0},
-                      Case{1, 3072, 3072, 8, 8, 128, true, 0, 0},
+                      Case{1, 2304, 2304, 4, 2, 64, true, 0, 0}, Case{1, 3072, 3072, 8, 8, 128, true, 0, 0},
                       // A long block without a mask (a ring's off-diagonal step): 2 x 3 backward
                       // tiles, the last ones short.
                       Case{1, 1500, 2200, 8, 2, 64, false, 0, 0}),

@@ -38,8 +38,8 @@ TEST_F(CudaAttentionSm90, WgmmaTileMatchesHostGemm) {
     poison(bs);
     poison(bo);
     gpu->synchronize();
-    kernels::sm90_wgmma_tile_check(bf(bq), bf(bk), bf(bv), hd, static_cast<float*>(bs.data()), static_cast<float*>(bo.data()),
-                                   ops::cuda_stream(*gpu));
+    kernels::sm90_wgmma_tile_check(bf(bq), bf(bk), bf(bv), hd, static_cast<float*>(bs.data()),
+                                   static_cast<float*>(bo.data()), ops::cuda_stream(*gpu));
     gpu->synchronize();
     const std::string hang = kernels::sm90_take_hang_report();
     EXPECT_EQ(hang, "") << "hd " << hd << ": the TMA loads never completed their mbarrier (byte count / map / swizzle)";
@@ -61,8 +61,10 @@ TEST_F(CudaAttentionSm90, WgmmaTileMatchesHostGemm) {
     const double es = max_abs(gs, rs), eo = max_abs(go, ro);
     std::printf("[tile] hd %d: S = Q K^T max abs err %.3g (|S| up to ~%.1f), O = bf16(S) V max abs err %.3g\n", hd, es,
                 std::sqrt(hd / 9.0) * 4, eo);
-    const int64_t bad_s = report_mismatches("S (Q K^T: K-major descriptors / TMA / accumulator layout)", gs, rs, 128, 1e-3, 1e-4);
-    const int64_t bad_o = report_mismatches("O (P V: MN-major V descriptor / register-A fragment)", go, ro, hd, 1e-3, 1e-4);
+    const int64_t bad_s =
+        report_mismatches("S (Q K^T: K-major descriptors / TMA / accumulator layout)", gs, rs, 128, 1e-3, 1e-4);
+    const int64_t bad_o =
+        report_mismatches("O (P V: MN-major V descriptor / register-A fragment)", go, ro, hd, 1e-3, 1e-4);
     if (bad_o && hd == 128) {  // which reading of the MN-major descriptor offsets the hardware has
       poison(bo);
       gpu->synchronize();
@@ -108,7 +110,8 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   };
   const auto gather = [&](const std::vector<float>& d, int64_t rows, int64_t width, int64_t row, int64_t batch,
                           int64_t* pad_written) { return gather_rows(d, c.b, rows, width, row, batch, pad_written); };
-  Buffer bq = upload(spread(q, c.sq, c.hq * c.hd, q_row, q_batch), t), bk = upload(spread(k, c.sk, c.hkv * c.hd, k_row, k_batch), t),
+  Buffer bq = upload(spread(q, c.sq, c.hq * c.hd, q_row, q_batch), t),
+         bk = upload(spread(k, c.sk, c.hkv * c.hd, k_row, k_batch), t),
          bv = upload(spread(v, c.sk, c.hkv * c.hd, k_row, k_batch), t), bo = gpu->alloc(t, c.b * q_batch),
          bl = gpu->alloc(DType::F32, nl);
 
@@ -118,8 +121,8 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   blk.q_offset = c.diag;
   blk.k_offset = 0;
   std::vector<float> o(static_cast<size_t>(nq)), l(static_cast<size_t>(nl));
-  cpu->attention_fwd(host(q, {c.b, c.sq, c.hq, c.hd}), host(k, {c.b, c.sk, c.hkv, c.hd}), host(v, {c.b, c.sk, c.hkv, c.hd}),
-                     blk, host(o, {c.b, c.sq, c.hq, c.hd}), host(l, {nl}));
+  cpu->attention_fwd(host(q, {c.b, c.sq, c.hq, c.hd}), host(k, {c.b, c.sk, c.hkv, c.hd}),
+                     host(v, {c.b, c.sk, c.hkv, c.hd}), blk, host(o, {c.b, c.sq, c.hq, c.hd}), host(l, {nl}));
 
   kernels::AttentionParams p = case_params(c, blk.scale, q_row, q_batch, k_row, k_batch);
   p.q = bf(bq);
@@ -136,8 +139,7 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   std::vector<std::pair<kernels::Sm90FwdVariant, int64_t>> runs;
   for (const auto variant : variants(c.hd)) {
     runs.push_back({variant, 0});
-    if (variant == kernels::Sm90FwdVariant::Persistent)
-      runs.push_back({variant, 5 * c.sk * c.hd * 4});
+    if (variant == kernels::Sm90FwdVariant::Persistent) runs.push_back({variant, 5 * c.sk * c.hd * 4});
   }
   for (const auto& [variant, l2_bytes] : runs) {
     tag = (std::ostringstream() << c).str() + " [" + kernels::sm90_fwd_variant_name(variant) +
@@ -171,13 +173,14 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
       if (d > o_max && o_nan == 0) o_max = d, o_arg = i;
     }
     {
-      const int64_t i = static_cast<int64_t>(o_arg), col = i % c.hd, h = (i / c.hd) % c.hq, row = (i / (c.hd * c.hq)) % c.sq,
-                    bb = i / (c.hd * c.hq * c.sq);
-      std::printf("[accuracy] sm90 o %s: max abs err %.3g, %s at b %lld row %lld (row %% 128 = %lld) head %lld col %lld "
-                  "(got %.5g want %.5g), NaN %lld\n",
-                  tag.c_str(), o_max, o_nan ? "first NaN" : "worst", static_cast<long long>(bb), static_cast<long long>(row),
-                  static_cast<long long>(row % 128), static_cast<long long>(h), static_cast<long long>(col), go[o_arg], o[o_arg],
-                  static_cast<long long>(o_nan));
+      const int64_t i = static_cast<int64_t>(o_arg), col = i % c.hd, h = (i / c.hd) % c.hq,
+                    row = (i / (c.hd * c.hq)) % c.sq, bb = i / (c.hd * c.hq * c.sq);
+      std::printf(
+          "[accuracy] sm90 o %s: max abs err %.3g, %s at b %lld row %lld (row %% 128 = %lld) head %lld col %lld "
+          "(got %.5g want %.5g), NaN %lld\n",
+          tag.c_str(), o_max, o_nan ? "first NaN" : "worst", static_cast<long long>(bb), static_cast<long long>(row),
+          static_cast<long long>(row % 128), static_cast<long long>(h), static_cast<long long>(col), go[o_arg],
+          o[o_arg], static_cast<long long>(o_nan));
     }
     // Where the error sits, when it is large: max abs error of o by the row's 16-row group
     // within its 128-row query tile (group g: consumer warpgroup g / 4, its warp g % 4).
@@ -204,8 +207,8 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
       if (std::isinf(l[i])) {
         ++empty;
         if (!(std::isinf(gl[i]) && gl[i] < 0) && bad_rows++ < 5)
-          std::printf("  [mismatch] lse head %lld row %lld sees no key: want -inf, got %.6g\n", static_cast<long long>(h),
-                      static_cast<long long>(row), gl[i]);
+          std::printf("  [mismatch] lse head %lld row %lld sees no key: want -inf, got %.6g\n",
+                      static_cast<long long>(h), static_cast<long long>(row), gl[i]);
         continue;
       }
       const double d = std::abs(static_cast<double>(gl[i]) - l[i]);
@@ -221,43 +224,44 @@ TEST_P(CudaAttentionSm90Shapes, ForwardMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaAttentionSm90Shapes,
-    ::testing::Values(
-        // Causal squares, MHA 8 x 128: one row, one partial tile, exactly one tile, one row past
-        // a tile, many tiles with a ragged end, a long one (the CPU reference sets its size).
-        Case{1, 1, 1, 8, 8, 128, true, 0}, Case{1, 7, 7, 8, 8, 128, true, 0}, Case{1, 128, 128, 8, 8, 128, true, 0},
-        Case{1, 129, 129, 8, 8, 128, true, 0}, Case{1, 1000, 1000, 8, 8, 128, true, 0},
-        Case{1, 4099, 4099, 4, 2, 128, true, 0},
-        // Ring blocks (Sq != Sk, diag = q_offset - k_offset).
-        Case{1, 300, 500, 8, 2, 128, true, 500},   // diag = Sk: every key visible
-        Case{1, 257, 700, 8, 2, 128, true, 0},     // diag 0, Sq < Sk
-        Case{1, 200, 333, 4, 2, 128, true, -50},   // rows 0..49 see no key
-        Case{1, 97, 300, 6, 3, 128, true, 240},    // diagonal inside the keys
-        Case{1, 64, 64, 2, 2, 128, true, -1000},   // no row sees any key (no tile at all)
-        Case{1, 130, 70, 4, 4, 128, true, -100},   // Sq > Sk, rows 0..99 empty
-        // Blocks without a mask.
-        Case{1, 77, 190, 8, 4, 128, false, 0}, Case{1, 256, 384, 32, 4, 128, false, 0}, Case{2, 150, 130, 8, 2, 128, false, 0},
-        // Batch 2, causal.
-        Case{2, 300, 300, 8, 2, 128, true, 0}, Case{2, 150, 130, 8, 2, 128, true, 64},
-        // Head dim 64, GQA 32/4.
-        Case{1, 7, 7, 32, 4, 64, true, 0}, Case{1, 256, 256, 32, 4, 64, true, 0}, Case{1, 1000, 1000, 32, 4, 64, true, 0},
-        Case{1, 77, 190, 8, 4, 64, false, 0}, Case{2, 129, 200, 8, 2, 64, true, -30},
-        // Strided views (rows and batches padded, as slices of a wider buffer would be).
-        Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24},
-        // Persistent CTAs (one per SM, 132 on an H200) with several work tiles each: tiles of
-        // different lengths in one CTA (the K/V ring, the Q buffer and the work tile ring
-        // carried across them, the ping-pong ring across tile boundaries), 128- and 192-row
-        // tiles (wide: hd 64).
-        Case{2, 1000, 1000, 32, 8, 128, true, 0},   // 8 x 32 x 2 = 512 tiles of 128 rows
-        Case{3, 1500, 1500, 32, 4, 64, true, 0},    // 8 x 32 x 3 = 768 tiles of 192 rows (wide)
-        Case{1, 129, 129, 67, 1, 128, false, 0},    // 134 tiles: just past one per SM
-        Case{1, 193, 193, 67, 1, 64, true, 0},      // 134 tiles, of 192 rows (wide) and of 128
-        // Empty work tiles (rows 0..399 see no key) mixed with full ones in every CTA.
-        Case{2, 700, 300, 40, 8, 128, true, -400}, Case{2, 700, 300, 36, 4, 64, true, -400},
-        // hd 64, MHA-like and unmasked with many tiles (every variant, 2 and 3 consumers).
-        Case{2, 600, 900, 48, 12, 64, false, 0}),
-    [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionSm90Shapes,
+                         ::testing::Values(
+                             // Causal squares, MHA 8 x 128: one row, one partial tile, exactly one tile, one row past
+                             // a tile, many tiles with a ragged end, a long one (the CPU reference sets its size).
+                             Case{1, 1, 1, 8, 8, 128, true, 0}, Case{1, 7, 7, 8, 8, 128, true, 0},
+                             Case{1, 128, 128, 8, 8, 128, true, 0}, Case{1, 129, 129, 8, 8, 128, true, 0},
+                             Case{1, 1000, 1000, 8, 8, 128, true, 0}, Case{1, 4099, 4099, 4, 2, 128, true, 0},
+                             // Ring blocks (Sq != Sk, diag = q_offset - k_offset).
+                             Case{1, 300, 500, 8, 2, 128, true, 500},  // diag = Sk: every key visible
+                             Case{1, 257, 700, 8, 2, 128, true, 0},    // diag 0, Sq < Sk
+                             Case{1, 200, 333, 4, 2, 128, true, -50},  // rows 0..49 see no key
+                             Case{1, 97, 300, 6, 3, 128, true, 240},   // diagonal inside the keys
+                             Case{1, 64, 64, 2, 2, 128, true, -1000},  // no row sees any key (no tile at all)
+                             Case{1, 130, 70, 4, 4, 128, true, -100},  // Sq > Sk, rows 0..99 empty
+                             // Blocks without a mask.
+                             Case{1, 77, 190, 8, 4, 128, false, 0}, Case{1, 256, 384, 32, 4, 128, false, 0},
+                             Case{2, 150, 130, 8, 2, 128, false, 0},
+                             // Batch 2, causal.
+                             Case{2, 300, 300, 8, 2, 128, true, 0}, Case{2, 150, 130, 8, 2, 128, true, 64},
+                             // Head dim 64, GQA 32/4.
+                             Case{1, 7, 7, 32, 4, 64, true, 0}, Case{1, 256, 256, 32, 4, 64, true, 0},
+                             Case{1, 1000, 1000, 32, 4, 64, true, 0}, Case{1, 77, 190, 8, 4, 64, false, 0},
+                             Case{2, 129, 200, 8, 2, 64, true, -30},
+                             // Strided views (rows and batches padded, as slices of a wider buffer would be).
+                             Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24},
+                             // Persistent CTAs (one per SM, 132 on an H200) with several work tiles each: tiles of
+                             // different lengths in one CTA (the K/V ring, the Q buffer and the work tile ring
+                             // carried across them, the ping-pong ring across tile boundaries), 128- and 192-row
+                             // tiles (wide: hd 64).
+                             Case{2, 1000, 1000, 32, 8, 128, true, 0},  // 8 x 32 x 2 = 512 tiles of 128 rows
+                             Case{3, 1500, 1500, 32, 4, 64, true, 0},   // 8 x 32 x 3 = 768 tiles of 192 rows (wide)
+                             Case{1, 129, 129, 67, 1, 128, false, 0},   // 134 tiles: just past one per SM
+                             Case{1, 193, 193, 67, 1, 64, true, 0},     // 134 tiles, of 192 rows (wide) and of 128
+                             // Empty work tiles (rows 0..399 see no key) mixed with full ones in every CTA.
+                             Case{2, 700, 300, 40, 8, 128, true, -400}, Case{2, 700, 300, 36, 4, 64, true, -400},
+                             // hd 64, MHA-like and unmasked with many tiles (every variant, 2 and 3 consumers).
+                             Case{2, 600, 900, 48, 12, 64, false, 0}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
 
 // What the launcher refuses (so the route can fall back): every check is host-side.
 TEST_F(CudaAttentionSm90, SupportedRefusesWhatTmaCannotLoad) {

@@ -32,8 +32,8 @@ TEST_F(CudaAttentionSm90Bwd, GemmTileMatchesHostGemm) {
     tag = "hd" + std::to_string(hd);
     const DType t = DType::BF16;
     auto q = rand(64 * hd, t), k = rand(128 * hd, t);
-    Buffer bq = upload(q, t), bk = upload(k, t), bs = gpu->alloc(DType::F32, 128 * 64), bdk = gpu->alloc(DType::F32, 128 * hd),
-           bdq = gpu->alloc(DType::F32, 64 * hd);
+    Buffer bq = upload(q, t), bk = upload(k, t), bs = gpu->alloc(DType::F32, 128 * 64),
+           bdk = gpu->alloc(DType::F32, 128 * hd), bdq = gpu->alloc(DType::F32, 64 * hd);
     poison(bs);
     poison(bdk);
     gpu->synchronize();
@@ -63,10 +63,11 @@ TEST_F(CudaAttentionSm90Bwd, GemmTileMatchesHostGemm) {
         for (int j = 0; j < 128; ++j) acc += static_cast<double>(ps[j * 64 + i]) * k[j * hd + c];
         rdq[i * hd + c] = static_cast<float>(acc);
       }
-    std::printf("[tile] hd %d: S^T = K Q^T max abs err %.3g, dK-style bf16(S^T) Q %.3g, dQ-style bf16(S^T)^T K %.3g\n", hd,
-                max_abs(gs, rs), max_abs(gdk, rdk), max_abs(gdq, rdq));
+    std::printf("[tile] hd %d: S^T = K Q^T max abs err %.3g, dK-style bf16(S^T) Q %.3g, dQ-style bf16(S^T)^T K %.3g\n",
+                hd, max_abs(gs, rs), max_abs(gdk, rdk), max_abs(gdq, rdq));
     const int64_t bad_s = report_mismatches("S^T (m64n64k16, K-major A and B)", gs, rs, 64, 1e-3, 1e-4);
-    const int64_t bad_k = report_mismatches("dK-style (register A, 64-row MN-major B, LBO 8 KiB)", gdk, rdk, hd, 1e-3, 1e-4);
+    const int64_t bad_k =
+        report_mismatches("dK-style (register A, 64-row MN-major B, LBO 8 KiB)", gdk, rdk, hd, 1e-3, 1e-4);
     const int64_t bad_q =
         report_mismatches("dQ-style (swizzled st.shared of dS^T, trans-a / trans-b ss)", gdq, rdq, hd, 1e-3, 1e-4);
     EXPECT_EQ(bad_s, 0) << "hd " << hd << ": the S^T GEMM tile is wrong";
@@ -98,15 +99,16 @@ TEST_P(CudaAttentionSm90BwdShapes, BackwardMatchesReference) {
   blk.q_offset = c.diag;
   blk.k_offset = 0;
   std::vector<float> o(static_cast<size_t>(nq)), l(static_cast<size_t>(nl));
-  cpu->attention_fwd(host(q, {c.b, c.sq, c.hq, c.hd}), host(k, {c.b, c.sk, c.hkv, c.hd}), host(v, {c.b, c.sk, c.hkv, c.hd}),
-                     blk, host(o, {c.b, c.sq, c.hq, c.hd}), host(l, {nl}));
+  cpu->attention_fwd(host(q, {c.b, c.sq, c.hq, c.hd}), host(k, {c.b, c.sk, c.hkv, c.hd}),
+                     host(v, {c.b, c.sk, c.hkv, c.hd}), blk, host(o, {c.b, c.sq, c.hq, c.hd}), host(l, {nl}));
   // The backward from the reference's o (rounded) and lse onto small random starting values.
   auto orr = rounded(o, t), dout = rand(nq, t), dq0 = rand(nq, t, -0.05, 0.05), dk0 = rand(nk, t, -0.05, 0.05),
        dv0 = rand(nk, t, -0.05, 0.05);
   auto dq = dq0, dk = dk0, dv = dv0;
-  cpu->attention_bwd(host(q, {c.b, c.sq, c.hq, c.hd}), host(k, {c.b, c.sk, c.hkv, c.hd}), host(v, {c.b, c.sk, c.hkv, c.hd}),
-                     host(orr, {c.b, c.sq, c.hq, c.hd}), host(l, {nl}), host(dout, {c.b, c.sq, c.hq, c.hd}), blk,
-                     host(dq, {c.b, c.sq, c.hq, c.hd}), host(dk, {c.b, c.sk, c.hkv, c.hd}), host(dv, {c.b, c.sk, c.hkv, c.hd}));
+  cpu->attention_bwd(host(q, {c.b, c.sq, c.hq, c.hd}), host(k, {c.b, c.sk, c.hkv, c.hd}),
+                     host(v, {c.b, c.sk, c.hkv, c.hd}), host(orr, {c.b, c.sq, c.hq, c.hd}), host(l, {nl}),
+                     host(dout, {c.b, c.sq, c.hq, c.hd}), blk, host(dq, {c.b, c.sq, c.hq, c.hd}),
+                     host(dk, {c.b, c.sk, c.hkv, c.hd}), host(dv, {c.b, c.sk, c.hkv, c.hd}));
 
   // Device layout: rows of H*hd elements plus c.pad, batches of S rows plus 4*c.pad, the
   // padding NaN (reading it would show up in the gradients, writing it is counted below).
@@ -134,7 +136,8 @@ TEST_P(CudaAttentionSm90BwdShapes, BackwardMatchesReference) {
   Buffer bscr = gpu->alloc(DType::F32, scratch_bytes / 4 + 64);
   poison(bscr);
   void* scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(bscr.data()) + 255) / 256 * 256);
-  std::printf("[scratch] %s: %lld bytes\n", (std::ostringstream() << c).str().c_str(), static_cast<long long>(scratch_bytes));
+  std::printf("[scratch] %s: %lld bytes\n", (std::ostringstream() << c).str().c_str(),
+              static_cast<long long>(scratch_bytes));
 
   auto inc = [](const std::vector<float>& a, const std::vector<float>& a0) {
     std::vector<float> r(a.size());
@@ -180,7 +183,8 @@ TEST_P(CudaAttentionSm90BwdShapes, BackwardMatchesReference) {
       const auto gdq = gather(download(bdq), c.sq, c.hq * c.hd, q_row, q_batch, &pw_q);
       const auto gdk = gather(download(bdk), c.sk, c.hkv * c.hd, k_row, k_batch, &pw_k);
       const auto gdv = gather(download(bdv), c.sk, c.hkv * c.hd, k_row, k_batch, &pw_v);
-      EXPECT_EQ(pw_q + pw_k + pw_v, 0) << "written outside the rows (padding): dq " << pw_q << " dk " << pw_k << " dv " << pw_v;
+      EXPECT_EQ(pw_q + pw_k + pw_v, 0) << "written outside the rows (padding): dq " << pw_q << " dk " << pw_k << " dv "
+                                       << pw_v;
       const auto idq = inc(gdq, dq0), idk = inc(gdk, dk0), idv = inc(gdv, dv0);
       // Max abs error of each increment and where (row of the query / key, head, col): a tile
       // edge (row % 64 or % 128) or a consumer half (key row % 128 >= 64) points at the bug.
@@ -198,10 +202,11 @@ TEST_P(CudaAttentionSm90BwdShapes, BackwardMatchesReference) {
           if (d > e && nan == 0) e = d, arg = i;
         }
         const int64_t i = static_cast<int64_t>(arg), col = i % c.hd, h = (i / c.hd) % heads, row = (i / (c.hd * heads));
-        std::printf("[accuracy] sm90 bwd %s %s: max abs err %.3g (max |ref| %.3g), %s at row %lld (b*S+s) head %lld col %lld "
-                    "(got %.5g want %.5g), NaN %lld\n",
-                    what, tag.c_str(), e, mag, nan ? "first NaN" : "worst", static_cast<long long>(row),
-                    static_cast<long long>(h), static_cast<long long>(col), got[arg], ref[arg], static_cast<long long>(nan));
+        std::printf(
+            "[accuracy] sm90 bwd %s %s: max abs err %.3g (max |ref| %.3g), %s at row %lld (b*S+s) head %lld col %lld "
+            "(got %.5g want %.5g), NaN %lld\n",
+            what, tag.c_str(), e, mag, nan ? "first NaN" : "worst", static_cast<long long>(row),
+            static_cast<long long>(h), static_cast<long long>(col), got[arg], ref[arg], static_cast<long long>(nan));
         EXPECT_EQ(nan, 0) << what << " has NaN";
       };
       worst("dq", idq, rdq, c.hq);
@@ -235,34 +240,36 @@ TEST_P(CudaAttentionSm90BwdShapes, BackwardMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaAttentionSm90BwdShapes,
-    ::testing::Values(
-        // Causal squares, MHA 8 x 128: one row, a partial tile, one row past a tile, ragged long.
-        Case{1, 1, 1, 8, 8, 128, true, 0}, Case{1, 7, 7, 8, 8, 128, true, 0}, Case{1, 129, 129, 8, 8, 128, true, 0},
-        Case{1, 1000, 1000, 8, 8, 128, true, 0}, Case{1, 3000, 3000, 8, 2, 128, true, 0},
-        // Ring blocks (Sq != Sk): every key visible, diag 0 with Sq < Sk, rows with no key
-        // (negative diag), diagonal inside the keys, no row sees any key, Sq > Sk with empty rows.
-        Case{1, 300, 500, 8, 2, 128, true, 500}, Case{1, 257, 700, 8, 2, 128, true, 0},
-        Case{1, 200, 333, 4, 2, 128, true, -50}, Case{1, 97, 300, 6, 3, 128, true, 240},
-        Case{1, 64, 64, 2, 2, 128, true, -1000}, Case{1, 130, 70, 4, 4, 128, true, -100},
-        // No mask.
-        Case{1, 77, 190, 8, 4, 128, false, 0}, Case{2, 150, 130, 8, 2, 128, false, 0},
-        // Batch 2, causal.
-        Case{2, 300, 300, 8, 2, 128, true, 0}, Case{2, 150, 130, 8, 2, 128, true, 64},
-        // Head dim 64, GQA 32/4.
-        Case{1, 7, 7, 32, 4, 64, true, 0}, Case{1, 129, 129, 32, 4, 64, true, 0}, Case{1, 1000, 1000, 32, 4, 64, true, 0},
-        Case{1, 77, 190, 8, 4, 64, false, 0}, Case{2, 129, 200, 8, 2, 64, true, -30}, Case{1, 3000, 3000, 8, 2, 64, true, 0},
-        Case{1, 1, 1, 32, 4, 64, true, 0},
-        // Head dim 64 ring blocks (the split's 128-row steps: halves that see no key of a block).
-        Case{1, 257, 700, 8, 2, 64, true, 0}, Case{1, 200, 333, 4, 2, 64, true, -50}, Case{1, 97, 300, 6, 3, 64, true, 240},
-        Case{1, 130, 70, 4, 4, 64, true, -100}, Case{2, 200, 260, 8, 2, 64, true, 60, 64},
-        // Strided views.
-        Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24},
-        // More CTAs than SMs (132 on an H200): the deterministic key-block chains across waves.
-        Case{1, 2100, 2100, 16, 8, 128, true, 0}, Case{2, 1500, 1500, 16, 8, 64, true, 0},
-        Case{2, 1500, 1500, 16, 8, 64, false, 0}),
-    [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionSm90BwdShapes,
+                         ::testing::Values(
+                             // Causal squares, MHA 8 x 128: one row, a partial tile, one row past a tile, ragged long.
+                             Case{1, 1, 1, 8, 8, 128, true, 0}, Case{1, 7, 7, 8, 8, 128, true, 0},
+                             Case{1, 129, 129, 8, 8, 128, true, 0}, Case{1, 1000, 1000, 8, 8, 128, true, 0},
+                             Case{1, 3000, 3000, 8, 2, 128, true, 0},
+                             // Ring blocks (Sq != Sk): every key visible, diag 0 with Sq < Sk, rows with no key
+                             // (negative diag), diagonal inside the keys, no row sees any key, Sq > Sk with empty rows.
+                             Case{1, 300, 500, 8, 2, 128, true, 500}, Case{1, 257, 700, 8, 2, 128, true, 0},
+                             Case{1, 200, 333, 4, 2, 128, true, -50}, Case{1, 97, 300, 6, 3, 128, true, 240},
+                             Case{1, 64, 64, 2, 2, 128, true, -1000}, Case{1, 130, 70, 4, 4, 128, true, -100},
+                             // No mask.
+                             Case{1, 77, 190, 8, 4, 128, false, 0}, Case{2, 150, 130, 8, 2, 128, false, 0},
+                             // Batch 2, causal.
+                             Case{2, 300, 300, 8, 2, 128, true, 0}, Case{2, 150, 130, 8, 2, 128, true, 64},
+                             // Head dim 64, GQA 32/4.
+                             Case{1, 7, 7, 32, 4, 64, true, 0}, Case{1, 129, 129, 32, 4, 64, true, 0},
+                             Case{1, 1000, 1000, 32, 4, 64, true, 0}, Case{1, 77, 190, 8, 4, 64, false, 0},
+                             Case{2, 129, 200, 8, 2, 64, true, -30}, Case{1, 3000, 3000, 8, 2, 64, true, 0},
+                             Case{1, 1, 1, 32, 4, 64, true, 0},
+                             // Head dim 64 ring blocks (the split's 128-row steps: halves that see no key of a block).
+                             Case{1, 257, 700, 8, 2, 64, true, 0}, Case{1, 200, 333, 4, 2, 64, true, -50},
+                             Case{1, 97, 300, 6, 3, 64, true, 240}, Case{1, 130, 70, 4, 4, 64, true, -100},
+                             Case{2, 200, 260, 8, 2, 64, true, 60, 64},
+                             // Strided views.
+                             Case{2, 200, 260, 8, 2, 128, true, 60, 64}, Case{2, 150, 300, 8, 4, 64, false, 0, 24},
+                             // More CTAs than SMs (132 on an H200): the deterministic key-block chains across waves.
+                             Case{1, 2100, 2100, 16, 8, 128, true, 0}, Case{2, 1500, 1500, 16, 8, 64, true, 0},
+                             Case{2, 1500, 1500, 16, 8, 64, false, 0}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
 
 // What the launcher refuses (so a route can fall back), and the scratch size.
 TEST_F(CudaAttentionSm90Bwd, SupportedRefusesWhatItCannotRun) {
@@ -298,8 +305,10 @@ TEST_F(CudaAttentionSm90Bwd, SupportedRefusesWhatItCannotRun) {
   x = p;
   x.hq = 3;
   refused(x, "hq not a multiple of hkv");
-  EXPECT_THROW(kernels::attention_bwd_sm90(x, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::AtomicSplit), Error);
-  EXPECT_THROW(kernels::attention_bwd_sm90(p, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::AtomicSplit), Error);  // no scratch
+  EXPECT_THROW(kernels::attention_bwd_sm90(x, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::AtomicSplit),
+               Error);
+  EXPECT_THROW(kernels::attention_bwd_sm90(p, nullptr, ops::cuda_stream(*gpu), kernels::Sm90BwdVariant::AtomicSplit),
+               Error);  // no scratch
 }
 
 }  // namespace

@@ -47,7 +47,8 @@ class CudaAttentionSm90Long : public CudaOpsTest, public ::testing::WithParamInt
   void SetUp() override {
     CudaOpsTest::SetUp();
     if (IsSkipped()) return;
-    if (!kernels::sm90_device_available()) GTEST_SKIP() << "needs an sm_90 device (H100/H200): the kernels are sm_90a code";
+    if (!kernels::sm90_device_available())
+      GTEST_SKIP() << "needs an sm_90 device (H100/H200): the kernels are sm_90a code";
   }
   // Elements [row0, row1) x width of a device bf16 buffer as floats.
   std::vector<float> download_rows(const Buffer& b, int64_t row0, int64_t row1, int64_t width) {
@@ -97,8 +98,8 @@ TEST_P(CudaAttentionSm90Long, MillionTokenCallsMatchReference) {
   // The rows the reference covers; keys whose every viewer is in `blocks` (dk, dv compared).
   // Causal (diag 0): key j is seen by rows >= j only, so the last block alone sees its keys.
   const int64_t mid = int64_t{1} << 19;
-  const std::vector<Rows> blocks = c.causal ? std::vector<Rows>{{0, 48}, {mid - 24, mid + 24}, {c.sq - 48, c.sq}}
-                                            : std::vector<Rows>{{0, c.sq}};
+  const std::vector<Rows> blocks =
+      c.causal ? std::vector<Rows>{{0, 48}, {mid - 24, mid + 24}, {c.sq - 48, c.sq}} : std::vector<Rows>{{0, c.sq}};
   const Rows keys = c.causal ? Rows{c.sq - 48, c.sk} : Rows{0, c.sk};
   ops::AttentionBlock blk;
   blk.scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
@@ -156,7 +157,8 @@ TEST_P(CudaAttentionSm90Long, MillionTokenCallsMatchReference) {
       const Rows r = blocks[bi];
       const auto go = download_rows(bo, r.begin, r.end, qw), gl = lse_rows(gl_all, r, c.hq, c.sq);
       double lse_err = 0;
-      for (size_t i = 0; i < gl.size(); ++i) lse_err = std::max(lse_err, std::abs(static_cast<double>(gl[i]) - rl[bi][i]));
+      for (size_t i = 0; i < gl.size(); ++i)
+        lse_err = std::max(lse_err, std::abs(static_cast<double>(gl[i]) - rl[bi][i]));
       const double e = rel_error(go, ro[bi]);
       std::printf("[accuracy] sm90 fwd %s rows [%lld, %lld): o rel err %.3g, lse max abs err %.3g\n", vtag.c_str(),
                   static_cast<long long>(r.begin), static_cast<long long>(r.end), e, lse_err);
@@ -253,7 +255,8 @@ TEST_P(CudaAttentionSm90Long, MillionTokenCallsMatchReference) {
       const std::string hang = kernels::sm90_bwd_take_hang_report();
       EXPECT_EQ(hang, "") << "the backward's barrier / semaphore protocol hung";
       if (run == 1) {
-        const bool same = download_bits(bdq) == first[0] && download_bits(bdk) == first[1] && download_bits(bdv) == first[2];
+        const bool same =
+            download_bits(bdq) == first[0] && download_bits(bdk) == first[1] && download_bits(bdv) == first[2];
         std::printf("[determinism] %s: second run %s\n", vtag.c_str(), same ? "bit-identical" : "DIFFERS");
         EXPECT_TRUE(same) << "a deterministic variant's dq / dk / dv differ between two runs";
         continue;

@@ -141,7 +141,8 @@ TEST(CudaEval, SessionOnTheGpuMatchesTheCpu) {
   const std::string dir = shared_dir("cuda-eval", seed, [&](const std::string& d) {
     auto w = random_weights(cfg, 11);
     std::vector<Tensor> v;
-    for (auto& u : w) v.emplace_back(u.data(), DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+    for (auto& u : w)
+      v.emplace_back(u.data(), DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
     ckpt::save_hf_model(d + "/model", cfg, model::ParamLayout(cfg), v);
   });
   const auto reqs = requests(seed, cfg.vocab_size);
@@ -175,7 +176,8 @@ TEST_P(CudaEvalTwoGpus, MatchesOneGpu) {
   const std::string dir = shared_dir("cuda-eval2", seed, [&](const std::string& d) {
     auto w = random_weights(cfg, 12);
     std::vector<Tensor> v;
-    for (auto& u : w) v.emplace_back(u.data(), DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+    for (auto& u : w)
+      v.emplace_back(u.data(), DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
     ckpt::save_hf_model(d + "/model", cfg, model::ParamLayout(cfg), v);
   });
   const auto reqs = requests(seed, cfg.vocab_size);

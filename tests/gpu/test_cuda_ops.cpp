@@ -19,8 +19,8 @@ const DType kTypes[] = {DType::F32, DType::BF16};
 TEST_F(CudaOpsTest, CopyConvertsAndRoundTrips) {
   const int64_t n = 10007;
   auto x = random_vector<float>(n, rng, -3, 3);
-  Buffer b = upload(x, DType::BF16);  // host f32 -> device bf16 (device conversion)
-  auto back = download(b);            // device bf16 -> host f32
+  Buffer b = upload(x, DType::BF16);         // host f32 -> device bf16 (device conversion)
+  auto back = download(b);                   // device bf16 -> host f32
   EXPECT_EQ(back, rounded(x, DType::BF16));  // same round-to-nearest-even as the host helper
   Buffer f = gpu->alloc(DType::F32, n);
   poison(f);
@@ -29,7 +29,8 @@ TEST_F(CudaOpsTest, CopyConvertsAndRoundTrips) {
   std::vector<uint16_t> bits(static_cast<size_t>(n));
   Tensor hb(bits.data(), DType::BF16, {n});
   gpu->copy(hb, f.flat());  // device f32 -> host bf16
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits[static_cast<size_t>(i)], ops::float_to_bf16(back[static_cast<size_t>(i)]));
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(bits[static_cast<size_t>(i)], ops::float_to_bf16(back[static_cast<size_t>(i)]));
 }
 
 // copy_async on the copy stream against the compute stream, on 64 MiB so that a missing
@@ -56,8 +57,9 @@ TEST_F(CudaOpsTest, CopyAsyncIsOrderedByFences) {
     for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(got[static_cast<size_t>(i)], a + 5.0f) << "element " << i;
     ASSERT_EQ(got.back(), a + 5.0f);
   }
-  EXPECT_GT(gpu->copy_async(h.flat().slice_flat(0, {0}), d1.flat().slice_flat(0, {0})).seq, 0);  // empty: a fence all the same
-  gpu->wait_copy({});  // the empty fence: nothing to wait for
+  EXPECT_GT(gpu->copy_async(h.flat().slice_flat(0, {0}), d1.flat().slice_flat(0, {0})).seq,
+            0);                                             // empty: a fence all the same
+  gpu->wait_copy({});                                       // the empty fence: nothing to wait for
   EXPECT_THROW(gpu->wait_copy({int64_t{1} << 40}), Error);  // never issued
 }
 
@@ -178,8 +180,7 @@ TEST_F(CudaOpsTest, RmsNorm) {
       Padded bdy = pad(dy), bdx = pad(dx);
       Buffer bdw = upload(dw, t);
       gpu->rmsnorm_bwd(bx.view({n, d}), bw.flat(), br.flat(), bdy.view({n, d}), bdx.view({n, d}), bdw.flat());
-      cpu->rmsnorm_bwd(host(x, {n, d}), host(w, {d}), host(r, {n}), host(dy, {n, d}), host(dx, {n, d}),
-                       host(dw, {d}));
+      cpu->rmsnorm_bwd(host(x, {n, d}), host(w, {d}), host(r, {n}), host(dy, {n, d}), host(dx, {n, d}), host(dw, {d}));
       EXPECT_REL(download(bdx), dx, tol(t));
       EXPECT_REL(download(bdw), dw, tol(t));
       // Without dw (the backend skips the partials): dx alone, same values.
@@ -350,8 +351,8 @@ TEST_F(CudaOpsTest, LmHeadScoreMatchesCpu) {
     EXPECT_EQ(gt[0], 1);  // the tie: index 5 before 9
     EXPECT_GT(compared, n / 2);
     // Its NLL sum is lm_head_loss's (same kernel arithmetic per row).
-    const ops::LossSums ls = gpu->lm_head_loss(bx.view({n, d}), bw.view({vocab, d}), bl.flat(), tile, 0, Tensor(),
-                                               Tensor());
+    const ops::LossSums ls =
+        gpu->lm_head_loss(bx.view({n, d}), bw.view({vocab, d}), bl.flat(), tile, 0, Tensor(), Tensor());
     double sum = 0;
     for (double v : gn) sum += v;
     EXPECT_NEAR(ls.sum_nll, sum, 1e-9 * std::abs(sum));

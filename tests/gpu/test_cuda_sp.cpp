@@ -99,7 +99,8 @@ TEST_P(TwoGpus, ModeMatchesOneGpu) {
     write_hd64(path + "/m.yaml");
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  StageConfig sp = tiny_stage(path + "/shard.h5", path + "/sp-" + std::to_string(static_cast<int>(mode)) + "-g" + std::to_string(head_groups));
+  StageConfig sp = tiny_stage(
+      path + "/shard.h5", path + "/sp-" + std::to_string(static_cast<int>(mode)) + "-g" + std::to_string(head_groups));
   sp.model.config = path + "/m.yaml";
   sp.data.seq_length = 250;  // not a multiple of 2W: padded and masked
   sp.train.device = DeviceKind::Cuda;
@@ -122,7 +123,8 @@ TEST_P(TwoGpus, ModeMatchesOneGpu) {
   EXPECT_EQ(a.labels, b.labels);
   const double ge = rel_error(flat(tsp.gradients_host()), flat(tone.gradients_host()));
   std::printf("[accuracy] %s (head groups %lld) W=2 rank %d: loss %.6f vs %.6f (rel %.2e), gradients rel err %.3e\n",
-              to_string(mode), static_cast<long long>(head_groups), rank, a.loss, b.loss, std::fabs(a.loss - b.loss) / b.loss, ge);
+              to_string(mode), static_cast<long long>(head_groups), rank, a.loss, b.loss,
+              std::fabs(a.loss - b.loss) / b.loss, ge);
   EXPECT_NEAR(a.loss, b.loss, 1e-2 * b.loss);
   EXPECT_LT(ge, 3e-2);
   for (int64_t s = 0; s < 3; ++s) {

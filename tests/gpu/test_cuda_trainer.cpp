@@ -48,8 +48,8 @@ std::string write_hd64_config(const std::string& path, bool tied, int64_t vocab,
   std::ofstream f(path);
   f << "hidden_size: " << (head_dim == 128 ? 256 : 128) << "\nnum_hidden_layers: " << layers
     << "\nnum_attention_heads: " << (head_dim == 128 ? "2\nnum_key_value_heads: 1" : "4\nnum_key_value_heads: 2")
-    << "\nhead_dim: " << head_dim << "\nintermediate_size: 200\nvocab_size: "
-    << vocab << "\nmax_position_embeddings: 1024\nrms_norm_eps: 1.0e-5\nrope_theta: 10000.0\n"
+    << "\nhead_dim: " << head_dim << "\nintermediate_size: 200\nvocab_size: " << vocab
+    << "\nmax_position_embeddings: 1024\nrms_norm_eps: 1.0e-5\nrope_theta: 10000.0\n"
     << "tie_word_embeddings: " << (tied ? "true" : "false") << "\nbos_token_id: 1\neos_token_id: 2\n";
   f.close();
   EASYCTX_CHECK(f.good(), "cannot write ", path);
@@ -112,8 +112,8 @@ Result run_model(ops::Backend& be, const model::LlamaConfig& cfg, DType dtype, C
 }
 
 // Loss within loss_tol relative, every gradient tensor within grad_tol relative norm error.
-void compare(const model::ParamLayout& layout, const Result& got, const Result& want, double loss_tol,
-             double grad_tol, const std::string& tag) {
+void compare(const model::ParamLayout& layout, const Result& got, const Result& want, double loss_tol, double grad_tol,
+             const std::string& tag) {
   EXPECT_EQ(got.count, want.count);
   const double le = std::abs(got.loss - want.loss) / std::abs(want.loss);
   std::printf("[accuracy] %-40s loss %.6f vs %.6f rel err %.3g (tol %.0e)\n", tag.c_str(), got.loss, want.loss, le,
@@ -159,7 +159,7 @@ HostBatch random_batch(std::mt19937_64& rng, int64_t B, int64_t S, int64_t vocab
     for (int64_t s = 0; s < S; ++s) {
       hb.ids.push_back(tok(rng));
       hb.pos.push_back(static_cast<int32_t>(s + (b == 1 ? 5 : 0)));  // one row with offset positions
-      hb.lab.push_back(rng() % 7 == 0 ? -1 : tok(rng));               // some unscored tokens
+      hb.lab.push_back(rng() % 7 == 0 ? -1 : tok(rng));              // some unscored tokens
     }
   return hb;
 }
@@ -183,8 +183,7 @@ TEST_P(CudaModel, Bf16MatchesCpuFp32) {
   auto gpu = ops::make_cuda_backend();
   const Result want = run_model(*cpu, cfg, DType::F32, policy, w, hb);
   const Result got = run_model(*gpu, cfg, DType::BF16, policy, w, hb);
-  compare(layout, got, want, 1e-2, 3e-2,
-          std::string(tied ? "tied" : "untied") + " hd64 " + to_string(policy));
+  compare(layout, got, want, 1e-2, 3e-2, std::string(tied ? "tied" : "untied") + " hd64 " + to_string(policy));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaModel,
@@ -467,9 +466,10 @@ TEST(CudaTrainer, ActivationOffloadMatchesCheckpointsOnTheGpu) {
     CheckpointPolicy policy;
     int64_t mlp_tile, grad_accum, offload_layers, head_groups = 1;
   };
-  for (const Variant v : {Variant{CheckpointPolicy::Layer, 0, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 0, 2, 0},
-                          Variant{CheckpointPolicy::Layer, 100, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 0, 1, 3},
-                          Variant{CheckpointPolicy::AttentionOutput, 0, 2, 0, 2}}) {
+  for (const Variant v :
+       {Variant{CheckpointPolicy::Layer, 0, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 0, 2, 0},
+        Variant{CheckpointPolicy::Layer, 100, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 0, 1, 3},
+        Variant{CheckpointPolicy::AttentionOutput, 0, 2, 0, 2}}) {
     const std::string tag = std::string(to_string(v.policy)) + (v.mlp_tile ? " mlp_tile 100" : "") +
                             (v.grad_accum > 1 ? " grad_accum 2" : "") +
                             (v.offload_layers ? " offload_layers " + std::to_string(v.offload_layers) : "") +
@@ -491,14 +491,16 @@ TEST(CudaTrainer, ActivationOffloadMatchesCheckpointsOnTheGpu) {
     // Streamed (head groups): all 6 layers' outputs leave and 2 slots of 1/G of one stay.
     const int64_t n = 512, per_layer = n * 256 * 2 + 4 * n * 4;
     const int64_t saved_moved = v.policy != CheckpointPolicy::AttentionOutput ? 0
-                                : v.head_groups > 1                           ? 6 * per_layer - 2 * per_layer / v.head_groups
-                                                                              : (K - 1) * per_layer;
+                                : v.head_groups > 1 ? 6 * per_layer - 2 * per_layer / v.head_groups
+                                                    : (K - 1) * per_layer;
     const int64_t moved = K * n * 128 * 2 + saved_moved;
     const int64_t pa = ta.memory_stats().peak_bytes, pb = tb.memory_stats().peak_bytes;
     const int64_t planned = plan::plan_for_run(a, 1, 1).alloc_peak_bytes - plan::plan_for_run(b, 1, 1).alloc_peak_bytes;
-    std::printf("[act-offload] %s device peak on-gpu %lld B, offloaded %lld B: %lld B less (checkpoints moved %lld B, "
-                "planned %lld B less)\n", tag.c_str(), static_cast<long long>(pa), static_cast<long long>(pb),
-                static_cast<long long>(pa - pb), static_cast<long long>(moved), static_cast<long long>(planned));
+    std::printf(
+        "[act-offload] %s device peak on-gpu %lld B, offloaded %lld B: %lld B less (checkpoints moved %lld B, "
+        "planned %lld B less)\n",
+        tag.c_str(), static_cast<long long>(pa), static_cast<long long>(pb), static_cast<long long>(pa - pb),
+        static_cast<long long>(moved), static_cast<long long>(planned));
     EXPECT_EQ(planned, moved);
     EXPECT_EQ(pa - pb, moved);
   }
@@ -676,9 +678,11 @@ TEST_P(CudaTrainerZero3, MatchesStage0OnTwoGpus) {
     }
   }
   const double we = rel_error(w3, w0);
-  std::printf("[accuracy] rank %d zero3 (%s, prefetch %d, accum %d, %s) vs stage0: weights rel err %.3g (tol 1e-2); "
-              "device peak %lld B vs %lld B\n", rank, backend == dist::CommBackend::Nccl ? "nccl" : "mpi", prefetch,
-              accum, tied ? "tied" : "untied", we, static_cast<long long>(peak3), static_cast<long long>(peak0));
+  std::printf(
+      "[accuracy] rank %d zero3 (%s, prefetch %d, accum %d, %s) vs stage0: weights rel err %.3g (tol 1e-2); "
+      "device peak %lld B vs %lld B\n",
+      rank, backend == dist::CommBackend::Nccl ? "nccl" : "mpi", prefetch, accum, tied ? "tied" : "untied", we,
+      static_cast<long long>(peak3), static_cast<long long>(peak0));
   EXPECT_LT(we, 1e-2);
   EXPECT_LT(peak3, peak0);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -713,12 +717,10 @@ TEST_P(CudaTrainerZero3Offload, MatchesZero3OnTheGpus) {
   ASSERT_EQ(cudaSetDevice(rank % env.gpus), cudaSuccess);
   const auto [backend, params] = GetParam();
   uint64_t seed = 0;
-  const std::string path = shared_walk_dir(std::string("cuda-zero3-offload-") +
-                                               (backend == dist::CommBackend::Nccl ? "nccl" : "mpi") +
-                                               (params ? "-params" : ""),
-                                           seed, {60, 10, 120, 256}, [](const std::string& p) {
-                                             write_hd64_config(p + "/m.yaml", false, 256, 6);
-                                           });
+  const std::string path = shared_walk_dir(
+      std::string("cuda-zero3-offload-") + (backend == dist::CommBackend::Nccl ? "nccl" : "mpi") +
+          (params ? "-params" : ""),
+      seed, {60, 10, 120, 256}, [](const std::string& p) { write_hd64_config(p + "/m.yaml", false, 256, 6); });
   auto world_g = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
   auto world_h = dist::make_comm(MPI_COMM_WORLD, "world", backend, 60);
   StageConfig g = zero3_test_stage(path, "gpu", 2);
@@ -743,10 +745,11 @@ TEST_P(CudaTrainerZero3Offload, MatchesZero3OnTheGpus) {
     }
     const std::vector<double> wg = flat(tg.master_host()), wh = flat(th.master_host());
     const int64_t pg = tg.memory_stats().peak_bytes, ph = th.memory_stats().peak_bytes;
-    std::printf("[zero3-offload] rank %d (%s%s) weights after 5 steps: host AdamW vs GPU AdamW rel err %.3g "
-                "(must be 0); moved %.3g; device peak %lld B vs %lld B\n", rank,
-                backend == dist::CommBackend::Nccl ? "nccl" : "mpi", params ? ", offload_params" : "",
-                rel_error(wh, wg), rel_error(wh, w_init), static_cast<long long>(ph), static_cast<long long>(pg));
+    std::printf(
+        "[zero3-offload] rank %d (%s%s) weights after 5 steps: host AdamW vs GPU AdamW rel err %.3g "
+        "(must be 0); moved %.3g; device peak %lld B vs %lld B\n",
+        rank, backend == dist::CommBackend::Nccl ? "nccl" : "mpi", params ? ", offload_params" : "", rel_error(wh, wg),
+        rel_error(wh, w_init), static_cast<long long>(ph), static_cast<long long>(pg));
     EXPECT_EQ(wh, wg);
     EXPECT_GT(rel_error(wh, w_init), 1e-4) << "the weights did not move";
     // The GPU AdamW's master and moment shards (12 B per shard element) have left; with
@@ -805,16 +808,16 @@ TEST_P(CudaTrainerGradOffload, MatchesShardsOnTheGpu) {
     const train::StepStats a = tg.train_step(s), b = th.train_step(s);
     std::printf("[grad-offload] step %lld loss %.9f / %.9f, grad norm %.12g / %.12g\n", static_cast<long long>(s),
                 a.loss, b.loss, a.grad_norm, b.grad_norm);
-    if (clip == 0 || s == 0) {
-      EXPECT_EQ(a.loss, b.loss) << "step " << s;
-    }
+    if (clip == 0 || s == 0) { EXPECT_EQ(a.loss, b.loss) << "step " << s; }
     EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-9 * a.grad_norm) << "step " << s;
   }
   const std::vector<double> wg = flat(tg.master_host()), wh = flat(th.master_host());
   const int64_t pg = tg.memory_stats().peak_bytes, ph = th.memory_stats().peak_bytes;
-  std::printf("[grad-offload] (%s%s, clip %g) weights after 4 steps rel err %.3g; moved %.3g; device peak %lld B "
-              "vs %lld B\n", backend == dist::CommBackend::Nccl ? "nccl" : "mpi", params ? ", offload_params" : "", clip,
-              rel_error(wh, wg), rel_error(wh, w_init), static_cast<long long>(ph), static_cast<long long>(pg));
+  std::printf(
+      "[grad-offload] (%s%s, clip %g) weights after 4 steps rel err %.3g; moved %.3g; device peak %lld B "
+      "vs %lld B\n",
+      backend == dist::CommBackend::Nccl ? "nccl" : "mpi", params ? ", offload_params" : "", clip, rel_error(wh, wg),
+      rel_error(wh, w_init), static_cast<long long>(ph), static_cast<long long>(pg));
   if (clip == 0) {
     EXPECT_EQ(wh, wg);
   } else {

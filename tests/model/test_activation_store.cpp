@@ -14,8 +14,8 @@
 #include "ops/ops.h"
 
 using namespace easyctx;
-using model::ActivationStore;
 using easyctx::CheckpointPolicy;
+using model::ActivationStore;
 using ops::DType;
 using ops::Tensor;
 
@@ -50,8 +50,8 @@ struct Case {
   bool offload;
   int64_t offload_layers, output_layers, groups;
   std::string name() const {
-    return std::string(to_string(policy)) + (offload ? " offload " + std::to_string(offload_layers) : "") +
-           " kept " + std::to_string(output_layers) + " G " + std::to_string(groups);
+    return std::string(to_string(policy)) + (offload ? " offload " + std::to_string(offload_layers) : "") + " kept " +
+           std::to_string(output_layers) + " G " + std::to_string(groups);
   }
 };
 
@@ -121,8 +121,8 @@ TEST(ActivationStore, WhatTheForwardSavesTheBackwardReads) {
         EXPECT_TRUE(same(store.input(l), inputs[l])) << c.name() << " input of layer " << l;
         fill(o.flat(), rng);  // what the layer's buffers held before: overwritten or ignored
         const model::SavedAttention saved = store.attention_output(l, o.flat(), lse.flat());
-        const bool kept = c.policy == CheckpointPolicy::AttentionOutput &&
-                          (c.output_layers == 0 || l >= L - c.output_layers);
+        const bool kept =
+            c.policy == CheckpointPolicy::AttentionOutput && (c.output_layers == 0 || l >= L - c.output_layers);
         EXPECT_EQ(saved.restored, kept) << c.name() << " layer " << l;
         if (!kept) continue;
         if (c.groups == 1) {
@@ -137,7 +137,8 @@ TEST(ActivationStore, WhatTheForwardSavesTheBackwardReads) {
             const ActivationStore::GroupSlot s = store.fetch_group(saved.o, saved.lse, g, c.groups, true);
             EXPECT_TRUE(same(s.o, want_o) && same(s.lse, want_l)) << c.name() << " layer " << l << " group " << g;
           } else {
-            EXPECT_TRUE(same(saved.o.slice_flat(g * po, {po}), want_o) && same(saved.lse.slice_flat(g * pl, {pl}), want_l))
+            EXPECT_TRUE(same(saved.o.slice_flat(g * po, {po}), want_o) &&
+                        same(saved.lse.slice_flat(g * pl, {pl}), want_l))
                 << c.name() << " layer " << l << " group " << g;
           }
         }

@@ -75,9 +75,9 @@ TEST(ImportStrict, NonFiniteWeightsAreRefusedByName) {
     ckpt::save_hf_model(out, w.cfg, w.layout, w.units, dt);
     auto dst = w.fresh();
     const std::string e = input_error_of([&] { ckpt::load_hf_weights(out, w.layout, dst); });
-    EXPECT_NE(e.find("tensor '" + p.t->hf_name + "' (" + out + "/model.safetensors, " + ckpt::st_dtype_name(dt) +
-                     ") holds "),
-              std::string::npos)
+    EXPECT_NE(
+        e.find("tensor '" + p.t->hf_name + "' (" + out + "/model.safetensors, " + ckpt::st_dtype_name(dt) + ") holds "),
+        std::string::npos)
         << e;
     EXPECT_NE(e.find(" at index " + index_of(*p.t, p.flat) + " (the first of 1 non-finite value)"), std::string::npos)
         << e;

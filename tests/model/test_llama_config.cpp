@@ -32,9 +32,7 @@ TEST(LlamaConfig, UnknownPresetSuggestsNearest) {
   try {
     model::load_llama_config("llama2-7");
     FAIL();
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("llama2-7b"), std::string::npos) << e.what();
-  }
+  } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find("llama2-7b"), std::string::npos) << e.what(); }
 }
 
 TEST(LlamaConfig, HfRopeVariants) {
@@ -48,8 +46,8 @@ TEST(LlamaConfig, HfRopeVariants) {
   const auto l3 = from("{" + base + R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
     "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})");
   EXPECT_EQ(l3.rope_scaling.kind, model::RopeScalingKind::Llama3);
-  EXPECT_FLOAT_EQ(l3.inv_freq()[0], plain.inv_freq()[0]);          // high frequency: unchanged
-  EXPECT_FLOAT_EQ(l3.inv_freq()[7] * 8.0f, plain.inv_freq()[7]);   // low frequency: / factor
+  EXPECT_FLOAT_EQ(l3.inv_freq()[0], plain.inv_freq()[0]);         // high frequency: unchanged
+  EXPECT_FLOAT_EQ(l3.inv_freq()[7] * 8.0f, plain.inv_freq()[7]);  // low frequency: / factor
   const auto v5 = from(R"({"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
     "intermediate_size": 100, "vocab_size": 50,
     "rope_parameters": {"rope_type": "default", "rope_theta": 1234.0}})");

@@ -32,10 +32,11 @@ void write(const std::string& path, const std::string& text) {
 // A small valid shape as config.json text, with one key replaced (value "" removes it).
 std::string shape_json(const std::string& key = "", const std::string& value = "") {
   std::vector<std::pair<std::string, std::string>> kv = {
-      {"hidden_size", "64"},        {"num_hidden_layers", "2"}, {"num_attention_heads", "4"},
-      {"num_key_value_heads", "2"}, {"head_dim", "16"},         {"intermediate_size", "172"},
-      {"vocab_size", "256"},        {"max_position_embeddings", "2048"}, {"rms_norm_eps", "1e-5"},
-      {"rope_theta", "10000.0"}};
+      {"hidden_size", "64"},        {"num_hidden_layers", "2"},
+      {"num_attention_heads", "4"}, {"num_key_value_heads", "2"},
+      {"head_dim", "16"},           {"intermediate_size", "172"},
+      {"vocab_size", "256"},        {"max_position_embeddings", "2048"},
+      {"rms_norm_eps", "1e-5"},     {"rope_theta", "10000.0"}};
   bool found = false;
   for (auto& p : kv)
     if (p.first == key) p.second = value, found = true;
@@ -85,8 +86,9 @@ TEST(LlamaConfigStrict, EveryDimensionIsBoundedAndNamed) {
     }
   // An integer beyond int64 in a YAML is refused as a non-integer, never clamped.
   TempDir dir("cfg-huge");
-  write(dir / "m.yaml", "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nhead_dim: 16\n"
-                        "intermediate_size: 99999999999999999999999\nvocab_size: 256\n");
+  write(dir / "m.yaml",
+        "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nhead_dim: 16\n"
+        "intermediate_size: 99999999999999999999999\nvocab_size: 256\n");
   const std::string e = input_error_of([&] { model::load_llama_config(dir / "m.yaml"); });
   EXPECT_NE(e.find("'intermediate_size' must be an integer"), std::string::npos) << e;
 }
@@ -135,7 +137,8 @@ TEST(LlamaConfigStrict, ParameterCountsAreCheckedProducts) {
 TEST(LlamaConfigStrict, WorkspaceSizesAreChecked) {
   const model::LlamaConfig c = model::load_llama_config("llama2-7b");
   model::ModelOptions o;
-  std::string e = input_error_of([&] { model::LlamaModel::workspace_specs(c, o, ops::DType::BF16, 1 << 20, 1 << 30, true); });
+  std::string e =
+      input_error_of([&] { model::LlamaModel::workspace_specs(c, o, ops::DType::BF16, 1 << 20, 1 << 30, true); });
   EXPECT_NE(e.find("micro-batch of 1048576 x 1073741824 tokens"), std::string::npos) << e;
   e = input_error_of([&] { model::LlamaModel::workspace_specs(c, o, ops::DType::BF16, 128, 1 << 30, true); });
   EXPECT_NE(e.find("intermediate_size"), std::string::npos) << e;
@@ -150,11 +153,25 @@ TEST(LlamaConfigStrict, WorkspaceSizesAreChecked) {
 TEST(LlamaConfigStrict, UnknownModelYamlKeysAreRefusedWithTheLine) {
   std::mt19937_64 rng(test_seed());
   TempDir dir("cfg-keys");
-  const std::vector<std::string> valid = {"hidden_size", "num_hidden_layers", "num_attention_heads",
-                                         "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
-                                         "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
-                                         "tie_word_embeddings", "max_position_embeddings", "bos_token_id",
-                                         "eos_token_id", "model_type", "hidden_act", "attention_bias", "mlp_bias"};
+  const std::vector<std::string> valid = {"hidden_size",
+                                          "num_hidden_layers",
+                                          "num_attention_heads",
+                                          "num_key_value_heads",
+                                          "head_dim",
+                                          "intermediate_size",
+                                          "vocab_size",
+                                          "rms_norm_eps",
+                                          "rope_theta",
+                                          "rope_scaling",
+                                          "rope_parameters",
+                                          "tie_word_embeddings",
+                                          "max_position_embeddings",
+                                          "bos_token_id",
+                                          "eos_token_id",
+                                          "model_type",
+                                          "hidden_act",
+                                          "attention_bias",
+                                          "mlp_bias"};
   int cases = 0;
   for (const char* preset : {"tiny", "demo", "llama2-7b", "llama3-8b", "tinyllama-1b"}) {
     const std::string text = read_file(source_dir() + "/configs/models/" + preset + ".yaml");
@@ -185,12 +202,14 @@ TEST(LlamaConfigStrict, UnknownModelYamlKeysAreRefusedWithTheLine) {
     }
   }
   EXPECT_GT(cases, 20);
-  write(dir / "r.yaml", "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nintermediate_size: 172\n"
-                        "vocab_size: 256\nrope_scaling:\n  type: linear\n  factr: 2.0\n");
+  write(dir / "r.yaml",
+        "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nintermediate_size: 172\n"
+        "vocab_size: 256\nrope_scaling:\n  type: linear\n  factr: 2.0\n");
   std::string e = input_error_of([&] { model::load_llama_config(dir / "r.yaml"); });
   EXPECT_NE(e.find("r.yaml:8:3: unknown key 'rope_scaling.factr' (did you mean 'factor'?)"), std::string::npos) << e;
-  write(dir / "h.yaml", "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nintermediate_size: 172\n"
-                        "vocab_size: 256\ntorch_dtype: bfloat16\n");
+  write(dir / "h.yaml",
+        "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nintermediate_size: 172\n"
+        "vocab_size: 256\ntorch_dtype: bfloat16\n");
   e = input_error_of([&] { model::load_llama_config(dir / "h.yaml"); });
   EXPECT_NE(e.find("h.yaml:6:1: unknown key 'torch_dtype'; it is a config.json key easyctx does not use"),
             std::string::npos)
@@ -209,9 +228,9 @@ TEST(LlamaConfigStrict, HfConfigJsonExtrasAndSemanticKeys) {
   ok = from_json(shape_json("attention_dropout", "0.0"));
   ok = from_json(shape_json("sliding_window", "null"));
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {"sliding_window", "4096"},          {"attention_dropout", "0.1"},
-      {"partial_rotary_factor", "0.5"},    {"quantization_config", "{\"quant_method\": \"gptq\"}"},
-      {"hidden_act", "\"gelu\""},          {"model_type", "\"mixtral\""},
+      {"sliding_window", "4096"},       {"attention_dropout", "0.1"},
+      {"partial_rotary_factor", "0.5"}, {"quantization_config", "{\"quant_method\": \"gptq\"}"},
+      {"hidden_act", "\"gelu\""},       {"model_type", "\"mixtral\""},
       {"attention_bias", "true"}};
   for (const auto& [k, v] : refused) {
     const std::string e = input_error_of([&] { from_json(shape_json(k, v)); });
@@ -240,9 +259,11 @@ TEST(LlamaConfigStrict, HfInitTakesTheShapeFromTheFolder) {
   EXPECT_EQ(c.intermediate_size, shape.intermediate_size);
   EXPECT_EQ(c.num_layers, shape.num_layers);
   // The same model given as a YAML: accepted, the folder's config used.
-  write(dir / "same.yaml", "hidden_size: " + std::to_string(shape.hidden_size) + "\nnum_hidden_layers: " +
-                               std::to_string(shape.num_layers) + "\nnum_attention_heads: 4\nnum_key_value_heads: 2\n"
-                               "head_dim: 16\nintermediate_size: " + std::to_string(shape.intermediate_size) +
+  write(dir / "same.yaml", "hidden_size: " + std::to_string(shape.hidden_size) +
+                               "\nnum_hidden_layers: " + std::to_string(shape.num_layers) +
+                               "\nnum_attention_heads: 4\nnum_key_value_heads: 2\n"
+                               "head_dim: 16\nintermediate_size: " +
+                               std::to_string(shape.intermediate_size) +
                                "\nvocab_size: 256\nrms_norm_eps: 1.0e-5\nrope_theta: 10000.0\n"
                                "max_position_embeddings: 4096\nbos_token_id: 7\n");
   m.config = dir / "same.yaml";

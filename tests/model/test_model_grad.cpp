@@ -36,7 +36,8 @@ TEST_P(ModelGrad, MatchesFiniteDifferences) {
     pb.push_back(be->alloc(DType::F64, u.numel));
     gb.push_back(be->alloc(DType::F64, u.numel));
     for (const auto& t : u.tensors)
-      for (int64_t i = 0; i < t.numel; ++i) pb.back().flat().ptr<double>()[t.offset + i] = (t.is_norm ? 1.0 : 0.0) + nd(rng);
+      for (int64_t i = 0; i < t.numel; ++i)
+        pb.back().flat().ptr<double>()[t.offset + i] = (t.is_norm ? 1.0 : 0.0) + nd(rng);
     p.push_back(pb.back().flat());
     g.push_back(gb.back().flat());
   }

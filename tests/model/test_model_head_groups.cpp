@@ -74,11 +74,11 @@ void compare(const model::LlamaConfig& cfg, const Param& prm, bool forward_exact
     worst = std::max(worst, ulps);
     EXPECT_LE(ulps, 512.0) << "gradient of unit " << u;  // measured: 10 to 140
   }
-  std::printf("[head groups] hd %lld G %lld %s tile %lld offload %d: loss %.17g vs %.17g, eval %s, grads within "
-              "%.1f ulps of each unit's largest\n",
-              static_cast<long long>(cfg.head_dim), static_cast<long long>(G), to_string(policy),
-              static_cast<long long>(tile), offload ? 1 : 0, a.sum_nll, b.sum_nll,
-              a.eval_nll == b.eval_nll ? "bit-identical" : "differs", worst);
+  std::printf(
+      "[head groups] hd %lld G %lld %s tile %lld offload %d: loss %.17g vs %.17g, eval %s, grads within "
+      "%.1f ulps of each unit's largest\n",
+      static_cast<long long>(cfg.head_dim), static_cast<long long>(G), to_string(policy), static_cast<long long>(tile),
+      offload ? 1 : 0, a.sum_nll, b.sum_nll, a.eval_nll == b.eval_nll ? "bit-identical" : "differs", worst);
   // The workspace: what workspace_specs says, the per-head buffers 1/G of G = 1's (checkpoint
   // none keeps every group's activations: only the gradients shrink).
   const auto s1 = model::LlamaModel::workspace_specs(cfg, one, DType::F32, 2, 11, true);
@@ -126,8 +126,7 @@ TEST(ModelHeadGroupsStreamed, BitIdenticalToAttentionOutputOnDevice) {
       streamed.offload_checkpoints = true;
       const uint64_t seed = test_seed();
       const Outcome a = run_model(cfg, kept, seed), b = run_model(cfg, streamed, seed);
-      ASSERT_NO_FATAL_FAILURE(
-          expect_same_outcome(a, b, "G " + std::to_string(G) + " tile " + std::to_string(tile)));
+      ASSERT_NO_FATAL_FAILURE(expect_same_outcome(a, b, "G " + std::to_string(G) + " tile " + std::to_string(tile)));
       const auto spec = model::LlamaModel::workspace_specs(cfg, streamed, DType::F32, 2, 11, true);
       EXPECT_EQ(b.workspace_bytes, spec_bytes(spec));
       const int64_t n = 2 * 11, o_layer = n * cfg.q_dim(), lse_layer = 2 * cfg.num_heads * 11;
@@ -142,11 +141,11 @@ TEST(ModelHeadGroupsStreamed, BitIdenticalToAttentionOutputOnDevice) {
       EXPECT_EQ(spec_numel(spec, "saved_lse.0"), lse_layer / G);
       EXPECT_EQ(host_o, cfg.num_layers * o_layer);
       EXPECT_EQ(host_lse, cfg.num_layers * lse_layer);
-      std::printf("[head groups streamed] G %lld tile %lld: loss %.17g bit-identical; device o slots %lld x %lld, "
-                  "host %lld layers\n",
-                  static_cast<long long>(G), static_cast<long long>(tile), b.sum_nll,
-                  static_cast<long long>(device_slots), static_cast<long long>(o_layer / G),
-                  static_cast<long long>(cfg.num_layers));
+      std::printf(
+          "[head groups streamed] G %lld tile %lld: loss %.17g bit-identical; device o slots %lld x %lld, "
+          "host %lld layers\n",
+          static_cast<long long>(G), static_cast<long long>(tile), b.sum_nll, static_cast<long long>(device_slots),
+          static_cast<long long>(o_layer / G), static_cast<long long>(cfg.num_layers));
     }
   }
 }

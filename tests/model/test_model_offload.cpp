@@ -63,18 +63,16 @@ TEST_P(ModelOffload, BitIdenticalToCheckpointsOnTheDevice) {
   EXPECT_EQ(count(specs, "host.saved_lse", true), ao ? Ko : 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, ModelOffload,
-                         ::testing::Combine(::testing::Values(int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}),
-                                            ::testing::Values(CheckpointPolicy::Layer,
-                                                              CheckpointPolicy::AttentionOutput),
-                                            ::testing::Values(int64_t{0}, int64_t{5}),
-                                            ::testing::Values(int64_t{0}, int64_t{1}, int64_t{2})),
-                         [](const auto& info) {
-                           return "L" + std::to_string(std::get<0>(info.param)) + "_" +
-                                  to_string(std::get<1>(info.param)) + "_tile" +
-                                  std::to_string(std::get<2>(info.param)) + "_off" +
-                                  std::to_string(std::get<3>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    All, ModelOffload,
+    ::testing::Combine(::testing::Values(int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}),
+                       ::testing::Values(CheckpointPolicy::Layer, CheckpointPolicy::AttentionOutput),
+                       ::testing::Values(int64_t{0}, int64_t{5}),
+                       ::testing::Values(int64_t{0}, int64_t{1}, int64_t{2})),
+    [](const auto& info) {
+      return "L" + std::to_string(std::get<0>(info.param)) + "_" + to_string(std::get<1>(info.param)) + "_tile" +
+             std::to_string(std::get<2>(info.param)) + "_off" + std::to_string(std::get<3>(info.param));
+    });
 
 // activation.attention_output_layers: only the last M layers keep their attention output and
 // LSE, the others recompute their attention as with checkpoint layer. Losses and every
@@ -89,8 +87,8 @@ TEST(ModelKeptOutputs, LastLayersBitIdenticalToLayer) {
   for (int64_t G : {1, 2})
     for (int64_t off_layers : {-1, 0, 2, 4})  // -1: no offload
       for (int64_t M : {1, 2, 4}) {
-        const std::string tag = "G " + std::to_string(G) + " offload_layers " + std::to_string(off_layers) +
-                                " kept " + std::to_string(M);
+        const std::string tag =
+            "G " + std::to_string(G) + " offload_layers " + std::to_string(off_layers) + " kept " + std::to_string(M);
         model::ModelOptions layer{CheckpointPolicy::Layer, 7, 5};
         layer.head_groups = G;
         layer.offload_checkpoints = off_layers >= 0;
@@ -136,9 +134,7 @@ TEST(ModelMlpTiles, NormPerTileKeepsTheLossAndShrinksH2) {
     const int64_t n = 2 * 11, d = cfg.hidden_size;
     for (const auto& [mo, rows] : {std::pair{whole, n}, std::pair{tiled, int64_t{5}}}) {
       for (const model::BufferSpec& bs : model::LlamaModel::workspace_specs(cfg, mo, DType::F32, 2, 11, true)) {
-        if (bs.name == "acts.0.h2") {
-          EXPECT_EQ(bs.numel, rows * d) << to_string(p);
-        }
+        if (bs.name == "acts.0.h2") { EXPECT_EQ(bs.numel, rows * d) << to_string(p); }
       }
     }
   }
@@ -152,8 +148,7 @@ TEST(ModelOffloadRefusal, NeedsARecomputingPolicy) {
     model::LlamaModel::workspace_specs(config(3), mo, DType::F32, 2, 11, true);
     FAIL() << "offload with checkpoint none was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("offload_checkpoints needs checkpoint policy"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("offload_checkpoints needs checkpoint policy"), std::string::npos) << e.what();
   }
   // Forward only: nothing is kept, so nothing is offloaded (the same two-buffer stream).
   EXPECT_EQ(spec_bytes(model::LlamaModel::workspace_specs(config(3), mo, DType::F32, 2, 11, false)),

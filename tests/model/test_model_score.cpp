@@ -178,7 +178,8 @@ TEST(InitRandomRange, ChunksEqualTheWholeInitialisation) {
       const int64_t len = std::min<int64_t>(1000, n - off);
       std::vector<float> part(static_cast<size_t>(len));
       model::init_random_range(layout, u, off, Tensor(part.data(), DType::F32, {len}), 0.02, 99);
-      for (int64_t i = 0; i < len; ++i) ASSERT_EQ(part[i], whole[u][off + i]) << layout.units()[u].name << " " << off + i;
+      for (int64_t i = 0; i < len; ++i)
+        ASSERT_EQ(part[i], whole[u][off + i]) << layout.units()[u].name << " " << off + i;
     }
   }
 }

@@ -79,7 +79,8 @@ TEST_F(HfFolder, RoundTripF32SingleAndSharded) {
 // range of a unit (spanning tensors, in a sharded folder) as load_hf_weights has it.
 TEST_F(HfFolder, RangeReadsReadOnlyTheirBytes) {
   std::mt19937_64 rng(test_seed());
-  const int64_t big = static_cast<int64_t>(ckpt::SafetensorsReader::kReadChunkBytes / 4) * 5 / 4 + 37;  // > 1 chunk of f32
+  const int64_t big =
+      static_cast<int64_t>(ckpt::SafetensorsReader::kReadChunkBytes / 4) * 5 / 4 + 37;  // > 1 chunk of f32
   std::vector<double> values(static_cast<size_t>(big));
   std::normal_distribution<double> nd;
   for (double& v : values) v = nd(rng);
@@ -93,7 +94,8 @@ TEST_F(HfFolder, RangeReadsReadOnlyTheirBytes) {
     std::vector<float> whole(static_cast<size_t>(big));
     r.read(t, DType::F32, whole.data());
     if (t.dtype == ckpt::StDType::F32 || t.dtype == ckpt::StDType::F64) {  // (the whole read against what was written)
-      for (int64_t i = 0; i < big; i += 997) ASSERT_EQ(whole[static_cast<size_t>(i)], static_cast<float>(values[static_cast<size_t>(i)]));
+      for (int64_t i = 0; i < big; i += 997)
+        ASSERT_EQ(whole[static_cast<size_t>(i)], static_cast<float>(values[static_cast<size_t>(i)]));
     }
     for (int trial = 0; trial < 4; ++trial) {
       const int64_t first = trial == 0 ? 0 : static_cast<int64_t>(rng() % static_cast<uint64_t>(big));
@@ -102,7 +104,8 @@ TEST_F(HfFolder, RangeReadsReadOnlyTheirBytes) {
       const uint64_t before = r.bytes_read();
       r.read_range(t, first, count, DType::F32, part.data());
       EXPECT_EQ(r.bytes_read() - before, static_cast<uint64_t>(count) * ckpt::st_dtype_size(t.dtype)) << w.name;
-      EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + first)) << w.name << " [" << first << ", +" << count << ")";
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + first))
+          << w.name << " [" << first << ", +" << count << ")";
     }
   }
   // A unit's ranges through HfUnitReader, in a folder of several files.
@@ -110,7 +113,8 @@ TEST_F(HfFolder, RangeReadsReadOnlyTheirBytes) {
   ckpt::HfUnitReader hf(dir / "many", layout);
   for (size_t u = 0; u < layout.num_units(); ++u) {
     const int64_t n = layout.units()[u].numel;
-    const int64_t lo = static_cast<int64_t>(rng() % static_cast<uint64_t>(n)), len = static_cast<int64_t>(rng() % static_cast<uint64_t>(n - lo + 1));
+    const int64_t lo = static_cast<int64_t>(rng() % static_cast<uint64_t>(n)),
+                  len = static_cast<int64_t>(rng() % static_cast<uint64_t>(n - lo + 1));
     std::vector<float> part(static_cast<size_t>(len));
     const uint64_t before = hf.bytes_read();
     hf.read(u, lo, len, part.data());
@@ -158,9 +162,7 @@ TEST_F(HfFolder, OverlappingOffsets) {
   try {
     ckpt::SafetensorsReader r(dir / "x.safetensors");
     FAIL();
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("overlap"), std::string::npos) << e.what();
-  }
+  } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find("overlap"), std::string::npos) << e.what(); }
 }
 
 TEST_F(HfFolder, WrongShapeMissingUnexpectedAndDtypeInOneMessage) {
@@ -176,7 +178,8 @@ TEST_F(HfFolder, WrongShapeMissingUnexpectedAndDtypeInOneMessage) {
   ts.push_back({"model.layers.9.mlp.gate_proj.weight", {3}, extra.data(), DType::F32, ckpt::StDType::F32});
   std::filesystem::create_directories(dir / "bad");
   ckpt::write_safetensors(dir / "bad/model.safetensors", ts);
-  expect_error(dir / "bad", {"missing: model.layers.1.mlp.up_proj.weight", "model.layers.0.self_attn.k_proj.weight has shape [64, 32]",
+  expect_error(dir / "bad", {"missing: model.layers.1.mlp.up_proj.weight",
+                             "model.layers.0.self_attn.k_proj.weight has shape [64, 32]",
                              "unexpected: model.layers.9.mlp.gate_proj.weight"});
   // A weight stored as I32.
   std::string s = bytes_of(dir / "bad/model.safetensors");

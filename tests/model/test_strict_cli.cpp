@@ -23,8 +23,8 @@ namespace fs = std::filesystem;
 
 std::string bin(const char* name) { return bin_dir() + "/" + name; }
 
-#define REQUIRE_PROGRAMS()                                                                               \
-  for (const char* p : {"easyctx_train", "easyctx_convert", "easyctx_eval_ppl"})                         \
+#define REQUIRE_PROGRAMS()                                                       \
+  for (const char* p : {"easyctx_train", "easyctx_convert", "easyctx_eval_ppl"}) \
     if (!fs::exists(bin(p))) GTEST_FAIL() << bin(p) << " is not built (the test depends on it)";
 
 void write(const std::string& path, const std::string& text) {
@@ -37,15 +37,18 @@ TEST(StrictCli, AbsurdModelSizesAndFolderStage) {
   REQUIRE_PROGRAMS();
   TempDir dir("cli-sizes");
   const std::string demo = source_dir() + "/configs/demo.yaml";
-  const std::string base = "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nnum_key_value_heads: 2\n"
-                           "vocab_size: 256\n";
+  const std::string base =
+      "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nnum_key_value_heads: 2\n"
+      "vocab_size: 256\n";
   write(dir / "big_i.yaml", base + "head_dim: 16\nintermediate_size: 144115188075855872\n");
   write(dir / "big_hd.yaml", base + "head_dim: 4611686018427387904\nintermediate_size: 172\n");
   std::string out;
-  EXPECT_EQ(run_shell(bin("easyctx_train") + " " + demo + " --set model.config=" + dir / "big_i.yaml" + " --plan", out), 2);
+  EXPECT_EQ(run_shell(bin("easyctx_train") + " " + demo + " --set model.config=" + dir / "big_i.yaml" + " --plan", out),
+            2);
   EXPECT_NE(out.find(dir / "big_i.yaml: intermediate_size = 144115188075855872 is above the limit"), std::string::npos)
       << out;
-  EXPECT_EQ(run_shell(bin("easyctx_train") + " " + demo + " --set model.config=" + dir / "big_hd.yaml" + " --plan", out), 2);
+  EXPECT_EQ(
+      run_shell(bin("easyctx_train") + " " + demo + " --set model.config=" + dir / "big_hd.yaml" + " --plan", out), 2);
   EXPECT_NE(out.find(dir / "big_hd.yaml: head_dim = 4611686018427387904 is above the limit"), std::string::npos) << out;
   EXPECT_EQ(out.find("max_size"), std::string::npos) << out;
   EXPECT_EQ(run_shell(bin("easyctx_train") + " " + dir.path() + " --print-config", out), 2);
@@ -82,8 +85,8 @@ struct NanModel {
   std::string stage(const std::string& init, const std::string& extra = "") {
     const std::string path = dir / ("stage-" + std::to_string(++n) + ".yaml");
     write(path, "model: {init: \"" + init + "\"" + extra + "}\ndata: {path: " + dir / "shard.h5" +
-                    ", seq_length: 16}\ntrain: {device: cpu, steps: 2}\noutput: {dir: " + dir / ("run" + std::to_string(n)) +
-                    "}\n");
+                    ", seq_length: 16}\ntrain: {device: cpu, steps: 2}\noutput: {dir: " +
+                    dir / ("run" + std::to_string(n)) + "}\n");
     return path;
   }
   int n = 0;
@@ -97,27 +100,28 @@ TEST(StrictCli, NanWeightsAreRefusedEverywhere) {
   EXPECT_NE(out.find("tensor '" + m.bad_tensor + "'"), std::string::npos) << out;
   EXPECT_NE(out.find("non-finite"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(m.dir / "run1/final")) << out;
-  EXPECT_EQ(run_shell(bin("easyctx_convert") + " --from hf:" + m.dir / "nan" + " --to ckpt:" + m.dir / "ck", out), 2) << out;
+  EXPECT_EQ(run_shell(bin("easyctx_convert") + " --from hf:" + m.dir / "nan" + " --to ckpt:" + m.dir / "ck", out), 2)
+      << out;
   EXPECT_NE(out.find("tensor '" + m.bad_tensor + "'"), std::string::npos) << out;
   EXPECT_EQ(run_shell(bin("easyctx_eval_ppl") + " --model " + m.dir / "nan" + " --tokenized " + m.dir / "shard.h5" +
-                    " --min-tokens 4 --max-tokens 16 --tokens-step 4 --output-file " + m.dir / "ppl.csv",
-                out),
+                          " --min-tokens 4 --max-tokens 16 --tokens-step 4 --output-file " + m.dir / "ppl.csv",
+                      out),
             2)
       << out;
   EXPECT_NE(out.find("tensor '" + m.bad_tensor + "'"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(m.dir / "ppl.csv"));
   // A length no document reaches: an error, never a nan row.
   EXPECT_EQ(run_shell(bin("easyctx_eval_ppl") + " --model " + m.dir / "good" + " --tokenized " + m.dir / "shard.h5" +
-                    " --min-tokens 4 --max-tokens 64 --tokens-step 30 --output-file " + m.dir / "ppl.csv",
-                out),
+                          " --min-tokens 4 --max-tokens 64 --tokens-step 30 --output-file " + m.dir / "ppl.csv",
+                      out),
             2)
       << out;
   EXPECT_NE(out.find("--max-tokens: no document of " + m.dir / "shard.h5" + " has 64 tokens"), std::string::npos)
       << out;
   EXPECT_FALSE(fs::exists(m.dir / "ppl.csv"));
   ASSERT_EQ(run_shell(bin("easyctx_eval_ppl") + " --model " + m.dir / "good" + " --tokenized " + m.dir / "shard.h5" +
-                    " --min-tokens 4 --max-tokens 20 --tokens-step 8 --output-file " + m.dir / "ppl.csv",
-                out),
+                          " --min-tokens 4 --max-tokens 20 --tokens-step 8 --output-file " + m.dir / "ppl.csv",
+                      out),
             0)
       << out;
   EXPECT_EQ(read_file(m.dir / "ppl.csv").find("nan"), std::string::npos) << read_file(m.dir / "ppl.csv");
@@ -138,9 +142,10 @@ TEST(StrictCli, HfInitTakesTheFoldersShape) {
       << out;
   EXPECT_NE(out.find("num_hidden_layers 4 vs 3"), std::string::npos) << out;
   // model.config naming the same model (the folder itself): accepted.
-  ASSERT_EQ(run_shell(bin("easyctx_train") + " " + m.stage("hf:" + m.dir / "good", ", config: \"" + m.dir / "good" + "\""),
+  ASSERT_EQ(
+      run_shell(bin("easyctx_train") + " " + m.stage("hf:" + m.dir / "good", ", config: \"" + m.dir / "good" + "\""),
                 out),
-            0)
+      0)
       << out;
 }
 

@@ -53,8 +53,7 @@ TEST(AttentionRoute, CausalSquares) {
   EXPECT_EQ(atomic.tile(), 8192);
   // Short (one GPU's 2K sequence): the causal graph, else query chunks (S >= 2 x 1024), else the kernel.
   const AttentionCall s2k = call(1, 2048, 2048, 32, 4, 64);
-  EXPECT_EQ(ops::attention_fwd_routes(s2k, det),
-            (Fwd{kGraph, kChunks, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(s2k, det), (Fwd{kGraph, kChunks, kFwdKernel}));
   EXPECT_EQ(ops::attention_bwd_routes(s2k, det), (Bwd{AttentionBwdRoute::CudnnOneCall, AttentionBwdRoute::Kernel}));
   EXPECT_EQ(ops::attention_bwd_routes(overwriting(s2k), det),
             (Bwd{AttentionBwdRoute::CudnnInPlace, AttentionBwdRoute::CudnnOneCall, AttentionBwdRoute::Kernel}));
@@ -82,8 +81,7 @@ TEST(AttentionRoute, CausalSquares) {
   EXPECT_EQ(ops::attention_bwd_route(b2, det), AttentionBwdRoute::CudnnTiles);
   EXPECT_EQ(ops::attention_bwd_route(b2, atomic), AttentionBwdRoute::CudnnOneCall);
   // A 1 x 1 square is also a block without a mask: its fallback before the kernel.
-  EXPECT_EQ(ops::attention_fwd_routes(call(1, 1, 1, 4, 4, 64), det),
-            (Fwd{kGraph, kUnmasked, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 1, 1, 4, 4, 64), det), (Fwd{kGraph, kUnmasked, kFwdKernel}));
 }
 
 // An sm_90 device (AttentionRouteOptions::sm90): the Hopper kernel before cuDNN where it
@@ -94,9 +92,11 @@ TEST(AttentionRoute, HopperForward) {
   h.sm90 = true;
   const AttentionFwdRoute kSm90 = AttentionFwdRoute::Sm90Kernel;
   // Head dim 128: causal squares and partial masks first; unmasked blocks after cuDNN SDPA.
-  EXPECT_EQ(ops::attention_fwd_routes(call(1, 32768, 32768, 32, 32, 128), h), (Fwd{kSm90, kGraph, kChunks, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 32768, 32768, 32, 32, 128), h),
+            (Fwd{kSm90, kGraph, kChunks, kFwdKernel}));
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 200, 300, 4, 4, 128, true, 0), h), (Fwd{kSm90, kFwdKernel}));
-  EXPECT_EQ(ops::attention_fwd_routes(call(1, 4096, 4096, 32, 8, 128, true, 4096), h), (Fwd{kUnmasked, kSm90, kFwdKernel}));
+  EXPECT_EQ(ops::attention_fwd_routes(call(1, 4096, 4096, 32, 8, 128, true, 4096), h),
+            (Fwd{kUnmasked, kSm90, kFwdKernel}));
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 77, 190, 8, 4, 128, false, 0), h), (Fwd{kUnmasked, kSm90, kFwdKernel}));
   // Head dim 64: first for every visibility.
   EXPECT_EQ(ops::attention_fwd_routes(call(1, 32768, 32768, 32, 4, 64), h), (Fwd{kSm90, kGraph, kChunks, kFwdKernel}));
@@ -130,7 +130,8 @@ TEST(AttentionRoute, HopperVariants) {
   EXPECT_FALSE(kernels::sm90_fwd_variant_supported(Sm90FwdVariant::Persistent, 64));
   EXPECT_TRUE(kernels::sm90_fwd_variant_supported(Sm90FwdVariant::Auto, 64));
   EXPECT_FALSE(kernels::sm90_fwd_variant_supported(Sm90FwdVariant::Auto, 96));
-  EXPECT_EQ(kernels::sm90_fwd_variants(), (std::vector<Sm90FwdVariant>{Sm90FwdVariant::Persistent, Sm90FwdVariant::Wide}));
+  EXPECT_EQ(kernels::sm90_fwd_variants(),
+            (std::vector<Sm90FwdVariant>{Sm90FwdVariant::Persistent, Sm90FwdVariant::Wide}));
   EXPECT_STREQ(kernels::sm90_fwd_variant_name(Sm90FwdVariant::Persistent), "persistent");
   EXPECT_STREQ(kernels::sm90_fwd_variant_name(Sm90FwdVariant::Wide), "wide");
   EXPECT_STREQ(kernels::sm90_fwd_variant_name(Sm90FwdVariant::Auto), "auto");
@@ -175,7 +176,8 @@ TEST(AttentionRoute, HopperBackward) {
   EXPECT_FALSE(ops::sm90_bwd_before_cudnn(call(1, 16383, 16383, 32, 4, 64), det));
   EXPECT_FALSE(ops::sm90_bwd_before_cudnn(call(1, 32768, 32768, 32, 4, 64), atomic));
   EXPECT_FALSE(ops::sm90_bwd_before_cudnn(s32k, atomic));
-  EXPECT_EQ(ops::attention_bwd_routes(call(1, 32768, 32768, 32, 4, 64), det), (Bwd{B::Sm90Kernel, B::CudnnTiles, B::Kernel}));
+  EXPECT_EQ(ops::attention_bwd_routes(call(1, 32768, 32768, 32, 4, 64), det),
+            (Bwd{B::Sm90Kernel, B::CudnnTiles, B::Kernel}));
   EXPECT_EQ(ops::attention_bwd_routes(overwriting(call(1, 8192, 8192, 32, 4, 64)), det),
             (Bwd{B::CudnnTiles, B::Sm90Kernel, B::Kernel}));
   EXPECT_EQ(ops::attention_bwd_routes(overwriting(call(1, 4096, 4096, 32, 4, 64)), det),
@@ -206,7 +208,7 @@ TEST(AttentionRoute, RingBlocks) {
   const AttentionRouteOptions det = opts(true);
   // Off-diagonal steps: every key visible (causal past the diagonal, or not causal).
   for (const AttentionCall& c : {call(1, 4096, 4096, 32, 4, 64, true, 4096), call(1, 4096, 4096, 32, 4, 64, true, 4095),
-                                call(1, 77, 190, 8, 4, 64, false, 0)}) {
+                                 call(1, 77, 190, 8, 4, 64, false, 0)}) {
     EXPECT_EQ(ops::attention_fwd_routes(c, det), (Fwd{kUnmasked, kFwdKernel}));
     EXPECT_EQ(ops::attention_bwd_routes(c, det), (Bwd{AttentionBwdRoute::CudnnOneCall, AttentionBwdRoute::Kernel}));
     // A ring's fp32 accumulators: the same routes (no in-place write into f32 gradients).
@@ -220,7 +222,7 @@ TEST(AttentionRoute, RingBlocks) {
             AttentionBwdRoute::CudnnOneCall);
   // Partial masks (the diagonal inside the block, not at its corner): the kernels only.
   for (const AttentionCall& c : {call(1, 4096, 4096, 32, 4, 64, true, 4094), call(2, 150, 130, 8, 2, 128, true, 64),
-                                call(1, 128, 128, 4, 1, 64, true, -100), call(1, 200, 300, 4, 4, 64, true, 0)}) {
+                                 call(1, 128, 128, 4, 1, 64, true, -100), call(1, 200, 300, 4, 4, 64, true, 0)}) {
     EXPECT_EQ(ops::attention_fwd_routes(c, det), (Fwd{kFwdKernel}));
     EXPECT_EQ(ops::attention_bwd_routes(overwriting(c), det), (Bwd{AttentionBwdRoute::Kernel}));
   }

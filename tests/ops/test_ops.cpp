@@ -103,9 +103,7 @@ TEST_P(OpsForward, AttentionMatchesNaiveWithGqaAndOffsets) {
     }
     const double tol = dt == DType::F64 ? 1e-12 : 2e-6;
     EXPECT_LT(rel_error(go, ro), tol) << "causal " << causal << " q_offset " << qo << " k_offset " << ko;
-    if (!rlf.empty()) {
-      EXPECT_LT(rel_error(gl, rlf), tol);
-    }
+    if (!rlf.empty()) { EXPECT_LT(rel_error(gl, rlf), tol); }
   }
 }
 
@@ -168,7 +166,8 @@ TEST_P(OpsForward, RmsNormRopeSwigluMatchReferences) {
         const int64_t base = (t * H + h) * hd, pair = i < hd / 2 ? i + hd / 2 : i - hd / 2;
         const float ang = static_cast<float>(pos.flat().ptr<int32_t>()[t]) * inv.flat().ptr<float>()[i % (hd / 2)];
         const double rot = i < hd / 2 ? -val(q0.flat(), base + pair) : val(q0.flat(), base + pair);
-        ref.push_back(val(q0.flat(), base + i) * std::cos(static_cast<double>(ang)) + rot * std::sin(static_cast<double>(ang)));
+        ref.push_back(val(q0.flat(), base + i) * std::cos(static_cast<double>(ang)) +
+                      rot * std::sin(static_cast<double>(ang)));
         got.push_back(val(q.flat(), base + i));
       }
   EXPECT_LT(rel_error(got, ref), tol);
@@ -340,9 +339,7 @@ TEST_F(OpsFixture, ShapeErrorsNameTheOp) {
   try {
     be->matmul(a.view({3, 4}), false, b.view({3, 4}), false, c.view({3, 3}));
     FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("matmul"), std::string::npos) << e.what();
-  }
+  } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find("matmul"), std::string::npos) << e.what(); }
   ops::Buffer ids = ints(3, 0, 2);
   ids.flat().ptr<int32_t>()[1] = 99;
   EXPECT_THROW(be->embedding_fwd(ids.flat(), a.view({3, 4}), b.view({3, 4})), Error);

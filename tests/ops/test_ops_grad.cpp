@@ -90,7 +90,8 @@ TEST_F(OpsFixture, GradMatmulAllTransposes) {
 
 TEST_F(OpsFixture, GradAttentionGqaCausalWithOffsets) {
   const int64_t B = 2, Sq = 5, Sk = 6, Hq = 4, Hk = 2, D = 3;
-  for (auto [causal, qo, ko] : std::vector<std::tuple<bool, int64_t, int64_t>>{{true, 0, 0}, {true, 4, 2}, {false, 0, 0}}) {
+  for (auto [causal, qo, ko] :
+       std::vector<std::tuple<bool, int64_t, int64_t>>{{true, 0, 0}, {true, 4, 2}, {false, 0, 0}}) {
     ops::Buffer q = rand(F64, B * Sq * Hq * D), k = rand(F64, B * Sk * Hk * D), v = rand(F64, B * Sk * Hk * D);
     ops::Buffer o = be->alloc(F64, q.numel()), l = be->alloc(F64, B * Hq * Sq), R = rand(F64, q.numel());
     ops::Buffer dq = be->alloc(F64, q.numel()), dk = be->alloc(F64, k.numel()), dv = be->alloc(F64, v.numel());
@@ -120,7 +121,8 @@ TEST_F(OpsFixture, GradAttentionSplitIntoBlocksSumsToFull) {
   be->attention_fwd(qv, k.view({B, S, Hk, D}), v.view({B, S, Hk, D}), full, o.view({B, S, Hq, D}), l.flat());
   ops::Buffer dq = be->alloc(F64, q.numel()), dk = be->alloc(F64, k.numel()), dv = be->alloc(F64, v.numel());
   be->attention_bwd(qv, k.view({B, S, Hk, D}), v.view({B, S, Hk, D}), o.view({B, S, Hq, D}), l.flat(),
-                    R.view({B, S, Hq, D}), full, dq.view({B, S, Hq, D}), dk.view({B, S, Hk, D}), dv.view({B, S, Hk, D}));
+                    R.view({B, S, Hq, D}), full, dq.view({B, S, Hq, D}), dk.view({B, S, Hk, D}),
+                    dv.view({B, S, Hk, D}));
   ops::Buffer dq2 = be->alloc(F64, q.numel()), dk2 = be->alloc(F64, k.numel()), dv2 = be->alloc(F64, v.numel());
   for (auto [k0, kn] : std::vector<std::pair<int64_t, int64_t>>{{0, split}, {split, S - split}}) {
     auto ks = k.view({S, Hk * D}).rows(k0, kn).reshape({B, kn, Hk, D});

@@ -42,7 +42,8 @@ TEST_F(OpsFixture, ProfilingBackendForwardsExactlyAndCountsOps) {
   auto run = [&](ops::Backend& be, int reps) {
     std::vector<float> out;
     for (int r = 0; r < reps; ++r) {
-      ops::Buffer c = be.alloc(DType::F32, m * n), o = be.alloc(DType::F32, S * H * hd), lse = be.alloc(DType::F32, H * S);
+      ops::Buffer c = be.alloc(DType::F32, m * n), o = be.alloc(DType::F32, S * H * hd),
+                  lse = be.alloc(DType::F32, H * S);
       be.matmul(a.view({m, k}), false, b.view({n, k}), true, c.view({m, n}));
       be.attention_fwd(q.view({1, S, H, hd}), kk.view({1, S, Hk, hd}), v.view({1, S, Hk, hd}), blk,
                        o.view({1, S, H, hd}), lse.view({1, H, S}));

@@ -18,7 +18,8 @@ inline std::string write_small_model(const std::string& dir, int layers = 2, int
   const std::string path = dir + "/small" + (layers == 2 ? std::string() : std::to_string(layers)) +
                            (kv_heads == 2 ? std::string() : "_kv" + std::to_string(kv_heads)) + ".yaml";
   std::ofstream(path) << "hidden_size: 128\nnum_hidden_layers: " << layers
-                      << "\nnum_attention_heads: 4\nnum_key_value_heads: " << kv_heads << "\n"
+                      << "\nnum_attention_heads: 4\nnum_key_value_heads: " << kv_heads
+                      << "\n"
                          "intermediate_size: 344\nvocab_size: 512\nmax_position_embeddings: 4096\n"
                          "rms_norm_eps: 1.0e-5\nrope_theta: 10000.0\ntie_word_embeddings: false\n";
   return path;

@@ -64,8 +64,8 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   const std::string param = GetParam().substr(0, gat);
   const bool offload = param.find("_offload") != std::string::npos;
   const std::string policy = param.substr(0, param.find("_offload"));
-  StageConfig c = small_stage(write_small_model(dir.path(), offload ? 5 : 2, G == 4 ? 4 : 2), dir / "shard.h5",
-                              dir / "out");
+  StageConfig c =
+      small_stage(write_small_model(dir.path(), offload ? 5 : 2, G == 4 ? 4 : 2), dir / "shard.h5", dir / "out");
   c.activation.attention_head_groups = G;
   if (policy == "none") c.activation.checkpoint = CheckpointPolicy::None;
   if (policy == "attention_output") c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
@@ -80,7 +80,7 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   EXPECT_LT(rel_diff(p.alloc_peak_bytes, m.peak), 0.02);
   EXPECT_LT(rel_diff(phase_alloc(p, "init"), m.init), 0.02);
   EXPECT_TRUE(p.fits);
-  EXPECT_EQ(p.gpu_peak_bytes, 0);  // nothing on a GPU
+  EXPECT_EQ(p.gpu_peak_bytes, 0);                         // nothing on a GPU
   EXPECT_GT(p.host_rank_peak_bytes, p.alloc_peak_bytes);  // host = backend buffers + heap + baseline
   if (G > 1) {
     EXPECT_EQ(p.alloc_peak_bytes, m.peak);
@@ -320,7 +320,8 @@ TEST(MemoryPlan, OptimizerAutoPicksTheGpuWhenItFits) {
     same(a, plan_bench(placed));
     EXPECT_FALSE(a.offload_optimizer);
     EXPECT_NE(note_of(a).find("on the GPU, with the inputs of the first " + std::to_string(k) + " layers"),
-              std::string::npos) << note_of(a);
+              std::string::npos)
+        << note_of(a);
     // The host bytes of the middle way are the layer inputs', far below the optimizer's.
     EXPECT_LT(a.host_peak_bytes, h.host_peak_bytes / 4);
     // A set activation offload is the user's: auto then only chooses between the two places.
@@ -458,8 +459,7 @@ TEST(MemoryPlan, OffloadOptimizerMovesStateToTheHost) {
   const MemoryPlan b = plan::plan_memory(c, gpu_target(2000));
   EXPECT_EQ(a.gpu_peak_bytes - b.gpu_peak_bytes, 12 * a.parameters);
   bool pinned = false;
-  for (const plan::PlanItem& i : b.items)
-    pinned |= i.where == "host" && i.bytes == 2 * plan::kOffloadChunkElems * 6;
+  for (const plan::PlanItem& i : b.items) pinned |= i.where == "host" && i.bytes == 2 * plan::kOffloadChunkElems * 6;
   EXPECT_TRUE(pinned);
 }
 
@@ -495,7 +495,8 @@ TEST(MemoryPlan, ActivationOffloadMovesCheckpointsToPinnedHostMemory) {
   } catch (const InputError& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("activation.offload: cpu needs activation.checkpoint layer or attention_output"),
-              std::string::npos) << m;
+              std::string::npos)
+        << m;
   }
 }
 
@@ -646,22 +647,23 @@ TEST(MemoryPlan, ZeroThreeHostPerNodeIsOneCopyNotOnePerRank) {
   ASSERT_EQ(p3.notes.size(), 2u);  // (the second: the attention outputs that would fit, a layer run's hint)
   EXPECT_EQ(p3.notes[1].rfind("activation.checkpoint layer: attention_output", 0), 0u) << p3.notes[1];
   EXPECT_NE(p3.notes[0].find("model.init hf:/nonexistent/Llama-2-7b-hf is not here: planned with model.config "
-                             "llama2-7b"), std::string::npos) << p3.notes[0];
+                             "llama2-7b"),
+            std::string::npos)
+      << p3.notes[0];
   bool root_export = false;
   for (const plan::PlanItem& i : p3.items) {
     if (i.where != "host") continue;
-    if (i.ranks != plan::Ranks::Root) {
-      EXPECT_LT(i.bytes, P) << i.name << " (" << i.phase << ")";
-    }
+    if (i.ranks != plan::Ranks::Root) { EXPECT_LT(i.bytes, P) << i.name << " (" << i.phase << ")"; }
     root_export |= i.ranks == plan::Ranks::Root && i.phase == "HF export (gather)" && i.bytes >= 4 * P;
   }
   EXPECT_TRUE(root_export);
   EXPECT_LT(p3.host_peak_bytes, 16 * P);
   EXPECT_GT(p0.host_peak_bytes, 8 * 12 * P);
-  std::printf("[plan] llama2-7b 32K, 2 x 8 GPUs, optimizer offloaded: host per node %.1f GiB at ZeRO-3 (%s), %.1f GiB "
-              "at stage 0; one copy of the model state 16 P = %.1f GiB\n",
-              static_cast<double>(p3.host_peak_bytes) / (1 << 30), p3.host_peak_phase.c_str(),
-              static_cast<double>(p0.host_peak_bytes) / (1 << 30), 16.0 * static_cast<double>(P) / (1 << 30));
+  std::printf(
+      "[plan] llama2-7b 32K, 2 x 8 GPUs, optimizer offloaded: host per node %.1f GiB at ZeRO-3 (%s), %.1f GiB "
+      "at stage 0; one copy of the model state 16 P = %.1f GiB\n",
+      static_cast<double>(p3.host_peak_bytes) / (1 << 30), p3.host_peak_phase.c_str(),
+      static_cast<double>(p0.host_peak_bytes) / (1 << 30), 16.0 * static_cast<double>(P) / (1 << 30));
   const Json j = plan::plan_to_json(p3);
   int64_t gpu = 0, host = 0;
   for (const auto& [k, v] : j.at("gpu").at("by_category").as_object())
@@ -705,9 +707,7 @@ TEST(PlanTarget, KeysAreValidatedNamingKeyValueAndRange) {
   auto error_of = [](const std::string& yaml) -> std::string {
     try {
       parse_stage_config(yaml, "stage.yaml");
-    } catch (const InputError& e) {
-      return e.what();
-    }
+    } catch (const InputError& e) { return e.what(); }
     return "";
   };
   std::string e = error_of("target:\n  headroom: 1.5\n");
@@ -894,13 +894,15 @@ TEST(MemoryPlan, LongContextKnobsOffloadLayersAndHeadGroups) {
   const MemoryPlan one_pass = plan::plan_memory(m1, h200(2, 2048));
   EXPECT_FALSE(one_pass.fits);
   bool offered = false;
-  for (const plan::KnobFix& k : one_pass.knobs) offered |= k.assignment.rfind("activation.attention_head_groups=", 0) == 0;
+  for (const plan::KnobFix& k : one_pass.knobs)
+    offered |= k.assignment.rfind("activation.attention_head_groups=", 0) == 0;
   EXPECT_TRUE(offered) << plan::refusal_message(one_pass);
   m1.activation.attention_head_groups = 4;
   const MemoryPlan four = plan::plan_memory(m1, h200(2, 2048));
   EXPECT_TRUE(four.fits) << plan::refusal_message(four);
   std::printf("[plan] 1M on 2 H200: one pass %.2f GiB per GPU, 4 head groups %.2f GiB\n",
-              static_cast<double>(one_pass.gpu_peak_bytes) / (1 << 30), static_cast<double>(four.gpu_peak_bytes) / (1 << 30));
+              static_cast<double>(one_pass.gpu_peak_bytes) / (1 << 30),
+              static_cast<double>(four.gpu_peak_bytes) / (1 << 30));
 }
 
 // activation.attention_output_layers at 256K on one H200 with a 128 GiB host (the bench
@@ -924,7 +926,8 @@ TEST(MemoryPlan, KeptAttentionOutputsFillWhatLayerLeaves) {
       offered = std::stoll(k.assignment.substr(k.assignment.find('=') + 1));
   ASSERT_GT(offered, 0) << plan::refusal_message(all);
   const auto kept = [&](int64_t m) {
-    return plan_of({"activation.checkpoint=attention_output", "activation.attention_output_layers=" + std::to_string(m)});
+    return plan_of(
+        {"activation.checkpoint=attention_output", "activation.attention_output_layers=" + std::to_string(m)});
   };
   EXPECT_TRUE(kept(offered).fits);
   EXPECT_FALSE(kept(offered + 1).fits);
@@ -933,19 +936,21 @@ TEST(MemoryPlan, KeptAttentionOutputsFillWhatLayerLeaves) {
   EXPECT_EQ(k16.alloc_peak_bytes - layer.alloc_peak_bytes, 16 * per_layer);
   EXPECT_EQ(k20.alloc_peak_bytes, k16.alloc_peak_bytes);
   EXPECT_EQ(k20.host_peak_bytes - k16.host_peak_bytes, 4 * per_layer);
-  std::printf("[plan] 256K, 17 inputs offloaded: layer %.2f GiB per GPU / %.2f host; attention_output_layers "
-              "16: %.2f / %.2f, 20: %.2f / %.2f; the most that fit: %lld\n",
-              static_cast<double>(layer.gpu_peak_bytes) / (1 << 30), static_cast<double>(layer.host_peak_bytes) / (1 << 30),
-              static_cast<double>(k16.gpu_peak_bytes) / (1 << 30), static_cast<double>(k16.host_peak_bytes) / (1 << 30),
-              static_cast<double>(k20.gpu_peak_bytes) / (1 << 30), static_cast<double>(k20.host_peak_bytes) / (1 << 30),
-              static_cast<long long>(offered));
+  std::printf(
+      "[plan] 256K, 17 inputs offloaded: layer %.2f GiB per GPU / %.2f host; attention_output_layers "
+      "16: %.2f / %.2f, 20: %.2f / %.2f; the most that fit: %lld\n",
+      static_cast<double>(layer.gpu_peak_bytes) / (1 << 30), static_cast<double>(layer.host_peak_bytes) / (1 << 30),
+      static_cast<double>(k16.gpu_peak_bytes) / (1 << 30), static_cast<double>(k16.host_peak_bytes) / (1 << 30),
+      static_cast<double>(k20.gpu_peak_bytes) / (1 << 30), static_cast<double>(k20.host_peak_bytes) / (1 << 30),
+      static_cast<long long>(offered));
   try {
     plan_of({"activation.attention_output_layers=4"});
     ADD_FAILURE() << "attention_output_layers with checkpoint layer was planned";
   } catch (const InputError& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("activation.attention_output_layers: 4 needs activation.checkpoint: attention_output"),
-              std::string::npos) << m;
+              std::string::npos)
+        << m;
   }
 }
 
@@ -980,17 +985,21 @@ TEST(MemoryPlan, LayerRunsNameTheAttentionOutputsThatFit) {
   };
   const std::string at32 = hint_of(plan_of(32768, {}));
   EXPECT_EQ(at32.rfind("activation.checkpoint layer: attention_output, activation.offload cpu, "
-                       "activation.offload_layers 6 (6 more layer inputs in pinned host memory) would fit too", 0),
-            0u) << at32;
+                       "activation.offload_layers 6 (6 more layer inputs in pinned host memory) would fit too",
+                       0),
+            0u)
+      << at32;
   EXPECT_NE(at32.find("with the offload as it is, attention_output with activation.attention_output_layers 22"),
-            std::string::npos) << at32;
+            std::string::npos)
+      << at32;
   EXPECT_TRUE(fits(32768, 22, 0));
   EXPECT_FALSE(fits(32768, 23, 0));
   EXPECT_TRUE(fits(32768, 0, 6));
   EXPECT_FALSE(fits(32768, 0, 5));
   const std::string at64 = hint_of(plan_of(65536, {}));
   EXPECT_NE(at64.find("activation.offload_layers 23 (11 more layer inputs in pinned host memory) would fit too"),
-            std::string::npos) << at64;
+            std::string::npos)
+      << at64;
   EXPECT_NE(at64.find("with the offload as it is, none fits"), std::string::npos) << at64;
   EXPECT_TRUE(fits(65536, 0, 23));
   EXPECT_FALSE(fits(65536, 0, 22));
@@ -1043,26 +1052,32 @@ TEST(MemoryPlan, CheckpointAutoKeepsTheMostAttentionOutputs) {
   EXPECT_FALSE(c64.parallel.zero.offload_optimizer);
   rerun(32768, a32);
   EXPECT_TRUE(rerun(131072, a128).parallel.zero.offload_optimizer);
-  EXPECT_EQ(note_of(a64, "activation.checkpoint auto: ").rfind(
-                "activation.checkpoint auto: attention_output, activation.offload cpu, activation.offload_layers 23 "
-                "(11 more layer inputs in pinned host memory) (136.56 GiB of 137.00 GiB usable per GPU", 0),
-            0u) << note_of(a64, "activation.checkpoint auto: ");
+  EXPECT_EQ(
+      note_of(a64, "activation.checkpoint auto: ")
+          .rfind("activation.checkpoint auto: attention_output, activation.offload cpu, activation.offload_layers 23 "
+                 "(11 more layer inputs in pinned host memory) (136.56 GiB of 137.00 GiB usable per GPU",
+                 0),
+      0u)
+      << note_of(a64, "activation.checkpoint auto: ");
   const std::string host = note_of(a128, "parallel.zero.offload_optimizer auto: ");
   EXPECT_EQ(host.rfind("parallel.zero.offload_optimizer auto: in host memory, so that 31 more layers keep their "
                        "attention output (activation.checkpoint auto): ~7.9 s of attention forward saved per step "
-                       "against ~1.2 s of host update", 0), 0u) << host;
+                       "against ~1.2 s of host update",
+                       0),
+            0u)
+      << host;
   // Each micro-batch saves the attention forwards, the update is once per step.
   const std::string accum = note_of(plan_of(131072, {"train.grad_accum=2"}), "parallel.zero.offload_optimizer auto: ");
   EXPECT_NE(accum.find("~15.9 s of attention forward saved per step against ~1.2 s"), std::string::npos) << accum;
   // The same plans as the settings written by hand (attention_output, offload, the optimizer).
-  const MemoryPlan h64 = plan_bench({"data.seq_length=65536", "activation.checkpoint=attention_output",
-                                     "activation.offload=cpu", "activation.offload_layers=23",
-                                     "parallel.zero.offload_optimizer=false"});
+  const MemoryPlan h64 =
+      plan_bench({"data.seq_length=65536", "activation.checkpoint=attention_output", "activation.offload=cpu",
+                  "activation.offload_layers=23", "parallel.zero.offload_optimizer=false"});
   EXPECT_EQ(h64.gpu_peak_bytes, a64.gpu_peak_bytes);
   EXPECT_EQ(h64.host_peak_bytes, a64.host_peak_bytes);
   // A set activation offload is the user's: auto keeps it and counts the layers that fit with it.
-  const MemoryPlan u = plan_of(65536, {"activation.offload=cpu", "activation.offload_layers=20",
-                                       "parallel.zero.offload_optimizer=false"});
+  const MemoryPlan u = plan_of(
+      65536, {"activation.offload=cpu", "activation.offload_layers=20", "parallel.zero.offload_optimizer=false"});
   ASSERT_TRUE(u.fits);
   EXPECT_EQ(u.auto_checkpoint.rfind("attention_output ", 0), 0u) << u.auto_checkpoint;
   EXPECT_EQ(split(u.auto_checkpoint, ' ')[2], "-1") << u.auto_checkpoint;

@@ -17,10 +17,10 @@ namespace {
 
 struct Case {
   SeqParallelMode mode;
-  int sp;       // 0: the whole world
-  int ulysses;  // usp only
-  int zero;     // ZeRO stage
-  bool offload = false;  // activation.offload cpu (attention_output, 4 layers)
+  int sp;                      // 0: the whole world
+  int ulysses;                 // usp only
+  int zero;                    // ZeRO stage
+  bool offload = false;        // activation.offload cpu (attention_output, 4 layers)
   int64_t offload_layers = 0;  // with offload: activation.offload_layers
   int64_t head_groups = 1;     // activation.attention_head_groups
 };
@@ -64,17 +64,13 @@ void check(const Case& k) {
     t.train_step(1);
   }
   const int64_t measured = ops::cpu_process_memory_stats().peak_bytes - before;
-  std::printf("[plan] %s sp %d (W %d, zero %d) rank %d: predicted %lld B (%s), measured %lld B\n",
-              to_string(k.mode), sp, W, k.zero, rt.rank(), static_cast<long long>(p.alloc_peak_bytes),
-              p.alloc_peak_phase.c_str(), static_cast<long long>(measured));
+  std::printf("[plan] %s sp %d (W %d, zero %d) rank %d: predicted %lld B (%s), measured %lld B\n", to_string(k.mode),
+              sp, W, k.zero, rt.rank(), static_cast<long long>(p.alloc_peak_bytes), p.alloc_peak_phase.c_str(),
+              static_cast<long long>(measured));
   EXPECT_LT(rel_diff(p.alloc_peak_bytes, measured), 0.02) << "rank " << rt.rank();
-  if (k.offload) {
-    EXPECT_EQ(p.alloc_peak_bytes, measured) << "rank " << rt.rank();
-  }
+  if (k.offload) { EXPECT_EQ(p.alloc_peak_bytes, measured) << "rank " << rt.rank(); }
   // The strategy's buffers set the peak, so they are what this checks.
-  if (sp > 1) {
-    EXPECT_EQ(p.alloc_peak_phase, "attention backward");
-  }
+  if (sp > 1) { EXPECT_EQ(p.alloc_peak_phase, "attention backward"); }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }

@@ -230,8 +230,8 @@ TEST(Report, ShowsTheMemoryPlanOfAGpuStage) {
     std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(b) / (1 << 30));
     return std::string(buf);
   };
-  EXPECT_NE(page.find("fits on 2 x 8 A100-80GB (host 1024 GiB per node); per GPU " + g(p.gpu_peak_bytes) +
-                      " GiB at " + p.gpu_peak_phase + " (context 3.60 + model state "),
+  EXPECT_NE(page.find("fits on 2 x 8 A100-80GB (host 1024 GiB per node); per GPU " + g(p.gpu_peak_bytes) + " GiB at " +
+                      p.gpu_peak_phase + " (context 3.60 + model state "),
             std::string::npos);
   EXPECT_NE(page.find("host per node " + g(p.host_peak_bytes) + " GiB at " + p.host_peak_phase), std::string::npos);
   EXPECT_NE(page.find("parallel.zero.offload_optimizer true"), std::string::npos);
@@ -252,9 +252,7 @@ TEST(Report, RefusesAFolderWithoutARun) {
   try {
     report::read_stage(d.string());
     FAIL() << "an empty folder was accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find(d.string()), std::string::npos) << e.what();
-  }
+  } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find(d.string()), std::string::npos) << e.what(); }
   fs::remove_all(d);
   EXPECT_THROW(report::read_stage((d / "missing").string()), InputError);
 }
@@ -284,16 +282,12 @@ TEST(Report, LogAxisTicksAtOneTwoFive) {
     for (size_t k = 0; k < t.size(); ++k) {
       EXPECT_GE(t[k], lo * (1 - 1e-9)) << lo << " " << hi;
       EXPECT_LE(t[k], hi * (1 + 1e-9)) << lo << " " << hi;
-      if (k > 0) {
-        EXPECT_GT(t[k], t[k - 1]);
-      }
+      if (k > 0) { EXPECT_GT(t[k], t[k - 1]); }
       if (d >= 1) {  // (a decade holds at least two 1-2-5 values)
         const double m = t[k] / std::pow(10.0, std::floor(std::log10(t[k]) + 1e-9));
         EXPECT_TRUE(std::fabs(m - 1) < 1e-9 || std::fabs(m - 2) < 1e-9 || std::fabs(m - 5) < 1e-9)
             << t[k] << " in [" << lo << ", " << hi << "]";
-        if (d > 4) {
-          EXPECT_LT(std::fabs(m - 1), 1e-9) << t[k] << ": powers of ten over " << d << " decades";
-        }
+        if (d > 4) { EXPECT_LT(std::fabs(m - 1), 1e-9) << t[k] << ": powers of ten over " << d << " decades"; }
       }
     }
   }
@@ -360,8 +354,8 @@ TEST(Report, MarkerLabelsDoNotOverlap) {
     for (int i = 1; i <= 40; ++i) sr.x.push_back(40 * s + i), sr.y.push_back(1 + 0.01 * i);
     c.series.push_back(sr);
   }
-  c.markers = {{40, "s2-64k"}, {41, "restart", "#d62728"}, {49, "restart", "#d62728"}, {80, "s3-256k"},
-               {119, "restart", "#d62728"}, {120, "restart", "#d62728"}};
+  c.markers = {{40, "s2-64k"},  {41, "restart", "#d62728"},  {49, "restart", "#d62728"},
+               {80, "s3-256k"}, {119, "restart", "#d62728"}, {120, "restart", "#d62728"}};
   size_t tooltips = 0;
   const auto charts = marker_texts(report::svg_line_chart(c), &tooltips);
   ASSERT_EQ(charts.size(), 1u);

@@ -44,7 +44,8 @@ TEST(EvalPpl, MatchesPerDocumentScoring) {
     int64_t n = 0;
     for (const auto& d : docs) {
       if (static_cast<int64_t>(d.size()) < r.tokens || n == o.samples) continue;
-      std::vector<int32_t> tok(d.begin(), d.begin() + r.tokens), pos(static_cast<size_t>(r.tokens)), lab(pos.size(), -1);
+      std::vector<int32_t> tok(d.begin(), d.begin() + r.tokens), pos(static_cast<size_t>(r.tokens)),
+          lab(pos.size(), -1);
       for (int64_t i = 0; i < r.tokens; ++i) {
         pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
         if (i + 1 < r.tokens) lab[static_cast<size_t>(i)] = tok[static_cast<size_t>(i + 1)];

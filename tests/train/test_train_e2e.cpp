@@ -20,11 +20,13 @@ TEST(TrainE2E, TrainThenEvalPpl) {
   write_walk_shard(dir / "data/shard-0.h5", test_seed(), 120, 20, 150, 256);
   std::ostringstream y;
   y << "model: {config: tiny}\n"
-    << "data: {path: " << dir / "data" << ", seq_length: 48}\n"
+    << "data: {path: " << dir / "data"
+    << ", seq_length: 48}\n"
     << "train: {device: cpu, steps: 25, batch_size: 4, lr: 1.0e-2, schedule: cosine, warmup_steps: 3}\n"
     << "parallel: {sequence: {size: 1}}\n"
     << "activation: {checkpoint: layer}\n"
-    << "output: {dir: " << dir / "run" << "}\n"
+    << "output: {dir: " << dir / "run"
+    << "}\n"
     << "logging: {every: 5}\n";
   write_file_atomic(dir / "stage.yaml", y.str());
   std::string out;
@@ -34,10 +36,11 @@ TEST(TrainE2E, TrainThenEvalPpl) {
   const std::string metrics = read_file(dir / "run/metrics.jsonl");
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 25);
   ASSERT_TRUE(std::filesystem::exists(dir / "run/final/model.safetensors"));
-  ASSERT_EQ(run_shell(evalp + " --model " + dir / "run/final" + " --tokenized " + dir / "data" +
+  ASSERT_EQ(
+      run_shell(evalp + " --model " + dir / "run/final" + " --tokenized " + dir / "data" +
                     " --min-tokens 16 --max-tokens 64 --tokens-step 16 --samples 4 --output-file " + dir / "ppl.csv",
                 out),
-            0)
+      0)
       << out;
   const std::vector<std::string> lines = split(trim(read_file(dir / "ppl.csv")), '\n');
   ASSERT_EQ(lines.size(), 5u) << read_file(dir / "ppl.csv");

@@ -63,17 +63,20 @@ TEST(TrainTensorBoard, KilledThenResumedRunMatchesMetricsExactly) {
   const int steps = 7 + static_cast<int>(rng() % 3), kill_after = 5;  // checkpoint at 3; killed after 5
   std::ostringstream y;
   y << "model: {config: tiny}\n"
-    << "data: {path: " << dir / "data" << ", seq_length: 32}\n"
-    << "train: {device: cpu, steps: " << steps << ", batch_size: 2, lr: 3.0e-3, warmup_steps: 2, seed: "
-    << (seed % 100000) << "}\n"
+    << "data: {path: " << dir / "data"
+    << ", seq_length: 32}\n"
+    << "train: {device: cpu, steps: " << steps
+    << ", batch_size: 2, lr: 3.0e-3, warmup_steps: 2, seed: " << (seed % 100000) << "}\n"
     << "activation: {checkpoint: layer}\n"
-    << "output: {dir: " << dir / "run" << ", save_every: 3, export_hf: false}\n"
+    << "output: {dir: " << dir / "run"
+    << ", save_every: 3, export_hf: false}\n"
     << "logging: {every: 4}\n";
   write_file_atomic(dir / "stage.yaml", y.str());
   const double t0 = unix_now();
   std::string out;
-  EXPECT_NE(run_shell("EASYCTX_FAULT=recorded@" + std::to_string(kill_after) + ":0 " + train + " " + dir / "stage.yaml", out),
-            0)
+  EXPECT_NE(
+      run_shell("EASYCTX_FAULT=recorded@" + std::to_string(kill_after) + ":0 " + train + " " + dir / "stage.yaml", out),
+      0)
       << out;
   const std::string tbdir = dir / "run/tensorboard";
   {  // What the killed process left: every step it logged, readable.
@@ -100,8 +103,8 @@ TEST(TrainTensorBoard, KilledThenResumedRunMatchesMetricsExactly) {
   expect_same(all.by_step, metrics, "after the resume");
   // logging.tensorboard: false writes no folder.
   ASSERT_EQ(run_shell(train + " " + dir / "stage.yaml" + " --set output.dir=" + dir / "off" +
-                    " --set train.steps=2 --set logging.tensorboard=false",
-                out),
+                          " --set train.steps=2 --set logging.tensorboard=false",
+                      out),
             0)
       << out;
   EXPECT_TRUE(fs::exists(dir / "off/metrics.jsonl"));

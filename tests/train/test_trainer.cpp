@@ -120,9 +120,7 @@ TEST(Trainer, ProfileChangesNothingAndWritesTheReport) {
   for (const Json& r : j.at("ops").as_array()) {
     const std::string op = r.at("op").as_string();
     calls[op.substr(0, op.find(' '))] += r.at("calls").as_double();
-    if (op.rfind("matmul", 0) == 0) {
-      EXPECT_GT(r.at("tflops").as_double(), 0) << op;
-    }
+    if (op.rfind("matmul", 0) == 0) { EXPECT_GT(r.at("tflops").as_double(), 0) << op; }
   }
   EXPECT_EQ(calls["attention_fwd"], 2.0 * static_cast<double>(layers));  // forward + recompute (checkpoint layer)
   EXPECT_EQ(calls["attention_bwd"], static_cast<double>(layers));
@@ -145,9 +143,10 @@ TEST(Trainer, ActivationOffloadIsBitIdentical) {
     CheckpointPolicy policy;
     int64_t mlp_tile, grad_accum, offload_layers;
   };
-  for (const Variant v : {Variant{CheckpointPolicy::Layer, 0, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 0, 2, 0},
-                          Variant{CheckpointPolicy::Layer, 7, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 7, 1, 0},
-                          Variant{CheckpointPolicy::Layer, 0, 2, 2}, Variant{CheckpointPolicy::AttentionOutput, 7, 1, 3}}) {
+  for (const Variant v :
+       {Variant{CheckpointPolicy::Layer, 0, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 0, 2, 0},
+        Variant{CheckpointPolicy::Layer, 7, 1, 0}, Variant{CheckpointPolicy::AttentionOutput, 7, 1, 0},
+        Variant{CheckpointPolicy::Layer, 0, 2, 2}, Variant{CheckpointPolicy::AttentionOutput, 7, 1, 3}}) {
     SCOPED_TRACE(std::string(to_string(v.policy)) + " mlp_tile " + std::to_string(v.mlp_tile) + " offload_layers " +
                  std::to_string(v.offload_layers));
     StageConfig a = base;
@@ -175,7 +174,8 @@ TEST(Trainer, ActivationOffloadIsBitIdentical) {
   } catch (const InputError& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("activation.offload: cpu needs activation.checkpoint layer or attention_output"),
-              std::string::npos) << m;
+              std::string::npos)
+        << m;
   }
 }
 
@@ -235,7 +235,8 @@ TEST(Trainer, RerunIsBitIdenticalAndFinalSaveLoads) {
   EXPECT_EQ(weights(t1), weights(t3));
   const std::string metrics = read_file(dir / "a/metrics.jsonl");
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), a.train.steps);
-  for (const char* k : {"\"step\"", "\"loss\"", "\"lr\"", "\"grad_norm\"", "\"tokens\"", "\"tokens_per_s\"", "\"elapsed\""})
+  for (const char* k :
+       {"\"step\"", "\"loss\"", "\"lr\"", "\"grad_norm\"", "\"tokens\"", "\"tokens_per_s\"", "\"elapsed\""})
     EXPECT_NE(metrics.find(k), std::string::npos) << k;
 }
 
@@ -258,7 +259,8 @@ TEST(Trainer, RunWritesItsMemoryPlanForTheReport) {
   }
   const Json got = parse_json(read_file(dir / "a/plan.json"), "plan.json");
   const Json want = plan::plan_to_json(plan::plan_for_run(a, 1, 1));
-  for (const char* k : {"fits", "run", "settings", "allocations_peak_bytes", "allocations_peak_phase", "attention_routes"})
+  for (const char* k :
+       {"fits", "run", "settings", "allocations_peak_bytes", "allocations_peak_phase", "attention_routes"})
     EXPECT_EQ(got.at(k).dump(), want.at(k).dump()) << k;
   ASSERT_EQ(got.at("items").size(), want.at("items").size());
   for (size_t i = 0; i < got.at("items").size(); ++i)
@@ -326,9 +328,7 @@ TEST(Trainer, ResumeFromCheckpointIsBitIdentical) {
   train::Trainer fresh(f, *world, *dp);
   for (int64_t s = 0; s < 6; ++s) {
     const double l = fresh.train_step(s).loss;
-    if (s >= 3) {
-      EXPECT_EQ(l, losses[static_cast<size_t>(s - 3)]) << "step " << s;
-    }
+    if (s >= 3) { EXPECT_EQ(l, losses[static_cast<size_t>(s - 3)]) << "step " << s; }
   }
   EXPECT_EQ(weights(resumed), weights(fresh));
   // Another stage starting from this run's checkpoint: its weights, a fresh optimizer.
@@ -390,7 +390,8 @@ TEST(HostAdamWSpan, EqualsTheScalarUpdateBitForBit) {
   for (int64_t n : {1, 7, 31, 1000, 4099}) {
     for (int64_t off : {0, 1, 3}) {
       std::vector<float> p(n + off), g(n + off), m(n + off), v(n + off);
-      for (int64_t i = 0; i < n + off; ++i) p[i] = value(false), g[i] = value(false), m[i] = value(false), v[i] = value(true);
+      for (int64_t i = 0; i < n + off; ++i)
+        p[i] = value(false), g[i] = value(false), m[i] = value(false), v[i] = value(true);
       std::vector<float> p2 = p, m2 = m, v2 = v;
       std::vector<uint16_t> out(n + off, 0xdead), ref(n + off, 0xdead);
       zero::adamw_bf16_span(p.data() + off, g.data() + off, m.data() + off, v.data() + off, out.data() + off, n, k);

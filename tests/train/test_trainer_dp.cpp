@@ -132,9 +132,7 @@ TEST(EvalPplMpi, TwoRanksEqualOneRank) {
   ASSERT_EQ(two.size(), one.size());
   for (size_t i = 0; i < one.size(); ++i) {
     EXPECT_EQ(two[i].documents, one[i].documents);
-    if (one[i].documents > 0) {
-      EXPECT_NEAR(two[i].ppl, one[i].ppl, 1e-9 * one[i].ppl) << one[i].tokens;
-    }
+    if (one[i].documents > 0) { EXPECT_NEAR(two[i].ppl, one[i].ppl, 1e-9 * one[i].ppl) << one[i].tokens; }
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);

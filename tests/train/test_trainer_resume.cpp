@@ -23,7 +23,6 @@
 namespace easyctx::test {
 namespace {
 
-
 std::vector<float> weights(const train::Trainer& t) {
   std::vector<float> all;
   for (const ops::Tensor& u : t.master()) all.insert(all.end(), u.ptr<float>(), u.ptr<float>() + u.numel());
@@ -128,9 +127,7 @@ TEST(Resume, FourRankCheckpointOnTwoAndThreeRanks) {
         try {
           train::Trainer tb(bad, comm, comm, opts);
           ADD_FAILURE() << "a resume with another seed was accepted";
-        } catch (const InputError& e) {
-          EXPECT_NE(std::string(e.what()).find("seed"), std::string::npos) << e.what();
-        }
+        } catch (const InputError& e) { EXPECT_NE(std::string(e.what()).find("seed"), std::string::npos) << e.what(); }
       }
       MPI_Comm_free(&sub);
     }
@@ -158,12 +155,10 @@ void on_rank0_alone(const std::string& name, Body body) {
   MPI_Comm solo;
   MPI_Comm_split(MPI_COMM_WORLD, rt.rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
   if (solo != MPI_COMM_NULL) try {
-    dist::MpiComm comm(solo, "solo", 120);
-    body(comm, path, seed);
-    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << e.what();
-  }
+      dist::MpiComm comm(solo, "solo", 120);
+      body(comm, path, seed);
+      if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+    } catch (const std::exception& e) { ADD_FAILURE() << e.what(); }
   if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
   MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -17,9 +17,9 @@ namespace {
 
 struct SpCase {
   SeqParallelMode mode;
-  int sp;        // 0: the whole world
-  int ulysses;   // usp only
-  int accum_1;   // grad_accum of the single-rank reference (= data-parallel size)
+  int sp;       // 0: the whole world
+  int ulysses;  // usp only
+  int accum_1;  // grad_accum of the single-rank reference (= data-parallel size)
   // activation.attention_head_groups of the parallel run (the reference: 1), on a GQA model of
   // 16 query / 8 key-value heads (so each group's 8 / 4 heads split over 2 or 4 Ulysses ranks).
   int64_t groups = 1;
@@ -76,9 +76,7 @@ void check_case(const SpCase& c) {
   dist::GroupLayout layout;
   try {
     layout = dist::make_group_layout(par, W, rt.topology().local_size);
-  } catch (const InputError& e) {
-    GTEST_SKIP() << e.what();
-  }
+  } catch (const InputError& e) { GTEST_SKIP() << e.what(); }
   if (c.mode == SeqParallelMode::Ulysses && (4 % sp != 0)) GTEST_SKIP() << "ulysses: 4 heads over " << sp << " ranks";
   dist::ProcessGroups groups(rt, layout, dist::CommBackend::Mpi, 120);
   auto self = dist::make_comm(MPI_COMM_SELF, "self", dist::CommBackend::Mpi, 120);
@@ -147,9 +145,9 @@ void check_same_as_kept(void (*change)(StageConfig&), bool exact = true) {
                 1e-5)
           << "W=" << rt.size() << " gradient of " << tk.model().layout().units()[u].name;
     } else
-    EXPECT_EQ(std::vector<float>(ga[u].ptr<float>(), ga[u].ptr<float>() + ga[u].numel()),
-              std::vector<float>(gb[u].ptr<float>(), gb[u].ptr<float>() + gb[u].numel()))
-        << "W=" << rt.size() << " gradient of " << tk.model().layout().units()[u].name;
+      EXPECT_EQ(std::vector<float>(ga[u].ptr<float>(), ga[u].ptr<float>() + ga[u].numel()),
+                std::vector<float>(gb[u].ptr<float>(), gb[u].ptr<float>() + gb[u].numel()))
+          << "W=" << rt.size() << " gradient of " << tk.model().layout().units()[u].name;
   for (int64_t s = 0; s < 3; ++s) {
     const double x = tk.train_step(s).loss, y = to.train_step(s).loss;
     if (exact) EXPECT_EQ(x, y) << "step " << s;

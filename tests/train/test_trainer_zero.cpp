@@ -34,7 +34,6 @@
 namespace easyctx::test {
 namespace {
 
-
 std::vector<float> weights(const train::Trainer& t) {
   std::vector<float> all;
   for (const auto& u : t.master_host()) all.insert(all.end(), u.begin(), u.end());
@@ -131,14 +130,12 @@ TEST_P(Zero3PerLayer, SameLossesAndWeightsAsStage0) {
   if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, Zero3PerLayer,
-                         ::testing::Values(Variant{1, 0, CheckpointPolicy::Layer},
-                                           Variant{2, 0, CheckpointPolicy::Layer},
-                                           Variant{2, 1, CheckpointPolicy::Layer},
-                                           Variant{1, 2, CheckpointPolicy::Layer},
-                                           Variant{2, 2, CheckpointPolicy::AttentionOutput},
-                                           Variant{2, 0, CheckpointPolicy::AttentionOutput},
-                                           Variant{2, 1, CheckpointPolicy::None}));
+INSTANTIATE_TEST_SUITE_P(
+    Variants, Zero3PerLayer,
+    ::testing::Values(Variant{1, 0, CheckpointPolicy::Layer}, Variant{2, 0, CheckpointPolicy::Layer},
+                      Variant{2, 1, CheckpointPolicy::Layer}, Variant{1, 2, CheckpointPolicy::Layer},
+                      Variant{2, 2, CheckpointPolicy::AttentionOutput},
+                      Variant{2, 0, CheckpointPolicy::AttentionOutput}, Variant{2, 1, CheckpointPolicy::None}));
 
 // The tracked peak (backend allocations, every buffer of a rank) during two ZeRO-3 steps on
 // an 8-layer model (after initialisation, which loads whole units before sharding them): below what the unit buffers alone took when every unit was gathered (f32
@@ -181,9 +178,11 @@ TEST(Zero3PerLayerMemory, PeakBelowGatheringEveryUnit) {
     return std::array<int64_t, 3>{ops::cpu_process_memory_stats().peak_bytes - before, old_units, layer_len};
   };
   const auto s0 = peak(0, 1), p0 = peak(3, 0), p2 = peak(3, 2);
-  std::printf("[memory] rank %d, steps: stage 0 %lld B; ZeRO-3 per layer: prefetch 0 %lld B, prefetch 2 %lld B; unit buffers "
-              "when gathering every unit %lld B\n", rt.rank(), static_cast<long long>(s0[0]),
-              static_cast<long long>(p0[0]), static_cast<long long>(p2[0]), static_cast<long long>(p0[1]));
+  std::printf(
+      "[memory] rank %d, steps: stage 0 %lld B; ZeRO-3 per layer: prefetch 0 %lld B, prefetch 2 %lld B; unit buffers "
+      "when gathering every unit %lld B\n",
+      rt.rank(), static_cast<long long>(s0[0]), static_cast<long long>(p0[0]), static_cast<long long>(p2[0]),
+      static_cast<long long>(p0[1]));
   EXPECT_LT(p0[0], p0[1]);
   EXPECT_LT(p2[0], p0[1]);
   EXPECT_LT(p2[0], s0[0]);
@@ -334,7 +333,8 @@ TEST(Zero3Load, ReadsOnlyItsShardsAndEqualsTheReplicatedLoad) {
     std::vector<std::vector<float>> units;
     std::vector<ops::Tensor> views;
     for (const auto& u : pl.units()) units.emplace_back(static_cast<size_t>(u.numel));
-    for (auto& u : units) views.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+    for (auto& u : units)
+      views.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
     model::init_random(pl, views, 0.5, seed + 7);
     ckpt::save_hf_model(p + "/hf-f32", mc, pl, views, ckpt::StDType::F32, 60000);
     ckpt::save_hf_model(p + "/hf-bf16", mc, pl, views, ckpt::StDType::BF16, 60000);
@@ -359,9 +359,7 @@ TEST(Zero3Load, ReadsOnlyItsShardsAndEqualsTheReplicatedLoad) {
     EXPECT_EQ(a.bytes, whole) << what;
     EXPECT_EQ(b.bytes, shard) << what;
     EXPECT_EQ(sum_over_ranks(b.bytes), whole) << what;  // the model read once over the ranks
-    if (whole > 0) {
-      EXPECT_LT(static_cast<double>(b.bytes), 0.26 * static_cast<double>(whole)) << what;
-    }
+    if (whole > 0) { EXPECT_LT(static_cast<double>(b.bytes), 0.26 * static_cast<double>(whole)) << what; }
     // Nothing whole is allocated on the way: the start's peak is what stays, as planned.
     EXPECT_EQ(b.init_peak, b.init_live) << what;
     EXPECT_EQ(b.init_peak, b.planned_init) << what;
@@ -431,7 +429,8 @@ TEST(Zero3Load, ANonFiniteWeightOnlyOneRankReadsStopsEveryRank) {
     std::vector<std::vector<float>> units;
     std::vector<ops::Tensor> views;
     for (const auto& u : pl.units()) units.emplace_back(static_cast<size_t>(u.numel));
-    for (auto& u : units) views.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
+    for (auto& u : units)
+      views.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{static_cast<int64_t>(u.size())});
     model::init_random(pl, views, 0.5, seed);
     units[unit][static_cast<size_t>(at)] = std::numeric_limits<float>::quiet_NaN();
     ckpt::save_hf_model(p + "/hf", mc, pl, views, ckpt::StDType::F32);
@@ -440,13 +439,12 @@ TEST(Zero3Load, ANonFiniteWeightOnlyOneRankReadsStopsEveryRank) {
   c.model.init = "hf:" + path + "/hf";
   c.parallel.zero.stage = 3;
   const int64_t flat = at - bad->offset;
-  const std::string index = "[" + std::to_string(flat / bad->shape[1]) + ", " + std::to_string(flat % bad->shape[1]) + "]";
+  const std::string index =
+      "[" + std::to_string(flat / bad->shape[1]) + ", " + std::to_string(flat % bad->shape[1]) + "]";
   std::string msg;
   try {
     load(rt, c);
-  } catch (const InputError& e) {
-    msg = e.what();
-  }
+  } catch (const InputError& e) { msg = e.what(); }
   EXPECT_NE(msg.find("rank 2: hf:" + path + "/hf: 1 tensor holds non-finite weights"), std::string::npos) << msg;
   EXPECT_NE(msg.find("tensor '" + bad->hf_name + "'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("nan at index " + index), std::string::npos) << msg;

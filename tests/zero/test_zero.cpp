@@ -53,9 +53,7 @@ std::vector<float> grad_values(uint64_t seed, int r, size_t u, int64_t numel, in
   return test::random_vector<float>(static_cast<size_t>(numel), rng);
 }
 
-model::LlamaConfig tiny_config(int64_t layers) {
-  return test::llama_config("", {12, layers, 3, 1, 4, 20, 37});
-}
+model::LlamaConfig tiny_config(int64_t layers) { return test::llama_config("", {12, layers, 3, 1, 4, 20, 37}); }
 
 }  // namespace
 
@@ -124,14 +122,14 @@ TEST(GatherPool, GathersEachLayerAheadAndReusesResidentOnes) {
           const ops::Tensor t = pool.acquire(u, numel);
           ASSERT_EQ(t.numel(), numel);
           const std::vector<float> all = unit_values(seed, u, numel);
-          ASSERT_EQ(std::memcmp(t.ptr<float>(), all.data(), all.size() * sizeof(float)), 0) << "unit " << u << " at " << k;
+          ASSERT_EQ(std::memcmp(t.ptr<float>(), all.data(), all.size() * sizeof(float)), 0)
+              << "unit " << u << " at " << k;
           for (size_t j = 1; j <= static_cast<size_t>(prefetch) && k + j < order.size(); ++j)
-            EXPECT_TRUE(pool.holds(order[k + j])) << "unit " << order[k + j] << " prefetched " << j << " ahead of " << k;
+            EXPECT_TRUE(pool.holds(order[k + j]))
+                << "unit " << order[k + j] << " prefetched " << j << " ahead of " << k;
           pool.release(u);
         }
-        if (pass == 0) {
-          EXPECT_EQ(pool.gathers(), 2 * L - (prefetch + 1));
-        }
+        if (pass == 0) { EXPECT_EQ(pool.gathers(), 2 * L - (prefetch + 1)); }
       }
       EXPECT_EQ(static_cast<int64_t>(before.size()), pool.gathers()) << "before_gather runs once per gather";
       pool.begin(order);
@@ -172,8 +170,8 @@ TEST(GradScatter, AddsEachRanksBlockOfTheSumIntoItsShard) {
           parts.push_back(be->alloc(DType::F32, len));
         }
         zero::GradScatter sc(
-            *be, lane, zero, replica, std::move(grads), std::move(parts),
-            [&](size_t u) { return shards[u].flat(); }, [&](size_t) { return len; });
+            *be, lane, zero, replica, std::move(grads), std::move(parts), [&](size_t u) { return shards[u].flat(); },
+            [&](size_t) { return len; });
         EXPECT_EQ(static_cast<int>(sc.buffers()), nbuf);
         for (int pass = 0; pass < 2; ++pass) {
           for (size_t u = static_cast<size_t>(L); u-- > 0;) {  // backward order

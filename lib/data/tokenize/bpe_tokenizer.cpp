@@ -39,7 +39,9 @@ std::vector<uint32_t> byte_to_codepoint() {
 
 struct Pcre2Code {
   pcre2_code* code = nullptr;
-  ~Pcre2Code() { if (code) pcre2_code_free(code); }
+  ~Pcre2Code() {
+    if (code) pcre2_code_free(code);
+  }
 };
 
 class HfBpeTokenizer : public Tokenizer {
@@ -69,7 +71,9 @@ class HfBpeTokenizer : public Tokenizer {
   std::unordered_map<std::string, uint32_t> vocab_;
   std::vector<std::string> id_to_token_;
   std::vector<bool> is_added_;
-  struct MergeInfo { uint32_t rank, merged; };
+  struct MergeInfo {
+    uint32_t rank, merged;
+  };
   std::unordered_map<uint64_t, MergeInfo> merges_;  // (left << 32 | right) -> rank, result
   std::vector<std::string> byte_str_;               // byte -> its mapped UTF-8 string
   std::vector<uint32_t> byte_id_;                   // byte -> id of its single-char token
@@ -97,7 +101,8 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
   load_model(model);
   if (const Json* a = j.find("added_tokens"); a && a->is_array()) load_added(*a);
   const Json* norm = j.find("normalizer");
-  EASYCTX_CHECK_INPUT(!norm || norm->is_null(), path, ": normalizers are not supported (expected \"normalizer\": null)");
+  EASYCTX_CHECK_INPUT(!norm || norm->is_null(), path,
+                      ": normalizers are not supported (expected \"normalizer\": null)");
   const Json* pre = j.find("pre_tokenizer");
   EASYCTX_CHECK_INPUT(pre && !pre->is_null(), path, ": pre_tokenizer is missing");
   load_pretokenizer(*pre);
@@ -149,8 +154,8 @@ void HfBpeTokenizer::load_model(const Json& model) {
       b = merges[r][1].as_string();
     }
     auto ia = vocab_.find(a), ib = vocab_.find(b), im = vocab_.find(a + b);
-    EASYCTX_CHECK_INPUT(ia != vocab_.end() && ib != vocab_.end() && im != vocab_.end(), path_, ": merge ", r,
-                        " (", a, " ", b, ") names a token missing from the vocab");
+    EASYCTX_CHECK_INPUT(ia != vocab_.end() && ib != vocab_.end() && im != vocab_.end(), path_, ": merge ", r, " (", a,
+                        " ", b, ") names a token missing from the vocab");
     uint64_t key = (uint64_t(ia->second) << 32) | ib->second;
     merges_.emplace(key, MergeInfo{static_cast<uint32_t>(r), im->second});  // first (lowest rank) wins
   }
@@ -203,8 +208,8 @@ void HfBpeTokenizer::load_pretokenizer(const Json& pre) {
     if (pattern.find(back) != std::string::npos) regex_looks_back_ = true;
   int err = 0;
   PCRE2_SIZE off = 0;
-  re_.code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
-                           &err, &off, nullptr);
+  re_.code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
+                           &off, nullptr);
   if (!re_.code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
@@ -219,10 +224,19 @@ void HfBpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) c
   size_t seg = 0, i = 0;
   while (i < text.size()) {
     const std::pair<std::string, uint32_t>* hit = nullptr;
-    if (!added_first_byte_[static_cast<unsigned char>(text[i])]) { ++i; continue; }
+    if (!added_first_byte_[static_cast<unsigned char>(text[i])]) {
+      ++i;
+      continue;
+    }
     for (const auto& a : added_)  // longest first, so the first hit is the longest
-      if (text.compare(i, a.first.size(), a.first) == 0) { hit = &a; break; }
-    if (!hit) { ++i; continue; }
+      if (text.compare(i, a.first.size(), a.first) == 0) {
+        hit = &a;
+        break;
+      }
+    if (!hit) {
+      ++i;
+      continue;
+    }
     encode_segment(text.substr(seg, i - seg), out);
     out.push_back(hit->second);
     i += hit->first.size();
@@ -233,7 +247,9 @@ void HfBpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) c
 
 struct MatchData {
   pcre2_match_data* md = nullptr;
-  ~MatchData() { if (md) pcre2_match_data_free(md); }
+  ~MatchData() {
+    if (md) pcre2_match_data_free(md);
+  }
 };
 
 void HfBpeTokenizer::encode_segment(std::string_view text, std::vector<uint32_t>& out) const {
@@ -308,8 +324,15 @@ void HfBpeTokenizer::bpe(const std::string& /*mapped*/, std::vector<uint32_t>& i
   if (n < 2) return;
   std::vector<int> prev(n), next(n);
   std::vector<bool> alive(n, true);
-  for (int i = 0; i < n; ++i) { prev[i] = i - 1; next[i] = i + 1 < n ? i + 1 : -1; }
-  struct Cand { uint32_t rank; int pos; uint32_t left, right; };
+  for (int i = 0; i < n; ++i) {
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
+  struct Cand {
+    uint32_t rank;
+    int pos;
+    uint32_t left, right;
+  };
   auto cmp = [](const Cand& a, const Cand& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
   std::priority_queue<Cand, std::vector<Cand>, decltype(cmp)> heap(cmp);
   auto push = [&](int i) {

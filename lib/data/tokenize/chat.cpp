@@ -49,7 +49,8 @@ ChatTemplate detect_chat_template(const std::string& tokenizer_path) {
   if (text.find("<|im_start|>") != std::string::npos) return ChatTemplate::ChatML;
   if (text.find("[INST]") != std::string::npos && text.find("<<SYS>>") != std::string::npos)
     return ChatTemplate::Llama2;
-  EASYCTX_THROW_INPUT(cfg, ": chat_template is none of llama2 ([INST] with <<SYS>>), llama3 (<|start_header_id|>) "
+  EASYCTX_THROW_INPUT(cfg,
+                      ": chat_template is none of llama2 ([INST] with <<SYS>>), llama3 (<|start_header_id|>) "
                       "or chatml (<|im_start|>); pass --chat-template to render with one of them");
 }
 
@@ -69,9 +70,7 @@ bool looks_like_chat(std::string_view line) {
   try {
     Json j = parse_json(line, "record");
     return j.is_object() && (j.find("messages") || (j.find("prompt") && j.find("response")));
-  } catch (const Error&) {
-    return false;
-  }
+  } catch (const Error&) { return false; }
 }
 
 std::string parse_chat_record(const RawRecord& r, const FieldOptions& fields, ChatTemplate t,
@@ -81,9 +80,7 @@ std::string parse_chat_record(const RawRecord& r, const FieldOptions& fields, Ch
   Json j;
   try {
     j = parse_json(r.data, *r.file + ":" + std::to_string(r.line));
-  } catch (const Error& e) {
-    return std::string("bad JSON: ") + e.what();
-  }
+  } catch (const Error& e) { return std::string("bad JSON: ") + e.what(); }
   if (!j.is_object()) return std::string("chat record is ") + j.type_name() + ", expected a JSON object";
   if (const Json* m = j.find("messages")) {
     if (!m->is_array()) return std::string("\"messages\" is ") + m->type_name() + ", expected an array";
@@ -141,7 +138,8 @@ std::string parse_chat_record(const RawRecord& r, const FieldOptions& fields, Ch
   return "";
 }
 
-ChatRenderer::ChatRenderer(const Tokenizer& tok, ChatTemplate t, bool loss_on_all) : tok_(tok), t_(t), all_(loss_on_all) {
+ChatRenderer::ChatRenderer(const Tokenizer& tok, ChatTemplate t, bool loss_on_all)
+    : tok_(tok), t_(t), all_(loss_on_all) {
   auto need = [&](const char* text) {
     int64_t id = tok.special_id(text);
     EASYCTX_CHECK_INPUT(id >= 0, tok.path(), ": the ", chat_template_name(t), " chat template needs the special token ",
@@ -210,9 +208,8 @@ void ChatRenderer::render(const std::vector<ChatMessage>& msgs, std::vector<uint
       for (size_t k = first; k < msgs.size(); ++k) {
         const ChatMessage& m = msgs[k];
         if (m.role == "user") {
-          std::string c = (k == first && first == 1)
-                              ? "<<SYS>>\n" + msgs[0].content + "\n<</SYS>>\n\n" + m.content
-                              : m.content;
+          std::string c =
+              (k == first && first == 1) ? "<<SYS>>\n" + msgs[0].content + "\n<</SYS>>\n\n" + m.content : m.content;
           special(bos_, 0);
           text("[INST] " + strip(c) + " [/INST]", 0);
         } else {

@@ -118,8 +118,8 @@ struct UnitReader::Source {
   ZSTD_DStream* zs = nullptr;
   std::vector<char> zin;
   ZSTD_inBuffer in{nullptr, 0, 0};
-  size_t zlast = 0;                      // last ZSTD_decompressStream result (0: frame done)
-  std::string text;                      // whole file for Text inputs
+  size_t zlast = 0;  // last ZSTD_decompressStream result (0: frame done)
+  std::string text;  // whole file for Text inputs
   bool text_done = false;
 
   ~Source() {
@@ -171,8 +171,7 @@ bool UnitReader::Source::fill() {
   }
 }
 
-UnitReader::UnitReader(const WorkUnit& unit, uint64_t max_record_bytes)
-    : unit_(unit), max_record_(max_record_bytes) {}
+UnitReader::UnitReader(const WorkUnit& unit, uint64_t max_record_bytes) : unit_(unit), max_record_(max_record_bytes) {}
 UnitReader::~UnitReader() = default;
 
 uint64_t UnitReader::bytes_done() const {
@@ -224,8 +223,10 @@ bool UnitReader::open_next_piece() {
         ++s->line;
       } else {
         while ((c = std::fgetc(s->f)) != EOF && c != '\n') ++s->pos;
-        if (c == '\n') { ++s->pos; ++s->line; }
-        else s->pos = s->end;  // no newline: the range starts inside the file's last line
+        if (c == '\n') {
+          ++s->pos;
+          ++s->line;
+        } else s->pos = s->end;  // no newline: the range starts inside the file's last line
       }
     }
   }
@@ -272,9 +273,10 @@ bool UnitReader::next(RawRecord& r) {
 namespace {
 bool next_line(UnitReader::Source& s, std::string_view& line, uint64_t max_bytes) {
   auto check = [&](size_t len) {
-    EASYCTX_CHECK_INPUT(len <= max_bytes, s.path, ":", s.line + 1, ": a line longer than --max-doc-bytes ", max_bytes,
-                        " (", len, " bytes", len > max_bytes + 1 ? " read without a newline" : "",
-                        "); raise --max-doc-bytes (a document takes about 7x its size in memory) or split the document");
+    EASYCTX_CHECK_INPUT(
+        len <= max_bytes, s.path, ":", s.line + 1, ": a line longer than --max-doc-bytes ", max_bytes, " (", len,
+        " bytes", len > max_bytes + 1 ? " read without a newline" : "",
+        "); raise --max-doc-bytes (a document takes about 7x its size in memory) or split the document");
   };
   size_t scan = s.head;
   while (true) {
@@ -320,9 +322,7 @@ std::string parse_record(const RawRecord& r, const FieldOptions& opts, Document&
     Json j;
     try {
       j = parse_json(r.data, *r.file + ":" + std::to_string(r.line));
-    } catch (const Error& e) {
-      return std::string("bad JSON: ") + e.what();
-    }
+    } catch (const Error& e) { return std::string("bad JSON: ") + e.what(); }
     const Json* t = j.find_path(opts.text_path);
     if (!t) return "missing text field '" + join(opts.text_path) + "'";
     if (!t->is_string()) return "text field '" + join(opts.text_path) + "' is " + t->type_name() + ", expected string";

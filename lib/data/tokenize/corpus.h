@@ -31,7 +31,7 @@ struct InputPiece {
 struct WorkUnit {
   uint64_t index = 0;
   std::vector<InputPiece> pieces;
-  uint64_t bytes = 0;  // sum of piece sizes (compressed size for zst)
+  uint64_t bytes = 0;            // sum of piece sizes (compressed size for zst)
   std::string describe() const;  // "a.jsonl[0:268435456] b.jsonl ..." for fingerprints/logs
 };
 std::vector<WorkUnit> plan_units(const std::vector<std::string>& files, uint64_t split_bytes);
@@ -40,7 +40,7 @@ std::vector<WorkUnit> plan_units(const std::vector<std::string>& files, uint64_t
 struct RawRecord {
   std::string_view data;  // valid until the next call to next()
   const std::string* file = nullptr;
-  uint64_t line = 0;      // 1-based line in the file (1 for text files)
+  uint64_t line = 0;  // 1-based line in the file (1 for text files)
   bool is_text_file = false;
 };
 
@@ -54,7 +54,7 @@ class UnitReader {
   // on read errors and on corrupt or truncated zstd streams.
   bool next(RawRecord& r);
   uint64_t bytes_done() const;  // input bytes consumed (compressed bytes for zst)
-  struct Source;  // one open input piece (defined in corpus.cpp)
+  struct Source;                // one open input piece (defined in corpus.cpp)
 
  private:
   bool open_next_piece();

@@ -109,8 +109,8 @@ struct Pending {
   Document doc;
   std::vector<ChatMessage> chat;
   std::vector<uint8_t> weights;  // chat: one per id
-  uint64_t record;  // index of the record in the unit
-  double est;       // estimated tokens (upsampling)
+  uint64_t record;               // index of the record in the unit
+  double est;                    // estimated tokens (upsampling)
   std::vector<uint32_t> ids;
 };
 
@@ -118,8 +118,15 @@ class UnitJob {
  public:
   UnitJob(const TokenizeOptions& o, const Tokenizer& tok, const WorkUnit& u, double share, TokenizeStats& st,
           int& warnings, const std::function<void(uint64_t)>& progress, const ChatRenderer* chat)
-      : o_(o), tok_(tok), u_(u), st_(st), warnings_(warnings), progress_(progress), chat_(chat),
-        fp_(unit_fingerprint(o, tok, u, share, chat)), read_ups_(o.upsample, u.index, share),
+      : o_(o),
+        tok_(tok),
+        u_(u),
+        st_(st),
+        warnings_(warnings),
+        progress_(progress),
+        chat_(chat),
+        fp_(unit_fingerprint(o, tok, u, share, chat)),
+        read_ups_(o.upsample, u.index, share),
         commit_ups_(o.upsample, u.index, share) {}
   void run();
 
@@ -179,16 +186,32 @@ void UnitJob::read_batch(UnitReader& rd, std::vector<Pending>& batch, bool& at_e
   uint64_t text_bytes = 0;
   RawRecord r;
   while (text_bytes < o_.batch_bytes) {
-    if (o_.upsample.mode != UpsampleMode::None && read_ups_.all_full()) { at_end = true; return; }
-    if (!rd.next(r)) { at_end = true; return; }
+    if (o_.upsample.mode != UpsampleMode::None && read_ups_.all_full()) {
+      at_end = true;
+      return;
+    }
+    if (!rd.next(r)) {
+      at_end = true;
+      return;
+    }
     uint64_t idx = records_read_++;
     ++st_.records;
-    if (!r.is_text_file && trim(r.data).empty()) { ++st_.empty; continue; }
+    if (!r.is_text_file && trim(r.data).empty()) {
+      ++st_.empty;
+      continue;
+    }
     Pending p;
     std::string why = chat_ ? parse_chat_record(r, o_.fields, chat_->chat_template(), p.chat, p.doc)
                             : parse_record(r, o_.fields, p.doc);
-    if (!why.empty()) { ++st_.malformed; warn(r, why); continue; }
-    if (p.doc.text.empty()) { ++st_.empty; continue; }
+    if (!why.empty()) {
+      ++st_.malformed;
+      warn(r, why);
+      continue;
+    }
+    if (p.doc.text.empty()) {
+      ++st_.empty;
+      continue;
+    }
     uint64_t cps = utf8_length(p.doc.text);
     switch (read_ups_.decide(p.doc.source, cps, idx)) {
       case Upsampler::Decision::DropShort: ++st_.dropped_short; continue;
@@ -238,8 +261,8 @@ void UnitJob::open_writer(uint64_t chunk) {
   m.add_bos = chat_ ? chat_->adds_bos() : o_.add_bos;
   m.add_eos = chat_ ? false : o_.add_eos;
   m.has_loss_weights = chat_ != nullptr;
-  writer_ = std::make_unique<TokenShardWriter>((fs::path(o_.output) / shard_name(u_.index, part_)).string(), m,
-                                               chunk, o_.deflate);
+  writer_ = std::make_unique<TokenShardWriter>((fs::path(o_.output) / shard_name(u_.index, part_)).string(), m, chunk,
+                                               o_.deflate);
 }
 
 void UnitJob::commit(bool done) {
@@ -281,8 +304,10 @@ void UnitJob::run() {
   UnitReader rd(u_, o_.max_doc_bytes);
   RawRecord r;
   for (uint64_t i = 0; i < records_read_; ++i)
-    EASYCTX_CHECK_INPUT(rd.next(r), "unit ", u_.index, " (", u_.describe(), ") has fewer records than its resume "
-                        "cursor ", records_read_, ": the input changed; use --overwrite");
+    EASYCTX_CHECK_INPUT(rd.next(r), "unit ", u_.index, " (", u_.describe(),
+                        ") has fewer records than its resume "
+                        "cursor ",
+                        records_read_, ": the input changed; use --overwrite");
   uint64_t reported = 0;
   bool at_end = false;
   while (!at_end) {
@@ -463,13 +488,14 @@ std::string TokenizeStats::format() const {
   s += "document length (tokens):";
   const char* labels[kHistBuckets] = {"<128", "128-511", "512-2K", "2K-8K", "8K-32K", "32K-128K", ">=128K"};
   for (int b = 0; b < kHistBuckets; ++b) s += std::string("  ") + labels[b] + ": " + std::to_string(hist[b]);
-  std::snprintf(line, sizeof line,
-                "\nrecords %llu, skipped: malformed %llu, empty %llu; upsampling dropped: short %llu, "
-                "source full %llu\nunits %llu done + %llu already finished, %llu shards written, %.1f s, %.2fM tokens/s\n",
-                (unsigned long long)records, (unsigned long long)malformed, (unsigned long long)empty,
-                (unsigned long long)dropped_short, (unsigned long long)dropped_full, (unsigned long long)units,
-                (unsigned long long)units_skipped, (unsigned long long)shards, seconds,
-                seconds > 0 ? total_tokens() / seconds / 1e6 : 0.0);
+  std::snprintf(
+      line, sizeof line,
+      "\nrecords %llu, skipped: malformed %llu, empty %llu; upsampling dropped: short %llu, "
+      "source full %llu\nunits %llu done + %llu already finished, %llu shards written, %.1f s, %.2fM tokens/s\n",
+      (unsigned long long)records, (unsigned long long)malformed, (unsigned long long)empty,
+      (unsigned long long)dropped_short, (unsigned long long)dropped_full, (unsigned long long)units,
+      (unsigned long long)units_skipped, (unsigned long long)shards, seconds,
+      seconds > 0 ? total_tokens() / seconds / 1e6 : 0.0);
   s += line;
   return s;
 }

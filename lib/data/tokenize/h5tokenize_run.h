@@ -36,7 +36,7 @@ struct TokenizeOptions {
   uint64_t chunk_tokens = uint64_t(1) << 20;  // HDF5 chunk of /tokens
   int deflate = 0;
   uint64_t split_bytes = uint64_t(256) << 20;
-  uint64_t batch_bytes = uint64_t(8) << 20;   // text read per parallel tokenization batch
+  uint64_t batch_bytes = uint64_t(8) << 20;  // text read per parallel tokenization batch
   // Text given to the tokenizer at a time (Tokenizer::encode_pieces): bounds its working
   // memory per thread whatever the document's length; the ids are the same.
   uint64_t piece_bytes = uint64_t(256) << 10;
@@ -46,8 +46,8 @@ struct TokenizeOptions {
   int threads = 1;
   bool strict = false;
   bool overwrite = false;
-  int progress = -1;                          // 0: none; else a line every 0.5 s (terminal) or 30 s (log)
-  int max_warnings = 20;                      // per rank; the rest are only counted
+  int progress = -1;      // 0: none; else a line every 0.5 s (terminal) or 30 s (log)
+  int max_warnings = 20;  // per rank; the rest are only counted
   // Input records: "text" (a text field per record), "chat" (chat.h: messages or
   // prompt/response, rendered with a chat template, loss weights stored), or "auto" (chat when
   // the first record of the first input looks like one).
@@ -61,7 +61,9 @@ inline constexpr uint64_t kHistEdges[] = {128, 512, 2048, 8192, 32768, 131072};
 inline constexpr int kHistBuckets = 7;
 
 struct TokenizeStats {
-  struct PerSource { uint64_t docs = 0, tokens = 0; };
+  struct PerSource {
+    uint64_t docs = 0, tokens = 0;
+  };
   std::map<std::string, PerSource> sources;
   uint64_t hist[kHistBuckets] = {};
   uint64_t records = 0, malformed = 0, empty = 0, dropped_short = 0, dropped_full = 0;

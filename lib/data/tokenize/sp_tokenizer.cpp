@@ -45,7 +45,8 @@ class SentencePieceTokenizer : public Tokenizer {
     // A user-defined symbol (libsentencepiece here has no IsUserDefined) is always one piece.
     std::vector<int> ids;
     if (!sp_.Encode(text, &ids).ok()) return -1;
-    return (!ids.empty() && ids.back() == id && (ids.size() == 1 || (ids.size() == 2 && sp_.IdToPiece(ids[0]) == "\xe2\x96\x81")))
+    return (!ids.empty() && ids.back() == id &&
+            (ids.size() == 1 || (ids.size() == 2 && sp_.IdToPiece(ids[0]) == "\xe2\x96\x81")))
                ? id
                : -1;
   }

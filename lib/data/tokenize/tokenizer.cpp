@@ -9,9 +9,7 @@
 namespace easyctx::data {
 
 namespace {
-bool ascii_alnum(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-}
+bool ascii_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
 // A single space between two ASCII letters or digits.
 bool is_cut(std::string_view t, size_t p) {
   return p > 0 && p + 1 < t.size() && t[p] == ' ' && ascii_alnum(t[p - 1]) && ascii_alnum(t[p + 1]);

@@ -21,7 +21,7 @@ class Tokenizer {
   virtual int64_t vocab_size() const = 0;  // every id produced is < vocab_size
   virtual int64_t bos_id() const = 0;      // -1: none
   virtual int64_t eos_id() const = 0;
-  virtual std::string kind() const = 0;    // "sentencepiece" | "hf-bpe"
+  virtual std::string kind() const = 0;  // "sentencepiece" | "hf-bpe"
   // Id of a special token given by its text ("<|eot_id|>", "<|im_start|>"): an added token of
   // a tokenizer.json, a control or user-defined piece of a SentencePiece model; -1 if none.
   virtual int64_t special_id(std::string_view text) const = 0;

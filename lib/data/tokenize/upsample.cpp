@@ -27,9 +27,8 @@ const char* upsample_mode_name(UpsampleMode m) {
 std::map<std::string, double> upsample_mix(UpsampleMode m) {
   // SLIMPAJAMA_ORIGINAL_MIX of the reference code (SlimPajama's token shares).
   std::map<std::string, double> mix = {
-      {"RedPajamaC4", 0.26609933},       {"RedPajamaCommonCrawl", 0.53374772},
-      {"RedPajamaStackExchange", 0.03169647}, {"RedPajamaWikipedia", 0.03402128},
-      {"RedPajamaGithub", 0.05004782},   {"RedPajamaArXiv", 0.04290379},
+      {"RedPajamaC4", 0.26609933},        {"RedPajamaCommonCrawl", 0.53374772}, {"RedPajamaStackExchange", 0.03169647},
+      {"RedPajamaWikipedia", 0.03402128}, {"RedPajamaGithub", 0.05004782},      {"RedPajamaArXiv", 0.04290379},
       {"RedPajamaBook", 0.0414836}};
   if (m == UpsampleMode::None || m == UpsampleMode::Global) return {};
   if (m == UpsampleMode::CodeArxivBook) {

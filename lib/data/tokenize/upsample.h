@@ -32,10 +32,10 @@ const char* upsample_mode_name(UpsampleMode m);
 
 struct UpsampleOptions {
   UpsampleMode mode = UpsampleMode::None;
-  double total_tokens = 0;         // required for per_source / upsample_code_arxiv_book
-  double threshold = 4096;         // estimated tokens below which a document is "short"
-  double keep_prob = 0.1;          // keep probability of short documents
-  double chars_per_token = 3.68;   // LLAMA_CHAR_TO_TOKEN_RATIO
+  double total_tokens = 0;        // required for per_source / upsample_code_arxiv_book
+  double threshold = 4096;        // estimated tokens below which a document is "short"
+  double keep_prob = 0.1;         // keep probability of short documents
+  double chars_per_token = 3.68;  // LLAMA_CHAR_TO_TOKEN_RATIO
   uint64_t seed = 15213;
 };
 
@@ -53,7 +53,7 @@ class Upsampler {
   double estimate(uint64_t text_codepoints) const { return double(text_codepoints) / opts_.chars_per_token; }
   // True when every budgeted source is full (reading the unit can stop).
   bool all_full() const;
-  std::string state_json() const;            // counters, for the resume cursor
+  std::string state_json() const;  // counters, for the resume cursor
   void restore(const std::string& json);
 
  private:

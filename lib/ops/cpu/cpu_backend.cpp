@@ -36,7 +36,6 @@ void check_type(const char* op, const char* name, const Tensor& t, DType want) {
 // Statistics (LSE, rstd) are f32 for f32 data and f64 for f64 data.
 DType stat_type(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 
-
 double read_as_double(const Tensor& t, int64_t i) {
   switch (t.dtype) {
     case DType::F32: return t.ptr<float>()[i];
@@ -134,10 +133,8 @@ class CpuBackend final : public Backend {
   void fill(const Tensor& x, double value) override {
     check_float("fill", x);
     const int64_t n = x.numel();
-    if (x.dtype == DType::F32)
-      std::fill(x.ptr<float>(), x.ptr<float>() + n, static_cast<float>(value));
-    else
-      std::fill(x.ptr<double>(), x.ptr<double>() + n, value);
+    if (x.dtype == DType::F32) std::fill(x.ptr<float>(), x.ptr<float>() + n, static_cast<float>(value));
+    else std::fill(x.ptr<double>(), x.ptr<double>() + n, value);
   }
 
   void axpy(const Tensor& y, const Tensor& x, double alpha) override {
@@ -165,8 +162,7 @@ class CpuBackend final : public Backend {
     const EmbeddingDims e = check_embedding("embedding_fwd", ids, table, out);
     if (table.dtype == DType::F32)
       cpu::embedding_fwd(ids.ptr<int32_t>(), e.n, table.ptr<float>(), e.vocab, e.d, out.ptr<float>());
-    else
-      cpu::embedding_fwd(ids.ptr<int32_t>(), e.n, table.ptr<double>(), e.vocab, e.d, out.ptr<double>());
+    else cpu::embedding_fwd(ids.ptr<int32_t>(), e.n, table.ptr<double>(), e.vocab, e.d, out.ptr<double>());
   }
 
   void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override {
@@ -175,8 +171,7 @@ class CpuBackend final : public Backend {
     const EmbeddingDims e = check_embedding("embedding_bwd", ids, dtable, dout);
     if (dtable.dtype == DType::F32)
       cpu::embedding_bwd(ids.ptr<int32_t>(), e.n, dout.ptr<float>(), e.vocab, e.d, dtable.ptr<float>());
-    else
-      cpu::embedding_bwd(ids.ptr<int32_t>(), e.n, dout.ptr<double>(), e.vocab, e.d, dtable.ptr<double>());
+    else cpu::embedding_bwd(ids.ptr<int32_t>(), e.n, dout.ptr<double>(), e.vocab, e.d, dtable.ptr<double>());
   }
 
   void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) override {
@@ -188,8 +183,7 @@ class CpuBackend final : public Backend {
     const int64_t n = rows.n, d = rows.d;
     if (x.dtype == DType::F32)
       cpu::rmsnorm_fwd(x.ptr<float>(), w.ptr<float>(), n, d, eps, y.ptr<float>(), rstd.ptr<float>());
-    else
-      cpu::rmsnorm_fwd(x.ptr<double>(), w.ptr<double>(), n, d, eps, y.ptr<double>(), rstd.ptr<double>());
+    else cpu::rmsnorm_fwd(x.ptr<double>(), w.ptr<double>(), n, d, eps, y.ptr<double>(), rstd.ptr<double>());
   }
 
   void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
@@ -204,8 +198,8 @@ class CpuBackend final : public Backend {
       cpu::rmsnorm_bwd(x.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(), dy.ptr<float>(), n, d, dx.ptr<float>(),
                        dw.ptr<float>());
     else
-      cpu::rmsnorm_bwd(x.ptr<double>(), w.ptr<double>(), rstd.ptr<double>(), dy.ptr<double>(), n, d,
-                       dx.ptr<double>(), dw.ptr<double>());
+      cpu::rmsnorm_bwd(x.ptr<double>(), w.ptr<double>(), rstd.ptr<double>(), dy.ptr<double>(), n, d, dx.ptr<double>(),
+                       dw.ptr<double>());
   }
 
   void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
@@ -216,8 +210,8 @@ class CpuBackend final : public Backend {
     const MatmulDims dims = check_matmul(a, trans_a, b, trans_b, c);
     const int64_t m = dims.m, n = dims.n, k = dims.k;
     if (a.dtype == DType::F32)
-      cpu::gemm<float>(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a.ptr<float>(), a.dim(1),
-                       b.ptr<float>(), b.dim(1), static_cast<float>(beta), c.ptr<float>(), n);
+      cpu::gemm<float>(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a.ptr<float>(), a.dim(1), b.ptr<float>(),
+                       b.dim(1), static_cast<float>(beta), c.ptr<float>(), n);
     else
       cpu::gemm<double>(trans_a, trans_b, m, n, k, alpha, a.ptr<double>(), a.dim(1), b.ptr<double>(), b.dim(1), beta,
                         c.ptr<double>(), n);
@@ -230,13 +224,12 @@ class CpuBackend final : public Backend {
     const RopeDims r = check_rope(x, positions, inv_freq);
     if (x.dtype == DType::F32)
       cpu::rope(x.ptr<float>(), r.n, r.heads, r.head_dim, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse);
-    else
-      cpu::rope(x.ptr<double>(), r.n, r.heads, r.head_dim, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse);
+    else cpu::rope(x.ptr<double>(), r.n, r.heads, r.head_dim, positions.ptr<int32_t>(), inv_freq.ptr<float>(), inverse);
   }
 
   static cpu::AttnShape attn_shape(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
-    EASYCTX_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, op, ": q, k, v must be [B, S, H, hd], got ",
-                  q.describe(), " ", k.describe(), " ", v.describe());
+    EASYCTX_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, op, ": q, k, v must be [B, S, H, hd], got ", q.describe(),
+                  " ", k.describe(), " ", v.describe());
     cpu::AttnShape s{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
     EASYCTX_CHECK(k.shape == v.shape && k.dim(0) == s.batch && k.dim(3) == s.hd, op, ": k ", k.describe(), " / v ",
                   v.describe(), " do not match q ", q.describe());
@@ -255,8 +248,7 @@ class CpuBackend final : public Backend {
     if (q.dtype == DType::F32)
       cpu::attention_fwd(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), s, blk, o.ptr<float>(), lse.ptr<float>());
     else
-      cpu::attention_fwd(q.ptr<double>(), k.ptr<double>(), v.ptr<double>(), s, blk, o.ptr<double>(),
-                         lse.ptr<double>());
+      cpu::attention_fwd(q.ptr<double>(), k.ptr<double>(), v.ptr<double>(), s, blk, o.ptr<double>(), lse.ptr<double>());
   }
 
   void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
@@ -319,8 +311,8 @@ class CpuBackend final : public Backend {
                       du.ptr<double>());
   }
 
-  LossSums lm_head_loss(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens,
-                        double grad_scale, const Tensor& dx, const Tensor& dw) override {
+  LossSums lm_head_loss(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens, double grad_scale,
+                        const Tensor& dx, const Tensor& dw) override {
     check_float("lm_head_loss", x);
     check_same_dtype("lm_head_loss", x, w);
     check_type("lm_head_loss", "labels", labels, DType::I32);
@@ -348,8 +340,8 @@ class CpuBackend final : public Backend {
     const EmbeddingDims dims = check_lm_head_score(x, w, labels, nll, top);
     if (dims.n == 0) return;
     if (x.dtype == DType::F32)
-      cpu::lm_head_score(x.ptr<float>(), w.ptr<float>(), labels.ptr<int32_t>(), dims.n, dims.d, dims.vocab,
-                         tile_tokens, nll.ptr<double>(), top.ptr<int32_t>());
+      cpu::lm_head_score(x.ptr<float>(), w.ptr<float>(), labels.ptr<int32_t>(), dims.n, dims.d, dims.vocab, tile_tokens,
+                         nll.ptr<double>(), top.ptr<int32_t>());
     else
       cpu::lm_head_score(x.ptr<double>(), w.ptr<double>(), labels.ptr<int32_t>(), dims.n, dims.d, dims.vocab,
                          tile_tokens, nll.ptr<double>(), top.ptr<int32_t>());

@@ -25,8 +25,8 @@ constexpr int64_t kMC = 96;    // rows of A a thread packs at once
 // ap: packed A panel [kc][kMR]; bp: packed B panel [kc][kNR]. GCC vector types keep the
 // accumulators in registers (6 x 2 AVX registers for fp32).
 template <typename T>
-__attribute__((always_inline)) inline void micro_kernel_impl(int64_t kc, const T* ap, const T* bp, T* c, int64_t ldc, int64_t mr, int64_t nr,
-                              T alpha) {
+__attribute__((always_inline)) inline void micro_kernel_impl(int64_t kc, const T* ap, const T* bp, T* c, int64_t ldc,
+                                                             int64_t mr, int64_t nr, T alpha) {
   constexpr int64_t kW = 32 / sizeof(T);  // lanes of one 256-bit vector
   constexpr int64_t kV = kNR / kW;        // vectors per micro-tile row
   typedef T vec __attribute__((vector_size(32)));
@@ -56,8 +56,8 @@ __attribute__((always_inline)) inline void micro_kernel_impl(int64_t kc, const T
   }
 }
 
-EASYCTX_MULTIVERSION void micro_kernel(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc,
-                                       int64_t mr, int64_t nr, float alpha) {
+EASYCTX_MULTIVERSION void micro_kernel(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc, int64_t mr,
+                                       int64_t nr, float alpha) {
   micro_kernel_impl(kc, ap, bp, c, ldc, mr, nr, alpha);
 }
 EASYCTX_MULTIVERSION void micro_kernel(int64_t kc, const double* ap, const double* bp, double* c, int64_t ldc,
@@ -128,8 +128,8 @@ inline bool mc_work(int64_t m, int64_t nc, int64_t kc) { return m * nc * kc > (i
 }  // namespace
 
 template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T beta, T* c, int64_t ldc) {
   scale_c(m, n, beta, c, ldc);
   if (m == 0 || n == 0 || k == 0 || alpha == T(0)) return;
   std::vector<T> bpack(static_cast<size_t>(kKC * ((std::min(n, kNC) + kNR - 1) / kNR) * kNR));
@@ -166,8 +166,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   }
 }
 
-template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-                          int64_t, float, float*, int64_t);
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
+                          float, float*, int64_t);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
                            int64_t, double, double*, int64_t);
 

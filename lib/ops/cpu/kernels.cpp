@@ -300,8 +300,8 @@ T row_lse(const T* lr, int64_t vocab) {
 }  // namespace
 
 template <typename T>
-LossSums lm_head_loss(const T* x, const T* w, const int32_t* labels, int64_t n, int64_t d, int64_t vocab,
-                      int64_t tile, double grad_scale, T* dx, T* dw) {
+LossSums lm_head_loss(const T* x, const T* w, const int32_t* labels, int64_t n, int64_t d, int64_t vocab, int64_t tile,
+                      double grad_scale, T* dx, T* dw) {
   for (int64_t i = 0; i < n; ++i)
     EASYCTX_CHECK(labels[i] >= -1 && labels[i] < vocab, "lm_head_loss: label ", labels[i], " at row ", i,
                   " outside [-1, ", vocab, ")");
@@ -386,21 +386,21 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamWS
   }
 }
 
-#define EASYCTX_INSTANTIATE(T, S)                                                                                  \
-  template void embedding_fwd<T>(const int32_t*, int64_t, const T*, int64_t, int64_t, T*);                        \
-  template void embedding_bwd<T>(const int32_t*, int64_t, const T*, int64_t, int64_t, T*);                        \
-  template void rmsnorm_fwd<T, S>(const T*, const T*, int64_t, int64_t, double, T*, S*);                          \
-  template void rmsnorm_bwd<T, S>(const T*, const T*, const S*, const T*, int64_t, int64_t, T*, T*);              \
-  template void rope<T>(T*, int64_t, int64_t, int64_t, const int32_t*, const float*, bool);                       \
+#define EASYCTX_INSTANTIATE(T, S)                                                                                   \
+  template void embedding_fwd<T>(const int32_t*, int64_t, const T*, int64_t, int64_t, T*);                          \
+  template void embedding_bwd<T>(const int32_t*, int64_t, const T*, int64_t, int64_t, T*);                          \
+  template void rmsnorm_fwd<T, S>(const T*, const T*, int64_t, int64_t, double, T*, S*);                            \
+  template void rmsnorm_bwd<T, S>(const T*, const T*, const S*, const T*, int64_t, int64_t, T*, T*);                \
+  template void rope<T>(T*, int64_t, int64_t, int64_t, const int32_t*, const float*, bool);                         \
   template void attention_fwd<T, S>(const T*, const T*, const T*, const AttnShape&, const AttentionBlock&, T*, S*); \
-  template void attention_bwd<T, S>(const T*, const T*, const T*, const T*, const S*, const T*, const AttnShape&,  \
-                                    const AttentionBlock&, T*, T*, T*);                                           \
-  template void attention_merge<T, S>(T*, S*, const T*, const S*, int64_t, int64_t, int64_t, int64_t);            \
-  template void swiglu_fwd<T>(const T*, const T*, int64_t, T*);                                                   \
-  template void swiglu_bwd<T>(const T*, const T*, const T*, int64_t, T*, T*);                                     \
-  template LossSums lm_head_loss<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,      \
-                                    double, T*, T*);                                                              \
-  template void lm_head_score<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, double*, \
+  template void attention_bwd<T, S>(const T*, const T*, const T*, const T*, const S*, const T*, const AttnShape&,   \
+                                    const AttentionBlock&, T*, T*, T*);                                             \
+  template void attention_merge<T, S>(T*, S*, const T*, const S*, int64_t, int64_t, int64_t, int64_t);              \
+  template void swiglu_fwd<T>(const T*, const T*, int64_t, T*);                                                     \
+  template void swiglu_bwd<T>(const T*, const T*, const T*, int64_t, T*, T*);                                       \
+  template LossSums lm_head_loss<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, double, \
+                                    T*, T*);                                                                        \
+  template void lm_head_score<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, double*,   \
                                  int32_t*);
 
 EASYCTX_INSTANTIATE(float, float)

@@ -18,8 +18,10 @@ struct Stat<double> {
   using type = double;
 };
 
-template <typename T> void embedding_fwd(const int32_t* ids, int64_t n, const T* table, int64_t vocab, int64_t d, T* out);
-template <typename T> void embedding_bwd(const int32_t* ids, int64_t n, const T* dout, int64_t vocab, int64_t d, T* dtable);
+template <typename T>
+void embedding_fwd(const int32_t* ids, int64_t n, const T* table, int64_t vocab, int64_t d, T* out);
+template <typename T>
+void embedding_bwd(const int32_t* ids, int64_t n, const T* dout, int64_t vocab, int64_t d, T* dtable);
 
 template <typename T, typename S>
 void rmsnorm_fwd(const T* x, const T* w, int64_t n, int64_t d, double eps, T* y, S* rstd);
@@ -40,12 +42,14 @@ void attention_bwd(const T* q, const T* k, const T* v, const T* o, const S* lse,
 template <typename T, typename S>
 void attention_merge(T* o, S* lse, const T* o_blk, const S* lse_blk, int64_t batch, int64_t sq, int64_t hq, int64_t hd);
 
-template <typename T> void swiglu_fwd(const T* g, const T* u, int64_t n, T* h);
-template <typename T> void swiglu_bwd(const T* g, const T* u, const T* dh, int64_t n, T* dg, T* du);
+template <typename T>
+void swiglu_fwd(const T* g, const T* u, int64_t n, T* h);
+template <typename T>
+void swiglu_bwd(const T* g, const T* u, const T* dh, int64_t n, T* dg, T* du);
 
 template <typename T>
-LossSums lm_head_loss(const T* x, const T* w, const int32_t* labels, int64_t n, int64_t d, int64_t vocab,
-                      int64_t tile, double grad_scale, T* dx, T* dw);
+LossSums lm_head_loss(const T* x, const T* w, const int32_t* labels, int64_t n, int64_t d, int64_t vocab, int64_t tile,
+                      double grad_scale, T* dx, T* dw);
 
 // Per-row NLL (as lm_head_loss computes it) and argmax flag of the labelled rows (0 elsewhere).
 template <typename T>

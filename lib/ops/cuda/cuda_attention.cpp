@@ -17,8 +17,8 @@ namespace easyctx::ops::cuda {
 kernels::AttentionParams attention_params(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                           const AttentionBlock& blk) {
   for (const Tensor* t : {&q, &k, &v}) check_type(op, "q/k/v", *t, DType::BF16);
-  EASYCTX_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, op, ": q, k, v must be [B, S, H, hd], got ",
-                q.describe(), " ", k.describe(), " ", v.describe());
+  EASYCTX_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, op, ": q, k, v must be [B, S, H, hd], got ", q.describe(),
+                " ", k.describe(), " ", v.describe());
   const AttentionCall c = attention_call(q, k, blk);  // (the router's view of the same call)
   kernels::AttentionParams p;
   p.batch = c.batch, p.sq = c.sq, p.sk = c.sk;
@@ -152,10 +152,10 @@ bool CudaAttention::causal_in_chunks(const kernels::AttentionParams& p, const At
   const int64_t S = p.sq, t = s.rows, H = p.hq, hd = p.hd;
   if (!aligned16({p.q, p.k, p.v, p.o_out})) return false;
   if (!cudnn() || !cudnn()->has_fwd_plan({1, t, t, p.hq, p.hkv, p.hd})) return false;
-  Scratch acc_o(s.acc_o, stream_, *mem_);      // f32 [t, H, hd]
-  Scratch acc_l(s.acc_lse, stream_, *mem_);    // f32 [H, t]
-  Scratch blk_o(s.blk_o, stream_, *mem_);      // bf16 [t, H, hd]
-  Scratch blk_l(s.blk_lse, stream_, *mem_);    // f32 [H, t]
+  Scratch acc_o(s.acc_o, stream_, *mem_);    // f32 [t, H, hd]
+  Scratch acc_l(s.acc_lse, stream_, *mem_);  // f32 [H, t]
+  Scratch blk_o(s.blk_o, stream_, *mem_);    // bf16 [t, H, hd]
+  Scratch blk_l(s.blk_lse, stream_, *mem_);  // f32 [H, t]
   for (int64_t r0 = 0; r0 < S; r0 += t) {
     const int64_t rows = std::min(t, S - r0);
     kernels::AttentionParams d = p;  // the diagonal square [r0, r0 + rows)
@@ -251,9 +251,7 @@ void CudaAttention::backward(const Tensor& q, const Tensor& k, const Tensor& v, 
       case AttentionBwdRoute::CudnnTiles:
         if (cudnn_bwd_tiles(p, c, dq, dk, dv)) return;
         break;
-      case AttentionBwdRoute::Kernel:
-        kernel_bwd(p, c, dq, dk, dv);
-        return;
+      case AttentionBwdRoute::Kernel: kernel_bwd(p, c, dq, dk, dv); return;
     }
   }
 }
@@ -272,8 +270,8 @@ bool CudaAttention::cudnn_bwd_in_place(const kernels::AttentionParams& p, const 
   if (!cudnn()) return false;
   const SdpaShape shape{p.batch, p.sq, p.sk, p.hq, p.hkv, p.hd, !full, 0, opts_.deterministic};
   if (!cudnn()->has_bwd_plan(shape)) return false;
-  if (!after_cudnn(cudnn()->try_bwd(shape, p.scale, p.q, p.k, p.v, p.o, p.lse, p.dout, dq.data, dk.data, dv.data,
-                                    stream_)))
+  if (!after_cudnn(
+          cudnn()->try_bwd(shape, p.scale, p.q, p.k, p.v, p.o, p.lse, p.dout, dq.data, dk.data, dv.data, stream_)))
     return false;
   last_path_ = std::string("cudnn (one call, in place") + (opts_.deterministic ? "" : ", atomic dQ") + ")";
   return true;
@@ -294,8 +292,8 @@ bool CudaAttention::cudnn_bwd_one_call(const kernels::AttentionParams& p, const 
   const AttentionBwdScratch s = attention_bwd_scratch(AttentionBwdRoute::CudnnOneCall, c, opts_);
   Scratch g(s.grads, stream_, *mem_);
   bf16* gq = g.as<bf16>();
-  if (!after_cudnn(cudnn()->try_bwd(shape, p.scale, p.q, p.k, p.v, p.o, p.lse, p.dout, gq, gq + qn, gq + qn + kn,
-                                    stream_)))
+  if (!after_cudnn(
+          cudnn()->try_bwd(shape, p.scale, p.q, p.k, p.v, p.o, p.lse, p.dout, gq, gq + qn, gq + qn + kn, stream_)))
     return false;
   add_into(dq, 0, gq, qn);
   add_into(dk, 0, gq + qn, kn);
@@ -389,8 +387,8 @@ void CudaAttention::into_gradients(kernels::AttentionParams& p, const AttentionC
 }
 
 // Our kernels (delta, dK/dV, dQ).
-void CudaAttention::kernel_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq,
-                               const Tensor& dk, const Tensor& dv) {
+void CudaAttention::kernel_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq, const Tensor& dk,
+                               const Tensor& dv) {
   note_decline();
   const AttentionBwdScratch s = attention_bwd_scratch(AttentionBwdRoute::Kernel, c, opts_);
   into_gradients(p, c, s.grads, dq, dk, dv, [&] {
@@ -402,8 +400,8 @@ void CudaAttention::kernel_bwd(kernels::AttentionParams& p, const AttentionCall&
 }
 
 // The Hopper kernel in the backend's mode (kernels::sm90_bwd_variant_for).
-bool CudaAttention::sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq,
-                             const Tensor& dk, const Tensor& dv) {
+bool CudaAttention::sm90_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq, const Tensor& dk,
+                             const Tensor& dv) {
   const AttentionBwdScratch s = attention_bwd_scratch(AttentionBwdRoute::Sm90Kernel, c, opts_);
   // Supported? Checked on the call's own pointers (f32 gradients: scratch is 256-byte aligned).
   p.dq = static_cast<bf16*>(dq.data);

@@ -58,10 +58,10 @@ class CudaAttention {
   bool causal_square_cudnn(const kernels::AttentionParams& p);
   bool causal_in_chunks(const kernels::AttentionParams& p, const AttentionCall& c);
   bool unmasked_cudnn(const kernels::AttentionParams& p);
-  bool cudnn_bwd_in_place(const kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq,
-                          const Tensor& dk, const Tensor& dv);
-  bool cudnn_bwd_one_call(const kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq,
-                          const Tensor& dk, const Tensor& dv);
+  bool cudnn_bwd_in_place(const kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv);
+  bool cudnn_bwd_one_call(const kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv);
   bool cudnn_bwd_tiles(const kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq, const Tensor& dk,
                        const Tensor& dv);
   void kernel_bwd(kernels::AttentionParams& p, const AttentionCall& c, const Tensor& dq, const Tensor& dk,

@@ -211,8 +211,8 @@ class CudaBackend final : public Backend {
     check_numel("copy_on", "dst", dst, src.numel());
     EASYCTX_CHECK(q.native() != nullptr, "copy_on: the CUDA backend copies on its own (stream) queues");
     if (src.numel() > 0)
-      EASYCTX_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), copy_kind(dst, src),
-                                         static_cast<cudaStream_t>(q.native())));
+      EASYCTX_CUDA_CHECK(
+          cudaMemcpyAsync(dst.data, src.data, src.bytes(), copy_kind(dst, src), static_cast<cudaStream_t>(q.native())));
   }
 
   // ---------------------------------------------------------------- elementwise
@@ -227,8 +227,8 @@ class CudaBackend final : public Backend {
       return;
     }
     auto convertible = [](DType t) { return t == DType::F32 || t == DType::BF16; };
-    EASYCTX_CHECK(convertible(dst.dtype) && convertible(src.dtype), "copy (CUDA): conversion ", src.describe(),
-                  " -> ", dst.describe(), " not supported (f32 <-> bf16)");
+    EASYCTX_CHECK(convertible(dst.dtype) && convertible(src.dtype), "copy (CUDA): conversion ", src.describe(), " -> ",
+                  dst.describe(), " not supported (f32 <-> bf16)");
     if (!dd && !sd) {  // host to host: the same rounding as the CPU backend
       for (int64_t i = 0; i < n; ++i) {
         if (src.dtype == DType::F32) dst.ptr<uint16_t>()[i] = float_to_bf16(src.ptr<float>()[i]);
@@ -237,8 +237,7 @@ class CudaBackend final : public Backend {
       return;
     }
     // Stage the side that is on the host in device memory, convert on the device.
-    Scratch stage((dd && sd) ? 0 : static_cast<size_t>(n) * element_size(dd ? src.dtype : dst.dtype), stream_,
-                  *mem_);
+    Scratch stage((dd && sd) ? 0 : static_cast<size_t>(n) * element_size(dd ? src.dtype : dst.dtype), stream_, *mem_);
     const void* s = src.data;
     void* d = dst.data;
     if (!sd) {
@@ -491,8 +490,8 @@ class CudaBackend final : public Backend {
   }
 
   // ---------------------------------------------------------------- LM head + cross entropy
-  LossSums lm_head_loss(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens,
-                        double grad_scale, const Tensor& dx, const Tensor& dw) override {
+  LossSums lm_head_loss(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t tile_tokens, double grad_scale,
+                        const Tensor& dx, const Tensor& dw) override {
     check_float("lm_head_loss", x);
     check_device("lm_head_loss", w);
     check_same_dtype("lm_head_loss", x, w);
@@ -542,7 +541,7 @@ class CudaBackend final : public Backend {
       if (!bwd) continue;
       const Tensor dxt(static_cast<char*>(dx.data) + t0 * d * element_size(dx.dtype), dx.dtype, {tl, d},
                        MemSpace::Device);
-      matmul(gt, false, w2, false, dxt, 1.0, 0.0);                       // dx = G w
+      matmul(gt, false, w2, false, dxt, 1.0, 0.0);                                     // dx = G w
       if (!dw.empty()) matmul(gt, true, xt, false, dw.reshape({vocab, d}), 1.0, 1.0);  // dw += G^T x
     }
     kernels::sum_f64(nll, n, nll + n, stream_);
@@ -566,7 +565,7 @@ class CudaBackend final : public Backend {
     if (n == 0) return;
     const LmHeadScratch s = cuda_lm_head_score_scratch(n, vocab, tile_tokens);
     const int64_t tile = s.tile_rows;
-    Scratch logits(s.logits, stream_, *mem_);  // f32[tile, V]
+    Scratch logits(s.logits, stream_, *mem_);     // f32[tile, V]
     Scratch rows(s.nll + s.top, stream_, *mem_);  // nll f64[n], then top i32[n]
     double* dnll = rows.as<double>();
     int32_t* dtop = reinterpret_cast<int32_t*>(dnll + n);
@@ -608,16 +607,16 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
   std::unique_ptr<cuda::LtMatmul> lt_;
-  int* flag_ = nullptr;  // device int: set by kernels that find bad ids/labels
+  int* flag_ = nullptr;                             // device int: set by kernels that find bad ids/labels
   std::unique_ptr<cuda::CudaAttention> attention_;  // attention_fwd/bwd (cuda_attention.cpp)
   std::shared_ptr<MemoryCounter> mem_ = std::make_shared<MemoryCounter>();
-  cudaMemPool_t pool_ = nullptr;  // the device's default pool: stream-ordered scratch
-  int64_t own_bytes_ = 0;         // cuBLASLt workspace + error flag
+  cudaMemPool_t pool_ = nullptr;                    // the device's default pool: stream-ordered scratch
+  int64_t own_bytes_ = 0;                           // cuBLASLt workspace + error flag
   std::unique_ptr<cuda_queue::StreamQueue> queue_;  // the compute stream as a Queue
-  cudaStream_t copy_stream_ = nullptr;  // copy_async: copies beside the compute stream
-  cudaEvent_t queued_ = nullptr;         // the compute stream's work before a copy
-  cudaEvent_t copied_[kCopyEvents] = {};  // copy k's end: copied_[k % kCopyEvents]
-  int64_t copy_seq_ = 0;                 // copies issued
+  cudaStream_t copy_stream_ = nullptr;              // copy_async: copies beside the compute stream
+  cudaEvent_t queued_ = nullptr;                    // the compute stream's work before a copy
+  cudaEvent_t copied_[kCopyEvents] = {};            // copy k's end: copied_[k % kCopyEvents]
+  int64_t copy_seq_ = 0;                            // copies issued
 };
 
 }  // namespace

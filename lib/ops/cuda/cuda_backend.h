@@ -17,8 +17,8 @@
 namespace easyctx::ops {
 
 struct CudaBackendOptions {
-  int device = -1;                        // -1: the calling thread's current device
-  cudaStream_t stream = nullptr;          // nullptr: the backend creates (and owns) one
+  int device = -1;                                                       // -1: the calling thread's current device
+  cudaStream_t stream = nullptr;                                         // nullptr: the backend creates (and owns) one
   size_t cublas_workspace = static_cast<size_t>(kCublasWorkspaceBytes);  // bytes (ops/scratch.h)
   // Attention through cuDNN (>= 9.19) where it has a plan for the shape: forward of blocks
   // without a mask (ring off-diagonal steps, the key prefixes of causal squares), backward

@@ -36,7 +36,9 @@ class Scratch {
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
 
  private:
   void* p_ = nullptr;
@@ -66,6 +68,8 @@ void dispatch(DType t, F&& f) {
   else f(static_cast<bf16*>(nullptr));
 }
 template <typename T>
-T* typed(const Tensor& t) { return static_cast<T*>(t.data); }
+T* typed(const Tensor& t) {
+  return static_cast<T*>(t.data);
+}
 
 }  // namespace easyctx::ops::cuda

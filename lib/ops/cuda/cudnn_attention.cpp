@@ -22,7 +22,8 @@ void ok(cudnnStatus_t s, const char* what) {
   if (s == CUDNN_STATUS_SUCCESS) return;
   char detail[512] = {0};
   cudnnGetLastErrorString(detail, sizeof(detail));
-  throw Decline{std::string(what) + ": " + cudnnGetErrorString(s) + (detail[0] ? std::string(" (") + detail + ")" : "")};
+  throw Decline{std::string(what) + ": " + cudnnGetErrorString(s) +
+                (detail[0] ? std::string(" (") + detail + ")" : "")};
 }
 
 // Owns every backend descriptor made while building one plan.
@@ -141,9 +142,10 @@ cudnnBackendDescriptor_t reduce(Descs& ds, cudnnReduceTensorOp_t mode, cudnnBack
 }
 
 cudnnBackendDescriptor_t reshape(Descs& ds, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-  return operation(ds, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
-                   {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x"}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y"}},
-                   "finalize reshape operation");
+  return operation(
+      ds, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+      {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x"}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y"}},
+      "finalize reshape operation");
 }
 
 // The top-left causal mask on the f32 scores x (dims sd, strides sst, [b, h, sq, sk]):
@@ -183,7 +185,7 @@ struct CompositeDims {
   explicit CompositeDims(const SdpaShape& s) {
     const int64_t b = s.b, hq = s.hq, hk = s.hkv, sq = s.sq, sk = s.sk, d = s.hd;
     const int64_t ls = s.lse_stride > 0 ? s.lse_stride : s.sq;
-    auto put = [](int64_t (&x)[4], int64_t x0, int64_t x1, int64_t x2, int64_t x3) {
+    auto put = [](int64_t(&x)[4], int64_t x0, int64_t x1, int64_t x2, int64_t x3) {
       x[0] = x0, x[1] = x1, x[2] = x2, x[3] = x3;
     };
     put(qd, b, hq, sq, d), put(qst, sq * hq * d, d, hq * d, 1);
@@ -255,10 +257,12 @@ std::vector<cudnnBackendDescriptor_t> composite_bwd_ops(Descs& ds, const SdpaSha
   const int64_t accst[4] = {hq * sq * d, sq * d, d, 1};
   const int64_t dood[4] = {b, hq, sq, d}, doost[4] = {hq * sq * d, sq * d, hq * d, 1};
 
-  auto q = tensor(ds, kQ, g.qd, g.qst, bf), kt = tensor(ds, kK, g.ktd, g.ktst, bf), vt = tensor(ds, kV, g.ktd, g.ktst, bf);
+  auto q = tensor(ds, kQ, g.qd, g.qst, bf), kt = tensor(ds, kK, g.ktd, g.ktst, bf),
+       vt = tensor(ds, kV, g.ktd, g.ktst, bf);
   auto o = tensor(ds, kO, g.qd, g.qst, bf), dout = tensor(ds, kDO, g.qd, g.qst, bf);
   auto stats = tensor(ds, kStats, g.rowd, g.lsest, f32);
-  auto dq = tensor(ds, kDQ, g.qd, g.qst, bf), dk = tensor(ds, kDK, g.kd, g.kst, bf), dv = tensor(ds, kDV, g.kd, g.kst, bf);
+  auto dq = tensor(ds, kDQ, g.qd, g.qst, bf), dk = tensor(ds, kDK, g.kd, g.kst, bf),
+       dv = tensor(ds, kDV, g.kd, g.kst, bf);
   auto scale = tensor(ds, kScale, one4, one4, f32, Kind::ByValue);
   auto one = tensor(ds, kOne, one4, one4, f32, Kind::ByValue);
   auto sum = tensor(ds, kSoftmaxSum, g.rowd, g.rowst, f32);
@@ -346,8 +350,8 @@ cudnnBackendDescriptor_t make_plan(Descs& ds, cudnnHandle_t handle, const std::v
                                    int64_t* workspace) {
   auto graph = ds.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "graph handle");
-  set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
-      ops.data(), "graph ops");
+  set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()), ops.data(),
+      "graph ops");
   ok(cudnnBackendFinalize(graph), "finalize operation graph");
   auto heur = ds.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristic graph");
@@ -375,9 +379,7 @@ cudnnBackendDescriptor_t make_plan(Descs& ds, cudnnHandle_t handle, const std::v
       ok(cudnnBackendGetAttribute(pl, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, workspace),
          "plan workspace size");
       return pl;
-    } catch (const Decline& d) {
-      why = d.what;
-    }
+    } catch (const Decline& d) { why = d.what; }
   }
   throw Decline{why};
 }
@@ -479,7 +481,8 @@ void execute(cudnnHandle_t h, cudnnBackendDescriptor_t plan, const std::vector<i
   if (s == CUDNN_STATUS_SUCCESS)
     s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
                                  static_cast<int64_t>(ptrs.size()), ptrs.data());
-  if (s == CUDNN_STATUS_SUCCESS) s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  if (s == CUDNN_STATUS_SUCCESS)
+    s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
   if (s == CUDNN_STATUS_SUCCESS) s = cudnnBackendFinalize(vp);
   if (s == CUDNN_STATUS_SUCCESS) s = cudnnBackendExecute(h, plan, vp);
   if (vp) cudnnBackendDestroyDescriptor(vp);
@@ -516,12 +519,19 @@ bool CudnnAttention::try_bwd(const SdpaShape& s, float scale, const void* q, con
   Plan* p = plan(true, s);
   if (!p) return false;
   char* ws = static_cast<char*>(workspace(static_cast<size_t>(p->total), st));
-  const std::vector<void*> io = {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v),
-                                 const_cast<void*>(o), const_cast<float*>(lse), &scale,
-                                 const_cast<void*>(dout), dq, dk, dv};
+  const std::vector<void*> io = {const_cast<void*>(q),
+                                 const_cast<void*>(k),
+                                 const_cast<void*>(v),
+                                 const_cast<void*>(o),
+                                 const_cast<float*>(lse),
+                                 &scale,
+                                 const_cast<void*>(dout),
+                                 dq,
+                                 dk,
+                                 dv};
   if (!p->composite) {
-    execute(static_cast<cudnnHandle_t>(handle_), p->plan, {kQ, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV}, io,
-            ws, st);
+    execute(static_cast<cudnnHandle_t>(handle_), p->plan, {kQ, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV}, io, ws,
+            st);
     return true;
   }
   float one = 1.f, lowest = std::numeric_limits<float>::lowest();
@@ -562,8 +572,8 @@ bool CudnnAttention::try_fwd(const SdpaShape&, float, const void*, const void*, 
   last_decline_ = "cuDNN < 9.19 at build time";
   return false;
 }
-bool CudnnAttention::try_bwd(const SdpaShape&, float, const void*, const void*, const void*, const void*,
-                             const float*, const void*, void*, void*, void*, cudaStream_t) {
+bool CudnnAttention::try_bwd(const SdpaShape&, float, const void*, const void*, const void*, const void*, const float*,
+                             const void*, void*, void*, void*, cudaStream_t) {
   last_decline_ = "cuDNN < 9.19 at build time";
   return false;
 }

@@ -66,7 +66,8 @@ class CudnnAttention {
   void* workspace(size_t bytes, cudaStream_t st);
 
   void* handle_ = nullptr;  // cudnnHandle_t
-  std::map<std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, bool>, std::unique_ptr<Plan>>
+  std::map<std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, bool>,
+           std::unique_ptr<Plan>>
       plans_;
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;

@@ -3,10 +3,10 @@
 #include "kernels/cuda_check.h"
 #include "ops/cuda/cublaslt_api.h"
 
-#define EASYCTX_CUBLAS_CHECK(call)                                                                            \
-  do {                                                                                                        \
-    cublasStatus_t easyctx_st_ = (call);                                                                      \
-    if (easyctx_st_ != CUBLAS_STATUS_SUCCESS)                                                                 \
+#define EASYCTX_CUBLAS_CHECK(call)                                                                             \
+  do {                                                                                                         \
+    cublasStatus_t easyctx_st_ = (call);                                                                       \
+    if (easyctx_st_ != CUBLAS_STATUS_SUCCESS)                                                                  \
       EASYCTX_THROW(::easyctx::process_label(), " cuBLASLt error ", cublaslt().status_name(easyctx_st_), " (", \
                     cublaslt().status_string(easyctx_st_), ") in ", #call, " at ", __FILE__, ":", __LINE__);   \
   } while (0)
@@ -70,7 +70,7 @@ LtMatmul::Plan& LtMatmul::plan(const Key& key) {
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   cublasStatus_t st = cublaslt().preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace_bytes_, sizeof(workspace_bytes_));
+                                                          &workspace_bytes_, sizeof(workspace_bytes_));
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublaslt().algo_get_heuristic(handle_, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
   cublaslt().preference_destroy(pref);
@@ -89,8 +89,8 @@ void LtMatmul::run(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
   if (m == 0 || n == 0) return;
   const Key key{m, n, k, trans_a, trans_b, static_cast<int>(a.dtype), static_cast<int>(c.dtype)};
   Plan& p = plan(key);
-  EASYCTX_CUBLAS_CHECK(cublaslt().matmul(handle_, p.desc, &alpha, b.data, p.la, a.data, p.lb, &beta, c.data, p.lc, c.data,
-                                      p.lc, &p.algo, workspace_, workspace_bytes_, st));
+  EASYCTX_CUBLAS_CHECK(cublaslt().matmul(handle_, p.desc, &alpha, b.data, p.la, a.data, p.lb, &beta, c.data, p.lc,
+                                         c.data, p.lc, &p.algo, workspace_, workspace_bytes_, st));
 }
 
 }  // namespace easyctx::ops::cuda
