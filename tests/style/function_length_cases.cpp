@@ -4,12 +4,15 @@
 
 namespace cases {
 
-int long_multi_line_signature(int a, int b) {
+int long_multi_line_signature(int a,
+                              int b) {
   int c = a + b;
   return c;
 }
 
-int short_one(int a) { return a; }
+int short_one(int a) {
+  return a;
+}
 
 // Braces in strings, characters and comments do not count: { { {
 int long_with_literals() {
@@ -27,7 +30,11 @@ const auto kTable = [] {
 }();
 
 struct Holder {
-  Holder(int a, int b) : a_{a}, b_(b) { a_ += b_; }
+  Holder(int a, int b)
+      : a_{a},
+        b_(b) {
+    a_ += b_;
+  }
   int short_member() const { return a_; }
   int a_, b_;
 };
