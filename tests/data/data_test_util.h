@@ -1,12 +1,14 @@
 // Helpers for the data tests: scratch folders, random shards, running commands.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/json.h"
 #include "data/shard.h"
+#include "test_util.h"
 
 namespace easyctx::test {
 
@@ -34,6 +36,10 @@ std::vector<uint32_t> write_random_shard(const std::string& path, std::mt19937_6
 std::string byte_level_bpe_json(const std::vector<std::string>& merges, bool ignore_merges, const std::string& regex,
                                 const std::string& end_token = "");
 
+// The Llama tokenizer fixtures beside the clone (CI has them: .ci/run requires them).
+inline std::string llama2_path() { return shared_fixture("tokenizers/llama2/tokenizer.model"); }
+inline std::string llama3_path() { return shared_fixture("tokenizers/llama3/tokenizer.json"); }
+
 struct CommandResult {
   int status = -1;     // exit code
   std::string output;  // stdout + stderr
@@ -49,3 +55,10 @@ std::string byte_level_bpe_json(const Json& vocab, const Json& merges, bool igno
 void write_text(const std::string& path, const std::string& text);
 
 }  // namespace easyctx::test
+
+// Ends the test as skipped when a tokenizer fixture is absent (ctest reports it as skipped;
+// .ci/run fails first, so CI never skips these).
+#define REQUIRE_FIXTURE(path)                                                                                    \
+  do {                                                                                                           \
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << "tokenizer fixture " << (path) << " is absent; skipped"; \
+  } while (0)

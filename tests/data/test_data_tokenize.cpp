@@ -21,13 +21,8 @@ using easyctx::test::ScratchDir;
 namespace fs = std::filesystem;
 
 namespace {
-std::string llama2_path() { return easyctx::test::shared_fixture("tokenizers/llama2/tokenizer.model"); }
-std::string llama3_path() { return easyctx::test::shared_fixture("tokenizers/llama3/tokenizer.json"); }
-
-#define REQUIRE_FIXTURE(path)                                                                       \
-  do {                                                                                              \
-    if (!fs::exists(path)) GTEST_SKIP() << "tokenizer fixture " << (path) << " is absent; skipped"; \
-  } while (0)
+using easyctx::test::llama2_path;
+using easyctx::test::llama3_path;
 
 std::vector<uint32_t> ids(std::initializer_list<uint32_t> v) { return v; }
 

@@ -49,6 +49,14 @@ struct Case {
   CheckpointPolicy policy;
   bool offload;
   int64_t offload_layers, output_layers, groups;
+  model::ModelOptions options() const {
+    model::ModelOptions mo{policy, 7, 0};
+    mo.offload_checkpoints = offload;
+    mo.offload_layers = offload_layers;
+    mo.attention_output_layers = output_layers;
+    mo.head_groups = groups;
+    return mo;
+  }
   std::string name() const {
     return std::string(to_string(policy)) + (offload ? " offload " + std::to_string(offload_layers) : "") + " kept " +
            std::to_string(output_layers) + " G " + std::to_string(groups);
@@ -76,11 +84,7 @@ TEST(ActivationStore, WhatTheForwardSavesTheBackwardReads) {
   const model::LlamaConfig cfg = config(L);
   const int64_t n = B * S, qd = cfg.q_dim(), lse_n = B * cfg.num_heads * S;
   for (const Case& c : cases()) {
-    model::ModelOptions mo{c.policy, 7, 0};
-    mo.offload_checkpoints = c.offload;
-    mo.offload_layers = c.offload_layers;
-    mo.attention_output_layers = c.output_layers;
-    mo.head_groups = c.groups;
+    const model::ModelOptions mo = c.options();
     auto be = ops::make_cpu_backend();
     ActivationStore store(*be, {cfg, mo, DType::F32, B, S, true});
     std::mt19937_64 rng(test::test_seed());
@@ -152,11 +156,7 @@ TEST(ActivationStore, WhatTheForwardSavesTheBackwardReads) {
 TEST(ActivationStore, AllocatesWhatItsSpecsSay) {
   const model::LlamaConfig cfg = config(4);
   for (const Case& c : cases()) {
-    model::ModelOptions mo{c.policy, 7, 0};
-    mo.offload_checkpoints = c.offload;
-    mo.offload_layers = c.offload_layers;
-    mo.attention_output_layers = c.output_layers;
-    mo.head_groups = c.groups;
+    const model::ModelOptions mo = c.options();
     const model::WorkspaceDims dims{cfg, mo, DType::F32, 2, 9, true};
     std::vector<model::BufferSpec> specs;
     const model::BufferVisit add = [&](const model::BufferSpec& s, ops::Buffer* slot) {
