@@ -14,8 +14,6 @@ using ops::Tensor;
 namespace {
 
 std::string indexed(const char* base, size_t i) { return std::string(base) + "." + std::to_string(i); }
-// Group j's part of a group-major host checkpoint of `per` elements a group.
-Tensor group_part(const Tensor& t, int64_t j, int64_t per) { return t.reshape({t.numel()}).slice_flat(j * per, {per}); }
 
 }  // namespace
 

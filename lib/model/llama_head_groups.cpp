@@ -21,7 +21,6 @@ Tensor group_part(const Buffer& b, int64_t g, int64_t groups, int64_t per) {
                 " elements, expected ", per, " or ", groups * per);
   return b.flat().slice_flat(b.numel() == per ? 0 : g * per, {per});
 }
-Tensor group_part(const Tensor& t, int64_t g, int64_t per) { return t.reshape({t.numel()}).slice_flat(g * per, {per}); }
 }  // namespace
 
 // The attention block in G head groups: group g's query heads [g Hq/G, (g+1) Hq/G) read only

@@ -12,6 +12,11 @@ namespace easyctx::model {
 // The dtype of the per-row statistics (RMSNorm rstd, attention LSE) of a compute dtype.
 inline DType stat_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 
+// Group g's part of a group-major checkpoint (head groups: [G][per] elements), as a flat view.
+inline ops::Tensor group_part(const ops::Tensor& t, int64_t g, int64_t per) {
+  return t.reshape({t.numel()}).slice_flat(g * per, {per});
+}
+
 // Every buffer sized for `tokens` tokens; views take their first elements, so a workspace
 // serves any batch of at most that many tokens.
 struct LlamaModel::ScoreWorkspace {
