@@ -4,16 +4,25 @@
 // ulysses.h, head_grouped.h; strategy.h picks one for a stage) implement the same
 // interface on top of ops::Backend::attention_fwd/bwd/merge over sub-blocks.
 #pragma once
+#include <vector>
+
 #include "ops/ops.h"
 
 namespace easyctx::attention {
+
+// Documents packed into one sequence (data.document_mask): the first position of each, in the
+// sequence's global coordinates (the padded window's, those of AttentionBlock::q_offset and
+// k_offset), increasing, the first 0. A query attends to the keys of its own document only.
+// Empty or {0}: one document, plain causal attention. (attention/documents.h runs it.)
+using DocumentStarts = std::vector<int64_t>;
 
 // One call's tensors, this rank's tokens (RoPE applied): q [B, S, Hq, hd], k/v [B, S, Hkv, hd],
 // o [B, S, Hq, hd], lse [B, Hq, S] (fp32; fp64 in the fp64 reference). forward writes o and
 // lse; backward reads them.
 struct AttentionTensors {
   ops::Tensor q, k, v, o, lse;
-  double scale = 0;  // softmax scale, usually 1/sqrt(hd)
+  double scale = 0;                      // softmax scale, usually 1/sqrt(hd)
+  const DocumentStarts* docs = nullptr;  // [B], one per sequence; nullptr: no document mask
 };
 
 // backward reads dout (like o) and overwrites dq, dk, dv (shapes of q, k, v).
@@ -29,24 +38,14 @@ class SequenceAttention {
   virtual void backward(const AttentionTensors& t, const AttentionGrads& g) = 0;
 };
 
-// The whole causal sequence on this rank: one block.
+// The whole causal sequence on this rank: one block (with documents: one causal block per
+// document, attention/documents.h).
 class LocalAttention final : public SequenceAttention {
  public:
   explicit LocalAttention(ops::Backend& be) : be_(be) {}
   const char* name() const override { return "local"; }
-  void forward(const AttentionTensors& t) override {
-    ops::AttentionBlock blk;
-    blk.scale = t.scale;
-    blk.causal = true;
-    be_.attention_fwd(t.q, t.k, t.v, blk, t.o, t.lse);
-  }
-  void backward(const AttentionTensors& t, const AttentionGrads& g) override {
-    ops::AttentionBlock blk;
-    blk.scale = t.scale;
-    blk.causal = true;
-    blk.accumulate = false;  // one block: overwrite (cuDNN writes the gradients in place)
-    be_.attention_bwd(t.q, t.k, t.v, t.o, t.lse, g.dout, blk, g.dq, g.dk, g.dv);
-  }
+  void forward(const AttentionTensors& t) override;
+  void backward(const AttentionTensors& t, const AttentionGrads& g) override;
 
  private:
   ops::Backend& be_;

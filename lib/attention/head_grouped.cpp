@@ -57,9 +57,13 @@ void HeadGroupedAttention::forward(const AttentionTensors& t) {
   Buffer qg = be_.alloc(t.q.dtype, qn, kPackQO), kg = be_.alloc(t.k.dtype, kn, kPackKV);
   Buffer vg = be_.alloc(t.v.dtype, kn, kPackKV), og = be_.alloc(t.o.dtype, qn, kPackQO);
   Buffer lg = be_.alloc(t.lse.dtype, h.B * h.hq * h.S, kPackLSE);
-  const AttentionTensors p{qg.view({h.B, h.S, h.hq, h.hd}),  kg.view({h.B, h.S, h.hkv, h.hd}),
-                           vg.view({h.B, h.S, h.hkv, h.hd}), og.view({h.B, h.S, h.hq, h.hd}),
-                           lg.view({h.B, h.hq, h.S}),        t.scale};
+  const AttentionTensors p{qg.view({h.B, h.S, h.hq, h.hd}),
+                           kg.view({h.B, h.S, h.hkv, h.hd}),
+                           vg.view({h.B, h.S, h.hkv, h.hd}),
+                           og.view({h.B, h.S, h.hq, h.hd}),
+                           lg.view({h.B, h.hq, h.S}),
+                           t.scale,
+                           t.docs};
   for (int64_t g = 0; g < groups_; ++g) {
     move_heads(be_, t.q, g * h.hq, p.q, true);
     move_heads(be_, t.k, g * h.hkv, p.k, true);
@@ -83,7 +87,7 @@ void HeadGroupedAttention::backward(const AttentionTensors& t, const AttentionGr
   auto qs = [&](const Buffer& b) { return b.view({h.B, h.S, h.hq, h.hd}); };
   auto ks = [&](const Buffer& b) { return b.view({h.B, h.S, h.hkv, h.hd}); };
   // The packed copies of one head group.
-  const AttentionTensors p{qs(qg), ks(kg), ks(vg), qs(og), lg.view({h.B, h.hq, h.S}), t.scale};
+  const AttentionTensors p{qs(qg), ks(kg), ks(vg), qs(og), lg.view({h.B, h.hq, h.S}), t.scale, t.docs};
   const AttentionGrads pg{qs(dog), qs(dqg), ks(dkg), ks(dvg)};
   for (int64_t g = 0; g < groups_; ++g) {
     const int64_t q0 = g * h.hq, k0 = g * h.hkv;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "attention/blocks.h"
+#include "attention/documents.h"
 #include "core/error.h"
 
 namespace easyctx::attention {
@@ -128,7 +129,10 @@ void ZigzagRingAttention::forward_one(const AttentionTensors& t) {
     if (s + 1 < z.W) exchange_begin(cur, kv[(s + 1) % 2], 0, 1);  // the next step's K/V travel meanwhile
     const Tensor kc = cur[0].view({1, S, Hkv, hd}), vc = cur[1].view({1, S, Hkv, hd});
     z.for_each_block(z.source(s), t.scale, [&](int qa, int kb, const ops::AttentionBlock& blk) {
-      be_.attention_fwd(seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c), blk, ob, lb);
+      // A block where no query and key share a document adds nothing: no merge.
+      if (!document_attention_fwd(be_, t.docs, seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
+                                  blk, ob, lb))
+        return;
       const Tensor ao = acc_o[qa].view({1, c, Hq, hd}), al = acc_lse[qa].view({1, Hq, c});
       if (started[qa]) {
         be_.attention_merge(ao, al, ob, lb);
@@ -174,9 +178,9 @@ void ZigzagRingAttention::backward_one(const AttentionTensors& t, const Attentio
     auto view = [&](int i) { return cur[i].view({1, S, Hkv, hd}); };
     const Tensor kc = view(0), vc = view(1), dkc = view(2), dvc = view(3);
     z.for_each_block(z.source(s), t.scale, [&](int qa, int kb, const ops::AttentionBlock& blk) {
-      be_.attention_bwd(seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
-                        seq_rows(o, qa * c, c), lse_ch[qa].view({1, Hq, c}), seq_rows(dout, qa * c, c), blk,
-                        seq_rows(dqa, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
+      document_attention_bwd(be_, t.docs, seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
+                             seq_rows(o, qa * c, c), lse_ch[qa].view({1, Hq, c}), seq_rows(dout, qa * c, c), blk,
+                             seq_rows(dqa, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
     });
     if (s + 1 < z.W) {
       exchange_end();

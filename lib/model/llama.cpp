@@ -12,6 +12,13 @@
 
 namespace easyctx::model {
 
+const attention::DocumentStarts* Batch::docs() const {
+  if (!documents) return nullptr;
+  EASYCTX_CHECK(static_cast<int64_t>(documents->size()) == batch, "model batch: ", documents->size(),
+                " document lists for ", batch, " sequences");
+  return documents->data();
+}
+
 using ops::Buffer;
 using ops::Tensor;
 
@@ -236,7 +243,7 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Tensor
     if (!saved.restored)
       attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                       v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                      a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd))});
+                      a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd)), b.docs()});
     be_.matmul(o, false, W(kO), true, x_mid);
   }
   be_.axpy(x_mid, x_in, 1.0);
@@ -304,11 +311,11 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   const Tensor dk = ws.dk.view({n, hkv * hd}), dv = ws.dv.view({n, hkv * hd}), h1 = a.h1.view({n, d});
   be_.matmul(dx, false, W(kO), false, dattn);
   be_.matmul(dx, true, a.o.view({n, hq * hd}), false, G(kO), 1.0, 1.0);
-  attn_->backward(
-      {a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}), a.v.view({b.batch, b.seq, hkv, hd}),
-       a.o.view({b.batch, b.seq, hq, hd}), a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd))},
-      {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
-       dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
+  attn_->backward({a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}),
+                   a.v.view({b.batch, b.seq, hkv, hd}), a.o.view({b.batch, b.seq, hq, hd}),
+                   a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd)), b.docs()},
+                  {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
+                   dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
   be_.rope(dq.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), true);
   be_.rope(dk.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), true);
   be_.matmul(dq, false, W(kQ), false, dh);

@@ -41,7 +41,12 @@ struct Batch {
   ops::Tensor labels;     // i32[batch * seq], -1 = not scored
   int64_t batch = 0;
   int64_t seq = 0;
+  // data.document_mask: per sequence, where its packed documents start (attention.h's
+  // DocumentStarts, [batch] entries); nullptr: every sequence is one causal document.
+  const std::vector<attention::DocumentStarts>* documents = nullptr;
   int64_t tokens_count() const { return batch * seq; }
+  // The attention's view of `documents` (checked against batch).
+  const attention::DocumentStarts* docs() const;
 };
 
 // One buffer of the model's workspace (LlamaModel::workspace_specs): the memory plan's

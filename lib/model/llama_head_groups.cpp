@@ -68,7 +68,7 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
       be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
       group_attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                             v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                            lse.reshape({b.batch, hq, b.seq}), scale});
+                            lse.reshape({b.batch, hq, b.seq}), scale, b.docs()});
       if (streamed) {
         store.send_group(slot, group_part(saved_o, g, n * qd), group_part(saved_lse, g, lse_n));
       } else if (!saved_o.empty()) {
@@ -119,9 +119,13 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
     o = o.reshape({n, qd});
     const Tensor wq = W(kQ).slice_flat(g * qd * d, {qd, d}), wk = W(kK).slice_flat(g * kvd * d, {kvd, d});
     const Tensor wv = W(kV).slice_flat(g * kvd * d, {kvd, d});
-    const attention::AttentionTensors t{q.reshape({b.batch, b.seq, hq, hd}),  k.reshape({b.batch, b.seq, hkv, hd}),
-                                        v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                                        lse.reshape({b.batch, hq, b.seq}),    scale};
+    const attention::AttentionTensors t{q.reshape({b.batch, b.seq, hq, hd}),
+                                        k.reshape({b.batch, b.seq, hkv, hd}),
+                                        v.reshape({b.batch, b.seq, hkv, hd}),
+                                        o.reshape({b.batch, b.seq, hq, hd}),
+                                        lse.reshape({b.batch, hq, b.seq}),
+                                        scale,
+                                        b.docs()};
     if (!kept) {
       be_.matmul(h1, false, wq, true, q);
       be_.matmul(h1, false, wk, true, k);

@@ -138,12 +138,6 @@ void Trainer::make_loader(dist::ProcessGroups* groups, int64_t vocab_size) {
   lo.seed = cfg_.train.seed;
   lo.packing = cfg_.data.packing;
   lo.long_documents = cfg_.data.long_documents;
-  // Restarted positions with attention across documents would train a model that neither
-  // packed nor unpacked inference reproduces: refused until the attention reads doc_starts.
-  EASYCTX_CHECK_INPUT(!cfg_.data.document_mask,
-                      "data.document_mask: true is not trained yet: the attention does not "
-                      "read document starts, so documents in one sequence would still see each other; use "
-                      "data.packing one_per_window (one document per sequence) or document_mask false");
   lo.document_mask = cfg_.data.document_mask;
   lo.shape = {cfg_.train.batch_size, cfg_.train.grad_accum, dp_.size()};
   lo.dp_rank = dp_.rank();
@@ -296,6 +290,7 @@ StepStats Trainer::compute_gradients(int64_t step) {
     const int64_t n = mb.batch * mb.local_len;
     model::Batch b{ops::Tensor(mb.tokens.data(), DType::I32, {n}), ops::Tensor(mb.positions.data(), DType::I32, {n}),
                    ops::Tensor(mb.labels.data(), DType::I32, {n}), mb.batch, mb.local_len};
+    if (cfg_.data.document_mask) b.documents = &mb.doc_starts;  // the attention's per-document blocks
     if (on_device()) {  // host int32 arrays -> device buffers (ordered before the model)
       if (tokens_dev_.numel() != n) {
         tokens_dev_ = be_->alloc(DType::I32, n, "micro-batch tokens");

@@ -1,7 +1,9 @@
 // Sequence-parallel attention against single-rank attention on the whole sequence: every
 // rank builds the same random q/k/v/dout, runs LocalAttention on all of it, takes its own
 // tokens (zigzag or contiguous, as the loader slices them), runs the strategy, and compares
-// o, lse, dq, dk, dv on its tokens. fp64 to 1e-10, fp32 to 1e-5 (relative norm error).
+// o, lse, dq, dk, dv on its tokens. fp64 to 1e-10, fp32 to 1e-5 (relative norm error). The
+// *WithDocuments cases pack documents into each sequence (data.document_mask) on both sides;
+// local attention under documents is checked against each document alone in test_documents.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -74,9 +76,20 @@ std::vector<T> take_lse(const std::vector<T>& full, const Shape& sh, const std::
   return out;
 }
 
+// Documents of sequence b of length S: odd lengths, a one-token one, crossing chunk borders.
+std::vector<attention::DocumentStarts> documents(int64_t B, int64_t S) {
+  std::vector<attention::DocumentStarts> d;
+  for (int64_t b = 0; b < B; ++b)
+    d.push_back(b % 2 == 0 ? attention::DocumentStarts{0, 3, 4, S / 3 + 2, S - 2}
+                           : attention::DocumentStarts{0, S / 4, S / 2, S / 2 + 1, 3 * S / 4});  // at chunk borders
+  return d;
+}
+
 template <typename T>
-void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<int64_t>& rows, double tol,
-         uint64_t seed) {
+void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<int64_t>& rows, double tol, uint64_t seed,
+         bool with_docs = false) {
+  const std::vector<attention::DocumentStarts> docs = documents(sh.B, sh.S);
+  const attention::DocumentStarts* dp = with_docs ? docs.data() : nullptr;
   constexpr DType dt = std::is_same<T, double>::value ? DType::F64 : DType::F32;
   auto be = ops::make_cpu_backend();
   Case<T> c = make_case<T>(sh, seed);
@@ -91,7 +104,8 @@ void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<in
                                           T4(c.v, sh.S, sh.Hkv),
                                           T4(o, sh.S, sh.Hq),
                                           Tensor(lse.data(), dt, {sh.B, sh.Hq, sh.S}),
-                                          scale};
+                                          scale,
+                                          dp};
   local.forward(whole);
   local.backward(whole, {T4(c.dout, sh.S, sh.Hq), T4(dq, sh.S, sh.Hq), T4(dk, sh.S, sh.Hkv), T4(dv, sh.S, sh.Hkv)});
   // This rank's tokens.
@@ -105,14 +119,16 @@ void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<in
                                          T4(v, Sl, sh.Hkv),
                                          T4(lo, Sl, sh.Hq),
                                          Tensor(ll.data(), dt, {sh.B, sh.Hq, Sl}),
-                                         scale};
+                                         scale,
+                                         dp};
   sp.forward(mine);
-  EXPECT_LT(test::rel_error(lo, take(o, sh, sh.Hq, rows)), tol) << sp.name() << " o";
-  EXPECT_LT(test::rel_error(ll, take_lse(lse, sh, rows)), tol) << sp.name() << " lse";
+  const char* what = with_docs ? " with documents" : "";
+  EXPECT_LT(test::rel_error(lo, take(o, sh, sh.Hq, rows)), tol) << sp.name() << what << " o";
+  EXPECT_LT(test::rel_error(ll, take_lse(lse, sh, rows)), tol) << sp.name() << what << " lse";
   sp.backward(mine, {T4(dout, Sl, sh.Hq), T4(ldq, Sl, sh.Hq), T4(ldk, Sl, sh.Hkv), T4(ldv, Sl, sh.Hkv)});
-  EXPECT_LT(test::rel_error(ldq, take(dq, sh, sh.Hq, rows)), tol) << sp.name() << " dq";
-  EXPECT_LT(test::rel_error(ldk, take(dk, sh, sh.Hkv, rows)), tol) << sp.name() << " dk";
-  EXPECT_LT(test::rel_error(ldv, take(dv, sh, sh.Hkv, rows)), tol) << sp.name() << " dv";
+  EXPECT_LT(test::rel_error(ldq, take(dq, sh, sh.Hq, rows)), tol) << sp.name() << what << " dq";
+  EXPECT_LT(test::rel_error(ldk, take(dk, sh, sh.Hkv, rows)), tol) << sp.name() << what << " dk";
+  EXPECT_LT(test::rel_error(ldv, take(dv, sh, sh.Hkv, rows)), tol) << sp.name() << what << " dv";
 }
 
 struct World {
@@ -147,6 +163,8 @@ TEST(SequenceParallel, ZigzagRingMatchesLocal) {
   attention::ZigzagRingAttention z(*be, w.pg->ring());
   run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed);
   run<float>(z, sh, zigzag_rows(sh.S, W, r), 1e-5, w.seed + 1);
+  run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 2, true);
+  run<float>(z, sh, zigzag_rows(sh.S, W, r), 1e-5, w.seed + 3, true);
 }
 
 TEST(SequenceParallel, UlyssesMatchesLocal) {
@@ -160,6 +178,7 @@ TEST(SequenceParallel, UlyssesMatchesLocal) {
   for (int64_t hkv : {static_cast<int64_t>(U), int64_t{1}}) {
     Shape sh{1, U * 7, 2 * U, hkv, 8};
     run<double>(uly, sh, contiguous_rows(all, U, u), 1e-10, w.seed + static_cast<uint64_t>(hkv));
+    run<double>(uly, sh, contiguous_rows(all, U, u), 1e-10, w.seed + 7 + static_cast<uint64_t>(hkv), true);
   }
 }
 
@@ -175,6 +194,7 @@ TEST(SequenceParallel, UspMatchesLocal) {
   Shape sh{1, 2 * R * U * 3, 4, 2, 8};
   auto ring_rows = zigzag_rows(sh.S, R, sp_rank / U);
   run<double>(usp, sh, contiguous_rows(ring_rows, U, sp_rank % U), 1e-10, w.seed);
+  run<double>(usp, sh, contiguous_rows(ring_rows, U, sp_rank % U), 1e-10, w.seed + 1, true);
 }
 
 TEST(SequenceParallel, DistFlashMatchesLocal) {
@@ -187,6 +207,8 @@ TEST(SequenceParallel, DistFlashMatchesLocal) {
   std::iota(all.begin(), all.end(), 0);
   run<double>(df, sh, contiguous_rows(all, W, r), 1e-10, w.seed);
   run<float>(df, sh, contiguous_rows(all, W, r), 1e-5, w.seed + 1);
+  run<double>(df, sh, contiguous_rows(all, W, r), 1e-10, w.seed + 2, true);
+  run<float>(df, sh, contiguous_rows(all, W, r), 1e-5, w.seed + 3, true);
 }
 
 // activation.attention_head_groups: each strategy in G passes over head groups, against the
@@ -203,6 +225,7 @@ TEST(SequenceParallel, HeadGroupsMatchLocalRingAndLocal) {
     attention::HeadGroupedAttention z(*be, std::make_shared<attention::ZigzagRingAttention>(*be, w.pg->ring()), 2);
     run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 7);
     run<float>(z, sh, zigzag_rows(sh.S, W, r), 1e-5, w.seed + 8);
+    run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 9, true);
   }
   // Local: 3 groups of GQA 6/3 against one pass, bit for bit.
   const Shape sh{2, 13, 6, 3, 8};
