@@ -102,6 +102,18 @@ void add_recorded(Items& it, bool transient, const std::string& phase, const std
   }
 }
 
+// data.document_mask: documents that cut every block of every strategy (a border inside each
+// quarter of this rank's tokens, at odd positions), so the replay allocates what a packed
+// window's partial blocks do (the LSE scratch of document_attention_fwd/bwd); else none.
+std::vector<attention::DocumentStarts> plan_documents(const Run& r) {
+  if (!r.cfg.data.document_mask) return {};
+  const int64_t global = attention::sequence_split(r.groups).padded_length(r.cfg.data.seq_length);
+  attention::DocumentStarts starts{0};
+  for (int64_t p = std::max<int64_t>(1, r.seq / 4) + 1; p < global; p += std::max<int64_t>(2, r.seq / 4))
+    starts.push_back(p);
+  return std::vector<attention::DocumentStarts>(static_cast<size_t>(r.batch), starts);
+}
+
 // The attention phase's transient items (forward or backward): the stage's strategy
 // (attention/strategy.h, head groups included) runs on a recording backend over recording
 // communicators of the groups' sizes, on this rank's q, k, v, o, LSE (the model's workspace,
@@ -138,9 +150,11 @@ void attention_items(const Run& r, bool backward, Items& it, std::vector<std::st
     bufs.push_back(in->alloc(t, n));
     return bufs.back().view(dims);
   };
-  const attention::AttentionTensors t{tensor(r.dtype, {B, S, hq, hd}),  tensor(r.dtype, {B, S, hkv, hd}),
-                                      tensor(r.dtype, {B, S, hkv, hd}), tensor(r.dtype, {B, S, hq, hd}),
-                                      tensor(lse_t, {B, hq, S}),        1.0 / std::sqrt(static_cast<double>(hd))};
+  const std::vector<attention::DocumentStarts> docs = plan_documents(r);
+  const attention::AttentionTensors t{tensor(r.dtype, {B, S, hq, hd}),     tensor(r.dtype, {B, S, hkv, hd}),
+                                      tensor(r.dtype, {B, S, hkv, hd}),    tensor(r.dtype, {B, S, hq, hd}),
+                                      tensor(lse_t, {B, hq, S}),           1.0 / std::sqrt(static_cast<double>(hd)),
+                                      docs.empty() ? nullptr : docs.data()};
   rec.begin_phase();
   if (backward) {
     const attention::AttentionGrads gr{tensor(r.dtype, {B, S, hq, hd}), tensor(r.dtype, {B, S, hq, hd}),
@@ -317,11 +331,13 @@ void step_items(const Run& r, Items& it) {
   if (r.cuda)
     it.persistent("step", "micro-batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
   // Per sequence: its sample id and its document starts (a vector of one start, 32 bytes with
-  // its header; data.document_mask is refused by the trainer until attention reads them).
-  const int64_t mb = checked_mul<int64_t>(r.cfg.train.grad_accum, 3 * 4 * n + 40 * r.batch,
-                                          "the plan: loader micro-batch bytes, train.grad_accum x (12 n + 40 B)");
+  // its header; with data.document_mask at most one 8-byte start per token of the window).
+  const bool docs = r.cfg.data.document_mask;
+  const int64_t per_seq = docs ? 40 + 8 * r.cfg.data.seq_length : 40;
+  const int64_t mb = checked_mul<int64_t>(r.cfg.train.grad_accum, 3 * 4 * n + per_seq * r.batch,
+                                          "the plan: loader micro-batch bytes, train.grad_accum x (12 n + starts)");
   it.persistent("step", "loader micro-batches (int32 tokens, positions, labels; document starts)", "host", mb,
-                "grad_accum x (3 x 4 x n + 40 B)", false);
+                docs ? "grad_accum x (3 x 4 x n + (40 + 8 L) B)" : "grad_accum x (3 x 4 x n + 40 B)", false);
   for (const Group& g : group_specs(model_buffers(r))) {
     const int64_t each = checked_mul(g.numel, static_cast<int64_t>(ops::element_size(g.dtype)), "the plan: " + g.key);
     const int64_t all = checked_mul(g.count, each, "the plan: " + g.key);
@@ -415,6 +431,7 @@ Json settings_of(const StageConfig& c) {
   s.set("model.init", c.model.init);
   s.set("model.rope_theta", c.model.rope_theta);
   s.set("data.seq_length", c.data.seq_length);
+  s.set("data.document_mask", c.data.document_mask);
   s.set("train.device", to_string(c.train.device));
   s.set("train.batch_size", c.train.batch_size);
   s.set("train.grad_accum", c.train.grad_accum);

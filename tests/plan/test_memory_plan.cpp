@@ -63,10 +63,17 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   const int64_t G = gat == std::string::npos ? 1 : std::stoll(GetParam().substr(gat + 2));
   const std::string param = GetParam().substr(0, gat);
   const bool offload = param.find("_offload") != std::string::npos;
-  const std::string policy = param.substr(0, param.find("_offload"));
+  const bool docs = param.find("_docs") != std::string::npos;  // data.document_mask on packed documents
+  const std::string policy = param.substr(0, std::min(param.find("_offload"), param.find("_docs")));
   StageConfig c =
       small_stage(write_small_model(dir.path(), offload ? 5 : 2, G == 4 ? 4 : 2), dir / "shard.h5", dir / "out");
   c.activation.attention_head_groups = G;
+  if (docs) {
+    write_walk_shard(dir / "docs.h5", test_seed() + 1, 200, 20, 150, 512);
+    c.data.path = dir / "docs.h5";
+    c.data.packing = DataPacking::BestFit;
+    c.data.document_mask = true;
+  }
   if (policy == "none") c.activation.checkpoint = CheckpointPolicy::None;
   if (policy == "attention_output") c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
   if (policy == "zero3") c.parallel.zero.stage = 3;
@@ -82,7 +89,7 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   EXPECT_TRUE(p.fits);
   EXPECT_EQ(p.gpu_peak_bytes, 0);                         // nothing on a GPU
   EXPECT_GT(p.host_rank_peak_bytes, p.alloc_peak_bytes);  // host = backend buffers + heap + baseline
-  if (G > 1) {
+  if (G > 1 || docs) {
     EXPECT_EQ(p.alloc_peak_bytes, m.peak);
     EXPECT_EQ(phase_alloc(p, "init"), m.init);
   }
@@ -106,7 +113,8 @@ INSTANTIATE_TEST_SUITE_P(Checkpoint, PlanVsMeasured,
                          ::testing::Values("none", "layer", "attention_output", "zero3", "layer_offload",
                                            "attention_output_offload", "none_g2", "layer_g2", "layer_g4",
                                            "attention_output_g2", "attention_output_g4", "layer_offload_g2",
-                                           "attention_output_offload_g4", "zero3_g2"),
+                                           "attention_output_offload_g4", "zero3_g2", "layer_docs",
+                                           "attention_output_docs"),
                          [](const auto& info) { return info.param; });
 
 // The plan's per-rank sequence length is the loader's (lib/data is not a dependency of

@@ -2,7 +2,8 @@
 // and 4 ranks on the CPU backend (exact counts): every strategy's per-call buffers (zigzag
 // ring, dist_flash with and without its helper loop, Ulysses, usp), ZeRO-3 over the world,
 // data x sequence parallelism, the zigzag ring with activation offload (4 layers; all of the
-// checkpoints or the first 2 layer inputs) and with attention in 2 head groups (and Ulysses).
+// checkpoints or the first 2 layer inputs) and with attention in 2 head groups (and Ulysses);
+// packed documents under data.document_mask.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -23,6 +24,7 @@ struct Case {
   bool offload = false;        // activation.offload cpu (attention_output, 4 layers)
   int64_t offload_layers = 0;  // with offload: activation.offload_layers
   int64_t head_groups = 1;     // activation.attention_head_groups
+  bool documents = false;      // data.document_mask on packed short documents
 };
 
 void check(const Case& k) {
@@ -38,6 +40,7 @@ void check(const Case& k) {
   if (rt.rank() == 0) {
     write_small_model(dir, k.offload ? 4 : 2);
     write_walk_shard(dir + "/shard512.h5", seed, 60, 200, 700, 512);
+    write_walk_shard(dir + "/docs512.h5", seed + 1, 200, 10, 120, 512);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   StageConfig c = small_stage(dir + (k.offload ? "/small4.yaml" : "/small.yaml"), dir + "/shard512.h5", dir + "/out");
@@ -48,6 +51,11 @@ void check(const Case& k) {
   }
   c.activation.attention_head_groups = k.head_groups;
   c.data.seq_length = 250;  // not a multiple of 2W: the plan pads like the loader
+  if (k.documents) {
+    c.data.path = dir + "/docs512.h5";
+    c.data.packing = DataPacking::BestFit;
+    c.data.document_mask = true;
+  }
   c.train.seed = seed;
   c.parallel.sequence.mode = k.mode;
   c.parallel.sequence.size = sp;
@@ -68,7 +76,7 @@ void check(const Case& k) {
               sp, W, k.zero, rt.rank(), static_cast<long long>(p.alloc_peak_bytes), p.alloc_peak_phase.c_str(),
               static_cast<long long>(measured));
   EXPECT_LT(rel_diff(p.alloc_peak_bytes, measured), 0.02) << "rank " << rt.rank();
-  if (k.offload) { EXPECT_EQ(p.alloc_peak_bytes, measured) << "rank " << rt.rank(); }
+  if (k.offload || k.documents) { EXPECT_EQ(p.alloc_peak_bytes, measured) << "rank " << rt.rank(); }
   // The strategy's buffers set the peak, so they are what this checks.
   if (sp > 1) { EXPECT_EQ(p.alloc_peak_phase, "attention backward"); }
   MPI_Barrier(MPI_COMM_WORLD);
@@ -85,6 +93,10 @@ TEST(PlanSequenceParallel, ZigzagRingActivationOffload) { check({SeqParallelMode
 TEST(PlanSequenceParallel, ZigzagRingPartialOffload) { check({SeqParallelMode::ZigzagRing, 0, 0, 0, true, 2}); }
 TEST(PlanSequenceParallel, ZigzagRingHeadGroups) { check({SeqParallelMode::ZigzagRing, 0, 0, 0, false, 0, 2}); }
 TEST(PlanSequenceParallel, UlyssesHeadGroups) { check({SeqParallelMode::Ulysses, 0, 0, 0, false, 0, 2}); }
+// data.document_mask: the per-document blocks' LSE scratch in every strategy.
+TEST(PlanSequenceParallel, ZigzagRingDocuments) { check({SeqParallelMode::ZigzagRing, 0, 0, 0, false, 0, 1, true}); }
+TEST(PlanSequenceParallel, DistFlashDocuments) { check({SeqParallelMode::DistFlash, 0, 0, 0, false, 0, 1, true}); }
+TEST(PlanSequenceParallel, UspDocuments) { check({SeqParallelMode::Usp, 0, 2, 0, false, 0, 1, true}); }
 
 }  // namespace
 }  // namespace easyctx::test
