@@ -127,6 +127,7 @@ void LlamaModel::visit_workspace(const WorkspaceDims& dims, Workspace* ws, const
          dims.backward ? "final norm output, then the attention-output gradient" : "final norm output"},
         ws ? &ws->head_in : nullptr);
   visit({"rstd_f", st, n, false, "n", "final norm rstd"}, ws ? &ws->rstd_f : nullptr);
+  if (c.qkv_bias) visit({"ones", dt, n, false, "n", "ones (the q/k/v bias by matmul)"}, ws ? &ws->ones : nullptr);
   if (G > 1) visit({"wo_g", dt, d * qd / G, false, "D x Hq/G x hd", "one group's W_O columns"}, ws ? &ws->wo : nullptr);
   if (!dims.backward) return;
   const DType gt = o.f32_grads ? DType::F32 : dt;
@@ -203,8 +204,19 @@ LlamaModel::Workspace& LlamaModel::workspace(const Batch& b, bool for_backward) 
   ws->backward = for_backward;
   store_ = std::make_unique<ActivationStore>(be_, dims);
   visit_workspace(dims, ws.get(), [&](const BufferSpec& s, Buffer* slot) { *slot = be_.alloc(s.dtype, s.numel); });
+  if (cfg_.qkv_bias) be_.fill(ws->ones.flat(), 1.0);
   ws_ = std::move(ws);
   return *ws_;
+}
+
+void LlamaModel::add_bias(const Buffer& ones, const Tensor& bias, const Tensor& y) {
+  const int64_t n = y.dim(0), m = y.numel() / n;
+  be_.matmul(ones.flat().slice_flat(0, {n, 1}), false, bias.reshape({1, m}), false, y, 1.0, 1.0);
+}
+
+void LlamaModel::bias_grad(const Buffer& ones, const Tensor& dy, const Tensor& gbias) {
+  const int64_t n = dy.dim(0), m = dy.numel() / n;
+  be_.matmul(ones.flat().slice_flat(0, {1, n}), false, dy, false, gbias.reshape({1, m}), 1.0, 1.0);
 }
 
 // Rows [r0, r0 + rows) of the MLP's input norm (h2, rstd2) from x_mid, into the tile-sized h2:
@@ -238,6 +250,11 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Tensor
     be_.matmul(h1, false, W(kQ), true, q);
     be_.matmul(h1, false, W(kK), true, k);
     be_.matmul(h1, false, W(kV), true, v);
+    if (cfg_.qkv_bias) {
+      add_bias(ws.ones, W(kQBias), q);
+      add_bias(ws.ones, W(kKBias), k);
+      add_bias(ws.ones, W(kVBias), v);
+    }
     be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
     be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
     if (!saved.restored)
@@ -318,6 +335,11 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
                    dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
   be_.rope(dq.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), true);
   be_.rope(dk.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), true);
+  if (cfg_.qkv_bias) {
+    bias_grad(ws.ones, dq, G(kQBias));
+    bias_grad(ws.ones, dk, G(kKBias));
+    bias_grad(ws.ones, dv, G(kVBias));
+  }
   be_.matmul(dq, false, W(kQ), false, dh);
   be_.matmul(dk, false, W(kK), false, dh, 1.0, 1.0);
   be_.matmul(dv, false, W(kV), false, dh, 1.0, 1.0);

@@ -215,6 +215,10 @@ class LlamaModel {
                               ops::Tensor& embed_grad);
   void embedding_backward(ParamSource& src, const Batch& b, Workspace& ws, const ops::Tensor& embed_grad);
   ops::Tensor checked(const ops::Tensor& t, size_t unit, DType want, const char* what) const;
+  // qwen2's q/k/v biases, through matmul with a column of ones (no op of their own):
+  // y[n, m] += 1 bias (forward); gbias[m] += 1^T dy (backward).
+  void add_bias(const ops::Buffer& ones, const ops::Tensor& bias, const ops::Tensor& y);
+  void bias_grad(const ops::Buffer& ones, const ops::Tensor& dy, const ops::Tensor& gbias);
   ops::Tensor mlp_norm_tile(const ops::Tensor& w, LayerActs& a, const ops::Tensor& x_mid, int64_t r0, int64_t rows);
   // One layer from x_in; x_out empty (the backward's recompute) stops before the MLP. saved:
   // the layer's attention output (ActivationStore::output_target in the forward,

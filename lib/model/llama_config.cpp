@@ -157,6 +157,9 @@ const std::vector<std::string> kHfIgnoredKeys = {"architectures",
                                                  "pruned_heads",
                                                  "attention_dropout",
                                                  "sliding_window",
+                                                 "use_sliding_window",
+                                                 "max_window_layers",
+                                                 "layer_types",
                                                  "partial_rotary_factor",
                                                  "quantization_config"};
 
@@ -199,7 +202,13 @@ void check_yaml_keys(const YAML::Node& map, const std::string& path, const std::
 // Keys of a config.json that would change the model if easyctx ignored them: refused unless
 // they hold their neutral value.
 void check_neutral_keys(const Json& j, const std::string& src) {
-  if (const Json* v = j.find("sliding_window"); v && !v->is_null())
+  // Qwen2 configs name a window but keep it off (use_sliding_window false): full attention.
+  const Json* use = j.find("use_sliding_window");
+  if (use && use->is_bool() && use->as_bool())
+    EASYCTX_THROW_INPUT(src,
+                        ": use_sliding_window = true is not supported (easyctx attends over the whole sequence); "
+                        "set it to false in a copy of the config to train with full attention");
+  if (const Json* v = j.find("sliding_window"); v && !v->is_null() && !(use && use->is_bool()))
     EASYCTX_THROW_INPUT(src, ": sliding_window = ", v->dump(),
                         " is not supported (easyctx attends over the whole sequence); set it to null in a copy of "
                         "the config to train with full attention");
@@ -347,6 +356,7 @@ int64_t LlamaConfig::num_parameters() const {
   layer = checked_add(layer, el({2, d, kv_dim()}, "2 x hidden_size x kv_heads x head_dim (k, v)"), w);
   layer = checked_add(layer, el({3, d, intermediate_size}, "3 x hidden_size x intermediate_size (MLP)"), w);
   layer = checked_add(layer, el({2, d}, "2 x hidden_size (norms)"), w);
+  if (qkv_bias) layer = checked_add(layer, checked_add(q_dim(), 2 * kv_dim(), w), w);
   const int64_t embed = el({vocab_size, d, tie_word_embeddings ? 1 : 2}, "vocab_size x hidden_size (embedding, head)");
   const int64_t layers = el({num_layers, layer}, "num_hidden_layers x the parameters of a layer");
   return checked_elements({checked_add(checked_add(embed, layers, w), d, w)}, w);
@@ -355,9 +365,10 @@ int64_t LlamaConfig::num_parameters() const {
 Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   Json j = Json::object();
   Json arch = Json::array();
-  arch.push_back(Json("LlamaForCausalLM"));
+  const bool qwen2 = model_type == "qwen2";
+  arch.push_back(Json(qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
   j.set("architectures", arch);
-  j.set("model_type", "llama");
+  j.set("model_type", qwen2 ? "qwen2" : "llama");
   j.set("hidden_size", hidden_size);
   j.set("intermediate_size", intermediate_size);
   j.set("num_hidden_layers", num_layers);
@@ -385,17 +396,21 @@ Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   j.set("bos_token_id", bos_token_id);
   j.set("eos_token_id", eos_token_id);
   j.set("hidden_act", "silu");
-  j.set("attention_bias", false);
-  j.set("mlp_bias", false);
+  if (qwen2) {  // Qwen2Config: the q/k/v bias is the architecture's, no flag; no window
+    j.set("use_sliding_window", false);
+  } else {
+    j.set("attention_bias", false);
+    j.set("mlp_bias", false);
+  }
   j.set("torch_dtype", torch_dtype);
   return j;
 }
 
 std::string LlamaConfig::describe() const {
   std::ostringstream os;
-  os << name << ": hidden " << hidden_size << ", layers " << num_layers << ", heads " << num_heads << "/"
-     << num_kv_heads << " (head_dim " << head_dim << "), mlp " << intermediate_size << ", vocab " << vocab_size
-     << ", rope_theta " << rope_theta;
+  os << name << ": " << model_type << (qkv_bias ? " (q/k/v bias)" : "") << ", hidden " << hidden_size << ", layers "
+     << num_layers << ", heads " << num_heads << "/" << num_kv_heads << " (head_dim " << head_dim << "), mlp "
+     << intermediate_size << ", vocab " << vocab_size << ", rope_theta " << rope_theta;
   if (rope_scaling.kind != RopeScalingKind::None)
     os << " (" << (rope_scaling.kind == RopeScalingKind::Linear ? "linear" : "llama3") << " x" << rope_scaling.factor
        << ")";
@@ -406,9 +421,10 @@ std::string LlamaConfig::describe() const {
 
 LlamaConfig llama_config_from_json(const Json& j, const std::string& src) {
   EASYCTX_CHECK_INPUT(j.is_object(), src, ": expected a JSON object");
-  if (const Json* mt = j.find("model_type"); mt && mt->is_string())
-    EASYCTX_CHECK_INPUT(mt->as_string() == "llama" || mt->as_string() == "mistral", src, ": model_type '",
-                        mt->as_string(), "' is not a Llama-family model");
+  std::string type = "llama";
+  if (const Json* mt = j.find("model_type"); mt && mt->is_string()) type = mt->as_string();
+  EASYCTX_CHECK_INPUT(type == "llama" || type == "mistral" || type == "qwen2", src, ": model_type '", type,
+                      "' is not supported (llama, mistral, qwen2)");
   check_neutral_keys(j, src);
   for (const char* k : {"attention_bias", "mlp_bias"})
     if (const Json* b = j.find(k); b && b->is_bool())
@@ -417,6 +433,8 @@ LlamaConfig llama_config_from_json(const Json& j, const std::string& src) {
     EASYCTX_CHECK_INPUT(act->as_string() == "silu", src, ": hidden_act '", act->as_string(), "' (only silu)");
   LlamaConfig c;
   c.name = src;
+  c.model_type = type == "qwen2" ? "qwen2" : "llama";
+  c.qkv_bias = type == "qwen2";  // Qwen2Attention: q/k/v_proj with bias, o_proj without
   c.hidden_size = get_int(j, "hidden_size", src, 0, true);
   c.num_layers = get_int(j, "num_hidden_layers", src, 0, true);
   c.num_heads = get_int(j, "num_attention_heads", src, 0, true);

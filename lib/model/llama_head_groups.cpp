@@ -64,6 +64,11 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
       be_.matmul(h1, false, W(kQ).slice_flat(g * qd * d, {qd, d}), true, q);
       be_.matmul(h1, false, W(kK).slice_flat(g * kvd * d, {kvd, d}), true, k);
       be_.matmul(h1, false, W(kV).slice_flat(g * kvd * d, {kvd, d}), true, v);
+      if (cfg_.qkv_bias) {
+        add_bias(ws.ones, W(kQBias).slice_flat(g * qd, {qd}), q);
+        add_bias(ws.ones, W(kKBias).slice_flat(g * kvd, {kvd}), k);
+        add_bias(ws.ones, W(kVBias).slice_flat(g * kvd, {kvd}), v);
+      }
       be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
       be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
       group_attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
@@ -130,6 +135,11 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
       be_.matmul(h1, false, wq, true, q);
       be_.matmul(h1, false, wk, true, k);
       be_.matmul(h1, false, wv, true, v);
+      if (cfg_.qkv_bias) {
+        add_bias(ws.ones, W(kQBias).slice_flat(g * qd, {qd}), q);
+        add_bias(ws.ones, W(kKBias).slice_flat(g * kvd, {kvd}), k);
+        add_bias(ws.ones, W(kVBias).slice_flat(g * kvd, {kvd}), v);
+      }
       be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
       be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
       if (!restored) group_attn_->forward(t);
@@ -144,6 +154,11 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
                               dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
     be_.rope(dq.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), true);
     be_.rope(dk.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), true);
+    if (cfg_.qkv_bias) {
+      bias_grad(ws.ones, dq, Gr(kQBias).slice_flat(g * qd, {qd}));
+      bias_grad(ws.ones, dk, Gr(kKBias).slice_flat(g * kvd, {kvd}));
+      bias_grad(ws.ones, dv, Gr(kVBias).slice_flat(g * kvd, {kvd}));
+    }
     be_.matmul(dq, false, wq, false, dh, 1.0, g == 0 ? 0.0 : 1.0);
     be_.matmul(dk, false, wk, false, dh, 1.0, 1.0);
     be_.matmul(dv, false, wv, false, dh, 1.0, 1.0);

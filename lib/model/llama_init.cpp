@@ -42,7 +42,9 @@ void init_random_range(const ParamLayout& layout, size_t unit, int64_t offset, c
     const int64_t a = std::max(offset, t.offset), b = std::min(offset + len, t.offset + t.numel);
 #pragma omp parallel for schedule(static) if (b - a > (1 << 16))
     for (int64_t i = a; i < b; ++i)
-      p[i - offset] = t.is_norm ? 1.0f : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(i)));
+      p[i - offset] = t.is_norm   ? 1.0f
+                      : t.is_bias ? 0.0f
+                                  : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(i)));
   }
 }
 
@@ -57,8 +59,9 @@ void init_random(const ParamLayout& layout, const std::vector<Tensor>& units, do
     for (const ParamTensor& t : pu.tensors) {
 #pragma omp parallel for schedule(static) if (t.numel > (1 << 16))
       for (int64_t i = 0; i < t.numel; ++i)
-        p[t.offset + i] =
-            t.is_norm ? 1.0f : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(t.offset + i)));
+        p[t.offset + i] = t.is_norm   ? 1.0f
+                          : t.is_bias ? 0.0f
+                                      : static_cast<float>(std * normal_at(useed, static_cast<uint64_t>(t.offset + i)));
     }
   }
 }

@@ -31,6 +31,8 @@ void LlamaModel::visit_score_workspace(const LlamaConfig& c, const ModelOptions&
   visit(BufferSpec{"fwd.m", dt, mt * ff, false, mlp, "silu(gate) x up"}, ws ? &ws->m : nullptr);
   visit(BufferSpec{"fwd.down", dt, mt * d, false, mt == n ? "n x D" : "mlp_tile x D", "MLP output of one tile"},
         ws ? &ws->down : nullptr);
+  if (c.qkv_bias)
+    visit(BufferSpec{"fwd.ones", dt, n, false, "n", "ones (the q/k/v bias by matmul)"}, ws ? &ws->ones : nullptr);
 }
 
 std::vector<BufferSpec> LlamaModel::score_workspace_specs(const LlamaConfig& c, const ModelOptions& o, DType dtype,
@@ -53,6 +55,11 @@ void LlamaModel::score_layer(const Tensor& w, const Batch& b, ScoreWorkspace& ws
   be_.matmul(h, false, W(kQ), true, q);
   be_.matmul(h, false, W(kK), true, k);
   be_.matmul(h, false, W(kV), true, v);
+  if (cfg_.qkv_bias) {
+    add_bias(ws.ones, W(kQBias), q);
+    add_bias(ws.ones, W(kKBias), k);
+    add_bias(ws.ones, W(kVBias), v);
+  }
   be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
   be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
   attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
@@ -93,6 +100,7 @@ void LlamaModel::forward_score(const std::vector<Tensor>& params, const Batch& b
     visit_score_workspace(cfg_, opts_, dtype_, n, ws.get(), [&](const BufferSpec& s, Buffer* slot) {
       *slot = be_.alloc(s.dtype, s.numel, s.name.c_str());
     });
+    if (cfg_.qkv_bias) be_.fill(ws->ones.flat(), 1.0);
     score_ws_ = std::move(ws);
   }
   ScoreWorkspace& ws = *score_ws_;

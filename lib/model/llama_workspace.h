@@ -29,6 +29,7 @@ struct LlamaModel::ScoreWorkspace {
   ops::Buffer rstd;        // [n] stat dtype (the norms', unused)
   ops::Buffer g, u, m;     // [mlp rows, I]
   ops::Buffer down;        // [mlp rows, D]  the MLP output of one tile, before the residual add
+  ops::Buffer ones;        // [n] ones (qkv_bias: the bias add as a rank-one product)
 };
 
 // One layer's activations, all [n, ...] with n = batch * seq tokens. With head groups G > 1,
@@ -62,6 +63,7 @@ struct LlamaModel::Workspace {
   ops::Buffer dq, dk, dv;       // [n, Hq*hd], [n, Hkv*hd] x2 (head groups G > 1: one group's)
   ops::Buffer wo, dwo;          // G > 1: one group's columns of W_O [D, Hq/G hd] (parameter
                                 // dtype) and of its gradient (gradient dtype, backward only)
+  ops::Buffer ones;             // [n] ones (qkv_bias: bias add and gradient as rank-one products)
 };
 
 }  // namespace easyctx::model

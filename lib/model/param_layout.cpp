@@ -5,7 +5,7 @@
 namespace easyctx::model {
 namespace {
 
-void add(ParamUnit& u, std::string name, std::vector<int64_t> shape, bool norm) {
+void add(ParamUnit& u, std::string name, std::vector<int64_t> shape, bool norm, bool bias = false) {
   ParamTensor t;
   t.hf_name = std::move(name);
   t.shape = std::move(shape);
@@ -13,7 +13,8 @@ void add(ParamUnit& u, std::string name, std::vector<int64_t> shape, bool norm) 
   for (int64_t d : t.shape) t.numel = checked_elements({t.numel, d}, t.hf_name + ": elements");
   t.offset = u.numel;
   t.is_norm = norm;
-  t.decay = !norm;
+  t.is_bias = bias;
+  t.decay = !norm && !bias;
   u.numel = checked_elements({checked_add(u.numel, t.numel, u.name + ": elements")}, u.name + ": elements");
   u.tensors.push_back(std::move(t));
 }
@@ -38,6 +39,11 @@ ParamLayout::ParamLayout(const LlamaConfig& c) {
     add(u, p + "mlp.down_proj.weight", {d, ff}, false);
     add(u, p + "input_layernorm.weight", {d}, true);
     add(u, p + "post_attention_layernorm.weight", {d}, true);
+    if (c.qkv_bias) {
+      add(u, p + "self_attn.q_proj.bias", {q}, false, true);
+      add(u, p + "self_attn.k_proj.bias", {kv}, false, true);
+      add(u, p + "self_attn.v_proj.bias", {kv}, false, true);
+    }
     units_.push_back(std::move(u));
   }
   ParamUnit head{"head", 0, {}};

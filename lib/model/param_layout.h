@@ -1,7 +1,8 @@
 // Where every Llama parameter lives. Units are the ZeRO-3 granularity: the token embedding,
 // one flat buffer per decoder layer, and the head (final norm + lm_head, or the final norm
 // alone when embeddings are tied). Inside a layer unit the tensors sit at fixed offsets,
-// matrices first (q, k, v, o, gate, up, down), then the two norm vectors, so a shard of a
+// matrices first (q, k, v, o, gate, up, down), then the two norm vectors (then qwen2's q, k,
+// v biases), so a shard of a
 // unit is a plain slice and the same offsets serve master weights, gradients and Adam state.
 #pragma once
 #include <cstdint>
@@ -17,8 +18,9 @@ struct ParamTensor {
   std::vector<int64_t> shape;  // HF shape, e.g. [out, in] for a Linear weight
   int64_t offset = 0;          // elements from the start of its unit
   int64_t numel = 0;
-  bool decay = true;     // AdamW weight decay (matrices yes, norm gains no)
+  bool decay = true;     // AdamW weight decay (matrices yes, norm gains and biases no)
   bool is_norm = false;  // initialised to 1
+  bool is_bias = false;  // initialised to 0 (the q/k/v biases of qwen2)
 };
 
 struct ParamUnit {
@@ -27,8 +29,9 @@ struct ParamUnit {
   std::vector<ParamTensor> tensors;
 };
 
-// Tensor order inside a layer unit.
-enum LayerTensor { kQ = 0, kK, kV, kO, kGate, kUp, kDown, kAttnNorm, kMlpNorm, kLayerTensors };
+// Tensor order inside a layer unit; the q/k/v biases (LlamaConfig::qkv_bias) only exist in
+// qwen2 models, after the norms.
+enum LayerTensor { kQ = 0, kK, kV, kO, kGate, kUp, kDown, kAttnNorm, kMlpNorm, kQBias, kKBias, kVBias, kLayerTensors };
 
 class ParamLayout {
  public:

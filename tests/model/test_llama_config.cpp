@@ -13,7 +13,7 @@ namespace {
 model::LlamaConfig from(const std::string& json) { return model::llama_config_from_json(parse_json(json), "t.json"); }
 
 TEST(LlamaConfig, PresetsLoad) {
-  for (const char* p : {"tiny", "demo", "tinyllama-1b", "llama2-7b", "llama2-13b", "llama3-8b"}) {
+  for (const char* p : {"tiny", "demo", "tinyllama-1b", "llama2-7b", "llama2-13b", "llama3-8b", "qwen2.5-7b"}) {
     const model::LlamaConfig c = model::load_llama_config(p);
     EXPECT_EQ(c.name, p);
     EXPECT_NO_THROW(c.validate());
@@ -26,6 +26,11 @@ TEST(LlamaConfig, PresetsLoad) {
   EXPECT_EQ(l3.head_dim, 128);
   const model::LlamaConfig tl = model::load_llama_config("tinyllama-1b");
   EXPECT_NEAR(static_cast<double>(tl.num_parameters()), 1.1e9, 0.01e9);
+  // Qwen2.5-7B: 7.62B parameters with its q/k/v biases (the model card's 7.61B).
+  const model::LlamaConfig q7 = model::load_llama_config("qwen2.5-7b");
+  EXPECT_EQ(q7.model_type, "qwen2");
+  EXPECT_TRUE(q7.qkv_bias);
+  EXPECT_EQ(q7.num_parameters(), 7615616512);
 }
 
 TEST(LlamaConfig, UnknownPresetSuggestsNearest) {

@@ -236,6 +236,21 @@ TEST(LlamaConfigStrict, HfConfigJsonExtrasAndSemanticKeys) {
     const std::string e = input_error_of([&] { from_json(shape_json(k, v)); });
     EXPECT_NE(e.find("m.json: " + k), std::string::npos) << k << ": " << e;
   }
+  // Qwen2: q/k/v biases; a named window that use_sliding_window keeps off is full attention
+  // (accepted), one it turns on is refused naming the key; the export writes Qwen2ForCausalLM.
+  model::LlamaConfig qwen =
+      from_json(shape_json("model_type", "\"qwen2\"")
+                    .insert(1, "\"sliding_window\": 4096, \"use_sliding_window\": false, \"max_window_layers\": 28, "));
+  EXPECT_TRUE(qwen.qkv_bias);
+  const std::string on = input_error_of(
+      [&] { from_json(shape_json("model_type", "\"qwen2\"").insert(1, "\"use_sliding_window\": true, ")); });
+  EXPECT_NE(on.find("m.json: use_sliding_window"), std::string::npos) << on;
+  const Json hf = qwen.to_hf_json();
+  EXPECT_EQ(hf.find("model_type")->as_string(), "qwen2");
+  EXPECT_EQ(hf.find("architectures")->as_array().at(0).as_string(), "Qwen2ForCausalLM");
+  const model::LlamaConfig back = model::llama_config_from_json(hf, "export.json");
+  EXPECT_TRUE(back.qkv_bias);
+  EXPECT_EQ(back.num_parameters(), qwen.num_parameters());
   // Every golden config.json (written by transformers 5) and an export load as they are.
   for (const char* g : {"gqa", "tied_llama3", "gqa_hd64"})
     EXPECT_NO_THROW(model::load_llama_config(source_dir() + "/tests/golden/data/" + g + "/model"));

@@ -1,5 +1,5 @@
 // The whole Llama backward against central finite differences in fp64 (odd tiny shapes,
-// GQA, tied and untied, every activation policy, MLP untiled and tiled), the parameter
+// GQA, tied and untied, qwen2's q/k/v biases, every activation policy, MLP untiled and tiled), the parameter
 // layout, and the workspace specs against what the model really allocates.
 #include <cmath>
 #include <random>
@@ -13,20 +13,25 @@ namespace {
 
 using ops::DType;
 
-model::LlamaConfig odd_config(bool tied) {
+model::LlamaConfig odd_config(bool tied, bool qwen2 = false) {
   model::LlamaConfig c = llama_config("odd", {12, 2, 3, 1, 6, 10, 11});
   c.rope_theta = 100.0;
   c.tie_word_embeddings = tied;
+  if (qwen2) {
+    c.model_type = "qwen2";
+    c.qkv_bias = true;
+  }
   return c;
 }
 
-// (tied, activation policy, MLP tile: 0 = untiled, 3 = four tiles of the 10 tokens, the last short)
-class ModelGrad : public ::testing::TestWithParam<std::tuple<bool, CheckpointPolicy, int64_t>> {};
+// (tied, activation policy, MLP tile: 0 = untiled, 3 = four tiles of the 10 tokens, the last
+// short, qwen2: q/k/v biases)
+class ModelGrad : public ::testing::TestWithParam<std::tuple<bool, CheckpointPolicy, int64_t, bool>> {};
 
 TEST_P(ModelGrad, MatchesFiniteDifferences) {
-  const auto [tied, policy, mlp_tile] = GetParam();
+  const auto [tied, policy, mlp_tile, qwen2] = GetParam();
   std::mt19937_64 rng(test_seed());
-  const model::LlamaConfig cfg = odd_config(tied);
+  const model::LlamaConfig cfg = odd_config(tied, qwen2);
   auto be = ops::make_cpu_backend();
   model::LlamaModel m(cfg, *be, DType::F64, {policy, 3, mlp_tile});
   std::vector<ops::Buffer> pb, gb;
@@ -80,7 +85,7 @@ INSTANTIATE_TEST_SUITE_P(All, ModelGrad,
                          ::testing::Combine(::testing::Bool(),
                                             ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
                                                               CheckpointPolicy::AttentionOutput),
-                                            ::testing::Values(int64_t{0}, int64_t{3})));
+                                            ::testing::Values(int64_t{0}, int64_t{3}), ::testing::Bool()));
 
 TEST(ParamLayout, UnitsAndOffsets) {
   const model::ParamLayout untied(odd_config(false)), tied(odd_config(true));
@@ -101,6 +106,16 @@ TEST(ParamLayout, UnitsAndOffsets) {
   size_t u = 0, t = 0;
   EXPECT_TRUE(untied.find("lm_head.weight", u, t));
   EXPECT_FALSE(tied.find("lm_head.weight", u, t));
+  // qwen2: the q/k/v biases after the norms, zero-initialised, without weight decay.
+  const model::ParamLayout qwen(odd_config(false, true));
+  const model::ParamUnit& q1 = qwen.units()[qwen.layer_unit(1)];
+  ASSERT_EQ(q1.tensors.size(), static_cast<size_t>(model::kLayerTensors));
+  EXPECT_EQ(q1.tensors[model::kQBias].hf_name, "model.layers.1.self_attn.q_proj.bias");
+  EXPECT_EQ(q1.tensors[model::kVBias].shape, std::vector<int64_t>{6});
+  EXPECT_TRUE(q1.tensors[model::kKBias].is_bias);
+  EXPECT_FALSE(q1.tensors[model::kKBias].decay);
+  EXPECT_EQ(q1.numel, l1.numel + 18 + 6 + 6);
+  EXPECT_EQ(qwen.total_numel(), odd_config(false, true).num_parameters());
 }
 
 }  // namespace

@@ -96,6 +96,16 @@ void compare(const model::LlamaConfig& cfg, const Param& prm, bool forward_exact
 // Groups of 2 or 4 query heads of 4: Hq/G x hd is not a multiple of 256 (forward within rounding).
 TEST_P(ModelHeadGroups, MatchesUntiledLayer) { compare(config(3, 4), GetParam(), false); }
 
+// qwen2's q/k/v biases: each group adds and differentiates its slice of them.
+TEST(ModelHeadGroupsQwen2, BiasesMatchUntiledLayer) {
+  model::LlamaConfig cfg = config(3, 4);
+  cfg.model_type = "qwen2";
+  cfg.qkv_bias = true;
+  compare(cfg, {2, CheckpointPolicy::Layer, 0, false}, false);
+  compare(cfg, {4, CheckpointPolicy::AttentionOutput, 5, true}, false);
+  compare(cfg, {2, CheckpointPolicy::None, 0, false}, false);
+}
+
 std::vector<Param> params() {
   std::vector<Param> v;
   for (int64_t G : {2, 4})

@@ -29,6 +29,7 @@ struct SpCase {
   CheckpointPolicy policy = CheckpointPolicy::Layer;
   bool offload = false;
   bool documents = false;  // data.document_mask on short packed documents
+  bool qwen2 = false;      // the tiny shape as a qwen2 model (q/k/v biases)
 };
 
 std::string shared_dir(const dist::Runtime& rt, uint64_t& seed) {
@@ -64,6 +65,15 @@ void check_case(const SpCase& c) {
     MPI_Barrier(MPI_COMM_WORLD);
     par.activation.checkpoint = c.policy;
     if (c.offload) par.activation.offload = OffloadTarget::Cpu;
+  }
+  if (c.qwen2) {
+    par.model.config = path + "/qwen2.yaml";
+    if (rt.rank() == 0)
+      std::ofstream(par.model.config) << "model_type: qwen2\nhidden_size: 64\nnum_hidden_layers: 2\n"
+                                         "num_attention_heads: 4\nnum_key_value_heads: 2\nhead_dim: 16\n"
+                                         "intermediate_size: 96\nvocab_size: 256\nmax_position_embeddings: 2048\n"
+                                         "rms_norm_eps: 1.0e-6\nrope_theta: 1000000.0\ntie_word_embeddings: true\n";
+    MPI_Barrier(MPI_COMM_WORLD);
   }
   par.data.seq_length = 37;
   if (c.documents) {
@@ -220,6 +230,17 @@ TEST(TrainerSequenceParallel, DataTimesZigzag) {
   if (w < 4) GTEST_SKIP() << "needs 4 ranks for 2 x 2";
   check_case({SeqParallelMode::ZigzagRing, 2, 0, 2});
   check_case({SeqParallelMode::ZigzagRing, 2, 0, 2, 1, CheckpointPolicy::Layer, false, true});
+}
+
+// A qwen2 model (q/k/v biases, tied embeddings) in every mode.
+TEST(TrainerSequenceParallel, Qwen2EveryMode) {
+  int w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &w);
+  check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, true});
+  check_case({SeqParallelMode::DistFlash, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, true});
+  if (w % 2 != 0) return;  // ulysses (4 heads) and usp (ulysses 2) need an even world
+  check_case({SeqParallelMode::Ulysses, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, true});
+  check_case({SeqParallelMode::Usp, 0, 2, 1, 1, CheckpointPolicy::Layer, false, false, true});
 }
 
 // Packed documents under data.document_mask in every mode (zigzag with the attention output
