@@ -108,6 +108,14 @@ void LlamaModel::visit_workspace(const WorkspaceDims& dims, Workspace* ws, const
     visit({p + "o", dt, n * qd / per, false, q_shape, "attention output"}, a ? &a->o : nullptr);
     visit({p + "lse", st, lse_n / per, false, part ? "B x Hq/G x S" : "B x Hq x S", "attention LSE"},
           a ? &a->lse : nullptr);
+    if (c.qk_norm) {
+      visit({p + "q_lin", dt, n * qd / per, false, q_shape, "queries before their norm"}, a ? &a->q_lin : nullptr);
+      visit({p + "k_lin", dt, n * kvd / per, false, kv_shape, "keys before their norm"}, a ? &a->k_lin : nullptr);
+      visit({p + "q_rstd", st, n * c.num_heads / per, false, part ? "n x Hq/G" : "n x Hq", "query norm rstd"},
+            a ? &a->q_rstd : nullptr);
+      visit({p + "k_rstd", st, n * c.num_kv_heads / per, false, part ? "n x Hkv/G" : "n x Hkv", "key norm rstd"},
+            a ? &a->k_rstd : nullptr);
+    }
     visit({p + "x_mid", dt, n * d, false, "n x D", "residual after attention"}, a ? &a->x_mid : nullptr);
     visit({p + "h2", dt, mt * d, false, mt == n ? "n x D" : "mlp_tile x D",
            mt == n ? "MLP norm output" : "MLP norm output (one tile's rows)"},
@@ -209,16 +217,6 @@ LlamaModel::Workspace& LlamaModel::workspace(const Batch& b, bool for_backward) 
   return *ws_;
 }
 
-void LlamaModel::add_bias(const Buffer& ones, const Tensor& bias, const Tensor& y) {
-  const int64_t n = y.dim(0), m = y.numel() / n;
-  be_.matmul(ones.flat().slice_flat(0, {n, 1}), false, bias.reshape({1, m}), false, y, 1.0, 1.0);
-}
-
-void LlamaModel::bias_grad(const Buffer& ones, const Tensor& dy, const Tensor& gbias) {
-  const int64_t n = dy.dim(0), m = dy.numel() / n;
-  be_.matmul(ones.flat().slice_flat(0, {1, n}), false, dy, false, gbias.reshape({1, m}), 1.0, 1.0);
-}
-
 // Rows [r0, r0 + rows) of the MLP's input norm (h2, rstd2) from x_mid, into the tile-sized h2:
 // RMSNorm is row by row, so these are the rows the whole-sequence norm would give.
 Tensor LlamaModel::mlp_norm_tile(const Tensor& w, LayerActs& a, const Tensor& x_mid, int64_t r0, int64_t rows) {
@@ -245,18 +243,9 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Tensor
   if (opts_.head_groups > 1) {
     attention_forward_grouped(w, h1, b, a, ws, x_mid, saved);
   } else {
-    const Tensor q = a.q.view({n, hq * hd}), k = a.k.view({n, hkv * hd});
-    const Tensor v = a.v.view({n, hkv * hd}), o = a.o.view({n, hq * hd});
-    be_.matmul(h1, false, W(kQ), true, q);
-    be_.matmul(h1, false, W(kK), true, k);
-    be_.matmul(h1, false, W(kV), true, v);
-    if (cfg_.qkv_bias) {
-      add_bias(ws.ones, W(kQBias), q);
-      add_bias(ws.ones, W(kKBias), k);
-      add_bias(ws.ones, W(kVBias), v);
-    }
-    be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
-    be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
+    const QkvActs qa = qkv_acts(a, n, 0, 1);
+    const Tensor &q = qa.q, &k = qa.k, &v = qa.v, o = a.o.view({n, hq * hd});
+    project_qkv(h1, qkv_weights(w, 0, 1), qa, ws.ones, b);
     if (!saved.restored)
       attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                       v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
@@ -333,13 +322,8 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
                    a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd)), b.docs()},
                   {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
                    dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
-  be_.rope(dq.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), true);
-  be_.rope(dk.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), true);
-  if (cfg_.qkv_bias) {
-    bias_grad(ws.ones, dq, G(kQBias));
-    bias_grad(ws.ones, dk, G(kKBias));
-    bias_grad(ws.ones, dv, G(kVBias));
-  }
+  qkv_backward(qkv_weights(w, 0, 1), qkv_weights(gw, 0, 1), qkv_acts(a, n, 0, 1), dq, dk, dv, ws.head_in.flat(),
+               ws.ones, b);
   be_.matmul(dq, false, W(kQ), false, dh);
   be_.matmul(dk, false, W(kK), false, dh, 1.0, 1.0);
   be_.matmul(dv, false, W(kV), false, dh, 1.0, 1.0);

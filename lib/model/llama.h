@@ -154,6 +154,10 @@ class LlamaModel {
 
   // Views of one tensor inside a unit view (the unit's dtype).
   ops::Tensor tensor_view(const ops::Tensor& unit, size_t unit_index, size_t tensor_index) const;
+  // A layer tensor by name (its index from ParamLayout::layer_slot).
+  ops::Tensor tensor_view(const ops::Tensor& unit, size_t unit_index, LayerTensor t) const {
+    return tensor_view(unit, unit_index, layout_.layer_slot(t));
+  }
 
   // Forward + backward of grad_scale * sum(NLL over labelled tokens); grads accumulate.
   // Returns the NLL sum and label count of this batch.
@@ -215,6 +219,21 @@ class LlamaModel {
                               ops::Tensor& embed_grad);
   void embedding_backward(ParamSource& src, const Batch& b, Workspace& ws, const ops::Tensor& embed_grad);
   ops::Tensor checked(const ops::Tensor& t, size_t unit, DType want, const char* what) const;
+  // The attention's input projections (llama_qkv.cpp): q, k, v from the input norm's output,
+  // qwen2's biases, qwen3's per-head q/k norms, RoPE; and their backward down to the
+  // projections' outputs. One head group's views (or every head's).
+  struct QkvWeights;
+  struct QkvActs;
+  QkvWeights qkv_weights(const ops::Tensor& unit, int64_t g, int64_t groups) const;
+  // Group g of G's views into a layer's activations (group-major when they hold every group).
+  QkvActs qkv_acts(LayerActs& a, int64_t n, int64_t g, int64_t groups) const;
+  void project_qkv(const ops::Tensor& h1, const QkvWeights& w, const QkvActs& a, const ops::Buffer& ones,
+                   const Batch& b);
+  // dq, dk: gradients of the roped q and k on entry, of the projections' outputs on return;
+  // the bias and norm gradients accumulate into gw (scratch: [n, Hq hd] of the group, free).
+  void qkv_backward(const QkvWeights& w, const QkvWeights& gw, const QkvActs& a, const ops::Tensor& dq,
+                    const ops::Tensor& dk, const ops::Tensor& dv, const ops::Tensor& scratch, const ops::Buffer& ones,
+                    const Batch& b);
   // qwen2's q/k/v biases, through matmul with a column of ones (no op of their own):
   // y[n, m] += 1 bias (forward); gbias[m] += 1^T dy (backward).
   void add_bias(const ops::Buffer& ones, const ops::Tensor& bias, const ops::Tensor& y);

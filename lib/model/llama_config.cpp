@@ -357,6 +357,7 @@ int64_t LlamaConfig::num_parameters() const {
   layer = checked_add(layer, el({3, d, intermediate_size}, "3 x hidden_size x intermediate_size (MLP)"), w);
   layer = checked_add(layer, el({2, d}, "2 x hidden_size (norms)"), w);
   if (qkv_bias) layer = checked_add(layer, checked_add(q_dim(), 2 * kv_dim(), w), w);
+  if (qk_norm) layer = checked_add(layer, 2 * head_dim, w);
   const int64_t embed = el({vocab_size, d, tie_word_embeddings ? 1 : 2}, "vocab_size x hidden_size (embedding, head)");
   const int64_t layers = el({num_layers, layer}, "num_hidden_layers x the parameters of a layer");
   return checked_elements({checked_add(checked_add(embed, layers, w), d, w)}, w);
@@ -365,10 +366,10 @@ int64_t LlamaConfig::num_parameters() const {
 Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   Json j = Json::object();
   Json arch = Json::array();
-  const bool qwen2 = model_type == "qwen2";
-  arch.push_back(Json(qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
+  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3";
+  arch.push_back(Json(qwen2 ? "Qwen2ForCausalLM" : qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
   j.set("architectures", arch);
-  j.set("model_type", qwen2 ? "qwen2" : "llama");
+  j.set("model_type", qwen2 || qwen3 ? model_type : "llama");
   j.set("hidden_size", hidden_size);
   j.set("intermediate_size", intermediate_size);
   j.set("num_hidden_layers", num_layers);
@@ -396,11 +397,10 @@ Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   j.set("bos_token_id", bos_token_id);
   j.set("eos_token_id", eos_token_id);
   j.set("hidden_act", "silu");
-  if (qwen2) {  // Qwen2Config: the q/k/v bias is the architecture's, no flag; no window
-    j.set("use_sliding_window", false);
-  } else {
+  if (qwen2 || qwen3) j.set("use_sliding_window", false);  // full attention
+  if (!qwen2) {                                            // Qwen2Config: the q/k/v bias is the architecture's, no flag
     j.set("attention_bias", false);
-    j.set("mlp_bias", false);
+    if (!qwen3) j.set("mlp_bias", false);
   }
   j.set("torch_dtype", torch_dtype);
   return j;
@@ -408,9 +408,10 @@ Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
 
 std::string LlamaConfig::describe() const {
   std::ostringstream os;
-  os << name << ": " << model_type << (qkv_bias ? " (q/k/v bias)" : "") << ", hidden " << hidden_size << ", layers "
-     << num_layers << ", heads " << num_heads << "/" << num_kv_heads << " (head_dim " << head_dim << "), mlp "
-     << intermediate_size << ", vocab " << vocab_size << ", rope_theta " << rope_theta;
+  os << name << ": " << model_type << (qkv_bias ? " (q/k/v bias)" : "") << (qk_norm ? " (q/k norms)" : "")
+     << ", hidden " << hidden_size << ", layers " << num_layers << ", heads " << num_heads << "/" << num_kv_heads
+     << " (head_dim " << head_dim << "), mlp " << intermediate_size << ", vocab " << vocab_size << ", rope_theta "
+     << rope_theta;
   if (rope_scaling.kind != RopeScalingKind::None)
     os << " (" << (rope_scaling.kind == RopeScalingKind::Linear ? "linear" : "llama3") << " x" << rope_scaling.factor
        << ")";
@@ -423,8 +424,8 @@ LlamaConfig llama_config_from_json(const Json& j, const std::string& src) {
   EASYCTX_CHECK_INPUT(j.is_object(), src, ": expected a JSON object");
   std::string type = "llama";
   if (const Json* mt = j.find("model_type"); mt && mt->is_string()) type = mt->as_string();
-  EASYCTX_CHECK_INPUT(type == "llama" || type == "mistral" || type == "qwen2", src, ": model_type '", type,
-                      "' is not supported (llama, mistral, qwen2)");
+  EASYCTX_CHECK_INPUT(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3", src, ": model_type '",
+                      type, "' is not supported (llama, mistral, qwen2, qwen3)");
   check_neutral_keys(j, src);
   for (const char* k : {"attention_bias", "mlp_bias"})
     if (const Json* b = j.find(k); b && b->is_bool())
@@ -433,8 +434,9 @@ LlamaConfig llama_config_from_json(const Json& j, const std::string& src) {
     EASYCTX_CHECK_INPUT(act->as_string() == "silu", src, ": hidden_act '", act->as_string(), "' (only silu)");
   LlamaConfig c;
   c.name = src;
-  c.model_type = type == "qwen2" ? "qwen2" : "llama";
+  c.model_type = type == "mistral" ? "llama" : type;
   c.qkv_bias = type == "qwen2";  // Qwen2Attention: q/k/v_proj with bias, o_proj without
+  c.qk_norm = type == "qwen3";   // Qwen3Attention: q_norm/k_norm over head_dim before RoPE
   c.hidden_size = get_int(j, "hidden_size", src, 0, true);
   c.num_layers = get_int(j, "num_hidden_layers", src, 0, true);
   c.num_heads = get_int(j, "num_attention_heads", src, 0, true);

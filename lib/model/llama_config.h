@@ -1,5 +1,5 @@
 // Llama-family model shape: read from a Hugging Face config.json (Llama 2/3, TinyLlama,
-// Mistral without a sliding window, Qwen2/Qwen2.5 with their q/k/v bias,
+// Mistral without a sliding window, Qwen2/Qwen2.5 with their q/k/v bias, Qwen3 with its q/k norms,
 // transformers 4.x `rope_theta`/`rope_scaling` or 5.x `rope_parameters`), or from a model
 // YAML using the same key names (configs/models/<preset>.yaml). Also computes RoPE inverse
 // frequencies exactly as HF does (default, linear, llama3 scaling; fp32 like HF).
@@ -44,6 +44,9 @@ struct LlamaConfig {
   // q, k and v projections, qkv_bias); the HF export writes the matching architecture.
   std::string model_type = "llama";
   bool qkv_bias = false;
+  // "qwen3": RMSNorm over each head's q and k (one gain per head dimension, shared by the
+  // heads, the norm's epsilon rms_norm_eps) after the projection, before RoPE.
+  bool qk_norm = false;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
   int64_t num_heads = 0;

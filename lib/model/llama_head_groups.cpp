@@ -13,16 +13,6 @@ namespace easyctx::model {
 using ops::Buffer;
 using ops::Tensor;
 
-namespace {
-// Group g's part of a group-major buffer that holds either every group (G x per elements) or
-// one (per elements: the same memory serves each group in turn).
-Tensor group_part(const Buffer& b, int64_t g, int64_t groups, int64_t per) {
-  EASYCTX_CHECK(b.numel() == per || b.numel() == groups * per, "LlamaModel: head-group buffer of ", b.numel(),
-                " elements, expected ", per, " or ", groups * per);
-  return b.flat().slice_flat(b.numel() == per ? 0 : g * per, {per});
-}
-}  // namespace
-
 // The attention block in G head groups: group g's query heads [g Hq/G, (g+1) Hq/G) read only
 // its key/value heads [g Hkv/G, (g+1) Hkv/G) (query head h uses kv head h / (Hq/Hkv)), so each
 // group is a self-contained attention over rows of W_Q, W_K, W_V (contiguous) and the matching
@@ -39,7 +29,7 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
   const size_t ui = layout_.layer_unit(0);
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, hd = cfg_.head_dim, G = opts_.head_groups;
-  const int64_t hq = cfg_.num_heads / G, hkv = cfg_.num_kv_heads / G, qd = hq * hd, kvd = hkv * hd;
+  const int64_t hq = cfg_.num_heads / G, hkv = cfg_.num_kv_heads / G, qd = hq * hd;
   const int64_t lse_n = b.batch * hq * b.seq;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   const Tensor wo = ws.wo.view({d, qd}), Wo = W(kO).reshape({d * G * qd});
@@ -51,9 +41,8 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
     if (saved.restored) {
       o = streamed ? store.fetch_group(saved_o, saved_lse, g, G, false).o : group_part(saved_o, g, n * qd);
     } else {
-      const Tensor q = group_part(a.q, g, G, n * qd).reshape({n, qd});
-      const Tensor k = group_part(a.k, g, G, n * kvd).reshape({n, kvd});
-      const Tensor v = group_part(a.v, g, G, n * kvd).reshape({n, kvd});
+      const QkvActs qa = qkv_acts(a, n, g, G);
+      const Tensor &q = qa.q, &k = qa.k, &v = qa.v;
       Tensor lse = group_part(a.lse, g, G, lse_n);
       ActivationStore::GroupSlot slot;
       if (streamed) {  // o and LSE straight into a device slot, which then leaves for the host
@@ -61,16 +50,7 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
         o = slot.o;
         lse = slot.lse;
       }
-      be_.matmul(h1, false, W(kQ).slice_flat(g * qd * d, {qd, d}), true, q);
-      be_.matmul(h1, false, W(kK).slice_flat(g * kvd * d, {kvd, d}), true, k);
-      be_.matmul(h1, false, W(kV).slice_flat(g * kvd * d, {kvd, d}), true, v);
-      if (cfg_.qkv_bias) {
-        add_bias(ws.ones, W(kQBias).slice_flat(g * qd, {qd}), q);
-        add_bias(ws.ones, W(kKBias).slice_flat(g * kvd, {kvd}), k);
-        add_bias(ws.ones, W(kVBias).slice_flat(g * kvd, {kvd}), v);
-      }
-      be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
-      be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
+      project_qkv(h1, qkv_weights(w, g, G), qa, ws.ones, b);
       group_attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                             v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
                             lse.reshape({b.batch, hq, b.seq}), scale, b.docs()});
@@ -111,9 +91,8 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
   const Tensor dattn = ws.head_in.view({n, qd}), dq = ws.dq.view({n, qd}), dk = ws.dk.view({n, kvd});
   const Tensor dv = ws.dv.view({n, kvd}), dh = ws.dh.view({n, d}), h1 = a.h1.view({n, d});
   for (int64_t g = 0; g < G; ++g) {
-    const Tensor q = group_part(a.q, g, G, n * qd).reshape({n, qd});
-    const Tensor k = group_part(a.k, g, G, n * kvd).reshape({n, kvd});
-    const Tensor v = group_part(a.v, g, G, n * kvd).reshape({n, kvd});
+    const QkvActs qa = qkv_acts(a, n, g, G);
+    const Tensor &q = qa.q, &k = qa.k, &v = qa.v;
     Tensor o = restored ? group_part(saved_o, g, n * qd) : group_part(a.o, g, G, n * qd);
     Tensor lse = restored ? group_part(saved_lse, g, lse_n) : group_part(a.lse, g, G, lse_n);
     if (streamed) {
@@ -122,8 +101,7 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
       lse = f.lse;
     }
     o = o.reshape({n, qd});
-    const Tensor wq = W(kQ).slice_flat(g * qd * d, {qd, d}), wk = W(kK).slice_flat(g * kvd * d, {kvd, d});
-    const Tensor wv = W(kV).slice_flat(g * kvd * d, {kvd, d});
+    const QkvWeights qw = qkv_weights(w, g, G);
     const attention::AttentionTensors t{q.reshape({b.batch, b.seq, hq, hd}),
                                         k.reshape({b.batch, b.seq, hkv, hd}),
                                         v.reshape({b.batch, b.seq, hkv, hd}),
@@ -132,16 +110,7 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
                                         scale,
                                         b.docs()};
     if (!kept) {
-      be_.matmul(h1, false, wq, true, q);
-      be_.matmul(h1, false, wk, true, k);
-      be_.matmul(h1, false, wv, true, v);
-      if (cfg_.qkv_bias) {
-        add_bias(ws.ones, W(kQBias).slice_flat(g * qd, {qd}), q);
-        add_bias(ws.ones, W(kKBias).slice_flat(g * kvd, {kvd}), k);
-        add_bias(ws.ones, W(kVBias).slice_flat(g * kvd, {kvd}), v);
-      }
-      be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
-      be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
+      project_qkv(h1, qw, qa, ws.ones, b);
       if (!restored) group_attn_->forward(t);
     }
     be_.copy_2d(wo, qd, Wo.slice_flat(g * qd, {Wo.numel() - g * qd}), G * qd, d, qd);
@@ -152,16 +121,10 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
     be_.copy_2d(dwo_part, G * qd, dwo, qd, d, qd);
     group_attn_->backward(t, {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
                               dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
-    be_.rope(dq.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), true);
-    be_.rope(dk.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), true);
-    if (cfg_.qkv_bias) {
-      bias_grad(ws.ones, dq, Gr(kQBias).slice_flat(g * qd, {qd}));
-      bias_grad(ws.ones, dk, Gr(kKBias).slice_flat(g * kvd, {kvd}));
-      bias_grad(ws.ones, dv, Gr(kVBias).slice_flat(g * kvd, {kvd}));
-    }
-    be_.matmul(dq, false, wq, false, dh, 1.0, g == 0 ? 0.0 : 1.0);
-    be_.matmul(dk, false, wk, false, dh, 1.0, 1.0);
-    be_.matmul(dv, false, wv, false, dh, 1.0, 1.0);
+    qkv_backward(qw, qkv_weights(gw, g, G), qa, dq, dk, dv, ws.head_in.flat(), ws.ones, b);
+    be_.matmul(dq, false, qw.wq, false, dh, 1.0, g == 0 ? 0.0 : 1.0);
+    be_.matmul(dk, false, qw.wk, false, dh, 1.0, 1.0);
+    be_.matmul(dv, false, qw.wv, false, dh, 1.0, 1.0);
     be_.matmul(dq, true, h1, false, Gr(kQ).slice_flat(g * qd * d, {qd, d}), 1.0, 1.0);
     be_.matmul(dk, true, h1, false, Gr(kK).slice_flat(g * kvd * d, {kvd, d}), 1.0, 1.0);
     be_.matmul(dv, true, h1, false, Gr(kV).slice_flat(g * kvd * d, {kvd, d}), 1.0, 1.0);

@@ -33,6 +33,14 @@ void LlamaModel::visit_score_workspace(const LlamaConfig& c, const ModelOptions&
         ws ? &ws->down : nullptr);
   if (c.qkv_bias)
     visit(BufferSpec{"fwd.ones", dt, n, false, "n", "ones (the q/k/v bias by matmul)"}, ws ? &ws->ones : nullptr);
+  if (!c.qk_norm) return;
+  visit(BufferSpec{"fwd.q_lin", dt, n * c.q_dim(), false, "n x Hq x hd", "queries before their norm"},
+        ws ? &ws->q_lin : nullptr);
+  visit(BufferSpec{"fwd.k_lin", dt, n * c.kv_dim(), false, "n x Hkv x hd", "keys before their norm"},
+        ws ? &ws->k_lin : nullptr);
+  visit(BufferSpec{"fwd.q_rstd", st, n * c.num_heads, false, "n x Hq", "query norm rstd"}, ws ? &ws->q_rstd : nullptr);
+  visit(BufferSpec{"fwd.k_rstd", st, n * c.num_kv_heads, false, "n x Hkv", "key norm rstd"},
+        ws ? &ws->k_rstd : nullptr);
 }
 
 std::vector<BufferSpec> LlamaModel::score_workspace_specs(const LlamaConfig& c, const ModelOptions& o, DType dtype,
@@ -52,16 +60,17 @@ void LlamaModel::score_layer(const Tensor& w, const Batch& b, ScoreWorkspace& ws
   const Tensor q = ws.q.view({n, hq * hd}), k = ws.k.view({n, hkv * hd}), v = ws.v.view({n, hkv * hd});
   const Tensor o = ws.o.view({n, hq * hd});
   be_.rmsnorm_fwd(x, W(kAttnNorm), cfg_.rms_norm_eps, h, rstd);
-  be_.matmul(h, false, W(kQ), true, q);
-  be_.matmul(h, false, W(kK), true, k);
-  be_.matmul(h, false, W(kV), true, v);
-  if (cfg_.qkv_bias) {
-    add_bias(ws.ones, W(kQBias), q);
-    add_bias(ws.ones, W(kKBias), k);
-    add_bias(ws.ones, W(kVBias), v);
+  QkvActs qa;
+  qa.q = q;
+  qa.k = k;
+  qa.v = v;
+  if (cfg_.qk_norm) {
+    qa.q_lin = ws.q_lin.view({n, hq * hd});
+    qa.k_lin = ws.k_lin.view({n, hkv * hd});
+    qa.q_rstd = ws.q_rstd.view({n * hq});
+    qa.k_rstd = ws.k_rstd.view({n * hkv});
   }
-  be_.rope(q.reshape({n, hq, hd}), b.positions, inv_freq_.flat(), false);
-  be_.rope(k.reshape({n, hkv, hd}), b.positions, inv_freq_.flat(), false);
+  project_qkv(h, qkv_weights(w, 0, 1), qa, ws.ones, b);
   attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                   v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
                   ws.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd)), b.docs()});

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/error.h"
 #include "model/activation_store.h"
 #include "model/llama.h"
 
@@ -15,6 +16,14 @@ inline DType stat_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::
 // Group g's part of a group-major checkpoint (head groups: [G][per] elements), as a flat view.
 inline ops::Tensor group_part(const ops::Tensor& t, int64_t g, int64_t per) {
   return t.reshape({t.numel()}).slice_flat(g * per, {per});
+}
+
+// Group g's part of a group-major buffer that holds either every group (G x per elements) or
+// one (per elements: the same memory serves each group in turn).
+inline ops::Tensor group_part(const ops::Buffer& b, int64_t g, int64_t groups, int64_t per) {
+  EASYCTX_CHECK(b.numel() == per || b.numel() == groups * per, "LlamaModel: head-group buffer of ", b.numel(),
+                " elements, expected ", per, " or ", groups * per);
+  return b.flat().slice_flat(b.numel() == per ? 0 : g * per, {per});
 }
 
 // Every buffer sized for `tokens` tokens; views take their first elements, so a workspace
@@ -30,24 +39,44 @@ struct LlamaModel::ScoreWorkspace {
   ops::Buffer g, u, m;     // [mlp rows, I]
   ops::Buffer down;        // [mlp rows, D]  the MLP output of one tile, before the residual add
   ops::Buffer ones;        // [n] ones (qkv_bias: the bias add as a rank-one product)
+  ops::Buffer q_lin, k_lin, q_rstd, k_rstd;  // qk_norm: the projections before their norms, rstd
+};
+
+// The projection weights of one head group (g of G; every head when G = 1): views into a
+// layer unit of parameters or of gradients. Biases (qkv_bias) and norms (qk_norm: the
+// whole [hd] gains, shared by every head) are empty where the model has none.
+struct LlamaModel::QkvWeights {
+  ops::Tensor wq, wk, wv;  // [Hq/G hd, D], [Hkv/G hd, D] x2
+  ops::Tensor bq, bk, bv;  // [Hq/G hd], [Hkv/G hd] x2
+  ops::Tensor qn, kn;      // [hd] x2
+};
+
+// One group's projections: q, k after RoPE, v; with qk_norm also the norms' inputs (the
+// projections' outputs) and their rstd, kept for the backward.
+struct LlamaModel::QkvActs {
+  ops::Tensor q, k, v;         // [n, Hq/G hd], [n, Hkv/G hd] x2
+  ops::Tensor q_lin, k_lin;    // qk_norm: [n, Hq/G hd], [n, Hkv/G hd]
+  ops::Tensor q_rstd, k_rstd;  // qk_norm: [n Hq/G], [n Hkv/G] stat dtype
 };
 
 // One layer's activations, all [n, ...] with n = batch * seq tokens. With head groups G > 1,
 // q, k, v, o and lse hold one head group ([n, Hq/G hd], ..., [B, Hq/G, S]), or, with
 // checkpoint none, every group one after the other (group-major: [G][n][Hq/G hd], ...).
 struct LlamaModel::LayerActs {
-  ops::Buffer h1;     // [n, D]  input RMSNorm output
-  ops::Buffer rstd1;  // [n]     stat dtype
-  ops::Buffer q;      // [n, Hq*hd] after RoPE
-  ops::Buffer k;      // [n, Hkv*hd] after RoPE
-  ops::Buffer v;      // [n, Hkv*hd]
-  ops::Buffer o;      // [n, Hq*hd] attention output
-  ops::Buffer lse;    // [B, Hq, S] stat dtype
-  ops::Buffer x_mid;  // [n, D]  residual after attention
-  ops::Buffer h2;     // [mlp rows, D]  post-attention RMSNorm output (one MLP tile's rows, or all n)
-  ops::Buffer rstd2;  // [n]
-  ops::Buffer g, u;   // [mlp rows, I]  gate and up projections (one MLP tile, or all n rows)
-  ops::Buffer m;      // [mlp rows, I]  silu(g) * u
+  ops::Buffer h1;              // [n, D]  input RMSNorm output
+  ops::Buffer rstd1;           // [n]     stat dtype
+  ops::Buffer q;               // [n, Hq*hd] after RoPE
+  ops::Buffer k;               // [n, Hkv*hd] after RoPE
+  ops::Buffer v;               // [n, Hkv*hd]
+  ops::Buffer o;               // [n, Hq*hd] attention output
+  ops::Buffer lse;             // [B, Hq, S] stat dtype
+  ops::Buffer q_lin, k_lin;    // qk_norm: [n, Hq*hd], [n, Hkv*hd] the projections before their norms
+  ops::Buffer q_rstd, k_rstd;  // qk_norm: [n Hq], [n Hkv] stat dtype
+  ops::Buffer x_mid;           // [n, D]  residual after attention
+  ops::Buffer h2;              // [mlp rows, D]  post-attention RMSNorm output (one MLP tile's rows, or all n)
+  ops::Buffer rstd2;           // [n]
+  ops::Buffer g, u;            // [mlp rows, I]  gate and up projections (one MLP tile, or all n rows)
+  ops::Buffer m;               // [mlp rows, I]  silu(g) * u
 };
 
 // The model's own buffers of a training step or forward-only pass (the checkpoints are the

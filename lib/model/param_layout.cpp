@@ -1,6 +1,7 @@
 #include "model/param_layout.h"
 
 #include "core/checked.h"
+#include "core/error.h"
 
 namespace easyctx::model {
 namespace {
@@ -44,12 +45,27 @@ ParamLayout::ParamLayout(const LlamaConfig& c) {
       add(u, p + "self_attn.k_proj.bias", {kv}, false, true);
       add(u, p + "self_attn.v_proj.bias", {kv}, false, true);
     }
+    if (c.qk_norm) {  // one gain per head dimension, shared by the heads
+      add(u, p + "self_attn.q_norm.weight", {c.head_dim}, true);
+      add(u, p + "self_attn.k_norm.weight", {c.head_dim}, true);
+    }
     units_.push_back(std::move(u));
+  }
+  int next = 0;
+  for (int t = 0; t < kLayerTensors; ++t) {
+    const bool present = t <= kMlpNorm || (t <= kVBias ? c.qkv_bias : c.qk_norm);
+    if (present) slot_[static_cast<size_t>(t)] = next++;
   }
   ParamUnit head{"head", 0, {}};
   add(head, "model.norm.weight", {d}, true);
   if (!c.tie_word_embeddings) add(head, "lm_head.weight", {c.vocab_size, d}, false);
   units_.push_back(std::move(head));
+}
+
+size_t ParamLayout::layer_slot(LayerTensor t) const {
+  const int s = slot_.at(static_cast<size_t>(t));
+  EASYCTX_CHECK(s >= 0, "ParamLayout: this model's layers have no tensor ", static_cast<int>(t));
+  return static_cast<size_t>(s);
 }
 
 int64_t ParamLayout::total_numel() const {

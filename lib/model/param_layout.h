@@ -2,7 +2,7 @@
 // one flat buffer per decoder layer, and the head (final norm + lm_head, or the final norm
 // alone when embeddings are tied). Inside a layer unit the tensors sit at fixed offsets,
 // matrices first (q, k, v, o, gate, up, down), then the two norm vectors (then qwen2's q, k,
-// v biases), so a shard of a
+// v biases, qwen3's q and k norms), so a shard of a
 // unit is a plain slice and the same offsets serve master weights, gradients and Adam state.
 #pragma once
 #include <cstdint>
@@ -29,9 +29,26 @@ struct ParamUnit {
   std::vector<ParamTensor> tensors;
 };
 
-// Tensor order inside a layer unit; the q/k/v biases (LlamaConfig::qkv_bias) only exist in
-// qwen2 models, after the norms.
-enum LayerTensor { kQ = 0, kK, kV, kO, kGate, kUp, kDown, kAttnNorm, kMlpNorm, kQBias, kKBias, kVBias, kLayerTensors };
+// The tensors of a layer unit, in their order; the optional ones follow the norms when the
+// model has them: the q/k/v biases (LlamaConfig::qkv_bias, qwen2) and the per-head q/k norms
+// (LlamaConfig::qk_norm, qwen3). ParamLayout::layer_slot maps one to its index in the unit.
+enum LayerTensor {
+  kQ = 0,
+  kK,
+  kV,
+  kO,
+  kGate,
+  kUp,
+  kDown,
+  kAttnNorm,
+  kMlpNorm,
+  kQBias,
+  kKBias,
+  kVBias,
+  kQNorm,
+  kKNorm,
+  kLayerTensors
+};
 
 class ParamLayout {
  public:
@@ -42,6 +59,8 @@ class ParamLayout {
   size_t embed_unit() const { return 0; }
   size_t layer_unit(int64_t layer) const { return static_cast<size_t>(1 + layer); }
   size_t head_unit() const { return units_.size() - 1; }
+  // Index of a layer tensor inside every layer unit; throws Error for one this model lacks.
+  size_t layer_slot(LayerTensor t) const;
   int64_t total_numel() const;
   // (unit, tensor) of an HF name; false if absent.
   bool find(const std::string& hf_name, size_t& unit, size_t& tensor) const;
@@ -50,6 +69,7 @@ class ParamLayout {
 
  private:
   std::vector<ParamUnit> units_;
+  std::vector<int> slot_ = std::vector<int>(kLayerTensors, -1);  // LayerTensor -> index, -1: absent
 };
 
 }  // namespace easyctx::model

@@ -13,7 +13,8 @@ namespace {
 model::LlamaConfig from(const std::string& json) { return model::llama_config_from_json(parse_json(json), "t.json"); }
 
 TEST(LlamaConfig, PresetsLoad) {
-  for (const char* p : {"tiny", "demo", "tinyllama-1b", "llama2-7b", "llama2-13b", "llama3-8b", "qwen2.5-7b"}) {
+  for (const char* p :
+       {"tiny", "demo", "tinyllama-1b", "llama2-7b", "llama2-13b", "llama3-8b", "qwen2.5-7b", "qwen3-8b"}) {
     const model::LlamaConfig c = model::load_llama_config(p);
     EXPECT_EQ(c.name, p);
     EXPECT_NO_THROW(c.validate());
@@ -31,6 +32,11 @@ TEST(LlamaConfig, PresetsLoad) {
   EXPECT_EQ(q7.model_type, "qwen2");
   EXPECT_TRUE(q7.qkv_bias);
   EXPECT_EQ(q7.num_parameters(), 7615616512);
+  // Qwen3-8B: 8.19B with its q/k norms (the model card's 8.2B).
+  const model::LlamaConfig q8 = model::load_llama_config("qwen3-8b");
+  EXPECT_TRUE(q8.qk_norm);
+  EXPECT_FALSE(q8.qkv_bias);
+  EXPECT_EQ(q8.num_parameters(), 8190735360);
 }
 
 TEST(LlamaConfig, UnknownPresetSuggestsNearest) {

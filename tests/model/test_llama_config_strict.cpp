@@ -251,6 +251,13 @@ TEST(LlamaConfigStrict, HfConfigJsonExtrasAndSemanticKeys) {
   const model::LlamaConfig back = model::llama_config_from_json(hf, "export.json");
   EXPECT_TRUE(back.qkv_bias);
   EXPECT_EQ(back.num_parameters(), qwen.num_parameters());
+  // Qwen3: q/k norms, no bias; exported as Qwen3ForCausalLM with attention_bias false.
+  const model::LlamaConfig q3 =
+      from_json(shape_json("model_type", "\"qwen3\"").insert(1, "\"attention_bias\": false, "));
+  EXPECT_TRUE(q3.qk_norm);
+  const Json hf3 = q3.to_hf_json();
+  EXPECT_EQ(hf3.find("architectures")->as_array().at(0).as_string(), "Qwen3ForCausalLM");
+  EXPECT_TRUE(model::llama_config_from_json(hf3, "export.json").qk_norm);
   // Every golden config.json (written by transformers 5) and an export load as they are.
   for (const char* g : {"gqa", "tied_llama3", "gqa_hd64"})
     EXPECT_NO_THROW(model::load_llama_config(source_dir() + "/tests/golden/data/" + g + "/model"));

@@ -13,25 +13,25 @@ namespace {
 
 using ops::DType;
 
-model::LlamaConfig odd_config(bool tied, bool qwen2 = false) {
+// family: "llama", "qwen2" (q/k/v biases) or "qwen3" (per-head q/k norms).
+model::LlamaConfig odd_config(bool tied, const std::string& family = "llama") {
   model::LlamaConfig c = llama_config("odd", {12, 2, 3, 1, 6, 10, 11});
   c.rope_theta = 100.0;
   c.tie_word_embeddings = tied;
-  if (qwen2) {
-    c.model_type = "qwen2";
-    c.qkv_bias = true;
-  }
+  c.model_type = family;
+  c.qkv_bias = family == "qwen2";
+  c.qk_norm = family == "qwen3";
   return c;
 }
 
 // (tied, activation policy, MLP tile: 0 = untiled, 3 = four tiles of the 10 tokens, the last
-// short, qwen2: q/k/v biases)
-class ModelGrad : public ::testing::TestWithParam<std::tuple<bool, CheckpointPolicy, int64_t, bool>> {};
+// short, model family)
+class ModelGrad : public ::testing::TestWithParam<std::tuple<bool, CheckpointPolicy, int64_t, std::string>> {};
 
 TEST_P(ModelGrad, MatchesFiniteDifferences) {
-  const auto [tied, policy, mlp_tile, qwen2] = GetParam();
+  const auto [tied, policy, mlp_tile, family] = GetParam();
   std::mt19937_64 rng(test_seed());
-  const model::LlamaConfig cfg = odd_config(tied, qwen2);
+  const model::LlamaConfig cfg = odd_config(tied, family);
   auto be = ops::make_cpu_backend();
   model::LlamaModel m(cfg, *be, DType::F64, {policy, 3, mlp_tile});
   std::vector<ops::Buffer> pb, gb;
@@ -85,7 +85,8 @@ INSTANTIATE_TEST_SUITE_P(All, ModelGrad,
                          ::testing::Combine(::testing::Bool(),
                                             ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
                                                               CheckpointPolicy::AttentionOutput),
-                                            ::testing::Values(int64_t{0}, int64_t{3}), ::testing::Bool()));
+                                            ::testing::Values(int64_t{0}, int64_t{3}),
+                                            ::testing::Values("llama", "qwen2", "qwen3")));
 
 TEST(ParamLayout, UnitsAndOffsets) {
   const model::ParamLayout untied(odd_config(false)), tied(odd_config(true));
@@ -107,15 +108,23 @@ TEST(ParamLayout, UnitsAndOffsets) {
   EXPECT_TRUE(untied.find("lm_head.weight", u, t));
   EXPECT_FALSE(tied.find("lm_head.weight", u, t));
   // qwen2: the q/k/v biases after the norms, zero-initialised, without weight decay.
-  const model::ParamLayout qwen(odd_config(false, true));
+  const model::ParamLayout qwen(odd_config(false, "qwen2"));
   const model::ParamUnit& q1 = qwen.units()[qwen.layer_unit(1)];
-  ASSERT_EQ(q1.tensors.size(), static_cast<size_t>(model::kLayerTensors));
+  ASSERT_EQ(q1.tensors.size(), static_cast<size_t>(model::kLayerTensors) - 2);  // no q/k norms
   EXPECT_EQ(q1.tensors[model::kQBias].hf_name, "model.layers.1.self_attn.q_proj.bias");
   EXPECT_EQ(q1.tensors[model::kVBias].shape, std::vector<int64_t>{6});
   EXPECT_TRUE(q1.tensors[model::kKBias].is_bias);
   EXPECT_FALSE(q1.tensors[model::kKBias].decay);
   EXPECT_EQ(q1.numel, l1.numel + 18 + 6 + 6);
-  EXPECT_EQ(qwen.total_numel(), odd_config(false, true).num_parameters());
+  EXPECT_EQ(qwen.total_numel(), odd_config(false, "qwen2").num_parameters());
+  // qwen3: the q and k norms (one gain per head dimension) after the norms, no biases.
+  const model::ParamLayout q3(odd_config(false, "qwen3"));
+  const model::ParamUnit& l3 = q3.units()[q3.layer_unit(0)];
+  EXPECT_EQ(l3.tensors[q3.layer_slot(model::kKNorm)].hf_name, "model.layers.0.self_attn.k_norm.weight");
+  EXPECT_TRUE(l3.tensors[q3.layer_slot(model::kQNorm)].is_norm);
+  EXPECT_EQ(l3.numel, l1.numel + 2 * 6);
+  EXPECT_THROW(q3.layer_slot(model::kQBias), Error);
+  EXPECT_EQ(q3.total_numel(), odd_config(false, "qwen3").num_parameters());
 }
 
 }  // namespace

@@ -96,14 +96,18 @@ void compare(const model::LlamaConfig& cfg, const Param& prm, bool forward_exact
 // Groups of 2 or 4 query heads of 4: Hq/G x hd is not a multiple of 256 (forward within rounding).
 TEST_P(ModelHeadGroups, MatchesUntiledLayer) { compare(config(3, 4), GetParam(), false); }
 
-// qwen2's q/k/v biases: each group adds and differentiates its slice of them.
-TEST(ModelHeadGroupsQwen2, BiasesMatchUntiledLayer) {
-  model::LlamaConfig cfg = config(3, 4);
-  cfg.model_type = "qwen2";
-  cfg.qkv_bias = true;
-  compare(cfg, {2, CheckpointPolicy::Layer, 0, false}, false);
-  compare(cfg, {4, CheckpointPolicy::AttentionOutput, 5, true}, false);
-  compare(cfg, {2, CheckpointPolicy::None, 0, false}, false);
+// qwen2's q/k/v biases: each group adds and differentiates its slice of them; qwen3's q/k
+// norms: each group normalises its heads with the shared gains, whose gradient sums the groups.
+TEST(ModelHeadGroupsQwen, BiasesAndNormsMatchUntiledLayer) {
+  for (const char* family : {"qwen2", "qwen3"}) {
+    model::LlamaConfig cfg = config(3, 4);
+    cfg.model_type = family;
+    cfg.qkv_bias = cfg.model_type == "qwen2";
+    cfg.qk_norm = cfg.model_type == "qwen3";
+    compare(cfg, {2, CheckpointPolicy::Layer, 0, false}, false);
+    compare(cfg, {4, CheckpointPolicy::AttentionOutput, 5, true}, false);
+    compare(cfg, {2, CheckpointPolicy::None, 0, false}, false);
+  }
 }
 
 std::vector<Param> params() {

@@ -28,8 +28,8 @@ struct SpCase {
   int64_t groups = 1;
   CheckpointPolicy policy = CheckpointPolicy::Layer;
   bool offload = false;
-  bool documents = false;  // data.document_mask on short packed documents
-  bool qwen2 = false;      // the tiny shape as a qwen2 model (q/k/v biases)
+  bool documents = false;        // data.document_mask on short packed documents
+  const char* family = nullptr;  // the tiny shape as a "qwen2" (q/k/v biases) or "qwen3" (q/k norms) model
 };
 
 std::string shared_dir(const dist::Runtime& rt, uint64_t& seed) {
@@ -66,10 +66,11 @@ void check_case(const SpCase& c) {
     par.activation.checkpoint = c.policy;
     if (c.offload) par.activation.offload = OffloadTarget::Cpu;
   }
-  if (c.qwen2) {
-    par.model.config = path + "/qwen2.yaml";
+  if (c.family) {
+    par.model.config = path + "/" + c.family + ".yaml";
     if (rt.rank() == 0)
-      std::ofstream(par.model.config) << "model_type: qwen2\nhidden_size: 64\nnum_hidden_layers: 2\n"
+      std::ofstream(par.model.config) << "model_type: " << c.family
+                                      << "\nhidden_size: 64\nnum_hidden_layers: 2\n"
                                          "num_attention_heads: 4\nnum_key_value_heads: 2\nhead_dim: 16\n"
                                          "intermediate_size: 96\nvocab_size: 256\nmax_position_embeddings: 2048\n"
                                          "rms_norm_eps: 1.0e-6\nrope_theta: 1000000.0\ntie_word_embeddings: true\n";
@@ -232,15 +233,17 @@ TEST(TrainerSequenceParallel, DataTimesZigzag) {
   check_case({SeqParallelMode::ZigzagRing, 2, 0, 2, 1, CheckpointPolicy::Layer, false, true});
 }
 
-// A qwen2 model (q/k/v biases, tied embeddings) in every mode.
-TEST(TrainerSequenceParallel, Qwen2EveryMode) {
+// qwen2 (q/k/v biases) and qwen3 (q/k norms) models, tied embeddings, in every mode.
+TEST(TrainerSequenceParallel, QwenEveryMode) {
   int w = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &w);
-  check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, true});
-  check_case({SeqParallelMode::DistFlash, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, true});
-  if (w % 2 != 0) return;  // ulysses (4 heads) and usp (ulysses 2) need an even world
-  check_case({SeqParallelMode::Ulysses, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, true});
-  check_case({SeqParallelMode::Usp, 0, 2, 1, 1, CheckpointPolicy::Layer, false, false, true});
+  for (const char* f : {"qwen2", "qwen3"}) {
+    check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, f});
+    check_case({SeqParallelMode::DistFlash, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, f});
+    if (w % 2 != 0) continue;  // ulysses (4 heads) and usp (ulysses 2) need an even world
+    check_case({SeqParallelMode::Ulysses, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, f});
+    check_case({SeqParallelMode::Usp, 0, 2, 1, 1, CheckpointPolicy::Layer, false, false, f});
+  }
 }
 
 // Packed documents under data.document_mask in every mode (zigzag with the attention output
