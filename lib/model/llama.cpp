@@ -249,7 +249,7 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Tensor
     if (!saved.restored)
       attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                       v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                      a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd)), b.docs()});
+                      a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs()});
     be_.matmul(o, false, W(kO), true, x_mid);
   }
   be_.axpy(x_mid, x_in, 1.0);
@@ -317,11 +317,11 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   const Tensor dk = ws.dk.view({n, hkv * hd}), dv = ws.dv.view({n, hkv * hd}), h1 = a.h1.view({n, d});
   be_.matmul(dx, false, W(kO), false, dattn);
   be_.matmul(dx, true, a.o.view({n, hq * hd}), false, G(kO), 1.0, 1.0);
-  attn_->backward({a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}),
-                   a.v.view({b.batch, b.seq, hkv, hd}), a.o.view({b.batch, b.seq, hq, hd}),
-                   a.lse.view({b.batch, hq, b.seq}), 1.0 / std::sqrt(static_cast<double>(hd)), b.docs()},
-                  {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
-                   dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
+  attn_->backward(
+      {a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}), a.v.view({b.batch, b.seq, hkv, hd}),
+       a.o.view({b.batch, b.seq, hq, hd}), a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs()},
+      {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
+       dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
   qkv_backward(qkv_weights(w, 0, 1), qkv_weights(gw, 0, 1), qkv_acts(a, n, 0, 1), dq, dk, dv, ws.head_in.flat(),
                ws.ones, b);
   be_.matmul(dq, false, W(kQ), false, dh);

@@ -219,6 +219,9 @@ class LlamaModel {
                               ops::Tensor& embed_grad);
   void embedding_backward(ParamSource& src, const Batch& b, Workspace& ws, const ops::Tensor& embed_grad);
   ops::Tensor checked(const ops::Tensor& t, size_t unit, DType want, const char* what) const;
+  // The softmax scale: 1/sqrt(head_dim), times the square of yarn's attention factor (HF
+  // scales cos and sin, so q and k, by it).
+  double attention_scale() const;
   // The attention's input projections (llama_qkv.cpp): q, k, v from the input norm's output,
   // qwen2's biases, qwen3's per-head q/k norms, RoPE; and their backward down to the
   // projections' outputs. One head group's views (or every head's).

@@ -45,6 +45,31 @@ int64_t get_token_id(const Json& j, const char* key, const std::string& src, int
   return v->as_int();
 }
 
+// yarn's optional keys (absent or null: HF's defaults; beta_fast/slow 0 also, as HF's `or`).
+void parse_yarn(const Json& rs, const std::string& src, RopeScaling& r) {
+  r.kind = RopeScalingKind::Yarn;
+  auto opt = [&](const char* k, double def) {
+    const Json* v = rs.find(k);
+    return v && !v->is_null() ? get_num(rs, k, src, def) : def;
+  };
+  r.attention_factor = opt("attention_factor", 0);
+  r.beta_fast = opt("beta_fast", 32);
+  r.beta_slow = opt("beta_slow", 1);
+  if (r.beta_fast == 0) r.beta_fast = 32;
+  if (r.beta_slow == 0) r.beta_slow = 1;
+  r.mscale = opt("mscale", 0);
+  r.mscale_all_dim = opt("mscale_all_dim", 0);
+  if (const Json* v = rs.find("original_max_position_embeddings"); v && !v->is_null()) {
+    r.has_original = true;
+    r.original_max_position_embeddings =
+        get_int(rs, "original_max_position_embeddings", src + " rope_scaling", 0, true);
+  }
+  if (const Json* v = rs.find("truncate"); v && !v->is_null()) {
+    EASYCTX_CHECK_INPUT(v->is_bool(), src, ": rope_scaling.truncate must be true or false, got ", v->dump());
+    r.truncate = v->as_bool();
+  }
+}
+
 // rope_scaling (4.x) or rope_parameters (5.x): {"rope_type"|"type": ..., "factor": ...}.
 void parse_rope(const Json& j, const std::string& src, LlamaConfig& c) {
   const Json* rp = j.find("rope_parameters");
@@ -65,8 +90,10 @@ void parse_rope(const Json& j, const std::string& src, LlamaConfig& c) {
     c.rope_scaling.high_freq_factor = get_num(*rs, "high_freq_factor", src, 4.0);
     c.rope_scaling.original_max_position_embeddings =
         get_int(*rs, "original_max_position_embeddings", src + " rope_scaling", 8192, true);
+  } else if (type == "yarn") {
+    parse_yarn(*rs, src, c.rope_scaling);
   } else {
-    EASYCTX_THROW_INPUT(src, ": rope_scaling type '", type, "' is not supported (default, linear, llama3)");
+    EASYCTX_THROW_INPUT(src, ": rope_scaling type '", type, "' is not supported (default, linear, llama3, yarn)");
   }
   c.rope_scaling.factor = get_num(*rs, "factor", src, 1.0);
 }
@@ -92,9 +119,13 @@ const std::vector<std::string> kModelKeys = {"hidden_size",
                                              "attention_bias",
                                              "mlp_bias"};
 // Inside rope_scaling / rope_parameters.
-const std::vector<std::string> kRopeKeys = {
-    "rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
-    "rope_theta"};
+const std::vector<std::string> kRopeKeys = {"rope_type",        "type",
+                                            "factor",           "low_freq_factor",
+                                            "high_freq_factor", "original_max_position_embeddings",
+                                            "rope_theta",       "attention_factor",
+                                            "beta_fast",        "beta_slow",
+                                            "mscale",           "mscale_all_dim",
+                                            "truncate"};
 // Keys a Hugging Face config.json carries that do not change the model easyctx trains:
 // metadata, inference and generation settings, and pretraining_tp (the same matmuls split
 // in slices). Ignored silently in a config.json; refused, as any other, in a model YAML.
@@ -301,6 +332,17 @@ void LlamaConfig::validate() const {
     EASYCTX_CHECK_INPUT(rope_scaling.high_freq_factor != rope_scaling.low_freq_factor, name,
                         ": llama3 rope_scaling needs high_freq_factor != low_freq_factor");
   }
+  if (rope_scaling.kind == RopeScalingKind::Yarn) {
+    if (rope_scaling.has_original)
+      dim("rope_scaling.original_max_position_embeddings", rope_scaling.original_max_position_embeddings,
+          LlamaLimits::max_position_embeddings);
+    finite_pos("rope_scaling.beta_fast", rope_scaling.beta_fast);
+    finite_pos("rope_scaling.beta_slow", rope_scaling.beta_slow);
+    EASYCTX_CHECK_INPUT(std::isfinite(rope_scaling.attention_factor) && rope_scaling.attention_factor >= 0, name,
+                        ": rope_scaling.attention_factor must be a finite number >= 0, got ",
+                        rope_scaling.attention_factor);
+    finite_pos("rope_scaling.factor as yarn uses it", yarn_factor());
+  }
   // Every tensor and the whole model within kMaxElements (num_parameters checks each term).
   checked_elements({vocab_size, hidden_size}, name + ": the embedding, vocab_size x hidden_size");
   checked_elements({intermediate_size, hidden_size}, name + ": an MLP matrix, intermediate_size x hidden_size");
@@ -317,37 +359,6 @@ void LlamaConfig::check_tokens(int64_t tokens, int64_t head_rows, const std::str
                    what + ": an LM-head tile of logits (tile rows x vocab_size)");
 }
 
-std::vector<float> LlamaConfig::inv_freq() const {
-  const int64_t half = head_dim / 2;
-  std::vector<float> f(static_cast<size_t>(half));
-  // HF: 1 / base ** (arange(0, dim, 2).float() / dim), in fp32.
-  for (int64_t i = 0; i < half; ++i) {
-    const float e = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-    f[static_cast<size_t>(i)] = 1.0f / static_cast<float>(std::pow(rope_theta, static_cast<double>(e)));
-  }
-  const float factor = static_cast<float>(rope_scaling.factor);
-  if (rope_scaling.kind == RopeScalingKind::Linear) {
-    for (float& x : f) x /= factor;
-  } else if (rope_scaling.kind == RopeScalingKind::Llama3) {
-    // transformers _compute_llama3_parameters, element by element, in fp32.
-    const float old_ctx = static_cast<float>(rope_scaling.original_max_position_embeddings);
-    const float lo = static_cast<float>(rope_scaling.low_freq_factor);
-    const float hi = static_cast<float>(rope_scaling.high_freq_factor);
-    const float low_freq_wavelen = old_ctx / lo;
-    const float high_freq_wavelen = old_ctx / hi;
-    for (float& x : f) {
-      // PyTorch evaluates `scalar / tensor` as reciprocal(tensor) * scalar; so do we.
-      const float wavelen = (1.0f / x) * static_cast<float>(2.0 * M_PI);
-      float scaled = wavelen > low_freq_wavelen ? x / factor : x;
-      const float smooth = ((1.0f / wavelen) * old_ctx - lo) / (hi - lo);
-      const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
-      const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
-      x = medium ? smoothed : scaled;
-    }
-  }
-  return f;
-}
-
 int64_t LlamaConfig::num_parameters() const {
   const int64_t d = hidden_size;
   const std::string w = name + ": parameter count";
@@ -362,6 +373,18 @@ int64_t LlamaConfig::num_parameters() const {
   const int64_t layers = el({num_layers, layer}, "num_hidden_layers x the parameters of a layer");
   return checked_elements({checked_add(checked_add(embed, layers, w), d, w)}, w);
 }
+
+namespace {
+void yarn_to_json(const RopeScaling& r, Json& rs) {
+  if (r.has_original) rs.set("original_max_position_embeddings", r.original_max_position_embeddings);
+  if (r.attention_factor > 0) rs.set("attention_factor", r.attention_factor);
+  rs.set("beta_fast", r.beta_fast);
+  rs.set("beta_slow", r.beta_slow);
+  if (r.mscale != 0) rs.set("mscale", r.mscale);
+  if (r.mscale_all_dim != 0) rs.set("mscale_all_dim", r.mscale_all_dim);
+  if (!r.truncate) rs.set("truncate", false);
+}
+}  // namespace
 
 Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   Json j = Json::object();
@@ -384,8 +407,10 @@ Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
     j.set("rope_scaling", Json());
   } else {
     Json rs = Json::object();
-    rs.set("rope_type", rope_scaling.kind == RopeScalingKind::Linear ? "linear" : "llama3");
+    const RopeScalingKind k = rope_scaling.kind;
+    rs.set("rope_type", k == RopeScalingKind::Linear ? "linear" : k == RopeScalingKind::Llama3 ? "llama3" : "yarn");
     rs.set("factor", rope_scaling.factor);
+    if (k == RopeScalingKind::Yarn) yarn_to_json(rope_scaling, rs);
     if (rope_scaling.kind == RopeScalingKind::Llama3) {
       rs.set("low_freq_factor", rope_scaling.low_freq_factor);
       rs.set("high_freq_factor", rope_scaling.high_freq_factor);
@@ -413,8 +438,11 @@ std::string LlamaConfig::describe() const {
      << " (head_dim " << head_dim << "), mlp " << intermediate_size << ", vocab " << vocab_size << ", rope_theta "
      << rope_theta;
   if (rope_scaling.kind != RopeScalingKind::None)
-    os << " (" << (rope_scaling.kind == RopeScalingKind::Linear ? "linear" : "llama3") << " x" << rope_scaling.factor
-       << ")";
+    os << " ("
+       << (rope_scaling.kind == RopeScalingKind::Linear   ? "linear"
+           : rope_scaling.kind == RopeScalingKind::Llama3 ? "llama3"
+                                                          : "yarn")
+       << " x" << (rope_scaling.kind == RopeScalingKind::Yarn ? yarn_factor() : rope_scaling.factor) << ")";
   os << (tie_word_embeddings ? ", tied embeddings" : "") << ", " << format_count(static_cast<double>(num_parameters()))
      << " parameters";
   return os.str();

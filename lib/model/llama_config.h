@@ -2,7 +2,7 @@
 // Mistral without a sliding window, Qwen2/Qwen2.5 with their q/k/v bias, Qwen3 with its q/k norms,
 // transformers 4.x `rope_theta`/`rope_scaling` or 5.x `rope_parameters`), or from a model
 // YAML using the same key names (configs/models/<preset>.yaml). Also computes RoPE inverse
-// frequencies exactly as HF does (default, linear, llama3 scaling; fp32 like HF).
+// frequencies exactly as HF does (default, linear, llama3, yarn scaling; fp32 like HF).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,14 +13,22 @@
 
 namespace easyctx::model {
 
-enum class RopeScalingKind { None, Linear, Llama3 };
+enum class RopeScalingKind { None, Linear, Llama3, Yarn };
 
 struct RopeScaling {
   RopeScalingKind kind = RopeScalingKind::None;
   double factor = 1.0;
   double low_freq_factor = 1.0;                     // llama3
   double high_freq_factor = 4.0;                    // llama3
-  int64_t original_max_position_embeddings = 8192;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3; yarn when has_original
+  // yarn (transformers' _compute_yarn_parameters): given, original_max_position_embeddings
+  // makes the factor max_position_embeddings / original (as HF does); attention_factor 0:
+  // derived from the factor (and mscale / mscale_all_dim when both are set).
+  bool has_original = false;
+  double attention_factor = 0;
+  double beta_fast = 32, beta_slow = 1;
+  double mscale = 0, mscale_all_dim = 0;
+  bool truncate = true;
 };
 
 // Bounds of every dimension, checked by LlamaConfig::validate: far above any released Llama
@@ -75,6 +83,11 @@ struct LlamaConfig {
   void check_tokens(int64_t tokens, int64_t head_rows, const std::string& what) const;
   // RoPE inverse frequencies f32[head_dim/2], after rope_scaling (HF's formulas).
   std::vector<float> inv_freq() const;
+  // The factor HF multiplies cos and sin by (yarn's attention factor; 1 otherwise): the
+  // attention logits scale by its square.
+  double rope_attention_factor() const;
+  // yarn's factor as HF uses it (max_position_embeddings / original when the original is given).
+  double yarn_factor() const;
   // Parameter count (embeddings, layers, final norm, untied head); overflow-checked.
   int64_t num_parameters() const;
   // The HF config.json of this shape (LlamaForCausalLM; torch_dtype given by the caller).

@@ -31,7 +31,7 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, hd = cfg_.head_dim, G = opts_.head_groups;
   const int64_t hq = cfg_.num_heads / G, hkv = cfg_.num_kv_heads / G, qd = hq * hd;
   const int64_t lse_n = b.batch * hq * b.seq;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const double scale = attention_scale();
   const Tensor wo = ws.wo.view({d, qd}), Wo = W(kO).reshape({d * G * qd});
   const Tensor &saved_o = saved.o, &saved_lse = saved.lse;
   ActivationStore& store = *store_;
@@ -82,7 +82,7 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, hd = cfg_.head_dim, G = opts_.head_groups;
   const int64_t hq = cfg_.num_heads / G, hkv = cfg_.num_kv_heads / G, qd = hq * hd, kvd = hkv * hd;
   const int64_t lse_n = b.batch * hq * b.seq;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const double scale = attention_scale();
   const bool kept = a.q.numel() == G * n * qd;  // checkpoint none: every group's activations
   const Tensor &saved_o = saved.o, &saved_lse = saved.lse;
   const bool restored = !saved_o.empty(), streamed = restored && store_->streams_outputs();

@@ -12,6 +12,11 @@ namespace easyctx::model {
 using ops::Buffer;
 using ops::Tensor;
 
+double LlamaModel::attention_scale() const {
+  const double af = cfg_.rope_attention_factor();
+  return af * af / std::sqrt(static_cast<double>(cfg_.head_dim));
+}
+
 LlamaModel::QkvWeights LlamaModel::qkv_weights(const Tensor& unit, int64_t g, int64_t groups) const {
   const size_t ui = layout_.layer_unit(0);  // offsets are the same in every layer unit
   auto W = [&](LayerTensor t) { return tensor_view(unit, ui, t); };

@@ -39,6 +39,42 @@ TEST(LlamaConfig, PresetsLoad) {
   EXPECT_EQ(q8.num_parameters(), 8190735360);
 }
 
+// YaRN as transformers computes it: head_dim 16 (8 frequencies), theta 10000, factor 4 over
+// 2048 positions: the correction bounds (beta_fast 32, beta_slow 1) are dimensions
+// floor(16 ln(2048 / (32 2 pi)) / (2 ln 10000)) = floor(2.016) = 2 and ceil(16 ln(2048 / (2 pi))
+// / (2 ln 10000)) = ceil(5.026) = 6; up to 2 the frequencies stay, from 6 on they are divided
+// by the factor, and between the ramp (i - 2) / 4 mixes them; the attention factor is 0.1 ln 4 + 1, its square scales the logits.
+TEST(LlamaConfig, YarnFrequenciesAndAttentionFactor) {
+  const std::string base = R"("hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 100, "vocab_size": 50, "rope_theta": 10000.0,
+    "max_position_embeddings": 2048)";
+  const auto plain = from("{" + base + "}");
+  const auto y = from("{" + base + R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})");
+  EXPECT_EQ(y.rope_scaling.kind, model::RopeScalingKind::Yarn);
+  const std::vector<float> f = y.inv_freq(), p = plain.inv_freq();
+  ASSERT_EQ(f.size(), 8u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(f[i], p[i]) << i;
+  for (size_t i = 6; i < 8; ++i) EXPECT_NEAR(f[i], p[i] / 4.0f, 1e-6f * p[i]) << i;
+  for (size_t i = 3; i < 6; ++i) {  // ramp (i - 2) / 4 towards the interpolated frequency
+    const float ramp = (static_cast<float>(i) - 2.0f) / 4.0f;
+    EXPECT_NEAR(f[i], p[i] / 4.0f * ramp + p[i] * (1.0f - ramp), 1e-6f * p[i]) << i;
+  }
+  EXPECT_DOUBLE_EQ(y.rope_attention_factor(), 0.1 * std::log(4.0) + 1.0);
+  EXPECT_DOUBLE_EQ(plain.rope_attention_factor(), 1.0);
+  // original_max_position_embeddings: HF takes the factor as max_position_embeddings / original.
+  const auto yo = from("{" + base + R"(, "rope_scaling": {"type": "yarn", "factor": 4.0,
+    "original_max_position_embeddings": 512, "attention_factor": 1.25, "beta_fast": 16}})");
+  EXPECT_DOUBLE_EQ(yo.yarn_factor(), 4.0);
+  EXPECT_DOUBLE_EQ(yo.rope_attention_factor(), 1.25);
+  // The export carries every key back.
+  const model::LlamaConfig back = model::llama_config_from_json(yo.to_hf_json(), "export.json");
+  EXPECT_EQ(back.inv_freq(), yo.inv_freq());
+  EXPECT_DOUBLE_EQ(back.rope_attention_factor(), 1.25);
+  const std::string e = test::input_error_of(
+      [&] { from("{" + base + R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": 3}})"); });
+  EXPECT_NE(e.find("truncate"), std::string::npos) << e;
+}
+
 TEST(LlamaConfig, UnknownPresetSuggestsNearest) {
   try {
     model::load_llama_config("llama2-7");
@@ -65,7 +101,7 @@ TEST(LlamaConfig, HfRopeVariants) {
   EXPECT_EQ(v5.rope_theta, 1234.0);
   EXPECT_EQ(v5.num_kv_heads, 4);
   EXPECT_EQ(v5.head_dim, 16);
-  EXPECT_THROW(from("{" + base + R"(, "rope_scaling": {"type": "yarn", "factor": 4.0}})"), InputError);
+  EXPECT_THROW(from("{" + base + R"(, "rope_scaling": {"type": "dynamic", "factor": 4.0}})"), InputError);
 }
 
 TEST(LlamaConfig, ErrorsNameTheKey) {
