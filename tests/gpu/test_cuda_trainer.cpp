@@ -233,6 +233,38 @@ TEST(CudaModelHeadGroups, TiledAttentionMatchesCpuFp32) {
       {{CheckpointPolicy::None, 0, 2}, {CheckpointPolicy::Layer, 37, 2}, {CheckpointPolicy::AttentionOutput, 37, 2}});
 }
 
+// The model families on CUDA: qwen2 (q/k/v biases, added and summed by matmul with a column of
+// ones), qwen3 (per-head q/k norms through the RMSNorm kernels on [tokens x heads, hd]) and a
+// YaRN-scaled Llama (frequencies and the squared attention factor in the softmax scale), bf16
+// against the fp32 CPU model on fresh random weights, untiled and in 2 head groups.
+class CudaModelFamily : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaModelFamily, Bf16MatchesCpuFp32) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir("cuda-model-family");
+  const std::string path = write_hd64_config(dir / "m.yaml", false, 301);
+  {
+    std::ofstream f(path, std::ios::app);
+    if (GetParam() == "yarn")
+      f << "rope_scaling:\n  rope_type: yarn\n  factor: 4.0\n  original_max_position_embeddings: 256\n";
+    else f << "model_type: " << GetParam() << "\n";
+  }
+  const model::LlamaConfig cfg = model::load_llama_config(path);
+  const model::ParamLayout layout(cfg);
+  std::mt19937_64 rng(test_seed());
+  const auto w = random_weights(layout, rng, 0.08);
+  const HostBatch hb = random_batch(rng, 2, 96, cfg.vocab_size);
+  auto cpu = ops::make_cpu_backend();
+  auto gpu = ops::make_cuda_backend();
+  const Result want = run_model(*cpu, cfg, DType::F32, CheckpointPolicy::Layer, w, hb);
+  for (int64_t groups : {1, 2}) {
+    const Result got = run_model(*gpu, cfg, DType::BF16, CheckpointPolicy::Layer, w, hb, 0, groups);
+    compare(layout, got, want, 1e-2, 3e-2, GetParam() + " hd64 head groups " + std::to_string(groups));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaModelFamily, ::testing::Values("qwen2", "qwen3", "yarn"));
+
 // The HF golden fixtures (float64 transformers): where the CUDA attention supports the
 // fixture's head dim, the bf16 CUDA model must match them like the CPU model does (looser).
 class CudaGolden : public ::testing::TestWithParam<std::string> {};
