@@ -22,6 +22,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <numeric>
 #include <random>
