@@ -56,11 +56,12 @@ void add_data_packing_keys(Registry& r) {
       "pieces packed as documents (`split`), or is an error naming its file and index (`refuse`).");
   r.add_bool(
       "data.document_mask", [](StageConfig& c) -> bool& { return c.data.document_mask; },
-      "Positions restart at 0 at each document start inside a sequence (as Hugging Face's position_ids "
-      "for packed batches), the label that would predict the next document's first token is dropped, and "
-      "micro-batches carry each sequence's document starts for block-diagonal attention. false: one "
-      "document per sequence, positions 0..seq_length-1 (pre-training behaviour). easyctx_train refuses "
-      "true until its attention reads the document starts (the loader, h5inspect and the tests take it).");
+      "Documents inside a sequence are kept apart: positions restart at 0 at each document's "
+      "start (as Hugging Face's position_ids for packed batches), the label that would predict the next "
+      "document's first token is dropped, and attention never crosses a document border (block-diagonal; "
+      "in every parallel.sequence.mode, blocks of attention with no query and key in the same document "
+      "are skipped). false: one document per sequence, positions 0..seq_length-1 (pre-training "
+      "behaviour). For SFT: true with data.packing best_fit (docs/data.md, \"Document masking\").");
 }
 
 // ---- model

@@ -109,6 +109,7 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
     r.set("lr", st.lr);
     r.set("grad_norm", st.grad_norm);
     r.set("tokens", st.tokens);
+    r.set("labels", st.labels);
     r.set("tokens_per_s", tps);
     r.set("fwd_bwd_s", st.fwd_bwd_seconds);
     r.set("elapsed", elapsed);

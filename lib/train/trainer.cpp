@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include "attention/strategy.h"
@@ -36,6 +37,20 @@ void check_supported(const StageConfig& cfg) {
                       "attention_output (with none every layer keeps its whole MLP activations); set it to 0");
   validate_activation(cfg);
   EASYCTX_CHECK_INPUT(!cfg.data.path.empty(), "data.path: empty; give the h5tokenize output (file, folder or glob)");
+}
+
+// Packed data (best_fit, one_per_window): how many sequences an epoch has, how much of them is
+// padding, and how many steps an epoch takes, so that train.steps can be set in epochs.
+std::string packing_line(const StageConfig& cfg, const data::DataLoader& loader, int64_t dp_size) {
+  const uint64_t n = loader.sequences_per_epoch();
+  const int64_t g = cfg.train.batch_size * cfg.train.grad_accum * dp_size;
+  const double slots = static_cast<double>(n) * static_cast<double>(cfg.data.seq_length);
+  const double pad = slots > 0 ? 100.0 * (1.0 - static_cast<double>(loader.dataset().num_tokens()) / slots) : 0;
+  char pct[32];
+  std::snprintf(pct, sizeof(pct), "%.1f", pad);
+  return "data.packing " + loader.packing_name() + ": " + std::to_string(n) + " sequences per epoch (" + pct +
+         "% padding), " + std::to_string((n + static_cast<uint64_t>(g) - 1) / g) + " steps per epoch at " +
+         std::to_string(g) + " sequences per step" + (cfg.data.document_mask ? "; document masking on" : "");
 }
 
 }  // namespace
@@ -354,6 +369,7 @@ void Trainer::log_startup() const {
            " documents; unigram entropy ", us.entropy_nats, " nats (ppl ", std::exp(us.entropy_nats), ") over ",
            format_count(static_cast<double>(us.tokens)), " tokens, ", us.distinct,
            " distinct ids: a loss below it means the model uses context");
+  if (cfg_.data.packing != DataPacking::Window) log_info(packing_line(cfg_, *loader_, dp_.size()));
   log_info("global batch ", cfg_.train.batch_size, " x ", cfg_.train.grad_accum, " x ", dp_.size(), " x ",
            cfg_.data.seq_length, " = ",
            format_count(

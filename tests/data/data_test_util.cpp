@@ -140,4 +140,24 @@ std::string byte_level_bpe_json(const std::vector<std::string>& merges, bool ign
   return byte_level_bpe_json(vocab, m, ignore_merges, regex, added);
 }
 
+std::string chatml_byte_tokenizer_json() {
+  Json vocab = Json::object();
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    std::string s;
+    append_utf8(s, direct ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++));
+    vocab.set(s, b);
+  }
+  Json added = Json::array();
+  for (auto [text, id] : {std::pair<const char*, int>{"<|im_start|>", 256}, {"<|im_end|>", 257}}) {
+    Json t = Json::object();
+    t.set("id", id);
+    t.set("content", text);
+    t.set("special", true);
+    added.push_back(t);
+  }
+  return byte_level_bpe_json(vocab, Json::array(), false, " ?\\p{L}+|\\s+|[^\\s\\p{L}]+", added);
+}
+
 }  // namespace easyctx::test

@@ -36,6 +36,11 @@ std::vector<uint32_t> write_random_shard(const std::string& path, std::mt19937_6
 std::string byte_level_bpe_json(const std::vector<std::string>& merges, bool ignore_merges, const std::string& regex,
                                 const std::string& end_token = "");
 
+// A byte-level BPE tokenizer.json without merges (the id of a byte is its value) plus the
+// ChatML special tokens <|im_start|> = 256 and <|im_end|> = 257 (vocab 258): every id of a
+// chatml rendering is checkable by hand.
+std::string chatml_byte_tokenizer_json();
+
 // The Llama tokenizer fixtures beside the clone (CI has them: .ci/run requires them).
 inline std::string llama2_path() { return shared_fixture("tokenizers/llama2/tokenizer.model"); }
 inline std::string llama3_path() { return shared_fixture("tokenizers/llama3/tokenizer.json"); }

@@ -9,7 +9,6 @@
 #include "core/json.h"
 #include "data/tokenize/chat.h"
 #include "data/tokenize/tokenizer.h"
-#include "data/tokenize/utf8.h"
 #include "data_test_util.h"
 #include "test_util.h"
 
@@ -25,28 +24,9 @@ using easyctx::test::llama3_path;
 using Ids = std::vector<uint32_t>;
 using Weights = std::vector<uint8_t>;
 
-// A byte-level BPE tokenizer.json without merges (id of a byte = its value) plus the ChatML
-// special tokens <|im_start|> = 256 and <|im_end|> = 257: every id is checkable by hand.
-std::string chatml_bpe_json() {
-  Json vocab = Json::object();
-  int n = 0;
-  for (int b = 0; b < 256; ++b) {
-    bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    uint32_t cp = direct ? b : 256 + n++;
-    std::string s;
-    append_utf8(s, cp);
-    vocab.set(s, b);
-  }
-  Json added = Json::array();
-  for (auto [text, id] : {std::pair<const char*, int>{"<|im_start|>", 256}, {"<|im_end|>", 257}}) {
-    Json t = Json::object();
-    t.set("id", id);
-    t.set("content", text);
-    t.set("special", true);
-    added.push_back(t);
-  }
-  return test::byte_level_bpe_json(vocab, Json::array(), false, " ?\\p{L}+|\\s+|[^\\s\\p{L}]+", added);
-}
+// The byte tokenizer with the ChatML specials (<|im_start|> = 256, <|im_end|> = 257): every id
+// is checkable by hand.
+using test::chatml_byte_tokenizer_json;
 
 // Ids of text in the byte tokenizer above.
 void bytes(Ids& ids, Weights& w, const std::string& s, uint8_t weight) {
@@ -148,7 +128,7 @@ TEST(DataChat, Llama3HandCheckedIdsAndWeights) {
 // ChatML: <|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n...
 TEST(DataChat, ChatmlHandCheckedIdsAndWeights) {
   ScratchDir dir("chatml");
-  easyctx::test::write_text(dir / "tokenizer.json", chatml_bpe_json());
+  easyctx::test::write_text(dir / "tokenizer.json", chatml_byte_tokenizer_json());
   auto t = load_tokenizer(dir / "tokenizer.json");
   ChatRenderer r(*t, ChatTemplate::ChatML, false);
   EXPECT_FALSE(r.adds_bos());
@@ -190,7 +170,7 @@ TEST(DataChat, ChatmlHandCheckedIdsAndWeights) {
 TEST(DataChat, RenderEqualsEncodingOfTheTemplateString) {
   std::mt19937_64 rng(easyctx::test::test_seed());
   ScratchDir dir("chat-rand");
-  easyctx::test::write_text(dir / "tokenizer.json", chatml_bpe_json());
+  easyctx::test::write_text(dir / "tokenizer.json", chatml_byte_tokenizer_json());
   struct Case {
     ChatTemplate t;
     std::string path;

@@ -511,10 +511,12 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
   EASYCTX_CHECK_INPUT(o.shard_tokens > 0, "--shard-tokens must be > 0");
   EASYCTX_CHECK_INPUT(o.max_doc_bytes > 0, "--max-doc-bytes must be > 0");
   auto tok = load_tokenizer(o.tokenizer);
-  EASYCTX_CHECK_INPUT(!o.add_bos || tok->bos_id() >= 0, o.tokenizer, " has no BOS token; use --no-bos");
-  EASYCTX_CHECK_INPUT(!o.add_eos || tok->eos_id() >= 0, o.tokenizer, " has no EOS token; drop --eos");
   std::vector<WorkUnit> units = plan_units(expand_inputs(o.inputs), o.split_bytes);
   std::unique_ptr<ChatRenderer> chat = make_chat_renderer(o, *tok, units);
+  // Chat runs take BOS/EOS from the template (its renderer names a missing special token):
+  // --no-bos/--eos do not apply, and a ChatML tokenizer without a BOS needs no flag.
+  EASYCTX_CHECK_INPUT(chat || !o.add_bos || tok->bos_id() >= 0, o.tokenizer, " has no BOS token; use --no-bos");
+  EASYCTX_CHECK_INPUT(chat || !o.add_eos || tok->eos_id() >= 0, o.tokenizer, " has no EOS token; drop --eos");
   uint64_t total_bytes = 0;
   for (const auto& u : units) total_bytes += u.bytes;
 
