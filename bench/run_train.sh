@@ -5,7 +5,8 @@
 # building build-gpu (bench/gpu_host_env.sh):
 #   RUNS="7b:65536 7b:131072" PEER=1 bash bench/run_train.sh [extra --set for easyctx ...]
 # RUNS: model:tokens pairs (7b = configs/bench/llama2-7b-1gpu.yaml, 1b = the TinyLlama shape
-# through the same file with model.config tinyllama-1b). STEPS (default 3) steps each; the
+# through the same file with model.config tinyllama-1b; qwen2.5-7b and qwen3-8b likewise with
+# their presets, as the peer names them). STEPS (default 3) steps each; the
 # figures are medians over the steps after the first, the whole step's and (fwd_bwd_*) the
 # forward + backward's alone. The optimizer's place is the plan's (offload_optimizer auto: the
 # fp32 master weights and Adam moments on the GPU when the run fits there with them, the 1B
@@ -41,8 +42,11 @@ for l in sys.stdin:
 for run in $RUNS; do
   model=${run%%:*}
   seq=${run##*:}
-  mcfg=llama2-7b
-  [ "$model" = 1b ] && mcfg=tinyllama-1b
+  case "$model" in  # the peer's model names -> easyctx's presets
+    7b) mcfg=llama2-7b ;;
+    1b) mcfg=tinyllama-1b ;;
+    *) mcfg=$model ;;  # qwen2.5-7b, qwen3-8b: the same names
+  esac
   if [ "$PEER_ONLY" = 1 ]; then
     peer "$model" "$seq"
     continue
