@@ -16,7 +16,10 @@ Fixtures: gqa (untied, default RoPE, rope_theta 10000), tied_llama3 (tied embedd
 rope_scaling llama3 chosen so the high, medium and low frequency branches all occur) and
 gqa_hd64 (head_dim 64, the smallest a CUDA attention kernel takes: 2 query heads on 1 kv
 head, weights of std 0.1 so attention logits stay near unit scale as in a trained model,
-for the bf16 CUDA model's golden check; made on a GPU host, 2026-11-30).
+for the bf16 CUDA model's golden check; made on a GPU host, 2026-11-30), and packed (the gqa
+shape, two sequences each packed with 3-4 documents of odd lengths: position_ids restarting per
+document, a 4D block-diagonal causal mask, and doc_starts, I64 [B, 4] padded with -1, for
+data.document_mask; made on a GPU host, 2026-12-05).
 Fixtures already in --out are kept unless named with --only (a newer torch may draw
 different random numbers).
 """
@@ -52,9 +55,8 @@ def make_config(tied, llama3, hd64=False):
     return LlamaConfig(**kw)
 
 
-def build(name, out, tied, llama3, seed, hd64=False, wstd=0.25):
-    torch.manual_seed(seed)
-    cfg = make_config(tied, llama3, hd64)
+def random_model(cfg, wstd):
+    """LlamaForCausalLM in float64 (eager attention) with random weights exact in F32."""
     cfg._attn_implementation = "eager"
     model = LlamaForCausalLM(cfg).to(torch.float64)
     model.train()
@@ -65,6 +67,13 @@ def build(name, out, tied, llama3, seed, hd64=False, wstd=0.25):
             else:
                 v = wstd * torch.randn(p.shape, dtype=torch.float64)
             p.copy_(v.to(torch.float32).to(torch.float64))  # exact in F32 on disk
+    return model
+
+
+def build(name, out, tied, llama3, seed, hd64=False, wstd=0.25):
+    torch.manual_seed(seed)
+    cfg = make_config(tied, llama3, hd64)
+    model = random_model(cfg, wstd)
     inv = model.model.rotary_emb.inv_freq.detach().to(torch.float64).clone()
     if llama3:
         default = 1.0 / (cfg_theta(cfg) ** (torch.arange(0, 8, 2, dtype=torch.int64).float() / 8))
@@ -84,18 +93,7 @@ def build(name, out, tied, llama3, seed, hd64=False, wstd=0.25):
 
     d = os.path.join(out, name)
     os.makedirs(os.path.join(d, "model"), exist_ok=True)
-    io = {
-        "input_ids": ids.to(torch.float64),
-        "position_ids": pos.to(torch.float64),
-        "labels": torch.where(labels < 0, torch.full_like(labels, -1), labels).to(torch.float64),
-        "logits": logits.detach().contiguous(),
-        "loss": loss.detach().reshape(1),
-        "inv_freq": inv.contiguous(),
-    }
-    for pname, p in model.named_parameters():
-        io["grad." + pname] = p.grad.detach().contiguous()
-    save_file(io, os.path.join(d, "io.safetensors"))
-    model.to(torch.float32).save_pretrained(os.path.join(d, "model"), safe_serialization=True)
+    save(d, model, ids, pos, labels, logits, loss, inv)
     print(name, "loss", loss.item(), "params", sum(p.numel() for p in model.parameters()),
           "transformers", transformers.__version__, "torch", torch.__version__)
     # transformers' own bf16 run against this float64 one: the noise floor of a bf16 model on
@@ -110,6 +108,90 @@ def build(name, out, tied, llama3, seed, hd64=False, wstd=0.25):
     worst = max(((pb.grad.double() - ref[n]).norm() / ref[n].norm()).item() for n, pb in mb.named_parameters())
     print(name, "transformers bf16 vs float64: loss rel err", abs(lb.item() - loss.item()) / abs(loss.item()),
           "worst gradient rel err", worst)
+
+
+def save(d, model, ids, pos, labels, logits, loss, inv, extra=None):
+    """io.safetensors (F64 inputs, outputs and gradients; `extra` as given) and the model."""
+    io = {
+        "input_ids": ids.to(torch.float64),
+        "position_ids": pos.to(torch.float64),
+        "labels": torch.where(labels < 0, torch.full_like(labels, -1), labels).to(torch.float64),
+        "logits": logits.detach().contiguous(),
+        "loss": loss.detach().reshape(1),
+        "inv_freq": inv.contiguous(),
+    }
+    io.update(extra or {})
+    for pname, p in model.named_parameters():
+        io["grad." + pname] = p.grad.detach().contiguous()
+    save_file(io, os.path.join(d, "io.safetensors"))
+    model.to(torch.float32).save_pretrained(os.path.join(d, "model"), safe_serialization=True)
+
+
+def document_mask(starts, S, boolean):
+    """[B, 1, S, S] block-diagonal causal mask: query i sees key j <= i of its own document.
+    boolean: True = attend; else additive float64 (0 or the most negative float64)."""
+    B = len(starts)
+    doc = torch.zeros(B, S, dtype=torch.int64)
+    for b, st in enumerate(starts):
+        for s in st[1:]:
+            doc[b, s:] += 1
+    i = torch.arange(S)
+    ok = (doc[:, :, None] == doc[:, None, :]) & (i[None, :, None] >= i[None, None, :])
+    ok = ok[:, None]
+    if boolean:
+        return ok
+    return torch.full(ok.shape, torch.finfo(torch.float64).min, dtype=torch.float64).masked_fill(ok, 0.0)
+
+
+def build_packed(name, out, seed):
+    """Two sequences of 23 tokens, each packed with 3-4 documents of odd lengths: position_ids
+    restart at 0 per document and a 4D block-diagonal causal mask keeps attention inside each
+    document. Checked here: every document's logits equal the same document run alone, and
+    differ from plain causal attention over the whole sequence. Writes doc_starts (I64
+    [B, 4], each sequence's document starts padded with -1) beside the usual tensors."""
+    torch.manual_seed(seed)
+    cfg = make_config(False, False)
+    model = random_model(cfg, 0.25)
+    inv = model.model.rotary_emb.inv_freq.detach().to(torch.float64).clone()
+    lengths = [[5, 1, 9, 8], [11, 3, 9]]
+    B, S, Vv = len(lengths), sum(lengths[0]), cfg.vocab_size
+    starts = [[sum(l[:k]) for k in range(len(l))] for l in lengths]
+    ids = torch.randint(0, Vv, (B, S))
+    pos = torch.stack([torch.cat([torch.arange(n) for n in l]) for l in lengths])
+    labels = torch.randint(0, Vv, (B, S))
+    for b, st in enumerate(starts):  # as the loader: no label predicts the next document's first token
+        for s in st[1:]:
+            labels[b, s - 1] = -100
+    labels[1, 7] = -100
+    alone = [[model(input_ids=ids[b:b + 1, s:s + n], position_ids=torch.arange(n)[None]).logits[0].detach()
+              for s, n in zip(starts[b], lengths[b])] for b in range(B)]
+    causal = torch.stack([document_mask([[0]], S, False)[0]] * B)
+    plain = model(input_ids=ids, position_ids=pos, attention_mask=causal).logits.detach()
+    logits = None
+    for boolean in (False, True):  # the additive float mask is eager attention's own form
+        mask = document_mask(starts, S, boolean)
+        with torch.no_grad():
+            got = model(input_ids=ids, position_ids=pos, attention_mask=mask).logits
+        err = max((got[b, s:s + n] - alone[b][k]).abs().max().item()
+                  for b in range(B) for k, (s, n) in enumerate(zip(starts[b], lengths[b])))
+        print(name, "mask", "bool" if boolean else "float64 additive", "max |packed - alone|", err)
+        if err < 1e-10:
+            logits = model(input_ids=ids, position_ids=pos, attention_mask=mask).logits
+            break
+    assert logits is not None, "the 4D document mask was not applied as a mask"
+    diff = (logits.detach() - plain).abs().max().item()
+    print(name, "max |masked - plain causal|", diff)
+    assert diff > 1e-3, "plain causal attention gave the masked logits: the documents do not matter"
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, Vv), labels.reshape(-1), ignore_index=-100)
+    loss.backward()
+    d = os.path.join(out, name)
+    os.makedirs(os.path.join(d, "model"), exist_ok=True)
+    doc_starts = torch.full((B, 4), -1, dtype=torch.int64)
+    for b, st in enumerate(starts):
+        doc_starts[b, :len(st)] = torch.tensor(st)
+    save(d, model, ids, pos, labels, logits, loss, inv, {"doc_starts": doc_starts})
+    print(name, "loss", loss.item(), "doc_starts", starts, "transformers", transformers.__version__,
+          "torch", torch.__version__)
 
 
 def cfg_theta(cfg):
@@ -133,6 +215,8 @@ def main():
         if a.only and name not in a.only:
             continue
         build(name, a.out, **kw)
+    if not a.only or "packed" in a.only:
+        build_packed("packed", a.out, seed=4242)
     for root, _, files in os.walk(a.out):
         for f in files:
             p = os.path.join(root, f)

@@ -3,7 +3,10 @@
 // to 1e-4 relative norm error, RoPE frequencies exactly, for both activation policies and
 // both compute dtypes. Fixture `gqa`: GQA, untied, default RoPE, offset positions in one
 // row; `tied_llama3`: tied embeddings and llama3 rope scaling; `gqa_hd64`: head_dim 64
-// (the CUDA model's bf16 golden check, tests/gpu/test_cuda_trainer.cpp).
+// (the CUDA model's bf16 golden check, tests/gpu/test_cuda_trainer.cpp). A fixture with
+// doc_starts (make_golden.py's `packed`: 3-4 documents of odd lengths per sequence,
+// position_ids restarting per document, HF's 4D block-diagonal causal mask) runs with
+// Batch::documents (data.document_mask).
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +40,24 @@ struct Golden {
   }
 };
 
+// The fixture's documents (doc_starts, I64 [B, D]: each sequence's document starts, padded
+// with -1), or none when the fixture has no doc_starts.
+std::vector<attention::DocumentStarts> documents(const Golden& g, int64_t B) {
+  std::vector<attention::DocumentStarts> docs;
+  const ckpt::StTensor* t = g.io.find("doc_starts");
+  if (!t) return docs;
+  EXPECT_EQ(t->dtype, ckpt::StDType::I64);
+  const std::vector<char> raw = g.io.read_raw(*t);
+  const int64_t n = t->numel();
+  docs.resize(static_cast<size_t>(B));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t x = 0;
+    std::memcpy(&x, raw.data() + 8 * i, 8);
+    if (x >= 0) docs[static_cast<size_t>(i / (n / B))].push_back(x);
+  }
+  return docs;
+}
+
 class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, CheckpointPolicy, DType>> {};
 
 TEST_P(GoldenTest, MatchesTransformers) {
@@ -67,6 +88,8 @@ TEST_P(GoldenTest, MatchesTransformers) {
   const int64_t B = 2, S = static_cast<int64_t>(ids.size()) / 2;
   model::Batch b{ops::Tensor(ids.data(), DType::I32, {B * S}), ops::Tensor(pos.data(), DType::I32, {B * S}),
                  ops::Tensor(lab.data(), DType::I32, {B * S}), B, S};
+  const std::vector<attention::DocumentStarts> docs = documents(g, B);  // packed: the document mask
+  if (!docs.empty()) b.documents = &docs;
 
   const double tol_logits = 1e-5;
   ops::Buffer logits = be->alloc(dtype, B * S * cfg.vocab_size);

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The GPU side of document masking (issue 42) in one device call: the CUDA test, the Hugging
+# Face golden fixture `packed`, and llama2-7b at 128K tokens on documents of 2K-16K tokens
+# with and without data.document_mask, the peer beside it. Everything the call needs is
+# carried in .deps/docmask (git-ignored), made here by `prepare`; run from the repository root.
+#
+#   here:    bash bench/run_document_mask.sh prepare [BUILD_DIR]
+#            .deps/docmask: easyctx_train and test_cuda_documents (stripped, xz), the host
+#            libraries the GPU image lacks (as bench/prebuilt.sh), a shard of the KJV cut into
+#            documents of 2.2K-16K tokens (the demo tokenizer, h5tokenize from BUILD_DIR),
+#            tests/golden/make_golden.py, the peer, and this script (about 11 MB)
+#   there:   bash .deps/docmask/run_document_mask.sh run [test,golden,bench] 2>&1 | tee $OUT/log.txt
+#            (carry .deps/docmask). test: $OUT/test_cuda_documents.txt; golden:
+#            $OUT/packed.tar (make_golden.py --only packed); bench: RUNS=7b:131072 STEPS=2
+#            bench/run_train.sh with data.packing best_fit and the 14 layer inputs an 80 GB
+#            GPU needs in host memory, document_mask true then false, then the plain peer
+#            (PEER_ONLY=1); $OUT/train_results.jsonl and $OUT/trainlogs.tar.gz. Each part
+#            stops at its share of a 585 s budget (DEADLINE_S).
+#   here:    bash bench/run_document_mask.sh collect FILES_AT
+#            the fixture into tests/golden/data/packed, the test's largest errors per case
+#            and mode group, the training rows
+set -uo pipefail
+D=.deps/docmask
+case "${1:-}" in
+  prepare)
+    set -e
+    build=${2:-build}
+    rm -rf $D && mkdir -p $D/stage $D/gpulibs
+    cp "$build/bin/easyctx_train" "$build/bin/test_cuda_documents" $D/stage/ && strip $D/stage/*
+    tar -C $D/stage -cf - . | xz -T2 -6 > $D/bins.tar.xz && rm -rf $D/stage
+    for l in libboost_program_options.so.1.74.0 libyaml-cpp.so.0.7 libhdf5_serial.so.103 libsz.so.2 libaec.so.0; do
+      cp -L "$(ls /lib/x86_64-linux-gnu/$l /usr/lib/x86_64-linux-gnu/$l 2>/dev/null | head -n 1)" $D/gpulibs/
+    done
+    tok=$(bash scripts/make_demo_tokenizer.sh .deps/tok)
+    python3 - .deps/tok/kjv.txt $D/docs.jsonl <<'PY'
+import json, random, sys
+random.seed(42)
+text = open(sys.argv[1], encoding="utf-8").read()
+cpt, out, i = 3.46, open(sys.argv[2], "w"), 0  # characters per token of the demo tokenizer on the KJV
+while i < len(text):  # documents of about 2,200-16,000 tokens, cut at line ends
+    j = text.find("\n", i + int(random.uniform(2200, 16000) * cpt))
+    j = len(text) if j < 0 else j + 1
+    out.write(json.dumps({"text": text[i:j], "meta": {"redpajama_set_name": "kjv"}}) + "\n")
+    i = j
+PY
+    "$build/bin/h5tokenize" -t "$tok" -o $D/docs2k16k --deflate 6 $D/docs.jsonl > /dev/null && rm $D/docs.jsonl
+    cp tests/golden/make_golden.py bench/run_document_mask.sh $D/
+    cp ../shared/bench/peer_hf_llama.py $D/ 2>/dev/null || echo "no ../shared/bench/peer_hf_llama.py: no peer" >&2
+    du -sh $D
+    ;;
+  run)
+    what=${2:-test,golden,bench}
+    T0=$(date +%s)
+    t() { echo "== [$(($(date +%s) - T0)) s] $*"; }
+    cap() {  # seconds left of DEADLINE_S, at most $1
+      local r=$((T0 + ${DEADLINE_S:-585} - $(date +%s)))
+      echo $((r < $1 ? (r > 5 ? r : 5) : $1))
+    }
+    mkdir -p $D/bin && tar -C $D/bin -xJf $D/bins.tar.xz
+    cudnn=$(python3 -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cudnn", "lib"))' 2>/dev/null)
+    export LD_LIBRARY_PATH=$PWD/$D/gpulibs${cudnn:+:$cudnn}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export NCCL_NVLS_ENABLE=0 EASYCTX_SOURCE_DIR=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=16
+    nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv,noheader
+    echo "cores $(nproc); $(free -g | sed -n 2p)"
+    python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+    ldd $D/bin/* | grep "not found"
+    if [[ $what == *test* ]]; then
+      t test_cuda_documents
+      timeout "$(cap 120)" stdbuf -oL -eL $D/bin/test_cuda_documents > "$OUT/test_cuda_documents.txt" 2>&1
+      echo "test_cuda_documents rc $?"
+      grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) +\]|Failure|not an sm_90" "$OUT/test_cuda_documents.txt" | head -30
+    fi
+    if [[ $what == *golden* ]]; then
+      t golden packed
+      rm -rf /tmp/golden
+      timeout "$(cap 60)" python3 $D/make_golden.py --out /tmp/golden --only packed 2>&1 | grep -v -i warn | tail -12
+      (cd /tmp/golden && tar -cf "$OUT/packed.tar" packed && find packed -type f -exec ls -la {} +)
+    fi
+    if [[ $what == *bench* ]]; then
+      python3 - $D/docs2k16k <<'PY'
+import glob, sys, h5py, numpy as np
+for f in sorted(glob.glob(sys.argv[1] + "/*.h5")):
+    o = h5py.File(f, "r")["doc_offsets"][:]
+    n = np.diff(o)
+    print(f, "documents", len(n), "tokens", int(o[-1]), "min", int(n.min()), "max", int(n.max()), "mean", round(float(n.mean())))
+PY
+      export BIN=$D/bin/easyctx_train PEER_SCRIPT=$D/peer_hf_llama.py STEPS=2 RUNS=7b:131072
+      F=(--set "data.path=$D/docs2k16k" --set data.packing=best_fit --set activation.offload=cpu
+         --set activation.offload_layers=14)
+      t easyctx document_mask true
+      LAUNCH="timeout $(cap 150)" bash bench/run_train.sh "${F[@]}" --set data.document_mask=true
+      t easyctx document_mask false
+      LAUNCH="timeout $(cap 190)" bash bench/run_train.sh "${F[@]}" --set data.document_mask=false
+      t peer
+      PEER_ONLY=1 timeout "$(cap 200)" bash bench/run_train.sh
+      (cd /tmp/easyctx-bench && tar -czf "$OUT/trainlogs.tar.gz" ./*.log ./*/metrics.jsonl 2>/dev/null)
+    fi
+    t "all done"
+    ;;
+  collect)
+    at=${2:?usage: run_document_mask.sh collect FILES_AT}
+    [ -f "$at/packed.tar" ] && tar -C tests/golden/data -xf "$at/packed.tar" && ls -la tests/golden/data/packed
+    [ -f "$at/test_cuda_documents.txt" ] && python3 - "$at/test_cuda_documents.txt" <<'PY'
+import collections, re, sys
+worst, lse = collections.defaultdict(float), collections.defaultdict(float)
+for line in open(sys.argv[1]):
+    m = re.match(r"\[accuracy\] lse (.*?) \[.*\]: max abs err (\S+) nats", line)
+    if m:
+        lse[m.group(1)] = max(lse[m.group(1)], float(m.group(2)))
+    m = re.match(r"\[accuracy\] \S+\s+(.*?) \[.*?\]( \w+ grads)?\s+(.+?)\s+rel err (\S+)", line)
+    if m:
+        k = (m.group(1), m.group(3) + (m.group(2) or ""))
+        worst[k] = max(worst[k], float(m.group(4)))
+for c in sorted(lse):
+    print(c, "| lse %.3g nats |" % lse[c], ", ".join("%s %.3g" % (w, v) for (cc, w), v in sorted(worst.items()) if cc == c))
+PY
+    [ -f "$at/train_results.jsonl" ] && cat "$at/train_results.jsonl"
+    ;;
+  *) echo "usage: run_document_mask.sh prepare [BUILD_DIR] | run [test,golden,bench] | collect FILES_AT" >&2; exit 2 ;;
+esac
