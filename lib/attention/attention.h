@@ -23,6 +23,7 @@ struct AttentionTensors {
   ops::Tensor q, k, v, o, lse;
   double scale = 0;                      // softmax scale, usually 1/sqrt(hd)
   const DocumentStarts* docs = nullptr;  // [B], one per sequence; nullptr: no document mask
+  int64_t window = 0;                    // sliding window (ops::AttentionBlock::window); 0: none
 };
 
 // backward reads dout (like o) and overwrites dq, dk, dv (shapes of q, k, v).

@@ -13,7 +13,8 @@ inline ops::Tensor seq(const ops::Tensor& t, int64_t b) { return t.rows(b, 1); }
 
 // Sequence b of every tensor of a call.
 inline AttentionTensors seq(const AttentionTensors& t, int64_t b) {
-  return {seq(t.q, b), seq(t.k, b), seq(t.v, b), seq(t.o, b), seq(t.lse, b), t.scale, t.docs ? t.docs + b : nullptr};
+  return {seq(t.q, b), seq(t.k, b), seq(t.v, b), seq(t.o, b), seq(t.lse, b), t.scale, t.docs ? t.docs + b : nullptr,
+          t.window};
 }
 inline AttentionGrads seq(const AttentionGrads& g, int64_t b) {
   return {seq(g.dout, b), seq(g.dq, b), seq(g.dk, b), seq(g.dv, b)};

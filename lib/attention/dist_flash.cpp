@@ -46,10 +46,11 @@ void DistFlashAttention::forward(const AttentionTensors& all) {
     Tensor kt = kr.view({1, c, Hkv, hd}), vt = vr.view({1, c, Hkv, hd});
     ops::AttentionBlock blk;
     blk.scale = all.scale;
+    blk.window = all.window;
     // Own query against key chunks r, r-1, ..., r-half.
     blk.causal = true;
     blk.q_offset = blk.k_offset = r * c;
-    document_attention_fwd(be_, one.docs, q, k, v, blk, ob, lse);
+    masked_attention_fwd(be_, one.docs, q, k, v, blk, ob, lse);
     be_.copy(ao, ob);
     for (int t = 1; t <= half; ++t) {
       exchange(k, peer(r, t, W), kt, peer(r, -t, W));
@@ -57,7 +58,7 @@ void DistFlashAttention::forward(const AttentionTensors& all) {
       if (peer(r, -t, W) == dist::kNoPeer) continue;
       blk.causal = false;
       blk.k_offset = (r - t) * c;
-      if (document_attention_fwd(be_, one.docs, q, kt, vt, blk, ob, lb)) be_.attention_merge(ao, lse, ob, lb);
+      if (masked_attention_fwd(be_, one.docs, q, kt, vt, blk, ob, lb)) be_.attention_merge(ao, lse, ob, lb);
     }
     // Helper part: query chunk r+t (t > half) against our own keys, result sent back.
     Buffer qr = be_.alloc(q.dtype, q.numel(), "dist_flash received query");
@@ -68,7 +69,7 @@ void DistFlashAttention::forward(const AttentionTensors& all) {
         blk.causal = false;
         blk.q_offset = (r + t) * c;
         blk.k_offset = r * c;
-        document_attention_fwd(be_, one.docs, qt, k, v, blk, ob, lb);
+        masked_attention_fwd(be_, one.docs, qt, k, v, blk, ob, lb);
       }
       // Partial (o, lse) goes back to the query's rank; ours comes from rank r-t.
       Buffer o_in = be_.alloc(q.dtype, c * Hq * hd, "dist_flash returned output");
@@ -100,9 +101,10 @@ void DistFlashAttention::backward(const AttentionTensors& all, const AttentionGr
                  dva = dv_acc.view({1, c, Hkv, hd});
     ops::AttentionBlock blk;
     blk.scale = all.scale;
+    blk.window = all.window;
     blk.causal = true;
     blk.q_offset = blk.k_offset = r * c;
-    document_attention_bwd(be_, one.docs, q, k, v, o, lse, dout, blk, dqa, dka, dva);
+    masked_attention_bwd(be_, one.docs, q, k, v, o, lse, dout, blk, dqa, dka, dva);
     // Own query against earlier key chunks: dK/dV partials go back to the key's rank.
     Buffer kr = be_.alloc(k.dtype, k.numel(), kReceivedKV), vr = be_.alloc(v.dtype, v.numel(), kReceivedKV);
     const char* dkv = "dist_flash dK/dV partials and received (f32)";
@@ -117,8 +119,8 @@ void DistFlashAttention::backward(const AttentionTensors& all, const AttentionGr
       if (peer(r, -t, W) != dist::kNoPeer) {
         blk.causal = false;
         blk.k_offset = (r - t) * c;
-        document_attention_bwd(be_, one.docs, q, kt, vt, o, lse, dout, blk, dqa, dkp.view({1, c, Hkv, hd}),
-                               dvp.view({1, c, Hkv, hd}));
+        masked_attention_bwd(be_, one.docs, q, kt, vt, o, lse, dout, blk, dqa, dkp.view({1, c, Hkv, hd}),
+                             dvp.view({1, c, Hkv, hd}));
       }
       exchange(dkp.view({1, c, Hkv, hd}), peer(r, -t, W), dk_in.view({1, c, Hkv, hd}), peer(r, t, W));
       exchange(dvp.view({1, c, Hkv, hd}), peer(r, -t, W), dv_in.view({1, c, Hkv, hd}), peer(r, t, W));
@@ -147,7 +149,7 @@ void DistFlashAttention::backward(const AttentionTensors& all, const AttentionGr
         blk.causal = false;
         blk.q_offset = (r + t) * c;
         blk.k_offset = r * c;
-        document_attention_bwd(be_, one.docs, qt, k, v, ot, lt, dt, blk, dqp.view({1, c, Hq, hd}), dka, dva);
+        masked_attention_bwd(be_, one.docs, qt, k, v, ot, lt, dt, blk, dqp.view({1, c, Hq, hd}), dka, dva);
       }
       exchange(dqp.view({1, c, Hq, hd}), from, dq_in.view({1, c, Hq, hd}), to);
       if (to != dist::kNoPeer) be_.axpy(dqa, dq_in.view({1, c, Hq, hd}), 1.0);

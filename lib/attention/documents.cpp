@@ -88,12 +88,25 @@ std::vector<DocumentPart> document_parts(const DocumentStarts& starts, const ops
   return parts;
 }
 
-bool document_attention_fwd(ops::Backend& be, const DocumentStarts* starts, const Tensor& q, const Tensor& k,
-                            const Tensor& v, const ops::AttentionBlock& blk, const Tensor& o, const Tensor& lse) {
+std::vector<DocumentPart> visible_parts(const DocumentStarts* starts, const ops::AttentionBlock& blk, int64_t sq,
+                                        int64_t sk) {
+  std::vector<DocumentPart> parts = has_documents(starts) ? document_parts(*starts, blk, sq, sk)
+                                                          : std::vector<DocumentPart>{{0, sq, 0, sk, blk.causal}};
+  if (blk.window > 0)  // the part's last key at or before its first query's position - window: none in view
+    parts.erase(std::remove_if(parts.begin(), parts.end(),
+                               [&](const DocumentPart& p) {
+                                 return blk.k_offset + p.k_row + p.k_len - 1 <= blk.q_offset + p.q_row - blk.window;
+                               }),
+                parts.end());
+  return parts;
+}
+
+bool masked_attention_fwd(ops::Backend& be, const DocumentStarts* starts, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const ops::AttentionBlock& blk, const Tensor& o, const Tensor& lse) {
   const int64_t sq = q.dim(1), sk = k.dim(1);
-  const std::vector<DocumentPart> parts =
-      has_documents(starts) ? document_parts(*starts, blk, sq, sk) : std::vector<DocumentPart>{};
-  if (!has_documents(starts) || whole_block(parts, blk, sq, sk)) {
+  const bool masked = has_documents(starts) || blk.window > 0;
+  const std::vector<DocumentPart> parts = masked ? visible_parts(starts, blk, sq, sk) : std::vector<DocumentPart>{};
+  if (!masked || whole_block(parts, blk, sq, sk)) {
     be.attention_fwd(q, k, v, blk, o, lse);
     return true;
   }
@@ -114,13 +127,13 @@ bool document_attention_fwd(ops::Backend& be, const DocumentStarts* starts, cons
   return true;
 }
 
-void document_attention_bwd(ops::Backend& be, const DocumentStarts* starts, const Tensor& q, const Tensor& k,
-                            const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout,
-                            const ops::AttentionBlock& blk, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+void masked_attention_bwd(ops::Backend& be, const DocumentStarts* starts, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout,
+                          const ops::AttentionBlock& blk, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const int64_t sq = q.dim(1), sk = k.dim(1);
-  const std::vector<DocumentPart> parts =
-      has_documents(starts) ? document_parts(*starts, blk, sq, sk) : std::vector<DocumentPart>{};
-  if (!has_documents(starts) || whole_block(parts, blk, sq, sk)) {
+  const bool masked = has_documents(starts) || blk.window > 0;
+  const std::vector<DocumentPart> parts = masked ? visible_parts(starts, blk, sq, sk) : std::vector<DocumentPart>{};
+  if (!masked || whole_block(parts, blk, sq, sk)) {
     be.attention_bwd(q, k, v, o, lse, dout, blk, dq, dk, dv);
     return;
   }

@@ -1,5 +1,7 @@
 // Document masking for every strategy (data.document_mask): a block of attention over a
-// packed sequence, run as the parts of it where queries and keys share a document.
+// packed sequence, run as the parts of it where queries and keys share a document; and the
+// sliding window's block skipping (a block whose keys all lie a window or more before its
+// queries is not run).
 //
 // Documents are contiguous runs of positions, so the visible part of a block (queries
 // [q_offset, q_offset + Sq) against keys [k_offset, k_offset + Sk)) is, per document that
@@ -40,18 +42,24 @@ std::vector<DocumentPart> document_parts(const DocumentStarts& starts, const ops
 // True when `starts` divides the sequence at all (more than one document).
 inline bool has_documents(const DocumentStarts* starts) { return starts != nullptr && starts->size() > 1; }
 
+// The parts of the block that the documents (`starts`: one per shared document; nullptr or one
+// document: the whole block) and blk.window (a part whose last key is a window or more
+// before its first query is dropped) leave visible. Each part runs with the block's window.
+std::vector<DocumentPart> visible_parts(const DocumentStarts* starts, const ops::AttentionBlock& blk, int64_t sq,
+                                        int64_t sk);
+
 // Backend::attention_fwd of one sequence's block (q [1, Sq, Hq, hd], ...) under the
-// document mask `starts` (nullptr or one document: the plain call). Writes o and lse for
-// every query row; returns false when no query of the block sees a key (o = 0,
-// lse = -inf: a ring may skip its merge).
-bool document_attention_fwd(ops::Backend& be, const DocumentStarts* starts, const ops::Tensor& q, const ops::Tensor& k,
-                            const ops::Tensor& v, const ops::AttentionBlock& blk, const ops::Tensor& o,
-                            const ops::Tensor& lse);
+// document mask `starts` and the block's sliding window (neither: the plain call). Writes
+// o and lse for every query row; returns false when no query of the block sees a key (o = 0,
+// lse = -inf: a ring may skip its merge, a block wholly outside the window costs nothing).
+bool masked_attention_fwd(ops::Backend& be, const DocumentStarts* starts, const ops::Tensor& q, const ops::Tensor& k,
+                          const ops::Tensor& v, const ops::AttentionBlock& blk, const ops::Tensor& o,
+                          const ops::Tensor& lse);
 // Backend::attention_bwd likewise (blk.accumulate as there: false overwrites every row of
 // dq/dk/dv, rows outside every part with zeros).
-void document_attention_bwd(ops::Backend& be, const DocumentStarts* starts, const ops::Tensor& q, const ops::Tensor& k,
-                            const ops::Tensor& v, const ops::Tensor& o, const ops::Tensor& lse, const ops::Tensor& dout,
-                            const ops::AttentionBlock& blk, const ops::Tensor& dq, const ops::Tensor& dk,
-                            const ops::Tensor& dv);
+void masked_attention_bwd(ops::Backend& be, const DocumentStarts* starts, const ops::Tensor& q, const ops::Tensor& k,
+                          const ops::Tensor& v, const ops::Tensor& o, const ops::Tensor& lse, const ops::Tensor& dout,
+                          const ops::AttentionBlock& blk, const ops::Tensor& dq, const ops::Tensor& dk,
+                          const ops::Tensor& dv);
 
 }  // namespace easyctx::attention

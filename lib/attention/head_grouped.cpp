@@ -63,7 +63,8 @@ void HeadGroupedAttention::forward(const AttentionTensors& t) {
                            og.view({h.B, h.S, h.hq, h.hd}),
                            lg.view({h.B, h.hq, h.S}),
                            t.scale,
-                           t.docs};
+                           t.docs,
+                           t.window};
   for (int64_t g = 0; g < groups_; ++g) {
     move_heads(be_, t.q, g * h.hq, p.q, true);
     move_heads(be_, t.k, g * h.hkv, p.k, true);
@@ -87,7 +88,7 @@ void HeadGroupedAttention::backward(const AttentionTensors& t, const AttentionGr
   auto qs = [&](const Buffer& b) { return b.view({h.B, h.S, h.hq, h.hd}); };
   auto ks = [&](const Buffer& b) { return b.view({h.B, h.S, h.hkv, h.hd}); };
   // The packed copies of one head group.
-  const AttentionTensors p{qs(qg), ks(kg), ks(vg), qs(og), lg.view({h.B, h.hq, h.S}), t.scale, t.docs};
+  const AttentionTensors p{qs(qg), ks(kg), ks(vg), qs(og), lg.view({h.B, h.hq, h.S}), t.scale, t.docs, t.window};
   const AttentionGrads pg{qs(dog), qs(dqg), ks(dkg), ks(dvg)};
   for (int64_t g = 0; g < groups_; ++g) {
     const int64_t q0 = g * h.hq, k0 = g * h.hkv;

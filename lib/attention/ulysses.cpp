@@ -148,7 +148,7 @@ void UlyssesAttention::forward(const AttentionTensors& t) {
     const Sharded x = shard_qkv(t, b, hs);
     Buffer oh = be_.alloc(t.o.dtype, x.Sg * x.nq * x.hd, L.o), lh = be_.alloc(t.lse.dtype, x.nq * x.Sg, L.lse);
     inner_->forward({x.qs(x.q), x.kvs(x.k), x.kvs(x.v), x.qs(oh), lh.view({1, x.nq, x.Sg}), t.scale,
-                     t.docs ? t.docs + b : nullptr});
+                     t.docs ? t.docs + b : nullptr, t.window});
     from_heads(x.qs(oh), hs.hq, x.nq, false, hs, seq(t.o, b));
     lse_to_seq(lh.view({1, x.nq, x.Sg}), x.nq, x.S, seq(t.lse, b));
   }
@@ -166,9 +166,9 @@ void UlyssesAttention::backward(const AttentionTensors& t, const AttentionGrads&
     Buffer dqh = be_.alloc(g.dq.dtype, x.Sg * x.nq * x.hd, L.grads),
            dkh = be_.alloc(g.dk.dtype, x.Sg * x.nkv * x.hd, L.grads),
            dvh = be_.alloc(g.dv.dtype, x.Sg * x.nkv * x.hd, L.grads);
-    inner_->backward(
-        {x.qs(x.q), x.kvs(x.k), x.kvs(x.v), x.qs(oh), lh.view({1, x.nq, x.Sg}), t.scale, t.docs ? t.docs + b : nullptr},
-        {x.qs(dh), x.qs(dqh), x.kvs(dkh), x.kvs(dvh)});
+    inner_->backward({x.qs(x.q), x.kvs(x.k), x.kvs(x.v), x.qs(oh), lh.view({1, x.nq, x.Sg}), t.scale,
+                      t.docs ? t.docs + b : nullptr, t.window},
+                     {x.qs(dh), x.qs(dqh), x.kvs(dkh), x.kvs(dvh)});
     from_heads(x.qs(dqh), hs.hq, x.nq, false, hs, seq(g.dq, b));
     from_heads(x.kvs(dkh), hs.hkv, x.nkv, true, hs, seq(g.dk, b));
     from_heads(x.kvs(dvh), hs.hkv, x.nkv, true, hs, seq(g.dv, b));

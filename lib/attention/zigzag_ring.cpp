@@ -33,10 +33,11 @@ struct Zigzag {
   int64_t chunk(int rank, int i) const { return i == 0 ? rank : 2 * W - 1 - rank; }
   // Local query chunk qa against key chunk kb of rank src: the block, or false when every key
   // is in the query chunk's future (b > a); b == a is the causal diagonal, b < a a full block.
-  bool block(int qa, int src, int kb, double scale, ops::AttentionBlock* blk) const {
+  bool block(int qa, int src, int kb, double scale, int64_t window, ops::AttentionBlock* blk) const {
     const int64_t a = chunk(r, qa), b = chunk(src, kb);
     if (b > a) return false;
     blk->scale = scale;
+    blk->window = window;
     blk->causal = a == b;
     blk->q_offset = a * c;
     blk->k_offset = b * c;
@@ -47,11 +48,11 @@ struct Zigzag {
   // f(qa, kb, block) for every pair of a local query chunk and a visiting key chunk of rank
   // src that has a key in the query's past.
   template <class F>
-  void for_each_block(int src, double scale, F&& f) const {
+  void for_each_block(int src, double scale, int64_t window, F&& f) const {
     for (int qa = 0; qa < 2; ++qa)
       for (int kb = 0; kb < 2; ++kb) {
         ops::AttentionBlock blk;
-        if (block(qa, src, kb, scale, &blk)) f(qa, kb, blk);
+        if (block(qa, src, kb, scale, window, &blk)) f(qa, kb, blk);
       }
   }
 };
@@ -128,10 +129,11 @@ void ZigzagRingAttention::forward_one(const AttentionTensors& t) {
     Buffer* cur = kv[s % 2];
     if (s + 1 < z.W) exchange_begin(cur, kv[(s + 1) % 2], 0, 1);  // the next step's K/V travel meanwhile
     const Tensor kc = cur[0].view({1, S, Hkv, hd}), vc = cur[1].view({1, S, Hkv, hd});
-    z.for_each_block(z.source(s), t.scale, [&](int qa, int kb, const ops::AttentionBlock& blk) {
-      // A block where no query and key share a document adds nothing: no merge.
-      if (!document_attention_fwd(be_, t.docs, seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
-                                  blk, ob, lb))
+    z.for_each_block(z.source(s), t.scale, t.window, [&](int qa, int kb, const ops::AttentionBlock& blk) {
+      // A block where no query and key share a document, or wholly outside the window, adds
+      // nothing: no merge.
+      if (!masked_attention_fwd(be_, t.docs, seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
+                                blk, ob, lb))
         return;
       const Tensor ao = acc_o[qa].view({1, c, Hq, hd}), al = acc_lse[qa].view({1, Hq, c});
       if (started[qa]) {
@@ -177,10 +179,10 @@ void ZigzagRingAttention::backward_one(const AttentionTensors& t, const Attentio
     if (s + 1 < z.W) exchange_begin(cur, kv[(s + 1) % 2], 0, 1);  // the next step's K/V travel meanwhile
     auto view = [&](int i) { return cur[i].view({1, S, Hkv, hd}); };
     const Tensor kc = view(0), vc = view(1), dkc = view(2), dvc = view(3);
-    z.for_each_block(z.source(s), t.scale, [&](int qa, int kb, const ops::AttentionBlock& blk) {
-      document_attention_bwd(be_, t.docs, seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
-                             seq_rows(o, qa * c, c), lse_ch[qa].view({1, Hq, c}), seq_rows(dout, qa * c, c), blk,
-                             seq_rows(dqa, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
+    z.for_each_block(z.source(s), t.scale, t.window, [&](int qa, int kb, const ops::AttentionBlock& blk) {
+      masked_attention_bwd(be_, t.docs, seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
+                           seq_rows(o, qa * c, c), lse_ch[qa].view({1, Hq, c}), seq_rows(dout, qa * c, c), blk,
+                           seq_rows(dqa, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
     });
     if (s + 1 < z.W) {
       exchange_end();

@@ -36,6 +36,10 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, Mo
   EASYCTX_CHECK_INPUT(opts_.head_groups >= 1 && cfg_.num_kv_heads % opts_.head_groups == 0,
                       "activation.attention_head_groups: ", opts_.head_groups,
                       " does not divide the model's key/value heads (", cfg_.num_kv_heads, ")");
+  EASYCTX_CHECK_INPUT(cfg_.sliding_window == 0 || be_.memspace() == MemSpace::Host, cfg_.name,
+                      ": sliding_window = ", cfg_.sliding_window,
+                      ": the CUDA attention has no sliding window yet (train.device cpu runs it; "
+                      "docs/model.md)");
   group_attn_ = attn_;
   if (const auto* hg = dynamic_cast<const attention::HeadGroupedAttention*>(attn_.get()); hg && opts_.head_groups > 1) {
     EASYCTX_CHECK(hg->groups() == opts_.head_groups, "LlamaModel: a strategy in ", hg->groups(),
@@ -249,7 +253,7 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Tensor
     if (!saved.restored)
       attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                       v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                      a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs()});
+                      a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.sliding_window});
     be_.matmul(o, false, W(kO), true, x_mid);
   }
   be_.axpy(x_mid, x_in, 1.0);
@@ -317,11 +321,11 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   const Tensor dk = ws.dk.view({n, hkv * hd}), dv = ws.dv.view({n, hkv * hd}), h1 = a.h1.view({n, d});
   be_.matmul(dx, false, W(kO), false, dattn);
   be_.matmul(dx, true, a.o.view({n, hq * hd}), false, G(kO), 1.0, 1.0);
-  attn_->backward(
-      {a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}), a.v.view({b.batch, b.seq, hkv, hd}),
-       a.o.view({b.batch, b.seq, hq, hd}), a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs()},
-      {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
-       dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
+  attn_->backward({a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}),
+                   a.v.view({b.batch, b.seq, hkv, hd}), a.o.view({b.batch, b.seq, hq, hd}),
+                   a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.sliding_window},
+                  {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
+                   dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
   qkv_backward(qkv_weights(w, 0, 1), qkv_weights(gw, 0, 1), qkv_acts(a, n, 0, 1), dq, dk, dv, ws.head_in.flat(),
                ws.ones, b);
   be_.matmul(dq, false, W(kQ), false, dh);

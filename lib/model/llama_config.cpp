@@ -99,25 +99,16 @@ void parse_rope(const Json& j, const std::string& src, LlamaConfig& c) {
 }
 
 // The config.json keys easyctx reads: a model YAML takes exactly these (docs/model.md).
-const std::vector<std::string> kModelKeys = {"hidden_size",
-                                             "num_hidden_layers",
-                                             "num_attention_heads",
-                                             "num_key_value_heads",
-                                             "head_dim",
-                                             "intermediate_size",
-                                             "vocab_size",
-                                             "rms_norm_eps",
-                                             "rope_theta",
-                                             "rope_scaling",
-                                             "rope_parameters",
-                                             "tie_word_embeddings",
-                                             "max_position_embeddings",
-                                             "bos_token_id",
-                                             "eos_token_id",
-                                             "model_type",
-                                             "hidden_act",
-                                             "attention_bias",
-                                             "mlp_bias"};
+const std::vector<std::string> kModelKeys = {"hidden_size",         "sliding_window",
+                                             "num_hidden_layers",   "num_attention_heads",
+                                             "num_key_value_heads", "head_dim",
+                                             "intermediate_size",   "vocab_size",
+                                             "rms_norm_eps",        "rope_theta",
+                                             "rope_scaling",        "rope_parameters",
+                                             "tie_word_embeddings", "max_position_embeddings",
+                                             "bos_token_id",        "eos_token_id",
+                                             "model_type",          "hidden_act",
+                                             "attention_bias",      "mlp_bias"};
 // Inside rope_scaling / rope_parameters.
 const std::vector<std::string> kRopeKeys = {"rope_type",        "type",
                                             "factor",           "low_freq_factor",
@@ -187,7 +178,6 @@ const std::vector<std::string> kHfIgnoredKeys = {"architectures",
                                                  "tf_legacy_loss",
                                                  "pruned_heads",
                                                  "attention_dropout",
-                                                 "sliding_window",
                                                  "use_sliding_window",
                                                  "max_window_layers",
                                                  "layer_types",
@@ -239,7 +229,9 @@ void check_neutral_keys(const Json& j, const std::string& src) {
     EASYCTX_THROW_INPUT(src,
                         ": use_sliding_window = true is not supported (easyctx attends over the whole sequence); "
                         "set it to false in a copy of the config to train with full attention");
-  if (const Json* v = j.find("sliding_window"); v && !v->is_null() && !(use && use->is_bool()))
+  const Json* mt = j.find("model_type");
+  const bool mistral = mt && mt->is_string() && mt->as_string() == "mistral";  // its window is read
+  if (const Json* v = j.find("sliding_window"); v && !v->is_null() && !(use && use->is_bool()) && !mistral)
     EASYCTX_THROW_INPUT(src, ": sliding_window = ", v->dump(),
                         " is not supported (easyctx attends over the whole sequence); set it to null in a copy of "
                         "the config to train with full attention");
@@ -389,10 +381,14 @@ void yarn_to_json(const RopeScaling& r, Json& rs) {
 Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   Json j = Json::object();
   Json arch = Json::array();
-  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3";
-  arch.push_back(Json(qwen2 ? "Qwen2ForCausalLM" : qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
+  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3", mistral = model_type == "mistral";
+  arch.push_back(Json(qwen2     ? "Qwen2ForCausalLM"
+                      : qwen3   ? "Qwen3ForCausalLM"
+                      : mistral ? "MistralForCausalLM"
+                                : "LlamaForCausalLM"));
   j.set("architectures", arch);
-  j.set("model_type", qwen2 || qwen3 ? model_type : "llama");
+  j.set("model_type", qwen2 || qwen3 || mistral ? model_type : "llama");
+  if (mistral) j.set("sliding_window", sliding_window);
   j.set("hidden_size", hidden_size);
   j.set("intermediate_size", intermediate_size);
   j.set("num_hidden_layers", num_layers);
@@ -423,7 +419,7 @@ Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   j.set("eos_token_id", eos_token_id);
   j.set("hidden_act", "silu");
   if (qwen2 || qwen3) j.set("use_sliding_window", false);  // full attention
-  if (!qwen2) {                                            // Qwen2Config: the q/k/v bias is the architecture's, no flag
+  if (!qwen2 && !mistral) {                                // Qwen2Config: the q/k/v bias is the architecture's, no flag
     j.set("attention_bias", false);
     if (!qwen3) j.set("mlp_bias", false);
   }
@@ -434,9 +430,9 @@ Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
 std::string LlamaConfig::describe() const {
   std::ostringstream os;
   os << name << ": " << model_type << (qkv_bias ? " (q/k/v bias)" : "") << (qk_norm ? " (q/k norms)" : "")
-     << ", hidden " << hidden_size << ", layers " << num_layers << ", heads " << num_heads << "/" << num_kv_heads
-     << " (head_dim " << head_dim << "), mlp " << intermediate_size << ", vocab " << vocab_size << ", rope_theta "
-     << rope_theta;
+     << (sliding_window > 0 ? " (sliding window " + std::to_string(sliding_window) + ")" : "") << ", hidden "
+     << hidden_size << ", layers " << num_layers << ", heads " << num_heads << "/" << num_kv_heads << " (head_dim "
+     << head_dim << "), mlp " << intermediate_size << ", vocab " << vocab_size << ", rope_theta " << rope_theta;
   if (rope_scaling.kind != RopeScalingKind::None)
     os << " ("
        << (rope_scaling.kind == RopeScalingKind::Linear   ? "linear"
@@ -462,7 +458,10 @@ LlamaConfig llama_config_from_json(const Json& j, const std::string& src) {
     EASYCTX_CHECK_INPUT(act->as_string() == "silu", src, ": hidden_act '", act->as_string(), "' (only silu)");
   LlamaConfig c;
   c.name = src;
-  c.model_type = type == "mistral" ? "llama" : type;
+  // Mistral: the Llama decoder with a sliding window (none: exactly a Llama).
+  if (const Json* w = j.find("sliding_window"); type == "mistral" && w && !w->is_null())
+    c.sliding_window = get_int(j, "sliding_window", src, 0, true);
+  c.model_type = type == "mistral" ? (c.sliding_window > 0 ? "mistral" : "llama") : type;
   c.qkv_bias = type == "qwen2";  // Qwen2Attention: q/k/v_proj with bias, o_proj without
   c.qk_norm = type == "qwen3";   // Qwen3Attention: q_norm/k_norm over head_dim before RoPE
   c.hidden_size = get_int(j, "hidden_size", src, 0, true);

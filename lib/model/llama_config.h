@@ -55,6 +55,9 @@ struct LlamaConfig {
   // "qwen3": RMSNorm over each head's q and k (one gain per head dimension, shared by the
   // heads, the norm's epsilon rms_norm_eps) after the projection, before RoPE.
   bool qk_norm = false;
+  // "mistral" with sliding_window > 0: each query sees the last sliding_window positions only
+  // (transformers' kv_idx > q_idx - sliding_window); 0: the whole causal past.
+  int64_t sliding_window = 0;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
   int64_t num_heads = 0;

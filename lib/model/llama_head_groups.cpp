@@ -53,7 +53,7 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
       project_qkv(h1, qkv_weights(w, g, G), qa, ws.ones, b);
       group_attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                             v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                            lse.reshape({b.batch, hq, b.seq}), scale, b.docs()});
+                            lse.reshape({b.batch, hq, b.seq}), scale, b.docs(), cfg_.sliding_window});
       if (streamed) {
         store.send_group(slot, group_part(saved_o, g, n * qd), group_part(saved_lse, g, lse_n));
       } else if (!saved_o.empty()) {
@@ -108,7 +108,8 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
                                         o.reshape({b.batch, b.seq, hq, hd}),
                                         lse.reshape({b.batch, hq, b.seq}),
                                         scale,
-                                        b.docs()};
+                                        b.docs(),
+                                        cfg_.sliding_window};
     if (!kept) {
       project_qkv(h1, qw, qa, ws.ones, b);
       if (!restored) group_attn_->forward(t);

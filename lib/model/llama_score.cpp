@@ -73,7 +73,7 @@ void LlamaModel::score_layer(const Tensor& w, const Batch& b, ScoreWorkspace& ws
   project_qkv(h, qkv_weights(w, 0, 1), qa, ws.ones, b);
   attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                   v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                  ws.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs()});
+                  ws.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.sliding_window});
   be_.matmul(o, false, W(kO), true, h);  // the input norm's output is dead: h takes the projection
   be_.axpy(x, h, 1.0);                   // x_mid = x_in + o W_O^T
   be_.rmsnorm_fwd(x, W(kMlpNorm), cfg_.rms_norm_eps, h, rstd);

@@ -34,6 +34,11 @@ struct AttentionBlock {
   // attention_bwd: true adds into dq/dk/dv (a ring's steps sum); false overwrites them (one
   // block covers every key: the CUDA backend then lets cuDNN write them in place).
   bool accumulate = true;
+  // Sliding window (the model's sliding_window, Mistral's): > 0, the query at position p sees
+  // the keys at positions > p - window only (transformers' kv_idx > q_idx - sliding_window),
+  // positions as q_offset/k_offset count them. 0: no window. The CPU backend only (the CUDA
+  // backend refuses it by name).
+  int64_t window = 0;
 };
 
 // Sum of next-token NLL over the labelled tokens (label >= 0) and their count; the caller

@@ -104,7 +104,7 @@ void add_recorded(Items& it, bool transient, const std::string& phase, const std
 
 // data.document_mask: documents that cut every block of every strategy (a border inside each
 // quarter of this rank's tokens, at odd positions), so the replay allocates what a packed
-// window's partial blocks do (the LSE scratch of document_attention_fwd/bwd); else none.
+// window's partial blocks do (the LSE scratch of masked_attention_fwd/bwd); else none.
 std::vector<attention::DocumentStarts> plan_documents(const Run& r) {
   if (!r.cfg.data.document_mask) return {};
   const int64_t global = attention::sequence_split(r.groups).padded_length(r.cfg.data.seq_length);

@@ -129,3 +129,99 @@ TEST(DocumentMask, LocalPackedMatchesEachDocumentAloneF32) {
   packed_matches_documents_alone<float>(1e-6, {0, 7, 8, 21, 34}, 45);
   packed_matches_documents_alone<float>(1e-6, {0, 5, 10, 11, 15}, 20);
 }
+
+namespace {
+
+// Naive fp64 attention of one sequence under a sliding window (and optional documents): the
+// definition, for the forward; the backward by central differences of sum(dout . o).
+struct Naive {
+  int64_t S, H, hd;
+  double scale;
+  int64_t window;
+  DocumentStarts docs;
+  bool sees(int64_t i, int64_t j) const {
+    if (j > i || j <= i - window) return false;
+    const int64_t di = std::upper_bound(docs.begin(), docs.end(), i) - docs.begin();
+    const int64_t dj = std::upper_bound(docs.begin(), docs.end(), j) - docs.begin();
+    return di == dj;
+  }
+  // o [S, H, hd], lse [H, S] of q [S, H, hd], k/v [S, 1, hd] (one kv head).
+  void forward(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+               std::vector<double>& o, std::vector<double>& lse) const {
+    o.assign(static_cast<size_t>(S * H * hd), 0);
+    lse.assign(static_cast<size_t>(H * S), 0);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < S; ++i) {
+        std::vector<double> sc(static_cast<size_t>(S), -INFINITY);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < S; ++j)
+          if (sees(i, j)) {
+            double d = 0;
+            for (int64_t c = 0; c < hd; ++c) d += q[(i * H + h) * hd + c] * k[j * hd + c];
+            sc[j] = d * scale;
+            mx = std::max(mx, sc[j]);
+          }
+        double sum = 0;
+        for (int64_t j = 0; j < S; ++j) sum += sees(i, j) ? std::exp(sc[j] - mx) : 0;
+        for (int64_t j = 0; j < S; ++j)
+          if (sees(i, j))
+            for (int64_t c = 0; c < hd; ++c) o[(i * H + h) * hd + c] += std::exp(sc[j] - mx) / sum * v[j * hd + c];
+        lse[h * S + i] = mx + std::log(sum);
+      }
+  }
+};
+
+}  // namespace
+
+// A sliding window (Mistral's: a query sees itself and the window - 1 keys before it), alone
+// and with documents: local attention against the naive definition (o, lse) and the gradients
+// against central differences, fp64.
+TEST(SlidingWindow, LocalMatchesTheDefinitionAndFiniteDifferences) {
+  const int64_t S = 11, H = 2, hd = 4;
+  std::mt19937_64 rng(test::test_seed());
+  for (const DocumentStarts& docs : {DocumentStarts{0}, DocumentStarts{0, 4, 5}}) {
+    const Naive nv{S, H, hd, 0.5, 3, docs};
+    auto q = test::random_vector<double>(static_cast<size_t>(S * H * hd), rng, -2, 2);
+    auto k = test::random_vector<double>(static_cast<size_t>(S * hd), rng, -2, 2);
+    auto v = test::random_vector<double>(static_cast<size_t>(S * hd), rng);
+    auto dout = test::random_vector<double>(static_cast<size_t>(S * H * hd), rng);
+    auto be = ops::make_cpu_backend();
+    std::vector<double> o(q.size()), lse(static_cast<size_t>(H * S)), dq(q.size()), dk(k.size()), dv(v.size());
+    auto t4 = [&](std::vector<double>& x, int64_t h) { return Tensor(x.data(), DType::F64, {1, S, h, hd}); };
+    attention::LocalAttention a(*be);
+    const std::vector<DocumentStarts> per_seq{docs};
+    const attention::AttentionTensors t{t4(q, H),
+                                        t4(k, 1),
+                                        t4(v, 1),
+                                        t4(o, H),
+                                        Tensor(lse.data(), DType::F64, {1, H, S}),
+                                        nv.scale,
+                                        docs.size() > 1 ? per_seq.data() : nullptr,
+                                        nv.window};
+    a.forward(t);
+    a.backward(t, {t4(dout, H), t4(dq, H), t4(dk, 1), t4(dv, 1)});
+    std::vector<double> want_o, want_lse;
+    nv.forward(q, k, v, want_o, want_lse);
+    EXPECT_LT(test::rel_error(o, want_o), 1e-12) << "o, documents " << docs.size();
+    EXPECT_LT(test::rel_error(lse, want_lse), 1e-12) << "lse, documents " << docs.size();
+    auto loss = [&] {
+      std::vector<double> oo, ll;
+      nv.forward(q, k, v, oo, ll);
+      double s = 0;
+      for (size_t i = 0; i < oo.size(); ++i) s += oo[i] * dout[i];
+      return s;
+    };
+    for (auto [x, g, name] : {std::tuple{&q, &dq, "dq"}, std::tuple{&k, &dk, "dk"}, std::tuple{&v, &dv, "dv"}}) {
+      std::vector<double> num(x->size());
+      for (size_t i = 0; i < x->size(); ++i) {
+        const double x0 = (*x)[i], h = 1e-5;
+        (*x)[i] = x0 + h;
+        const double up = loss();
+        (*x)[i] = x0 - h;
+        num[i] = (up - loss()) / (2 * h);
+        (*x)[i] = x0;
+      }
+      EXPECT_LT(test::rel_error(*g, num), 1e-7) << name << ", documents " << docs.size();
+    }
+  }
+}

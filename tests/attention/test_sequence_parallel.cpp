@@ -87,7 +87,7 @@ std::vector<attention::DocumentStarts> documents(int64_t B, int64_t S) {
 
 template <typename T>
 void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<int64_t>& rows, double tol, uint64_t seed,
-         bool with_docs = false) {
+         bool with_docs = false, int64_t window = 0) {
   const std::vector<attention::DocumentStarts> docs = documents(sh.B, sh.S);
   const attention::DocumentStarts* dp = with_docs ? docs.data() : nullptr;
   constexpr DType dt = std::is_same<T, double>::value ? DType::F64 : DType::F32;
@@ -105,7 +105,8 @@ void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<in
                                           T4(o, sh.S, sh.Hq),
                                           Tensor(lse.data(), dt, {sh.B, sh.Hq, sh.S}),
                                           scale,
-                                          dp};
+                                          dp,
+                                          window};
   local.forward(whole);
   local.backward(whole, {T4(c.dout, sh.S, sh.Hq), T4(dq, sh.S, sh.Hq), T4(dk, sh.S, sh.Hkv), T4(dv, sh.S, sh.Hkv)});
   // This rank's tokens.
@@ -120,9 +121,11 @@ void run(attention::SequenceAttention& sp, const Shape& sh, const std::vector<in
                                          T4(lo, Sl, sh.Hq),
                                          Tensor(ll.data(), dt, {sh.B, sh.Hq, Sl}),
                                          scale,
-                                         dp};
+                                         dp,
+                                         window};
   sp.forward(mine);
-  const char* what = with_docs ? " with documents" : "";
+  const std::string what =
+      std::string(with_docs ? " with documents" : "") + (window > 0 ? " with window " + std::to_string(window) : "");
   EXPECT_LT(test::rel_error(lo, take(o, sh, sh.Hq, rows)), tol) << sp.name() << what << " o";
   EXPECT_LT(test::rel_error(ll, take_lse(lse, sh, rows)), tol) << sp.name() << what << " lse";
   sp.backward(mine, {T4(dout, Sl, sh.Hq), T4(ldq, Sl, sh.Hq), T4(ldk, Sl, sh.Hkv), T4(ldv, Sl, sh.Hkv)});
@@ -165,6 +168,9 @@ TEST(SequenceParallel, ZigzagRingMatchesLocal) {
   run<float>(z, sh, zigzag_rows(sh.S, W, r), 1e-5, w.seed + 1);
   run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 2, true);
   run<float>(z, sh, zigzag_rows(sh.S, W, r), 1e-5, w.seed + 3, true);
+  // Sliding windows of 3 (blocks of 5 chunks apart skipped) and 7 tokens, with documents too.
+  run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 4, false, 3);
+  run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 5, true, 7);
 }
 
 TEST(SequenceParallel, UlyssesMatchesLocal) {
@@ -179,6 +185,7 @@ TEST(SequenceParallel, UlyssesMatchesLocal) {
     Shape sh{1, U * 7, 2 * U, hkv, 8};
     run<double>(uly, sh, contiguous_rows(all, U, u), 1e-10, w.seed + static_cast<uint64_t>(hkv));
     run<double>(uly, sh, contiguous_rows(all, U, u), 1e-10, w.seed + 7 + static_cast<uint64_t>(hkv), true);
+    run<double>(uly, sh, contiguous_rows(all, U, u), 1e-10, w.seed + 9 + static_cast<uint64_t>(hkv), true, 5);
   }
 }
 
@@ -195,6 +202,7 @@ TEST(SequenceParallel, UspMatchesLocal) {
   auto ring_rows = zigzag_rows(sh.S, R, sp_rank / U);
   run<double>(usp, sh, contiguous_rows(ring_rows, U, sp_rank % U), 1e-10, w.seed);
   run<double>(usp, sh, contiguous_rows(ring_rows, U, sp_rank % U), 1e-10, w.seed + 1, true);
+  run<double>(usp, sh, contiguous_rows(ring_rows, U, sp_rank % U), 1e-10, w.seed + 2, false, 4);
 }
 
 TEST(SequenceParallel, DistFlashMatchesLocal) {
@@ -209,6 +217,8 @@ TEST(SequenceParallel, DistFlashMatchesLocal) {
   run<float>(df, sh, contiguous_rows(all, W, r), 1e-5, w.seed + 1);
   run<double>(df, sh, contiguous_rows(all, W, r), 1e-10, w.seed + 2, true);
   run<float>(df, sh, contiguous_rows(all, W, r), 1e-5, w.seed + 3, true);
+  run<double>(df, sh, contiguous_rows(all, W, r), 1e-10, w.seed + 4, false, 10);
+  run<double>(df, sh, contiguous_rows(all, W, r), 1e-10, w.seed + 5, true, 4);
 }
 
 // activation.attention_head_groups: each strategy in G passes over head groups, against the
@@ -226,6 +236,7 @@ TEST(SequenceParallel, HeadGroupsMatchLocalRingAndLocal) {
     run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 7);
     run<float>(z, sh, zigzag_rows(sh.S, W, r), 1e-5, w.seed + 8);
     run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 9, true);
+    run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 10, true, 6);
   }
   // Local: 3 groups of GQA 6/3 against one pass, bit for bit.
   const Shape sh{2, 13, 6, 3, 8};

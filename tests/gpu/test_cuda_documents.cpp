@@ -2,7 +2,7 @@
 // (fp32, the same bf16-rounded inputs): LocalAttention over packed sequences at odd lengths
 // (documents of 1, 2, 17, 333, ... tokens, a different packing per sequence of the batch, GQA
 // 8/2, head dims 64 and 128): forward o/lse, backward dq/dk/dv (overwritten, NaN-poisoned
-// first); and document_attention_fwd/bwd on one block that is not a causal square (queries
+// first); and masked_attention_fwd/bwd on one block that is not a causal square (queries
 // after the keys, causal false: rectangles of unequal q/k lengths; a causal block with a
 // diagonal offset), accumulating onto bf16 and f32 gradients, rows without keys (o = 0,
 // lse = -inf) included. Every case runs in each backend mode that picks routes: the trainer's
@@ -284,7 +284,7 @@ void CudaBlockDocuments::run_mode(const BlockCase& c, const Mode& m) {
   blk.accumulate = true;
   o_.assign(static_cast<size_t>(nq), 0);
   lse_.assign(static_cast<size_t>(c.hq * c.sq), 0);
-  const bool seen = attention::document_attention_fwd(
+  const bool seen = attention::masked_attention_fwd(
       *cpu, &docs_, host(q_, {1, c.sq, c.hq, c.hd}), host(k_, {1, c.sk, c.hkv, c.hd}), host(v_, {1, c.sk, c.hkv, c.hd}),
       blk, host(o_, {1, c.sq, c.hq, c.hd}), host(lse_, {1, c.hq, c.sq}));
   bq_ = upload(q_, t);
@@ -293,7 +293,7 @@ void CudaBlockDocuments::run_mode(const BlockCase& c, const Mode& m) {
   Buffer bo = gpu->alloc(t, nq), bl = gpu->alloc(DType::F32, c.hq * c.sq);
   poison(bo);
   poison(bl);
-  const bool gseen = attention::document_attention_fwd(
+  const bool gseen = attention::masked_attention_fwd(
       *gpu, &docs_, bq_.view({1, c.sq, c.hq, c.hd}), bk_.view({1, c.sk, c.hkv, c.hd}), bv_.view({1, c.sk, c.hkv, c.hd}),
       blk, bo.view({1, c.sq, c.hq, c.hd}), bl.view({1, c.hq, c.sq}));
   EXPECT_EQ(gseen, seen);
@@ -313,7 +313,7 @@ void CudaBlockDocuments::backward(const BlockCase& c, const ops::AttentionBlock&
   auto dout = rand(nq, t), dq0 = rand(nq, gt, -0.05, 0.05), dk0 = rand(nk, gt, -0.05, 0.05),
        dv0 = rand(nk, gt, -0.05, 0.05);
   auto dq = dq0, dk = dk0, dv = dv0;
-  attention::document_attention_bwd(
+  attention::masked_attention_bwd(
       *cpu, &docs_, host(q_, {1, c.sq, c.hq, c.hd}), host(k_, {1, c.sk, c.hkv, c.hd}), host(v_, {1, c.sk, c.hkv, c.hd}),
       host(o_, {1, c.sq, c.hq, c.hd}), host(lse_, {1, c.hq, c.sq}), host(dout, {1, c.sq, c.hq, c.hd}), blk,
       host(dq, {1, c.sq, c.hq, c.hd}), host(dk, {1, c.sk, c.hkv, c.hd}), host(dv, {1, c.sk, c.hkv, c.hd}));
@@ -321,7 +321,7 @@ void CudaBlockDocuments::backward(const BlockCase& c, const ops::AttentionBlock&
          bdk = upload(dk0, gt), bdv = upload(dv0, gt);
   auto qv = [&](const Buffer& x) { return x.view({1, c.sq, c.hq, c.hd}); };
   auto kv = [&](const Buffer& x) { return x.view({1, c.sk, c.hkv, c.hd}); };
-  attention::document_attention_bwd(*gpu, &docs_, qv(bq_), kv(bk_), kv(bv_), qv(bo), bl.view({1, c.hq, c.sq}), qv(bdo),
+  attention::masked_attention_bwd(*gpu, &docs_, qv(bq_), kv(bk_), kv(bv_), qv(bo), bl.view({1, c.hq, c.sq}), qv(bdo),
                                     blk, qv(bdq), kv(bdk), kv(bdv));
   auto inc = [](const std::vector<float>& a, const std::vector<float>& a0) {
     std::vector<float> r(a.size());

@@ -13,8 +13,8 @@ namespace {
 model::LlamaConfig from(const std::string& json) { return model::llama_config_from_json(parse_json(json), "t.json"); }
 
 TEST(LlamaConfig, PresetsLoad) {
-  for (const char* p :
-       {"tiny", "demo", "tinyllama-1b", "llama2-7b", "llama2-13b", "llama3-8b", "qwen2.5-7b", "qwen3-8b"}) {
+  for (const char* p : {"tiny", "demo", "tinyllama-1b", "llama2-7b", "llama2-13b", "llama3-8b", "qwen2.5-7b",
+                        "qwen3-8b", "mistral-7b-v0.1"}) {
     const model::LlamaConfig c = model::load_llama_config(p);
     EXPECT_EQ(c.name, p);
     EXPECT_NO_THROW(c.validate());
@@ -37,6 +37,11 @@ TEST(LlamaConfig, PresetsLoad) {
   EXPECT_TRUE(q8.qk_norm);
   EXPECT_FALSE(q8.qkv_bias);
   EXPECT_EQ(q8.num_parameters(), 8190735360);
+  // Mistral-7B-v0.1: 7.24B, a window of 4096.
+  const model::LlamaConfig m7 = model::load_llama_config("mistral-7b-v0.1");
+  EXPECT_EQ(m7.model_type, "mistral");
+  EXPECT_EQ(m7.sliding_window, 4096);
+  EXPECT_EQ(m7.num_parameters(), 7241732096);
 }
 
 // YaRN as transformers computes it: head_dim 16 (8 frequencies), theta 10000, factor 4 over

@@ -258,6 +258,17 @@ TEST(LlamaConfigStrict, HfConfigJsonExtrasAndSemanticKeys) {
   const Json hf3 = q3.to_hf_json();
   EXPECT_EQ(hf3.find("architectures")->as_array().at(0).as_string(), "Qwen3ForCausalLM");
   EXPECT_TRUE(model::llama_config_from_json(hf3, "export.json").qk_norm);
+  // Mistral: its window is read and exported as MistralForCausalLM; a Mistral without one is a
+  // Llama; a Llama config with a window is refused (LlamaForCausalLM has none).
+  const model::LlamaConfig mw =
+      from_json(shape_json("model_type", "\"mistral\"").insert(1, "\"sliding_window\": 64, "));
+  EXPECT_EQ(mw.sliding_window, 64);
+  const Json hfm = mw.to_hf_json();
+  EXPECT_EQ(hfm.find("architectures")->as_array().at(0).as_string(), "MistralForCausalLM");
+  EXPECT_EQ(model::llama_config_from_json(hfm, "export.json").sliding_window, 64);
+  EXPECT_EQ(from_json(shape_json("model_type", "\"mistral\"")).model_type, "llama");
+  const std::string lw = input_error_of([&] { from_json(shape_json("sliding_window", "64")); });
+  EXPECT_NE(lw.find("m.json: sliding_window"), std::string::npos) << lw;
   // Every golden config.json (written by transformers 5) and an export load as they are.
   for (const char* g : {"gqa", "tied_llama3", "gqa_hd64"})
     EXPECT_NO_THROW(model::load_llama_config(source_dir() + "/tests/golden/data/" + g + "/model"));

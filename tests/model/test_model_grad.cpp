@@ -13,7 +13,8 @@ namespace {
 
 using ops::DType;
 
-// family: "llama", "qwen2" (q/k/v biases) or "qwen3" (per-head q/k norms).
+// family: "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k norms) or "mistral" (a
+// sliding window of 3).
 model::LlamaConfig odd_config(bool tied, const std::string& family = "llama") {
   model::LlamaConfig c = llama_config("odd", {12, 2, 3, 1, 6, 10, 11});
   c.rope_theta = 100.0;
@@ -21,6 +22,7 @@ model::LlamaConfig odd_config(bool tied, const std::string& family = "llama") {
   c.model_type = family;
   c.qkv_bias = family == "qwen2";
   c.qk_norm = family == "qwen3";
+  c.sliding_window = family == "mistral" ? 3 : 0;  // of the 5 tokens of each sequence
   return c;
 }
 
@@ -86,7 +88,7 @@ INSTANTIATE_TEST_SUITE_P(All, ModelGrad,
                                             ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
                                                               CheckpointPolicy::AttentionOutput),
                                             ::testing::Values(int64_t{0}, int64_t{3}),
-                                            ::testing::Values("llama", "qwen2", "qwen3")));
+                                            ::testing::Values("llama", "qwen2", "qwen3", "mistral")));
 
 TEST(ParamLayout, UnitsAndOffsets) {
   const model::ParamLayout untied(odd_config(false)), tied(odd_config(true));

@@ -73,7 +73,8 @@ void check_case(const SpCase& c) {
                                       << "\nhidden_size: 64\nnum_hidden_layers: 2\n"
                                          "num_attention_heads: 4\nnum_key_value_heads: 2\nhead_dim: 16\n"
                                          "intermediate_size: 96\nvocab_size: 256\nmax_position_embeddings: 2048\n"
-                                         "rms_norm_eps: 1.0e-6\nrope_theta: 1000000.0\ntie_word_embeddings: true\n";
+                                         "rms_norm_eps: 1.0e-6\nrope_theta: 1000000.0\ntie_word_embeddings: true\n"
+                                      << (std::string(c.family) == "mistral" ? "sliding_window: 11\n" : "");
     MPI_Barrier(MPI_COMM_WORLD);
   }
   par.data.seq_length = 37;
@@ -233,11 +234,12 @@ TEST(TrainerSequenceParallel, DataTimesZigzag) {
   check_case({SeqParallelMode::ZigzagRing, 2, 0, 2, 1, CheckpointPolicy::Layer, false, true});
 }
 
-// qwen2 (q/k/v biases) and qwen3 (q/k norms) models, tied embeddings, in every mode.
+// qwen2 (q/k/v biases), qwen3 (q/k norms) and mistral (a sliding window of 11 of the 37
+// tokens: ring blocks beyond it skipped) models, tied embeddings, in every mode.
 TEST(TrainerSequenceParallel, QwenEveryMode) {
   int w = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &w);
-  for (const char* f : {"qwen2", "qwen3"}) {
+  for (const char* f : {"qwen2", "qwen3", "mistral"}) {
     check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, f});
     check_case({SeqParallelMode::DistFlash, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, f});
     if (w % 2 != 0) continue;  // ulysses (4 heads) and usp (ulysses 2) need an even world

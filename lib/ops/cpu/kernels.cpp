@@ -116,11 +116,16 @@ void rope(T* x, int64_t n, int64_t heads, int64_t hd, const int32_t* pos, const 
 
 // ---------------------------------------------------------------- attention
 namespace {
-// Number of keys of this block visible to query row i.
-inline int64_t visible_keys(const AttnShape& s, const AttentionBlock& blk, int64_t i) {
-  if (!blk.causal) return s.sk;
-  const int64_t last = blk.q_offset + i - blk.k_offset;  // highest visible key index
-  return std::max<int64_t>(0, std::min(s.sk, last + 1));
+// Keys [first, end) of this block visible to query row i (causal: none after the query;
+// window: none at or before the query's position - window).
+struct KeyRange {
+  int64_t first, end;
+};
+inline KeyRange visible_keys(const AttnShape& s, const AttentionBlock& blk, int64_t i) {
+  const int64_t at = blk.q_offset + i - blk.k_offset;  // the query's position among the keys
+  const int64_t end = blk.causal ? std::max<int64_t>(0, std::min(s.sk, at + 1)) : s.sk;
+  const int64_t first = blk.window > 0 ? std::min(end, std::max<int64_t>(0, at - blk.window + 1)) : 0;
+  return {first, end};
 }
 // Vectorised (the simd reduction fixes one summation order per build, so results stay
 // deterministic run to run).
@@ -148,22 +153,23 @@ __attribute__((always_inline)) inline void attention_fwd_impl(const T* q, const 
       const T* qi = q + ((b * s.sq + i) * s.hq + h) * s.hd;
       T* oi = o + ((b * s.sq + i) * s.hq + h) * s.hd;
       S* li = lse + (b * s.hq + h) * s.sq + i;
-      const int64_t nk = visible_keys(s, blk, i);
+      const KeyRange kr = visible_keys(s, blk, i);
+      const int64_t j0 = kr.first, nk = kr.end;
       std::fill(oi, oi + s.hd, T(0));
-      if (nk == 0) {
+      if (nk == j0) {
         *li = -std::numeric_limits<S>::infinity();
         continue;
       }
       T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < nk; ++j) {
+      for (int64_t j = j0; j < nk; ++j) {
         const T sc = scale * dot(qi, k + ((b * s.sk + j) * s.hkv + g) * s.hd, s.hd);
         p[static_cast<size_t>(j)] = sc;
         mx = std::max(mx, sc);
       }
       T sum = 0;
-      for (int64_t j = 0; j < nk; ++j) sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx));
+      for (int64_t j = j0; j < nk; ++j) sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx));
       const T inv = T(1) / sum;
-      for (int64_t j = 0; j < nk; ++j) {
+      for (int64_t j = j0; j < nk; ++j) {
         const T pj = p[static_cast<size_t>(j)] * inv;
         const T* vj = v + ((b * s.sk + j) * s.hkv + g) * s.hd;
 #pragma omp simd
@@ -187,15 +193,15 @@ __attribute__((always_inline)) inline void attention_bwd_impl(const T* q, const 
     const int64_t b = task / s.hkv, g = task % s.hkv;
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       for (int64_t i = 0; i < s.sq; ++i) {
-        const int64_t nk = visible_keys(s, blk, i);
-        if (nk == 0) continue;
+        const KeyRange kr = visible_keys(s, blk, i);
+        if (kr.end == kr.first) continue;
         const int64_t qrow = ((b * s.sq + i) * s.hq + h) * s.hd;
         const T* qi = q + qrow;
         const T* doi = dout + qrow;
         T* dqi = dq + qrow;
         const T di = dot(doi, o + qrow, s.hd);
         const T li = static_cast<T>(lse[(b * s.hq + h) * s.sq + i]);
-        for (int64_t j = 0; j < nk; ++j) {
+        for (int64_t j = kr.first; j < kr.end; ++j) {
           const int64_t krow = ((b * s.sk + j) * s.hkv + g) * s.hd;
           const T pij = std::exp(scale * dot(qi, k + krow, s.hd) - li);
           const T dsij = pij * (dot(doi, v + krow, s.hd) - di) * scale;
