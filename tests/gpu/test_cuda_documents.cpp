@@ -284,18 +284,18 @@ void CudaBlockDocuments::run_mode(const BlockCase& c, const Mode& m) {
   blk.accumulate = true;
   o_.assign(static_cast<size_t>(nq), 0);
   lse_.assign(static_cast<size_t>(c.hq * c.sq), 0);
-  const bool seen = attention::masked_attention_fwd(
-      *cpu, &docs_, host(q_, {1, c.sq, c.hq, c.hd}), host(k_, {1, c.sk, c.hkv, c.hd}), host(v_, {1, c.sk, c.hkv, c.hd}),
-      blk, host(o_, {1, c.sq, c.hq, c.hd}), host(lse_, {1, c.hq, c.sq}));
+  const bool seen = attention::masked_attention_fwd(*cpu, &docs_, host(q_, {1, c.sq, c.hq, c.hd}),
+                                                    host(k_, {1, c.sk, c.hkv, c.hd}), host(v_, {1, c.sk, c.hkv, c.hd}),
+                                                    blk, host(o_, {1, c.sq, c.hq, c.hd}), host(lse_, {1, c.hq, c.sq}));
   bq_ = upload(q_, t);
   bk_ = upload(k_, t);
   bv_ = upload(v_, t);
   Buffer bo = gpu->alloc(t, nq), bl = gpu->alloc(DType::F32, c.hq * c.sq);
   poison(bo);
   poison(bl);
-  const bool gseen = attention::masked_attention_fwd(
-      *gpu, &docs_, bq_.view({1, c.sq, c.hq, c.hd}), bk_.view({1, c.sk, c.hkv, c.hd}), bv_.view({1, c.sk, c.hkv, c.hd}),
-      blk, bo.view({1, c.sq, c.hq, c.hd}), bl.view({1, c.hq, c.sq}));
+  const bool gseen = attention::masked_attention_fwd(*gpu, &docs_, bq_.view({1, c.sq, c.hq, c.hd}),
+                                                     bk_.view({1, c.sk, c.hkv, c.hd}), bv_.view({1, c.sk, c.hkv, c.hd}),
+                                                     blk, bo.view({1, c.sq, c.hq, c.hd}), bl.view({1, c.hq, c.sq}));
   EXPECT_EQ(gseen, seen);
   EXPECT_REL(download(bo), o_, 1e-2);
   expect_lse(download(bl), lse_);
@@ -322,7 +322,7 @@ void CudaBlockDocuments::backward(const BlockCase& c, const ops::AttentionBlock&
   auto qv = [&](const Buffer& x) { return x.view({1, c.sq, c.hq, c.hd}); };
   auto kv = [&](const Buffer& x) { return x.view({1, c.sk, c.hkv, c.hd}); };
   attention::masked_attention_bwd(*gpu, &docs_, qv(bq_), kv(bk_), kv(bv_), qv(bo), bl.view({1, c.hq, c.sq}), qv(bdo),
-                                    blk, qv(bdq), kv(bdk), kv(bdv));
+                                  blk, qv(bdq), kv(bdk), kv(bdv));
   auto inc = [](const std::vector<float>& a, const std::vector<float>& a0) {
     std::vector<float> r(a.size());
     for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] - a0[i];
