@@ -55,10 +55,11 @@ def make_config(tied, llama3, hd64=False):
     return LlamaConfig(**kw)
 
 
-def random_model(cfg, wstd):
-    """LlamaForCausalLM in float64 (eager attention) with random weights exact in F32."""
+def random_model(cfg, wstd, cls=LlamaForCausalLM):
+    """`cls` (LlamaForCausalLM or another family's) in float64 (eager attention) with random
+    weights exact in F32: norm gains 1 + 0.2 N(0, 1), everything else (biases too) wstd N(0, 1)."""
     cfg._attn_implementation = "eager"
-    model = LlamaForCausalLM(cfg).to(torch.float64)
+    model = cls(cfg).to(torch.float64)
     model.train()
     with torch.no_grad():
         for pname, p in model.named_parameters():
@@ -70,6 +71,18 @@ def random_model(cfg, wstd):
     return model
 
 
+def golden_batch(Vv, B=2, S=16):
+    """Random ids and labels (three of them -100, ignored), positions 0.. and 37.. (row 1:
+    explicit offset positions)."""
+    ids = torch.randint(0, Vv, (B, S))
+    pos = torch.stack([torch.arange(S), torch.arange(S) + 37])
+    labels = torch.randint(0, Vv, (B, S))
+    labels[0, 3] = -100
+    labels[1, 0] = -100
+    labels[1, 9] = -100
+    return ids, pos, labels
+
+
 def build(name, out, tied, llama3, seed, hd64=False, wstd=0.25):
     torch.manual_seed(seed)
     cfg = make_config(tied, llama3, hd64)
@@ -79,13 +92,8 @@ def build(name, out, tied, llama3, seed, hd64=False, wstd=0.25):
         default = 1.0 / (cfg_theta(cfg) ** (torch.arange(0, 8, 2, dtype=torch.int64).float() / 8))
         assert not torch.allclose(inv.float(), default), "llama3 rope scaling was not applied"
 
-    B, S, Vv = 2, 16, cfg.vocab_size
-    ids = torch.randint(0, Vv, (B, S))
-    pos = torch.stack([torch.arange(S), torch.arange(S) + 37])  # row 1: explicit offset positions
-    labels = torch.randint(0, Vv, (B, S))
-    labels[0, 3] = -100
-    labels[1, 0] = -100
-    labels[1, 9] = -100
+    Vv = cfg.vocab_size
+    ids, pos, labels = golden_batch(Vv)
     out_ = model(input_ids=ids, position_ids=pos)
     logits = out_.logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, Vv), labels.reshape(-1), ignore_index=-100)

@@ -18,12 +18,15 @@ not trivial, the yarn frequencies and attention factor not the defaults.
 """
 import argparse
 import os
+import sys
 
 import torch
 import transformers
-from safetensors.torch import save_file
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_golden import golden_batch, random_model, save  # noqa: E402  (the same weights and file format)
 
 V5 = int(transformers.__version__.split(".")[0]) >= 5
 COMMON = dict(num_hidden_layers=2, vocab_size=128, max_position_embeddings=256, rms_norm_eps=1e-6,
@@ -58,16 +61,7 @@ def make(name):
 def build(name, out, seed, wstd=0.25):
     torch.manual_seed(seed)
     cfg, cls = make(name)
-    cfg._attn_implementation = "eager"
-    model = cls(cfg).to(torch.float64)
-    model.train()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith("norm.weight") or "layernorm" in pname:
-                v = 1.0 + 0.2 * torch.randn(p.shape, dtype=torch.float64)
-            else:
-                v = wstd * torch.randn(p.shape, dtype=torch.float64)
-            p.copy_(v.to(torch.float32).to(torch.float64))  # exact in F32 on disk
+    model = random_model(cfg, wstd, cls)
     names = [n for n, _ in model.named_parameters()]
     rot = model.model.rotary_emb
     inv = rot.inv_freq.detach().to(torch.float64).clone()
@@ -81,30 +75,15 @@ def build(name, out, seed, wstd=0.25):
         assert not torch.allclose(inv.float(), default), "yarn did not change the frequencies"
         assert abs(rot.attention_scaling - 1.0) > 1e-3, rot.attention_scaling
 
-    B, S, Vv = 2, 16, cfg.vocab_size
-    ids = torch.randint(0, Vv, (B, S))
-    pos = torch.stack([torch.arange(S), torch.arange(S) + 37])  # row 1: explicit offset positions
-    labels = torch.randint(0, Vv, (B, S))
-    labels[0, 3] = -100
-    labels[1, 0] = -100
+    Vv = cfg.vocab_size
+    ids, pos, labels = golden_batch(Vv)
     logits = model(input_ids=ids, position_ids=pos).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, Vv), labels.reshape(-1), ignore_index=-100)
     loss.backward()
 
     d = os.path.join(out, name)
     os.makedirs(os.path.join(d, "model"), exist_ok=True)
-    io = {
-        "input_ids": ids.to(torch.float64),
-        "position_ids": pos.to(torch.float64),
-        "labels": torch.where(labels < 0, torch.full_like(labels, -1), labels).to(torch.float64),
-        "logits": logits.detach().contiguous(),
-        "loss": loss.detach().reshape(1),
-        "inv_freq": inv.contiguous(),
-    }
-    for pname, p in model.named_parameters():
-        io["grad." + pname] = p.grad.detach().contiguous()
-    save_file(io, os.path.join(d, "io.safetensors"))
-    model.to(torch.float32).save_pretrained(os.path.join(d, "model"), safe_serialization=True)
+    save(d, model, ids, pos, labels, logits, loss, inv)
     print(name, "loss", loss.item(), "params", sum(p.numel() for p in model.parameters()), "attention_scaling",
           getattr(rot, "attention_scaling", 1.0), "transformers", transformers.__version__, "torch",
           torch.__version__)

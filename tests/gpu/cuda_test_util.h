@@ -136,4 +136,25 @@ inline std::vector<float> gather_rows(const std::vector<float>& d, int64_t batch
   return x;
 }
 
+// An attention LSE against the reference's: -inf (the row sees no key) exactly where the
+// reference has it, elsewhere within `tol` nats (absolute: fp32 sums of bf16 products);
+// prints the largest error under `tag`. Returns the number of empty rows.
+inline int64_t expect_lse_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& tag,
+                                double tol = 2e-3) {
+  double err = 0;
+  int64_t empty = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isinf(want[i])) {
+      ++empty;
+      EXPECT_TRUE(std::isinf(got[i]) && got[i] < 0) << tag << ": row " << i << " sees no key: lse -inf, got " << got[i];
+    } else {
+      err = std::max(err, static_cast<double>(std::abs(got[i] - want[i])));
+    }
+  }
+  std::printf("[accuracy] lse %s: max abs err %.3g nats, %lld empty rows\n", tag.c_str(), err,
+              static_cast<long long>(empty));
+  EXPECT_LT(err, tol) << tag;
+  return empty;
+}
+
 }  // namespace easyctx::test

@@ -198,10 +198,13 @@ struct GpuVariant {
   CheckpointPolicy policy;
   int64_t mlp_tile = 0, head_groups = 1;
 };
+// `extra_yaml`: more model keys appended to the model's YAML (a family, a rope_scaling).
 void expect_gpu_variants_match_cpu_fp32(const std::string& name, const std::string& label,
-                                        const std::vector<GpuVariant>& variants) {
+                                        const std::vector<GpuVariant>& variants, const std::string& extra_yaml = "") {
   TempDir dir(name);
-  const model::LlamaConfig cfg = model::load_llama_config(write_hd64_config(dir / "m.yaml", false, 301));
+  const std::string path = write_hd64_config(dir / "m.yaml", false, 301);
+  std::ofstream(path, std::ios::app) << extra_yaml;
+  const model::LlamaConfig cfg = model::load_llama_config(path);
   const model::ParamLayout layout(cfg);
   std::mt19937_64 rng(test_seed());
   const auto w = random_weights(layout, rng, 0.08);
@@ -211,7 +214,8 @@ void expect_gpu_variants_match_cpu_fp32(const std::string& name, const std::stri
   const Result want = run_model(*cpu, cfg, DType::F32, CheckpointPolicy::Layer, w, hb);
   for (const GpuVariant& v : variants) {
     const Result got = run_model(*gpu, cfg, DType::BF16, v.policy, w, hb, v.mlp_tile, v.head_groups);
-    compare(layout, got, want, 1e-2, 3e-2, label + " " + to_string(v.policy));
+    compare(layout, got, want, 1e-2, 3e-2,
+            label + " " + to_string(v.policy) + (v.head_groups > 1 ? " G" + std::to_string(v.head_groups) : ""));
   }
 }
 
@@ -241,26 +245,12 @@ class CudaModelFamily : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaModelFamily, Bf16MatchesCpuFp32) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  TempDir dir("cuda-model-family");
-  const std::string path = write_hd64_config(dir / "m.yaml", false, 301);
-  {
-    std::ofstream f(path, std::ios::app);
-    if (GetParam() == "yarn")
-      f << "rope_scaling:\n  rope_type: yarn\n  factor: 4.0\n  original_max_position_embeddings: 256\n";
-    else f << "model_type: " << GetParam() << "\n";
-  }
-  const model::LlamaConfig cfg = model::load_llama_config(path);
-  const model::ParamLayout layout(cfg);
-  std::mt19937_64 rng(test_seed());
-  const auto w = random_weights(layout, rng, 0.08);
-  const HostBatch hb = random_batch(rng, 2, 96, cfg.vocab_size);
-  auto cpu = ops::make_cpu_backend();
-  auto gpu = ops::make_cuda_backend();
-  const Result want = run_model(*cpu, cfg, DType::F32, CheckpointPolicy::Layer, w, hb);
-  for (int64_t groups : {1, 2}) {
-    const Result got = run_model(*gpu, cfg, DType::BF16, CheckpointPolicy::Layer, w, hb, 0, groups);
-    compare(layout, got, want, 1e-2, 3e-2, GetParam() + " hd64 head groups " + std::to_string(groups));
-  }
+  const std::string extra =
+      GetParam() == "yarn"
+          ? "rope_scaling:\n  rope_type: yarn\n  factor: 4.0\n  original_max_position_embeddings: 256\n"
+          : "model_type: " + GetParam() + "\n";
+  expect_gpu_variants_match_cpu_fp32("cuda-model-family", GetParam() + " hd64",
+                                     {{CheckpointPolicy::Layer, 0, 1}, {CheckpointPolicy::Layer, 0, 2}}, extra);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaModelFamily, ::testing::Values("qwen2", "qwen3", "yarn"));
