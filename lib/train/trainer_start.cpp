@@ -94,6 +94,24 @@ void check_same_model(const ckpt::CheckpointReader& r, const model::LlamaConfig&
                         "; model.config ", mc.name, " has ", v.second, ")");
 }
 
+// A stage that starts from a checkpoint trained at another RoPE theta without naming its own
+// (model.rope_theta) runs at model.config's: said once, loudly, since a progressive recipe's
+// stage that forgot the key would otherwise train silently at the preset's theta.
+void warn_if_theta_changes(const ckpt::CheckpointReader& r, const model::LlamaConfig& mc, bool theta_set,
+                           const std::string& what) {
+  const Json* m = r.meta().find("model");
+  if (!m) return;
+  const double then = model::llama_config_from_json(*m, r.path() + "/index.json:meta.model").rope_theta;
+  if (then == mc.rope_theta) return;
+  if (theta_set) {
+    log_info(what, ": rope_theta ", then, " in its run -> ", mc.rope_theta, " (model.rope_theta)");
+    return;
+  }
+  log_warn(what, ": ", r.path(), " was trained at rope_theta ", then, "; this stage runs at ", mc.rope_theta,
+           ", model.config's, because model.rope_theta is not set: set model.rope_theta (", then,
+           " to keep it, or a larger theta to extend)");
+}
+
 Json entry_json(const ckpt::CheckpointEntry& e) {
   Json j = Json::object();
   j.set("path", e.path);
@@ -368,6 +386,7 @@ void Trainer::load_ckpt_weights(ckpt::RankSync& sync) {
                       cfg_.model.carry_optimizer ? ckpt::VerifyScope::Everything : ckpt::VerifyScope::Weights);
   const ckpt::CheckpointReader r(init_cands[static_cast<size_t>(i)].at("path").as_string());
   check_same_model(r, model_->config(), "model.init: " + init);
+  if (sync.rank() == 0) warn_if_theta_changes(r, model_->config(), cfg_.model.rope_theta > 0, "model.init: " + init);
   if (cfg_.model.carry_optimizer)
     EASYCTX_CHECK_INPUT(!(r.meta().find("weights_only") && r.meta().at("weights_only").as_bool()),
                         "model.carry_optimizer: ", r.path(), " holds weights only (made by easyctx_convert)");

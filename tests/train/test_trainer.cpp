@@ -342,6 +342,36 @@ TEST(Trainer, ResumeFromCheckpointIsBitIdentical) {
   EXPECT_EQ(w3, weights(again));
 }
 
+// A stage from a checkpoint trained at another RoPE theta, without model.rope_theta of its
+// own, says so on stderr, naming the key and both thetas; naming the theta silences it.
+TEST(Trainer, StageFromCheckpointWarnsWhenThetaIsNotSet) {
+  TempDir dir("train-theta");
+  write_walk_shard(dir / "shard.h5", test_seed(), 40, 10, 80, 256);
+  auto world = self_comm("world"), dp = self_comm("dp");
+  StageConfig c = tiny_stage(dir / "shard.h5", dir / "run");
+  c.model.rope_theta = 50000;
+  {
+    train::Trainer t(c, *world, *dp);
+    t.train_step(0);
+    t.save_checkpoint(1);
+  }
+  StageConfig next = c;
+  next.output.dir = dir / "next";
+  next.model.init = "ckpt:" + (dir / "run");
+  next.model.rope_theta = 0;  // model.config's (the tiny preset: 10000)
+  ::testing::internal::CaptureStderr();
+  { train::Trainer t(next, *world, *dp); }
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warned.find("trained at rope_theta 50000"), std::string::npos) << warned;
+  EXPECT_NE(warned.find("model.rope_theta is not set"), std::string::npos) << warned;
+  next.model.rope_theta = 200000;
+  next.output.dir = dir / "set";
+  ::testing::internal::CaptureStderr();
+  { train::Trainer t(next, *world, *dp); }
+  const std::string quiet = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(quiet.find("rope_theta"), std::string::npos) << quiet;
+}
+
 TEST(Clip, GlobalNormAcrossTensors) {
   auto be = ops::make_cpu_backend();
   std::mt19937_64 rng(test_seed());
