@@ -88,6 +88,27 @@ std::vector<DocumentPart> document_parts(const DocumentStarts& starts, const ops
   return parts;
 }
 
+int64_t visible_pairs(const DocumentStarts& starts, int64_t q_begin, int64_t q_end, int64_t window) {
+  check_starts(starts);
+  const DocumentStarts one{0};
+  const DocumentStarts& s = starts.empty() ? one : starts;
+  const int64_t w = window > 0 ? window : std::numeric_limits<int64_t>::max();
+  // sum of min(t, w) for t in [t0, t1]
+  auto sum_min = [&](int64_t t0, int64_t t1) {
+    if (t1 < t0) return int64_t{0};
+    const int64_t a = std::min(t1, w);
+    int64_t total = a >= t0 ? (t0 + a) * (a - t0 + 1) / 2 : 0;
+    if (t1 > w) total += (t1 - std::max(t0 - 1, w)) * w;
+    return total;
+  };
+  int64_t pairs = 0;
+  for (size_t d = 0; d < s.size(); ++d) {
+    const int64_t a = std::max(q_begin, s[d]), b = std::min(q_end, doc_end(s, d));
+    if (a < b) pairs += sum_min(a - s[d] + 1, b - s[d]);  // query q sees min(q - start + 1, w) keys
+  }
+  return pairs;
+}
+
 std::vector<DocumentPart> visible_parts(const DocumentStarts* starts, const ops::AttentionBlock& blk, int64_t sq,
                                         int64_t sk) {
   std::vector<DocumentPart> parts = has_documents(starts) ? document_parts(*starts, blk, sq, sk)

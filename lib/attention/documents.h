@@ -48,6 +48,11 @@ inline bool has_documents(const DocumentStarts* starts) { return starts != nullp
 std::vector<DocumentPart> visible_parts(const DocumentStarts* starts, const ops::AttentionBlock& blk, int64_t sq,
                                         int64_t sk);
 
+// The attention work of the queries at positions [q_begin, q_end) of a packed sequence: the
+// number of (query, key) pairs they compute, causal, inside their documents (`starts`, empty
+// or {0}: one), inside the window (0: none). Closed form per document, O(documents).
+int64_t visible_pairs(const DocumentStarts& starts, int64_t q_begin, int64_t q_end, int64_t window);
+
 // Backend::attention_fwd of one sequence's block (q [1, Sq, Hq, hd], ...) under the
 // document mask `starts` and the block's sliding window (neither: the plain call). Writes
 // o and lse for every query row; returns false when no query of the block sees a key (o = 0,

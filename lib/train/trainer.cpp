@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 
+#include "attention/documents.h"
 #include "attention/strategy.h"
 #include "ckpt/convert.h"
 #include "ckpt/hf_model.h"
@@ -15,6 +17,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "data/loader.h"
+#include "data/sp_slice.h"
 #include "dist/comm_mpi.h"
 #include "dist/signals.h"
 #include "ops/backend_factory.h"
@@ -51,6 +54,36 @@ std::string packing_line(const StageConfig& cfg, const data::DataLoader& loader,
   return "data.packing " + loader.packing_name() + ": " + std::to_string(n) + " sequences per epoch (" + pct +
          "% padding), " + std::to_string((n + static_cast<uint64_t>(g) - 1) / g) + " steps per epoch at " +
          std::to_string(g) + " sequences per step" + (cfg.data.document_mask ? "; document masking on" : "");
+}
+
+// data.document_mask with sequence parallelism: how evenly the first window's attention work
+// (query-key pairs inside documents and the window) falls on the ranks that compute it. The
+// zigzag split balances a causal square, not packed documents, so this is said, not assumed.
+std::string document_balance(const data::MicroBatch& mb, const attention::SequenceSplit& split, int64_t L,
+                             int64_t window) {
+  if (split.size <= 1 || mb.doc_starts.empty()) return "";
+  if (split.layout == SpLayout::Contiguous && split.inner == split.size)
+    return "document mask: ulysses attends over the whole sequence for each rank's heads: every rank's work is equal";
+  const bool usp = split.layout == SpLayout::Usp;
+  const int ranks = usp ? split.size / split.inner : split.size;  // usp: the ring's ranks share by heads
+  const SpLayout layout = usp ? SpLayout::Zigzag : split.layout;
+  // usp: the ring's zigzag over its padded length (a multiple of 2 x the ring: no more padding)
+  const int64_t len = usp ? split.padded_length(L) : L;
+  std::vector<double> work;
+  for (int r = 0; r < ranks; ++r) {
+    int64_t pairs = 0;
+    for (const auto& [a, b] : data::sp_rank_ranges(len, layout, ranks, r))
+      pairs += attention::visible_pairs(mb.doc_starts[0], a, b, window);
+    work.push_back(static_cast<double>(pairs));
+  }
+  const double mean = std::accumulate(work.begin(), work.end(), 0.0) / ranks;
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "document mask: the first window's attention pairs per %s rank: max %.2f, min %.2f of the mean "
+                "(%zu documents; the split balances causal work, not documents: docs/data.md)",
+                usp ? "ring" : "sequence-parallel", *std::max_element(work.begin(), work.end()) / mean,
+                *std::min_element(work.begin(), work.end()) / mean, mb.doc_starts[0].size());
+  return buf;
 }
 
 }  // namespace
@@ -158,6 +191,7 @@ void Trainer::make_loader(dist::ProcessGroups* groups, int64_t vocab_size) {
   lo.dp_rank = dp_.rank();
   if (groups) {  // this rank's slice of every window, in the layout of the strategy
     const attention::SequenceSplit split = attention::sequence_split(groups->layout());
+    sp_split_ = split;
     lo.sp_layout = split.layout;
     lo.sp_size = split.size;
     lo.sp_rank = groups->sp().rank();
@@ -295,6 +329,12 @@ StepStats Trainer::compute_gradients(int64_t step) {
     micro.push_back(loader_->micro_batch(step, m));
     local_labels += static_cast<double>(micro.back().real_labels);
   }
+  if (!balance_logged_ && cfg_.data.document_mask && world_.rank() == 0) {
+    const std::string line =
+        document_balance(micro[0], sp_split_, cfg_.data.seq_length, model_->config().sliding_window);
+    if (!line.empty()) log_info(line);
+  }
+  balance_logged_ = true;
   const double global_labels = world_.all_reduce_scalar(local_labels, dist::ReduceOp::Sum);
   EASYCTX_CHECK(global_labels > 0, "step ", step, ": the global batch has no labelled tokens");
   report_->phase("data");

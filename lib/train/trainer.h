@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/strategy.h"
 #include "core/config.h"
 #include "core/json.h"
 #include "dist/groups.h"
@@ -163,6 +164,8 @@ class Trainer {
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<zero::ParamStore> store_;
   std::unique_ptr<data::DataLoader> loader_;
+  attention::SequenceSplit sp_split_;  // the loader's layout over the sequence-parallel group
+  bool balance_logged_ = false;        // document_mask: the first window's work per rank, said once
   std::unique_ptr<StepReporter> report_;
   std::shared_ptr<plan::MemoryPlan> plan_;               // the memory plan of this run (checked before allocating)
   ops::Buffer tokens_dev_, positions_dev_, labels_dev_;  // CUDA: the micro-batch on the device

@@ -225,3 +225,22 @@ TEST(SlidingWindow, LocalMatchesTheDefinitionAndFiniteDifferences) {
     }
   }
 }
+
+// visible_pairs against counting every (query, key) pair: documents, windows, ranges.
+TEST(DocumentMask, VisiblePairsCountEveryPair) {
+  std::mt19937_64 rng(test::test_seed());
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t S = 40 + static_cast<int64_t>(rng() % 40);
+    DocumentStarts docs{0};
+    while (docs.back() + 1 < S && rng() % 4 != 0) docs.push_back(docs.back() + 1 + static_cast<int64_t>(rng() % 9));
+    if (docs.back() >= S) docs.pop_back();
+    const int64_t window = trial % 3 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 12);
+    const int64_t a = static_cast<int64_t>(rng() % S), b = a + static_cast<int64_t>(rng() % (S - a + 1));
+    int64_t want = 0;
+    for (int64_t q = a; q < b; ++q) {
+      const int64_t start = *(std::upper_bound(docs.begin(), docs.end(), q) - 1);
+      for (int64_t k = start; k <= q; ++k) want += window == 0 || k > q - window;
+    }
+    EXPECT_EQ(attention::visible_pairs(docs, a, b, window), want) << "trial " << trial;
+  }
+}

@@ -105,7 +105,14 @@ void check_case(const SpCase& c) {
   train::Trainer tpar(par, groups), tone(one, *self, *self);
 
   // One step: loss and every gradient.
-  const train::StepStats a = tpar.compute_gradients(0), b = tone.compute_gradients(0);
+  if (c.documents && rt.rank() == 0) ::testing::internal::CaptureStdout();
+  const train::StepStats a = tpar.compute_gradients(0);
+  if (c.documents && rt.rank() == 0) {  // the first window's work per rank, said once
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    const bool ulysses = c.mode == SeqParallelMode::Ulysses;
+    EXPECT_NE(out.find(ulysses ? "every rank's work is equal" : "attention pairs per"), std::string::npos) << out;
+  }
+  const train::StepStats b = tone.compute_gradients(0);
   EXPECT_EQ(a.labels, b.labels);
   EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss);
   const auto ga = tpar.gradients(), gb = tone.gradients();
