@@ -77,7 +77,7 @@ std::string document_balance(const data::MicroBatch& mb, const attention::Sequen
     work.push_back(static_cast<double>(pairs));
   }
   const double mean = std::accumulate(work.begin(), work.end(), 0.0) / ranks;
-  char buf[200];
+  char buf[320];
   std::snprintf(buf, sizeof buf,
                 "document mask: the first window's attention pairs per %s rank: max %.2f, min %.2f of the mean "
                 "(%zu documents; the split balances causal work, not documents: docs/data.md)",
