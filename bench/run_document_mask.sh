@@ -20,17 +20,13 @@
 #            the fixture into tests/golden/data/packed, the test's largest errors per case
 #            and mode group, the training rows
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/device_pack.sh"
 D=.deps/docmask
 case "${1:-}" in
   prepare)
     set -e
     build=${2:-build}
-    rm -rf $D && mkdir -p $D/stage $D/gpulibs
-    cp "$build/bin/easyctx_train" "$build/bin/test_cuda_documents" $D/stage/ && strip $D/stage/*
-    tar -C $D/stage -cf - . | xz -T2 -6 > $D/bins.tar.xz && rm -rf $D/stage
-    for l in libboost_program_options.so.1.74.0 libyaml-cpp.so.0.7 libhdf5_serial.so.103 libsz.so.2 libaec.so.0; do
-      cp -L "$(ls /lib/x86_64-linux-gnu/$l /usr/lib/x86_64-linux-gnu/$l 2>/dev/null | head -n 1)" $D/gpulibs/
-    done
+    pack_device_dir $D "$build" easyctx_train test_cuda_documents
     tok=$(bash scripts/make_demo_tokenizer.sh .deps/tok)
     python3 - .deps/tok/kjv.txt $D/docs.jsonl <<'PY'
 import json, random, sys
@@ -44,7 +40,7 @@ while i < len(text):  # documents of about 2,200-16,000 tokens, cut at line ends
     i = j
 PY
     "$build/bin/h5tokenize" -t "$tok" -o $D/docs2k16k --deflate 6 $D/docs.jsonl > /dev/null && rm $D/docs.jsonl
-    cp tests/golden/make_golden.py bench/run_document_mask.sh $D/
+    cp tests/golden/make_golden.py bench/run_document_mask.sh bench/device_pack.sh $D/
     cp ../shared/bench/peer_hf_llama.py $D/ 2>/dev/null || echo "no ../shared/bench/peer_hf_llama.py: no peer" >&2
     du -sh $D
     ;;
@@ -56,10 +52,7 @@ PY
       local r=$((T0 + ${DEADLINE_S:-585} - $(date +%s)))
       echo $((r < $1 ? (r > 5 ? r : 5) : $1))
     }
-    mkdir -p $D/bin && tar -C $D/bin -xJf $D/bins.tar.xz
-    cudnn=$(python3 -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cudnn", "lib"))' 2>/dev/null)
-    export LD_LIBRARY_PATH=$PWD/$D/gpulibs${cudnn:+:$cudnn}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export NCCL_NVLS_ENABLE=0 EASYCTX_SOURCE_DIR=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=16
+    unpack_device_dir $D
     nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv,noheader
     echo "cores $(nproc); $(free -g | sed -n 2p)"
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'

@@ -18,31 +18,24 @@
 #            the fixtures into tests/golden/data/{qwen2,qwen3,yarn}; then add them to
 #            test_golden.cpp's lists and commit them
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/device_pack.sh"
 D=.deps/families
 case "${1:-}" in
   prepare)
     set -e
     build=${2:-build}
-    rm -rf $D && mkdir -p $D/stage $D/gpulibs
-    cp "$build/bin/easyctx_train" "$build/bin/test_cuda_trainer" "$build/bin/test_golden" $D/stage/ && strip $D/stage/*
-    tar -C $D/stage -cf - . | xz -T2 -6 > $D/bins.tar.xz && rm -rf $D/stage
-    for l in libboost_program_options.so.1.74.0 libyaml-cpp.so.0.7 libhdf5_serial.so.103 libsz.so.2 libaec.so.0; do
-      cp -L "$(ls /lib/x86_64-linux-gnu/$l /usr/lib/x86_64-linux-gnu/$l 2>/dev/null | head -n 1)" $D/gpulibs/
-    done
+    pack_device_dir $D "$build" easyctx_train test_cuda_trainer test_golden
     tok=$(bash scripts/make_demo_tokenizer.sh .deps/tok)
     python3 -c 'import json, sys; print(json.dumps({"text": open(sys.argv[1]).read()}))' .deps/tok/kjv.txt > $D/kjv.jsonl
     "$build/bin/h5tokenize" -t "$tok" -o $D/kjv --deflate 6 $D/kjv.jsonl > /dev/null && rm $D/kjv.jsonl
-    cp tests/golden/make_golden.py tests/golden/make_golden_families.py tests/golden/check_export.py $D/
+    cp tests/golden/make_golden.py tests/golden/make_golden_families.py tests/golden/check_export.py bench/device_pack.sh $D/
     cp ../shared/bench/peer_hf_llama.py $D/ 2>/dev/null || echo "no ../shared/bench/peer_hf_llama.py: no peer" >&2
     du -sh $D
     ;;
   run)
     T0=$(date +%s)
     t() { echo "== [$(($(date +%s) - T0)) s] $*"; }
-    mkdir -p $D/bin && tar -C $D/bin -xJf $D/bins.tar.xz
-    cudnn=$(python3 -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cudnn", "lib"))' 2>/dev/null)
-    export LD_LIBRARY_PATH=$PWD/$D/gpulibs${cudnn:+:$cudnn}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export NCCL_NVLS_ENABLE=0 EASYCTX_SOURCE_DIR=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=16
+    unpack_device_dir $D
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
     t fixtures
