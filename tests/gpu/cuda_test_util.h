@@ -109,6 +109,21 @@ class CudaOpsTest : public ::testing::Test {
     EXPECT_LT(e_, tol_);                                                                                \
   } while (0)
 
+// a - a0 element by element: what an accumulating op added onto its start a0.
+inline std::vector<float> increment(const std::vector<float>& a, const std::vector<float>& a0) {
+  std::vector<float> r(a.size());
+  for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] - a0[i];
+  return r;
+}
+
+// An accumulating gradient against the reference's from the same start: the sum within 1e-2,
+// and the increments alone within 3e-2 (stricter when the increment is small next to the start).
+#define EXPECT_ACCUMULATED(got, ref, start)                         \
+  do {                                                              \
+    EXPECT_REL(got, ref, 1e-2);                                     \
+    EXPECT_REL(increment(got, start), increment(ref, start), 3e-2); \
+  } while (0)
+
 // Strided device layouts for the kernels' odd-stride cases: `batches` batches of `rows` rows
 // of `width` elements, rows `row` elements apart and batches `batch` apart, the gaps NaN (a
 // kernel that reads them shows it in its output). spread_rows lays packed x out so; gather_rows

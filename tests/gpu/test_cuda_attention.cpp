@@ -135,18 +135,10 @@ void CudaAttentionTest::run_case(const Case& c) {
                      host(v, {c.b, c.sk, c.hkv, c.hd}), host(orr, {c.b, c.sq, c.hq, c.hd}), host(l, {nl}),
                      host(dout, {c.b, c.sq, c.hq, c.hd}), blk, host(dq, {c.b, c.sq, c.hq, c.hd}),
                      host(dk, {c.b, c.sk, c.hkv, c.hd}), host(dv, {c.b, c.sk, c.hkv, c.hd}));
-  auto inc = [](const std::vector<float>& a, const std::vector<float>& a0) {
-    std::vector<float> r(a.size());
-    for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] - a0[i];
-    return r;
-  };
   const auto gdq = download(bdq), gdk = download(bdk), gdv = download(bdv);
-  EXPECT_REL(gdq, dq, 1e-2);
-  EXPECT_REL(gdk, dk, 1e-2);
-  EXPECT_REL(gdv, dv, 1e-2);
-  EXPECT_REL(inc(gdq, dq0), inc(dq, dq0), 3e-2);
-  EXPECT_REL(inc(gdk, dk0), inc(dk, dk0), 3e-2);
-  EXPECT_REL(inc(gdv, dv0), inc(dv, dv0), 3e-2);
+  EXPECT_ACCUMULATED(gdq, dq, dq0);
+  EXPECT_ACCUMULATED(gdk, dk, dk0);
+  EXPECT_ACCUMULATED(gdv, dv, dv0);
 
   // Deterministic: the same backward again from the same start is bit-identical.
   Buffer cdq = upload(dq0, t), cdk = upload(dk0, t), cdv = upload(dv0, t);
@@ -160,9 +152,9 @@ void CudaAttentionTest::run_case(const Case& c) {
     Buffer fdq = upload(dq0, DType::F32), fdk = upload(dk0, DType::F32), fdv = upload(dv0, DType::F32);
     gpu->attention_bwd(qv(bq), kv(bk), kv(bv), qv(bo2), bl2.flat(), qv(bdo), blk, qv(fdq), kv(fdk), kv(fdv));
     std::printf("[path] f32-gradient backward %s: %s\n", tag.c_str(), ops::cuda_attention_path(*gpu).c_str());
-    EXPECT_REL(inc(download(fdq), dq0), inc(dq, dq0), 3e-2);
-    EXPECT_REL(inc(download(fdk), dk0), inc(dk, dk0), 3e-2);
-    EXPECT_REL(inc(download(fdv), dv0), inc(dv, dv0), 3e-2);
+    EXPECT_REL(increment(download(fdq), dq0), increment(dq, dq0), 3e-2);
+    EXPECT_REL(increment(download(fdk), dk0), increment(dk, dk0), 3e-2);
+    EXPECT_REL(increment(download(fdv), dv0), increment(dv, dv0), 3e-2);
   }
 
   // Overwriting (blk.accumulate false, LocalAttention's call): NaN-poisoned gradients come
@@ -197,9 +189,9 @@ void CudaAttentionTest::run_case(const Case& c) {
       EXPECT_EQ(oroute, "cudnn one call in place");
       EXPECT_NE(opath.find("in place"), std::string::npos) << "one block, overwriting: cuDNN in place";
     }
-    EXPECT_REL(download(odq), inc(dq, dq0), 3e-2);
-    EXPECT_REL(download(odk), inc(dk, dk0), 3e-2);
-    EXPECT_REL(download(odv), inc(dv, dv0), 3e-2);
+    EXPECT_REL(download(odq), increment(dq, dq0), 3e-2);
+    EXPECT_REL(download(odk), increment(dk, dk0), 3e-2);
+    EXPECT_REL(download(odv), increment(dv, dv0), 3e-2);
   }
 }
 
