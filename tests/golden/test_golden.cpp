@@ -6,7 +6,8 @@
 // (the CUDA model's bf16 golden check, tests/gpu/test_cuda_trainer.cpp). A fixture with
 // doc_starts (make_golden.py's `packed`: 3-4 documents of odd lengths per sequence,
 // position_ids restarting per document, HF's 4D block-diagonal causal mask) runs with
-// Batch::documents (data.document_mask).
+// Batch::documents (data.document_mask). qwen2 (q/k/v biases), qwen3 (q/k norms) and yarn
+// (rope_type yarn and its attention factor) come from make_golden_families.py.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -120,7 +121,8 @@ TEST_P(GoldenTest, MatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GoldenTest,
-                         ::testing::Combine(::testing::Values("gqa", "tied_llama3", "gqa_hd64"),
+                         ::testing::Combine(::testing::Values("gqa", "tied_llama3", "gqa_hd64", "packed", "qwen2",
+                                                              "qwen3", "yarn"),
                                             ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
                                                               CheckpointPolicy::AttentionOutput),
                                             ::testing::Values(DType::F64, DType::F32)));
@@ -136,7 +138,7 @@ namespace {
 // which loads them with transformers and compares logits with the fixture.
 TEST(GoldenExport, ExportReadsBackIdentically) {
   const char* keep = std::getenv("EASYCTX_GOLDEN_EXPORT");
-  for (const std::string name : {"gqa", "tied_llama3", "gqa_hd64"}) {
+  for (const std::string name : {"gqa", "tied_llama3", "gqa_hd64", "qwen2", "qwen3", "yarn"}) {
     const std::string dir = source_dir() + "/tests/golden/data/" + name;
     const model::LlamaConfig cfg = model::load_llama_config(dir + "/model");
     const model::ParamLayout layout(cfg);
@@ -160,6 +162,83 @@ TEST(GoldenExport, ExportReadsBackIdentically) {
     for (size_t u = 0; u < va.size(); ++u)
       EXPECT_EQ(0, std::memcmp(va[u].data, vb[u].data, va[u].bytes())) << layout.units()[u].name;
     if (!keep) std::filesystem::remove_all(out);
+  }
+}
+
+// HF import -> train 3 steps -> export: each fixture model (fp32 CPU) takes 3 AdamW steps on
+// its golden batch, then its logits on that batch and its export must agree. Read back here:
+// the export's weights equal the trained ones bit for bit, and the logits of the model loaded
+// from the export equal the trained model's. With EASYCTX_GOLDEN_EXPORT=DIR the exports stay
+// in DIR/<fixture>-trained with DIR/<fixture>-trained.logits.safetensors (F64 [B, S, V]), where
+// check_export.py has transformers load them and compute the same logits (the GPU host).
+TEST(GoldenExport, TrainedThreeStepsThenExportedGivesTheSameLogits) {
+  const char* keep = std::getenv("EASYCTX_GOLDEN_EXPORT");
+  for (const std::string name : {"gqa", "tied_llama3", "qwen2", "qwen3", "yarn"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = source_dir() + "/tests/golden/data/" + name;
+    const model::LlamaConfig cfg = model::load_llama_config(dir + "/model");
+    Golden g(dir);
+    auto be = ops::make_cpu_backend();
+    model::LlamaModel m(cfg, *be, DType::F32, {CheckpointPolicy::None, 7});
+    std::vector<ops::Buffer> bufs;
+    std::vector<ops::Tensor> params, grads, adam_m, adam_v;
+    auto flat = [&](int64_t n, std::vector<ops::Tensor>& into) {
+      bufs.push_back(be->alloc(DType::F32, n));
+      be->fill(bufs.back().flat(), 0.0);
+      into.push_back(bufs.back().flat());
+    };
+    for (const auto& u : m.layout().units()) {
+      flat(u.numel, params);
+      flat(u.numel, grads);
+      flat(u.numel, adam_m);
+      flat(u.numel, adam_v);
+    }
+    ckpt::load_hf_weights(dir + "/model", m.layout(), params);
+    std::vector<int32_t> ids = g.get_i32("input_ids"), pos = g.get_i32("position_ids"), lab = g.get_i32("labels");
+    const int64_t B = 2, S = static_cast<int64_t>(ids.size()) / 2;
+    model::Batch b{ops::Tensor(ids.data(), DType::I32, {B * S}), ops::Tensor(pos.data(), DType::I32, {B * S}),
+                   ops::Tensor(lab.data(), DType::I32, {B * S}), B, S};
+    int64_t count = 0;
+    for (int32_t y : lab) count += y >= 0;
+    double first = 0, last = 0;
+    for (int64_t step = 1; step <= 3; ++step) {
+      for (const ops::Tensor& t : grads) be->fill(t, 0.0);
+      const ops::LossSums ls = m.forward_backward(params, grads, b, 1.0 / static_cast<double>(count));
+      (step == 1 ? first : last) = ls.sum_nll / static_cast<double>(ls.count);
+      ops::AdamWStep s;
+      s.lr = 1e-2;
+      s.weight_decay = 0.1;
+      s.step = step;
+      for (size_t u = 0; u < params.size(); ++u) be->adamw(params[u], grads[u], adam_m[u], adam_v[u], s);
+    }
+    EXPECT_LT(last, first) << "3 steps on one batch did not lower its loss";
+    const std::vector<double> golden = g.get("logits");
+    auto logits_of = [&](const std::vector<ops::Tensor>& p) {
+      ops::Buffer l = be->alloc(DType::F32, B * S * cfg.vocab_size);
+      m.forward_logits(p, b, l.flat());
+      return std::vector<double>(l.flat().ptr<float>(), l.flat().ptr<float>() + l.numel());
+    };
+    const std::vector<double> trained = logits_of(params);
+    EXPECT_GT(rel_error(trained, golden), 1e-3) << "training did not move the logits";
+
+    const std::string out = (keep ? std::string(keep) + "/" : "/tmp/easyctx-golden-trained-" +
+                                                                  std::to_string(test_seed() % 1000000) + "-") +
+                            name + "-trained";
+    ckpt::save_hf_model(out, cfg, m.layout(), params);
+    ckpt::write_safetensors(out + ".logits.safetensors",
+                            {{"logits", {B, S, cfg.vocab_size}, trained.data(), DType::F64, ckpt::StDType::F64}});
+    const model::LlamaConfig back = model::load_llama_config(out);
+    model::LlamaModel mb(back, *be, DType::F32, {CheckpointPolicy::None, 7});
+    std::vector<ops::Tensor> loaded;
+    for (const auto& u : mb.layout().units()) flat(u.numel, loaded);
+    ckpt::load_hf_weights(out, mb.layout(), loaded);
+    for (size_t u = 0; u < params.size(); ++u)
+      EXPECT_EQ(0, std::memcmp(params[u].data, loaded[u].data, params[u].bytes())) << m.layout().units()[u].name;
+    EXPECT_EQ(trained, logits_of(loaded));
+    if (!keep) {
+      std::filesystem::remove_all(out);
+      std::filesystem::remove(out + ".logits.safetensors");
+    }
   }
 }
 
