@@ -33,12 +33,14 @@ std::vector<tb::Scalar> tensorboard_scalars(const Json& record) {
 
 }  // namespace
 
-StepReporter::StepReporter(const StageConfig& cfg, ops::Backend& be, int world_size, bool root, double flops_per_token)
+StepReporter::StepReporter(const StageConfig& cfg, ops::Backend& be, int world_size, bool root, double flops_per_token,
+                           double attention_flops_per_token)
     : cfg_(cfg),
       be_(be),
       world_size_(world_size),
       root_(root),
       flops_per_token_(flops_per_token),
+      attention_flops_per_token_(attention_flops_per_token),
       prof_(dynamic_cast<ops::ProfilingBackend*>(&be)) {
   peak_flops_ = ops::device_info(be_).peak_flops;
 }
@@ -100,7 +102,8 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
     peak_mem_bytes_ = std::max(peak_mem_bytes_, ops::device_memory_used(be_));
     st.peak_mem_gib = peak_mem_bytes_ / (1024.0 * 1024.0 * 1024.0);
     // Per GPU: every rank computes its share of the global batch's tokens.
-    if (peak_flops_ > 0) st.mfu = tps * flops_per_token_ / (peak_flops_ * static_cast<double>(world_size_));
+    const double flops = flops_per_token_ - (1.0 - st.attention_share) * attention_flops_per_token_;
+    if (peak_flops_ > 0) st.mfu = tps * flops / (peak_flops_ * static_cast<double>(world_size_));
   }
   if (metrics_ || tb_) {
     Json r = Json::object();
@@ -114,6 +117,7 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
     r.set("fwd_bwd_s", st.fwd_bwd_seconds);
     r.set("elapsed", elapsed);
     if (st.mfu >= 0) r.set("mfu", st.mfu);
+    if (st.attention_share < 1) r.set("attention_share", st.attention_share);
     if (st.peak_mem_gib >= 0) r.set("peak_mem_gib", st.peak_mem_gib);
     r.set("host_peak_gib", static_cast<double>(plan::vm_hwm_bytes()) / (1024.0 * 1024.0 * 1024.0));
     if (st.skipped) r.set("skipped", true);

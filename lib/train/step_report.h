@@ -31,6 +31,9 @@ struct StepStats {
   double seconds = 0;          // wall time of the step
   double fwd_bwd_seconds = 0;  // of it: data, forward and backward (gradients final), before clip and optimizer
   double mfu = -1;             // model FLOP utilisation (CUDA with a known peak; else -1), set by run()
+  // Query-key pairs attended over a causal square's (the global batch's sequences): below 1
+  // under data.document_mask or a sliding window; MFU counts the attention FLOPs done.
+  double attention_share = 1;
   double peak_mem_gib = -1;    // device memory high-water mark so far (CUDA; else -1), set by run()
   bool skipped = false;        // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
 };
@@ -39,7 +42,10 @@ class StepReporter {
  public:
   // be: the run's backend (behind ops::ProfilingBackend with logging.profile); world_size:
   // ranks sharing the global batch's tokens; root: this rank writes.
-  StepReporter(const StageConfig& cfg, ops::Backend& be, int world_size, bool root, double flops_per_token);
+  // flops_per_token: the model's training FLOPs per token with a full causal square of
+  // attention, attention_flops_per_token of them (scaled by StepStats::attention_share).
+  StepReporter(const StageConfig& cfg, ops::Backend& be, int world_size, bool root, double flops_per_token,
+               double attention_flops_per_token);
   ~StepReporter();
 
   // The device and its peak (CUDA), once.
@@ -75,6 +81,7 @@ class StepReporter {
   int world_size_;
   bool root_;
   double flops_per_token_;
+  double attention_flops_per_token_;
   double peak_flops_ = 0;  // the device's dense bf16 peak, FLOP/s (0: unknown)
   double peak_mem_bytes_ = -1;
   std::unique_ptr<MetricsWriter> metrics_;

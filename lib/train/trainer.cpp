@@ -229,7 +229,8 @@ void Trainer::init(dist::ProcessGroups* groups) {
                                   {&world_, &grad_comm_, zero_, zero_replica_});
   load_weights();
   store_->finish_loading();
-  report_ = std::make_unique<StepReporter>(cfg_, *be_, world_.size(), world_.rank() == 0, flops_per_token());
+  report_ = std::make_unique<StepReporter>(cfg_, *be_, world_.size(), world_.rank() == 0, flops_per_token(),
+                                           attention_flops_per_token());
   report_->log_device();
   make_loader(groups, mc.vocab_size);
 }
@@ -242,7 +243,13 @@ double Trainer::flops_per_token() const {
   const double per_layer =
       d * static_cast<double>(2 * c.q_dim() + 2 * c.kv_dim()) + 3.0 * d * static_cast<double>(c.intermediate_size);
   const double n_matmul = L * per_layer + static_cast<double>(c.vocab_size) * d;  // + LM head
-  return 6.0 * n_matmul + 6.0 * L * d * static_cast<double>(cfg_.data.seq_length);
+  return 6.0 * n_matmul + attention_flops_per_token();
+}
+
+double Trainer::attention_flops_per_token() const {
+  const model::LlamaConfig& c = model_->config();
+  return 6.0 * static_cast<double>(c.num_layers) * static_cast<double>(c.hidden_size) *
+         static_cast<double>(cfg_.data.seq_length);
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {
@@ -339,6 +346,21 @@ StepStats Trainer::compute_gradients(int64_t step) {
   EASYCTX_CHECK(global_labels > 0, "step ", step, ": the global batch has no labelled tokens");
   report_->phase("data");
   store_->begin_step();
+  const int64_t window = model_->config().sliding_window;
+  if (cfg_.data.document_mask || window > 0) {  // MFU counts the attention pairs computed
+    const int64_t S = cfg_.data.seq_length;
+    double pairs[2] = {0, 0};  // attended, causal
+    for (const data::MicroBatch& mb : micro)
+      for (int64_t b = 0; b < mb.batch; ++b) {
+        const attention::DocumentStarts one{0};
+        const size_t i = static_cast<size_t>(b);
+        const bool docs = cfg_.data.document_mask && i < mb.doc_starts.size();
+        pairs[0] += static_cast<double>(attention::visible_pairs(docs ? mb.doc_starts[i] : one, 0, S, window));
+        pairs[1] += 0.5 * static_cast<double>(S) * static_cast<double>(S + 1);
+      }
+    st.attention_share = world_.all_reduce_scalar(pairs[0], dist::ReduceOp::Sum) /
+                         world_.all_reduce_scalar(pairs[1], dist::ReduceOp::Sum);
+  }
   double sum_nll = 0;
   for (int64_t m = 0; m < static_cast<int64_t>(micro.size()); ++m) {
     data::MicroBatch& mb = micro[static_cast<size_t>(m)];

@@ -122,6 +122,7 @@ class Trainer {
   uint64_t weights_bytes_read() const { return weights_bytes_read_; }
   // Model FLOPs per token (causal counting, docs/design.md "Performance model").
   double flops_per_token() const;
+  double attention_flops_per_token() const;  // of flops_per_token: attention over a causal square
 
  private:
   void init(dist::ProcessGroups* groups);

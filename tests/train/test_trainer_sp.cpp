@@ -114,6 +114,16 @@ void check_case(const SpCase& c) {
   }
   const train::StepStats b = tone.compute_gradients(0);
   EXPECT_EQ(a.labels, b.labels);
+  // MFU's share of a causal square's attention pairs: the same global batch, the same share;
+  // below 1 with documents or a window, 1 without.
+  EXPECT_DOUBLE_EQ(a.attention_share, b.attention_share);
+  const bool windowed = c.family && std::string(c.family) == "mistral";
+  if (c.documents || windowed) {
+    EXPECT_GT(b.attention_share, 0.0);
+    EXPECT_LT(b.attention_share, 1.0);
+  } else {
+    EXPECT_EQ(b.attention_share, 1.0);
+  }
   EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss);
   const auto ga = tpar.gradients(), gb = tone.gradients();
   ASSERT_EQ(ga.size(), gb.size());
