@@ -30,9 +30,9 @@
 #   base       BASE_RUNGS, a length curriculum "LENGTH:BATCH:MIX[:LR] ..." (each rung from the
 #              previous rung's checkpoint, fresh Adam), each trained in chunks of BASE_CHUNK steps
 #              (easyctx_train resumes its run with a larger train.steps) until a held-out probe
-#              (easyctx_eval_needle at the rung's length, its own seed) reaches PROBE_TARGET
-#              PROBE_TIMES times in a row, at most BASE_MAX_STEPS steps per rung; the last rung is
-#              the base stage at its length
+#              (easyctx_eval_needle at the rung's length; fresh prompts at every probe: its own
+#              seed plus the step) reaches PROBE_TARGET PROBE_TIMES times in a row, at most
+#              BASE_MAX_STEPS steps per rung; the last rung is the base stage at its length
 #   extension  each later stage from the previous one's last checkpoint, its own length and
 #              RoPE theta (STEPS overrides every stage's train.steps)
 #   evaluation the base, the control (the base with the last stage's RoPE theta, no training:
@@ -78,8 +78,8 @@ case "$scale" in
     # The base: pass keys only, each prompt one whole window (what the tiny model learns
     # reliably at 128 tokens; needles and other mixes were not reliable: docs/results.md). The
     # stage: natural text with pass-key prompts of at most 128 tokens packed in.
-    : "${BASE_RUNGS=}" "${BASE_CHUNK:=200}" "${BASE_MAX_STEPS:=2000}" "${PROBE_TARGET:=0.9}" "${SAMPLES:=20}"
-    : "${DEPTH:=0.25}" "${EVAL_STEP:=64}" "${PPL_DOCS:=8}" "${PROBE_SAMPLES:=20}" "${TASKS:=passkey}"
+    : "${BASE_RUNGS=}" "${BASE_CHUNK:=200}" "${BASE_MAX_STEPS:=2000}" "${PROBE_TARGET:=0.95}" "${SAMPLES:=40}"
+    : "${DEPTH:=0.25}" "${EVAL_STEP:=64}" "${PPL_DOCS:=8}" "${PROBE_SAMPLES:=40}" "${TASKS:=passkey}"
     : "${MIX:=passkey=1}" "${PROMPT_MIN:=1}" "${STAGE_MIX:=text=1,passkey=1}" "${STAGE_PROMPT_MIN:=0.5}"
     : "${PPL_MIX:=text=1}" "${PROBE_TIMES:=2}"
     ;;
@@ -258,7 +258,7 @@ base() {
         > "$out/runs/$dir.train.log" 2>&1 || { tail -5 "$out/runs/$dir.train.log"; return 1; }
       cat "$out/runs/$dir.train.log" >> "$out/runs/$s.log"
       resume=auto
-      TASKS=$ptasks needle_eval "$out/runs/$dir" "$out/runs/$dir.probe" $((SEED * 100 + 77)) "$L" "$L" 1 \
+      TASKS=$ptasks needle_eval "$out/runs/$dir" "$out/runs/$dir.probe" $((SEED * 100 + 77 + steps)) "$L" "$L" 1 \
         "$PROBE_SAMPLES" > "$out/runs/$dir.probe.log" 2>&1 || { tail -5 "$out/runs/$dir.probe.log"; return 1; }
       acc=$(mean_score "$out/runs/$dir.probe")
       say "base: ${L} tokens ($mix, lr $lr), step $steps, probe accuracy $acc ($ptasks) (loss $(grep -o '"loss":[0-9.]*' \
