@@ -6,6 +6,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/json.h"
+#include "data/doc_balance.h"
 
 namespace easyctx::data {
 
@@ -160,9 +161,26 @@ std::vector<std::pair<uint64_t, int64_t>> DataLoader::sequence_pieces(uint64_t k
   std::vector<std::pair<uint64_t, int64_t>> v;
   if (opts_.packing == DataPacking::Window) return v;
   EASYCTX_CHECK(k + 1 < seq_begin_.size(), "sequence_pieces: ", k, " outside [0, ", seq_begin_.size() - 1, ")");
-  for (uint64_t i = seq_begin_[k]; i < seq_begin_[k + 1]; ++i)
-    v.emplace_back(piece_start_[seq_pieces_[i]], piece_len_[seq_pieces_[i]]);
+  for (uint64_t p : ordered_pieces(k)) v.emplace_back(piece_start_[p], piece_len_[p]);
   return v;
+}
+
+// Packing's order (best fit: longest first), or, under the document mask on a ring layout,
+// the order balance_document_order finds for the ring's ranks (seeded by seed and k).
+std::vector<uint64_t> DataLoader::ordered_pieces(uint64_t k) const {
+  std::vector<uint64_t> pieces(seq_pieces_.begin() + static_cast<std::ptrdiff_t>(seq_begin_[k]),
+                               seq_pieces_.begin() + static_cast<std::ptrdiff_t>(seq_begin_[k + 1]));
+  const SpLayout layout = opts_.sp_layout;
+  const int ring = layout == SpLayout::Usp ? opts_.sp_size / std::max(opts_.sp_inner, 1) : opts_.sp_size;
+  if (!opts_.document_mask || pieces.size() < 2 || ring < 2 || (layout != SpLayout::Zigzag && layout != SpLayout::Usp))
+    return pieces;
+  std::vector<int64_t> lengths;
+  for (uint64_t p : pieces) lengths.push_back(piece_len_[p]);
+  const int64_t Lp = sp_padded_length(opts_.seq_length, layout, opts_.sp_size, opts_.sp_inner);
+  std::vector<uint64_t> out;
+  for (size_t i : balance_document_order(lengths, Lp, ring, mix64(opts_.seed ^ mix64(k + 0xd0cba1ull))))
+    out.push_back(pieces[i]);
+  return out;
 }
 
 // Sample i of a packed run: epoch e = i / N visits the N sequences in the order of a
@@ -247,8 +265,7 @@ SpSequence DataLoader::packed_sequence(uint64_t k) const {
   int64_t at = 0;
   std::vector<uint32_t> w;
   std::vector<uint8_t> wt;
-  for (uint64_t i = seq_begin_[k]; i < seq_begin_[k + 1]; ++i) {
-    const uint64_t p = seq_pieces_[i];
+  for (const uint64_t p : ordered_pieces(k)) {
     const uint64_t start = piece_start_[p];
     const int64_t len = piece_len_[p];
     const uint64_t n = static_cast<uint64_t>(len) + (piece_next_[p] ? 1 : 0);

@@ -103,7 +103,10 @@ class DataLoader {
   // Global sample i built in full (padded length, every SP rank's part; any packing).
   SpSequence sequence(uint64_t sample) const;
   // Packed modes: sequences per epoch and the documents (pieces) of each, as (stream start,
-  // tokens) pairs. Window mode: sampler().windows_per_epoch(), no pieces.
+  // tokens) pairs, in the order the sequence lays them out. Window mode:
+  // sampler().windows_per_epoch(), no pieces. With document_mask on the zigzag or usp layout
+  // over 2 or more ring ranks, that order evens out the ranks' attention work
+  // (data/doc_balance.h; docs/data.md): the same documents in every window, another order.
   uint64_t sequences_per_epoch() const;
   std::vector<std::pair<uint64_t, int64_t>> sequence_pieces(uint64_t index_in_epoch) const;
   std::string packing_name() const;
@@ -135,6 +138,7 @@ class DataLoader {
   uint64_t epoch_index(uint64_t sample) const;
   SpSequence window_sequence(uint64_t start) const;
   SpSequence packed_sequence(uint64_t k) const;
+  std::vector<uint64_t> ordered_pieces(uint64_t k) const;  // sequence k's pieces in layout order
   int64_t next_step_ = 0, next_micro_ = 0;
 };
 
