@@ -60,6 +60,17 @@ set -euo pipefail
 
 EASYCTX_ROOT=${EASYCTX_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 
+# Open MPI's session directory, one per job: MPI programs of one user on a node share
+# /tmp/ompi.<host>.<uid>, and one that finishes may remove it while another job's starts
+# ("orte_init failed ... orte_session_dir failed", seen when a chain's next stage began as
+# another MPI program ended). A base of the job's own (Open MPI 4: orte_tmpdir_base; 5:
+# prte_tmpdir_base) takes the jobs out of each other's way. One you set is kept.
+if [ -n "${SLURM_JOB_ID:-}" ] && [ -z "${OMPI_MCA_orte_tmpdir_base:-}" ]; then
+  export OMPI_MCA_orte_tmpdir_base="${TMPDIR:-/tmp}/easyctx-ompi-$SLURM_JOB_ID"
+  export PRTE_MCA_prte_tmpdir_base=$OMPI_MCA_orte_tmpdir_base
+  mkdir -p "$OMPI_MCA_orte_tmpdir_base"
+fi
+
 # An error: one line in the log, and in a job, what it means for the jobs after it.
 easyctx_die() {
   echo "easyctx: error: $*" >&2
