@@ -58,7 +58,9 @@ std::string packing_line(const StageConfig& cfg, const data::DataLoader& loader,
 
 // data.document_mask with sequence parallelism: how evenly the first window's attention work
 // (query-key pairs inside documents and the window) falls on the ranks that compute it. The
-// zigzag split balances a causal square, not packed documents, so this is said, not assumed.
+// zigzag split balances a causal square, not packed documents; the loader orders best-fit
+// windows' documents for the zigzag and usp rings (data/doc_balance.h), other packings and
+// dist_flash keep theirs: measured here, not assumed.
 std::string document_balance(const data::MicroBatch& mb, const attention::SequenceSplit& split, int64_t L,
                              int64_t window) {
   if (split.size <= 1 || mb.doc_starts.empty()) return "";
@@ -80,7 +82,7 @@ std::string document_balance(const data::MicroBatch& mb, const attention::Sequen
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "document mask: the first window's attention pairs per %s rank: max %.2f, min %.2f of the mean "
-                "(%zu documents; the split balances causal work, not documents: docs/data.md)",
+                "(%zu documents; docs/data.md, \"Balance over sequence-parallel ranks\")",
                 usp ? "ring" : "sequence-parallel", *std::max_element(work.begin(), work.end()) / mean,
                 *std::min_element(work.begin(), work.end()) / mean, mb.doc_starts[0].size());
   return buf;
@@ -350,12 +352,9 @@ StepStats Trainer::compute_gradients(int64_t step) {
   if (cfg_.data.document_mask || window > 0) {  // MFU counts the attention pairs computed
     const int64_t S = cfg_.data.seq_length;
     double pairs[2] = {0, 0};  // attended, causal
-    for (const data::MicroBatch& mb : micro)
-      for (int64_t b = 0; b < mb.batch; ++b) {
-        const attention::DocumentStarts one{0};
-        const size_t i = static_cast<size_t>(b);
-        const bool docs = cfg_.data.document_mask && i < mb.doc_starts.size();
-        pairs[0] += static_cast<double>(attention::visible_pairs(docs ? mb.doc_starts[i] : one, 0, S, window));
+    for (const data::MicroBatch& mb : micro)  // doc_starts: one list per sequence ({0} without the mask)
+      for (const attention::DocumentStarts& starts : mb.doc_starts) {
+        pairs[0] += static_cast<double>(attention::visible_pairs(starts, 0, S, window));
         pairs[1] += 0.5 * static_cast<double>(S) * static_cast<double>(S + 1);
       }
     st.attention_share = world_.all_reduce_scalar(pairs[0], dist::ReduceOp::Sum) /
