@@ -5,8 +5,9 @@
 // at stage 0 (resharding); a whole ZeRO-3 run exports the whole model (Hugging Face folder)
 // equal to its gathered weights. The per-layer path (a pool of 1 + parallel.zero.prefetch
 // gathered layers, gradients reduce-scattered per layer and micro-batch) matches stage 0 with
-// accumulation (1e-5: the micro-batch and rank sums are ordered differently), every prefetch
-// depth and activation policy (bit-identical among themselves), and peaks below the buffers of
+// accumulation (losses 1e-6; weights: all but 1 in 1,000 elements within 1e-5, the micro-batch
+// and rank sums being ordered differently and Adam amplifying that where gradients cancel),
+// every prefetch depth and activation policy (bit-identical among themselves), and peaks below the buffers of
 // gathering every unit (and the pool grows by exactly the prefetched layers). Loading at
 // ZeRO-3 reads only each rank's shard (Hugging Face folders, checkpoints with their moments,
 // random init) and equals the replicated load bit for bit; a non-finite weight that only one
@@ -14,7 +15,9 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -110,12 +113,32 @@ TEST_P(Zero3PerLayer, SameLossesAndWeightsAsStage0) {
   for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * a.losses[i]) << i;
   std::printf("[accuracy] zero3 per layer (accum %d, prefetch %d, %s) vs stage0: weights rel err %.3g\n", accum,
               prefetch, to_string(policy), rel_error(b.w, a.w));
-  // Without accumulation the sums are the same (rank order); with it stage 0 sums each rank's
-  // micro-batches before the ranks and ZeRO-3 the ranks per micro-batch, which moves
-  // gradients by an ulp and, where they nearly cancel, Adam's normalised update with them:
-  // over many seeds up to ~1.5e-6 after five steps, hence 1e-5 there. The pool and the policy
-  // never change the numbers: the same run with prefetch 0 and policy layer is bit-identical.
-  EXPECT_LT(rel_error(b.w, a.w), accum == 1 ? 1e-6 : 1e-5);
+  // Without accumulation the sums are the same (rank order): 1e-6 on the whole. With it, stage 0
+  // sums each rank's micro-batches before the ranks and ZeRO-3 the ranks per micro-batch, which
+  // moves gradients by an ulp; where a gradient nearly cancels, Adam's normalised update
+  // (m / sqrt(v)) turns that ulp into up to lr a step, on a few elements. Over 19 seeds here:
+  // at most 34 of 123,712 elements apart by more than 1e-6 and 1 by more than 1e-5, but the
+  // whole-vector error has a tail (1.1e-5 once in CI). So: the losses within 1e-6 (above), all
+  // but 1 in 1,000 elements within 1e-5, and none further apart than two runs of Adam can put
+  // them (2 x 5 steps x lr). A wrong shard or a lost rank moves every element and the losses.
+  if (accum == 1) {
+    EXPECT_LT(rel_error(b.w, a.w), 1e-6);
+  } else {
+    ASSERT_EQ(b.w.size(), a.w.size());
+    size_t apart = 0;
+    double worst = 0;
+    for (size_t i = 0; i < a.w.size(); ++i) {
+      const double d = std::fabs(static_cast<double>(b.w[i]) - static_cast<double>(a.w[i]));
+      apart += d > 1e-5 ? 1 : 0;
+      worst = std::max(worst, d);
+    }
+    std::printf("[accuracy] elements apart by more than 1e-5: %zu of %zu; largest %.3g\n", apart, a.w.size(),
+                worst);
+    EXPECT_LE(apart, a.w.size() / 1000);
+    EXPECT_LT(worst, 2 * 5 * c.train.lr);
+  }
+  // The pool and the policy never change the numbers: the same run with prefetch 0 and policy
+  // layer is bit-identical.
   if (prefetch != 0 || policy != CheckpointPolicy::Layer) {
     StageConfig base = z;
     base.parallel.zero.prefetch = 0;
