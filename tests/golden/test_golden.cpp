@@ -41,6 +41,33 @@ struct Golden {
   }
 };
 
+// The fixture's batch ([2, S] input_ids, position_ids and labels) as a model::Batch over
+// its own vectors, and how many of its labels count (>= 0).
+struct GoldenBatch {
+  std::vector<int32_t> ids, pos, lab;
+  int64_t B = 2, S = 0, labelled = 0;
+  explicit GoldenBatch(const Golden& g)
+      : ids(g.get_i32("input_ids")), pos(g.get_i32("position_ids")), lab(g.get_i32("labels")) {
+    S = static_cast<int64_t>(ids.size()) / B;
+    for (int32_t y : lab) labelled += y >= 0;
+  }
+  model::Batch batch() {
+    return {ops::Tensor(ids.data(), DType::I32, {B * S}), ops::Tensor(pos.data(), DType::I32, {B * S}),
+            ops::Tensor(lab.data(), DType::I32, {B * S}), B, S};
+  }
+};
+
+// One buffer of `dtype` per unit of `layout` (kept in `bufs`), as flat tensors.
+std::vector<ops::Tensor> alloc_units(ops::Backend& be, const model::ParamLayout& layout, DType dtype,
+                                     std::vector<ops::Buffer>& bufs) {
+  std::vector<ops::Tensor> out;
+  for (const auto& u : layout.units()) {
+    bufs.push_back(be.alloc(dtype, u.numel));
+    out.push_back(bufs.back().flat());
+  }
+  return out;
+}
+
 // The fixture's documents (doc_starts, I64 [B, D]: each sequence's document starts, padded
 // with -1), or none when the fixture has no doc_starts.
 std::vector<attention::DocumentStarts> documents(const Golden& g, int64_t B) {
@@ -75,20 +102,14 @@ TEST_P(GoldenTest, MatchesTransformers) {
   ASSERT_EQ(hf_inv.size(), inv.size());
   for (size_t i = 0; i < inv.size(); ++i) EXPECT_EQ(static_cast<double>(inv[i]), hf_inv[i]) << "inv_freq " << i;
 
-  std::vector<ops::Buffer> pbuf, gbuf;
-  std::vector<ops::Tensor> params, grads;
-  for (const auto& u : m.layout().units()) {
-    pbuf.push_back(be->alloc(dtype, u.numel));
-    gbuf.push_back(be->alloc(dtype, u.numel));
-    params.push_back(pbuf.back().flat());
-    grads.push_back(gbuf.back().flat());
-  }
+  std::vector<ops::Buffer> bufs;
+  const std::vector<ops::Tensor> params = alloc_units(*be, m.layout(), dtype, bufs);
+  const std::vector<ops::Tensor> grads = alloc_units(*be, m.layout(), dtype, bufs);
   ckpt::load_hf_weights(dir + "/model", m.layout(), params);
 
-  std::vector<int32_t> ids = g.get_i32("input_ids"), pos = g.get_i32("position_ids"), lab = g.get_i32("labels");
-  const int64_t B = 2, S = static_cast<int64_t>(ids.size()) / 2;
-  model::Batch b{ops::Tensor(ids.data(), DType::I32, {B * S}), ops::Tensor(pos.data(), DType::I32, {B * S}),
-                 ops::Tensor(lab.data(), DType::I32, {B * S}), B, S};
+  GoldenBatch gb(g);
+  const int64_t B = gb.B, S = gb.S;
+  model::Batch b = gb.batch();
   const std::vector<attention::DocumentStarts> docs = documents(g, B);  // packed: the document mask
   if (!docs.empty()) b.documents = &docs;
 
@@ -102,8 +123,7 @@ TEST_P(GoldenTest, MatchesTransformers) {
       rel_error(std::vector<double>(l64.flat().ptr<double>(), l64.flat().ptr<double>() + l64.numel()), want_logits),
       tol_logits);
 
-  int64_t count = 0;
-  for (int32_t y : lab) count += y >= 0;
+  const int64_t count = gb.labelled;
   const ops::LossSums ls = m.forward_backward(params, grads, b, 1.0 / static_cast<double>(count));
   EXPECT_EQ(ls.count, count);
   const double loss = ls.sum_nll / static_cast<double>(ls.count), want_loss = g.get("loss")[0];
@@ -143,14 +163,9 @@ TEST(GoldenExport, ExportReadsBackIdentically) {
     const model::LlamaConfig cfg = model::load_llama_config(dir + "/model");
     const model::ParamLayout layout(cfg);
     auto be = ops::make_cpu_backend();
-    std::vector<ops::Buffer> a, b;
-    std::vector<ops::Tensor> va, vb;
-    for (const auto& u : layout.units()) {
-      a.push_back(be->alloc(DType::F32, u.numel));
-      b.push_back(be->alloc(DType::F32, u.numel));
-      va.push_back(a.back().flat());
-      vb.push_back(b.back().flat());
-    }
+    std::vector<ops::Buffer> bufs;
+    const std::vector<ops::Tensor> va = alloc_units(*be, layout, DType::F32, bufs);
+    const std::vector<ops::Tensor> vb = alloc_units(*be, layout, DType::F32, bufs);
     ckpt::load_hf_weights(dir + "/model", layout, va);
     const std::string out = keep ? std::string(keep) + "/" + name
                                  : "/tmp/easyctx-golden-export-" + std::to_string(test_seed() % 1000000) + "-" + name;
@@ -181,25 +196,16 @@ TEST(GoldenExport, TrainedThreeStepsThenExportedGivesTheSameLogits) {
     auto be = ops::make_cpu_backend();
     model::LlamaModel m(cfg, *be, DType::F32, {CheckpointPolicy::None, 7});
     std::vector<ops::Buffer> bufs;
-    std::vector<ops::Tensor> params, grads, adam_m, adam_v;
-    auto flat = [&](int64_t n, std::vector<ops::Tensor>& into) {
-      bufs.push_back(be->alloc(DType::F32, n));
-      be->fill(bufs.back().flat(), 0.0);
-      into.push_back(bufs.back().flat());
-    };
-    for (const auto& u : m.layout().units()) {
-      flat(u.numel, params);
-      flat(u.numel, grads);
-      flat(u.numel, adam_m);
-      flat(u.numel, adam_v);
-    }
+    const std::vector<ops::Tensor> params = alloc_units(*be, m.layout(), DType::F32, bufs);
+    const std::vector<ops::Tensor> grads = alloc_units(*be, m.layout(), DType::F32, bufs);
+    const std::vector<ops::Tensor> adam_m = alloc_units(*be, m.layout(), DType::F32, bufs);
+    const std::vector<ops::Tensor> adam_v = alloc_units(*be, m.layout(), DType::F32, bufs);
+    for (const std::vector<ops::Tensor>* moments : {&adam_m, &adam_v})
+      for (const ops::Tensor& t : *moments) be->fill(t, 0.0);
     ckpt::load_hf_weights(dir + "/model", m.layout(), params);
-    std::vector<int32_t> ids = g.get_i32("input_ids"), pos = g.get_i32("position_ids"), lab = g.get_i32("labels");
-    const int64_t B = 2, S = static_cast<int64_t>(ids.size()) / 2;
-    model::Batch b{ops::Tensor(ids.data(), DType::I32, {B * S}), ops::Tensor(pos.data(), DType::I32, {B * S}),
-                   ops::Tensor(lab.data(), DType::I32, {B * S}), B, S};
-    int64_t count = 0;
-    for (int32_t y : lab) count += y >= 0;
+    GoldenBatch gb(g);
+    const int64_t B = gb.B, S = gb.S, count = gb.labelled;
+    const model::Batch b = gb.batch();
     double first = 0, last = 0;
     for (int64_t step = 1; step <= 3; ++step) {
       for (const ops::Tensor& t : grads) be->fill(t, 0.0);
@@ -229,8 +235,7 @@ TEST(GoldenExport, TrainedThreeStepsThenExportedGivesTheSameLogits) {
                             {{"logits", {B, S, cfg.vocab_size}, trained.data(), DType::F64, ckpt::StDType::F64}});
     const model::LlamaConfig back = model::load_llama_config(out);
     model::LlamaModel mb(back, *be, DType::F32, {CheckpointPolicy::None, 7});
-    std::vector<ops::Tensor> loaded;
-    for (const auto& u : mb.layout().units()) flat(u.numel, loaded);
+    const std::vector<ops::Tensor> loaded = alloc_units(*be, mb.layout(), DType::F32, bufs);
     ckpt::load_hf_weights(out, mb.layout(), loaded);
     for (size_t u = 0; u < params.size(); ++u)
       EXPECT_EQ(0, std::memcmp(params[u].data, loaded[u].data, params[u].bytes())) << m.layout().units()[u].name;
