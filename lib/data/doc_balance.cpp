@@ -21,7 +21,7 @@ void add_document(int64_t s, int64_t e, int64_t c, int R, std::vector<int64_t>& 
   }
 }
 
-// The ranks' work for the documents in `order` (then the padding to Lp) into `work`.
+// The ranks' work for the documents in `order` (then the padding documents to Lp) into `work`.
 void rank_work(const std::vector<int64_t>& lengths, const std::vector<size_t>& order, int64_t Lp, int R,
                std::vector<int64_t>& work) {
   std::fill(work.begin(), work.end(), 0);
@@ -31,7 +31,7 @@ void rank_work(const std::vector<int64_t>& lengths, const std::vector<size_t>& o
     add_document(at, at + lengths[i], c, R, work);
     at += lengths[i];
   }
-  if (at < Lp) add_document(at, Lp, c, R, work);
+  for (; at < Lp; at += kPaddingDocument) add_document(at, std::min(Lp, at + kPaddingDocument), c, R, work);
 }
 
 // What the search lowers: the largest rank's work first, then the spread (the sum of squared
@@ -51,6 +51,10 @@ Score score(const std::vector<int64_t>& work, double mean) {
 }
 
 }  // namespace
+
+void append_padding_starts(std::vector<int64_t>& starts, int64_t at, int64_t Lp) {
+  for (; at < Lp; at += kPaddingDocument) starts.push_back(at);
+}
 
 std::vector<int64_t> ring_document_work(const std::vector<int64_t>& lengths, int64_t Lp, int ring_ranks) {
   EASYCTX_CHECK(ring_ranks > 0 && Lp > 0 && Lp % (2 * int64_t(ring_ranks)) == 0, "ring_document_work: length ", Lp,

@@ -247,7 +247,7 @@ SpSequence DataLoader::window_sequence(uint64_t start) const {
       q.labels[off - 1] = -1;
       if (off < L && off != q.doc_starts.back()) q.doc_starts.push_back(off);
     }
-    if (Lp > L) q.doc_starts.push_back(L);
+    append_padding_starts(q.doc_starts, L, Lp);
   }
   set_positions(q, Lp, opts_.document_mask);
   return q;
@@ -283,7 +283,7 @@ SpSequence DataLoader::packed_sequence(uint64_t k) const {
     at += len;
   }
   EASYCTX_CHECK(at <= L, "packed sequence ", k, " holds ", at, " tokens, more than seq_length ", L);
-  if (opts_.document_mask && at < Lp && at > 0) q.doc_starts.push_back(at);
+  if (opts_.document_mask && at > 0) append_padding_starts(q.doc_starts, at, Lp);
   set_positions(q, Lp, opts_.document_mask);
   return q;
 }

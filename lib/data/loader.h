@@ -62,8 +62,9 @@ struct MicroBatch {
   // [batch]: where each sequence's documents start, as offsets into the whole padded sequence
   // (sp_padded_length positions, not this rank's slice), first entry 0, increasing; the same
   // on every SP rank (see SpSlice::doc_starts). With document_mask false: {0} for every
-  // sequence. With document_mask, padding at the end (packing's and the SP layout's) is one
-  // more document. Attention may restrict each query to keys of its own document.
+  // sequence. With document_mask, padding at the end (packing's and the SP layout's) is more
+  // documents, of at most kPaddingDocument tokens each (data/doc_balance.h). Attention may
+  // restrict each query to keys of its own document.
   std::vector<std::vector<int64_t>> doc_starts;
 };
 

@@ -3,6 +3,7 @@
 // parameter gradient (1e-6 relative) as each document run alone as its own sequence, the
 // gradients summed; for every checkpoint policy, MLP tiles, head groups and offloaded
 // checkpoints. Without the mask the same windows give another loss (the test can fail).
+#include <algorithm>
 #include <random>
 
 #include "llama_test_util.h"
@@ -128,6 +129,32 @@ TEST_P(ModelDocuments, PackedMatchesEachDocumentAlone) {
   EXPECT_LT(rel_error(packed.grads, alone.grads), 1e-6);
   const Result unmasked = packed_run(cfg, mo, k, false, seed);
   EXPECT_GT(std::abs(unmasked.sum_nll - alone.sum_nll), 1e-3 * std::abs(alone.sum_nll)) << "the mask changed nothing";
+}
+
+// The loader cuts padding into documents of 1,024 tokens (data/doc_balance.h): it must change
+// nothing real. A packed window whose last 17 positions are padding (labels -1) gives, bit for
+// bit, the same loss and gradients with the padding as one document and as four.
+TEST_P(ModelDocuments, PaddingDocumentsChangeNothingReal) {
+  const auto [policy, tile, groups, offload] = GetParam();
+  model::LlamaConfig cfg = llama_config("documents", {16, 3, 4, 2, 4, 24, 29});
+  cfg.rope_theta = 1000.0;
+  model::ModelOptions mo{policy, 7, tile};
+  mo.head_groups = groups;
+  mo.offload_checkpoints = offload;
+  const uint64_t seed = test_seed();
+  Packed whole = make_packed(cfg.vocab_size, seed + 1);
+  whole.docs = {{0, 6, 7, 12}, {0, 13}};  // the first sequence: padding from 12
+  for (int64_t i = 12; i < whole.S; ++i) whole.lab[i] = -1;
+  whole.labels = std::count_if(whole.lab.begin(), whole.lab.end(), [](int32_t x) { return x >= 0; });
+  Packed cut = whole;
+  cut.docs[0] = {0, 6, 7, 12, 16, 20, 27};
+  for (Packed* k : {&whole, &cut})  // positions restart at each of the first sequence's starts
+    for (int64_t i = 0; i < k->S; ++i)
+      k->pos[i] = static_cast<int32_t>(i - *(std::upper_bound(k->docs[0].begin(), k->docs[0].end(), i) - 1));
+  const Result a = packed_run(cfg, mo, whole, true, seed), b = packed_run(cfg, mo, cut, true, seed);
+  EXPECT_EQ(a.sum_nll, b.sum_nll);
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) ASSERT_EQ(a.grads[i], b.grads[i]) << "gradient element " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(
