@@ -34,8 +34,8 @@ struct StepStats {
   // Query-key pairs attended over a causal square's (the global batch's sequences): below 1
   // under data.document_mask or a sliding window; MFU counts the attention FLOPs done.
   double attention_share = 1;
-  double peak_mem_gib = -1;    // device memory high-water mark so far (CUDA; else -1), set by run()
-  bool skipped = false;        // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
+  double peak_mem_gib = -1;  // device memory high-water mark so far (CUDA; else -1), set by run()
+  bool skipped = false;      // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
 };
 
 class StepReporter {

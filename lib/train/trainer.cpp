@@ -351,7 +351,7 @@ StepStats Trainer::compute_gradients(int64_t step) {
   const int64_t window = model_->config().sliding_window;
   if (cfg_.data.document_mask || window > 0) {  // MFU counts the attention pairs computed
     const int64_t S = cfg_.data.seq_length;
-    double pairs[2] = {0, 0};  // attended, causal
+    double pairs[2] = {0, 0};                 // attended, causal
     for (const data::MicroBatch& mb : micro)  // doc_starts: one list per sequence ({0} without the mask)
       for (const attention::DocumentStarts& starts : mb.doc_starts) {
         pairs[0] += static_cast<double>(attention::visible_pairs(starts, 0, S, window));

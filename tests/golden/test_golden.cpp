@@ -227,8 +227,8 @@ TEST(GoldenExport, TrainedThreeStepsThenExportedGivesTheSameLogits) {
     const std::vector<double> trained = logits_of(params);
     EXPECT_GT(rel_error(trained, golden), 1e-3) << "training did not move the logits";
 
-    const std::string out = (keep ? std::string(keep) + "/" : "/tmp/easyctx-golden-trained-" +
-                                                                  std::to_string(test_seed() % 1000000) + "-") +
+    const std::string out = (keep ? std::string(keep) + "/"
+                                  : "/tmp/easyctx-golden-trained-" + std::to_string(test_seed() % 1000000) + "-") +
                             name + "-trained";
     ckpt::save_hf_model(out, cfg, m.layout(), params);
     ckpt::write_safetensors(out + ".logits.safetensors",

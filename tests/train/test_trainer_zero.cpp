@@ -132,8 +132,7 @@ TEST_P(Zero3PerLayer, SameLossesAndWeightsAsStage0) {
       apart += d > 1e-5 ? 1 : 0;
       worst = std::max(worst, d);
     }
-    std::printf("[accuracy] elements apart by more than 1e-5: %zu of %zu; largest %.3g\n", apart, a.w.size(),
-                worst);
+    std::printf("[accuracy] elements apart by more than 1e-5: %zu of %zu; largest %.3g\n", apart, a.w.size(), worst);
     EXPECT_LE(apart, a.w.size() / 1000);
     EXPECT_LT(worst, 2 * 5 * c.train.lr);
   }
