@@ -7,10 +7,11 @@ does: position_ids restart at every document, and the attention is transformers'
 attention_mask, position_ids given) and builds a block-sparse BlockMask, skipping the blocks
 with no pair of tokens in one document. SDPA has no such form in transformers: given packed
 position_ids it builds a dense boolean mask of seq x seq entries (16 GiB at 128K).
-The window: documents of an easyctx shard (doc_offsets of DATA's .h5 files, in file order),
-placed best-fit-decreasing into windows of the run's length as easyctx's data.packing best_fit
-places them; the window of median attention work is used (its tail, if any, is padding: one
-more document of positions 0..). The label of each document's first token is -100 (no target crosses a border).
+The window: documents of an easyctx shard (doc_offsets of DATA's .h5 files) placed
+best-fit-decreasing into windows of the run's length, as easyctx's data.packing best_fit places
+them; the window of median attention work is used. Its tail, if any, is padding in documents of
+at most 1,024 tokens, as easyctx's loader cuts it. The label of each document's first token is
+-100 (no target crosses a border).
 Prints one JSON line per run: median step and forward+backward time, tokens/s (padding
 counted, as easyctx counts it), the query-key pairs computed against a causal window's, model
 TFLOP/s with the attention counted over those pairs, peak GPU memory.
@@ -64,7 +65,7 @@ def packed_window(lengths, seq):
         return sum(n * n for n in b[1])
     full = sorted((b for b in bins if b[0] < seq // 20), key=share) or bins
     room, docs = full[len(full) // 2]  # the median window by attention work
-    return docs + [room] if room else docs  # the padding as one more document
+    return docs + [1024] * (room // 1024) + ([room % 1024] if room % 1024 else [])  # padding
 
 
 def packed_inputs(docs, vocab, device):
