@@ -51,6 +51,15 @@ struct Packed {
   int64_t labels = 0;
 };
 
+// Positions restarting at 0 at each of its sequence's document starts.
+void restart_positions(Packed& k) {
+  for (int64_t b = 0; b < k.B; ++b) {
+    const auto& d = k.docs[static_cast<size_t>(b)];
+    for (int64_t i = 0; i < k.S; ++i)
+      k.pos[b * k.S + i] = static_cast<int32_t>(i - *(std::upper_bound(d.begin(), d.end(), i) - 1));
+  }
+}
+
 Packed make_packed(int64_t vocab, uint64_t seed) {
   Packed k;
   std::mt19937_64 rng(seed);
@@ -59,16 +68,14 @@ Packed make_packed(int64_t vocab, uint64_t seed) {
   k.pos.resize(n);
   k.lab.resize(n);
   for (int64_t b = 0; b < k.B; ++b) {
-    const auto& d = k.docs[static_cast<size_t>(b)];
     for (int64_t i = 0; i < k.S; ++i) {
       const int64_t at = b * k.S + i;
-      const int64_t start = *(std::upper_bound(d.begin(), d.end(), i) - 1);
       k.tok[at] = static_cast<int32_t>(rng() % vocab);
-      k.pos[at] = static_cast<int32_t>(i - start);
       k.lab[at] = i % 4 == 3 ? -1 : static_cast<int32_t>(rng() % vocab);  // some prompt tokens carry no loss
       k.labels += k.lab[at] >= 0;
     }
   }
+  restart_positions(k);
   return k;
 }
 
@@ -113,15 +120,25 @@ Result alone_run(const model::LlamaConfig& cfg, const model::ModelOptions& mo, P
 }
 
 // (policy, MLP tile, head groups, offload)
-class ModelDocuments : public ::testing::TestWithParam<std::tuple<CheckpointPolicy, int64_t, int64_t, bool>> {};
+class ModelDocuments : public ::testing::TestWithParam<std::tuple<CheckpointPolicy, int64_t, int64_t, bool>> {
+ protected:
+  static model::LlamaConfig config() {
+    model::LlamaConfig cfg = llama_config("documents", {16, 3, 4, 2, 4, 24, 29});
+    cfg.rope_theta = 1000.0;
+    return cfg;
+  }
+  static model::ModelOptions options() {
+    const auto [policy, tile, groups, offload] = GetParam();
+    model::ModelOptions mo{policy, 7, tile};
+    mo.head_groups = groups;
+    mo.offload_checkpoints = offload;
+    return mo;
+  }
+};
 
 TEST_P(ModelDocuments, PackedMatchesEachDocumentAlone) {
-  const auto [policy, tile, groups, offload] = GetParam();
-  model::LlamaConfig cfg = llama_config("documents", {16, 3, 4, 2, 4, 24, 29});
-  cfg.rope_theta = 1000.0;
-  model::ModelOptions mo{policy, 7, tile};
-  mo.head_groups = groups;
-  mo.offload_checkpoints = offload;
+  const model::LlamaConfig cfg = config();
+  const model::ModelOptions mo = options();
   const uint64_t seed = test_seed();
   const Packed k = make_packed(cfg.vocab_size, seed + 1);
   const Result packed = packed_run(cfg, mo, k, true, seed), alone = alone_run(cfg, mo, k, seed);
@@ -135,12 +152,8 @@ TEST_P(ModelDocuments, PackedMatchesEachDocumentAlone) {
 // nothing real. A packed window whose last 17 positions are padding (labels -1) gives, bit for
 // bit, the same loss and gradients with the padding as one document and as four.
 TEST_P(ModelDocuments, PaddingDocumentsChangeNothingReal) {
-  const auto [policy, tile, groups, offload] = GetParam();
-  model::LlamaConfig cfg = llama_config("documents", {16, 3, 4, 2, 4, 24, 29});
-  cfg.rope_theta = 1000.0;
-  model::ModelOptions mo{policy, 7, tile};
-  mo.head_groups = groups;
-  mo.offload_checkpoints = offload;
+  const model::LlamaConfig cfg = config();
+  const model::ModelOptions mo = options();
   const uint64_t seed = test_seed();
   Packed whole = make_packed(cfg.vocab_size, seed + 1);
   whole.docs = {{0, 6, 7, 12}, {0, 13}};  // the first sequence: padding from 12
@@ -148,9 +161,8 @@ TEST_P(ModelDocuments, PaddingDocumentsChangeNothingReal) {
   whole.labels = std::count_if(whole.lab.begin(), whole.lab.end(), [](int32_t x) { return x >= 0; });
   Packed cut = whole;
   cut.docs[0] = {0, 6, 7, 12, 16, 20, 27};
-  for (Packed* k : {&whole, &cut})  // positions restart at each of the first sequence's starts
-    for (int64_t i = 0; i < k->S; ++i)
-      k->pos[i] = static_cast<int32_t>(i - *(std::upper_bound(k->docs[0].begin(), k->docs[0].end(), i) - 1));
+  restart_positions(whole);
+  restart_positions(cut);
   const Result a = packed_run(cfg, mo, whole, true, seed), b = packed_run(cfg, mo, cut, true, seed);
   EXPECT_EQ(a.sum_nll, b.sum_nll);
   ASSERT_EQ(a.grads.size(), b.grads.size());
