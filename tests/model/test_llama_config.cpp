@@ -14,7 +14,7 @@ model::LlamaConfig from(const std::string& json) { return model::llama_config_fr
 
 TEST(LlamaConfig, PresetsLoad) {
   for (const char* p : {"tiny", "demo", "tinyllama-1b", "llama2-7b", "llama2-13b", "llama3-8b", "qwen2.5-7b",
-                        "qwen3-8b", "mistral-7b-v0.1"}) {
+                        "qwen3-8b", "mistral-7b-v0.1", "llama3.2-3b", "qwen2.5-3b", "qwen3-4b"}) {
     const model::LlamaConfig c = model::load_llama_config(p);
     EXPECT_EQ(c.name, p);
     EXPECT_NO_THROW(c.validate());
@@ -42,6 +42,20 @@ TEST(LlamaConfig, PresetsLoad) {
   EXPECT_EQ(m7.model_type, "mistral");
   EXPECT_EQ(m7.sliding_window, 4096);
   EXPECT_EQ(m7.num_parameters(), 7241732096);
+  // The 3-4B members (tied embeddings, counted once): Llama-3.2-3B 3.21B with its llama3 RoPE
+  // scaling, Qwen2.5-3B 3.09B with its biases, Qwen3-4B 4.02B with its q/k norms (the model
+  // cards' 3.21B, 3.09B and 4.0B).
+  const model::LlamaConfig l32 = model::load_llama_config("llama3.2-3b");
+  EXPECT_TRUE(l32.tie_word_embeddings);
+  EXPECT_EQ(l32.rope_scaling.kind, model::RopeScalingKind::Llama3);
+  EXPECT_NEAR(static_cast<double>(l32.num_parameters()), 3.21e9, 0.01e9);
+  const model::LlamaConfig q25 = model::load_llama_config("qwen2.5-3b");
+  EXPECT_TRUE(q25.qkv_bias);
+  EXPECT_EQ(q25.num_kv_heads, 2);
+  EXPECT_NEAR(static_cast<double>(q25.num_parameters()), 3.09e9, 0.01e9);
+  const model::LlamaConfig q34 = model::load_llama_config("qwen3-4b");
+  EXPECT_TRUE(q34.qk_norm);
+  EXPECT_NEAR(static_cast<double>(q34.num_parameters()), 4.02e9, 0.01e9);
 }
 
 // YaRN as transformers computes it: head_dim 16 (8 frequencies), theta 10000, factor 4 over
