@@ -1,5 +1,5 @@
 // h5recall: retrieval training windows for the context-extension experiment (docs/data.md
-// "h5recall", lib/eval/recall_docs.h): natural text (--text) with episodes of a small
+// "h5recall", lib/eval/recall_docs.h): natural text (--text-dir) with episodes of a small
 // retrieval grammar put in, every window exactly --length tokens, loss weights on the answers
 // (and on the text in --lm-share of the windows), as one h5tokenize-format shard of format
 // version 2. Never the needle evaluation's wording: every piece the grammar builds is checked.
@@ -36,16 +36,16 @@ struct RecallCli {
 // Parses and checks the command line; false after --help.
 bool parse_recall_flags(int argc, char** argv, RecallCli& c) {
   po::options_description opts(
-      "h5recall --tokenizer MODEL --output DIR --text TEXT --length S --windows N [options]"
+      "h5recall --tokenizer MODEL --output DIR --text-dir TEXT --length S --windows N [options]"
       "\noptions");
   // clang-format off
   opts.add_options()
       ("help,h", "this help")
       ("tokenizer,t", po::value(&c.tokenizer)->required(), "SentencePiece .model or Hugging Face tokenizer.json")
       ("output,o", po::value(&c.output)->required(), "output folder: DIR/recall.h5, DIR/h5recall.json, DIR/tokenizer/")
-      ("text", po::value(&c.text)->required(),
+      ("text-dir", po::value(&c.text)->required(),
        "training text: a folder or file of .txt, JSON Lines or h5tokenize shards (.h5 of the same tokenizer)")
-      ("text-tokens", po::value(&c.text_tokens)->default_value(c.text_tokens), "tokens of --text to read at most")
+      ("text-tokens", po::value(&c.text_tokens)->default_value(c.text_tokens), "tokens of --text-dir to read at most")
       ("length", po::value(&c.o.length)->required(), "tokens per window (the stage's data.seq_length)")
       ("windows", po::value(&c.windows)->required(), "windows to write")
       ("episodes", po::value(&c.o.episodes)->default_value(c.o.episodes),
@@ -53,6 +53,8 @@ bool parse_recall_flags(int argc, char** argv, RecallCli& c) {
       ("min-distance", po::value(&c.o.min_distance)->default_value(0),
        "text tokens between a statement and its question, at least")
       ("max-distance", po::value(&c.o.max_distance)->default_value(0), "... at most (0: the window)")
+      ("log-distance", po::bool_switch(&c.o.log_distance),
+       "draw the distances log-uniformly (as many in every octave) instead of uniformly")
       ("lm-share", po::value(&c.o.lm_share)->default_value(c.o.lm_share, "0.25"),
        "share of the windows whose text tokens carry loss too (language modelling)")
       ("mix", po::value(&c.mix)->default_value(c.mix), "relative weights of the episode kinds: fact, passkey, list, chain")
@@ -147,6 +149,7 @@ Json summary_json(const RecallCli& c, const std::string& text, const eval::Recal
   s.set("episodes_per_window", c.o.episodes);
   s.set("min_distance", c.o.min_distance);
   s.set("max_distance", c.o.max_distance);
+  s.set("log_distance", c.o.log_distance);
   s.set("lm_share", c.o.lm_share);
   s.set("mix", c.mix);
   s.set("seed", static_cast<int64_t>(c.o.seed));

@@ -330,7 +330,7 @@ void RecallTally::add(const RecallTally& o) {
 RecallDocs::RecallDocs(const data::Tokenizer& tok, RecallOptions o, std::vector<uint32_t> text)
     : tok_(tok), o_(std::move(o)), text_(std::move(text)) {
   check_recall_options(o_);
-  EASYCTX_CHECK_INPUT(static_cast<int64_t>(text_.size()) >= o_.length, "--text: ", text_.size(),
+  EASYCTX_CHECK_INPUT(static_cast<int64_t>(text_.size()) >= o_.length, "--text-dir: ", text_.size(),
                       " tokens, fewer than --length ", o_.length);
   const int64_t v = tok_.vocab_size();
   sentence_end_.assign(static_cast<size_t>(v), 0);
@@ -416,7 +416,13 @@ void RecallDocs::place(std::vector<Piece>& pieces, Rng& rng, const std::vector<u
   for (size_t i = 0; i < pieces.size();) {
     size_t j = i;
     while (j < pieces.size() && pieces[j].episode == pieces[i].episode) ++j;  // [i, j): one episode, question last
-    const int64_t d = dmin + static_cast<int64_t>(rng.below(static_cast<uint64_t>(dmax - dmin + 1)));
+    const int64_t d =
+        o_.log_distance
+            ? std::min(dmax, static_cast<int64_t>(std::exp(std::log(static_cast<double>(dmin + 1)) +
+                                                           rng.uniform() * (std::log(static_cast<double>(dmax + 1)) -
+                                                                            std::log(static_cast<double>(dmin + 1))))) -
+                                 1)
+            : dmin + static_cast<int64_t>(rng.below(static_cast<uint64_t>(dmax - dmin + 1)));
     const int64_t q = d + static_cast<int64_t>(rng.below(static_cast<uint64_t>(T - d + 1)));
     const int64_t qs = after_sentence_end(run, q, std::min(T, q + snap));
     const int64_t s = after_sentence_end(run, q - d, std::min(q, q - d + snap));

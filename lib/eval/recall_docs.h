@@ -23,8 +23,9 @@
 // A window of `length` tokens: BOS, then a run of the text from a random point with the
 // episodes' pieces put in after sentence ends. An episode's distance (text tokens between
 // its first statement and its question) is drawn uniformly in [min_distance, max_distance]
-// (0: the window), its question uniformly after that; so every distance up to the window
-// is trained. Loss weights: 1 on every answer token; 1 on the text tokens too in a window
+// (0: the window), or log-uniformly (log_distance: as many in [1, 2) as in [1K, 2K), for a
+// base that must first find the copy at short range), its question uniformly after that; so
+// every distance up to the window is trained. Loss weights: 1 on every answer token; 1 on the text tokens too in a window
 // drawn as a language-model window (lm_share of them); 0 on BOS and the grammar's other
 // tokens. Window i is a pure function of (seed, i).
 #pragma once
@@ -45,11 +46,12 @@ const char* episode_kind_name(EpisodeKind k);  // "fact", "passkey", "list", "ch
 std::map<EpisodeKind, double> parse_episode_mix(const std::string& s);
 
 struct RecallOptions {
-  int64_t length = 2048;     // tokens per window (the stage's data.seq_length)
-  int episodes = 8;          // episodes per window (fewer when their pieces would fill more than half of it)
-  int64_t min_distance = 0;  // statement -> question, in text tokens
-  int64_t max_distance = 0;  // 0: the window
-  double lm_share = 0.25;    // the share of windows whose text carries loss
+  int64_t length = 2048;      // tokens per window (the stage's data.seq_length)
+  int episodes = 8;           // episodes per window (fewer when their pieces would fill more than half of it)
+  int64_t min_distance = 0;   // statement -> question, in text tokens
+  int64_t max_distance = 0;   // 0: the window
+  bool log_distance = false;  // draw distances log-uniformly (as many in each octave) instead of uniformly
+  double lm_share = 0.25;     // the share of windows whose text carries loss
   std::map<EpisodeKind, double> mix{
       {EpisodeKind::Fact, 4}, {EpisodeKind::PassKey, 1}, {EpisodeKind::List, 1}, {EpisodeKind::Chain, 1}};
   uint64_t seed = 1;
