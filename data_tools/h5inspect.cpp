@@ -149,14 +149,29 @@ void check_forbidden(const std::vector<std::string>& paths, const data::Tokenize
     data::TokenShardReader r(path);
     EASYCTX_CHECK_INPUT(tok.sha256() == r.meta().tokenizer_sha256, path, " was made with tokenizer sha256 ",
                         r.meta().tokenizer_sha256, ", not the --tokenizer's ", tok.sha256());
-    for (uint64_t d = 0; d < r.num_docs(); ++d) {
-      const uint64_t b = r.doc_offsets()[d], n = r.doc_offsets()[d + 1] - b;
-      const std::string text = fold(tok.decode(r.read(b, n)));
-      for (size_t k = 0; k < folded.size(); ++k)
-        EASYCTX_CHECK_INPUT(text.find(folded[k]) == std::string::npos, "--forbid '", phrases[k], "': ", path,
-                            " holds it in document ", d, " (tokens from ", b, ")");
+    // Batches of documents read in order (HDF5 reads are serial), decoded and searched on
+    // every thread; the first document of a batch that holds a phrase is the one named.
+    for (uint64_t first = 0; first < r.num_docs();) {
+      std::vector<std::vector<uint32_t>> batch;
+      uint64_t n = 0;
+      for (; first + batch.size() < r.num_docs() && (batch.empty() || n < (uint64_t{4} << 20));) {
+        const uint64_t d = first + batch.size(), b = r.doc_offsets()[d];
+        batch.push_back(r.read(b, r.doc_offsets()[d + 1] - b));
+        n += batch.back().size();
+      }
+      std::vector<int> hit(batch.size(), -1);
+#pragma omp parallel for schedule(dynamic)
+      for (int64_t j = 0; j < static_cast<int64_t>(batch.size()); ++j) {
+        const std::string text = fold(tok.decode(batch[static_cast<size_t>(j)]));
+        for (size_t k = 0; k < folded.size() && hit[static_cast<size_t>(j)] < 0; ++k)
+          if (text.find(folded[k]) != std::string::npos) hit[static_cast<size_t>(j)] = static_cast<int>(k);
+      }
+      for (size_t j = 0; j < batch.size(); ++j)
+        EASYCTX_CHECK_INPUT(hit[j] < 0, "--forbid '", phrases[static_cast<size_t>(std::max(hit[j], 0))], "': ", path,
+                            " holds it in document ", first + j, " (tokens from ", r.doc_offsets()[first + j], ")");
+      first += batch.size();
       tokens += n;
-      ++docs;
+      docs += batch.size();
     }
   }
   std::cout << "forbidden phrases: none of " << phrases.size() << " in " << tokens << " tokens of " << docs
