@@ -128,6 +128,18 @@ TEST(RecallDocs, DistancesStayWithinTheBoundsAsked) {
   for (size_t b = 0; b < 5; ++b) EXPECT_GT(whole.distances[b], 0) << "bin " << b;
   // At most 100 text tokens apart (+ a sentence-end snap of at most 256, + the other episode).
   EXPECT_LT(near.longest_distance, 100 + 256 + 200);
+  // Log-uniform: as many in every octave, so a third or more below 128 of a 4K window (a
+  // uniform law puts about 3% there).
+  eval::RecallTally logd;
+  o.min_distance = 0;
+  o.log_distance = true;
+  const eval::RecallDocs octaves = make_docs(*tok, o, seed);
+  for (uint64_t i = 0; i < 100; ++i) octaves.window(i, &logd);
+  int64_t all = 0;
+  for (int64_t x : logd.distances) all += x;
+  EXPECT_GT(3 * logd.distances[0], all) << "log-uniform: " << logd.distances[0] << " of " << all << " below 128";
+  EXPECT_LT(10 * whole.distances[0], 2 * all) << "uniform: " << whole.distances[0] << " of " << all << " below 128";
+  EXPECT_GT(logd.longest_distance, o.length / 2);
   // At least 2000 apart (less the statement's snap of at most 256): nothing below 1K.
   for (size_t b = 0; b < 4 && b < far.distances.size(); ++b) EXPECT_EQ(far.distances[b], 0) << "bin " << b;
 }
