@@ -79,6 +79,10 @@ if timed:
                fwd_bwd_tokens_per_s=round(int(seq) / fb) if fb > 0 else -1,
                mfu=round(statistics.median(r.get("mfu", -1) for r in timed), 4),
                peak_mem_gib=max(r.get("peak_mem_gib", -1) for r in rows), loss=rows[-1]["loss"])
+    host = [r for r in timed if "host_optimizer_s" in r]  # parallel.zero.offload_optimizer: the host AdamW
+    if host:
+        out.update({k: round(statistics.median(r[k] for r in host), 3)
+                    for k in ("host_optimizer_s", "host_optimizer_exposed_s", "host_optimizer_gb_s")})
 else:
     out["error"] = open(log).read()[-600:]
 for line in open(log):

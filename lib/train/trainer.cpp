@@ -25,6 +25,7 @@
 #include "plan/target.h"
 #include "train/data_stats.h"
 #include "train/schedule.h"
+#include "zero/host_adamw.h"
 
 namespace easyctx::train {
 namespace fs = std::filesystem;
@@ -323,6 +324,12 @@ StepStats Trainer::train_step(int64_t step) {
   be_->synchronize();  // device backends: the step is done when its queued work is
   report_->phase("optimizer");
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (cfg_.parallel.zero.offload_optimizer) {
+    const zero::HostAdamWTimes ht = store_->take_host_optimizer_times();
+    st.host_optimizer_s = ht.seconds;
+    st.host_optimizer_exposed_s = ht.waited;
+    st.host_optimizer_gb_s = ht.gb_per_s();
+  }
   report_->end_step(st);
   return st;
 }

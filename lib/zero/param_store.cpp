@@ -124,6 +124,10 @@ void ParamStore::settle() const {
   if (host_adamw_) host_adamw_->finish();
 }
 
+HostAdamWTimes ParamStore::take_host_optimizer_times() {
+  return host_adamw_ ? host_adamw_->take_times() : HostAdamWTimes();
+}
+
 void ParamStore::optimizer_step(const ops::AdamWStep& step, double weight_decay, bool defer) {
   ops::AdamWStep s = step;
   const auto& units = layout_.units();

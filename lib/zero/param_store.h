@@ -38,6 +38,8 @@ enum class ArrayKind;
 
 namespace easyctx::zero {
 
+struct HostAdamWTimes;  // zero/host_adamw.h
+
 // Elements per pinned staging slot of the host AdamW (two slots of f32 + bf16:
 // 2 x kOffloadChunkElems x (4 + 2) bytes of pinned host memory).
 constexpr int64_t kOffloadChunkElems = int64_t{1} << 24;
@@ -114,6 +116,9 @@ class ParamStore {
   void optimizer_step(const ops::AdamWStep& s, double weight_decay, bool defer);
   // Waits for a deferred update.
   void settle() const;
+  // offload_optimizer: the host AdamW's completed updates and the waits for them since the last
+  // call (a deferred update counts in the step whose forward finished it); zeros without one.
+  HostAdamWTimes take_host_optimizer_times();
 
   // ---- state
   // This rank's slices into a checkpoint (master weights, Adam moments); device state is
