@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "core/strings.h"
+#include "model/param_layout.h"
 #include "plan/memory_plan.h"
 #include "plan/plan_detail.h"
 
@@ -47,6 +49,40 @@ int64_t least_offload_layers(const StageConfig& cfg, const PlanTarget& t, Memory
   };
   int64_t lo = 1, hi = layers - 1;
   MemoryPlan at_hi = plan_with(hi);  // the plan with hi layer inputs out, which fits the GPU
+  if (!at_hi.gpu_fits) return 0;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    MemoryPlan q = plan_with(mid);
+    if (q.gpu_fits) {
+      hi = mid;
+      at_hi = std::move(q);
+    } else {
+      lo = mid + 1;
+    }
+  }
+  if (!at_hi.fits) return 0;
+  plan = std::move(at_hi);
+  return hi;
+}
+
+// The split (stage 0 on a GPU): the fewest last layers whose optimizer state, moved to host
+// memory with the head's, let `cfg` (optimizer on the GPU) fit `t`, with that plan in `plan`;
+// 0 (plan untouched) when none does. The GPU bytes fall as the count rises and the host bytes
+// grow: the least count that fits the GPU is the only candidate. The forward reaches the host
+// units last, so the previous step's host AdamW has the forward of the first layers to finish
+// in: qwen2.5-7b at 32K on one H200 keeps ~3/4 of its 7.6B parameters' state on the GPU.
+int64_t least_host_state_layers(const StageConfig& cfg, const PlanTarget& t, MemoryPlan& plan) {
+  if (cfg.parallel.zero.stage != 0) return 0;
+  const int64_t layers = detail::plan_model(cfg.model, nullptr).num_layers;
+  if (layers < 2) return 0;
+  const auto plan_with = [&](int64_t k) {
+    StageConfig c = cfg;
+    c.parallel.zero.offload_optimizer = true;
+    c.parallel.zero.offload_optimizer_layers = k;
+    return detail::plan_core(c, t);
+  };
+  int64_t lo = 1, hi = layers - 1;
+  MemoryPlan at_hi = plan_with(hi);
   if (!at_hi.gpu_fits) return 0;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
@@ -101,6 +137,19 @@ MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
                       gib(need) + ")");
     return p;
   }
+  // Next, split: the state of the head and the fewest last layers in host memory, the rest on
+  // the GPU; the host AdamW then has less to do and the forward of the GPU's layers to hide in.
+  if (const int64_t k = least_host_state_layers(c, target, p); k > 0) {
+    const int64_t layers = detail::plan_model(cfg.model, nullptr).num_layers;
+    p.notes.push_back(
+        "parallel.zero.offload_optimizer auto: split: the fp32 master weights and Adam moments of the "
+        "embedding and the first " +
+        std::to_string(layers - k) + " layers on the GPU, of the last " + std::to_string(k) +
+        " layers and the head in host memory (parallel.zero.offload_optimizer_layers " + std::to_string(k) +
+        "; the run fits: " + gib(p.gpu_peak_bytes) + " of " + gib(p.gpu_usable) +
+        " usable per GPU; with all of it on the GPU it would need " + gib(need) + ")");
+    return p;
+  }
   c.parallel.zero.offload_optimizer = true;
   p = detail::plan_core(c, target);
   p.notes.push_back("parallel.zero.offload_optimizer auto: in host memory (with it on the GPU the run would need " +
@@ -148,6 +197,8 @@ int64_t kept_layers(const std::string& choice, int64_t layers) {
 // (2 x tokens x seq_length x q_dim FLOPs per layer and micro-batch), the host AdamW's cost net of its overlap
 // with the next forward ~0.18 ns per parameter on the rank (llama2-7b at 64K, 16 host threads:
 // ~1.2 s per step, bench/RESULTS.md, 2026-12-02). llama2-7b at 128K: 31 more layers, ~7.9 s against ~1.2 s.
+// A split placement (offload_optimizer_layers) is weighed the same way, with only the
+// parameters whose state it keeps on the GPU counted as the host update it saves.
 MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const PlanTarget& target) {
   constexpr double kAttentionFlopsPerSecond = 550e12, kHostUpdateSecondsPerParam = 0.18e-9;
   const model::LlamaConfig m = detail::plan_model(cfg.model, nullptr);
@@ -163,8 +214,14 @@ MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const
   const double saved_s = static_cast<double>(more) * 2.0 * static_cast<double>(on_gpu.tokens) *
                          static_cast<double>(cfg.train.grad_accum) * static_cast<double>(cfg.data.seq_length) *
                          static_cast<double>(m.q_dim()) / kAttentionFlopsPerSecond;
-  const double per_rank = static_cast<double>(on_gpu.parameters) /
-                          static_cast<double>(cfg.parallel.zero.stage == 3 ? on_gpu.zero_group : 1);
+  double per_rank = static_cast<double>(on_gpu.parameters) /
+                    static_cast<double>(cfg.parallel.zero.stage == 3 ? on_gpu.zero_group : 1);
+  if (on_gpu.offload_optimizer) {  // a split: the embedding's and the first layers' state on the GPU
+    const model::ParamLayout layout(m);
+    per_rank = static_cast<double>(layout.units()[layout.embed_unit()].numel);
+    for (int64_t l = 0; l < layers - on_gpu.offload_optimizer_layers; ++l)
+      per_rank += static_cast<double>(layout.units()[layout.layer_unit(l)].numel);
+  }
   const double host_s = per_rank * kHostUpdateSecondsPerParam;
   if (more <= 0 || saved_s <= host_s) return on_gpu;
   char why[240];
@@ -189,7 +246,8 @@ MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
   apply_placement(placed, placement_of(p));
   if (cfg.activation.checkpoint_auto) {
     MemoryPlan a = choose_checkpoint(std::move(p), std::move(placed), cfg, target);
-    const bool weigh = cfg.parallel.zero.offload_optimizer_auto && !a.offload_optimizer && a.gpu_capacity > 0;
+    const bool weigh = cfg.parallel.zero.offload_optimizer_auto &&
+                       (!a.offload_optimizer || a.offload_optimizer_layers > 0) && a.gpu_capacity > 0;
     return weigh ? weigh_host_optimizer(std::move(a), cfg, target) : a;
   }
   if (p.gpu_capacity > 0 && cfg.activation.checkpoint == CheckpointPolicy::Layer)
@@ -198,32 +256,49 @@ MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
 }
 
 std::string placement_of(const MemoryPlan& p) {
-  return p.offload_optimizer ? "host" : "gpu " + std::to_string(p.auto_offload_layers);
+  if (p.offload_optimizer)
+    return p.offload_optimizer_layers > 0 ? "host " + std::to_string(p.offload_optimizer_layers) : "host";
+  return "gpu " + std::to_string(p.auto_offload_layers);
 }
+
+namespace {
+// A placement report: "host" (-1, 0), "host K" (K > 0: -1, K) or "gpu K" (K >= 0: K, 0) as
+// (layer inputs moved out, -1 for host memory; layers whose state is in host memory).
+std::pair<int64_t, int64_t> parse_placement(const std::string& r) {
+  int64_t k = -1;
+  if (r == "host") return {-1, 0};
+  if (r.rfind("host ", 0) == 0 && parse_int64(r.substr(5), k) && k > 0) return {-1, k};
+  EASYCTX_CHECK(r.rfind("gpu ", 0) == 0 && parse_int64(r.substr(4), k) && k >= 0, "optimizer placement report '", r,
+                "': expected 'host', 'host K' (K > 0) or 'gpu K'");
+  return {k, 0};
+}
+}  // namespace
 
 int64_t placement_offload_layers(const std::string& placement) {
-  if (placement == "host") return 0;
-  int64_t k = -1;
-  EASYCTX_CHECK(placement.rfind("gpu ", 0) == 0 && parse_int64(placement.substr(4), k) && k >= 0,
-                "optimizer placement report '", placement, "': expected 'host' or 'gpu K'");
-  return k;
+  return std::max<int64_t>(0, parse_placement(placement).first);
 }
 
+int64_t placement_optimizer_layers(const std::string& placement) { return parse_placement(placement).second; }
+
 void apply_placement(StageConfig& cfg, const std::string& placement) {
-  const int64_t layers = placement_offload_layers(placement);
-  cfg.parallel.zero.offload_optimizer = placement == "host";
+  const auto [inputs, host_layers] = parse_placement(placement);
+  cfg.parallel.zero.offload_optimizer = inputs < 0;
+  cfg.parallel.zero.offload_optimizer_layers = host_layers;
   cfg.parallel.zero.offload_optimizer_auto = false;
-  if (layers > 0) offload_layer_inputs(cfg, layers);
+  if (inputs > 0) offload_layer_inputs(cfg, inputs);
 }
 
 std::string agree_placement(const std::vector<std::string>& reports) {
-  int64_t most = 0;
+  int64_t most_inputs = 0, most_host = 0;
+  bool split = false;
   for (const std::string& r : reports) {
-    const int64_t k = placement_offload_layers(r);  // (checks every report, "host" too)
+    const auto [inputs, host_layers] = parse_placement(r);  // (checks every report)
     if (r == "host") return r;
-    most = std::max(most, k);
+    split = split || inputs < 0;
+    most_inputs = std::max(most_inputs, inputs);
+    most_host = std::max(most_host, host_layers);
   }
-  return "gpu " + std::to_string(most);
+  return split ? "host " + std::to_string(most_host) : "gpu " + std::to_string(most_inputs);
 }
 
 void apply_checkpoint(StageConfig& cfg, const std::string& choice) {

@@ -158,10 +158,13 @@ void Trainer::plan_memory() {
                                            "parallel.zero.offload_optimizer auto", "choosing the optimizer's place",
                                            plan::agree_placement, plan::apply_placement);
     if (!choice.empty()) {  // this rank's plan differs from the one every rank takes
-      const std::string placed = choice == "host" ? "in host memory"
-                                                  : "on the GPU with the inputs of the first " +
-                                                        std::to_string(plan::placement_offload_layers(choice)) +
-                                                        " layers in host memory";
+      const int64_t host_layers = plan::placement_optimizer_layers(choice);
+      const std::string placed =
+          choice == "host" ? "in host memory"
+          : host_layers > 0
+              ? "split, the last " + std::to_string(host_layers) + " layers' and the head's in host memory"
+              : "on the GPU with the inputs of the first " + std::to_string(plan::placement_offload_layers(choice)) +
+                    " layers in host memory";
       plan_->notes.push_back("parallel.zero.offload_optimizer auto: " + placed + ", as another rank's plan needs it");
       EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with the optimizer ", placed,
                           ", as another rank's plan needs it; the whole plan: easyctx_train STAGE.yaml --plan)");
