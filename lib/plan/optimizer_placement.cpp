@@ -99,6 +99,48 @@ int64_t least_host_state_layers(const StageConfig& cfg, const PlanTarget& t, Mem
   return hi;
 }
 
+// A split that leaves more than half the layers' state in host memory (an 8B model at 32K on
+// an 80 GB GPU): its host AdamW, ~0.3 ns a parameter at a host's ~96 GB/s, outlasts the next
+// forward (~0.15 ns a parameter at 32K). With activation.offload none, layer inputs moved to
+// pinned host memory (copies that hide behind the layers' compute) make room for more layers'
+// state on the GPU: the fewest inputs that give the fewest host layers. Returns the host layers
+// (`k` and `plan` untouched when that gives none fewer), the inputs moved in `inputs`.
+int64_t fewer_host_layers_by_inputs(const StageConfig& c, const PlanTarget& t, int64_t k, MemoryPlan& plan,
+                                    int64_t& inputs) {
+  const int64_t layers = detail::plan_model(c.model, nullptr).num_layers;
+  if (2 * k <= layers || c.activation.offload != OffloadTarget::None ||
+      c.activation.checkpoint == CheckpointPolicy::None)
+    return k;
+  StageConfig all = c;
+  offload_layer_inputs(all, layers - 1);
+  MemoryPlan q;
+  const int64_t fewer = least_host_state_layers(all, t, q);
+  if (fewer == 0 || fewer >= k) return k;
+  StageConfig split = c;
+  split.parallel.zero.offload_optimizer = true;
+  split.parallel.zero.offload_optimizer_layers = fewer;
+  const int64_t j = least_offload_layers(split, t, q);  // (layers - 1 inputs fit: j >= 1)
+  if (j == 0) return k;
+  plan = std::move(q);
+  inputs = j;
+  return fewer;
+}
+
+// The note of a split placement: k layers' state in host memory, with `inputs` layer inputs moved.
+std::string split_note(const MemoryPlan& p, int64_t layers, int64_t k, int64_t inputs, int64_t need) {
+  using detail::gib;
+  const std::string moved = inputs > 0 ? ", activation.offload cpu, activation.offload_layers " +
+                                             std::to_string(inputs) + ": the inputs of the first " +
+                                             std::to_string(inputs) + " layers in pinned host memory make room"
+                                       : "";
+  return "parallel.zero.offload_optimizer auto: split: the fp32 master weights and Adam moments of the embedding and "
+         "the first " +
+         std::to_string(layers - k) + " layers on the GPU, of the last " + std::to_string(k) +
+         " layers and the head in host memory (parallel.zero.offload_optimizer_layers " + std::to_string(k) + moved +
+         "; the run fits: " + gib(p.gpu_peak_bytes) + " of " + gib(p.gpu_usable) +
+         " usable per GPU; with all of it on the GPU it would need " + gib(need) + ")";
+}
+
 // The plan with the optimizer where parallel.zero.offload_optimizer puts it (auto: decided here).
 MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
   const auto& z = cfg.parallel.zero;
@@ -139,15 +181,11 @@ MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
   }
   // Next, split: the state of the head and the fewest last layers in host memory, the rest on
   // the GPU; the host AdamW then has less to do and the forward of the GPU's layers to hide in.
-  if (const int64_t k = least_host_state_layers(c, target, p); k > 0) {
-    const int64_t layers = detail::plan_model(cfg.model, nullptr).num_layers;
-    p.notes.push_back(
-        "parallel.zero.offload_optimizer auto: split: the fp32 master weights and Adam moments of the "
-        "embedding and the first " +
-        std::to_string(layers - k) + " layers on the GPU, of the last " + std::to_string(k) +
-        " layers and the head in host memory (parallel.zero.offload_optimizer_layers " + std::to_string(k) +
-        "; the run fits: " + gib(p.gpu_peak_bytes) + " of " + gib(p.gpu_usable) +
-        " usable per GPU; with all of it on the GPU it would need " + gib(need) + ")");
+  if (int64_t k = least_host_state_layers(c, target, p); k > 0) {
+    int64_t inputs = 0;
+    k = fewer_host_layers_by_inputs(c, target, k, p, inputs);
+    p.auto_offload_layers = inputs;
+    p.notes.push_back(split_note(p, detail::plan_model(cfg.model, nullptr).num_layers, k, inputs, need));
     return p;
   }
   c.parallel.zero.offload_optimizer = true;
@@ -256,49 +294,59 @@ MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
 }
 
 std::string placement_of(const MemoryPlan& p) {
-  if (p.offload_optimizer)
-    return p.offload_optimizer_layers > 0 ? "host " + std::to_string(p.offload_optimizer_layers) : "host";
-  return "gpu " + std::to_string(p.auto_offload_layers);
+  if (!p.offload_optimizer) return "gpu " + std::to_string(p.auto_offload_layers);
+  if (p.offload_optimizer_layers <= 0) return "host";
+  return "host " + std::to_string(p.offload_optimizer_layers) +
+         (p.auto_offload_layers > 0 ? " " + std::to_string(p.auto_offload_layers) : "");
 }
 
 namespace {
-// A placement report: "host" (-1, 0), "host K" (K > 0: -1, K) or "gpu K" (K >= 0: K, 0) as
-// (layer inputs moved out, -1 for host memory; layers whose state is in host memory).
-std::pair<int64_t, int64_t> parse_placement(const std::string& r) {
-  int64_t k = -1;
-  if (r == "host") return {-1, 0};
-  if (r.rfind("host ", 0) == 0 && parse_int64(r.substr(5), k) && k > 0) return {-1, k};
-  EASYCTX_CHECK(r.rfind("gpu ", 0) == 0 && parse_int64(r.substr(4), k) && k >= 0, "optimizer placement report '", r,
-                "': expected 'host', 'host K' (K > 0) or 'gpu K'");
-  return {k, 0};
+// A placement report as {host memory (the whole state or a split), layers whose state is in
+// host memory (a split; 0: all), layer inputs moved out}: "host" {true, 0, 0}, "host K" and
+// "host K J" (K > 0, J > 0) {true, K, J}, "gpu J" (J >= 0) {false, 0, J}.
+struct Placement {
+  bool host = false;
+  int64_t host_layers = 0, inputs = 0;
+};
+Placement parse_placement(const std::string& r) {
+  const std::vector<std::string> f = split(r, ' ');
+  Placement p;
+  bool ok = false;
+  if (!f.empty() && f[0] == "host" && f.size() <= 3) {
+    p.host = true;
+    ok = f.size() == 1 || (parse_int64(f[1], p.host_layers) && p.host_layers > 0 &&
+                           (f.size() == 2 || (parse_int64(f[2], p.inputs) && p.inputs > 0)));
+  } else if (f.size() == 2 && f[0] == "gpu") {
+    ok = parse_int64(f[1], p.inputs) && p.inputs >= 0;
+  }
+  EASYCTX_CHECK(ok, "optimizer placement report '", r, "': expected 'host', 'host K', 'host K J' or 'gpu J'");
+  return p;
 }
 }  // namespace
 
-int64_t placement_offload_layers(const std::string& placement) {
-  return std::max<int64_t>(0, parse_placement(placement).first);
-}
+int64_t placement_offload_layers(const std::string& placement) { return parse_placement(placement).inputs; }
 
-int64_t placement_optimizer_layers(const std::string& placement) { return parse_placement(placement).second; }
+int64_t placement_optimizer_layers(const std::string& placement) { return parse_placement(placement).host_layers; }
 
 void apply_placement(StageConfig& cfg, const std::string& placement) {
-  const auto [inputs, host_layers] = parse_placement(placement);
-  cfg.parallel.zero.offload_optimizer = inputs < 0;
-  cfg.parallel.zero.offload_optimizer_layers = host_layers;
+  const Placement p = parse_placement(placement);
+  cfg.parallel.zero.offload_optimizer = p.host;
+  cfg.parallel.zero.offload_optimizer_layers = p.host_layers;
   cfg.parallel.zero.offload_optimizer_auto = false;
-  if (inputs > 0) offload_layer_inputs(cfg, inputs);
+  if (p.inputs > 0) offload_layer_inputs(cfg, p.inputs);
 }
 
 std::string agree_placement(const std::vector<std::string>& reports) {
-  int64_t most_inputs = 0, most_host = 0;
-  bool split = false;
+  Placement most;
   for (const std::string& r : reports) {
-    const auto [inputs, host_layers] = parse_placement(r);  // (checks every report)
-    if (r == "host") return r;
-    split = split || inputs < 0;
-    most_inputs = std::max(most_inputs, inputs);
-    most_host = std::max(most_host, host_layers);
+    const Placement p = parse_placement(r);  // (checks every report)
+    if (p.host && p.host_layers == 0) return "host";
+    most.host = most.host || p.host;
+    most.host_layers = std::max(most.host_layers, p.host_layers);
+    most.inputs = std::max(most.inputs, p.inputs);
   }
-  return split ? "host " + std::to_string(most_host) : "gpu " + std::to_string(most_inputs);
+  if (!most.host) return "gpu " + std::to_string(most.inputs);
+  return "host " + std::to_string(most.host_layers) + (most.inputs > 0 ? " " + std::to_string(most.inputs) : "");
 }
 
 void apply_checkpoint(StageConfig& cfg, const std::string& choice) {

@@ -341,19 +341,28 @@ TEST(MemoryPlan, OptimizerAutoPicksTheGpuWhenItFits) {
     EXPECT_EQ(u.offload_optimizer_layers, 2);
     EXPECT_NE(note_of(u).find("split"), std::string::npos) << note_of(u);
     // A GPU that cannot hold the optimizer with every layer input moved out (80 GB): the split,
-    // the state of the fewest last layers (and the head's) in host memory; one fewer does not fit.
+    // the state of the fewest last layers (and the head's) in host memory; more than half of
+    // them there, so layer inputs go to pinned host memory to make room for more: the fewest
+    // that give the fewest host layers. One host layer fewer does not fit even with every input
+    // moved out; one input fewer does not fit the host layers chosen.
     const MemoryPlan small = plan_of(65536, "auto", {}, 80.0);
-    const int64_t host_layers = small.offload_optimizer_layers;
+    const int64_t host_layers = small.offload_optimizer_layers, inputs = small.auto_offload_layers;
+    std::printf("[auto] 7B 64K on 80 GB: %s\n", note_of(small).c_str());
     EXPECT_TRUE(small.offload_optimizer);
-    EXPECT_EQ(small.auto_offload_layers, 0);
     ASSERT_GT(host_layers, 0);
     ASSERT_LT(host_layers, 32);
+    ASSERT_GT(inputs, 0);
     EXPECT_NE(note_of(small).find("split"), std::string::npos) << note_of(small);
-    const auto split = [&](int64_t n) {
-      return plan_of(65536, "true", {"parallel.zero.offload_optimizer_layers=" + std::to_string(n)}, 80.0);
+    const auto split = [&](int64_t n, int64_t j) {
+      return plan_of(65536, "true",
+                     {"parallel.zero.offload_optimizer_layers=" + std::to_string(n), "activation.offload=cpu",
+                      "activation.offload_layers=" + std::to_string(j)},
+                     80.0);
     };
-    same(small, split(host_layers));
-    EXPECT_FALSE(split(host_layers - 1).gpu_fits);
+    same(small, split(host_layers, inputs));
+    EXPECT_FALSE(split(host_layers - 1, 31).gpu_fits);
+    EXPECT_FALSE(split(host_layers, inputs - 1).gpu_fits);
+    EXPECT_EQ(plan::placement_of(small), "host " + std::to_string(host_layers) + " " + std::to_string(inputs));
     // Where no layer's state fits beside the run (64 GB): host memory.
     const MemoryPlan tiny = plan_of(65536, "auto", {}, 64.0), tiny_h = plan_of(65536, "true", {}, 64.0);
     same(tiny, tiny_h);
@@ -381,23 +390,33 @@ TEST(MemoryPlan, RanksAgreeOnTheOptimizerPlacement) {
   EXPECT_EQ(plan::placement_offload_layers("gpu 12"), 12);
   EXPECT_EQ(plan::placement_offload_layers("host"), 0);
   // Splits: the most layers in host memory any rank needs; host memory over all of them.
-  EXPECT_EQ(plan::agree_placement({"gpu 3", "host 4", "host 6", "gpu 0"}), "host 6");
+  EXPECT_EQ(plan::agree_placement({"gpu 3", "host 4", "host 6", "gpu 0"}), "host 6 3");
+  EXPECT_EQ(plan::agree_placement({"host 4 9", "host 6"}), "host 6 9");
+  EXPECT_EQ(plan::placement_offload_layers("host 6 9"), 9);
+  EXPECT_EQ(plan::placement_optimizer_layers("host 6 9"), 6);
   EXPECT_EQ(plan::agree_placement({"host 2", "host", "host 9"}), "host");
   EXPECT_EQ(plan::placement_optimizer_layers("host 6"), 6);
   EXPECT_EQ(plan::placement_optimizer_layers("host"), 0);
   EXPECT_EQ(plan::placement_optimizer_layers("gpu 4"), 0);
   EXPECT_EQ(plan::placement_offload_layers("host 6"), 0);
-  for (const std::string bad :
-       {"", "gpu", "gpu ", "gpu -1", "gpu 1x", "cpu 2", "Host", "host 0", "host -2", "host x", "host  3"})
+  for (const std::string bad : {"", "gpu", "gpu ", "gpu -1", "gpu 1x", "cpu 2", "Host", "host 0", "host -2", "host x",
+                                "host  3", "host 3 0", "host 3 4 5", "gpu 1 2"})
     EXPECT_THROW(plan::agree_placement({"gpu 1", bad}), Error) << "'" << bad << "'";
   MemoryPlan p;
   p.auto_offload_layers = 5;
   EXPECT_EQ(plan::placement_of(p), "gpu 5");
   p.offload_optimizer = true;
+  p.auto_offload_layers = 0;
   EXPECT_EQ(plan::placement_of(p), "host");
   p.offload_optimizer_layers = 7;
   EXPECT_EQ(plan::placement_of(p), "host 7");
+  p.auto_offload_layers = 3;
+  EXPECT_EQ(plan::placement_of(p), "host 7 3");
   StageConfig c;
+  plan::apply_placement(c, "host 7 3");
+  EXPECT_EQ(c.activation.offload, OffloadTarget::Cpu);
+  EXPECT_EQ(c.activation.offload_layers, 3);
+  c = StageConfig();
   plan::apply_placement(c, "host 7");
   EXPECT_TRUE(c.parallel.zero.offload_optimizer);
   EXPECT_FALSE(c.parallel.zero.offload_optimizer_auto);
