@@ -126,7 +126,8 @@ int64_t fewer_host_layers_by_inputs(const StageConfig& c, const PlanTarget& t, i
   return fewer;
 }
 
-// The note of a split placement: k layers' state in host memory, with `inputs` layer inputs moved.
+// The note of a split placement: k layers' state in host memory, with `inputs` layer inputs moved
+// (need: the GPU bytes of the whole optimizer there).
 std::string split_note(const MemoryPlan& p, int64_t layers, int64_t k, int64_t inputs, int64_t need) {
   using detail::gib;
   const std::string moved = inputs > 0 ? ", activation.offload cpu, activation.offload_layers " +
@@ -228,6 +229,15 @@ int64_t kept_layers(const std::string& choice, int64_t layers) {
   return c.activation.checkpoint != CheckpointPolicy::AttentionOutput ? 0 : m == 0 || m > layers ? layers : m;
 }
 
+// The parameters whose optimizer state a split with `host_layers` layers in host memory keeps
+// on the GPU: the embedding's and the first layers'.
+int64_t state_on_gpu(const model::LlamaConfig& m, int64_t host_layers) {
+  const model::ParamLayout layout(m);
+  int64_t n = layout.units()[layout.embed_unit()].numel;
+  for (int64_t l = 0; l < m.num_layers - host_layers; ++l) n += layout.units()[layout.layer_unit(l)].numel;
+  return n;
+}
+
 // Both autos: the optimizer's place was chosen first (the GPU when it fits there, perhaps with
 // layer inputs moved out); with it in host memory more layers may keep their attention output.
 // That wins when the attention forwards they no longer recompute outlast the host update, both
@@ -252,14 +262,10 @@ MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const
   const double saved_s = static_cast<double>(more) * 2.0 * static_cast<double>(on_gpu.tokens) *
                          static_cast<double>(cfg.train.grad_accum) * static_cast<double>(cfg.data.seq_length) *
                          static_cast<double>(m.q_dim()) / kAttentionFlopsPerSecond;
-  double per_rank = static_cast<double>(on_gpu.parameters) /
-                    static_cast<double>(cfg.parallel.zero.stage == 3 ? on_gpu.zero_group : 1);
-  if (on_gpu.offload_optimizer) {  // a split: the embedding's and the first layers' state on the GPU
-    const model::ParamLayout layout(m);
-    per_rank = static_cast<double>(layout.units()[layout.embed_unit()].numel);
-    for (int64_t l = 0; l < layers - on_gpu.offload_optimizer_layers; ++l)
-      per_rank += static_cast<double>(layout.units()[layout.layer_unit(l)].numel);
-  }
+  const double per_rank = on_gpu.offload_optimizer  // (a split: the embedding's and the first layers' state)
+                              ? static_cast<double>(state_on_gpu(m, on_gpu.offload_optimizer_layers))
+                              : static_cast<double>(on_gpu.parameters) /
+                                    static_cast<double>(cfg.parallel.zero.stage == 3 ? on_gpu.zero_group : 1);
   const double host_s = per_rank * kHostUpdateSecondsPerParam;
   if (more <= 0 || saved_s <= host_s) return on_gpu;
   char why[240];
