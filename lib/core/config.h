@@ -82,6 +82,9 @@ struct ZeroConfig {
   // code that sets offload_optimizer = true needs no change (auto only ever turns it on).
   bool offload_optimizer = false;
   bool offload_optimizer_auto = true;
+  // With offload_optimizer (stage 0): only the state of the head and of the last this-many
+  // layers in host memory, the embedding's and the other layers' on the GPU (0: every unit's).
+  int64_t offload_optimizer_layers = 0;
   bool offload_params = false;
   bool offload_grads = false;
   int64_t prefetch = 1;

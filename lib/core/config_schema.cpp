@@ -224,6 +224,10 @@ void add_parallel_keys(Registry& r) {
       "usp only, EasyContext's --ring_degree: ranks in each ring of a sequence-parallel group; sets "
       "ulysses_size = size / ring_degree (it must divide size; a ulysses_size given as well must equal "
       "that). 0: not given (ulysses_size decides).");
+}
+
+// ---- parallel.zero (and the collectives' timeout)
+void add_zero_keys(Registry& r) {
   r.add_int(
       "parallel.zero.stage", [](StageConfig& c) -> int64_t& { return c.parallel.zero.stage; }, 0, 3,
       "0: replicated weights and optimizer, gradients all-reduced. 3: master weights, gradients and Adam "
@@ -237,8 +241,10 @@ void add_parallel_keys(Registry& r) {
       "the GPU when the run fits there with it (the fastest place); else, with activation.offload none, "
       "it stays there if the fewest layer inputs moved to pinned host memory make room (activation.offload "
       "cpu with that activation.offload_layers: copies that overlap the layers' compute, far cheaper than "
-      "a host update; set true or false to keep the layer inputs where activation.offload says); else it "
-      "moves to host memory as with true (the plan's notes and the trainer's log say which; "
+      "a host update; set true or false to keep the layer inputs where activation.offload says); else, "
+      "stage 0, it splits: the fewest last layers (with the head) whose state moved to host memory make "
+      "room for the rest on the GPU (offload_optimizer_layers); else it moves to host memory as with "
+      "true (the plan's notes and the trainer's log say which; "
       "offload_params or offload_grads imply true; on train.device cpu it means false). true, "
       "train.device cuda: keep the fp32 master weights and Adam moments in host memory (stage 3: each "
       "rank's shards of them) and run AdamW on the host's threads; fp32 gradients stream down and bf16 "
@@ -246,6 +252,17 @@ void add_parallel_keys(Registry& r) {
       "per parameter on each GPU, 12/Z with stage 3; docs/memory-model.md). The update runs on a host "
       "thread while the next step's forward starts, each unit waited for only when the forward reaches it "
       "(same weights, bit for bit). Bound by host memory bandwidth: it pays for long steps (long context).");
+  r.add_int(
+      "parallel.zero.offload_optimizer_layers",
+      [](StageConfig& c) -> int64_t& { return c.parallel.zero.offload_optimizer_layers; }, 0, kMaxI,
+      "With offload_optimizer on train.device cuda, stage 0: how many layers keep their fp32 master "
+      "weights and Adam moments in host memory, counted from the last layer back, with the head's (0: "
+      "every unit's, the embedding's too; values at or above the layer count mean the same). The "
+      "embedding's and the other layers' stay on the GPU and are updated there. The forward reaches the "
+      "host-updated units last, so the host AdamW of the previous step has the forward of its first "
+      "layers to finish in: a split the GPU's spare memory pays for. offload_optimizer auto picks the "
+      "fewest that fit when the whole optimizer does not (the plan's notes say so); set by hand it "
+      "implies offload_optimizer true. Same weights, bit for bit.");
   r.add_bool(
       "parallel.zero.offload_params", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_params; },
       "Stage 3 with offload_optimizer on train.device cuda: keep each rank's bf16 parameter shards in "
@@ -449,6 +466,7 @@ const Registry& registry() {
     add_train_keys(r);
     add_train_device_keys(r);
     add_parallel_keys(r);
+    add_zero_keys(r);
     add_activation_keys(r);
     add_output_keys(r);
     add_logging_keys(r);
@@ -576,9 +594,10 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
   }
   for (const auto& o : overrides) apply_override(cfg, o);
   resolve_ring_degree(cfg);
-  // offload_params and offload_grads need the host AdamW: they decide an auto optimizer placement.
+  // offload_params, offload_grads and offload_optimizer_layers need the host AdamW: they decide an
+  // auto optimizer placement.
   auto& z = cfg.parallel.zero;
-  if (z.offload_optimizer_auto && (z.offload_params || z.offload_grads)) {
+  if (z.offload_optimizer_auto && (z.offload_params || z.offload_grads || z.offload_optimizer_layers > 0)) {
     z.offload_optimizer = true;
     z.offload_optimizer_auto = false;
   }

@@ -119,6 +119,11 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
     if (st.mfu >= 0) r.set("mfu", st.mfu);
     if (st.attention_share < 1) r.set("attention_share", st.attention_share);
     if (st.peak_mem_gib >= 0) r.set("peak_mem_gib", st.peak_mem_gib);
+    if (st.host_optimizer_s >= 0) {
+      r.set("host_optimizer_s", st.host_optimizer_s);
+      r.set("host_optimizer_exposed_s", st.host_optimizer_exposed_s);
+      r.set("host_optimizer_gb_s", st.host_optimizer_gb_s);
+    }
     r.set("host_peak_gib", static_cast<double>(plan::vm_hwm_bytes()) / (1024.0 * 1024.0 * 1024.0));
     if (st.skipped) r.set("skipped", true);
     if (metrics_) metrics_->write(r);
@@ -138,6 +143,12 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
     else std::snprintf(buf, sizeof(buf), " | MFU n/a");
     extra += buf;
     std::snprintf(buf, sizeof(buf), " | mem %.2f GiB", st.peak_mem_gib);
+    extra += buf;
+  }
+  if (st.host_optimizer_s > 0) {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), " | host AdamW %.2f s (%.1f GB/s), %.2f s exposed", st.host_optimizer_s,
+                  st.host_optimizer_gb_s, st.host_optimizer_exposed_s);
     extra += buf;
   }
   log_info(line, extra);

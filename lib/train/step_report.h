@@ -35,7 +35,15 @@ struct StepStats {
   // under data.document_mask or a sliding window; MFU counts the attention FLOPs done.
   double attention_share = 1;
   double peak_mem_gib = -1;  // device memory high-water mark so far (CUDA; else -1), set by run()
-  bool skipped = false;      // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
+  // parallel.zero.offload_optimizer (else -1): the host AdamW's wall seconds that completed in
+  // this step (a deferred update in the step whose forward it finished in; the run's last step
+  // also its own), of it the seconds this step's thread waited for it (exposed: an upper bound
+  // of the GPU's idle time, which may still run kernels queued before the wait), and the
+  // update's GB/s (30 bytes an element over its wall time; 0 when none completed).
+  double host_optimizer_s = -1;
+  double host_optimizer_exposed_s = -1;
+  double host_optimizer_gb_s = -1;
+  bool skipped = false;  // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
 };
 
 class StepReporter {

@@ -25,6 +25,7 @@
 #include "plan/target.h"
 #include "train/data_stats.h"
 #include "train/schedule.h"
+#include "zero/host_adamw.h"
 
 namespace easyctx::train {
 namespace fs = std::filesystem;
@@ -157,10 +158,13 @@ void Trainer::plan_memory() {
                                            "parallel.zero.offload_optimizer auto", "choosing the optimizer's place",
                                            plan::agree_placement, plan::apply_placement);
     if (!choice.empty()) {  // this rank's plan differs from the one every rank takes
-      const std::string placed = choice == "host" ? "in host memory"
-                                                  : "on the GPU with the inputs of the first " +
-                                                        std::to_string(plan::placement_offload_layers(choice)) +
-                                                        " layers in host memory";
+      const int64_t host_layers = plan::placement_optimizer_layers(choice);
+      const std::string placed =
+          choice == "host" ? "in host memory"
+          : host_layers > 0
+              ? "split, the last " + std::to_string(host_layers) + " layers' and the head's in host memory"
+              : "on the GPU with the inputs of the first " + std::to_string(plan::placement_offload_layers(choice)) +
+                    " layers in host memory";
       plan_->notes.push_back("parallel.zero.offload_optimizer auto: " + placed + ", as another rank's plan needs it");
       EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with the optimizer ", placed,
                           ", as another rank's plan needs it; the whole plan: easyctx_train STAGE.yaml --plan)");
@@ -323,6 +327,12 @@ StepStats Trainer::train_step(int64_t step) {
   be_->synchronize();  // device backends: the step is done when its queued work is
   report_->phase("optimizer");
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (cfg_.parallel.zero.offload_optimizer) {
+    const zero::HostAdamWTimes ht = store_->take_host_optimizer_times();
+    st.host_optimizer_s = ht.seconds;
+    st.host_optimizer_exposed_s = ht.waited;
+    st.host_optimizer_gb_s = ht.gb_per_s();
+  }
   report_->end_step(st);
   return st;
 }

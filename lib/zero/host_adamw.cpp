@@ -71,11 +71,21 @@ void HostAdamW::step(const std::vector<OffloadPiece>& pieces, const ops::AdamWSt
   finish();
 }
 
+HostAdamWTimes HostAdamW::take_times() {
+  const HostAdamWTimes t = times_;
+  times_ = HostAdamWTimes();
+  return t;
+}
+
 void HostAdamW::start(std::vector<OffloadPiece> pieces, const ops::AdamWStep& s, int threads) {
   finish();
   Impl& I = *impl_;
   size_t units = 0;
-  for (const OffloadPiece& p : pieces) units = std::max(units, p.unit + 1);
+  last_elements_ = 0;
+  for (const OffloadPiece& p : pieces) {
+    units = std::max(units, p.unit + 1);
+    last_elements_ += p.n;
+  }
   I.unit_state.assign(std::max(units, I.unit_state.size()), Impl::kEmpty);  // (nothing to wait for)
   I.unit_fence.assign(I.unit_state.size(), Fence());
   for (const OffloadPiece& p : pieces)
@@ -99,8 +109,10 @@ void HostAdamW::start(std::vector<OffloadPiece> pieces, const ops::AdamWStep& s,
 Fence HostAdamW::wait_unit(size_t u) {
   Impl& I = *impl_;
   if (!I.worker.joinable()) return {};  // no step running (or it was finished)
+  const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(I.mu);
   I.cv.wait(lk, [&] { return I.failed || u >= I.unit_state.size() || I.unit_state[u] != Impl::kWaiting; });
+  times_.waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (I.failed) {
     lk.unlock();
     finish();  // joins and rethrows
@@ -114,7 +126,9 @@ bool HostAdamW::pending() const { return impl_->worker.joinable(); }
 void HostAdamW::finish() {
   Impl& I = *impl_;
   if (!I.worker.joinable()) return;
+  const auto t0 = std::chrono::steady_clock::now();
   I.worker.join();
+  times_.waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (I.error) {
     std::exception_ptr e = I.error;
     I.error = nullptr;
@@ -122,6 +136,9 @@ void HostAdamW::finish() {
   }
   I.up->synchronize();
   I.down->synchronize();
+  ++times_.steps;
+  times_.elements += last_elements_;
+  times_.seconds += last_seconds_;
 }
 
 void HostAdamW::Impl::run(const std::vector<OffloadPiece>& pieces, const ops::AdamWStep& s, int threads,

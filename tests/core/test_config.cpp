@@ -79,7 +79,8 @@ TEST(Config, DumpRoundTrips) {
 }
 
 // parallel.zero.offload_optimizer: true, false or auto (the default: the memory plan chooses,
-// tests/plan/test_memory_plan.cpp); offload_params / offload_grads make auto true; the dump
+// tests/plan/test_memory_plan.cpp); offload_params / offload_grads / offload_optimizer_layers
+// make auto true; the dump
 // writes what was set, and reads back the same.
 TEST(Config, OffloadOptimizerTakesAuto) {
   const auto parse = [](const std::string& zero) {
@@ -103,6 +104,12 @@ TEST(Config, OffloadOptimizerTakesAuto) {
     EXPECT_EQ(d.parallel.zero.offload_optimizer_auto, aut) << text;
     EXPECT_EQ(config_value(c, "parallel.zero.offload_optimizer"), aut ? "auto" : off ? "true" : "false") << text;
   }
+  // offload_optimizer_layers (a split of stage 0's optimizer) makes auto true as well.
+  const StageConfig split = parse_stage_config("parallel:\n  zero:\n    offload_optimizer_layers: 3\n", "stage.yaml");
+  EXPECT_TRUE(split.parallel.zero.offload_optimizer);
+  EXPECT_FALSE(split.parallel.zero.offload_optimizer_auto);
+  EXPECT_EQ(split.parallel.zero.offload_optimizer_layers, 3);
+  EXPECT_EQ(parse_stage_config(dump_stage_config(split), "dump").parallel.zero.offload_optimizer_layers, 3);
   StageConfig c;
   apply_override(c, "parallel.zero.offload_optimizer=false");
   EXPECT_FALSE(c.parallel.zero.offload_optimizer_auto);
@@ -180,6 +187,11 @@ TEST(Config, BadConfigsNameTheKey) {
       {"parallel:\n  zero:\n    offload_grads: true\n", {"parallel.zero.offload_grads", "stage = 3"}},
       {"parallel:\n  zero:\n    stage: 3\n    offload_optimizer: false\n    offload_grads: true\n",
        {"parallel.zero.offload_grads", "offload_optimizer = true"}},
+      {"parallel:\n  zero:\n    stage: 3\n    offload_optimizer_layers: 4\n",
+       {"parallel.zero.offload_optimizer_layers = 4", "stage = 0"}},
+      {"parallel:\n  zero:\n    offload_optimizer: false\n    offload_optimizer_layers: 2\n",
+       {"parallel.zero.offload_optimizer_layers = 2", "offload_optimizer = true"}},
+      {"parallel:\n  zero:\n    offload_optimizer_layers: -1\n", {"parallel.zero.offload_optimizer_layers"}},
       {"data:\n  seq_length: [1, 2]\n", {"data.seq_length", "expected a single value"}},
       {"trian:\n  steps: 3\n", {"unknown key 'trian'", "did you mean 'train'"}},
       {"train: 5\n", {"train", "section"}},
