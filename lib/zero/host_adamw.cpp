@@ -67,8 +67,13 @@ HostAdamW::~HostAdamW() {
 int64_t HostAdamW::pinned_bytes() const { return 2 * impl_->chunk * 6; }
 
 void HostAdamW::step(const std::vector<OffloadPiece>& pieces, const ops::AdamWStep& s) {
+  // A synchronous step is exposed whole: its wait is the call's time (which holds the worker's
+  // run), not the join alone (on a busy host the worker may be done before the join starts).
+  const double waited_before = times_.waited;
+  const auto t0 = std::chrono::steady_clock::now();
   start(pieces, s, omp_get_max_threads());
   finish();
+  times_.waited = waited_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 HostAdamWTimes HostAdamW::take_times() {

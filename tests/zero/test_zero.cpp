@@ -275,5 +275,5 @@ TEST(HostAdamW, UpdatesEachUnitAsTheGpuKernelDoes) {
   adamw.step(pieces, s);  // (start + finish: the caller waits for all of it)
   const zero::HostAdamWTimes sync = adamw.take_times();
   EXPECT_EQ(sync.steps, 1);
-  EXPECT_GE(sync.waited, 0.5 * sync.seconds) << "a synchronous step is exposed whole";
+  EXPECT_GE(sync.waited, sync.seconds) << "a synchronous step is exposed whole";
 }
