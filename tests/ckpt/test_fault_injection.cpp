@@ -149,7 +149,7 @@ class Faults : public ::testing::Test {
     return std::string("env -i PATH=\"$PATH\" HOME=\"$HOME\" OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE ") + o.env +
            " timeout " + std::to_string(o.timeout_s) + " " + EASYCTX_MPIEXEC + " -np " + std::to_string(o.np) +
            " --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none " +
-           (o.wrap.empty() ? "" : "bash -c '" + o.wrap + "; trap \"\" XFSZ; exec \"$0\" \"$@\"' ");
+           (o.wrap.empty() ? "" : "bash -c '" + o.wrap + "; exec \"$0\" \"$@\"' ");
   }
 
   static Opts opts(const std::string& env, const std::string& args) {
