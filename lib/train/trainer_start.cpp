@@ -467,10 +467,8 @@ void Trainer::write_plan() const {
   const std::string plan_path = (fs::path(cfg_.output.dir) / "plan.json").string();
   try {
     write_file_atomic(plan_path, plan::plan_to_json(*plan_).dump(1) + "\n");
-  } catch (const std::exception& e) {
-    std::error_code ec;
-    fs::remove(plan_path + ".tmp", ec);
-    log_warn(plan_path, " not written (", e.what(), "): the run goes on without its plan for easyctx_report");
+  } catch (const std::exception& e) {  // (names the file and the cause; nothing half written is left)
+    log_warn(e.what(), ": the run goes on without its plan for easyctx_report");
   }
 }
 

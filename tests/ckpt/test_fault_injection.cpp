@@ -370,7 +370,7 @@ TEST_F(Faults, FullDisk) {
     EXPECT_NE(r.rc, 0) << r.out;
     EXPECT_TRUE(has(r.out, "metrics.jsonl: cannot write the metrics record of step")) << r.out;
     // (plan.json, written first, crossed the limit already: a warning, and the run went on)
-    EXPECT_TRUE(has(r.out, "/plan.json not written (")) << r.out;
+    EXPECT_TRUE(has(r.out, "/plan.json: not written (File too large")) << r.out;
     EXPECT_FALSE(fs::exists(out + "/plan.json.tmp"));
     EXPECT_TRUE(has(r.out, "File too large")) << r.out;
     const std::string m = slurp(out + "/metrics.jsonl");
