@@ -10,7 +10,15 @@ namespace easyctx::data::h5 {
 
 void quiet_errors() {
   static std::once_flag once;
-  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  std::call_once(once, [] {
+    // No library shutdown at exit (before the library starts, so first): a file whose writes
+    // failed (EFBIG under a file-size limit, ENOSPC) cannot be closed, and HDF5 1.10's shutdown
+    // then crashes on it (SIGSEGV in H5F__close_cb) after the error was reported, turning a
+    // clean exit 1 into 139. Every file easyctx writes is closed (and flushed) by its Handle;
+    // at exit only those failed ones, already removed, are left to the process's end.
+    H5dont_atexit();
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  });
 }
 
 int64_t check(int64_t rc, const char* what, const std::string& file) {
