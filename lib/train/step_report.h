@@ -36,6 +36,9 @@ struct StepStats {
   double attention_share = 1;
   double peak_mem_gib = -1;  // device memory high-water mark so far (CUDA; else -1), set by run()
   bool skipped = false;      // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
+  // No labelled token in the whole global batch (every target weighted 0 or masked): no loss,
+  // no gradient, no update; loss and grad_norm mean nothing (metrics.jsonl leaves them out).
+  bool no_labels = false;
 };
 
 class StepReporter {
@@ -67,7 +70,8 @@ class StepReporter {
   // After step `step` (0-based) of a run that started at `start_step`, `elapsed` seconds in:
   // MFU and memory into st, the metrics record, the log line every logging.every steps. The
   // TensorBoard event of the step holds every number of the metrics record ("step" is the
-  // event's step) as train/<key>, the float32 of the record's value; skipped as 1.
+  // event's step) as train/<key>, the float32 of the record's value; skipped and no_labels as 1.
+  // A step with no labelled token has no loss or grad_norm in either, and "no_labels": true.
   void record(int64_t step, int64_t start_step, double elapsed, StepStats& st);
   // The profile of the timed steps (rank 0), also written to <output.dir>/profile.json.
   void report_profile() const;

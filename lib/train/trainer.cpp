@@ -48,7 +48,7 @@ std::string packing_line(const StageConfig& cfg, const data::DataLoader& loader,
   const uint64_t n = loader.sequences_per_epoch();
   const int64_t g = cfg.train.batch_size * cfg.train.grad_accum * dp_size;
   const double slots = static_cast<double>(n) * static_cast<double>(cfg.data.seq_length);
-  const double pad = slots > 0 ? 100.0 * (1.0 - static_cast<double>(loader.dataset().num_tokens()) / slots) : 0;
+  const double pad = slots > 0 ? 100.0 * (1.0 - static_cast<double>(loader.packed_tokens()) / slots) : 0;
   char pct[32];
   std::snprintf(pct, sizeof(pct), "%.1f", pad);
   return "data.packing " + loader.packing_name() + ": " + std::to_string(n) + " sequences per epoch (" + pct +
@@ -279,6 +279,9 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   w.set_rank_meta(rank_meta);
   Json meta = Json::object();
   meta.set("next_step", steps_done);
+  // (a resume continues Adam's step count and the run's count of steps without labels)
+  meta.set("optimizer_updates", updates_);
+  meta.set("steps_without_labels", no_label_steps_);
   meta.set("tokens_seen", static_cast<int64_t>(ls.global_batch) * cfg_.data.seq_length * steps_done);
   Json layout = Json::object();
   layout.set("world", world_.size());
@@ -298,6 +301,12 @@ void Trainer::save_checkpoint(int64_t steps_done) {
 StepStats Trainer::train_step(int64_t step) {
   const auto t0 = Clock::now();
   StepStats st = compute_gradients(step);
+  if (st.no_labels) {  // nothing to learn from: weights, Adam moments and step count stay
+    log_no_labels(step);
+    st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    report_->end_step(st);
+    return st;
+  }
   be_->synchronize();  // (a device backend: the gradients are final; no cost worth naming)
   st.fwd_bwd_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   st.grad_norm = store_->clip(cfg_.train.grad_clip);
@@ -318,8 +327,9 @@ StepStats Trainer::train_step(int64_t step) {
   // The host AdamW overlaps the next step's forward when this run has a next step (the step
   // time then counts the wait for it there, so each step line is the steady-state time), and
   // not while profiling (its phase would vanish into the forward).
-  const ops::AdamWStep s{st.lr, cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, 0.0, step + 1};
+  const ops::AdamWStep s{st.lr, cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, 0.0, updates_ + 1};
   store_->optimizer_step(s, cfg_.train.weight_decay, step + 1 < cfg_.train.steps && !report_->profiling());
+  ++updates_;
   be_->synchronize();  // device backends: the step is done when its queued work is
   report_->phase("optimizer");
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -345,7 +355,13 @@ StepStats Trainer::compute_gradients(int64_t step) {
   }
   balance_logged_ = true;
   const double global_labels = world_.all_reduce_scalar(local_labels, dist::ReduceOp::Sum);
-  EASYCTX_CHECK(global_labels > 0, "step ", step, ": the global batch has no labelled tokens");
+  if (global_labels == 0) {  // (the same sum on every rank: every rank returns here)
+    st.no_labels = true;
+    for (const data::MicroBatch& mb : micro) st.tokens += mb.batch * mb.local_len;
+    st.tokens = static_cast<int64_t>(world_.all_reduce_scalar(static_cast<double>(st.tokens), dist::ReduceOp::Sum));
+    report_->phase("data");
+    return st;
+  }
   report_->phase("data");
   store_->begin_step();
   const int64_t window = model_->config().sliding_window;
@@ -431,6 +447,13 @@ void Trainer::log_startup() const {
            format_count(static_cast<double>(us.tokens)), " tokens, ", us.distinct,
            " distinct ids: a loss below it means the model uses context");
   if (cfg_.data.packing != DataPacking::Window) log_info(packing_line(cfg_, *loader_, dp_.size()));
+  const data::LabelCensus& census = loader_->label_census();
+  if (ds.has_loss_weights() || census.unlabelled > 0)
+    log_info("data: ", census.unlabelled > 0 ? census.describe()
+                                             : "every one of the " + std::to_string(census.units) +
+                                                   (cfg_.data.packing == DataPacking::Window ? " windows" : " pieces") +
+                                                   " holds a labelled token");
+  if (!census.zero_weight_files.empty() && census.unlabelled == 0) log_warn("data: ", census.describe());
   log_info("global batch ", cfg_.train.batch_size, " x ", cfg_.train.grad_accum, " x ", dp_.size(), " x ",
            cfg_.data.seq_length, " = ",
            format_count(
@@ -466,6 +489,9 @@ StepStats Trainer::run() {
       save_checkpoint(step + 1);
   }
   if (cfg_.train.steps > start_step_ && cfg_.output.save_final) save_checkpoint(cfg_.train.steps);
+  if (root)
+    log_info(no_label_steps_, " of ", cfg_.train.steps, " steps had no labelled token (no update); ", updates_,
+             " optimizer updates");
   report_->report_profile();
   if (root)
     log_info(plan::compare_line(*plan_, be_->memory_stats(), static_cast<double>(plan::vm_hwm_bytes()),
@@ -482,6 +508,31 @@ StepStats Trainer::run() {
 }
 
 bool Trainer::stop_requested() { return static_cast<bool>(dist::agree_stop(world_)); }
+
+// Rank 0 names where the global batch's sequences come from (the first steps of a process in
+// full; the rest are counted, and marked no_labels in metrics.jsonl).
+void Trainer::log_no_labels(int64_t step) {
+  ++no_label_steps_;
+  if (world_.rank() != 0 || no_label_described_ > 10) return;
+  if (no_label_described_++ == 10) {
+    log_info("further steps without a labelled token are not described here (metrics.jsonl marks them no_labels)");
+    return;
+  }
+  const data::BatchShape& shape = loader_->options().shape;
+  std::vector<std::string> seqs;
+  for (int64_t m = 0; m < shape.grad_accum; ++m)
+    for (int64_t p = 0; p < shape.dp_size; ++p)
+      for (int64_t b = 0; b < shape.batch_size; ++b)
+        seqs.push_back(loader_->describe_sample(data::sample_index(shape, step, m, p, b)));
+  const size_t n = seqs.size();
+  if (n > 3) seqs.resize(3);
+  log_info("step ", step + 1, "/", cfg_.train.steps,
+           ": the global batch has no labelled token (every target has loss weight 0 or is masked): no update",
+           no_label_described_ == 1 ? " (weights, Adam moments and Adam's step count unchanged; the step counts "
+                                      "toward train.steps and the learning-rate schedule)"
+                                    : "",
+           "; its sequences: ", join(seqs, "; "), n > 3 ? "; and " + std::to_string(n - 3) + " more" : "");
+}
 
 void Trainer::save_hf(const std::string& dir) const {
   std::vector<std::vector<float>> units = store_->master_host_at_root();  // (ZeRO-3: collective)

@@ -345,12 +345,17 @@ std::string Trainer::resume_weights(ckpt::RankSync& sync, const Json& entry, con
     return r.bytes_read();
   });
   start_step_ = r.meta().at("next_step").as_int();
+  // (a checkpoint from before these counts: every step was an update, none lacked labels)
+  const Json* updates = r.meta().find("optimizer_updates");
+  const Json* unlabelled = r.meta().find("steps_without_labels");
+  updates_ = updates ? updates->as_int() : start_step_;
+  no_label_steps_ = unlabelled ? unlabelled->as_int() : 0;
   const Json rank0 = r.rank_meta(0);
   if (const Json* d = rank0.find("data")) resumed_data_state_ = d->dump();
   std::string changes;
   if (!r.config_hash().empty() && r.config_hash() != config_hash_)
     changes = identity_changes(r, training_identity(cfg_, dp_.size()));
-  log_info("resuming from ", r.path(), " at step ", start_step_);
+  log_info("resuming from ", r.path(), " (", start_step_, " steps done; the next is step ", start_step_ + 1, ")");
   return changes;
 }
 
