@@ -179,8 +179,9 @@ void Trainer::plan_memory() {
   }
 }
 
-// The data loader: this rank's share of every batch, checked against the vocabulary, and
-// restored to the cursor of the checkpoint resumed.
+// The data loader: this rank's share of every batch, checked against the vocabulary (and its
+// loss weights counted: data/loader.h LabelCensus) before the run is recorded in output.dir, so
+// that bad data changes nothing there (--resume none archives the earlier run only after this).
 void Trainer::make_loader(dist::ProcessGroups* groups, int64_t vocab_size) {
   data::LoaderOptions lo;
   lo.path = cfg_.data.path;
@@ -201,6 +202,10 @@ void Trainer::make_loader(dist::ProcessGroups* groups, int64_t vocab_size) {
   }
   loader_ = std::make_unique<data::DataLoader>(lo);
   loader_->validate(vocab_size, "", cfg_.data.check_tokens);
+}
+
+// The checkpoint's data cursor, once the loader exists and the checkpoint is chosen.
+void Trainer::restore_data_cursor() {
   if (!resumed_data_state_.empty()) {
     // Same data, seed, sequence length and global batch as the run that saved, or a clear refusal.
     const data::LoaderState s = data::LoaderState::from_json(resumed_data_state_);
@@ -229,12 +234,13 @@ void Trainer::init(dist::ProcessGroups* groups) {
                                                model::options_for(cfg_, on_device()), std::move(attn));
   store_ = zero::make_param_store(model_->layout(), *be_, model_->dtype(), zero::store_options(cfg_),
                                   {&world_, &grad_comm_, zero_, zero_replica_});
+  make_loader(groups, mc.vocab_size);
   load_weights();
+  restore_data_cursor();
   store_->finish_loading();
   report_ = std::make_unique<StepReporter>(cfg_, *be_, world_.size(), world_.rank() == 0, flops_per_token(),
                                            attention_flops_per_token());
   report_->log_device();
-  make_loader(groups, mc.vocab_size);
 }
 
 Trainer::~Trainer() = default;

@@ -135,8 +135,9 @@ class Trainer {
  private:
   void init(dist::ProcessGroups* groups);
   void plan_memory();                                                 // init: plan_, the auto choices written into cfg_
-  void make_loader(dist::ProcessGroups* groups, int64_t vocab_size);  // init: loader_
-  void log_no_labels(int64_t step);  // a step whose global batch has no labelled token
+  void make_loader(dist::ProcessGroups* groups, int64_t vocab_size);  // init: loader_, the data checked
+  void restore_data_cursor();                                         // init, after load_weights
+  void log_no_labels(int64_t step);                                   // a step whose global batch has no labelled token
   void load_weights();  // model.init, or resume from <output.dir>/checkpoints; records the run
   // load_weights' ways to the first weights (trainer_start.cpp).
   std::string resume_weights(ckpt::RankSync& sync, const Json& entry, const std::string& what);
