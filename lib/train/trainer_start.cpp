@@ -22,32 +22,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The settings a continuation must share with the run it continues to be the same training:
-// the model, the data and the optimizer with its schedule (not the layout, output or logging;
-// the global batch, not how it is split). Their hash goes into run.json and every index.
+// The settings a continuation must share with the run it continues to be the same training
+// (core/config.h training_settings: the keys the registry marks, and the global batch). Their
+// hash goes into run.json and every index.
 std::vector<std::pair<std::string, std::string>> training_identity(const StageConfig& c, int64_t dp_size) {
-  auto num = [](double v) {
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "%.17g", v);
-    return std::string(buf);
-  };
-  return {{"model.config", c.model.config},
-          {"model.rope_theta", num(c.model.rope_theta)},
-          {"data.path", c.data.path},
-          {"data.seq_length", std::to_string(c.data.seq_length)},
-          {"train.steps", std::to_string(c.train.steps)},
-          {"train.seed", std::to_string(c.train.seed)},
-          {"global batch (batch_size x grad_accum x data-parallel)",
-           std::to_string(c.train.batch_size * c.train.grad_accum * dp_size)},
-          {"train.lr", num(c.train.lr)},
-          {"train.min_lr", num(c.train.min_lr)},
-          {"train.schedule", to_string(c.train.schedule)},
-          {"train.warmup_steps", std::to_string(c.train.warmup_steps)},
-          {"train.beta1", num(c.train.beta1)},
-          {"train.beta2", num(c.train.beta2)},
-          {"train.eps", num(c.train.eps)},
-          {"train.weight_decay", num(c.train.weight_decay)},
-          {"train.grad_clip", num(c.train.grad_clip)}};
+  return training_settings(c, dp_size);
 }
 
 std::string identity_hash(const std::vector<std::pair<std::string, std::string>>& id) {
