@@ -62,8 +62,12 @@ void StepReporter::open_metrics(int64_t start_step) {
     metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg_.output.dir) / "metrics.jsonl").string(), start_step > 0,
                                                start_step + 1);
   if (cfg_.logging.tensorboard) {
-    tb_ = std::make_unique<tb::EventWriter>((fs::path(cfg_.output.dir) / "tensorboard").string());
-    if (start_step > 0) tb_->session_start(start_step + 1);
+    // A run that starts over at step 0 (killed before its first checkpoint) may find the killed
+    // process's events of this run: they are dropped the same way (another run's are archived).
+    const std::string dir = (fs::path(cfg_.output.dir) / "tensorboard").string();
+    const bool earlier = fs::exists(dir) && !tb::list_event_files(dir).empty();
+    tb_ = std::make_unique<tb::EventWriter>(dir);
+    if (start_step > 0 || earlier) tb_->session_start(start_step + 1);
     log_info("TensorBoard events: ", tb_->path());
   }
 }

@@ -55,8 +55,9 @@ class StepReporter {
   void log_device() const;
   // metrics.jsonl (rank 0, logging.metrics): a resumed run keeps the records before start_step.
   // TensorBoard (rank 0, logging.tensorboard): a new event file in <output.dir>/tensorboard/;
-  // a resumed run's starts with a SessionLog START at its first step, so that TensorBoard drops
-  // what an earlier, killed process logged from there on (metrics.jsonl drops those records too).
+  // a resumed run's (and one that starts over in a folder holding event files of the same run)
+  // starts with a SessionLog START at its first step, so that TensorBoard drops what an earlier,
+  // killed process logged from there on (metrics.jsonl drops those records too).
   void open_metrics(int64_t start_step);
 
   // logging.profile: step `step` is timed unless it is the run's first (cuDNN plans,

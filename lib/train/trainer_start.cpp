@@ -257,7 +257,7 @@ ckpt::RunInfo new_run_info(const std::optional<ckpt::RunInfo>& current, const Js
     info.earlier_runs.push_back(current->run_id);
     earlier = current->run_id;
   } else if (fs::exists(fs::path(out) / "DONE") || fs::exists(fs::path(out) / "final") ||
-             fs::exists(fs::path(out) / "metrics.jsonl")) {
+             fs::exists(fs::path(out) / "metrics.jsonl") || fs::exists(fs::path(out) / "tensorboard")) {
     earlier = "unlabelled-" + ckpt::utc_now();  // a run from before run ids
   }
   if (!earlier.empty()) {
