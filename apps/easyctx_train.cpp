@@ -266,6 +266,10 @@ int print_config(dist::Runtime& rt, const Resolved& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The stop handlers first, before MPI_Init: a launcher's SIGUSR1 or SIGTERM at any
+  // moment of the start-up is a stop request honoured at the first step boundary, never the
+  // signal's default action (rc 138 for SIGUSR1). --plan and --print-config end on their own.
+  dist::install_stop_signals();
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) -> int {
     po::options_description opts("easyctx_train STAGE.yaml [options]");
     add_flags(opts);
@@ -298,8 +302,6 @@ int main(int argc, char** argv) {
     dist::set_default_collective_timeout_s(cfg.parallel.collective_timeout_s);
     if (plan_only) return print_plan(rt, r.mem_plan);
     if (print_only) return print_config(rt, r);
-    // A stop signal from now on is honoured at the first step boundary (dist/signals.h).
-    dist::install_stop_signals();
     train::RunOptions run_opts;
     run_opts.resume = vm["resume"].as<std::string>();
     dist::CommBackend backend{};

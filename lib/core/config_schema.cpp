@@ -370,7 +370,8 @@ void add_output_keys(Registry& r) {
   r.add_int(
       "output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
       "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1, SIGUSR2, SIGTERM or SIGINT "
-      "on any rank also saves one (unless this run has just saved that step) and stops the run with exit "
+      "on any rank also saves one (unless this run has just saved that step, or this process has not "
+      "trained a step yet) and stops the run with exit "
       "code 0 (130 for SIGINT; docs/training.md, \"Stopping a run\"; Slurm: --signal=B:USR1@300).");
   r.add_int(
       "output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,

@@ -477,9 +477,17 @@ StepStats Trainer::run() {
   StepStats st;
   for (int64_t step = start_step_; step < cfg_.train.steps; ++step) {
     if (stop_requested()) {
-      save_checkpoint(step);
-      log_info("stop requested (", dist::agreed_stop().describe(), "): checkpoint of step ", step,
-               " committed; continue with --resume auto");
+      // Before this process trained a step, a new checkpoint would only repeat where the run
+      // started, which --resume auto finds again (model.init, or the checkpoint resumed): a
+      // preempted job's first seconds need not write a whole model.
+      if (step == start_step_ && last_saved_step_ != step) {
+        log_info("stop requested (", dist::agreed_stop().describe(), ") before the first step of this process: ",
+                 "nothing trained, nothing saved; --resume auto starts where this run started");
+      } else {
+        save_checkpoint(step);
+        log_info("stop requested (", dist::agreed_stop().describe(), "): checkpoint of step ", step,
+                 " committed; continue with --resume auto");
+      }
       stopped_ = true;
       world_.barrier();
       return st;
