@@ -14,6 +14,7 @@
 #include "core/config_registry.h"
 #include "core/error.h"
 #include "core/strings.h"
+#include "core/yaml_error.h"
 
 namespace easyctx {
 namespace {
@@ -569,7 +570,8 @@ void apply_override(StageConfig& cfg, const std::string& assignment) {
     else if (n.IsScalar()) scalar = n.Scalar();
     else EASYCTX_THROW_INPUT(loc, ": ", key, ": expected a single value, got '", text, "'");
   } catch (const YAML::Exception& e) {
-    EASYCTX_THROW_INPUT(loc, ": ", key, ": cannot parse value '", text, "': ", e.msg);
+    EASYCTX_THROW_INPUT(loc, ": ", key, ": cannot parse value '", text.substr(0, 80), text.size() > 80 ? "...'" : "'",
+                        ": ", yaml_error_message(e));
   }
   if (registry().find(key) && text.empty())
     EASYCTX_THROW_INPUT(loc, ": ", key, ": missing value: expected ", registry().find(key)->allowed);
@@ -583,7 +585,9 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) { EASYCTX_THROW_INPUT(where(source, e.mark), ": invalid YAML: ", e.msg); }
+  } catch (const YAML::Exception& e) {
+    EASYCTX_THROW_INPUT(yaml_error_place(source, e), ": invalid YAML: ", yaml_error_message(e));
+  }
   if (!root.IsNull()) {
     EASYCTX_CHECK_INPUT(root.IsMap(), source,
                         ": the top level must be a mapping of sections (model:, data:, train:, ...)");
