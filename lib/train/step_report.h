@@ -44,6 +44,9 @@ struct StepStats {
   double host_optimizer_exposed_s = -1;
   double host_optimizer_gb_s = -1;
   bool skipped = false;  // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
+  // No labelled token in the whole global batch (every target weighted 0 or masked): no loss,
+  // no gradient, no update; loss and grad_norm mean nothing (metrics.jsonl leaves them out).
+  bool no_labels = false;
 };
 
 class StepReporter {
@@ -60,8 +63,9 @@ class StepReporter {
   void log_device() const;
   // metrics.jsonl (rank 0, logging.metrics): a resumed run keeps the records before start_step.
   // TensorBoard (rank 0, logging.tensorboard): a new event file in <output.dir>/tensorboard/;
-  // a resumed run's starts with a SessionLog START at its first step, so that TensorBoard drops
-  // what an earlier, killed process logged from there on (metrics.jsonl drops those records too).
+  // a resumed run's (and one that starts over in a folder holding event files of the same run)
+  // starts with a SessionLog START at its first step, so that TensorBoard drops what an earlier,
+  // killed process logged from there on (metrics.jsonl drops those records too).
   void open_metrics(int64_t start_step);
 
   // logging.profile: step `step` is timed unless it is the run's first (cuDNN plans,
@@ -75,7 +79,8 @@ class StepReporter {
   // After step `step` (0-based) of a run that started at `start_step`, `elapsed` seconds in:
   // MFU and memory into st, the metrics record, the log line every logging.every steps. The
   // TensorBoard event of the step holds every number of the metrics record ("step" is the
-  // event's step) as train/<key>, the float32 of the record's value; skipped as 1.
+  // event's step) as train/<key>, the float32 of the record's value; skipped and no_labels as 1.
+  // A step with no labelled token has no loss or grad_norm in either, and "no_labels": true.
   void record(int64_t step, int64_t start_step, double elapsed, StepStats& st);
   // The profile of the timed steps (rank 0), also written to <output.dir>/profile.json.
   void report_profile() const;
