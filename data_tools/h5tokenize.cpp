@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 #include <sentencepiece_processor.h>
 
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 
@@ -152,6 +153,9 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f, a batch system's) makes write() fail with EFBIG, which the
+  // shard writer reports naming the file, instead of killing the run by SIGXFSZ mid-shard.
+  std::signal(SIGXFSZ, SIG_IGN);
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) {
     log_init(LogOptions{rt.rank(), LogLevel::Info, ""});
     return tokenize_main(rt, argc, argv);
