@@ -117,7 +117,9 @@ std::vector<std::pair<std::string, std::string>> tokenizers(const ScratchDir& di
 }  // namespace
 
 // encode_pieces gives exactly encode's ids on fresh random texts for random piece sizes
-// (down to a few bytes, so nearly every cut point is used), for every tokenizer at hand.
+// (down to a few bytes, so nearly every cut point is used), for every tokenizer at hand,
+// whenever it reports no forced cut; with pieces of 8 bytes or more it never has to force one
+// in these texts.
 TEST(DataStrict, PiecewiseTokenizationEqualsWholeText) {
   std::mt19937_64 rng(easyctx::test::test_seed());
   ScratchDir dir("pieces");
@@ -127,17 +129,80 @@ TEST(DataStrict, PiecewiseTokenizationEqualsWholeText) {
     EXPECT_NE(tok->cut(), Tokenizer::Cut::None) << name;
     if (ends_with(path, ".model")) EXPECT_EQ(tok->cut(), Tokenizer::Cut::DropSpace) << name;
     else EXPECT_EQ(tok->cut(), Tokenizer::Cut::KeepSpace) << name;
+    int exact = 0;
     for (int trial = 0; trial < 40; ++trial) {
       const std::string text = random_text(rng, 200 + rng() % 4000);
       const std::vector<uint32_t> whole = tok->encode(text);
-      const size_t piece = 1 + rng() % 64;
+      const size_t piece = 8 + rng() % 64;
       std::vector<uint32_t> pieces;
-      tok->encode_pieces(text, pieces, piece);
+      std::vector<Tokenizer::Piece> cuts;
+      const size_t forced = tok->encode_pieces(text, pieces, piece, &cuts);
+      if (!tok->memory_per_word())
+        for (const auto& c : cuts) ASSERT_LE(c.end - c.begin - c.skip, 4 * piece) << name;
+      if (forced) continue;
       ASSERT_EQ(pieces, whole) << name << ", piece " << piece << ", text:\n" << text;
-      ++checked;
+      ++exact;
     }
+    std::printf("%s: cuts at spaces between %s characters%s; %d of 40 texts without a forced cut\n", name.c_str(),
+                tok->cuts_between_any_characters() ? "any" : "ASCII alphanumeric",
+                tok->cuts_after_line_breaks() ? " and after line breaks" : "", exact);
+    // Llama 2 and every byte-level BPE here pass the wide probes; a byte-level BPE is never
+    // forced (its memory is bounded per pre-token), SentencePiece rarely with such small pieces.
+    if (name != "demo spm") EXPECT_TRUE(tok->cuts_between_any_characters() && tok->cuts_after_line_breaks()) << name;
+    if (tok->memory_per_word()) EXPECT_EQ(exact, 40) << name;
+    EXPECT_GE(exact, 30) << name;
+    checked += exact;
   }
   EXPECT_GE(checked, 40);
+}
+
+// Text without a space: lines of unspaced CJK are cut after their line breaks (exact where
+// the tokenizer passes the probe: Llama 2's SentencePiece, every byte-level BPE); text with
+// neither is cut by force, SentencePiece's pieces never longer than 4 x piece_bytes, and the
+// ids still decode to the text (no dummy-prefix space at a cut). A byte-level BPE cuts only a
+// pre-token longer than kMaxWordBytes.
+TEST(DataStrict, TextWithoutSpacesIsCutBoundedAndDecodesBack) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("nospace");
+  static const char* const cjk[] = {"日本語", "中文", "東京", "の", "は", "。", "、", "テキスト"};
+  int exact = 0;
+  for (const auto& [name, path] : tokenizers(dir)) {
+    const auto tok = load_tokenizer(path);
+    std::string lines;
+    while (lines.size() < 20000) {
+      for (int k = 0; k < 5 + static_cast<int>(rng() % 30); ++k) lines += cjk[rng() % std::size(cjk)];
+      lines += "\n";
+    }
+    std::vector<uint32_t> ids;
+    const size_t forced = tok->encode_pieces(lines, ids, 64);
+    if (forced == 0) {
+      EXPECT_EQ(ids, tok->encode(lines)) << name;
+      ++exact;
+    }
+    if (path.find("llama2") != std::string::npos || ends_with(path, ".json")) EXPECT_EQ(forced, 0u) << name;
+    std::string letters;
+    for (int i = 0; i < 50000; ++i) letters += static_cast<char>('a' + rng() % 26);
+    ids.clear();
+    std::vector<Tokenizer::Piece> cuts;
+    const size_t f = tok->encode_pieces(letters, ids, 1024, &cuts);
+    EXPECT_EQ(tok->decode(ids), letters) << name;
+    if (tok->memory_per_word()) {
+      EXPECT_EQ(f, 0u) << name;
+      EXPECT_EQ(ids, tok->encode(letters)) << name;
+    } else {
+      EXPECT_GT(f, 0u) << name;
+      for (const auto& c : cuts) EXPECT_LE(c.end - c.begin - c.skip, 4 * 1024u) << name;
+    }
+  }
+  EXPECT_GE(exact, 1);
+  // A byte-level BPE pre-token beyond kMaxWordBytes is cut (counted) and decodes back.
+  easyctx::test::write_text(dir / "bpe.json", llama_regex_bpe_json());
+  const auto bpe = load_tokenizer(dir / "bpe.json");
+  std::string word(Tokenizer::kMaxWordBytes + 1000 + rng() % 1000, 'a');
+  for (auto& c : word) c = static_cast<char>('a' + rng() % 26);
+  std::vector<uint32_t> ids;
+  EXPECT_EQ(bpe->encode_pieces(word, ids, 4096), 1u);
+  EXPECT_EQ(bpe->decode(ids), word);
 }
 
 // A record longer than the limit is refused naming the file, the line and the limit, before

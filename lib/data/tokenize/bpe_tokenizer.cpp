@@ -54,6 +54,12 @@ class HfBpeTokenizer : public Tokenizer {
   int64_t bos_id() const override { return bos_; }
   int64_t eos_id() const override { return eos_; }
   std::string kind() const override { return "hf-bpe"; }
+  bool memory_per_word() const override { return true; }
+  size_t take_word_cuts() const override {
+    const size_t n = word_cuts_;
+    word_cuts_ = 0;
+    return n;
+  }
   int64_t special_id(std::string_view text) const override {
     for (const auto& a : added_)
       if (a.first == text) return a.second;
@@ -66,6 +72,7 @@ class HfBpeTokenizer : public Tokenizer {
   void load_pretokenizer(const Json& pre);
   void encode_segment(std::string_view text, std::vector<uint32_t>& out) const;
   void encode_word(std::string_view word, std::vector<uint32_t>& out) const;
+  void encode_long_word(std::string_view word, std::vector<uint32_t>& out) const;
   void bpe(const std::string& mapped, std::vector<uint32_t>& out) const;
 
   std::unordered_map<std::string, uint32_t> vocab_;
@@ -87,9 +94,11 @@ class HfBpeTokenizer : public Tokenizer {
   // Unique per object (an address can be reused by a later tokenizer): keys the cache.
   const uint64_t instance_ = next_instance_.fetch_add(1) + 1;
   static std::atomic<uint64_t> next_instance_;
+  static thread_local size_t word_cuts_;
 };
 
 std::atomic<uint64_t> HfBpeTokenizer::next_instance_{0};
+thread_local size_t HfBpeTokenizer::word_cuts_ = 0;
 
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
   path_ = path;
@@ -112,11 +121,18 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
   for (const char* e : {"<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>"})
     if (eos_ < 0 && vocab_.count(e)) eos_ = vocab_.at(e);
   probe_cut();
-  // Cutting before a space is exact when no added token spans a space and the regex looks
-  // only forward from where a match starts (no lookbehind or word boundary).
-  for (const auto& a : added_)
+  // Cutting before a space (after a line break) is exact when no added token spans a space
+  // (a line break) and the regex looks only forward from where a match starts (no lookbehind
+  // or word boundary).
+  for (const auto& a : added_) {
     if (a.first.find(' ') != std::string::npos) cut_ = Cut::None;
-  if (regex_looks_back_) cut_ = Cut::None;
+    if (a.first.find('\n') != std::string::npos) newline_cut_ = false;
+  }
+  if (regex_looks_back_) {
+    cut_ = Cut::None;
+    newline_cut_ = false;
+  }
+  cut_any_ = cut_any_ && cut_ != Cut::None;
 }
 
 void HfBpeTokenizer::load_model(const Json& model) {
@@ -269,7 +285,7 @@ void HfBpeTokenizer::encode_segment(std::string_view text, std::vector<uint32_t>
     }
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.md);
     size_t b = ov[0], e = ov[1];
-    if (b > pos) encode_word(text.substr(pos, b - pos), out);  // Isolated: gaps are pieces too
+    if (b > pos) encode_long_word(text.substr(pos, b - pos), out);  // Isolated: gaps are pieces too
     if (e == b) {  // empty match: step over one code point so the loop advances
       size_t next = b + 1;
       while (next < text.size() && (static_cast<unsigned char>(text[next]) & 0xC0) == 0x80) ++next;
@@ -277,10 +293,24 @@ void HfBpeTokenizer::encode_segment(std::string_view text, std::vector<uint32_t>
       pos = next;
       continue;
     }
-    encode_word(text.substr(b, e - b), out);
+    encode_long_word(text.substr(b, e - b), out);
     pos = e;
   }
-  if (pos < text.size()) encode_word(text.substr(pos), out);
+  if (pos < text.size()) encode_long_word(text.substr(pos), out);
+}
+
+// A pre-token longer than kMaxWordBytes (a run of letters or of punctuation with nothing
+// between) is cut into words of at most that size at character boundaries: BPE's memory is
+// about 60 bytes per byte of a word. Tokens next to such a cut may differ from HF's.
+void HfBpeTokenizer::encode_long_word(std::string_view word, std::vector<uint32_t>& out) const {
+  while (word.size() > kMaxWordBytes) {
+    size_t p = kMaxWordBytes;
+    while (p > 1 && (static_cast<unsigned char>(word[p]) & 0xC0) == 0x80) --p;
+    encode_word(word.substr(0, p), out);
+    word.remove_prefix(p);
+    ++word_cuts_;
+  }
+  encode_word(word, out);
 }
 
 void HfBpeTokenizer::encode_word(std::string_view word, std::vector<uint32_t>& out) const {
