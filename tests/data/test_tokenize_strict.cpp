@@ -11,6 +11,7 @@
 #include "core/json.h"
 #include "core/strings.h"
 #include "data/tokenize/corpus.h"
+#include "data/tokenize/h5tokenize_run.h"
 #include "data/tokenize/tokenizer.h"
 #include "data_test_util.h"
 #include "test_util.h"
@@ -203,6 +204,66 @@ TEST(DataStrict, TextWithoutSpacesIsCutBoundedAndDecodesBack) {
   std::vector<uint32_t> ids;
   EXPECT_EQ(bpe->encode_pieces(word, ids, 4096), 1u);
   EXPECT_EQ(bpe->decode(ids), word);
+}
+
+// A byte-order mark at the start of a file, of a line (files joined by cat) or of a .txt file
+// is removed and flagged; --format auto decides by a sample, not by a cut-off first line.
+TEST(DataStrict, ByteOrderMarksAndFormatDetection) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("bom");
+  const std::string bom = "\xEF\xBB\xBF";
+  std::string chat;
+  const int n = 20 + static_cast<int>(rng() % 40);
+  for (int i = 0; i < n; ++i)
+    chat += (i == 7 ? bom : "") + std::string("{\"messages\": [{\"role\": \"user\", \"content\": \"q") +
+            std::to_string(rng() % 1000) + "\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n";
+  easyctx::test::write_text(dir / "c.jsonl", bom + "{\"messages\": [{\"role\": \"us\n" + chat);
+  easyctx::test::write_text(dir / "t.txt", bom + "text");
+  const auto units = plan_units({dir / "c.jsonl", dir / "t.txt"}, 1 << 30);
+  UnitReader rd(units[0]);
+  RawRecord r;
+  std::vector<uint64_t> boms;
+  std::string txt;
+  while (rd.next(r)) {
+    if (r.bom) boms.push_back(r.line);
+    EXPECT_FALSE(starts_with(r.data, bom)) << r.line;
+    if (r.is_text_file) txt = std::string(r.data);
+  }
+  EXPECT_EQ(boms, (std::vector<uint64_t>{1, 9, 1}));
+  EXPECT_EQ(txt, "text");
+  std::string why;
+  EXPECT_EQ(detect_format(plan_units({dir / "c.jsonl"}, 1 << 30), FieldOptions(), 1 << 30, why), "chat") << why;
+  EXPECT_NE(why.find(std::to_string(std::min(n, kFormatSampleRecords - 1)) + " chat"), std::string::npos) << why;
+  EXPECT_NE(why.find("1 neither (first " + dir / "c.jsonl:1)"), std::string::npos) << why;
+}
+
+// The counts survive their JSON form (the resume cursors, the ranks' exchange), the files
+// with skips are capped, the earliest kept, and the threshold error names file, count and
+// the first skipped line.
+TEST(DataStrict, SkipCountsRoundTripAndThreshold) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  TokenizeStats a;
+  a.records = 1000 + rng() % 1000;
+  const uint64_t files = TokenizeStats::kMaxSkipFiles + 5;
+  uint64_t skipped = 0;
+  for (uint64_t f = 0; f < files; ++f)
+    for (uint64_t k = 0; k < 1 + f % 3; ++k, ++skipped)
+      a.skip("f" + std::to_string(files - f) + ".jsonl", files - f, 10 + k, "bad JSON");
+  a.blank = rng() % 10;
+  a.boms = 1;
+  TokenizeStats b;
+  b.merge_json(a.to_json());
+  EXPECT_EQ(b.to_json(), a.to_json());
+  EXPECT_EQ(b.malformed, skipped);
+  EXPECT_EQ(b.skipped_files.size(), TokenizeStats::kMaxSkipFiles);
+  EXPECT_EQ(b.other_skip_files, 5u);
+  EXPECT_TRUE(b.skipped_files.count("f1.jsonl"));
+  EXPECT_EQ(b.skipped_error(1.0), "");
+  const std::string e = b.skipped_error(0.001);
+  EXPECT_NE(e.find(std::to_string(skipped) + " of " + std::to_string(a.records) + " records"), std::string::npos) << e;
+  EXPECT_NE(e.find("f1.jsonl: 1 skipped, first f1.jsonl:10: bad JSON"), std::string::npos) << e;
+  EXPECT_LT(e.find("f1.jsonl"), e.find("f2.jsonl")) << "in input order: " << e;
+  EXPECT_NE(e.find("in 5 more file(s)"), std::string::npos) << e;
 }
 
 // A record longer than the limit is refused naming the file, the line and the limit, before
