@@ -100,13 +100,43 @@ class HfBpeTokenizer : public Tokenizer {
 std::atomic<uint64_t> HfBpeTokenizer::next_instance_{0};
 thread_local size_t HfBpeTokenizer::word_cuts_ = 0;
 
+// What a JSON file that is not a supported tokenizer.json holds, for the error message.
+std::string describe_json(const Json& j) {
+  if (!j.is_object()) return std::string("a JSON ") + j.type_name();
+  if (j.as_object().empty()) return "an empty JSON object";
+  std::string keys;
+  size_t k = 0;
+  for (const auto& kv : j.as_object()) {
+    if (k++ == 8) {
+      keys += ", ...";
+      break;
+    }
+    keys += (keys.empty() ? "" : ", ") + kv.first;
+  }
+  std::string s = "a JSON object with keys " + keys;
+  if (j.find("chat_template") || j.find("tokenizer_class") || j.find("model_max_length"))
+    s += " (a tokenizer_config.json? the vocabulary is in tokenizer.json beside it)";
+  else if (j.find("architectures") || j.find("hidden_size"))
+    s += " (a model's config.json? the vocabulary is in tokenizer.json beside it)";
+  return s;
+}
+
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
   path_ = path;
   sha256_ = sha256_file(path);
   Json j = parse_json(read_file(path), path);
-  const Json& model = j.at("model");
-  EASYCTX_CHECK_INPUT(model.find("type") && model.at("type").as_string() == "BPE", path,
-                      ": model.type must be \"BPE\" (only byte-level BPE tokenizer.json files are supported)");
+  const Json* mp = j.is_object() ? j.find("model") : nullptr;
+  EASYCTX_CHECK_INPUT(mp && mp->is_object() && mp->find("vocab") && mp->find("merges"), path,
+                      " is not a Hugging Face tokenizer.json of a supported kind (byte-level BPE, as Llama 3's: an "
+                      "object whose \"model\" has \"type\": \"BPE\", \"vocab\" and \"merges\"); found ",
+                      mp && mp->is_object() ? "a \"model\" without vocab and merges" : describe_json(j),
+                      ". Pass the tokenizer.json of a Hugging Face model folder, or a SentencePiece .model");
+  const Json& model = *mp;
+  const Json* type = model.find("type");
+  EASYCTX_CHECK_INPUT(type && type->is_string() && type->as_string() == "BPE", path, ": model.type is ",
+                      type ? type->dump() : std::string("absent"),
+                      ", expected \"BPE\" (only byte-level BPE tokenizer.json files are supported; for a "
+                      "SentencePiece model pass its .model file)");
   load_model(model);
   if (const Json* a = j.find("added_tokens"); a && a->is_array()) load_added(*a);
   const Json* norm = j.find("normalizer");
