@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 #include <sentencepiece_processor.h>
 
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 
@@ -114,16 +115,20 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
       "threads", po::value(&o.threads)->default_value(1), "tokenizer threads per rank")(
       "max-doc-bytes", po::value(&o.max_doc_bytes)->default_value(o.max_doc_bytes),
       "a record (JSON line or .txt file) longer than this is an error naming the file and line; a document "
-      "takes about 7x its size in memory (the tokenizer works on 256 KiB pieces)")(
+      "takes about 7x its size in memory (the tokenizer works on pieces of 256 KiB to 1 MiB)")(
       "format", po::value(&o.format)->default_value(o.format),
       "text | chat | auto: chat records are {\"messages\": [{\"role\", \"content\"}]} or prompt/response, "
-      "rendered with --chat-template and stored with loss weights; auto: chat when the first record is one")(
+      "rendered with --chat-template and stored with loss weights; auto: chat when --chat-template or --loss-on is "
+      "given, else when chat records outnumber text records among the first 64 of each of the first 16 files")(
       "chat-template", po::value(&o.chat_template)->default_value(o.chat_template),
       "llama2 | llama3 | chatml | auto (the chat_template of tokenizer_config.json next to the tokenizer)")(
       "loss-on", po::value(&loss_on)->default_value(loss_on),
       "chat: assistant (loss weight 1 on assistant turns and their end token, 0 elsewhere) | all")(
-      "strict", "malformed records are fatal instead of skipped")("overwrite",
-                                                                  "delete existing shards in the output folder first")(
+      "strict", "malformed records are fatal instead of skipped")(
+      "max-skipped-fraction", po::value(&o.max_skipped_fraction)->default_value(o.max_skipped_fraction, "0.01"),
+      "the run fails (after writing, naming the files and the first skipped FILE:LINE) when more than this share "
+      "of its records is skipped as malformed; 1: never")("overwrite",
+                                                          "delete existing shards in the output folder first")(
       "progress", po::value(&o.progress)->default_value(-1),
       "progress: 0 off; otherwise rank 0 rewrites one line twice a second on a terminal, or prints a line every 30 s "
       "to a log file")("max-warnings", po::value(&o.max_warnings)->default_value(o.max_warnings),
@@ -139,19 +144,31 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
   o.overwrite = vm.count("overwrite") > 0;
   EASYCTX_CHECK_INPUT(loss_on == "assistant" || loss_on == "all", "--loss-on ", loss_on, ": expected assistant or all");
   o.loss_on_all = loss_on == "all";
+  o.loss_on_given = !vm["loss-on"].defaulted();
   o.upsample.mode = data::parse_upsample_mode(upsample);
   o.upsample.total_tokens = total_tokens;
   EASYCTX_CHECK_INPUT(o.deflate >= 0 && o.deflate <= 9, "--deflate must be 0..9");
-  data::TokenizeStats st = data::run_h5tokenize(o, MPI_COMM_WORLD);
+  data::TokenizeStats st;
+  std::string skipped;  // too many records skipped: the output is written, the run fails
+  try {
+    st = data::run_h5tokenize(o, MPI_COMM_WORLD);
+  } catch (const data::SkippedRecordsError& e) {
+    st = e.stats;
+    skipped = e.what();
+  }
   if (rt.rank() == 0) {
     write_tokenizer_folder(o);
     std::cout << st.format() << std::flush;
   }
+  if (!skipped.empty()) throw dist::AgreedFailure(rt.rank() == 0 ? skipped : "", 2, rt.rank() == 0);
   return 0;
 }
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f, a batch system's) makes write() fail with EFBIG, which the
+  // shard writer reports naming the file, instead of killing the run by SIGXFSZ mid-shard.
+  std::signal(SIGXFSZ, SIG_IGN);
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) {
     log_init(LogOptions{rt.rank(), LogLevel::Info, ""});
     return tokenize_main(rt, argc, argv);

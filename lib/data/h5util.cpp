@@ -1,6 +1,7 @@
 #include "data/h5util.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -16,14 +17,30 @@ void quiet_errors() {
     // then crashes on it (SIGSEGV in H5F__close_cb) after the error was reported, turning a
     // clean exit 1 into 139. Every file easyctx writes is closed (and flushed) by its Handle;
     // at exit only those failed ones, already removed, are left to the process's end.
-    H5dont_atexit();
+    (void)H5dont_atexit();  // fails (harmlessly) when HDF5 was initialised before
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   });
 }
 
+namespace {
+herr_t find_errno(unsigned, const H5E_error2_t* e, void* out) {
+  const char* p = e->desc ? std::strstr(e->desc, "errno = ") : nullptr;
+  if (p && *static_cast<int*>(out) == 0) *static_cast<int*>(out) = std::atoi(p + 8);
+  return 0;
+}
+}  // namespace
+
+int stack_errno() {
+  int err = 0;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, find_errno, &err);
+  return err;
+}
+
 int64_t check(int64_t rc, const char* what, const std::string& file) {
-  if (rc < 0) EASYCTX_THROW("HDF5 ", what, " failed for ", file);
-  return rc;
+  if (rc >= 0) return rc;
+  const int err = stack_errno();
+  if (err > 0) throw IoError(detail::concat("HDF5 ", what, " failed for ", file, ": ", std::strerror(err)), err);
+  EASYCTX_THROW("HDF5 ", what, " failed for ", file);
 }
 
 Handle::Handle(hid_t id, Kind kind, const char* what, const std::string& file) : id_(id), kind_(kind) {
@@ -56,6 +73,23 @@ void Handle::reset() {
   id_ = -1;
 }
 
+void Handle::close(const std::string& file) {
+  if (id_ < 0) return;
+  const hid_t id = id_;
+  id_ = -1;
+  herr_t rc = 0;
+  switch (kind_) {
+    case Kind::File: rc = H5Fclose(id); break;
+    case Kind::Dataset: rc = H5Dclose(id); break;
+    case Kind::Dataspace: rc = H5Sclose(id); break;
+    case Kind::Datatype: rc = H5Tclose(id); break;
+    case Kind::Attribute: rc = H5Aclose(id); break;
+    case Kind::Plist: rc = H5Pclose(id); break;
+    case Kind::Group: rc = H5Gclose(id); break;
+  }
+  check(rc, kind_ == Kind::File ? "H5Fclose" : "close", file);
+}
+
 Handle open_file(const std::string& path, bool writable) {
   quiet_errors();
   hid_t id = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -65,8 +99,12 @@ Handle open_file(const std::string& path, bool writable) {
 
 Handle create_file(const std::string& path) {
   quiet_errors();
-  return Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), Handle::Kind::File, "H5Fcreate",
-                path);
+  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (id < 0) {
+    const int err = stack_errno();
+    if (err > 0) throw IoError(detail::concat("cannot create ", path, ": ", std::strerror(err)), err);
+  }
+  return Handle(id, Handle::Kind::File, "H5Fcreate", path);
 }
 
 Handle open_dataset(const Handle& file, const char* name, const std::string& path) {
@@ -154,8 +192,7 @@ void append_1d(const Handle& ds, hid_t mem_type, uint64_t len, uint64_t count, c
   hsize_t start[1] = {len}, cnt[1] = {count};
   check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, cnt, nullptr), "H5Sselect_hyperslab", path);
   Handle mspace(H5Screate_simple(1, cnt, nullptr), Handle::Kind::Dataspace, "H5Screate_simple", path);
-  if (H5Dwrite(ds, mem_type, mspace, fspace, H5P_DEFAULT, data) < 0)
-    EASYCTX_THROW("HDF5 write of ", name, " failed for ", path, " (disk full?)");
+  check(H5Dwrite(ds, mem_type, mspace, fspace, H5P_DEFAULT, data), (std::string("write of ") + name).c_str(), path);
 }
 
 namespace {

@@ -9,13 +9,32 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace easyctx::data::h5 {
 
-// Silences HDF5's automatic error printing and keeps HDF5 from shutting down at exit (once per
-// process, before the first other HDF5 call: every open and create calls it first).
+// Silences HDF5's automatic error printing (once per process), and keeps HDF5 from closing
+// files at process exit (H5dont_atexit): a file whose write failed is abandoned, never closed
+// (Handle::release), and HDF5 1.10's exit-time close of such a file crashes.
 void quiet_errors();
 
-// Throws easyctx::Error("HDF5 <what> failed for <file>") when rc < 0; returns rc.
+// A failed HDF5 call whose cause is a system error (the errno HDF5's file driver recorded:
+// ENOSPC, EFBIG, EDQUOT, EROFS, EACCES, EIO, ...). The message ends with its text.
+class IoError : public Error {
+ public:
+  IoError(const std::string& msg, int err) : Error(msg), err_(err) {}
+  int err() const { return err_; }
+
+ private:
+  int err_;
+};
+
+// The errno of the innermost system call HDF5's error stack records for the call that just
+// failed ("errno = N" in the file driver's message), or 0. Call it before any other HDF5 call.
+int stack_errno();
+
+// Throws easyctx::Error("HDF5 <what> failed for <file>") when rc < 0, or IoError with the
+// errno's text appended ("...: No space left on device") when the stack records one; returns rc.
 int64_t check(int64_t rc, const char* what, const std::string& file);
 
 // Owns one hid_t; closes it with the matching H5?close on destruction.
@@ -32,7 +51,13 @@ class Handle {
   hid_t get() const { return id_; }
   operator hid_t() const { return id_; }
   bool valid() const { return id_ >= 0; }
-  void reset();
+  void reset();  // closes, ignoring a failure (a destructor cannot report it)
+  // Closes and throws (as check()) when closing fails: the last flush of a file that was
+  // written. The id is given up either way.
+  void close(const std::string& file);
+  // Gives the id up without closing it: for a file whose writes failed, where a close would
+  // flush again into the same error and leave HDF5's state half torn down.
+  void release() { id_ = -1; }
 
  private:
   hid_t id_ = -1;

@@ -69,7 +69,7 @@ ShardMeta load_meta(const Handle& f, const std::string& path) {
 
 // ---- writer ---------------------------------------------------------------------------
 struct TokenShardWriter::Impl {
-  Handle file, tokens, weights;
+  Handle file, tokens, weights, offsets, sources;
 };
 
 TokenShardWriter::TokenShardWriter(std::string final_path, ShardMeta meta, uint64_t chunk_tokens, int deflate_level)
@@ -81,20 +81,44 @@ TokenShardWriter::TokenShardWriter(std::string final_path, ShardMeta meta, uint6
   EASYCTX_CHECK(meta_.vocab_size > 0, "TokenShardWriter: vocab_size must be > 0 for ", final_path_);
   std::error_code ec;
   fs::remove(tmp_path_, ec);
-  impl_->file = h5::create_file(tmp_path_);
-  impl_->tokens = h5::create_extendible(impl_->file, "tokens", H5T_STD_U32LE, chunk_, deflate_level, tmp_path_);
-  if (meta_.has_loss_weights) {
-    impl_->weights = h5::create_extendible(impl_->file, "loss_weights", H5T_STD_U8LE, chunk_, deflate_level, tmp_path_);
-    pending_w_.reserve(chunk_);
+  try {
+    impl_->file = h5::create_file(tmp_path_);
+    impl_->tokens = h5::create_extendible(impl_->file, "tokens", H5T_STD_U32LE, chunk_, deflate_level, tmp_path_);
+    if (meta_.has_loss_weights)
+      impl_->weights =
+          h5::create_extendible(impl_->file, "loss_weights", H5T_STD_U8LE, chunk_, deflate_level, tmp_path_);
+  } catch (...) {  // the destructor does not run for a constructor that throws: abandon (as there)
+    impl_->tokens.release();
+    impl_->file.release();
+    fs::remove(tmp_path_, ec);  // also a file H5Fcreate made before it failed
+    throw;
   }
+  if (meta_.has_loss_weights) pending_w_.reserve(chunk_);
   pending_.reserve(chunk_);
 }
 
 TokenShardWriter::~TokenShardWriter() {
   if (committed_) return;
+  if (failed_) {
+    // A write into this file failed (a full disk, a file-size limit): closing it would flush
+    // into the same error, and HDF5 1.10 leaves a file whose close failed half torn down (it
+    // crashes at exit). The handles are given up; the file is unlinked below, its space freed
+    // when the process ends.
+    for (Handle* h : {&impl_->tokens, &impl_->weights, &impl_->offsets, &impl_->sources, &impl_->file}) h->release();
+  }
   impl_.reset();  // close handles before unlinking
   std::error_code ec;
   fs::remove(tmp_path_, ec);
+}
+
+template <typename F>
+void TokenShardWriter::guarded(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    failed_ = true;
+    throw;
+  }
 }
 
 uint16_t TokenShardWriter::source_index(const std::string& name) {
@@ -121,7 +145,7 @@ void TokenShardWriter::add_document(const uint32_t* ids, uint64_t n, uint16_t so
     pending_.insert(pending_.end(), ids + i, ids + i + take);
     if (w) pending_w_.insert(pending_w_.end(), weights + i, weights + i + take);
     i += take;
-    if (pending_.size() == chunk_) flush_tokens();
+    if (pending_.size() == chunk_) guarded([&] { flush_tokens(); });
   }
   total_tokens_ += n;
   offsets_.push_back(total_tokens_);
@@ -141,25 +165,32 @@ void TokenShardWriter::flush_tokens() {
 
 void TokenShardWriter::commit() {
   EASYCTX_CHECK(!committed_, "commit called twice on ", final_path_);
-  flush_tokens();
-  const std::string& p = tmp_path_;
-  uint64_t dchunk = std::max<uint64_t>(1, std::min<uint64_t>(offsets_.size(), 1 << 16));
-  Handle off = h5::create_extendible(impl_->file, "doc_offsets", H5T_STD_U64LE, dchunk, 0, p);
-  h5::append_1d(off, H5T_NATIVE_UINT64, 0, offsets_.size(), offsets_.data(), "doc_offsets", p);
-  Handle src = h5::create_extendible(impl_->file, "doc_source", H5T_STD_U16LE, dchunk, 0, p);
-  h5::append_1d(src, H5T_NATIVE_UINT16, 0, doc_source_.size(), doc_source_.data(), "doc_source", p);
-  h5::write_strings(impl_->file, "sources", sources_, p);
-  write_meta(impl_->file, meta_, p);
-  off.reset();
-  src.reset();
-  h5::check(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "H5Fflush", p);
-  impl_->tokens.reset();
-  impl_->weights.reset();
-  impl_->file.reset();
+  EASYCTX_CHECK(!failed_, "commit after a failed write on ", final_path_);
+  guarded([&] { write_and_close(); });
   std::error_code ec;
   fs::rename(tmp_path_, final_path_, ec);
   EASYCTX_CHECK(!ec, "cannot rename ", tmp_path_, " to ", final_path_, ": ", ec.message());
   committed_ = true;
+}
+
+// Everything of commit() before the rename; every close is checked: a file whose last flush
+// failed must not get its final name.
+void TokenShardWriter::write_and_close() {
+  flush_tokens();
+  const std::string& p = tmp_path_;
+  uint64_t dchunk = std::max<uint64_t>(1, std::min<uint64_t>(offsets_.size(), 1 << 16));
+  impl_->offsets = h5::create_extendible(impl_->file, "doc_offsets", H5T_STD_U64LE, dchunk, 0, p);
+  h5::append_1d(impl_->offsets, H5T_NATIVE_UINT64, 0, offsets_.size(), offsets_.data(), "doc_offsets", p);
+  impl_->sources = h5::create_extendible(impl_->file, "doc_source", H5T_STD_U16LE, dchunk, 0, p);
+  h5::append_1d(impl_->sources, H5T_NATIVE_UINT16, 0, doc_source_.size(), doc_source_.data(), "doc_source", p);
+  h5::write_strings(impl_->file, "sources", sources_, p);
+  write_meta(impl_->file, meta_, p);
+  impl_->offsets.close(p);
+  impl_->sources.close(p);
+  h5::check(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "H5Fflush", p);
+  impl_->tokens.close(p);
+  impl_->weights.close(p);
+  impl_->file.close(p);
 }
 
 // ---- reader ---------------------------------------------------------------------------

@@ -65,11 +65,17 @@ class TokenShardWriter {
   const std::string& final_path() const { return final_path_; }
 
   // Writes the index datasets and attributes, flushes, closes and renames to final_path.
+  // A failed write (here or in add_document) throws h5::IoError naming the file and the
+  // cause (ENOSPC, EFBIG, ...) where the system gave one; the writer is then unusable and
+  // its destructor removes the temporary file without closing it through HDF5.
   void commit();
 
  private:
   struct Impl;
   void flush_tokens();
+  void write_and_close();
+  template <typename F>
+  void guarded(F&& f);  // runs f; an exception marks the file failed
   std::string final_path_, tmp_path_;
   ShardMeta meta_;
   std::unique_ptr<Impl> impl_;
@@ -80,6 +86,7 @@ class TokenShardWriter {
   std::vector<uint16_t> doc_source_;
   std::vector<std::string> sources_;
   bool committed_ = false;
+  bool failed_ = false;  // a write failed: the file is abandoned, never closed (~TokenShardWriter)
 };
 
 class TokenShardReader {

@@ -234,6 +234,44 @@ TEST(DataChat, RenderEqualsEncodingOfTheTemplateString) {
   }
 }
 
+// Long runs of text go to the tokenizer in pieces (bounded memory): the ids and weights equal
+// those of the whole run whenever no cut was forced, for every template and tokenizer at hand,
+// with pieces small enough that every run is cut, often at a part boundary.
+TEST(DataChat, RenderInPiecesEqualsWholeRun) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("chat-pieces");
+  easyctx::test::write_text(dir / "tokenizer.json", chatml_byte_tokenizer_json());
+  std::vector<std::pair<ChatTemplate, std::string>> cases{{ChatTemplate::ChatML, dir / "tokenizer.json"}};
+  if (fs::exists(llama3_path())) cases.push_back({ChatTemplate::Llama3, llama3_path()});
+  if (fs::exists(llama2_path())) cases.push_back({ChatTemplate::Llama2, llama2_path()});
+  int exact = 0, trials = 0;
+  for (const auto& [t, path] : cases) {
+    auto tk = load_tokenizer(path);
+    for (bool all : {false, true}) {
+      ChatRenderer whole(*tk, t, all, size_t(1) << 40);
+      for (int it = 0; it < 20; ++it, ++trials) {
+        ChatRenderer pieces(*tk, t, all, 8 + rng() % 40);
+        std::vector<ChatMessage> m;
+        if (rng() % 2) m.push_back({"system", random_words(rng) + random_words(rng)});
+        for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) {
+          m.push_back({"user", random_words(rng) + " " + random_words(rng)});
+          std::string a;
+          for (int j = 0; j < 1 + static_cast<int>(rng() % 6); ++j) a += random_words(rng) + " ";
+          m.push_back({"assistant", a + "end"});
+        }
+        Ids ia, ib;
+        Weights wa, wb;
+        whole.render(m, ia, wa);
+        if (pieces.render(m, ib, wb) != 0) continue;
+        ASSERT_EQ(ib, ia) << chat_template_name(t);
+        ASSERT_EQ(wb, wa) << chat_template_name(t) << (all ? " (loss on all)" : "");
+        ++exact;
+      }
+    }
+  }
+  EXPECT_GE(exact, trials * 9 / 10) << "cuts forced too often";
+}
+
 TEST(DataChat, RecordErrors) {
   FieldOptions f;
   std::vector<ChatMessage> m;

@@ -161,8 +161,13 @@ TEST(DataH5tokenize, MalformedLinesSkippedStrictFails) {
   text += "\n";                                                        // 8 blank: ignored
   text += jsonl_line("and void", "RedPajamaBook");                     // 9
   easyctx::test::write_text(dir / "bad.jsonl", text);
+  // Half the records skipped: the output is written, then the run fails naming the file
+  // (more than --max-skipped-fraction, 1% by default).
   CommandResult r = run_command(bin("h5tokenize") + " -t " + tok + " -o " + (dir / "out") + " " + (dir / "bad.jsonl"));
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("4 of 8 records (50.0%) were skipped"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad.jsonl: 4 skipped, first " + dir / "bad.jsonl:2: bad JSON"), std::string::npos)
+      << r.output;
   for (int line : {2, 4, 5, 7})
     EXPECT_NE(r.output.find("bad.jsonl:" + std::to_string(line) + ":"), std::string::npos) << "line " << line << "\n"
                                                                                            << r.output;
@@ -170,9 +175,13 @@ TEST(DataH5tokenize, MalformedLinesSkippedStrictFails) {
   Json s = summary(dir / "out");
   EXPECT_EQ(s.at("malformed").as_int(), 4);
   EXPECT_EQ(s.at("docs").as_int(), 4);
-  EXPECT_EQ(s.at("records").as_int(), 9);
+  EXPECT_EQ(s.at("records").as_int(), 8);
+  EXPECT_EQ(s.at("blank").as_int(), 1);
   TokenDataset ds(dir / "out");
   EXPECT_EQ(ds.num_docs(), 4u);
+  CommandResult accept = run_command(bin("h5tokenize") + " -t " + tok + " -o " + (dir / "out") +
+                                     " --max-skipped-fraction 0.5 " + (dir / "bad.jsonl"));
+  EXPECT_EQ(accept.status, 0) << accept.output;
 
   CommandResult strict =
       run_command(bin("h5tokenize") + " --strict -t " + tok + " -o " + (dir / "out2") + " " + (dir / "bad.jsonl"));
@@ -506,7 +515,7 @@ TEST(DataH5tokenize, ChatErrorsNameFileAndLineAndKeepFinishedShards) {
   // --split-bytes = the first file's size: each file is a work unit of its own.
   const std::string args = " -t " + tok + " --split-bytes " + std::to_string(fs::file_size(dir / "a_good.jsonl")) +
                            " " + (dir / "a_good.jsonl") + " " + (dir / "b_bad.jsonl");
-  CommandResult r = run_command(bin("h5tokenize") + " -o " + (dir / "lax") + args);
+  CommandResult r = run_command(bin("h5tokenize") + " -o " + (dir / "lax") + " --max-skipped-fraction 0.05" + args);
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* want :
        {"b_bad.jsonl:3: message 1: unknown role 'bot'", "b_bad.jsonl:5: chat record is array",
@@ -544,8 +553,10 @@ TEST(DataH5tokenize, ChatErrorsNameFileAndLineAndKeepFinishedShards) {
   CommandResult fresh = run_command(bin("h5tokenize") + " --strict -o " + (dir / "fresh") + args);
   ASSERT_EQ(fresh.status, 0) << fresh.output;
   EXPECT_EQ(shard_contents(dir / "strict"), shard_contents(dir / "fresh"));
-  // --format text reads the same file as text records: no text field, nothing written.
+  // --format text reads the same file as text records: no text field, nothing written, and
+  // the run fails saying so (it used to exit 0).
   CommandResult as_text = run_command(bin("h5tokenize") + " --format text -o " + (dir / "text") + args);
-  EXPECT_EQ(as_text.status, 0) << as_text.output;
+  EXPECT_EQ(as_text.status, 2) << as_text.output;
+  EXPECT_NE(as_text.output.find("a wrong --format"), std::string::npos) << as_text.output;
   EXPECT_EQ(summary(dir / "text").at("docs").as_int(), 0);
 }

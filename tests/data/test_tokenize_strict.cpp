@@ -11,6 +11,7 @@
 #include "core/json.h"
 #include "core/strings.h"
 #include "data/tokenize/corpus.h"
+#include "data/tokenize/h5tokenize_run.h"
 #include "data/tokenize/tokenizer.h"
 #include "data_test_util.h"
 #include "test_util.h"
@@ -117,7 +118,9 @@ std::vector<std::pair<std::string, std::string>> tokenizers(const ScratchDir& di
 }  // namespace
 
 // encode_pieces gives exactly encode's ids on fresh random texts for random piece sizes
-// (down to a few bytes, so nearly every cut point is used), for every tokenizer at hand.
+// (down to a few bytes, so nearly every cut point is used), for every tokenizer at hand,
+// whenever it reports no forced cut; with pieces of 8 bytes or more it never has to force one
+// in these texts.
 TEST(DataStrict, PiecewiseTokenizationEqualsWholeText) {
   std::mt19937_64 rng(easyctx::test::test_seed());
   ScratchDir dir("pieces");
@@ -127,17 +130,140 @@ TEST(DataStrict, PiecewiseTokenizationEqualsWholeText) {
     EXPECT_NE(tok->cut(), Tokenizer::Cut::None) << name;
     if (ends_with(path, ".model")) EXPECT_EQ(tok->cut(), Tokenizer::Cut::DropSpace) << name;
     else EXPECT_EQ(tok->cut(), Tokenizer::Cut::KeepSpace) << name;
+    int exact = 0;
     for (int trial = 0; trial < 40; ++trial) {
       const std::string text = random_text(rng, 200 + rng() % 4000);
       const std::vector<uint32_t> whole = tok->encode(text);
-      const size_t piece = 1 + rng() % 64;
+      const size_t piece = 8 + rng() % 64;
       std::vector<uint32_t> pieces;
-      tok->encode_pieces(text, pieces, piece);
+      std::vector<Tokenizer::Piece> cuts;
+      const size_t forced = tok->encode_pieces(text, pieces, piece, &cuts);
+      if (!tok->memory_per_word())
+        for (const auto& c : cuts) ASSERT_LE(c.end - c.begin - c.skip, 4 * piece) << name;
+      if (forced) continue;
       ASSERT_EQ(pieces, whole) << name << ", piece " << piece << ", text:\n" << text;
-      ++checked;
+      ++exact;
     }
+    std::printf("%s: cuts at spaces between %s characters%s; %d of 40 texts without a forced cut\n", name.c_str(),
+                tok->cuts_between_any_characters() ? "any" : "ASCII alphanumeric",
+                tok->cuts_after_line_breaks() ? " and after line breaks" : "", exact);
+    // Llama 2 and every byte-level BPE here pass the wide probes; a byte-level BPE is never
+    // forced (its memory is bounded per pre-token), SentencePiece rarely with such small pieces.
+    if (name != "demo spm") EXPECT_TRUE(tok->cuts_between_any_characters() && tok->cuts_after_line_breaks()) << name;
+    if (tok->memory_per_word()) EXPECT_EQ(exact, 40) << name;
+    EXPECT_GE(exact, 30) << name;
+    checked += exact;
   }
   EXPECT_GE(checked, 40);
+}
+
+// Text without a space: lines of unspaced CJK are cut after their line breaks (exact where
+// the tokenizer passes the probe: Llama 2's SentencePiece, every byte-level BPE); text with
+// neither is cut by force, SentencePiece's pieces never longer than 4 x piece_bytes, and the
+// ids still decode to the text (no dummy-prefix space at a cut). A byte-level BPE cuts only a
+// pre-token longer than kMaxWordBytes.
+TEST(DataStrict, TextWithoutSpacesIsCutBoundedAndDecodesBack) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("nospace");
+  static const char* const cjk[] = {"日本語", "中文", "東京", "の", "は", "。", "、", "テキスト"};
+  int exact = 0;
+  for (const auto& [name, path] : tokenizers(dir)) {
+    const auto tok = load_tokenizer(path);
+    std::string lines;
+    while (lines.size() < 20000) {
+      for (int k = 0; k < 5 + static_cast<int>(rng() % 30); ++k) lines += cjk[rng() % std::size(cjk)];
+      lines += "\n";
+    }
+    std::vector<uint32_t> ids;
+    const size_t forced = tok->encode_pieces(lines, ids, 64);
+    if (forced == 0) {
+      EXPECT_EQ(ids, tok->encode(lines)) << name;
+      ++exact;
+    }
+    if (path.find("llama2") != std::string::npos || ends_with(path, ".json")) EXPECT_EQ(forced, 0u) << name;
+    std::string letters;
+    for (int i = 0; i < 50000; ++i) letters += static_cast<char>('a' + rng() % 26);
+    ids.clear();
+    std::vector<Tokenizer::Piece> cuts;
+    const size_t f = tok->encode_pieces(letters, ids, 1024, &cuts);
+    EXPECT_EQ(tok->decode(ids), letters) << name;
+    if (tok->memory_per_word()) {
+      EXPECT_EQ(f, 0u) << name;
+      EXPECT_EQ(ids, tok->encode(letters)) << name;
+    } else {
+      EXPECT_GT(f, 0u) << name;
+      for (const auto& c : cuts) EXPECT_LE(c.end - c.begin - c.skip, 4 * 1024u) << name;
+    }
+  }
+  EXPECT_GE(exact, 1);
+  // A byte-level BPE pre-token beyond kMaxWordBytes is cut (counted) and decodes back.
+  easyctx::test::write_text(dir / "bpe.json", llama_regex_bpe_json());
+  const auto bpe = load_tokenizer(dir / "bpe.json");
+  std::string word(Tokenizer::kMaxWordBytes + 1000 + rng() % 1000, 'a');
+  for (auto& c : word) c = static_cast<char>('a' + rng() % 26);
+  std::vector<uint32_t> ids;
+  EXPECT_EQ(bpe->encode_pieces(word, ids, 4096), 1u);
+  EXPECT_EQ(bpe->decode(ids), word);
+}
+
+// A byte-order mark at the start of a file, of a line (files joined by cat) or of a .txt file
+// is removed and flagged; --format auto decides by a sample, not by a cut-off first line.
+TEST(DataStrict, ByteOrderMarksAndFormatDetection) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("bom");
+  const std::string bom = "\xEF\xBB\xBF";
+  std::string chat;
+  const int n = 20 + static_cast<int>(rng() % 40);
+  for (int i = 0; i < n; ++i)
+    chat += (i == 7 ? bom : "") + std::string("{\"messages\": [{\"role\": \"user\", \"content\": \"q") +
+            std::to_string(rng() % 1000) + "\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n";
+  easyctx::test::write_text(dir / "c.jsonl", bom + "{\"messages\": [{\"role\": \"us\n" + chat);
+  easyctx::test::write_text(dir / "t.txt", bom + "text");
+  const auto units = plan_units({dir / "c.jsonl", dir / "t.txt"}, 1 << 30);
+  UnitReader rd(units[0]);
+  RawRecord r;
+  std::vector<uint64_t> boms;
+  std::string txt;
+  while (rd.next(r)) {
+    if (r.bom) boms.push_back(r.line);
+    EXPECT_FALSE(starts_with(r.data, bom)) << r.line;
+    if (r.is_text_file) txt = std::string(r.data);
+  }
+  EXPECT_EQ(boms, (std::vector<uint64_t>{1, 9, 1}));
+  EXPECT_EQ(txt, "text");
+  std::string why;
+  EXPECT_EQ(detect_format(plan_units({dir / "c.jsonl"}, 1 << 30), FieldOptions(), 1 << 30, why), "chat") << why;
+  EXPECT_NE(why.find(std::to_string(std::min(n, kFormatSampleRecords - 1)) + " chat"), std::string::npos) << why;
+  EXPECT_NE(why.find("1 neither (first " + dir / "c.jsonl:1)"), std::string::npos) << why;
+}
+
+// The counts survive their JSON form (the resume cursors, the ranks' exchange), the files
+// with skips are capped, the earliest kept, and the threshold error names file, count and
+// the first skipped line.
+TEST(DataStrict, SkipCountsRoundTripAndThreshold) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  TokenizeStats a;
+  a.records = 1000 + rng() % 1000;
+  const uint64_t files = TokenizeStats::kMaxSkipFiles + 5;
+  uint64_t skipped = 0;
+  for (uint64_t f = 0; f < files; ++f)
+    for (uint64_t k = 0; k < 1 + f % 3; ++k, ++skipped)
+      a.skip("f" + std::to_string(files - f) + ".jsonl", files - f, 10 + k, "bad JSON");
+  a.blank = rng() % 10;
+  a.boms = 1;
+  TokenizeStats b;
+  b.merge_json(a.to_json());
+  EXPECT_EQ(b.to_json(), a.to_json());
+  EXPECT_EQ(b.malformed, skipped);
+  EXPECT_EQ(b.skipped_files.size(), TokenizeStats::kMaxSkipFiles);
+  EXPECT_EQ(b.other_skip_files, 5u);
+  EXPECT_TRUE(b.skipped_files.count("f1.jsonl"));
+  EXPECT_EQ(b.skipped_error(1.0), "");
+  const std::string e = b.skipped_error(0.001);
+  EXPECT_NE(e.find(std::to_string(skipped) + " of " + std::to_string(a.records) + " records"), std::string::npos) << e;
+  EXPECT_NE(e.find("f1.jsonl: 1 skipped, first f1.jsonl:10: bad JSON"), std::string::npos) << e;
+  EXPECT_LT(e.find("f1.jsonl"), e.find("f2.jsonl")) << "in input order: " << e;
+  EXPECT_NE(e.find("in 5 more file(s)"), std::string::npos) << e;
 }
 
 // A record longer than the limit is refused naming the file, the line and the limit, before

@@ -54,6 +54,12 @@ class HfBpeTokenizer : public Tokenizer {
   int64_t bos_id() const override { return bos_; }
   int64_t eos_id() const override { return eos_; }
   std::string kind() const override { return "hf-bpe"; }
+  bool memory_per_word() const override { return true; }
+  size_t take_word_cuts() const override {
+    const size_t n = word_cuts_;
+    word_cuts_ = 0;
+    return n;
+  }
   int64_t special_id(std::string_view text) const override {
     for (const auto& a : added_)
       if (a.first == text) return a.second;
@@ -66,6 +72,7 @@ class HfBpeTokenizer : public Tokenizer {
   void load_pretokenizer(const Json& pre);
   void encode_segment(std::string_view text, std::vector<uint32_t>& out) const;
   void encode_word(std::string_view word, std::vector<uint32_t>& out) const;
+  void encode_long_word(std::string_view word, std::vector<uint32_t>& out) const;
   void bpe(const std::string& mapped, std::vector<uint32_t>& out) const;
 
   std::unordered_map<std::string, uint32_t> vocab_;
@@ -87,17 +94,49 @@ class HfBpeTokenizer : public Tokenizer {
   // Unique per object (an address can be reused by a later tokenizer): keys the cache.
   const uint64_t instance_ = next_instance_.fetch_add(1) + 1;
   static std::atomic<uint64_t> next_instance_;
+  static thread_local size_t word_cuts_;
 };
 
 std::atomic<uint64_t> HfBpeTokenizer::next_instance_{0};
+thread_local size_t HfBpeTokenizer::word_cuts_ = 0;
+
+// What a JSON file that is not a supported tokenizer.json holds, for the error message.
+std::string describe_json(const Json& j) {
+  if (!j.is_object()) return std::string("a JSON ") + j.type_name();
+  if (j.as_object().empty()) return "an empty JSON object";
+  std::string keys;
+  size_t k = 0;
+  for (const auto& kv : j.as_object()) {
+    if (k++ == 8) {
+      keys += ", ...";
+      break;
+    }
+    keys += (keys.empty() ? "" : ", ") + kv.first;
+  }
+  std::string s = "a JSON object with keys " + keys;
+  if (j.find("chat_template") || j.find("tokenizer_class") || j.find("model_max_length"))
+    s += " (a tokenizer_config.json? the vocabulary is in tokenizer.json beside it)";
+  else if (j.find("architectures") || j.find("hidden_size"))
+    s += " (a model's config.json? the vocabulary is in tokenizer.json beside it)";
+  return s;
+}
 
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
   path_ = path;
   sha256_ = sha256_file(path);
   Json j = parse_json(read_file(path), path);
-  const Json& model = j.at("model");
-  EASYCTX_CHECK_INPUT(model.find("type") && model.at("type").as_string() == "BPE", path,
-                      ": model.type must be \"BPE\" (only byte-level BPE tokenizer.json files are supported)");
+  const Json* mp = j.is_object() ? j.find("model") : nullptr;
+  EASYCTX_CHECK_INPUT(mp && mp->is_object() && mp->find("vocab") && mp->find("merges"), path,
+                      " is not a Hugging Face tokenizer.json of a supported kind (byte-level BPE, as Llama 3's: an "
+                      "object whose \"model\" has \"type\": \"BPE\", \"vocab\" and \"merges\"); found ",
+                      mp && mp->is_object() ? "a \"model\" without vocab and merges" : describe_json(j),
+                      ". Pass the tokenizer.json of a Hugging Face model folder, or a SentencePiece .model");
+  const Json& model = *mp;
+  const Json* type = model.find("type");
+  EASYCTX_CHECK_INPUT(type && type->is_string() && type->as_string() == "BPE", path, ": model.type is ",
+                      type ? type->dump() : std::string("absent"),
+                      ", expected \"BPE\" (only byte-level BPE tokenizer.json files are supported; for a "
+                      "SentencePiece model pass its .model file)");
   load_model(model);
   if (const Json* a = j.find("added_tokens"); a && a->is_array()) load_added(*a);
   const Json* norm = j.find("normalizer");
@@ -112,11 +151,18 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
   for (const char* e : {"<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>"})
     if (eos_ < 0 && vocab_.count(e)) eos_ = vocab_.at(e);
   probe_cut();
-  // Cutting before a space is exact when no added token spans a space and the regex looks
-  // only forward from where a match starts (no lookbehind or word boundary).
-  for (const auto& a : added_)
+  // Cutting before a space (after a line break) is exact when no added token spans a space
+  // (a line break) and the regex looks only forward from where a match starts (no lookbehind
+  // or word boundary).
+  for (const auto& a : added_) {
     if (a.first.find(' ') != std::string::npos) cut_ = Cut::None;
-  if (regex_looks_back_) cut_ = Cut::None;
+    if (a.first.find('\n') != std::string::npos) newline_cut_ = false;
+  }
+  if (regex_looks_back_) {
+    cut_ = Cut::None;
+    newline_cut_ = false;
+  }
+  cut_any_ = cut_any_ && cut_ != Cut::None;
 }
 
 void HfBpeTokenizer::load_model(const Json& model) {
@@ -269,7 +315,7 @@ void HfBpeTokenizer::encode_segment(std::string_view text, std::vector<uint32_t>
     }
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.md);
     size_t b = ov[0], e = ov[1];
-    if (b > pos) encode_word(text.substr(pos, b - pos), out);  // Isolated: gaps are pieces too
+    if (b > pos) encode_long_word(text.substr(pos, b - pos), out);  // Isolated: gaps are pieces too
     if (e == b) {  // empty match: step over one code point so the loop advances
       size_t next = b + 1;
       while (next < text.size() && (static_cast<unsigned char>(text[next]) & 0xC0) == 0x80) ++next;
@@ -277,10 +323,24 @@ void HfBpeTokenizer::encode_segment(std::string_view text, std::vector<uint32_t>
       pos = next;
       continue;
     }
-    encode_word(text.substr(b, e - b), out);
+    encode_long_word(text.substr(b, e - b), out);
     pos = e;
   }
-  if (pos < text.size()) encode_word(text.substr(pos), out);
+  if (pos < text.size()) encode_long_word(text.substr(pos), out);
+}
+
+// A pre-token longer than kMaxWordBytes (a run of letters or of punctuation with nothing
+// between) is cut into words of at most that size at character boundaries: BPE's memory is
+// about 60 bytes per byte of a word. Tokens next to such a cut may differ from HF's.
+void HfBpeTokenizer::encode_long_word(std::string_view word, std::vector<uint32_t>& out) const {
+  while (word.size() > kMaxWordBytes) {
+    size_t p = kMaxWordBytes;
+    while (p > 1 && (static_cast<unsigned char>(word[p]) & 0xC0) == 0x80) --p;
+    encode_word(word.substr(0, p), out);
+    word.remove_prefix(p);
+    ++word_cuts_;
+  }
+  encode_word(word, out);
 }
 
 void HfBpeTokenizer::encode_word(std::string_view word, std::vector<uint32_t>& out) const {

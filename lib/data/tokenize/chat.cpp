@@ -138,8 +138,8 @@ std::string parse_chat_record(const RawRecord& r, const FieldOptions& fields, Ch
   return "";
 }
 
-ChatRenderer::ChatRenderer(const Tokenizer& tok, ChatTemplate t, bool loss_on_all)
-    : tok_(tok), t_(t), all_(loss_on_all) {
+ChatRenderer::ChatRenderer(const Tokenizer& tok, ChatTemplate t, bool loss_on_all, size_t piece_bytes)
+    : tok_(tok), t_(t), all_(loss_on_all), piece_bytes_(piece_bytes) {
   auto need = [&](const char* text) {
     int64_t id = tok.special_id(text);
     EASYCTX_CHECK_INPUT(id >= 0, tok.path(), ": the ", chat_template_name(t), " chat template needs the special token ",
@@ -165,12 +165,36 @@ ChatRenderer::ChatRenderer(const Tokenizer& tok, ChatTemplate t, bool loss_on_al
   }
 }
 
-// Runs of text between special tokens are encoded whole. For a run of parts p1..pn the tokens
-// of encode(p1..pk) past its common prefix with encode(p1..pk-1) get pk's weight, so the ids
-// are exactly encode(run) and a token straddling two parts goes with the later one.
-void ChatRenderer::encode_parts(const std::vector<Part>& parts, std::vector<uint32_t>& ids,
-                                std::vector<uint8_t>& w) const {
-  size_t i = 0;
+namespace {
+// The weights of the ids of a text cut into parts, as ChatRenderer::render defines them:
+// enc(end, out) encodes the text up to byte `end`; `bounds` are the starts of the parts after
+// the first (ascending) with their weights; w0 is the first part's weight. The tokens of
+// enc(through part k) past its common prefix with enc(through part k-1) get part k's weight.
+template <typename Enc>
+void weigh(const Enc& enc, size_t e, const std::vector<std::pair<size_t, uint8_t>>& bounds, uint8_t w0,
+           std::vector<uint32_t>& ids, std::vector<uint8_t>& w) {
+  std::vector<uint32_t> prev, cur;
+  std::vector<uint8_t> weights;
+  for (size_t k = 0; k <= bounds.size(); ++k) {
+    cur.clear();
+    enc(k < bounds.size() ? bounds[k].first : e, cur);
+    size_t common = 0;
+    while (common < prev.size() && common < cur.size() && prev[common] == cur[common]) ++common;
+    weights.resize(common);
+    weights.resize(cur.size(), k == 0 ? w0 : bounds[k - 1].second);
+    prev.swap(cur);
+  }
+  ids.insert(ids.end(), prev.begin(), prev.end());
+  w.insert(w.end(), weights.begin(), weights.end());
+}
+}  // namespace
+
+// Runs of text between special tokens are encoded whole (weigh). A run longer than
+// piece_bytes_ goes to the tokenizer in pieces; inside each piece the same rule applies to
+// the parts it holds, the first part being the one holding the piece's first byte.
+size_t ChatRenderer::encode_parts(const std::vector<Part>& parts, std::vector<uint32_t>& ids,
+                                  std::vector<uint8_t>& w) const {
+  size_t i = 0, forced = 0;
   while (i < parts.size()) {
     if (parts[i].special >= 0) {
       ids.push_back(static_cast<uint32_t>(parts[i].special));
@@ -178,26 +202,50 @@ void ChatRenderer::encode_parts(const std::vector<Part>& parts, std::vector<uint
       ++i;
       continue;
     }
-    std::string text;
-    std::vector<uint32_t> prev, cur;
-    std::vector<uint8_t> weights;
-    for (; i < parts.size() && parts[i].special < 0; ++i) {
-      text += parts[i].text;
-      cur.clear();
-      tok_.encode(text, cur);
-      size_t common = 0;
-      while (common < prev.size() && common < cur.size() && prev[common] == cur[common]) ++common;
-      weights.resize(common);
-      weights.resize(cur.size(), all_ ? 1 : parts[i].weight);
-      prev.swap(cur);
-    }
-    ids.insert(ids.end(), prev.begin(), prev.end());
-    w.insert(w.end(), weights.begin(), weights.end());
+    size_t j = i;
+    while (j < parts.size() && parts[j].special < 0) ++j;
+    forced += encode_run(parts, i, j, ids, w);
+    i = j;
   }
+  return forced;
 }
 
-void ChatRenderer::render(const std::vector<ChatMessage>& msgs, std::vector<uint32_t>& ids,
-                          std::vector<uint8_t>& w) const {
+size_t ChatRenderer::encode_run(const std::vector<Part>& parts, size_t i, size_t j, std::vector<uint32_t>& ids,
+                                std::vector<uint8_t>& w) const {
+  std::string text;
+  std::vector<std::pair<size_t, uint8_t>> starts;  // every part's first byte and weight
+  for (size_t k = i; k < j; ++k) {
+    starts.emplace_back(text.size(), all_ ? 1 : parts[k].weight);
+    text += parts[k].text;
+  }
+  if (text.size() <= piece_bytes_) {
+    weigh([&](size_t end, std::vector<uint32_t>& out) { tok_.encode(std::string_view(text).substr(0, end), out); },
+          text.size(), {starts.begin() + 1, starts.end()}, starts[0].second, ids, w);
+    return 0;
+  }
+  std::vector<uint32_t> run;
+  std::vector<Tokenizer::Piece> pieces;
+  const size_t forced = tok_.encode_pieces(text, run, piece_bytes_, &pieces);
+  for (const Tokenizer::Piece& p : pieces) {
+    uint8_t w0 = starts[0].second;
+    std::vector<std::pair<size_t, uint8_t>> inner;
+    for (const auto& st : starts) {
+      if (st.first <= p.begin) w0 = st.second;
+      else if (st.first < p.end) inner.push_back(st);
+    }
+    if (inner.empty()) {  // one part: the piece's ids as encode_pieces gave them
+      ids.insert(ids.end(), run.begin() + p.ids_begin, run.begin() + p.ids_end);
+      w.insert(w.end(), p.ids_end - p.ids_begin, w0);
+      continue;
+    }
+    weigh([&](size_t end, std::vector<uint32_t>& out) { tok_.encode_piece(text, p, end, out); }, p.end, inner, w0, ids,
+          w);
+  }
+  return forced;
+}
+
+size_t ChatRenderer::render(const std::vector<ChatMessage>& msgs, std::vector<uint32_t>& ids,
+                            std::vector<uint8_t>& w) const {
   std::vector<Part> parts;
   auto special = [&](int64_t id, uint8_t weight) { parts.push_back({id, {}, weight}); };
   auto text = [&](std::string s, uint8_t weight) { parts.push_back({-1, std::move(s), weight}); };
@@ -242,7 +290,7 @@ void ChatRenderer::render(const std::vector<ChatMessage>& msgs, std::vector<uint
       }
       break;
   }
-  encode_parts(parts, ids, w);
+  return encode_parts(parts, ids, w);
 }
 
 }  // namespace easyctx::data

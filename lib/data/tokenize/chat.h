@@ -53,13 +53,16 @@ std::string parse_chat_record(const RawRecord& r, const FieldOptions& fields, Ch
 class ChatRenderer {
  public:
   // Resolves the template's special tokens in `tok`; throws InputError naming the tokenizer
-  // when one is missing (e.g. chatml with a tokenizer without <|im_start|>).
-  ChatRenderer(const Tokenizer& tok, ChatTemplate t, bool loss_on_all);
+  // when one is missing (e.g. chatml with a tokenizer without <|im_start|>). piece_bytes: a
+  // run of text longer than this goes to the tokenizer in pieces (Tokenizer::encode_pieces).
+  ChatRenderer(const Tokenizer& tok, ChatTemplate t, bool loss_on_all, size_t piece_bytes = size_t(256) << 10);
   // Appends the ids of the rendered conversation and one weight (0/1) per id. Text between
-  // two special tokens is encoded as one piece, as the template's whole string would be; a
-  // token of that piece gets the weight of the message part its text starts in (the tokens
-  // past the encoding of the text before an assistant part are that part's).
-  void render(const std::vector<ChatMessage>& messages, std::vector<uint32_t>& ids, std::vector<uint8_t>& w) const;
+  // two special tokens (a run) is encoded as one text, as the template's whole string would
+  // be; a token of it gets the weight of the message part its text starts in (the tokens
+  // past the encoding of the text before an assistant part are that part's). A run longer
+  // than piece_bytes is encoded in pieces, the rule applied inside each piece: the same ids
+  // and weights unless a cut was forced. Returns the number of forced cuts.
+  size_t render(const std::vector<ChatMessage>& messages, std::vector<uint32_t>& ids, std::vector<uint8_t>& w) const;
   ChatTemplate chat_template() const { return t_; }
   bool adds_bos() const { return t_ != ChatTemplate::ChatML; }
 
@@ -69,10 +72,13 @@ class ChatRenderer {
     std::string text;
     uint8_t weight = 0;
   };
-  void encode_parts(const std::vector<Part>& parts, std::vector<uint32_t>& ids, std::vector<uint8_t>& w) const;
+  size_t encode_parts(const std::vector<Part>& parts, std::vector<uint32_t>& ids, std::vector<uint8_t>& w) const;
+  size_t encode_run(const std::vector<Part>& parts, size_t i, size_t j, std::vector<uint32_t>& ids,
+                    std::vector<uint8_t>& w) const;
   const Tokenizer& tok_;
   ChatTemplate t_;
   bool all_;
+  size_t piece_bytes_;
   int64_t bos_ = -1, eos_ = -1, start_hdr_ = -1, end_hdr_ = -1, eot_ = -1, im_start_ = -1, im_end_ = -1;
 };
 

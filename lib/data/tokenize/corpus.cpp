@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/log.h"
 #include "core/strings.h"
 #include "data/tokenize/utf8.h"
 
@@ -36,12 +37,21 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& args) {
   for (const std::string& a : args) {
     std::error_code ec;
     if (fs::is_directory(a, ec)) {
-      std::vector<std::string> found;
+      std::vector<std::string> found, other;
       for (auto it = fs::recursive_directory_iterator(a, ec); !ec && it != fs::recursive_directory_iterator();
            it.increment(ec))
-        if (it->is_regular_file() && known_format(it->path().string())) found.push_back(it->path().string());
+        if (it->is_regular_file()) {
+          const std::string p = it->path().string();
+          if (known_format(p)) found.push_back(p);
+          else if (it->path().filename().string()[0] != '.') other.push_back(p);  // dot files: silently
+        }
       EASYCTX_CHECK_INPUT(!ec, "cannot walk input folder ", a, ": ", ec.message());
       std::sort(found.begin(), found.end());
+      std::sort(other.begin(), other.end());
+      if (!other.empty())
+        log_warn("input folder ", a, ": ", other.size(),
+                 " file(s) not read (not .jsonl, .json, .jsonl.zst, .zst or .txt), ", "first ", other[0],
+                 other.size() > 1 ? (", " + other[1]) : "", other.size() > 2 ? ", ..." : "");
       EASYCTX_CHECK_INPUT(!found.empty(), "input folder ", a, " holds no .jsonl, .jsonl.zst or .txt files");
       out.insert(out.end(), found.begin(), found.end());
     } else if (a.find_first_of("*?[") != std::string::npos && !fs::exists(a, ec)) {
@@ -236,6 +246,8 @@ bool UnitReader::open_next_piece() {
 }
 
 namespace {
+constexpr std::string_view kBom = "\xEF\xBB\xBF";  // U+FEFF in UTF-8
+
 // Next line of a JSON Lines source (without '\n'); false at the end of its data. A line
 // longer than max_bytes is an InputError naming the file and the line.
 bool next_line(UnitReader::Source& s, std::string_view& line, uint64_t max_bytes);
@@ -255,6 +267,8 @@ bool UnitReader::next(RawRecord& r) {
       r.data = s.text;
       r.line = 1;
       r.is_text_file = true;
+      r.bom = starts_with(r.data, kBom);
+      if (r.bom) r.data.remove_prefix(3);
       return true;
     }
     // A plain range ends when the next line would start at or after `end`.
@@ -266,6 +280,8 @@ bool UnitReader::next(RawRecord& r) {
     if (!r.data.empty() && r.data.back() == '\r') r.data.remove_suffix(1);
     r.line = ++s.line;
     r.is_text_file = false;
+    r.bom = starts_with(r.data, kBom);
+    if (r.bom) r.data.remove_prefix(3);
     return true;
   }
 }

@@ -2,7 +2,8 @@
 //
 // Inputs are files, folders (walked recursively, sorted by path) and glob patterns. Formats
 // by name: *.jsonl / *.json (JSON Lines), *.jsonl.zst / *.zst (zstd-compressed JSON Lines),
-// *.txt (the whole file is one document).
+// *.txt (the whole file is one document). Files of other names in a folder are left out with
+// a warning naming how many and the first of them.
 //
 // Work units (the unit of parallelism, resume and shard naming): files are taken in input
 // order; a JSON Lines file larger than split_bytes is cut into byte ranges of about
@@ -42,6 +43,7 @@ struct RawRecord {
   const std::string* file = nullptr;
   uint64_t line = 0;  // 1-based line in the file (1 for text files)
   bool is_text_file = false;
+  bool bom = false;  // a UTF-8 byte-order mark began the line (or the file) and was removed
 };
 
 class UnitReader {
@@ -51,7 +53,9 @@ class UnitReader {
   explicit UnitReader(const WorkUnit& unit, uint64_t max_record_bytes = UINT64_MAX);
   ~UnitReader();
   // Next record of the unit in order; false at the end. Throws InputError naming the file
-  // on read errors and on corrupt or truncated zstd streams.
+  // on read errors and on corrupt or truncated zstd streams. A UTF-8 byte-order mark at the
+  // start of a line (a file's first, or files joined by cat) or of a .txt file is removed
+  // (RawRecord::bom says so).
   bool next(RawRecord& r);
   uint64_t bytes_done() const;  // input bytes consumed (compressed bytes for zst)
   struct Source;                // one open input piece (defined in corpus.cpp)

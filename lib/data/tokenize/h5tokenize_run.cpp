@@ -1,9 +1,12 @@
 #include "data/tokenize/h5tokenize_run.h"
 
 #include <omp.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -17,6 +20,7 @@
 #include "data/tokenize/chat.h"
 #include "data/tokenize/tokenizer.h"
 #include "data/tokenize/utf8.h"
+#include "data/h5util.h"
 #include "dist/watchdog.h"
 
 namespace easyctx::data {
@@ -110,7 +114,11 @@ struct Pending {
   std::vector<ChatMessage> chat;
   std::vector<uint8_t> weights;  // chat: one per id
   uint64_t record;               // index of the record in the unit
-  double est;                    // estimated tokens (upsampling)
+  std::string file;              // where the record is (errors and warnings)
+  uint64_t line = 0, bytes = 0;
+  double est;         // estimated tokens (upsampling)
+  TokenizeStats gap;  // counts of the records read since the previous kept one, this one included
+  size_t forced = 0;  // cuts inside a word (Tokenizer::encode_pieces)
   std::vector<uint32_t> ids;
 };
 
@@ -132,12 +140,14 @@ class UnitJob {
 
  private:
   bool resume();  // false: the unit is already complete
+  void count_finished(const std::string& path);
   void read_batch(UnitReader& rd, std::vector<Pending>& batch, bool& at_end);
+  bool read_one(const RawRecord& r, Pending& p);
   void tokenize(std::vector<Pending>& batch);
   void write(Pending& p);
   void open_writer(uint64_t chunk);
   void commit(bool done);
-  void warn(const RawRecord& r, const std::string& why);
+  void warn(const std::string& where, const std::string& why, bool fatal_when_strict = true);
 
   const TokenizeOptions& o_;
   const Tokenizer& tok_;
@@ -148,19 +158,38 @@ class UnitJob {
   const ChatRenderer* chat_;  // null: text records
   std::string fp_;
   Upsampler read_ups_, commit_ups_;
+  // Record counts up to the last written document (commit_, what a cursor stores) and of the
+  // records read after it (gap_).
+  TokenizeStats commit_, gap_;
+  std::string bom_file_;  // the last file whose byte-order mark was reported
   std::unique_ptr<TokenShardWriter> writer_;
   uint64_t part_ = 0, records_read_ = 0, last_written_ = 0;
 };
 
-void UnitJob::warn(const RawRecord& r, const std::string& why) {
-  std::string where = *r.file + ":" + std::to_string(r.line);
-  if (o_.strict) EASYCTX_THROW_INPUT(where, ": ", why, " (--strict)");
-  if (warnings_ < o_.max_warnings) log_warn(where, ": ", why, "; line skipped");
-  if (++warnings_ == o_.max_warnings) log_warn("further malformed-record warnings are only counted");
+void UnitJob::warn(const std::string& where, const std::string& why, bool fatal_when_strict) {
+  if (o_.strict && fatal_when_strict) EASYCTX_THROW_INPUT(where, ": ", why, " (--strict)");
+  if (warnings_ < o_.max_warnings) log_warn(where, ": ", why);
+  if (++warnings_ == o_.max_warnings) log_warn("further warnings about records are only counted");
+}
+
+// Adds a finished shard's documents to the statistics (read from the file: the summary counts
+// the whole output).
+void UnitJob::count_finished(const std::string& path) {
+  TokenShardReader r(path);
+  const auto& off = r.doc_offsets();
+  for (uint64_t d = 0; d < r.num_docs(); ++d) {
+    const uint64_t n = off[d + 1] - off[d];
+    auto& s = st_.sources[r.sources()[r.doc_source()[d]]];
+    ++s.docs;
+    s.tokens += n;
+    ++st_.hist[hist_bucket(n)];
+  }
+  ++st_.shards;
 }
 
 bool UnitJob::resume() {
   // Finished parts 0..k of this unit (stale temporaries are removed).
+  std::string counts;
   for (uint64_t k = 0;; ++k) {
     std::string path = (fs::path(o_.output) / shard_name(u_.index, k)).string();
     std::error_code ec;
@@ -172,13 +201,48 @@ bool UnitJob::resume() {
     Json c = parse_json(it->second, path + " h5tokenize attribute");
     EASYCTX_CHECK_INPUT(c.at("fingerprint").as_string() == fp_, path,
                         ": made with other options, tokenizer or inputs; use a fresh --output or --overwrite");
-    if (c.at("unit_done").as_bool()) return false;
+    count_finished(path);
+    counts = c.find("counts") ? c.at("counts").dump() : std::string();
+    if (c.at("unit_done").as_bool()) {
+      if (!counts.empty()) st_.merge_json(counts);
+      return false;
+    }
     part_ = k + 1;
     records_read_ = static_cast<uint64_t>(c.at("records").as_int());
     read_ups_.restore(c.at("upsampler").as_string());
     commit_ups_.restore(c.at("upsampler").as_string());
   }
+  if (!counts.empty()) commit_.merge_json(counts);
   if (part_ > 0) log_info("unit ", u_.index, ": resuming after ", part_, " finished shard(s), record ", records_read_);
+  return true;
+}
+
+// Parses one non-blank record into p and decides upsampling; false when it is not kept (the
+// reason counted in gap_).
+bool UnitJob::read_one(const RawRecord& r, Pending& p) {
+  std::string why = chat_ ? parse_chat_record(r, o_.fields, chat_->chat_template(), p.chat, p.doc)
+                          : parse_record(r, o_.fields, p.doc);
+  if (!why.empty()) {
+    gap_.skip(*r.file, u_.index, r.line, why);
+    warn(*r.file + ":" + std::to_string(r.line), why + "; line skipped");
+    return false;
+  }
+  if (p.doc.text.empty()) {
+    ++gap_.empty;
+    return false;
+  }
+  uint64_t cps = utf8_length(p.doc.text);
+  switch (read_ups_.decide(p.doc.source, cps, records_read_ - 1)) {
+    case Upsampler::Decision::DropShort: ++gap_.dropped_short; return false;
+    case Upsampler::Decision::DropFull: ++gap_.dropped_full; return false;
+    case Upsampler::Decision::Keep: break;
+  }
+  p.record = records_read_ - 1;
+  p.file = *r.file;
+  p.line = r.line;
+  p.bytes = r.data.size();
+  p.est = read_ups_.estimate(cps);
+  read_ups_.count(p.doc.source, p.est);
   return true;
 }
 
@@ -186,41 +250,32 @@ void UnitJob::read_batch(UnitReader& rd, std::vector<Pending>& batch, bool& at_e
   uint64_t text_bytes = 0;
   RawRecord r;
   while (text_bytes < o_.batch_bytes) {
-    if (o_.upsample.mode != UpsampleMode::None && read_ups_.all_full()) {
+    if ((o_.upsample.mode != UpsampleMode::None && read_ups_.all_full()) || !rd.next(r)) {
       at_end = true;
       return;
     }
-    if (!rd.next(r)) {
-      at_end = true;
-      return;
+    ++records_read_;
+    if (r.bom) {
+      ++gap_.boms;
+      if (bom_file_ != *r.file)
+        log_warn(*r.file, ":", r.line,
+                 ": a UTF-8 byte-order mark at the start of the line, removed (said once per file)");
+      bom_file_ = *r.file;
     }
-    uint64_t idx = records_read_++;
-    ++st_.records;
     if (!r.is_text_file && trim(r.data).empty()) {
-      ++st_.empty;
+      ++gap_.blank;
       continue;
     }
+    ++gap_.records;
     Pending p;
-    std::string why = chat_ ? parse_chat_record(r, o_.fields, chat_->chat_template(), p.chat, p.doc)
-                            : parse_record(r, o_.fields, p.doc);
-    if (!why.empty()) {
-      ++st_.malformed;
-      warn(r, why);
-      continue;
+    try {
+      if (!read_one(r, p)) continue;
+    } catch (const std::bad_alloc&) {
+      EASYCTX_THROW(*r.file, ":", r.line, ": out of memory parsing this record (", r.data.size(),
+                    " bytes); give the job more memory, or lower --max-doc-bytes to refuse such records");
     }
-    if (p.doc.text.empty()) {
-      ++st_.empty;
-      continue;
-    }
-    uint64_t cps = utf8_length(p.doc.text);
-    switch (read_ups_.decide(p.doc.source, cps, idx)) {
-      case Upsampler::Decision::DropShort: ++st_.dropped_short; continue;
-      case Upsampler::Decision::DropFull: ++st_.dropped_full; continue;
-      case Upsampler::Decision::Keep: break;
-    }
-    p.record = idx;
-    p.est = read_ups_.estimate(cps);
-    read_ups_.count(p.doc.source, p.est);
+    p.gap = std::move(gap_);
+    gap_ = TokenizeStats();
     text_bytes += p.doc.text.size();
     batch.push_back(std::move(p));
   }
@@ -231,24 +286,29 @@ void UnitJob::tokenize(std::vector<Pending>& batch) {
   const int64_t n = static_cast<int64_t>(batch.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(o_.threads)
   for (int64_t i = 0; i < n; ++i) {
+    Pending& p = batch[i];
     try {
-      Pending& p = batch[i];
       if (chat_) {
-        chat_->render(p.chat, p.ids, p.weights);
+        p.forced = chat_->render(p.chat, p.ids, p.weights);
         std::vector<ChatMessage>().swap(p.chat);
         std::string().swap(p.doc.text);
         continue;
       }
       if (o_.add_bos) p.ids.push_back(static_cast<uint32_t>(tok_.bos_id()));
-      tok_.encode_pieces(p.doc.text, p.ids, o_.piece_bytes);
+      p.forced = tok_.encode_pieces(p.doc.text, p.ids, o_.piece_bytes);
       if (o_.add_eos) p.ids.push_back(static_cast<uint32_t>(tok_.eos_id()));
       std::string().swap(p.doc.text);  // free the text early
+    } catch (const std::bad_alloc&) {
+#pragma omp critical
+      if (error.empty())
+        error = detail::concat(p.file, ":", p.line, ": out of memory tokenizing this record (", p.bytes,
+                               " bytes); give the job more memory, or lower --threads or --max-doc-bytes");
     } catch (const std::exception& e) {
 #pragma omp critical
-      if (error.empty()) error = e.what();
+      if (error.empty()) error = detail::concat(p.file, ":", p.line, ": tokenizing this record: ", e.what());
     }
   }
-  if (!error.empty()) EASYCTX_THROW("tokenizing unit ", u_.index, " (", u_.describe(), "): ", error);
+  if (!error.empty()) EASYCTX_THROW("unit ", u_.index, ": ", error);
 }
 
 void UnitJob::open_writer(uint64_t chunk) {
@@ -267,6 +327,10 @@ void UnitJob::open_writer(uint64_t chunk) {
 
 void UnitJob::commit(bool done) {
   EASYCTX_CHECK(writer_, "h5tokenize: commit without an open shard");
+  if (done) {  // the records after the last document are the unit's too
+    commit_.add(gap_);
+    gap_ = TokenizeStats();
+  }
   Json c = Json::object();
   c.set("fingerprint", fp_);
   c.set("unit", u_.index);
@@ -275,10 +339,12 @@ void UnitJob::commit(bool done) {
   c.set("records", done ? records_read_ : last_written_ + 1);
   c.set("upsampler", commit_ups_.state_json());
   c.set("inputs", u_.describe());
+  c.set("counts", parse_json(commit_.to_json(), "counts"));
   writer_->set_extra("h5tokenize", c.dump());
   writer_->commit();
   writer_.reset();
   ++st_.shards;
+  ++st_.shards_written;
   ++part_;
 }
 
@@ -288,6 +354,15 @@ void UnitJob::write(Pending& p) {
   writer_->add_document(p.ids.data(), p.ids.size(), writer_->source_index(p.doc.source),
                         chat_ ? p.weights.data() : nullptr);
   commit_ups_.count(p.doc.source, p.est);
+  commit_.add(p.gap);
+  if (p.forced) {
+    ++commit_.forced_cuts;
+    warn(p.file + ":" + std::to_string(p.line),
+         detail::concat("cut ", p.forced, " time(s) inside a word: ", 4 * o_.piece_bytes,
+                        " bytes without a space or line break (the tokens next to a cut may differ from encoding the "
+                        "record whole)"),
+         false);
+  }
   last_written_ = p.record;
   auto& s = st_.sources[p.doc.source];
   ++s.docs;
@@ -322,6 +397,7 @@ void UnitJob::run() {
   // A unit with no documents still gets its (empty) last part, which marks it done.
   if (!writer_) open_writer(1024);
   commit(true);
+  st_.add(commit_);  // the unit's record counts (its documents were counted as written)
   st_.bytes += u_.bytes;
   progress_(u_.bytes - reported);
   ++st_.units;
@@ -366,27 +442,41 @@ class Progress {
   Clock::time_point start_ = Clock::now(), last_ = Clock::now();
 };
 
-// The chat renderer when the input is chat (--format chat, or auto and the first record of
-// the first unit is a chat record: the same answer on every rank), else null.
+// What one sampled record is (detect_format).
+enum class Kind { Chat, Text, Neither };
+Kind record_kind(const RawRecord& r, const FieldOptions& fields) {
+  if (r.is_text_file) return Kind::Text;
+  try {
+    const Json j = parse_json(r.data, "record");
+    if (!j.is_object()) return Kind::Neither;
+    if (j.find("messages") || (j.find("prompt") && j.find("response"))) return Kind::Chat;
+    const Json* t = j.find_path(fields.text_path);
+    return t && t->is_string() ? Kind::Text : Kind::Neither;
+  } catch (const Error&) { return Kind::Neither; }
+}
+
+// The chat renderer when the input is chat (--format chat; auto with a named chat template or
+// --loss-on, or when detect_format says so: the same answer on every rank), else null.
 std::unique_ptr<ChatRenderer> make_chat_renderer(const TokenizeOptions& o, const Tokenizer& tok,
-                                                 const std::vector<WorkUnit>& units) {
+                                                 const std::vector<WorkUnit>& units, bool log) {
   EASYCTX_CHECK_INPUT(o.format == "text" || o.format == "chat" || o.format == "auto", "--format ", o.format,
                       ": expected text, chat or auto");
+  const bool named = o.chat_template != "auto";
+  EASYCTX_CHECK_INPUT(o.format != "text" || (!named && !o.loss_on_given), "--format text with ",
+                      named ? "--chat-template " + o.chat_template : std::string("--loss-on"),
+                      ", which applies to chat records only: drop one of them");
   bool chat = o.format == "chat";
-  if (o.format == "auto" && !units.empty()) {
-    UnitReader rd(units[0], o.max_doc_bytes);
-    RawRecord r;
-    while (rd.next(r)) {
-      if (r.is_text_file) break;
-      if (trim(r.data).empty()) continue;
-      chat = looks_like_chat(r.data);
-      break;
-    }
+  if (o.format == "auto" && (named || o.loss_on_given)) {
+    chat = true;
+    if (log) log_info("h5tokenize: chat records (", named ? "--chat-template" : "--loss-on", " given)");
+  } else if (o.format == "auto") {
+    std::string why;
+    chat = detect_format(units, o.fields, o.max_doc_bytes, why) == "chat";
+    if (log) log_info("h5tokenize: --format auto: ", chat ? "chat" : "text", " records (", why, ")");
   }
   if (!chat) return nullptr;
-  const ChatTemplate t =
-      o.chat_template == "auto" ? detect_chat_template(o.tokenizer) : parse_chat_template(o.chat_template);
-  return std::make_unique<ChatRenderer>(tok, t, o.loss_on_all);
+  const ChatTemplate t = named ? parse_chat_template(o.chat_template) : detect_chat_template(o.tokenizer);
+  return std::make_unique<ChatRenderer>(tok, t, o.loss_on_all, o.piece_bytes);
 }
 
 TokenizeStats gather(const TokenizeStats& local, MPI_Comm comm) {
@@ -415,89 +505,72 @@ TokenizeStats gather(const TokenizeStats& local, MPI_Comm comm) {
 
 }  // namespace
 
-uint64_t TokenizeStats::total_docs() const {
-  uint64_t n = 0;
-  for (const auto& kv : sources) n += kv.second.docs;
-  return n;
-}
-uint64_t TokenizeStats::total_tokens() const {
-  uint64_t n = 0;
-  for (const auto& kv : sources) n += kv.second.tokens;
-  return n;
-}
-
-std::string TokenizeStats::to_json() const {
-  Json src = Json::object();
-  for (const auto& [name, s] : sources) {
-    Json o = Json::object();
-    o.set("docs", s.docs);
-    o.set("tokens", s.tokens);
-    src.set(name, o);
-  }
-  Json h = Json::array();
-  for (uint64_t v : hist) h.push_back(v);
-  Json j = Json::object();
-  j.set("sources", src);
-  j.set("length_histogram", h);
-  j.set("records", records);
-  j.set("malformed", malformed);
-  j.set("empty", empty);
-  j.set("dropped_short", dropped_short);
-  j.set("dropped_full", dropped_full);
-  j.set("bytes", bytes);
-  j.set("units", units);
-  j.set("units_skipped", units_skipped);
-  j.set("shards", shards);
-  j.set("docs", total_docs());
-  j.set("tokens", total_tokens());
-  j.set("seconds", seconds);
-  return j.dump();
+std::string detect_format(const std::vector<WorkUnit>& units, const FieldOptions& fields, uint64_t max_record_bytes,
+                          std::string& why) {
+  uint64_t n[3] = {0, 0, 0}, files = 0;
+  std::string first_neither;
+  for (const WorkUnit& u : units)
+    for (const InputPiece& piece : u.pieces) {
+      if (piece.begin != 0 || files == uint64_t(kFormatSampleFiles)) continue;  // a file's start, once
+      ++files;
+      WorkUnit one;
+      one.pieces.push_back(piece);
+      UnitReader rd(one, max_record_bytes);
+      RawRecord r;
+      try {
+        for (int k = 0; k < kFormatSampleRecords && rd.next(r);) {
+          if (!r.is_text_file && trim(r.data).empty()) continue;
+          ++k;
+          const Kind kind = record_kind(r, fields);
+          ++n[static_cast<int>(kind)];
+          if (kind == Kind::Neither && first_neither.empty()) first_neither = *r.file + ":" + std::to_string(r.line);
+        }
+      } catch (const InputError&) {}  // a corrupt or unreadable file: its unit's reader says so, in turn
+    }
+  const uint64_t chat = n[0], text = n[1], neither = n[2];
+  why =
+      detail::concat("of ", chat + text + neither, " records sampled from ", files, " file(s): ", chat, " chat, ", text,
+                     " text, ", neither, " neither", first_neither.empty() ? "" : " (first " + first_neither + ")");
+  if (chat > 0 && text > 0) log_warn("h5tokenize: --format auto: the input mixes chat and text records (", why, ")");
+  return chat > text ? "chat" : "text";
 }
 
-void TokenizeStats::merge_json(const std::string& text) {
-  Json j = parse_json(text, "h5tokenize stats");
-  for (const auto& [name, o] : j.at("sources").as_object()) {
-    sources[name].docs += o.at("docs").as_int();
-    sources[name].tokens += o.at("tokens").as_int();
-  }
-  for (int b = 0; b < kHistBuckets; ++b) hist[b] += j.at("length_histogram")[b].as_int();
-  records += j.at("records").as_int();
-  malformed += j.at("malformed").as_int();
-  empty += j.at("empty").as_int();
-  dropped_short += j.at("dropped_short").as_int();
-  dropped_full += j.at("dropped_full").as_int();
-  bytes += j.at("bytes").as_int();
-  units += j.at("units").as_int();
-  units_skipped += j.at("units_skipped").as_int();
-  shards += j.at("shards").as_int();
+// Rank 0, before any work: the output folder exists and takes a file (a read-only file
+// system or folder fails here, named, instead of at the first shard).
+void check_output_folder(const std::string& out) {
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  EASYCTX_CHECK_INPUT(fs::is_directory(out), "cannot create output folder ", out, ": ", ec.message());
+  const std::string probe = (fs::path(out) / (".h5tokenize-write-test-" + std::to_string(::getpid()))).string();
+  FILE* f = std::fopen(probe.c_str(), "wb");
+  const int err = errno;
+  if (f) std::fclose(f);
+  fs::remove(probe, ec);
+  EASYCTX_CHECK_INPUT(f, "the output folder ", out, " is not writable (", std::strerror(err),
+                      "): give --output a folder this user can write to");
 }
 
-std::string TokenizeStats::format() const {
-  std::string s;
-  char line[256];
-  std::snprintf(line, sizeof line, "%-28s %12s %15s %10s\n", "source", "documents", "tokens", "tok/doc");
-  s += line;
-  for (const auto& [name, v] : sources) {
-    std::snprintf(line, sizeof line, "%-28s %12llu %15llu %10.1f\n", name.c_str(), (unsigned long long)v.docs,
-                  (unsigned long long)v.tokens, v.docs ? double(v.tokens) / v.docs : 0.0);
-    s += line;
+// The message for a shard that could not be written: the file, the cause and what to do.
+std::string write_failure(const h5::IoError& e, const TokenizeOptions& o, uint64_t shards_done) {
+  std::string s = "h5tokenize: " + std::string(e.what()) + ". ";
+  if (e.err() == ENOSPC || e.err() == EDQUOT) {
+    s += "The output's file system is full (or over its quota): free space there or give another --output";
+  } else if (e.err() == EFBIG) {
+    struct rlimit lim {};
+    ::getrlimit(RLIMIT_FSIZE, &lim);
+    s += "A shard outgrew the file-size limit";
+    if (lim.rlim_cur != RLIM_INFINITY) s += " (ulimit -f: " + format_bytes(double(lim.rlim_cur)) + ")";
+    s += detail::concat(": raise it, or lower --shard-tokens (now ", o.shard_tokens,
+                        "; a shard file takes 4 to 10 bytes a token)");
+  } else if (e.err() == EROFS || e.err() == EACCES || e.err() == EPERM) {
+    s += "The output folder " + o.output + " is not writable: give --output a folder this user can write to";
+  } else {
+    s += "Check the output's file system";
   }
-  std::snprintf(line, sizeof line, "%-28s %12llu %15llu\n", "total", (unsigned long long)total_docs(),
-                (unsigned long long)total_tokens());
-  s += line;
-  s += "document length (tokens):";
-  const char* labels[kHistBuckets] = {"<128", "128-511", "512-2K", "2K-8K", "8K-32K", "32K-128K", ">=128K"};
-  for (int b = 0; b < kHistBuckets; ++b) s += std::string("  ") + labels[b] + ": " + std::to_string(hist[b]);
-  std::snprintf(
-      line, sizeof line,
-      "\nrecords %llu, skipped: malformed %llu, empty %llu; upsampling dropped: short %llu, "
-      "source full %llu\nunits %llu done + %llu already finished, %llu shards written, %.1f s, %.2fM tokens/s\n",
-      (unsigned long long)records, (unsigned long long)malformed, (unsigned long long)empty,
-      (unsigned long long)dropped_short, (unsigned long long)dropped_full, (unsigned long long)units,
-      (unsigned long long)units_skipped, (unsigned long long)shards, seconds,
-      seconds > 0 ? total_tokens() / seconds / 1e6 : 0.0);
-  s += line;
-  return s;
+  return s + detail::concat("; a rerun of the same command resumes after the last finished shard (this rank wrote ",
+                            shards_done,
+                            " shard(s); every finished shard is complete and valid, the unfinished one "
+                            "was removed)");
 }
 
 TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
@@ -510,9 +583,11 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
   EASYCTX_CHECK_INPUT(o.threads >= 1, "--threads must be >= 1");
   EASYCTX_CHECK_INPUT(o.shard_tokens > 0, "--shard-tokens must be > 0");
   EASYCTX_CHECK_INPUT(o.max_doc_bytes > 0, "--max-doc-bytes must be > 0");
+  EASYCTX_CHECK_INPUT(o.max_skipped_fraction >= 0 && o.max_skipped_fraction <= 1,
+                      "--max-skipped-fraction must be in [0, 1]");
   auto tok = load_tokenizer(o.tokenizer);
   std::vector<WorkUnit> units = plan_units(expand_inputs(o.inputs), o.split_bytes);
-  std::unique_ptr<ChatRenderer> chat = make_chat_renderer(o, *tok, units);
+  std::unique_ptr<ChatRenderer> chat = make_chat_renderer(o, *tok, units, rank == 0);
   // Chat runs take BOS/EOS from the template (its renderer names a missing special token):
   // --no-bos/--eos do not apply, and a ChatML tokenizer without a BOS needs no flag.
   EASYCTX_CHECK_INPUT(chat || !o.add_bos || tok->bos_id() >= 0, o.tokenizer, " has no BOS token; use --no-bos");
@@ -521,9 +596,7 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
   for (const auto& u : units) total_bytes += u.bytes;
 
   if (rank == 0) {
-    std::error_code ec;
-    fs::create_directories(o.output, ec);
-    EASYCTX_CHECK_INPUT(fs::is_directory(o.output), "cannot create output folder ", o.output, ": ", ec.message());
+    check_output_folder(o.output);
     if (o.overwrite)
       for (const auto& e : fs::directory_iterator(o.output))
         if (starts_with(e.path().filename().string(), "shard-")) fs::remove(e.path());
@@ -547,7 +620,9 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
   for (const auto& u : units) {
     if (static_cast<int>(u.index % size) != rank) continue;
     double share = total_bytes ? double(u.bytes) / double(total_bytes) : 0.0;
-    UnitJob(o, *tok, u, share, st, warnings, on_bytes, chat.get()).run();
+    try {
+      UnitJob(o, *tok, u, share, st, warnings, on_bytes, chat.get()).run();
+    } catch (const h5::IoError& e) { throw Error(write_failure(e, o, st.shards_written)); }
   }
   progress.finish();
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -557,6 +632,8 @@ TokenizeStats run_h5tokenize(const TokenizeOptions& o, MPI_Comm comm) {
   TokenizeStats total = gather(st, comm);
   total.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (rank == 0) write_file_atomic((fs::path(o.output) / "h5tokenize_summary.json").string(), total.to_json() + "\n");
+  const std::string skipped = total.skipped_error(o.max_skipped_fraction);
+  if (!skipped.empty()) throw SkippedRecordsError("h5tokenize: " + skipped, total);
   return total;
 }
 
