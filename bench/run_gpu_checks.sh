@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Every CUDA correctness suite of the GPU tests in one device call, for a commit whose CUDA code
+# changed and has not met a GPU yet: each test binary against the CPU reference, with a gtest
+# filter and a share of the deadline, then a summary (passed, failed, not run per binary). No
+# timing here: speed is bench/run_speed_families.sh's. Everything the call needs is carried in
+# .deps/gpucheck (git-ignored), made here by `prepare`; run from the repository root.
+#
+#   here:    bash bench/run_gpu_checks.sh prepare [BUILD_DIR]
+#            .deps/gpucheck: the test binaries of CHECKS that exist in BUILD_DIR/bin (stripped,
+#            xz) and the host libraries the GPU image lacks (device_pack.sh); about 15 MB
+#   there:   [DEADLINE_S=400] [CHECKS="..."] bash bench/run_gpu_checks.sh run   (carry .deps/gpucheck)
+#            -> $OUT/<binary>.txt each, $OUT/summary.txt
+#   CHECKS: space-separated BINARY[:FILTER[:SECONDS]] (default below: the suites the kernels,
+#   the optimizer split and offload, LoRA and sliding windows touch).
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/device_pack.sh"
+D=.deps/gpucheck
+DEFAULT_CHECKS="test_cuda_ops:*:60 test_cuda_trainer:*:200 test_cuda_attention:*:120 test_cuda_windows:*:60 \
+test_cuda_documents:*:60 test_cuda_sp:*:60"
+CHECKS=${CHECKS:-$DEFAULT_CHECKS}
+case "${1:-}" in
+  prepare)
+    set -e
+    build=${2:-build}
+    bins=()
+    for c in $CHECKS; do
+      b=${c%%:*}
+      if [ -x "$build/bin/$b" ]; then bins+=("$b"); else echo "not built, left out: $b"; fi
+    done
+    pack_device_dir $D "$build" "${bins[@]}"
+    git log -1 --format='%H %s' > $D/commit.txt
+    du -sh $D
+    ;;
+  run)
+    T0=$(date +%s)
+    DEADLINE_S=${DEADLINE_S:-400}
+    unpack_device_dir $D
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    echo "binaries built at: $(cat $D/commit.txt 2>/dev/null)"
+    : > "$OUT/summary.txt"
+    for c in $CHECKS; do
+      IFS=: read -r b filter secs <<< "$c"
+      filter=${filter:-*}
+      secs=${secs:-120}
+      left=$((T0 + DEADLINE_S - $(date +%s)))
+      if [ ! -x "$D/bin/$b" ]; then
+        printf '%-24s not carried\n' "$b" | tee -a "$OUT/summary.txt"
+        continue
+      fi
+      if [ "$left" -lt 15 ]; then
+        printf '%-24s not run (deadline)\n' "$b" | tee -a "$OUT/summary.txt"
+        continue
+      fi
+      [ "$secs" -gt "$left" ] && secs=$left
+      echo "== [$(($(date +%s) - T0)) s] $b --gtest_filter=$filter (at most $secs s)"
+      timeout "$secs" "$D/bin/$b" --gtest_filter="$filter" > "$OUT/$b.txt" 2>&1
+      rc=$?
+      passed=$(grep -c '^\[       OK \]' "$OUT/$b.txt")
+      failed=$(grep -c '^\[  FAILED  \] .*(' "$OUT/$b.txt")
+      skipped=$(grep -c '^\[  SKIPPED \] .*(' "$OUT/$b.txt")
+      printf '%-24s rc %-3s passed %-3s failed %-3s skipped %-3s %s\n' "$b" "$rc" "$passed" "$failed" "$skipped" \
+        "$( [ "$rc" = 124 ] && echo '(timed out)')" | tee -a "$OUT/summary.txt"
+      grep '^\[  FAILED  \] .*(' "$OUT/$b.txt" | head -n 10
+    done
+    echo "== [$(($(date +%s) - T0)) s] summary"
+    cat "$OUT/summary.txt"
+    ;;
+  *)
+    echo "usage: bash bench/run_gpu_checks.sh prepare [BUILD_DIR] | run" >&2
+    exit 2
+    ;;
+esac
