@@ -163,7 +163,7 @@ MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const
   const double saved_s = static_cast<double>(more) * 2.0 * static_cast<double>(on_gpu.tokens) *
                          static_cast<double>(cfg.train.grad_accum) * static_cast<double>(cfg.data.seq_length) *
                          static_cast<double>(m.q_dim()) / kAttentionFlopsPerSecond;
-  const double per_rank = static_cast<double>(on_gpu.parameters) /
+  const double per_rank = static_cast<double>(on_gpu.trainable_parameters) /
                           static_cast<double>(cfg.parallel.zero.stage == 3 ? on_gpu.zero_group : 1);
   const double host_s = per_rank * kHostUpdateSecondsPerParam;
   if (more <= 0 || saved_s <= host_s) return on_gpu;

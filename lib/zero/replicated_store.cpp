@@ -33,9 +33,10 @@ class ResidentSource final : public model::ParamSource {
   DeferredUpdate* deferred_;
 };
 
+// One view per unit (an empty buffer, a frozen unit's gradient or master: an empty view).
 std::vector<ops::Tensor> views(const std::vector<ops::Buffer>& bufs) {
   std::vector<ops::Tensor> v;
-  for (const ops::Buffer& b : bufs) v.push_back(b.flat());
+  for (const ops::Buffer& b : bufs) v.push_back(b.numel() > 0 ? b.flat() : ops::Tensor());
   return v;
 }
 
@@ -46,6 +47,12 @@ class ReplicatedStore final : public ParamStore {
       : ParamStore(layout, be, dtype, o, c) {
     ops::Backend& opt_be = host_be_ ? *host_be_ : be_;
     for (const model::ParamUnit& u : layout_.units()) {
+      if (u.frozen) {  // LoRA's base: its weights in the compute dtype, nothing else
+        master_.push_back(on_device() ? ops::Buffer() : be_.alloc(DType::F32, u.numel, "f32 frozen base (LoRA)"));
+        for (std::vector<ops::Buffer>* b : {&grads_, &adam_m_, &adam_v_}) b->emplace_back();
+        if (on_device()) work_.push_back(be_.alloc(DType::BF16, u.numel, "bf16 frozen base (LoRA)"));
+        continue;
+      }
       master_.push_back(opt_be.alloc(DType::F32, u.numel, state_label("fp32 master weights").c_str()));
       grads_.push_back(be_.alloc(DType::F32, u.numel, "fp32 gradients"));
       adam_m_.push_back(opt_be.alloc(DType::F32, u.numel, state_label("Adam m, v (fp32)").c_str()));
@@ -53,15 +60,17 @@ class ReplicatedStore final : public ParamStore {
       if (on_device()) work_.push_back(be_.alloc(DType::BF16, u.numel, "bf16 working parameters"));
     }
     if (host_adamw_)
-      deferred_ =
-          std::make_unique<DeferredUpdate>(*host_adamw_, be_, [this](size_t u) { be_.fill(grads_[u].flat(), 0.0); });
+      deferred_ = std::make_unique<DeferredUpdate>(*host_adamw_, be_, [this](size_t u) {
+        if (grads_[u].numel() > 0) be_.fill(grads_[u].flat(), 0.0);
+      });
   }
 
   ~ReplicatedStore() override { settle_before_destruction(); }
 
   void begin_step() override {
     if (deferred_ && deferred_->pending()) return;  // each unit's gradient is zeroed when it is reached
-    for (ops::Buffer& g : grads_) be_.fill(g.flat(), 0.0);
+    for (ops::Buffer& g : grads_)
+      if (g.numel() > 0) be_.fill(g.flat(), 0.0);
   }
 
   model::ParamSource& source(int64_t m) override {
@@ -82,18 +91,21 @@ class ReplicatedStore final : public ParamStore {
     dist::Comm& c = *comms_.grads;
     if (c.size() == 1) return;
     if (!on_device()) {
-      for (ops::Buffer& g : grads_) c.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
+      for (ops::Buffer& g : grads_)
+        if (g.numel() > 0) c.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
       return;
     }
     if (c.memspace() == MemSpace::Device) {  // NCCL on the device buffers
       be_.synchronize();                     // the backward is queued on the backend's stream, NCCL runs on its own
-      for (ops::Buffer& g : grads_) c.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
+      for (ops::Buffer& g : grads_)
+        if (g.numel() > 0) c.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
       c.synchronize();
       return;
     }
     std::vector<std::vector<float>> staging;  // device gradients over a host communicator
     const std::vector<ops::Tensor> hv = host_views(grads_, staging, true);
-    for (const ops::Tensor& g : hv) c.all_reduce(g.ptr<float>(), static_cast<size_t>(g.numel()));
+    for (const ops::Tensor& g : hv)
+      if (g.numel() > 0) c.all_reduce(g.ptr<float>(), static_cast<size_t>(g.numel()));
     upload(grads_, staging);
   }
 
@@ -106,6 +118,7 @@ class ReplicatedStore final : public ParamStore {
     const int64_t W = comms_.world->size(), r = comms_.world->rank();
     const bool direct = host_resident(master_);
     for (size_t u = 0; u < master_.size(); ++u) {
+      if (frozen(u)) continue;  // (LoRA's base: not checkpointed)
       const int64_t n = master_[u].numel(), lo = n * r / W, hi = n * (r + 1) / W;
       for (auto [kind, bufs] : checkpoint_arrays()) {
         const float* p = nullptr;
@@ -126,6 +139,7 @@ class ReplicatedStore final : public ParamStore {
     settle();
     std::vector<std::vector<float>> out(master_.size());
     for (size_t u = 0; u < master_.size(); ++u) {
+      if (frozen(u)) continue;
       out[u].resize(static_cast<size_t>(master_[u].numel()));
       if (host_resident(master_)) std::memcpy(out[u].data(), master_[u].data(), master_[u].bytes());
       else be_.copy(ops::Tensor(out[u].data(), DType::F32, {master_[u].numel()}), master_[u].flat());
@@ -144,16 +158,19 @@ class ReplicatedStore final : public ParamStore {
   Kept kept(size_t u) const override { return {0, layout_.units()[u].numel}; }
   const std::vector<ops::Buffer>& update_grads() const override { return grads_; }
   const std::vector<ops::Buffer>& working() const override { return work_; }
+  const ops::Buffer& frozen_weights(size_t u) const override { return work_.empty() ? master_[u] : work_[u]; }
   void after_deferred_start() override {}
 
   // CUDA: the bf16 working parameters from the master weights.
   void refresh_working_copy() override {
     if (!host_be_) {
-      for (size_t u = 0; u < work_.size(); ++u) be_.copy(work_[u].flat(), master_[u].flat());
+      for (size_t u = 0; u < work_.size(); ++u)
+        if (!frozen(u)) be_.copy(work_[u].flat(), master_[u].flat());
       return;
     }
     std::vector<uint16_t> bits;  // host master -> bf16 on the host -> device (no device-side f32 staging)
     for (size_t u = 0; u < work_.size(); ++u) {
+      if (frozen(u)) continue;  // (written once, when loaded)
       bits.resize(static_cast<size_t>(master_[u].numel()));
       f32_to_bf16(master_[u].flat().ptr<float>(), bits.data(), master_[u].numel());
       be_.copy(work_[u].flat(), ops::Tensor(bits.data(), DType::BF16, {master_[u].numel()}));

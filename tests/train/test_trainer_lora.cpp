@@ -1,0 +1,425 @@
+// LoRA through the trainer under mpirun (2, 3 and 4 ranks; the cases that need a layout the
+// world does not fit skip):
+//  - every sequence-parallel mode (and data x sequence) against one rank on whole sequences:
+//    the loss and every trainable gradient of the second step (after one update, so that B is
+//    no longer zero and A has a gradient) to 1e-5, three more steps' losses;
+//  - ZeRO-3 equals stage 0 (losses and trainable weights, bit for bit), also with the frozen
+//    base's layers through the gather pool at every prefetch depth;
+//  - the frozen base is bit-unchanged after steps, and holds no gradient or optimizer state;
+//  - a stopped and resumed run equals 6 straight steps bit for bit; its checkpoint holds the
+//    trainable tensors only and names its base; it reshards to fewer ranks; another base or
+//    another lora section is refused; a LoRA checkpoint chains into the next stage
+//    (model.init ckpt:), a full fine-tune's becomes the frozen base;
+//  - the export: the PEFT adapter folder, merged into the base (easyctx_convert
+//    --merge-lora), gives the logits of base + adapter in easyctx; model.adapter starts a LoRA
+//    run from the folder, and a full fine-tune from the merged weights.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "ckpt/convert.h"
+#include "ckpt/hf_model.h"
+#include "ckpt/lora_adapter.h"
+#include "ckpt/sharded_checkpoint.h"
+#include "core/strings.h"
+#include "dist/comm_mpi.h"
+#include "dist/groups.h"
+#include "train/trainer.h"
+#include "train_test_util.h"
+
+namespace easyctx::test {
+namespace {
+
+StageConfig lora_stage(const std::string& data, const std::string& out, uint64_t seed) {
+  StageConfig c = tiny_stage(data, out);
+  c.data.seq_length = 37;
+  c.train.seed = seed;
+  c.train.lr = 1e-2;
+  c.lora.rank = 4;
+  c.lora.alpha = 8;
+  c.lora.targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+  c.lora.trainable = "embed_tokens,norm,lm_head";
+  return c;
+}
+
+// Every trainable unit's gradient (stage 0 views; a frozen unit's entry is empty).
+std::vector<std::vector<float>> trainable_grads(const train::Trainer& t) {
+  std::vector<std::vector<float>> out;
+  for (const ops::Tensor& g : t.gradients())
+    out.emplace_back(g.empty() ? nullptr : g.ptr<float>(), g.empty() ? nullptr : g.ptr<float>() + g.numel());
+  return out;
+}
+
+std::vector<float> trainable_weights(const train::Trainer& t) {
+  std::vector<float> all;
+  for (const auto& u : t.master_host()) all.insert(all.end(), u.begin(), u.end());
+  return all;
+}
+
+struct SpCase {
+  SeqParallelMode mode;
+  int sp;  // 0: the world
+  int ulysses = 0;
+  CheckpointPolicy policy = CheckpointPolicy::Layer;
+  int64_t groups = 1;
+};
+
+void check_sp(const SpCase& c) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  const int W = rt.size(), sp = c.sp ? c.sp : W;
+  if (W % sp != 0) GTEST_SKIP() << "sp " << sp << " does not divide " << W;
+  if (c.mode == SeqParallelMode::Usp && W % 2 != 0) GTEST_SKIP() << "usp with ulysses 2 needs an even world";
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("lora-sp" + std::to_string(W), seed);
+  StageConfig par = lora_stage(path + "/shard.h5", path + "/par", seed);
+  par.parallel.sequence.mode = c.mode;
+  par.parallel.sequence.size = sp;
+  par.parallel.sequence.ulysses_size = c.ulysses;
+  par.activation.checkpoint = c.policy;
+  par.activation.attention_head_groups = c.groups;
+  StageConfig one = par;
+  one.parallel.sequence.size = 1;
+  one.parallel.sequence.ulysses_size = 0;
+  one.parallel.sequence.mode = SeqParallelMode::ZigzagRing;
+  one.activation.attention_head_groups = 1;
+  one.train.grad_accum = W / sp;
+  one.output.dir = path + "/one";
+  dist::GroupLayout layout;
+  try {
+    layout = dist::make_group_layout(par, W, rt.topology().local_size);
+  } catch (const InputError& e) { GTEST_SKIP() << e.what(); }
+  dist::ProcessGroups groups(rt, layout, dist::CommBackend::Mpi, 120);
+  auto self = dist::make_comm(MPI_COMM_SELF, "self", dist::CommBackend::Mpi, 120);
+  train::Trainer tpar(par, groups), tone(one, *self, *self);
+  // Step 0's gradients (B's, the trainable copies'; A's are 0 while B is), then step 1's,
+  // after an update, when A has one too. After an AdamW step a gradient that nearly cancels
+  // moves its element by up to lr whatever its rounding: step 1's tolerance is 10x wider.
+  for (int64_t step = 0; step < 2; ++step) {
+    if (step == 1) {
+      const double l0 = tpar.train_step(0).loss, l1 = tone.train_step(0).loss;
+      EXPECT_NEAR(l0, l1, 1e-5 * l1);
+    }
+    const train::StepStats a = tpar.compute_gradients(step), b = tone.compute_gradients(step);
+    EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss);
+    const auto ga = trainable_grads(tpar), gb = trainable_grads(tone);
+    ASSERT_EQ(ga.size(), gb.size());
+    for (size_t u = 0; u < ga.size(); ++u) {
+      if (tpar.model().layout().units()[u].frozen) {
+        EXPECT_TRUE(ga[u].empty() && gb[u].empty()) << "a frozen unit has a gradient";
+        continue;
+      }
+      EXPECT_LT(rel_error(ga[u], gb[u]), step == 0 ? 1e-5 : 1e-4)
+          << to_string(c.mode) << " W=" << W << " step " << step << " gradient of "
+          << tpar.model().layout().units()[u].name;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+TEST(LoraSequenceParallel, ZigzagRing) { check_sp({SeqParallelMode::ZigzagRing, 0}); }
+TEST(LoraSequenceParallel, ZigzagRingAttentionOutputHeadGroups) {
+  check_sp({SeqParallelMode::ZigzagRing, 0, 0, CheckpointPolicy::AttentionOutput, 2});
+}
+TEST(LoraSequenceParallel, Ulysses) { check_sp({SeqParallelMode::Ulysses, 2}); }
+TEST(LoraSequenceParallel, DistFlash) { check_sp({SeqParallelMode::DistFlash, 0, 0, CheckpointPolicy::None}); }
+TEST(LoraSequenceParallel, Usp) { check_sp({SeqParallelMode::Usp, 0, 2}); }
+TEST(LoraSequenceParallel, DataTimesZigzag) { check_sp({SeqParallelMode::ZigzagRing, 2}); }
+
+struct LoraRun {
+  std::vector<double> losses;
+  std::vector<float> w;
+};
+
+LoraRun run(dist::Runtime& rt, const StageConfig& c, int64_t from, int64_t to, int64_t save_at = -1) {
+  dist::ProcessGroups groups(rt, dist::make_group_layout(c, rt.size(), rt.topology().local_size),
+                             dist::CommBackend::Mpi, 120);
+  train::Trainer t(c, groups);
+  EXPECT_EQ(t.start_step(), from);
+  LoraRun r;
+  for (int64_t s = from; s < to; ++s) {
+    r.losses.push_back(t.train_step(s).loss);
+    if (s + 1 == save_at) t.save_checkpoint(save_at);
+  }
+  r.w = trainable_weights(t);
+  return r;
+}
+
+// (prefetch, policy)
+class LoraZero3 : public ::testing::TestWithParam<std::tuple<int, CheckpointPolicy>> {};
+
+TEST_P(LoraZero3, EqualsStage0BitForBit) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  const auto [prefetch, policy] = GetParam();
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("lora-zero", seed);
+  StageConfig c = lora_stage(path + "/shard.h5", path + "/s0", seed);
+  c.activation.checkpoint = policy;
+  StageConfig z = c;
+  z.parallel.zero.stage = 3;
+  z.parallel.zero.prefetch = prefetch;
+  z.output.dir = path + "/z3";
+  const LoraRun a = run(rt, c, 0, 4), b = run(rt, z, 0, 4);
+  EXPECT_EQ(a.losses, b.losses);
+  ASSERT_EQ(a.w.size(), b.w.size());
+  EXPECT_EQ(std::memcmp(a.w.data(), b.w.data(), a.w.size() * sizeof(float)), 0) << "trainable weights differ";
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, LoraZero3,
+                         ::testing::Values(std::make_tuple(1, CheckpointPolicy::Layer),
+                                           std::make_tuple(0, CheckpointPolicy::AttentionOutput),
+                                           std::make_tuple(2, CheckpointPolicy::None)));
+
+// The frozen base keeps its bits; it has no gradient, master copy or Adam state (stage 0 on
+// the CPU keeps its f32 weights in master(), for this check).
+TEST(LoraTrainer, FrozenBaseBitUnchangedAndTrainableChanges) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("lora-frozen", seed);
+  const StageConfig c = lora_stage(path + "/shard.h5", path + "/run", seed);
+  dist::ProcessGroups groups(rt, dist::make_group_layout(c, rt.size(), rt.topology().local_size),
+                             dist::CommBackend::Mpi, 120);
+  train::Trainer t(c, groups);
+  const model::ParamLayout& l = t.model().layout();
+  const model::ParamLayout base(t.model().config());
+  std::vector<std::vector<float>> before;
+  for (const ops::Tensor& m : t.master()) before.emplace_back(m.ptr<float>(), m.ptr<float>() + m.numel());
+  for (int64_t s = 0; s < 3; ++s) t.train_step(s);
+  const std::vector<ops::Tensor> after = t.master();
+  int64_t frozen = 0;
+  for (size_t u = 0; u < l.num_units(); ++u) {
+    const std::vector<float> now(after[u].ptr<float>(), after[u].ptr<float>() + after[u].numel());
+    if (l.units()[u].frozen) {
+      ++frozen;
+      EXPECT_EQ(now, before[u]) << l.units()[u].name << " changed";
+      // ... and it is the base model.init made (random: init_random_range of the base layout)
+      std::vector<float> want(now.size());
+      model::init_random_range(base, static_cast<size_t>(l.units()[u].tensors[0].base_unit), 0,
+                               ops::Tensor(want.data(), ops::DType::F32, {static_cast<int64_t>(want.size())}),
+                               c.model.init_std, c.train.seed);
+      EXPECT_EQ(now, want) << l.units()[u].name;
+      EXPECT_TRUE(t.gradients()[u].empty());
+    } else {
+      EXPECT_NE(now, before[u]) << l.units()[u].name << " did not train";
+    }
+  }
+  EXPECT_EQ(frozen, t.model().config().num_layers + 0);  // layers (embedding and head: trainable copies)
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+TEST(LoraTrainer, ResumeBitIdenticalTrainableOnlyCheckpointAndRefusals) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("lora-resume", seed);
+  StageConfig c = lora_stage(path + "/shard.h5", path + "/straight", seed);
+  c.parallel.zero.stage = rt.size() > 1 ? 3 : 0;
+  const LoraRun straight = run(rt, c, 0, 6);
+  StageConfig r = c;
+  r.output.dir = path + "/resumed";
+  const LoraRun first = run(rt, r, 0, 3, 3);
+  const LoraRun second = run(rt, r, 3, 6);  // --resume auto
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(first.losses[i], straight.losses[i]) << i;
+    EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << 3 + i;
+  }
+  EXPECT_EQ(std::memcmp(second.w.data(), straight.w.data(), straight.w.size() * sizeof(float)), 0);
+  // The checkpoint: trainable arrays and their moments only, and the base it needs.
+  const ckpt::CheckpointReader ck(path + "/resumed/checkpoints/step-00000003");
+  EXPECT_THROW(ck.numel("master/layer.0"), std::exception);
+  EXPECT_EQ(ck.numel("adam_v/lora.layer.1"), ck.numel("master/lora.layer.1"));
+  EXPECT_EQ(ck.meta().at("lora").at("rank").as_int(), 4);
+  EXPECT_EQ(ck.meta().at("lora").at("base").at("init").as_string(), "random");
+  // Another base (init_std) or another lora section: refused, naming the reason.
+  StageConfig other = r;
+  other.model.init_std = 0.03;
+  dist::ProcessGroups groups(rt, dist::make_group_layout(c, rt.size(), rt.topology().local_size),
+                             dist::CommBackend::Mpi, 120);
+  try {
+    train::Trainer t(other, groups);
+    ADD_FAILURE() << "resumed on another base";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("adapters only fit the weights they were trained on"), std::string::npos)
+        << e.what();
+  }
+  auto refused = [&](const StageConfig& s) {
+    try {
+      train::Trainer t(s, groups);
+      return false;
+    } catch (const InputError&) { return true; }
+  };
+  other = r;
+  other.lora.rank = 8;
+  EXPECT_TRUE(refused(other)) << "another lora section";
+  other = r;  // a full fine-tune resuming a LoRA checkpoint
+  other.lora.rank = 0;
+  EXPECT_TRUE(refused(other)) << "a full fine-tune from a LoRA checkpoint";
+  // Stage chaining: model.init ckpt: of the LoRA run (base from its index), fresh moments.
+  StageConfig next = c;
+  next.model.init = "ckpt:" + path + "/resumed";
+  next.output.dir = path + "/next";
+  next.data.seq_length = 45;
+  {
+    train::Trainer t(next, groups);
+    const std::vector<float> w = trainable_weights(t);
+    ASSERT_EQ(w.size(), first.w.size());
+    EXPECT_EQ(std::memcmp(w.data(), first.w.data(), w.size() * sizeof(float)), 0) << "the chained start";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+// A 4-rank LoRA checkpoint resumed on 2 ranks (the same global batch): the same losses.
+TEST(LoraTrainer, CheckpointReshardsToFewerRanks) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  if (rt.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("lora-reshard", seed);
+  StageConfig c = lora_stage(path + "/shard.h5", path + "/four", seed);
+  c.train.batch_size = 1;
+  c.parallel.zero.stage = 3;
+  const LoraRun four = run(rt, c, 0, 5, 3);
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, rt.rank() < 2 ? 0 : MPI_UNDEFINED, rt.rank(), &sub);
+  if (sub != MPI_COMM_NULL) {
+    dist::MpiComm comm(sub, "sub", 120);
+    StageConfig r = c;
+    r.train.grad_accum = 2;
+    r.parallel.zero.stage = 0;
+    r.output.dir = path + "/two";
+    train::RunOptions opts;
+    opts.resume = path + "/four";
+    train::Trainer t(r, comm, comm, opts);
+    EXPECT_EQ(t.start_step(), 3);
+    for (int64_t s = 3; s < 5; ++s) {
+      const double loss = t.train_step(s).loss;
+      EXPECT_NEAR(loss, four.losses[static_cast<size_t>(s)], 1e-5 * loss) << s;
+    }
+    MPI_Comm_free(&sub);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+// The logits of a LoRA model (base + trained adapters, in easyctx) against a plain model loaded
+// from `merged_dir`, both on the CPU in f32.
+double merged_logit_error(const model::LlamaConfig& cfg, const model::ParamLayout& lora,
+                          const std::vector<std::vector<float>>& lora_units, const std::string& merged_dir,
+                          uint64_t seed) {
+  auto be = ops::make_cpu_backend();
+  model::ModelOptions lo;
+  lo.lora = lora.lora();
+  model::LlamaModel ml(cfg, *be, ops::DType::F32, lo), mf(cfg, *be, ops::DType::F32);
+  std::vector<ops::Tensor> lp, fp;
+  std::vector<std::vector<float>> lu = lora_units, fu;
+  for (auto& u : lu) lp.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{(int64_t)u.size()});
+  for (const auto& u : mf.layout().units()) fu.emplace_back(static_cast<size_t>(u.numel));
+  for (auto& u : fu) fp.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{(int64_t)u.size()});
+  ckpt::load_hf_weights(merged_dir, mf.layout(), fp);
+  const int64_t n = 21;
+  std::vector<int32_t> tok(n), pos(n), lab(n, -1);
+  for (int64_t i = 0; i < n; ++i) {
+    tok[i] = static_cast<int32_t>((seed + 7 * i) % cfg.vocab_size);
+    pos[i] = static_cast<int32_t>(i);
+  }
+  model::Batch b{ops::Tensor(tok.data(), ops::DType::I32, {n}), ops::Tensor(pos.data(), ops::DType::I32, {n}),
+                 ops::Tensor(lab.data(), ops::DType::I32, {n}), 1, n};
+  std::vector<float> x(static_cast<size_t>(n * cfg.vocab_size)), y(x.size());
+  ml.forward_logits(lp, b, ops::Tensor(x.data(), ops::DType::F32, {n, cfg.vocab_size}));
+  mf.forward_logits(fp, b, ops::Tensor(y.data(), ops::DType::F32, {n, cfg.vocab_size}));
+  return rel_error(y, x);
+}
+
+TEST(LoraTrainer, PeftExportMergedGivesTheSameLogitsAndAdapterInit) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  if (rt.size() != 1) GTEST_SKIP() << "one rank";
+  uint64_t seed = 0;
+  const std::string path = shared_walk_dir("lora-export", seed);
+  // The base: a random model exported as a Hugging Face folder.
+  StageConfig full = tiny_stage(path + "/shard.h5", path + "/base-run");
+  full.train.seed = seed;
+  full.train.steps = 0;
+  auto self = dist::make_comm(MPI_COMM_SELF, "self", dist::CommBackend::Mpi, 120);
+  train::Trainer(full, *self, *self).save_hf(path + "/base");
+  StageConfig c = lora_stage(path + "/shard.h5", path + "/lora", seed);
+  c.model.init = "hf:" + path + "/base";
+  c.model.config = "tiny";
+  c.output.hf_dtype = "f32";
+  std::vector<std::vector<float>> units;
+  std::optional<model::ParamLayout> layout;
+  {
+    train::Trainer t(c, *self, *self);
+    for (int64_t s = 0; s < 3; ++s) t.train_step(s);
+    t.save_hf(path + "/adapter");
+    // base + adapter: the frozen units (the base's f32) and the trained ones
+    for (const ops::Tensor& m : t.master()) units.emplace_back(m.ptr<float>(), m.ptr<float>() + m.numel());
+    layout.emplace(t.model().layout());
+  }
+  const Json ac = parse_json(read_file(path + "/adapter/adapter_config.json"), "adapter_config.json");
+  EXPECT_EQ(ac.at("peft_type").as_string(), "LORA");
+  EXPECT_EQ(ac.at("r").as_int(), 4);
+  EXPECT_EQ(ac.at("base_model_name_or_path").as_string(), std::filesystem::absolute(path + "/base").string());
+  const ckpt::SafetensorsReader st(path + "/adapter/adapter_model.safetensors");
+  EXPECT_TRUE(st.find("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+  EXPECT_TRUE(st.find("base_model.model.model.embed_tokens.weight"));
+  EXPECT_TRUE(st.find("base_model.model.lm_head.weight"));
+  EXPECT_TRUE(st.find("base_model.model.model.layers.0.input_layernorm.weight"));
+  ckpt::ConvertOptions o;
+  o.merge_lora = path + "/adapter";
+  o.to = "hf:" + path + "/merged";
+  o.dtype = ckpt::StDType::F32;
+  ckpt::convert_model(o);
+  const model::LlamaConfig cfg = model::load_llama_config(path + "/base");
+  const double err = merged_logit_error(cfg, *layout, units, path + "/merged", seed);
+  std::printf("[accuracy] merged export vs base + adapter: logits rel err %.3g\n", err);
+  EXPECT_LT(err, 1e-5);
+  // model.adapter: a LoRA run starting from the folder holds its values; a full fine-tune from
+  // the merged weights holds the merged folder's.
+  StageConfig a = c;
+  a.model.adapter = path + "/adapter";
+  a.output.dir = path + "/from-adapter";
+  {
+    train::Trainer t(a, *self, *self);
+    const std::vector<ops::Tensor> m = t.master();
+    for (size_t u = 0; u < units.size(); ++u)
+      EXPECT_EQ(std::vector<float>(m[u].ptr<float>(), m[u].ptr<float>() + m[u].numel()), units[u])
+          << layout->units()[u].name;
+  }
+  StageConfig f = full;
+  f.model.init = "hf:" + path + "/base";
+  f.model.adapter = path + "/adapter";
+  f.output.dir = path + "/full-merged";
+  {
+    train::Trainer t(f, *self, *self);
+    std::vector<std::vector<float>> want;
+    for (const auto& u : t.model().layout().units()) want.emplace_back(static_cast<size_t>(u.numel));
+    std::vector<ops::Tensor> wv;
+    for (auto& u : want) wv.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{(int64_t)u.size()});
+    ckpt::load_hf_weights(path + "/merged", t.model().layout(), wv);
+    const std::vector<ops::Tensor> m = t.master();
+    for (size_t u = 0; u < want.size(); ++u)
+      EXPECT_EQ(std::vector<float>(m[u].ptr<float>(), m[u].ptr<float>() + m[u].numel()), want[u]);
+  }
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+}  // namespace
+}  // namespace easyctx::test
