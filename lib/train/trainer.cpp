@@ -431,12 +431,6 @@ void Trainer::log_startup() const {
            world_.size() > dp_.size() ? std::string(" (") + to_string(cfg_.parallel.sequence.mode) + ")" : "");
   const std::string store = store_->describe();
   if (!store.empty()) log_info(store);
-  if (model_->layout().lora().enabled())
-    log_info("lora: the base frozen in ", on_device() ? "bf16" : "f32",
-             " (no master weights, gradients or Adam moments for its ",
-             format_count(static_cast<double>(model_->layout().frozen_numel())), " parameters); ",
-             format_count(static_cast<double>(model_->layout().trainable_numel())), " trainable (",
-             model_->layout().lora().describe(), ")");
   for (const std::string& route : plan_->attention_routes) log_info("attention ", route);
   for (const std::string& note : plan_->notes) log_info("plan: ", note);
   if (world_.rank() != 0) return;  // the rest only informs the log (and reads data)

@@ -28,6 +28,7 @@
 #include "core/strings.h"
 #include "dist/comm_mpi.h"
 #include "dist/groups.h"
+#include "eval/model_source.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
 
@@ -151,18 +152,20 @@ LoraRun run(dist::Runtime& rt, const StageConfig& c, int64_t from, int64_t to, i
   return r;
 }
 
-// (prefetch, policy)
-class LoraZero3 : public ::testing::TestWithParam<std::tuple<int, CheckpointPolicy>> {};
+// (prefetch, policy, lora.trainable: "" and "norm" leave the embedding and lm_head frozen, so
+// ZeRO-3 gathers them once and never again)
+class LoraZero3 : public ::testing::TestWithParam<std::tuple<int, CheckpointPolicy, const char*>> {};
 
 TEST_P(LoraZero3, EqualsStage0BitForBit) {
   int argc = 0;
   char** argv = nullptr;
   dist::Runtime rt(&argc, &argv);
-  const auto [prefetch, policy] = GetParam();
+  const auto [prefetch, policy, trainable] = GetParam();
   uint64_t seed = 0;
   const std::string path = shared_walk_dir("lora-zero", seed);
   StageConfig c = lora_stage(path + "/shard.h5", path + "/s0", seed);
   c.activation.checkpoint = policy;
+  c.lora.trainable = trainable;
   StageConfig z = c;
   z.parallel.zero.stage = 3;
   z.parallel.zero.prefetch = prefetch;
@@ -176,9 +179,10 @@ TEST_P(LoraZero3, EqualsStage0BitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, LoraZero3,
-                         ::testing::Values(std::make_tuple(1, CheckpointPolicy::Layer),
-                                           std::make_tuple(0, CheckpointPolicy::AttentionOutput),
-                                           std::make_tuple(2, CheckpointPolicy::None)));
+                         ::testing::Values(std::make_tuple(1, CheckpointPolicy::Layer, "embed_tokens,norm,lm_head"),
+                                           std::make_tuple(0, CheckpointPolicy::AttentionOutput, "norm"),
+                                           std::make_tuple(2, CheckpointPolicy::None, ""),
+                                           std::make_tuple(1, CheckpointPolicy::Layer, "")));
 
 // The frozen base keeps its bits; it has no gradient, master copy or Adam state (stage 0 on
 // the CPU keeps its f32 weights in master(), for this check).
@@ -391,6 +395,26 @@ TEST(LoraTrainer, PeftExportMergedGivesTheSameLogitsAndAdapterInit) {
   const double err = merged_logit_error(cfg, *layout, units, path + "/merged", seed);
   std::printf("[accuracy] merged export vs base + adapter: logits rel err %.3g\n", err);
   EXPECT_LT(err, 1e-5);
+  // The evaluations' loading: an adapter folder as the model stands for its base with it merged,
+  // as does MODEL+adapter:DIR (--adapter): the merged folder's weights, bit for bit.
+  {
+    auto be = ops::make_cpu_backend();
+    const model::ParamLayout base(cfg);
+    std::vector<std::vector<float>> want;
+    std::vector<ops::Tensor> wv;
+    for (const auto& u : base.units()) want.emplace_back(static_cast<size_t>(u.numel));
+    for (auto& u : want) wv.emplace_back(u.data(), ops::DType::F32, std::initializer_list<int64_t>{(int64_t)u.size()});
+    ckpt::load_hf_weights(path + "/merged", base, wv);
+    for (const std::string& spec : {path + "/adapter", eval::with_adapter("hf:" + path + "/base", path + "/adapter")}) {
+      const eval::ModelRef ref = eval::resolve_model(spec);
+      EXPECT_EQ(ref.adapter, path + "/adapter");
+      EXPECT_EQ(ref.label(), "base+adapter");
+      const std::vector<ops::Buffer> got = eval::load_model_weights(ref, base, *be, ops::DType::F32);
+      for (size_t u = 0; u < want.size(); ++u)
+        EXPECT_EQ(std::vector<float>(got[u].flat().ptr<float>(), got[u].flat().ptr<float>() + got[u].numel()), want[u])
+            << spec << ": " << base.units()[u].name;
+    }
+  }
   // model.adapter: a LoRA run starting from the folder holds its values; a full fine-tune from
   // the merged weights holds the merged folder's.
   StageConfig a = c;
