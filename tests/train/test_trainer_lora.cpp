@@ -67,6 +67,7 @@ struct SpCase {
   int ulysses = 0;
   CheckpointPolicy policy = CheckpointPolicy::Layer;
   int64_t groups = 1;
+  bool documents = false;  // short documents packed best-fit, data.document_mask
 };
 
 void check_sp(const SpCase& c) {
@@ -77,8 +78,13 @@ void check_sp(const SpCase& c) {
   if (W % sp != 0) GTEST_SKIP() << "sp " << sp << " does not divide " << W;
   if (c.mode == SeqParallelMode::Usp && W % 2 != 0) GTEST_SKIP() << "usp with ulysses 2 needs an even world";
   uint64_t seed = 0;
-  const std::string path = shared_walk_dir("lora-sp" + std::to_string(W), seed);
+  const std::string path =
+      shared_walk_dir("lora-sp" + std::to_string(W), seed, c.documents ? WalkShape{160, 2, 16, 256} : WalkShape{});
   StageConfig par = lora_stage(path + "/shard.h5", path + "/par", seed);
+  if (c.documents) {
+    par.data.document_mask = true;
+    par.data.packing = DataPacking::BestFit;
+  }
   par.parallel.sequence.mode = c.mode;
   par.parallel.sequence.size = sp;
   par.parallel.sequence.ulysses_size = c.ulysses;
@@ -132,6 +138,9 @@ TEST(LoraSequenceParallel, Ulysses) { check_sp({SeqParallelMode::Ulysses, 2}); }
 TEST(LoraSequenceParallel, DistFlash) { check_sp({SeqParallelMode::DistFlash, 0, 0, CheckpointPolicy::None}); }
 TEST(LoraSequenceParallel, Usp) { check_sp({SeqParallelMode::Usp, 0, 2}); }
 TEST(LoraSequenceParallel, DataTimesZigzag) { check_sp({SeqParallelMode::ZigzagRing, 2}); }
+TEST(LoraSequenceParallel, DocumentsZigzagRing) {
+  check_sp({SeqParallelMode::ZigzagRing, 0, 0, CheckpointPolicy::Layer, 1, true});
+}
 
 struct LoraRun {
   std::vector<double> losses;
