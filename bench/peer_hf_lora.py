@@ -66,6 +66,7 @@ def lora_flops_per_token(c, seq, rank):
 
 def add_lora(model, rank, alpha, use_peft):
     """The adapters and the trainable embedding and norms; returns (model, 'peft' or 'own')."""
+    import sys
     import torch
     if use_peft:
         try:
@@ -74,8 +75,9 @@ def add_lora(model, rank, alpha, use_peft):
                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                              modules_to_save=["embed_tokens", "norm"])
             return get_peft_model(model, cfg), "peft"
-        except ImportError:
-            pass
+        except Exception as e:  # not installed, or a PEFT that does not take this transformers
+            print("peer_hf_lora: PEFT unusable (%s: %s); LoRA layers of this script instead" % (type(e).__name__, e),
+                  file=sys.stderr)
 
     class LoraLinear(torch.nn.Module):
         def __init__(self, base):

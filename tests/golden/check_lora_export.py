@@ -37,9 +37,9 @@ def main():
         from peft import PeftModel
         import peft
         print("PEFT", peft.__version__)
-    except ImportError:
+    except Exception as e:  # not installed, or one that does not import beside this transformers
         PeftModel = None
-        print("PEFT: not importable; checking the merged models only")
+        print("PEFT: not importable (%s: %s); checking the merged models only" % (type(e).__name__, e))
     ok = True
     for name in NAMES:
         out = os.path.join(export, name + "-lora")

@@ -248,7 +248,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, ModelLora, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<LoraCase>& i) { return i.param.name; });
 
 // The f32 model (the CPU trainer's) against the f64 one on the same values.
-TEST(ModelLora, F32AgreesWithF64) {
+TEST(ModelLoraF32, AgreesWithF64) {
   std::mt19937_64 rng(test_seed());
   LoraCase c{"f32", "llama", false, {0, 1, 2, 3, 4, 5, 6}, true, true, true};
   const model::LlamaConfig cfg = lora_config(c);
