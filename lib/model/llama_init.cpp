@@ -62,32 +62,37 @@ void adapter_values(const ParamTensor& t, int64_t a, int64_t b, int64_t offset, 
 
 }  // namespace
 
-void init_lora_range(const ParamLayout& layout, size_t unit, int64_t offset, const Tensor& dst, uint64_t seed) {
-  const ParamUnit& pu = layout.units().at(unit);
+namespace {
+// fn(t, a, b) for each tensor t of unit `unit` with elements [a, b) among [offset, offset +
+// dst.numel()), dst a host f32 view of those elements (`what` names the caller in errors).
+template <class Fn>
+void for_each_part(const ParamLayout& layout, size_t unit, int64_t offset, const Tensor& dst, const char* what,
+                   Fn&& fn) {
+  EASYCTX_CHECK(unit < layout.num_units(), what, ": unit ", unit, " of ", layout.num_units());
+  const ParamUnit& pu = layout.units()[unit];
   const int64_t len = dst.numel();
-  EASYCTX_CHECK(dst.dtype == DType::F32 && dst.space == MemSpace::Host && offset >= 0 && offset + len <= pu.numel,
-                "init_lora_range: [", offset, ", ", offset + len, ") of unit ", pu.name, " (", pu.numel,
-                ") into host f32, got ", dst.describe());
+  EASYCTX_CHECK(dst.dtype == DType::F32 && dst.space == MemSpace::Host && offset >= 0 && offset + len <= pu.numel, what,
+                ": [", offset, ", ", offset + len, ") of unit ", pu.name, " (", pu.numel, ") into host f32, got ",
+                dst.describe());
   for (const ParamTensor& t : pu.tensors) {
     const int64_t a = std::max(offset, t.offset), b = std::min(offset + len, t.offset + t.numel);
-    if (t.adapter && a < b) adapter_values(t, a, b, offset, dst.ptr<float>(), seed);
+    if (a < b) fn(t, a, b);
   }
+}
+}  // namespace
+
+void init_lora_range(const ParamLayout& layout, size_t unit, int64_t offset, const Tensor& dst, uint64_t seed) {
+  for_each_part(layout, unit, offset, dst, "init_lora_range", [&](const ParamTensor& t, int64_t a, int64_t b) {
+    if (t.adapter) adapter_values(t, a, b, offset, dst.ptr<float>(), seed);
+  });
 }
 
 void init_random_range(const ParamLayout& layout, size_t unit, int64_t offset, const Tensor& dst, double std,
                        uint64_t seed) {
-  EASYCTX_CHECK(unit < layout.num_units(), "init_random_range: unit ", unit, " of ", layout.num_units());
-  const ParamUnit& pu = layout.units()[unit];
-  const int64_t len = dst.numel();
-  EASYCTX_CHECK(dst.dtype == DType::F32 && dst.space == MemSpace::Host && offset >= 0 && offset + len <= pu.numel,
-                "init_random_range: [", offset, ", ", offset + len, ") of unit ", pu.name, " (", pu.numel,
-                ") into host f32, got ", dst.describe());
-  for (const ParamTensor& t : pu.tensors) {
-    const int64_t a = std::max(offset, t.offset), b = std::min(offset + len, t.offset + t.numel);
-    if (a >= b) continue;
+  for_each_part(layout, unit, offset, dst, "init_random_range", [&](const ParamTensor& t, int64_t a, int64_t b) {
     if (t.adapter) adapter_values(t, a, b, offset, dst.ptr<float>(), seed);
     else random_values(t, a, b, offset, dst.ptr<float>(), std, seed);
-  }
+  });
 }
 
 void init_random(const ParamLayout& layout, const std::vector<Tensor>& units, double std, uint64_t seed) {
