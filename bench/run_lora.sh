@@ -45,7 +45,7 @@ long_of() {
 plan_line() {
   local bin=$1 gpu=$2 host=$3 seq=$4
   shift 4
-  "$bin" $CFG --plan --set target.gpu="$gpu" --set target.gpus_per_node=1 --set target.nodes=1 \
+  "$bin" $CFG --plan-json --set target.gpu="$gpu" --set target.gpus_per_node=1 --set target.nodes=1 \
     --set target.host_memory_gib="$host" --set data.seq_length="$seq" "$@" 2>&1 | tail -n 1 | python3 -c '
 import json, sys
 try:

@@ -22,7 +22,7 @@ void add(ParamUnit& u, std::string name, std::vector<int64_t> shape, bool norm, 
 
 }  // namespace
 
-ParamLayout::ParamLayout(const LlamaConfig& c, const LoraSpec& lora) : lora_(lora) {
+ParamLayout::ParamLayout(const LlamaConfig& c, const LoraSpec& lora) : lora_(lora), num_layers_(c.num_layers) {
   if (lora.enabled()) {
     // With tied embeddings PEFT's modules_to_save would train a copy of one of the two and leave
     // the other: the export would untie them.
@@ -163,6 +163,14 @@ ParamLayout::Loc ParamLayout::lora_matrix(int64_t layer, int target, bool a) con
   const int s = lora_slot_.at(static_cast<size_t>(2 * target + (a ? 0 : 1)));
   if (s < 0) return {};
   return {lora_unit(layer), static_cast<size_t>(s)};
+}
+
+int64_t ParamLayout::unit_layer(size_t u) const {
+  EASYCTX_CHECK(u < units_.size(), "ParamLayout::unit_layer: unit ", u, " of ", units_.size());
+  const size_t layers = static_cast<size_t>(num_layers_);
+  for (const size_t first : {first_layer_, first_lora_layer_})
+    if (first != kNone && u >= first && u < first + layers) return static_cast<int64_t>(u - first);
+  return u < first_layer_ || units_[u].name == "lora.embed" ? -1 : num_layers_;
 }
 
 int64_t ParamLayout::trainable_numel() const {

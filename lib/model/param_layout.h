@@ -83,6 +83,11 @@ class ParamLayout {
   size_t embed_unit() const { return embed_; }
   size_t layer_unit(int64_t layer) const { return first_layer_ + static_cast<size_t>(layer); }
   size_t head_unit() const { return head_; }
+  int64_t num_layers() const { return num_layers_; }
+  // Where unit u sits in the forward: -1 the embedding (LoRA: its copy too), l layer l's base or
+  // lora.layer.l unit, num_layers() the head's (LoRA: lora.head). The optimizer split
+  // (parallel.zero.offload_optimizer_layers) keeps the state of the last layers' units there.
+  int64_t unit_layer(size_t u) const;
   // Index of a layer tensor inside every layer unit; throws Error for one this model lacks.
   size_t layer_slot(LayerTensor t) const;
   int64_t total_numel() const;
@@ -122,6 +127,7 @@ class ParamLayout {
   std::vector<int> slot_ = std::vector<int>(kLayerTensors, -1);  // LayerTensor -> index, -1: absent
   LoraSpec lora_;
   size_t embed_ = 0, first_layer_ = 1, head_ = kNone, first_lora_layer_ = kNone;
+  int64_t num_layers_ = 0;
   Loc embedding_, final_norm_, lm_head_;
   std::vector<int> lora_slot_ = std::vector<int>(2 * kLoraTargets, -1);    // (target, A|B) -> index in lora.layer.l
   std::vector<int> lora_norm_slot_ = std::vector<int>(kLayerTensors, -1);  // norm -> index in lora.layer.l
