@@ -677,6 +677,52 @@ TEST(MemoryPlan, LoraFreezesTheBaseInBf16) {
   EXPECT_LT(shard->bytes, base->bytes / 7);
 }
 
+// LoRA with the optimizer split (parallel.zero.offload_optimizer_layers k): only the trainable
+// units have optimizer state, placed by layer as the store places them: the embedding's copy and
+// the first layers' adapters and norms on the GPU, the last k layers' and the head's copies in
+// host memory; the frozen base stays bf16 on the GPU with no state anywhere. The recorded bytes
+// are the store's (the plan replays its allocations), so this checks ParamStore::state_in_host.
+TEST(MemoryPlan, LoraSplitsOnlyTheTrainableState) {
+  StageConfig c = big_run();
+  c.data.seq_length = 8192;
+  c.lora.rank = 16;
+  c.lora.trainable = "embed_tokens,norm,lm_head";
+  c.parallel.zero.offload_optimizer = true;
+  c.parallel.zero.offload_optimizer_layers = 5;
+  const MemoryPlan p = plan::plan_memory(c, gpu_target(2000));
+  const model::ParamLayout layout(model::resolve_llama_config(c.model), model::lora_spec(c.lora));
+  const int64_t L = layout.num_layers();
+  int64_t host = 0, gpu = 0;
+  for (size_t u = 0; u < layout.num_units(); ++u) {
+    const model::ParamUnit& unit = layout.units()[u];
+    const int64_t at = unit.name == "lora.embed" ? -1 : unit.name == "lora.head" ? L : -2;
+    if (at != -2) EXPECT_EQ(layout.unit_layer(u), at) << unit.name;
+    if (!unit.frozen) (layout.unit_layer(u) >= L - 5 ? host : gpu) += unit.numel;
+  }
+  EXPECT_EQ(layout.unit_layer(layout.lora_unit(3)), 3);
+  EXPECT_EQ(layout.unit_layer(layout.layer_unit(3)), 3);
+  ASSERT_GT(host, 0);
+  ASSERT_GT(gpu, host);
+  EXPECT_EQ(p.offload_optimizer_layers, 5);
+  const plan::PlanItem* dev = plan_item(p, "fp32 master weights");
+  const plan::PlanItem* off = plan_item(p, "fp32 master weights (offloaded, pageable)");
+  ASSERT_NE(dev, nullptr);
+  ASSERT_NE(off, nullptr);
+  EXPECT_EQ(dev->where, "gpu");
+  EXPECT_EQ(off->where, "host");
+  EXPECT_EQ(dev->bytes, 4 * gpu);
+  EXPECT_EQ(off->bytes, 4 * host);
+  const plan::PlanItem* base = plan_item(p, "bf16 frozen base (LoRA)");
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(base->bytes, 2 * layout.frozen_numel());
+  // The whole state in host memory (k = 0): every trainable unit's, none of the base's.
+  c.parallel.zero.offload_optimizer_layers = 0;
+  const MemoryPlan h = plan::plan_memory(c, gpu_target(2000));
+  ASSERT_NE(plan_item(h, "fp32 master weights (offloaded, pageable)"), nullptr);
+  EXPECT_EQ(plan_item(h, "fp32 master weights (offloaded, pageable)")->bytes, 4 * layout.trainable_numel());
+  EXPECT_EQ(plan_item(h, "fp32 master weights"), nullptr);
+}
+
 // ZeRO-3 with the optimizer offloaded: the master and Adam shards move from each GPU to its
 // host (the same bytes) and the pinned staging joins them.
 TEST(MemoryPlan, ZeroThreeWithOptimizerOffload) {

@@ -6,6 +6,7 @@
 //  - ZeRO-3 equals stage 0 (losses and trainable weights, bit for bit), also with the frozen
 //    base's layers through the gather pool at every prefetch depth;
 //  - the frozen base is bit-unchanged after steps, and holds no gradient or optimizer state;
+//  - a step whose batch holds no labelled token makes no update (one rank);
 //  - a stopped and resumed run equals 6 straight steps bit for bit; its checkpoint holds the
 //    trainable tensors only and names its base; it reshards to fewer ranks; another base or
 //    another lora section is refused; a LoRA checkpoint chains into the next stage
@@ -26,6 +27,8 @@
 #include "ckpt/lora_adapter.h"
 #include "ckpt/sharded_checkpoint.h"
 #include "core/strings.h"
+#include "data/sampler.h"
+#include "data/shard.h"
 #include "dist/comm_mpi.h"
 #include "dist/groups.h"
 #include "eval/model_source.h"
@@ -294,6 +297,91 @@ TEST(LoraTrainer, ResumeBitIdenticalTrainableOnlyCheckpointAndRefusals) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+// Documents of 37 tokens with loss weights, read as windows of 37 (window j: document j and
+// the next one's first token, weighted 0): a "none" document weights no token, a "some"
+// document random 0/1 and its last token 1. Returns whether each has labels.
+std::vector<bool> write_weighted_shard(const std::string& path, uint64_t seed, int docs) {
+  std::mt19937_64 rng(seed);
+  data::ShardMeta meta;
+  meta.tokenizer_name = "synthetic";
+  meta.tokenizer_sha256 = std::string(64, '0');
+  meta.vocab_size = 256;
+  meta.has_loss_weights = true;
+  data::TokenShardWriter w(path, meta, 4096);
+  const uint16_t src = w.source_index("weighted");
+  std::vector<bool> some;
+  for (int d = 0; d < docs; ++d) {
+    some.push_back(rng() % 2 == 0);
+    std::vector<uint32_t> ids(37);
+    std::vector<uint8_t> wt(37, 0);
+    for (int i = 0; i < 37; ++i) {
+      ids[static_cast<size_t>(i)] = static_cast<uint32_t>(3 + rng() % 253);
+      wt[static_cast<size_t>(i)] = some.back() && i > 0 && (i == 36 || rng() % 2 == 0);
+    }
+    w.add_document(ids.data(), ids.size(), src, wt.data());
+  }
+  w.commit();
+  return some;
+}
+
+// A step whose batch holds no labelled token makes no update: the adapters and the trainable
+// copies keep their bits and Adam's step count stays, so a run that meets such a step before a
+// labelled one ends where a run that takes the labelled step alone does, bit for bit.
+TEST(LoraTrainer, StepWithoutLabelsLeavesTheAdaptersAlone) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  uint64_t seed = 0;
+  const int docs = 200;
+  std::vector<bool> some;
+  const std::string path = shared_dir(
+      "lora-nolabels", seed, [&](const std::string& p) { some = write_weighted_shard(p + "/w.h5", seed, docs); });
+  StageConfig c = lora_stage(path + "/w.h5", path + "/met", seed);
+  c.train.weight_decay = 0.1;  // (an update with zero gradients would still move the matrices)
+  StageConfig alone = c;
+  alone.output.dir = path + "/alone";
+  // The steps, from the windows each batch of 2 draws.
+  const data::WindowSampler sampler(static_cast<uint64_t>(docs) * 37, 37, seed);
+  const data::BatchShape shape{2, 1, 1};
+  int64_t empty = -1, plain = -1;
+  for (int64_t s = 0; s < 4000 && (empty < 0 || plain < 0); ++s) {
+    int labelled = 0;
+    for (int64_t b = 0; b < 2; ++b)
+      labelled += some[static_cast<size_t>(sampler.window_start(data::sample_index(shape, s, 0, 0, b)) / 37)];
+    if (labelled == 0 && empty < 0) empty = s;
+    if (labelled > 0 && plain < 0 && s >= 5) plain = s;  // (Adam's count of a mistaken s + 1: 6 or more)
+  }
+  ASSERT_GE(empty, 0);
+  ASSERT_GE(plain, 0);
+  auto self = dist::make_comm(MPI_COMM_SELF, "self", dist::CommBackend::Mpi, 120);
+  train::Trainer t(c, *self, *self), u(alone, *self, *self);
+  const std::vector<float> before = trainable_weights(t);
+  const train::StepStats st = t.train_step(empty);
+  EXPECT_TRUE(st.no_labels);
+  EXPECT_EQ(trainable_weights(t), before) << "a step without labels moved the adapters";
+  EXPECT_EQ(t.updates(), 0);
+  EXPECT_EQ(t.steps_without_labels(), 1);
+  const train::StepStats sp = t.train_step(plain);
+  EXPECT_FALSE(sp.no_labels);
+  EXPECT_FALSE(u.train_step(plain).no_labels);
+  EXPECT_EQ(t.updates(), 1);
+  const std::vector<float> a = trainable_weights(t), b = trainable_weights(u);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_NE(a, before) << "the labelled step did not train";
+  // Adam's first update (step count 1: m and v bias-corrected to g and g^2) moves every element
+  // whose gradient is far above eps by lr (plus its decay), no more; a step count of plain + 1
+  // (6 to ~120) would move them by 0.5 to 0.98 lr.
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst,
+                     (std::abs(double(a[i]) - before[i]) - sp.lr * c.train.weight_decay * std::abs(before[i])) / sp.lr);
+  EXPECT_GT(worst, 1.0 - 1e-3) << "the first update was not Adam's first step";
+  EXPECT_LT(worst, 1.0 + 1e-3) << "the first update was not Adam's first step";
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+      << "the step without labels changed what the next update did";
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
 }
 
 // A 4-rank LoRA checkpoint resumed on 2 ranks (the same global batch): the same losses.
