@@ -23,8 +23,13 @@
 #   here:    bash bench/run_lora.sh collect FILES_AT
 #   no GPU:  bash bench/run_lora.sh plans [BIN]    the plans of the runs and of the longest
 #            sequence on one H100-80GB / H200 with 128 GiB and with 1 TiB of host memory
+# PARTS (default 1234) picks the parts, e.g. the correctness check alone, in well under 2 minutes:
+#   here:    PARTS=1 bash bench/run_lora.sh prepare    (test_cuda_lora only: no data, no plans)
+#   there:   PARTS=1 bash bench/run_lora.sh run 2>&1 | tee $OUT/log.txt     (carry .deps/lora)
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/device_pack.sh"
+PARTS=${PARTS:-1234}
+part() { [[ "$PARTS" == *"$1"* ]]; }
 D=.deps/lora
 CFG=configs/bench/llama3-8b-lora-1gpu.yaml
 # The long-context knobs (docs/training.md, "LoRA"): every layer input that the GPU cannot hold
@@ -88,6 +93,11 @@ case "${1:-}" in
   prepare)
     set -e
     build=${2:-build}
+    if [ "$PARTS" = 1 ]; then  # (the CUDA tests alone)
+      pack_device_dir $D "$build" test_cuda_lora
+      du -sh $D
+      exit 0
+    fi
     pack_device_dir $D "$build" easyctx_train test_cuda_lora test_golden
     tok=$(bash scripts/make_demo_tokenizer.sh .deps/tok)
     python3 -c 'import json, sys; print(json.dumps({"text": open(sys.argv[1]).read()}))' .deps/tok/kjv.txt > $D/kjv.jsonl
@@ -115,26 +125,35 @@ case "${1:-}" in
     mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
     if [ "$mem" -gt 120000 ]; then kind=H200; else kind=H100-80GB; fi
     read -r LONG K <<< "$(long_of $kind)"
-    t "1. test_cuda_lora"
-    timeout 150 $D/bin/test_cuda_lora > "$OUT/lora_cuda.txt" 2>&1
-    echo "test_cuda_lora rc $?"; grep -E "^\[ +(FAILED|PASSED) +\]|\[accuracy\]|\[memory\]|Failure" "$OUT/lora_cuda.txt" | head -30
-    t "2. 32K and 64K: easyctx, then the peer ($(left) s left)"
-    RUNS="llama3-8b:32768 llama3-8b:65536" STEPS=3 PEER=0 BIN=$BIN CFG=$CFG RESULTS=$R \
-      timeout $(budget 300) bash bench/run_train.sh --set data.path=$D/kjv --set activation.checkpoint=auto
-    timeout $(budget 200) python3 bench/peer_hf_lora.py --runs llama3-8b:32768,llama3-8b:65536 --steps 2 \
-      2>/dev/null | grep '^{' | tee -a "$R"
-    t "3. the long context: a 2-layer slice at $LONG tokens ($(left) s left)"
-    RUNS="$D/llama3-8b-2layers.yaml:$LONG" STEPS=2 PEER=0 BIN=$BIN CFG=$CFG RESULTS=$R \
-      timeout $(budget 40) bash bench/run_train.sh --set data.path=$D/kjv $LONG_SETS
-    "$BIN" $CFG --plan --set data.seq_length=$LONG --set data.path=$D/kjv $LONG_SETS --set activation.offload_layers=$K \
-      > "$OUT/lora_plan.txt" 2>&1
-    echo "the whole model at $LONG tokens here (the first $K layer inputs in host memory):"
-    grep -E "^  (GPU|host) +peak|^  note  lora" "$OUT/lora_plan.txt"
-    t "4. the export in transformers and PEFT ($(left) s left)"
-    rm -rf /tmp/lx && mkdir -p /tmp/lx
-    EASYCTX_GOLDEN_EXPORT=/tmp/lx timeout 60 $D/bin/test_golden --gtest_filter='GoldenExport.Lora*' > /dev/null 2>&1
-    timeout 120 python3 tests/golden/check_lora_export.py /tmp/lx tests/golden/data 2>&1 | grep -v -i warn \
-      | tee "$OUT/lora_export.txt" | tail -n 12
+    if part 1; then
+      t "1. test_cuda_lora"
+      timeout 100 $D/bin/test_cuda_lora > "$OUT/lora_cuda.txt" 2>&1
+      echo "test_cuda_lora rc $?"
+      grep -E "^\[ +(FAILED|PASSED) +\]|\[accuracy\]|\[memory\]|\[lora offload|Failure" "$OUT/lora_cuda.txt" | head -40
+    fi
+    if part 2; then
+      t "2. 32K and 64K: easyctx, then the peer ($(left) s left)"
+      RUNS="llama3-8b:32768 llama3-8b:65536" STEPS=3 PEER=0 BIN=$BIN CFG=$CFG RESULTS=$R \
+        timeout $(budget 300) bash bench/run_train.sh --set data.path=$D/kjv --set activation.checkpoint=auto
+      timeout $(budget 200) python3 bench/peer_hf_lora.py --runs llama3-8b:32768,llama3-8b:65536 --steps 2 \
+        2>/dev/null | grep '^{' | tee -a "$R"
+    fi
+    if part 3; then
+      t "3. the long context: a 2-layer slice at $LONG tokens ($(left) s left)"
+      RUNS="$D/llama3-8b-2layers.yaml:$LONG" STEPS=2 PEER=0 BIN=$BIN CFG=$CFG RESULTS=$R \
+        timeout $(budget 40) bash bench/run_train.sh --set data.path=$D/kjv $LONG_SETS
+      "$BIN" $CFG --plan --set data.seq_length=$LONG --set data.path=$D/kjv $LONG_SETS --set activation.offload_layers=$K \
+        > "$OUT/lora_plan.txt" 2>&1
+      echo "the whole model at $LONG tokens here (the first $K layer inputs in host memory):"
+      grep -E "^  (GPU|host) +peak|^  note  lora" "$OUT/lora_plan.txt"
+    fi
+    if part 4; then
+      t "4. the export in transformers and PEFT ($(left) s left)"
+      rm -rf /tmp/lx && mkdir -p /tmp/lx
+      EASYCTX_GOLDEN_EXPORT=/tmp/lx timeout 60 $D/bin/test_golden --gtest_filter='GoldenExport.Lora*' > /dev/null 2>&1
+      timeout 120 python3 tests/golden/check_lora_export.py /tmp/lx tests/golden/data 2>&1 | grep -v -i warn \
+        | tee "$OUT/lora_export.txt" | tail -n 12
+    fi
     t summary
     python3 - "$R" "$OUT/lora_cuda.txt" "$OUT/lora_export.txt" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
