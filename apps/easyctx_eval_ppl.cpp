@@ -50,7 +50,7 @@ struct Cli {
   eval::PplOptions o;
   std::vector<std::string> models, sets;
   std::string out, plot, tensorboard, device = "auto", sp_mode = "zigzag_ring", csv_format = "auto";
-  std::string hf_dataset, hf_subset, hf_feature, hf_split, save_tokenized;
+  std::string hf_dataset, hf_subset, hf_feature, hf_split, save_tokenized, adapter;
   double progress_every = 30;
   po::variables_map vm;
 };
@@ -61,8 +61,12 @@ void add_document_flags(po::options_description& opts, Cli& c) {
       "model,m", po::value(&c.models)->multitoken()->composing()->required(),
       "model(s): a Hugging Face folder (config.json + safetensors), hf:DIR, or ckpt:DIR (a training checkpoint: "
       "step folder, checkpoints folder or run output.dir; any ZeRO stage or rank count), or a training run's "
-      "output.dir (its final/ export). Several (repeat the flag "
+      "output.dir (its final/ export), or a PEFT LoRA adapter folder (its base with it merged); MODEL+adapter:DIR "
+      "merges an adapter into MODEL. Several (repeat the flag "
       "or list them) run one after another on the same documents")(
+      "adapter", po::value(&c.adapter)->default_value(""),
+      "a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors, e.g. a LoRA run's final/) "
+      "merged into every --model as it loads (W + lora_alpha / r x B A)")(
       "tokenized", po::value(&c.o.tokenized)->multitoken()->required(),
       "h5tokenize shards: files, folders or globs (EasyContext: a datasets folder or hub id; tokenize it with "
       "h5tokenize, docs/data.md)")("min-tokens", po::value(&c.o.min_tokens)->default_value(256),
@@ -152,6 +156,7 @@ void parse_flags(dist::Runtime& rt, int argc, char** argv, const po::options_des
     } catch (const po::error& e) { EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)"); }
     c.o.device = eval::parse_device(c.device);
     c.o.sp_mode = eval::parse_sp_mode(c.sp_mode);
+    for (std::string& m : c.models) m = eval::with_adapter(m, c.adapter);
     // EasyContext reads Hugging Face datasets itself; here the documents come as shards.
     for (const char* f : {"dataset", "subset", "feature", "split", "save-tokenized"})
       EASYCTX_CHECK_INPUT(!c.vm.count(f), "--", f,

@@ -1,8 +1,10 @@
 #include "ckpt/convert.h"
 
 #include <filesystem>
+#include <memory>
 
 #include "ckpt/hf_model.h"
+#include "ckpt/lora_adapter.h"
 #include "ckpt/tokenizer_files.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -40,6 +42,9 @@ Weights read_checkpoint(const std::string& dir) {
   EASYCTX_CHECK_INPUT(ref.step >= 0, "--from ckpt:", dir, ": no committed checkpoint there");
   CheckpointReader r(ref.path);
   EASYCTX_CHECK_INPUT(r.meta().find("model"), ref.path, "/index.json: no model config in the metadata");
+  EASYCTX_CHECK_INPUT(!r.meta().find("lora"), "--from ckpt:", dir, ": ", ref.path,
+                      " is a LoRA run's checkpoint (its trainable tensors only): write its adapter with --to "
+                      "peft:DIR, then merge it into its base with --merge-lora DIR --to hf:OUT");
   Weights w;
   w.config = model::llama_config_from_json(r.meta().at("model"), ref.path + "/index.json:meta.model");
   w.source = ref.path;
@@ -102,22 +107,69 @@ void write_checkpoint(const std::string& dir, Weights& w) {
 }
 
 std::pair<std::string, std::string> split_spec(const std::string& spec, const char* flag) {
+  const bool to = std::string(flag) == "--to";
+  const char* expected = to ? ": expected ckpt:DIR, hf:DIR or peft:DIR" : ": expected ckpt:DIR or hf:DIR";
   size_t colon = spec.find(':');
-  EASYCTX_CHECK_INPUT(colon != std::string::npos && colon + 1 < spec.size(), flag, " ", spec,
-                      ": expected ckpt:DIR or hf:DIR");
+  EASYCTX_CHECK_INPUT(colon != std::string::npos && colon + 1 < spec.size(), flag, " ", spec, expected);
   std::string kind = spec.substr(0, colon), dir = spec.substr(colon + 1);
-  EASYCTX_CHECK_INPUT(kind == "ckpt" || kind == "hf", flag, " ", spec, ": expected ckpt:DIR or hf:DIR");
+  EASYCTX_CHECK_INPUT(kind == "ckpt" || kind == "hf" || (to && kind == "peft"), flag, " ", spec, expected);
   return {kind, dir};
+}
+
+// --to peft:DIR: a LoRA run's checkpoint (its trainable tensors) as a PEFT adapter folder.
+std::string export_adapter(const std::string& from_dir, const std::string& to_dir, StDType dtype) {
+  std::vector<std::string> warnings;
+  const CheckpointRef ref = resolve_verified(from_dir, &warnings, VerifyScope::Weights);
+  for (const auto& w : warnings) log_warn(w);
+  EASYCTX_CHECK_INPUT(ref.step >= 0, "--from ckpt:", from_dir, ": no committed checkpoint there");
+  CheckpointReader r(ref.path);
+  const Json* l = r.meta().find("lora");
+  EASYCTX_CHECK_INPUT(l && r.meta().find("model"), "--to peft:", to_dir, ": ", ref.path,
+                      " is not a LoRA run's checkpoint (its index has no meta.lora); --to hf:DIR exports a model");
+  const model::LlamaConfig config =
+      model::llama_config_from_json(r.meta().at("model"), ref.path + "/index.json:meta.model");
+  const model::ParamLayout layout(config, lora_spec_from_json(*l, ref.path + "/index.json"));
+  std::vector<std::vector<float>> units(layout.num_units());
+  for (size_t u = 0; u < layout.num_units(); ++u) {
+    if (layout.units()[u].frozen) continue;
+    units[u].resize(static_cast<size_t>(layout.units()[u].numel));
+    r.read(array_name(ArrayKind::Master, layout.units()[u].name), 0, layout.units()[u].numel, units[u].data());
+  }
+  const std::string base = l->at("base").at("init").as_string();
+  save_lora_adapter(to_dir, layout, views(units), starts_with(base, "hf:") ? base.substr(3) : base, dtype);
+  if (const Json* c = r.meta().find("config"); c && c->is_string() && !c->as_string().empty())
+    export_tokenizer_files(parse_stage_config(c->as_string(), ref.path + "/index.json:meta.config").data.path, to_dir);
+  return ref.path + " -> peft:" + to_dir + ": " + layout.lora().describe() + " on " + base;
 }
 
 }  // namespace
 
 std::string convert_model(const ConvertOptions& o) {
-  auto [from_kind, from_dir] = split_spec(o.from, "--from");
+  std::unique_ptr<LoraAdapter> adapter;
+  std::string from = o.from;
+  if (!o.merge_lora.empty()) {
+    adapter = std::make_unique<LoraAdapter>(o.merge_lora);
+    EASYCTX_CHECK_INPUT(!from.empty() || !adapter->base_model().empty(), "--merge-lora ", o.merge_lora,
+                        ": its adapter_config.json names no base_model_name_or_path; give the base with --from");
+    if (from.empty()) from = "hf:" + adapter->base_model();
+  }
+  auto [from_kind, from_dir] = split_spec(from, "--from");
   auto [to_kind, to_dir] = split_spec(o.to, "--to");
   EASYCTX_CHECK_INPUT(o.dtype == StDType::BF16 || o.dtype == StDType::F32, "--dtype: expected bf16 or f32");
+  if (to_kind == "peft") {
+    EASYCTX_CHECK_INPUT(from_kind == "ckpt" && !adapter, "--to peft:", to_dir,
+                        ": takes a LoRA run's checkpoint (--from ckpt:DIR), not --merge-lora");
+    return export_adapter(from_dir, to_dir, o.dtype);
+  }
   if (to_kind == "ckpt") check_empty_target(to_dir);
   Weights w = from_kind == "ckpt" ? read_checkpoint(from_dir) : read_hf(from_dir);
+  if (adapter) {  // the merged model: every tensor the adapter changes
+    const model::ParamLayout base(w.config);
+    adapter->check(model::ParamLayout(w.config, adapter->spec()));
+    for (size_t u = 0; u < base.num_units(); ++u)
+      merge_lora_range(base, u, 0, base.units()[u].numel, w.units[u].data(), *adapter);
+    w.source += " + " + o.merge_lora;
+  }
   if (o.rope_theta > 0) w.config.rope_theta = o.rope_theta;
   if (o.max_position_embeddings > 0) w.config.max_position_embeddings = o.max_position_embeddings;
   else if (w.seq_length > w.config.max_position_embeddings) w.config.max_position_embeddings = w.seq_length;

@@ -10,6 +10,12 @@
 //                        state), usable as `model.init: ckpt:OUT`. OUT must hold no checkpoint
 //                        and no run (refused otherwise: nothing of a run is replaced or pruned).
 //   hf -> hf, ckpt -> ckpt also work (dtype change, resharding to one file).
+//   ckpt:DIR -> peft:OUT a LoRA run's checkpoint as a PEFT adapter folder (lora_adapter.h):
+//                        its trainable tensors, base_model_name_or_path its base's folder.
+//   --merge-lora ADAPTER  the PEFT adapter merged into its base (--from, by default
+//                        hf:<the adapter's base_model_name_or_path>): W + lora_alpha / r x B A
+//                        on the targeted projections, modules_to_save replacing their tensors;
+//                        written --to hf:OUT (or ckpt:OUT).
 // Round trips are exact: f32 and bf16 both survive HF -> ckpt -> HF bit for bit.
 #pragma once
 #include <cstdint>
@@ -28,6 +34,7 @@ struct ConvertOptions {
   uint64_t max_shard_bytes = 5ull << 30;
   double rope_theta = 0;                // > 0: override in the output config
   int64_t max_position_embeddings = 0;  // > 0: override
+  std::string merge_lora;               // a PEFT adapter folder merged into --from ("": none)
 };
 
 // Returns a one-line summary. Throws InputError naming the bad argument or file.

@@ -163,7 +163,7 @@ void HfUnitReader::read(size_t unit, int64_t offset, int64_t length, float* out)
 void HfUnitReader::check_finite() const { refuse_non_finite(dir_, not_finite_, true); }
 
 void for_each_hf_tensor(const std::string& dir, const model::ParamLayout& layout,
-                        const std::function<void(size_t, const model::ParamTensor&, const float*)>& sink) {
+                        const std::function<void(size_t, const model::ParamTensor&, float*)>& sink) {
   SafetensorsReader r(dir);
   check_against_layout(r, dir, layout);
   std::vector<float> buf;

@@ -46,9 +46,9 @@ class HfUnitReader {
 // The same checks (all before any tensor is read), then each parameter tensor converted to
 // f32 in one reused host buffer and handed to sink(unit index, tensor, data), in layout
 // order: the host holds the largest tensor, never the whole model (the evaluations load a
-// model onto a device this way, in bf16).
+// model onto a device this way, in bf16). The sink may change the buffer (an adapter merged in).
 void for_each_hf_tensor(const std::string& dir, const model::ParamLayout& layout,
-                        const std::function<void(size_t unit, const model::ParamTensor& t, const float* data)>& sink);
+                        const std::function<void(size_t unit, const model::ParamTensor& t, float* data)>& sink);
 
 // Writes dir/config.json and the weights (dtype F32 or BF16), sharded above max_shard_bytes.
 void save_hf_model(const std::string& dir, const model::LlamaConfig& cfg, const model::ParamLayout& layout,

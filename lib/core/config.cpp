@@ -1,7 +1,10 @@
 #include "core/config.h"
 
+#include <algorithm>
+
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace easyctx {
 
@@ -42,6 +45,45 @@ const char* to_string(DeviceKind d) {
 }
 const char* to_string(ZeroGroupScope z) { return z == ZeroGroupScope::Node ? "node" : "world"; }
 const char* to_string(NonFinitePolicy p) { return p == NonFinitePolicy::SkipStep ? "skip_step" : "stop"; }
+
+std::vector<std::string> lora_names(const std::string& list) {
+  std::vector<std::string> out;
+  if (trim(list).empty()) return out;
+  for (const std::string& part : split(list, ',')) out.push_back(trim(part));
+  return out;
+}
+
+namespace {
+// Each name of `key`'s list one of `allowed`, none twice.
+void check_lora_list(const std::string& src, const char* key, const std::string& list,
+                     const std::vector<std::string>& allowed) {
+  std::vector<std::string> seen;
+  for (const std::string& n : lora_names(list)) {
+    const bool known = std::find(allowed.begin(), allowed.end(), n) != allowed.end();
+    const std::string hint = known ? "" : nearest(n, allowed);
+    EASYCTX_CHECK_INPUT(known, src, ": ", key, ": unknown name '", n, "'",
+                        hint.empty() ? "" : " (did you mean '" + hint + "'?)", "; allowed: ", join(allowed, ", "));
+    EASYCTX_CHECK_INPUT(std::find(seen.begin(), seen.end(), n) == seen.end(), src, ": ", key, ": '", n,
+                        "' is named twice");
+    seen.push_back(n);
+  }
+}
+}  // namespace
+
+void validate_lora(const StageConfig& c) {
+  const std::string& src = c.source.empty() ? std::string("config") : c.source;
+  const LoraConfig& l = c.lora;
+  check_lora_list(src, "lora.targets", l.targets,
+                  {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+  check_lora_list(src, "lora.trainable", l.trainable, {"embed_tokens", "lm_head", "norm"});
+  if (l.rank == 0) return;
+  EASYCTX_CHECK_INPUT(!lora_names(l.targets).empty(), src, ": lora.targets: empty with lora.rank ", l.rank,
+                      "; name the projections that get adapters (q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                      "up_proj, down_proj) or set lora.rank: 0 to train every weight");
+  EASYCTX_CHECK_INPUT(l.dropout == 0, src, ": lora.dropout: ", l.dropout,
+                      ": LoRA dropout is not implemented (the adapters see the layer input unchanged, as "
+                      "PEFT with lora_dropout 0); set lora.dropout: 0");
+}
 
 void validate_activation(const StageConfig& c) {
   const std::string& src = c.source.empty() ? std::string("config") : c.source;

@@ -34,6 +34,7 @@ struct ModelConfig {
   double rope_theta = 0;        // 0: keep the model's
   double init_std = 0.02;
   bool carry_optimizer = false;  // with init ckpt:DIR, also take its Adam moments
+  std::string adapter;           // a PEFT LoRA adapter folder applied to model.init's weights ("": none)
 };
 
 struct DataConfig {
@@ -113,6 +114,17 @@ struct ActivationConfig {
   int64_t attention_output_layers = 0;  // checkpoint attention_output: the last this many layers keep o + LSE (0: all)
 };
 
+// LoRA (docs/training.md, "LoRA"): low-rank adapters on the targeted projections, the base
+// frozen in the compute dtype. rank 0: off (every weight trained).
+struct LoraConfig {
+  int64_t rank = 0;
+  double alpha = 16;  // scale = alpha / rank (use_rslora: alpha / sqrt(rank))
+  bool use_rslora = false;
+  std::string targets = "q_proj,k_proj,v_proj,o_proj";  // comma-separated PEFT module names
+  std::string trainable;                                // comma-separated: embed_tokens, lm_head, norm
+  double dropout = 0;
+};
+
 struct OutputConfig {
   std::string dir = "out";
   int64_t save_every = 0;
@@ -148,6 +160,7 @@ struct StageConfig {
   TrainConfig train;
   ParallelConfig parallel;
   ActivationConfig activation;
+  LoraConfig lora;
   OutputConfig output;
   LoggingConfig logging;
   TargetConfig target;
@@ -170,6 +183,11 @@ void validate_for_world(const StageConfig& cfg, int world_size);
 void check_derived_sizes(const StageConfig& cfg, int world_size);
 // Cross-key rules of the activation section (the trainer and the memory plan check them).
 void validate_activation(const StageConfig& cfg);
+// The lora section's values checked against each other (InputError naming the key); run when a
+// config is parsed.
+void validate_lora(const StageConfig& cfg);
+// The comma-separated names of lora.targets / lora.trainable, trimmed, in order.
+std::vector<std::string> lora_names(const std::string& list);
 // The resolved config as YAML (loadable again).
 std::string dump_stage_config(const StageConfig& cfg);
 // Markdown reference of every key (docs/config.md).

@@ -208,6 +208,19 @@ class Registry {
                       [acc](const StageConfig& c) { return quote_if_needed(acc(const_cast<StageConfig&>(c))); }});
     fields.back().role = role;
   }
+  // A list of names: comma-separated in a scalar ("q_proj,v_proj", what --set takes), or a YAML
+  // sequence ([q_proj, v_proj]) the loader joins with commas. check(value) returns "" or what is
+  // expected; the names' own rules are checked where the list is used.
+  template <typename Acc>
+  void add_list(const std::string& key, Acc acc, const std::string& allowed, const std::string& doc) {
+    fields.push_back({key, "", "list", allowed, doc,
+                      [acc](StageConfig& c, const std::string& s) -> std::string {
+                        acc(c) = s;
+                        return "";
+                      },
+                      [acc](const StageConfig& c) { return quote_if_needed(acc(const_cast<StageConfig&>(c))); }});
+    fields.back().role = role;
+  }
   // `aliases`: other names accepted for a value (EasyContext's spellings); `allowed`, the dump
   // and the docs show the canonical names of `choices` only.
   template <typename E, typename Acc>

@@ -93,6 +93,14 @@ void add_model_keys(Registry& r) {
       "model.carry_optimizer", [](StageConfig& c) -> bool& { return c.model.carry_optimizer; },
       "With model.init ckpt:DIR (stage chaining), also start from that checkpoint's Adam moments instead of "
       "fresh ones (the step count and schedule restart at 0).");
+  r.add_string(
+      "model.adapter", [](StageConfig& c) -> std::string& { return c.model.adapter; }, "\"\" or a folder",
+      "A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors, e.g. an easyctx LoRA "
+      "run's final/ or Hugging Face PEFT's save_pretrained) applied to model.init's weights: with "
+      "lora.rank > 0 its lora_A/lora_B matrices and modules_to_save tensors start the trainable tensors "
+      "(its r, target_modules and modules_to_save must be the lora section's); with lora.rank 0 it is "
+      "merged into the base (W + lora_alpha / r x B A, modules_to_save replacing their tensors), and "
+      "every weight of the merged model trains. \"\": none.");
   r.add_float(
       "model.init_std", [](StageConfig& c) -> double& { return c.model.init_std; }, 0, true, kMaxF, false,
       "Standard deviation of random initialisation (model.init: random).");
@@ -377,6 +385,47 @@ void add_activation_keys(Registry& r) {
       "Tokens per LM-head + cross-entropy tile; full logits never exist.");
 }
 
+// ---- lora (docs/training.md, "LoRA")
+void add_lora_keys(Registry& r) {
+  // They decide which tensors train and how (a resume refuses a checkpoint of another lora
+  // section: Trainer::check_lora_checkpoint); the keys after them are the run's again.
+  r.role = KeyRole::kTraining;
+  r.add_int(
+      "lora.rank", [](StageConfig& c) -> int64_t& { return c.lora.rank; }, 0, 65536,
+      "LoRA rank r: 0 (the default) trains every weight; r > 0 freezes the base model in the compute dtype "
+      "(bf16 on CUDA, f32 on the CPU: no master copy, gradient or Adam state for it) and trains, per "
+      "targeted projection y = x W^T, the adapters A [r, in] and B [out, r] of y = x W^T + scale x A^T B^T, "
+      "plus the whole tensors lora.trainable names. A starts Kaiming-uniform (torch's kaiming_uniform_ with "
+      "a = sqrt(5), as PEFT: U(-1/sqrt(in), 1/sqrt(in))) from train.seed, B at 0, so the first step's model "
+      "is the base. The backward skips the frozen weights' gradients. Checkpoints hold the trainable tensors "
+      "and their Adam moments only and name the base; the export is a PEFT adapter folder "
+      "(docs/model.md, \"LoRA adapters\").");
+  r.add_float(
+      "lora.alpha", [](StageConfig& c) -> double& { return c.lora.alpha; }, 0, true, kMaxF, false,
+      "PEFT's lora_alpha: the adapters' output is scaled by alpha / rank (alpha / sqrt(rank) with "
+      "lora.use_rslora).");
+  r.add_bool(
+      "lora.use_rslora", [](StageConfig& c) -> bool& { return c.lora.use_rslora; },
+      "Rank-stabilised LoRA (PEFT's use_rslora): scale alpha / sqrt(rank) instead of alpha / rank.");
+  r.add_list(
+      "lora.targets", [](StageConfig& c) -> std::string& { return c.lora.targets; },
+      "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (comma-separated or a YAML list)",
+      "The projections of every decoder layer that get adapters, by PEFT's (and Hugging Face's) module "
+      "names; PEFT's target_modules in the exported adapter_config.json.");
+  r.add_list(
+      "lora.trainable", [](StageConfig& c) -> std::string& { return c.lora.trainable; },
+      "embed_tokens, lm_head, norm (comma-separated or a YAML list; empty: none)",
+      "Whole tensors trained beside the adapters (PEFT's modules_to_save; LongLoRA's \"+\", which it found "
+      "needed to extend the context): `embed_tokens` the token embedding, `lm_head` the output matrix "
+      "(refused with tied embeddings, as is embed_tokens: PEFT's modules_to_save would untie them), `norm` "
+      "every RMSNorm gain (the layers' input and post-attention norms, qwen3's q/k norms and the final "
+      "norm). They keep fp32 master weights and Adam moments like a full fine-tune.");
+  r.add_float(
+      "lora.dropout", [](StageConfig& c) -> double& { return c.lora.dropout; }, 0, false, 1, true,
+      "PEFT's lora_dropout on the adapters' input: only 0 is implemented (a non-zero value is refused).");
+  r.role = KeyRole::kRun;
+}
+
 // ---- output
 void add_output_keys(Registry& r) {
   r.add_string(
@@ -484,6 +533,7 @@ const Registry& registry() {
     add_parallel_keys(r);
     add_zero_keys(r);
     add_activation_keys(r);
+    add_lora_keys(r);
     add_output_keys(r);
     add_logging_keys(r);
     add_target_keys(r);
@@ -531,6 +581,13 @@ void walk(StageConfig& cfg, const YAML::Node& node, const std::string& prefix, c
       walk(cfg, vn, key, source);
     } else if (vn.IsScalar()) {
       set_field(cfg, key, vn.Scalar(), where(source, vn.Mark()), loc);
+    } else if (vn.IsSequence() && r.find(key) && r.find(key)->type == "list") {
+      std::vector<std::string> names;
+      for (const YAML::Node& e : vn) {
+        EASYCTX_CHECK_INPUT(e.IsScalar(), where(source, e.Mark()), ": ", key, ": expected a list of names");
+        names.push_back(e.Scalar());
+      }
+      set_field(cfg, key, join(names, ","), where(source, vn.Mark()), loc);
     } else if (vn.IsNull()) {
       if (!r.find(key) && !r.is_section(key)) set_field(cfg, key, "", loc);
       if (r.find(key)) EASYCTX_THROW_INPUT(loc, ": ", key, ": missing value: expected ", r.find(key)->allowed);
@@ -613,6 +670,7 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
   }
   for (const auto& o : overrides) apply_override(cfg, o);
   resolve_ring_degree(cfg);
+  validate_lora(cfg);
   // offload_params, offload_grads and offload_optimizer_layers need the host AdamW: they decide an
   // auto optimizer placement.
   auto& z = cfg.parallel.zero;

@@ -7,6 +7,7 @@
 #include "ckpt/convert.h"
 #include "ckpt/run_folder.h"
 #include "ckpt/hf_model.h"
+#include "ckpt/lora_adapter.h"
 #include "ckpt/rank_sync.h"
 #include "ckpt/sharded_checkpoint.h"
 #include "core/error.h"
@@ -19,6 +20,38 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr double kRandomStd = 0.02;  // HF's initializer_range
+constexpr const char* kAdapterMark = "+adapter:";
+
+// "MODEL+adapter:DIR" -> (MODEL, DIR); a plain spec -> (spec, "").
+std::pair<std::string, std::string> split_adapter(const std::string& spec) {
+  const size_t at = spec.rfind(kAdapterMark);
+  if (at == std::string::npos) return {spec, ""};
+  return {spec.substr(0, at), spec.substr(at + std::string(kAdapterMark).size())};
+}
+
+// The adapter (if any) checked and recorded in m; an adapter folder given as the model (no
+// config.json, an adapter_config.json) stands for its base with it.
+ModelRef with_adapter_of(ModelRef m, const std::string& spec, const std::string& adapter) {
+  m.spec = spec;
+  if (adapter.empty()) return m;
+  const ckpt::LoraAdapter a(adapter);  // (its config and file read and checked here, before any weight)
+  m.adapter = adapter;
+  return m;
+}
+
+ModelRef resolve_plain(const std::string& spec, const std::string& flag);
+ModelRef resolve_checkpoint(const std::string& spec, MPI_Comm comm, double timeout_s, const std::string& flag);
+
+// An adapter folder as the model: its base_model_name_or_path, a Hugging Face folder.
+std::string base_of_adapter(const std::string& dir, const std::string& flag) {
+  const ckpt::LoraAdapter a(dir);
+  EASYCTX_CHECK_INPUT(!a.base_model().empty() && fs::exists(fs::path(a.base_model()) / "config.json"), flag, " ", dir,
+                      ": a PEFT adapter folder whose base_model_name_or_path (", a.base_model(),
+                      ") is not a Hugging Face folder here; give the base as the model and the adapter with "
+                      "--adapter ",
+                      dir);
+  return a.base_model();
+}
 
 // A ckpt: model at the checkpoint its resolution verified (an InputError when the folder held
 // none): the one tail of both resolve_model overloads.
@@ -33,13 +66,32 @@ ModelRef with_checkpoint(ModelRef m, const ckpt::CheckpointRef& ref, const std::
 }  // namespace
 
 std::string ModelRef::label() const {
-  fs::path p(dir);
-  std::string name = p.filename().string();
-  if (name.empty()) name = p.parent_path().filename().string();
-  return name.empty() ? spec : name;
+  auto last = [](const std::string& d) {
+    const fs::path p(d);
+    const std::string name = p.filename().string();
+    return name.empty() ? p.parent_path().filename().string() : name;
+  };
+  const std::string name = last(dir);
+  return (name.empty() ? spec : name) + (adapter.empty() ? "" : "+" + last(adapter));
 }
 
-ModelRef resolve_model(const std::string& spec, const std::string& flag) {
+std::string with_adapter(const std::string& spec, const std::string& adapter) {
+  return adapter.empty() ? spec : spec + kAdapterMark + adapter;
+}
+
+ModelRef resolve_model(const std::string& full, const std::string& flag) {
+  auto [spec, adapter] = split_adapter(full);
+  const std::string dir = starts_with(spec, "hf:") ? spec.substr(3) : spec;
+  if (adapter.empty() && fs::exists(fs::path(dir) / "adapter_config.json") &&
+      !fs::exists(fs::path(dir) / "config.json")) {
+    adapter = dir;  // an adapter folder: its base, with it
+    spec = base_of_adapter(dir, flag);
+  }
+  return with_adapter_of(resolve_plain(spec, flag), full, adapter);
+}
+
+namespace {
+ModelRef resolve_plain(const std::string& spec, const std::string& flag) {
   ModelRef m;
   m.spec = spec;
   EASYCTX_CHECK_INPUT(!spec.empty(), flag, ": empty (a Hugging Face folder, hf:DIR, ckpt:DIR or random:SPEC)");
@@ -92,8 +144,16 @@ ModelRef resolve_model(const std::string& spec, const std::string& flag) {
   return m;
 }
 
-ModelRef resolve_model(const std::string& spec, MPI_Comm comm, double timeout_s, const std::string& flag) {
-  if (!starts_with(spec, "ckpt:")) return resolve_model(spec, flag);
+}  // namespace
+
+ModelRef resolve_model(const std::string& full, MPI_Comm comm, double timeout_s, const std::string& flag) {
+  const auto [spec, adapter] = split_adapter(full);
+  if (!starts_with(spec, "ckpt:")) return resolve_model(full, flag);
+  return with_adapter_of(resolve_checkpoint(spec, comm, timeout_s, flag), full, adapter);
+}
+
+namespace {
+ModelRef resolve_checkpoint(const std::string& spec, MPI_Comm comm, double timeout_s, const std::string& flag) {
   ModelRef m;
   m.spec = spec;
   m.checkpoint = true;
@@ -110,6 +170,8 @@ ModelRef resolve_model(const std::string& spec, MPI_Comm comm, double timeout_s,
     for (const std::string& w : warnings) log_warn(flag, " ", spec, ": ", w);
   return with_checkpoint(m, ref, flag);
 }
+
+}  // namespace
 
 model::LlamaConfig model_config(const ModelRef& m, double rope_theta) {
   model::LlamaConfig c;
@@ -139,6 +201,15 @@ int64_t load_staging_elems(const ModelRef& m, const model::ParamLayout& layout) 
 
 std::vector<ops::Buffer> load_model_weights(const ModelRef& m, const model::ParamLayout& layout, ops::Backend& be,
                                             ops::DType dtype) {
+  std::unique_ptr<ckpt::LoraAdapter> adapter;
+  if (!m.adapter.empty()) {
+    adapter = std::make_unique<ckpt::LoraAdapter>(m.adapter);
+    adapter->check(model::ParamLayout(model_config(m), adapter->spec()));
+  }
+  // Elements [off, off + len) of unit u, in host f32 `p`: the adapter merged in.
+  auto merge = [&](size_t u, int64_t off, int64_t len, float* p) {
+    if (adapter) ckpt::merge_lora_range(layout, u, off, len, p, *adapter);
+  };
   std::vector<ops::Buffer> units;
   for (const model::ParamUnit& u : layout.units()) units.push_back(be.alloc(dtype, u.numel, "weights"));
   // f32 on a host backend: read straight into the units.
@@ -151,18 +222,21 @@ std::vector<ops::Buffer> load_model_weights(const ModelRef& m, const model::Para
         const ops::Tensor dst = units[u].flat().slice_flat(off, {len});
         if (in_place) {
           model::init_random_range(layout, u, off, dst, kRandomStd, m.seed);
+          merge(u, off, len, dst.ptr<float>());
           continue;
         }
         const ops::Tensor host(chunk.data(), ops::DType::F32, {len});
         model::init_random_range(layout, u, off, host, kRandomStd, m.seed);
+        merge(u, off, len, chunk.data());
         be.copy(dst, host);
         be.synchronize();
       }
     return units;
   }
   if (!m.checkpoint) {  // a Hugging Face folder
-    ckpt::for_each_hf_tensor(m.dir, layout, [&](size_t u, const model::ParamTensor& t, const float* data) {
-      const ops::Tensor src(const_cast<float*>(data), ops::DType::F32, {t.numel});
+    ckpt::for_each_hf_tensor(m.dir, layout, [&](size_t u, const model::ParamTensor& t, float* data) {
+      if (adapter) adapter->merge(t, 0, t.numel, data);
+      const ops::Tensor src(data, ops::DType::F32, {t.numel});
       be.copy(units[u].flat().slice_flat(t.offset, {t.numel}), src);
       be.synchronize();  // the host buffer holds the next tensor next
     });
@@ -177,11 +251,13 @@ std::vector<ops::Buffer> load_model_weights(const ModelRef& m, const model::Para
                         " elements, the model in its index needs ", pu.numel);
     if (in_place) {
       r.read(name, 0, pu.numel, units[u].flat().ptr<float>());
+      merge(u, 0, pu.numel, units[u].flat().ptr<float>());
       continue;
     }
     for (int64_t off = 0; off < pu.numel; off += kLoadChunkElems) {
       const int64_t len = std::min(kLoadChunkElems, pu.numel - off);
       r.read(name, off, len, chunk.data());
+      merge(u, off, len, chunk.data());
       be.copy(units[u].flat().slice_flat(off, {len}), ops::Tensor(chunk.data(), ops::DType::F32, {len}));
       be.synchronize();  // the chunk is read again next
     }

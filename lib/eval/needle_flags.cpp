@@ -79,11 +79,13 @@ namespace {
 // The flags, their defaults and help texts; the ones not read into `o` directly are read
 // into `device`, `sp_mode` and `tasks`.
 void add_needle_flags(po::options_description& opts, NeedleOptions& o, std::string& device, std::string& sp_mode,
-                      std::string& tasks, std::string& lengths) {
+                      std::string& tasks, std::string& lengths, std::string& adapter) {
   opts.add_options()("help,h", "show this help")(
       "model", po::value(&o.session.model)->required(),
-      "Hugging Face folder (config.json + safetensors), a training run's output.dir (its final/ export) or "
-      "ckpt:DIR (a training checkpoint)")(
+      "Hugging Face folder (config.json + safetensors), a training run's output.dir (its final/ export), "
+      "ckpt:DIR (a training checkpoint) or a PEFT LoRA adapter folder (its base with it merged)")(
+      "adapter", po::value(&adapter)->default_value(""),
+      "a PEFT LoRA adapter folder (e.g. a LoRA run's final/) merged into --model as it loads")(
       "tokenizer", po::value(&o.tokenizer)->default_value(""),
       "the model's tokenizer: SentencePiece .model or tokenizer.json (default: tokenizer.model, else "
       "tokenizer.json, in the --model folder, as EasyContext loads the model's own; required with ckpt:DIR)")(
@@ -183,9 +185,9 @@ void check_needle_options_as_given(const NeedleOptions& o, int argc, const char*
 }  // namespace
 
 bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std::string* help) {
-  std::string device = "auto", sp_mode = "zigzag_ring", tasks = "needle", lengths;
+  std::string device = "auto", sp_mode = "zigzag_ring", tasks = "needle", lengths, adapter;
   po::options_description opts("easyctx_eval_needle [options]");
-  add_needle_flags(opts, o, device, sp_mode, tasks, lengths);
+  add_needle_flags(opts, o, device, sp_mode, tasks, lengths, adapter);
   po::variables_map vm;
   const ArgvCopy args(rewrite_flag_aliases(argc, argv, needle_aliases()));
   try {
@@ -200,6 +202,7 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
   } catch (const po::error& e) { EASYCTX_THROW_INPUT("command line: ", e.what(), " (see --help)"); }
   if (o.tokenizer.empty()) o.tokenizer = default_needle_tokenizer(o.session.model);
   if (o.output_dir.empty()) o.output_dir = default_needle_output_dir(o.session.model);
+  o.session.model = with_adapter(o.session.model, adapter);
   o.session.device = parse_device(device, "--device");
   o.session.sp_mode = parse_sp_mode(sp_mode, "--sp-mode");
   o.plan = vm.count("plan") > 0;

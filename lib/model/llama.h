@@ -124,6 +124,10 @@ struct ModelOptions {
   bool streams_attention_output() const {
     return checkpoint == CheckpointPolicy::AttentionOutput && offload_checkpoints && head_groups > 1;
   }
+  // lora.rank > 0: the LoRA layout (ParamLayout(config, lora)): the base frozen (no weight
+  // gradient is computed for it), adapters y += scale (x A^T) B^T on the targeted projections,
+  // the trainable copies read where the model reads those tensors (docs/training.md, "LoRA").
+  LoraSpec lora = {};
 };
 
 // The ModelOptions of a training stage (activation.* keys); `device`: bf16 parameters with
@@ -133,6 +137,7 @@ ModelOptions options_for(const StageConfig& cfg, bool device);
 class ActivationStore;
 struct SavedAttention;
 struct WorkspaceDims;
+struct LayerParams;
 
 class LlamaModel {
  public:
@@ -204,12 +209,35 @@ class LlamaModel {
   template <class Visit>
   static void visit_score_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t tokens,
                                     ScoreWorkspace* ws, Visit&& visit);
-  void score_layer(const ops::Tensor& w, const Batch& b, ScoreWorkspace& ws);
+  void score_layer(const LayerParams& p, const Batch& b, ScoreWorkspace& ws);
+  // Layer l's tensors on the units acquired: w (its base unit) and wl (its lora.layer unit, or
+  // empty), their gradients gw and gwl (empty: frozen, or forward only).
+  LayerParams layer_params(int64_t l, const ops::Tensor& w, const ops::Tensor& wl, const ops::Tensor& gw,
+                           const ops::Tensor& gwl) const;
+  // The tensor at `loc` of the units acquired (indexed by unit; empty where not acquired).
+  ops::Tensor view_at(const std::vector<ops::Tensor>& units, const ParamLayout::Loc& loc) const;
+  bool frozen(size_t unit) const { return layout_.units()[unit].frozen; }
+  // y += scale (x A^T) B^T, t = x A^T [rows, r] kept for the backward.
+  void lora_forward(const ops::Tensor& x, const LayerParams& p, int target, const ops::Tensor& t, const ops::Tensor& y);
+  // Its backward given dy: u = scale dy B (scratch [rows, r]); dx += u A; gA += u^T x; gB += scale dy^T t.
+  void lora_backward(const ops::Tensor& x, const ops::Tensor& dy, const LayerParams& p, int target,
+                     const ops::Tensor& t, const ops::Tensor& u, const ops::Tensor& dx);
+  // A layer's adapter input of `target` (x A^T), `rows` rows.
+  static ops::Tensor lora_in(LayerActs& a, int target, int64_t rows, int64_t rank);
+  // The adapters' inputs of q, k and v (t = h1 A^T) into the layer's activations.
+  void lora_qkv_inputs(const ops::Tensor& h1, const LayerParams& p, LayerActs& a);
   void check_params(const std::vector<ops::Tensor>& params, const char* what) const;
   void check_params(const std::vector<ops::Tensor>& params, const char* what, DType want) const;
+  // Every trainable unit's gradient (a frozen unit's entry is not read).
+  void check_grads(const std::vector<ops::Tensor>& grads) const;
+  std::vector<size_t> head_units() const;
   Workspace& workspace(const Batch& b, bool for_backward);
   static void visit_workspace(const WorkspaceDims& dims, Workspace* ws,
                               const std::function<void(const BufferSpec&, ops::Buffer*)>& visit);
+  static void visit_lora_acts(const WorkspaceDims& dims, const std::string& prefix, int64_t mlp_rows, LayerActs* a,
+                              const std::function<void(const BufferSpec&, ops::Buffer*)>& visit);
+  static void visit_lora_workspace(const WorkspaceDims& dims, Workspace* ws,
+                                   const std::function<void(const BufferSpec&, ops::Buffer*)>& visit);
   static int64_t mlp_rows(const ModelOptions& o, int64_t n, bool keep_all);
   void forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, bool keep);
   // The LM head and the final norm, forward (the loss) and backward (ws.dx: the gradient of the
@@ -227,7 +255,9 @@ class LlamaModel {
   // projections' outputs. One head group's views (or every head's).
   struct QkvWeights;
   struct QkvActs;
-  QkvWeights qkv_weights(const ops::Tensor& unit, int64_t g, int64_t groups) const;
+  // grads: the gradients' views (LayerParams::g, its adapters' gB) instead of the parameters'.
+  QkvWeights qkv_weights(const LayerParams& p, LayerActs* a, int64_t n, int64_t g, int64_t groups,
+                         bool grads = false) const;
   // Group g of G's views into a layer's activations (group-major when they hold every group).
   QkvActs qkv_acts(LayerActs& a, int64_t n, int64_t g, int64_t groups) const;
   void project_qkv(const ops::Tensor& h1, const QkvWeights& w, const QkvActs& a, const ops::Buffer& ones,
@@ -241,22 +271,40 @@ class LlamaModel {
   // y[n, m] += 1 bias (forward); gbias[m] += 1^T dy (backward).
   void add_bias(const ops::Buffer& ones, const ops::Tensor& bias, const ops::Tensor& y);
   void bias_grad(const ops::Buffer& ones, const ops::Tensor& dy, const ops::Tensor& gbias);
-  ops::Tensor mlp_norm_tile(const ops::Tensor& w, LayerActs& a, const ops::Tensor& x_mid, int64_t r0, int64_t rows);
+  ops::Tensor mlp_norm_tile(const ops::Tensor& norm, LayerActs& a, const ops::Tensor& x_mid, int64_t r0, int64_t rows);
+  // The MLP of rows [r0, r0 + rows): g, u (with their adapters), m; out (not empty): the down
+  // projection (with its adapter) into it. t_down: the down adapter's input is computed also
+  // without out (the backward's recompute needs it).
+  void mlp_tile_forward(const LayerParams& p, LayerActs& a, const ops::Tensor& h2t, int64_t rows,
+                        const ops::Tensor& out);
+  void mlp_tile_backward(const LayerParams& p, LayerActs& a, Workspace& ws, const ops::Tensor& h2t,
+                         const ops::Tensor& dxt, const ops::Tensor& dht, int64_t rows);
   // One layer from x_in; x_out empty (the backward's recompute) stops before the MLP. saved:
   // the layer's attention output (ActivationStore::output_target in the forward,
   // attention_output in the recompute).
-  void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const ops::Tensor& x_out, const Batch& b,
+  void layer_forward(const LayerParams& p, const ops::Tensor& x_in, const ops::Tensor& x_out, const Batch& b,
                      LayerActs& a, Workspace& ws, const SavedAttention& saved);
-  void layer_backward(const ops::Tensor& w, const ops::Tensor& gw, const ops::Tensor& x_in, const Batch& b,
-                      LayerActs& a, Workspace& ws, const ops::Tensor& dx, const SavedAttention& saved);
+  void layer_backward(const LayerParams& p, const ops::Tensor& x_in, const Batch& b, LayerActs& a, Workspace& ws,
+                      const ops::Tensor& dx, const SavedAttention& saved);
+  // The attention block of the untiled layer (head_groups 1), backward: dx the gradient of
+  // x_mid; dh receives the input norm's output gradient.
+  void attention_backward(const LayerParams& p, const Batch& b, LayerActs& a, Workspace& ws, const ops::Tensor& dx);
   // The attention block tiled over head groups (head_groups > 1): x_mid = sum_g o_g W_O,g^T,
   // and its backward (dh = the input norm's output gradient, weight gradients accumulated).
-  void attention_forward_grouped(const ops::Tensor& w, const ops::Tensor& h1, const Batch& b, LayerActs& a,
+  void attention_forward_grouped(const LayerParams& p, const ops::Tensor& h1, const Batch& b, LayerActs& a,
                                  Workspace& ws, const ops::Tensor& x_mid, const SavedAttention& saved);
-  void attention_backward_grouped(const ops::Tensor& w, const ops::Tensor& gw, const Batch& b, LayerActs& a,
-                                  Workspace& ws, const ops::Tensor& dx, const SavedAttention& saved);
+  void attention_backward_grouped(const LayerParams& p, const Batch& b, LayerActs& a, Workspace& ws,
+                                  const ops::Tensor& dx, const SavedAttention& saved);
+  void lora_grouped_begin(const LayerParams& p, LayerActs& a, Workspace& ws, const ops::Tensor& dx);
+  void lora_grouped_qkv(const LayerParams& p, const QkvWeights& w, const QkvWeights& gw, int64_t g,
+                        const ops::Tensor& dq, const ops::Tensor& dk, const ops::Tensor& dv, Workspace& ws);
+  void lora_grouped_end(const LayerParams& p, LayerActs& a, Workspace& ws, int64_t n);
+  // The o_proj adapter's part of the tiled attention block: group g's columns of A_o packed
+  // into ws.lora_ao (and of its gradient, into ws.lora_dao and back).
+  ops::Tensor lora_o_columns(const LayerParams& p, Workspace& ws, int64_t g, int64_t groups);
+  void lora_o_grad_columns(const LayerParams& p, Workspace& ws, int64_t g, int64_t groups, const ops::Tensor& u,
+                           const ops::Tensor& o);
   ops::Tensor head_matrix(const std::vector<ops::Tensor>& units) const;
-  ops::Tensor head_matrix(const ops::Tensor& embed, const ops::Tensor& head) const;
 
   LlamaConfig cfg_;
   ParamLayout layout_;
@@ -282,5 +330,10 @@ void init_random(const ParamLayout& layout, const std::vector<ops::Tensor>& unit
 // f32 `dst` (so a model can be made a chunk at a time: the same values as init_random).
 void init_random_range(const ParamLayout& layout, size_t unit, int64_t offset, const ops::Tensor& dst, double std,
                        uint64_t seed);
+// LoRA adapters (ParamTensor::adapter) start as PEFT's do: A from torch's kaiming_uniform_(a =
+// sqrt(5)), U(-1/sqrt(in), 1/sqrt(in)), B zero; a pure function of (seed, the tensor's name,
+// element). Writes the adapters' elements among [offset, offset + dst.numel()) of unit `unit`
+// into host f32 `dst`, leaving the others; init_random_range initialises adapters the same way.
+void init_lora_range(const ParamLayout& layout, size_t unit, int64_t offset, const ops::Tensor& dst, uint64_t seed);
 
 }  // namespace easyctx::model

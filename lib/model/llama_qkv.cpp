@@ -17,23 +17,39 @@ double LlamaModel::attention_scale() const {
   return af * af / std::sqrt(static_cast<double>(cfg_.head_dim));
 }
 
-LlamaModel::QkvWeights LlamaModel::qkv_weights(const Tensor& unit, int64_t g, int64_t groups) const {
-  const size_t ui = layout_.layer_unit(0);  // offsets are the same in every layer unit
-  auto W = [&](LayerTensor t) { return tensor_view(unit, ui, t); };
-  const int64_t d = cfg_.hidden_size, qd = cfg_.q_dim() / groups, kvd = cfg_.kv_dim() / groups;
+namespace {
+Tensor part(const Tensor& t, int64_t offset, std::initializer_list<int64_t> dims) {
+  return t.empty() ? Tensor() : t.slice_flat(offset, dims);
+}
+}  // namespace
+
+LlamaModel::QkvWeights LlamaModel::qkv_weights(const LayerParams& p, LayerActs* a, int64_t n, int64_t g, int64_t groups,
+                                               bool grads) const {
+  const auto& W = grads ? p.g : p.w;
+  const auto& B = grads ? p.gb : p.b;
+  const int64_t d = cfg_.hidden_size, qd = cfg_.q_dim() / groups, kvd = cfg_.kv_dim() / groups, r = p.rank;
   QkvWeights w;
-  w.wq = W(kQ).slice_flat(g * qd * d, {qd, d});
-  w.wk = W(kK).slice_flat(g * kvd * d, {kvd, d});
-  w.wv = W(kV).slice_flat(g * kvd * d, {kvd, d});
+  w.wq = part(W[kQ], g * qd * d, {qd, d});
+  w.wk = part(W[kK], g * kvd * d, {kvd, d});
+  w.wv = part(W[kV], g * kvd * d, {kvd, d});
   if (cfg_.qkv_bias) {
-    w.bq = W(kQBias).slice_flat(g * qd, {qd});
-    w.bk = W(kKBias).slice_flat(g * kvd, {kvd});
-    w.bv = W(kVBias).slice_flat(g * kvd, {kvd});
+    w.bq = part(W[kQBias], g * qd, {qd});
+    w.bk = part(W[kKBias], g * kvd, {kvd});
+    w.bv = part(W[kVBias], g * kvd, {kvd});
   }
   if (cfg_.qk_norm) {
-    w.qn = W(kQNorm);
-    w.kn = W(kKNorm);
+    w.qn = W[kQNorm];
+    w.kn = W[kKNorm];
   }
+  Tensor* lb[3] = {&w.lbq, &w.lbk, &w.lbv};
+  Tensor* lt[3] = {&w.ltq, &w.ltk, &w.ltv};
+  for (int t = kLoraQ; t <= kLoraV; ++t) {  // B's rows of the group (q: qd of them, k and v: kvd)
+    if (!p.lora(t)) continue;
+    const int64_t rows = t == kLoraQ ? qd : kvd;
+    *lb[t] = part(B[static_cast<size_t>(t)], g * rows * r, {rows, r});
+    if (a) *lt[t] = a->lora_t[static_cast<size_t>(t)].view({n, r});
+  }
+  w.lscale = p.scale;
   return w;
 }
 
@@ -62,6 +78,9 @@ void LlamaModel::project_qkv(const Tensor& h1, const QkvWeights& w, const QkvAct
   be_.matmul(h1, false, w.wq, true, q);
   be_.matmul(h1, false, w.wk, true, k);
   be_.matmul(h1, false, w.wv, true, a.v);
+  if (!w.lbq.empty()) be_.matmul(w.ltq, false, w.lbq, true, q, w.lscale, 1.0);  // LoRA: + scale (h1 A^T) B^T
+  if (!w.lbk.empty()) be_.matmul(w.ltk, false, w.lbk, true, k, w.lscale, 1.0);
+  if (!w.lbv.empty()) be_.matmul(w.ltv, false, w.lbv, true, a.v, w.lscale, 1.0);
   if (!w.bq.empty()) {
     add_bias(ones, w.bq, q);
     add_bias(ones, w.bk, k);
@@ -93,7 +112,7 @@ void LlamaModel::qkv_backward(const QkvWeights& w, const QkvWeights& gw, const Q
       be_.copy(dy.reshape({rows, hd}), dx);
     }
   }
-  if (!w.bq.empty()) {
+  if (!gw.bq.empty()) {  // (LoRA: the biases are frozen)
     bias_grad(ones, dq, gw.bq);
     bias_grad(ones, dk, gw.bk);
     bias_grad(ones, dv, gw.bv);

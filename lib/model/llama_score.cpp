@@ -51,9 +51,8 @@ std::vector<BufferSpec> LlamaModel::score_workspace_specs(const LlamaConfig& c, 
 }
 
 // One layer, in place on ws.x: the ops of layer_forward in its order, on fewer buffers.
-void LlamaModel::score_layer(const Tensor& w, const Batch& b, ScoreWorkspace& ws) {
-  const size_t ui = layout_.layer_unit(0);
-  auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
+void LlamaModel::score_layer(const LayerParams& p, const Batch& b, ScoreWorkspace& ws) {
+  auto W = [&](LayerTensor t) { return p.w[static_cast<size_t>(t)]; };
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
   const int64_t hq = cfg_.num_heads, hkv = cfg_.num_kv_heads;
   const Tensor x = ws.x.view({n, d}), h = ws.h.view({n, d}), rstd = ws.rstd.view({n});
@@ -70,7 +69,7 @@ void LlamaModel::score_layer(const Tensor& w, const Batch& b, ScoreWorkspace& ws
     qa.q_rstd = ws.q_rstd.view({n * hq});
     qa.k_rstd = ws.k_rstd.view({n * hkv});
   }
-  project_qkv(h, qkv_weights(w, 0, 1), qa, ws.ones, b);
+  project_qkv(h, qkv_weights(p, nullptr, n, 0, 1), qa, ws.ones, b);
   attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                   v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
                   ws.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.sliding_window});
@@ -93,6 +92,7 @@ void LlamaModel::score_layer(const Tensor& w, const Batch& b, ScoreWorkspace& ws
 void LlamaModel::forward_score(const std::vector<Tensor>& params, const Batch& b, const Tensor& nll,
                                const Tensor& top) {
   check_params(params, "parameter");
+  EASYCTX_CHECK(!layout_.lora().enabled(), "forward_score: a LoRA model (evaluations merge the adapter into the base)");
   EASYCTX_CHECK(b.batch > 0 && b.seq > 0, "LlamaModel: empty batch ", b.batch, "x", b.seq);
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, L = cfg_.num_layers;
   for (const Tensor* t : {&b.tokens, &b.positions, &b.labels})
@@ -113,11 +113,11 @@ void LlamaModel::forward_score(const std::vector<Tensor>& params, const Batch& b
     score_ws_ = std::move(ws);
   }
   ScoreWorkspace& ws = *score_ws_;
-  const size_t eu = layout_.embed_unit(), hu = layout_.head_unit();
-  be_.embedding_fwd(b.tokens, params[eu].reshape({cfg_.vocab_size, d}), ws.x.view({n, d}));
-  for (int64_t l = 0; l < L; ++l) score_layer(params[layout_.layer_unit(l)], b, ws);
+  be_.embedding_fwd(b.tokens, view_at(params, layout_.embedding()).reshape({cfg_.vocab_size, d}), ws.x.view({n, d}));
+  for (int64_t l = 0; l < L; ++l)
+    score_layer(layer_params(l, params[layout_.layer_unit(l)], Tensor(), Tensor(), Tensor()), b, ws);
   const Tensor h = ws.h.view({n, d});
-  be_.rmsnorm_fwd(ws.x.view({n, d}), tensor_view(params[hu], hu, 0), cfg_.rms_norm_eps, h, ws.rstd.view({n}));
+  be_.rmsnorm_fwd(ws.x.view({n, d}), view_at(params, layout_.final_norm()), cfg_.rms_norm_eps, h, ws.rstd.view({n}));
   // The LM head on the runs of labelled rows only.
   std::vector<int32_t> labels(static_cast<size_t>(n));
   be_.copy(Tensor(labels.data(), DType::I32, {n}), b.labels);

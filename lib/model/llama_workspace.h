@@ -2,6 +2,7 @@
 // lifetime), llama_head_groups.cpp (the attention block in head groups) and llama_score.cpp
 // (forward-only evaluation). Not an interface: include it only from lib/model.
 #pragma once
+#include <array>
 #include <cstdint>
 
 #include "core/error.h"
@@ -26,6 +27,17 @@ inline ops::Tensor group_part(const ops::Buffer& b, int64_t g, int64_t groups, i
   return b.flat().slice_flat(b.numel() == per ? 0 : g * per, {per});
 }
 
+// One layer's tensors for a call (LlamaModel::layer_params: the ParamLayout locations on the
+// units acquired): parameters, their gradients (empty: frozen, no weight gradient computed,
+// or a forward-only call), and the LoRA adapters of the targeted projections.
+struct LayerParams {
+  std::array<ops::Tensor, kLayerTensors> w, g;
+  std::array<ops::Tensor, kLoraTargets> a, b, ga, gb;  // A [r, in], B [out, r]; empty: not targeted
+  double scale = 0;                                    // LoraSpec::scale
+  int64_t rank = 0;
+  bool lora(int target) const { return !a[static_cast<size_t>(target)].empty(); }
+};
+
 // Every buffer sized for `tokens` tokens; views take their first elements, so a workspace
 // serves any batch of at most that many tokens.
 struct LlamaModel::ScoreWorkspace {
@@ -46,9 +58,12 @@ struct LlamaModel::ScoreWorkspace {
 // layer unit of parameters or of gradients. Biases (qkv_bias) and norms (qk_norm: the
 // whole [hd] gains, shared by every head) are empty where the model has none.
 struct LlamaModel::QkvWeights {
-  ops::Tensor wq, wk, wv;  // [Hq/G hd, D], [Hkv/G hd, D] x2
-  ops::Tensor bq, bk, bv;  // [Hq/G hd], [Hkv/G hd] x2
-  ops::Tensor qn, kn;      // [hd] x2
+  ops::Tensor wq, wk, wv;     // [Hq/G hd, D], [Hkv/G hd, D] x2
+  ops::Tensor bq, bk, bv;     // [Hq/G hd], [Hkv/G hd] x2
+  ops::Tensor qn, kn;         // [hd] x2
+  ops::Tensor lbq, lbk, lbv;  // LoRA: the group's rows of B_q, B_k, B_v [Hq/G hd, r], ... (empty: not targeted)
+  ops::Tensor ltq, ltk, ltv;  // LoRA: the adapters' inputs h1 A^T [n, r] (every group's)
+  double lscale = 0;
 };
 
 // One group's projections: q, k after RoPE, v; with qk_norm also the norms' inputs (the
@@ -77,6 +92,9 @@ struct LlamaModel::LayerActs {
   ops::Buffer rstd2;           // [n]
   ops::Buffer g, u;            // [mlp rows, I]  gate and up projections (one MLP tile, or all n rows)
   ops::Buffer m;               // [mlp rows, I]  silu(g) * u
+  // LoRA: each targeted projection's adapter input x A^T: [n, r] for q, k, v, o; [mlp rows, r]
+  // for gate, up, down (one MLP tile's, recomputed with it).
+  std::array<ops::Buffer, kLoraTargets> lora_t;
 };
 
 // The model's own buffers of a training step or forward-only pass (the checkpoints are the
@@ -93,6 +111,11 @@ struct LlamaModel::Workspace {
   ops::Buffer wo, dwo;          // G > 1: one group's columns of W_O [D, Hq/G hd] (parameter
                                 // dtype) and of its gradient (gradient dtype, backward only)
   ops::Buffer ones;             // [n] ones (qkv_bias: bias add and gradient as rank-one products)
+  // LoRA backward: scale dy B per target [n, r] (q, k, v, o: summed over head groups; the MLP's
+  // tiles use the first); G > 1 with o_proj targeted: one group's columns of A_o and of its
+  // gradient [r, Hq/G hd].
+  std::array<ops::Buffer, 4> lora_u;
+  ops::Buffer lora_ao, lora_dao;
 };
 
 }  // namespace easyctx::model

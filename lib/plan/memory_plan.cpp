@@ -51,14 +51,16 @@ struct Run {
   DType dtype = DType::F32;  // activations and working parameters
   int64_t elem_bytes = 4;    // bytes per activation element
   int64_t params = 0;        // parameters
+  int64_t trained = 0;       // of them, those that train (LoRA: the adapters and the trainable copies)
   int64_t batch = 1;         // sequences per micro-batch
   int64_t seq = 0;           // local tokens per sequence (this rank's part of the sequence)
   int64_t tokens = 0;        // batch x seq
   int64_t zero_group = 1;    // ZeRO-3 shard group size (1: no sharding)
   std::string dev;           // where the backend allocates: "gpu" (CUDA) or "host" (CPU)
 
-  explicit Run(const StageConfig& c) : cfg(c), mc(detail::plan_model(c.model, &note)), layout(mc) {}
-  Run(const StageConfig& c, const model::LlamaConfig& m) : cfg(c), mc(m), layout(mc) {}
+  explicit Run(const StageConfig& c)
+      : cfg(c), mc(detail::plan_model(c.model, &note)), layout(mc, model::lora_spec(c.lora)) {}
+  Run(const StageConfig& c, const model::LlamaConfig& m) : cfg(c), mc(m), layout(mc, model::lora_spec(c.lora)) {}
   bool zero3() const { return cfg.parallel.zero.stage == 3; }
   bool offload_opt() const { return cfg.parallel.zero.offload_optimizer && cuda; }
   // offload_optimizer_layers: some units' state on the device (the store's own rule).
@@ -264,6 +266,7 @@ Run run_of(const StageConfig& cfg, const PlanTarget& t, const model::LlamaConfig
   r.elem_bytes = r.cuda ? 2 : 4;
   r.dev = r.cuda ? "gpu" : "host";
   r.params = r.layout.total_numel();
+  r.trained = r.layout.trainable_numel();
   try {
     r.groups = dist::make_group_layout(cfg, t.world(), t.gpus_per_node);
   } catch (const InputError& e) {
@@ -310,13 +313,22 @@ void process_items(const Run& r, const PlanTarget& t, Items& it) {
   // Loading the weights (ParamStore::load_master, read_checkpoint): each unit's part this rank
   // keeps (stage 0: the whole unit; ZeRO-3: its shard) is read into the state where that is
   // host memory (the CPU backend, offload_optimizer), else through a host staging of one part.
+  const zero::ShardLayout sl = r.shards();
+  auto part = [&](size_t u) { return r.zero3() ? sl.len(u) : r.layout.units()[u].numel; };
   if (r.cuda && (!r.offload_opt() || r.split_opt())) {  // (a split: the units whose state is on the GPU)
-    int64_t part = 0;
-    for (size_t u = 0; u < r.layout.num_units(); ++u) part = std::max(part, r.layout.units()[u].numel);
-    if (r.zero3()) part = r.shards().max_len();
-    it.transient("init", "host staging of one unit's part being loaded (f32)", "host", 4 * part,
+    int64_t most = 0;
+    for (size_t u = 0; u < r.layout.num_units(); ++u)
+      if (!r.layout.units()[u].frozen) most = std::max(most, part(u));
+    it.transient("init", "host staging of one unit's part being loaded (f32)", "host", 4 * most,
                  r.zero3() ? "4 x max ceil(unit / Z)" : "4 x largest unit", false);
   }
+  // LoRA's frozen units: f32 read and converted to bf16 on the host, a chunk at a time.
+  int64_t frozen = 0;
+  for (size_t u = 0; u < r.layout.num_units(); ++u)
+    if (r.layout.units()[u].frozen) frozen = std::max(frozen, std::min(part(u), kOffloadChunkElems));
+  if (r.cuda && frozen > 0)
+    it.transient("init", "host staging of a frozen unit's chunk being loaded (f32 + bf16)", "host", 6 * frozen,
+                 "6 x min(largest frozen unit part, 2^24)", false);
   // model.init hf:DIR: SafetensorsReader::read_range's buffer (disk bytes of the elements read,
   // at most kReadChunkBytes at once; F64 on disk at most).
   if (starts_with(r.cfg.model.init, "hf:")) {
@@ -377,9 +389,13 @@ void op_scratch_items(const Run& r, Items& it) {
 // own block; reduce_scatter the received blocks (then the replicas' all_reduce).
 void reduction_items(const Run& r, const PlanTarget& t, Items& it) {
   if (r.cuda) return;
-  int64_t unit = 0;
-  for (size_t u = 0; u < r.layout.num_units(); ++u) unit = std::max(unit, r.layout.units()[u].numel);
-  const int64_t len = r.shards().max_len();
+  int64_t unit = 0, len = 0;  // (the trainable units: LoRA's frozen ones have no gradient)
+  const zero::ShardLayout sl = r.shards();
+  for (size_t u = 0; u < r.layout.num_units(); ++u)
+    if (!r.layout.units()[u].frozen) {
+      unit = std::max(unit, r.layout.units()[u].numel);
+      len = std::max(len, sl.len(u));
+    }
   auto all_reduce = [](int64_t count, int64_t ranks) {
     const int64_t block = (count + ranks - 1) / ranks;
     return 4 * (2 * block * ranks + block);
@@ -396,9 +412,16 @@ void reduction_items(const Run& r, const PlanTarget& t, Items& it) {
 // Host staging of checkpoints and the export (CUDA stage 0: the slices this rank writes).
 void save_items(const Run& r, const PlanTarget& t, Items& it) {
   const OutputConfig& out = r.cfg.output;
+  const zero::ShardLayout sl = r.shards();
+  int64_t trained_len = 0, trained_max = 0;  // (LoRA: the trainable units' shards only)
+  for (size_t u = 0; u < r.layout.num_units(); ++u)
+    if (!r.layout.units()[u].frozen) {
+      trained_len += sl.len(u);
+      trained_max = std::max(trained_max, sl.len(u));
+    }
   if (r.cuda && (!r.offload_opt() || r.split_opt()) && (out.save_final || out.save_every > 0)) {
     const int64_t W = t.world();
-    const int64_t state = r.zero3() ? r.shards().total_len() : (r.params + W - 1) / W;
+    const int64_t state = r.zero3() ? trained_len : (r.trained + W - 1) / W;
     const std::string f = r.zero3() ? "3 x 4 x sum ceil(unit / Z)" : "3 x 4 x P / W (the slices this rank writes)";
     it.transient("checkpoint save", "host staging of master, m, v (f32)", "host", 12 * state, f, false);
   }
@@ -406,25 +429,32 @@ void save_items(const Run& r, const PlanTarget& t, Items& it) {
   // The HF export (Trainer::save_hf): rank 0 holds the whole fp32 model (ParamStore::
   // master_host_at_root) and writes it one safetensors file of at most 5 GB at a time, each
   // built in memory (ckpt::write_safetensors_sharded).
-  const int64_t disk = r.cfg.output.hf_dtype == "bf16" ? 2 : 4;
-  const int64_t file = std::min<int64_t>(disk * r.params, int64_t{5} << 30);
+  // (LoRA: the trainable units only, into one adapter file)
+  const bool lora = r.layout.lora().enabled();
+  const int64_t disk = r.cfg.output.hf_dtype == "bf16" ? 2 : 4, P = r.trained;
+  const int64_t file = lora ? disk * P : std::min<int64_t>(disk * P, int64_t{5} << 30);
   const std::string phase = r.zero3() ? "HF export (gather)" : "HF export (rank 0)";
+  const char* what = lora ? " trainable" : "";
   if (!r.zero3()) {
-    it.transient(phase, "the whole master weights copied for the export (f32, heap)", "host", 4 * r.params, "4 P",
-                 false, Ranks::Root);
+    it.transient(phase, std::string("the whole") + what + " master weights copied for the export (f32, heap)", "host",
+                 4 * P, "4 P", false, Ranks::Root);
   } else {  // every unit gathered in turn; rank 0 keeps each, the others one at a time
     const int64_t Z = r.zero_group;
-    it.transient(phase, "the whole master weights gathered on rank 0 (f32, heap)", "host",
-                 4 * Z * r.shards().total_len(), "4 x Z x sum ceil(unit / Z)", false, Ranks::Root);
+    it.transient(phase, std::string("the whole") + what + " master weights gathered on rank 0 (f32, heap)", "host",
+                 4 * Z * trained_len, "4 x Z x sum ceil(unit / Z)", false, Ranks::Root);
     if (t.world() > 1)
-      it.transient(phase, "one unit gathered (f32, heap; rank 0 keeps them all)", "host", 4 * Z * r.shards().max_len(),
+      it.transient(phase, "one unit gathered (f32, heap; rank 0 keeps them all)", "host", 4 * Z * trained_max,
                    "4 x Z x max ceil(unit / Z)", false, Ranks::Others);
     if (r.cuda)
-      it.transient(phase, "one unit gathered on the device (f32)", "gpu", 4 * r.zero_group * r.shards().max_len(),
+      it.transient(phase, "one unit gathered on the device (f32)", "gpu", 4 * r.zero_group * trained_max,
                    "4 x Z x max ceil(unit / Z)");
   }
-  it.transient(phase, "a safetensors file being written (in memory)", "host", file,
-               "min(" + std::to_string(disk) + " P, 5 GiB): the writer's shards", false, Ranks::Root);
+  it.transient(phase,
+               lora ? "the adapter file being written (in memory)" : "a safetensors file being written (in memory)",
+               "host", file,
+               lora ? std::to_string(disk) + " P (P: the trainable parameters)"
+                    : "min(" + std::to_string(disk) + " P, 5 GiB): the writer's shards",
+               false, Ranks::Root);
 }
 
 // Every phase's totals: the persistent items of its time (init's, or all from the first step
@@ -459,7 +489,24 @@ Json settings_of(const StageConfig& c) {
   s.set("activation.attention_head_groups", c.activation.attention_head_groups);
   s.set("activation.lm_head_tile", c.activation.lm_head_tile);
   s.set("output.export_hf", c.output.export_hf);
+  s.set("lora.rank", c.lora.rank);
+  if (c.lora.rank > 0) {
+    s.set("lora.targets", c.lora.targets);
+    s.set("lora.trainable", c.lora.trainable);
+  }
   return s;
+}
+
+// What LoRA saves against a full fine-tune of the same model: the frozen parameters' master
+// weights, gradients and Adam moments (and, on CUDA, what bf16 costs beside them).
+std::string lora_note(const Run& r) {
+  const double frozen = static_cast<double>(r.layout.frozen_numel()), e = r.cuda ? 2 : 4;
+  const double full = frozen * (r.cuda ? 18 : 16), zero = r.zero3() ? static_cast<double>(r.zero_group) : 1.0;
+  return "lora: " + r.layout.lora().describe() + "; the " + format_count(frozen) + " frozen parameters take " +
+         format_bytes(e * frozen / zero) + " per rank (" + (r.cuda ? "bf16" : "f32") +
+         ", no master weights, gradients or Adam moments: a full fine-tune holds " + format_bytes(full / zero) +
+         " for them" + (r.zero3() ? " per rank" : "") + "); " + format_count(static_cast<double>(r.trained)) +
+         " trainable parameters keep fp32 master weights, gradients and Adam moments";
 }
 
 MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vector<std::string> routes) {
@@ -470,6 +517,8 @@ MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vecto
   p.target = t;
   p.model_name = r.mc.name;
   p.parameters = r.params;
+  p.trainable_parameters = r.trained;
+  if (r.layout.lora().enabled()) p.notes.push_back(lora_note(r));
   p.world = t.world();
   p.dp = r.groups.dp_size;
   p.sp = r.groups.sp_size;

@@ -89,7 +89,8 @@ struct MemoryPlan {
   PlanTarget target;
   // The run: model, layout, shapes.
   std::string model_name;
-  int64_t parameters = 0;  // P
+  int64_t parameters = 0;            // P
+  int64_t trainable_parameters = 0;  // of them, those that train (LoRA: adapters and trainable copies)
   int world = 1, dp = 1, sp = 1, zero_group = 1;
   int64_t local_len = 0;  // tokens of one sequence on one rank (padded for the SP layout)
   int64_t tokens = 0;     // n = batch x local_len per rank per micro-step

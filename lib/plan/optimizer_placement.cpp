@@ -230,11 +230,13 @@ int64_t kept_layers(const std::string& choice, int64_t layers) {
 }
 
 // The parameters whose optimizer state a split with `host_layers` layers in host memory keeps
-// on the GPU: the embedding's and the first layers'.
-int64_t state_on_gpu(const model::LlamaConfig& m, int64_t host_layers) {
-  const model::ParamLayout layout(m);
-  int64_t n = layout.units()[layout.embed_unit()].numel;
-  for (int64_t l = 0; l < m.num_layers - host_layers; ++l) n += layout.units()[layout.layer_unit(l)].numel;
+// on the GPU: the embedding's and the first layers' (LoRA: of their trainable units only; the
+// frozen base has no state), as zero/param_store.cpp's state_in_host places them.
+int64_t state_on_gpu(const StageConfig& cfg, const model::LlamaConfig& m, int64_t host_layers) {
+  const model::ParamLayout layout(m, model::lora_spec(cfg.lora));
+  int64_t n = 0;
+  for (size_t u = 0; u < layout.num_units(); ++u)
+    if (!layout.units()[u].frozen && layout.unit_layer(u) < m.num_layers - host_layers) n += layout.units()[u].numel;
   return n;
 }
 
@@ -263,8 +265,8 @@ MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const
                          static_cast<double>(cfg.train.grad_accum) * static_cast<double>(cfg.data.seq_length) *
                          static_cast<double>(m.q_dim()) / kAttentionFlopsPerSecond;
   const double per_rank = on_gpu.offload_optimizer  // (a split: the embedding's and the first layers' state)
-                              ? static_cast<double>(state_on_gpu(m, on_gpu.offload_optimizer_layers))
-                              : static_cast<double>(on_gpu.parameters) /
+                              ? static_cast<double>(state_on_gpu(cfg, m, on_gpu.offload_optimizer_layers))
+                              : static_cast<double>(on_gpu.trainable_parameters) /
                                     static_cast<double>(cfg.parallel.zero.stage == 3 ? on_gpu.zero_group : 1);
   const double host_s = per_rank * kHostUpdateSecondsPerParam;
   if (more <= 0 || saved_s <= host_s) return on_gpu;

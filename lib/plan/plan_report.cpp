@@ -152,6 +152,7 @@ Json target_json(const PlanTarget& t) {
 Json run_json(const MemoryPlan& p) {
   return Json::object({{"model", p.model_name},
                        {"parameters", p.parameters},
+                       {"trainable_parameters", p.trainable_parameters},
                        {"world", p.world},
                        {"data_parallel", p.dp},
                        {"sequence_parallel", p.sp},

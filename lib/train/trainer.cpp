@@ -249,13 +249,22 @@ void Trainer::init(dist::ProcessGroups* groups) {
 
 Trainer::~Trainer() = default;
 
+// LoRA: a frozen matrix costs 4 FLOPs per weight and token (forward, and the input gradient
+// of the backward; its weight gradient is skipped), a trained one (an adapter, a trained
+// lm_head) 6.
 double Trainer::flops_per_token() const {
   const model::LlamaConfig& c = model_->config();
+  const model::LoraSpec& lora = model_->layout().lora();
   const double d = static_cast<double>(c.hidden_size), L = static_cast<double>(c.num_layers);
   const double per_layer =
       d * static_cast<double>(2 * c.q_dim() + 2 * c.kv_dim()) + 3.0 * d * static_cast<double>(c.intermediate_size);
-  const double n_matmul = L * per_layer + static_cast<double>(c.vocab_size) * d;  // + LM head
-  return 6.0 * n_matmul + attention_flops_per_token();
+  const double head = static_cast<double>(c.vocab_size) * d;  // the LM head
+  if (!lora.enabled()) return 6.0 * (L * per_layer + head) + attention_flops_per_token();
+  double adapters = 0;  // per token: A and B of every targeted projection of every layer
+  for (const model::ParamUnit& u : model_->layout().units())
+    for (const model::ParamTensor& t : u.tensors)
+      if (t.adapter) adapters += static_cast<double>(t.numel);
+  return 4.0 * L * per_layer + (lora.lm_head ? 6.0 : 4.0) * head + 6.0 * adapters + attention_flops_per_token();
 }
 
 double Trainer::attention_flops_per_token() const {
@@ -302,6 +311,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   layout.set("zero_group", cfg_.parallel.zero.stage == 3 ? zero_->size() : 1);
   meta.set("layout", layout);
   meta.set("model", model_->config().to_hf_json());
+  if (model_->layout().lora().enabled()) meta.set("lora", lora_meta());  // (the base it needs)
   meta.set("config", dump_stage_config(cfg_));
   const std::string dir = w.commit(meta, cfg_.output.keep_last);
   last_saved_step_ = steps_done;
@@ -524,7 +534,13 @@ StepStats Trainer::run() {
   if (cfg_.output.export_hf && (root || cfg_.parallel.zero.stage == 3)) {
     const std::string dir = (fs::path(cfg_.output.dir) / "final").string();
     save_hf(dir);
-    if (root) log_info("saved ", dir, " (Hugging Face safetensors + config.json)");
+    if (root)
+      log_info("saved ", dir,
+               model_->layout().lora().enabled()
+                   ? " (a PEFT LoRA adapter: adapter_config.json + adapter_model.safetensors; merged: "
+                     "easyctx_convert --merge-lora " +
+                         dir + " --to hf:OUT)"
+                   : " (Hugging Face safetensors + config.json)");
   }
   world_.barrier();
   if (root) write_file_atomic((fs::path(cfg_.output.dir) / "DONE").string(), std::to_string(cfg_.train.steps) + "\n");
@@ -559,6 +575,7 @@ void Trainer::log_no_labels(int64_t step) {
 }
 
 void Trainer::save_hf(const std::string& dir) const {
+  if (model_->layout().lora().enabled()) return save_lora_export(dir);    // (a PEFT adapter folder)
   std::vector<std::vector<float>> units = store_->master_host_at_root();  // (ZeRO-3: collective)
   if (world_.rank() != 0 && cfg_.parallel.zero.stage == 3) return;
   std::vector<ops::Tensor> views;

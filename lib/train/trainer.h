@@ -39,6 +39,8 @@ struct MemoryPlan;
 
 namespace easyctx::ckpt {
 class RankSync;
+class CheckpointReader;
+class LoraAdapter;
 enum class VerifyScope;
 }  // namespace easyctx::ckpt
 
@@ -144,6 +146,23 @@ class Trainer {
   void load_hf_weights(ckpt::RankSync& sync);
   void load_ckpt_weights(ckpt::RankSync& sync);
   void init_random_weights();
+  // model.init ckpt:DIR: the newest committed checkpoint there that verifies (its step folder).
+  std::string verified_init_checkpoint(ckpt::RankSync& sync);
+  // model.adapter with lora.rank 0: the adapter merged into the weights model.init loads; else null.
+  std::unique_ptr<ckpt::LoraAdapter> merged_adapter() const;
+  // LoRA (trainer_lora.cpp): the frozen base and the trainable tensors' first values from
+  // model.init (and model.adapter); `resuming`: a checkpoint of this run's then gives the
+  // trainable ones. Records the base's identity (lora_base_init_, lora_base_fingerprint_).
+  void load_lora_weights(ckpt::RankSync& sync, bool resuming);
+  uint64_t load_lora_base(const std::string& init, ckpt::LoraAdapter* adapter);
+  // The base of `init` (random, hf:DIR, a full fine-tune's ckpt: step folder): its fingerprint.
+  std::string base_fingerprint(const std::string& init) const;
+  // A checkpoint's LoRA (its index's meta.lora) against this run's: the same trainable tensors
+  // on the same base, or none on either side; InputError naming what differs.
+  void check_lora_checkpoint(const ckpt::CheckpointReader& r, const std::string& what) const;
+  // This run's LoRA for a checkpoint's index (meta.lora); null without LoRA.
+  Json lora_meta() const;
+  void save_lora_export(const std::string& dir) const;
   // The newest of `candidates` (a JSON array of {path, step, run_id}) that verifies in `scope`
   // (every rank checks a share of its files): its index, or -1 when there is none; InputError
   // naming every broken one (after `what`) when none verifies.
@@ -167,11 +186,12 @@ class Trainer {
   RunOptions opts_;
   int64_t start_step_ = 0;
   std::string run_id_, config_hash_;
-  int64_t last_saved_step_ = -1;    // committed by this run and verified: never written again
-  int64_t updates_ = 0;             // optimizer updates of the run so far (Adam's step count)
-  int64_t no_label_steps_ = 0;      // steps of the run without a labelled token (no update)
-  int64_t no_label_described_ = 0;  // of them described in this process's log
-  std::string resumed_data_state_;  // the checkpoint's data cursor, checked once the loader exists
+  int64_t last_saved_step_ = -1;                        // committed by this run and verified: never written again
+  int64_t updates_ = 0;                                 // optimizer updates of the run so far (Adam's step count)
+  int64_t no_label_steps_ = 0;                          // steps of the run without a labelled token (no update)
+  int64_t no_label_described_ = 0;                      // of them described in this process's log
+  std::string resumed_data_state_;                      // the checkpoint's data cursor, checked once the loader exists
+  std::string lora_base_init_, lora_base_fingerprint_;  // LoRA: the frozen base's source and identity
   bool stopped_ = false;
   uint64_t weights_bytes_read_ = 0;
   std::unique_ptr<ops::Backend> be_;

@@ -9,16 +9,19 @@
 #include <optional>
 
 #include "ckpt/hf_model.h"
+#include "ckpt/lora_adapter.h"
 #include "ckpt/rank_sync.h"
 #include "ckpt/run_folder.h"
 #include "ckpt/sharded_checkpoint.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "plan/memory_plan.h"
+#include "train/start_detail.h"
 #include "train/trainer.h"
 
 namespace easyctx::train {
 namespace fs = std::filesystem;
+using namespace detail;
 
 namespace {
 
@@ -52,6 +55,10 @@ std::string identity_changes(const ckpt::CheckpointReader& r,
     return out;
   } catch (const std::exception&) { return ""; }
 }
+
+}  // namespace
+
+namespace detail {
 
 // A checkpoint of another model shape is refused, naming the first field that differs (the
 // arrays alone would not tell: a deeper model's first layers have the same sizes).
@@ -130,7 +137,7 @@ uint64_t read_agreed(ckpt::RankSync& sync, const std::string& what_read, const s
   return bytes;
 }
 
-}  // namespace
+}  // namespace detail
 
 int Trainer::choose_verified(ckpt::RankSync& sync, const Json& candidates, const std::string& what,
                              ckpt::VerifyScope scope) {
@@ -319,6 +326,7 @@ std::string Trainer::resume_weights(ckpt::RankSync& sync, const Json& entry, con
                       " holds weights only (made by easyctx_convert): start a run from it with model.init: ckpt:",
                       r.path(), ", not --resume");
   check_same_model(r, model_->config(), what);
+  check_lora_checkpoint(r, what);
   weights_bytes_read_ += read_agreed(sync, r.path(), [&] {
     store_->read_checkpoint(r, true);
     return r.bytes_read();
@@ -343,15 +351,49 @@ void Trainer::load_hf_weights(ckpt::RankSync& sync) {
   const std::string dir = cfg_.model.init.substr(3);
   weights_bytes_read_ += read_agreed(sync, cfg_.model.init, [&] {
     ckpt::HfUnitReader hf(dir, model_->layout());
-    store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) { hf.read(u, lo, n, out); });
+    const std::unique_ptr<ckpt::LoraAdapter> adapter = merged_adapter();
+    store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) {
+      hf.read(u, lo, n, out);
+      if (adapter) ckpt::merge_lora_range(model_->layout(), u, lo, n, out, *adapter);
+    });
     hf.check_finite();
-    return hf.bytes_read();
+    return hf.bytes_read() + (adapter ? adapter->bytes_read() : 0);
   });
 }
 
 // model.init ckpt:DIR: the newest checkpoint there that verifies (with its Adam moments when
 // model.carry_optimizer).
 void Trainer::load_ckpt_weights(ckpt::RankSync& sync) {
+  const std::string init = cfg_.model.init;
+  const ckpt::CheckpointReader r(verified_init_checkpoint(sync));
+  check_same_model(r, model_->config(), "model.init: " + init);
+  check_lora_checkpoint(r, "model.init: " + init);
+  if (sync.rank() == 0) warn_if_theta_changes(r, model_->config(), cfg_.model.rope_theta > 0, "model.init: " + init);
+  if (cfg_.model.carry_optimizer)
+    EASYCTX_CHECK_INPUT(!(r.meta().find("weights_only") && r.meta().at("weights_only").as_bool()),
+                        "model.carry_optimizer: ", r.path(), " holds weights only (made by easyctx_convert)");
+  const std::unique_ptr<ckpt::LoraAdapter> adapter = merged_adapter();
+  EASYCTX_CHECK_INPUT(!adapter || !cfg_.model.carry_optimizer,
+                      "model.adapter with model.carry_optimizer: the "
+                      "merged weights are not the ones the checkpoint's Adam moments belong to; drop one of them");
+  weights_bytes_read_ += read_agreed(sync, r.path(), [&] {
+    if (!adapter) {
+      store_->read_checkpoint(r, cfg_.model.carry_optimizer);
+      return r.bytes_read();
+    }
+    store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) {
+      r.read(ckpt::array_name(ckpt::ArrayKind::Master, model_->layout().units()[u].name), lo, n, out);
+      ckpt::merge_lora_range(model_->layout(), u, lo, n, out, *adapter);
+    });
+    return r.bytes_read() + adapter->bytes_read();
+  });
+  log_info("initial weights", cfg_.model.carry_optimizer ? " and Adam moments" : "", " from ", r.path(),
+           adapter ? " with the adapter " + adapter->dir() + " merged" : std::string());
+}
+
+// model.init ckpt:DIR: the newest committed checkpoint there that verifies (every rank checks a
+// share): the weights, and the Adam moments only when model.carry_optimizer carries them.
+std::string Trainer::verified_init_checkpoint(ckpt::RankSync& sync) {
   const std::string init = cfg_.model.init;
   auto list = [&](const std::vector<std::string>&) {
     Json c = Json::array();
@@ -368,24 +410,16 @@ void Trainer::load_ckpt_weights(ckpt::RankSync& sync) {
   const int i =
       choose_verified(sync, init_cands, "model.init: " + init,
                       cfg_.model.carry_optimizer ? ckpt::VerifyScope::Everything : ckpt::VerifyScope::Weights);
-  const ckpt::CheckpointReader r(init_cands[static_cast<size_t>(i)].at("path").as_string());
-  check_same_model(r, model_->config(), "model.init: " + init);
-  if (sync.rank() == 0) warn_if_theta_changes(r, model_->config(), cfg_.model.rope_theta > 0, "model.init: " + init);
-  if (cfg_.model.carry_optimizer)
-    EASYCTX_CHECK_INPUT(!(r.meta().find("weights_only") && r.meta().at("weights_only").as_bool()),
-                        "model.carry_optimizer: ", r.path(), " holds weights only (made by easyctx_convert)");
-  weights_bytes_read_ += read_agreed(sync, r.path(), [&] {
-    store_->read_checkpoint(r, cfg_.model.carry_optimizer);
-    return r.bytes_read();
-  });
-  log_info("initial weights", cfg_.model.carry_optimizer ? " and Adam moments" : "", " from ", r.path());
+  return init_cands[static_cast<size_t>(i)].at("path").as_string();
 }
 
 // model.init random.
 void Trainer::init_random_weights() {
+  const std::unique_ptr<ckpt::LoraAdapter> adapter = merged_adapter();
   store_->load_master([&](size_t u, int64_t lo, int64_t n, float* out) {
     model::init_random_range(model_->layout(), u, lo, ops::Tensor(out, DType::F32, {n}), cfg_.model.init_std,
                              cfg_.train.seed);
+    if (adapter) ckpt::merge_lora_range(model_->layout(), u, lo, n, out, *adapter);
   });
 }
 
@@ -416,9 +450,14 @@ void Trainer::load_weights() {
 
   Json chosen_entry;
   std::string changes;
+  // LoRA: the frozen base (and the trainable tensors' first values) from model.init, also when
+  // resuming: a LoRA checkpoint holds the trainable tensors only.
+  const bool lora = model_->layout().lora().enabled();
+  if (lora) load_lora_weights(sync, chosen >= 0);
   if (chosen >= 0) {
     chosen_entry = cands[static_cast<size_t>(chosen)];
     changes = resume_weights(sync, chosen_entry, what);
+  } else if (lora) {  // (loaded above)
   } else if (starts_with(cfg_.model.init, "hf:")) {
     load_hf_weights(sync);
   } else if (starts_with(cfg_.model.init, "ckpt:")) {

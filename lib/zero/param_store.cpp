@@ -40,10 +40,11 @@ ParamStore::ParamStore(const model::ParamLayout& layout, ops::Backend& be, DType
 ParamStore::~ParamStore() { settle_before_destruction(); }
 
 bool ParamStore::state_in_host(size_t u) const {
-  if (!host_be_) return false;
-  const int64_t layers = static_cast<int64_t>(layout_.num_units()) - 2, k = opts_.offload_optimizer_layers;
+  if (!host_be_ || frozen(u)) return false;  // (LoRA's frozen base has no optimizer state)
+  const int64_t layers = layout_.num_layers(), k = opts_.offload_optimizer_layers;
   if (k <= 0 || k >= layers) return true;
-  return u >= layout_.layer_unit(layers - k);  // the last k layers and the head
+  // The last k layers and the head (LoRA: their adapters and trainable copies).
+  return layout_.unit_layer(u) >= layers - k;
 }
 
 void ParamStore::settle_before_destruction() noexcept {
@@ -57,7 +58,9 @@ std::unique_ptr<ops::Backend> ParamStore::make_host_backend() const {
 }
 
 bool ParamStore::host_resident(const std::vector<ops::Buffer>& bufs) {
-  return bufs.empty() || bufs.front().flat().space == MemSpace::Host;
+  for (const ops::Buffer& b : bufs)  // (a frozen unit's empty entries say nothing)
+    if (b.numel() > 0) return b.flat().space == MemSpace::Host;
+  return true;
 }
 
 std::vector<ops::Tensor> ParamStore::host_views(const std::vector<ops::Buffer>& bufs,
@@ -71,7 +74,7 @@ std::vector<ops::Tensor> ParamStore::host_views(const std::vector<ops::Buffer>& 
   for (size_t u = 0; u < bufs.size(); ++u) {
     staging[u].resize(static_cast<size_t>(bufs[u].numel()));
     v.emplace_back(staging[u].data(), DType::F32, std::initializer_list<int64_t>{bufs[u].numel()});
-    if (fetch) be_.copy(v.back(), bufs[u].flat());
+    if (fetch && bufs[u].numel() > 0) be_.copy(v.back(), bufs[u].flat());
   }
   return v;
 }
@@ -81,6 +84,7 @@ void ParamStore::upload(std::vector<ops::Buffer>& bufs, const std::vector<std::v
   EASYCTX_CHECK(staging.size() == bufs.size(), "ParamStore::upload: ", staging.size(), " staged units for ",
                 bufs.size());
   for (size_t u = 0; u < bufs.size(); ++u) {
+    if (bufs[u].numel() == 0) continue;
     const ops::Tensor src(const_cast<float*>(staging[u].data()), DType::F32, {bufs[u].numel()});
     be_.copy(bufs[u].flat(), src);
   }
@@ -112,20 +116,45 @@ void ParamStore::end_loading() {
   load_staging_len_ = 0;
 }
 
+void ParamStore::load_frozen(size_t u, const std::function<void(int64_t, int64_t, float*)>& read) {
+  const ops::Buffer& b = frozen_weights(u);
+  if (b.dtype() == DType::F32) return load_part(u, b, read);
+  const Kept k = kept(u);
+  EASYCTX_CHECK(b.dtype() == DType::BF16 && b.numel() >= k.length, "ParamStore: frozen unit ", layout_.units()[u].name,
+                ": ", k.length, " elements kept, buffer ", b.flat().describe());
+  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(k.length, 1), kOffloadChunkElems);
+  std::vector<float> part(static_cast<size_t>(chunk));
+  std::vector<uint16_t> bits(static_cast<size_t>(chunk));
+  for (int64_t off = 0; off < k.length; off += chunk) {
+    const int64_t n = std::min(chunk, k.length - off);
+    read(k.lo + off, n, part.data());
+    f32_to_bf16(part.data(), bits.data(), n);
+    const ops::Tensor dst = b.flat().slice_flat(off, {n});
+    if (dst.space == MemSpace::Host) std::memcpy(dst.data, bits.data(), static_cast<size_t>(n) * 2);
+    else be_.copy(dst, ops::Tensor(bits.data(), DType::BF16, {n}));
+    be_.synchronize();  // `bits` is reused
+  }
+}
+
 void ParamStore::load_master(const MasterFill& fill) {
-  for (size_t u = 0; u < layout_.num_units(); ++u)
-    load_part(u, master_[u], [&](int64_t lo, int64_t n, float* out) { fill(u, lo, n, out); });
+  for (size_t u = 0; u < layout_.num_units(); ++u) {
+    const auto read = [&](int64_t lo, int64_t n, float* out) { fill(u, lo, n, out); };
+    if (frozen(u)) load_frozen(u, read);
+    else load_part(u, master_[u], read);
+  }
   end_loading();
 }
 
 void ParamStore::read_units(const ckpt::CheckpointReader& r, ckpt::ArrayKind kind, std::vector<ops::Buffer>& bufs) {
   const auto& units = layout_.units();
   for (size_t u = 0; u < units.size(); ++u) {
+    if (frozen(u)) continue;  // (LoRA's base: not in the checkpoint; model.init loads it)
     const std::string name = ckpt::array_name(kind, units[u].name);
     EASYCTX_CHECK_INPUT(r.numel(name) == units[u].numel, r.path(), ": ", name, " has ", r.numel(name),
                         " elements, this model needs ", units[u].numel, " (different model config?)");
   }
   for (size_t u = 0; u < units.size(); ++u) {
+    if (frozen(u)) continue;
     const std::string name = ckpt::array_name(kind, units[u].name);
     load_part(u, bufs[u], [&](int64_t lo, int64_t n, float* out) { r.read(name, lo, n, out); });
   }
@@ -151,6 +180,7 @@ HostAdamWTimes ParamStore::take_host_optimizer_times() {
 }
 
 void ParamStore::device_adamw(size_t u, const ops::AdamWStep& step, double weight_decay) {
+  if (frozen(u)) return;  // (LoRA's base: no gradient, no optimizer state)
   ops::AdamWStep s = step;
   const std::vector<ops::Buffer>& g = update_grads();
   for (const model::ParamTensor& t : layout_.units()[u].tensors) {
@@ -207,7 +237,7 @@ void ParamStore::optimizer_step(const ops::AdamWStep& s, double weight_decay, bo
   const auto device_part = [&] {
     bool any = false;
     for (size_t u = 0; u < units; ++u)
-      if (!state_in_host(u)) {
+      if (!frozen(u) && !state_in_host(u)) {
         device_adamw(u, s, weight_decay);
         any = true;
       }
@@ -237,6 +267,7 @@ std::vector<std::vector<float>> ParamStore::gradients_host() const {
   const std::vector<ops::Tensor> g = gradients();
   std::vector<std::vector<float>> out(g.size());
   for (size_t u = 0; u < g.size(); ++u) {
+    if (g[u].empty()) continue;  // (a frozen unit)
     out[u].resize(static_cast<size_t>(g[u].numel()));
     be_.copy(ops::Tensor(out[u].data(), DType::F32, {g[u].numel()}), g[u]);
   }
@@ -260,11 +291,13 @@ StoreOptions store_options(const StageConfig& cfg) {
 
 double clip_by_global_norm(ops::Backend& be, const std::vector<ops::Tensor>& grads, double max_norm) {
   double ss = 0;
-  for (const ops::Tensor& g : grads) ss += be.sum_squares(g);
+  for (const ops::Tensor& g : grads)
+    if (!g.empty()) ss += be.sum_squares(g);
   const double norm = std::sqrt(ss);
   const double coef = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coef < 1.0)
-    for (const ops::Tensor& g : grads) be.scale(g, coef);
+    for (const ops::Tensor& g : grads)
+      if (!g.empty()) be.scale(g, coef);
   return norm;
 }
 

@@ -14,6 +14,12 @@
 // Both keep the fp32 state on the compute backend or, with parallel.zero.offload_optimizer,
 // in host memory, updated by the host AdamW (zero/host_adamw.h), which may finish inside the
 // next step's forward (zero/deferred_update.h).
+//
+// LoRA's frozen units (model::ParamUnit::frozen) keep only their weights in the compute dtype
+// (bf16 on CUDA, f32 on the CPU; stage 3: this rank's shard, gathered like any other unit; with
+// offload_params in pinned host memory): no master copy, gradient, Adam moment or checkpoint
+// array. Their gradients are never asked for; the optimizer, clipping, the reduction and the
+// checkpoints see the trainable units only.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -129,8 +135,8 @@ class ParamStore {
   // staged in `staging`, which must live until the writer has committed.
   using CheckpointStaging = std::deque<std::vector<float>>;  // (a deque: staged slices never move)
   virtual void write_checkpoint(ckpt::CheckpointWriter& w, CheckpointStaging& staging) = 0;
-  // Every unit's whole fp32 master weights in host memory. Stage 3: gathered from the shards,
-  // collective over the shard group.
+  // Every unit's whole fp32 master weights in host memory (a frozen unit's: empty). Stage 3:
+  // gathered from the shards, collective over the shard group.
   virtual std::vector<std::vector<float>> master_host() = 0;
   // The same on world rank 0 only (the HF export), empty vectors elsewhere. Stage 3: collective
   // over the shard group, every other rank holding one gathered unit at a time, so a node holds
@@ -148,7 +154,8 @@ class ParamStore {
              const StoreComms& c);
   bool on_device() const { return be_.memspace() == MemSpace::Device; }
   // offload_optimizer: whether unit u's fp32 state lives in host memory (every unit's, unless
-  // offload_optimizer_layers splits them: then the head's and the last layers').
+  // offload_optimizer_layers splits them: then the head's and the last layers'; never a frozen
+  // unit's: it has none).
   bool state_in_host(size_t u) const;
   std::unique_ptr<ops::Backend> make_host_backend() const;
   // The name of a buffer of the fp32 state for the memory plan: marked when in host memory.
@@ -176,6 +183,9 @@ class ParamStore {
   virtual const std::vector<ops::Buffer>& update_grads() const = 0;
   virtual const std::vector<ops::Buffer>& working() const = 0;
   virtual bool working_in_host() const { return false; }
+  // Where frozen unit u's weights live (its kept part, compute dtype; f32 on the CPU).
+  virtual const ops::Buffer& frozen_weights(size_t u) const = 0;
+  bool frozen(size_t u) const { return layout_.units()[u].frozen; }
   // After an update that finished here: the working copy from the master weights.
   virtual void refresh_working_copy() = 0;
   // After the device AdamW of a split optimizer (offload_optimizer_layers): the working copy of
@@ -210,6 +220,8 @@ class ParamStore {
   // Unit u's kept part into buffer b: `read(lo, length, out)` writes it to host f32 `out` (b
   // itself when in host memory, else a staging of that part copied to the device).
   void load_part(size_t u, const ops::Buffer& b, const std::function<void(int64_t, int64_t, float*)>& read);
+  // A frozen unit's kept part into its compute-dtype buffer (bf16: converted on the host in chunks).
+  void load_frozen(size_t u, const std::function<void(int64_t, int64_t, float*)>& read);
   void end_loading();                      // frees the staging of load_part
   std::unique_ptr<float[]> load_staging_;  // device state: one host staging of the largest part
   int64_t load_staging_len_ = 0;

@@ -35,9 +35,10 @@ class ResidentSource final : public model::ParamSource {
   DeferredUpdate* deferred_;
 };
 
+// One view per unit (an empty buffer, a frozen unit's gradient or master: an empty view).
 std::vector<ops::Tensor> views(const std::vector<ops::Buffer>& bufs) {
   std::vector<ops::Tensor> v;
-  for (const ops::Buffer& b : bufs) v.push_back(b.flat());
+  for (const ops::Buffer& b : bufs) v.push_back(b.numel() > 0 ? b.flat() : ops::Tensor());
   return v;
 }
 
@@ -48,6 +49,12 @@ class ReplicatedStore final : public ParamStore {
       : ParamStore(layout, be, dtype, o, c) {
     for (size_t i = 0; i < layout_.num_units(); ++i) {
       const model::ParamUnit& u = layout_.units()[i];
+      if (u.frozen) {  // LoRA's base: its weights in the compute dtype, nothing else
+        master_.push_back(on_device() ? ops::Buffer() : be_.alloc(DType::F32, u.numel, "f32 frozen base (LoRA)"));
+        for (std::vector<ops::Buffer>* b : {&grads_, &adam_m_, &adam_v_}) b->emplace_back();
+        if (on_device()) work_.push_back(be_.alloc(DType::BF16, u.numel, "bf16 frozen base (LoRA)"));
+        continue;
+      }
       const bool host = state_in_host(i);  // (offload_optimizer_layers: some units' state on the device)
       ops::Backend& opt_be = host ? *host_be_ : be_;
       const std::string master = host ? state_label("fp32 master weights") : "fp32 master weights";
@@ -59,15 +66,17 @@ class ReplicatedStore final : public ParamStore {
       if (on_device()) work_.push_back(be_.alloc(DType::BF16, u.numel, "bf16 working parameters"));
     }
     if (host_adamw_)
-      deferred_ =
-          std::make_unique<DeferredUpdate>(*host_adamw_, be_, [this](size_t u) { be_.fill(grads_[u].flat(), 0.0); });
+      deferred_ = std::make_unique<DeferredUpdate>(*host_adamw_, be_, [this](size_t u) {
+        if (grads_[u].numel() > 0) be_.fill(grads_[u].flat(), 0.0);
+      });
   }
 
   ~ReplicatedStore() override { settle_before_destruction(); }
 
   void begin_step() override {
     if (deferred_ && deferred_->pending()) return;  // each unit's gradient is zeroed when it is reached
-    for (ops::Buffer& g : grads_) be_.fill(g.flat(), 0.0);
+    for (ops::Buffer& g : grads_)
+      if (g.numel() > 0) be_.fill(g.flat(), 0.0);
   }
 
   model::ParamSource& source(int64_t m) override {
@@ -88,18 +97,21 @@ class ReplicatedStore final : public ParamStore {
     dist::Comm& c = *comms_.grads;
     if (c.size() == 1) return;
     if (!on_device()) {
-      for (ops::Buffer& g : grads_) c.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
+      for (ops::Buffer& g : grads_)
+        if (g.numel() > 0) c.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
       return;
     }
     if (c.memspace() == MemSpace::Device) {  // NCCL on the device buffers
       be_.synchronize();                     // the backward is queued on the backend's stream, NCCL runs on its own
-      for (ops::Buffer& g : grads_) c.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
+      for (ops::Buffer& g : grads_)
+        if (g.numel() > 0) c.all_reduce(g.flat().ptr<float>(), static_cast<size_t>(g.numel()));
       c.synchronize();
       return;
     }
     std::vector<std::vector<float>> staging;  // device gradients over a host communicator
     const std::vector<ops::Tensor> hv = host_views(grads_, staging, true);
-    for (const ops::Tensor& g : hv) c.all_reduce(g.ptr<float>(), static_cast<size_t>(g.numel()));
+    for (const ops::Tensor& g : hv)
+      if (g.numel() > 0) c.all_reduce(g.ptr<float>(), static_cast<size_t>(g.numel()));
     upload(grads_, staging);
   }
 
@@ -111,6 +123,7 @@ class ReplicatedStore final : public ParamStore {
     settle();
     const int64_t W = comms_.world->size(), r = comms_.world->rank();
     for (size_t u = 0; u < master_.size(); ++u) {
+      if (frozen(u)) continue;  // (LoRA's base: not checkpointed)
       const bool direct = master_[u].flat().space == MemSpace::Host;
       const int64_t n = master_[u].numel(), lo = n * r / W, hi = n * (r + 1) / W;
       for (auto [kind, bufs] : checkpoint_arrays()) {
@@ -132,6 +145,7 @@ class ReplicatedStore final : public ParamStore {
     settle();
     std::vector<std::vector<float>> out(master_.size());
     for (size_t u = 0; u < master_.size(); ++u) {
+      if (frozen(u)) continue;
       out[u].resize(static_cast<size_t>(master_[u].numel()));
       if (master_[u].flat().space == MemSpace::Host) std::memcpy(out[u].data(), master_[u].data(), master_[u].bytes());
       else be_.copy(ops::Tensor(out[u].data(), DType::F32, {master_[u].numel()}), master_[u].flat());
@@ -150,6 +164,7 @@ class ReplicatedStore final : public ParamStore {
   Kept kept(size_t u) const override { return {0, layout_.units()[u].numel}; }
   const std::vector<ops::Buffer>& update_grads() const override { return grads_; }
   const std::vector<ops::Buffer>& working() const override { return work_; }
+  const ops::Buffer& frozen_weights(size_t u) const override { return work_.empty() ? master_[u] : work_[u]; }
   void after_deferred_start() override {}
 
   // CUDA: the bf16 working parameters from the master weights.
@@ -157,10 +172,10 @@ class ReplicatedStore final : public ParamStore {
     refresh_device_units();
     int64_t most = 0;  // host master -> bf16 on the host -> device (no device-side f32 staging)
     for (size_t u = 0; u < work_.size(); ++u)
-      if (master_[u].flat().space == MemSpace::Host) most = std::max(most, master_[u].numel());
+      if (host_state(u)) most = std::max(most, master_[u].numel());
     const std::unique_ptr<uint16_t[]> bits(most > 0 ? new uint16_t[static_cast<size_t>(most)] : nullptr);  // (unset)
     for (size_t u = 0; u < work_.size(); ++u) {
-      if (master_[u].flat().space != MemSpace::Host) continue;
+      if (!host_state(u)) continue;
       f32_to_bf16(master_[u].flat().ptr<float>(), bits.get(), master_[u].numel());
       be_.copy(work_[u].flat(), ops::Tensor(bits.get(), DType::BF16, {master_[u].numel()}));
       be_.synchronize();  // `bits` is reused
@@ -168,8 +183,11 @@ class ReplicatedStore final : public ParamStore {
   }
   void refresh_device_units() override {
     for (size_t u = 0; u < work_.size(); ++u)
-      if (master_[u].flat().space != MemSpace::Host) be_.copy(work_[u].flat(), master_[u].flat());
+      if (!frozen(u) && !host_state(u)) be_.copy(work_[u].flat(), master_[u].flat());
   }
+  // Unit u's master weights in host memory (a frozen unit's bf16 weights are written once, when
+  // loaded: neither refresh touches them).
+  bool host_state(size_t u) const { return !frozen(u) && master_[u].flat().space == MemSpace::Host; }
 
  private:
   std::vector<ops::Buffer> grads_, work_;  // per unit: f32 gradients; CUDA: bf16 working parameters

@@ -52,9 +52,22 @@ class ShardedStore final : public ParamStore {
     // (ParamStore::load_master, read_checkpoint), so no rank ever holds the whole model.
     ops::Backend& state_be = host_be_ ? *host_be_ : be_;
     const std::string shards = state_label(kShards);
-    for (size_t u = 0; u < sl_.units(); ++u)  // zero-filled: the padding stays 0
+    if (on_device()) wshard_.resize(sl_.units());
+    for (size_t u = 0; u < sl_.units(); ++u) {  // zero-filled: the padding stays 0
+      if (frozen(u)) {  // LoRA's base: the shard of its weights in the compute dtype, nothing else
+        master_.push_back(on_device() ? ops::Buffer()
+                                      : be_.alloc(DType::F32, sl_.len(u), "f32 frozen base shard (LoRA)"));
+        adam_m_.emplace_back();
+        adam_v_.emplace_back();
+        if (on_device())
+          wshard_[u] = opts_.offload_params
+                           ? be_.alloc_host_pinned(DType::BF16, sl_.len(u), "bf16 frozen base shard (LoRA, pinned)")
+                           : be_.alloc(DType::BF16, sl_.len(u), "bf16 frozen base shard (LoRA)");
+        continue;
+      }
       for (std::vector<ops::Buffer>* b : {&master_, &adam_m_, &adam_v_})
         b->push_back(state_be.alloc(DType::F32, sl_.len(u), shards.c_str()));
+    }
     lane_ = std::make_unique<CommLane>(be_, std::initializer_list<dist::Comm*>{comms_.zero, comms_.zero_replica});
     if (host_adamw_) {
       deferred_ = std::make_unique<DeferredUpdate>(*host_adamw_, be_, [this](size_t u) { prepare(u); });
@@ -68,13 +81,14 @@ class ShardedStore final : public ParamStore {
     if (deferred_ && deferred_->pending()) return;  // each unit is prepared when the forward reaches it
     for (ops::Buffer& g : grads_)
       if (g.numel() > 0) be_.fill(g.flat(), 0.0);
-    for (const ops::Buffer& g : gshard_) on(g).fill(g.flat(), 0.0);  // the layers add into it per micro-batch
+    for (const ops::Buffer& g : gshard_)  // the layers add into it per micro-batch
+      if (g.numel() > 0) on(g).fill(g.flat(), 0.0);
   }
 
   model::ParamSource& source(int64_t) override { return source_; }
 
   void end_micro_batch(int64_t) override {
-    scatter_->finish();
+    if (scatter_) scatter_->finish();
     if (!deferred_) return;
     deferred_->reach_all();  // (a unit the model never touched)
     settle();
@@ -86,17 +100,19 @@ class ShardedStore final : public ParamStore {
   // over every micro-batch and are reduced now.
   void finish_reduction() override {
     for (size_t u = 0; u < sl_.units(); ++u)
-      if (!layer(u))
+      if (!layer(u) && !frozen(u))
         reduce_into_shard(*comms_.zero, comms_.zero_replica, be_, grads_[u], gshard_[u].flat(), sl_.len(u));
   }
 
   double clip(double max_norm) override {  // the global norm over all shards (padding is zero)
     double ss = 0;
-    for (const ops::Buffer& b : gshard_) ss += on(b).sum_squares(b.flat());
+    for (const ops::Buffer& b : gshard_)
+      if (b.numel() > 0) ss += on(b).sum_squares(b.flat());
     const double norm = std::sqrt(comms_.zero->all_reduce_scalar(ss, dist::ReduceOp::Sum));
     const double coef = max_norm / (norm + 1e-6);
     if (max_norm > 0 && coef < 1.0)
-      for (const ops::Buffer& b : gshard_) on(b).scale(b.flat(), coef);
+      for (const ops::Buffer& b : gshard_)
+        if (b.numel() > 0) on(b).scale(b.flat(), coef);
     return norm;
   }
 
@@ -106,6 +122,7 @@ class ShardedStore final : public ParamStore {
     if (comms_.zero_replica && comms_.zero_replica->rank() != 0) return;
     const bool direct = host_resident(master_);
     for (size_t u = 0; u < sl_.units(); ++u) {
+      if (frozen(u)) continue;  // (LoRA's base: not checkpointed)
       const int64_t len = sl_.valid(u);
       for (auto [kind, bufs] : checkpoint_arrays()) {
         const float* p = nullptr;
@@ -124,7 +141,8 @@ class ShardedStore final : public ParamStore {
   std::vector<std::vector<float>> master_host() override {  // collective: every unit from its owners' shards
     settle();
     std::vector<std::vector<float>> out(sl_.units());
-    for (size_t u = 0; u < sl_.units(); ++u) gather_master(u, out[u]);
+    for (size_t u = 0; u < sl_.units(); ++u)
+      if (!frozen(u)) gather_master(u, out[u]);
     return out;
   }
 
@@ -133,7 +151,8 @@ class ShardedStore final : public ParamStore {
     const bool root = comms_.world->rank() == 0;
     std::vector<std::vector<float>> out(sl_.units());
     std::vector<float> unit;  // the others: one gathered unit at a time
-    for (size_t u = 0; u < sl_.units(); ++u) gather_master(u, root ? out[u] : unit);
+    for (size_t u = 0; u < sl_.units(); ++u)
+      if (!frozen(u)) gather_master(u, root ? out[u] : unit);
     return out;
   }
 
@@ -159,6 +178,7 @@ class ShardedStore final : public ParamStore {
   Kept kept(size_t u) const override { return {sl_.lo(u), sl_.valid(u)}; }
   const std::vector<ops::Buffer>& update_grads() const override { return gshard_; }
   const std::vector<ops::Buffer>& working() const override { return wshard_; }
+  const ops::Buffer& frozen_weights(size_t u) const override { return on_device() ? wshard_[u] : master_[u]; }
   bool working_in_host() const override { return opts_.offload_params; }
   // offload_params: the host writes the bf16 shards the gathers copy from (all consumed by now).
   void before_host_update() override {
@@ -172,6 +192,7 @@ class ShardedStore final : public ParamStore {
     if (host_be_) {  // host master -> bf16 on the host -> device (no device-side f32 staging)
       std::vector<uint16_t> bits;
       for (size_t u = 0; u < wshard_.size(); ++u) {
+        if (frozen(u)) continue;     // (written once, when loaded)
         if (opts_.offload_params) {  // the bf16 shard is host memory: converted in place
           f32_to_bf16(master_[u].flat().ptr<float>(), static_cast<uint16_t*>(wshard_[u].data()), master_[u].numel());
           continue;
@@ -182,19 +203,22 @@ class ShardedStore final : public ParamStore {
         be_.synchronize();  // `bits` is reused
       }
     } else {
-      for (size_t u = 0; u < wshard_.size(); ++u) be_.copy(wshard_[u].flat(), master_[u].flat());
+      for (size_t u = 0; u < wshard_.size(); ++u)
+        if (!frozen(u)) be_.copy(wshard_[u].flat(), master_[u].flat());
     }
     working_copy_written();
   }
+  // (A frozen embedding or head is gathered once, after loading.)
   void working_copy_written() override {
     for (size_t u = 0; u < sl_.units(); ++u)
-      if (!layer(u)) gather_unit(u, full_[u], be_.queue());
+      if (!layer(u) && (!frozen(u) || !frozen_gathered_)) gather_unit(u, full_[u], be_.queue());
+    frozen_gathered_ = true;
     pool_->shards_written();
   }
 
  private:
   friend class ShardedSource;
-  bool layer(size_t u) const { return u != layout_.embed_unit() && u != layout_.head_unit(); }
+  bool layer(size_t u) const { return layout_.units()[u].per_layer; }
   // The backend whose ops act on `b`: the host's for a buffer in host memory (offload_grads).
   ops::Backend& on(const ops::Buffer& b) const {
     return host_be_ && b.flat().space == MemSpace::Host && be_.memspace() != MemSpace::Host ? *host_be_ : be_;
@@ -208,31 +232,37 @@ class ShardedStore final : public ParamStore {
     const std::string ends = wt + " embedding + head, gathered for the step";
     for (size_t u = 0; u < sl_.units(); ++u) {
       const int64_t len = sl_.len(u);
-      gshard_.push_back(opts_.offload_grads && layer(u)  // (pinned host memory, added into and read by the host)
+      const bool trains = !frozen(u);
+      gshard_.push_back(!trains ? ops::Buffer()
+                        : opts_.offload_grads && layer(u)  // (pinned host memory, added into and read by the host)
                             ? be_.alloc_host_pinned(DType::F32, len, "fp32 reduced gradient shard (offloaded, pinned)")
                             : be_.alloc(DType::F32, len, "fp32 reduced gradient shard"));
-      if (on_device())  // (offload_params: pinned host memory, written by the host AdamW)
-        wshard_.push_back(
-            opts_.offload_params
-                ? be_.alloc_host_pinned(DType::BF16, len, "bf16 working parameter shard (offloaded, pinned)")
-                : be_.alloc(DType::BF16, len, "bf16 working parameter shard"));
-      if (layer(u)) {
-        full_.emplace_back();
-        grads_.emplace_back();
-        continue;
-      }
-      full_.push_back(be_.alloc(dtype_, len * Z, ends.c_str()));
+      if (on_device() && trains)  // (offload_params: pinned host memory, written by the host AdamW)
+        wshard_[u] = opts_.offload_params
+                         ? be_.alloc_host_pinned(DType::BF16, len, "bf16 working parameter shard (offloaded, pinned)")
+                         : be_.alloc(DType::BF16, len, "bf16 working parameter shard");
+      full_.push_back(layer(u) ? ops::Buffer() : be_.alloc(dtype_, len * Z, ends.c_str()));
       // The model accumulates the whole unit; padded for the reduce-scatter.
-      grads_.push_back(be_.alloc(DType::F32, len * Z, "fp32 embedding + head gradients (whole, padded)"));
+      grads_.push_back(layer(u) || !trains
+                           ? ops::Buffer()
+                           : be_.alloc(DType::F32, len * Z, "fp32 embedding + head gradients (whole, padded)"));
     }
     std::vector<ops::Buffer> slots, grads, parts, staging;
-    const int64_t L = static_cast<int64_t>(sl_.units()) - 2;
-    if (L > 0) {
+    bool layers = false, layers_train = false;
+    for (size_t u = 0; u < sl_.units(); ++u) {
+      layers |= layer(u);
+      layers_train |= layer(u) && !frozen(u);
+    }
+    if (layers) {
       const int64_t len = sl_.len(layout_.layer_unit(0));  // every layer unit has the same size
       const std::string pool =
           wt + " gathered layers (1 + parallel.zero.prefetch = " + std::to_string(1 + opts_.prefetch) + ")";
       for (int i = 0; i <= opts_.prefetch; ++i) slots.push_back(be_.alloc(dtype_, len * Z, pool.c_str()));
-      for (int k = 0; k < (on_device() ? 2 : 1); ++k) {  // CUDA: two, the reduce-scatter of one overlapping
+      // (LoRA's frozen layers: no gradient to reduce-scatter)
+      for (int k = 0; k < (!layers_train ? 0
+                           : on_device() ? 2
+                                         : 1);
+           ++k) {  // CUDA: two, the reduce-scatter of one overlapping
         grads.push_back(be_.alloc(DType::F32, len * Z, "fp32 gradient of the layer in backward"));
         parts.push_back(be_.alloc(DType::F32, len, "fp32 reduce-scatter result (one layer shard)"));
         if (opts_.offload_grads)
@@ -245,10 +275,11 @@ class ShardedStore final : public ParamStore {
         [this](size_t u) {
           if (deferred_) deferred_->reach(u);  // (a deferred update: the unit's new shards first)
         });
-    scatter_ = std::make_unique<GradScatter>(
-        be_, *lane_, *comms_.zero, comms_.zero_replica, std::move(grads), std::move(parts),
-        [this](size_t u) { return gshard_[u].flat(); }, [this](size_t u) { return sl_.len(u); },
-        opts_.offload_grads ? host_be_.get() : nullptr, std::move(staging));
+    if (layers_train)
+      scatter_ = std::make_unique<GradScatter>(
+          be_, *lane_, *comms_.zero, comms_.zero_replica, std::move(grads), std::move(parts),
+          [this](size_t u) { return gshard_[u].flat(); }, [this](size_t u) { return sl_.len(u); },
+          opts_.offload_grads ? host_be_.get() : nullptr, std::move(staging));
   }
 
  private:
@@ -314,6 +345,7 @@ class ShardedStore final : public ParamStore {
   // A deferred update reached unit u: its gradient buffers zeroed (the host has read them)
   // and, for the embedding and head, the new shards gathered.
   void prepare(size_t u) {
+    if (frozen(u)) return;  // (LoRA's base: not updated)
     if (grads_[u].numel() > 0) be_.fill(grads_[u].flat(), 0.0);
     on(gshard_[u]).fill(gshard_[u].flat(), 0.0);
     if (!layer(u)) gather_unit(u, full_[u], be_.queue());
@@ -327,6 +359,7 @@ class ShardedStore final : public ParamStore {
   std::unique_ptr<GatherPool> pool_;
   std::unique_ptr<GradScatter> scatter_;
   std::unique_ptr<CommLane> lane_;  // (declared after what its queue reads: it waits for it first when destroyed)
+  bool frozen_gathered_ = false;    // LoRA's frozen embedding and head: gathered (once)
   ShardedSource source_;
 };
 

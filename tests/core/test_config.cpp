@@ -300,13 +300,15 @@ TEST(Config, TrainingSettingsComeFromTheRegistry) {
     }
   }
   // What changes the training, and what only changes how a run goes (a sample of each).
-  for (const char* k : {"model.config", "model.rope_theta", "data.path", "data.seq_length", "data.packing",
-                        "data.long_documents", "data.document_mask", "train.steps", "train.seed", "train.lr",
-                        "train.schedule", "train.weight_decay", "train.grad_clip", "train.on_nonfinite"})
-    EXPECT_NE(value_of(settings, k), "<absent>") << k << " changes what is trained";
   for (const char* k :
-       {"model.init", "data.check_tokens", "train.device", "train.deterministic", "parallel.sequence.mode",
-        "parallel.zero.stage", "activation.checkpoint", "output.dir", "logging.every", "target.gpu"})
+       {"model.config",        "model.rope_theta",   "data.path",       "data.seq_length",    "data.packing",
+        "data.long_documents", "data.document_mask", "train.steps",     "train.seed",         "train.lr",
+        "train.schedule",      "train.weight_decay", "train.grad_clip", "train.on_nonfinite", "lora.rank",
+        "lora.alpha",          "lora.use_rslora",    "lora.targets",    "lora.trainable",     "lora.dropout"})
+    EXPECT_NE(value_of(settings, k), "<absent>") << k << " changes what is trained";
+  for (const char* k : {"model.init", "model.adapter", "data.check_tokens", "train.device", "train.deterministic",
+                        "parallel.sequence.mode", "parallel.zero.stage", "activation.checkpoint", "output.dir",
+                        "logging.every", "target.gpu"})
     EXPECT_EQ(value_of(settings, k), "<absent>") << k << " does not change what is trained";
   EXPECT_EQ(value_of(settings, "global batch (batch_size x grad_accum x data-parallel)"),
             std::to_string(base.train.batch_size * base.train.grad_accum * 2));

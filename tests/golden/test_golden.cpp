@@ -12,8 +12,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
+#include "ckpt/convert.h"
 #include "ckpt/hf_model.h"
+#include "ckpt/lora_adapter.h"
 #include "ckpt/safetensors.h"
 #include "model/llama.h"
 #include "test_util.h"
@@ -240,6 +243,88 @@ TEST(GoldenExport, TrainedThreeStepsThenExportedGivesTheSameLogits) {
     for (size_t u = 0; u < params.size(); ++u)
       EXPECT_EQ(0, std::memcmp(params[u].data, loaded[u].data, params[u].bytes())) << m.layout().units()[u].name;
     EXPECT_EQ(trained, logits_of(loaded));
+    if (!keep) {
+      std::filesystem::remove_all(out);
+      std::filesystem::remove(out + ".logits.safetensors");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace easyctx::test
+
+namespace easyctx::test {
+namespace {
+
+// LoRA on each golden model (imported as the frozen base): adapters on every projection (A as
+// PEFT starts it, B random, not zero), the norms trained (and, untied, the embedding and
+// lm_head), their copies moved off the base's values. Its logits on the golden batch; the PEFT
+// adapter folder it exports, merged into the fixture's model (easyctx_convert --merge-lora's
+// code), gives them in easyctx's full model (1e-5, fp32). With EASYCTX_GOLDEN_EXPORT=DIR the
+// folders stay as DIR/<fixture>-lora/{adapter,merged} and DIR/<fixture>-lora.logits.safetensors,
+// where check_lora_export.py has transformers load the merged model, and PEFT the base with
+// the adapter (PeftModel.from_pretrained), and compare their logits (the GPU host).
+TEST(GoldenExport, LoraAdapterAndMergedGiveTheLoraLogits) {
+  const char* keep = std::getenv("EASYCTX_GOLDEN_EXPORT");
+  for (const std::string name : {"gqa", "tied_llama3", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = source_dir() + "/tests/golden/data/" + name;
+    const model::LlamaConfig cfg = model::load_llama_config(dir + "/model");
+    model::ModelOptions o{CheckpointPolicy::Layer, 7};
+    o.lora.rank = 4;
+    o.lora.alpha = 6;
+    o.lora.targets.fill(true);
+    o.lora.norm = true;
+    o.lora.embed_tokens = o.lora.lm_head = !cfg.tie_word_embeddings;
+    auto be = ops::make_cpu_backend();
+    model::LlamaModel m(cfg, *be, DType::F32, o);
+    const model::ParamLayout base(cfg);
+    std::vector<ops::Buffer> bufs;
+    const std::vector<ops::Tensor> bp = alloc_units(*be, base, DType::F32, bufs);
+    const std::vector<ops::Tensor> lp = alloc_units(*be, m.layout(), DType::F32, bufs);
+    ckpt::load_hf_weights(dir + "/model", base, bp);
+    std::mt19937_64 rng(test_seed());
+    std::normal_distribution<double> nd(0.0, 1.0);
+    for (size_t u = 0; u < lp.size(); ++u) {
+      const model::ParamUnit& pu = m.layout().units()[u];
+      model::init_random_range(m.layout(), u, 0, lp[u], 0.02, test_seed());  // the adapters' A
+      for (const model::ParamTensor& t : pu.tensors)
+        for (int64_t i = 0; i < t.numel; ++i) {
+          float& v = lp[u].ptr<float>()[t.offset + i];
+          if (t.adapter && !t.lora_a) v = static_cast<float>(0.05 * nd(rng));  // B: not zero
+          if (t.adapter) continue;
+          v = bp[static_cast<size_t>(t.base_unit)].ptr<float>()[t.base_offset + i];
+          if (!pu.frozen) v *= static_cast<float>(1.0 + 0.1 * nd(rng));  // a trained copy moved
+        }
+    }
+    Golden g(dir);
+    GoldenBatch gb(g);
+    model::Batch b = gb.batch();
+    ops::Buffer ll = be->alloc(DType::F32, gb.B * gb.S * cfg.vocab_size);
+    m.forward_logits(lp, b, ll.flat());
+    const std::vector<double> lora(ll.flat().ptr<float>(), ll.flat().ptr<float>() + ll.numel());
+    EXPECT_GT(rel_error(lora, g.get("logits")), 1e-3) << "the adapters did not move the logits";
+    const std::string out =
+        (keep ? std::string(keep) + "/" : "/tmp/easyctx-golden-lora-" + std::to_string(test_seed() % 1000000) + "-") +
+        name + "-lora";
+    std::vector<ops::Tensor> views = lp;
+    ckpt::save_lora_adapter(out + "/adapter", m.layout(), views, std::filesystem::absolute(dir + "/model").string());
+    ckpt::ConvertOptions co;
+    co.merge_lora = out + "/adapter";
+    co.to = "hf:" + out + "/merged";
+    co.dtype = ckpt::StDType::F32;
+    ckpt::convert_model(co);  // (--from: the adapter's base_model_name_or_path, the fixture)
+    ckpt::write_safetensors(out + ".logits.safetensors",
+                            {{"logits", {gb.B, gb.S, cfg.vocab_size}, lora.data(), DType::F64, ckpt::StDType::F64}});
+    model::LlamaModel mf(cfg, *be, DType::F32, {CheckpointPolicy::Layer, 7});
+    const std::vector<ops::Tensor> mp = alloc_units(*be, base, DType::F32, bufs);
+    ckpt::load_hf_weights(out + "/merged", base, mp);
+    ops::Buffer ml = be->alloc(DType::F32, ll.numel());
+    mf.forward_logits(mp, b, ml.flat());
+    const double err =
+        rel_error(std::vector<double>(ml.flat().ptr<float>(), ml.flat().ptr<float>() + ml.numel()), lora);
+    std::printf("[accuracy] %s: merged export vs base + adapter logits rel err %.3g\n", name.c_str(), err);
+    EXPECT_LT(err, 1e-5);
     if (!keep) {
       std::filesystem::remove_all(out);
       std::filesystem::remove(out + ".logits.safetensors");

@@ -59,9 +59,13 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   // outputs leave the ring of two), planned exactly.
   // "..._g<G>": activation.attention_head_groups G (the layer tiled over head groups; G = 4
   // on a model of 4 key/value heads), planned exactly.
-  const size_t gat = GetParam().find("_g");
-  const int64_t G = gat == std::string::npos ? 1 : std::stoll(GetParam().substr(gat + 2));
-  const std::string param = GetParam().substr(0, gat);
+  // "lora_...": LoRA on every projection with trainable embeddings and norms (the frozen base's
+  // units without gradient or optimizer state), planned exactly.
+  const bool lora = GetParam().rfind("lora_", 0) == 0;
+  const std::string name = lora ? GetParam().substr(5) : GetParam();
+  const size_t gat = name.find("_g");
+  const int64_t G = gat == std::string::npos ? 1 : std::stoll(name.substr(gat + 2));
+  const std::string param = name.substr(0, gat);
   const bool offload = param.find("_offload") != std::string::npos;
   const bool docs = param.find("_docs") != std::string::npos;  // data.document_mask on packed documents
   const std::string policy = param.substr(0, std::min(param.find("_offload"), param.find("_docs")));
@@ -78,6 +82,11 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   if (policy == "attention_output") c.activation.checkpoint = CheckpointPolicy::AttentionOutput;
   if (policy == "zero3") c.parallel.zero.stage = 3;
   if (offload) c.activation.offload = OffloadTarget::Cpu;
+  if (lora) {
+    c.lora.rank = 8;
+    c.lora.targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+    c.lora.trainable = "embed_tokens,norm";
+  }
   const MemoryPlan p = plan::plan_memory(c, cpu_target());
   const Measured m = measure(c);
   std::printf("[plan] %s: predicted peak %lld B (%s), measured %lld B; init predicted %lld, measured %lld\n",
@@ -89,7 +98,7 @@ TEST_P(PlanVsMeasured, CpuPeakWithinTwoPercent) {
   EXPECT_TRUE(p.fits);
   EXPECT_EQ(p.gpu_peak_bytes, 0);                         // nothing on a GPU
   EXPECT_GT(p.host_rank_peak_bytes, p.alloc_peak_bytes);  // host = backend buffers + heap + baseline
-  if (G > 1 || docs) {
+  if (G > 1 || docs || lora) {
     EXPECT_EQ(p.alloc_peak_bytes, m.peak);
     EXPECT_EQ(phase_alloc(p, "init"), m.init);
   }
@@ -114,7 +123,8 @@ INSTANTIATE_TEST_SUITE_P(Checkpoint, PlanVsMeasured,
                                            "attention_output_offload", "none_g2", "layer_g2", "layer_g4",
                                            "attention_output_g2", "attention_output_g4", "layer_offload_g2",
                                            "attention_output_offload_g4", "zero3_g2", "layer_docs",
-                                           "attention_output_docs"),
+                                           "attention_output_docs", "lora_layer", "lora_none", "lora_zero3",
+                                           "lora_attention_output_g2", "lora_layer_offload"),
                          [](const auto& info) { return info.param; });
 
 // The plan's per-rank sequence length is the loader's (lib/data is not a dependency of
@@ -632,6 +642,85 @@ const plan::PlanItem* plan_item(const MemoryPlan& p, const std::string& name) {
   for (const plan::PlanItem& i : p.items)
     if (i.name == name) return &i;
   return nullptr;
+}
+
+// LoRA on a GPU: the frozen base is 2 bytes per parameter (bf16), with no master weights,
+// gradients or Adam moments: against the full fine-tune the persistent state falls by 16 bytes
+// per frozen parameter (18 - 2), and the plan's note says so; ZeRO-3 shards the frozen base.
+TEST(MemoryPlan, LoraFreezesTheBaseInBf16) {
+  StageConfig full = big_run();
+  full.data.seq_length = 8192;
+  StageConfig lora = full;
+  lora.lora.rank = 16;
+  lora.lora.trainable = "norm";
+  const MemoryPlan pf = plan::plan_memory(full, gpu_target(2000)), pl = plan::plan_memory(lora, gpu_target(2000));
+  const model::ParamLayout layout(model::resolve_llama_config(lora.model), model::lora_spec(lora.lora));
+  const plan::PlanItem* base = plan_item(pl, "bf16 frozen base (LoRA)");
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(base->bytes, 2 * layout.frozen_numel());
+  EXPECT_EQ(pl.trainable_parameters, layout.trainable_numel());
+  const plan::PlanItem* master = plan_item(pl, "fp32 master weights");
+  ASSERT_NE(master, nullptr);
+  EXPECT_EQ(master->bytes, 4 * layout.trainable_numel());
+  const int64_t frozen = layout.frozen_numel(), full_state = 18 * pf.parameters;
+  EXPECT_LT(pl.alloc_peak_bytes, pf.alloc_peak_bytes - 16 * frozen + 18 * layout.trainable_numel());
+  EXPECT_GT(pf.alloc_peak_bytes - pl.alloc_peak_bytes, full_state - 2 * frozen - 18 * layout.trainable_numel() -
+                                                           (int64_t{1} << 30));  // (the workspace differs a little)
+  bool noted = false;
+  for (const std::string& n : pl.notes) noted |= n.find("lora: rank 16") != std::string::npos;
+  EXPECT_TRUE(noted);
+  StageConfig z = lora;
+  z.parallel.zero.stage = 3;
+  const MemoryPlan pz = plan::plan_memory(z, gpu_target(2000, 8));
+  const plan::PlanItem* shard = plan_item(pz, "bf16 frozen base shard (LoRA)");
+  ASSERT_NE(shard, nullptr);
+  EXPECT_LT(shard->bytes, base->bytes / 7);
+}
+
+// LoRA with the optimizer split (parallel.zero.offload_optimizer_layers k): only the trainable
+// units have optimizer state, placed by layer as the store places them: the embedding's copy and
+// the first layers' adapters and norms on the GPU, the last k layers' and the head's copies in
+// host memory; the frozen base stays bf16 on the GPU with no state anywhere. The recorded bytes
+// are the store's (the plan replays its allocations), so this checks ParamStore::state_in_host.
+TEST(MemoryPlan, LoraSplitsOnlyTheTrainableState) {
+  StageConfig c = big_run();
+  c.data.seq_length = 8192;
+  c.lora.rank = 16;
+  c.lora.trainable = "embed_tokens,norm,lm_head";
+  c.parallel.zero.offload_optimizer = true;
+  c.parallel.zero.offload_optimizer_layers = 5;
+  const MemoryPlan p = plan::plan_memory(c, gpu_target(2000));
+  const model::ParamLayout layout(model::resolve_llama_config(c.model), model::lora_spec(c.lora));
+  const int64_t L = layout.num_layers();
+  int64_t host = 0, gpu = 0;
+  for (size_t u = 0; u < layout.num_units(); ++u) {
+    const model::ParamUnit& unit = layout.units()[u];
+    const int64_t at = unit.name == "lora.embed" ? -1 : unit.name == "lora.head" ? L : -2;
+    if (at != -2) EXPECT_EQ(layout.unit_layer(u), at) << unit.name;
+    if (!unit.frozen) (layout.unit_layer(u) >= L - 5 ? host : gpu) += unit.numel;
+  }
+  EXPECT_EQ(layout.unit_layer(layout.lora_unit(3)), 3);
+  EXPECT_EQ(layout.unit_layer(layout.layer_unit(3)), 3);
+  ASSERT_GT(host, 0);
+  ASSERT_GT(gpu, host);
+  EXPECT_EQ(p.offload_optimizer_layers, 5);
+  const plan::PlanItem* dev = plan_item(p, "fp32 master weights");
+  const plan::PlanItem* off = plan_item(p, "fp32 master weights (offloaded, pageable)");
+  ASSERT_NE(dev, nullptr);
+  ASSERT_NE(off, nullptr);
+  EXPECT_EQ(dev->where, "gpu");
+  EXPECT_EQ(off->where, "host");
+  EXPECT_EQ(dev->bytes, 4 * gpu);
+  EXPECT_EQ(off->bytes, 4 * host);
+  const plan::PlanItem* base = plan_item(p, "bf16 frozen base (LoRA)");
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(base->bytes, 2 * layout.frozen_numel());
+  // The whole state in host memory (k = 0): every trainable unit's, none of the base's.
+  c.parallel.zero.offload_optimizer_layers = 0;
+  const MemoryPlan h = plan::plan_memory(c, gpu_target(2000));
+  ASSERT_NE(plan_item(h, "fp32 master weights (offloaded, pageable)"), nullptr);
+  EXPECT_EQ(plan_item(h, "fp32 master weights (offloaded, pageable)")->bytes, 4 * layout.trainable_numel());
+  EXPECT_EQ(plan_item(h, "fp32 master weights"), nullptr);
 }
 
 // ZeRO-3 with the optimizer offloaded: the master and Adam shards move from each GPU to its

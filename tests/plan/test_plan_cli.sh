@@ -109,6 +109,25 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 nplans=$(grep -c '^== ' "$work/out")
 [ "$nplans" -ge 7 ] || fail "run_memory.sh plans: $nplans plans, expected at least 7"
 [ "$(grep -c ': fits$' "$work/out")" -eq $((2 * nplans)) ] || fail "run_memory.sh plans: not every GPU and host line fits"
+# bench/run_lora.sh plans: LoRA on one GPU (issue 54's targets): 32K and 64K, 512K on an 80 GB
+# GPU and 640K on an H200 with 128 GiB of host memory, and the longest sequences, all fit.
+(cd "$src" && bash bench/run_lora.sh plans "$bin/easyctx_train") > "$work/out" 2>&1 || fail "run_lora.sh plans failed"
+[ "$(grep -c ' fits GPU ' "$work/out")" -eq 10 ] || fail "run_lora.sh plans: not every plan fits"
+grep -q "^H100-80GB 128 GiB host, 524288 tokens, .*: fits" "$work/out" || fail "run_lora.sh plans: 512K on an H100"
+grep -q "^H200 128 GiB host, 655360 tokens, .*: fits" "$work/out" || fail "run_lora.sh plans: 640K on an H200"
+# bench/peer_hf_lora.py's arguments (no torch needed to check them).
+if [ "$json_skipped" -eq 0 ]; then
+  python3 -c "import sys; sys.path.insert(0, '$src/bench'); import peer_hf_lora as p
+assert p.parse_runs('llama3-8b:32768,llama3-8b:65536') == [('llama3-8b', 32768), ('llama3-8b', 65536)]
+for bad in ('llama3-8b', '7b:8', 'llama3-8b:x', ''):
+    try:
+        p.parse_runs(bad)
+        raise SystemExit('accepted ' + repr(bad))
+    except ValueError:
+        pass
+a = p.args_parser().parse_args(['--rank', '8', '--loss', 'hf'])
+assert a.rank == 8 and a.loss == 'hf' and a.sdpa == 'cudnn'" || fail "bench/peer_hf_lora.py's argument handling"
+fi
 "$bin/easyctx_train" --help > "$work/out" 2>&1 || fail "--help failed"
 grep -q -- "--plan" "$work/out" || fail "--help does not document --plan"
 if [ "$json_skipped" -eq 1 ]; then

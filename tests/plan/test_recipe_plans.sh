@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every recipe stage (configs/recipes/*/*.yaml) planned with `easyctx_train STAGE --plan` on the
 # world its folder is sized for (recipe.conf: 2 nodes x 8 for llama2-7b-1m and llama3-8b-1m,
-# 1 node x 8 for llama2-7b-1m-8gpu) of A100-80GB and of H200 with 256 GiB of host memory per
+# 1 node x 8 for llama2-7b-1m-8gpu and llama3-8b-1m-lora-8gpu, 1 GPU for llama3-8b-lora-1gpu)
+# of A100-80GB and of H200 with 256 GiB of host memory per
 # node (scripts/recipe_plans.sh --check): each fits, no node holds more host memory between
 # steps than one copy of the model state (16 bytes per parameter), and docs/recipes.md shows
 # these plans. Then the check itself must catch what it is for: a stage at ZeRO stage 0 (an
@@ -49,4 +50,4 @@ BIN=$bin RECIPES=$work/small bash "$src/scripts/recipe_plans.sh" --check > "$wor
 rc=$?
 [ $rc -eq 2 ] && grep -q "four/recipe.conf not found" "$work/err" ||
   { cat "$work/err"; fail "a recipe folder without recipe.conf was not refused (exit $rc)"; }
-echo "PASS: every recipe stage fits its folder's world (2 x 8 or 1 x 8) of A100-80GB and of H200 (256 GiB host per node) with at most one copy of the model state per node between steps; broken stages and a missing recipe.conf are refused"
+echo "PASS: every recipe stage fits its folder's world (2 x 8, 1 x 8 or 1 x 1) of A100-80GB and of H200 (256 GiB host per node) with at most one copy of the model state per node between steps; broken stages and a missing recipe.conf are refused"
