@@ -236,8 +236,8 @@ Tensor LlamaModel::mlp_norm_tile(const Tensor& w, LayerActs& a, const Tensor& x_
 // layer's attention (the attention_output checkpoint), so the recompute skips the attention
 // itself. x_out empty (the backward's recompute) stops at h2: the MLP is recomputed tile by
 // tile in layer_backward, and the layer output is not needed there.
-void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Tensor& x_out, const Batch& b, LayerActs& a,
-                               Workspace& ws, const SavedAttention& saved) {
+void LlamaModel::layer_forward(int64_t l, const Tensor& w, const Tensor& x_in, const Tensor& x_out, const Batch& b,
+                               LayerActs& a, Workspace& ws, const SavedAttention& saved) {
   const size_t ui = layout_.layer_unit(0);  // offsets are the same in every layer unit
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
@@ -245,7 +245,7 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Tensor
   const Tensor h1 = a.h1.view({n, d}), x_mid = a.x_mid.view({n, d});
   be_.rmsnorm_fwd(x_in, W(kAttnNorm), cfg_.rms_norm_eps, h1, a.rstd1.view({n}));
   if (opts_.head_groups > 1) {
-    attention_forward_grouped(w, h1, b, a, ws, x_mid, saved);
+    attention_forward_grouped(l, w, h1, b, a, ws, x_mid, saved);
   } else {
     const QkvActs qa = qkv_acts(a, n, 0, 1);
     const Tensor &q = qa.q, &k = qa.k, &v = qa.v, o = a.o.view({n, hq * hd});
@@ -253,7 +253,7 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Tensor
     if (!saved.restored)
       attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                       v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                      a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.sliding_window});
+                      a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.window_of(l)});
     be_.matmul(o, false, W(kO), true, x_mid);
   }
   be_.axpy(x_mid, x_in, 1.0);
@@ -279,8 +279,8 @@ void LlamaModel::layer_forward(const Tensor& w, const Tensor& x_in, const Tensor
 // dx: gradient w.r.t. the layer output on entry, w.r.t. the layer input on return. With a
 // recomputing checkpoint policy a.g/u/m do not hold this layer's MLP activations (the layer
 // was recomputed without its MLP): they are recomputed tile by tile here.
-void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor& x_in, const Batch& b, LayerActs& a,
-                                Workspace& ws, const Tensor& dx, const SavedAttention& saved) {
+void LlamaModel::layer_backward(int64_t l, const Tensor& w, const Tensor& gw, const Tensor& x_in, const Batch& b,
+                                LayerActs& a, Workspace& ws, const Tensor& dx, const SavedAttention& saved) {
   const size_t ui = layout_.layer_unit(0);
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   auto G = [&](LayerTensor t) { return tensor_view(gw, ui, t); };
@@ -312,7 +312,7 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   }
   be_.rmsnorm_bwd(a.x_mid.view({n, d}), W(kMlpNorm), a.rstd2.view({n}), dh, dx, G(kMlpNorm));
   if (opts_.head_groups > 1) {
-    attention_backward_grouped(w, gw, b, a, ws, dx, saved);
+    attention_backward_grouped(l, w, gw, b, a, ws, dx, saved);
     be_.rmsnorm_bwd(x_in, W(kAttnNorm), a.rstd1.view({n}), dh, dx, G(kAttnNorm));
     return;
   }
@@ -323,7 +323,7 @@ void LlamaModel::layer_backward(const Tensor& w, const Tensor& gw, const Tensor&
   be_.matmul(dx, true, a.o.view({n, hq * hd}), false, G(kO), 1.0, 1.0);
   attn_->backward({a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}),
                    a.v.view({b.batch, b.seq, hkv, hd}), a.o.view({b.batch, b.seq, hq, hd}),
-                   a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.sliding_window},
+                   a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.window_of(l)},
                   {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
                    dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
   qkv_backward(qkv_weights(w, 0, 1), qkv_weights(gw, 0, 1), qkv_acts(a, n, 0, 1), dq, dk, dv, ws.head_in.flat(),
@@ -351,7 +351,7 @@ void LlamaModel::forward_trunk(ParamSource& src, const Batch& b, Workspace& ws, 
     LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
     const size_t ui = layout_.layer_unit(l);
     store.make_room(l);
-    layer_forward(checked(src.acquire(ui), ui, dtype_, "parameter"), store.input(l), store.input(l + 1), b, a, ws,
+    layer_forward(l, checked(src.acquire(ui), ui, dtype_, "parameter"), store.input(l), store.input(l + 1), b, a, ws,
                   store.output_target(l));
     src.release(ui);
     store.save(l, a.o.flat(), a.lse.flat());
@@ -409,8 +409,8 @@ ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, dou
     const Tensor gw = checked(src.grad(ui), ui, grad_dtype_, "gradient");
     LayerActs& a = ws.acts[keep ? static_cast<size_t>(l) : 0];
     const SavedAttention saved = keep ? SavedAttention{} : store.attention_output(l, a.o.flat(), a.lse.flat());
-    if (!keep) layer_forward(w, store.input(l), Tensor(), b, a, ws, saved);  // recompute from the checkpoint
-    layer_backward(w, gw, store.input(l), b, a, ws, dx, saved);
+    if (!keep) layer_forward(l, w, store.input(l), Tensor(), b, a, ws, saved);  // recompute from the checkpoint
+    layer_backward(l, w, gw, store.input(l), b, a, ws, dx, saved);
     src.release(ui);
     src.grad_done(ui);
   }

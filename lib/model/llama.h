@@ -204,7 +204,7 @@ class LlamaModel {
   template <class Visit>
   static void visit_score_workspace(const LlamaConfig& c, const ModelOptions& o, DType dt, int64_t tokens,
                                     ScoreWorkspace* ws, Visit&& visit);
-  void score_layer(const ops::Tensor& w, const Batch& b, ScoreWorkspace& ws);
+  void score_layer(int64_t l, const ops::Tensor& w, const Batch& b, ScoreWorkspace& ws);
   void check_params(const std::vector<ops::Tensor>& params, const char* what) const;
   void check_params(const std::vector<ops::Tensor>& params, const char* what, DType want) const;
   Workspace& workspace(const Batch& b, bool for_backward);
@@ -242,18 +242,18 @@ class LlamaModel {
   void add_bias(const ops::Buffer& ones, const ops::Tensor& bias, const ops::Tensor& y);
   void bias_grad(const ops::Buffer& ones, const ops::Tensor& dy, const ops::Tensor& gbias);
   ops::Tensor mlp_norm_tile(const ops::Tensor& w, LayerActs& a, const ops::Tensor& x_mid, int64_t r0, int64_t rows);
-  // One layer from x_in; x_out empty (the backward's recompute) stops before the MLP. saved:
+  // Layer l from x_in; x_out empty (the backward's recompute) stops before the MLP. saved:
   // the layer's attention output (ActivationStore::output_target in the forward,
-  // attention_output in the recompute).
-  void layer_forward(const ops::Tensor& w, const ops::Tensor& x_in, const ops::Tensor& x_out, const Batch& b,
+  // attention_output in the recompute). l chooses the layer's attention (its sliding window).
+  void layer_forward(int64_t l, const ops::Tensor& w, const ops::Tensor& x_in, const ops::Tensor& x_out, const Batch& b,
                      LayerActs& a, Workspace& ws, const SavedAttention& saved);
-  void layer_backward(const ops::Tensor& w, const ops::Tensor& gw, const ops::Tensor& x_in, const Batch& b,
+  void layer_backward(int64_t l, const ops::Tensor& w, const ops::Tensor& gw, const ops::Tensor& x_in, const Batch& b,
                       LayerActs& a, Workspace& ws, const ops::Tensor& dx, const SavedAttention& saved);
   // The attention block tiled over head groups (head_groups > 1): x_mid = sum_g o_g W_O,g^T,
   // and its backward (dh = the input norm's output gradient, weight gradients accumulated).
-  void attention_forward_grouped(const ops::Tensor& w, const ops::Tensor& h1, const Batch& b, LayerActs& a,
+  void attention_forward_grouped(int64_t l, const ops::Tensor& w, const ops::Tensor& h1, const Batch& b, LayerActs& a,
                                  Workspace& ws, const ops::Tensor& x_mid, const SavedAttention& saved);
-  void attention_backward_grouped(const ops::Tensor& w, const ops::Tensor& gw, const Batch& b, LayerActs& a,
+  void attention_backward_grouped(int64_t l, const ops::Tensor& w, const ops::Tensor& gw, const Batch& b, LayerActs& a,
                                   Workspace& ws, const ops::Tensor& dx, const SavedAttention& saved);
   ops::Tensor head_matrix(const std::vector<ops::Tensor>& units) const;
   ops::Tensor head_matrix(const ops::Tensor& embed, const ops::Tensor& head) const;

@@ -24,7 +24,7 @@ using ops::Tensor;
 // not recomputed (the backward recomputes each group's). A checkpoint that is not restored
 // (the training forward): each group's o and LSE are copied to their place in it (streamed:
 // through a device slot of the store on to the layer's host buffers).
-void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, const Batch& b, LayerActs& a,
+void LlamaModel::attention_forward_grouped(int64_t l, const Tensor& w, const Tensor& h1, const Batch& b, LayerActs& a,
                                            Workspace& ws, const Tensor& x_mid, const SavedAttention& saved) {
   const size_t ui = layout_.layer_unit(0);
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
@@ -53,7 +53,7 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
       project_qkv(h1, qkv_weights(w, g, G), qa, ws.ones, b);
       group_attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                             v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                            lse.reshape({b.batch, hq, b.seq}), scale, b.docs(), cfg_.sliding_window});
+                            lse.reshape({b.batch, hq, b.seq}), scale, b.docs(), cfg_.window_of(l)});
       if (streamed) {
         store.send_group(slot, group_part(saved_o, g, n * qd), group_part(saved_lse, g, lse_n));
       } else if (!saved_o.empty()) {
@@ -74,7 +74,7 @@ void LlamaModel::attention_forward_grouped(const Tensor& w, const Tensor& h1, co
 // recomputed unless the layer kept every group's (checkpoint none); its o and LSE come from
 // saved_o/saved_lse (attention_output), the kept activations (none), or a recomputed
 // attention forward (layer: the price of never holding every head's o).
-void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, const Batch& b, LayerActs& a,
+void LlamaModel::attention_backward_grouped(int64_t l, const Tensor& w, const Tensor& gw, const Batch& b, LayerActs& a,
                                             Workspace& ws, const Tensor& dx, const SavedAttention& saved) {
   const size_t ui = layout_.layer_unit(0);
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
@@ -109,7 +109,7 @@ void LlamaModel::attention_backward_grouped(const Tensor& w, const Tensor& gw, c
                                         lse.reshape({b.batch, hq, b.seq}),
                                         scale,
                                         b.docs(),
-                                        cfg_.sliding_window};
+                                        cfg_.window_of(l)};
     if (!kept) {
       project_qkv(h1, qw, qa, ws.ones, b);
       if (!restored) group_attn_->forward(t);

@@ -51,7 +51,7 @@ std::vector<BufferSpec> LlamaModel::score_workspace_specs(const LlamaConfig& c, 
 }
 
 // One layer, in place on ws.x: the ops of layer_forward in its order, on fewer buffers.
-void LlamaModel::score_layer(const Tensor& w, const Batch& b, ScoreWorkspace& ws) {
+void LlamaModel::score_layer(int64_t l, const Tensor& w, const Batch& b, ScoreWorkspace& ws) {
   const size_t ui = layout_.layer_unit(0);
   auto W = [&](LayerTensor t) { return tensor_view(w, ui, t); };
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, ff = cfg_.intermediate_size, hd = cfg_.head_dim;
@@ -73,7 +73,7 @@ void LlamaModel::score_layer(const Tensor& w, const Batch& b, ScoreWorkspace& ws
   project_qkv(h, qkv_weights(w, 0, 1), qa, ws.ones, b);
   attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                   v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                  ws.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.sliding_window});
+                  ws.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.window_of(l)});
   be_.matmul(o, false, W(kO), true, h);  // the input norm's output is dead: h takes the projection
   be_.axpy(x, h, 1.0);                   // x_mid = x_in + o W_O^T
   be_.rmsnorm_fwd(x, W(kMlpNorm), cfg_.rms_norm_eps, h, rstd);
@@ -115,7 +115,7 @@ void LlamaModel::forward_score(const std::vector<Tensor>& params, const Batch& b
   ScoreWorkspace& ws = *score_ws_;
   const size_t eu = layout_.embed_unit(), hu = layout_.head_unit();
   be_.embedding_fwd(b.tokens, params[eu].reshape({cfg_.vocab_size, d}), ws.x.view({n, d}));
-  for (int64_t l = 0; l < L; ++l) score_layer(params[layout_.layer_unit(l)], b, ws);
+  for (int64_t l = 0; l < L; ++l) score_layer(l, params[layout_.layer_unit(l)], b, ws);
   const Tensor h = ws.h.view({n, d});
   be_.rmsnorm_fwd(ws.x.view({n, d}), tensor_view(params[hu], hu, 0), cfg_.rms_norm_eps, h, ws.rstd.view({n}));
   // The LM head on the runs of labelled rows only.

@@ -13,16 +13,17 @@ namespace {
 
 using ops::DType;
 
-// family: "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k norms) or "mistral" (a
-// sliding window of 3).
+// family: "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k norms), "mistral" (a
+// sliding window of 3) or "qwen2_window" (qwen2 with a window of 2 in its second layer only).
 model::LlamaConfig odd_config(bool tied, const std::string& family = "llama") {
   model::LlamaConfig c = llama_config("odd", {12, 2, 3, 1, 6, 10, 11});
   c.rope_theta = 100.0;
   c.tie_word_embeddings = tied;
-  c.model_type = family;
-  c.qkv_bias = family == "qwen2";
+  c.model_type = family == "qwen2_window" ? "qwen2" : family;
+  c.qkv_bias = c.model_type == "qwen2";
   c.qk_norm = family == "qwen3";
-  c.sliding_window = family == "mistral" ? 3 : 0;  // of the 5 tokens of each sequence
+  c.sliding_window = family == "mistral" ? 3 : family == "qwen2_window" ? 2 : 0;  // of the 5 tokens of each sequence
+  if (family == "qwen2_window") c.sliding_layers = {false, true};
   return c;
 }
 
@@ -88,7 +89,7 @@ INSTANTIATE_TEST_SUITE_P(All, ModelGrad,
                                             ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
                                                               CheckpointPolicy::AttentionOutput),
                                             ::testing::Values(int64_t{0}, int64_t{3}),
-                                            ::testing::Values("llama", "qwen2", "qwen3", "mistral")));
+                                            ::testing::Values("llama", "qwen2", "qwen3", "mistral", "qwen2_window")));
 
 TEST(ParamLayout, UnitsAndOffsets) {
   const model::ParamLayout untied(odd_config(false)), tied(odd_config(true));
