@@ -1,12 +1,12 @@
-// easyctx_train STAGE.yaml [--set key=value ...] [--print-config] [--config-doc] [--plan]
+// easyctx_train STAGE.yaml [--set key=value ...] [--print-config] [--config-doc] [--plan|--plan-json]
 //               [--resume auto|none|PATH]
 // easyctx_train [STAGE.yaml] EasyContext's train.py flags (--batch-size, --seq-length,
 //               --parallel_mode, --wandb, ...) [--set key=value ...] [...]
 // Loads and validates the stage config on every rank, builds the process groups, and runs
 // the stage (lib/train). EasyContext's train.py flags map onto config keys (over the YAML's,
 // under --set; without a YAML over EasyContext's defaults; docs/easycontext.md). --plan
-// prints the memory plan (lib/plan) and exits: 0 when the run fits its target, 3 when it does
-// not, 2 on bad input. Everything else lives in lib/.
+// prints the memory plan (lib/plan; --plan-json also as JSON) and exits: 0 when the run fits its
+// target, 3 when it does not, 2 on bad input. Everything else lives in lib/.
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <iostream>
@@ -143,11 +143,11 @@ void add_flags(po::options_description& opts) {
       "from model.init; PATH: resume from that checkpoint")(
       "config-doc", "print the Markdown reference of every config key (docs/config.md), then exit")(
       "plan",
-      "print the memory plan (every buffer per GPU and per host; docs/memory-model.md) as a table, then "
-      "as one JSON object on the last line, and exit without allocating: 0 when the run fits, 3 when it does "
-      "not (the message names the --set changes that would fit), 2 on bad input. Plans for target.* (GPU "
-      "model and memory, GPUs per node, nodes, host memory), else the launch and this machine, so it runs on "
-      "a login node without GPUs");
+      "print the memory plan (every buffer per GPU and per host; docs/memory-model.md) as a table and exit "
+      "without allocating: 0 when the run fits, 3 when it does not (the message names the --set changes that "
+      "would fit), 2 on bad input. Plans for target.* (GPU model and memory, GPUs per node, nodes, host "
+      "memory), else the launch and this machine, so it runs on a login node without GPUs")(
+      "plan-json", "--plan, with the whole plan as one JSON object on the last line (for scripts)");
 }
 
 // EasyContext's train.py flags (kEasyContextFlags, and the refused ones).
@@ -239,12 +239,29 @@ Resolved load_config(dist::Runtime& rt, const po::variables_map& vm, bool easyco
   return r;
 }
 
-// --plan: the plan as a table, the refusal when it does not fit, then as JSON; 0 fits, else 3.
-int print_plan(dist::Runtime& rt, const plan::MemoryPlan& mem_plan) {
+// --wandb PROJECT: what it turned on, as the config now says (a --set after it may have turned
+// logging.tensorboard off again: then there is nothing to upload, and saying so is the point).
+void print_wandb(const std::string& project, const StageConfig& cfg) {
+  if (!cfg.logging.tensorboard) {
+    std::cout << "--wandb " << project
+              << ": logging.tensorboard is off (a --set turned it off after --wandb turned it on), so this run "
+                 "writes no TensorBoard events to upload; drop that --set to track it"
+              << std::endl;
+    return;
+  }
+  std::cout << "--wandb " << project << ": logging.tensorboard is on; upload the run with: "
+            << "wandb sync --sync-tensorboard --project " << project << " " << cfg.output.dir << "/tensorboard"
+            << std::endl;
+}
+
+// --plan: the plan as a table, the refusal when it does not fit, then (--plan-json) as JSON; 0
+// fits, else 3. (The JSON, ~10-20 KB on one line, is for scripts, not the terminal.)
+int print_plan(dist::Runtime& rt, const plan::MemoryPlan& mem_plan, bool json) {
   if (rt.rank() == 0) {
     std::cout << plan::format_plan_table(mem_plan);
     if (!mem_plan.fits) std::cout << "\n" << plan::refusal_message(mem_plan) << "\n";
-    std::cout << "\n" << plan::plan_to_json(mem_plan).dump() << std::endl;
+    if (json) std::cout << "\n" << plan::plan_to_json(mem_plan).dump() << std::endl;
+    else std::cout << "(the whole plan as JSON: --plan-json)" << std::endl;
   }
   return mem_plan.fits ? 0 : 3;
 }
@@ -266,6 +283,10 @@ int print_config(dist::Runtime& rt, const Resolved& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The stop handlers first, before MPI_Init: a launcher's SIGUSR1 or SIGTERM at any
+  // moment of the start-up is a stop request honoured at the first step boundary, never the
+  // signal's default action (rc 138 for SIGUSR1). --plan and --print-config end on their own.
+  dist::install_stop_signals();
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) -> int {
     po::options_description opts("easyctx_train STAGE.yaml [options]");
     add_flags(opts);
@@ -287,19 +308,15 @@ int main(int argc, char** argv) {
       if (rt.rank() == 0) std::cout << config_reference_markdown();
       return 0;
     }
-    const bool plan_only = vm.count("plan") > 0, print_only = vm.count("print-config") > 0;
+    const bool plan_json = vm.count("plan-json") > 0;
+    const bool plan_only = vm.count("plan") > 0 || plan_json, print_only = vm.count("print-config") > 0;
     const Resolved r = load_config(rt, vm, easycontext, plan_only, print_only);
     const StageConfig& cfg = r.cfg;
-    if (vm.count("wandb") && rt.rank() == 0)
-      std::cout << "--wandb " << vm["wandb"].as<std::string>() << ": logging.tensorboard is on; upload the run with: "
-                << "wandb sync --sync-tensorboard --project " << vm["wandb"].as<std::string>() << " " << cfg.output.dir
-                << "/tensorboard" << std::endl;
+    if (vm.count("wandb") && rt.rank() == 0) print_wandb(vm["wandb"].as<std::string>(), cfg);
     // From here on collectives wait as long as the config says (start-up used the default).
     dist::set_default_collective_timeout_s(cfg.parallel.collective_timeout_s);
-    if (plan_only) return print_plan(rt, r.mem_plan);
+    if (plan_only) return print_plan(rt, r.mem_plan, plan_json);
     if (print_only) return print_config(rt, r);
-    // A stop signal from now on is honoured at the first step boundary (dist/signals.h).
-    dist::install_stop_signals();
     train::RunOptions run_opts;
     run_opts.resume = vm["resume"].as<std::string>();
     dist::CommBackend backend{};

@@ -1,58 +1,131 @@
 #!/usr/bin/env bash
-# The context-extension experiment over seeds (docs/results.md): bench/run_extension.sh runs one
-# seed; this checks one run against the targets, packs a run's results for the trip back from
+# The context-extension proof over seeds (docs/results.md): bench/run_extension.sh runs one
+# seed; this makes one run's tables and checks its targets, packs a run for the trip back from
 # a device call, and collects several seeds into tables of mean and spread.
 #
-#   bash bench/extension_seeds.sh targets RUN BASE LAST S0 S_LAST
-#       one line per target, PASS or FAIL, from RUN/accuracy.csv and RUN/ppl.csv (BASE, LAST:
-#       the base and last stage's model names; S0: the base length; S_LAST: the last stage's):
-#         the base retrieves at S0: needle and pass key each >= 0.9 (each task that was scored)
-#         the base beyond 2 S0 (lengths > 2 S0, all tasks): <= 0.2
-#         the control (base + the last stage's RoPE theta) beyond 2 S0: <= 0.2
-#         the last stage over [2 S0, S_LAST] (lengths never trained with retrieval): >= 0.8
-#         held-out perplexity at S_LAST: the last stage's below the base's
+#   bash bench/extension_seeds.sh tables RUN [SCALE]
+#       from RUN/eval/<model>/needle.csv and ppl.csv (whatever was evaluated):
+#         accuracy.csv  model,length,context,score,samples  (the needle's mean over depths at
+#                       each prompt length; context = the haystack's tokens)
+#         accuracy.md   the same as a table, model x length; and the needle by depth
+#         ppl.csv       model,tokens,ppl  (held-out perplexity)
+#         targets.txt   one line per target, PASS or FAIL, the value, the threshold:
+#           the base at S0 (its training length) >= 0.9
+#           the base at every length >= 4 S0 <= 0.2
+#           the extended model (the last stage evaluated) over the lengths > S0 >= 0.8
+#           the extended model at the longest length >= 0.6
+#           the control (the base with the last stage's RoPE theta) over the lengths > S0 <= 0.2
+#           the extended model's held-out perplexity at the longest length <= at S0
+#         and INFO lines for the ablation (the same stages at the base's theta), no threshold
 #   bash bench/extension_seeds.sh pack RUN FILE.tar.gz
-#       RUN's tables, targets, summary, perplexity, heatmaps, report page, the stages' data
-#       summaries (h5synth.json) and training metrics: a few hundred KB.
+#       RUN's tables, targets, summary, timing, isolation check, the evaluations' CSVs, heatmaps
+#       and summaries, the windows' h5recall.json and the training metrics: a few hundred KB.
 #   bash bench/extension_seeds.sh collect OUT.md RUN... (or FILE.tar.gz...: unpacked beside it)
-#       per-seed targets, then accuracy by model and prompt length as the mean over the runs
-#       with the spread (min-max), per task and all tasks together, and perplexity likewise.
-#       A run's seed is read from its summary.txt.
+#       the targets per seed, then accuracy by model and length as the mean over the runs with
+#       the spread (min-max), and perplexity likewise. A run's seed is read from its summary.txt.
 set -euo pipefail
 cmd=${1:-}
 shift || true
 
-# mean_of ACC MODEL TASK LO HI: mean score of the rows with the model, the task ("all": every
-# task) and a prompt length in [LO, HI]; "none" when no row matches.
-mean_of() {
-  awk -F, -v m="$2" -v t="$3" -v lo="$4" -v hi="$5" 'NR > 1 && $1 == m && (t == "all" || $2 == t) && $3 >= lo && $3 <= hi { s += $5; n++ }
-    END { if (n) printf "%.3f\n", s / n; else print "none" }' "$1"
+# The models of a run in table order: the base (s0-*), the control, the stages, the ablation.
+models_of() {
+  local run=$1
+  (cd "$run/eval" && ls -d s0-* 2> /dev/null; [ -d control ] && echo control
+   ls -d s[1-9]* 2> /dev/null | sort -V; ls -d abl-* 2> /dev/null | sort -V) | awk 'NF'
 }
-ppl_of() { awk -F, -v m="$2" -v t="$3" 'NR > 1 && $1 == m && $2 == t { print $3; exit }' "$1"; }
+
+tables() {
+  local run=$1 m ov base last abl
+  [ -d "$run/eval" ] || { echo "extension_seeds.sh: $run/eval missing" >&2; return 2; }
+  ov=$(sed -nE 's/.*"needle": ([0-9]+).*/\1/p' "$(ls "$run"/data/*/h5recall.json | head -1)" | head -1)
+  echo "model,length,context,score,samples" > "$run/accuracy.csv"
+  echo "model,tokens,ppl" > "$run/ppl.csv"
+  for m in $(models_of "$run"); do
+    [ -s "$run/eval/$m/needle.csv" ] &&
+      awk -F, -v m="$m" -v ov="$ov" 'NR > 1 { s[$1] += $3; n[$1] += $4; c[$1]++ }
+        END { for (k in s) printf "%s,%d,%d,%.4f,%d\n", m, k + ov, k, s[k] / c[k], n[k] }' "$run/eval/$m/needle.csv" |
+      sort -t, -k2,2n >> "$run/accuracy.csv"
+    [ -s "$run/eval/$m/ppl.csv" ] && awk -F, -v m="$m" 'NR > 1 { print m "," $1 "," $2 }' "$run/eval/$m/ppl.csv" >> "$run/ppl.csv"
+  done
+  {
+    echo "**needle** (EasyContext's wording, held-out haystack; accuracy by prompt length in tokens, mean over depths)"
+    echo
+    md_table "$run/accuracy.csv"
+    echo
+    echo "**held-out perplexity** by context length"
+    echo
+    md_table_ppl "$run/ppl.csv"
+  } > "$run/accuracy.md"
+  cat "$run/accuracy.md"
+  base=$(models_of "$run" | grep '^s0-' | head -1)
+  last=$(models_of "$run" | grep '^s[1-9]' | tail -1)
+  abl=$(models_of "$run" | grep '^abl-' | tail -1)
+  targets "$run" "$base" "$last" "$abl" | tee "$run/targets.txt"
+}
+
+# md_table CSV: model x length of accuracy.csv.
+md_table() {
+  awk -F, 'NR == 1 { next }
+    { v[$1 SUBSEP $2] = $4; if (!($1 in sm)) { sm[$1] = 1; ms[++nm] = $1 } if (!($2 in sl)) { sl[$2] = 1; ls[++nl] = $2 } }
+    END {
+      for (i = 2; i <= nl; i++) for (j = i; j > 1 && ls[j - 1] + 0 > ls[j] + 0; j--) { x = ls[j]; ls[j] = ls[j - 1]; ls[j - 1] = x }
+      printf "| model |"; for (i = 1; i <= nl; i++) printf " %s |", ls[i]; printf "\n|---|"
+      for (i = 1; i <= nl; i++) printf "---|"; printf "\n"
+      for (m = 1; m <= nm; m++) { printf "| %s |", ms[m]
+        for (i = 1; i <= nl; i++) { k = ms[m] SUBSEP ls[i]; if (k in v) printf " %.2f |", v[k]; else printf " - |" }
+        printf "\n" } }' "$1"
+}
+md_table_ppl() {
+  awk -F, 'NR == 1 { next }
+    { v[$1 SUBSEP $2] = $3; if (!($1 in sm)) { sm[$1] = 1; ms[++nm] = $1 } if (!($2 in sl)) { sl[$2] = 1; ls[++nl] = $2 } }
+    END {
+      for (i = 2; i <= nl; i++) for (j = i; j > 1 && ls[j - 1] + 0 > ls[j] + 0; j--) { x = ls[j]; ls[j] = ls[j - 1]; ls[j - 1] = x }
+      printf "| model |"; for (i = 1; i <= nl; i++) printf " %s |", ls[i]; printf "\n|---|"
+      for (i = 1; i <= nl; i++) printf "---|"; printf "\n"
+      for (m = 1; m <= nm; m++) { printf "| %s |", ms[m]
+        for (i = 1; i <= nl; i++) { k = ms[m] SUBSEP ls[i]; if (k in v) printf " %.1f |", v[k]; else printf " - |" }
+        printf "\n" } }' "$1"
+}
+
+# acc MODEL OP LO HI: the mean (OP mean) or the largest (OP max) score of MODEL over lengths in
+# [LO, HI]; "none" when no row matches.
+acc() {
+  awk -F, -v m="$1" -v op="$2" -v lo="$3" -v hi="$4" 'NR > 1 && $1 == m && $2 >= lo && $2 <= hi {
+      s += $4; n++; if (n == 1 || $4 > mx) mx = $4 }
+    END { if (!n) print "none"; else printf "%.3f\n", op == "max" ? mx : s / n }' "$RUNDIR/accuracy.csv"
+}
+ppl() { awk -F, -v m="$1" -v t="$2" 'NR > 1 && $1 == m && $2 == t { print $3; exit }' "$RUNDIR/ppl.csv"; }
 
 targets() {
-  local run=$1 base=$2 last=$3 S0=$4 SL=$5 acc=$1/accuracy.csv ppl=$1/ppl.csv t v ok
-  [ -s "$acc" ] && [ -s "$ppl" ] || { echo "extension_seeds.sh: $acc or $ppl missing" >&2; return 2; }
+  local run=$1 base=$2 last=$3 abl=$4 S0 SL v
+  RUNDIR=$run
+  S0=$(awk -F, 'NR > 1 { if (!m || $2 < m) m = $2 } END { print m + 0 }' "$run/accuracy.csv")
+  SL=$(awk -F, 'NR > 1 { if ($2 > m) m = $2 } END { print m + 0 }' "$run/accuracy.csv")
   line() {  # line VALUE OP THRESHOLD TEXT
-    if [ "$1" != none ] && awk -v a="$1" -v b="$3" -v op="$2" 'BEGIN { exit !(op == ">=" ? a >= b : op == "<=" ? a <= b : a < b) }'
-    then ok=PASS; else ok=FAIL; fi
-    echo "$ok $4: $1 ($2 $3)"
+    local ok=FAIL
+    if [ "$1" != none ] && [ -n "$1" ] && [ -n "$3" ] &&
+      awk -v a="$1" -v b="$3" -v op="$2" 'BEGIN { exit !(op == ">=" ? a >= b : a <= b) }'; then ok=PASS; fi
+    echo "$ok $4: ${1:-none} ($2 ${3:-none})"
   }
-  for t in $(awk -F, 'NR > 1 { print $2 }' "$acc" | sort -u); do
-    line "$(mean_of "$acc" "$base" "$t" "$S0" "$S0")" ">=" 0.9 "base $t at $S0"
-  done
-  line "$(mean_of "$acc" "$base" all $((2 * S0 + 1)) "$SL")" "<=" 0.2 "base beyond $((2 * S0)) (all tasks)"
-  line "$(mean_of "$acc" control all $((2 * S0 + 1)) "$SL")" "<=" 0.2 "control beyond $((2 * S0)) (all tasks)"
-  line "$(mean_of "$acc" "$last" all $((2 * S0)) "$SL")" ">=" 0.8 "$last over $((2 * S0))-$SL (all tasks)"
-  v=$(ppl_of "$ppl" "$last" "$SL")
-  line "${v:-none}" "<" "$(ppl_of "$ppl" "$base" "$SL")" "$last held-out perplexity at $SL, below the base's"
+  line "$(acc "$base" mean "$S0" "$S0")" ">=" 0.9 "base $base at $S0"
+  line "$(acc "$base" max $((4 * S0)) "$SL")" "<=" 0.2 "base $base at every length $((4 * S0))-$SL (largest)"
+  [ -n "$last" ] || { echo "FAIL no extended model evaluated"; return 0; }
+  line "$(acc "$last" mean $((S0 + 1)) "$SL")" ">=" 0.8 "extended $last over $((2 * S0))-$SL (mean)"
+  line "$(acc "$last" mean "$SL" "$SL")" ">=" 0.6 "extended $last at $SL"
+  line "$(acc control mean $((S0 + 1)) "$SL")" "<=" 0.2 "control over $((2 * S0))-$SL (mean)"
+  v=$(ppl "$last" "$SL")
+  line "${v:-none}" "<=" "$(ppl "$last" "$S0")" "extended $last held-out perplexity at $SL, at most its perplexity at $S0"
+  if [ -n "$abl" ]; then
+    echo "INFO ablation $abl over $((2 * S0))-$SL (mean): $(acc "$abl" mean $((S0 + 1)) "$SL"); at $SL: $(acc "$abl" mean "$SL" "$SL");" \
+      "held-out perplexity at $SL: $(ppl "$abl" "$SL")"
+  fi
 }
 
 pack() {
   local run=$1 dest=$2 files
-  files=$(cd "$run" && ls accuracy.csv accuracy.md targets.txt summary.txt ppl.csv ppl.png report.html \
-    runs/*/eval/*.csv runs/*/eval/*.png runs/*/eval/control/*.png runs/*/metrics.jsonl runs/*.probe/*.csv \
-    data/*/h5synth.json 2>/dev/null || true)
+  files=$(cd "$run" && ls accuracy.csv accuracy.md targets.txt summary.txt timing.txt isolation.txt ppl.csv \
+    eval/*/needle.csv eval/*/needle.png eval/*/summary.json eval/*/ppl.csv eval/*/*.log data/*/h5recall.json \
+    runs/*/metrics.jsonl runs/*.log 2> /dev/null || true)
   [ -n "$files" ] || { echo "extension_seeds.sh: nothing to pack in $run" >&2; return 2; }
   # shellcheck disable=SC2086  # a list of relative paths without spaces
   tar -C "$run" -czf "$dest" $files
@@ -78,71 +151,47 @@ collect() {
   {
     echo "Runs: ${#runs[@]} (seeds ${seeds[*]})."
     echo
-    echo "**Targets, per seed** (bench/extension_seeds.sh targets)"
+    echo "**Targets, per seed** (bench/extension_seeds.sh tables)"
     echo
     echo "| seed | target | value | threshold | |"
     echo "|---|---|---|---|---|"
     for i in "${!runs[@]}"; do
       [ -s "${runs[$i]}/targets.txt" ] || continue
-      sed -E 's/^(PASS|FAIL) (.*): ([^ ]+) \(([^)]*)\)$/| '"${seeds[$i]}"' | \2 | \3 | \4 | \1 |/' "${runs[$i]}/targets.txt"
+      grep -E '^(PASS|FAIL) ' "${runs[$i]}/targets.txt" |
+        sed -E 's/^(PASS|FAIL) (.*): ([^ ]+) \(([^)]*)\)$/| '"${seeds[$i]}"' | \2 | \3 | \4 | \1 |/'
+      grep '^INFO ' "${runs[$i]}/targets.txt" | sed -E 's/^INFO (.*)$/| '"${seeds[$i]}"' | \1 | | | info |/'
     done
     for i in "${!runs[@]}"; do
-      awk -F, -v s="${seeds[$i]}" 'NR > 1 { print s "," $0 }' "${runs[$i]}/accuracy.csv"
-    done | awk -F, '
-      { key = $2 SUBSEP $3 SUBSEP $4; v[key, $1] = $6; if (!(key in seen)) { seen[key] = 1; keys[++nk] = key }
-        if (!($2 in mseen)) { mseen[$2] = 1; models[++nm] = $2 } if (!($4 in lseen)) { lseen[$4] = 1; lens[++nl] = $4 }
-        if (!($3 in tseen)) { tseen[$3] = 1; tasks[++nt] = $3 } if (!($1 in sseen)) { sseen[$1] = 1; seeds[++ns] = $1 }
-        all[$2 SUBSEP $4 SUBSEP $1] += $6; alln[$2 SUBSEP $4 SUBSEP $1]++ }
-      END {
-        for (i = 2; i <= nl; i++) for (j = i; j > 1 && lens[j - 1] + 0 > lens[j] + 0; j--) { x = lens[j]; lens[j] = lens[j - 1]; lens[j - 1] = x }
-        for (i = 2; i <= nt; i++) for (j = i; j > 1 && tasks[j - 1] > tasks[j]; j--) { x = tasks[j]; tasks[j] = tasks[j - 1]; tasks[j - 1] = x }
-        if (nt > 1) tasks[++nt] = "all"
-        for (t = 1; t <= nt; t++) {
-          printf "\n**%s**: accuracy by prompt length (tokens), mean over %d seeds (min-max)\n\n| model |", tasks[t], ns
-          for (i = 1; i <= nl; i++) printf " %d |", lens[i]
-          printf "\n|---|"
-          for (i = 1; i <= nl; i++) printf "---|"
-          printf "\n"
-          for (m = 1; m <= nm; m++) {
-            printf "| %s |", models[m]
-            for (i = 1; i <= nl; i++) {
-              s = 0; n = 0; lo = 2; hi = -1
-              for (k = 1; k <= ns; k++) {
-                if (tasks[t] == "all") { c = models[m] SUBSEP lens[i] SUBSEP seeds[k]; if (!(c in alln)) continue; x = all[c] / alln[c] }
-                else { c = models[m] SUBSEP tasks[t] SUBSEP lens[i]; if (!((c, seeds[k]) in v)) continue; x = v[c, seeds[k]] }
-                s += x; n++; if (x < lo) lo = x; if (x > hi) hi = x
-              }
-              if (n) printf " %.2f (%.2f-%.2f) |", s / n, lo, hi; else printf " - |"
-            }
-            printf "\n"
-          }
-        }
-      }'
-    echo
-    echo "**Held-out perplexity** by context length (tokens), mean over seeds (min-max)"
+      awk -F, -v s="${seeds[$i]}" 'NR > 1 { print s "," $1 "," $2 "," $4 }' "${runs[$i]}/accuracy.csv"
+    done | spread "needle accuracy" "%.2f"
     for i in "${!runs[@]}"; do
       awk -F, -v s="${seeds[$i]}" 'NR > 1 { print s "," $1 "," $2 "," $3 }' "${runs[$i]}/ppl.csv"
-    done | awk -F, '
-      { c = $2 SUBSEP $3; s[c] += $4; n[c]++; if (!(c in lo) || $4 < lo[c]) lo[c] = $4; if (!(c in hi) || $4 > hi[c]) hi[c] = $4
-        if (!($2 in mseen)) { mseen[$2] = 1; models[++nm] = $2 } if (!($3 in lseen)) { lseen[$3] = 1; lens[++nl] = $3 } }
-      END {
-        for (i = 2; i <= nl; i++) for (j = i; j > 1 && lens[j - 1] + 0 > lens[j] + 0; j--) { x = lens[j]; lens[j] = lens[j - 1]; lens[j - 1] = x }
-        printf "\n| model |"; for (i = 1; i <= nl; i++) printf " %d |", lens[i]
-        printf "\n|---|"; for (i = 1; i <= nl; i++) printf "---|"
-        printf "\n"
-        for (m = 1; m <= nm; m++) {
-          printf "| %s |", models[m]
-          for (i = 1; i <= nl; i++) { c = models[m] SUBSEP lens[i]; if (c in n) printf " %.0f (%.0f-%.0f) |", s[c] / n[c], lo[c], hi[c]; else printf " - |" }
-          printf "\n"
-        }
-      }'
+    done | spread "held-out perplexity" "%.1f"
   } > "$md"
   echo "collected ${#runs[@]} runs into $md"
 }
 
+# spread TITLE FORMAT: rows "seed,model,length,value" -> a model x length table of the mean
+# over the seeds with the spread (min-max).
+spread() {
+  awk -F, -v title="$1" -v f="$2" '
+    { c = $2 SUBSEP $3; s[c] += $4; n[c]++; if (!(c in lo) || $4 < lo[c]) lo[c] = $4; if (!(c in hi) || $4 > hi[c]) hi[c] = $4
+      if (!($1 in ss)) { ss[$1] = 1; ns++ }
+      if (!($2 in sm)) { sm[$2] = 1; ms[++nm] = $2 } if (!($3 in sl)) { sl[$3] = 1; ls[++nl] = $3 } }
+    END {
+      for (i = 2; i <= nl; i++) for (j = i; j > 1 && ls[j - 1] + 0 > ls[j] + 0; j--) { x = ls[j]; ls[j] = ls[j - 1]; ls[j - 1] = x }
+      printf "\n**%s** by length (tokens), mean over %d seed(s) (min-max)\n\n| model |", title, ns
+      for (i = 1; i <= nl; i++) printf " %s |", ls[i]; printf "\n|---|"
+      for (i = 1; i <= nl; i++) printf "---|"; printf "\n"
+      for (m = 1; m <= nm; m++) { printf "| %s |", ms[m]
+        for (i = 1; i <= nl; i++) { c = ms[m] SUBSEP ls[i]
+          if (c in n) printf " " f " (" f "-" f ") |", s[c] / n[c], lo[c], hi[c]; else printf " - |" }
+        printf "\n" } }'
+}
+
 case "$cmd" in
-  targets) [ $# -eq 5 ] || { echo "usage: extension_seeds.sh targets RUN BASE LAST S0 S_LAST" >&2; exit 2; }; targets "$@" ;;
+  tables) [ $# -ge 1 ] || { echo "usage: extension_seeds.sh tables RUN [SCALE]" >&2; exit 2; }; tables "$1" ;;
   pack) [ $# -eq 2 ] || { echo "usage: extension_seeds.sh pack RUN FILE.tar.gz" >&2; exit 2; }; pack "$@" ;;
   collect) [ $# -ge 2 ] || { echo "usage: extension_seeds.sh collect OUT.md RUN..." >&2; exit 2; }; collect "$@" ;;
-  *) echo "usage: extension_seeds.sh targets|pack|collect ... (see its header)" >&2; exit 2 ;;
+  *) echo "usage: extension_seeds.sh tables|pack|collect ... (see its header)" >&2; exit 2 ;;
 esac

@@ -1,61 +1,80 @@
 #!/usr/bin/env bash
-# One seed of the H200 context-extension experiment in one device call (docs/results.md):
-# the prebuilt programs and inputs carried in .deps (made here by `prepare`), the run, and its
-# results packed into $OUT for the trip back. Collect the seeds with
-# `bash bench/extension_seeds.sh collect OUT.md seed-*.tar.gz`.
+# One seed of the GPU context-extension proof in one device call (docs/results.md): the
+# prebuilt programs, the corpus and the tokenizer carried in .deps/extension (made here by
+# `prepare`), bench/run_extension.sh gpu under a time limit, its results packed into $OUT.
 #
-#   here:    bash bench/run_extension_device.sh prepare [BUILD_DIR]
-#            .deps/gpubin, .deps/gpulibs (bench/prebuilt.sh pack), .deps/tok (the demo
-#            tokenizer and the KJV's verses it was trained on) and .deps/text (the stages'
-#            other text: scripts/make_text_corpus.sh); carry the four (about 55 MB)
-#   there:   bash bench/run_extension_device.sh run SEED[,SEED...] [LIMIT_S]
-#            runs bench/run_extension.sh h200 for SEED under `timeout LIMIT_S` (default 540),
-#            then packs what it wrote into $OUT/seed-SEED.tar.gz and its log into
-#            $OUT/seed-SEED.log, even when it failed or ran out of time; several seeds run
-#            side by side on the one GPU
+#   here:   bash bench/run_extension_device.sh prepare [BUILD_DIR]
+#           .deps/extension: the programs (stripped, xz), the host libraries the GPU image
+#           lacks (bench/device_pack.sh's list and SentencePiece), the corpus
+#           (scripts/make_text_corpus.py, tar.xz) and its tokenizer
+#           (scripts/make_text_tokenizer.sh); carry .deps/extension (its size is printed)
+#   there:  bash bench/run_extension_device.sh run SEED [full|ablation|pilot] [LIMIT_S]
+#           full (default): the base and the three stages, every evaluation; ablation: the
+#           same and the ablation arm (the stages at the base's RoPE theta); pilot: the base
+#           and the 8K stage, a few timed steps of the 32K and 64K stages, the evaluation to
+#           8K and the projected minutes of a full seed. Runs under `timeout LIMIT_S`
+#           (default 540; optional phases are skipped when they would end after LIMIT_S - 45),
+#           then writes the tables of whatever finished and packs them into
+#           $OUT/seed-SEED[-MODE].tar.gz, the log into $OUT/seed-SEED[-MODE].log, also when the
+#           run failed or ran out of time; prints the tables and the targets
+#   here:   bash bench/run_extension_device.sh collect FILES_AT [DEST]
+#           the packs and logs into DEST (default bench/extension/<today>) and
+#           bench/extension_seeds.sh collect's seeds.md over every seed there
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source bench/device_pack.sh
+D=.deps/extension
 case "${1:-}" in
   prepare)
     set -e
     build=${2:-build}
-    bash bench/prebuilt.sh pack "$build" easyctx_train easyctx_eval_needle easyctx_eval_ppl easyctx_report h5synth
-    # The tokenizer programs' SentencePiece, which the GPU host's image may lack.
-    cp -L /usr/lib/x86_64-linux-gnu/libsentencepiece.so.0 .deps/gpulibs/
-    bash scripts/make_demo_tokenizer.sh .deps/tok > /dev/null
-    bash scripts/make_text_corpus.sh .deps/text > /dev/null
-    du -sh .deps/gpubin .deps/gpulibs .deps/tok .deps/text
+    pack_device_dir $D "$build" easyctx_train easyctx_eval_needle easyctx_eval_ppl h5tokenize h5recall h5inspect
+    cp -L /usr/lib/x86_64-linux-gnu/libsentencepiece.so.0 $D/gpulibs/  # the GPU image has none
+    rm -rf /tmp/extension-corpus && mkdir -p /tmp/extension-corpus
+    python3 scripts/make_text_corpus.py /tmp/extension-corpus/corpus
+    bash scripts/make_text_tokenizer.sh /tmp/extension-corpus/corpus $D/tok 4096 > /dev/null
+    tar -C /tmp/extension-corpus -cf - corpus | xz -T2 -6 > $D/corpus.tar.xz
+    du -sh $D $D/*
     ;;
   run)
-    [ -n "${2:-}" ] || { echo "usage: run_extension_device.sh run SEED[,SEED...] [LIMIT_S]" >&2; exit 2; }
-    IFS=, read -r -a seeds <<< "$2"
-    limit=${3:-540}
+    [ -n "${2:-}" ] || { echo "usage: run_extension_device.sh run SEED [full|ablation|pilot] [LIMIT_S]" >&2; exit 2; }
+    seed=$2 what=${3:-full} limit=${4:-540}
     dest=${OUT:?run_extension_device.sh run: OUT (the folder a device call sends back) is not set}
-    # shellcheck disable=SC1091
-    source bench/prebuilt.sh env
-    for b in "$B"/*; do
+    case "$what" in
+      full) env=(MODE=full ABLATION=0) tag=$seed ;;
+      ablation) env=(MODE=full ABLATION=1) tag=$seed-ablation ;;
+      pilot) env=(MODE=pilot ABLATION=0) tag=$seed-pilot ;;
+      *) echo "run_extension_device.sh: '$what' (full, ablation or pilot)" >&2; exit 2 ;;
+    esac
+    unpack_device_dir $D
+    for b in $D/bin/*; do
       ldd "$b" | grep -q "not found" && { echo "run_extension_device.sh: $b: $(ldd "$b" | grep 'not found' | tr -s ' \t' ' ')" >&2; exit 1; }
     done
-    # Several seeds run side by side on the one GPU (each run is deterministic, so sharing the
-    # GPU changes its wall time, not its numbers).
-    pids=()
-    for seed in "${seeds[@]}"; do
-      (
-        work=/tmp/extension-seed-$seed
-        rm -rf "$work"
-        B=.deps/gpubin TOKENIZER=.deps/tok/kjv_bpe2000.model KJV=.deps/tok/kjv.txt TEXT_DIR=.deps/text SEED=$seed \
-          timeout "$limit" bash bench/run_extension.sh h200 "$work" > "$dest/seed-$seed.log" 2>&1
-        rc=$?
-        echo "run_extension.sh h200 seed $seed: exit $rc" >> "$dest/seed-$seed.log"
-        bash bench/extension_seeds.sh pack "$work" "$dest/seed-$seed.tar.gz" >> "$dest/seed-$seed.log" 2>&1
-        exit "$rc"
-      ) &
-      pids+=($!)
-    done
-    rc=0
-    for p in "${pids[@]}"; do wait "$p" || rc=1; done
-    for seed in "${seeds[@]}"; do echo "== seed $seed"; tail -n 30 "$dest/seed-$seed.log"; done
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    rm -rf /tmp/extension-corpus && mkdir -p /tmp/extension-corpus && tar -C /tmp/extension-corpus -xJf $D/corpus.tar.xz
+    work=/tmp/extension-seed-$tag
+    rm -rf "$work"
+    env "${env[@]}" B=$D/bin CORPUS=/tmp/extension-corpus/corpus TOKENIZER=$D/tok/text_bpe4096.model SEED="$seed" \
+      DEADLINE_S=$((limit - 45)) THREADS=16 timeout "$limit" bash bench/run_extension.sh gpu "$work" \
+      > "$dest/seed-$tag.log" 2>&1
+    rc=$?
+    echo "run_extension.sh gpu seed $seed ($what): exit $rc" >> "$dest/seed-$tag.log"
+    # A run cut short has no tables yet: make them from what it evaluated.
+    [ $rc -ne 0 ] && [ -d "$work/eval" ] && bash bench/extension_seeds.sh tables "$work" >> "$dest/seed-$tag.log" 2>&1
+    bash bench/extension_seeds.sh pack "$work" "$dest/seed-$tag.tar.gz" >> "$dest/seed-$tag.log" 2>&1
+    grep -E '^(phase |s[0-9]|abl-|eval |isolation|projected|run_extension)' "$dest/seed-$tag.log" | cut -c1-200
+    cat "$work/accuracy.md" "$work/targets.txt" 2> /dev/null
     exit "$rc"
     ;;
-  *) echo "usage: run_extension_device.sh prepare [BUILD_DIR] | run SEED[,SEED...] [LIMIT_S]" >&2; exit 2 ;;
+  collect)
+    at=${2:?usage: run_extension_device.sh collect FILES_AT [DEST]}
+    to=${3:-bench/extension/$(date -u +%Y-%m-%d)}
+    mkdir -p "$to"
+    cp "$at"/seed-*.tar.gz "$at"/seed-*.log "$to"/ 2> /dev/null
+    packs=("$to"/seed-*.tar.gz)
+    [ -e "${packs[0]}" ] || { echo "run_extension_device.sh: no seed-*.tar.gz in $at" >&2; exit 2; }
+    bash bench/extension_seeds.sh collect "$to/seeds.md" "${packs[@]}"
+    cat "$to/seeds.md"
+    ;;
+  *) echo "usage: run_extension_device.sh prepare [BUILD_DIR] | run SEED [full|ablation|pilot] [LIMIT_S] | collect FILES_AT [DEST]" >&2; exit 2 ;;
 esac

@@ -78,7 +78,12 @@ if timed:
     out.update(steps=len(rows), tokens_per_s=round(tps), step_s=round(int(seq) / tps, 2), fwd_bwd_s=round(fb, 2),
                fwd_bwd_tokens_per_s=round(int(seq) / fb) if fb > 0 else -1,
                mfu=round(statistics.median(r.get("mfu", -1) for r in timed), 4),
-               peak_mem_gib=max(r.get("peak_mem_gib", -1) for r in rows), loss=rows[-1]["loss"])
+               peak_mem_gib=max(r.get("peak_mem_gib", -1) for r in rows), loss=rows[-1]["loss"],
+               steps_s=round(rows[-1].get("elapsed", -1), 1))  # (wall_s - steps_s: start-up and exit)
+    host = [r for r in timed if "host_optimizer_s" in r]  # parallel.zero.offload_optimizer: the host AdamW
+    if host:
+        out.update({k: round(statistics.median(r[k] for r in host), 3)
+                    for k in ("host_optimizer_s", "host_optimizer_exposed_s", "host_optimizer_gb_s")})
 else:
     out["error"] = open(log).read()[-600:]
 for line in open(log):

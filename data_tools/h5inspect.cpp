@@ -1,8 +1,10 @@
-// h5inspect: statistics and attribute check of token shards, and decoding of a window of
-// tokens back to text (with --tokenizer).
+// h5inspect: statistics and attribute check of token shards, decoding of a window of tokens
+// back to text (with --tokenizer), and a check that no document decodes to a forbidden
+// phrase (--forbid, with --tokenizer).
 #include <boost/program_options.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <iostream>
 #include <map>
 
@@ -120,8 +122,64 @@ void print_weights(const data::TokenDataset& ds, const data::Tokenizer& tok, con
   }
 }
 
+// Lower case with every run of whitespace one space: what --forbid compares.
+std::string fold(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    const bool space = std::isspace(static_cast<unsigned char>(c)) != 0;
+    if (space && (out.empty() || out.back() == ' ')) continue;
+    out += space ? ' ' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  return out;
+}
+
+// --forbid: every document of every shard decoded (its token ids, as the trainer reads them)
+// and searched for each phrase, case and whitespace runs ignored. A find is an InputError
+// naming the phrase, the file, the document and its first token's offset.
+void check_forbidden(const std::vector<std::string>& paths, const data::Tokenizer& tok,
+                     const std::vector<std::string>& phrases) {
+  std::vector<std::string> folded;
+  for (const std::string& p : phrases) {
+    folded.push_back(fold(p));
+    EASYCTX_CHECK_INPUT(!folded.back().empty() && folded.back() != " ", "--forbid: an empty phrase");
+  }
+  uint64_t tokens = 0, docs = 0;
+  for (const std::string& path : paths) {
+    data::TokenShardReader r(path);
+    EASYCTX_CHECK_INPUT(tok.sha256() == r.meta().tokenizer_sha256, path, " was made with tokenizer sha256 ",
+                        r.meta().tokenizer_sha256, ", not the --tokenizer's ", tok.sha256());
+    // Batches of documents read in order (HDF5 reads are serial), decoded and searched on
+    // every thread; the first document of a batch that holds a phrase is the one named.
+    for (uint64_t first = 0; first < r.num_docs();) {
+      std::vector<std::vector<uint32_t>> batch;
+      uint64_t n = 0;
+      for (; first + batch.size() < r.num_docs() && (batch.empty() || n < (uint64_t{4} << 20));) {
+        const uint64_t d = first + batch.size(), b = r.doc_offsets()[d];
+        batch.push_back(r.read(b, r.doc_offsets()[d + 1] - b));
+        n += batch.back().size();
+      }
+      std::vector<int> hit(batch.size(), -1);
+#pragma omp parallel for schedule(dynamic)
+      for (int64_t j = 0; j < static_cast<int64_t>(batch.size()); ++j) {
+        const std::string text = fold(tok.decode(batch[static_cast<size_t>(j)]));
+        for (size_t k = 0; k < folded.size() && hit[static_cast<size_t>(j)] < 0; ++k)
+          if (text.find(folded[k]) != std::string::npos) hit[static_cast<size_t>(j)] = static_cast<int>(k);
+      }
+      for (size_t j = 0; j < batch.size(); ++j)
+        EASYCTX_CHECK_INPUT(hit[j] < 0, "--forbid '", phrases[static_cast<size_t>(std::max(hit[j], 0))], "': ", path,
+                            " holds it in document ", first + j, " (tokens from ", r.doc_offsets()[first + j], ")");
+      first += batch.size();
+      tokens += n;
+      docs += batch.size();
+    }
+  }
+  std::cout << "forbidden phrases: none of " << phrases.size() << " in " << tokens << " tokens of " << docs
+            << " documents (decoded)\n";
+}
+
 int inspect_main(dist::Runtime& rt, int argc, char** argv) {
-  std::vector<std::string> files;
+  std::vector<std::string> files, forbid;
   std::string window, tokenizer;
   po::options_description opts("h5inspect FILE|DIR|GLOB... [--decode-window START:LEN --tokenizer MODEL]\noptions");
   opts.add_options()("help,h", "show this help")("decode-window", po::value(&window),
@@ -130,7 +188,10 @@ int inspect_main(dist::Runtime& rt, int argc, char** argv) {
       "tokenizer,t", po::value(&tokenizer), "tokenizer for decoding (checked against the shard's sha256)")(
       "scan", "read every token: ids < vocab_size, BOS at each document start")(
       "ids", "also print the ids of the decoded window (and their loss weights, when the shards have them)")(
-      "file", po::value(&files)->composing(), "shard files");
+      "forbid", po::value(&forbid)->composing(),
+      "a phrase no document may decode to (case and whitespace runs ignored; repeatable; needs --tokenizer): "
+      "exit 2 naming the file, document and offset of the first that does")("file", po::value(&files)->composing(),
+                                                                            "shard files");
   po::variables_map vm;
   if (!data_tools::parse_tool_flags(rt, argc, argv, opts, "file", "h5inspect", vm)) return 0;
   EASYCTX_CHECK_INPUT(!files.empty(), "no shard files given (see h5inspect --help)");
@@ -145,6 +206,10 @@ int inspect_main(dist::Runtime& rt, int argc, char** argv) {
     docs += r.num_docs();
   }
   std::cout << "total: " << paths.size() << " file(s), " << tokens << " tokens, " << docs << " documents\n";
+  if (!forbid.empty()) {
+    EASYCTX_CHECK_INPUT(!tokenizer.empty(), "--forbid needs --tokenizer");
+    check_forbidden(paths, *data::load_tokenizer(tokenizer), forbid);
+  }
   if (window.empty() && !vm.count("doc")) return 0;
   EASYCTX_CHECK_INPUT(!tokenizer.empty(), "--decode-window/--doc need --tokenizer");
   auto tok = data::load_tokenizer(tokenizer);

@@ -40,7 +40,7 @@ plan() {
   local s
   for s in $4; do args+=(--set "$s"); done
   local out rc=0
-  out=$("$BIN/easyctx_train" "$STAGE" --plan "${args[@]}" 2>&1 | tail -n 1) || rc=$?
+  out=$("$BIN/easyctx_train" "$STAGE" --plan-json "${args[@]}" 2>&1 | tail -n 1) || rc=$?
   local gpu host
   gpu=$(grep -o '"device_total_bytes":[0-9]*' <<<"$out" | head -n 1 | cut -d: -f2)
   host=$(grep -o '"per_node_peak_bytes":[0-9]*' <<<"$out" | head -n 1 | cut -d: -f2)

@@ -68,7 +68,7 @@ tables() {
       for gpu in "${GPUS[@]}"; do
         local out rc json
         set +e
-        out=$("$BIN/easyctx_train" "$f" --plan --set target.gpu="$gpu" --set target.gpus_per_node="$gpn" \
+        out=$("$BIN/easyctx_train" "$f" --plan-json --set target.gpu="$gpu" --set target.gpus_per_node="$gpn" \
           --set target.nodes="$nodes" --set target.host_memory_gib="$HOST_GIB" 2>&1)
         rc=$?
         set -e

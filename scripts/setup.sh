@@ -2,7 +2,9 @@
 # Installs the Debian/Ubuntu packages easyctx builds and runs with. Idempotent: installs
 # only what is missing. The CUDA toolkit, cuDNN and NCCL are not in Debian's archive: when
 # present (nvcc on its usual path) the CUDA backend is built too; otherwise CPU only.
-# Slurm and munge run the tests/slurm tests (a private cluster); Chromium renders the run
+# dict-gcide, manpages, manpages-dev, bible-kjv, jargon-text and fortunes are the natural text
+# of the context-extension proof (scripts/make_text_corpus.py, docs/results.md). Slurm and
+# munge run the tests/slurm tests (a private cluster); Chromium renders the run
 # report page there (headless).
 set -euo pipefail
 pkgs=(
@@ -12,7 +14,7 @@ pkgs=(
   libyaml-cpp-dev libboost-program-options-dev
   libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece libpcre2-dev libzstd-dev zstd
-  bible-kjv bible-kjv-text jargon-text fortunes jq python3 python3-sentencepiece
+  bible-kjv bible-kjv-text jargon-text fortunes dict-gcide manpages manpages-dev jq python3 python3-sentencepiece
   slurm-wlm munge
   chromium fonts-dejavu-core
 )

@@ -39,6 +39,22 @@ std::shared_ptr<SequenceAttention> make_local_attention(const StageConfig& cfg, 
   return in_head_groups(cfg, be, std::make_shared<LocalAttention>(be));
 }
 
+namespace {
+// usp's Ulysses size and where it came from (a key, or the default that chose it), for the
+// message when it does not divide the heads.
+std::string usp_degree(const StageConfig& cfg, const dist::GroupLayout& groups) {
+  const auto& sp = cfg.parallel.sequence;
+  std::string from = sp.ring_degree > 0 ? "parallel.sequence.size " + std::to_string(sp.size) +
+                                              " / parallel.sequence.ring_degree " + std::to_string(sp.ring_degree)
+                     : sp.ulysses_size > 0 ? "parallel.sequence.ulysses_size"
+                                           : "parallel.sequence.ulysses_size 0: the largest divisor of "
+                                             "parallel.sequence.size " +
+                                                 std::to_string(sp.size) + " that divides the ranks per node " +
+                                                 std::to_string(groups.ranks_per_node);
+  return "the Ulysses size " + std::to_string(groups.ulysses_size) + " (" + from + ")";
+}
+}  // namespace
+
 std::shared_ptr<SequenceAttention> make_sequence_attention(const StageConfig& cfg, const dist::GroupLayout& groups,
                                                            const SequenceComms& comms, ops::Backend& be) {
   const SequenceSplit split = sequence_split(groups);
@@ -51,7 +67,8 @@ std::shared_ptr<SequenceAttention> make_sequence_attention(const StageConfig& cf
     case SeqParallelMode::Usp:
       // Ulysses all-to-all inside each (contiguous) Ulysses group, zigzag ring across them.
       attn = std::make_shared<UlyssesAttention>(
-          be, comms.ulysses, std::make_unique<ZigzagRingAttention>(be, comms.ring, /*inside_usp=*/true));
+          be, comms.ulysses, std::make_unique<ZigzagRingAttention>(be, comms.ring, /*inside_usp=*/true),
+          usp_degree(cfg, groups));
       break;
     case SeqParallelMode::None: break;  // refused by sequence_split
   }

@@ -29,8 +29,9 @@ constexpr UlyssesLabels kUspLabels{
 const UlyssesLabels& labels(bool usp) { return usp ? kUspLabels : kUlyssesLabels; }
 }  // namespace
 
-UlyssesAttention::UlyssesAttention(ops::Backend& be, dist::Comm& group, std::unique_ptr<SequenceAttention> inner)
-    : be_(be), comm_(group), inner_(std::move(inner)) {
+UlyssesAttention::UlyssesAttention(ops::Backend& be, dist::Comm& group, std::unique_ptr<SequenceAttention> inner,
+                                   std::string degree)
+    : be_(be), comm_(group), inner_(std::move(inner)), degree_(std::move(degree)) {
   inner_is_ring_ = inner_ != nullptr;
   if (!inner_) inner_ = std::make_unique<LocalAttention>(be_);
 }
@@ -43,14 +44,15 @@ int64_t UlyssesAttention::Heads::kv_head_of(int rank) const {
 UlyssesAttention::Heads UlyssesAttention::heads(const Tensor& q, const Tensor& k) const {
   const int64_t U = comm_.size();
   Heads h{q.dim(2), k.dim(2), q.dim(3), 0, 0};
-  EASYCTX_CHECK_INPUT(h.hq % U == 0, "ulysses: parallel.sequence.size (", U, ") must divide the attention heads (",
-                      h.hq, ")");
+  const std::string degree = degree_.empty() ? "parallel.sequence.size (" + std::to_string(U) + ")" : degree_;
+  const char* fix = inner_is_ring_ ? "; set parallel.sequence.ulysses_size (or ring_degree) so that it does" : "";
+  EASYCTX_CHECK_INPUT(h.hq % U == 0, name(), ": ", degree, " must divide the attention heads (", h.hq, ")", fix);
   h.q_per_rank = h.hq / U;
   if (h.hkv % U == 0) {
     h.kv_per_rank = h.hkv / U;
   } else {
-    EASYCTX_CHECK_INPUT(U % h.hkv == 0, "ulysses: parallel.sequence.size (", U, ") must divide the key/value heads (",
-                        h.hkv, ") or be a multiple of them");
+    EASYCTX_CHECK_INPUT(U % h.hkv == 0, name(), ": ", degree, " must divide the key/value heads (", h.hkv,
+                        ") or be a multiple of them", fix);
     h.kv_per_rank = 1;  // several ranks read the same kv head
   }
   return h;

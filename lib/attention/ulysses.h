@@ -10,6 +10,7 @@
 // lse [B, Hq, S] (this rank's tokens). Batches are processed one sequence at a time.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "attention/attention.h"
 #include "dist/comm.h"
@@ -18,8 +19,11 @@ namespace easyctx::attention {
 
 class UlyssesAttention final : public SequenceAttention {
  public:
-  // `inner` runs on the head-sharded sequence; nullptr: local causal attention.
-  UlyssesAttention(ops::Backend& be, dist::Comm& group, std::unique_ptr<SequenceAttention> inner = nullptr);
+  // `inner` runs on the head-sharded sequence; nullptr: local causal attention. `degree`: the
+  // group's size and what chose it, for the message when it does not divide the heads ("": the
+  // whole sequence-parallel group, parallel.sequence.size).
+  UlyssesAttention(ops::Backend& be, dist::Comm& group, std::unique_ptr<SequenceAttention> inner = nullptr,
+                   std::string degree = "");
   const char* name() const override { return inner_is_ring_ ? "usp" : "ulysses"; }
   void forward(const AttentionTensors& t) override;
   void backward(const AttentionTensors& t, const AttentionGrads& g) override;
@@ -57,6 +61,7 @@ class UlyssesAttention final : public SequenceAttention {
   dist::Comm& comm_;
   std::unique_ptr<SequenceAttention> inner_;
   bool inner_is_ring_ = false;
+  std::string degree_;
 };
 
 }  // namespace easyctx::attention

@@ -98,6 +98,10 @@ void validate_for_world(const StageConfig& c, int world_size) {
                       ": parallel.zero.offload_grads needs parallel.zero.stage = 3 and "
                       "parallel.zero.offload_optimizer = true (the host AdamW reads the gradient shards it keeps in "
                       "host memory)");
+  EASYCTX_CHECK_INPUT(z.offload_optimizer_layers == 0 || (z.stage == 0 && z.offload_optimizer), src,
+                      ": parallel.zero.offload_optimizer_layers = ", z.offload_optimizer_layers,
+                      " needs parallel.zero.stage = 0 and parallel.zero.offload_optimizer = true (it splits the "
+                      "replicated optimizer between the GPU and host memory); set it to 0");
   EASYCTX_CHECK_INPUT(c.train.warmup_steps <= c.train.steps || c.train.steps == 0, src,
                       ": train.warmup_steps = ", c.train.warmup_steps, " exceeds train.steps = ", c.train.steps);
   EASYCTX_CHECK_INPUT(c.train.min_lr <= c.train.lr, src, ": train.min_lr = ", c.train.min_lr,

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace easyctx {
@@ -82,6 +83,9 @@ struct ZeroConfig {
   // code that sets offload_optimizer = true needs no change (auto only ever turns it on).
   bool offload_optimizer = false;
   bool offload_optimizer_auto = true;
+  // With offload_optimizer (stage 0): only the state of the head and of the last this-many
+  // layers in host memory, the embedding's and the other layers' on the GPU (0: every unit's).
+  int64_t offload_optimizer_layers = 0;
   bool offload_params = false;
   bool offload_grads = false;
   int64_t prefetch = 1;
@@ -174,5 +178,11 @@ std::string config_reference_markdown();
 std::vector<std::string> config_keys();
 // One key's value as YAML scalar text (what --print-config shows); InputError for unknown keys.
 std::string config_value(const StageConfig& cfg, const std::string& key);
+// What a run trains, as (name, value) in registry order: every key whose value changes it (the
+// model, the data and how it is packed and masked, the optimizer and its schedule: the registry
+// marks them, docs/config.md shows the mark) and the global batch (batch_size x grad_accum x
+// dp_size; how it is split is not a training setting). A resume names those that differ from
+// its checkpoint's; their hash is the run's config_hash.
+std::vector<std::pair<std::string, std::string>> training_settings(const StageConfig& cfg, int64_t dp_size);
 
 }  // namespace easyctx

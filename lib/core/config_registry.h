@@ -24,6 +24,15 @@ struct EnumChoice {
   int value;
 };
 
+// What a key's value is to a run. kTraining: it changes what is trained (the model, the data
+// and how it is cut and masked, the optimizer and its schedule): a continuation with another
+// value is not the training its earlier steps were, so a resume names it among the changed
+// settings. kGlobalBatch: how the global batch is split (its size is a training setting, the
+// split is not). kRun: where and how the run goes (devices, layout, memory, output, logging,
+// where a new run starts), which a resume may change freely. Set per group of keys in
+// config_schema.cpp (Registry::role), so a key added to a training group is one by default.
+enum class KeyRole { kTraining, kGlobalBatch, kRun };
+
 struct Field {
   std::string key;
   std::string section_doc;  // unused for leaves
@@ -33,6 +42,7 @@ struct Field {
   // Sets the field from a YAML scalar; returns "" on success or what was expected.
   std::function<std::string(StageConfig&, const std::string& scalar)> set;
   std::function<std::string(const StageConfig&)> get;  // YAML scalar text
+  KeyRole role = KeyRole::kRun;
 };
 
 inline std::string quote_if_needed(const std::string& s) {
@@ -96,6 +106,7 @@ inline bool parse_bool(const std::string& s, bool& out) {
 class Registry {
  public:
   std::vector<Field> fields;
+  KeyRole role = KeyRole::kRun;  // of the keys added from now on
 
   template <typename Acc>
   void add_int(const std::string& key, Acc acc, int64_t lo, int64_t hi, const std::string& doc) {
@@ -110,6 +121,7 @@ class Registry {
                         return "";
                       },
                       [acc](const StageConfig& c) { return std::to_string(acc(const_cast<StageConfig&>(c))); }});
+    fields.back().role = role;
   }
   template <typename Acc>
   void add_uint(const std::string& key, Acc acc, const std::string& doc) {
@@ -125,6 +137,7 @@ class Registry {
                         return "";
                       },
                       [acc](const StageConfig& c) { return std::to_string(acc(const_cast<StageConfig&>(c))); }});
+    fields.back().role = role;
   }
   // Range [lo, hi] with lo_open/hi_open making the bound exclusive.
   template <typename Acc>
@@ -146,6 +159,7 @@ class Registry {
                         return "";
                       },
                       [acc](const StageConfig& c) { return fmt_double(acc(const_cast<StageConfig&>(c))); }});
+    fields.back().role = role;
   }
   template <typename Acc>
   void add_bool(const std::string& key, Acc acc, const std::string& doc) {
@@ -158,6 +172,7 @@ class Registry {
            return "";
          },
          [acc](const StageConfig& c) { return std::string(acc(const_cast<StageConfig&>(c)) ? "true" : "false"); }});
+    fields.back().role = role;
   }
   // A bool that may also be "auto" (acc_auto: whether the value is still to be chosen).
   template <typename Acc, typename AccAuto>
@@ -175,6 +190,7 @@ class Registry {
                         StageConfig& m = const_cast<StageConfig&>(c);
                         return std::string(acc_auto(m) && !acc(m) ? "auto" : acc(m) ? "true" : "false");
                       }});
+    fields.back().role = role;
   }
   // check(value) returns "" or what is expected.
   template <typename Acc>
@@ -190,6 +206,7 @@ class Registry {
                         return "";
                       },
                       [acc](const StageConfig& c) { return quote_if_needed(acc(const_cast<StageConfig&>(c))); }});
+    fields.back().role = role;
   }
   // `aliases`: other names accepted for a value (EasyContext's spellings); `allowed`, the dump
   // and the docs show the canonical names of `choices` only.
@@ -215,6 +232,7 @@ class Registry {
                           if (ch.value == v) return std::string(ch.name);
                         return std::string("?");
                       }});
+    fields.back().role = role;
   }
 
   // An enum that may also be "auto" (acc_auto: whether the value is still to be chosen; until

@@ -14,12 +14,14 @@
 #include "core/config_registry.h"
 #include "core/error.h"
 #include "core/strings.h"
+#include "core/yaml_error.h"
 
 namespace easyctx {
 namespace {
 
 using config_registry::EnumChoice;
 using config_registry::Field;
+using config_registry::KeyRole;
 using config_registry::quote_if_needed;
 using config_registry::Registry;
 
@@ -40,6 +42,7 @@ std::string check_level(const std::string& s) {
 // Packing and masking of document data (h5tokenize chat shards and any shards with documents);
 // docs/data.md, "Packing", has the rules these keys select.
 void add_data_packing_keys(Registry& r) {
+  r.role = KeyRole::kTraining;  // they decide which tokens a sequence holds and what it predicts
   r.add_enum<DataPacking>(
       "data.packing", [](StageConfig& c) -> DataPacking& { return c.data.packing; },
       {{"window", static_cast<int>(DataPacking::Window)},
@@ -66,6 +69,7 @@ void add_data_packing_keys(Registry& r) {
 
 // ---- model
 void add_model_keys(Registry& r) {
+  r.role = KeyRole::kTraining;
   r.add_string(
       "model.config", [](StageConfig& c) -> std::string& { return c.model.config; },
       "preset name, .yaml or config.json path",
@@ -74,14 +78,17 @@ void add_model_keys(Registry& r) {
       "With model.init hf:DIR the folder's config.json gives the model: leave this at its default, or give a "
       "config of the same model (a different one is an error naming both).",
       check_nonempty);
+  r.role = KeyRole::kRun;  // where a new run starts: a resume continues from its checkpoint
   r.add_string(
       "model.init", [](StageConfig& c) -> std::string& { return c.model.init; }, "random, hf:DIR, ckpt:DIR",
       "Initial weights: `random` (normal with model.init_std), `hf:DIR` (Hugging Face safetensors), or "
       "`ckpt:DIR` (an easyctx checkpoint, e.g. the previous stage's output).",
       check_init);
+  r.role = KeyRole::kTraining;
   r.add_float(
       "model.rope_theta", [](StageConfig& c) -> double& { return c.model.rope_theta; }, 0, false, kMaxF, false,
       "RoPE base for this stage; 0 keeps the model's. Progressive recipes raise it every stage.");
+  r.role = KeyRole::kRun;
   r.add_bool(
       "model.carry_optimizer", [](StageConfig& c) -> bool& { return c.model.carry_optimizer; },
       "With model.init ckpt:DIR (stage chaining), also start from that checkpoint's Adam moments instead of "
@@ -93,6 +100,7 @@ void add_model_keys(Registry& r) {
 
 // ---- data
 void add_data_keys(Registry& r) {
+  r.role = KeyRole::kTraining;
   r.add_string(
       "data.path", [](StageConfig& c) -> std::string& { return c.data.path; }, "file, folder or glob",
       "Pre-tokenized HDF5 shards written by h5tokenize: one .h5 file, a folder of them, or a glob.");
@@ -100,6 +108,7 @@ void add_data_keys(Registry& r) {
       "data.seq_length", [](StageConfig& c) -> int64_t& { return c.data.seq_length; }, 2, kMaxSeqLength,
       "Tokens per training sequence; each sample is a window of seq_length + 1 tokens. Any length up to "
       "2^30 works (positions are int32): sequence-parallel modes pad and mask as they need.");
+  r.role = KeyRole::kRun;
   r.add_bool(
       "data.check_tokens", [](StageConfig& c) -> bool& { return c.data.check_tokens; },
       "Check every token id of every window against the model's vocabulary before use.");
@@ -107,12 +116,14 @@ void add_data_keys(Registry& r) {
 
 // ---- train
 void add_train_keys(Registry& r) {
+  r.role = KeyRole::kTraining;
   r.add_int(
       "train.steps", [](StageConfig& c) -> int64_t& { return c.train.steps; }, 0, kMaxI,
       "Optimizer steps in this stage.");
   r.add_uint(
       "train.seed", [](StageConfig& c) -> uint64_t& { return c.train.seed; },
       "Seed of initialisation and data order; sample i of the run is a pure function of (seed, i).");
+  r.role = KeyRole::kGlobalBatch;
   r.add_int(
       "train.batch_size", [](StageConfig& c) -> int64_t& { return c.train.batch_size; }, 1, kMaxI,
       "Sequences per data-parallel rank per micro-step. Global batch = batch_size x grad_accum x "
@@ -120,6 +131,7 @@ void add_train_keys(Registry& r) {
   r.add_int(
       "train.grad_accum", [](StageConfig& c) -> int64_t& { return c.train.grad_accum; }, 1, kMaxI,
       "Micro-steps accumulated per optimizer step.");
+  r.role = KeyRole::kTraining;
   r.add_float(
       "train.lr", [](StageConfig& c) -> double& { return c.train.lr; }, 0, true, 1, false,
       "Peak learning rate (AdamW).");
@@ -224,6 +236,10 @@ void add_parallel_keys(Registry& r) {
       "usp only, EasyContext's --ring_degree: ranks in each ring of a sequence-parallel group; sets "
       "ulysses_size = size / ring_degree (it must divide size; a ulysses_size given as well must equal "
       "that). 0: not given (ulysses_size decides).");
+}
+
+// ---- parallel.zero (and the collectives' timeout)
+void add_zero_keys(Registry& r) {
   r.add_int(
       "parallel.zero.stage", [](StageConfig& c) -> int64_t& { return c.parallel.zero.stage; }, 0, 3,
       "0: replicated weights and optimizer, gradients all-reduced. 3: master weights, gradients and Adam "
@@ -237,8 +253,10 @@ void add_parallel_keys(Registry& r) {
       "the GPU when the run fits there with it (the fastest place); else, with activation.offload none, "
       "it stays there if the fewest layer inputs moved to pinned host memory make room (activation.offload "
       "cpu with that activation.offload_layers: copies that overlap the layers' compute, far cheaper than "
-      "a host update; set true or false to keep the layer inputs where activation.offload says); else it "
-      "moves to host memory as with true (the plan's notes and the trainer's log say which; "
+      "a host update; set true or false to keep the layer inputs where activation.offload says); else, "
+      "stage 0, it splits: the fewest last layers (with the head) whose state moved to host memory make "
+      "room for the rest on the GPU (offload_optimizer_layers); else it moves to host memory as with "
+      "true (the plan's notes and the trainer's log say which; "
       "offload_params or offload_grads imply true; on train.device cpu it means false). true, "
       "train.device cuda: keep the fp32 master weights and Adam moments in host memory (stage 3: each "
       "rank's shards of them) and run AdamW on the host's threads; fp32 gradients stream down and bf16 "
@@ -246,6 +264,17 @@ void add_parallel_keys(Registry& r) {
       "per parameter on each GPU, 12/Z with stage 3; docs/memory-model.md). The update runs on a host "
       "thread while the next step's forward starts, each unit waited for only when the forward reaches it "
       "(same weights, bit for bit). Bound by host memory bandwidth: it pays for long steps (long context).");
+  r.add_int(
+      "parallel.zero.offload_optimizer_layers",
+      [](StageConfig& c) -> int64_t& { return c.parallel.zero.offload_optimizer_layers; }, 0, kMaxI,
+      "With offload_optimizer on train.device cuda, stage 0: how many layers keep their fp32 master "
+      "weights and Adam moments in host memory, counted from the last layer back, with the head's (0: "
+      "every unit's, the embedding's too; values at or above the layer count mean the same). The "
+      "embedding's and the other layers' stay on the GPU and are updated there. The forward reaches the "
+      "host-updated units last, so the host AdamW of the previous step has the forward of its first "
+      "layers to finish in: a split the GPU's spare memory pays for. offload_optimizer auto picks the "
+      "fewest that fit when the whole optimizer does not (the plan's notes say so); set by hand it "
+      "implies offload_optimizer true. Same weights, bit for bit.");
   r.add_bool(
       "parallel.zero.offload_params", [](StageConfig& c) -> bool& { return c.parallel.zero.offload_params; },
       "Stage 3 with offload_optimizer on train.device cuda: keep each rank's bf16 parameter shards in "
@@ -359,7 +388,8 @@ void add_output_keys(Registry& r) {
   r.add_int(
       "output.save_every", [](StageConfig& c) -> int64_t& { return c.output.save_every; }, 0, kMaxI,
       "Save a checkpoint every N optimizer steps (0: only at the end). A SIGUSR1, SIGUSR2, SIGTERM or SIGINT "
-      "on any rank also saves one (unless this run has just saved that step) and stops the run with exit "
+      "on any rank also saves one (unless this run has just saved that step, or this process has not "
+      "trained a step yet) and stops the run with exit "
       "code 0 (130 for SIGINT; docs/training.md, \"Stopping a run\"; Slurm: --signal=B:USR1@300).");
   r.add_int(
       "output.keep_last", [](StageConfig& c) -> int64_t& { return c.output.keep_last; }, 1, kMaxI,
@@ -447,8 +477,12 @@ const Registry& registry() {
     add_data_keys(r);
     add_data_packing_keys(r);
     add_train_keys(r);
+    // The rest say where and how a run goes (the device, the layout over the ranks, memory,
+    // output, logging, the plan's target), not what it trains.
+    r.role = KeyRole::kRun;
     add_train_device_keys(r);
     add_parallel_keys(r);
+    add_zero_keys(r);
     add_activation_keys(r);
     add_output_keys(r);
     add_logging_keys(r);
@@ -554,7 +588,8 @@ void apply_override(StageConfig& cfg, const std::string& assignment) {
     else if (n.IsScalar()) scalar = n.Scalar();
     else EASYCTX_THROW_INPUT(loc, ": ", key, ": expected a single value, got '", text, "'");
   } catch (const YAML::Exception& e) {
-    EASYCTX_THROW_INPUT(loc, ": ", key, ": cannot parse value '", text, "': ", e.msg);
+    EASYCTX_THROW_INPUT(loc, ": ", key, ": cannot parse value '", text.substr(0, 80), text.size() > 80 ? "...'" : "'",
+                        ": ", yaml_error_message(e));
   }
   if (registry().find(key) && text.empty())
     EASYCTX_THROW_INPUT(loc, ": ", key, ": missing value: expected ", registry().find(key)->allowed);
@@ -568,7 +603,9 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) { EASYCTX_THROW_INPUT(where(source, e.mark), ": invalid YAML: ", e.msg); }
+  } catch (const YAML::Exception& e) {
+    EASYCTX_THROW_INPUT(yaml_error_place(source, e), ": invalid YAML: ", yaml_error_message(e));
+  }
   if (!root.IsNull()) {
     EASYCTX_CHECK_INPUT(root.IsMap(), source,
                         ": the top level must be a mapping of sections (model:, data:, train:, ...)");
@@ -576,9 +613,10 @@ StageConfig parse_stage_config(const std::string& yaml_text, const std::string& 
   }
   for (const auto& o : overrides) apply_override(cfg, o);
   resolve_ring_degree(cfg);
-  // offload_params and offload_grads need the host AdamW: they decide an auto optimizer placement.
+  // offload_params, offload_grads and offload_optimizer_layers need the host AdamW: they decide an
+  // auto optimizer placement.
   auto& z = cfg.parallel.zero;
-  if (z.offload_optimizer_auto && (z.offload_params || z.offload_grads)) {
+  if (z.offload_optimizer_auto && (z.offload_params || z.offload_grads || z.offload_optimizer_layers > 0)) {
     z.offload_optimizer = true;
     z.offload_optimizer_auto = false;
   }
@@ -618,6 +656,19 @@ std::string dump_stage_config(const StageConfig& cfg) {
   return os.str();
 }
 
+std::vector<std::pair<std::string, std::string>> training_settings(const StageConfig& cfg, int64_t dp_size) {
+  std::vector<std::pair<std::string, std::string>> out;
+  bool batch = false;
+  for (const Field& f : registry().fields) {
+    if (f.role == KeyRole::kTraining) out.emplace_back(f.key, f.get(cfg));
+    if (f.role != KeyRole::kGlobalBatch || batch) continue;
+    batch = true;
+    out.emplace_back("global batch (batch_size x grad_accum x data-parallel)",
+                     std::to_string(cfg.train.batch_size * cfg.train.grad_accum * dp_size));
+  }
+  return out;
+}
+
 std::string config_reference_markdown() {
   StageConfig defaults;
   std::ostringstream os;
@@ -628,6 +679,9 @@ std::string config_reference_markdown() {
      << "command line with `--set key=value` (same validation). Unknown keys, wrong types and values\n"
      << "out of range are errors naming the file, line, key, the bad value and what is allowed.\n"
      << "`--print-config` prints the resolved configuration and the process-group layout.\n\n"
+     << "Keys marked \u2020 change what is trained (the model, the data and how it is packed, the optimizer and\n"
+     << "its schedule; with train.batch_size and train.grad_accum, their product with the data-parallel size):\n"
+     << "`--resume` with another value than the checkpoint's run names them among the changed settings.\n\n"
      << "Coming from EasyContext: its train.py flags (`easyctx_train --batch-size 1 --parallel_mode ...`) set\n"
      << "these keys, and its mode names are accepted as values; the table is in docs/easycontext.md.\n";
   std::string section;
@@ -640,7 +694,8 @@ std::string config_reference_markdown() {
       os << "\n## `" << sec << "`\n\n| key | type | allowed | default | meaning |\n|---|---|---|---|---|\n";
     }
     std::string def = f.get(defaults);
-    os << "| `" << f.key << "` | " << f.type << " | " << f.allowed << " | `" << def << "` | " << f.doc << " |\n";
+    os << "| `" << f.key << "`" << (f.role == KeyRole::kRun ? "" : " \u2020") << " | " << f.type << " | " << f.allowed
+       << " | `" << def << "` | " << f.doc << " |\n";
   }
   return os.str();
 }

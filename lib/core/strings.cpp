@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -143,17 +144,27 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// POSIX calls rather than a stream: the errno of a failed write (EFBIG under a file-size
+// limit, ENOSPC, EDQUOT) is the cause the message names, and a failure removes the half
+// written temporary file, so the folder holds the previous version or the new one, never a part.
 void write_file_atomic(const std::string& path, std::string_view content) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    EASYCTX_CHECK(f.good(), tmp, ": cannot create: ", std::strerror(errno));
-    f.write(content.data(), static_cast<std::streamsize>(content.size()));
-    f.flush();
-    EASYCTX_CHECK(f.good(), tmp, ": write failed: ", std::strerror(errno));
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  EASYCTX_CHECK(fd >= 0, path, ": not written (cannot create ", tmp, ": ", std::strerror(errno), ")");
+  size_t done = 0;
+  int err = 0;
+  while (done < content.size() && err == 0) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) err = n < 0 ? errno : ENOSPC;
+    else done += static_cast<size_t>(n);
   }
-  EASYCTX_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path, ": ",
-                std::strerror(errno));
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    EASYCTX_THROW(path, ": not written (", std::strerror(err), "; an earlier version of it, if any, is unchanged)");
+  }
 }
 
 int append_whole(int fd, std::string_view bytes) {

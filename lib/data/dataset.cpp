@@ -112,6 +112,17 @@ void TokenDataset::read_weights(uint64_t offset, uint64_t count, uint8_t* out) c
             [](const TokenShardReader& r, uint64_t at, uint64_t n, uint8_t* o) { r.read_weights(at, n, o); });
 }
 
+void TokenDataset::scan_weights(const std::function<void(uint64_t, const uint8_t*, uint64_t)>& fn) const {
+  std::vector<uint8_t> buf;
+  const uint64_t block = uint64_t{1} << 20;
+  for (size_t f = 0; f < files_.size(); ++f)
+    for (uint64_t at = 0; at < file_tokens(f); at += block) {
+      buf.resize(std::min(block, file_tokens(f) - at));
+      reader(f).read_weights(at, buf.size(), buf.data());
+      fn(starts_[f] + at, buf.data(), buf.size());
+    }
+}
+
 const std::vector<uint64_t>& TokenDataset::doc_starts() const {
   if (!doc_starts_.empty()) return doc_starts_;
   std::vector<uint64_t> v, first;

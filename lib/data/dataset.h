@@ -6,6 +6,7 @@
 // Not thread-safe: one thread reads (it keeps a small cache of open HDF5 files).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -44,6 +45,9 @@ class TokenDataset {
   void read_weights(uint64_t offset, uint64_t count, uint8_t* out) const;
   // Whether any shard stores loss weights (format_version 2).
   bool has_loss_weights() const { return has_weights_; }
+  // Every loss weight of the stream in order, a block at a time: fn(stream offset, weights, n)
+  // (file by file; 1 where a shard has none). Reads 1 byte per token.
+  void scan_weights(const std::function<void(uint64_t, const uint8_t*, uint64_t)>& fn) const;
   // Stream offsets of every document start, then num_tokens(): document d is stream tokens
   // [doc_starts()[d], doc_starts()[d+1]). Read from the shards on first use (8 bytes per
   // document), so runs that never ask pay nothing.

@@ -10,7 +10,15 @@ namespace easyctx::data::h5 {
 
 void quiet_errors() {
   static std::once_flag once;
-  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  std::call_once(once, [] {
+    // No library shutdown at exit (before the library starts, so first): a file whose writes
+    // failed (EFBIG under a file-size limit, ENOSPC) cannot be closed, and HDF5 1.10's shutdown
+    // then crashes on it (SIGSEGV in H5F__close_cb) after the error was reported, turning a
+    // clean exit 1 into 139. Every file easyctx writes is closed (and flushed) by its Handle;
+    // at exit only those failed ones, already removed, are left to the process's end.
+    H5dont_atexit();
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  });
 }
 
 int64_t check(int64_t rc, const char* what, const std::string& file) {
@@ -182,23 +190,48 @@ bool has_attr(const Handle& obj, const char* name, const std::string& path) {
   return check(H5Aexists(obj, name), "H5Aexists", path) > 0;
 }
 
-std::string read_attr_string(const Handle& obj, const char* name, const std::string& path) {
-  EASYCTX_CHECK_INPUT(has_attr(obj, name, path), path, ": attribute ", name, " is missing");
-  Handle a(H5Aopen(obj, name, H5P_DEFAULT), Handle::Kind::Attribute, name, path);
-  Handle ft(H5Aget_type(a), Handle::Kind::Datatype, "H5Aget_type", path);
-  EASYCTX_CHECK_INPUT(H5Tget_class(ft) == H5T_STRING, path, ": attribute ", name, " is not a string");
-  EASYCTX_CHECK_INPUT(check(H5Tis_variable_str(ft), "H5Tis_variable_str", path) == 0, path, ": attribute ", name,
-                      " is a variable-length string; expected fixed-length");
-  size_t size = H5Tget_size(ft);
+namespace {
+// A scalar (or one-element) string attribute's text; `ft` is its file type (a string).
+// The memory type takes the file's character set: HDF5 does not convert between ASCII and UTF-8.
+std::string read_string_value(const Handle& a, const Handle& ft, const std::string& path) {
+  const H5T_cset_t cset = H5Tget_cset(ft);
+  check(cset, "H5Tget_cset", path);
+  if (check(H5Tis_variable_str(ft), "H5Tis_variable_str", path) > 0) {  // h5py writes these
+    Handle mt = string_type(H5T_VARIABLE, path);
+    check(H5Tset_cset(mt, cset), "H5Tset_cset", path);
+    char* p = nullptr;
+    check(H5Aread(a, mt, &p), "H5Aread", path);
+    std::string out = p ? p : "";
+    H5free_memory(p);
+    return out;
+  }
+  const size_t size = H5Tget_size(ft);
   EASYCTX_CHECK(size > 0, "H5Tget_size failed for ", path);
   // One more byte than stored: HDF5 converts to a null-terminated string, which would
   // otherwise drop the last character of a null-padded one.
   Handle mt = string_type(size + 1, path);
+  check(H5Tset_cset(mt, cset), "H5Tset_cset", path);
   check(H5Tset_strpad(mt, H5T_STR_NULLTERM), "H5Tset_strpad", path);
   std::string buf(size + 1, '\0');
   check(H5Aread(a, mt, buf.data()), "H5Aread", path);
   buf.resize(std::strlen(buf.c_str()));
   return buf;
+}
+}  // namespace
+
+// Fixed-length strings (what easyctx writes) and variable-length ones (what h5py writes when it
+// rewrites an attribute) read alike; another type or more than one value is refused, naming both.
+std::string read_attr_string(const Handle& obj, const char* name, const std::string& path) {
+  EASYCTX_CHECK_INPUT(has_attr(obj, name, path), path, ": attribute ", name, " is missing");
+  Handle a(H5Aopen(obj, name, H5P_DEFAULT), Handle::Kind::Attribute, name, path);
+  Handle ft(H5Aget_type(a), Handle::Kind::Datatype, "H5Aget_type", path);
+  EASYCTX_CHECK_INPUT(H5Tget_class(ft) == H5T_STRING, path, ": attribute ", name, " holds ", type_name(ft, path),
+                      ", expected a string");
+  Handle space(H5Aget_space(a), Handle::Kind::Dataspace, "H5Aget_space", path);
+  const hssize_t n = H5Sget_simple_extent_npoints(space);
+  check(n, "H5Sget_simple_extent_npoints", path);
+  EASYCTX_CHECK_INPUT(n == 1, path, ": attribute ", name, " holds ", n, " strings, expected one string");
+  return read_string_value(a, ft, path);
 }
 
 int64_t read_attr_int(const Handle& obj, const char* name, const std::string& path) {

@@ -11,7 +11,8 @@
 
 namespace easyctx::data::h5 {
 
-// Silences HDF5's automatic error printing (once per process).
+// Silences HDF5's automatic error printing and keeps HDF5 from shutting down at exit (once per
+// process, before the first other HDF5 call: every open and create calls it first).
 void quiet_errors();
 
 // Throws easyctx::Error("HDF5 <what> failed for <file>") when rc < 0; returns rc.

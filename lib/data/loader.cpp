@@ -6,6 +6,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/json.h"
+#include "core/strings.h"
 #include "data/doc_balance.h"
 
 namespace easyctx::data {
@@ -70,26 +71,111 @@ DataLoader::DataLoader(const LoaderOptions& opts)
                       opts_.sp_rank, " outside [0, ", opts_.sp_size, ")");
   EASYCTX_CHECK_INPUT(opts_.pack_pool > 0, "data loader: pack_pool ", opts_.pack_pool, " must be > 0");
   if (opts_.packing != DataPacking::Window) build_packing();
+  else count_unlabelled_windows();
 }
 
+// (The pieces left out are named only when there are some, so that the cursors of data
+// without them read as before.)
 std::string DataLoader::packing_name() const {
+  const std::string left_out =
+      census_.unlabelled > 0 ? ", " + std::to_string(census_.unlabelled) + " unlabelled pieces left out" : "";
   switch (opts_.packing) {
     case DataPacking::Window: return "window";
     case DataPacking::BestFit:
       return "best_fit pool " + std::to_string(opts_.pack_pool) +
-             (opts_.long_documents == LongDocuments::Split ? " split" : " refuse");
+             (opts_.long_documents == LongDocuments::Split ? " split" : " refuse") + left_out;
     case DataPacking::OnePerWindow:
-      return std::string("one_per_window") + (opts_.long_documents == LongDocuments::Split ? " split" : " refuse");
+      return std::string("one_per_window") + (opts_.long_documents == LongDocuments::Split ? " split" : " refuse") +
+             left_out;
   }
   return "?";
 }
 
+std::string LabelCensus::describe() const {
+  std::string out;
+  if (unlabelled > 0 && unlabelled_docs > 0)
+    out = std::to_string(unlabelled) + " of " + std::to_string(units) + " pieces (from " +
+          std::to_string(unlabelled_docs) +
+          " documents) hold no labelled token and are left out of the packing (every target of theirs has loss "
+          "weight 0: a prompt longer than data.seq_length cut by data.long_documents: split); the first: " +
+          first;
+  else if (unlabelled > 0)
+    out = std::to_string(unlabelled) + " of " + std::to_string(units) +
+          " windows per epoch hold no labelled token (every target has loss weight 0); a step made only of such "
+          "windows is a step with no update; the first: " +
+          first;
+  if (!zero_weight_files.empty())
+    out += std::string(out.empty() ? "" : "; ") + "every loss weight is 0 in " + join(zero_weight_files, ", ") +
+           " (they add no loss)";
+  return out;
+}
+
+namespace {
+// Calls fn(t) for each stream offset t whose loss weight is 1, in order, counting them per file
+// into `ones`.
+template <class Fn>
+void for_each_weighted(const TokenDataset& d, std::vector<uint64_t>& ones, Fn&& fn) {
+  ones.assign(d.num_files(), 0);
+  d.scan_weights([&](uint64_t at, const uint8_t* w, uint64_t n) {
+    const size_t f = d.file_of(at);
+    for (uint64_t i = 0; i < n; ++i)
+      if (w[i]) {
+        ++ones[f];
+        fn(at + i);
+      }
+  });
+}
+
+// The files whose every loss weight is 0 (`ones`: weighted tokens per file); a dataset made only
+// of them is refused, naming them: it would train nothing, step after step.
+std::vector<std::string> zero_weight_files(const TokenDataset& d, const std::vector<uint64_t>& ones) {
+  std::vector<std::string> zero;
+  uint64_t total = 0;
+  for (size_t f = 0; f < ones.size(); ++f) {
+    total += ones[f];
+    if (ones[f] == 0 && d.file_tokens(f) > 0) zero.push_back(d.file(f));
+  }
+  EASYCTX_CHECK_INPUT(total > 0, "data.path ", d.spec(), ": every loss weight is 0 in ", join(zero, ", "),
+                      ": no token is a training target, so there is nothing to train (h5tokenize --format chat "
+                      "weights the assistant's messages 1; docs/data.md, \"Token shards\")");
+  return zero;
+}
+}  // namespace
+
+std::string DataLoader::describe_piece(uint64_t p) const {
+  const std::vector<uint64_t>& ds = dataset_.doc_starts();
+  const uint64_t d = piece_doc_[p], n = ds[d + 1] - ds[d], L = static_cast<uint64_t>(opts_.seq_length);
+  if (n <= L) return dataset_.describe_doc(d);
+  return dataset_.describe_doc(d) + " piece " + std::to_string((piece_start_[p] - ds[d]) / L + 1) + " of " +
+         std::to_string((n + L - 1) / L);
+}
+
+std::string DataLoader::describe_sample(uint64_t sample) const {
+  if (opts_.packing != DataPacking::Window) {
+    std::string out;
+    for (uint64_t p : ordered_pieces(epoch_index(sample))) out += (out.empty() ? "" : ", ") + describe_piece(p);
+    return out;
+  }
+  return describe_window(sampler_.window_start(sample));
+}
+
+std::string DataLoader::describe_window(uint64_t start) const {
+  const uint64_t end = start + static_cast<uint64_t>(opts_.seq_length) + 1;
+  const std::vector<uint64_t>& ds = dataset_.doc_starts();
+  const uint64_t first = static_cast<uint64_t>(std::upper_bound(ds.begin(), ds.end(), start) - ds.begin()) - 1;
+  const uint64_t last = static_cast<uint64_t>(std::lower_bound(ds.begin(), ds.end(), end) - ds.begin()) - 1;
+  const size_t f = dataset_.file_of(start);
+  uint64_t local = start;
+  for (size_t i = 0; i < f; ++i) local -= dataset_.file_tokens(i);
+  return "window of stream tokens [" + std::to_string(start) + ", " + std::to_string(end) +
+         "): " + dataset_.describe_doc(first) +
+         (last > first ? " and the next " + std::to_string(last - first) + " document(s)" : "") + ", file tokens " +
+         std::to_string(local) + ".." + std::to_string(local + (end - start) - 1);
+}
+
 // Pieces: every non-empty document in stream order; one longer than L is cut into L-token
-// pieces (split) or refused. best_fit: the pieces in a seed-keyed shuffled order, taken in
-// pools of pack_pool; inside a pool, longest first (ties: earlier piece first), each piece goes
-// to the open sequence with the least free room that still holds it, or opens a new one; a
-// pool's sequences are closed when the pool ends. one_per_window: one piece per sequence.
-void DataLoader::build_packing() {
+// pieces (split) or refused.
+void DataLoader::make_pieces() {
   const std::vector<uint64_t>& ds = dataset_.doc_starts();
   const int64_t L = opts_.seq_length;
   for (uint64_t d = 0; d + 1 < ds.size(); ++d) {
@@ -103,10 +189,95 @@ void DataLoader::build_packing() {
       piece_start_.push_back(ds[d] + off);
       piece_len_.push_back(static_cast<int64_t>(len));
       piece_next_.push_back(off + len < n ? 1 : 0);
+      piece_doc_.push_back(d);
     }
   }
+  EASYCTX_CHECK_INPUT(!piece_start_.empty(), dataset_.spec(), ": no non-empty documents to pack");
+}
+
+// A piece's targets are stream [start + 1, start + len + next): without a 1 among their
+// weights (or with none at all: a 1-token document) it adds nothing to the loss, only padding
+// to a sequence or, alone, a step with no update. Pieces are in stream order and their target
+// ranges disjoint, so one pass over the weights marks them.
+void DataLoader::keep_labelled_pieces() {
   const uint64_t P = piece_start_.size();
-  EASYCTX_CHECK_INPUT(P > 0, dataset_.spec(), ": no non-empty documents to pack");
+  std::vector<uint8_t> labelled(P);
+  for (uint64_t p = 0; p < P; ++p) labelled[p] = !dataset_.has_loss_weights() && (piece_len_[p] > 1 || piece_next_[p]);
+  if (dataset_.has_loss_weights()) {
+    std::vector<uint64_t> ones;
+    uint64_t p = 0;
+    for_each_weighted(dataset_, ones, [&](uint64_t t) {
+      while (p < P && piece_start_[p] + static_cast<uint64_t>(piece_len_[p]) + piece_next_[p] <= t) ++p;
+      if (p < P && t > piece_start_[p]) labelled[p] = 1;
+    });
+    census_.zero_weight_files = zero_weight_files(dataset_, ones);
+  }
+  census_.units = P;
+  uint64_t kept = 0, last_doc = ~uint64_t{0};
+  for (uint64_t p = 0; p < P; ++p) {
+    if (!labelled[p]) {
+      if (census_.unlabelled++ == 0) census_.first = describe_piece(p);
+      census_.unlabelled_docs += piece_doc_[p] != last_doc;
+      last_doc = piece_doc_[p];
+      continue;
+    }
+    piece_start_[kept] = piece_start_[p];
+    piece_len_[kept] = piece_len_[p];
+    piece_next_[kept] = piece_next_[p];
+    piece_doc_[kept++] = piece_doc_[p];
+  }
+  for (auto* v : {&piece_start_, &piece_doc_}) v->resize(kept);
+  piece_len_.resize(kept);
+  piece_next_.resize(kept);
+  EASYCTX_CHECK_INPUT(kept > 0, "data.path ", dataset_.spec(), ": none of its ", P,
+                      " pieces holds a labelled token (a target with loss weight 1), so there is nothing to train; "
+                      "the first: ",
+                      census_.first);
+}
+
+// Window mode: window j's targets are stream [j L + 1, j L + L], less the document starts under
+// data.document_mask. Counted from the weights (and the document starts); a window without a
+// labelled target stays (the stream is cut alike for every seed), said at start.
+void DataLoader::count_unlabelled_windows() {
+  const uint64_t N = sampler_.windows_per_epoch(), L = static_cast<uint64_t>(opts_.seq_length);
+  census_.units = N;
+  if (!dataset_.has_loss_weights() && !opts_.document_mask) return;
+  const std::vector<uint64_t> none;
+  const std::vector<uint64_t>& ds = opts_.document_mask ? dataset_.doc_starts() : none;
+  std::vector<uint8_t> labelled(N, 0);
+  if (dataset_.has_loss_weights()) {
+    std::vector<uint64_t> ones;
+    size_t di = 0;
+    for_each_weighted(dataset_, ones, [&](uint64_t t) {
+      if (t == 0 || (t - 1) / L >= N) return;
+      while (di < ds.size() && ds[di] < t) ++di;
+      if (di < ds.size() && ds[di] == t) return;  // the document mask drops this target
+      labelled[(t - 1) / L] = 1;
+    });
+    census_.zero_weight_files = zero_weight_files(dataset_, ones);
+  } else {  // every target a document start: only a window of 1-token documents
+    std::vector<uint64_t> starts(N, 0);
+    for (uint64_t t : ds)
+      if (t > 0 && (t - 1) / L < N) ++starts[(t - 1) / L];
+    for (uint64_t j = 0; j < N; ++j) labelled[j] = starts[j] < L;
+  }
+  for (uint64_t j = 0; j < N; ++j)
+    if (!labelled[j] && census_.unlabelled++ == 0) census_.first = describe_window(j * L);
+  EASYCTX_CHECK_INPUT(census_.unlabelled < N, "data.path ", dataset_.spec(), ": none of its ", N,
+                      " windows holds a labelled token (a target with loss weight 1), so there is nothing to train; "
+                      "the first: ",
+                      census_.first);
+}
+
+// best_fit: the pieces in a seed-keyed shuffled order, taken in pools of pack_pool; inside a
+// pool, longest first (ties: earlier piece first), each piece goes to the open sequence with the
+// least free room that still holds it, or opens a new one; a pool's sequences are closed when the
+// pool ends. one_per_window: one piece per sequence.
+void DataLoader::build_packing() {
+  make_pieces();
+  keep_labelled_pieces();
+  const int64_t L = opts_.seq_length;
+  const uint64_t P = piece_start_.size();
   seq_begin_.push_back(0);
   if (opts_.packing == DataPacking::OnePerWindow) {
     for (uint64_t p = 0; p < P; ++p) {
@@ -151,6 +322,12 @@ void DataLoader::build_packing() {
       seq_begin_.push_back(seq_pieces_.size());
     }
   }
+}
+
+uint64_t DataLoader::packed_tokens() const {
+  uint64_t n = 0;
+  for (int64_t len : piece_len_) n += static_cast<uint64_t>(len);
+  return n;
 }
 
 uint64_t DataLoader::sequences_per_epoch() const {

@@ -86,6 +86,21 @@ struct LoaderState {
   bool operator==(const LoaderState& o) const;
 };
 
+// What the data gives the loss, counted when a loader opens (data.packing's units: pieces of
+// documents for best_fit and one_per_window, windows of the stream for window). A unit with no
+// labelled token (every target weighted 0, or a 1-token piece) trains nothing: the packed modes
+// leave such pieces out (the prompt-only pieces `long_documents: split` cuts from a long
+// prompt), the window mode keeps its windows, and a step made only of them is a step with no
+// update (lib/train).
+struct LabelCensus {
+  uint64_t units = 0;                          // pieces (packed modes) or windows per epoch
+  uint64_t unlabelled = 0;                     // of them without a labelled token (packed: left out)
+  uint64_t unlabelled_docs = 0;                // packed: the documents those pieces come from
+  std::string first;                           // the first such unit ("FILE document D piece P of N"), or ""
+  std::vector<std::string> zero_weight_files;  // shards whose every loss weight is 0
+  std::string describe() const;                // one line for the start-up log ("" when nothing is unlabelled)
+};
+
 class DataLoader {
  public:
   explicit DataLoader(const LoaderOptions& opts);
@@ -109,8 +124,15 @@ class DataLoader {
   // over 2 or more ring ranks, that order evens out the ranks' attention work
   // (data/doc_balance.h; docs/data.md): the same documents in every window, another order.
   uint64_t sequences_per_epoch() const;
+  // Packed modes: tokens of the pieces packed (the dataset's, less the pieces left out).
+  uint64_t packed_tokens() const;
   std::vector<std::pair<uint64_t, int64_t>> sequence_pieces(uint64_t index_in_epoch) const;
   std::string packing_name() const;
+  const LabelCensus& label_census() const { return census_; }
+  // Where global sample i comes from, for messages: "window of stream tokens [a, b): FILE
+  // document D and the next K document(s), file tokens x..y" or its pieces ("FILE document D
+  // piece P of N", ...).
+  std::string describe_sample(uint64_t sample) const;
 
   LoaderState state() const;
   // Continues exactly where `s` left off; throws InputError when s does not fit this run.
@@ -134,8 +156,15 @@ class DataLoader {
   std::vector<uint64_t> piece_start_;
   std::vector<int64_t> piece_len_;
   std::vector<uint8_t> piece_next_;
+  std::vector<uint64_t> piece_doc_;  // the stream document each piece comes from
   std::vector<uint64_t> seq_pieces_, seq_begin_;
+  LabelCensus census_;
+  void make_pieces();
+  void keep_labelled_pieces();  // census_; the pieces without a labelled token left out
+  void count_unlabelled_windows();
   void build_packing();
+  std::string describe_piece(uint64_t p) const;
+  std::string describe_window(uint64_t start) const;
   uint64_t epoch_index(uint64_t sample) const;
   SpSequence window_sequence(uint64_t start) const;
   SpSequence packed_sequence(uint64_t k) const;

@@ -178,6 +178,11 @@ TokenShardReader::TokenShardReader(const std::string& path) : path_(path), impl_
     h5::expect_unsigned(impl_->weights, "loss_weights", sizeof(uint8_t), path);
     uint64_t nw = h5::dataset_length(impl_->weights, "loss_weights", path);
     EASYCTX_CHECK_INPUT(nw == num_tokens_, path, ": /loss_weights has ", nw, " entries but /tokens has ", num_tokens_);
+  } else {
+    EASYCTX_CHECK_INPUT(!h5::check(H5Lexists(impl_->file, "loss_weights", H5P_DEFAULT), "H5Lexists", path), path,
+                        ": format_version 1 with a /loss_weights dataset: version 1 has no loss weights, so they would "
+                        "be ignored and every token trained; set the root attribute format_version to 2 if the "
+                        "weights are meant, else delete /loss_weights (docs/data.md, \"Token shards\")");
   }
   Handle off = h5::open_dataset(impl_->file, "doc_offsets", path);
   h5::expect_unsigned(off, "doc_offsets", sizeof(uint64_t), path);
@@ -220,6 +225,11 @@ void TokenShardReader::read_weights(uint64_t offset, uint64_t count, uint8_t* ou
     return;
   }
   h5::read_1d(impl_->weights, H5T_NATIVE_UINT8, offset, count, out, "loss_weights", path_);
+  // Another value would scale that token's loss silently (and counted as several targets).
+  const uint8_t* bad = std::find_if(out, out + count, [](uint8_t w) { return w > 1; });
+  if (bad != out + count)
+    EASYCTX_THROW_INPUT(path_, ": /loss_weights[", offset + static_cast<uint64_t>(bad - out), "] is ", int{*bad},
+                        ", expected 0 or 1 (1: a training target, 0: context only; docs/data.md, \"Token shards\")");
 }
 
 std::vector<uint32_t> TokenShardReader::read(uint64_t offset, uint64_t count) const {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
@@ -150,7 +151,10 @@ void abort_all(const std::string& msg, int code) {
   std::_Exit(code);
 }
 
+void ignore_file_size_signal() { std::signal(SIGXFSZ, SIG_IGN); }
+
 int run_main(int argc, char** argv, const std::function<int(Runtime&)>& body) {
+  ignore_file_size_signal();
   std::unique_ptr<Runtime> rt;
   try {
     rt = std::make_unique<Runtime>(&argc, &argv);

@@ -45,7 +45,14 @@ class Runtime {
 // Ends every rank now: prints `msg` (if not empty) with this rank's label, then MPI_Abort.
 [[noreturn]] void abort_all(const std::string& msg, int code = 1);
 
-// The app boundary: creates the Runtime, runs body, catches everything. On an exception the
+// A program's first step (run_main takes it before anything else): SIGXFSZ ignored. A write
+// past a file-size limit (`ulimit -f`, RLIMIT_FSIZE, as batch systems set) then fails with
+// EFBIG, which every writer reports as an error naming the file, after cutting back what it
+// wrote half; at the signal's default the process would die mid-record with nothing said.
+void ignore_file_size_signal();
+
+// The app boundary: ignore_file_size_signal(), then creates the Runtime, runs body, catches
+// everything. On an exception the
 // failing rank prints "error: <message>" (one line) and, with more than one rank, aborts the
 // whole job; returns the exit code (0, the body's value, or 1; 2 for bad input).
 int run_main(int argc, char** argv, const std::function<int(Runtime&)>& body);

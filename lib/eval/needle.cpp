@@ -42,8 +42,13 @@ std::string describe_needle_options(const NeedleOptions& o) {
      << "\nhaystack-dir: " << (o.haystack_dir.empty() ? std::string("(the King James Bible)") : o.haystack_dir)
      << "\ntasks:";
   for (const Task t : o.tasks) os << " " << task_name(t);
-  os << "\ncontext lengths: " << L.size() << " (" << L.front() << " to " << L.back() << " step " << o.context_interval
-     << ")\ndepths:";
+  os << "\ncontext lengths: " << L.size() << " (";
+  if (o.context_list.empty()) {
+    os << L.front() << " to " << L.back() << " step " << o.context_interval;
+  } else {
+    for (size_t i = 0; i < L.size(); ++i) os << (i ? ", " : "") << L[i];
+  }
+  os << ")\ndepths:";
   for (const double d : needle_depths(o)) os << " " << depth_str(d);
   os << "\nsamples: " << o.samples << "\ndigits: " << o.task.digits << "\ndistractors: " << o.task.distractors
      << "\nseed: " << o.seed << "\nrope-theta: " << o.session.rope_theta << "\nsp-size: " << o.session.sp_size
@@ -52,6 +57,7 @@ std::string describe_needle_options(const NeedleOptions& o) {
 }
 
 std::vector<int64_t> context_lengths(const NeedleOptions& o) {
+  if (!o.context_list.empty()) return o.context_list;
   std::vector<int64_t> v;
   for (int64_t L = o.min_context; L <= o.max_context; L += o.context_interval) v.push_back(L);
   return v;
@@ -454,6 +460,7 @@ void write_needle_outputs(const NeedleOptions& o, const SweepResult& r, const st
   j.set("options", Json::object({{"min_context_length", o.min_context},
                                  {"max_context_length", o.max_context},
                                  {"context_interval", o.context_interval},
+                                 {"context_lengths", Json::array_of(context_lengths(o))},
                                  {"depth_interval", o.depth_interval},
                                  {"samples", o.samples},
                                  {"seed", o.seed},
@@ -491,8 +498,9 @@ SweepResult run_needle(const NeedleOptions& o, dist::Comm& world, const Haystack
   std::string tasks;
   for (Task t : o.tasks) tasks += (tasks.empty() ? "" : ",") + std::string(task_name(t));
   log_info("eval needle: ", s->describe(), "; tasks ", tasks, "; lengths ", o.min_context, "..", o.max_context,
-           " step ", o.context_interval, ", ", o.samples, " sample(s) per cell",
-           needle ? "; haystack " + hay.description : "");
+           o.context_list.empty() ? " step " + std::to_string(o.context_interval)
+                                  : " (" + std::to_string(o.context_list.size()) + " listed)",
+           ", ", o.samples, " sample(s) per cell", needle ? "; haystack " + hay.description : "");
   const SweepResult r = run_sweep(o, b, hay.tokens, *s, log_sweep_progress(world.rank(), o.progress_every), &relay);
   if (world.rank() == 0) write_needle_outputs(o, r, s->describe(), needle ? hay.description : "");
   std::string avgs;

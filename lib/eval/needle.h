@@ -44,6 +44,7 @@ struct NeedleOptions {
   int64_t min_context = 1000;             // --min-context-length
   int64_t max_context = 100000;           // --max-context-length
   int64_t context_interval = 1000;        // --context-interval
+  std::vector<int64_t> context_list;      // --context-lengths a,b,...: these lengths instead (ascending)
   double depth_interval = 0.1;            // --depth-interval
   int samples = 10;                       // --samples
   uint64_t seed = 24242424;               // --seed (EasyContext's)
@@ -67,6 +68,7 @@ std::string default_needle_output_dir(const std::string& model_spec);
 // The resolved options, a "name: value" line each (--print-sweep; nothing is loaded).
 std::string describe_needle_options(const NeedleOptions& o);
 
+// The lengths swept: --context-lengths when given, else min, min + interval, ... <= max.
 std::vector<int64_t> context_lengths(const NeedleOptions& o);
 // Tokens of the longest prompt the sweep can build: the last context length plus the largest
 // fixed part (prefix, needles or keys, question, answer) of any of its tasks, drawn over many

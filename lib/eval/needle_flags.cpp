@@ -79,7 +79,7 @@ namespace {
 // The flags, their defaults and help texts; the ones not read into `o` directly are read
 // into `device`, `sp_mode` and `tasks`.
 void add_needle_flags(po::options_description& opts, NeedleOptions& o, std::string& device, std::string& sp_mode,
-                      std::string& tasks) {
+                      std::string& tasks, std::string& lengths) {
   opts.add_options()("help,h", "show this help")(
       "model", po::value(&o.session.model)->required(),
       "Hugging Face folder (config.json + safetensors), a training run's output.dir (its final/ export) or "
@@ -107,6 +107,9 @@ void add_needle_flags(po::options_description& opts, NeedleOptions& o, std::stri
       with_alias("--max-context-length", "last haystack length (tokens)").c_str())(
       "context-interval", po::value(&o.context_interval)->default_value(o.context_interval),
       with_alias("--context-interval", "step between lengths").c_str())(
+      "context-lengths", po::value(&lengths)->default_value(""),
+      "the haystack lengths as a list (comma-separated, ascending, e.g. 2048,4096,8192), instead of "
+      "--min-context-length, --max-context-length and --context-interval")(
       "depth-interval", po::value(&o.depth_interval)->default_value(o.depth_interval),
       with_alias("--depth-interval", "step between needle depths 0..1").c_str())(
       "samples", po::value(&o.samples)->default_value(o.samples), with_alias("--samples", "prompts per cell").c_str())(
@@ -146,6 +149,21 @@ void add_needle_flags(po::options_description& opts, NeedleOptions& o, std::stri
       "--max-context-length) ends the job, naming the rank that never arrived");
 }
 
+// --context-lengths: positive integers, ascending.
+std::vector<int64_t> parse_context_list(const std::string& s) {
+  std::vector<int64_t> v;
+  for (const std::string& item : split(s, ',')) {
+    const std::string t = trim(item);
+    EASYCTX_CHECK_INPUT(!t.empty() && t.size() <= 12 && t.find_first_not_of("0123456789") == std::string::npos,
+                        "--context-lengths: '", t, "' in '", s, "' is not a length in tokens");
+    const int64_t L = std::stoll(t);
+    EASYCTX_CHECK_INPUT(L >= 1 && (v.empty() || L > v.back()), "--context-lengths: '", s,
+                        "' (lengths >= 1, each above the one before)");
+    v.push_back(L);
+  }
+  return v;
+}
+
 // check_needle_options, where a bad value of a flag given in EasyContext's spelling says so, as
 // the message names easyctx's (boost's messages on the rewritten command line too).
 void check_needle_options_as_given(const NeedleOptions& o, int argc, const char* const* argv) {
@@ -165,9 +183,9 @@ void check_needle_options_as_given(const NeedleOptions& o, int argc, const char*
 }  // namespace
 
 bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std::string* help) {
-  std::string device = "auto", sp_mode = "zigzag_ring", tasks = "needle";
+  std::string device = "auto", sp_mode = "zigzag_ring", tasks = "needle", lengths;
   po::options_description opts("easyctx_eval_needle [options]");
-  add_needle_flags(opts, o, device, sp_mode, tasks);
+  add_needle_flags(opts, o, device, sp_mode, tasks, lengths);
   po::variables_map vm;
   const ArgvCopy args(rewrite_flag_aliases(argc, argv, needle_aliases()));
   try {
@@ -187,6 +205,13 @@ bool parse_needle_flags(int argc, const char* const* argv, NeedleOptions& o, std
   o.plan = vm.count("plan") > 0;
   o.print_sweep = vm.count("print-sweep") > 0;
   EASYCTX_CHECK_INPUT(o.plan || o.plan_sets.empty(), "--set: only with --plan (it names the machine planned for)");
+  if (!lengths.empty()) {
+    for (const char* f : {"min-context-length", "max-context-length", "context-interval"})
+      EASYCTX_CHECK_INPUT(vm[f].defaulted(), "--context-lengths: give it or --", f, ", not both");
+    o.context_list = parse_context_list(lengths);
+    o.min_context = o.context_list.front();
+    o.max_context = o.context_list.back();
+  }
   o.tasks.clear();
   for (const std::string& t : split(tasks, ',')) {
     const Task k = parse_task(trim(t));
@@ -205,6 +230,12 @@ void check_needle_options(const NeedleOptions& o) {
   EASYCTX_CHECK_INPUT(o.max_context >= o.min_context, "--max-context-length: ", o.max_context,
                       " is below --min-context-length ", o.min_context);
   EASYCTX_CHECK_INPUT(o.context_interval >= 1, "--context-interval: ", o.context_interval, " (must be >= 1)");
+  for (size_t i = 0; i < o.context_list.size(); ++i)
+    EASYCTX_CHECK_INPUT(o.context_list[i] >= 1 && (i == 0 || o.context_list[i] > o.context_list[i - 1]),
+                        "--context-lengths: ", o.context_list[i], " (lengths >= 1, each above the one before)");
+  EASYCTX_CHECK_INPUT(
+      o.context_list.empty() || (o.min_context == o.context_list.front() && o.max_context == o.context_list.back()),
+      "--context-lengths: the first and last must be --min-context-length and --max-context-length");
   EASYCTX_CHECK_INPUT(o.depth_interval > 0 && o.depth_interval <= 1, "--depth-interval: ", o.depth_interval,
                       " (must be in (0, 1])");
   EASYCTX_CHECK_INPUT(o.samples >= 1, "--samples: ", o.samples, " (must be >= 1)");

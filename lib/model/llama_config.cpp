@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
+#include "core/yaml_error.h"
 
 namespace easyctx::model {
 namespace fs = std::filesystem;
@@ -591,7 +592,9 @@ LlamaConfig load_llama_config(const std::string& spec) {
       YAML::Node n;
       try {
         n = YAML::LoadFile(path);
-      } catch (const YAML::Exception& e) { EASYCTX_THROW_INPUT(path, ": ", e.what()); }
+      } catch (const YAML::Exception& e) {
+        EASYCTX_THROW_INPUT(yaml_error_place(path, e), ": invalid YAML: ", yaml_error_message(e));
+      }
       EASYCTX_CHECK_INPUT(n.IsMap(), path, ": a model YAML must be a mapping of config.json keys (hidden_size: ...)");
       check_yaml_keys(n, path, kModelKeys, "");
       return llama_config_from_json(yaml_to_json(n), path);

@@ -16,9 +16,11 @@ int64_t lm_head_tile_rows(int64_t tile_tokens, int64_t n, int64_t vocab, int64_t
   return std::max<int64_t>(1, std::min(want, max_logits / std::max<int64_t>(1, vocab)));
 }
 
+int64_t cuda_max_tile_logits(int64_t vocab) { return std::max(kCudaMaxTileLogits, kCudaMinTileRows * vocab); }
+
 LmHeadScratch cuda_lm_head_scratch(int64_t n, int64_t vocab, int64_t tile_tokens, bool backward, bool bf16_data) {
   LmHeadScratch s;
-  s.tile_rows = lm_head_tile_rows(tile_tokens, n, vocab, kCudaMaxTileLogits);
+  s.tile_rows = lm_head_tile_rows(tile_tokens, n, vocab, cuda_max_tile_logits(vocab));
   s.logits = s.tile_rows * vocab * 4;
   s.grad = backward && bf16_data ? s.tile_rows * vocab * 2 : 0;
   s.nll = (n + 2) * 8;
@@ -27,7 +29,7 @@ LmHeadScratch cuda_lm_head_scratch(int64_t n, int64_t vocab, int64_t tile_tokens
 
 LmHeadScratch cuda_lm_head_score_scratch(int64_t n, int64_t vocab, int64_t tile_tokens) {
   LmHeadScratch s;
-  s.tile_rows = lm_head_tile_rows(tile_tokens, n, vocab, kCudaMaxTileLogits);
+  s.tile_rows = lm_head_tile_rows(tile_tokens, n, vocab, cuda_max_tile_logits(vocab));
   s.logits = s.tile_rows * vocab * 4;
   s.nll = n * 8;
   s.top = n * 4;
@@ -47,7 +49,8 @@ std::vector<ScratchBuffer> LmHeadScratch::list() const {
   if (!cuda)
     return {{"logits tile (heap)", logits, "elt x tile x V, tile = min(lm_head_tile, n, 2^24 / V)"},
             {"per-token NLL f64 (heap)", nll, "8 x n"}};
-  std::vector<ScratchBuffer> v{{"logits tile f32", logits, "4 x tile x V, tile = min(lm_head_tile, n, 2^26 / V)"}};
+  std::vector<ScratchBuffer> v{
+      {"logits tile f32", logits, "4 x tile x V, tile = min(lm_head_tile, n, max(2^26 / V, 1024))"}};
   if (grad) v.push_back({"logits gradient tile bf16", grad, "2 x tile x V"});
   if (top) {  // lm_head_score
     v.push_back({"per-row NLL f64", nll, "8 x n"});

@@ -33,6 +33,14 @@ CudaOwnBytes cuda_own_bytes(int64_t cublas_workspace = kCublasWorkspaceBytes);
 // CPU (host memory, its own element type) 2^24.
 constexpr int64_t kCudaMaxTileLogits = int64_t{1} << 26;
 constexpr int64_t kCpuMaxTileLogits = int64_t{1} << 24;
+// CUDA: a tile may always hold this many rows, past 2^26 logits for vocabularies above 64K.
+// Each tile reads the [V, D] head twice (logits, dx) and reads and writes the f32 [V, D] head
+// gradient once (dw += G^T x): Qwen's 152K vocabulary at 2^26 logits made 441-row tiles, 74 of
+// them at 32K tokens, 320 GB of head-gradient traffic a step (~100 ms of HBM) and a dx GEMM of
+// 441 rows too short to fill the SMs; at 1024 rows 32 tiles (~0.9 GiB of tile scratch).
+constexpr int64_t kCudaMinTileRows = 1024;
+// The most logits a CUDA tile holds for a vocabulary of `vocab`.
+int64_t cuda_max_tile_logits(int64_t vocab);
 // Rows of x per logits tile: tile_tokens (<= 0: all n) and at most n, capped so that the
 // tile holds at most max_logits logits; at least 1.
 int64_t lm_head_tile_rows(int64_t tile_tokens, int64_t n, int64_t vocab, int64_t max_logits);

@@ -70,6 +70,10 @@ void add_checkpoint_families(const KnobMaker& kn, int64_t n, const ModelShape& m
     fams.push_back({"activation.checkpoint", true, {kn.one("activation.checkpoint", "layer")}});
   if (cuda && !cfg.parallel.zero.offload_optimizer)
     fams.push_back({"parallel.zero.offload_optimizer", true, {kn.one("parallel.zero.offload_optimizer", "true")}});
+  if (cuda && cfg.parallel.zero.offload_optimizer && cfg.parallel.zero.offload_optimizer_layers > 0)  // (a split)
+    fams.push_back({"parallel.zero.offload_optimizer_layers",
+                    true,
+                    {kn.one("parallel.zero.offload_optimizer_layers", "0", "every unit's state in host memory")}});
   // activation.mlp_tile: powers of two below n, largest first (checkpointed runs only)
   if (cfg.activation.checkpoint != CheckpointPolicy::None) {
     Family f{"activation.mlp_tile", true, {}};
@@ -188,8 +192,11 @@ void add_zero_families(const KnobMaker& kn, std::vector<Family>& fams) {
   const bool cuda = kn.cuda;
   // ZeRO-3: shards the weights and optimizer state over the ranks (gathers per layer); with
   // offload_optimizer the optimizer shards stay in host memory (each rank's host holds 1/Z).
-  if (cuda && cfg.parallel.zero.stage == 0 && t.world() > 1)
-    fams.push_back({"parallel.zero.stage", true, {kn.one("parallel.zero.stage", "3")}});
+  if (cuda && cfg.parallel.zero.stage == 0 && t.world() > 1) {
+    Candidate c = kn.one("parallel.zero.stage", "3");
+    c.cfg.parallel.zero.offload_optimizer_layers = 0;  // (a stage-0 split does not carry over)
+    fams.push_back({"parallel.zero.stage", true, {c}});
+  }
   // ZeRO-3 with the optimizer shards in host memory: the bf16 parameter shards may follow them.
   if (cuda && cfg.parallel.zero.stage == 3 && cfg.parallel.zero.offload_optimizer && !cfg.parallel.zero.offload_params)
     fams.push_back({"parallel.zero.offload_params", true, {kn.one("parallel.zero.offload_params", "true")}});
@@ -203,6 +210,8 @@ void add_zero_families(const KnobMaker& kn, std::vector<Family>& fams) {
   if (cuda && cfg.parallel.zero.stage == 0 && t.world() == 1 && cfg.parallel.zero.offload_optimizer) {
     Family f{"parallel.zero.stage", true, {}, {"parallel.zero.offload_grads", "parallel.zero.offload_params"}};
     Candidate c = kn.one("parallel.zero.stage", "3");
+    c.cfg.parallel.zero.offload_optimizer_layers =
+        0;  // (a stage-0 split: ZeRO-3 keeps every shard's state in host memory)
     for (const std::string s : {"parallel.zero.offload_grads=true", "parallel.zero.offload_params=true"}) {
       apply_override(c.cfg, s);
       c.assignment += " " + s;

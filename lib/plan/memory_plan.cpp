@@ -61,6 +61,11 @@ struct Run {
   Run(const StageConfig& c, const model::LlamaConfig& m) : cfg(c), mc(m), layout(mc) {}
   bool zero3() const { return cfg.parallel.zero.stage == 3; }
   bool offload_opt() const { return cfg.parallel.zero.offload_optimizer && cuda; }
+  // offload_optimizer_layers: some units' state on the device (the store's own rule).
+  bool split_opt() const {
+    const int64_t k = cfg.parallel.zero.offload_optimizer_layers;
+    return offload_opt() && !zero3() && k > 0 && k < mc.num_layers;
+  }
   // ZeRO-3's cut of the units over zero_group ranks (every rank's shards have the same lengths).
   zero::ShardLayout shards() const { return zero::ShardLayout(layout, static_cast<int>(zero_group), 0); }
 };
@@ -332,7 +337,7 @@ void process_items(const Run& r, const PlanTarget& t, Items& it) {
   // Loading the weights (ParamStore::load_master, read_checkpoint): each unit's part this rank
   // keeps (stage 0: the whole unit; ZeRO-3: its shard) is read into the state where that is
   // host memory (the CPU backend, offload_optimizer), else through a host staging of one part.
-  if (r.cuda && !r.offload_opt()) {
+  if (r.cuda && (!r.offload_opt() || r.split_opt())) {  // (a split: the units whose state is on the GPU)
     int64_t part = 0;
     for (size_t u = 0; u < r.layout.num_units(); ++u) part = std::max(part, r.layout.units()[u].numel);
     if (r.zero3()) part = r.shards().max_len();
@@ -418,7 +423,7 @@ void reduction_items(const Run& r, const PlanTarget& t, Items& it) {
 // Host staging of checkpoints and the export (CUDA stage 0: the slices this rank writes).
 void save_items(const Run& r, const PlanTarget& t, Items& it) {
   const OutputConfig& out = r.cfg.output;
-  if (r.cuda && !r.offload_opt() && (out.save_final || out.save_every > 0)) {
+  if (r.cuda && (!r.offload_opt() || r.split_opt()) && (out.save_final || out.save_every > 0)) {
     const int64_t W = t.world();
     const int64_t state = r.zero3() ? r.shards().total_len() : (r.params + W - 1) / W;
     const std::string f = r.zero3() ? "3 x 4 x sum ceil(unit / Z)" : "3 x 4 x P / W (the slices this rank writes)";
@@ -470,6 +475,7 @@ Json settings_of(const StageConfig& c) {
   s.set("parallel.zero.group", to_string(c.parallel.zero.group));
   s.set("parallel.zero.prefetch", c.parallel.zero.prefetch);
   s.set("parallel.zero.offload_optimizer", c.parallel.zero.offload_optimizer);
+  s.set("parallel.zero.offload_optimizer_layers", c.parallel.zero.offload_optimizer_layers);
   s.set("parallel.zero.offload_params", c.parallel.zero.offload_params);
   s.set("parallel.zero.offload_grads", c.parallel.zero.offload_grads);
   s.set("activation.checkpoint", to_string(c.activation.checkpoint));
@@ -538,6 +544,7 @@ MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vecto
   p.host_fits = p.host_peak_bytes <= p.host_usable;
   p.fits = p.gpu_fits && p.host_fits;
   p.offload_optimizer = r.offload_opt();
+  p.offload_optimizer_layers = r.split_opt() ? r.cfg.parallel.zero.offload_optimizer_layers : 0;
   return p;
 }
 

@@ -119,9 +119,13 @@ struct MemoryPlan {
   // or the backend's device. With parallel.zero.offload_optimizer auto this is the plan's
   // choice (plan_memory), which the trainer applies before it allocates.
   bool offload_optimizer = false;
-  // > 0: parallel.zero.offload_optimizer auto kept the optimizer on the GPU by moving the inputs
-  // of this many layers to pinned host memory (activation.offload cpu, activation.offload_layers
-  // this; the user's config had no offload); the trainer applies it with the placement.
+  // > 0 (with offload_optimizer): only the head's and the last this-many layers' state in host
+  // memory, the rest on the GPU (parallel.zero.offload_optimizer_layers, set or chosen by auto).
+  int64_t offload_optimizer_layers = 0;
+  // > 0: parallel.zero.offload_optimizer auto kept the optimizer (or, with a split, more of it)
+  // on the GPU by moving the inputs of this many layers to pinned host memory (activation.offload
+  // cpu, activation.offload_layers this; the user's config had no offload); the trainer applies
+  // it with the placement.
   int64_t auto_offload_layers = 0;
   // activation.checkpoint auto: what the plan chose, "layer" or "attention_output M K" (M:
   // activation.attention_output_layers, 0 = every layer; K: activation.offload_layers with
@@ -148,17 +152,24 @@ MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target);
 MemoryPlan plan_for_run(const StageConfig& cfg, int world_size, int ranks_per_node);
 
 // parallel.zero.offload_optimizer auto on several ranks: each rank's plan chose a placement
-// ("host", or "gpu K": the GPU with K layer inputs in host memory); all ranks take one, since
-// the stores' collectives differ with it: host memory when any rank's plan needs it (a node
-// whose GPUs have less memory than the others'), else the GPU with the most layer inputs any
-// rank's plan moved out. Throws Error on a report that is neither.
+// ("host"; "host K" or "host K J": the state of the head and the last K layers in host memory,
+// the rest on the GPU, with J layer inputs in host memory to make room; or "gpu J": the GPU with
+// J layer inputs in host memory); all ranks take one, since the stores' collectives differ with
+// it: host memory when any rank's plan needs it (a node whose GPUs have less memory than the
+// others'), else the split with the most layers and inputs in host memory any rank's plan
+// needs, else the GPU with the most layer inputs any rank's plan moved out. Throws Error on a
+// report that is none of these.
 std::string placement_of(const MemoryPlan& p);
 std::string agree_placement(const std::vector<std::string>& reports);
-// The layer inputs a placement moves to host memory (0 for "host" and "gpu 0").
+// The layer inputs a placement moves to host memory (J of "host K J" and "gpu J", else 0).
 int64_t placement_offload_layers(const std::string& placement);
-// Writes a placement into `cfg` (what the trainer runs): offload_optimizer resolved (auto off)
-// and, for "gpu K" with K > 0, activation.offload cpu with activation.offload_layers K. Planned
-// again, the config gives the plan that chose the placement.
+// The layers whose optimizer state a split placement keeps in host memory ("host K [J]": K; 0
+// for "host" and "gpu J").
+int64_t placement_optimizer_layers(const std::string& placement);
+// Writes a placement into `cfg` (what the trainer runs): offload_optimizer resolved (auto off),
+// for "host K [J]" offload_optimizer_layers K, and for J > 0 activation.offload cpu with
+// activation.offload_layers J. Planned again, the config gives the plan that chose the
+// placement.
 void apply_placement(StageConfig& cfg, const std::string& placement);
 
 // activation.checkpoint auto: every rank's plan chose (MemoryPlan::auto_checkpoint); all ranks

@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "core/strings.h"
+#include "model/param_layout.h"
 #include "plan/memory_plan.h"
 #include "plan/plan_detail.h"
 
@@ -63,6 +65,83 @@ int64_t least_offload_layers(const StageConfig& cfg, const PlanTarget& t, Memory
   return hi;
 }
 
+// The split (stage 0 on a GPU): the fewest last layers whose optimizer state, moved to host
+// memory with the head's, let `cfg` (optimizer on the GPU) fit `t`, with that plan in `plan`;
+// 0 (plan untouched) when none does. The GPU bytes fall as the count rises and the host bytes
+// grow: the least count that fits the GPU is the only candidate. The forward reaches the host
+// units last, so the previous step's host AdamW has the forward of the first layers to finish
+// in: qwen2.5-7b at 32K on one H200 keeps ~3/4 of its 7.6B parameters' state on the GPU.
+int64_t least_host_state_layers(const StageConfig& cfg, const PlanTarget& t, MemoryPlan& plan) {
+  if (cfg.parallel.zero.stage != 0) return 0;
+  const int64_t layers = detail::plan_model(cfg.model, nullptr).num_layers;
+  if (layers < 2) return 0;
+  const auto plan_with = [&](int64_t k) {
+    StageConfig c = cfg;
+    c.parallel.zero.offload_optimizer = true;
+    c.parallel.zero.offload_optimizer_layers = k;
+    return detail::plan_core(c, t);
+  };
+  int64_t lo = 1, hi = layers - 1;
+  MemoryPlan at_hi = plan_with(hi);
+  if (!at_hi.gpu_fits) return 0;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    MemoryPlan q = plan_with(mid);
+    if (q.gpu_fits) {
+      hi = mid;
+      at_hi = std::move(q);
+    } else {
+      lo = mid + 1;
+    }
+  }
+  if (!at_hi.fits) return 0;
+  plan = std::move(at_hi);
+  return hi;
+}
+
+// A split that leaves more than half the layers' state in host memory (an 8B model at 32K on
+// an 80 GB GPU): its host AdamW, ~0.3 ns a parameter at a host's ~96 GB/s, outlasts the next
+// forward (~0.15 ns a parameter at 32K). With activation.offload none, layer inputs moved to
+// pinned host memory (copies that hide behind the layers' compute) make room for more layers'
+// state on the GPU: the fewest inputs that give the fewest host layers. Returns the host layers
+// (`k` and `plan` untouched when that gives none fewer), the inputs moved in `inputs`.
+int64_t fewer_host_layers_by_inputs(const StageConfig& c, const PlanTarget& t, int64_t k, MemoryPlan& plan,
+                                    int64_t& inputs) {
+  const int64_t layers = detail::plan_model(c.model, nullptr).num_layers;
+  if (2 * k <= layers || c.activation.offload != OffloadTarget::None ||
+      c.activation.checkpoint == CheckpointPolicy::None)
+    return k;
+  StageConfig all = c;
+  offload_layer_inputs(all, layers - 1);
+  MemoryPlan q;
+  const int64_t fewer = least_host_state_layers(all, t, q);
+  if (fewer == 0 || fewer >= k) return k;
+  StageConfig split = c;
+  split.parallel.zero.offload_optimizer = true;
+  split.parallel.zero.offload_optimizer_layers = fewer;
+  const int64_t j = least_offload_layers(split, t, q);  // (layers - 1 inputs fit: j >= 1)
+  if (j == 0) return k;
+  plan = std::move(q);
+  inputs = j;
+  return fewer;
+}
+
+// The note of a split placement: k layers' state in host memory, with `inputs` layer inputs moved
+// (need: the GPU bytes of the whole optimizer there).
+std::string split_note(const MemoryPlan& p, int64_t layers, int64_t k, int64_t inputs, int64_t need) {
+  using detail::gib;
+  const std::string moved = inputs > 0 ? ", activation.offload cpu, activation.offload_layers " +
+                                             std::to_string(inputs) + ": the inputs of the first " +
+                                             std::to_string(inputs) + " layers in pinned host memory make room"
+                                       : "";
+  return "parallel.zero.offload_optimizer auto: split: the fp32 master weights and Adam moments of the embedding and "
+         "the first " +
+         std::to_string(layers - k) + " layers on the GPU, of the last " + std::to_string(k) +
+         " layers and the head in host memory (parallel.zero.offload_optimizer_layers " + std::to_string(k) + moved +
+         "; the run fits: " + gib(p.gpu_peak_bytes) + " of " + gib(p.gpu_usable) +
+         " usable per GPU; with all of it on the GPU it would need " + gib(need) + ")";
+}
+
 // The plan with the optimizer where parallel.zero.offload_optimizer puts it (auto: decided here).
 MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
   const auto& z = cfg.parallel.zero;
@@ -99,6 +178,15 @@ MemoryPlan place_optimizer(const StageConfig& cfg, const PlanTarget& target) {
                       "activation.offload_layers " + std::to_string(k) + "; the run fits: " + gib(p.gpu_peak_bytes) +
                       " of " + gib(p.gpu_usable) + " usable per GPU; with every layer input on the GPU it would need " +
                       gib(need) + ")");
+    return p;
+  }
+  // Next, split: the state of the head and the fewest last layers in host memory, the rest on
+  // the GPU; the host AdamW then has less to do and the forward of the GPU's layers to hide in.
+  if (int64_t k = least_host_state_layers(c, target, p); k > 0) {
+    int64_t inputs = 0;
+    k = fewer_host_layers_by_inputs(c, target, k, p, inputs);
+    p.auto_offload_layers = inputs;
+    p.notes.push_back(split_note(p, detail::plan_model(cfg.model, nullptr).num_layers, k, inputs, need));
     return p;
   }
   c.parallel.zero.offload_optimizer = true;
@@ -141,6 +229,15 @@ int64_t kept_layers(const std::string& choice, int64_t layers) {
   return c.activation.checkpoint != CheckpointPolicy::AttentionOutput ? 0 : m == 0 || m > layers ? layers : m;
 }
 
+// The parameters whose optimizer state a split with `host_layers` layers in host memory keeps
+// on the GPU: the embedding's and the first layers'.
+int64_t state_on_gpu(const model::LlamaConfig& m, int64_t host_layers) {
+  const model::ParamLayout layout(m);
+  int64_t n = layout.units()[layout.embed_unit()].numel;
+  for (int64_t l = 0; l < m.num_layers - host_layers; ++l) n += layout.units()[layout.layer_unit(l)].numel;
+  return n;
+}
+
 // Both autos: the optimizer's place was chosen first (the GPU when it fits there, perhaps with
 // layer inputs moved out); with it in host memory more layers may keep their attention output.
 // That wins when the attention forwards they no longer recompute outlast the host update, both
@@ -148,6 +245,8 @@ int64_t kept_layers(const std::string& choice, int64_t layers) {
 // (2 x tokens x seq_length x q_dim FLOPs per layer and micro-batch), the host AdamW's cost net of its overlap
 // with the next forward ~0.18 ns per parameter on the rank (llama2-7b at 64K, 16 host threads:
 // ~1.2 s per step, bench/RESULTS.md, 2026-12-02). llama2-7b at 128K: 31 more layers, ~7.9 s against ~1.2 s.
+// A split placement (offload_optimizer_layers) is weighed the same way, with only the
+// parameters whose state it keeps on the GPU counted as the host update it saves.
 MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const PlanTarget& target) {
   constexpr double kAttentionFlopsPerSecond = 550e12, kHostUpdateSecondsPerParam = 0.18e-9;
   const model::LlamaConfig m = detail::plan_model(cfg.model, nullptr);
@@ -163,8 +262,10 @@ MemoryPlan weigh_host_optimizer(MemoryPlan on_gpu, const StageConfig& cfg, const
   const double saved_s = static_cast<double>(more) * 2.0 * static_cast<double>(on_gpu.tokens) *
                          static_cast<double>(cfg.train.grad_accum) * static_cast<double>(cfg.data.seq_length) *
                          static_cast<double>(m.q_dim()) / kAttentionFlopsPerSecond;
-  const double per_rank = static_cast<double>(on_gpu.parameters) /
-                          static_cast<double>(cfg.parallel.zero.stage == 3 ? on_gpu.zero_group : 1);
+  const double per_rank = on_gpu.offload_optimizer  // (a split: the embedding's and the first layers' state)
+                              ? static_cast<double>(state_on_gpu(m, on_gpu.offload_optimizer_layers))
+                              : static_cast<double>(on_gpu.parameters) /
+                                    static_cast<double>(cfg.parallel.zero.stage == 3 ? on_gpu.zero_group : 1);
   const double host_s = per_rank * kHostUpdateSecondsPerParam;
   if (more <= 0 || saved_s <= host_s) return on_gpu;
   char why[240];
@@ -189,7 +290,8 @@ MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
   apply_placement(placed, placement_of(p));
   if (cfg.activation.checkpoint_auto) {
     MemoryPlan a = choose_checkpoint(std::move(p), std::move(placed), cfg, target);
-    const bool weigh = cfg.parallel.zero.offload_optimizer_auto && !a.offload_optimizer && a.gpu_capacity > 0;
+    const bool weigh = cfg.parallel.zero.offload_optimizer_auto &&
+                       (!a.offload_optimizer || a.offload_optimizer_layers > 0) && a.gpu_capacity > 0;
     return weigh ? weigh_host_optimizer(std::move(a), cfg, target) : a;
   }
   if (p.gpu_capacity > 0 && cfg.activation.checkpoint == CheckpointPolicy::Layer)
@@ -198,32 +300,59 @@ MemoryPlan plan_memory(const StageConfig& cfg, const PlanTarget& target) {
 }
 
 std::string placement_of(const MemoryPlan& p) {
-  return p.offload_optimizer ? "host" : "gpu " + std::to_string(p.auto_offload_layers);
+  if (!p.offload_optimizer) return "gpu " + std::to_string(p.auto_offload_layers);
+  if (p.offload_optimizer_layers <= 0) return "host";
+  return "host " + std::to_string(p.offload_optimizer_layers) +
+         (p.auto_offload_layers > 0 ? " " + std::to_string(p.auto_offload_layers) : "");
 }
 
-int64_t placement_offload_layers(const std::string& placement) {
-  if (placement == "host") return 0;
-  int64_t k = -1;
-  EASYCTX_CHECK(placement.rfind("gpu ", 0) == 0 && parse_int64(placement.substr(4), k) && k >= 0,
-                "optimizer placement report '", placement, "': expected 'host' or 'gpu K'");
-  return k;
+namespace {
+// A placement report as {host memory (the whole state or a split), layers whose state is in
+// host memory (a split; 0: all), layer inputs moved out}: "host" {true, 0, 0}, "host K" and
+// "host K J" (K > 0, J > 0) {true, K, J}, "gpu J" (J >= 0) {false, 0, J}.
+struct Placement {
+  bool host = false;
+  int64_t host_layers = 0, inputs = 0;
+};
+Placement parse_placement(const std::string& r) {
+  const std::vector<std::string> f = split(r, ' ');
+  Placement p;
+  bool ok = false;
+  if (!f.empty() && f[0] == "host" && f.size() <= 3) {
+    p.host = true;
+    ok = f.size() == 1 || (parse_int64(f[1], p.host_layers) && p.host_layers > 0 &&
+                           (f.size() == 2 || (parse_int64(f[2], p.inputs) && p.inputs > 0)));
+  } else if (f.size() == 2 && f[0] == "gpu") {
+    ok = parse_int64(f[1], p.inputs) && p.inputs >= 0;
+  }
+  EASYCTX_CHECK(ok, "optimizer placement report '", r, "': expected 'host', 'host K', 'host K J' or 'gpu J'");
+  return p;
 }
+}  // namespace
+
+int64_t placement_offload_layers(const std::string& placement) { return parse_placement(placement).inputs; }
+
+int64_t placement_optimizer_layers(const std::string& placement) { return parse_placement(placement).host_layers; }
 
 void apply_placement(StageConfig& cfg, const std::string& placement) {
-  const int64_t layers = placement_offload_layers(placement);
-  cfg.parallel.zero.offload_optimizer = placement == "host";
+  const Placement p = parse_placement(placement);
+  cfg.parallel.zero.offload_optimizer = p.host;
+  cfg.parallel.zero.offload_optimizer_layers = p.host_layers;
   cfg.parallel.zero.offload_optimizer_auto = false;
-  if (layers > 0) offload_layer_inputs(cfg, layers);
+  if (p.inputs > 0) offload_layer_inputs(cfg, p.inputs);
 }
 
 std::string agree_placement(const std::vector<std::string>& reports) {
-  int64_t most = 0;
+  Placement most;
   for (const std::string& r : reports) {
-    const int64_t k = placement_offload_layers(r);  // (checks every report, "host" too)
-    if (r == "host") return r;
-    most = std::max(most, k);
+    const Placement p = parse_placement(r);  // (checks every report)
+    if (p.host && p.host_layers == 0) return "host";
+    most.host = most.host || p.host;
+    most.host_layers = std::max(most.host_layers, p.host_layers);
+    most.inputs = std::max(most.inputs, p.inputs);
   }
-  return "gpu " + std::to_string(most);
+  if (!most.host) return "gpu " + std::to_string(most.inputs);
+  return "host " + std::to_string(most.host_layers) + (most.inputs > 0 ? " " + std::to_string(most.inputs) : "");
 }
 
 void apply_checkpoint(StageConfig& cfg, const std::string& choice) {

@@ -62,8 +62,12 @@ void StepReporter::open_metrics(int64_t start_step) {
     metrics_ = std::make_unique<MetricsWriter>((fs::path(cfg_.output.dir) / "metrics.jsonl").string(), start_step > 0,
                                                start_step + 1);
   if (cfg_.logging.tensorboard) {
-    tb_ = std::make_unique<tb::EventWriter>((fs::path(cfg_.output.dir) / "tensorboard").string());
-    if (start_step > 0) tb_->session_start(start_step + 1);
+    // A run that starts over at step 0 (killed before its first checkpoint) may find the killed
+    // process's events of this run: they are dropped the same way (another run's are archived).
+    const std::string dir = (fs::path(cfg_.output.dir) / "tensorboard").string();
+    const bool earlier = fs::exists(dir) && !tb::list_event_files(dir).empty();
+    tb_ = std::make_unique<tb::EventWriter>(dir);
+    if (start_step > 0 || earlier) tb_->session_start(start_step + 1);
     log_info("TensorBoard events: ", tb_->path());
   }
 }
@@ -108,9 +112,9 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
   if (metrics_ || tb_) {
     Json r = Json::object();
     r.set("step", step + 1);
-    r.set("loss", st.loss);
+    if (!st.no_labels) r.set("loss", st.loss);
     r.set("lr", st.lr);
-    r.set("grad_norm", st.grad_norm);
+    if (!st.no_labels) r.set("grad_norm", st.grad_norm);
     r.set("tokens", st.tokens);
     r.set("labels", st.labels);
     r.set("tokens_per_s", tps);
@@ -119,8 +123,14 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
     if (st.mfu >= 0) r.set("mfu", st.mfu);
     if (st.attention_share < 1) r.set("attention_share", st.attention_share);
     if (st.peak_mem_gib >= 0) r.set("peak_mem_gib", st.peak_mem_gib);
+    if (st.host_optimizer_s >= 0) {
+      r.set("host_optimizer_s", st.host_optimizer_s);
+      r.set("host_optimizer_exposed_s", st.host_optimizer_exposed_s);
+      r.set("host_optimizer_gb_s", st.host_optimizer_gb_s);
+    }
     r.set("host_peak_gib", static_cast<double>(plan::vm_hwm_bytes()) / (1024.0 * 1024.0 * 1024.0));
     if (st.skipped) r.set("skipped", true);
+    if (st.no_labels) r.set("no_labels", true);
     if (metrics_) metrics_->write(r);
     if (tb_) tb_->add_scalars(step + 1, tensorboard_scalars(r));
   }
@@ -128,9 +138,14 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
   const double done = static_cast<double>(step + 1 - start_step);
   const double eta = elapsed / done * static_cast<double>(cfg_.train.steps - step - 1);
   char line[256];
-  std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | ETA %s",
-                static_cast<long long>(step + 1), static_cast<long long>(cfg_.train.steps), st.loss, st.lr,
-                st.grad_norm, format_count(tps).c_str(), format_duration(eta).c_str());
+  if (st.no_labels)
+    std::snprintf(line, sizeof(line), "step %lld/%lld | no labelled token: no update | lr %.3e | %s tok/s | ETA %s",
+                  static_cast<long long>(step + 1), static_cast<long long>(cfg_.train.steps), st.lr,
+                  format_count(tps).c_str(), format_duration(eta).c_str());
+  else
+    std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | ETA %s",
+                  static_cast<long long>(step + 1), static_cast<long long>(cfg_.train.steps), st.loss, st.lr,
+                  st.grad_norm, format_count(tps).c_str(), format_duration(eta).c_str());
   std::string extra;
   if (device) {
     char buf[96];
@@ -138,6 +153,12 @@ void StepReporter::record(int64_t step, int64_t start_step, double elapsed, Step
     else std::snprintf(buf, sizeof(buf), " | MFU n/a");
     extra += buf;
     std::snprintf(buf, sizeof(buf), " | mem %.2f GiB", st.peak_mem_gib);
+    extra += buf;
+  }
+  if (st.host_optimizer_s > 0) {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), " | host AdamW %.2f s (%.1f GB/s), %.2f s exposed", st.host_optimizer_s,
+                  st.host_optimizer_gb_s, st.host_optimizer_exposed_s);
     extra += buf;
   }
   log_info(line, extra);

@@ -35,7 +35,18 @@ struct StepStats {
   // under data.document_mask or a sliding window; MFU counts the attention FLOPs done.
   double attention_share = 1;
   double peak_mem_gib = -1;  // device memory high-water mark so far (CUDA; else -1), set by run()
-  bool skipped = false;      // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
+  // parallel.zero.offload_optimizer (else -1): the host AdamW's wall seconds that completed in
+  // this step (a deferred update in the step whose forward it finished in; the run's last step
+  // also its own), of it the seconds this step's thread waited for it (exposed: an upper bound
+  // of the GPU's idle time, which may still run kernels queued before the wait), and the
+  // update's GB/s (30 bytes an element over its wall time; 0 when none completed).
+  double host_optimizer_s = -1;
+  double host_optimizer_exposed_s = -1;
+  double host_optimizer_gb_s = -1;
+  bool skipped = false;  // non-finite loss or gradient norm with train.on_nonfinite: skip_step: no update
+  // No labelled token in the whole global batch (every target weighted 0 or masked): no loss,
+  // no gradient, no update; loss and grad_norm mean nothing (metrics.jsonl leaves them out).
+  bool no_labels = false;
 };
 
 class StepReporter {
@@ -52,8 +63,9 @@ class StepReporter {
   void log_device() const;
   // metrics.jsonl (rank 0, logging.metrics): a resumed run keeps the records before start_step.
   // TensorBoard (rank 0, logging.tensorboard): a new event file in <output.dir>/tensorboard/;
-  // a resumed run's starts with a SessionLog START at its first step, so that TensorBoard drops
-  // what an earlier, killed process logged from there on (metrics.jsonl drops those records too).
+  // a resumed run's (and one that starts over in a folder holding event files of the same run)
+  // starts with a SessionLog START at its first step, so that TensorBoard drops what an earlier,
+  // killed process logged from there on (metrics.jsonl drops those records too).
   void open_metrics(int64_t start_step);
 
   // logging.profile: step `step` is timed unless it is the run's first (cuDNN plans,
@@ -67,7 +79,8 @@ class StepReporter {
   // After step `step` (0-based) of a run that started at `start_step`, `elapsed` seconds in:
   // MFU and memory into st, the metrics record, the log line every logging.every steps. The
   // TensorBoard event of the step holds every number of the metrics record ("step" is the
-  // event's step) as train/<key>, the float32 of the record's value; skipped as 1.
+  // event's step) as train/<key>, the float32 of the record's value; skipped and no_labels as 1.
+  // A step with no labelled token has no loss or grad_norm in either, and "no_labels": true.
   void record(int64_t step, int64_t start_step, double elapsed, StepStats& st);
   // The profile of the timed steps (rank 0), also written to <output.dir>/profile.json.
   void report_profile() const;

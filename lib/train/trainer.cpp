@@ -25,6 +25,7 @@
 #include "plan/target.h"
 #include "train/data_stats.h"
 #include "train/schedule.h"
+#include "zero/host_adamw.h"
 
 namespace easyctx::train {
 namespace fs = std::filesystem;
@@ -48,7 +49,7 @@ std::string packing_line(const StageConfig& cfg, const data::DataLoader& loader,
   const uint64_t n = loader.sequences_per_epoch();
   const int64_t g = cfg.train.batch_size * cfg.train.grad_accum * dp_size;
   const double slots = static_cast<double>(n) * static_cast<double>(cfg.data.seq_length);
-  const double pad = slots > 0 ? 100.0 * (1.0 - static_cast<double>(loader.dataset().num_tokens()) / slots) : 0;
+  const double pad = slots > 0 ? 100.0 * (1.0 - static_cast<double>(loader.packed_tokens()) / slots) : 0;
   char pct[32];
   std::snprintf(pct, sizeof(pct), "%.1f", pad);
   return "data.packing " + loader.packing_name() + ": " + std::to_string(n) + " sequences per epoch (" + pct +
@@ -160,10 +161,13 @@ void Trainer::plan_memory() {
                                            "parallel.zero.offload_optimizer auto", "choosing the optimizer's place",
                                            plan::agree_placement, plan::apply_placement);
     if (!choice.empty()) {  // this rank's plan differs from the one every rank takes
-      const std::string placed = choice == "host" ? "in host memory"
-                                                  : "on the GPU with the inputs of the first " +
-                                                        std::to_string(plan::placement_offload_layers(choice)) +
-                                                        " layers in host memory";
+      const int64_t host_layers = plan::placement_optimizer_layers(choice);
+      const std::string placed =
+          choice == "host" ? "in host memory"
+          : host_layers > 0
+              ? "split, the last " + std::to_string(host_layers) + " layers' and the head's in host memory"
+              : "on the GPU with the inputs of the first " + std::to_string(plan::placement_offload_layers(choice)) +
+                    " layers in host memory";
       plan_->notes.push_back("parallel.zero.offload_optimizer auto: " + placed + ", as another rank's plan needs it");
       EASYCTX_CHECK_INPUT(plan_->fits, plan::refusal_message(*plan_), " (with the optimizer ", placed,
                           ", as another rank's plan needs it; the whole plan: easyctx_train STAGE.yaml --plan)");
@@ -182,8 +186,9 @@ void Trainer::plan_memory() {
   }
 }
 
-// The data loader: this rank's share of every batch, checked against the vocabulary, and
-// restored to the cursor of the checkpoint resumed.
+// The data loader: this rank's share of every batch, checked against the vocabulary (and its
+// loss weights counted: data/loader.h LabelCensus) before the run is recorded in output.dir, so
+// that bad data changes nothing there (--resume none archives the earlier run only after this).
 void Trainer::make_loader(dist::ProcessGroups* groups, int64_t vocab_size) {
   data::LoaderOptions lo;
   lo.path = cfg_.data.path;
@@ -204,6 +209,10 @@ void Trainer::make_loader(dist::ProcessGroups* groups, int64_t vocab_size) {
   }
   loader_ = std::make_unique<data::DataLoader>(lo);
   loader_->validate(vocab_size, "", cfg_.data.check_tokens);
+}
+
+// The checkpoint's data cursor, once the loader exists and the checkpoint is chosen.
+void Trainer::restore_data_cursor() {
   if (!resumed_data_state_.empty()) {
     // Same data, seed, sequence length and global batch as the run that saved, or a clear refusal.
     const data::LoaderState s = data::LoaderState::from_json(resumed_data_state_);
@@ -232,12 +241,13 @@ void Trainer::init(dist::ProcessGroups* groups) {
                                                model::options_for(cfg_, on_device()), std::move(attn));
   store_ = zero::make_param_store(model_->layout(), *be_, model_->dtype(), zero::store_options(cfg_),
                                   {&world_, &grad_comm_, zero_, zero_replica_});
+  make_loader(groups, mc.vocab_size);
   load_weights();
+  restore_data_cursor();
   store_->finish_loading();
   report_ = std::make_unique<StepReporter>(cfg_, *be_, world_.size(), world_.rank() == 0, flops_per_token(),
                                            attention_flops_per_token());
   report_->log_device();
-  make_loader(groups, mc.vocab_size);
 }
 
 Trainer::~Trainer() = default;
@@ -282,6 +292,9 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   w.set_rank_meta(rank_meta);
   Json meta = Json::object();
   meta.set("next_step", steps_done);
+  // (a resume continues Adam's step count and the run's count of steps without labels)
+  meta.set("optimizer_updates", updates_);
+  meta.set("steps_without_labels", no_label_steps_);
   meta.set("tokens_seen", static_cast<int64_t>(ls.global_batch) * cfg_.data.seq_length * steps_done);
   Json layout = Json::object();
   layout.set("world", world_.size());
@@ -301,6 +314,12 @@ void Trainer::save_checkpoint(int64_t steps_done) {
 StepStats Trainer::train_step(int64_t step) {
   const auto t0 = Clock::now();
   StepStats st = compute_gradients(step);
+  if (st.no_labels) {  // nothing to learn from: weights, Adam moments and step count stay
+    log_no_labels(step);
+    st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    report_->end_step(st);
+    return st;
+  }
   be_->synchronize();  // (a device backend: the gradients are final; no cost worth naming)
   st.fwd_bwd_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   st.grad_norm = store_->clip(cfg_.train.grad_clip);
@@ -321,11 +340,18 @@ StepStats Trainer::train_step(int64_t step) {
   // The host AdamW overlaps the next step's forward when this run has a next step (the step
   // time then counts the wait for it there, so each step line is the steady-state time), and
   // not while profiling (its phase would vanish into the forward).
-  const ops::AdamWStep s{st.lr, cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, 0.0, step + 1};
+  const ops::AdamWStep s{st.lr, cfg_.train.beta1, cfg_.train.beta2, cfg_.train.eps, 0.0, updates_ + 1};
   store_->optimizer_step(s, cfg_.train.weight_decay, step + 1 < cfg_.train.steps && !report_->profiling());
+  ++updates_;
   be_->synchronize();  // device backends: the step is done when its queued work is
   report_->phase("optimizer");
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (cfg_.parallel.zero.offload_optimizer) {
+    const zero::HostAdamWTimes ht = store_->take_host_optimizer_times();
+    st.host_optimizer_s = ht.seconds;
+    st.host_optimizer_exposed_s = ht.waited;
+    st.host_optimizer_gb_s = ht.gb_per_s();
+  }
   report_->end_step(st);
   return st;
 }
@@ -347,7 +373,13 @@ StepStats Trainer::compute_gradients(int64_t step) {
   }
   balance_logged_ = true;
   const double global_labels = world_.all_reduce_scalar(local_labels, dist::ReduceOp::Sum);
-  EASYCTX_CHECK(global_labels > 0, "step ", step, ": the global batch has no labelled tokens");
+  if (global_labels == 0) {  // (the same sum on every rank: every rank returns here)
+    st.no_labels = true;
+    for (const data::MicroBatch& mb : micro) st.tokens += mb.batch * mb.local_len;
+    st.tokens = static_cast<int64_t>(world_.all_reduce_scalar(static_cast<double>(st.tokens), dist::ReduceOp::Sum));
+    report_->phase("data");
+    return st;
+  }
   report_->phase("data");
   store_->begin_step();
   if (cfg_.data.document_mask || model_->config().sliding_window > 0) st.attention_share = attention_share(micro);
@@ -442,6 +474,13 @@ void Trainer::log_startup() const {
            format_count(static_cast<double>(us.tokens)), " tokens, ", us.distinct,
            " distinct ids: a loss below it means the model uses context");
   if (cfg_.data.packing != DataPacking::Window) log_info(packing_line(cfg_, *loader_, dp_.size()));
+  const data::LabelCensus& census = loader_->label_census();
+  if (ds.has_loss_weights() || census.unlabelled > 0)
+    log_info("data: ", census.unlabelled > 0 ? census.describe()
+                                             : "every one of the " + std::to_string(census.units) +
+                                                   (cfg_.data.packing == DataPacking::Window ? " windows" : " pieces") +
+                                                   " holds a labelled token");
+  if (!census.zero_weight_files.empty() && census.unlabelled == 0) log_warn("data: ", census.describe());
   log_info("global batch ", cfg_.train.batch_size, " x ", cfg_.train.grad_accum, " x ", dp_.size(), " x ",
            cfg_.data.seq_length, " = ",
            format_count(
@@ -459,9 +498,17 @@ StepStats Trainer::run() {
   StepStats st;
   for (int64_t step = start_step_; step < cfg_.train.steps; ++step) {
     if (stop_requested()) {
-      save_checkpoint(step);
-      log_info("stop requested (", dist::agreed_stop().describe(), "): checkpoint of step ", step,
-               " committed; continue with --resume auto");
+      // Before this process trained a step, a new checkpoint would only repeat where the run
+      // started, which --resume auto finds again (model.init, or the checkpoint resumed): a
+      // preempted job's first seconds need not write a whole model.
+      if (step == start_step_ && last_saved_step_ != step) {
+        log_info("stop requested (", dist::agreed_stop().describe(), ") before the first step of this process: ",
+                 "nothing trained, nothing saved; --resume auto starts where this run started");
+      } else {
+        save_checkpoint(step);
+        log_info("stop requested (", dist::agreed_stop().describe(), "): checkpoint of step ", step,
+                 " committed; continue with --resume auto");
+      }
       stopped_ = true;
       world_.barrier();
       return st;
@@ -477,6 +524,9 @@ StepStats Trainer::run() {
       save_checkpoint(step + 1);
   }
   if (cfg_.train.steps > start_step_ && cfg_.output.save_final) save_checkpoint(cfg_.train.steps);
+  if (root)
+    log_info(no_label_steps_, " of ", cfg_.train.steps, " steps had no labelled token (no update); ", updates_,
+             " optimizer updates");
   report_->report_profile();
   if (root)
     log_info(plan::compare_line(*plan_, be_->memory_stats(), static_cast<double>(plan::vm_hwm_bytes()),
@@ -493,6 +543,31 @@ StepStats Trainer::run() {
 }
 
 bool Trainer::stop_requested() { return static_cast<bool>(dist::agree_stop(world_)); }
+
+// Rank 0 names where the global batch's sequences come from (the first steps of a process in
+// full; the rest are counted, and marked no_labels in metrics.jsonl).
+void Trainer::log_no_labels(int64_t step) {
+  ++no_label_steps_;
+  if (world_.rank() != 0 || no_label_described_ > 10) return;
+  if (no_label_described_++ == 10) {
+    log_info("further steps without a labelled token are not described here (metrics.jsonl marks them no_labels)");
+    return;
+  }
+  const data::BatchShape& shape = loader_->options().shape;
+  std::vector<std::string> seqs;
+  for (int64_t m = 0; m < shape.grad_accum; ++m)
+    for (int64_t p = 0; p < shape.dp_size; ++p)
+      for (int64_t b = 0; b < shape.batch_size; ++b)
+        seqs.push_back(loader_->describe_sample(data::sample_index(shape, step, m, p, b)));
+  const size_t n = seqs.size();
+  if (n > 3) seqs.resize(3);
+  log_info("step ", step + 1, "/", cfg_.train.steps,
+           ": the global batch has no labelled token (every target has loss weight 0 or is masked): no update",
+           no_label_described_ == 1 ? " (weights, Adam moments and Adam's step count unchanged; the step counts "
+                                      "toward train.steps and the learning-rate schedule)"
+                                    : "",
+           "; its sequences: ", join(seqs, "; "), n > 3 ? "; and " + std::to_string(n - 3) + " more" : "");
+}
 
 void Trainer::save_hf(const std::string& dir) const {
   std::vector<std::vector<float>> units = store_->master_host_at_root();  // (ZeRO-3: collective)

@@ -73,12 +73,20 @@ class Trainer {
 
   // One optimizer step on the global batch of `step`. A non-finite loss or gradient norm
   // throws naming the step before the update (train.on_nonfinite: stop), or skips the update
-  // (skip_step: StepStats::skipped).
+  // (skip_step: StepStats::skipped). A global batch without a labelled token is a step with no
+  // update (StepStats::no_labels; its sequences named in the log). Only an update advances
+  // Adam's step count (its bias correction counts the updates the moments have seen); the
+  // learning rate is the schedule's at `step` either way (train.steps counts global batches).
   StepStats train_step(int64_t step);
   // The first half of train_step: forward/backward over every micro-batch and the
   // gradient reduction, leaving the summed gradients (of the global mean loss, before
-  // clipping) in gradients(). Fills loss, tokens, labels.
+  // clipping) in gradients(). Fills loss, tokens, labels. Without a labelled token in the
+  // global batch: StepStats::no_labels, nothing computed (gradients() as they were).
   StepStats compute_gradients(int64_t step);
+  // Optimizer updates applied in the run so far (resumed from the checkpoint), and the steps
+  // whose global batch had no labelled token.
+  int64_t updates() const { return updates_; }
+  int64_t steps_without_labels() const { return no_label_steps_; }
   // Gradients (fp32; device memory on CUDA). ZeRO-3: refused (each rank holds shards).
   std::vector<ops::Tensor> gradients() const { return store_->gradients(); }
   // The backend's allocation counters (device memory on CUDA; what the plan's allocations predict).
@@ -130,7 +138,9 @@ class Trainer {
   // MFU's attention share of a step's micro-batches (documents, sliding windows; trainer.cpp).
   double attention_share(const std::vector<data::MicroBatch>& micro) const;
   void plan_memory();                                                 // init: plan_, the auto choices written into cfg_
-  void make_loader(dist::ProcessGroups* groups, int64_t vocab_size);  // init: loader_
+  void make_loader(dist::ProcessGroups* groups, int64_t vocab_size);  // init: loader_, the data checked
+  void restore_data_cursor();                                         // init, after load_weights
+  void log_no_labels(int64_t step);                                   // a step whose global batch has no labelled token
   void load_weights();  // model.init, or resume from <output.dir>/checkpoints; records the run
   // load_weights' ways to the first weights (trainer_start.cpp).
   std::string resume_weights(ckpt::RankSync& sync, const Json& entry, const std::string& what);
@@ -161,6 +171,9 @@ class Trainer {
   int64_t start_step_ = 0;
   std::string run_id_, config_hash_;
   int64_t last_saved_step_ = -1;    // committed by this run and verified: never written again
+  int64_t updates_ = 0;             // optimizer updates of the run so far (Adam's step count)
+  int64_t no_label_steps_ = 0;      // steps of the run without a labelled token (no update)
+  int64_t no_label_described_ = 0;  // of them described in this process's log
   std::string resumed_data_state_;  // the checkpoint's data cursor, checked once the loader exists
   bool stopped_ = false;
   uint64_t weights_bytes_read_ = 0;

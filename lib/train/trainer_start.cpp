@@ -22,32 +22,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The settings a continuation must share with the run it continues to be the same training:
-// the model, the data and the optimizer with its schedule (not the layout, output or logging;
-// the global batch, not how it is split). Their hash goes into run.json and every index.
+// The settings a continuation must share with the run it continues to be the same training
+// (core/config.h training_settings: the keys the registry marks, and the global batch). Their
+// hash goes into run.json and every index.
 std::vector<std::pair<std::string, std::string>> training_identity(const StageConfig& c, int64_t dp_size) {
-  auto num = [](double v) {
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "%.17g", v);
-    return std::string(buf);
-  };
-  return {{"model.config", c.model.config},
-          {"model.rope_theta", num(c.model.rope_theta)},
-          {"data.path", c.data.path},
-          {"data.seq_length", std::to_string(c.data.seq_length)},
-          {"train.steps", std::to_string(c.train.steps)},
-          {"train.seed", std::to_string(c.train.seed)},
-          {"global batch (batch_size x grad_accum x data-parallel)",
-           std::to_string(c.train.batch_size * c.train.grad_accum * dp_size)},
-          {"train.lr", num(c.train.lr)},
-          {"train.min_lr", num(c.train.min_lr)},
-          {"train.schedule", to_string(c.train.schedule)},
-          {"train.warmup_steps", std::to_string(c.train.warmup_steps)},
-          {"train.beta1", num(c.train.beta1)},
-          {"train.beta2", num(c.train.beta2)},
-          {"train.eps", num(c.train.eps)},
-          {"train.weight_decay", num(c.train.weight_decay)},
-          {"train.grad_clip", num(c.train.grad_clip)}};
+  return training_settings(c, dp_size);
 }
 
 std::string identity_hash(const std::vector<std::pair<std::string, std::string>>& id) {
@@ -278,7 +257,7 @@ ckpt::RunInfo new_run_info(const std::optional<ckpt::RunInfo>& current, const Js
     info.earlier_runs.push_back(current->run_id);
     earlier = current->run_id;
   } else if (fs::exists(fs::path(out) / "DONE") || fs::exists(fs::path(out) / "final") ||
-             fs::exists(fs::path(out) / "metrics.jsonl")) {
+             fs::exists(fs::path(out) / "metrics.jsonl") || fs::exists(fs::path(out) / "tensorboard")) {
     earlier = "unlabelled-" + ckpt::utc_now();  // a run from before run ids
   }
   if (!earlier.empty()) {
@@ -345,12 +324,17 @@ std::string Trainer::resume_weights(ckpt::RankSync& sync, const Json& entry, con
     return r.bytes_read();
   });
   start_step_ = r.meta().at("next_step").as_int();
+  // (a checkpoint from before these counts: every step was an update, none lacked labels)
+  const Json* updates = r.meta().find("optimizer_updates");
+  const Json* unlabelled = r.meta().find("steps_without_labels");
+  updates_ = updates ? updates->as_int() : start_step_;
+  no_label_steps_ = unlabelled ? unlabelled->as_int() : 0;
   const Json rank0 = r.rank_meta(0);
   if (const Json* d = rank0.find("data")) resumed_data_state_ = d->dump();
   std::string changes;
   if (!r.config_hash().empty() && r.config_hash() != config_hash_)
     changes = identity_changes(r, training_identity(cfg_, dp_.size()));
-  log_info("resuming from ", r.path(), " at step ", start_step_);
+  log_info("resuming from ", r.path(), " (", start_step_, " steps done; the next is step ", start_step_ + 1, ")");
   return changes;
 }
 
@@ -467,10 +451,8 @@ void Trainer::write_plan() const {
   const std::string plan_path = (fs::path(cfg_.output.dir) / "plan.json").string();
   try {
     write_file_atomic(plan_path, plan::plan_to_json(*plan_).dump(1) + "\n");
-  } catch (const std::exception& e) {
-    std::error_code ec;
-    fs::remove(plan_path + ".tmp", ec);
-    log_warn(plan_path, " not written (", e.what(), "): the run goes on without its plan for easyctx_report");
+  } catch (const std::exception& e) {  // (names the file and the cause; nothing half written is left)
+    log_warn(e.what(), ": the run goes on without its plan for easyctx_report");
   }
 }
 

@@ -67,15 +67,30 @@ HostAdamW::~HostAdamW() {
 int64_t HostAdamW::pinned_bytes() const { return 2 * impl_->chunk * 6; }
 
 void HostAdamW::step(const std::vector<OffloadPiece>& pieces, const ops::AdamWStep& s) {
+  // A synchronous step is exposed whole: its wait is the call's time (which holds the worker's
+  // run), not the join alone (on a busy host the worker may be done before the join starts).
+  const double waited_before = times_.waited;
+  const auto t0 = std::chrono::steady_clock::now();
   start(pieces, s, omp_get_max_threads());
   finish();
+  times_.waited = waited_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+HostAdamWTimes HostAdamW::take_times() {
+  const HostAdamWTimes t = times_;
+  times_ = HostAdamWTimes();
+  return t;
 }
 
 void HostAdamW::start(std::vector<OffloadPiece> pieces, const ops::AdamWStep& s, int threads) {
   finish();
   Impl& I = *impl_;
   size_t units = 0;
-  for (const OffloadPiece& p : pieces) units = std::max(units, p.unit + 1);
+  last_elements_ = 0;
+  for (const OffloadPiece& p : pieces) {
+    units = std::max(units, p.unit + 1);
+    last_elements_ += p.n;
+  }
   I.unit_state.assign(std::max(units, I.unit_state.size()), Impl::kEmpty);  // (nothing to wait for)
   I.unit_fence.assign(I.unit_state.size(), Fence());
   for (const OffloadPiece& p : pieces)
@@ -99,8 +114,10 @@ void HostAdamW::start(std::vector<OffloadPiece> pieces, const ops::AdamWStep& s,
 Fence HostAdamW::wait_unit(size_t u) {
   Impl& I = *impl_;
   if (!I.worker.joinable()) return {};  // no step running (or it was finished)
+  const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(I.mu);
   I.cv.wait(lk, [&] { return I.failed || u >= I.unit_state.size() || I.unit_state[u] != Impl::kWaiting; });
+  times_.waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (I.failed) {
     lk.unlock();
     finish();  // joins and rethrows
@@ -114,7 +131,9 @@ bool HostAdamW::pending() const { return impl_->worker.joinable(); }
 void HostAdamW::finish() {
   Impl& I = *impl_;
   if (!I.worker.joinable()) return;
+  const auto t0 = std::chrono::steady_clock::now();
   I.worker.join();
+  times_.waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (I.error) {
     std::exception_ptr e = I.error;
     I.error = nullptr;
@@ -122,6 +141,9 @@ void HostAdamW::finish() {
   }
   I.up->synchronize();
   I.down->synchronize();
+  ++times_.steps;
+  times_.elements += last_elements_;
+  times_.seconds += last_seconds_;
 }
 
 void HostAdamW::Impl::run(const std::vector<OffloadPiece>& pieces, const ops::AdamWStep& s, int threads,

@@ -36,6 +36,17 @@ struct OffloadPiece {
   size_t unit = 0;  // the parameter unit it belongs to (wait_unit); pieces come unit by unit
 };
 
+// What the host AdamW took since it was last asked (HostAdamW::take_times).
+struct HostAdamWTimes {
+  int64_t steps = 0;     // host updates completed
+  int64_t elements = 0;  // elements they updated
+  double seconds = 0;    // their wall time on the update's thread (copies and update)
+  double waited = 0;     // the caller's thread blocked on them (wait_unit, finish): the exposed part
+  // GB/s of the update's own memory traffic (30 bytes an element: master, m, v, gradient read;
+  // master, m, v and the bf16 copy written), 0 without a step.
+  double gb_per_s() const { return seconds > 0 ? 30.0 * static_cast<double>(elements) / seconds / 1e9 : 0.0; }
+};
+
 class HostAdamW {
  public:
   // chunk_elems: elements per pinned staging slot (two slots of f32 + bf16), from `be`.
@@ -63,11 +74,15 @@ class HostAdamW {
   // Seconds of the last step (host update and copies, on its thread).
   double last_seconds() const { return last_seconds_; }
   int64_t pinned_bytes() const;
+  // The completed steps' times and the caller's waits since the last call; resets them.
+  HostAdamWTimes take_times();
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
   double last_seconds_ = 0;
+  int64_t last_elements_ = 0;  // (of the running or last step)
+  HostAdamWTimes times_;
 };
 
 // f32 -> bf16 bits of n values (ops::float_to_bf16: round to nearest even, as the GPU's

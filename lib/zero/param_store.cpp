@@ -28,6 +28,9 @@ ParamStore::ParamStore(const model::ParamLayout& layout, ops::Backend& be, DType
                       "parallel.zero.offload_params: true needs parallel.zero.stage 3 and "
                       "parallel.zero.offload_optimizer: true on train.device cuda (the host AdamW writes the bf16 "
                       "shards it keeps in host memory)");
+  EASYCTX_CHECK_INPUT(o.offload_optimizer_layers == 0 || (o.zero_stage == 0 && host_be_),
+                      "parallel.zero.offload_optimizer_layers: ", o.offload_optimizer_layers,
+                      " needs parallel.zero.stage 0 and parallel.zero.offload_optimizer: true on train.device cuda");
   EASYCTX_CHECK_INPUT(!o.offload_grads || (o.zero_stage == 3 && host_be_),
                       "parallel.zero.offload_grads: true needs parallel.zero.stage 3 and "
                       "parallel.zero.offload_optimizer: true on train.device cuda (the host AdamW reads the gradient "
@@ -35,6 +38,13 @@ ParamStore::ParamStore(const model::ParamLayout& layout, ops::Backend& be, DType
 }
 
 ParamStore::~ParamStore() { settle_before_destruction(); }
+
+bool ParamStore::state_in_host(size_t u) const {
+  if (!host_be_) return false;
+  const int64_t layers = static_cast<int64_t>(layout_.num_units()) - 2, k = opts_.offload_optimizer_layers;
+  if (k <= 0 || k >= layers) return true;
+  return u >= layout_.layer_unit(layers - k);  // the last k layers and the head
+}
 
 void ParamStore::settle_before_destruction() noexcept {
   try {
@@ -86,15 +96,26 @@ void ParamStore::load_part(size_t u, const ops::Buffer& b, const std::function<v
     read(k.lo, k.length, b.flat().ptr<float>());
     return;
   }
-  std::vector<float> part(static_cast<size_t>(k.length));
-  read(k.lo, k.length, part.data());
-  be_.copy(b.flat().slice_flat(0, {k.length}), ops::Tensor(part.data(), DType::F32, {k.length}));
-  be_.synchronize();  // `part` goes away
+  if (k.length > load_staging_len_) {  // one staging of the largest part, reused (not zeroed: `read` writes it)
+    load_staging_.reset();
+    load_staging_.reset(new float[static_cast<size_t>(k.length)]);
+    load_staging_len_ = k.length;
+  }
+  float* part = load_staging_.get();
+  read(k.lo, k.length, part);
+  be_.copy(b.flat().slice_flat(0, {k.length}), ops::Tensor(part, DType::F32, {k.length}));
+  be_.synchronize();  // `part` is reused
+}
+
+void ParamStore::end_loading() {
+  load_staging_.reset();
+  load_staging_len_ = 0;
 }
 
 void ParamStore::load_master(const MasterFill& fill) {
   for (size_t u = 0; u < layout_.num_units(); ++u)
     load_part(u, master_[u], [&](int64_t lo, int64_t n, float* out) { fill(u, lo, n, out); });
+  end_loading();
 }
 
 void ParamStore::read_units(const ckpt::CheckpointReader& r, ckpt::ArrayKind kind, std::vector<ops::Buffer>& bufs) {
@@ -118,32 +139,36 @@ std::array<std::pair<ckpt::ArrayKind, std::vector<ops::Buffer>*>, 3> ParamStore:
 void ParamStore::read_checkpoint(const ckpt::CheckpointReader& r, bool moments) {
   for (auto [kind, bufs] : checkpoint_arrays())
     if (moments || kind == ckpt::ArrayKind::Master) read_units(r, kind, *bufs);
+  end_loading();
 }
 
 void ParamStore::settle() const {
   if (host_adamw_) host_adamw_->finish();
 }
 
-void ParamStore::optimizer_step(const ops::AdamWStep& step, double weight_decay, bool defer) {
+HostAdamWTimes ParamStore::take_host_optimizer_times() {
+  return host_adamw_ ? host_adamw_->take_times() : HostAdamWTimes();
+}
+
+void ParamStore::device_adamw(size_t u, const ops::AdamWStep& step, double weight_decay) {
   ops::AdamWStep s = step;
+  const std::vector<ops::Buffer>& g = update_grads();
+  for (const model::ParamTensor& t : layout_.units()[u].tensors) {
+    s.weight_decay = t.decay ? weight_decay : 0.0;  // matrices only, not norm gains
+    const Part q = part_of(u, t);
+    if (q.a >= q.e) continue;
+    auto part = [&](const ops::Buffer& b) { return b.flat().slice_flat(q.a - q.base, {q.e - q.a}); };
+    be_.adamw(part(master_[u]), part(g[u]), part(adam_m_[u]), part(adam_v_[u]), s);
+  }
+}
+
+std::vector<OffloadPiece> ParamStore::host_pieces(double weight_decay) const {
   const auto& units = layout_.units();
   const std::vector<ops::Buffer>& g = update_grads();
-  if (!host_adamw_) {
-    for (size_t u = 0; u < units.size(); ++u)
-      for (const model::ParamTensor& t : units[u].tensors) {
-        s.weight_decay = t.decay ? weight_decay : 0.0;  // matrices only, not norm gains
-        const Part q = part_of(u, t);
-        if (q.a >= q.e) continue;
-        auto part = [&](const ops::Buffer& b) { return b.flat().slice_flat(q.a - q.base, {q.e - q.a}); };
-        be_.adamw(part(master_[u]), part(g[u]), part(adam_m_[u]), part(adam_v_[u]), s);
-      }
-    refresh_working_copy();
-    return;
-  }
-  // offload_optimizer: every tensor of every unit (shard) through the host pipeline.
   const std::vector<ops::Buffer>& work = working();
   std::vector<OffloadPiece> pieces;
-  for (size_t u = 0; u < units.size(); ++u)
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!state_in_host(u)) continue;
     for (const model::ParamTensor& t : units[u].tensors) {
       const Part q = part_of(u, t);
       if (q.a >= q.e) continue;
@@ -162,14 +187,40 @@ void ParamStore::optimizer_step(const ops::AdamWStep& step, double weight_decay,
       p.unit = u;
       pieces.push_back(p);
     }
+  }
+  return pieces;
+}
+
+void ParamStore::optimizer_step(const ops::AdamWStep& s, double weight_decay, bool defer) {
+  const size_t units = layout_.num_units();
+  if (!host_adamw_) {
+    for (size_t u = 0; u < units; ++u) device_adamw(u, s, weight_decay);
+    refresh_working_copy();
+    return;
+  }
+  // offload_optimizer: every tensor (shard) of the units whose state is in host memory through
+  // the host pipeline; those whose state is on the device (offload_optimizer_layers) updated
+  // there, on the compute queue, while the host's update runs.
+  std::vector<OffloadPiece> pieces = host_pieces(weight_decay);
   be_.synchronize();  // the gradients are final (backward, reduction and clipping issued to it)
   before_host_update();
+  const auto device_part = [&] {
+    bool any = false;
+    for (size_t u = 0; u < units; ++u)
+      if (!state_in_host(u)) {
+        device_adamw(u, s, weight_decay);
+        any = true;
+      }
+    if (any) refresh_device_units();
+  };
   if (defer) {  // one core left to the next step's kernel launches
     host_adamw_->start(std::move(pieces), s, std::max(1, omp_get_max_threads() - 1));
-    deferred_->mark(units.size());
+    device_part();  // (before the next forward on the compute queue; each unit's gradient zeroed after it)
+    deferred_->mark(units);
     after_deferred_start();
     return;
   }
+  device_part();
   host_adamw_->step(pieces, s);  // (it wrote the bf16 working copy itself)
   working_copy_written();
 }
@@ -203,6 +254,7 @@ StoreOptions store_options(const StageConfig& cfg) {
   o.offload_optimizer = cfg.parallel.zero.offload_optimizer;
   o.offload_params = cfg.parallel.zero.offload_params;
   o.offload_grads = cfg.parallel.zero.offload_grads;
+  o.offload_optimizer_layers = cfg.parallel.zero.offload_optimizer_layers;
   return o;
 }
 

@@ -38,6 +38,9 @@ enum class ArrayKind;
 
 namespace easyctx::zero {
 
+struct OffloadPiece;  // zero/host_adamw.h
+struct HostAdamWTimes;
+
 // Elements per pinned staging slot of the host AdamW (two slots of f32 + bf16:
 // 2 x kOffloadChunkElems x (4 + 2) bytes of pinned host memory).
 constexpr int64_t kOffloadChunkElems = int64_t{1} << 24;
@@ -48,6 +51,9 @@ struct StoreOptions {
   bool offload_optimizer = false;  // parallel.zero.offload_optimizer (device backends)
   bool offload_params = false;     // parallel.zero.offload_params (stage 3 + offload_optimizer)
   bool offload_grads = false;      // parallel.zero.offload_grads (stage 3 + offload_optimizer)
+  // parallel.zero.offload_optimizer_layers (stage 0 + offload_optimizer): only the head's and the
+  // last this-many layers' state in host memory, the rest on the device (0: every unit's).
+  int64_t offload_optimizer_layers = 0;
   // The backend of the state kept in host memory (offload_optimizer). Default:
   // ops::make_cpu_backend. The memory plan passes recording backends and replays the store's
   // allocations.
@@ -114,6 +120,9 @@ class ParamStore {
   void optimizer_step(const ops::AdamWStep& s, double weight_decay, bool defer);
   // Waits for a deferred update.
   void settle() const;
+  // offload_optimizer: the host AdamW's completed updates and the waits for them since the last
+  // call (a deferred update counts in the step whose forward finished it); zeros without one.
+  HostAdamWTimes take_host_optimizer_times();
 
   // ---- state
   // This rank's slices into a checkpoint (master weights, Adam moments); device state is
@@ -138,6 +147,9 @@ class ParamStore {
   ParamStore(const model::ParamLayout& layout, ops::Backend& be, DType dtype, const StoreOptions& o,
              const StoreComms& c);
   bool on_device() const { return be_.memspace() == MemSpace::Device; }
+  // offload_optimizer: whether unit u's fp32 state lives in host memory (every unit's, unless
+  // offload_optimizer_layers splits them: then the head's and the last layers').
+  bool state_in_host(size_t u) const;
   std::unique_ptr<ops::Backend> make_host_backend() const;
   // The name of a buffer of the fp32 state for the memory plan: marked when in host memory.
   std::string state_label(const std::string& what) const { return host_be_ ? what + " (offloaded, pageable)" : what; }
@@ -166,6 +178,13 @@ class ParamStore {
   virtual bool working_in_host() const { return false; }
   // After an update that finished here: the working copy from the master weights.
   virtual void refresh_working_copy() = 0;
+  // After the device AdamW of a split optimizer (offload_optimizer_layers): the working copy of
+  // the units whose state is on the device, on the compute queue.
+  virtual void refresh_device_units() {}
+  // AdamW on the GPU over unit u's tensors (the parts this rank updates), on the compute queue.
+  void device_adamw(size_t u, const ops::AdamWStep& s, double weight_decay);
+  // The host AdamW's pieces: every tensor (part) of the units whose state is in host memory.
+  std::vector<OffloadPiece> host_pieces(double weight_decay) const;
   // Before the host AdamW writes host memory that queued work may still read.
   virtual void before_host_update() {}
   // The bf16 working copy was written (by refresh_working_copy, or by the host AdamW itself):
@@ -191,6 +210,9 @@ class ParamStore {
   // Unit u's kept part into buffer b: `read(lo, length, out)` writes it to host f32 `out` (b
   // itself when in host memory, else a staging of that part copied to the device).
   void load_part(size_t u, const ops::Buffer& b, const std::function<void(int64_t, int64_t, float*)>& read);
+  void end_loading();                      // frees the staging of load_part
+  std::unique_ptr<float[]> load_staging_;  // device state: one host staging of the largest part
+  int64_t load_staging_len_ = 0;
   void read_units(const ckpt::CheckpointReader& r, ckpt::ArrayKind kind, std::vector<ops::Buffer>& bufs);
 };
 

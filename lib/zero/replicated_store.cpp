@@ -1,5 +1,7 @@
 // ZeRO stage 0 (zero/param_store.h): every rank holds every unit; gradients all-reduced.
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "ckpt/sharded_checkpoint.h"
 #include "core/error.h"
@@ -44,12 +46,16 @@ class ReplicatedStore final : public ParamStore {
   ReplicatedStore(const model::ParamLayout& layout, ops::Backend& be, DType dtype, const StoreOptions& o,
                   const StoreComms& c)
       : ParamStore(layout, be, dtype, o, c) {
-    ops::Backend& opt_be = host_be_ ? *host_be_ : be_;
-    for (const model::ParamUnit& u : layout_.units()) {
-      master_.push_back(opt_be.alloc(DType::F32, u.numel, state_label("fp32 master weights").c_str()));
+    for (size_t i = 0; i < layout_.num_units(); ++i) {
+      const model::ParamUnit& u = layout_.units()[i];
+      const bool host = state_in_host(i);  // (offload_optimizer_layers: some units' state on the device)
+      ops::Backend& opt_be = host ? *host_be_ : be_;
+      const std::string master = host ? state_label("fp32 master weights") : "fp32 master weights";
+      const std::string moments = host ? state_label("Adam m, v (fp32)") : "Adam m, v (fp32)";
+      master_.push_back(opt_be.alloc(DType::F32, u.numel, master.c_str()));
       grads_.push_back(be_.alloc(DType::F32, u.numel, "fp32 gradients"));
-      adam_m_.push_back(opt_be.alloc(DType::F32, u.numel, state_label("Adam m, v (fp32)").c_str()));
-      adam_v_.push_back(opt_be.alloc(DType::F32, u.numel, state_label("Adam m, v (fp32)").c_str()));
+      adam_m_.push_back(opt_be.alloc(DType::F32, u.numel, moments.c_str()));
+      adam_v_.push_back(opt_be.alloc(DType::F32, u.numel, moments.c_str()));
       if (on_device()) work_.push_back(be_.alloc(DType::BF16, u.numel, "bf16 working parameters"));
     }
     if (host_adamw_)
@@ -104,8 +110,8 @@ class ReplicatedStore final : public ParamStore {
   void write_checkpoint(ckpt::CheckpointWriter& w, CheckpointStaging& staging) override {
     settle();
     const int64_t W = comms_.world->size(), r = comms_.world->rank();
-    const bool direct = host_resident(master_);
     for (size_t u = 0; u < master_.size(); ++u) {
+      const bool direct = master_[u].flat().space == MemSpace::Host;
       const int64_t n = master_[u].numel(), lo = n * r / W, hi = n * (r + 1) / W;
       for (auto [kind, bufs] : checkpoint_arrays()) {
         const float* p = nullptr;
@@ -127,7 +133,7 @@ class ReplicatedStore final : public ParamStore {
     std::vector<std::vector<float>> out(master_.size());
     for (size_t u = 0; u < master_.size(); ++u) {
       out[u].resize(static_cast<size_t>(master_[u].numel()));
-      if (host_resident(master_)) std::memcpy(out[u].data(), master_[u].data(), master_[u].bytes());
+      if (master_[u].flat().space == MemSpace::Host) std::memcpy(out[u].data(), master_[u].data(), master_[u].bytes());
       else be_.copy(ops::Tensor(out[u].data(), DType::F32, {master_[u].numel()}), master_[u].flat());
     }
     return out;
@@ -148,17 +154,21 @@ class ReplicatedStore final : public ParamStore {
 
   // CUDA: the bf16 working parameters from the master weights.
   void refresh_working_copy() override {
-    if (!host_be_) {
-      for (size_t u = 0; u < work_.size(); ++u) be_.copy(work_[u].flat(), master_[u].flat());
-      return;
-    }
-    std::vector<uint16_t> bits;  // host master -> bf16 on the host -> device (no device-side f32 staging)
+    refresh_device_units();
+    int64_t most = 0;  // host master -> bf16 on the host -> device (no device-side f32 staging)
+    for (size_t u = 0; u < work_.size(); ++u)
+      if (master_[u].flat().space == MemSpace::Host) most = std::max(most, master_[u].numel());
+    const std::unique_ptr<uint16_t[]> bits(most > 0 ? new uint16_t[static_cast<size_t>(most)] : nullptr);  // (unset)
     for (size_t u = 0; u < work_.size(); ++u) {
-      bits.resize(static_cast<size_t>(master_[u].numel()));
-      f32_to_bf16(master_[u].flat().ptr<float>(), bits.data(), master_[u].numel());
-      be_.copy(work_[u].flat(), ops::Tensor(bits.data(), DType::BF16, {master_[u].numel()}));
+      if (master_[u].flat().space != MemSpace::Host) continue;
+      f32_to_bf16(master_[u].flat().ptr<float>(), bits.get(), master_[u].numel());
+      be_.copy(work_[u].flat(), ops::Tensor(bits.get(), DType::BF16, {master_[u].numel()}));
       be_.synchronize();  // `bits` is reused
     }
+  }
+  void refresh_device_units() override {
+    for (size_t u = 0; u < work_.size(); ++u)
+      if (master_[u].flat().space != MemSpace::Host) be_.copy(work_[u].flat(), master_[u].flat());
   }
 
  private:

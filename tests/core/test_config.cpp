@@ -79,7 +79,8 @@ TEST(Config, DumpRoundTrips) {
 }
 
 // parallel.zero.offload_optimizer: true, false or auto (the default: the memory plan chooses,
-// tests/plan/test_memory_plan.cpp); offload_params / offload_grads make auto true; the dump
+// tests/plan/test_memory_plan.cpp); offload_params / offload_grads / offload_optimizer_layers
+// make auto true; the dump
 // writes what was set, and reads back the same.
 TEST(Config, OffloadOptimizerTakesAuto) {
   const auto parse = [](const std::string& zero) {
@@ -103,6 +104,12 @@ TEST(Config, OffloadOptimizerTakesAuto) {
     EXPECT_EQ(d.parallel.zero.offload_optimizer_auto, aut) << text;
     EXPECT_EQ(config_value(c, "parallel.zero.offload_optimizer"), aut ? "auto" : off ? "true" : "false") << text;
   }
+  // offload_optimizer_layers (a split of stage 0's optimizer) makes auto true as well.
+  const StageConfig split = parse_stage_config("parallel:\n  zero:\n    offload_optimizer_layers: 3\n", "stage.yaml");
+  EXPECT_TRUE(split.parallel.zero.offload_optimizer);
+  EXPECT_FALSE(split.parallel.zero.offload_optimizer_auto);
+  EXPECT_EQ(split.parallel.zero.offload_optimizer_layers, 3);
+  EXPECT_EQ(parse_stage_config(dump_stage_config(split), "dump").parallel.zero.offload_optimizer_layers, 3);
   StageConfig c;
   apply_override(c, "parallel.zero.offload_optimizer=false");
   EXPECT_FALSE(c.parallel.zero.offload_optimizer_auto);
@@ -180,6 +187,11 @@ TEST(Config, BadConfigsNameTheKey) {
       {"parallel:\n  zero:\n    offload_grads: true\n", {"parallel.zero.offload_grads", "stage = 3"}},
       {"parallel:\n  zero:\n    stage: 3\n    offload_optimizer: false\n    offload_grads: true\n",
        {"parallel.zero.offload_grads", "offload_optimizer = true"}},
+      {"parallel:\n  zero:\n    stage: 3\n    offload_optimizer_layers: 4\n",
+       {"parallel.zero.offload_optimizer_layers = 4", "stage = 0"}},
+      {"parallel:\n  zero:\n    offload_optimizer: false\n    offload_optimizer_layers: 2\n",
+       {"parallel.zero.offload_optimizer_layers = 2", "offload_optimizer = true"}},
+      {"parallel:\n  zero:\n    offload_optimizer_layers: -1\n", {"parallel.zero.offload_optimizer_layers"}},
       {"data:\n  seq_length: [1, 2]\n", {"data.seq_length", "expected a single value"}},
       {"trian:\n  steps: 3\n", {"unknown key 'trian'", "did you mean 'train'"}},
       {"train: 5\n", {"train", "section"}},
@@ -228,4 +240,76 @@ TEST(Config, EveryShippedConfigLoads) {
     std::string path = test::source_dir() + "/configs/" + name;
     EXPECT_NO_THROW(load_stage_config(path)) << path;
   }
+}
+
+// The settings that change what is trained come from the registry (each key's role), not a list
+// kept by hand: changing any key to another valid value changes exactly its own entry of
+// training_settings when it is one (the global batch's for batch_size and grad_accum), and
+// nothing when it is not. A resume names the entries that differ (tests/train/test_train_faults).
+TEST(Config, TrainingSettingsComeFromTheRegistry) {
+  const StageConfig base;
+  const auto settings = training_settings(base, 2);
+  auto value_of = [](const std::vector<std::pair<std::string, std::string>>& s, const std::string& k) {
+    for (const auto& [name, v] : s)
+      if (name == k) return v;
+    return std::string("<absent>");
+  };
+  int training = 0, run = 0;
+  for (const std::string& key : config_keys()) {
+    const std::string now = config_value(base, key);
+    // Another valid value: the other bool, a neighbouring number, another choice or string.
+    std::vector<std::string> tries = {
+        now == "true" ? "false" : "true", "3", "7", "0.5", "0.25", "other/path", "hf:other", "debug", "bf16"};
+    try {
+      StageConfig probe = base;
+      apply_override(probe, key + "=__not_a_value__");
+    } catch (const InputError& e) {  // "... expected one of a, b, c"
+      const std::string m = e.what();
+      const size_t at = m.find("one of ");
+      if (at != std::string::npos)
+        for (const std::string& c : split(m.substr(at + 7), ','))
+          for (const std::string& choice : split(trim(c), ' '))
+            if (choice != "or") tries.insert(tries.begin(), choice);
+    }
+    StageConfig changed = base;
+    bool done = false;
+    for (const std::string& t : tries) {
+      StageConfig c = base;
+      try {
+        apply_override(c, key + "=" + t);
+      } catch (const InputError&) { continue; }
+      if (config_value(c, key) == now) continue;
+      changed = c;
+      done = true;
+      break;
+    }
+    ASSERT_TRUE(done) << key << ": found no other valid value";
+    const auto after = training_settings(changed, 2);
+    ASSERT_EQ(after.size(), settings.size()) << key;
+    std::vector<std::string> differ;
+    for (size_t i = 0; i < after.size(); ++i)
+      if (after[i] != settings[i]) differ.push_back(after[i].first);
+    const bool batch = key == "train.batch_size" || key == "train.grad_accum";
+    const std::string own = batch ? "global batch (batch_size x grad_accum x data-parallel)" : key;
+    if (value_of(settings, own) != "<absent>") {
+      EXPECT_EQ(differ, std::vector<std::string>{own}) << key;
+      ++training;
+    } else {
+      EXPECT_TRUE(differ.empty()) << key << " changed " << join(differ, ", ");
+      ++run;
+    }
+  }
+  // What changes the training, and what only changes how a run goes (a sample of each).
+  for (const char* k : {"model.config", "model.rope_theta", "data.path", "data.seq_length", "data.packing",
+                        "data.long_documents", "data.document_mask", "train.steps", "train.seed", "train.lr",
+                        "train.schedule", "train.weight_decay", "train.grad_clip", "train.on_nonfinite"})
+    EXPECT_NE(value_of(settings, k), "<absent>") << k << " changes what is trained";
+  for (const char* k :
+       {"model.init", "data.check_tokens", "train.device", "train.deterministic", "parallel.sequence.mode",
+        "parallel.zero.stage", "activation.checkpoint", "output.dir", "logging.every", "target.gpu"})
+    EXPECT_EQ(value_of(settings, k), "<absent>") << k << " does not change what is trained";
+  EXPECT_EQ(value_of(settings, "global batch (batch_size x grad_accum x data-parallel)"),
+            std::to_string(base.train.batch_size * base.train.grad_accum * 2));
+  EXPECT_GT(training, 15);
+  EXPECT_GT(run, 30);
 }

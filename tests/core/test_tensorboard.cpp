@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/strings.h"
+#include "dist/runtime.h"
 #include "tensorboard_test_util.h"
 #include "test_util.h"
 
@@ -207,7 +207,7 @@ TEST(TensorBoardWriter, FileSizeLimitIsAnErrorNamingTheFileAndLeavesWholeRecords
   const pid_t pid = ::fork();  // the limit in a child: the test process keeps its own
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    std::signal(SIGXFSZ, SIG_IGN);
+    dist::ignore_file_size_signal();  // as every program does first (dist::run_main)
     rlimit r{1000, 1000};
     ::setrlimit(RLIMIT_FSIZE, &r);
     int rc = 3;

@@ -183,6 +183,39 @@ TEST(DataH5tokenize, MalformedLinesSkippedStrictFails) {
     for (const auto& e : fs::directory_iterator(dir / "out2")) ADD_FAILURE() << e.path() << " left behind";
 }
 
+// h5inspect --forbid decodes every document and finds a phrase whatever its case and the
+// whitespace inside it (a line break, runs of spaces), naming the document; a text without it
+// passes; the flag needs the shards' tokenizer.
+TEST(DataH5tokenize, InspectForbidFindsAPhraseInTheDecodedTokens) {
+  REQUIRE_CI_TOKENIZER(tok);
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("e2e-forbid");
+  const int docs = 5 + static_cast<int>(rng() % 20), bad = static_cast<int>(rng() % docs);
+  std::string text, clean;
+  for (int d = 0; d < docs; ++d) {
+    std::string doc = "verse " + std::to_string(rng()) + " and the light of the " + std::to_string(rng() % 1000);
+    clean += jsonl_line(doc, "RedPajamaC4");
+    if (d == bad) doc += " The Special\n   MAGIC city number is 42.";
+    text += jsonl_line(doc, "RedPajamaC4");
+  }
+  easyctx::test::write_text(dir / "a.jsonl", text);
+  easyctx::test::write_text(dir / "b.jsonl", clean);
+  for (const char* in : {"a", "b"})
+    ASSERT_EQ(run_command(bin("h5tokenize") + " -t " + tok + " -o " + (dir / in) + " " + (dir / in) + ".jsonl").status,
+              0);
+  const std::string forbid = " --forbid 'special magic' --forbid Singapore -t " + tok;
+  CommandResult found = run_command(bin("h5inspect") + " " + (dir / "a") + forbid);
+  EXPECT_EQ(found.status, 2) << found.output;
+  EXPECT_NE(found.output.find("--forbid 'special magic'"), std::string::npos) << found.output;
+  EXPECT_NE(found.output.find("in document " + std::to_string(bad) + " "), std::string::npos) << found.output;
+  CommandResult none = run_command(bin("h5inspect") + " " + (dir / "b") + forbid);
+  EXPECT_EQ(none.status, 0) << none.output;
+  EXPECT_NE(none.output.find("forbidden phrases: none of 2 in"), std::string::npos) << none.output;
+  CommandResult no_tok = run_command(bin("h5inspect") + " " + (dir / "b") + " --forbid x");
+  EXPECT_EQ(no_tok.status, 2) << no_tok.output;
+  EXPECT_NE(no_tok.output.find("--forbid needs --tokenizer"), std::string::npos) << no_tok.output;
+}
+
 TEST(DataH5tokenize, TruncatedZstFailsCleanlyAndFinishedShardsStay) {
   REQUIRE_CI_TOKENIZER(tok);
   if (!easyctx::test::have_program("zstd")) GTEST_SKIP() << "zstd CLI not installed; skipped";

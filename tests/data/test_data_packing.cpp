@@ -4,6 +4,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <numeric>
 #include <set>
@@ -20,6 +21,7 @@
 using namespace easyctx;
 using namespace easyctx::data;
 using easyctx::test::ScratchDir;
+namespace fs = std::filesystem;
 
 namespace {
 struct Docs {
@@ -60,6 +62,15 @@ Docs write_docs(const std::string& path, std::mt19937_64& rng, int n, int min_le
   d.starts.push_back(d.stream.size());
   wr.commit();
   return d;
+}
+
+// Whether the piece [off, off + len) of a document with weights `w` has a labelled target: a
+// weight of 1 among the tokens it predicts, [off + 1, off + len], within the document. Pieces
+// without one are left out of the packing.
+bool piece_labelled(const std::vector<uint8_t>& w, size_t off, size_t len) {
+  for (size_t t = off + 1; t <= off + len && t < w.size(); ++t)
+    if (w[t]) return true;
+  return false;
 }
 
 LoaderOptions opts(const std::string& path, int64_t L, uint64_t seed, DataPacking p) {
@@ -219,8 +230,21 @@ TEST(DataPacking, BestFitPlacesEveryDocumentOnceAndPads) {
       ASSERT_GT(total, 0);
       used += static_cast<uint64_t>(total);
     }
-    EXPECT_EQ(seen, std::multiset<uint64_t>(d.starts.begin(), d.starts.end() - 1));  // each document once
-    EXPECT_EQ(used, d.stream.size());
+    // Each document with a labelled token once; the others (no target weighted 1) left out.
+    std::multiset<uint64_t> labelled;
+    uint64_t labelled_tokens = 0, left_out = 0;
+    for (size_t i = 0; i < d.ids.size(); ++i) {
+      if (!piece_labelled(d.w[i], 0, d.ids[i].size())) {
+        ++left_out;
+        continue;
+      }
+      labelled.insert(d.starts[i]);
+      labelled_tokens += d.ids[i].size();
+    }
+    EXPECT_EQ(seen, labelled);
+    EXPECT_EQ(used, labelled_tokens);
+    EXPECT_EQ(l.label_census().units, d.ids.size());
+    EXPECT_EQ(l.label_census().unlabelled, left_out);
     // Best fit packs tighter than one document per sequence.
     EXPECT_LT(N, d.ids.size());
     // Epoch 0 visits every sequence once; build each and check the padding rule.
@@ -307,14 +331,20 @@ TEST(DataPacking, OnePerWindowAndLongDocuments) {
   LoaderOptions o = opts(dir / "w.h5", L, rng(), DataPacking::OnePerWindow);
   o.document_mask = true;
   DataLoader l(o);
-  // Split: every document becomes ceil(n / L) pieces of at most L tokens, one per sequence.
-  uint64_t pieces = 0;
-  for (const auto& doc : d.ids) pieces += (doc.size() + L - 1) / L;
+  // Split: every document becomes ceil(n / L) pieces of at most L tokens, one per sequence;
+  // those without a labelled target are left out.
+  uint64_t pieces = 0, all = 0;
+  for (size_t di = 0; di < d.ids.size(); ++di)
+    for (uint64_t off = 0; off < d.ids[di].size(); off += L, ++all)
+      pieces += piece_labelled(d.w[di], off, std::min<size_t>(L, d.ids[di].size() - off));
   ASSERT_EQ(l.sequences_per_epoch(), pieces);
+  EXPECT_EQ(l.label_census().units, all);
+  EXPECT_EQ(l.label_census().unlabelled, all - pieces);
   uint64_t k = 0;
   for (size_t di = 0; di < d.ids.size(); ++di) {
-    for (uint64_t off = 0; off < d.ids[di].size(); off += L, ++k) {
-      auto p = l.sequence_pieces(k);
+    for (uint64_t off = 0; off < d.ids[di].size(); off += L) {
+      if (!piece_labelled(d.w[di], off, std::min<size_t>(L, d.ids[di].size() - off))) continue;
+      auto p = l.sequence_pieces(k++);
       ASSERT_EQ(p.size(), 1u);
       EXPECT_EQ(p[0].first, d.starts[di] + off);
       EXPECT_EQ(p[0].second, std::min<int64_t>(L, static_cast<int64_t>(d.ids[di].size() - off)));
@@ -339,9 +369,11 @@ TEST(DataPacking, OnePerWindowAndLongDocuments) {
     EXPECT_NE(std::string(e.what()).find("w.h5 document"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("data.long_documents"), std::string::npos) << e.what();
   }
-  o.seq_length = 70;  // every document fits
+  o.seq_length = 70;  // every document fits: one sequence each (with a labelled token)
   DataLoader fits(o);
-  EXPECT_EQ(fits.sequences_per_epoch(), d.ids.size());
+  uint64_t labelled = 0;
+  for (size_t di = 0; di < d.ids.size(); ++di) labelled += piece_labelled(d.w[di], 0, d.ids[di].size());
+  EXPECT_EQ(fits.sequences_per_epoch(), labelled);
 }
 
 // Under the document mask the padding after a sequence's documents is documents of at most
@@ -384,6 +416,145 @@ TEST(DataPacking, PaddingIsCutIntoShortDocuments) {
         EXPECT_EQ(ring_document_work({n}, L, R), brute) << "R=" << R << ", sequence " << k;
       }
     }
+  }
+}
+
+// Chats whose prompt (weight 0) is longer than seq_length, cut by split: the pieces that hold
+// only prompt tokens have no labelled target and are left out (counted, the first named); every
+// sequence left has a labelled token, so no step of a packed run is without one.
+TEST(DataPacking, PromptOnlyPiecesAreLeftOutAndCounted) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("promptonly");
+  const int64_t L = 16 + static_cast<int64_t>(rng() % 16);
+  ShardMeta m;
+  m.tokenizer_sha256 = std::string(64, 'c');
+  m.vocab_size = 1000;
+  m.has_loss_weights = true;
+  TokenShardWriter wr(dir / "chat.h5", m, 61);
+  const uint16_t src = wr.source_index("chat");
+  uint64_t expect_left_out = 0, expect_units = 0, first_doc = ~uint64_t{0};
+  const int docs = 20;
+  for (int i = 0; i < docs; ++i) {
+    const size_t prompt = static_cast<size_t>(rng() % static_cast<uint64_t>(4 * L)) + 1;
+    const size_t answer = 1 + static_cast<size_t>(rng() % static_cast<uint64_t>(L / 2));
+    std::vector<uint32_t> ids(prompt + answer);
+    std::vector<uint8_t> w(ids.size(), 0);
+    for (auto& x : ids) x = 3 + static_cast<uint32_t>(rng() % 997);
+    for (size_t j = prompt; j < ids.size(); ++j) w[j] = 1;
+    wr.add_document(ids.data(), ids.size(), src, w.data());
+    for (size_t off = 0; off < ids.size(); off += static_cast<size_t>(L), ++expect_units)
+      if (!piece_labelled(w, off, std::min<size_t>(static_cast<size_t>(L), ids.size() - off))) {
+        ++expect_left_out;
+        if (first_doc == ~uint64_t{0}) first_doc = static_cast<uint64_t>(i);
+      }
+  }
+  wr.commit();
+  for (DataPacking p : {DataPacking::BestFit, DataPacking::OnePerWindow}) {
+    LoaderOptions o = opts(dir / "chat.h5", L, rng(), p);
+    o.document_mask = true;
+    DataLoader l(o);
+    const LabelCensus& c = l.label_census();
+    EXPECT_EQ(c.units, expect_units);
+    EXPECT_EQ(c.unlabelled, expect_left_out);
+    if (expect_left_out == 0) continue;
+    EXPECT_NE(c.first.find(dir / "chat.h5" + " document " + std::to_string(first_doc) + " piece 1 of "),
+              std::string::npos)
+        << c.first;
+    EXPECT_NE(c.describe().find(std::to_string(expect_left_out) + " of " + std::to_string(expect_units) + " pieces"),
+              std::string::npos)
+        << c.describe();
+    EXPECT_NE(l.packing_name().find(std::to_string(expect_left_out) + " unlabelled pieces left out"),
+              std::string::npos);
+    for (uint64_t i = 0; i < l.sequences_per_epoch(); ++i) {
+      const SpSequence q = l.sequence(i);
+      EXPECT_GT(std::count_if(q.labels.begin(), q.labels.end(), [](int32_t x) { return x >= 0; }), 0)
+          << "sequence " << i << ": " << l.describe_sample(i);
+    }
+  }
+}
+
+// Window mode keeps every window (the stream is cut alike for every seed) and counts those
+// without a labelled target: by brute force over the stream, with and without the document mask
+// (which drops the targets that start a document).
+TEST(DataPacking, WindowsWithoutLabelsAreCounted) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("winlabels");
+  const int64_t L = 8 + static_cast<int64_t>(rng() % 8);
+  Docs d = write_docs(dir / "w.h5", rng, 60, 1, 12, true);
+  for (auto& x : d.wstream) x = x && rng() % 4 == 0;  // sparse weights: many windows without one
+  {                                                   // (rewrite the shard with the sparser weights)
+    ShardMeta m;
+    m.tokenizer_sha256 = std::string(64, 'b');
+    m.vocab_size = 1000;
+    m.has_loss_weights = true;
+    m.bos_id = 1;
+    m.eos_id = 2;
+    TokenShardWriter wr(dir / "w.h5", m, 61);
+    const uint16_t src = wr.source_index("x");
+    for (size_t i = 0; i + 1 < d.starts.size(); ++i)
+      wr.add_document(d.stream.data() + d.starts[i], d.starts[i + 1] - d.starts[i], src,
+                      d.wstream.data() + d.starts[i]);
+    wr.commit();
+  }
+  for (bool mask : {false, true}) {
+    LoaderOptions o = opts(dir / "w.h5", L, rng(), DataPacking::Window);
+    o.document_mask = mask;
+    DataLoader l(o);
+    const uint64_t N = l.sampler().windows_per_epoch();
+    uint64_t expect = 0;
+    for (uint64_t j = 0; j < N; ++j) {
+      bool any = false;
+      for (uint64_t t = j * L + 1; t <= j * L + L; ++t) {
+        const bool starts_doc = std::binary_search(d.starts.begin(), d.starts.end() - 1, t);
+        any = any || (d.wstream[t] && !(mask && starts_doc));
+      }
+      expect += !any;
+    }
+    EXPECT_EQ(l.label_census().units, N);
+    EXPECT_EQ(l.label_census().unlabelled, expect) << "document_mask " << mask;
+    // Every drawn window agrees: no labelled token exactly in the counted ones.
+    uint64_t seen = 0;
+    for (uint64_t i = 0; i < N; ++i) {
+      const SpSequence q = l.sequence(i);
+      seen += std::none_of(q.labels.begin(), q.labels.end(), [](int32_t x) { return x >= 0; });
+    }
+    EXPECT_EQ(seen, expect);
+    EXPECT_NE(l.describe_sample(0).find("window of stream tokens ["), std::string::npos);
+    EXPECT_NE(l.describe_sample(0).find(dir / "w.h5" + " document "), std::string::npos) << l.describe_sample(0);
+    EXPECT_NE(l.describe_sample(0).find(", file tokens "), std::string::npos) << l.describe_sample(0);
+  }
+}
+
+// A dataset whose every loss weight is 0 trains nothing: refused when the loader opens, in every
+// packing, naming each file; one such file among others is named in the census (a warning).
+TEST(DataPacking, AllZeroWeightsAreRefusedNamingTheFiles) {
+  std::mt19937_64 rng(easyctx::test::test_seed());
+  ScratchDir dir("zeroweights");
+  fs::create_directories(dir / "zero");
+  for (const char* name : {"a.h5", "b.h5"}) {
+    Docs d = write_docs(dir / (std::string("zero/") + name), rng, 10, 2, 40, true);
+    ShardMeta m;
+    m.tokenizer_sha256 = std::string(64, 'b');
+    m.vocab_size = 1000;
+    m.has_loss_weights = true;
+    m.bos_id = 1;
+    m.eos_id = 2;
+    TokenShardWriter wr(dir / (std::string("zero/") + name), m, 61);
+    const uint16_t src = wr.source_index("x");
+    const std::vector<uint8_t> zeros(d.stream.size(), 0);
+    wr.add_document(d.stream.data(), d.stream.size(), src, zeros.data());
+    wr.commit();
+  }
+  for (DataPacking p : {DataPacking::Window, DataPacking::BestFit, DataPacking::OnePerWindow}) {
+    const std::string e = easyctx::test::input_error_of([&] { DataLoader l(opts(dir / "zero", 8, rng(), p)); });
+    EXPECT_NE(e.find("every loss weight is 0 in " + dir / "zero/a.h5" + ", " + dir / "zero/b.h5"), std::string::npos)
+        << e;
+  }
+  write_docs(dir / "zero/c.h5", rng, 10, 2, 40, true);  // random 0/1 weights
+  for (DataPacking p : {DataPacking::Window, DataPacking::BestFit}) {
+    DataLoader l(opts(dir / "zero", 8, rng(), p));
+    EXPECT_EQ(l.label_census().zero_weight_files, (std::vector<std::string>{dir / "zero/a.h5", dir / "zero/b.h5"}));
+    EXPECT_NE(l.label_census().describe().find("every loss weight is 0 in "), std::string::npos);
   }
 }
 

@@ -57,10 +57,20 @@ bad() {  # flags, expected text
   local rc=$?
   [ $rc -eq 2 ] && grep -q -- "${!#}" "$work/bad.log" || fail "$* : exit $rc, expected 2 naming it: $(cat "$work/bad.log")"
 }
+# --context-lengths: exactly the lengths listed (any spacing), alone or refused beside the range flags.
+"$bin/easyctx_eval_needle" --model "random:demo@$seed" --device cpu --tokenizer "$tok" --output-dir "$work/list" \
+  --context-lengths 90,150,260 --depth-interval 0.5 --samples 1 --digits 5 --progress-every 0 > "$work/list.log" 2>&1 ||
+  fail "--context-lengths"
+[ "$(tail -n +2 "$work/list/needle.csv" | cut -d, -f1 | sort -nu | paste -sd,)" = "90,150,260" ] ||
+  fail "--context-lengths 90,150,260: needle.csv has lengths $(tail -n +2 "$work/list/needle.csv" | cut -d, -f1 | sort -nu | paste -sd,)"
+bad --context-lengths 100,200 "give it or --"
 bad --depth-interval 0 "--depth-interval"
 bad --sp-size 2 "--sp-size"
 bad --haystack-dir "$work/nothing" "--haystack-dir"
 bad --task needles "--task"
+"$bin/easyctx_eval_needle" --model "random:demo@$seed" --device cpu --tokenizer "$tok" --output-dir "$work/bad" \
+  --context-lengths 300,200 > "$work/bad.log" 2>&1
+[ $? -eq 2 ] && grep -q -- "--context-lengths: '300,200'" "$work/bad.log" || fail "--context-lengths 300,200: $(cat "$work/bad.log")"
 tokenizer="$work/none.model" bad "none.model"
 # Under mpirun every rank agrees on the error: exit 2, one message, no abort.
 "${mpi[@]}" "$bin/easyctx_eval_needle" "${common[@]}" --tokenizer "$tok" --output-dir "$work/bad" \

@@ -158,7 +158,11 @@ TEST_F(CudaOpsTest, RmsNorm) {
   };
   // d = 333 and 16384: scalar kernels; 2048 / 4096 / 5120: 1, 2, 3 groups of 8 per thread;
   // n = 131 / 70 / 67: a last chunk of the dw partials shorter than 64 rows; off 1: misaligned.
-  const Case cases[] = {{131, 333, 0}, {70, 2048, 0}, {33, 4096, 0}, {67, 5120, 0}, {9, 16384, 0}, {70, 2048, 1}};
+  // Narrow rows (d <= 256: a lane group per row or chunk): d = 64 / 120 / 128 / 256 take 8 / 16 /
+  // 16 / 32 lanes (120: one lane of 16 idle), n = 1000 and 77 end in a short chunk and a block
+  // part past the last chunk; n = 70001 at d 128 makes 1,094 chunks: the segmented column sum.
+  const Case cases[] = {{131, 333, 0},  {70, 2048, 0}, {33, 4096, 0}, {67, 5120, 0}, {9, 16384, 0},   {70, 2048, 1},
+                        {1000, 128, 0}, {77, 64, 0},   {50, 120, 0},  {130, 256, 0}, {70001, 128, 0}, {70, 128, 1}};
   for (DType t : kTypes) {
     for (const Case& c : cases) {
       const int64_t n = c.n, d = c.d;
@@ -177,9 +181,14 @@ TEST_F(CudaOpsTest, RmsNorm) {
       cpu->rmsnorm_fwd(host(x, {n, d}), host(w, {d}), 1e-5, host(y, {n, d}), host(r, {n}));
       EXPECT_REL(download(by), y, tol(t));
       EXPECT_REL(download(br), r, 1e-5);
-      Padded bdy = pad(dy), bdx = pad(dx);
-      Buffer bdw = upload(dw, t);
+      Padded bdy = pad(dy), bdx = pad(dx), bdx_again = pad(dx);
+      Buffer bdw = upload(dw, t), bdw_again = upload(dw, t);
       gpu->rmsnorm_bwd(bx.view({n, d}), bw.flat(), br.flat(), bdy.view({n, d}), bdx.view({n, d}), bdw.flat());
+      // Deterministic: the same call again gives the same bits (dw's ordered partial sums too).
+      gpu->rmsnorm_bwd(bx.view({n, d}), bw.flat(), br.flat(), bdy.view({n, d}), bdx_again.view({n, d}),
+                       bdw_again.flat());
+      EXPECT_EQ(download(bdx), download(bdx_again));
+      EXPECT_EQ(download(bdw), download(bdw_again));
       cpu->rmsnorm_bwd(host(x, {n, d}), host(w, {d}), host(r, {n}), host(dy, {n, d}), host(dx, {n, d}), host(dw, {d}));
       EXPECT_REL(download(bdx), dx, tol(t));
       EXPECT_REL(download(bdw), dw, tol(t));

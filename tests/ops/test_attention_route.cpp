@@ -400,16 +400,21 @@ TEST(AttentionRoute, ScratchOfEachRoute) {
 }
 
 TEST(ScratchSpec, OtherScratchOfTheBackends) {
-  // LM head: Llama 3's vocabulary, 64K tokens: the tile capped at 2^26 logits (CUDA), 2^24 (CPU).
+  // LM head: Llama 3's vocabulary, 64K tokens: the tile capped at 2^26 logits (CUDA), 2^24 (CPU);
+  // on CUDA at least 1024 rows (past 2^26 logits for vocabularies above 64K), Llama 2's 32K
+  // vocabulary still at 2^26 logits (2097 rows).
   const int64_t V = 128256, n = 65536;
   EXPECT_EQ(ops::lm_head_tile_rows(0, n, V, ops::kCudaMaxTileLogits), (int64_t{1} << 26) / V);
   EXPECT_EQ(ops::lm_head_tile_rows(256, n, V, ops::kCudaMaxTileLogits), 256);
   EXPECT_EQ(ops::lm_head_tile_rows(0, 100, 1000, ops::kCudaMaxTileLogits), 100);
   EXPECT_EQ(ops::lm_head_tile_rows(0, 5, int64_t{1} << 30, ops::kCpuMaxTileLogits), 1);
   const ops::LmHeadScratch g = ops::cuda_lm_head_scratch(n, V, 0, true, true);
-  EXPECT_EQ(g.tile_rows, 523);
-  EXPECT_EQ(g.logits, 523 * V * 4);
-  EXPECT_EQ(g.grad, 523 * V * 2);
+  EXPECT_EQ(g.tile_rows, 1024);
+  EXPECT_EQ(g.logits, 4 * 1024 * V);
+  EXPECT_EQ(g.grad, 2 * 1024 * V);
+  EXPECT_EQ(ops::cuda_lm_head_scratch(n, 151936, 4096, true, true).tile_rows, 1024);
+  EXPECT_EQ(ops::cuda_lm_head_scratch(n, 32000, 4096, true, true).tile_rows, (int64_t{1} << 26) / 32000);
+  EXPECT_EQ(ops::cuda_lm_head_scratch(n, 151936, 512, true, true).tile_rows, 512);
   EXPECT_EQ(g.nll, (n + 2) * 8);
   EXPECT_EQ(g.list().size(), 3u);
   EXPECT_EQ(ops::cuda_lm_head_scratch(n, V, 0, false, true).grad, 0);  // forward only

@@ -272,8 +272,9 @@ TEST(MemoryPlan, KnobSearchProposesChangesThatFit) {
 // and says which in a note. The bench's 7B on one H200: 32K fits with the optimizer on the GPU
 // (1.13x the peer that way, 0.75x with it in host memory: bench/RESULTS.md session 24); 64K fits
 // with 12 layer inputs in host memory (measured 4,536 tok/s, 1.10x the peer, against 1.03x with
-// the optimizer in host memory, session 26); with the user's own activation offload, or on a GPU
-// too small for the optimizer at all, it goes to host memory.
+// the optimizer in host memory, session 26); with the user's own activation offload, or on an
+// 80 GB GPU, the state of the fewest last layers (with the head's) goes to host memory (the
+// split); on a GPU too small for any layer's state beside the run all of it.
 TEST(MemoryPlan, OptimizerAutoPicksTheGpuWhenItFits) {
   const auto plan_of = [](int64_t seq, const std::string& opt, std::vector<std::string> extra = {},
                           double gib = kH200Gib) {
@@ -332,16 +333,41 @@ TEST(MemoryPlan, OptimizerAutoPicksTheGpuWhenItFits) {
         << note_of(a);
     // The host bytes of the middle way are the layer inputs', far below the optimizer's.
     EXPECT_LT(a.host_peak_bytes, h.host_peak_bytes / 4);
-    // A set activation offload is the user's: auto then only chooses between the two places.
+    // A set activation offload is the user's: auto then moves no more layer inputs, it splits
+    // the optimizer (the state of the last 2 layers and the head in host memory).
     const MemoryPlan u = plan_of(65536, "auto", {"activation.offload=cpu", "activation.offload_layers=2"});
     EXPECT_TRUE(u.offload_optimizer);
     EXPECT_EQ(u.auto_offload_layers, 0);
-    EXPECT_NE(note_of(u).find("in host memory"), std::string::npos) << note_of(u);
-    // A GPU that cannot hold the optimizer with every layer input moved out (80 GB): host memory.
-    const MemoryPlan small = plan_of(65536, "auto", {}, 80.0), small_h = plan_of(65536, "true", {}, 80.0);
-    same(small, small_h);
-    EXPECT_EQ(small.auto_offload_layers, 0);
-    EXPECT_NE(note_of(small).find("in host memory"), std::string::npos) << note_of(small);
+    EXPECT_EQ(u.offload_optimizer_layers, 2);
+    EXPECT_NE(note_of(u).find("split"), std::string::npos) << note_of(u);
+    // A GPU that cannot hold the optimizer with every layer input moved out (80 GB): the split,
+    // the state of the fewest last layers (and the head's) in host memory; more than half of
+    // them there, so layer inputs go to pinned host memory to make room for more: the fewest
+    // that give the fewest host layers. One host layer fewer does not fit even with every input
+    // moved out; one input fewer does not fit the host layers chosen.
+    const MemoryPlan small = plan_of(65536, "auto", {}, 80.0);
+    const int64_t host_layers = small.offload_optimizer_layers, inputs = small.auto_offload_layers;
+    std::printf("[auto] 7B 64K on 80 GB: %s\n", note_of(small).c_str());
+    EXPECT_TRUE(small.offload_optimizer);
+    ASSERT_GT(host_layers, 0);
+    ASSERT_LT(host_layers, 32);
+    ASSERT_GT(inputs, 0);
+    EXPECT_NE(note_of(small).find("split"), std::string::npos) << note_of(small);
+    const auto split = [&](int64_t n, int64_t j) {
+      return plan_of(65536, "true",
+                     {"parallel.zero.offload_optimizer_layers=" + std::to_string(n), "activation.offload=cpu",
+                      "activation.offload_layers=" + std::to_string(j)},
+                     80.0);
+    };
+    same(small, split(host_layers, inputs));
+    EXPECT_FALSE(split(host_layers - 1, 31).gpu_fits);
+    EXPECT_FALSE(split(host_layers, inputs - 1).gpu_fits);
+    EXPECT_EQ(plan::placement_of(small), "host " + std::to_string(host_layers) + " " + std::to_string(inputs));
+    // Where no layer's state fits beside the run (64 GB): host memory.
+    const MemoryPlan tiny = plan_of(65536, "auto", {}, 64.0), tiny_h = plan_of(65536, "true", {}, 64.0);
+    same(tiny, tiny_h);
+    EXPECT_EQ(tiny.offload_optimizer_layers, 0);
+    EXPECT_NE(note_of(tiny).find("in host memory"), std::string::npos) << note_of(tiny);
   }
   // Not a CUDA run: nothing to choose, no note.
   StageConfig c = big_run();
@@ -363,13 +389,98 @@ TEST(MemoryPlan, RanksAgreeOnTheOptimizerPlacement) {
   EXPECT_EQ(plan::agree_placement({"host", "host"}), "host");
   EXPECT_EQ(plan::placement_offload_layers("gpu 12"), 12);
   EXPECT_EQ(plan::placement_offload_layers("host"), 0);
-  for (const std::string bad : {"", "gpu", "gpu ", "gpu -1", "gpu 1x", "cpu 2", "Host"})
+  // Splits: the most layers in host memory any rank needs; host memory over all of them.
+  EXPECT_EQ(plan::agree_placement({"gpu 3", "host 4", "host 6", "gpu 0"}), "host 6 3");
+  EXPECT_EQ(plan::agree_placement({"host 4 9", "host 6"}), "host 6 9");
+  EXPECT_EQ(plan::placement_offload_layers("host 6 9"), 9);
+  EXPECT_EQ(plan::placement_optimizer_layers("host 6 9"), 6);
+  EXPECT_EQ(plan::agree_placement({"host 2", "host", "host 9"}), "host");
+  EXPECT_EQ(plan::placement_optimizer_layers("host 6"), 6);
+  EXPECT_EQ(plan::placement_optimizer_layers("host"), 0);
+  EXPECT_EQ(plan::placement_optimizer_layers("gpu 4"), 0);
+  EXPECT_EQ(plan::placement_offload_layers("host 6"), 0);
+  for (const std::string bad : {"", "gpu", "gpu ", "gpu -1", "gpu 1x", "cpu 2", "Host", "host 0", "host -2", "host x",
+                                "host  3", "host 3 0", "host 3 4 5", "gpu 1 2"})
     EXPECT_THROW(plan::agree_placement({"gpu 1", bad}), Error) << "'" << bad << "'";
   MemoryPlan p;
   p.auto_offload_layers = 5;
   EXPECT_EQ(plan::placement_of(p), "gpu 5");
   p.offload_optimizer = true;
+  p.auto_offload_layers = 0;
   EXPECT_EQ(plan::placement_of(p), "host");
+  p.offload_optimizer_layers = 7;
+  EXPECT_EQ(plan::placement_of(p), "host 7");
+  p.auto_offload_layers = 3;
+  EXPECT_EQ(plan::placement_of(p), "host 7 3");
+  StageConfig c;
+  plan::apply_placement(c, "host 7 3");
+  EXPECT_EQ(c.activation.offload, OffloadTarget::Cpu);
+  EXPECT_EQ(c.activation.offload_layers, 3);
+  c = StageConfig();
+  plan::apply_placement(c, "host 7");
+  EXPECT_TRUE(c.parallel.zero.offload_optimizer);
+  EXPECT_FALSE(c.parallel.zero.offload_optimizer_auto);
+  EXPECT_EQ(c.parallel.zero.offload_optimizer_layers, 7);
+  EXPECT_EQ(c.activation.offload, OffloadTarget::None);
+  plan::apply_placement(c, "gpu 2");
+  EXPECT_FALSE(c.parallel.zero.offload_optimizer);
+  EXPECT_EQ(c.parallel.zero.offload_optimizer_layers, 0);
+}
+
+// parallel.zero.offload_optimizer auto between "the GPU" and "host memory": the split. qwen2.5-7b
+// at 32K on one H200 (the bench's config: whole-layer recompute) does not fit with the whole
+// optimizer on the GPU, nor with every layer input moved out; the plan keeps the state of the
+// embedding and the first layers on the GPU and moves that of the fewest last layers (with the
+// head's) to host memory: one layer fewer does not fit. The trainer's config (the placement
+// applied) plans the same; its host memory is a fraction of the whole optimizer's.
+TEST(MemoryPlan, OptimizerAutoSplitsWhatTheGpuCannotHold) {
+  const auto plan_of = [](const std::string& model, int64_t seq, std::vector<std::string> extra, double gib) {
+    extra.push_back("model.config=" + model);
+    extra.push_back("data.seq_length=" + std::to_string(seq));
+    return plan_bench(extra, gib);
+  };
+  const MemoryPlan a = plan_of("qwen2.5-7b", 32768, {}, kH200Gib);
+  const MemoryPlan h = plan_of("qwen2.5-7b", 32768, {"parallel.zero.offload_optimizer=true"}, kH200Gib);
+  ASSERT_TRUE(a.fits) << plan::refusal_message(a);
+  const int64_t k = a.offload_optimizer_layers;
+  std::string note;
+  for (const std::string& n : a.notes)
+    if (n.rfind("parallel.zero.offload_optimizer auto", 0) == 0) note = n;
+  std::printf("[split] qwen2.5-7b 32K H200: %s; GPU %.2f GiB, host %.2f GiB (all in host memory: %.2f / %.2f)\n",
+              note.c_str(), a.gpu_peak_bytes / 1073741824.0, a.host_peak_bytes / 1073741824.0,
+              h.gpu_peak_bytes / 1073741824.0, h.host_peak_bytes / 1073741824.0);
+  EXPECT_TRUE(a.offload_optimizer);
+  ASSERT_GT(k, 0);
+  ASSERT_LT(k, 28);
+  EXPECT_EQ(plan::placement_of(a), "host " + std::to_string(k));
+  EXPECT_NE(note.find("split"), std::string::npos) << note;
+  const auto split = [&](int64_t n) {
+    return plan_of(
+        "qwen2.5-7b", 32768,
+        {"parallel.zero.offload_optimizer=true", "parallel.zero.offload_optimizer_layers=" + std::to_string(n)},
+        kH200Gib);
+  };
+  EXPECT_TRUE(split(k).fits);
+  EXPECT_FALSE(split(k - 1).gpu_fits);
+  EXPECT_LT(a.host_peak_bytes, h.host_peak_bytes / 2);
+  EXPECT_GT(a.gpu_peak_bytes, h.gpu_peak_bytes);
+  StageConfig placed = bench_config({"model.config=qwen2.5-7b", "data.seq_length=32768"});
+  plan::apply_placement(placed, plan::placement_of(a));
+  const MemoryPlan again = plan_bench(placed);
+  EXPECT_EQ(again.gpu_peak_bytes, a.gpu_peak_bytes);
+  EXPECT_EQ(again.host_peak_bytes, a.host_peak_bytes);
+  // The 3-4B presets fit whole on one H200 at 32K: no split.
+  for (const char* m : {"qwen3-4b", "qwen2.5-3b", "llama3.2-3b"}) {
+    const MemoryPlan s = plan_of(m, 32768, {}, kH200Gib);
+    EXPECT_FALSE(s.offload_optimizer) << m;
+  }
+  // The 8Bs at 32K on an 80 GB H100: what the plan keeps on the GPU there (printed).
+  for (const char* m : {"llama3-8b", "qwen2.5-7b", "qwen3-8b"}) {
+    const MemoryPlan s = plan_of(m, 32768, {}, 80.0);
+    std::printf("[split] %s 32K H100: %s, GPU %.2f GiB, host %.2f GiB\n", m, plan::placement_of(s).c_str(),
+                s.gpu_peak_bytes / 1073741824.0, s.host_peak_bytes / 1073741824.0);
+    EXPECT_TRUE(s.fits) << m;
+  }
 }
 
 // With the optimizer offloaded, the ZeRO-3 suggestion keeps the offload (each rank's optimizer
@@ -863,6 +974,8 @@ namespace {
 TEST(MemoryPlan, LongContextKnobsOffloadLayersAndHeadGroups) {
   StageConfig c = load_stage_config(source_dir() + "/configs/bench/llama2-7b-1gpu.yaml");
   c.data.path = "unused";
+  c.parallel.zero.offload_optimizer = true;  // (auto would split it between the GPU and the host)
+  c.parallel.zero.offload_optimizer_auto = false;
   auto h200 = [](int gpus, double host_gib) {
     plan::PlanTarget t;
     t.backend = DeviceKind::Cuda;
@@ -914,13 +1027,15 @@ TEST(MemoryPlan, LongContextKnobsOffloadLayersAndHeadGroups) {
 }
 
 // activation.attention_output_layers at 256K on one H200 with a 128 GiB host (the bench
-// config, 17 layer inputs offloaded): every layer's attention output does not fit, and the
+// config, the optimizer in host memory, 17 layer inputs offloaded): every layer's attention
+// output does not fit, and the
 // refusal names the most layers that do (one more does not). The plan counts the kept outputs
 // exactly: the last 16 layers' (16..31, whose inputs stay) on the GPU, each one more below
 // them (whose input leaves, layer 15 down) in host memory; the key needs attention_output.
 TEST(MemoryPlan, KeptAttentionOutputsFillWhatLayerLeaves) {
   const auto plan_of = [](const std::vector<std::string>& extra) {
-    std::vector<std::string> sets{"data.seq_length=262144", "activation.offload=cpu", "activation.offload_layers=17"};
+    std::vector<std::string> sets{"data.seq_length=262144", "activation.offload=cpu", "activation.offload_layers=17",
+                                  "parallel.zero.offload_optimizer=true"};
     sets.insert(sets.end(), extra.begin(), extra.end());
     return plan_bench(sets);
   };

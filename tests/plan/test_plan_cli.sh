@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `easyctx_train STAGE.yaml --plan` end to end, as on a login node (no GPU needed): a
-# llama2-7b stage planned for 2 nodes x 8 H200s prints the table and one JSON object (the
-# last line) and exits 0; an oversized sequence exits 3 naming --set changes that fit; bad
+# llama2-7b stage planned for 2 nodes x 8 H200s prints the table (with --plan-json also one
+# JSON object, the last line; without it no JSON) and exits 0; an oversized sequence exits 3 naming --set changes that fit; bad
 # target keys (and activation.offload without a checkpoint policy, offload_layers without
 # offload, head groups that do not divide the kv heads) exit 2 naming the key; the plans of
 # bench/run_memory.sh (the long-context runs of bench/RESULTS.md) fit.
@@ -47,6 +47,11 @@ json_field() {
 "$bin/easyctx_train" "$work/stage.yaml" --plan > "$work/out" 2>&1
 rc=$?
 [ $rc -eq 0 ] || fail "a fitting plan exited $rc, expected 0"
+grep -q '^{' "$work/out" && fail "--plan printed the JSON (only --plan-json does)"
+tail -n 1 "$work/out" | grep -q -- "--plan-json" || fail "--plan does not say where the JSON is"
+"$bin/easyctx_train" "$work/stage.yaml" --plan-json > "$work/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] || fail "a fitting plan (--plan-json) exited $rc, expected 0"
 grep -q "^memory plan" "$work/out" || fail "no table"
 grep -q "fp32 master weights" "$work/out" || fail "the table lists no master weights"
 grep -q "GPU   peak allocations .* per GPU; usable .*: fits" "$work/out" || fail "no GPU verdict"
@@ -59,7 +64,7 @@ for check in "j['fits'] is True" "j['target']['nodes'] == 2 and j['target']['gpu
   [ "$v" = "True" ] || [ "$v" = "skip" ] || fail "JSON check failed: $check"
 done
 
-"$bin/easyctx_train" "$work/stage.yaml" --plan --set data.seq_length=4194304 > "$work/out" 2>&1
+"$bin/easyctx_train" "$work/stage.yaml" --plan-json --set data.seq_length=4194304 > "$work/out" 2>&1
 rc=$?
 [ $rc -eq 3 ] || fail "an oversized plan exited $rc, expected 3"
 grep -q "^does not fit: predicted .* per GPU .* Would fit: --set " "$work/out" || fail "no refusal naming knobs"

@@ -111,5 +111,46 @@ TEST(TrainTensorBoard, KilledThenResumedRunMatchesMetricsExactly) {
   EXPECT_FALSE(fs::exists(dir / "off/tensorboard"));
 }
 
+// A run killed before its first checkpoint starts over at step 0 with --resume auto: its new
+// event file starts with a SessionLog START at step 1, so the killed process's events of the
+// same steps are dropped (TensorBoard would otherwise show both); and a folder holding another
+// run's events (no run.json, no metrics: a run with logging.metrics false) has them moved to
+// previous/ when a new run starts there, as another run's metrics.jsonl is.
+TEST(TrainTensorBoard, StartOverAndAnotherRunsEvents) {
+  const std::string train = bin_dir() + "/easyctx_train";
+  ASSERT_TRUE(fs::exists(train)) << train << " not built";
+  const uint64_t seed = test_seed();
+  TempDir dir("train-tb-over");
+  write_walk_shard(dir / "shard.h5", seed, 40, 20, 90, 256);
+  const int steps = 6;
+  write_file_atomic(dir / "stage.yaml", "model: {config: tiny}\ndata: {path: " + dir / "shard.h5" +
+                                            ", seq_length: 32}\ntrain: {device: cpu, steps: " + std::to_string(steps) +
+                                            ", batch_size: 2, seed: " + std::to_string(seed % 1000) +
+                                            "}\nactivation: {checkpoint: layer}\n"
+                                            "output: {dir: " +
+                                            dir / "run" + ", save_every: 5, export_hf: false}\n");
+  const double t0 = unix_now();
+  std::string out;
+  const int kill_after = 1 + static_cast<int>(seed % 3);  // before the checkpoint of step 5
+  EXPECT_NE(
+      run_shell("EASYCTX_FAULT=recorded@" + std::to_string(kill_after) + ":0 " + train + " " + dir / "stage.yaml", out),
+      0)
+      << out;
+  ASSERT_EQ(run_shell(train + " " + dir / "stage.yaml", out), 0) << out;
+  const TbScalars all = read_tb_folder(dir / "run/tensorboard", t0);  // (fails on a step seen twice)
+  EXPECT_EQ(all.files, 2u);
+  EXPECT_EQ(all.starts, 1) << "the file of the run that started over begins with a SessionLog START";
+  expect_same(all.by_step, metrics_scalars(dir / "run/metrics.jsonl"), "after starting over");
+  // Another run's events only: a new run moves them to previous/, its own file is alone.
+  fs::create_directories(dir / "other");
+  fs::rename(dir / "run/tensorboard", dir / "other/tensorboard");
+  ASSERT_EQ(run_shell(train + " " + dir / "stage.yaml" + " --set output.dir=" + dir / "other", out), 0) << out;
+  EXPECT_EQ(tb::list_event_files(dir / "other/tensorboard").size(), 1u) << out;
+  bool archived = false;
+  for (const auto& e : fs::directory_iterator(dir / "other/previous"))
+    archived = archived || tb::list_event_files((e.path() / "tensorboard").string()).size() == 2;
+  EXPECT_TRUE(archived) << "the other run's event files are not under previous/<id>/tensorboard\n" << out;
+}
+
 }  // namespace
 }  // namespace easyctx::test

@@ -4,13 +4,21 @@
 // sequence length (37) is not a multiple of 2W, so the loader pads and masks. The *Documents
 // cases pack short documents into every window (data.document_mask, best-fit packing) on
 // both sides; the one-rank model under documents is checked against each document alone in
-// tests/model/test_model_documents.cpp.
+// tests/model/test_model_documents.cpp. The Masked* cases train on loss-weighted windows where
+// whole ranks' slices, whole data-parallel replicas, or the whole global batch hold no
+// labelled token: finite and equal to the one rank, and a step with no update where nothing is
+// labelled.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
+#include "data/sampler.h"
+#include "data/shard.h"
 #include "dist/groups.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
@@ -303,6 +311,149 @@ TEST(TrainerSequenceParallel, DocumentsUsp) {
   MPI_Comm_size(MPI_COMM_WORLD, &w);
   if (w % 2 != 0) GTEST_SKIP() << "usp with ulysses 2 needs an even world, got " << w;
   check_case({SeqParallelMode::Usp, 0, 2, 1, 1, CheckpointPolicy::Layer, false, true});
+}
+
+// ---- slices and replicas without a labelled token ----------------------------------------
+// A shard of 37-token documents with loss weights, read as windows of 37 (window j is document
+// j and the next one's first token, weighted 0): a "tail" document weights only its last 3
+// tokens (labels at positions 33..35, so every rank that holds none of them has no labelled
+// token in that window: a fully masked slice), a "none" document none (a window without labels),
+// a "some" document random 0/1. Returns the kinds (0 tail, 1 none, 2 some).
+std::vector<int> write_masked_shard(const std::string& path, uint64_t seed, int docs) {
+  std::mt19937_64 rng(seed);
+  data::ShardMeta meta;
+  meta.tokenizer_name = "synthetic";
+  meta.tokenizer_sha256 = std::string(64, '0');
+  meta.vocab_size = 256;
+  meta.has_loss_weights = true;
+  data::TokenShardWriter w(path, meta, 4096);
+  const uint16_t src = w.source_index("masked");
+  std::vector<int> kinds;
+  for (int d = 0; d < docs; ++d) {
+    const int kind = static_cast<int>(rng() % 5) / 2;  // 2/5 tail, 2/5 none, 1/5 some
+    std::vector<uint32_t> ids(37);
+    std::vector<uint8_t> wt(37, 0);
+    for (int i = 0; i < 37; ++i) {
+      ids[i] = static_cast<uint32_t>(3 + rng() % 253);
+      wt[i] = i > 0 && (kind == 0 ? i >= 34 : kind == 2 ? rng() % 2 : 0);
+    }
+    w.add_document(ids.data(), ids.size(), src, wt.data());
+    kinds.push_back(kind);
+  }
+  w.commit();
+  return kinds;
+}
+
+// `sp` ranks per sequence (0: the whole world; 1: data parallel only) against one rank with
+// grad_accum = the data-parallel size, on steps chosen from the data: one whose windows are all
+// "tail" or "none" (so whole slices, and with data parallelism perhaps whole replicas, have no
+// labelled token while the global batch has some), one with no labelled token at all (a step
+// with no update on both), one where a whole data-parallel replica has none, and a plain one. Every rank's
+// loss and gradients stay finite and equal the single rank's; the weights after the steps too.
+void check_masked(SeqParallelMode mode, int sp_arg, int ulysses) {
+  int argc = 0;
+  char** argv = nullptr;
+  dist::Runtime rt(&argc, &argv);
+  const int W = rt.size(), sp = sp_arg ? sp_arg : W;
+  if (W % sp != 0) GTEST_SKIP() << "sp " << sp << " does not divide " << W << " ranks";
+  uint64_t seed = test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  const std::string path = "/tmp/easyctx-train-masked-" + std::to_string(seed % 1000003) + "-" + std::to_string(W);
+  const int docs = 400;
+  std::vector<int> all(docs);  // (rank 0 writes the shard; every rank picks the same steps)
+  if (rt.rank() == 0) {
+    std::filesystem::create_directories(path);
+    all = write_masked_shard(path + "/masked.h5", seed, docs);
+  }
+  MPI_Bcast(all.data(), docs, MPI_INT, 0, MPI_COMM_WORLD);
+  StageConfig par = tiny_stage(path + "/masked.h5", path + "/par");
+  par.data.seq_length = 37;
+  par.train.batch_size = 2;
+  par.train.seed = seed;
+  par.parallel.sequence.mode = mode;
+  par.parallel.sequence.size = sp;
+  par.parallel.sequence.ulysses_size = ulysses;
+  StageConfig one = par;
+  one.parallel.sequence.size = 1;
+  one.parallel.sequence.ulysses_size = 0;
+  one.parallel.sequence.mode = SeqParallelMode::ZigzagRing;
+  one.train.grad_accum = W / sp;
+  one.output.dir = path + "/one";
+  dist::ProcessGroups groups(rt, dist::make_group_layout(par, W, rt.topology().local_size), dist::CommBackend::Mpi,
+                             120);
+  auto self = dist::make_comm(MPI_COMM_SELF, "self", dist::CommBackend::Mpi, 120);
+  train::Trainer tpar(par, groups), tone(one, *self, *self);
+  // The steps, from the windows each global batch draws.
+  const data::WindowSampler sampler(static_cast<uint64_t>(docs) * 37, 37, seed);
+  const data::BatchShape shape{2, 1, W / sp};
+  int64_t masked = -1, empty = -1, replica = -1, plain = -1;
+  for (int64_t s = 0; s < 4000 && (masked < 0 || empty < 0 || plain < 0 || (replica < 0 && W / sp > 1)); ++s) {
+    std::vector<int> per_replica(static_cast<size_t>(W / sp), 0), kind_count(3, 0);
+    for (int64_t p = 0; p < W / sp; ++p)
+      for (int64_t b = 0; b < 2; ++b) {
+        const int k = all[sampler.window_start(data::sample_index(shape, s, 0, p, b)) / 37];
+        ++kind_count[static_cast<size_t>(k)];
+        per_replica[static_cast<size_t>(p)] += k != 1;
+      }
+    if (masked < 0 && kind_count[2] == 0 && kind_count[0] > 0) masked = s;
+    if (plain < 0 && kind_count[2] > 0) plain = s;
+    if (empty < 0 && kind_count[0] + kind_count[2] == 0) empty = s;
+    if (replica < 0 && kind_count[0] + kind_count[2] > 0 &&
+        std::find(per_replica.begin(), per_replica.end(), 0) != per_replica.end())
+      replica = s;
+  }
+  ASSERT_GE(masked, 0);
+  ASSERT_GE(empty, 0);
+  ASSERT_GE(plain, 0);
+  const train::StepStats a = tpar.compute_gradients(masked), b = tone.compute_gradients(masked);
+  EXPECT_FALSE(a.no_labels);
+  EXPECT_EQ(a.labels, b.labels);
+  EXPECT_TRUE(std::isfinite(a.loss)) << to_string(mode) << " W=" << W << " step " << masked;
+  EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss);
+  const auto ga = tpar.gradients(), gb = tone.gradients();
+  for (size_t u = 0; u < ga.size(); ++u) {
+    std::vector<float> x(ga[u].ptr<float>(), ga[u].ptr<float>() + ga[u].numel()),
+        y(gb[u].ptr<float>(), gb[u].ptr<float>() + gb[u].numel());
+    EXPECT_TRUE(std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); }))
+        << to_string(mode) << " W=" << W << " rank " << rt.rank() << ": a non-finite gradient of "
+        << tpar.model().layout().units()[u].name;
+    EXPECT_LT(rel_error(x, y), 1e-5) << to_string(mode) << " W=" << W << " gradient of "
+                                     << tpar.model().layout().units()[u].name;
+  }
+  std::vector<int64_t> steps{masked, empty};
+  if (replica >= 0) steps.push_back(replica);
+  steps.push_back(plain);
+  for (const int64_t s : steps) {
+    const auto before = tone.master_host();
+    const train::StepStats p = tpar.train_step(s), q = tone.train_step(s);
+    EXPECT_EQ(p.no_labels, q.no_labels) << "step " << s;
+    EXPECT_EQ(p.no_labels, s == empty) << "step " << s;
+    if (q.no_labels) {
+      EXPECT_EQ(tone.master_host(), before) << "a step without labels moved the weights";
+      continue;
+    }
+    EXPECT_TRUE(std::isfinite(p.loss) && std::isfinite(p.grad_norm)) << "step " << s;
+    EXPECT_NEAR(p.loss, q.loss, 1e-5 * q.loss) << "step " << s;
+  }
+  EXPECT_EQ(tpar.updates(), static_cast<int64_t>(steps.size()) - 1);
+  EXPECT_EQ(tpar.steps_without_labels(), 1);
+  const auto wp = tpar.master_host(), wo = tone.master_host();
+  // (after Adam's first updates, which are near sign(gradient), fp32 rounding shows a little more)
+  for (size_t u = 0; u < wp.size(); ++u) EXPECT_LT(rel_error(wp[u], wo[u]), 1e-3) << "weights of unit " << u;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rt.rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+}
+
+TEST(TrainerSequenceParallel, MaskedSlicesZigzagRing) { check_masked(SeqParallelMode::ZigzagRing, 0, 0); }
+TEST(TrainerSequenceParallel, MaskedSlicesDistFlash) { check_masked(SeqParallelMode::DistFlash, 0, 0); }
+TEST(TrainerSequenceParallel, MaskedSlicesUlysses) { check_masked(SeqParallelMode::Ulysses, 0, 0); }
+TEST(TrainerSequenceParallel, MaskedSlicesUsp) { check_masked(SeqParallelMode::Usp, 0, 2); }
+TEST(TrainerSequenceParallel, MaskedReplicasDataParallel) { check_masked(SeqParallelMode::ZigzagRing, 1, 0); }
+TEST(TrainerSequenceParallel, MaskedDataTimesZigzag) {
+  int w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &w);
+  if (w < 4) GTEST_SKIP() << "needs 4 ranks for 2 x 2";
+  check_masked(SeqParallelMode::ZigzagRing, 2, 0);
 }
 
 }  // namespace

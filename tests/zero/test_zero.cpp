@@ -217,7 +217,8 @@ TEST(GradScatter, AddsEachRanksBlockOfTheSumIntoItsShard) {
 
 // The host AdamW on the CPU backend's queues (chunks smaller than a unit, so the staging
 // double buffer turns): the bits of the GPU kernel's element update (kernels/adamw_math.h),
-// the bf16 working copy equal to the rounded master, each unit complete once its fence is.
+// the bf16 working copy equal to the rounded master, each unit complete once its fence is; the
+// times it reports for the step's log.
 TEST(HostAdamW, UpdatesEachUnitAsTheGpuKernelDoes) {
   std::mt19937_64 rng(test::test_seed());
   auto be = ops::make_cpu_backend();
@@ -260,4 +261,19 @@ TEST(HostAdamW, UpdatesEachUnitAsTheGpuKernelDoes) {
   }
   adamw.finish();
   EXPECT_FALSE(adamw.pending());
+  // Its times (the step's report): one step over every element, its waits counted; then none.
+  const zero::HostAdamWTimes t = adamw.take_times();
+  EXPECT_EQ(t.steps, 1);
+  EXPECT_EQ(t.elements, 1000 + 70001 + 5);
+  EXPECT_GT(t.seconds, 0.0);
+  EXPECT_GE(t.waited, 0.0);
+  EXPECT_DOUBLE_EQ(t.gb_per_s(), 30.0 * 71006 / t.seconds / 1e9);
+  const zero::HostAdamWTimes none = adamw.take_times();
+  EXPECT_EQ(none.steps, 0);
+  EXPECT_EQ(none.seconds, 0.0);
+  EXPECT_EQ(none.gb_per_s(), 0.0);
+  adamw.step(pieces, s);  // (start + finish: the caller waits for all of it)
+  const zero::HostAdamWTimes sync = adamw.take_times();
+  EXPECT_EQ(sync.steps, 1);
+  EXPECT_GE(sync.waited, sync.seconds) << "a synchronous step is exposed whole";
 }
