@@ -50,6 +50,23 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, Mo
   inv_freq_ = be_.alloc(DType::F32, static_cast<int64_t>(f.size()), "RoPE inverse frequencies");
   Buffer host(const_cast<float*>(f.data()), f.size() * 4, DType::F32, MemSpace::Host, nullptr);
   be_.copy(inv_freq_.flat(), host.flat());
+  rope_length_ = cfg_.max_position_embeddings;  // (the table of every length up to it)
+}
+
+void LlamaModel::prepare_rope(const Batch& b) {
+  if (!cfg_.dynamic_rope()) return;
+  int64_t len = b.rope_length;
+  if (len <= 0) {  // this rank's positions (a copy to the host, which waits for them)
+    std::vector<int32_t> pos(static_cast<size_t>(b.positions.numel()));
+    be_.copy(Tensor(pos.data(), DType::I32, {b.positions.numel()}), b.positions);
+    len = pos.empty() ? 0 : int64_t{*std::max_element(pos.begin(), pos.end())} + 1;
+  }
+  len = std::max(len, cfg_.max_position_embeddings);  // one table for every length up to it
+  if (len == rope_length_) return;
+  // The copy is ordered after the work queued on the table so far (the backend's stream).
+  std::vector<float> f = cfg_.inv_freq(len);
+  be_.copy(inv_freq_.flat(), Tensor(f.data(), DType::F32, {static_cast<int64_t>(f.size())}));
+  rope_length_ = len;
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -395,6 +412,7 @@ ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, co
 
 ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, double grad_scale) {
   Workspace& ws = workspace(b, true);
+  prepare_rope(b);
   ActivationStore& store = *store_;
   const bool keep = opts_.checkpoint == CheckpointPolicy::None;
   src.begin(acquire_order());
@@ -462,6 +480,7 @@ void LlamaModel::embedding_backward(ParamSource& src, const Batch& b, Workspace&
 ops::LossSums LlamaModel::forward_loss(const std::vector<Tensor>& params, const Batch& b) {
   check_params(params, "parameter");
   Workspace& ws = workspace(b, false);
+  prepare_rope(b);
   VectorParamSource src(params, params);
   forward_trunk(src, b, ws, false);
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size;
@@ -472,6 +491,7 @@ ops::LossSums LlamaModel::forward_loss(const std::vector<Tensor>& params, const 
 ops::Tensor LlamaModel::forward_hidden(const std::vector<Tensor>& params, const Batch& b) {
   check_params(params, "parameter");
   Workspace& ws = workspace(b, false);
+  prepare_rope(b);
   VectorParamSource src(params, params);
   forward_trunk(src, b, ws, false);
   return ws.head_in.view({b.tokens_count(), cfg_.hidden_size});
@@ -485,6 +505,7 @@ ops::LossSums LlamaModel::head_loss(const std::vector<Tensor>& params, const Ten
 void LlamaModel::forward_logits(const std::vector<Tensor>& params, const Batch& b, const Tensor& logits) {
   check_params(params, "parameter");
   Workspace& ws = workspace(b, false);
+  prepare_rope(b);
   VectorParamSource src(params, params);
   forward_trunk(src, b, ws, false);
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, vocab = cfg_.vocab_size;

@@ -93,8 +93,11 @@ void parse_rope(const Json& j, const std::string& src, LlamaConfig& c) {
         get_int(*rs, "original_max_position_embeddings", src + " rope_scaling", 8192, true);
   } else if (type == "yarn") {
     parse_yarn(*rs, src, c.rope_scaling);
+  } else if (type == "dynamic") {
+    c.rope_scaling.kind = RopeScalingKind::Dynamic;
   } else {
-    EASYCTX_THROW_INPUT(src, ": rope_scaling type '", type, "' is not supported (default, linear, llama3, yarn)");
+    EASYCTX_THROW_INPUT(src, ": rope_scaling type '", type,
+                        "' is not supported (default, linear, llama3, yarn, dynamic)");
   }
   c.rope_scaling.factor = get_num(*rs, "factor", src, 1.0);
 }
@@ -479,7 +482,10 @@ Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   } else {
     Json rs = Json::object();
     const RopeScalingKind k = rope_scaling.kind;
-    rs.set("rope_type", k == RopeScalingKind::Linear ? "linear" : k == RopeScalingKind::Llama3 ? "llama3" : "yarn");
+    rs.set("rope_type", k == RopeScalingKind::Linear    ? "linear"
+                        : k == RopeScalingKind::Llama3  ? "llama3"
+                        : k == RopeScalingKind::Dynamic ? "dynamic"
+                                                        : "yarn");
     rs.set("factor", rope_scaling.factor);
     if (k == RopeScalingKind::Yarn) yarn_to_json(rope_scaling, rs);
     if (rope_scaling.kind == RopeScalingKind::Llama3) {
@@ -521,9 +527,10 @@ std::string LlamaConfig::describe() const {
      << ", rope_theta " << rope_theta;
   if (rope_scaling.kind != RopeScalingKind::None)
     os << " ("
-       << (rope_scaling.kind == RopeScalingKind::Linear   ? "linear"
-           : rope_scaling.kind == RopeScalingKind::Llama3 ? "llama3"
-                                                          : "yarn")
+       << (rope_scaling.kind == RopeScalingKind::Linear    ? "linear"
+           : rope_scaling.kind == RopeScalingKind::Dynamic ? "dynamic"
+           : rope_scaling.kind == RopeScalingKind::Llama3  ? "llama3"
+                                                           : "yarn")
        << " x" << (rope_scaling.kind == RopeScalingKind::Yarn ? yarn_factor() : rope_scaling.factor) << ")";
   os << (tie_word_embeddings ? ", tied embeddings" : "") << ", " << format_count(static_cast<double>(num_parameters()))
      << " parameters";

@@ -14,7 +14,9 @@
 
 namespace easyctx::model {
 
-enum class RopeScalingKind { None, Linear, Llama3, Yarn };
+// Dynamic: transformers' "dynamic" (NTK) scaling, whose base grows with the length of each call
+// past max_position_embeddings (LlamaConfig::inv_freq(length)).
+enum class RopeScalingKind { None, Linear, Llama3, Yarn, Dynamic };
 
 struct RopeScaling {
   RopeScalingKind kind = RopeScalingKind::None;
@@ -97,8 +99,12 @@ struct LlamaConfig {
   // head tile of `head_rows`) would overflow or exceed kMaxElements; `what` names where the
   // token count came from (e.g. "train.batch_size x data.seq_length").
   void check_tokens(int64_t tokens, int64_t head_rows, const std::string& what) const;
-  // RoPE inverse frequencies f32[head_dim/2], after rope_scaling (HF's formulas).
-  std::vector<float> inv_freq() const;
+  // RoPE inverse frequencies f32[head_dim/2], after rope_scaling (HF's formulas). For dynamic
+  // scaling those of a call of `length` positions (its largest position id + 1; transformers'
+  // seq_len): the base rescaled when length > max_position_embeddings, the plain frequencies
+  // otherwise (and for length 0, transformers' initial table); other kinds ignore the length.
+  std::vector<float> inv_freq(int64_t length = 0) const;
+  bool dynamic_rope() const { return rope_scaling.kind == RopeScalingKind::Dynamic; }
   // The factor HF multiplies cos and sin by (yarn's attention factor; 1 otherwise): the
   // attention logits scale by its square.
   double rope_attention_factor() const;

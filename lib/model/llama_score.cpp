@@ -113,6 +113,7 @@ void LlamaModel::forward_score(const std::vector<Tensor>& params, const Batch& b
     score_ws_ = std::move(ws);
   }
   ScoreWorkspace& ws = *score_ws_;
+  prepare_rope(b);
   const size_t eu = layout_.embed_unit(), hu = layout_.head_unit();
   be_.embedding_fwd(b.tokens, params[eu].reshape({cfg_.vocab_size, d}), ws.x.view({n, d}));
   for (int64_t l = 0; l < L; ++l) score_layer(l, params[layout_.layer_unit(l)], b, ws);

@@ -92,6 +92,18 @@ std::string document_balance(const data::MicroBatch& mb, const attention::Sequen
   return buf;
 }
 
+// Dynamic RoPE's length of a micro-batch, as transformers computes it from the position ids of
+// the unpadded L-token sequences (the same on every sequence-parallel rank): L, or with the
+// document mask (positions restarting per document) the longest document's part before L.
+int64_t rope_length(const data::MicroBatch& mb, int64_t L, bool document_mask) {
+  if (!document_mask) return L;
+  int64_t longest = 0;
+  for (const attention::DocumentStarts& s : mb.doc_starts)
+    for (size_t d = 0; d < s.size() && s[d] < L; ++d)
+      longest = std::max(longest, std::min(d + 1 < s.size() ? s[d + 1] : L, L) - s[d]);
+  return longest;
+}
+
 }  // namespace
 
 DeviceKind trainer_device(DeviceKind requested) { return ops::resolve_device(requested, "train.device"); }
@@ -390,6 +402,7 @@ StepStats Trainer::compute_gradients(int64_t step) {
     model::Batch b{ops::Tensor(mb.tokens.data(), DType::I32, {n}), ops::Tensor(mb.positions.data(), DType::I32, {n}),
                    ops::Tensor(mb.labels.data(), DType::I32, {n}), mb.batch, mb.local_len};
     if (cfg_.data.document_mask) b.documents = &mb.doc_starts;  // the attention's per-document blocks
+    b.rope_length = rope_length(mb, cfg_.data.seq_length, cfg_.data.document_mask);
     if (on_device()) {  // host int32 arrays -> device buffers (ordered before the model)
       if (tokens_dev_.numel() != n) {
         tokens_dev_ = be_->alloc(DType::I32, n, "micro-batch tokens");

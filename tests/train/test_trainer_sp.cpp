@@ -38,24 +38,29 @@ struct SpCase {
   bool offload = false;
   bool documents = false;  // data.document_mask on short packed documents
   // The tiny shape as a "qwen2" (q/k/v biases), "qwen3" (q/k norms), "mistral" (a window of 11),
-  // "mistral3" (a window of 3) or "qwen2_window" (use_sliding_window: a window of 4 in layer 1
-  // of 2, layer 0 full) model.
+  // "mistral3" (a window of 3), "qwen2_window" (use_sliding_window: a window of 4 in layer 1
+  // of 2, layer 0 full) or "dynamic" (rope_scaling dynamic over max_position_embeddings 24: the
+  // frequencies of the whole sequence's length on every rank) model.
   const char* family = nullptr;
 };
 
 // The model YAML of a family (tiny shape, tied embeddings).
 std::string family_yaml(const std::string& f) {
-  const std::string type = f == "qwen2_window" ? "qwen2" : f == "mistral3" ? "mistral" : f;
+  const std::string type = f == "qwen2_window" ? "qwen2" : f == "mistral3" ? "mistral" : f == "dynamic" ? "llama" : f;
   std::string y = "model_type: " + type +
                   "\nhidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nnum_key_value_heads: 2\n"
-                  "head_dim: 16\nintermediate_size: 96\nvocab_size: 256\nmax_position_embeddings: 2048\n"
-                  "rms_norm_eps: 1.0e-6\nrope_theta: 1000000.0\ntie_word_embeddings: true\n";
+                  "head_dim: 16\nintermediate_size: 96\nvocab_size: 256\nmax_position_embeddings: " +
+                  (f == "dynamic" ? "24" : "2048") +
+                  "\nrms_norm_eps: 1.0e-6\nrope_theta: 1000000.0\ntie_word_embeddings: true\n";
   if (f == "mistral") y += "sliding_window: 11\n";
   if (f == "mistral3") y += "sliding_window: 3\n";
   if (f == "qwen2_window") y += "use_sliding_window: true\nsliding_window: 4\nmax_window_layers: 1\n";
+  if (f == "dynamic") y += "rope_scaling:\n  rope_type: dynamic\n  factor: 2.0\n";
   return y;
 }
-bool windowed_family(const char* f) { return f && std::string(f) != "qwen2" && std::string(f) != "qwen3"; }
+bool windowed_family(const char* f) {
+  return f && std::string(f) != "qwen2" && std::string(f) != "qwen3" && std::string(f) != "dynamic";
+}
 
 std::string shared_dir(const dist::Runtime& rt, uint64_t& seed) {
   seed = test_seed();
@@ -275,12 +280,13 @@ TEST(TrainerSequenceParallel, DataTimesZigzag) {
 
 // qwen2 (q/k/v biases), qwen3 (q/k norms), mistral (a sliding window of 11 of the 37 tokens:
 // ring blocks beyond it skipped; and of 3, smaller than a rank's chunk of 5-10 tokens, so
-// whole ring steps and dist_flash offsets are skipped) and qwen2 with per-layer windows (a
-// window of 4 in its second layer only) models, tied embeddings, in every mode.
+// whole ring steps and dist_flash offsets are skipped), qwen2 with per-layer windows (a
+// window of 4 in its second layer only) and dynamic-RoPE (each rank holds part of the 37
+// positions, past max_position_embeddings 24) models, tied embeddings, in every mode.
 TEST(TrainerSequenceParallel, QwenEveryMode) {
   int w = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &w);
-  for (const char* f : {"qwen2", "qwen3", "mistral", "mistral3", "qwen2_window"}) {
+  for (const char* f : {"qwen2", "qwen3", "mistral", "mistral3", "qwen2_window", "dynamic"}) {
     check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, f});
     check_case({SeqParallelMode::DistFlash, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, f});
     if (w % 2 != 0) continue;  // ulysses (4 heads) and usp (ulysses 2) need an even world
@@ -298,10 +304,12 @@ TEST(TrainerSequenceParallel, DocumentsZigzagRing) {
 TEST(TrainerSequenceParallel, DocumentsDistFlash) {
   check_case({SeqParallelMode::DistFlash, 0, 0, 1, 1, CheckpointPolicy::None, false, true});
 }
-// Documents and per-layer windows together.
+// Documents with per-layer windows, with a window of 3, with dynamic RoPE (its length the
+// longest document: positions restart in each).
 TEST(TrainerSequenceParallel, DocumentsWithWindows) {
   check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 1, CheckpointPolicy::Layer, false, true, "qwen2_window"});
   check_case({SeqParallelMode::DistFlash, 0, 0, 1, 1, CheckpointPolicy::AttentionOutput, false, true, "mistral3"});
+  check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 1, CheckpointPolicy::Layer, false, true, "dynamic"});
 }
 TEST(TrainerSequenceParallel, DocumentsUlysses) {
   check_case({SeqParallelMode::Ulysses, 0, 0, 1, 1, CheckpointPolicy::Layer, false, true});
