@@ -36,10 +36,10 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, Mo
   EASYCTX_CHECK_INPUT(opts_.head_groups >= 1 && cfg_.num_kv_heads % opts_.head_groups == 0,
                       "activation.attention_head_groups: ", opts_.head_groups,
                       " does not divide the model's key/value heads (", cfg_.num_kv_heads, ")");
-  EASYCTX_CHECK_INPUT(cfg_.sliding_window == 0 || be_.memspace() == MemSpace::Host, cfg_.name,
-                      ": sliding_window = ", cfg_.sliding_window,
-                      ": the CUDA attention has no sliding window yet (train.device cpu runs it; "
-                      "docs/model.md)");
+  EASYCTX_CHECK_INPUT(cfg_.sliding_window == 0 || be_.memspace() == MemSpace::Host || opts_.unchecked_device_window,
+                      cfg_.name, ": sliding_window = ", cfg_.sliding_window,
+                      ": sliding windows on CUDA are not enabled until their GPU check has passed "
+                      "(train.device cpu runs it; docs/model.md, \"Sliding window\")");
   group_attn_ = attn_;
   if (const auto* hg = dynamic_cast<const attention::HeadGroupedAttention*>(attn_.get()); hg && opts_.head_groups > 1) {
     EASYCTX_CHECK(hg->groups() == opts_.head_groups, "LlamaModel: a strategy in ", hg->groups(),

@@ -126,6 +126,10 @@ struct ModelOptions {
   int64_t head_groups = 1;
   // attention_output checkpoints offloaded with head groups stream to host memory group by
   // group (two group-sized device slots; every kept layer's in host memory: docs/memory-model.md).
+  // Lets a sliding window run on a device backend, which the model refuses otherwise until the
+  // GPU checks of the CUDA windows have passed on a device (docs/model.md, "Sliding window"):
+  // set by those tests only (tests/gpu), never from a config.
+  bool unchecked_device_window = false;
   bool streams_attention_output() const {
     return checkpoint == CheckpointPolicy::AttentionOutput && offload_checkpoints && head_groups > 1;
   }
