@@ -7,7 +7,9 @@
 //   k, v, dk, dv   [B, Sk, Hkv, hd]  row j of head g at  k + b*k_batch + j*k_row + g*hd
 //   lse            f32[B, Hq, Sq]    natural log of the softmax denominator of scale*q.k
 // Visibility: with causal, key j is visible to query i iff j <= i + diag, where
-// diag = q_offset - k_offset; a row that sees no key gets o = 0, lse = -inf.
+// diag = q_offset - k_offset; with a sliding window (window > 0, causal or not) also only if
+// j > i + diag - window (transformers' kv_idx > q_idx - sliding_window); a row that sees no key
+// gets o = 0, lse = -inf. Key tiles wholly before a query tile's window are not loaded.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -34,7 +36,8 @@ struct AttentionParams {
   float scale = 0;       // softmax scale
   float scale_log2 = 0;  // scale * log2(e): the kernels work in base 2
   bool causal = true;
-  int64_t diag = 0;  // q_offset - k_offset
+  int64_t diag = 0;    // q_offset - k_offset
+  int64_t window = 0;  // sliding window (ops::AttentionBlock::window); 0: none
 };
 
 // o_out, lse_out = attention(q, k, v). Throws for head dims other than 64 and 128.

@@ -6,6 +6,7 @@
 //        dV += P^T dO, dK += scale dS^T Q                                 (4 matmuls)
 //   3. dQ: a block owns 64 query rows and loops over their visible keys (64 a step):
 //        S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += scale dS K    (3 matmuls)
+//   A sliding window (p.window) narrows both loops to the rows / keys it leaves visible.
 //   Shapes as attention_fwd; FLOPs: 7 x 2 B Hq Sq Sk hd (halved by causal masking), i.e.
 //   1.4x the 5-matmul count that the usual "bwd = 2.5 x fwd" convention credits; the price
 //   of summing every gradient in a fixed order. dq, dk, dv are accumulated (+=) in fp32
@@ -63,10 +64,12 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_dkdv_kernel(const Atte
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t b = blockIdx.y / p.hkv, g = blockIdx.y % p.hkv, group = p.hq / p.hkv;
   const int64_t j0 = int64_t(blockIdx.x) * kKvBN;
-  // First query row that can see key j0; rows before it see none of this block's keys.
+  // First query row that can see key j0; rows before it see none of this block's keys. With a
+  // sliding window, rows from iend on see none either (their window starts after the last key).
   const int64_t ibeg = p.causal ? max(int64_t(0), j0 - p.diag) : 0;
-  if (ibeg >= p.sq) return;  // no query sees these keys: nothing to add
-  const int64_t qt0 = ibeg / kKvBM, nq = CEIL_DIV(p.sq, int64_t(kKvBM)) - qt0;
+  const int64_t iend = p.window > 0 ? min(p.sq, min(j0 + kKvBN, p.sk) - 1 - p.diag + p.window) : p.sq;
+  if (ibeg >= iend) return;  // no query sees these keys: nothing to add
+  const int64_t qt0 = ibeg / kKvBM, nq = CEIL_DIV(iend, int64_t(kKvBM)) - qt0;
   const int64_t steps = group * nq;
 
   const __nv_bfloat16* kb = p.k + b * p.k_batch + g * HD;
@@ -110,7 +113,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_dkdv_kernel(const Atte
     float st[kKvBM / 8][4], dpt[kKvBM / 8][4];
     mma_pair_nt<HD, kKvBM>(st, dpt, sK, sV, cQ, cdO, warp * 16, lane);
     // P^T and dS^T in place (element e: key row lane/4 (+8), query column 2*(lane%4) (+1)).
-    const bool need_mask = (j0 + kKvBN > p.sk) || (p.causal && j0 + kKvBN - 1 > qi0 + p.diag);
+    const bool need_mask = (j0 + kKvBN > p.sk) || (p.causal && j0 + kKvBN - 1 > qi0 + p.diag) ||
+                           (p.window > 0 && j0 <= qi0 + kKvBM - 1 + p.diag - p.window);
 #pragma unroll
     for (int n = 0; n < kKvBM / 8; ++n) {
 #pragma unroll
@@ -119,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_dkdv_kernel(const Atte
         float pv = exp2f(st[n][e] * p.scale_log2 - cL[qc]);
         if (need_mask) {
           const int64_t j = j0 + warp * 16 + (lane >> 2) + ((e >> 1) << 3), i = qi0 + qc;
-          if (j >= p.sk || (p.causal && j > i + p.diag)) pv = 0.f;
+          if (j >= p.sk || (p.causal && j > i + p.diag) || (p.window > 0 && j <= i + p.diag - p.window)) pv = 0.f;
         }
         st[n][e] = pv;
         dpt[n][e] = pv * (dpt[n][e] - cD[qc]);
@@ -180,16 +184,20 @@ __global__ void __launch_bounds__(kDqThreads) attention_bwd_dq_kernel(const Atte
   const int64_t i0 = m_block * kQBM;
   int64_t kend = p.sk;
   if (p.causal) kend = min(kend, i0 + kQBM + p.diag);
-  if (kend <= 0) return;  // no row of this tile sees a key: dq unchanged
+  // The sliding window: key tiles before t0 lie wholly before every row's window (absolute
+  // tile indices, so the double buffer's parity holds).
+  const int64_t kbeg = p.window > 0 ? max(int64_t(0), i0 + p.diag - p.window + 1) : 0;
+  if (kend <= kbeg) return;  // no row of this tile sees a key: dq unchanged
   const int ntiles = static_cast<int>(CEIL_DIV(kend, int64_t(kQBN)));
+  const int t0 = static_cast<int>(kbeg / kQBN);
 
   const int64_t qoff = b * p.q_batch + h * HD;
   const __nv_bfloat16* kb = p.k + b * p.k_batch + g * HD;
   const __nv_bfloat16* vb = p.v + b * p.k_batch + g * HD;
   load_tile<kQBM, HD, kDqThreads>(sQ, p.q + qoff, p.q_row, i0, p.sq);
   load_tile<kQBM, HD, kDqThreads>(sdO, p.dout + qoff, p.q_row, i0, p.sq);
-  load_tile<kQBN, HD, kDqThreads>(sK, kb, p.k_row, 0, p.sk);
-  load_tile<kQBN, HD, kDqThreads>(sV, vb, p.k_row, 0, p.sk);
+  load_tile<kQBN, HD, kDqThreads>(sK + (t0 & 1) * kQBN * HD, kb, p.k_row, int64_t(t0) * kQBN, p.sk);
+  load_tile<kQBN, HD, kDqThreads>(sV + (t0 & 1) * kQBN * HD, vb, p.k_row, int64_t(t0) * kQBN, p.sk);
   cp_async_commit();
 
   float lrow[2], drow[2];
@@ -203,7 +211,7 @@ __global__ void __launch_bounds__(kDqThreads) attention_bwd_dq_kernel(const Atte
 #pragma unroll
   for (int d = 0; d < HD / 8; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.f;
 
-  for (int t = 0; t < ntiles; ++t) {
+  for (int t = t0; t < ntiles; ++t) {
     kv_stream_step<kQBN, HD, kDqThreads>(sK, sV, kb, vb, p.k_row, p.sk, t, ntiles);
     const __nv_bfloat16* cK = sK + (t & 1) * kQBN * HD;
     const __nv_bfloat16* cV = sV + (t & 1) * kQBN * HD;
@@ -211,7 +219,8 @@ __global__ void __launch_bounds__(kDqThreads) attention_bwd_dq_kernel(const Atte
     float s[kQBN / 8][4], dp[kQBN / 8][4];
     mma_pair_nt<HD, kQBN>(s, dp, sQ, sdO, cK, cV, warp * 16, lane);
     const int64_t j0 = int64_t(t) * kQBN;
-    const bool need_mask = (j0 + kQBN > p.sk) || (p.causal && j0 + kQBN - 1 > i0 + p.diag);
+    const bool need_mask = (j0 + kQBN > p.sk) || (p.causal && j0 + kQBN - 1 > i0 + p.diag) ||
+                           (p.window > 0 && j0 <= i0 + kQBM - 1 + p.diag - p.window);
 #pragma unroll
     for (int n = 0; n < kQBN / 8; ++n) {
 #pragma unroll
@@ -221,7 +230,7 @@ __global__ void __launch_bounds__(kDqThreads) attention_bwd_dq_kernel(const Atte
         if (need_mask) {
           const int64_t i = i0 + warp * 16 + (lane >> 2) + r * 8;
           const int64_t j = j0 + n * 8 + ((lane & 3) << 1) + (e & 1);
-          if (j >= p.sk || (p.causal && j > i + p.diag)) pv = 0.f;
+          if (j >= p.sk || (p.causal && j > i + p.diag) || (p.window > 0 && j <= i + p.diag - p.window)) pv = 0.f;
         }
         s[n][e] = pv * (dp[n][e] - drow[r]);  // dS
       }

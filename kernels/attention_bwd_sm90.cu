@@ -6,8 +6,9 @@
 // o and lse (natural log, -inf for rows that see no key) and dout, it ADDS the gradients to
 // dq, dk, dv (bf16, +=), with dS = P (dP - delta), delta = rowsum(dout * o):
 //   dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
-// GQA: dK/dV of kv head g sum over the query heads of its group; causal with diag offset;
-// ragged Sq/Sk; head dims 64 and 128.
+// GQA: dK/dV of kv head g sum over the query heads of its group; causal with diag offset; a
+// sliding window (a CTA steps over the query tiles whose windows reach its keys); ragged Sq/Sk;
+// head dims 64 and 128.
 //
 // Three kernels:
 //   1. prep: per (b, h, row) of the row-padded range [0, Sq_pad) (Sq_pad = Sq rounded up to 64):
@@ -261,6 +262,8 @@ struct BwdArgs {
   int m_tiles;   // query tiles of the main kernel's steps (64 or 128 rows) that cover sq
   int diag;      // clamped to [-(sq+1), sk+1]
   int causal;
+  int windowed;  // a sliding window: key j visible to row i only if j > i + wdiag
+  int wdiag;     // diag - window, clamped like diag
   float scale, scale_log2;
 };
 
@@ -348,12 +351,22 @@ struct BwdSmem {
   uint64_t dq_full[2], dq_empty[2];  // consumer cw's dQ partial in dq[cw] / read by the writer's bulk reduce
 };
 
-// Query tiles of BM rows a key block is visible to: m in [m_first, m_tiles).
+// Query tiles of BM rows a key block is visible to: m in [m_first, m_end), exactly those with a
+// row that sees one of its keys (the deterministic dQ order relies on it: a block waits only for
+// blocks that add to the same tile).
 template <int BM>
 __device__ __forceinline__ int first_m_block(const BwdArgs& a, int n) {
   if (!a.causal) return 0;
   const long long first_row = max(0ll, static_cast<long long>(n) * kBN - a.diag);  // the first row seeing key n*kBN
   return first_row >= a.sq ? a.m_tiles : static_cast<int>(first_row / BM);
+}
+// With a sliding window, rows from the block's last key - wdiag on see none of its keys.
+template <int BM>
+__device__ __forceinline__ int end_m_block(const BwdArgs& a, int n) {
+  if (!a.windowed) return a.m_tiles;
+  const long long last_key = min(static_cast<long long>(n) * kBN + kBN, static_cast<long long>(a.sk)) - 1;
+  const long long end_row = min(last_key - a.wdiag, static_cast<long long>(a.sq));  // rows < end_row see it
+  return end_row <= 0 ? 0 : static_cast<int>((end_row + BM - 1) / BM);
 }
 
 // Named barrier of both consumer warpgroups (256 threads; 0 is __syncthreads).
@@ -362,7 +375,9 @@ constexpr int kBarConsumers = 4;
 // kDet: the semaphore of query tile m (BM rows) counts the key blocks that have added to it;
 // they add from the last block that sees the tile (n_last) down to 0, so block n's turn is
 // n_last - n. Block n sees tile m iff n <= n_last (first_m_block), n_last = min(sk - 1, last row
-// + diag) / 128 (causal). DqSplit::Rows keeps a 128-row step's semaphore at its first 64-row tile's.
+// + diag) / 128 (causal). With a sliding window the blocks that see tile m are n_first .. n_last
+// (end_m_block), contiguous, and n_last's block still sees it, so the turns run the same way.
+// DqSplit::Rows keeps a 128-row step's semaphore at its first 64-row tile's.
 template <int BM = kBM>
 __device__ __forceinline__ int dq_turn(const BwdArgs& a, int n, int m) {
   int last_key = a.sk - 1;
@@ -382,7 +397,10 @@ __device__ __forceinline__ int dq_turn(const BwdArgs& a, int n, int m) {
 // (its completion is waited for only where the order needs it). Columns: the two halves are
 // disjoint columns, so one bulk reduce adds the whole tile (deterministic) or one per half as
 // it comes (atomic).
-template <int HD, bool kDet, DqSplit kDq, bool kHeavy>
+// kWindow: the sliding window's bounds (end_m_block, the left-edge mask): their own
+// instantiations, so the kernels without a window keep their registers (the window's compares
+// made ptxas spill at hd 64, where the consumers are full).
+template <int HD, bool kDet, DqSplit kDq, bool kHeavy, bool kWindow>
 __global__ void __launch_bounds__(384, 1)
     attention_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -410,7 +428,8 @@ __global__ void __launch_bounds__(384, 1)
   const int n = kDet ? gridDim.x - 1 - blockIdx.x : kHeavy ? lin / gridDim.y : blockIdx.x;
   const int g = kHeavy ? lin % gridDim.y : blockIdx.y, b = blockIdx.z;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const int m_first = first_m_block<kBMs>(a, n), nm = a.m_tiles - m_first, steps = a.group * nm;
+  const int m_first = first_m_block<kBMs>(a, n);
+  const int nm = (kWindow ? end_m_block<kBMs>(a, n) : a.m_tiles) - m_first, steps = a.group * nm;
 
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&sh.kv_full), 1);
@@ -545,7 +564,8 @@ __global__ void __launch_bounds__(384, 1)
 
     // P^T = exp2(S^T scale_log2 - lse2[q]) (0 where masked), dS^T = P^T (dP^T - delta[q]).
     // Element i: key row key0 + 8 ((i/2)%2), query column q0 + 8 (i/4) + colq + (i%2).
-    const bool need_mask = tile_needs_key_mask || (a.causal && n * kBN + kBN - 1 > q0 + a.diag);
+    const bool need_mask = tile_needs_key_mask || (a.causal && n * kBN + kBN - 1 > q0 + a.diag) ||
+                           (kWindow && n * kBN <= q0 + kBMs - 1 + a.wdiag);
 #pragma unroll
     for (int c8 = 0; c8 < kBMs / 8; ++c8) {
       const float2 l2 = *reinterpret_cast<const float2*>(&sh.lse2[sl][8 * c8 + colq]);
@@ -558,7 +578,12 @@ __global__ void __launch_bounds__(384, 1)
           float pv = ex2(fmaf(s[i], a.scale_log2, -(j ? l2.y : l2.x)));
           if (need_mask) {
             const int key = key0 + 8 * hf, qrow = q0 + 8 * c8 + colq + j;
-            if (key >= a.sk || (a.causal && key > qrow + a.diag)) pv = 0.f;
+            if constexpr (kWindow) {
+              const int d = key - qrow;  // (one subtraction for both bounds)
+              if (key >= a.sk || (a.causal && d > a.diag) || d <= a.wdiag) pv = 0.f;
+            } else {
+              if (key >= a.sk || (a.causal && key > qrow + a.diag)) pv = 0.f;
+            }
           }
           s[i] = pv;
           dp[i] = pv * (dp[i] - (j ? dl.y : dl.x));
@@ -744,6 +769,8 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   a.hd = HD;
   a.diag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag, p.sk + 1)));
   a.causal = p.causal ? 1 : 0;
+  a.windowed = p.window > 0 ? 1 : 0;
+  a.wdiag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag - p.window, p.sk + 1)));
   const dim3 grid(static_cast<unsigned>((p.sk + kBN - 1) / kBN), static_cast<unsigned>(p.hkv),
                   static_cast<unsigned>(p.batch));
   a.scale = p.scale;
@@ -757,11 +784,13 @@ void launch_bwd(const AttentionParams& p, void* scratch, cudaStream_t st) {
   const CUtensorMap tdo = make_map(p.dout, HD, p.sq, p.hq, p.batch, p.q_row, p.q_batch, kBMs, "dout");
   const CUtensorMap tk = make_map(p.k, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "k");
   const CUtensorMap tv = make_map(p.v, HD, p.sk, p.hkv, p.batch, p.k_row, p.k_batch, kBN, "v");
-  // Atomic grids of at most 4 waves: heaviest key blocks first (see the kernel).
-  auto kernel = attention_bwd_sm90_kernel<HD, kDet, kDq, false>;
-  if constexpr (!kDet)
+  // Atomic grids of at most 4 waves: heaviest key blocks first (see the kernel). A sliding window:
+  // its own kernel, key blocks in order (its blocks' steps are about equal).
+  auto kernel = attention_bwd_sm90_kernel<HD, kDet, kDq, false, false>;
+  if (a.windowed) kernel = attention_bwd_sm90_kernel<HD, kDet, kDq, false, true>;
+  else if constexpr (!kDet)
     if (int64_t{grid.x} * grid.y * grid.z <= 4 * int64_t{current_device_sms()})
-      kernel = attention_bwd_sm90_kernel<HD, kDet, kDq, true>;
+      kernel = attention_bwd_sm90_kernel<HD, kDet, kDq, true, false>;
   const size_t smem = sizeof(BwdSmem<HD, kDq>) + 1024;
   static_assert(sizeof(BwdSmem<HD, kDq>) + 1024 <= 227 * 1024, "over the 227 KB of shared memory a CTA may have");
   EASYCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

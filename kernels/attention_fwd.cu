@@ -6,6 +6,7 @@
 //   2 x 64 keys x hd x 2 bytes per 4 x 16 NW x 64 x hd FLOPs = 16 NW FLOP/byte of L2 traffic).
 // Grid (Sq/(16 NW), B*Hq); NW warps (8 for hd 128, 4 for hd 64), each owning 16 query
 // rows; K/V tiles of 64 keys are double-buffered with cp.async. Query tiles run in reverse so causal's long rows go first.
+// A sliding window starts each query tile's key loop at the first tile its window reaches.
 #include "kernels/attention.h"
 #include "kernels/common.cuh"
 #include "kernels/mma.cuh"
@@ -40,14 +41,18 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const AttentionP
   const __nv_bfloat16* kb = p.k + b * p.k_batch + g * HD;
   const __nv_bfloat16* vb = p.v + b * p.k_batch + g * HD;
 
-  int64_t kend = p.sk;  // keys [0, kend) can be visible to some row of this tile
+  int64_t kend = p.sk;  // keys [kbeg, kend) can be visible to some row of this tile
   if (p.causal) kend = min(kend, i0 + kBM + p.diag);
   const int ntiles = kend > 0 ? static_cast<int>(CEIL_DIV(kend, int64_t(kBN))) : 0;
+  // The sliding window: the tile's first row sees no key at or before i0 + diag - window, nor
+  // does any later row; tiles t0.. (absolute indices, so the double buffer's parity holds).
+  const int64_t kbeg = p.window > 0 ? max(int64_t(0), i0 + p.diag - p.window + 1) : 0;
+  const int t0 = static_cast<int>(min(kbeg / kBN, int64_t(ntiles)));
 
   load_tile<kBM, HD, kThreads>(sQ, qb, p.q_row, i0, p.sq);
-  if (ntiles > 0) {
-    load_tile<kBN, HD, kThreads>(sK, kb, p.k_row, 0, p.sk);
-    load_tile<kBN, HD, kThreads>(sV, vb, p.k_row, 0, p.sk);
+  if (ntiles > t0) {
+    load_tile<kBN, HD, kThreads>(sK + (t0 & 1) * kBN * HD, kb, p.k_row, int64_t(t0) * kBN, p.sk);
+    load_tile<kBN, HD, kThreads>(sV + (t0 & 1) * kBN * HD, vb, p.k_row, int64_t(t0) * kBN, p.sk);
   }
   cp_async_commit();
 
@@ -57,9 +62,9 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const AttentionP
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
   uint32_t qf[HD / 16][4];
 
-  for (int t = 0; t < ntiles; ++t) {
+  for (int t = t0; t < ntiles; ++t) {
     kv_stream_step<kBN, HD, kThreads>(sK, sV, kb, vb, p.k_row, p.sk, t, ntiles);
-    if (t == 0) {
+    if (t == t0) {
 #pragma unroll
       for (int ks = 0; ks < HD / 16; ++ks) ldmatrix_x4(qf[ks], frag_a<HD>(sQ, warp * 16, ks * 16, lane));
     }
@@ -80,9 +85,11 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const AttentionP
         mma_bf16(s[2 * np + 1], qf[ks], bfr[2], bfr[3]);
       }
     }
-    // Scale to base 2 and mask (only tiles that cross the diagonal or the end of the keys).
+    // Scale to base 2 and mask (only tiles that cross the diagonal, the window's left edge or
+    // the end of the keys).
     const int64_t j0 = int64_t(t) * kBN;
-    const bool need_mask = (j0 + kBN > p.sk) || (p.causal && j0 + kBN - 1 > i0 + p.diag);
+    const bool need_mask = (j0 + kBN > p.sk) || (p.causal && j0 + kBN - 1 > i0 + p.diag) ||
+                           (p.window > 0 && j0 <= i0 + kBM - 1 + p.diag - p.window);
 #pragma unroll
     for (int n = 0; n < kBN / 8; ++n) {
 #pragma unroll
@@ -91,7 +98,7 @@ __global__ void __launch_bounds__(NW * 32) attention_fwd_kernel(const AttentionP
         if (need_mask) {
           const int64_t i = i0 + warp * 16 + (lane >> 2) + ((e >> 1) << 3);
           const int64_t j = j0 + n * 8 + ((lane & 3) << 1) + (e & 1);
-          if (j >= p.sk || (p.causal && j > i + p.diag)) x = -INFINITY;
+          if (j >= p.sk || (p.causal && j > i + p.diag) || (p.window > 0 && j <= i + p.diag - p.window)) x = -INFINITY;
         }
         s[n][e] = x;
       }

@@ -2,7 +2,8 @@
 // CUTLASS/CuTe), because on an H100/H200 it beats the FlashAttention-2 kernel and, at the shapes
 // of sm90_before_cudnn (lib/ops/attention_route.h), cuDNN's forward (docs/performance.md).
 // Contract: kernels/attention.h (bf16 q/k/v/o, fp32 lse, GQA, head dim 64 or 128, causal with a
-// diagonal offset or unmasked, ragged Sq/Sk; rows that see no key get o = 0, lse = -inf).
+// diagonal offset or unmasked, a sliding window's lower key bound, ragged Sq/Sk; rows that see no
+// key get o = 0, lse = -inf).
 //
 // A CTA has a producer warpgroup (one thread issues the TMA loads of the Q tile and of 128-key
 // K/V tiles into a 2-stage shared-memory ring, completion counted on mbarriers) and NC consumer
@@ -163,6 +164,8 @@ struct FwdArgs {
   int sq, sk, hq, group;  // group = hq / hkv
   int diag;               // clamped to [-(sq+1), sk+1]: same visibility, no overflow
   int causal;
+  int windowed;  // a sliding window: key j visible to row i only if j > i + wdiag
+  int wdiag;     // diag - window, clamped like diag
   float scale_log2;
   int m_blocks;  // query tiles per (head, batch)
   int batch;
@@ -189,10 +192,11 @@ struct FwdSmem {
 // Registers per thread of the producer / each consumer warpgroup (setmaxnreg): the register
 // file (64K) holds 128 * (producer + NC * consumer). NC = 2: 24 + 2 * 240 = 504 (of 512);
 // NC = 3: 24 + 3 * 160 = 504 (FA3's hd-64 split; 160 hold S 64 + P 32 + O 32 floats). The
-// persistent producer (tile counter, list arithmetic) spills at 24 (ptxas: 8 bytes) and gets
-// 32: 32 + 2 * 232 = 496, 32 + 3 * 160 = 512.
+// persistent producer (tile counter, list arithmetic, a sliding window's first key tile)
+// spills at 24 (ptxas: 8 bytes) and at 32 (4 bytes) and gets 40: 40 + 2 * 232 = 504, the launch
+// allocation (3 x 168; setmaxnreg.inc waits forever past it: attention_bwd_sm90.cu's note).
 template <bool kPersist>
-constexpr int kProducerRegs = kPersist ? 32 : 24;
+constexpr int kProducerRegs = kPersist ? 40 : 24;
 template <int NC, bool kPersist>
 constexpr int kConsumerRegs = NC == 2 ? (kPersist ? 232 : 240) : 160;
 
@@ -268,6 +272,15 @@ __device__ __forceinline__ int key_tiles(const FwdArgs& a, int m_block) {
   return last_key < 0 ? 0 : min(n_total, last_key / kBlockN + 1);
 }
 
+// With a sliding window, key tiles before first_key_tile hold no key any row of the query tile
+// sees (its first row's window starts after them, and later rows' windows start later).
+template <int NC>
+__device__ __forceinline__ int first_key_tile(const FwdArgs& a, int m_block) {
+  if (!a.windowed) return 0;
+  const long long first_key = static_cast<long long>(m_block) * 64 * NC + a.wdiag + 1;  // (64-bit: no overflow)
+  return first_key <= 0 ? 0 : static_cast<int>(first_key / kBlockN);
+}
+
 template <int HD, int NC>
 __device__ __forceinline__ void init_barriers(FwdSmem<HD, NC>& sh) {
   mbar_init(smem_u32(&sh.q_full), 1);
@@ -285,10 +298,11 @@ __device__ __forceinline__ void init_barriers(FwdSmem<HD, NC>& sh) {
   mbar_init_fence();
 }
 
-// Both sides walk the same tiles and count the same ring positions: key tile n of a work tile
-// is ring position g = g0 + n (g0 = key tiles of the CTA's earlier work tiles), slot
-// g % kStages, use g / kStages (phase parities). The Q buffer is a ring of one: use qi
-// (work tiles that have keys so far). Work tiles without keys load and compute nothing.
+// Both sides walk the same tiles and count the same ring positions: the n-th key tile loaded for
+// a work tile (key tile n_first + n: a sliding window skips the tiles before its reach) is ring
+// position g = g0 + n (g0 = key tiles loaded for the CTA's earlier work tiles), slot g % kStages,
+// use g / kStages (phase parities). The Q buffer is a ring of one: use qi (work tiles that have keys
+// so far). Work tiles without keys load and compute nothing.
 
 // ------------------------------------------------------------------ producer
 // A TMA load; K/V loads ask L2 to keep their lines (evict_last: the other CTAs of the section
@@ -300,18 +314,19 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
   tma_load_4d_hint(dst, map, bar, c0, c1, c2, c3, kv ? policy_evict_last() : policy_evict_first());
 }
 
-// K or V tile n of the work tile into its ring slot, once the consumers have freed it.
+// K or V tile nt of the work tile (absolute: a sliding window starts past 0) into its ring slot
+// gb + nt, once the consumers have freed it.
 template <int HD, int NC>
 __device__ __forceinline__ void load_kv(FwdSmem<HD, NC>& sh, __nv_bfloat16 (&buf)[kStages][HD / 64][kBlockN * 64],
                                         uint64_t (&full)[kStages], uint64_t (&empty)[kStages], const CUtensorMap* map,
-                                        int g0, int n, int hk, int b) {
+                                        int gb, int nt, int hk, int b) {
   constexpr int kPanels = HD / 64;
   constexpr uint32_t kKVBytes = kPanels * kPanelBytesN;
-  const int g = g0 + n, st = g % kStages;
+  const int g = gb + nt, st = g % kStages;
   mbar_wait(smem_u32(&empty[st]), ((g / kStages) & 1) ^ 1);
   mbar_expect_tx(smem_u32(&full[st]), kKVBytes);
   for (int p = 0; p < kPanels; ++p)
-    load_tile(smem_u32(&buf[st][p][0]), map, smem_u32(&full[st]), 64 * p, hk, n * kBlockN, b, true);
+    load_tile(smem_u32(&buf[st][p][0]), map, smem_u32(&full[st]), 64 * p, hk, nt * kBlockN, b, true);
 }
 
 // One thread: the Q tile and the n_end K/V tiles of every work tile of the CTA.
@@ -325,8 +340,10 @@ __device__ __forceinline__ void producer(FwdSmem<HD, NC>& sh, const CUtensorMap*
   for (int r = 0;; ++r) {
     Tile t;
     if (!next_tile<kPersist, true>(sh, a, r, 0, t)) break;
-    const int n_end = key_tiles<NC>(a, t.m_block);
-    if (n_end == 0) continue;
+    // Key tiles n_first .. n_end - 1 (absolute); key tile nt is ring position gb + nt.
+    const int n_first = first_key_tile<NC>(a, t.m_block), n_end = key_tiles<NC>(a, t.m_block);
+    if (n_end <= n_first) continue;
+    const int gb = g0 - n_first;
     const int hk = t.h / a.group;
     // The previous work tile's Q is free once every consumer warp's last S GEMM is done.
     mbar_wait(smem_u32(&sh.q_empty), (qi & 1) ^ 1);
@@ -337,12 +354,12 @@ __device__ __forceinline__ void producer(FwdSmem<HD, NC>& sh, const CUtensorMap*
     // Order K0, K1, V0, K2, V1, ...: K of the next tile before V of this one, so the next
     // S GEMM's operand is never queued behind a V slot that the P V GEMM still holds (the
     // overlapped consumer reads K_{n+1} before V_n).
-    load_kv(sh, sh.k, sh.k_full, sh.k_empty, tm_k, g0, 0, hk, t.b);
-    for (int n = 0; n < n_end; ++n) {
-      if (n + 1 < n_end) load_kv(sh, sh.k, sh.k_full, sh.k_empty, tm_k, g0, n + 1, hk, t.b);
-      load_kv(sh, sh.v, sh.v_full, sh.v_empty, tm_v, g0, n, hk, t.b);
+    load_kv(sh, sh.k, sh.k_full, sh.k_empty, tm_k, gb, n_first, hk, t.b);
+    for (int nt = n_first; nt < n_end; ++nt) {
+      if (nt + 1 < n_end) load_kv(sh, sh.k, sh.k_full, sh.k_empty, tm_k, gb, nt + 1, hk, t.b);
+      load_kv(sh, sh.v, sh.v_full, sh.v_empty, tm_v, gb, nt, hk, t.b);
     }
-    g0 += n_end;
+    g0 = gb + n_end;
   }
 }
 
@@ -396,24 +413,33 @@ struct KvRing {
   }
 };
 
-// The rows a thread owns in a work tile and what they see.
+// The rows a thread owns in a work tile and what they see (few registers: the consumers have
+// none to spare).
 struct RowMask {
-  int m0, colq;  // the tile's first row; this thread's first column in each 8-column chunk
-  int lim[2];    // last visible key of rows row0 (half 0) and row0 + 8 (half 1)
+  int m0;      // the tile's first row
+  int kbase;   // the first key loaded (a sliding window skips the tiles before n_first)
+  int lim[2];  // last visible key of rows row0 (half 0) and row0 + 8 (half 1)
+  int first;   // first visible key of row0 (0 without a window; in [-8, Sk]); row0 + 8's: first + 8
 };
 
-// -inf on the keys of tile n that a row does not see (only tiles that cross Sk or the diagonal).
+// -inf on the keys of the n-th loaded tile (keys kbase + 128 n ..) that a row does not see (only
+// tiles that cross Sk, the diagonal or the window's left edge).
+template <int NC>
 __device__ __forceinline__ void mask_tile(float (&s)[64], int n, const FwdArgs& a, const RowMask& rm) {
-  const bool need_mask = (n + 1) * kBlockN > a.sk || (a.causal && (n + 1) * kBlockN - 1 > rm.m0 + a.diag);
+  const int k0 = rm.kbase + n * kBlockN;
+  const bool need_mask = k0 + kBlockN > a.sk || (a.causal && k0 + kBlockN - 1 > rm.m0 + a.diag) ||
+                         (a.windowed && k0 <= static_cast<long long>(rm.m0) + 64 * NC - 1 + a.wdiag);
   if (!need_mask) return;
-  const int key0 = n * kBlockN + rm.colq;
+  const int key0 = k0 + 2 * (threadIdx.x % 4);  // this thread's first column in each 8-column chunk
 #pragma unroll
   for (int c8 = 0; c8 < kBlockN / 8; ++c8)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        if (key0 + 8 * c8 + j > rm.lim[hf]) s[4 * c8 + 2 * hf + j] = -INFINITY;
+      for (int j = 0; j < 2; ++j) {
+        const int key = key0 + 8 * c8 + j;
+        if (key > rm.lim[hf] || key < rm.first + 8 * hf) s[4 * c8 + 2 * hf + j] = -INFINITY;
+      }
 }
 
 // The GEMMs and softmax of one work tile (n_end >= 1 key tiles) into o, m_run, l_run.
@@ -442,7 +468,7 @@ __device__ __forceinline__ void consumer_mainloop(const KvRing<HD, NC>& ring, Pi
     wgmma_wait<0>();
     reg_fence(s);
     ring.free_k(0);
-    mask_tile(s, 0, a, rm);
+    mask_tile<NC>(s, 0, a, rm);
     online_softmax(s, m_run, l_run, corr, a.scale_log2);  // O is 0: corr (0) changes nothing
     s_to_p(s, p);
   }
@@ -466,7 +492,7 @@ __device__ __forceinline__ void consumer_mainloop(const KvRing<HD, NC>& ring, Pi
     wgmma_wait<1>();  // groups complete in order: S_n is done, P_{n-1} V_{n-1} may not be
     reg_fence(s);
     ring.free_k(n);
-    mask_tile(s, n, a, rm);
+    mask_tile<NC>(s, n, a, rm);
     online_softmax(s, m_run, l_run, corr, a.scale_log2);
     wgmma_wait<0>();
     reg_fence(o);
@@ -530,9 +556,11 @@ __device__ __forceinline__ void consumer(FwdSmem<HD, NC>& sh, const FwdArgs& a, 
     Tile t;
     if (!next_tile<kPersist, false>(sh, a, r, lane, t)) break;
     const int m0 = t.m_block * kBM;
-    const int n_end = key_tiles<NC>(a, t.m_block);
-    const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 (half 0), row0 + 8 (half 1)
-    RowMask rm{m0, colq, {}};
+    const int n_first = first_key_tile<NC>(a, t.m_block);
+    const int n_end = key_tiles<NC>(a, t.m_block) - n_first;  // key tiles loaded
+    const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;     // this thread's rows: row0 (half 0), row0 + 8 (half 1)
+    const long long first = static_cast<long long>(row0) + a.wdiag + 1;  // (64-bit: no overflow)
+    RowMask rm{m0, n_first * kBlockN, {}, a.windowed ? static_cast<int>(min(max(first, -8ll), 1ll * a.sk)) : 0};
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) rm.lim[hf] = a.causal ? min(row0 + 8 * hf + a.diag, a.sk - 1) : a.sk - 1;
 
@@ -560,6 +588,8 @@ __global__ void __launch_bounds__(128 * (1 + NC), 1)
     attention_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const FwdArgs a) {
   static_assert(NC == 2 || (NC == 3 && HD == 64), "3 consumers: hd 64 only");
+  static_assert(kProducerRegs<kPersist> + NC * kConsumerRegs<NC, kPersist> <= 504,
+                "setmaxnreg beyond the launch allocation (168 registers x 3 warpgroups) never returns");
   extern __shared__ unsigned char smem_raw[];
   FwdSmem<HD, NC>& sh = aligned_smem<FwdSmem<HD, NC>>(smem_raw);
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -654,6 +684,8 @@ void launch_fwd(const AttentionParams& p, cudaStream_t st) {
   a.group = static_cast<int>(p.hq / p.hkv);
   a.diag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag, p.sk + 1)));
   a.causal = p.causal ? 1 : 0;
+  a.windowed = p.window > 0 ? 1 : 0;
+  a.wdiag = static_cast<int>(std::max<int64_t>(-(p.sq + 1), std::min<int64_t>(p.diag - p.window, p.sk + 1)));
   a.scale_log2 = p.scale_log2;
   const int64_t m_blocks = (p.sq + kBM - 1) / kBM, tiles = m_blocks * p.hq * p.batch;
   if (kPersist && tiles > (int64_t{1} << 31) - 1)

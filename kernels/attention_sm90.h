@@ -4,7 +4,8 @@
 // Same parameters, layouts and visibility rule as kernels/attention.h (AttentionParams):
 //   q, o [B, Sq, Hq, hd] (strides q_batch, q_row), k, v [B, Sk, Hkv, hd] (strides k_batch,
 //   k_row), lse f32[B, Hq, Sq] (natural log), key j visible to query i iff !causal or
-//   j <= i + diag; rows that see no key get o = 0, lse = -inf.
+//   j <= i + diag, and with a sliding window (p.window > 0) j > i + diag - window; rows that see
+//   no key get o = 0, lse = -inf.
 // Compiled only for sm_90a (its own static library, easyctx_kernels_sm90): on any other device
 // attention_fwd_sm90_supported() is false and attention_fwd_sm90() throws.
 #pragma once

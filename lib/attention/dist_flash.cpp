@@ -27,6 +27,11 @@ constexpr const char* kReceivedKV = "dist_flash received K, V";
 
 // Peer at offset t along the chain 0..W-1, or kNoPeer past either end.
 int peer(int r, int t, int W) { return (r + t >= 0 && r + t < W) ? r + t : dist::kNoPeer; }
+
+// Whether query chunk a and key chunk a - t (chunks of c tokens) share a visible pair under
+// the sliding window (0: none): the chunk's last key after its first query's position - window.
+// The same on every rank, so a step every rank would skip is not exchanged at all.
+bool in_window(int t, int64_t c, int64_t window) { return window <= 0 || (t - 1) * c + 1 < window; }
 }  // namespace
 
 // (`t` is the peer offset below: the call's tensors are `all`, one sequence's `one`.)
@@ -52,7 +57,7 @@ void DistFlashAttention::forward(const AttentionTensors& all) {
     blk.q_offset = blk.k_offset = r * c;
     masked_attention_fwd(be_, one.docs, q, k, v, blk, ob, lse);
     be_.copy(ao, ob);
-    for (int t = 1; t <= half; ++t) {
+    for (int t = 1; t <= half && in_window(t, c, all.window); ++t) {
       exchange(k, peer(r, t, W), kt, peer(r, -t, W));
       exchange(v, peer(r, t, W), vt, peer(r, -t, W));
       if (peer(r, -t, W) == dist::kNoPeer) continue;
@@ -63,7 +68,7 @@ void DistFlashAttention::forward(const AttentionTensors& all) {
     // Helper part: query chunk r+t (t > half) against our own keys, result sent back.
     Buffer qr = be_.alloc(q.dtype, q.numel(), "dist_flash received query");
     Tensor qt = qr.view({1, c, Hq, hd});
-    for (int t = half + 1; t < W; ++t) {
+    for (int t = half + 1; t < W && in_window(t, c, all.window); ++t) {
       exchange(q, peer(r, -t, W), qt, peer(r, t, W));
       if (peer(r, t, W) != dist::kNoPeer) {
         blk.causal = false;
@@ -111,7 +116,7 @@ void DistFlashAttention::backward(const AttentionTensors& all, const AttentionGr
     Buffer dkp = be_.alloc(acc, k.numel(), dkv), dvp = be_.alloc(acc, v.numel(), dkv);
     Buffer dk_in = be_.alloc(acc, k.numel(), dkv), dv_in = be_.alloc(acc, v.numel(), dkv);
     Tensor kt = kr.view({1, c, Hkv, hd}), vt = vr.view({1, c, Hkv, hd});
-    for (int t = 1; t <= half; ++t) {
+    for (int t = 1; t <= half && in_window(t, c, all.window); ++t) {
       exchange(k, peer(r, t, W), kt, peer(r, -t, W));
       exchange(v, peer(r, t, W), vt, peer(r, -t, W));
       be_.fill(dkp.flat(), 0);
@@ -138,7 +143,7 @@ void DistFlashAttention::backward(const AttentionTensors& all, const AttentionGr
     Buffer dqp = be_.alloc(acc, q.numel(), dqs), dq_in = be_.alloc(acc, q.numel(), dqs);
     Tensor qt = qr.view({1, c, Hq, hd}), ot = orr.view({1, c, Hq, hd}), dt = dr.view({1, c, Hq, hd}),
            lt = lr.view({1, Hq, c});
-    for (int t = half + 1; t < W; ++t) {
+    for (int t = half + 1; t < W && in_window(t, c, all.window); ++t) {
       const int to = peer(r, -t, W), from = peer(r, t, W);
       exchange(q, to, qt, from);
       exchange(o, to, ot, from);

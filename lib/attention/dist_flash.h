@@ -4,7 +4,8 @@
 // further apart run on the key's rank (an early rank that would otherwise idle): it receives
 // the query (and in backward o, lse, dout), computes the partial result and sends it back,
 // keeping the dK/dV contribution local. Every rank then does W/2 or W/2+1 blocks instead of
-// up to W. Works for any W, odd included.
+// up to W. Works for any W, odd included. With a sliding window, the offsets t whose chunk
+// pairs lie wholly before the window ((t - 1) c + 1 >= window) are neither exchanged nor computed.
 //
 // Tensors as in AttentionTensors (attention.h): q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
 // lse [B, Hq, S] (this rank's tokens). Batches are processed one sequence at a time.

@@ -1,6 +1,7 @@
 #include "attention/zigzag_ring.h"
 
 #include <chrono>
+#include <vector>
 
 #include "attention/blocks.h"
 #include "attention/documents.h"
@@ -45,6 +46,7 @@ struct Zigzag {
   }
   // The rank whose K/V visit at ring step s.
   int source(int s) const { return (r - s + W) % W; }
+  std::vector<int> steps(int64_t window) const { return ZigzagRingAttention::steps(W, c, window); }
   // f(qa, kb, block) for every pair of a local query chunk and a visiting key chunk of rank
   // src that has a key in the query's past.
   template <class F>
@@ -83,8 +85,24 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-void ZigzagRingAttention::exchange_begin(const Buffer* send, Buffer* recv, int first, int last) {
-  const int W = ring_.size(), dst = (ring_.rank() + 1) % W, from = (ring_.rank() - 1 + W) % W;
+std::vector<int> ZigzagRingAttention::steps(int W, int64_t c, int64_t window) {
+  const Zigzag z{W, 0, c};
+  std::vector<int> v;
+  for (int s = 0; s < W; ++s) {
+    bool any = false;
+    for (int rr = 0; rr < W && !any; ++rr)
+      for (int qa = 0; qa < 2; ++qa)
+        for (int kb = 0; kb < 2; ++kb) {
+          const int64_t a = z.chunk(rr, qa), b = z.chunk((rr - s + W) % W, kb);
+          any = any || (b <= a && (window <= 0 || b * c + c - 1 > a * c - window));
+        }
+    if (any) v.push_back(s);
+  }
+  return v;
+}
+
+void ZigzagRingAttention::exchange_begin(const Buffer* send, Buffer* recv, int first, int last, int hop) {
+  const int W = ring_.size(), dst = (ring_.rank() + hop) % W, from = (ring_.rank() - hop + W) % W;
   // The exchange starts after the compute that wrote `send` and last read `recv`: on the
   // device (fences); with comm timing, the host waits for that compute first, so the time
   // measured below is the exchange alone.
@@ -125,9 +143,11 @@ void ZigzagRingAttention::forward_one(const AttentionTensors& t) {
   be_.copy(kv[0][1].view({1, S, Hkv, hd}), v);
 
   const Tensor ob = o_blk.view({1, c, Hq, hd}), lb = lse_blk.view({1, Hq, c});
-  for (int s = 0; s < z.W; ++s) {
-    Buffer* cur = kv[s % 2];
-    if (s + 1 < z.W) exchange_begin(cur, kv[(s + 1) % 2], 0, 1);  // the next step's K/V travel meanwhile
+  const std::vector<int> steps = z.steps(t.window);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const int s = steps[i], hop = i + 1 < steps.size() ? steps[i + 1] - s : 0;
+    Buffer* cur = kv[i % 2];
+    if (hop > 0) exchange_begin(cur, kv[(i + 1) % 2], 0, 1, hop);  // the next step's K/V travel meanwhile
     const Tensor kc = cur[0].view({1, S, Hkv, hd}), vc = cur[1].view({1, S, Hkv, hd});
     z.for_each_block(z.source(s), t.scale, t.window, [&](int qa, int kb, const ops::AttentionBlock& blk) {
       // A block where no query and key share a document, or wholly outside the window, adds
@@ -144,7 +164,7 @@ void ZigzagRingAttention::forward_one(const AttentionTensors& t) {
       be_.copy(al, lb);
       started[qa] = true;
     });
-    if (s + 1 < z.W) exchange_end();
+    if (hop > 0) exchange_end();
   }
   for (int qa = 0; qa < 2; ++qa) {
     be_.copy(seq_rows(o, qa * c, c), acc_o[qa].view({1, c, Hq, hd}));
@@ -174,26 +194,27 @@ void ZigzagRingAttention::backward_one(const AttentionTensors& t, const Attentio
   be_.copy(kv[0][0].view({1, S, Hkv, hd}), k);
   be_.copy(kv[0][1].view({1, S, Hkv, hd}), v);
 
-  for (int s = 0; s < z.W; ++s) {
-    Buffer* cur = kv[s % 2];
-    if (s + 1 < z.W) exchange_begin(cur, kv[(s + 1) % 2], 0, 1);  // the next step's K/V travel meanwhile
-    auto view = [&](int i) { return cur[i].view({1, S, Hkv, hd}); };
+  const std::vector<int> steps = z.steps(t.window);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const int s = steps[i], hop = i + 1 < steps.size() ? steps[i + 1] - s : 0;
+    Buffer *cur = kv[i % 2], *nxt = kv[(i + 1) % 2];
+    if (hop > 0) exchange_begin(cur, nxt, 0, 1, hop);  // the next step's K/V travel meanwhile
+    auto view = [&](int b) { return cur[b].view({1, S, Hkv, hd}); };
     const Tensor kc = view(0), vc = view(1), dkc = view(2), dvc = view(3);
     z.for_each_block(z.source(s), t.scale, t.window, [&](int qa, int kb, const ops::AttentionBlock& blk) {
       masked_attention_bwd(be_, t.docs, seq_rows(q, qa * c, c), seq_rows(kc, kb * c, c), seq_rows(vc, kb * c, c),
                            seq_rows(o, qa * c, c), lse_ch[qa].view({1, Hq, c}), seq_rows(dout, qa * c, c), blk,
                            seq_rows(dqa, qa * c, c), seq_rows(dkc, kb * c, c), seq_rows(dvc, kb * c, c));
     });
-    if (s + 1 < z.W) {
+    if (hop > 0) {
       exchange_end();
-      exchange(cur, kv[(s + 1) % 2], 2, 3);  // this step's dK/dV accumulators follow their K/V
-    } else if (z.W > 1) {
-      // The accumulators we hold belong to rank r+1: one more hop brings ours home.
-      Buffer* nxt = kv[(s + 1) % 2];
-      exchange(cur, nxt, 2, 3);
+      exchange(cur, nxt, 2, 3, hop);  // this step's dK/dV accumulators follow their K/V
+    } else if (s > 0) {
+      // The accumulators we hold belong to rank r - s: W - s more positions bring ours home.
+      exchange(cur, nxt, 2, 3, z.W - s);
       be_.copy(g.dk, nxt[2].view({1, S, Hkv, hd}));
       be_.copy(g.dv, nxt[3].view({1, S, Hkv, hd}));
-    } else {
+    } else {  // one rank, or every other step left out: our own accumulators
       be_.copy(g.dk, dkc);
       be_.copy(g.dv, dvc);
     }

@@ -7,6 +7,9 @@
 // exactly half a block per rank: perfectly balanced. Partial outputs merge with the LSE rule
 // into per-chunk accumulators (fp32 for fp32/bf16 data). Backward circulates dK/dV
 // accumulators with K/V and returns them to their owner after one extra hop.
+// With a sliding window, a step whose blocks lie wholly before the window on every rank is
+// neither computed nor sent: the K/V (and dK/dV) skip the ranks that have no use for them
+// (window <= c: steps 0, 1 and W-1 only; Zigzag::steps in zigzag_ring.cpp).
 //
 // Tensors as in AttentionTensors (attention.h): q [B, S, Hq, hd], k/v [B, S, Hkv, hd], o like q,
 // lse [B, Hq, S] (this rank's tokens). Batches are processed one sequence at a time.
@@ -36,20 +39,28 @@ class ZigzagRingAttention final : public SequenceAttention {
   void reset_comm_seconds() { comm_s_ = 0; }
   void forward(const AttentionTensors& t) override;
   void backward(const AttentionTensors& t, const AttentionGrads& g) override;
+  // The ring steps (0 .. W-1: the K/V of rank r - s visit rank r) in which some rank computes a
+  // block, for chunks of c tokens: a step is left out when, on every rank, each of its (query
+  // chunk, key chunk) pairs lies in the query's future or wholly before the sliding window (its
+  // last key at or before its first query's position - window; window 0: none). The same list
+  // on every rank, so the K/V of a left-out step are not sent either: they hop straight to the
+  // next listed step's rank (and the backward's dK/dV with them).
+  static std::vector<int> steps(int W, int64_t c, int64_t window);
 
  private:
   void forward_one(const AttentionTensors& t);  // one sequence: [1, S, ...]
   void backward_one(const AttentionTensors& t, const AttentionGrads& g);
-  // Starts sending buffers [first, last] of `send` to the next rank and receiving the
-  // previous rank's into `recv` (paired, so the ring never deadlocks), after the compute
+  // Starts sending buffers [first, last] of `send` to the rank `hop` places on and receiving
+  // those of the rank `hop` places back into `recv` (paired, so the ring never deadlocks; every
+  // rank uses the same hop), after the compute
   // queued so far; a device comm runs it on its own stream, a host comm (MPI) here, blocking.
   // exchange_end() makes the compute queued from then on wait for it; until then neither
   // buffer set may be written, and `recv` not read. Both stay allocated until the compute
   // queue has waited for the exchange.
-  void exchange_begin(const ops::Buffer* send, ops::Buffer* recv, int first, int last);
+  void exchange_begin(const ops::Buffer* send, ops::Buffer* recv, int first, int last, int hop);
   void exchange_end();
-  void exchange(const ops::Buffer* send, ops::Buffer* recv, int first, int last) {
-    exchange_begin(send, recv, first, last);
+  void exchange(const ops::Buffer* send, ops::Buffer* recv, int first, int last, int hop) {
+    exchange_begin(send, recv, first, last, hop);
     exchange_end();
   }
   ops::Backend& be_;

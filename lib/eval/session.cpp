@@ -296,6 +296,7 @@ class EvalSession final : public Session {
     std::vector<double> nll(static_cast<size_t>(n));
     std::vector<int32_t> top(static_cast<size_t>(n));
     model::Batch b{tok_.view({n}), pos_.view({n}), lab_.view({n}), 1, n};
+    b.rope_length = L;  // dynamic RoPE: the item's own length (positions 0..L-1), whatever its layout
     model_->forward_score(params_, b, Tensor(nll.data(), DType::F64, {n}), Tensor(top.data(), DType::I32, {n}));
     be_->synchronize();
     if (device_ == DeviceKind::Cuda)

@@ -36,10 +36,10 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, Mo
   EASYCTX_CHECK_INPUT(opts_.head_groups >= 1 && cfg_.num_kv_heads % opts_.head_groups == 0,
                       "activation.attention_head_groups: ", opts_.head_groups,
                       " does not divide the model's key/value heads (", cfg_.num_kv_heads, ")");
-  EASYCTX_CHECK_INPUT(cfg_.sliding_window == 0 || be_.memspace() == MemSpace::Host, cfg_.name,
-                      ": sliding_window = ", cfg_.sliding_window,
-                      ": the CUDA attention has no sliding window yet (train.device cpu runs it; "
-                      "docs/model.md)");
+  EASYCTX_CHECK_INPUT(cfg_.sliding_window == 0 || be_.memspace() == MemSpace::Host || opts_.unchecked_device_window,
+                      cfg_.name, ": sliding_window = ", cfg_.sliding_window,
+                      ": sliding windows on CUDA are not enabled until their GPU check has passed "
+                      "(train.device cpu runs it; docs/model.md, \"Sliding window\")");
   group_attn_ = attn_;
   if (const auto* hg = dynamic_cast<const attention::HeadGroupedAttention*>(attn_.get()); hg && opts_.head_groups > 1) {
     EASYCTX_CHECK(hg->groups() == opts_.head_groups, "LlamaModel: a strategy in ", hg->groups(),
@@ -50,6 +50,23 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, ops::Backend& be, DType dtype, Mo
   inv_freq_ = be_.alloc(DType::F32, static_cast<int64_t>(f.size()), "RoPE inverse frequencies");
   Buffer host(const_cast<float*>(f.data()), f.size() * 4, DType::F32, MemSpace::Host, nullptr);
   be_.copy(inv_freq_.flat(), host.flat());
+  rope_length_ = cfg_.max_position_embeddings;  // (the table of every length up to it)
+}
+
+void LlamaModel::prepare_rope(const Batch& b) {
+  if (!cfg_.dynamic_rope()) return;
+  int64_t len = b.rope_length;
+  if (len <= 0) {  // this rank's positions (a copy to the host, which waits for them)
+    std::vector<int32_t> pos(static_cast<size_t>(b.positions.numel()));
+    be_.copy(Tensor(pos.data(), DType::I32, {b.positions.numel()}), b.positions);
+    len = pos.empty() ? 0 : int64_t{*std::max_element(pos.begin(), pos.end())} + 1;
+  }
+  len = std::max(len, cfg_.max_position_embeddings);  // one table for every length up to it
+  if (len == rope_length_) return;
+  // The copy is ordered after the work queued on the table so far (the backend's stream).
+  std::vector<float> f = cfg_.inv_freq(len);
+  be_.copy(inv_freq_.flat(), Tensor(f.data(), DType::F32, {static_cast<int64_t>(f.size())}));
+  rope_length_ = len;
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -93,6 +110,7 @@ LayerParams LlamaModel::layer_params(int64_t l, const Tensor& w, const Tensor& w
     return u.empty() ? Tensor() : tensor_view(u, loc.unit, loc.tensor);
   };
   LayerParams p;
+  p.layer = l;
   for (int t = 0; t < kLayerTensors; ++t) {
     if (t > kMlpNorm && !(t <= kVBias ? cfg_.qkv_bias : cfg_.qk_norm)) continue;  // (absent from this model)
     const ParamLayout::Loc loc = layout_.layer_tensor(l, static_cast<LayerTensor>(t));
@@ -360,7 +378,7 @@ void LlamaModel::layer_forward(const LayerParams& p, const Tensor& x_in, const T
     if (!saved.restored)
       attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                       v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                      a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.sliding_window});
+                      a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.window_of(p.layer)});
     be_.matmul(o, false, p.w[kO], true, x_mid);
     if (p.lora(kLoraO)) lora_forward(o, p, kLoraO, lora_in(a, kLoraO, n, p.rank), x_mid);
   }
@@ -416,7 +434,7 @@ void LlamaModel::attention_backward(const LayerParams& p, const Batch& b, LayerA
   if (!p.g[kO].empty()) be_.matmul(dx, true, o, false, p.g[kO], 1.0, 1.0);
   attn_->backward({a.q.view({b.batch, b.seq, hq, hd}), a.k.view({b.batch, b.seq, hkv, hd}),
                    a.v.view({b.batch, b.seq, hkv, hd}), a.o.view({b.batch, b.seq, hq, hd}),
-                   a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.sliding_window},
+                   a.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.window_of(p.layer)},
                   {dattn.reshape({b.batch, b.seq, hq, hd}), dq.reshape({b.batch, b.seq, hq, hd}),
                    dk.reshape({b.batch, b.seq, hkv, hd}), dv.reshape({b.batch, b.seq, hkv, hd})});
   qkv_backward(qkv_weights(p, &a, n, 0, 1), qkv_weights(p, &a, n, 0, 1, true), qkv_acts(a, n, 0, 1), dq, dk, dv,
@@ -497,6 +515,7 @@ ops::LossSums LlamaModel::forward_backward(const std::vector<Tensor>& params, co
 
 ops::LossSums LlamaModel::forward_backward(ParamSource& src, const Batch& b, double grad_scale) {
   Workspace& ws = workspace(b, true);
+  prepare_rope(b);
   ActivationStore& store = *store_;
   const bool keep = opts_.checkpoint == CheckpointPolicy::None;
   src.begin(acquire_order());
@@ -577,6 +596,7 @@ void LlamaModel::embedding_backward(ParamSource& src, const Batch& b, Workspace&
 ops::LossSums LlamaModel::forward_loss(const std::vector<Tensor>& params, const Batch& b) {
   check_params(params, "parameter");
   Workspace& ws = workspace(b, false);
+  prepare_rope(b);
   VectorParamSource src(params, params);
   forward_trunk(src, b, ws, false);
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size;
@@ -587,6 +607,7 @@ ops::LossSums LlamaModel::forward_loss(const std::vector<Tensor>& params, const 
 ops::Tensor LlamaModel::forward_hidden(const std::vector<Tensor>& params, const Batch& b) {
   check_params(params, "parameter");
   Workspace& ws = workspace(b, false);
+  prepare_rope(b);
   VectorParamSource src(params, params);
   forward_trunk(src, b, ws, false);
   return ws.head_in.view({b.tokens_count(), cfg_.hidden_size});
@@ -600,6 +621,7 @@ ops::LossSums LlamaModel::head_loss(const std::vector<Tensor>& params, const Ten
 void LlamaModel::forward_logits(const std::vector<Tensor>& params, const Batch& b, const Tensor& logits) {
   check_params(params, "parameter");
   Workspace& ws = workspace(b, false);
+  prepare_rope(b);
   VectorParamSource src(params, params);
   forward_trunk(src, b, ws, false);
   const int64_t n = b.tokens_count(), d = cfg_.hidden_size, vocab = cfg_.vocab_size;

@@ -44,6 +44,11 @@ struct Batch {
   // data.document_mask: per sequence, where its packed documents start (attention.h's
   // DocumentStarts, [batch] entries); nullptr: every sequence is one causal document.
   const std::vector<attention::DocumentStarts>* documents = nullptr;
+  // Dynamic RoPE (rope_scaling dynamic): the length transformers would compute the frequencies
+  // for, its seq_len = the largest position id + 1 over the whole batch (every sequence-parallel
+  // rank's tokens, the layout's padding left out): the trainer and the evaluations give it. 0:
+  // this rank's largest position + 1 (one rank without padding: the same).
+  int64_t rope_length = 0;
   int64_t tokens_count() const { return batch * seq; }
   // The attention's view of `documents` (checked against batch).
   const attention::DocumentStarts* docs() const;
@@ -121,6 +126,10 @@ struct ModelOptions {
   int64_t head_groups = 1;
   // attention_output checkpoints offloaded with head groups stream to host memory group by
   // group (two group-sized device slots; every kept layer's in host memory: docs/memory-model.md).
+  // Lets a sliding window run on a device backend, which the model refuses otherwise until the
+  // GPU checks of the CUDA windows have passed on a device (docs/model.md, "Sliding window"):
+  // set by those tests only (tests/gpu), never from a config.
+  bool unchecked_device_window = false;
   bool streams_attention_output() const {
     return checkpoint == CheckpointPolicy::AttentionOutput && offload_checkpoints && head_groups > 1;
   }
@@ -317,6 +326,11 @@ class LlamaModel {
   // is a HeadGroupedAttention (the trainer's), else attn_ itself.
   std::shared_ptr<attention::SequenceAttention> group_attn_;
   ops::Buffer inv_freq_;  // f32[head_dim / 2]
+  // Dynamic RoPE: the length inv_freq_ was computed for (max_position_embeddings or more).
+  int64_t rope_length_ = 0;
+  // Dynamic RoPE: inv_freq_ for the batch's length (Batch::rope_length), recomputed and
+  // uploaded when it changes; other scalings keep their one table.
+  void prepare_rope(const Batch& b);
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<ActivationStore> store_;  // the checkpoints of ws_'s batch
   std::unique_ptr<ScoreWorkspace> score_ws_;

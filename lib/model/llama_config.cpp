@@ -93,8 +93,11 @@ void parse_rope(const Json& j, const std::string& src, LlamaConfig& c) {
         get_int(*rs, "original_max_position_embeddings", src + " rope_scaling", 8192, true);
   } else if (type == "yarn") {
     parse_yarn(*rs, src, c.rope_scaling);
+  } else if (type == "dynamic") {
+    c.rope_scaling.kind = RopeScalingKind::Dynamic;
   } else {
-    EASYCTX_THROW_INPUT(src, ": rope_scaling type '", type, "' is not supported (default, linear, llama3, yarn)");
+    EASYCTX_THROW_INPUT(src, ": rope_scaling type '", type,
+                        "' is not supported (default, linear, llama3, yarn, dynamic)");
   }
   c.rope_scaling.factor = get_num(*rs, "factor", src, 1.0);
 }
@@ -109,7 +112,9 @@ const std::vector<std::string> kModelKeys = {"hidden_size",         "sliding_win
                                              "tie_word_embeddings", "max_position_embeddings",
                                              "bos_token_id",        "eos_token_id",
                                              "model_type",          "hidden_act",
-                                             "attention_bias",      "mlp_bias"};
+                                             "attention_bias",      "mlp_bias",
+                                             "use_sliding_window",  "max_window_layers",
+                                             "layer_types"};
 // Inside rope_scaling / rope_parameters.
 const std::vector<std::string> kRopeKeys = {"rope_type",        "type",
                                             "factor",           "low_freq_factor",
@@ -179,9 +184,6 @@ const std::vector<std::string> kHfIgnoredKeys = {"architectures",
                                                  "tf_legacy_loss",
                                                  "pruned_heads",
                                                  "attention_dropout",
-                                                 "use_sliding_window",
-                                                 "max_window_layers",
-                                                 "layer_types",
                                                  "partial_rotary_factor",
                                                  "quantization_config"};
 
@@ -224,18 +226,14 @@ void check_yaml_keys(const YAML::Node& map, const std::string& path, const std::
 // Keys of a config.json that would change the model if easyctx ignored them: refused unless
 // they hold their neutral value.
 void check_neutral_keys(const Json& j, const std::string& src) {
-  // Qwen2 configs name a window but keep it off (use_sliding_window false): full attention.
-  const Json* use = j.find("use_sliding_window");
-  if (use && use->is_bool() && use->as_bool())
-    EASYCTX_THROW_INPUT(src,
-                        ": use_sliding_window = true is not supported (easyctx attends over the whole sequence); "
-                        "set it to false in a copy of the config to train with full attention");
+  // Mistral, Qwen2 and Qwen3 read their windows (parse_windows); transformers' Llama has none.
   const Json* mt = j.find("model_type");
-  const bool mistral = mt && mt->is_string() && mt->as_string() == "mistral";  // its window is read
-  if (const Json* v = j.find("sliding_window"); v && !v->is_null() && !(use && use->is_bool()) && !mistral)
-    EASYCTX_THROW_INPUT(src, ": sliding_window = ", v->dump(),
-                        " is not supported (easyctx attends over the whole sequence); set it to null in a copy of "
-                        "the config to train with full attention");
+  const std::string type = mt && mt->is_string() ? mt->as_string() : "llama";
+  const bool windows = type == "mistral" || type == "qwen2" || type == "qwen3";
+  if (const Json* v = j.find("sliding_window"); v && !v->is_null() && !windows)
+    EASYCTX_THROW_INPUT(src, ": sliding_window = ", v->dump(), " is not supported for model_type ", type,
+                        " (transformers' Llama attends over the whole sequence); set it to null in a copy of the "
+                        "config to train with full attention, or give model_type mistral");
   if (const Json* v = j.find("attention_dropout"); v && !v->is_null())
     EASYCTX_CHECK_INPUT(v->is_number() && v->as_double() == 0, src, ": attention_dropout = ", v->dump(),
                         " is not supported (easyctx trains without dropout); expected 0");
@@ -246,6 +244,62 @@ void check_neutral_keys(const Json& j, const std::string& src) {
     EASYCTX_THROW_INPUT(src,
                         ": quantization_config is set: quantized checkpoints are not supported (give the "
                         "bf16/f16/f32 weights)");
+}
+
+// transformers' layer_types entry for layer `l` (`what`: where it came from): true for
+// "sliding_attention", false for "full_attention"; any other attention is refused.
+bool sliding_layer_type(const Json& t, const std::string& src, size_t l) {
+  EASYCTX_CHECK_INPUT(t.is_string() && (t.as_string() == "full_attention" || t.as_string() == "sliding_attention"), src,
+                      ": layer_types[", l, "] = ", t.dump(), " is not supported (full_attention or sliding_attention)");
+  return t.as_string() == "sliding_attention";
+}
+
+// The windowed layers as transformers 5.x derives them (Qwen2Config / Qwen3Config): layer_types
+// when given, else "sliding_attention" for layers from max_window_layers on (default 28) where
+// the window is set; every layer for mistral (MistralModel masks every layer by sliding_window,
+// whatever a layer_types key says).
+std::vector<bool> window_layers(const Json& j, const std::string& src, int64_t layers, bool mistral, bool window) {
+  if (layers <= 0 || layers > LlamaLimits::num_layers) return {};  // (validate names the bound)
+  std::vector<bool> v(static_cast<size_t>(layers), mistral && window);
+  if (mistral) return v;
+  if (const Json* lt = j.find("layer_types"); lt && !lt->is_null()) {
+    EASYCTX_CHECK_INPUT(lt->is_array() && static_cast<int64_t>(lt->size()) == layers, src,
+                        ": layer_types must list one entry per layer (", layers, "), got ", lt->dump());
+    for (size_t l = 0; l < v.size(); ++l) v[l] = sliding_layer_type((*lt)[l], src, l);
+  } else {
+    const int64_t first = get_int(j, "max_window_layers", src, 28, false);
+    for (int64_t l = std::max<int64_t>(first, 0); l < layers; ++l) v[static_cast<size_t>(l)] = window;
+  }
+  return v;
+}
+
+// The sliding window (docs/model.md): mistral's sliding_window in every layer (null or 0: none,
+// a Llama); qwen2/qwen3's only with use_sliding_window true (transformers sets it to None
+// otherwise), in the layers window_layers gives. A layer marked sliding without a window is
+// refused (transformers cannot build its mask either).
+void parse_windows(const Json& j, const std::string& src, const std::string& type, LlamaConfig& c) {
+  const bool mistral = type == "mistral";
+  if (!mistral && type != "qwen2" && type != "qwen3") {  // llama: layer_types may only say full_attention
+    if (const Json* lt = j.find("layer_types"); lt && lt->is_array())
+      for (size_t l = 0; l < lt->size(); ++l)
+        EASYCTX_CHECK_INPUT(!sliding_layer_type((*lt)[l], src, l), src, ": layer_types[", l,
+                            "] = sliding_attention needs a window (model_type mistral, qwen2 or qwen3)");
+    return;
+  }
+  bool on = mistral;
+  if (const Json* use = j.find("use_sliding_window"); !mistral && use && !use->is_null()) {
+    EASYCTX_CHECK_INPUT(use->is_bool(), src, ": use_sliding_window must be true or false, got ", use->dump());
+    on = use->as_bool();
+  }
+  const int64_t w = on ? get_int(j, "sliding_window", src, 0, false) : 0;
+  EASYCTX_CHECK_INPUT(w >= 0, src, ": sliding_window = ", w, " (must be > 0, or 0 / null for none)");
+  const std::vector<bool> layers = window_layers(j, src, c.num_layers, mistral, w > 0);
+  const bool any = std::find(layers.begin(), layers.end(), true) != layers.end();
+  EASYCTX_CHECK_INPUT(!any || w > 0, src,
+                      ": layer_types marks sliding_attention layers, but no window is set (use_sliding_window "
+                      "true and sliding_window > 0)");
+  c.sliding_window = any ? w : 0;
+  if (any && !mistral) c.sliding_layers = layers;
 }
 
 // A config.json may carry keys of newer transformers releases: ignored, but named once so a
@@ -336,6 +390,9 @@ void LlamaConfig::validate() const {
                         rope_scaling.attention_factor);
     finite_pos("rope_scaling.factor as yarn uses it", yarn_factor());
   }
+  EASYCTX_CHECK_INPUT(sliding_window >= 0, name, ": sliding_window = ", sliding_window, " (must be >= 0; 0: none)");
+  EASYCTX_CHECK_INPUT(sliding_layers.empty() || static_cast<int64_t>(sliding_layers.size()) == num_layers, name, ": ",
+                      sliding_layers.size(), " layer types for ", num_layers, " layers");
   // Every tensor and the whole model within kMaxElements (num_parameters checks each term).
   checked_elements({vocab_size, hidden_size}, name + ": the embedding, vocab_size x hidden_size");
   checked_elements({intermediate_size, hidden_size}, name + ": an MLP matrix, intermediate_size x hidden_size");
@@ -350,6 +407,12 @@ void LlamaConfig::check_tokens(int64_t tokens, int64_t head_rows, const std::str
   checked_elements({tokens, num_heads}, w + "num_attention_heads attention statistics");
   checked_elements({std::min(tokens, std::max<int64_t>(1, head_rows)), vocab_size},
                    what + ": an LM-head tile of logits (tile rows x vocab_size)");
+}
+
+int64_t LlamaConfig::windowed_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers; ++l) n += window_of(l) > 0;
+  return n;
 }
 
 int64_t LlamaConfig::num_parameters() const {
@@ -376,6 +439,20 @@ void yarn_to_json(const RopeScaling& r, Json& rs) {
   if (r.mscale != 0) rs.set("mscale", r.mscale);
   if (r.mscale_all_dim != 0) rs.set("mscale_all_dim", r.mscale_all_dim);
   if (!r.truncate) rs.set("truncate", false);
+}
+// Qwen2/Qwen3's window keys: off (full attention), or on with the window, transformers'
+// layer_types and, for readers without layer_types, max_window_layers (the leading full layers).
+void windows_to_json(const LlamaConfig& c, Json& j) {
+  j.set("use_sliding_window", c.sliding_window > 0);
+  if (c.sliding_window == 0) return;
+  j.set("sliding_window", c.sliding_window);
+  int64_t full = 0;
+  while (full < c.num_layers && c.window_of(full) == 0) ++full;
+  j.set("max_window_layers", full);
+  Json types = Json::array();
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    types.push_back(Json(c.window_of(l) > 0 ? "sliding_attention" : "full_attention"));
+  j.set("layer_types", types);
 }
 }  // namespace
 
@@ -405,7 +482,10 @@ Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   } else {
     Json rs = Json::object();
     const RopeScalingKind k = rope_scaling.kind;
-    rs.set("rope_type", k == RopeScalingKind::Linear ? "linear" : k == RopeScalingKind::Llama3 ? "llama3" : "yarn");
+    rs.set("rope_type", k == RopeScalingKind::Linear    ? "linear"
+                        : k == RopeScalingKind::Llama3  ? "llama3"
+                        : k == RopeScalingKind::Dynamic ? "dynamic"
+                                                        : "yarn");
     rs.set("factor", rope_scaling.factor);
     if (k == RopeScalingKind::Yarn) yarn_to_json(rope_scaling, rs);
     if (rope_scaling.kind == RopeScalingKind::Llama3) {
@@ -419,8 +499,8 @@ Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   j.set("bos_token_id", bos_token_id);
   j.set("eos_token_id", eos_token_id);
   j.set("hidden_act", "silu");
-  if (qwen2 || qwen3) j.set("use_sliding_window", false);  // full attention
-  if (!qwen2 && !mistral) {                                // Qwen2Config: the q/k/v bias is the architecture's, no flag
+  if (qwen2 || qwen3) windows_to_json(*this, j);
+  if (!qwen2 && !mistral) {  // Qwen2Config: the q/k/v bias is the architecture's, no flag
     j.set("attention_bias", false);
     if (!qwen3) j.set("mlp_bias", false);
   }
@@ -428,17 +508,29 @@ Json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
   return j;
 }
 
+namespace {
+// " (sliding window N)" (every layer) or " (sliding window N in K of L layers)"; "" for none.
+std::string window_text(const LlamaConfig& c) {
+  if (c.sliding_window == 0) return "";
+  const int64_t k = c.windowed_layers();
+  return " (sliding window " + std::to_string(c.sliding_window) +
+         (k == c.num_layers ? "" : " in " + std::to_string(k) + " of " + std::to_string(c.num_layers) + " layers") +
+         ")";
+}
+}  // namespace
+
 std::string LlamaConfig::describe() const {
   std::ostringstream os;
   os << name << ": " << model_type << (qkv_bias ? " (q/k/v bias)" : "") << (qk_norm ? " (q/k norms)" : "")
-     << (sliding_window > 0 ? " (sliding window " + std::to_string(sliding_window) + ")" : "") << ", hidden "
-     << hidden_size << ", layers " << num_layers << ", heads " << num_heads << "/" << num_kv_heads << " (head_dim "
-     << head_dim << "), mlp " << intermediate_size << ", vocab " << vocab_size << ", rope_theta " << rope_theta;
+     << window_text(*this) << ", hidden " << hidden_size << ", layers " << num_layers << ", heads " << num_heads << "/"
+     << num_kv_heads << " (head_dim " << head_dim << "), mlp " << intermediate_size << ", vocab " << vocab_size
+     << ", rope_theta " << rope_theta;
   if (rope_scaling.kind != RopeScalingKind::None)
     os << " ("
-       << (rope_scaling.kind == RopeScalingKind::Linear   ? "linear"
-           : rope_scaling.kind == RopeScalingKind::Llama3 ? "llama3"
-                                                          : "yarn")
+       << (rope_scaling.kind == RopeScalingKind::Linear    ? "linear"
+           : rope_scaling.kind == RopeScalingKind::Dynamic ? "dynamic"
+           : rope_scaling.kind == RopeScalingKind::Llama3  ? "llama3"
+                                                           : "yarn")
        << " x" << (rope_scaling.kind == RopeScalingKind::Yarn ? yarn_factor() : rope_scaling.factor) << ")";
   os << (tie_word_embeddings ? ", tied embeddings" : "") << ", " << format_count(static_cast<double>(num_parameters()))
      << " parameters";
@@ -459,14 +551,13 @@ LlamaConfig llama_config_from_json(const Json& j, const std::string& src) {
     EASYCTX_CHECK_INPUT(act->as_string() == "silu", src, ": hidden_act '", act->as_string(), "' (only silu)");
   LlamaConfig c;
   c.name = src;
-  // Mistral: the Llama decoder with a sliding window (none: exactly a Llama).
-  if (const Json* w = j.find("sliding_window"); type == "mistral" && w && !w->is_null())
-    c.sliding_window = get_int(j, "sliding_window", src, 0, true);
-  c.model_type = type == "mistral" ? (c.sliding_window > 0 ? "mistral" : "llama") : type;
   c.qkv_bias = type == "qwen2";  // Qwen2Attention: q/k/v_proj with bias, o_proj without
   c.qk_norm = type == "qwen3";   // Qwen3Attention: q_norm/k_norm over head_dim before RoPE
   c.hidden_size = get_int(j, "hidden_size", src, 0, true);
   c.num_layers = get_int(j, "num_hidden_layers", src, 0, true);
+  parse_windows(j, src, type, c);
+  // Mistral: the Llama decoder with a sliding window (none: exactly a Llama).
+  c.model_type = type == "mistral" ? (c.sliding_window > 0 ? "mistral" : "llama") : type;
   c.num_heads = get_int(j, "num_attention_heads", src, 0, true);
   c.num_kv_heads = get_int(j, "num_key_value_heads", src, c.num_heads, false);
   c.head_dim = get_int(j, "head_dim", src, c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, false);
@@ -558,6 +649,14 @@ std::string model_differences(const LlamaConfig& a, const LlamaConfig& b, bool t
   cmp("vocab_size", a.vocab_size, b.vocab_size);
   cmp("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
   cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
+  cmp("sliding_window", a.sliding_window, b.sliding_window);
+  for (int64_t l = 0; l < std::min(a.num_layers, b.num_layers) && a.sliding_window == b.sliding_window; ++l)
+    if (a.window_of(l) != b.window_of(l)) {  // the first layer whose attention differs
+      const std::string key = "layer_types[" + std::to_string(l) + "]";
+      cmp(key.c_str(), std::string(a.window_of(l) > 0 ? "sliding_attention" : "full_attention"),
+          std::string(b.window_of(l) > 0 ? "sliding_attention" : "full_attention"));
+      break;
+    }
   if (!theta_overridden) cmp("rope_theta", a.rope_theta, b.rope_theta);
   cmp("rope_scaling type", static_cast<int>(a.rope_scaling.kind), static_cast<int>(b.rope_scaling.kind));
   if (a.rope_scaling.kind == b.rope_scaling.kind && a.rope_scaling.kind != RopeScalingKind::None) {

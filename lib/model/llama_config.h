@@ -1,5 +1,6 @@
 // Llama-family model shape: read from a Hugging Face config.json (Llama 2/3, TinyLlama,
-// Mistral without a sliding window, Qwen2/Qwen2.5 with their q/k/v bias, Qwen3 with its q/k norms,
+// Mistral with its sliding window, Qwen2/Qwen2.5 with their q/k/v bias and per-layer windows,
+// Qwen3 with its q/k norms,
 // transformers 4.x `rope_theta`/`rope_scaling` or 5.x `rope_parameters`), or from a model
 // YAML using the same key names (configs/models/<preset>.yaml). Also computes RoPE inverse
 // frequencies exactly as HF does (default, linear, llama3, yarn scaling; fp32 like HF).
@@ -13,7 +14,9 @@
 
 namespace easyctx::model {
 
-enum class RopeScalingKind { None, Linear, Llama3, Yarn };
+// Dynamic: transformers' "dynamic" (NTK) scaling, whose base grows with the length of each call
+// past max_position_embeddings (LlamaConfig::inv_freq(length)).
+enum class RopeScalingKind { None, Linear, Llama3, Yarn, Dynamic };
 
 struct RopeScaling {
   RopeScalingKind kind = RopeScalingKind::None;
@@ -55,9 +58,21 @@ struct LlamaConfig {
   // "qwen3": RMSNorm over each head's q and k (one gain per head dimension, shared by the
   // heads, the norm's epsilon rms_norm_eps) after the projection, before RoPE.
   bool qk_norm = false;
-  // "mistral" with sliding_window > 0: each query sees the last sliding_window positions only
-  // (transformers' kv_idx > q_idx - sliding_window); 0: the whole causal past.
+  // The sliding window of the layers that have one: each query sees the last sliding_window
+  // positions only (transformers' kv_idx > q_idx - sliding_window); 0: the whole causal past in
+  // every layer. "mistral": every layer; qwen2/qwen3 with use_sliding_window: the layers that
+  // transformers' layer_types marks "sliding_attention" (those from max_window_layers on, unless
+  // layer_types is given), listed in sliding_layers.
   int64_t sliding_window = 0;
+  // [num_layers], true for a layer with the window; empty: every layer (when sliding_window > 0).
+  std::vector<bool> sliding_layers;
+  // The window of layer l (0: full attention).
+  int64_t window_of(int64_t l) const {
+    return sliding_window > 0 && (sliding_layers.empty() || sliding_layers[static_cast<size_t>(l)]) ? sliding_window
+                                                                                                    : 0;
+  }
+  // How many layers have the window.
+  int64_t windowed_layers() const;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
   int64_t num_heads = 0;
@@ -84,8 +99,12 @@ struct LlamaConfig {
   // head tile of `head_rows`) would overflow or exceed kMaxElements; `what` names where the
   // token count came from (e.g. "train.batch_size x data.seq_length").
   void check_tokens(int64_t tokens, int64_t head_rows, const std::string& what) const;
-  // RoPE inverse frequencies f32[head_dim/2], after rope_scaling (HF's formulas).
-  std::vector<float> inv_freq() const;
+  // RoPE inverse frequencies f32[head_dim/2], after rope_scaling (HF's formulas). For dynamic
+  // scaling those of a call of `length` positions (its largest position id + 1; transformers'
+  // seq_len): the base rescaled when length > max_position_embeddings, the plain frequencies
+  // otherwise (and for length 0, transformers' initial table); other kinds ignore the length.
+  std::vector<float> inv_freq(int64_t length = 0) const;
+  bool dynamic_rope() const { return rope_scaling.kind == RopeScalingKind::Dynamic; }
   // The factor HF multiplies cos and sin by (yarn's attention factor; 1 otherwise): the
   // attention logits scale by its square.
   double rope_attention_factor() const;
@@ -104,8 +123,8 @@ LlamaConfig llama_config_from_json(const Json& j, const std::string& source);
 // or a folder holding config.json. A model YAML takes only the keys easyctx reads (an unknown
 // one is an InputError with file:line:column and a suggestion); a config.json may carry any
 // key transformers writes (unknown ones are named in a warning), but keys that would change
-// the model (sliding_window, attention_dropout, partial_rotary_factor, quantization_config,
-// biases, activation, model_type) must hold their neutral value. docs/model.md.
+// the model (sliding_window outside mistral/qwen2/qwen3, attention_dropout, partial_rotary_factor,
+// quantization_config, biases, activation, model_type) must hold their neutral value. docs/model.md.
 LlamaConfig load_llama_config(const std::string& spec);
 // The stage's model. With model.init hf:DIR: DIR/config.json, which model.config may repeat
 // (left at its default, or describing the same model) but not contradict (an InputError

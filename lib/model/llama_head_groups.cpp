@@ -54,7 +54,7 @@ void LlamaModel::attention_forward_grouped(const LayerParams& p, const Tensor& h
       project_qkv(h1, qkv_weights(p, &a, n, g, G), qa, ws.ones, b);
       group_attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                             v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                            lse.reshape({b.batch, hq, b.seq}), scale, b.docs(), cfg_.sliding_window});
+                            lse.reshape({b.batch, hq, b.seq}), scale, b.docs(), cfg_.window_of(p.layer)});
       if (streamed) {
         store.send_group(slot, group_part(saved_o, g, n * qd), group_part(saved_lse, g, lse_n));
       } else if (!saved_o.empty()) {
@@ -110,7 +110,7 @@ void LlamaModel::attention_backward_grouped(const LayerParams& p, const Batch& b
                                         lse.reshape({b.batch, hq, b.seq}),
                                         scale,
                                         b.docs(),
-                                        cfg_.sliding_window};
+                                        cfg_.window_of(p.layer)};
     if (!kept) {
       project_qkv(h1, qw, qa, ws.ones, b);
       if (!restored) group_attn_->forward(t);

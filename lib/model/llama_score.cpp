@@ -72,7 +72,7 @@ void LlamaModel::score_layer(const LayerParams& p, const Batch& b, ScoreWorkspac
   project_qkv(h, qkv_weights(p, nullptr, n, 0, 1), qa, ws.ones, b);
   attn_->forward({q.reshape({b.batch, b.seq, hq, hd}), k.reshape({b.batch, b.seq, hkv, hd}),
                   v.reshape({b.batch, b.seq, hkv, hd}), o.reshape({b.batch, b.seq, hq, hd}),
-                  ws.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.sliding_window});
+                  ws.lse.view({b.batch, hq, b.seq}), attention_scale(), b.docs(), cfg_.window_of(p.layer)});
   be_.matmul(o, false, W(kO), true, h);  // the input norm's output is dead: h takes the projection
   be_.axpy(x, h, 1.0);                   // x_mid = x_in + o W_O^T
   be_.rmsnorm_fwd(x, W(kMlpNorm), cfg_.rms_norm_eps, h, rstd);
@@ -113,6 +113,7 @@ void LlamaModel::forward_score(const std::vector<Tensor>& params, const Batch& b
     score_ws_ = std::move(ws);
   }
   ScoreWorkspace& ws = *score_ws_;
+  prepare_rope(b);
   be_.embedding_fwd(b.tokens, view_at(params, layout_.embedding()).reshape({cfg_.vocab_size, d}), ws.x.view({n, d}));
   for (int64_t l = 0; l < L; ++l)
     score_layer(layer_params(l, params[layout_.layer_unit(l)], Tensor(), Tensor(), Tensor()), b, ws);

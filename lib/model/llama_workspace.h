@@ -35,6 +35,7 @@ struct LayerParams {
   std::array<ops::Tensor, kLoraTargets> a, b, ga, gb;  // A [r, in], B [out, r]; empty: not targeted
   double scale = 0;                                    // LoraSpec::scale
   int64_t rank = 0;
+  int64_t layer = 0;  // the layer's index (its attention: LlamaConfig::window_of)
   bool lora(int target) const { return !a[static_cast<size_t>(target)].empty(); }
 };
 

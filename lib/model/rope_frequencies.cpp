@@ -1,5 +1,5 @@
 // RoPE's frequencies and attention factor as transformers computes them for each rope_scaling
-// (default, linear, llama3, yarn), in fp32 where torch computes in fp32.
+// (default, linear, llama3, yarn, dynamic), in fp32 where torch computes in fp32.
 #include <algorithm>
 #include <cmath>
 
@@ -52,11 +52,34 @@ void yarn_inv_freq(const LlamaConfig& c, std::vector<float>& f) {
     f[i] = inter * (1.0f - ef) + extra * ef;
   }
 }
+// transformers' _compute_dynamic_ntk_parameters for seq_len > max_position_embeddings, in
+// torch's order and dtypes: seq_len is an int64 tensor, so factor * seq_len / max_pos -
+// (factor - 1) is float32, `** (dim / (dim - 2))` a float32 tensor to a Python float (std::pow
+// in double, rounded), the base a float32 tensor, and base ** (arange(0, dim, 2) / dim) float32 to
+// float32 (powf; torch's vectorised pow, used from 16 frequencies on, is within an ulp of it).
+void dynamic_inv_freq(const LlamaConfig& c, int64_t length, std::vector<float>& f) {
+  const double dim = static_cast<double>(c.head_dim);
+  const float factor = static_cast<float>(c.rope_scaling.factor);
+  const float ratio = factor * static_cast<float>(length) / static_cast<float>(c.max_position_embeddings) -
+                      static_cast<float>(c.rope_scaling.factor - 1.0);
+  const float grown = static_cast<float>(std::pow(static_cast<double>(ratio), dim / (dim - 2)));
+  const float base = static_cast<float>(c.rope_theta) * grown;
+  for (size_t i = 0; i < f.size(); ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
+    f[i] = 1.0f / std::pow(base, e);
+  }
+}
 }  // namespace
 
-std::vector<float> LlamaConfig::inv_freq() const {
+std::vector<float> LlamaConfig::inv_freq(int64_t length) const {
   const int64_t half = head_dim / 2;
   std::vector<float> f(static_cast<size_t>(half));
+  // dynamic: transformers recomputes from the base only past max_position_embeddings (below it,
+  // and at init, the factor cancels exactly: base * 1 ** x, the default frequencies).
+  if (rope_scaling.kind == RopeScalingKind::Dynamic && length > max_position_embeddings) {
+    dynamic_inv_freq(*this, length, f);
+    return f;
+  }
   // HF: 1 / base ** (arange(0, dim, 2).float() / dim), in fp32.
   for (int64_t i = 0; i < half; ++i) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(head_dim);

@@ -16,7 +16,13 @@ AttentionCall attention_call(const Tensor& q, const Tensor& k, const AttentionBl
   c.diag = blk.q_offset - blk.k_offset;
   c.f32_grads = f32_grads;
   c.accumulate = blk.accumulate;
+  c.window = effective_window(blk.window, c.sq, c.sk, c.diag);
   return c;
+}
+
+int64_t effective_window(int64_t window, int64_t sq, int64_t sk, int64_t diag) {
+  // Query sq - 1 hides key 0 iff 0 <= sq - 1 + diag - window; every other pair is further in.
+  return window > 0 && sq > 0 && sk > 0 && sq - 1 + diag - window >= 0 ? window : 0;
 }
 
 const char* route_name(AttentionFwdRoute r) {
@@ -59,6 +65,11 @@ bool sm90_bwd_before_cudnn(const AttentionCall& c, const AttentionRouteOptions& 
 std::vector<AttentionFwdRoute> attention_fwd_routes(const AttentionCall& c, const AttentionRouteOptions& o) {
   if (c.sk == 0) return {AttentionFwdRoute::NoKeys};  // every row is empty: o = 0, lse = -inf
   std::vector<AttentionFwdRoute> r;
+  if (c.windowed()) {  // our kernels have the band mask (and skip the tiles outside it); cuDNN's graphs here do not
+    if (o.sm90) r.push_back(AttentionFwdRoute::Sm90Kernel);
+    r.push_back(AttentionFwdRoute::Kernel);
+    return r;
+  }
   // The Hopper kernel before cuDNN where it measured faster; elsewhere in place of the FA2 kernel.
   const bool sm90_first = o.sm90 && sm90_before_cudnn(c);
   if (sm90_first) r.push_back(AttentionFwdRoute::Sm90Kernel);
@@ -82,6 +93,11 @@ std::vector<AttentionBwdRoute> attention_bwd_routes(const AttentionCall& c, cons
   // The Hopper kernel before cuDNN where it measured faster; elsewhere in place of the FA2 kernel.
   const bool sm90_first = o.sm90 && rows && sm90_bwd_before_cudnn(c, o);
   std::vector<AttentionBwdRoute> r;
+  if (c.windowed() && rows) {  // as the forward: our kernels only
+    if (o.sm90) r.push_back(AttentionBwdRoute::Sm90Kernel);
+    r.push_back(AttentionBwdRoute::Kernel);
+    return r;
+  }
   if (!sm90_first && cudnn && !c.accumulate && !c.f32_grads && rows && (!o.deterministic || fits))
     r.push_back(AttentionBwdRoute::CudnnInPlace);
   if (!rows) {  // nothing to add (overwritten gradients are zeroed)
@@ -106,6 +122,7 @@ std::string describe_attention_route(const AttentionCall& c, const AttentionRout
   const AttentionFwdRoute f = attention_fwd_route(c, o);
   const AttentionBwdRoute b = attention_bwd_route(c, o);
   std::string s = std::string("forward: ") + route_name(f);
+  if (c.windowed()) s += " (window " + std::to_string(c.window) + ")";
   if (f == AttentionFwdRoute::CudnnCausalChunks) s += " (" + std::to_string(causal_chunk_rows(c.sq)) + " rows each)";
   s += std::string("; backward: ") + route_name(b);
   const std::string mode = o.deterministic ? "deterministic" : "atomic dQ";

@@ -34,6 +34,10 @@
 //   - cudnn tiles: a larger block in T x T tiles per sequence (a causal square: the tiles on
 //     and below the diagonal), summed in fp32;
 //   - kernel: kernels/attention_bwd.cu (f32 gradients: into bf16 scratch, then added).
+//  A call whose sliding window cuts some (query, key) pair of the block (AttentionCall::window)
+//  runs on our kernels only, both ways: the sm90 kernel on an sm_90 device, else the FA2 kernel
+//  (each skips the key tiles before a query tile's window and masks its left edge; cuDNN's
+//  graphs here have no band mask). A window that cuts nothing is dropped from the call.
 //   - sm90 kernel (AttentionRouteOptions::sm90): the Hopper backward (kernels/attention_bwd_sm90.cu,
 //     FlashAttention-3's structure; split dQ), deterministic or atomic as the
 //     backend; before cuDNN where it beat cuDNN 9.19's backward of the same mode in the same
@@ -56,11 +60,19 @@ struct AttentionCall {
   int64_t diag = 0;        // q_offset - k_offset: key j is visible to query i iff j <= i + diag
   bool f32_grads = false;  // attention_bwd: dq/dk/dv are f32 (a ring's accumulators), else bf16
   bool accumulate = true;  // attention_bwd: AttentionBlock::accumulate (false: overwrite)
-  // Every query sees every key (not causal, or the diagonal past the last key).
-  bool unmasked() const { return !causal || diag >= sk - 1; }
-  // A whole causal square: queries and keys at the same positions (top-left mask).
-  bool causal_square() const { return causal && diag == 0 && sq == sk; }
+  // The sliding window where it cuts some pair of the block (key j visible to query i only if
+  // j > i + diag - window), else 0 (attention_call drops a window that cuts nothing).
+  int64_t window = 0;
+  bool windowed() const { return window > 0; }
+  // Every query sees every key (not causal, or the diagonal past the last key; no window).
+  bool unmasked() const { return (!causal || diag >= sk - 1) && !windowed(); }
+  // A whole causal square: queries and keys at the same positions (top-left mask), no window.
+  bool causal_square() const { return causal && diag == 0 && sq == sk && !windowed(); }
 };
+// The window of AttentionBlock `window` as a block of sq queries and sk keys at diagonal offset
+// diag sees it: `window` when it hides some key from some query (the last query's window starts
+// after key 0), else 0.
+int64_t effective_window(int64_t window, int64_t sq, int64_t sk, int64_t diag);
 // The call of attention_fwd / attention_bwd on q [B, Sq, Hq, hd], k [B, Sk, Hkv, hd].
 AttentionCall attention_call(const Tensor& q, const Tensor& k, const AttentionBlock& blk, bool f32_grads = false);
 

@@ -36,8 +36,8 @@ struct AttentionBlock {
   bool accumulate = true;
   // Sliding window (the model's sliding_window, Mistral's): > 0, the query at position p sees
   // the keys at positions > p - window only (transformers' kv_idx > q_idx - sliding_window),
-  // positions as q_offset/k_offset count them. 0: no window. The CPU backend only (the CUDA
-  // backend refuses it by name).
+  // positions as q_offset/k_offset count them, causal or not. 0: no window. The CUDA backend
+  // runs it on its own kernels (ops/attention_route.h), which skip the key tiles before the window.
   int64_t window = 0;
 };
 

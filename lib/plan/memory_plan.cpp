@@ -128,8 +128,31 @@ std::vector<attention::DocumentStarts> plan_documents(const Run& r) {
 // attention scratch of each block (ops/attention_route.h), is the phase. tiled: the training
 // model, which tiles its attention block over activation.attention_head_groups itself and
 // calls the inner strategy on one group's heads (LlamaModel::attention_forward_grouped);
-// else (forward_score) the strategy in head groups on every head.
+// else (forward_score) the strategy in head groups on every head. A model with a sliding window
+// replays the attention of its windowed layers and of its full ones (qwen2's per-layer windows)
+// and takes the larger phase.
+std::vector<AllocRecorder::Entry> replay_attention(const Run& r, bool backward, std::vector<std::string>& routes,
+                                                   bool tiled, int64_t window, std::string* name);
 void attention_items(const Run& r, bool backward, Items& it, std::vector<std::string>& routes, bool tiled) {
+  std::vector<AllocRecorder::Entry> peak;
+  int64_t peak_bytes = -1;
+  std::string name;
+  std::vector<int64_t> windows;  // the layers' windows (0: full attention)
+  if (r.mc.windowed_layers() < r.mc.num_layers) windows.push_back(0);
+  if (r.mc.windowed_layers() > 0) windows.push_back(r.mc.sliding_window);
+  for (const int64_t window : windows) {
+    std::vector<AllocRecorder::Entry> e = replay_attention(r, backward, routes, tiled, window, &name);
+    int64_t bytes = 0;
+    for (const AllocRecorder::Entry& x : e) bytes += x.bytes;
+    if (bytes > peak_bytes) peak = std::move(e), peak_bytes = bytes;
+  }
+  add_recorded(it, true, backward ? "attention backward" : "attention forward", peak, r.dev, true,
+               "lib/attention/" + name);
+}
+
+// One replay of attention_items: the buffers at the attention phase's peak for layers of this window.
+std::vector<AllocRecorder::Entry> replay_attention(const Run& r, bool backward, std::vector<std::string>& routes,
+                                                   bool tiled, int64_t window, std::string* name) {
   AllocRecorder inputs, rec;
   RecordingOptions ro;
   ro.space = r.cuda ? MemSpace::Device : MemSpace::Host;
@@ -158,10 +181,14 @@ void attention_items(const Run& r, bool backward, Items& it, std::vector<std::st
     return bufs.back().view(dims);
   };
   const std::vector<attention::DocumentStarts> docs = plan_documents(r);
-  const attention::AttentionTensors t{tensor(r.dtype, {B, S, hq, hd}),     tensor(r.dtype, {B, S, hkv, hd}),
-                                      tensor(r.dtype, {B, S, hkv, hd}),    tensor(r.dtype, {B, S, hq, hd}),
-                                      tensor(lse_t, {B, hq, S}),           1.0 / std::sqrt(static_cast<double>(hd)),
-                                      docs.empty() ? nullptr : docs.data()};
+  const attention::AttentionTensors t{tensor(r.dtype, {B, S, hq, hd}),
+                                      tensor(r.dtype, {B, S, hkv, hd}),
+                                      tensor(r.dtype, {B, S, hkv, hd}),
+                                      tensor(r.dtype, {B, S, hq, hd}),
+                                      tensor(lse_t, {B, hq, S}),
+                                      1.0 / std::sqrt(static_cast<double>(hd)),
+                                      docs.empty() ? nullptr : docs.data(),
+                                      window};
   rec.begin_phase();
   if (backward) {
     const attention::AttentionGrads gr{tensor(r.dtype, {B, S, hq, hd}), tensor(r.dtype, {B, S, hq, hd}),
@@ -170,8 +197,8 @@ void attention_items(const Run& r, bool backward, Items& it, std::vector<std::st
   } else {
     attn->forward(t);
   }
-  add_recorded(it, true, backward ? "attention backward" : "attention forward", rec.peak_extra(), r.dev, true,
-               "lib/attention/" + std::string(attn->name()));
+  *name = attn->name();
+  return rec.peak_extra();
 }
 
 // ---------------------------------------------------------------------------------------

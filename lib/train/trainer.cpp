@@ -63,7 +63,7 @@ std::string packing_line(const StageConfig& cfg, const data::DataLoader& loader,
 // windows' documents for the zigzag and usp rings (data/doc_balance.h), other packings and
 // dist_flash keep theirs: measured here, not assumed.
 std::string document_balance(const data::MicroBatch& mb, const attention::SequenceSplit& split, int64_t L,
-                             int64_t window) {
+                             const model::LlamaConfig& mc) {
   if (split.size <= 1 || mb.doc_starts.empty()) return "";
   if (split.layout == SpLayout::Contiguous && split.inner == split.size)
     return "document mask: ulysses attends over the whole sequence for each rank's heads: every rank's work is equal";
@@ -74,10 +74,13 @@ std::string document_balance(const data::MicroBatch& mb, const attention::Sequen
   const int64_t len = usp ? split.padded_length(L) : L;
   std::vector<double> work;
   for (int r = 0; r < ranks; ++r) {
-    int64_t pairs = 0;
+    double pairs = 0;  // over the layers: those with the window and those without
+    const int64_t windowed = mc.windowed_layers(), full = mc.num_layers - windowed;
     for (const auto& [a, b] : data::sp_rank_ranges(len, layout, ranks, r))
-      pairs += attention::visible_pairs(mb.doc_starts[0], a, b, window);
-    work.push_back(static_cast<double>(pairs));
+      pairs += static_cast<double>(windowed) *
+                   static_cast<double>(attention::visible_pairs(mb.doc_starts[0], a, b, mc.sliding_window)) +
+               static_cast<double>(full) * static_cast<double>(attention::visible_pairs(mb.doc_starts[0], a, b, 0));
+    work.push_back(pairs);
   }
   const double mean = std::accumulate(work.begin(), work.end(), 0.0) / ranks;
   char buf[320];
@@ -87,6 +90,18 @@ std::string document_balance(const data::MicroBatch& mb, const attention::Sequen
                 usp ? "ring" : "sequence-parallel", *std::max_element(work.begin(), work.end()) / mean,
                 *std::min_element(work.begin(), work.end()) / mean, mb.doc_starts[0].size());
   return buf;
+}
+
+// Dynamic RoPE's length of a micro-batch, as transformers computes it from the position ids of
+// the unpadded L-token sequences (the same on every sequence-parallel rank): L, or with the
+// document mask (positions restarting per document) the longest document's part before L.
+int64_t rope_length(const data::MicroBatch& mb, int64_t L, bool document_mask) {
+  if (!document_mask) return L;
+  int64_t longest = 0;
+  for (const attention::DocumentStarts& s : mb.doc_starts)
+    for (size_t d = 0; d < s.size() && s[d] < L; ++d)
+      longest = std::max(longest, std::min(d + 1 < s.size() ? s[d + 1] : L, L) - s[d]);
+  return longest;
 }
 
 }  // namespace
@@ -375,8 +390,7 @@ StepStats Trainer::compute_gradients(int64_t step) {
     local_labels += static_cast<double>(micro.back().real_labels);
   }
   if (!balance_logged_ && cfg_.data.document_mask && world_.rank() == 0) {
-    const std::string line =
-        document_balance(micro[0], sp_split_, cfg_.data.seq_length, model_->config().sliding_window);
+    const std::string line = document_balance(micro[0], sp_split_, cfg_.data.seq_length, model_->config());
     if (!line.empty()) log_info(line);
   }
   balance_logged_ = true;
@@ -390,18 +404,7 @@ StepStats Trainer::compute_gradients(int64_t step) {
   }
   report_->phase("data");
   store_->begin_step();
-  const int64_t window = model_->config().sliding_window;
-  if (cfg_.data.document_mask || window > 0) {  // MFU counts the attention pairs computed
-    const int64_t S = cfg_.data.seq_length;
-    double pairs[2] = {0, 0};                 // attended, causal
-    for (const data::MicroBatch& mb : micro)  // doc_starts: one list per sequence ({0} without the mask)
-      for (const attention::DocumentStarts& starts : mb.doc_starts) {
-        pairs[0] += static_cast<double>(attention::visible_pairs(starts, 0, S, window));
-        pairs[1] += 0.5 * static_cast<double>(S) * static_cast<double>(S + 1);
-      }
-    st.attention_share = world_.all_reduce_scalar(pairs[0], dist::ReduceOp::Sum) /
-                         world_.all_reduce_scalar(pairs[1], dist::ReduceOp::Sum);
-  }
+  if (cfg_.data.document_mask || model_->config().sliding_window > 0) st.attention_share = attention_share(micro);
   double sum_nll = 0;
   for (int64_t m = 0; m < static_cast<int64_t>(micro.size()); ++m) {
     data::MicroBatch& mb = micro[static_cast<size_t>(m)];
@@ -409,6 +412,7 @@ StepStats Trainer::compute_gradients(int64_t step) {
     model::Batch b{ops::Tensor(mb.tokens.data(), DType::I32, {n}), ops::Tensor(mb.positions.data(), DType::I32, {n}),
                    ops::Tensor(mb.labels.data(), DType::I32, {n}), mb.batch, mb.local_len};
     if (cfg_.data.document_mask) b.documents = &mb.doc_starts;  // the attention's per-document blocks
+    b.rope_length = rope_length(mb, cfg_.data.seq_length, cfg_.data.document_mask);
     if (on_device()) {  // host int32 arrays -> device buffers (ordered before the model)
       if (tokens_dev_.numel() != n) {
         tokens_dev_ = be_->alloc(DType::I32, n, "micro-batch tokens");
@@ -433,6 +437,26 @@ StepStats Trainer::compute_gradients(int64_t step) {
   st.labels = static_cast<int64_t>(global_labels);
   report_->phase("gradient reduction");
   return st;
+}
+
+// The attention pairs the model computes (inside documents, inside each layer's window; the
+// layers without a window count whole) over a causal square's, for MFU: the global batch's
+// sequences, averaged over the layers.
+double Trainer::attention_share(const std::vector<data::MicroBatch>& micro) const {
+  const model::LlamaConfig& mc = model_->config();
+  const int64_t S = cfg_.data.seq_length, windowed = mc.windowed_layers();
+  const double L = static_cast<double>(mc.num_layers);
+  double pairs[2] = {0, 0};                 // attended (times L), causal
+  for (const data::MicroBatch& mb : micro)  // doc_starts: one list per sequence ({0} without the mask)
+    for (const attention::DocumentStarts& starts : mb.doc_starts) {
+      const double w = static_cast<double>(attention::visible_pairs(starts, 0, S, mc.sliding_window));
+      const double full =
+          windowed == mc.num_layers ? 0 : static_cast<double>(attention::visible_pairs(starts, 0, S, 0));
+      pairs[0] += (static_cast<double>(windowed) * w + (L - static_cast<double>(windowed)) * full) / L;
+      pairs[1] += 0.5 * static_cast<double>(S) * static_cast<double>(S + 1);
+    }
+  return world_.all_reduce_scalar(pairs[0], dist::ReduceOp::Sum) /
+         world_.all_reduce_scalar(pairs[1], dist::ReduceOp::Sum);
 }
 
 void Trainer::log_startup() const {

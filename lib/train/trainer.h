@@ -31,7 +31,8 @@
 
 namespace easyctx::data {
 class DataLoader;
-}
+struct MicroBatch;
+}  // namespace easyctx::data
 
 namespace easyctx::plan {
 struct MemoryPlan;
@@ -136,6 +137,8 @@ class Trainer {
 
  private:
   void init(dist::ProcessGroups* groups);
+  // MFU's attention share of a step's micro-batches (documents, sliding windows; trainer.cpp).
+  double attention_share(const std::vector<data::MicroBatch>& micro) const;
   void plan_memory();                                                 // init: plan_, the auto choices written into cfg_
   void make_loader(dist::ProcessGroups* groups, int64_t vocab_size);  // init: loader_, the data checked
   void restore_data_cursor();                                         // init, after load_weights

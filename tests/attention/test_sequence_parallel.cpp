@@ -173,6 +173,36 @@ TEST(SequenceParallel, ZigzagRingMatchesLocal) {
   run<double>(z, sh, zigzag_rows(sh.S, W, r), 1e-10, w.seed + 5, true, 7);
 }
 
+// The zigzag ring's steps with a sliding window, against the definition: step s is kept iff on
+// some rank a query token sees a key token of the visiting rank's chunks (key <= query, key >
+// query - window). A window of at most one chunk keeps steps 0, 1 and W - 1 only (the K/V hop
+// from step 1 straight to step W - 1); no window keeps them all.
+TEST(SequenceParallel, ZigzagRingStepsSkipThoseOutsideTheWindow) {
+  for (int W = 1; W <= 9; ++W)
+    for (int64_t c : {1, 2, 5}) {
+      auto chunk = [&](int rank, int i) { return i == 0 ? rank : 2 * W - 1 - rank; };
+      for (int64_t window : {0, 1, 2, 3, 4, 5, 7, 11, 30}) {
+        std::vector<int> want;
+        for (int st = 0; st < W; ++st) {
+          bool any = false;
+          for (int r = 0; r < W; ++r)
+            for (int qa = 0; qa < 2; ++qa)
+              for (int kb = 0; kb < 2; ++kb)
+                for (int64_t p = 0; p < c; ++p)
+                  for (int64_t k = 0; k < c; ++k) {
+                    const int64_t qp = chunk(r, qa) * c + p, kp = chunk((r - st + W) % W, kb) * c + k;
+                    any = any || (kp <= qp && (window == 0 || kp > qp - window));
+                  }
+          if (any) want.push_back(st);
+        }
+        EXPECT_EQ(attention::ZigzagRingAttention::steps(W, c, window), want)
+            << "W " << W << " chunk " << c << " window " << window;
+      }
+    }
+  EXPECT_EQ(attention::ZigzagRingAttention::steps(8, 8192, 4096), (std::vector<int>{0, 1, 7}));
+  EXPECT_EQ(attention::ZigzagRingAttention::steps(8, 8192, 0).size(), 8u);
+}
+
 TEST(SequenceParallel, UlyssesMatchesLocal) {
   World w = make_world(SeqParallelMode::Ulysses, 0);
   const int U = w.rt->size(), u = w.rt->rank();

@@ -7,7 +7,12 @@
 // doc_starts (make_golden.py's `packed`: 3-4 documents of odd lengths per sequence,
 // position_ids restarting per document, HF's 4D block-diagonal causal mask) runs with
 // Batch::documents (data.document_mask). qwen2 (q/k/v biases), qwen3 (q/k norms) and yarn
-// (rope_type yarn and its attention factor) come from make_golden_families.py.
+// (rope_type yarn and its attention factor) come from make_golden_families.py, as do mistral (a
+// sliding window in every layer), qwen2_window (a window in its second layer only),
+// dynamic_short and dynamic_long (dynamic RoPE below and past max_position_embeddings: the
+// frequencies of the batch's length, transformers' after its forward), which
+// bench/run_windows.sh makes on the GPU host: tested wherever they are in tests/golden/data.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -89,6 +94,14 @@ std::vector<attention::DocumentStarts> documents(const Golden& g, int64_t B) {
   return docs;
 }
 
+// The fixtures every checkout has, then those of make_golden_families.py that bench/run_windows.sh
+// makes (tested where tests/golden/data has them; once committed they belong to the first list).
+std::vector<std::string> fixtures(std::vector<std::string> names) {
+  for (const char* f : {"mistral", "qwen2_window", "dynamic_short", "dynamic_long"})
+    if (std::filesystem::exists(source_dir() + "/tests/golden/data/" + f + "/io.safetensors")) names.push_back(f);
+  return names;
+}
+
 class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, CheckpointPolicy, DType>> {};
 
 TEST_P(GoldenTest, MatchesTransformers) {
@@ -99,9 +112,12 @@ TEST_P(GoldenTest, MatchesTransformers) {
   auto be = ops::make_cpu_backend();
   model::LlamaModel m(cfg, *be, dtype, {policy, 7});  // lm_head tile 7: several tiles per batch
 
-  // RoPE frequencies: bit-exact with HF's fp32 inv_freq.
+  GoldenBatch gb(g);
+  const int64_t B = gb.B, S = gb.S;
+  // RoPE frequencies: bit-exact with HF's fp32 inv_freq (dynamic: of the batch's length, the
+  // largest position + 1, as the model computes them for this batch).
   const std::vector<double> hf_inv = g.get("inv_freq");
-  const std::vector<float> inv = cfg.inv_freq();
+  const std::vector<float> inv = cfg.inv_freq(*std::max_element(gb.pos.begin(), gb.pos.end()) + 1);
   ASSERT_EQ(hf_inv.size(), inv.size());
   for (size_t i = 0; i < inv.size(); ++i) EXPECT_EQ(static_cast<double>(inv[i]), hf_inv[i]) << "inv_freq " << i;
 
@@ -110,8 +126,6 @@ TEST_P(GoldenTest, MatchesTransformers) {
   const std::vector<ops::Tensor> grads = alloc_units(*be, m.layout(), dtype, bufs);
   ckpt::load_hf_weights(dir + "/model", m.layout(), params);
 
-  GoldenBatch gb(g);
-  const int64_t B = gb.B, S = gb.S;
   model::Batch b = gb.batch();
   const std::vector<attention::DocumentStarts> docs = documents(g, B);  // packed: the document mask
   if (!docs.empty()) b.documents = &docs;
@@ -144,8 +158,8 @@ TEST_P(GoldenTest, MatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GoldenTest,
-                         ::testing::Combine(::testing::Values("gqa", "tied_llama3", "gqa_hd64", "packed", "qwen2",
-                                                              "qwen3", "yarn"),
+                         ::testing::Combine(::testing::ValuesIn(fixtures({"gqa", "tied_llama3", "gqa_hd64", "packed",
+                                                                          "qwen2", "qwen3", "yarn"})),
                                             ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
                                                               CheckpointPolicy::AttentionOutput),
                                             ::testing::Values(DType::F64, DType::F32)));
@@ -161,7 +175,7 @@ namespace {
 // which loads them with transformers and compares logits with the fixture.
 TEST(GoldenExport, ExportReadsBackIdentically) {
   const char* keep = std::getenv("EASYCTX_GOLDEN_EXPORT");
-  for (const std::string name : {"gqa", "tied_llama3", "gqa_hd64", "qwen2", "qwen3", "yarn"}) {
+  for (const std::string& name : fixtures({"gqa", "tied_llama3", "gqa_hd64", "qwen2", "qwen3", "yarn"})) {
     const std::string dir = source_dir() + "/tests/golden/data/" + name;
     const model::LlamaConfig cfg = model::load_llama_config(dir + "/model");
     const model::ParamLayout layout(cfg);
@@ -175,6 +189,8 @@ TEST(GoldenExport, ExportReadsBackIdentically) {
     ckpt::save_hf_model(out, cfg, layout, va);
     const model::LlamaConfig back = model::load_llama_config(out);
     EXPECT_EQ(back.inv_freq(), cfg.inv_freq());
+    EXPECT_EQ(back.inv_freq(int64_t{1} << 20), cfg.inv_freq(int64_t{1} << 20));  // dynamic: the rescaled ones too
+    for (int64_t l = 0; l < cfg.num_layers; ++l) EXPECT_EQ(back.window_of(l), cfg.window_of(l)) << "layer " << l;
     EXPECT_EQ(back.tie_word_embeddings, cfg.tie_word_embeddings);
     ckpt::load_hf_weights(out, layout, vb);
     for (size_t u = 0; u < va.size(); ++u)
@@ -191,7 +207,7 @@ TEST(GoldenExport, ExportReadsBackIdentically) {
 // check_export.py has transformers load them and compute the same logits (the GPU host).
 TEST(GoldenExport, TrainedThreeStepsThenExportedGivesTheSameLogits) {
   const char* keep = std::getenv("EASYCTX_GOLDEN_EXPORT");
-  for (const std::string name : {"gqa", "tied_llama3", "qwen2", "qwen3", "yarn"}) {
+  for (const std::string& name : fixtures({"gqa", "tied_llama3", "qwen2", "qwen3", "yarn"})) {
     SCOPED_TRACE(name);
     const std::string dir = source_dir() + "/tests/golden/data/" + name;
     const model::LlamaConfig cfg = model::load_llama_config(dir + "/model");

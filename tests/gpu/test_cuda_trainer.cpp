@@ -44,12 +44,13 @@ bool have_gpu() { return ops::cuda_device_count() > 0; }
 // A Llama with head_dim 64 and GQA (4 query heads on 2 KV heads), small enough for the CPU;
 // head_dim 128: 2 query heads on 1 KV head (the head dim of llama2-7b and llama3-8b, which the
 // Hopper attention backward takes first in the deterministic mode).
-std::string write_hd64_config(const std::string& path, bool tied, int64_t vocab, int layers = 2, int head_dim = 64) {
+std::string write_hd64_config(const std::string& path, bool tied, int64_t vocab, int layers = 2, int head_dim = 64,
+                              int64_t max_positions = 1024) {
   std::ofstream f(path);
   f << "hidden_size: " << (head_dim == 128 ? 256 : 128) << "\nnum_hidden_layers: " << layers
     << "\nnum_attention_heads: " << (head_dim == 128 ? "2\nnum_key_value_heads: 1" : "4\nnum_key_value_heads: 2")
     << "\nhead_dim: " << head_dim << "\nintermediate_size: 200\nvocab_size: " << vocab
-    << "\nmax_position_embeddings: 1024\nrms_norm_eps: 1.0e-5\nrope_theta: 10000.0\n"
+    << "\nmax_position_embeddings: " << max_positions << "\nrms_norm_eps: 1.0e-5\nrope_theta: 10000.0\n"
     << "tie_word_embeddings: " << (tied ? "true" : "false") << "\nbos_token_id: 1\neos_token_id: 2\n";
   f.close();
   EASYCTX_CHECK(f.good(), "cannot write ", path);
@@ -79,6 +80,7 @@ Result run_model(ops::Backend& be, const model::LlamaConfig& cfg, DType dtype, C
   mo.lm_head_tile = 37;  // several tiles per batch
   mo.f32_grads = dtype == DType::BF16;
   mo.head_groups = head_groups;
+  mo.unchecked_device_window = true;  // the window families: the check that lets users run them
   model::LlamaModel m(cfg, be, dtype, mo);
   std::vector<Buffer> pb, gb;
   std::vector<Tensor> params, grads;
@@ -198,11 +200,13 @@ struct GpuVariant {
   CheckpointPolicy policy;
   int64_t mlp_tile = 0, head_groups = 1;
 };
-// `extra_yaml`: more model keys appended to the model's YAML (a family, a rope_scaling).
+// `extra_yaml`: more model keys appended to the model's YAML (a family, a rope_scaling);
+// `max_positions`: its max_position_embeddings (the batch's positions reach 100).
 void expect_gpu_variants_match_cpu_fp32(const std::string& name, const std::string& label,
-                                        const std::vector<GpuVariant>& variants, const std::string& extra_yaml = "") {
+                                        const std::vector<GpuVariant>& variants, const std::string& extra_yaml = "",
+                                        int64_t max_positions = 1024) {
   TempDir dir(name);
-  const std::string path = write_hd64_config(dir / "m.yaml", false, 301);
+  const std::string path = write_hd64_config(dir / "m.yaml", false, 301, 2, 64, max_positions);
   std::ofstream(path, std::ios::app) << extra_yaml;
   const model::LlamaConfig cfg = model::load_llama_config(path);
   const model::ParamLayout layout(cfg);
@@ -238,22 +242,48 @@ TEST(CudaModelHeadGroups, TiledAttentionMatchesCpuFp32) {
 }
 
 // The model families on CUDA: qwen2 (q/k/v biases, added and summed by matmul with a column of
-// ones), qwen3 (per-head q/k norms through the RMSNorm kernels on [tokens x heads, hd]) and a
-// YaRN-scaled Llama (frequencies and the squared attention factor in the softmax scale), bf16
-// against the fp32 CPU model on fresh random weights, untiled and in 2 head groups.
+// ones), qwen3 (per-head q/k norms through the RMSNorm kernels on [tokens x heads, hd]), a
+// YaRN-scaled Llama (frequencies and the squared attention factor in the softmax scale) and a
+// dynamic-RoPE one (max_position_embeddings 48 under positions reaching 100: the frequencies of
+// the batch's length, uploaded for the call), bf16 against the fp32 CPU model on fresh random
+// weights, untiled and in 2 head groups; and the sliding windows (mistral: 37 of the 96 tokens
+// in every layer; qwen2_window: 50 in its second layer only), below the model's refusal of a
+// window on CUDA, which stays until this test and test_cuda_windows have passed on a GPU.
 class CudaModelFamily : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaModelFamily, Bf16MatchesCpuFp32) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string f = GetParam();
   const std::string extra =
-      GetParam() == "yarn"
-          ? "rope_scaling:\n  rope_type: yarn\n  factor: 4.0\n  original_max_position_embeddings: 256\n"
-          : "model_type: " + GetParam() + "\n";
-  expect_gpu_variants_match_cpu_fp32("cuda-model-family", GetParam() + " hd64",
-                                     {{CheckpointPolicy::Layer, 0, 1}, {CheckpointPolicy::Layer, 0, 2}}, extra);
+      f == "yarn"      ? "rope_scaling:\n  rope_type: yarn\n  factor: 4.0\n  original_max_position_embeddings: 256\n"
+      : f == "dynamic" ? "rope_scaling:\n  rope_type: dynamic\n  factor: 2.0\n"
+      : f == "mistral" ? "model_type: mistral\nsliding_window: 37\n"
+      : f == "qwen2_window" ? "model_type: qwen2\nuse_sliding_window: true\nsliding_window: 50\nmax_window_layers: 1\n"
+                            : "model_type: " + f + "\n";
+  expect_gpu_variants_match_cpu_fp32("cuda-model-family", f + " hd64",
+                                     {{CheckpointPolicy::Layer, 0, 1}, {CheckpointPolicy::Layer, 0, 2}}, extra,
+                                     f == "dynamic" ? 48 : 1024);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, CudaModelFamily, ::testing::Values("qwen2", "qwen3", "yarn"));
+INSTANTIATE_TEST_SUITE_P(Families, CudaModelFamily,
+                         ::testing::Values("qwen2", "qwen3", "yarn", "dynamic", "mistral", "qwen2_window"));
+
+// A user's model with a window is refused on CUDA (no unchecked_device_window), naming the key,
+// until the window families above and test_cuda_windows have passed on a GPU.
+TEST(CudaModelWindows, RefusedOnCudaUntilChecked) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir("cuda-window-refused");
+  const std::string path = write_hd64_config(dir / "m.yaml", false, 301);
+  std::ofstream(path, std::ios::app) << "model_type: mistral\nsliding_window: 37\n";
+  const model::LlamaConfig cfg = model::load_llama_config(path);
+  auto gpu = ops::make_cuda_backend();
+  try {
+    model::LlamaModel m(cfg, *gpu, DType::BF16, model::ModelOptions{});
+    ADD_FAILURE() << "a sliding window was accepted on CUDA";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding_window = 37"), std::string::npos) << e.what();
+  }
+}
 
 // The HF golden fixtures (float64 transformers): where the CUDA attention supports the
 // fixture's head dim, the bf16 CUDA model must match them like the CPU model does (looser).

@@ -120,7 +120,25 @@ TEST(LlamaConfig, HfRopeVariants) {
   EXPECT_EQ(v5.rope_theta, 1234.0);
   EXPECT_EQ(v5.num_kv_heads, 4);
   EXPECT_EQ(v5.head_dim, 16);
-  EXPECT_THROW(from("{" + base + R"(, "rope_scaling": {"type": "dynamic", "factor": 4.0}})"), InputError);
+  // dynamic (NTK): the plain frequencies up to max_position_embeddings (2048 by default here),
+  // rescaled past it; exported and read back the same; another type is refused by name.
+  const auto dyn = from("{" + base + R"(, "rope_scaling": {"type": "dynamic", "factor": 4.0}})");
+  EXPECT_EQ(dyn.rope_scaling.kind, model::RopeScalingKind::Dynamic);
+  EXPECT_EQ(dyn.inv_freq(), plain.inv_freq());
+  EXPECT_EQ(dyn.inv_freq(2048), plain.inv_freq());
+  EXPECT_LT(dyn.inv_freq(4096)[7], plain.inv_freq()[7]);
+  EXPECT_EQ(dyn.inv_freq(4096)[0], plain.inv_freq()[0]);  // the base's power 0
+  const model::LlamaConfig back = model::llama_config_from_json(dyn.to_hf_json(), "export.json");
+  EXPECT_EQ(back.rope_scaling.kind, model::RopeScalingKind::Dynamic);
+  EXPECT_EQ(back.inv_freq(5000), dyn.inv_freq(5000));
+  EXPECT_NE(dyn.describe().find("dynamic x4"), std::string::npos) << dyn.describe();
+  try {
+    from("{" + base + R"(, "rope_scaling": {"type": "longrope", "factor": 4.0}})");
+    FAIL() << "longrope accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_scaling type 'longrope' is not supported"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(LlamaConfig, ErrorsNameTheKey) {

@@ -237,14 +237,12 @@ TEST(LlamaConfigStrict, HfConfigJsonExtrasAndSemanticKeys) {
     EXPECT_NE(e.find("m.json: " + k), std::string::npos) << k << ": " << e;
   }
   // Qwen2: q/k/v biases; a named window that use_sliding_window keeps off is full attention
-  // (accepted), one it turns on is refused naming the key; the export writes Qwen2ForCausalLM.
+  // (transformers sets it to None); the export writes Qwen2ForCausalLM (windows: QwenWindows).
   model::LlamaConfig qwen =
       from_json(shape_json("model_type", "\"qwen2\"")
-                    .insert(1, "\"sliding_window\": 4096, \"use_sliding_window\": false, \"max_window_layers\": 28, "));
+                    .insert(1, "\"sliding_window\": 4096, \"use_sliding_window\": false, \"max_window_layers\": 1, "));
   EXPECT_TRUE(qwen.qkv_bias);
-  const std::string on = input_error_of(
-      [&] { from_json(shape_json("model_type", "\"qwen2\"").insert(1, "\"use_sliding_window\": true, ")); });
-  EXPECT_NE(on.find("m.json: use_sliding_window"), std::string::npos) << on;
+  EXPECT_EQ(qwen.sliding_window, 0);
   const Json hf = qwen.to_hf_json();
   EXPECT_EQ(hf.find("model_type")->as_string(), "qwen2");
   EXPECT_EQ(hf.find("architectures")->as_array().at(0).as_string(), "Qwen2ForCausalLM");
@@ -272,6 +270,87 @@ TEST(LlamaConfigStrict, HfConfigJsonExtrasAndSemanticKeys) {
   // Every golden config.json (written by transformers 5) and an export load as they are.
   for (const char* g : {"gqa", "tied_llama3", "gqa_hd64"})
     EXPECT_NO_THROW(model::load_llama_config(source_dir() + "/tests/golden/data/" + g + "/model"));
+}
+
+// Qwen2/Qwen3's per-layer windows as transformers 5.x derives them: use_sliding_window true puts
+// sliding_window in the layers from max_window_layers on (28 by default), or in those layer_types
+// marks sliding_attention; the export writes them back (use_sliding_window, sliding_window,
+// max_window_layers, layer_types) and reads back the same; the errors name the key. Fresh random
+// layer counts, windows and patterns.
+TEST(LlamaConfigStrict, QwenWindows) {
+  std::mt19937_64 rng(test_seed());
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t L = 1 + static_cast<int64_t>(rng() % 40), w = 1 + static_cast<int64_t>(rng() % 5000);
+    const int64_t mwl = static_cast<int64_t>(rng() % (L + 3)) - 1;  // -1 .. L + 1
+    const std::string type = rng() % 2 ? "qwen2" : "qwen3";
+    std::string j = shape_json("num_hidden_layers", std::to_string(L));
+    j = j.insert(1, "\"model_type\": \"" + type +
+                        "\", \"use_sliding_window\": true, \"sliding_window\": " + std::to_string(w) + ", " +
+                        (trial % 4 ? "\"max_window_layers\": " + std::to_string(mwl) + ", " : ""));
+    const model::LlamaConfig c = from_json(j);
+    const int64_t first = trial % 4 ? std::max<int64_t>(mwl, 0) : 28;  // (28: Qwen2Config's default)
+    int64_t windowed = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      EXPECT_EQ(c.window_of(l), l >= first ? w : 0) << "layer " << l << " of " << j;
+      windowed += l >= first;
+    }
+    EXPECT_EQ(c.windowed_layers(), windowed);
+    EXPECT_EQ(c.sliding_window, windowed > 0 ? w : 0);
+    const model::LlamaConfig back = model::llama_config_from_json(c.to_hf_json(), "export.json");
+    EXPECT_EQ(back.sliding_window, c.sliding_window);
+    for (int64_t l = 0; l < L; ++l) EXPECT_EQ(back.window_of(l), c.window_of(l));
+    if (windowed > 0) { EXPECT_NE(c.describe().find("sliding window " + std::to_string(w)), std::string::npos); }
+  }
+  // layer_types given: as listed, whatever max_window_layers says; a pattern that is not a
+  // suffix survives the export (layer_types is written).
+  const std::string lt = "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\"], ";
+  std::string j3 = shape_json("num_hidden_layers", "3")
+                       .insert(1,
+                               "\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"sliding_window\": 7, "
+                               "\"max_window_layers\": 2, " +
+                                   lt);
+  const model::LlamaConfig c3 = from_json(j3);
+  EXPECT_EQ(c3.window_of(0), 7);
+  EXPECT_EQ(c3.window_of(1), 0);
+  EXPECT_EQ(c3.window_of(2), 7);
+  const Json hf3 = c3.to_hf_json();
+  EXPECT_EQ(hf3.find("max_window_layers")->as_int(), 0);
+  EXPECT_EQ(hf3.find("layer_types")->as_array().at(1).as_string(), "full_attention");
+  const model::LlamaConfig b3 = model::llama_config_from_json(hf3, "export.json");
+  for (int64_t l = 0; l < 3; ++l) EXPECT_EQ(b3.window_of(l), c3.window_of(l));
+  // Refused, naming the key: a sliding layer without a window, another attention type, a
+  // layer_types of the wrong length, a negative window, a window in a Llama config.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"\"model_type\": \"qwen2\", \"use_sliding_window\": false, \"layer_types\": [\"full_attention\", "
+       "\"sliding_attention\"], ",
+       "m.json: layer_types marks"},
+      {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"sliding_window\": 4, \"layer_types\": "
+       "[\"full_attention\", \"chunked_attention\"], ",
+       "m.json: layer_types[1] = \"chunked_attention\""},
+      {"\"model_type\": \"qwen3\", \"use_sliding_window\": true, \"sliding_window\": 4, \"layer_types\": "
+       "[\"full_attention\"], ",
+       "m.json: layer_types must list one entry per layer (2)"},
+      {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"sliding_window\": -3, ",
+       "m.json: sliding_window = -3"},
+      {"\"model_type\": \"qwen2\", \"use_sliding_window\": \"yes\", ",
+       "m.json: use_sliding_window must be true or false"},
+      {"\"layer_types\": [\"sliding_attention\", \"full_attention\"], ", "m.json: layer_types[0] = sliding_attention"}};
+  for (const auto& [insert, want] : bad) {
+    const std::string e = input_error_of([&] { from_json(shape_json().insert(1, insert)); });
+    EXPECT_NE(e.find(want), std::string::npos) << insert << ": " << e;
+  }
+  // model.config beside model.init hf:DIR must agree on the windows too.
+  TempDir dir("cfg-win");
+  fs::create_directories(dir / "hf");
+  write(dir / "hf/config.json", c3.to_hf_json().dump(2));
+  model::LlamaConfig other = c3;
+  other.sliding_layers = {true, true, true};
+  write(dir / "m.json", other.to_hf_json().dump(2));
+  ModelConfig m;
+  m.init = "hf:" + (dir / "hf");
+  m.config = dir / "m.json";
+  const std::string e = input_error_of([&] { model::resolve_llama_config(m); });
+  EXPECT_NE(e.find("layer_types[1] sliding_attention vs full_attention"), std::string::npos) << e;
 }
 
 // model.init hf:DIR: the shape comes from DIR/config.json; a model.config given beside it

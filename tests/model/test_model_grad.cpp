@@ -13,16 +13,24 @@ namespace {
 
 using ops::DType;
 
-// family: "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k norms) or "mistral" (a
-// sliding window of 3).
+// family: "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k norms), "mistral" (a
+// sliding window of 3), "qwen2_window" (qwen2 with a window of 2 in its second layer only) or
+// "dynamic" (rope_scaling dynamic, factor 3, max_position_embeddings 10: the batch's positions
+// reach 21, so the base is rescaled).
 model::LlamaConfig odd_config(bool tied, const std::string& family = "llama") {
   model::LlamaConfig c = llama_config("odd", {12, 2, 3, 1, 6, 10, 11});
   c.rope_theta = 100.0;
   c.tie_word_embeddings = tied;
-  c.model_type = family;
-  c.qkv_bias = family == "qwen2";
+  c.model_type = family == "qwen2_window" ? "qwen2" : family == "dynamic" ? "llama" : family;
+  c.qkv_bias = c.model_type == "qwen2";
   c.qk_norm = family == "qwen3";
-  c.sliding_window = family == "mistral" ? 3 : 0;  // of the 5 tokens of each sequence
+  c.sliding_window = family == "mistral" ? 3 : family == "qwen2_window" ? 2 : 0;  // of the 5 tokens of each sequence
+  if (family == "qwen2_window") c.sliding_layers = {false, true};
+  if (family == "dynamic") {
+    c.rope_scaling.kind = model::RopeScalingKind::Dynamic;
+    c.rope_scaling.factor = 3.0;
+    c.max_position_embeddings = 10;
+  }
   return c;
 }
 
@@ -88,7 +96,8 @@ INSTANTIATE_TEST_SUITE_P(All, ModelGrad,
                                             ::testing::Values(CheckpointPolicy::None, CheckpointPolicy::Layer,
                                                               CheckpointPolicy::AttentionOutput),
                                             ::testing::Values(int64_t{0}, int64_t{3}),
-                                            ::testing::Values("llama", "qwen2", "qwen3", "mistral")));
+                                            ::testing::Values("llama", "qwen2", "qwen3", "mistral", "qwen2_window",
+                                                              "dynamic")));
 
 TEST(ParamLayout, UnitsAndOffsets) {
   const model::ParamLayout untied(odd_config(false)), tied(odd_config(true));

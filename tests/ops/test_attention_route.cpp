@@ -5,6 +5,7 @@
 // the per-op profile's keys of a backend that reports one; which Hopper kernel variant a call
 // takes (kernels/attention_sm90_variants.h).
 #include <map>
+#include <random>
 
 #include "kernels/attention_sm90_variants.h"
 #include "ops/attention_route.h"
@@ -226,6 +227,65 @@ TEST(AttentionRoute, RingBlocks) {
     EXPECT_EQ(ops::attention_fwd_routes(c, det), (Fwd{kFwdKernel}));
     EXPECT_EQ(ops::attention_bwd_routes(overwriting(c), det), (Bwd{AttentionBwdRoute::Kernel}));
   }
+}
+
+// Sliding windows: a call through ops::attention_call keeps the window only where it hides a key
+// from a query of the block; such a call runs on our kernels (the Hopper one first on sm_90), a
+// window that hides nothing routes as before.
+TEST(AttentionRoute, SlidingWindows) {
+  std::mt19937_64 rng(test_seed());
+  auto effective = [](int64_t w, int64_t sq, int64_t sk, int64_t diag) {  // by definition, pair by pair
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t j = 0; j < sk; ++j)
+        if (w > 0 && j <= i + diag - w) return w;
+    return int64_t{0};
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t sq = 1 + static_cast<int64_t>(rng() % 40), sk = 1 + static_cast<int64_t>(rng() % 40);
+    const int64_t diag = static_cast<int64_t>(rng() % 121) - 60, w = static_cast<int64_t>(rng() % 70);
+    EXPECT_EQ(ops::effective_window(w, sq, sk, diag), effective(w, sq, sk, diag))
+        << "w " << w << " sq " << sq << " sk " << sk << " diag " << diag;
+  }
+  EXPECT_EQ(ops::effective_window(4096, 0, 10, 5000), 0);
+  EXPECT_EQ(ops::effective_window(4096, 10, 0, 5000), 0);
+  // Through attention_call: a one-GPU causal square of 128K with Mistral's 4K window keeps it; a
+  // ring's diagonal chunk of 4K does not (every query sees every earlier key of its chunk).
+  float x = 0;
+  const ops::Tensor q(&x, ops::DType::BF16, {1, 131072, 32, 128}), k(&x, ops::DType::BF16, {1, 131072, 8, 128});
+  ops::AttentionBlock blk;
+  blk.window = 4096;
+  const AttentionCall c = ops::attention_call(q, k, blk);
+  EXPECT_EQ(c.window, 4096);
+  EXPECT_FALSE(c.causal_square());
+  EXPECT_FALSE(c.unmasked());
+  const ops::Tensor q4(&x, ops::DType::BF16, {1, 4096, 32, 128}), k4(&x, ops::DType::BF16, {1, 4096, 8, 128});
+  EXPECT_EQ(ops::attention_call(q4, k4, blk).window, 0);
+  EXPECT_TRUE(ops::attention_call(q4, k4, blk).causal_square());
+  blk.causal = false;  // an off-diagonal block 4096 positions before its queries: the window cuts it
+  blk.q_offset = 4096;
+  EXPECT_EQ(ops::attention_call(q4, k4, blk).window, 4096);
+  blk.q_offset = 8192;  // wholly outside: the strategies never call it (documents.h), the router keeps the window
+  EXPECT_EQ(ops::attention_call(q4, k4, blk).window, 4096);
+
+  AttentionRouteOptions hop = opts(false);
+  hop.sm90 = true;
+  for (const AttentionRouteOptions& o : {opts(true), opts(false), opts(true, 0, false), hop}) {
+    const Fwd fwd = o.sm90 ? Fwd{AttentionFwdRoute::Sm90Kernel, kFwdKernel} : Fwd{kFwdKernel};
+    const Bwd bwd =
+        o.sm90 ? Bwd{AttentionBwdRoute::Sm90Kernel, AttentionBwdRoute::Kernel} : Bwd{AttentionBwdRoute::Kernel};
+    for (AttentionCall w : {c, call(2, 700, 900, 28, 4, 128, false, 1500), call(1, 512, 512, 32, 8, 64)}) {
+      w.window = w.window > 0 ? w.window : 333;
+      EXPECT_EQ(ops::attention_fwd_routes(w, o), fwd);
+      EXPECT_EQ(ops::attention_bwd_routes(w, o), bwd);
+      EXPECT_EQ(ops::attention_bwd_routes(overwriting(f32(w)), o), bwd);
+    }
+  }
+  EXPECT_EQ(ops::describe_attention_route(c, hop),
+            "forward: sm90 kernel (window 4096); backward: sm90 kernel (atomic dQ)");
+  AttentionCall none = call(1, 64, 0, 4, 4, 64);
+  none.window = 16;
+  EXPECT_EQ(ops::attention_fwd_routes(none, hop), (Fwd{AttentionFwdRoute::NoKeys}));
+  EXPECT_EQ(ops::attention_bwd_routes(none, hop), (Bwd{AttentionBwdRoute::NoRows}));
 }
 
 TEST(AttentionRoute, OptionsAndEmptyCalls) {

@@ -36,9 +36,31 @@ struct SpCase {
   int64_t groups = 1;
   CheckpointPolicy policy = CheckpointPolicy::Layer;
   bool offload = false;
-  bool documents = false;        // data.document_mask on short packed documents
-  const char* family = nullptr;  // the tiny shape as a "qwen2" (q/k/v biases) or "qwen3" (q/k norms) model
+  bool documents = false;  // data.document_mask on short packed documents
+  // The tiny shape as a "qwen2" (q/k/v biases), "qwen3" (q/k norms), "mistral" (a window of 11),
+  // "mistral3" (a window of 3), "qwen2_window" (use_sliding_window: a window of 4 in layer 1
+  // of 2, layer 0 full) or "dynamic" (rope_scaling dynamic over max_position_embeddings 24: the
+  // frequencies of the whole sequence's length on every rank) model.
+  const char* family = nullptr;
 };
+
+// The model YAML of a family (tiny shape, tied embeddings).
+std::string family_yaml(const std::string& f) {
+  const std::string type = f == "qwen2_window" ? "qwen2" : f == "mistral3" ? "mistral" : f == "dynamic" ? "llama" : f;
+  std::string y = "model_type: " + type +
+                  "\nhidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 4\nnum_key_value_heads: 2\n"
+                  "head_dim: 16\nintermediate_size: 96\nvocab_size: 256\nmax_position_embeddings: " +
+                  (f == "dynamic" ? "24" : "2048") +
+                  "\nrms_norm_eps: 1.0e-6\nrope_theta: 1000000.0\ntie_word_embeddings: true\n";
+  if (f == "mistral") y += "sliding_window: 11\n";
+  if (f == "mistral3") y += "sliding_window: 3\n";
+  if (f == "qwen2_window") y += "use_sliding_window: true\nsliding_window: 4\nmax_window_layers: 1\n";
+  if (f == "dynamic") y += "rope_scaling:\n  rope_type: dynamic\n  factor: 2.0\n";
+  return y;
+}
+bool windowed_family(const char* f) {
+  return f && std::string(f) != "qwen2" && std::string(f) != "qwen3" && std::string(f) != "dynamic";
+}
 
 std::string shared_dir(const dist::Runtime& rt, uint64_t& seed) {
   seed = test_seed();
@@ -76,13 +98,7 @@ void check_case(const SpCase& c) {
   }
   if (c.family) {
     par.model.config = path + "/" + c.family + ".yaml";
-    if (rt.rank() == 0)
-      std::ofstream(par.model.config) << "model_type: " << c.family
-                                      << "\nhidden_size: 64\nnum_hidden_layers: 2\n"
-                                         "num_attention_heads: 4\nnum_key_value_heads: 2\nhead_dim: 16\n"
-                                         "intermediate_size: 96\nvocab_size: 256\nmax_position_embeddings: 2048\n"
-                                         "rms_norm_eps: 1.0e-6\nrope_theta: 1000000.0\ntie_word_embeddings: true\n"
-                                      << (std::string(c.family) == "mistral" ? "sliding_window: 11\n" : "");
+    if (rt.rank() == 0) std::ofstream(par.model.config) << family_yaml(c.family);
     MPI_Barrier(MPI_COMM_WORLD);
   }
   par.data.seq_length = 37;
@@ -125,12 +141,15 @@ void check_case(const SpCase& c) {
   // MFU's share of a causal square's attention pairs: the same global batch, the same share;
   // below 1 with documents or a window, 1 without.
   EXPECT_DOUBLE_EQ(a.attention_share, b.attention_share);
-  const bool windowed = c.family && std::string(c.family) == "mistral";
-  if (c.documents || windowed) {
+  if (c.documents || windowed_family(c.family)) {
     EXPECT_GT(b.attention_share, 0.0);
     EXPECT_LT(b.attention_share, 1.0);
   } else {
     EXPECT_EQ(b.attention_share, 1.0);
+  }
+  if (!c.documents && c.family && std::string(c.family) == "qwen2_window") {
+    // One full layer and one with a window of 4 over 37 tokens: (703 + 1 + 2 + 3 + 4 x 34) / (2 x 703).
+    EXPECT_DOUBLE_EQ(b.attention_share, (703.0 + 142.0) / 1406.0);
   }
   EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss);
   const auto ga = tpar.gradients(), gb = tone.gradients();
@@ -259,12 +278,15 @@ TEST(TrainerSequenceParallel, DataTimesZigzag) {
   check_case({SeqParallelMode::ZigzagRing, 2, 0, 2, 1, CheckpointPolicy::Layer, false, true});
 }
 
-// qwen2 (q/k/v biases), qwen3 (q/k norms) and mistral (a sliding window of 11 of the 37
-// tokens: ring blocks beyond it skipped) models, tied embeddings, in every mode.
+// qwen2 (q/k/v biases), qwen3 (q/k norms), mistral (a sliding window of 11 of the 37 tokens:
+// ring blocks beyond it skipped; and of 3, smaller than a rank's chunk of 5-10 tokens, so
+// whole ring steps and dist_flash offsets are skipped), qwen2 with per-layer windows (a
+// window of 4 in its second layer only) and dynamic-RoPE (each rank holds part of the 37
+// positions, past max_position_embeddings 24) models, tied embeddings, in every mode.
 TEST(TrainerSequenceParallel, QwenEveryMode) {
   int w = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &w);
-  for (const char* f : {"qwen2", "qwen3", "mistral"}) {
+  for (const char* f : {"qwen2", "qwen3", "mistral", "mistral3", "qwen2_window", "dynamic"}) {
     check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, f});
     check_case({SeqParallelMode::DistFlash, 0, 0, 1, 1, CheckpointPolicy::Layer, false, false, f});
     if (w % 2 != 0) continue;  // ulysses (4 heads) and usp (ulysses 2) need an even world
@@ -281,6 +303,13 @@ TEST(TrainerSequenceParallel, DocumentsZigzagRing) {
 }
 TEST(TrainerSequenceParallel, DocumentsDistFlash) {
   check_case({SeqParallelMode::DistFlash, 0, 0, 1, 1, CheckpointPolicy::None, false, true});
+}
+// Documents with per-layer windows, with a window of 3, with dynamic RoPE (its length the
+// longest document: positions restart in each).
+TEST(TrainerSequenceParallel, DocumentsWithWindows) {
+  check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 1, CheckpointPolicy::Layer, false, true, "qwen2_window"});
+  check_case({SeqParallelMode::DistFlash, 0, 0, 1, 1, CheckpointPolicy::AttentionOutput, false, true, "mistral3"});
+  check_case({SeqParallelMode::ZigzagRing, 0, 0, 1, 1, CheckpointPolicy::Layer, false, true, "dynamic"});
 }
 TEST(TrainerSequenceParallel, DocumentsUlysses) {
   check_case({SeqParallelMode::Ulysses, 0, 0, 1, 1, CheckpointPolicy::Layer, false, true});

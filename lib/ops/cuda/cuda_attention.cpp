@@ -38,6 +38,7 @@ kernels::AttentionParams attention_params(const char* op, const Tensor& q, const
   p.scale_log2 = static_cast<float>(blk.scale * 1.4426950408889634);
   p.causal = blk.causal;
   p.diag = blk.q_offset - blk.k_offset;
+  p.window = c.window;  // (0 where the window hides no key from any query of the block)
   return p;
 }
 
@@ -56,6 +57,7 @@ AttentionCall call_of(const kernels::AttentionParams& p, const AttentionBlock& b
   c.diag = p.diag;
   c.f32_grads = f32_grads;
   c.accumulate = blk.accumulate;
+  c.window = p.window;
   return c;
 }
 

@@ -426,20 +426,12 @@ class CudaBackend final : public Backend {
   // ---------------------------------------------------------------- attention (cuda_attention.cpp)
   void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionBlock& blk, const Tensor& o,
                      const Tensor& lse) override {
-    check_no_window(blk);
     attention_->forward(q, k, v, blk, o, lse);
   }
   void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                      const Tensor& dout, const AttentionBlock& blk, const Tensor& dq, const Tensor& dk,
                      const Tensor& dv) override {
-    check_no_window(blk);
     attention_->backward(q, k, v, o, lse, dout, blk, dq, dk, dv);
-  }
-  // The attention kernels, cuDNN graphs and Hopper kernels have no sliding window yet (the
-  // trainer and the evaluations refuse such a model on CUDA first, naming the key).
-  static void check_no_window(const AttentionBlock& blk) {
-    EASYCTX_CHECK(blk.window == 0, "attention (CUDA): a sliding window (", blk.window,
-                  " keys) is not supported on the CUDA backend yet; the CPU backend runs it");
   }
   std::string attention_route(const AttentionCall& c, bool backward) const override {
     return attention_->route(c, backward);
