@@ -10,13 +10,14 @@
 #            xz) and the host libraries the GPU image lacks (device_pack.sh); about 15 MB
 #   there:   [DEADLINE_S=400] [CHECKS="..."] bash bench/run_gpu_checks.sh run   (carry .deps/gpucheck)
 #            -> $OUT/<binary>.txt each, $OUT/summary.txt
-#   CHECKS: space-separated BINARY[:FILTER[:SECONDS]] (default below: the suites the kernels,
-#   the optimizer split and offload, LoRA and sliding windows touch).
+#   CHECKS: space-separated BINARY[%FILTER[%SECONDS]] (a gtest filter holds colons; default
+#   below: the suites the kernels, the optimizer split and offload, LoRA and sliding windows touch).
 set -uo pipefail
+set -f  # (the checks hold gtest patterns: never globbed)
 source "$(dirname "${BASH_SOURCE[0]}")/device_pack.sh"
 D=.deps/gpucheck
-DEFAULT_CHECKS="test_cuda_ops:*:60 test_cuda_trainer:*:200 test_cuda_attention:*:120 test_cuda_windows:*:60 \
-test_cuda_documents:*:60 test_cuda_sp:*:60"
+DEFAULT_CHECKS="test_cuda_ops%*%60 test_cuda_attention%*%120 test_cuda_trainer%*%200 test_cuda_windows%*%60 \
+test_cuda_lora%*%100 test_cuda_documents%*%60 test_cuda_sp%*%60"
 CHECKS=${CHECKS:-$DEFAULT_CHECKS}
 case "${1:-}" in
   prepare)
@@ -24,9 +25,10 @@ case "${1:-}" in
     build=${2:-build}
     bins=()
     for c in $CHECKS; do
-      b=${c%%:*}
+      b=${c%%\%*}
       if [ -x "$build/bin/$b" ]; then bins+=("$b"); else echo "not built, left out: $b"; fi
     done
+    set +f  # (device_pack.sh globs)
     pack_device_dir $D "$build" "${bins[@]}"
     git log -1 --format='%H %s' > $D/commit.txt
     du -sh $D
@@ -39,7 +41,7 @@ case "${1:-}" in
     echo "binaries built at: $(cat $D/commit.txt 2>/dev/null)"
     : > "$OUT/summary.txt"
     for c in $CHECKS; do
-      IFS=: read -r b filter secs <<< "$c"
+      IFS=% read -r b filter secs <<< "$c"
       filter=${filter:-*}
       secs=${secs:-120}
       left=$((T0 + DEADLINE_S - $(date +%s)))
