@@ -12,9 +12,10 @@
 // heads rows) take a lane group of P = pow2(D / 8) <= 32 threads per row (fwd) or per chunk
 // (bwd) instead of a 256-thread block with 240 idle: 256 / P rows or chunks per block, the row's
 // sums by shuffles in the group. The lanes and sums are the block path's (its other lanes add
-// zeros), so the results are bit for bit the same: 1M rows of 128 took 1.2 ms (fwd) and 4.4 ms
-// (bwd, most of it the column sum of 16K chunk partials by one block) on an H100, ~16x the bytes'
-// time. The column sum of many chunks (> kSerialChunks) runs in 32 ordered segments per column.
+// zeros), so the results are bit for bit the same. On the block path, 1M rows of 128 took
+// 1.2 ms (fwd) and 4.4 ms (bwd, most of it the column sum of 16K chunk partials by one block) on
+// an H100 (logging.profile, 2026-12-07), ~16x the bytes' time; the lane groups' time is not
+// measured yet (docs/performance.md). The column sum of many chunks (> kSerialChunks) runs in 32 ordered segments per column.
 #include <initializer_list>
 
 #include "kernels/common.cuh"
