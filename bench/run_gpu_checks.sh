@@ -8,7 +8,7 @@
 #   here:    bash bench/run_gpu_checks.sh prepare [BUILD_DIR]
 #            .deps/gpucheck: the test binaries of CHECKS that exist in BUILD_DIR/bin (stripped,
 #            xz) and the host libraries the GPU image lacks (device_pack.sh); about 15 MB
-#   there:   [DEADLINE_S=400] [CHECKS="..."] bash bench/run_gpu_checks.sh run   (carry .deps/gpucheck)
+#   there:   [DEADLINE_S=540] [CHECKS="..."] bash bench/run_gpu_checks.sh run   (carry .deps/gpucheck)
 #            -> $OUT/<binary>.txt each, $OUT/summary.txt
 #   CHECKS: space-separated BINARY[%FILTER[%SECONDS]] (a gtest filter holds colons; default
 #   below: the suites the kernels, the optimizer split and offload, LoRA and sliding windows touch).
@@ -35,7 +35,7 @@ case "${1:-}" in
     ;;
   run)
     T0=$(date +%s)
-    DEADLINE_S=${DEADLINE_S:-400}
+    DEADLINE_S=${DEADLINE_S:-540}
     unpack_device_dir $D
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     echo "binaries built at: $(cat $D/commit.txt 2>/dev/null)"
