@@ -34,21 +34,13 @@ void offload_layer_inputs(StageConfig& cfg, int64_t k) {
   cfg.activation.offload_layers = k;
 }
 
-// The middle way: the fewest layer inputs that, moved to pinned host memory, let `cfg` fit `t`
-// with the optimizer where cfg puts it, with that plan in `plan`; 0 (plan untouched) when none
-// does, or cfg sets an offload already or keeps no checkpoints. The GPU bytes fall as the count
-// rises and the host bytes grow: the least count that fits the GPU is the only candidate.
-int64_t least_offload_layers(const StageConfig& cfg, const PlanTarget& t, MemoryPlan& plan) {
-  if (cfg.activation.offload != OffloadTarget::None || cfg.activation.checkpoint == CheckpointPolicy::None) return 0;
-  const int64_t layers = detail::plan_model(cfg.model, nullptr).num_layers;
-  if (layers < 2) return 0;
-  const auto plan_with = [&](int64_t k) {
-    StageConfig c = cfg;
-    offload_layer_inputs(c, k);
-    return detail::plan_core(c, t);
-  };
+// The least k in [1, layers - 1] whose plan_with(k) fits the GPU, by bisection (the GPU bytes
+// fall as k rises), with that plan in `plan` when it fits the host too; 0 (plan untouched)
+// when none fits.
+template <class PlanWith>
+int64_t least_count_that_fits(int64_t layers, const PlanWith& plan_with, MemoryPlan& plan) {
   int64_t lo = 1, hi = layers - 1;
-  MemoryPlan at_hi = plan_with(hi);  // the plan with hi layer inputs out, which fits the GPU
+  MemoryPlan at_hi = plan_with(hi);  // the plan at hi, which fits the GPU
   if (!at_hi.gpu_fits) return 0;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
@@ -63,6 +55,22 @@ int64_t least_offload_layers(const StageConfig& cfg, const PlanTarget& t, Memory
   if (!at_hi.fits) return 0;
   plan = std::move(at_hi);
   return hi;
+}
+
+// The middle way: the fewest layer inputs that, moved to pinned host memory, let `cfg` fit `t`
+// with the optimizer where cfg puts it, with that plan in `plan`; 0 (plan untouched) when none
+// does, or cfg sets an offload already or keeps no checkpoints. The GPU bytes fall as the count
+// rises and the host bytes grow: the least count that fits the GPU is the only candidate.
+int64_t least_offload_layers(const StageConfig& cfg, const PlanTarget& t, MemoryPlan& plan) {
+  if (cfg.activation.offload != OffloadTarget::None || cfg.activation.checkpoint == CheckpointPolicy::None) return 0;
+  const int64_t layers = detail::plan_model(cfg.model, nullptr).num_layers;
+  if (layers < 2) return 0;
+  const auto plan_with = [&](int64_t k) {
+    StageConfig c = cfg;
+    offload_layer_inputs(c, k);
+    return detail::plan_core(c, t);
+  };
+  return least_count_that_fits(layers, plan_with, plan);
 }
 
 // The split (stage 0 on a GPU): the fewest last layers whose optimizer state, moved to host
@@ -81,22 +89,7 @@ int64_t least_host_state_layers(const StageConfig& cfg, const PlanTarget& t, Mem
     c.parallel.zero.offload_optimizer_layers = k;
     return detail::plan_core(c, t);
   };
-  int64_t lo = 1, hi = layers - 1;
-  MemoryPlan at_hi = plan_with(hi);
-  if (!at_hi.gpu_fits) return 0;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    MemoryPlan q = plan_with(mid);
-    if (q.gpu_fits) {
-      hi = mid;
-      at_hi = std::move(q);
-    } else {
-      lo = mid + 1;
-    }
-  }
-  if (!at_hi.fits) return 0;
-  plan = std::move(at_hi);
-  return hi;
+  return least_count_that_fits(layers, plan_with, plan);
 }
 
 // A split that leaves more than half the layers' state in host memory (an 8B model at 32K on
