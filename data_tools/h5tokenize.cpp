@@ -4,7 +4,6 @@
 #include <boost/program_options.hpp>
 #include <sentencepiece_processor.h>
 
-#include <csignal>
 #include <filesystem>
 #include <iostream>
 
@@ -166,9 +165,8 @@ int tokenize_main(dist::Runtime& rt, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // A file-size limit (ulimit -f, a batch system's) makes write() fail with EFBIG, which the
-  // shard writer reports naming the file, instead of killing the run by SIGXFSZ mid-shard.
-  std::signal(SIGXFSZ, SIG_IGN);
+  // (run_main ignores SIGXFSZ first: under ulimit -f a write fails with EFBIG, which the shard
+  // writer reports naming the file, instead of the signal killing the run mid-shard.)
   return dist::run_main(argc, argv, [&](dist::Runtime& rt) {
     log_init(LogOptions{rt.rank(), LogLevel::Info, ""});
     return tokenize_main(rt, argc, argv);
