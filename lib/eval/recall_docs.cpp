@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <iterator>
 
 #include "core/error.h"
-#include "core/strings.h"
 
 namespace easyctx::eval {
 namespace {
 
 constexpr const char* kEpisodeNames[] = {"fact", "passkey", "list", "chain"};
-constexpr int kNumEpisodeKinds = 4;
 
 // Attributes: an optional adjective and a noun. Never "special" or "magic": the needle
 // evaluation's attribute is "special magic ... number", which no training text holds.
@@ -233,28 +232,8 @@ const char* episode_kind_name(EpisodeKind k) { return kEpisodeNames[static_cast<
 
 std::map<EpisodeKind, double> parse_episode_mix(const std::string& s) {
   std::map<EpisodeKind, double> m;
-  for (const std::string& item : split(s, ',')) {
-    const std::string t = trim(item);
-    if (t.empty()) continue;
-    const size_t eq = t.find('=');
-    const std::string name = trim(t.substr(0, eq));
-    int k = 0;
-    while (k < kNumEpisodeKinds && name != kEpisodeNames[k]) ++k;
-    EASYCTX_CHECK_INPUT(k < kNumEpisodeKinds, "--mix: unknown episode kind '", name,
-                        "' (choose from fact, passkey, list, chain)");
-    double w = 1;
-    if (eq != std::string::npos) {
-      const std::string v = trim(t.substr(eq + 1));
-      char* end = nullptr;
-      w = std::strtod(v.c_str(), &end);
-      EASYCTX_CHECK_INPUT(!v.empty() && end && *end == '\0' && std::isfinite(w) && w >= 0, "--mix: weight '", v,
-                          "' of ", name, " (must be a number >= 0)");
-    }
-    m[static_cast<EpisodeKind>(k)] = w;
-  }
-  double total = 0;
-  for (const auto& kv : m) total += kv.second;
-  EASYCTX_CHECK_INPUT(total > 0, "--mix: '", s, "' gives no kind a positive weight");
+  for (const auto& kv : parse_mix_weights(s, {std::begin(kEpisodeNames), std::end(kEpisodeNames)}, "episode kind"))
+    m[static_cast<EpisodeKind>(kv.first)] = kv.second;
   return m;
 }
 

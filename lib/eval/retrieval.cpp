@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <set>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace easyctx::eval {
 namespace {
@@ -54,6 +56,34 @@ Task parse_task(std::string_view name) {
 }
 
 bool is_synthetic(Task t) { return t != Task::Needle; }
+
+std::map<int, double> parse_mix_weights(const std::string& s, const std::vector<std::string>& names,
+                                        const std::string& what) {
+  std::map<int, double> m;
+  for (const std::string& item : split(s, ',')) {
+    const std::string t = trim(item);
+    if (t.empty()) continue;
+    const size_t eq = t.find('=');
+    const std::string name = trim(t.substr(0, eq));
+    const int n = static_cast<int>(names.size());
+    int k = 0;
+    while (k < n && name != names[static_cast<size_t>(k)]) ++k;
+    EASYCTX_CHECK_INPUT(k < n, "--mix: unknown ", what, " '", name, "' (choose from ", join(names, ", "), ")");
+    double w = 1;
+    if (eq != std::string::npos) {
+      const std::string v = trim(t.substr(eq + 1));
+      char* end = nullptr;
+      w = std::strtod(v.c_str(), &end);
+      EASYCTX_CHECK_INPUT(!v.empty() && end && *end == '\0' && std::isfinite(w) && w >= 0, "--mix: weight '", v,
+                          "' of ", name, " (must be a number >= 0)");
+    }
+    m[k] = w;
+  }
+  double total = 0;
+  for (const auto& kv : m) total += kv.second;
+  EASYCTX_CHECK_INPUT(total > 0, "--mix: '", s, "' gives no kind a positive weight");
+  return m;
+}
 
 void check_task_options(const TaskOptions& o) {
   EASYCTX_CHECK_INPUT(o.digits >= 1 && o.digits <= 18, "--digits: ", o.digits, " (must be 1..18)");

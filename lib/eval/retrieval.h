@@ -24,6 +24,7 @@
 //               order; every variable that holds n is asked, in chain order
 #pragma once
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <string_view>
@@ -38,6 +39,13 @@ enum class Task { Needle, Passkey, MultiKey, MultiValue, VariableTracking };
 const char* task_name(Task t);           // "needle", "passkey", "multikey", "multivalue", "vt"
 Task parse_task(std::string_view name);  // InputError naming --task and the choices
 bool is_synthetic(Task t);               // every task but the needle
+
+// Parses a --mix value "name=weight,..." (a name alone weighs 1; a later entry of a name wins)
+// over the kinds `names`, a kind's value being its index there. InputError naming --mix: a name
+// not among them (an unknown `what`, the choices listed), a weight that is not a number >= 0,
+// no kind with a positive weight. h5synth's document kinds and h5recall's episode kinds.
+std::map<int, double> parse_mix_weights(const std::string& s, const std::vector<std::string>& names,
+                                        const std::string& what);
 
 struct TaskOptions {
   int digits = 7;       // of every number (needle, pass key, values)

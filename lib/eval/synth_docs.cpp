@@ -2,16 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <set>
 
 #include "core/error.h"
-#include "core/strings.h"
 
 namespace easyctx::eval {
 namespace {
 
 constexpr const char* kKindNames[] = {"text", "needle", "passkey", "multikey", "multivalue", "vt", "kv", "repeat"};
-constexpr int kNumKinds = 8;
 
 // Keys of the kv documents: adjective-noun pairs, as the multi-key task's (distinct words, so
 // a key's tokens do not overlap another's by construction).
@@ -41,28 +40,8 @@ const char* doc_kind_name(DocKind k) { return kKindNames[static_cast<int>(k)]; }
 
 std::map<DocKind, double> parse_mix(const std::string& s) {
   std::map<DocKind, double> m;
-  for (const std::string& item : split(s, ',')) {
-    const std::string t = trim(item);
-    if (t.empty()) continue;
-    const size_t eq = t.find('=');
-    const std::string name = trim(t.substr(0, eq));
-    int k = 0;
-    while (k < kNumKinds && name != kKindNames[k]) ++k;
-    EASYCTX_CHECK_INPUT(k < kNumKinds, "--mix: unknown document kind '", name,
-                        "' (choose from text, needle, passkey, multikey, multivalue, vt, kv, repeat)");
-    double w = 1;
-    if (eq != std::string::npos) {
-      const std::string v = trim(t.substr(eq + 1));
-      char* end = nullptr;
-      w = std::strtod(v.c_str(), &end);
-      EASYCTX_CHECK_INPUT(!v.empty() && end && *end == '\0' && std::isfinite(w) && w >= 0, "--mix: weight '", v,
-                          "' of ", name, " (must be a number >= 0)");
-    }
-    m[static_cast<DocKind>(k)] = w;
-  }
-  double total = 0;
-  for (const auto& kv : m) total += kv.second;
-  EASYCTX_CHECK_INPUT(total > 0, "--mix: '", s, "' gives no kind a positive weight");
+  for (const auto& kv : parse_mix_weights(s, {std::begin(kKindNames), std::end(kKindNames)}, "document kind"))
+    m[static_cast<DocKind>(kv.first)] = kv.second;
   return m;
 }
 
