@@ -27,6 +27,25 @@ void cap_skip_files(TokenizeStats& s) {
   }
 }
 
+// The counters by their JSON key, in the summary file's order: add(), to_json() and merge_json()
+// all go through this one list, so that a new counter cannot be summed but not saved.
+const std::pair<const char*, uint64_t TokenizeStats::*> kCounters[] = {
+    {"records", &TokenizeStats::records},
+    {"blank", &TokenizeStats::blank},
+    {"malformed", &TokenizeStats::malformed},
+    {"empty", &TokenizeStats::empty},
+    {"dropped_short", &TokenizeStats::dropped_short},
+    {"dropped_full", &TokenizeStats::dropped_full},
+    {"byte_order_marks", &TokenizeStats::boms},
+    {"forced_cuts", &TokenizeStats::forced_cuts},
+    {"other_skip_files", &TokenizeStats::other_skip_files},
+    {"other_skips", &TokenizeStats::other_skips},
+    {"bytes", &TokenizeStats::bytes},
+    {"units", &TokenizeStats::units},
+    {"units_skipped", &TokenizeStats::units_skipped},
+    {"shards", &TokenizeStats::shards},
+    {"shards_written", &TokenizeStats::shards_written}};
+
 void add_skips(TokenizeStats& s, const std::string& file, const TokenizeStats::Skips& k) {
   auto [it, fresh] = s.skipped_files.emplace(file, k);
   if (!fresh) {
@@ -49,22 +68,8 @@ void TokenizeStats::add(const TokenizeStats& o) {
     sources[name].tokens += s.tokens;
   }
   for (int b = 0; b < kHistBuckets; ++b) hist[b] += o.hist[b];
-  records += o.records;
-  blank += o.blank;
-  malformed += o.malformed;
-  empty += o.empty;
-  dropped_short += o.dropped_short;
-  dropped_full += o.dropped_full;
-  boms += o.boms;
-  forced_cuts += o.forced_cuts;
-  for (const auto& [file, k] : o.skipped_files) add_skips(*this, file, k);
-  other_skip_files += o.other_skip_files;
-  other_skips += o.other_skips;
-  bytes += o.bytes;
-  units += o.units;
-  units_skipped += o.units_skipped;
-  shards += o.shards;
-  shards_written += o.shards_written;
+  for (const auto& [key, m] : kCounters) this->*m += o.*m;
+  for (const auto& [file, k] : o.skipped_files) add_skips(*this, file, k);  // adds to other_skip* beyond the cap
 }
 
 uint64_t TokenizeStats::total_docs() const {
@@ -89,22 +94,7 @@ std::string TokenizeStats::to_json() const {
   Json j = Json::object();
   j.set("sources", src);
   j.set("length_histogram", h);
-  const std::pair<const char*, uint64_t> counts[] = {{"records", records},
-                                                     {"blank", blank},
-                                                     {"malformed", malformed},
-                                                     {"empty", empty},
-                                                     {"dropped_short", dropped_short},
-                                                     {"dropped_full", dropped_full},
-                                                     {"byte_order_marks", boms},
-                                                     {"forced_cuts", forced_cuts},
-                                                     {"other_skip_files", other_skip_files},
-                                                     {"other_skips", other_skips},
-                                                     {"bytes", bytes},
-                                                     {"units", units},
-                                                     {"units_skipped", units_skipped},
-                                                     {"shards", shards},
-                                                     {"shards_written", shards_written}};
-  for (const auto& [k, v] : counts) j.set(k, v);
+  for (const auto& [key, m] : kCounters) j.set(key, this->*m);
   j.set("skipped_files", files);
   j.set("docs", total_docs());
   j.set("tokens", total_tokens());
@@ -125,11 +115,7 @@ void TokenizeStats::merge_json(const std::string& text) {
     const Json* v = j.find(key);
     return v ? static_cast<uint64_t>(v->as_int()) : uint64_t(0);
   };
-  o.records = n("records"), o.blank = n("blank"), o.malformed = n("malformed"), o.empty = n("empty");
-  o.dropped_short = n("dropped_short"), o.dropped_full = n("dropped_full"), o.boms = n("byte_order_marks");
-  o.forced_cuts = n("forced_cuts"), o.other_skip_files = n("other_skip_files"), o.other_skips = n("other_skips");
-  o.bytes = n("bytes"), o.units = n("units"), o.units_skipped = n("units_skipped"), o.shards = n("shards");
-  o.shards_written = n("shards_written");
+  for (const auto& [key, m] : kCounters) o.*m = n(key);
   if (const Json* f = j.find("skipped_files"))
     for (const auto& [file, k] : f->as_object())
       o.skipped_files[file] =
