@@ -20,6 +20,8 @@
 #include "eval/haystack.h"
 #include "eval/recall_docs.h"
 #include "eval/retrieval.h"
+#include "tool_flags.h"
+#include "tool_shard.h"
 
 namespace po = boost::program_options;
 using namespace easyctx;
@@ -64,14 +66,7 @@ bool parse_recall_flags(int argc, char** argv, RecallCli& c) {
       ("threads", po::value(&c.threads)->default_value(0), "threads (0: OpenMP's default)");
   // clang-format on
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
-    if (vm.count("help")) {
-      std::cout << opts << "\n";
-      return false;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) { EASYCTX_THROW_INPUT(e.what(), " (see h5recall --help)"); }
+  if (!data_tools::parse_flags(argc, argv, opts, nullptr, true, "h5recall", vm)) return false;
   c.o.mix = eval::parse_episode_mix(c.mix);
   eval::check_recall_options(c.o);
   EASYCTX_CHECK_INPUT(c.windows >= 1, "--windows: ", c.windows, " (must be >= 1)");
@@ -83,19 +78,7 @@ bool parse_recall_flags(int argc, char** argv, RecallCli& c) {
 }
 
 data::ShardMeta prepare_output(const std::string& output, const std::string& tokenizer, const data::Tokenizer& tok) {
-  namespace fs = std::filesystem;
-  fs::create_directories(fs::path(output) / "tokenizer");
-  fs::copy_file(tokenizer,
-                fs::path(output) / "tokenizer" / (tok.kind() == "hf-bpe" ? "tokenizer.json" : "tokenizer.model"),
-                fs::copy_options::overwrite_existing);
-  data::ShardMeta meta;
-  meta.tokenizer_name = fs::path(tokenizer).filename().string();
-  meta.tokenizer_sha256 = tok.sha256();
-  meta.vocab_size = tok.vocab_size();
-  meta.bos_id = tok.bos_id();
-  meta.eos_id = tok.eos_id();
-  meta.add_bos = tok.bos_id() >= 0;
-  meta.add_eos = false;
+  data::ShardMeta meta = data_tools::prepare_shard_output(output, tokenizer, tok);
   meta.has_loss_weights = true;
   return meta;
 }
@@ -104,29 +87,21 @@ data::ShardMeta prepare_output(const std::string& output, const std::string& tok
 eval::RecallTally write_windows(const eval::RecallDocs& docs, int64_t n, data::TokenShardWriter& w) {
   eval::RecallTally tally;
   const uint16_t src_lm = w.source_index("lm"), src_recall = w.source_index("recall");
-  const int64_t batch = 256;
-  std::vector<eval::RecallWindow> buf(static_cast<size_t>(batch));
-  std::vector<eval::RecallTally> tallies(static_cast<size_t>(batch));
-  for (int64_t first = 0; first < n; first += batch) {
-    const int64_t m = std::min(batch, n - first);
-    std::exception_ptr failed;  // an exception may not leave an OpenMP region: rethrown after it
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t j = 0; j < m; ++j) {
-      try {
-        tallies[static_cast<size_t>(j)] = eval::RecallTally();
-        buf[static_cast<size_t>(j)] = docs.window(static_cast<uint64_t>(first + j), &tallies[static_cast<size_t>(j)]);
-      } catch (...) {
-#pragma omp critical
-        if (!failed) failed = std::current_exception();
-      }
-    }
-    if (failed) std::rethrow_exception(failed);
-    for (int64_t j = 0; j < m; ++j) {
-      const eval::RecallWindow& win = buf[static_cast<size_t>(j)];
-      tally.add(tallies[static_cast<size_t>(j)]);
-      w.add_document(win.tokens.data(), win.tokens.size(), win.lm ? src_lm : src_recall, win.weights.data());
-    }
-  }
+  struct Built {
+    eval::RecallWindow win;
+    eval::RecallTally tally;
+  };
+  data_tools::build_in_order<Built>(
+      n,
+      [&](uint64_t i) {
+        Built b;
+        b.win = docs.window(i, &b.tally);
+        return b;
+      },
+      [&](const Built& b) {
+        tally.add(b.tally);
+        w.add_document(b.win.tokens.data(), b.win.tokens.size(), b.win.lm ? src_lm : src_recall, b.win.weights.data());
+      });
   return tally;
 }
 

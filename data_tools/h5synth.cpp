@@ -20,6 +20,8 @@
 #include "dist/runtime.h"
 #include "eval/haystack.h"
 #include "eval/synth_docs.h"
+#include "tool_flags.h"
+#include "tool_shard.h"
 
 namespace po = boost::program_options;
 using namespace easyctx;
@@ -74,14 +76,7 @@ bool parse_synth_flags(int argc, char** argv, SynthCli& c) {
   po::options_description opts("h5synth --tokenizer MODEL --output DIR --length S --documents N [options]\noptions");
   add_synth_flags(opts, c);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
-    if (vm.count("help")) {
-      std::cout << opts << "\n";
-      return false;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) { EASYCTX_THROW_INPUT(e.what(), " (see h5synth --help)"); }
+  if (!data_tools::parse_flags(argc, argv, opts, nullptr, true, "h5synth", vm)) return false;
   c.o.mix = eval::parse_mix(c.mix);
   eval::check_synth_options(c.o);
   EASYCTX_CHECK_INPUT(c.documents >= 1, "--documents: ", c.documents, " (must be >= 1)");
@@ -96,25 +91,6 @@ bool parse_synth_flags(int argc, char** argv, SynthCli& c) {
   return true;
 }
 
-// The shard's header, and the tokenizer copied beside it (as h5tokenize keeps it).
-data::ShardMeta prepare_output(const std::string& output, const std::string& tokenizer, const data::Tokenizer& tok) {
-  namespace fs = std::filesystem;
-  fs::create_directories(output);
-  fs::create_directories(fs::path(output) / "tokenizer");
-  fs::copy_file(tokenizer,
-                fs::path(output) / "tokenizer" / (tok.kind() == "hf-bpe" ? "tokenizer.json" : "tokenizer.model"),
-                fs::copy_options::overwrite_existing);
-  data::ShardMeta meta;
-  meta.tokenizer_name = fs::path(tokenizer).filename().string();
-  meta.tokenizer_sha256 = tok.sha256();
-  meta.vocab_size = tok.vocab_size();
-  meta.bos_id = tok.bos_id();
-  meta.eos_id = tok.eos_id();
-  meta.add_bos = tok.bos_id() >= 0;
-  meta.add_eos = false;
-  return meta;
-}
-
 // What was written: documents by kind, and (packed windows) tokens and prompts by kind.
 struct Written {
   std::map<eval::DocKind, int64_t> counts;
@@ -127,34 +103,24 @@ Written write_documents(const eval::SynthDocs& docs, int64_t documents, data::To
   std::map<eval::DocKind, int64_t>& counts = out.counts;
   eval::DocTally& tally = out.tally;
   std::map<eval::DocKind, uint16_t> source;
-  // Batches built in parallel, written in order: the shard does not depend on --threads.
-  const int64_t batch = 256;
-  std::vector<std::vector<uint32_t>> buf(static_cast<size_t>(batch));
-  std::vector<eval::DocKind> kinds(static_cast<size_t>(batch));
-  std::vector<eval::DocTally> tallies(static_cast<size_t>(batch));
-  for (int64_t first = 0; first < documents; first += batch) {
-    const int64_t n = std::min(batch, documents - first);
-    std::exception_ptr failed;  // an exception may not leave an OpenMP region: rethrown after it
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t j = 0; j < n; ++j) {
-      try {
-        tallies[static_cast<size_t>(j)] = eval::DocTally();
-        buf[static_cast<size_t>(j)] = docs.document(static_cast<uint64_t>(first + j), &kinds[static_cast<size_t>(j)],
-                                                    &tallies[static_cast<size_t>(j)]);
-      } catch (...) {
-#pragma omp critical
-        if (!failed) failed = std::current_exception();
-      }
-    }
-    if (failed) std::rethrow_exception(failed);
-    for (int64_t j = 0; j < n; ++j) {
-      const eval::DocKind k = kinds[static_cast<size_t>(j)];
-      tally.add(tallies[static_cast<size_t>(j)]);
-      if (!source.count(k)) source[k] = w.source_index(eval::doc_kind_name(k));
-      ++counts[k];
-      w.add_document(buf[static_cast<size_t>(j)].data(), buf[static_cast<size_t>(j)].size(), source[k]);
-    }
-  }
+  struct Built {
+    std::vector<uint32_t> doc;
+    eval::DocKind kind = eval::DocKind::Text;
+    eval::DocTally tally;
+  };
+  data_tools::build_in_order<Built>(
+      documents,
+      [&](uint64_t i) {
+        Built b;
+        b.doc = docs.document(i, &b.kind, &b.tally);
+        return b;
+      },
+      [&](const Built& b) {
+        tally.add(b.tally);
+        if (!source.count(b.kind)) source[b.kind] = w.source_index(eval::doc_kind_name(b.kind));
+        ++counts[b.kind];
+        w.add_document(b.doc.data(), b.doc.size(), source[b.kind]);
+      });
   return out;
 }
 
@@ -223,7 +189,8 @@ int synth_main(int argc, char** argv) {
   const eval::SynthDocs docs(*tok, o, std::move(hay.tokens), std::move(text.tokens));
 
   namespace fs = std::filesystem;
-  data::TokenShardWriter w((fs::path(output) / "synth.h5").string(), prepare_output(output, tokenizer, *tok));
+  data::TokenShardWriter w((fs::path(output) / "synth.h5").string(),
+                           data_tools::prepare_shard_output(output, tokenizer, *tok));
   const Written wr = write_documents(docs, documents, w);
   Json settings = Json::object();
   settings.set("length", o.length);
