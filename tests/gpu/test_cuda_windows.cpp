@@ -9,28 +9,12 @@
 // bit-identically. Every case runs in each backend mode that picks routes: the trainer's
 // default (atomic, the Hopper kernels on sm_90), train.deterministic, the FA2 kernels alone;
 // each prints the routes its calls took (a windowed call: "sm90 kernel" or "kernel").
-#include <set>
 #include <sstream>
 
-#include "attention/documents.h"
-#include "cuda_test_util.h"
-#include "kernels/attention_sm90.h"
-#include "ops/attention_route.h"
+#include "attention_test_util.h"
 
 namespace easyctx::test {
 namespace {
-
-using attention::DocumentStarts;
-
-DocumentStarts starts_of(const std::vector<int64_t>& lengths) {
-  DocumentStarts s;
-  int64_t at = 0;
-  for (int64_t n : lengths) {
-    s.push_back(at);
-    at += n;
-  }
-  return s;
-}
 
 struct Mode {
   bool cudnn, hopper, deterministic;
@@ -43,37 +27,20 @@ const Mode kModes[] = {
     {false, false, false, "FA2 kernels only, atomic options"},
 };
 
-class CudaWindowsTest : public CudaOpsTest {
+class CudaWindowsTest : public CudaAttentionTest {
  protected:
   // False (with a line saying why) for a Hopper mode on a device that is not sm_90.
   bool use_mode(const Mode& m) {
-    if (m.hopper && !kernels::sm90_device_available()) {
-      std::printf("[path] %s: not an sm_90 device, the mode runs no Hopper kernel; skipped\n", m.what);
-      return false;
-    }
     ops::CudaBackendOptions o;
     o.cudnn_attention = m.cudnn;
     o.sm90_attention = m.hopper;
     o.deterministic = m.deterministic;
-    gpu = ops::make_cuda_backend(o);
-    return true;
-  }
-  void note_route(const ops::AttentionCall& c) {
-    fwd_.insert(gpu->attention_route(c, false));
-    bwd_.insert(gpu->attention_route(c, true));
+    return use_backend(o, m.what);
   }
   void print_routes() {
-    auto join = [](const std::set<std::string>& s) {
-      std::string r;
-      for (const auto& x : s) r += (r.empty() ? "" : ", ") + x;
-      return r;
-    };
-    std::printf("[routes] %s: forward {%s}; backward {%s}; last call %s\n", tag.c_str(), join(fwd_).c_str(),
-                join(bwd_).c_str(), ops::cuda_attention_path(*gpu).c_str());
-    fwd_.clear();
-    bwd_.clear();
+    std::printf("[routes] %s: %s; last call %s\n", tag.c_str(), routes().c_str(),
+                ops::cuda_attention_path(*gpu).c_str());
   }
-  std::set<std::string> fwd_, bwd_;
 };
 
 // ---- LocalAttention: one GPU's whole sequences.
@@ -89,9 +56,7 @@ std::ostream& operator<<(std::ostream& os, const LocalCase& c) {
 
 class CudaLocalWindows : public CudaWindowsTest, public ::testing::WithParamInterface<LocalCase> {
  protected:
-  void run_mode(const LocalCase& c, const Mode& m);
-  std::vector<DocumentStarts> docs_;
-  std::vector<float> q_, k_, v_, dout_, o_, lse_, dq_, dk_, dv_;  // inputs, then the CPU reference
+  void run_mode(const LocalCase& c, const LocalData& d, const Mode& m);
 };
 
 TEST_P(CudaLocalWindows, MatchesReference) {
@@ -99,79 +64,30 @@ TEST_P(CudaLocalWindows, MatchesReference) {
   int64_t total = 0;
   for (int64_t n : c.docs) total += n;
   ASSERT_TRUE(c.docs.empty() || total == c.S);
-  docs_.assign(static_cast<size_t>(c.B), c.docs.empty() ? DocumentStarts{0} : starts_of(c.docs));
-  const DType t = DType::BF16;
-  const int64_t nq = c.B * c.S * c.hq * c.hd, nk = c.B * c.S * c.hkv * c.hd;
-  q_ = rand(nq, t, -2, 2);
-  k_ = rand(nk, t, -2, 2);
-  v_ = rand(nk, t);
-  dout_ = rand(nq, t);
-  o_.assign(static_cast<size_t>(nq), 0);
-  lse_.assign(static_cast<size_t>(c.B * c.hq * c.S), 0);
-  dq_.assign(static_cast<size_t>(nq), -3);
-  dk_.assign(static_cast<size_t>(nk), -3);
-  dv_.assign(static_cast<size_t>(nk), -3);
-  attention::LocalAttention a(*cpu);
-  auto hq = [&](std::vector<float>& x) { return host(x, {c.B, c.S, c.hq, c.hd}); };
-  auto hk = [&](std::vector<float>& x) { return host(x, {c.B, c.S, c.hkv, c.hd}); };
-  const double scale = 1 / std::sqrt(static_cast<double>(c.hd));
-  const attention::AttentionTensors ht{hq(q_), hk(k_),       hk(v_),  hq(o_), host(lse_, {c.B, c.hq, c.S}),
-                                       scale,  docs_.data(), c.window};
-  a.forward(ht);
-  o_ = rounded(o_, t);  // the backward's o: what the GPU holds
-  a.backward(ht, {hq(dout_), hq(dq_), hk(dk_), hk(dv_)});
+  LocalData d;
+  d.B = c.B;
+  d.S = c.S;
+  d.hq = c.hq;
+  d.hkv = c.hkv;
+  d.hd = c.hd;
+  d.window = c.window;
+  d.docs.assign(static_cast<size_t>(c.B), c.docs.empty() ? DocumentStarts{0} : starts_of(c.docs));
+  local_reference(d);
   for (const Mode& m : kModes) {
     if (!use_mode(m)) continue;
     SCOPED_TRACE(m.what);
-    run_mode(c, m);
+    run_mode(c, d, m);
   }
 }
 
-void CudaLocalWindows::run_mode(const LocalCase& c, const Mode& m) {
+void CudaLocalWindows::run_mode(const LocalCase& c, const LocalData& d, const Mode& m) {
   tag = (std::ostringstream() << c << " [" << m.what << "]").str();
-  const DType t = DType::BF16;
-  Buffer bq = upload(q_, t), bk = upload(k_, t), bv = upload(v_, t),
-         bo = gpu->alloc(t, static_cast<int64_t>(o_.size())),
-         bl = gpu->alloc(DType::F32, static_cast<int64_t>(lse_.size()));
-  poison(bo);
-  poison(bl);
-  auto qv = [&](const Buffer& x) { return x.view({c.B, c.S, c.hq, c.hd}); };
-  auto kv = [&](const Buffer& x) { return x.view({c.B, c.S, c.hkv, c.hd}); };
-  attention::LocalAttention a(*gpu);
-  const double scale = 1 / std::sqrt(static_cast<double>(c.hd));
-  a.forward({qv(bq), kv(bk), kv(bv), qv(bo), bl.view({c.B, c.hq, c.S}), scale, docs_.data(), c.window});
-  EXPECT_REL(download(bo), o_, 1e-2);
-  expect_lse_close(download(bl), lse_, tag);
-  // The backward from the reference's o and lse, into poisoned gradients.
-  Buffer bo2 = upload(o_, t), bl2 = upload(lse_, DType::F32), bdo = upload(dout_, t);
-  const attention::AttentionTensors gt{qv(bq), kv(bk),       kv(bv),  qv(bo2), bl2.view({c.B, c.hq, c.S}),
-                                       scale,  docs_.data(), c.window};
-  auto backward = [&](Buffer& dq, Buffer& dk, Buffer& dv) {
-    dq = gpu->alloc(t, static_cast<int64_t>(dq_.size()));
-    dk = gpu->alloc(t, static_cast<int64_t>(dk_.size()));
-    dv = gpu->alloc(t, static_cast<int64_t>(dv_.size()));
-    poison(dq);
-    poison(dk);
-    poison(dv);
-    a.backward(gt, {qv(bdo), qv(dq), kv(dk), kv(dv)});
-  };
-  Buffer dq, dk, dv;
-  backward(dq, dk, dv);
-  EXPECT_REL(download(dq), dq_, 3e-2);
-  EXPECT_REL(download(dk), dk_, 3e-2);
-  EXPECT_REL(download(dv), dv_, 3e-2);
-  if (m.deterministic) {  // bit-identical on a rerun
-    Buffer dq2, dk2, dv2;
-    backward(dq2, dk2, dv2);
-    EXPECT_EQ(download_bits(dq2), download_bits(dq));
-    EXPECT_EQ(download_bits(dk2), download_bits(dk));
-    EXPECT_EQ(download_bits(dv2), download_bits(dv));
-  }
+  check_local(d, m.deterministic);
   ops::AttentionBlock blk;
-  blk.scale = scale;
+  blk.scale = 1 / std::sqrt(static_cast<double>(c.hd));
   blk.window = c.window;
   blk.accumulate = false;
-  for (const attention::DocumentPart& p : attention::visible_parts(&docs_[0], blk, c.S, c.S)) {
+  for (const attention::DocumentPart& p : attention::visible_parts(&d.docs[0], blk, c.S, c.S)) {
     ops::AttentionCall call{c.B, p.q_len, p.k_len, c.hq, c.hkv, c.hd, p.causal, p.q_row - p.k_row};
     call.window = ops::effective_window(c.window, p.q_len, p.k_len, p.q_row - p.k_row);
     call.accumulate = false;
@@ -214,45 +130,19 @@ std::ostream& operator<<(std::ostream& os, const BlockCase& c) {
 class CudaBlockWindows : public CudaWindowsTest, public ::testing::WithParamInterface<BlockCase> {
  protected:
   void run_mode(const BlockCase& c, const Mode& m);
-  void backward(const BlockCase& c, const ops::AttentionBlock& blk, DType gt);
-  std::vector<float> q_, k_, v_, o_, lse_;
   DocumentStarts docs_;
-  Buffer bq_, bk_, bv_;
 };
 
 void CudaBlockWindows::run_mode(const BlockCase& c, const Mode& m) {
   tag = (std::ostringstream() << c << " [" << m.what << "]").str();
-  const DType t = DType::BF16;
   docs_ = c.docs.empty() ? DocumentStarts{0} : starts_of(c.docs);
-  const int64_t nq = c.sq * c.hq * c.hd, nk = c.sk * c.hkv * c.hd;
-  q_ = rand(nq, t, -2, 2);
-  k_ = rand(nk, t, -2, 2);
-  v_ = rand(nk, t);
   ops::AttentionBlock blk;
   blk.scale = 1 / std::sqrt(static_cast<double>(c.hd));
   blk.causal = c.causal;
   blk.q_offset = c.q_off;
   blk.k_offset = c.k_off;
   blk.window = c.window;
-  o_.assign(static_cast<size_t>(nq), 0);
-  lse_.assign(static_cast<size_t>(c.hq * c.sq), 0);
-  const bool seen = attention::masked_attention_fwd(*cpu, &docs_, host(q_, {1, c.sq, c.hq, c.hd}),
-                                                    host(k_, {1, c.sk, c.hkv, c.hd}), host(v_, {1, c.sk, c.hkv, c.hd}),
-                                                    blk, host(o_, {1, c.sq, c.hq, c.hd}), host(lse_, {1, c.hq, c.sq}));
-  bq_ = upload(q_, t);
-  bk_ = upload(k_, t);
-  bv_ = upload(v_, t);
-  Buffer bo = gpu->alloc(t, nq), bl = gpu->alloc(DType::F32, c.hq * c.sq);
-  poison(bo);
-  poison(bl);
-  const bool gseen = attention::masked_attention_fwd(*gpu, &docs_, bq_.view({1, c.sq, c.hq, c.hd}),
-                                                     bk_.view({1, c.sk, c.hkv, c.hd}), bv_.view({1, c.sk, c.hkv, c.hd}),
-                                                     blk, bo.view({1, c.sq, c.hq, c.hd}), bl.view({1, c.hq, c.sq}));
-  EXPECT_EQ(gseen, seen);
-  EXPECT_REL(download(bo), o_, 1e-2);
-  expect_lse_close(download(bl), lse_, tag);
-  o_ = rounded(o_, t);
-  for (DType gt : {DType::BF16, DType::F32}) backward(c, blk, gt);
+  check_block({c.sq, c.sk, c.hq, c.hkv, c.hd}, docs_, blk);
   for (const attention::DocumentPart& p : attention::visible_parts(&docs_, blk, c.sq, c.sk)) {
     const int64_t diag = (c.q_off + p.q_row) - (c.k_off + p.k_row);
     ops::AttentionCall call{1, p.q_len, p.k_len, c.hq, c.hkv, c.hd, p.causal, diag};
@@ -260,32 +150,6 @@ void CudaBlockWindows::run_mode(const BlockCase& c, const Mode& m) {
     note_route(call);
   }
   print_routes();
-}
-
-// Accumulates onto random starting gradients of type gt (bf16, or f32: a ring's accumulators).
-void CudaBlockWindows::backward(const BlockCase& c, const ops::AttentionBlock& blk, DType gt) {
-  const DType t = DType::BF16;
-  const int64_t nq = c.sq * c.hq * c.hd, nk = c.sk * c.hkv * c.hd;
-  auto dout = rand(nq, t), dq0 = rand(nq, gt, -0.05, 0.05), dk0 = rand(nk, gt, -0.05, 0.05),
-       dv0 = rand(nk, gt, -0.05, 0.05);
-  auto dq = dq0, dk = dk0, dv = dv0;
-  attention::masked_attention_bwd(
-      *cpu, &docs_, host(q_, {1, c.sq, c.hq, c.hd}), host(k_, {1, c.sk, c.hkv, c.hd}), host(v_, {1, c.sk, c.hkv, c.hd}),
-      host(o_, {1, c.sq, c.hq, c.hd}), host(lse_, {1, c.hq, c.sq}), host(dout, {1, c.sq, c.hq, c.hd}), blk,
-      host(dq, {1, c.sq, c.hq, c.hd}), host(dk, {1, c.sk, c.hkv, c.hd}), host(dv, {1, c.sk, c.hkv, c.hd}));
-  Buffer bo = upload(o_, t), bl = upload(lse_, DType::F32), bdo = upload(dout, t), bdq = upload(dq0, gt),
-         bdk = upload(dk0, gt), bdv = upload(dv0, gt);
-  auto qv = [&](const Buffer& x) { return x.view({1, c.sq, c.hq, c.hd}); };
-  auto kv = [&](const Buffer& x) { return x.view({1, c.sk, c.hkv, c.hd}); };
-  attention::masked_attention_bwd(*gpu, &docs_, qv(bq_), kv(bk_), kv(bv_), qv(bo), bl.view({1, c.hq, c.sq}), qv(bdo),
-                                  blk, qv(bdq), kv(bdk), kv(bdv));
-  const std::string base = tag;
-  tag = base + (gt == DType::F32 ? " f32 grads" : " bf16 grads");
-  const auto gdq = download(bdq), gdk = download(bdk), gdv = download(bdv);
-  EXPECT_ACCUMULATED(gdq, dq, dq0);
-  EXPECT_ACCUMULATED(gdk, dk, dk0);
-  EXPECT_ACCUMULATED(gdv, dv, dv0);
-  tag = base;
 }
 
 TEST_P(CudaBlockWindows, MatchesReference) {
