@@ -23,6 +23,8 @@ using ops::DType;
 using ops::MemSpace;
 using ops::Tensor;
 
+inline bool have_gpu() { return ops::cuda_device_count() > 0; }
+
 class CudaOpsTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -26,22 +26,13 @@
 #include "dist/groups.h"
 #include "model/llama.h"
 #include "ops/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
 #include "ops/half.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
 
 namespace easyctx::test {
 namespace {
-
-using ops::Buffer;
-using ops::DType;
-using ops::Tensor;
-
-bool have_gpu() { return ops::cuda_device_count() > 0; }
-
-std::unique_ptr<dist::Comm> self_comm(const char* name) {
-  return dist::make_comm(MPI_COMM_SELF, name, dist::CommBackend::Mpi, 60);
-}
 
 // head_dim 64 (what the CUDA attention takes), GQA 4/2, odd vocabulary.
 std::string write_config(const std::string& path, const std::string& family) {

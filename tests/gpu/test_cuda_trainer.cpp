@@ -27,6 +27,7 @@
 #include "dist/groups.h"
 #include "model/llama.h"
 #include "ops/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
 #include "ops/half.h"
 #include "plan/memory_plan.h"
 #include "train/train_test_util.h"
@@ -34,12 +35,6 @@
 
 namespace easyctx::test {
 namespace {
-
-using ops::Buffer;
-using ops::DType;
-using ops::Tensor;
-
-bool have_gpu() { return ops::cuda_device_count() > 0; }
 
 // A Llama with head_dim 64 and GQA (4 query heads on 2 KV heads), small enough for the CPU;
 // head_dim 128: 2 query heads on 1 KV head (the head dim of llama2-7b and llama3-8b, which the
@@ -337,10 +332,6 @@ TEST_P(CudaGolden, MatchesTransformersInBf16) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaGolden, ::testing::Values("gqa", "tied_llama3", "gqa_hd64"));
-
-std::unique_ptr<dist::Comm> self_comm(const char* name) {
-  return dist::make_comm(MPI_COMM_SELF, name, dist::CommBackend::Mpi, 60);
-}
 
 std::vector<double> flat(const std::vector<std::vector<float>>& units) {
   std::vector<double> v;

@@ -20,10 +20,6 @@ namespace {
 
 using plan::MemoryPlan;
 
-std::unique_ptr<dist::Comm> self_comm(const char* name) {
-  return dist::make_comm(MPI_COMM_SELF, name, dist::CommBackend::Mpi, 60);
-}
-
 int64_t phase_alloc(const MemoryPlan& p, const std::string& name) {
   for (const plan::PhaseTotal& ph : p.phases)
     if (ph.name == name) return ph.alloc_bytes;

@@ -22,10 +22,6 @@
 namespace easyctx::test {
 namespace {
 
-std::unique_ptr<dist::Comm> self_comm(const char* name) {
-  return dist::make_comm(MPI_COMM_SELF, name, dist::CommBackend::Mpi, 60);
-}
-
 std::vector<float> weights(const train::Trainer& t) {
   std::vector<float> w;
   for (const ops::Tensor& u : t.master()) w.insert(w.end(), u.ptr<float>(), u.ptr<float>() + u.numel());

@@ -13,9 +13,15 @@
 
 #include "core/config.h"
 #include "data/shard.h"
+#include "dist/groups.h"
 #include "test_util.h"
 
 namespace easyctx::test {
+
+// This rank alone, as an MPI communicator named `name` (a one-rank trainer's world and dp).
+inline std::unique_ptr<dist::Comm> self_comm(const char* name) {
+  return dist::make_comm(MPI_COMM_SELF, name, dist::CommBackend::Mpi, 60);
+}
 
 class TempDir {
  public:
