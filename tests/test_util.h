@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace easyctx::test {
 
@@ -80,6 +81,15 @@ inline int run_shell(const std::string& cmd, std::string& out) {
   const int st = pclose(p);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+// A metrics.jsonl record without its wall-clock fields (what two runs of the same steps
+// differ in), as JSON text.
+inline std::string without_wall_clock(const Json& record) {
+  Json k = Json::object();
+  for (const auto& [key, v] : record.as_object())
+    if (key != "tokens_per_s" && key != "fwd_bwd_s" && key != "elapsed" && key != "host_peak_gib") k.set(key, v);
+  return k.dump();
+}
+
 // ../shared/fixtures/... relative to the source tree.
 inline std::string shared_fixture(const std::string& rel) { return source_dir() + "/../shared/fixtures/" + rel; }
 

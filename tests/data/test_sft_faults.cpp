@@ -111,12 +111,7 @@ std::vector<Json> records(const std::string& path) {
 // metrics.jsonl without its wall-clock fields.
 std::vector<std::string> metrics_of(const std::string& run) {
   std::vector<std::string> out;
-  for (const Json& j : records(run + "/metrics.jsonl")) {
-    Json k = Json::object();
-    for (const auto& [key, v] : j.as_object())
-      if (key != "tokens_per_s" && key != "fwd_bwd_s" && key != "elapsed" && key != "host_peak_gib") k.set(key, v);
-    out.push_back(k.dump());
-  }
+  for (const Json& j : records(run + "/metrics.jsonl")) out.push_back(test::without_wall_clock(j));
   return out;
 }
 

@@ -73,10 +73,7 @@ std::vector<std::string> metrics_of(const std::string& run) {
   for (const std::string& line : split(text, '\n')) {
     if (line.empty()) continue;
     const Json j = parse_json(line, run + "/metrics.jsonl");
-    Json k = Json::object();
-    for (const auto& [key, v] : j.as_object())
-      if (key != "tokens_per_s" && key != "fwd_bwd_s" && key != "elapsed" && key != "host_peak_gib") k.set(key, v);
-    out.push_back(k.dump());
+    out.push_back(without_wall_clock(j));
   }
   return out;
 }
