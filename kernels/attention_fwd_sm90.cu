@@ -419,7 +419,7 @@ struct RowMask {
   int m0;      // the tile's first row
   int kbase;   // the first key loaded (a sliding window skips the tiles before n_first)
   int lim[2];  // last visible key of rows row0 (half 0) and row0 + 8 (half 1)
-  int first;   // first visible key of row0 (0 without a window; in [-8, Sk]); row0 + 8's: first + 8
+  int first;   // first visible key of row0, in [-8, Sk] (-8 without a window); row0 + 8's: first + 8
 };
 
 // -inf on the keys of the n-th loaded tile (keys kbase + 128 n ..) that a row does not see (only
@@ -560,7 +560,8 @@ __device__ __forceinline__ void consumer(FwdSmem<HD, NC>& sh, const FwdArgs& a, 
     const int n_end = key_tiles<NC>(a, t.m_block) - n_first;  // key tiles loaded
     const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;     // this thread's rows: row0 (half 0), row0 + 8 (half 1)
     const long long first = static_cast<long long>(row0) + a.wdiag + 1;  // (64-bit: no overflow)
-    RowMask rm{m0, n_first * kBlockN, {}, a.windowed ? static_cast<int>(min(max(first, -8ll), 1ll * a.sk)) : 0};
+    // (Without a window -8, not 0: row0 + 8's bound is first + 8, which must hide no key.)
+    RowMask rm{m0, n_first * kBlockN, {}, a.windowed ? static_cast<int>(min(max(first, -8ll), 1ll * a.sk)) : -8};
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) rm.lim[hf] = a.causal ? min(row0 + 8 * hf + a.diag, a.sk - 1) : a.sk - 1;
 

@@ -106,6 +106,9 @@ INSTANTIATE_TEST_SUITE_P(Windows, CudaLocalWindows,
                              // more work tiles than SMs, ragged last tiles).
                              LocalCase{1, 1500, 8, 2, 64, 1, {}}, LocalCase{1, 4100, 8, 2, 128, 1500, {}},
                              LocalCase{1, 4100, 16, 2, 64, 700, {}},
+                             // Windows of whole key tiles (128: the Hopper kernels' tile, two of FA2's; 256 at hd 64,
+                             // whose Hopper query tiles are 192 rows): the left edge on a tile boundary.
+                             LocalCase{1, 1000, 8, 2, 128, 128, {}}, LocalCase{1, 1100, 8, 2, 64, 256, {}},
                              // Packed documents and a window (documents longer and shorter than it).
                              LocalCase{1, 1200, 8, 2, 64, 129, {1, 2, 17, 333, 500, 347}},
                              LocalCase{2, 900, 28, 4, 128, 64, {700, 1, 3, 64, 132}},
