@@ -16,8 +16,12 @@ set -uo pipefail
 set -f  # (the checks hold gtest patterns: never globbed)
 source "$(dirname "${BASH_SOURCE[0]}")/device_pack.sh"
 D=.deps/gpucheck
-DEFAULT_CHECKS="test_cuda_ops%*%60 test_cuda_attention%*%120 test_cuda_trainer%*%200 test_cuda_windows%*%60 \
-test_cuda_lora%*%100 test_cuda_documents%*%60 test_cuda_sp%*%60"
+# In the order of what most runs depend on (the deadline cuts the tail): the Hopper attention
+# kernels' own suites (every variant; the path of every causal head-dim-128 call on sm_90), the
+# routed attention, the windows, the ops (RMSNorm lane groups, LM head), then whole models.
+DEFAULT_CHECKS="test_cuda_attention_sm90%*%60 test_cuda_attention_sm90_bwd%*%60 test_cuda_attention%*%90 \
+test_cuda_windows%*%60 test_cuda_ops%*%50 test_cuda_trainer%*%150 test_cuda_lora%*%80 test_cuda_documents%*%50 \
+test_cuda_sp%*%40"
 CHECKS=${CHECKS:-$DEFAULT_CHECKS}
 case "${1:-}" in
   prepare)
