@@ -136,5 +136,14 @@ rc=$?
 
 bash "$src/bench/extension_seeds.sh" collect "$work/seeds.md" "$out" > /dev/null || fail "extension_seeds.sh collect"
 grep -q "seeds $seed" "$work/seeds.md" && grep -q "^| s2-1k |" "$work/seeds.md" || fail "extension_seeds.sh collect: $(cat "$work/seeds.md")"
+# A seed run without the ablation arm (ABLATION=0, as seeds 2 and 3 run): its tables, and the
+# collection of it beside one with the arm, end well (no arm is no error under pipefail).
+cp -r "$out" "$work/noabl" && rm -rf "$work"/noabl/eval/abl-* "$work/noabl/targets.txt"
+bash "$src/bench/extension_seeds.sh" tables "$work/noabl" cpu > "$work/noabl.log" 2>&1 || fail "extension_seeds.sh tables without an ablation: $(tail -3 "$work/noabl.log")"
+[ "$(grep -cE '^(PASS|FAIL) ' "$work/noabl/targets.txt")" -eq 6 ] && ! grep -q "^INFO" "$work/noabl/targets.txt" ||
+  fail "targets.txt without an ablation: $(cat "$work/noabl/targets.txt")"
+bash "$src/bench/extension_seeds.sh" collect "$work/seeds2.md" "$out" "$work/noabl" > /dev/null 2>&1 ||
+  fail "extension_seeds.sh collect of runs with and without the ablation"
+grep -q "^Runs: 2 " "$work/seeds2.md" || fail "extension_seeds.sh collect of two runs: $(head -3 "$work/seeds2.md")"
 echo "$((SECONDS - t0)) s"
 echo "PASS"
