@@ -1,6 +1,6 @@
 // Stage configuration: one typed struct per YAML section, defaults here, every key
-// registered (type, range, default, documentation) in config_schema.cpp, which is the only
-// place that parses and validates. docs/config.md is generated from that registry
+// registered (type, range, default, documentation) in config_schema_*.cpp; config_schema.cpp
+// is the only place that parses and validates. docs/config.md is generated from that registry
 // (`easyctx_train --config-doc`) and a test keeps the two identical.
 #pragma once
 #include <cstdint>

@@ -1,6 +1,6 @@
-// The mechanics of the stage-config key registry (lib/core/config_schema.cpp holds the keys):
+// The mechanics of the stage-config key registry (lib/core/config_schema_*.cpp hold the keys):
 // a field per key with its type, allowed values, documentation and the setter/getter that
-// parse and print it. Included by config_schema.cpp only.
+// parse and print it. Included by config_schema*.cpp only.
 #pragma once
 
 #include <algorithm>
@@ -30,7 +30,7 @@ struct EnumChoice {
 // settings. kGlobalBatch: how the global batch is split (its size is a training setting, the
 // split is not). kRun: where and how the run goes (devices, layout, memory, output, logging,
 // where a new run starts), which a resume may change freely. Set per group of keys in
-// config_schema.cpp (Registry::role), so a key added to a training group is one by default.
+// config_schema*.cpp (Registry::role), so a key added to a training group is one by default.
 enum class KeyRole { kTraining, kGlobalBatch, kRun };
 
 struct Field {

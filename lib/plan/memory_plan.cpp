@@ -1,26 +1,20 @@
+// The memory plan of a run (plan_memory's core, plan_core) and of an evaluation
+// (plan_inference): the run resolved from the config and the target, its buffers walked
+// (plan_items.h), and every phase's totals, peaks and what they fit in.
 #include "plan/memory_plan.h"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
-#include <map>
 
-#include "ckpt/safetensors.h"
+#include "attention/strategy.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/strings.h"
-#include "dist/groups.h"
 #include "model/llama.h"
-#include "model/param_layout.h"
-#include "attention/strategy.h"
-#include "plan/plan_detail.h"
 #include "ops/scratch.h"
-#include "plan/recorder.h"
-#include "zero/param_store.h"
-#include "zero/shard_layout.h"
+#include "plan/plan_items.h"
 
 namespace easyctx::plan {
-using model::BufferSpec;
 
 const char* to_string(Ranks r) {
   switch (r) {
@@ -33,256 +27,23 @@ const char* to_string(Ranks r) {
 
 namespace {
 
+using detail::add_recorded;
+using detail::attention_items;
+using detail::Group;
+using detail::group_specs;
+using detail::Items;
+using detail::op_scratch_items;
+using detail::parameter_items;
+using detail::process_and_backend_items;
+using detail::process_items;
+using detail::reduction_items;
+using detail::Run;
+using detail::save_items;
+using detail::step_items;
+using detail::workspace_formula;
+using detail::workspace_label;
 using ops::DType;
 
-std::string num(int64_t v) { return std::to_string(v); }
-
-// ---------------------------------------------------------------------------------------
-// The run being planned: model, shapes, layout.
-// ---------------------------------------------------------------------------------------
-struct Run {
-  const StageConfig& cfg;
-  std::string note;  // how the model was resolved, when the reader should know (plan_model)
-  model::LlamaConfig mc;
-  model::ParamLayout layout;
-  dist::GroupLayout groups;
-  bool cuda = false;
-  bool sm90 = false;         // the attention's Hopper routes (train.hopper_attention on an sm_90 target)
-  DType dtype = DType::F32;  // activations and working parameters
-  int64_t elem_bytes = 4;    // bytes per activation element
-  int64_t params = 0;        // parameters
-  int64_t trained = 0;       // of them, those that train (LoRA: the adapters and the trainable copies)
-  int64_t batch = 1;         // sequences per micro-batch
-  int64_t seq = 0;           // local tokens per sequence (this rank's part of the sequence)
-  int64_t tokens = 0;        // batch x seq
-  int64_t zero_group = 1;    // ZeRO-3 shard group size (1: no sharding)
-  std::string dev;           // where the backend allocates: "gpu" (CUDA) or "host" (CPU)
-
-  explicit Run(const StageConfig& c)
-      : cfg(c), mc(detail::plan_model(c.model, &note)), layout(mc, model::lora_spec(c.lora)) {}
-  Run(const StageConfig& c, const model::LlamaConfig& m) : cfg(c), mc(m), layout(mc, model::lora_spec(c.lora)) {}
-  bool zero3() const { return cfg.parallel.zero.stage == 3; }
-  bool offload_opt() const { return cfg.parallel.zero.offload_optimizer && cuda; }
-  // offload_optimizer_layers: some units' state on the device (the store's own rule).
-  bool split_opt() const {
-    const int64_t k = cfg.parallel.zero.offload_optimizer_layers;
-    return offload_opt() && !zero3() && k > 0 && k < mc.num_layers;
-  }
-  // ZeRO-3's cut of the units over zero_group ranks (every rank's shards have the same lengths).
-  zero::ShardLayout shards() const { return zero::ShardLayout(layout, static_cast<int>(zero_group), 0); }
-};
-
-// ---------------------------------------------------------------------------------------
-// Items.
-// ---------------------------------------------------------------------------------------
-class Items {
- public:
-  std::vector<PlanItem> list;
-  std::vector<std::string> phase_order{"init", "step"};
-
-  void persistent(const std::string& when, const std::string& name, const std::string& where, int64_t bytes,
-                  const std::string& formula, bool tracked = true) {
-    if (bytes > 0) list.push_back({name, where, bytes, formula, false, when, tracked});
-  }
-  void transient(const std::string& phase, const std::string& name, const std::string& where, int64_t bytes,
-                 const std::string& formula, bool tracked = true, Ranks ranks = Ranks::Every) {
-    if (bytes <= 0) return;
-    if (std::find(phase_order.begin(), phase_order.end(), phase) == phase_order.end()) phase_order.push_back(phase);
-    list.push_back({name, where, bytes, formula, true, phase, tracked, ranks});
-  }
-};
-
-// Same-label buffers as one item: "label" with the bytes summed and their count.
-void add_recorded(Items& it, bool transient, const std::string& phase, const std::vector<AllocRecorder::Entry>& entries,
-                  const std::string& where, bool tracked, const std::string& source) {
-  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> groups;  // label -> (bytes, count)
-  for (const AllocRecorder::Entry& e : entries) {
-    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == e.what; });
-    if (g == groups.end()) g = groups.insert(groups.end(), {e.what, {0, 0}});
-    g->second.first = checked_add(g->second.first, e.bytes, "the plan: " + e.what);
-    g->second.second += 1;
-  }
-  for (const auto& [what, bc] : groups) {
-    const std::string f = num(bc.second) + (bc.second == 1 ? " buffer" : " buffers") + " (replay of " + source + ")";
-    if (transient) it.transient(phase, what, where, bc.first, f, tracked);
-    else it.persistent(phase, what, where, bc.first, f, tracked);
-  }
-}
-
-// data.document_mask: documents that cut every block of every strategy (a border inside each
-// quarter of this rank's tokens, at odd positions), so the replay allocates what a packed
-// window's partial blocks do (the LSE scratch of masked_attention_fwd/bwd); else none.
-std::vector<attention::DocumentStarts> plan_documents(const Run& r) {
-  if (!r.cfg.data.document_mask) return {};
-  const int64_t global = attention::sequence_split(r.groups).padded_length(r.cfg.data.seq_length);
-  attention::DocumentStarts starts{0};
-  for (int64_t p = std::max<int64_t>(1, r.seq / 4) + 1; p < global; p += std::max<int64_t>(2, r.seq / 4))
-    starts.push_back(p);
-  return std::vector<attention::DocumentStarts>(static_cast<size_t>(r.batch), starts);
-}
-
-// The attention phase's transient items (forward or backward): the stage's strategy
-// (attention/strategy.h, head groups included) runs on a recording backend over recording
-// communicators of the groups' sizes, on this rank's q, k, v, o, LSE (the model's workspace,
-// counted there); what it allocates beyond them, at its peak, with the CUDA backend's
-// attention scratch of each block (ops/attention_route.h), is the phase. tiled: the training
-// model, which tiles its attention block over activation.attention_head_groups itself and
-// calls the inner strategy on one group's heads (LlamaModel::attention_forward_grouped);
-// else (forward_score) the strategy in head groups on every head. A model with a sliding window
-// replays the attention of its windowed layers and of its full ones (qwen2's per-layer windows)
-// and takes the larger phase.
-std::vector<AllocRecorder::Entry> replay_attention(const Run& r, bool backward, std::vector<std::string>& routes,
-                                                   bool tiled, int64_t window, std::string* name);
-void attention_items(const Run& r, bool backward, Items& it, std::vector<std::string>& routes, bool tiled) {
-  std::vector<AllocRecorder::Entry> peak;
-  int64_t peak_bytes = -1;
-  std::string name;
-  std::vector<int64_t> windows;  // the layers' windows (0: full attention)
-  if (r.mc.windowed_layers() < r.mc.num_layers) windows.push_back(0);
-  if (r.mc.windowed_layers() > 0) windows.push_back(r.mc.sliding_window);
-  for (const int64_t window : windows) {
-    std::vector<AllocRecorder::Entry> e = replay_attention(r, backward, routes, tiled, window, &name);
-    int64_t bytes = 0;
-    for (const AllocRecorder::Entry& x : e) bytes += x.bytes;
-    if (bytes > peak_bytes) peak = std::move(e), peak_bytes = bytes;
-  }
-  add_recorded(it, true, backward ? "attention backward" : "attention forward", peak, r.dev, true,
-               "lib/attention/" + name);
-}
-
-// One replay of attention_items: the buffers at the attention phase's peak for layers of this window.
-std::vector<AllocRecorder::Entry> replay_attention(const Run& r, bool backward, std::vector<std::string>& routes,
-                                                   bool tiled, int64_t window, std::string* name) {
-  AllocRecorder inputs, rec;
-  RecordingOptions ro;
-  ro.space = r.cuda ? MemSpace::Device : MemSpace::Host;
-  ro.cuda_scratch = r.cuda;
-  ro.deterministic = r.cfg.train.deterministic;
-  ro.sm90 = r.sm90;
-  ro.routes = &routes;
-  const std::unique_ptr<ops::Backend> in = make_recording_backend(inputs, ro), be = make_recording_backend(rec, ro);
-  const dist::GroupLayout& g = r.groups;
-  const MemSpace cs = r.cuda ? MemSpace::Device : MemSpace::Host;
-  const int ring = g.mode == SeqParallelMode::Usp ? g.sp_size / std::max(1, g.ulysses_size) : g.sp_size;
-  const auto sp = make_recording_comm("sp", g.sp_size, 0, cs), rg = make_recording_comm("ring", ring, 0, cs);
-  const auto ul = make_recording_comm("ulysses", std::max(1, g.ulysses_size), 0, cs);
-  const int64_t G = tiled ? r.cfg.activation.attention_head_groups : 1;
-  StageConfig cfg = r.cfg;
-  if (tiled) cfg.activation.attention_head_groups = 1;
-  const std::shared_ptr<attention::SequenceAttention> attn =
-      attention::make_sequence_attention(cfg, g, {*sp, *rg, *ul}, *be);
-  const int64_t B = r.batch, S = r.seq, hq = r.mc.num_heads / G, hkv = r.mc.num_kv_heads / G, hd = r.mc.head_dim;
-  const DType lse_t = DType::F32;
-  std::vector<ops::Buffer> bufs;
-  auto tensor = [&](DType t, std::initializer_list<int64_t> dims) {
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
-    bufs.push_back(in->alloc(t, n));
-    return bufs.back().view(dims);
-  };
-  const std::vector<attention::DocumentStarts> docs = plan_documents(r);
-  const attention::AttentionTensors t{tensor(r.dtype, {B, S, hq, hd}),
-                                      tensor(r.dtype, {B, S, hkv, hd}),
-                                      tensor(r.dtype, {B, S, hkv, hd}),
-                                      tensor(r.dtype, {B, S, hq, hd}),
-                                      tensor(lse_t, {B, hq, S}),
-                                      1.0 / std::sqrt(static_cast<double>(hd)),
-                                      docs.empty() ? nullptr : docs.data(),
-                                      window};
-  rec.begin_phase();
-  if (backward) {
-    const attention::AttentionGrads gr{tensor(r.dtype, {B, S, hq, hd}), tensor(r.dtype, {B, S, hq, hd}),
-                                       tensor(r.dtype, {B, S, hkv, hd}), tensor(r.dtype, {B, S, hkv, hd})};
-    attn->backward(t, gr);
-  } else {
-    attn->forward(t);
-  }
-  *name = attn->name();
-  return rec.peak_extra();
-}
-
-// ---------------------------------------------------------------------------------------
-// The model's workspace, grouped for the table ("acts.3.h1" -> "acts.*.h1").
-// ---------------------------------------------------------------------------------------
-struct Group {
-  std::string key;
-  DType dtype;
-  int64_t numel = 0;  // per buffer
-  int64_t count = 0;
-  bool pinned_host = false;  // offloaded checkpoints (BufferSpec::pinned_host)
-  std::string shape, label;  // BufferSpec's, from where the model allocates the buffer
-};
-
-std::vector<Group> group_specs(const std::vector<BufferSpec>& specs) {
-  std::vector<Group> out;
-  for (const BufferSpec& s : specs) {
-    std::string key;
-    for (const std::string& part : split(s.name, '.')) {
-      const bool digits = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
-      key += (key.empty() ? "" : ".") + (digits ? std::string("*") : part);
-    }
-    auto it = std::find_if(out.begin(), out.end(), [&](const Group& g) { return g.key == key && g.numel == s.numel; });
-    if (it == out.end()) out.push_back({key, s.dtype, s.numel, 1, s.pinned_host, s.shape, s.label});
-    else ++it->count;
-  }
-  return out;
-}
-
-std::string workspace_label(const Group& g) {
-  std::string name = "workspace " + g.key + (g.label.empty() ? "" : ": " + g.label);
-  if (g.count > 1) name += " x" + num(g.count);
-  return name;
-}
-
-std::string workspace_formula(const Group& g) {
-  return (g.count > 1 ? num(g.count) + " x " : "") + (g.shape.empty() ? num(g.numel) : g.shape) + " x " +
-         num(static_cast<int64_t>(ops::element_size(g.dtype)));
-}
-
-// LlamaModel::workspace_specs for the run (the trainer's model options).
-std::vector<BufferSpec> model_buffers(const Run& r) {
-  return model::LlamaModel::workspace_specs(r.mc, model::options_for(r.cfg, r.cuda), r.dtype, r.batch, r.seq, true);
-}
-
-// ---------------------------------------------------------------------------------------
-// The parameter store and the model, replayed.
-// ---------------------------------------------------------------------------------------
-// The model's construction and the parameter store's set-up (zero/param_store.h: the state
-// this rank keeps, then allocate_step_buffers) run on recording backends: what is live
-// afterwards is the persistent set of "init"; what the set-up frees on the way (none today:
-// ZeRO-3 loads only its shards) would make the init phase's peak, one item per memory.
-void parameter_items(const Run& r, const PlanTarget& t, Items& it) {
-  AllocRecorder dev, host;
-  RecordingOptions ro;
-  ro.space = r.cuda ? MemSpace::Device : MemSpace::Host;
-  ro.pinned = r.cuda ? &host : nullptr;
-  ro.deterministic = r.cfg.train.deterministic;
-  const std::unique_ptr<ops::Backend> be = make_recording_backend(dev, ro);
-  zero::StoreOptions so = zero::store_options(r.cfg);
-  so.host_backend = [&host] { return make_recording_backend(host, {}); };
-  const MemSpace cs = r.cuda ? MemSpace::Device : MemSpace::Host;  // NCCL with CUDA, else MPI
-  const int W = t.world(), G = r.groups.sp_size > 1 ? W : r.groups.dp_size, R = W / static_cast<int>(r.zero_group);
-  const auto world = make_recording_comm("world", W, 0, cs), grads = make_recording_comm("grads", G, 0, cs);
-  const auto zero = make_recording_comm("zero", static_cast<int>(r.zero_group), 0, cs);
-  const auto replica = make_recording_comm("zero_replica", R, 0, cs);
-  {
-    const model::LlamaModel model(r.mc, *be, r.dtype, model::options_for(r.cfg, r.cuda));
-    const std::unique_ptr<zero::ParamStore> store = zero::make_param_store(
-        r.layout, *be, r.dtype, so, {world.get(), grads.get(), zero.get(), R > 1 ? replica.get() : nullptr});
-    store->allocate_step_buffers();
-    const std::string src = r.zero3() ? "zero/sharded_store.cpp" : "zero/replicated_store.cpp";
-    add_recorded(it, false, "init", dev.live(), r.dev, true, src);
-    add_recorded(it, false, "init", host.live(), "host", !r.cuda, src);
-    it.transient("init", "parameter set-up: buffers freed before the first step", r.dev,
-                 dev.peak_bytes() - dev.live_bytes(), "peak of the replay of " + src);
-    it.transient("init", "parameter set-up: host buffers freed before the first step", "host",
-                 host.peak_bytes() - host.live_bytes(), "peak of the replay of " + src, false);
-  }
-}
-
-// ---------------------------------------------------------------------------------------
-// The plan's parts, phase by phase.
-// ---------------------------------------------------------------------------------------
 Run run_of(const StageConfig& cfg, const PlanTarget& t, const model::LlamaConfig* mc = nullptr) {
   EASYCTX_CHECK(t.backend != DeviceKind::Auto, "plan_memory: the target's backend must be resolved (cpu or cuda)");
   validate_activation(cfg);
@@ -312,180 +73,6 @@ Run run_of(const StageConfig& cfg, const PlanTarget& t, const model::LlamaConfig
   return r;
 }
 
-// The process and the backend: calibrated constants and the CUDA backend's own buffers; one
-// rule for the training and the inference plans. The host baseline is this program's own
-// footprint when the plan is made in it, before it allocates (the trainer plans first thing;
-// --plan for the CPU backend; an evaluation program's session on the CPU): the libraries it
-// links (a CUDA build maps cuDNN, cuBLASLt and NCCL even for the CPU backend), MPI, the config.
-// On CUDA the driver's host side comes later, with the context: the calibrated constant bounds it.
-void process_and_backend_items(const Run& r, const PlanTarget& t, Items& it) {
-  if (r.cuda) {
-    it.persistent("init", "CUDA context, cuBLASLt/cuDNN handles, NCCL (constant)", "gpu", kCudaContextBytes,
-                  "kCudaContextBytes (calibrated; not a backend allocation)", false);
-    for (const ops::ScratchBuffer& b : ops::cuda_own_bytes().list())
-      it.persistent("init", b.name, "gpu", b.bytes, b.formula);
-  }
-  const int64_t fixed = r.cuda ? kHostBaselineCudaBytes : kHostBaselineCpuBytes;
-  const bool measured = t.process_bytes > fixed;
-  it.persistent("init", "process baseline (program, libraries, MPI" + std::string(r.cuda ? ", CUDA host side)" : ")"),
-                "host", measured ? t.process_bytes : fixed,
-                measured ? "VmRSS of this process before allocating (measured)"
-                : r.cuda ? "kHostBaselineCudaBytes (calibrated)"
-                         : "kHostBaselineCpuBytes (calibrated)",
-                false);
-}
-
-void process_items(const Run& r, const PlanTarget& t, Items& it) {
-  process_and_backend_items(r, t, it);
-  // Loading the weights (ParamStore::load_master, read_checkpoint): each unit's part this rank
-  // keeps (stage 0: the whole unit; ZeRO-3: its shard) is read into the state where that is
-  // host memory (the CPU backend, offload_optimizer), else through a host staging of one part.
-  const zero::ShardLayout sl = r.shards();
-  auto part = [&](size_t u) { return r.zero3() ? sl.len(u) : r.layout.units()[u].numel; };
-  if (r.cuda && (!r.offload_opt() || r.split_opt())) {  // (a split: the units whose state is on the GPU)
-    int64_t most = 0;
-    for (size_t u = 0; u < r.layout.num_units(); ++u)
-      if (!r.layout.units()[u].frozen) most = std::max(most, part(u));
-    it.transient("init", "host staging of one unit's part being loaded (f32)", "host", 4 * most,
-                 r.zero3() ? "4 x max ceil(unit / Z)" : "4 x largest unit", false);
-  }
-  // LoRA's frozen units: f32 read and converted to bf16 on the host, a chunk at a time.
-  int64_t frozen = 0;
-  for (size_t u = 0; u < r.layout.num_units(); ++u)
-    if (r.layout.units()[u].frozen) frozen = std::max(frozen, std::min(part(u), kOffloadChunkElems));
-  if (r.cuda && frozen > 0)
-    it.transient("init", "host staging of a frozen unit's chunk being loaded (f32 + bf16)", "host", 6 * frozen,
-                 "6 x min(largest frozen unit part, 2^24)", false);
-  // model.init hf:DIR: SafetensorsReader::read_range's buffer (disk bytes of the elements read,
-  // at most kReadChunkBytes at once; F64 on disk at most).
-  if (starts_with(r.cfg.model.init, "hf:")) {
-    int64_t largest = 0;
-    for (const model::ParamUnit& u : r.layout.units())
-      for (const model::ParamTensor& pt : u.tensors) largest = std::max(largest, pt.numel);
-    const int64_t kept = r.zero3() ? std::min(largest, r.shards().max_len()) : largest;
-    it.transient("init", "safetensors read buffer (model.init hf:)", "host",
-                 std::min<int64_t>(8 * kept, static_cast<int64_t>(ckpt::SafetensorsReader::kReadChunkBytes)),
-                 "min(8 x largest tensor part read, SafetensorsReader::kReadChunkBytes)", false);
-  }
-}
-
-// From the first step on: the micro-batch and the model's workspace.
-void step_items(const Run& r, Items& it) {
-  const int64_t n = r.tokens;
-  if (r.cuda)
-    it.persistent("step", "micro-batch on the device (tokens, positions, labels)", "gpu", 3 * 4 * n, "3 x 4 x n");
-  // Per sequence: its sample id and its document starts (a vector of one start, 32 bytes with
-  // its header; with data.document_mask at most one 8-byte start per token of the window).
-  const bool docs = r.cfg.data.document_mask;
-  const int64_t per_seq = docs ? 40 + 8 * r.cfg.data.seq_length : 40;
-  const int64_t mb = checked_mul<int64_t>(r.cfg.train.grad_accum, 3 * 4 * n + per_seq * r.batch,
-                                          "the plan: loader micro-batch bytes, train.grad_accum x (12 n + starts)");
-  it.persistent("step", "loader micro-batches (int32 tokens, positions, labels; document starts)", "host", mb,
-                docs ? "grad_accum x (3 x 4 x n + (40 + 8 L) B)" : "grad_accum x (3 x 4 x n + 40 B)", false);
-  for (const Group& g : group_specs(model_buffers(r))) {
-    const int64_t each = checked_mul(g.numel, static_cast<int64_t>(ops::element_size(g.dtype)), "the plan: " + g.key);
-    const int64_t all = checked_mul(g.count, each, "the plan: " + g.key);
-    const std::string f = workspace_formula(g);
-    if (g.pinned_host) {  // activation.offload cpu: Backend::alloc_host_pinned (a backend buffer on the CPU)
-      it.persistent("step", workspace_label(g) + (r.cuda ? " (offloaded, pinned)" : " (offloaded)"), "host", all, f,
-                    !r.cuda);
-      continue;
-    }
-    it.persistent("step", workspace_label(g), r.dev, all, f);
-  }
-}
-
-// The backends' scratch inside the other ops, from the functions they size it with (ops/scratch.h).
-void op_scratch_items(const Run& r, Items& it) {
-  auto scratch = [&](const std::string& phase, const std::vector<ops::ScratchBuffer>& bufs, bool tracked) {
-    for (const ops::ScratchBuffer& b : bufs) it.transient(phase, b.name, r.dev, b.bytes, b.formula, tracked);
-  };
-  const int64_t n = r.tokens, V = r.mc.vocab_size, tile = r.cfg.activation.lm_head_tile;
-  if (!r.cuda) {  // cpu::lm_head_loss keeps its tile and the per-token NLL on the heap (not backend buffers)
-    scratch("LM head + loss", ops::cpu_lm_head_scratch(n, V, tile, 4).list(), false);
-    return;
-  }
-  scratch("LM head + loss", ops::cuda_lm_head_scratch(n, V, tile, true, true).list(), true);
-  scratch("RMSNorm backward", ops::rmsnorm_bwd_scratch(n, r.mc.hidden_size).list(), true);
-  scratch("embedding backward", ops::embedding_bwd_scratch(n).list(), true);
-  scratch("gradient clip", ops::sum_squares_scratch().list(), true);
-}
-
-// Gradient reduction over MPI (the CPU backend): MpiComm sums floats in rank order through
-// heap copies, unit by unit: all_reduce holds the padded send, the received blocks and its
-// own block; reduce_scatter the received blocks (then the replicas' all_reduce).
-void reduction_items(const Run& r, const PlanTarget& t, Items& it) {
-  if (r.cuda) return;
-  int64_t unit = 0, len = 0;  // (the trainable units: LoRA's frozen ones have no gradient)
-  const zero::ShardLayout sl = r.shards();
-  for (size_t u = 0; u < r.layout.num_units(); ++u)
-    if (!r.layout.units()[u].frozen) {
-      unit = std::max(unit, r.layout.units()[u].numel);
-      len = std::max(len, sl.len(u));
-    }
-  auto all_reduce = [](int64_t count, int64_t ranks) {
-    const int64_t block = (count + ranks - 1) / ranks;
-    return 4 * (2 * block * ranks + block);
-  };
-  const int64_t G = r.groups.sp_size > 1 ? t.world() : r.groups.dp_size, R = t.world() / r.zero_group;
-  int64_t bytes = 0;
-  if (!r.zero3() && G > 1) bytes = all_reduce(unit, G);
-  if (r.zero3() && r.zero_group > 1) bytes = 4 * len * r.zero_group;
-  if (r.zero3() && R > 1) bytes = std::max(bytes, all_reduce(len, R));
-  it.transient("gradient reduce", "MPI rank-ordered sum buffers (heap, largest unit)", "host", bytes,
-               r.zero3() ? "4 x Z x ceil(unit / Z)" : "4 x (2 G + 1) x ceil(unit / G), G = ranks summing", false);
-}
-
-// Host staging of checkpoints and the export (CUDA stage 0: the slices this rank writes).
-void save_items(const Run& r, const PlanTarget& t, Items& it) {
-  const OutputConfig& out = r.cfg.output;
-  const zero::ShardLayout sl = r.shards();
-  int64_t trained_len = 0, trained_max = 0;  // (LoRA: the trainable units' shards only)
-  for (size_t u = 0; u < r.layout.num_units(); ++u)
-    if (!r.layout.units()[u].frozen) {
-      trained_len += sl.len(u);
-      trained_max = std::max(trained_max, sl.len(u));
-    }
-  if (r.cuda && (!r.offload_opt() || r.split_opt()) && (out.save_final || out.save_every > 0)) {
-    const int64_t W = t.world();
-    const int64_t state = r.zero3() ? trained_len : (r.trained + W - 1) / W;
-    const std::string f = r.zero3() ? "3 x 4 x sum ceil(unit / Z)" : "3 x 4 x P / W (the slices this rank writes)";
-    it.transient("checkpoint save", "host staging of master, m, v (f32)", "host", 12 * state, f, false);
-  }
-  if (!out.export_hf) return;
-  // The HF export (Trainer::save_hf): rank 0 holds the whole fp32 model (ParamStore::
-  // master_host_at_root) and writes it one safetensors file of at most 5 GB at a time, each
-  // built in memory (ckpt::write_safetensors_sharded).
-  // (LoRA: the trainable units only, into one adapter file)
-  const bool lora = r.layout.lora().enabled();
-  const int64_t disk = r.cfg.output.hf_dtype == "bf16" ? 2 : 4, P = r.trained;
-  const int64_t file = lora ? disk * P : std::min<int64_t>(disk * P, int64_t{5} << 30);
-  const std::string phase = r.zero3() ? "HF export (gather)" : "HF export (rank 0)";
-  const char* what = lora ? " trainable" : "";
-  if (!r.zero3()) {
-    it.transient(phase, std::string("the whole") + what + " master weights copied for the export (f32, heap)", "host",
-                 4 * P, "4 P", false, Ranks::Root);
-  } else {  // every unit gathered in turn; rank 0 keeps each, the others one at a time
-    const int64_t Z = r.zero_group;
-    it.transient(phase, std::string("the whole") + what + " master weights gathered on rank 0 (f32, heap)", "host",
-                 4 * Z * trained_len, "4 x Z x sum ceil(unit / Z)", false, Ranks::Root);
-    if (t.world() > 1)
-      it.transient(phase, "one unit gathered (f32, heap; rank 0 keeps them all)", "host", 4 * Z * trained_max,
-                   "4 x Z x max ceil(unit / Z)", false, Ranks::Others);
-    if (r.cuda)
-      it.transient(phase, "one unit gathered on the device (f32)", "gpu", 4 * r.zero_group * trained_max,
-                   "4 x Z x max ceil(unit / Z)");
-  }
-  it.transient(phase,
-               lora ? "the adapter file being written (in memory)" : "a safetensors file being written (in memory)",
-               "host", file,
-               lora ? std::to_string(disk) + " P (P: the trainable parameters)"
-                    : "min(" + std::to_string(disk) + " P, 5 GiB): the writer's shards",
-               false, Ranks::Root);
-}
-
-// Every phase's totals: the persistent items of its time (init's, or all from the first step
-// on) plus its own transient ones; the peaks over phases and what they fit in.
 // The keys that shape a plan, with their values (MemoryPlan::settings).
 Json settings_of(const StageConfig& c) {
   Json s = Json::object();
@@ -536,6 +123,8 @@ std::string lora_note(const Run& r) {
          " trainable parameters keep fp32 master weights, gradients and Adam moments";
 }
 
+// Every phase's totals: the persistent items of its time (init's, or all from the first step
+// on) plus its own transient ones; the peaks over phases and what they fit in.
 MemoryPlan totals(const Run& r, const PlanTarget& t, const Items& it, std::vector<std::string> routes) {
   MemoryPlan p;
   p.settings = settings_of(r.cfg);
