@@ -11,7 +11,8 @@
 #   there:   [DEADLINE_S=540] [CHECKS="..."] bash bench/run_gpu_checks.sh run   (carry .deps/gpucheck)
 #            -> $OUT/<binary>.txt each, $OUT/summary.txt
 #   CHECKS: space-separated BINARY[%FILTER[%SECONDS]] (a gtest filter holds colons; default
-#   below: the suites the kernels, the optimizer split and offload, LoRA and sliding windows touch).
+#   below: the suites the kernels, the optimizer split and offload, LoRA, sliding windows and the
+#   evaluations' forward (forward_score, dynamic RoPE per item) touch).
 set -uo pipefail
 set -f  # (the checks hold gtest patterns: never globbed)
 source "$(dirname "${BASH_SOURCE[0]}")/device_pack.sh"
@@ -21,7 +22,7 @@ D=.deps/gpucheck
 # routed attention, the windows, the ops (RMSNorm lane groups, LM head), then whole models.
 DEFAULT_CHECKS="test_cuda_attention_sm90%*%60 test_cuda_attention_sm90_bwd%*%60 test_cuda_attention%*%90 \
 test_cuda_windows%*%60 test_cuda_ops%*%50 test_cuda_trainer%*%150 test_cuda_lora%*%80 test_cuda_documents%*%50 \
-test_cuda_sp%*%40"
+test_cuda_eval%CudaEval.*%40 test_cuda_sp%*%40"
 CHECKS=${CHECKS:-$DEFAULT_CHECKS}
 case "${1:-}" in
   prepare)

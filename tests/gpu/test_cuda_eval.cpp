@@ -2,7 +2,8 @@
 //  - CudaEval.*: LlamaModel::forward_score in bf16 against the training forward on the same
 //    backend (the NLL sum within 1e-3: the same ops, rounding of the same bf16 values) and
 //    against the fp32 CPU model (2e-2), its workspace as planned; a whole session on the GPU
-//    against one on the CPU, and its memory plan beside the measured peak.
+//    against one on the CPU (also of a dynamic-RoPE model, items longer and shorter than its
+//    max_position_embeddings in turn), and its memory plan beside the measured peak.
 //  - CudaEvalTwoGpus.* (mpirun -np 2, 2 GPUs, NCCL): zigzag_ring, ulysses and dist_flash over
 //    two GPUs and two data-parallel GPUs against one GPU.
 // head_dim 64: the CUDA attention takes head dims 64 and 128.
@@ -134,11 +135,19 @@ void expect_close(const std::vector<std::vector<eval::SpanScore>>& got,
   EXPECT_LT(worst, tol) << what;
 }
 
-TEST(CudaEval, SessionOnTheGpuMatchesTheCpu) {
-  if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+// The session on the GPU against one on the CPU; `dynamic`: a dynamic-RoPE model whose
+// max_position_embeddings (64) the requests of 517 and 300 tokens pass and that of 61 does not,
+// in that order: each item's frequencies uploaded for its own length, the last back to the
+// default table (a table left from a longer item would change every span's NLL).
+void expect_session_matches_cpu(bool dynamic) {
   uint64_t seed = 0;
-  const model::LlamaConfig cfg = hd64_config();
-  const std::string dir = shared_dir("cuda-eval", seed, [&](const std::string& d) {
+  model::LlamaConfig cfg = hd64_config();
+  if (dynamic) {
+    cfg.max_position_embeddings = 64;
+    cfg.rope_scaling.kind = model::RopeScalingKind::Dynamic;
+    cfg.rope_scaling.factor = 16.0;
+  }
+  const std::string dir = shared_dir(dynamic ? "cuda-eval-dynamic" : "cuda-eval", seed, [&](const std::string& d) {
     auto w = random_weights(cfg, 11);
     std::vector<Tensor> v;
     for (auto& u : w)
@@ -154,13 +163,24 @@ TEST(CudaEval, SessionOnTheGpuMatchesTheCpu) {
   o.device = DeviceKind::Cuda;
   o.mlp_tile = 128;
   auto s = eval::open_session(o, self);
-  expect_close(s->score_spans(reqs), want, 2e-2, "session cuda (bf16) vs cpu (f32)");
+  expect_close(s->score_spans(reqs), want, 2e-2,
+               dynamic ? "session cuda (bf16) vs cpu (f32), dynamic RoPE" : "session cuda (bf16) vs cpu (f32)");
   const plan::MemoryPlan p = eval::plan_session(o, 517, {}, 1, 1);
   const eval::SessionStats st = s->stats();
   std::printf("[memory] %s\n", plan::compare_line(p, {0, st.alloc_peak_bytes, 0}, -1, st.device_used_bytes).c_str());
   EXPECT_NEAR(static_cast<double>(st.alloc_peak_bytes), static_cast<double>(p.alloc_peak_bytes),
               0.25 * static_cast<double>(p.alloc_peak_bytes));
   std::filesystem::remove_all(dir);
+}
+
+TEST(CudaEval, SessionOnTheGpuMatchesTheCpu) {
+  if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  expect_session_matches_cpu(false);
+}
+
+TEST(CudaEval, DynamicRopeSessionOnTheGpuMatchesTheCpu) {
+  if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  expect_session_matches_cpu(true);
 }
 
 class CudaEvalTwoGpus : public ::testing::TestWithParam<std::pair<SeqParallelMode, int>> {};
