@@ -137,14 +137,14 @@ case "${1:-}" in
     if part 2; then
       t "2. 32K and 64K: easyctx, then the peer ($(left) s left)"
       RUNS="llama3-8b:32768 llama3-8b:65536" STEPS=3 PEER=0 BIN=$BIN CFG=$CFG RESULTS=$R \
-        timeout $(budget 300) bash bench/run_train.sh --set data.path=$D/kjv --set activation.checkpoint=auto
+        timeout -s KILL $(budget 300) bash bench/run_train.sh --set data.path=$D/kjv --set activation.checkpoint=auto
       timeout $(budget 200) python3 bench/peer_hf_lora.py --runs llama3-8b:32768,llama3-8b:65536 --steps 2 \
         2>/dev/null | grep '^{' | tee -a "$R"
     fi
     if part 3; then
       t "3. the long context: a 2-layer slice at $LONG tokens ($(left) s left)"
       RUNS="$D/llama3-8b-2layers.yaml:$LONG" STEPS=2 PEER=0 BIN=$BIN CFG=$CFG RESULTS=$R \
-        timeout $(budget 40) bash bench/run_train.sh --set data.path=$D/kjv $LONG_SETS
+        timeout -s KILL $(budget 40) bash bench/run_train.sh --set data.path=$D/kjv $LONG_SETS
       "$BIN" $CFG --plan --set data.seq_length=$LONG --set data.path=$D/kjv $LONG_SETS --set activation.offload_layers=$K \
         > "$OUT/lora_plan.txt" 2>&1
       echo "the whole model at $LONG tokens here (the first $K layer inputs in host memory):"
