@@ -52,7 +52,7 @@ case "${1:-}" in
     left=$((T0 + ${DEADLINE_S:-585} - $(date +%s)))
     t "qwen2.5-7b at 64K and the peer (${left} s left)"
     [ $left -gt 150 ] && RUNS=qwen2.5-7b:65536 STEPS=3 PEER=1 BIN=$D/bin/easyctx_train PEER_SCRIPT=$D/peer_hf_llama.py \
-      LAUNCH="timeout $((left / 2))" timeout $((left - 5)) bash bench/run_train.sh --set data.path=$D/kjv
+      LAUNCH="timeout -s KILL $((left / 2))" timeout $((left - 5)) bash bench/run_train.sh --set data.path=$D/kjv
     t done
     ;;
   collect)

@@ -7,9 +7,11 @@
 #
 #   here:    bash bench/run_gpu_checks.sh prepare [BUILD_DIR]
 #            .deps/gpucheck: the test binaries of CHECKS that exist in BUILD_DIR/bin (stripped,
-#            xz) and the host libraries the GPU image lacks (device_pack.sh); about 15 MB
+#            xz) and the host libraries the GPU image lacks (device_pack.sh); about 23 MB
 #   there:   [DEADLINE_S=540] [CHECKS="..."] bash bench/run_gpu_checks.sh run   (carry .deps/gpucheck)
-#            -> $OUT/<binary>.txt each, $OUT/summary.txt
+#            -> $OUT/summary.txt, $OUT/logs.tar.gz (NN-<binary>.txt of each check that ended; a call
+#            brings back at most 8 files of $OUT, and there are 10 binaries), and $OUT/<binary>.txt
+#            of the one running when the call was cut short
 #   CHECKS: space-separated BINARY[%FILTER[%SECONDS]] (a gtest filter holds colons; default
 #   below: the suites the kernels, the optimizer split and offload, LoRA, sliding windows and the
 #   evaluations' forward (forward_score, dynamic RoPE per item) touch).
@@ -45,6 +47,8 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     echo "binaries built at: $(cat $D/commit.txt 2>/dev/null)"
     : > "$OUT/summary.txt"
+    logs=/tmp/gpucheck-logs
+    rm -rf "$logs" && mkdir -p "$logs" && n=0
     for c in $CHECKS; do
       IFS=% read -r b filter secs <<< "$c"
       filter=${filter:-*}
@@ -68,6 +72,8 @@ case "${1:-}" in
       printf '%-24s rc %-3s passed %-3s failed %-3s skipped %-3s %s\n' "$b" "$rc" "$passed" "$failed" "$skipped" \
         "$( [ "$rc" = 124 ] && echo '(timed out)')" | tee -a "$OUT/summary.txt"
       grep '^\[  FAILED  \] .*(' "$OUT/$b.txt" | head -n 10
+      n=$((n + 1))  # (numbered: CHECKS may name a binary twice, with two filters)
+      mv "$OUT/$b.txt" "$logs/$(printf %02d $n)-$b.txt" && tar -C "$logs" -czf "$OUT/logs.tar.gz" .
     done
     echo "== [$(($(date +%s) - T0)) s] summary"
     cat "$OUT/summary.txt"

@@ -114,6 +114,9 @@ case "${1:-}" in
     t() { echo "== [$(($(date +%s) - T0)) s] $*"; }
     left() { echo $((DEADLINE - $(date +%s))); }
     budget() { local b=$(($(left) - $1)); echo $((b > 30 ? b : 30)); }  # seconds for a part, leaving $1
+    # At most $1 seconds, ending by DEADLINE + 60 (part 4 comes after part 3 has used all but 40 s
+    # of the deadline: its own 60 + 120 s would end past the call's 600 s).
+    upto() { local b=$(($(left) + 60)); b=$((b > 10 ? b : 10)); echo $((b < $1 ? b : $1)); }
     unpack_device_dir $D
     BIN=$D/bin/easyctx_train
     R=$OUT/lora_results.jsonl
@@ -134,14 +137,14 @@ case "${1:-}" in
     if part 2; then
       t "2. 32K and 64K: easyctx, then the peer ($(left) s left)"
       RUNS="llama3-8b:32768 llama3-8b:65536" STEPS=3 PEER=0 BIN=$BIN CFG=$CFG RESULTS=$R \
-        timeout $(budget 300) bash bench/run_train.sh --set data.path=$D/kjv --set activation.checkpoint=auto
+        timeout -s KILL $(budget 300) bash bench/run_train.sh --set data.path=$D/kjv --set activation.checkpoint=auto
       timeout $(budget 200) python3 bench/peer_hf_lora.py --runs llama3-8b:32768,llama3-8b:65536 --steps 2 \
         2>/dev/null | grep '^{' | tee -a "$R"
     fi
     if part 3; then
       t "3. the long context: a 2-layer slice at $LONG tokens ($(left) s left)"
       RUNS="$D/llama3-8b-2layers.yaml:$LONG" STEPS=2 PEER=0 BIN=$BIN CFG=$CFG RESULTS=$R \
-        timeout $(budget 40) bash bench/run_train.sh --set data.path=$D/kjv $LONG_SETS
+        timeout -s KILL $(budget 40) bash bench/run_train.sh --set data.path=$D/kjv $LONG_SETS
       "$BIN" $CFG --plan --set data.seq_length=$LONG --set data.path=$D/kjv $LONG_SETS --set activation.offload_layers=$K \
         > "$OUT/lora_plan.txt" 2>&1
       echo "the whole model at $LONG tokens here (the first $K layer inputs in host memory):"
@@ -150,8 +153,8 @@ case "${1:-}" in
     if part 4; then
       t "4. the export in transformers and PEFT ($(left) s left)"
       rm -rf /tmp/lx && mkdir -p /tmp/lx
-      EASYCTX_GOLDEN_EXPORT=/tmp/lx timeout 60 $D/bin/test_golden --gtest_filter='GoldenExport.Lora*' > /dev/null 2>&1
-      timeout 120 python3 tests/golden/check_lora_export.py /tmp/lx tests/golden/data 2>&1 | grep -v -i warn \
+      EASYCTX_GOLDEN_EXPORT=/tmp/lx timeout "$(upto 60)" $D/bin/test_golden --gtest_filter='GoldenExport.Lora*' > /dev/null 2>&1
+      timeout "$(upto 120)" python3 tests/golden/check_lora_export.py /tmp/lx tests/golden/data 2>&1 | grep -v -i warn \
         | tee "$OUT/lora_export.txt" | tail -n 12
     fi
     t summary

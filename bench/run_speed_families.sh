@@ -81,7 +81,7 @@ for l in sys.stdin:
       case "$run" in *:auto) variant=(--set activation.checkpoint=auto); run=${run%:auto} ;; esac
       t "easyctx $run ${variant[*]} (${l} s left)"
       RUNS=$run STEPS=${STEPS:-5} BIN=$D/bin/easyctx_train RESULTS=$OUT/train_results.jsonl \
-        LAUNCH="timeout $((l - 30))" bash bench/run_train.sh --set data.path=$D/kjv "${extra[@]}" "${variant[@]}" \
+        LAUNCH="timeout -s KILL $((l - 30))" bash bench/run_train.sh --set data.path=$D/kjv "${extra[@]}" "${variant[@]}" \
         | python3 -c 'import json, sys
 for l in sys.stdin:
     r = json.loads(l); print({k: r.get(k) for k in ("model", "seq", "rc", "wall_s", "steps_s", "tokens_per_s", "step_s",

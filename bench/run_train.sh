@@ -18,7 +18,9 @@
 # is set. PEER_SCRIPT: the peer's path (default ../shared/bench/peer_hf_llama.py, else
 # .deps/peer_hf_llama.py). LAUNCH: a launcher prefix for several GPUs (mpirun ...), with
 # --set parallel.sequence.size=N among the extra arguments; tokens/s is then the whole
-# job's, MFU per GPU.
+# job's, MFU per GPU. A time limit there is `timeout -s KILL N`: a plain timeout's SIGTERM makes
+# easyctx_train finish its step and save a checkpoint (a 7B's weights and optimizer state: tens
+# of GB and minutes) before it ends.
 set -euo pipefail
 RUNS=${RUNS:-"7b:65536"}
 STEPS=${STEPS:-3}

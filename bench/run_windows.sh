@@ -130,9 +130,9 @@ case "${1:-}" in
         F+=(--set activation.offload=cpu --set activation.offload_layers=${OFFLOAD_LAYERS:-20})
       fi
       t "mistral-7b 128K, sliding window 4096"
-      LAUNCH="timeout $(cap 150)" bash bench/run_train.sh "${F[@]}"
+      LAUNCH="timeout -s KILL $(cap 150)" bash bench/run_train.sh "${F[@]}"
       t "mistral-7b 128K, sliding_window 0 (nowindow)"
-      LAUNCH="timeout $(cap 300)" bash bench/run_train.sh "${F[@]}" --set model.config=$D/mistral-7b-nowindow.yaml
+      LAUNCH="timeout -s KILL $(cap 300)" bash bench/run_train.sh "${F[@]}" --set model.config=$D/mistral-7b-nowindow.yaml
       if [ -d /tmp/easyctx-bench ]; then
         (cd /tmp/easyctx-bench && tar -czf "$OUT/trainlogs.tar.gz" ./*.log ./*/metrics.jsonl 2>/dev/null)
       fi
