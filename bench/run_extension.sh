@@ -24,7 +24,8 @@
 #   data       h5recall per stage (data/<stage>): windows of the training text with episodes of
 #              the retrieval grammar at every distance up to the window (log-uniform in the
 #              base, uniform in the stages), loss on the answers (and on the text of LM_SHARE of
-#              the windows); as many windows as the stage's steps x batch
+#              the windows); steps x batch + 1 windows per stage (the loader's sample j is
+#              tokens [j L, j L + L] of the stream: n windows make n - 1 samples)
 #   isolation  h5inspect --forbid over every training shard, decoded from its token ids: the
 #              needle's wording, its city and book framing (eval::forbidden_phrases) and lines
 #              of the held-out haystack must not occur (isolation.txt); a find ends the run
@@ -171,12 +172,14 @@ shards() {
 }
 phase shards shards
 
-# 2. Every stage's windows (the pilot's short stages get their few steps' worth).
+# 2. Every stage's windows (the pilot's short stages get their few steps' worth). One more than
+# steps x batch: the loader's sample j is stream tokens [j L, j L + L] (L + 1 of them), so n
+# windows of L tokens make n - 1 samples.
 data() {
   local i s n law
   for i in "${!stages[@]}"; do
     s=${stages[$i]}
-    n=$(($(steps_of "$s") * $(batch_of "$s")))
+    n=$(($(steps_of "$s") * $(batch_of "$s") + 1))
     law=()
     [ "${laws[$i]:-uniform}" = log ] && law=(--log-distance)
     "$B/h5recall" -t "$tok" -o "$out/data/$s" --text-dir "$out/shards/train-text" --length "$(seq_of "$s")" --windows "$n" \
