@@ -39,12 +39,6 @@ std::vector<int64_t> distinct_numbers(Rng& rng, int digits, size_t count, std::s
   return out;
 }
 
-std::string join(const std::vector<std::string>& v, const std::string& sep) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
-  return s;
-}
-
 }  // namespace
 
 const char* task_name(Task t) { return kTaskNames[static_cast<int>(t)]; }
