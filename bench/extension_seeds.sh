@@ -30,10 +30,10 @@ shift || true
 # The models of a run in table order: the base (s0-*), the control, the stages, the ablation.
 models_of() {
   local run=$1
-  # (Each arm may be missing: without ABLATION=1 there is no abl-*, and ls's status must not
-  # end the caller under pipefail.)
-  (cd "$run/eval" && { ls -d s0-* 2> /dev/null || true; }; [ -d control ] && echo control
-   { ls -d s[1-9]* 2> /dev/null || true; } | sort -V; { ls -d abl-* 2> /dev/null || true; } | sort -V) | awk 'NF'
+  # (nullglob: an arm that did not run, e.g. no abl-* without ABLATION=1, is no name and no
+  # failing ls under pipefail.)
+  (cd "$run/eval" && shopt -s nullglob && printf '%s\n' s0-*; [ -d control ] && echo control
+   printf '%s\n' s[1-9]* | sort -V; printf '%s\n' abl-* | sort -V) | awk 'NF'
 }
 
 tables() {
@@ -59,10 +59,10 @@ tables() {
     md_table_ppl "$run/ppl.csv"
   } > "$run/accuracy.md"
   cat "$run/accuracy.md"
-  # (grep finds nothing for an arm that did not run: an empty name, not the end of the script.)
-  base=$(models_of "$run" | { grep '^s0-' || true; } | head -1)
-  last=$(models_of "$run" | { grep '^s[1-9]' || true; } | tail -1)
-  abl=$(models_of "$run" | { grep '^abl-' || true; } | tail -1)
+  # (awk, not grep: an arm that did not run gives an empty name, not a failing pipeline.)
+  base=$(models_of "$run" | awk '/^s0-/' | head -1)
+  last=$(models_of "$run" | awk '/^s[1-9]/' | tail -1)
+  abl=$(models_of "$run" | awk '/^abl-/' | tail -1)
   targets "$run" "$base" "$last" "$abl" | tee "$run/targets.txt"
 }
 
@@ -162,8 +162,8 @@ collect() {
       [ -s "${runs[$i]}/targets.txt" ] || continue
       grep -E '^(PASS|FAIL) ' "${runs[$i]}/targets.txt" |
         sed -E 's/^(PASS|FAIL) (.*): ([^ ]+) \(([^)]*)\)$/| '"${seeds[$i]}"' | \2 | \3 | \4 | \1 |/'
-      { grep '^INFO ' "${runs[$i]}/targets.txt" || true; } |  # (INFO: the ablation's, on one seed only)
-        sed -E 's/^INFO (.*)$/| '"${seeds[$i]}"' | \1 | | | info |/'
+      # (INFO: the ablation's, on one seed only; sed -n prints what matches and never fails.)
+      sed -nE 's/^INFO (.*)$/| '"${seeds[$i]}"' | \1 | | | info |/p' "${runs[$i]}/targets.txt"
     done
     for i in "${!runs[@]}"; do
       awk -F, -v s="${seeds[$i]}" 'NR > 1 { print s "," $1 "," $2 "," $4 }' "${runs[$i]}/accuracy.csv"
